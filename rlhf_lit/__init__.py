@@ -1,0 +1,1 @@
+"""rlhf-lit: InstructGPT-style RLHF on PyTorch Lightning."""

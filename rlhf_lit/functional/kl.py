@@ -1,0 +1,80 @@
+"""Per-token KL estimators and KL-shaped rewards (the InstructGPT reward)."""
+
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+import torch
+
+from rlhf_lit.functional.masks import last_true_index
+
+__all__ = ["KLKind", "kl_penalty", "kl_penalized_rewards"]
+
+KLKind = Literal["k1", "k2", "k3", "abs"]
+"""Per-token KL estimators of KL(policy || reference) from samples of the policy
+(John Schulman, "Approximating KL Divergence", 2020): k1 unbiased, k2 low variance but biased,
+k3 unbiased, low variance and never negative; "abs" is |k1| as in TRL."""
+
+
+def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: KLKind) -> torch.Tensor:
+    """Per-token estimate of KL(policy || reference) at the sampled tokens.
+
+    Args:
+        logprobs: ``(B, T)`` policy log-probabilities of the sampled tokens.
+        ref_logprobs: ``(B, T)`` reference log-probabilities of the same tokens.
+        kind: "k1" = ``logprobs - ref_logprobs``; "k2" = ``0.5 * (logprobs - ref_logprobs)^2``;
+            "k3" = ``(exp(r) - 1) - r`` with ``r = ref_logprobs - logprobs``;
+            "abs" = ``|logprobs - ref_logprobs|``.
+
+    Returns:
+        ``(B, T)`` per-token KL estimates (no masking).
+    """
+    log_ratio = logprobs - ref_logprobs  # (B, T)
+    if kind == "k1":
+        return log_ratio  # (B, T)
+    if kind == "k2":
+        return 0.5 * log_ratio**2  # (B, T)
+    if kind == "k3":
+        r = -log_ratio  # (B, T) log(ref / policy)
+        # expm1 keeps precision when r is near 0 (the usual case: policy close to reference).
+        return torch.expm1(r) - r  # (B, T)
+    if kind == "abs":
+        return log_ratio.abs()  # (B, T)
+    raise ValueError(f"Unknown KL estimator kind {kind!r}; choose one of {get_args(KLKind)}.")
+
+
+def kl_penalized_rewards(
+    scores: torch.Tensor,
+    logprobs: torch.Tensor,
+    ref_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    kl_coef: float | torch.Tensor,
+    kind: KLKind = "k1",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token rewards ``-kl_coef * kl`` plus the sequence score on the last counted token.
+
+    This is the InstructGPT / Ziegler et al. (2019) reward: the reward model scores the whole
+    response once, and the KL penalty to the frozen reference is paid at every token.
+
+    Args:
+        scores: ``(B,)`` one reward-model score per sequence.
+        logprobs: ``(B, T)`` policy log-probabilities of the response tokens.
+        ref_logprobs: ``(B, T)`` reference log-probabilities of the same tokens.
+        mask: bool ``(B, T)``; True on response tokens (prompt and padding False; the mask may
+            start late, e.g. with the prompt masked out).
+        kl_coef: the KL coefficient (beta), a python float or a 0-dim tensor.
+        kind: the KL estimator, see :func:`kl_penalty`.
+
+    Returns:
+        ``(rewards, kl)``, both ``(B, T)`` and 0 where ``mask`` is False. A row whose mask has no
+        True gets no score anywhere (its rewards are all 0): there is no token to credit.
+    """
+    zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)  # ()
+    kl = torch.where(mask, kl_penalty(logprobs, ref_logprobs, kind), zero)  # (B, T)
+    rewards = -kl_coef * kl  # (B, T)
+    last = last_true_index(mask)  # (B,) -1 for an empty row
+    positions = torch.arange(mask.shape[-1], device=mask.device)  # (T,)
+    # One-hot of the last counted token; an empty row's -1 matches no position, so no score.
+    is_last = positions.unsqueeze(0) == last.unsqueeze(-1)  # (B, T)
+    rewards = rewards + torch.where(is_last, scores.unsqueeze(-1).to(rewards.dtype), zero)  # (B, T)
+    return torch.where(mask, rewards, zero), kl  # (B, T), (B, T)

@@ -1,0 +1,148 @@
+"""Training losses: clipped PPO policy and value losses, Bradley-Terry reward loss, SFT loss."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from rlhf_lit.functional.masked import _masked_var, masked_mean
+
+__all__ = ["ppo_policy_loss", "clipped_value_loss", "pairwise_reward_loss", "sft_loss"]
+
+
+def _check_clip_range(clip_range: float) -> None:
+    if clip_range <= 0:
+        raise ValueError(f"clip_range must be > 0, got {clip_range}.")
+
+
+def ppo_policy_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_range: float,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """PPO clipped surrogate loss (Schulman et al. 2017, eq. 7), averaged over masked tokens.
+
+    Per token: ``max(-A * ratio, -A * clip(ratio, 1 - eps, 1 + eps))`` with
+    ``ratio = exp(logprobs - old_logprobs)``; the max of the negated terms is the pessimistic
+    (min) bound of the surrogate objective.
+
+    Args:
+        logprobs: ``(B, T)`` current policy log-probabilities (with grad).
+        old_logprobs: ``(B, T)`` log-probabilities at rollout time.
+        advantages: ``(B, T)`` (usually whitened) advantages.
+        mask: bool ``(B, T)``, True on response tokens.
+        clip_range: eps > 0.
+
+    Returns:
+        ``(loss, stats)``: loss a 0-dim tensor; stats maps ``clipfrac`` (fraction of masked tokens
+        where the clipped term is strictly larger, i.e. active), ``approx_kl`` (mean of
+        ``(ratio - 1) - log ratio``, the k3 estimator of KL(old || new)), ``ratio_mean`` and
+        ``ratio_var`` (population variance) to detached 0-dim tensors. No host syncs.
+    """
+    _check_clip_range(clip_range)
+    log_ratio = logprobs - old_logprobs  # (B, T)
+    ratio = torch.exp(log_ratio)  # (B, T)
+    loss_unclipped = -advantages * ratio  # (B, T)
+    loss_clipped = -advantages * torch.clamp(ratio, 1.0 - clip_range, 1.0 + clip_range)  # (B, T)
+    loss = masked_mean(torch.maximum(loss_unclipped, loss_clipped), mask)  # ()
+    with torch.no_grad():
+        stats = {
+            "clipfrac": masked_mean((loss_clipped > loss_unclipped).to(ratio.dtype), mask),  # ()
+            "approx_kl": masked_mean((ratio - 1) - log_ratio, mask),  # ()
+            "ratio_mean": masked_mean(ratio, mask),  # ()
+            "ratio_var": _masked_var(ratio, mask, unbiased=False),  # ()
+        }
+    return loss, stats
+
+
+def clipped_value_loss(
+    values: torch.Tensor,
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    mask: torch.Tensor,
+    clip_range: float,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Clipped value loss (the PPO2 baselines detail): the value may move at most eps from its rollout value.
+
+    Per token: ``0.5 * max((values - returns)^2, (values_clipped - returns)^2)`` with
+    ``values_clipped = old_values + clamp(values - old_values, -eps, eps)``.
+
+    Args:
+        values: ``(B, T)`` current value predictions (with grad).
+        old_values: ``(B, T)`` value predictions at rollout time.
+        returns: ``(B, T)`` GAE returns.
+        mask: bool ``(B, T)``.
+        clip_range: eps > 0, in the units of the value head.
+
+    Returns:
+        ``(loss, stats)``: loss a 0-dim tensor; stats maps ``clipfrac`` (fraction of masked tokens
+        where the clipped error is strictly larger) to a detached 0-dim tensor.
+    """
+    _check_clip_range(clip_range)
+    values_clipped = old_values + torch.clamp(values - old_values, -clip_range, clip_range)  # (B, T)
+    error = (values - returns) ** 2  # (B, T)
+    error_clipped = (values_clipped - returns) ** 2  # (B, T)
+    loss = 0.5 * masked_mean(torch.maximum(error, error_clipped), mask)  # ()
+    with torch.no_grad():
+        stats = {"clipfrac": masked_mean((error_clipped > error).to(error.dtype), mask)}  # ()
+    return loss, stats
+
+
+def pairwise_reward_loss(
+    chosen_scores: torch.Tensor, rejected_scores: torch.Tensor, margin: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Bradley-Terry preference loss ``-log sigmoid(chosen - rejected - margin)``, mean over pairs.
+
+    The optional margin (Llama 2 reward model) asks the chosen score to win by at least that much.
+
+    Args:
+        chosen_scores: ``(B,)`` reward-model scores of the preferred responses.
+        rejected_scores: ``(B,)`` scores of the other responses.
+        margin: ``(B,)`` or None.
+
+    Returns:
+        ``(loss, accuracy)``: 0-dim tensors; accuracy is the detached fraction of pairs with
+        ``chosen > rejected`` (strict: ties count as wrong; the margin is not used).
+    """
+    diff = chosen_scores - rejected_scores  # (B,)
+    if margin is not None:
+        diff = diff - margin  # (B,)
+    # logsigmoid is the stable form of log(1 / (1 + exp(-diff))).
+    loss = -F.logsigmoid(diff).mean()  # ()
+    accuracy = (chosen_scores > rejected_scores).to(chosen_scores.dtype).mean().detach()  # ()
+    return loss, accuracy
+
+
+def sft_loss(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
+    """Next-token cross-entropy: ``logits[:, t]`` predicts ``labels[:, t + 1]``.
+
+    Args:
+        logits: ``(B, T, V)`` causal-LM logits; computed in at least float32.
+        labels: ``(B, T)`` token ids aligned with the inputs (not shifted), ``ignore_index`` on
+            prompt and padding positions.
+        ignore_index: label value that does not count.
+
+    Returns:
+        0-dim tensor, the mean over the counted (shifted) labels.
+
+    Raises:
+        ValueError: no label counts after the shift (the mean would be NaN). The check reads one
+        bool on the host, once per step.
+    """
+    shifted_logits = logits[:, :-1]  # (B, T-1, V)
+    shifted_labels = labels[:, 1:]  # (B, T-1)
+    if not bool((shifted_labels != ignore_index).any()):
+        raise ValueError(
+            f"sft_loss: every shifted label equals ignore_index={ignore_index}; nothing to learn from "
+            "(the first label never counts, since no logit predicts it)."
+        )
+    # Upcast half precision: cross-entropy over a large vocabulary in bf16 is visibly inaccurate.
+    shifted_logits = shifted_logits.to(torch.promote_types(logits.dtype, torch.float32))  # (B, T-1, V)
+    return F.cross_entropy(
+        shifted_logits.reshape(-1, shifted_logits.shape[-1]),  # (B*(T-1), V)
+        shifted_labels.reshape(-1),  # (B*(T-1),)
+        ignore_index=ignore_index,
+        reduction="mean",
+    )  # ()

@@ -1,0 +1,51 @@
+"""Masks and indices for generated responses."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+__all__ = ["response_mask_from_eos", "last_true_index"]
+
+
+def response_mask_from_eos(
+    response_ids: torch.Tensor, eos_token_id: int | Sequence[int]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Which generated tokens belong to the response: everything up to and including the first EOS.
+
+    The pad id may equal the EOS id, so the mask is built from the first EOS, never from pad ids.
+
+    Args:
+        response_ids: ``(B, R)`` generated token ids (prompt removed).
+        eos_token_id: one id or several (any of them ends a response).
+
+    Returns:
+        ``(mask, ended)``: ``mask (B, R)`` bool, True up to and including the first EOS (all True
+        for a row without EOS); ``ended (B,)`` bool, True where the row contains an EOS.
+    """
+    ids = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
+    if not ids:
+        raise ValueError("eos_token_id must be an int or a non-empty sequence of ints.")
+    eos = torch.tensor(ids, dtype=response_ids.dtype, device=response_ids.device)  # (E,)
+    is_eos = torch.isin(response_ids, eos)  # (B, R)
+    # Number of EOS tokens strictly before each position; the first EOS itself still counts.
+    eos_before = torch.cumsum(is_eos.long(), dim=-1) - is_eos.long()  # (B, R)
+    mask = eos_before == 0  # (B, R)
+    ended = is_eos.any(dim=-1)  # (B,)
+    return mask, ended
+
+
+def last_true_index(mask: torch.Tensor) -> torch.Tensor:
+    """Index of the last True position along the last dim.
+
+    Args:
+        mask: bool ``(B, T)``.
+
+    Returns:
+        ``(B,)`` long; -1 for a row with no True (so it never silently aliases position 0;
+        ``arange(T) == -1`` matches nothing, which callers use to skip such rows).
+    """
+    positions = torch.arange(mask.shape[-1], device=mask.device)  # (T,)
+    minus_one = torch.full((), -1, dtype=positions.dtype, device=mask.device)  # ()
+    return torch.where(mask, positions, minus_one).amax(dim=-1)  # (B,)

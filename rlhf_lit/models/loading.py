@@ -1,0 +1,106 @@
+"""Loading causal LMs and reward models from a hub name or a local directory."""
+
+from __future__ import annotations
+
+import logging
+from typing import Literal
+
+import torch
+from torch import nn
+from transformers import (
+    AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+
+log = logging.getLogger(__name__)
+
+DType = Literal["auto", "float32", "bfloat16", "float16"]
+
+
+def _torch_dtype(dtype: DType) -> torch.dtype | str:
+    return "auto" if dtype == "auto" else getattr(torch, dtype)
+
+
+def disable_dropout(model: nn.Module) -> None:
+    """Set every dropout probability to 0.
+
+    PPO ratios and KL estimates assume the same function is evaluated in rollout and update;
+    dropout would make old and new logprobs differ before any update (N implementation details #8).
+    """
+    for module in model.modules():
+        if isinstance(module, nn.Dropout):
+            module.p = 0.0
+
+
+def _fit_to_tokenizer(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None) -> None:
+    """Grow the embeddings if the tokenizer gained tokens (an added pad) and record the pad id."""
+    if tokenizer is None:
+        return
+    embeddings = model.get_input_embeddings()
+    if embeddings is not None and len(tokenizer) > embeddings.num_embeddings:
+        log.warning("resizing token embeddings %d -> %d to fit the tokenizer",
+                    embeddings.num_embeddings, len(tokenizer))
+        model.resize_token_embeddings(len(tokenizer))
+    model.config.pad_token_id = tokenizer.pad_token_id
+    if getattr(model, "generation_config", None) is not None:
+        model.generation_config.pad_token_id = tokenizer.pad_token_id
+
+
+def load_causal_lm(
+    name_or_path: str,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    dtype: DType = "float32",
+    keep_dropout: bool = False,
+    revision: str | None = None,
+    trust_remote_code: bool = False,
+) -> PreTrainedModel:
+    """Load an ``AutoModelForCausalLM`` and prepare it for RLHF.
+
+    Args:
+        name_or_path: Hugging Face hub name or local directory.
+        tokenizer: The run's tokenizer; embeddings are resized if it is larger than the vocab.
+        dtype: Weight dtype. Keep ``float32`` with ``precision="bf16-mixed"``.
+        keep_dropout: Keep the checkpoint's dropout (off by default, see :func:`disable_dropout`).
+        revision: Hub revision.
+        trust_remote_code: Passed to ``from_pretrained``.
+    """
+    model = AutoModelForCausalLM.from_pretrained(
+        name_or_path, dtype=_torch_dtype(dtype), revision=revision, trust_remote_code=trust_remote_code
+    )
+    _fit_to_tokenizer(model, tokenizer)
+    if not keep_dropout:
+        disable_dropout(model)
+    return model
+
+
+def load_reward_model(
+    name_or_path: str,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    dtype: DType = "float32",
+    keep_dropout: bool = False,
+    revision: str | None = None,
+    trust_remote_code: bool = False,
+) -> PreTrainedModel:
+    """Load an ``AutoModelForSequenceClassification`` with one label as a reward model.
+
+    A causal-LM checkpoint (for example the SFT result) gets a freshly initialised score head.
+    A head created here is initialised N(0, 1/sqrt(d+1)) as in Ziegler et al. 2019 (N details #4).
+    """
+    model = AutoModelForSequenceClassification.from_pretrained(
+        name_or_path, num_labels=1, dtype=_torch_dtype(dtype), revision=revision,
+        trust_remote_code=trust_remote_code,
+    )
+    _fit_to_tokenizer(model, tokenizer)
+    if not keep_dropout:
+        disable_dropout(model)
+    return model
+
+
+def init_reward_head(head: nn.Linear) -> None:
+    """Initialise a fresh reward head N(0, 1/sqrt(d+1)), bias 0 (Ziegler et al. 2019)."""
+    d = head.in_features
+    nn.init.normal_(head.weight, std=1.0 / (d + 1) ** 0.5)
+    if head.bias is not None:
+        nn.init.zeros_(head.bias)

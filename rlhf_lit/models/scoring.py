@@ -1,0 +1,59 @@
+"""Reading a scalar from a sequence model at the last real token."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers import PreTrainedModel
+
+
+def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions that count only real tokens: ``cumsum(mask) - 1`` clamped at 0.
+
+    Under left padding this gives a row the same positions it has unpadded, so logprobs of a
+    padded batch match those of each row alone (N implementation details #2).
+    """
+    position_ids = attention_mask.long().cumsum(-1) - 1  # (B, T)
+    return position_ids.clamp(min=0)
+
+
+def last_token_index(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Index of the last position where ``attention_mask`` is 1, per row; works for left and right padding."""
+    T = attention_mask.shape[-1]
+    positions = torch.arange(T, device=attention_mask.device)  # (T,)
+    return (positions * attention_mask.long()).argmax(-1)  # (B,)
+
+
+def score_head(model: PreTrainedModel) -> nn.Linear:
+    """The linear head of a Hugging Face sequence-classification model (``score`` in causal-LM families)."""
+    head = getattr(model, "score", None)
+    if not isinstance(head, nn.Linear):
+        raise TypeError(f"{type(model).__name__} has no linear `score` head; use a causal-LM family model")
+    return head
+
+
+def backbone(model: PreTrainedModel) -> nn.Module:
+    """The transformer trunk of a Hugging Face task model (``model.model``, ``model.transformer``, ...)."""
+    return getattr(model, model.base_model_prefix)
+
+
+def token_scores(model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """The score head applied at every position, ``(B, T)``; used for values (one per token)."""
+    hidden = backbone(model)(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids_from_mask(attention_mask),
+        use_cache=False,
+    ).last_hidden_state  # (B, T, D)
+    head = score_head(model)
+    return head(hidden.to(head.weight.dtype)).squeeze(-1)  # (B, T)
+
+
+def sequence_scores(model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """The reward: the score head read at the last real token of each row, ``(B,)``.
+
+    Never relies on pad ids (the pad may equal EOS), only on the attention mask.
+    """
+    scores = token_scores(model, input_ids, attention_mask)  # (B, T)
+    last = last_token_index(attention_mask)  # (B,)
+    return scores.gather(1, last.unsqueeze(1)).squeeze(1)  # (B,)
