@@ -1,0 +1,36 @@
+"""LightningDataModules for the three shapes of RLHF data (batch formats: docs/CONTRACTS.md).
+
+- :class:`SFTDataModule`: (prompt, response) demonstrations, labels on the response only.
+- :class:`PreferenceDataModule`: (prompt, chosen, rejected[, margin]) for the reward model.
+- :class:`PromptDataModule`: left padded prompts for PPO, with an exactly resumable sampler.
+
+Sources are local files (.jsonl, .json, .txt paragraphs, optionally .gz) or hub dataset names;
+formats (``fields``, ``hh_rlhf``, ``alpaca``, ``paragraphs``) are in :mod:`.adapters`.
+"""
+
+from rlhf_lit.data.adapters import ALPACA_PROMPT, ALPACA_PROMPT_NO_INPUT, Fields, Format
+from rlhf_lit.data.collate import PreferenceCollator, PromptCollator, SFTCollator, pad
+from rlhf_lit.data.encoding import IGNORE_INDEX
+from rlhf_lit.data.preference import PreferenceDataModule
+from rlhf_lit.data.prompts import PromptDataModule
+from rlhf_lit.data.records import InvalidRecord, read_rows
+from rlhf_lit.data.sampler import ResumableSampler
+from rlhf_lit.data.sft import SFTDataModule
+
+__all__ = [
+    "ALPACA_PROMPT",
+    "ALPACA_PROMPT_NO_INPUT",
+    "IGNORE_INDEX",
+    "Fields",
+    "Format",
+    "InvalidRecord",
+    "PreferenceCollator",
+    "PreferenceDataModule",
+    "PromptCollator",
+    "PromptDataModule",
+    "ResumableSampler",
+    "SFTCollator",
+    "SFTDataModule",
+    "pad",
+    "read_rows",
+]

@@ -1,0 +1,250 @@
+"""Format adapters: raw records -> text examples (prompt, response / chosen, rejected).
+
+The ``format`` argument of the data modules picks one adapter here, in :func:`adapt` (the one
+place a format is chosen). Each adapter reads one :class:`~rlhf_lit.data.records.Row` and returns
+an :class:`Example`, raises :class:`Skip` for a record the format filters out on purpose (counted
+and logged once per reason), or raises ``InvalidRecord`` for bad data (an error naming the file,
+line and field, unless ``skip_invalid`` is set).
+
+Formats:
+
+- ``"fields"``: generic records; column names from :class:`Fields`.
+- ``"hh_rlhf"``: Anthropic HH-RLHF transcripts ``{"chosen", "rejected"}``, each a full
+  ``\\n\\nHuman: ... \\n\\nAssistant: ...`` dialogue. Split at the LAST ``\\n\\nAssistant:``: the
+  prompt is everything up to and including that marker, the response what follows it. For
+  preference pairs, records whose chosen and rejected differ before their last marker are
+  skipped and counted. SFT examples are prompt + chosen and prompts are the prompt of the chosen
+  transcript (the rejected transcript is not read for these).
+- ``"alpaca"``: ``{"instruction", "input", "output"}``; when a record has a ``status`` field only
+  ``status == "ok"`` is kept. The prompt is :data:`ALPACA_PROMPT` (or
+  :data:`ALPACA_PROMPT_NO_INPUT` when ``input`` is missing, empty or ``"<noinput>"``), with the
+  instruction and input stripped; the response is the stripped output.
+- ``"paragraphs"``: plain text (``.txt`` paragraphs, or the ``text`` column): the prompt is the
+  first ``prompt_words`` words (original spacing kept), the response the rest starting with the
+  whitespace that follows. Paragraphs with at most ``prompt_words`` words are skipped and counted.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from rlhf_lit.data.records import InvalidRecord, Row, get_number, get_text
+
+log = logging.getLogger("rlhf_lit.data")
+
+Format = Literal["fields", "hh_rlhf", "alpaca", "paragraphs"]
+"""The record formats known to the data modules."""
+Kind = Literal["sft", "preference", "prompt"]
+"""The shape of example a data module needs."""
+
+HH_ASSISTANT = "\n\nAssistant:"
+ALPACA_PROMPT = "{instruction}\n\nInput:\n{input}\n\nResponse:\n"
+ALPACA_PROMPT_NO_INPUT = "{instruction}\n\nResponse:\n"
+ALPACA_NO_INPUT = {"", "<noinput>"}
+
+
+@dataclass(frozen=True)
+class Fields:
+    """Column names of the records. The ``fields`` format reads ``prompt`` with ``response``
+    (SFT), ``chosen``/``rejected`` (preference) or nothing else (prompts); ``hh_rlhf`` reads
+    ``chosen``/``rejected``; ``paragraphs`` reads ``text`` from JSON records; ``alpaca`` uses its
+    own fixed names (instruction, input, output, status).
+
+    Args:
+        prompt: column holding the prompt.
+        response: column holding the demonstration (SFT).
+        chosen: column holding the preferred response (the full transcript for ``hh_rlhf``).
+        rejected: column holding the dispreferred response (the full transcript for
+            ``hh_rlhf``).
+        margin: optional column holding a numeric preference margin; when set, every record
+            must have it and preference batches carry ``margin``.
+        text: column holding plain text for the ``paragraphs`` format (``.txt`` files give it).
+    """
+
+    prompt: str = "prompt"
+    response: str = "response"
+    chosen: str = "chosen"
+    rejected: str = "rejected"
+    margin: str | None = None
+    text: str = "text"
+
+
+@dataclass(frozen=True)
+class Example:
+    """One text example. SFT sets ``response``; preference sets ``chosen``, ``rejected`` (and
+    ``margin`` when the data has one); prompts set ``prompt`` only."""
+
+    where: str
+    prompt: str
+    response: str | None = None
+    chosen: str | None = None
+    rejected: str | None = None
+    margin: float | None = None
+
+
+class Skip(Exception):
+    """A record filtered out on purpose by its format; the message is the reason (counted)."""
+
+
+@dataclass(frozen=True)
+class AdapterOptions:
+    """What an adapter may need besides the row."""
+
+    fields: Fields
+    prompt_words: int
+
+
+Adapter = Callable[[Row, Kind, AdapterOptions], Example]
+
+
+def _require_response(text: str, name: str) -> str:
+    if not text.strip():
+        raise Skip(f"empty {name} after the last {HH_ASSISTANT!r}")
+    return text
+
+
+def split_hh(transcript: str) -> tuple[str, str] | None:
+    """(prompt including the last ``\\n\\nAssistant:``, response after it), or None if absent."""
+    cut = transcript.rfind(HH_ASSISTANT)
+    if cut < 0:
+        return None
+    cut += len(HH_ASSISTANT)
+    return transcript[:cut], transcript[cut:]
+
+
+def hh_rlhf(row: Row, kind: Kind, opt: AdapterOptions) -> Example:
+    chosen = get_text(row, opt.fields.chosen)
+    parts = split_hh(chosen)
+    if parts is None:
+        raise Skip(f"no {HH_ASSISTANT!r} in chosen")
+    prompt, chosen_response = parts
+    if kind == "prompt":
+        return Example(row.where, prompt)
+    if kind == "sft":
+        return Example(row.where, prompt, response=_require_response(chosen_response, "chosen"))
+    rejected_parts = split_hh(get_text(row, opt.fields.rejected))
+    if rejected_parts is None or rejected_parts[0] != prompt:
+        raise Skip(f"chosen and rejected do not share the prompt up to the last {HH_ASSISTANT!r}")
+    return Example(
+        row.where,
+        prompt,
+        chosen=_require_response(chosen_response, "chosen"),
+        rejected=_require_response(rejected_parts[1], "rejected"),
+    )
+
+
+def alpaca_prompt(instruction: str, input: str = "") -> str:
+    """The alpaca prompt template (documented in the module docstring)."""
+    instruction, input = instruction.strip(), input.strip()
+    if input in ALPACA_NO_INPUT:
+        return ALPACA_PROMPT_NO_INPUT.format(instruction=instruction)
+    return ALPACA_PROMPT.format(instruction=instruction, input=input)
+
+
+def alpaca(row: Row, kind: Kind, opt: AdapterOptions) -> Example:
+    if "status" in row.data and row.data["status"] != "ok":
+        raise Skip("status != 'ok'")
+    prompt = alpaca_prompt(get_text(row, "instruction"), get_text(row, "input", required=False))
+    if kind == "prompt":
+        return Example(row.where, prompt)
+    return Example(row.where, prompt, response=get_text(row, "output").strip())
+
+
+_WORD = re.compile(r"\S+")
+
+
+def paragraphs(row: Row, kind: Kind, opt: AdapterOptions) -> Example:
+    text = get_text(row, opt.fields.text)
+    words = list(_WORD.finditer(text))
+    n = opt.prompt_words
+    if len(words) <= n:
+        raise Skip(f"at most prompt_words={n} words")
+    cut = words[n - 1].end()
+    if kind == "prompt":
+        return Example(row.where, text[:cut])
+    return Example(row.where, text[:cut], response=text[cut:])
+
+
+def fields(row: Row, kind: Kind, opt: AdapterOptions) -> Example:
+    f = opt.fields
+    prompt = get_text(row, f.prompt)
+    if kind == "prompt":
+        return Example(row.where, prompt)
+    if kind == "sft":
+        return Example(row.where, prompt, response=get_text(row, f.response))
+    margin = get_number(row, f.margin) if f.margin is not None else None
+    return Example(
+        row.where,
+        prompt,
+        chosen=get_text(row, f.chosen),
+        rejected=get_text(row, f.rejected),
+        margin=margin,
+    )
+
+
+ADAPTERS: dict[str, tuple[Adapter, tuple[str, ...]]] = {
+    "fields": (fields, ("sft", "preference", "prompt")),
+    "hh_rlhf": (hh_rlhf, ("sft", "preference", "prompt")),
+    "alpaca": (alpaca, ("sft", "prompt")),
+    "paragraphs": (paragraphs, ("sft", "prompt")),
+}
+
+
+def check_format(format: str, kind: Kind) -> None:
+    """Raise a clear error for an unknown format or one that cannot give ``kind`` examples."""
+    if format not in ADAPTERS:
+        raise ValueError(f"unknown format {format!r}; choose one of {', '.join(ADAPTERS)}")
+    if kind not in ADAPTERS[format][1]:
+        supported = [f for f, (_, kinds) in ADAPTERS.items() if kind in kinds]
+        raise ValueError(
+            f"format {format!r} has no {kind} examples; for {kind} data use one of "
+            f"{', '.join(supported)}"
+        )
+
+
+@dataclass
+class Adapted:
+    """The examples of one source and what was left out, by reason."""
+
+    examples: list[Example]
+    skipped: Counter[str]
+    invalid: int = 0
+
+
+def adapt(
+    rows: Sequence[Row],
+    *,
+    format: Format,
+    kind: Kind,
+    options: AdapterOptions,
+    skip_invalid: bool = False,
+    source: str = "",
+) -> Adapted:
+    """Turn rows into examples with the adapter of ``format``; log skip counts once per reason."""
+    check_format(format, kind)
+    adapter = ADAPTERS[format][0]
+    out = Adapted([], Counter())
+    first_invalid = ""
+    for row in rows:
+        try:
+            out.examples.append(adapter(row, kind, options))
+        except Skip as s:
+            out.skipped[str(s)] += 1
+        except InvalidRecord as e:
+            if not skip_invalid:
+                raise
+            out.invalid += 1
+            first_invalid = first_invalid or str(e)
+    for reason, count in out.skipped.items():
+        log.info("%s: skipped %d of %d records (%s)", source, count, len(rows), reason)
+    if out.invalid:
+        log.info(
+            "%s: skipped %d of %d invalid records (skip_invalid=True); first: %s",
+            source, out.invalid, len(rows), first_invalid,
+        )
+    return out

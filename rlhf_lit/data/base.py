@@ -1,0 +1,170 @@
+"""What the three data modules share: argument checks, reading and adapting the train and
+validation sources, and tokenizing once in ``setup``."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader
+
+from rlhf_lit.data.adapters import AdapterOptions, Example, Fields, Kind, adapt, check_format
+from rlhf_lit.data.collate import require_pad_id
+from rlhf_lit.data.encoding import TextEncoder, require_tokenizer
+from rlhf_lit.data.records import is_text_file, read_rows
+from rlhf_lit.data.splits import split_by_fraction
+
+log = logging.getLogger("rlhf_lit.data")
+
+
+class TextDataModule(L.LightningDataModule):
+    """Base class; subclasses set ``kind``, store their own options, and implement
+    ``_encode`` and the dataloaders."""
+
+    kind: ClassVar[Kind]
+
+    def _init_common(
+        self,
+        *,
+        tokenizer: Any,
+        train_path: str,
+        val_path: str | None,
+        val_fraction: float,
+        seed: int,
+        format: str,
+        fields: Fields | Mapping[str, Any],
+        split: str,
+        subset: str | None,
+        max_records: int | None,
+        skip_invalid: bool,
+        prompt_words: int,
+        apply_chat_template: bool,
+        batch_size: int,
+        num_workers: int,
+    ) -> None:
+        check_format(format, self.kind)
+        if val_path is not None and val_fraction > 0:
+            raise ValueError(
+                f"give either val_path ({val_path!r}) or val_fraction ({val_fraction}), not both"
+            )
+        if not 0.0 <= val_fraction < 1.0:
+            raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
+        for name, value in [("batch_size", batch_size), ("prompt_words", prompt_words)]:
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        if num_workers < 0:
+            raise ValueError(f"num_workers must be >= 0, got {num_workers}")
+        if max_records is not None and max_records < 1:
+            raise ValueError(f"max_records must be >= 1 or None, got {max_records}")
+        self.tokenizer = tokenizer
+        self.train_path, self.val_path, self.val_fraction, self.seed = (
+            train_path, val_path, val_fraction, seed,
+        )
+        self.format = format
+        self.fields = Fields(**fields) if isinstance(fields, Mapping) else fields
+        self.split, self.subset, self.max_records = split, subset, max_records
+        self.skip_invalid, self.prompt_words = skip_invalid, prompt_words
+        self.apply_chat_template = apply_chat_template
+        self.batch_size, self.num_workers = batch_size, num_workers
+        self.pad_token_id: int | None = None  # from the tokenizer, in setup
+        self.train_dataset: list[dict[str, Any]] | None = None
+        self.val_dataset: list[dict[str, Any]] | None = None
+        self.stats: dict[str, int] = {}
+        """Counts from ``setup``: ``{split}_records``, ``{split}_examples``, ``{split}_dropped``."""
+
+    def _fields_hparam(self) -> None:
+        """Store ``fields`` in hparams as a dict (call after ``save_hyperparameters(ignore=[
+        "tokenizer", "fields"])``): a dataclass instance would break weights_only loading."""
+        self.hparams["fields"] = dataclasses.asdict(self.fields)
+
+    # ---------------------------------------------------------------------------------- setup
+    def _examples(self, source: str) -> list[Example]:
+        if is_text_file(source) and self.format != "paragraphs":
+            raise ValueError(
+                f"{source} is plain text, which only the 'paragraphs' format reads "
+                f"(format is {self.format!r})"
+            )
+        rows = read_rows(
+            source,
+            split=self.split,
+            subset=self.subset,
+            max_records=self.max_records,
+            skip_invalid=self.skip_invalid,
+        )
+        adapted = adapt(
+            rows,
+            format=self.format,  # type: ignore[arg-type]
+            kind=self.kind,
+            options=AdapterOptions(self.fields, self.prompt_words),
+            skip_invalid=self.skip_invalid,
+            source=source,
+        )
+        if not adapted.examples:
+            raise ValueError(f"{source}: no usable {self.kind} examples in {len(rows)} records")
+        return adapted.examples
+
+    def setup(self, stage: str | None = None) -> None:
+        """Read, adapt, split and tokenize both splits (once; later calls do nothing)."""
+        if self.train_dataset is not None:
+            return
+        tokenizer = require_tokenizer(self.tokenizer, type(self).__name__)
+        self.pad_token_id = require_pad_id(tokenizer)
+        encoder = TextEncoder(tokenizer, apply_chat_template=self.apply_chat_template)
+        train = self._examples(self.train_path)
+        val: list[Example] = []
+        if self.val_path is not None:
+            val = self._examples(self.val_path)
+        elif self.val_fraction > 0:
+            train, val = split_by_fraction(train, self.val_fraction, self.seed)
+        self.train_dataset = self._encode_split(encoder, train, "train")
+        self.val_dataset = self._encode_split(encoder, val, "val") if val else []
+
+    def _encode_split(
+        self, encoder: TextEncoder, examples: list[Example], name: str
+    ) -> list[dict[str, Any]]:
+        items = self._encode(encoder, examples)
+        dropped = len(examples) - len(items)
+        self.stats.update(
+            {f"{name}_records": len(examples), f"{name}_examples": len(items), f"{name}_dropped": dropped}
+        )
+        if dropped:
+            log.info(
+                "%s: dropped %d of %d examples whose response keeps no token after truncation",
+                name, dropped, len(examples),
+            )
+        if not items:
+            raise ValueError(f"{name}: no examples left after tokenization and truncation")
+        return items
+
+    def _encode(self, encoder: TextEncoder, examples: list[Example]) -> list[dict[str, Any]]:
+        raise NotImplementedError
+
+    # ----------------------------------------------------------------------------- dataloaders
+    def _require_setup(self) -> list[dict[str, Any]]:
+        if self.train_dataset is None:
+            raise RuntimeError(f"{type(self).__name__}.setup() has not been called")
+        return self.train_dataset
+
+    def _loader(self, dataset: list[dict[str, Any]], collate_fn: Any, **kwargs: Any) -> DataLoader:
+        return DataLoader(
+            dataset,  # type: ignore[arg-type]
+            batch_size=self.batch_size,
+            collate_fn=collate_fn,
+            num_workers=self.num_workers,
+            persistent_workers=self.num_workers > 0,
+            **kwargs,
+        )
+
+    def _shuffled_train_loader(self, collate_fn: Any) -> DataLoader:
+        dataset = self._require_setup()
+        g = torch.Generator().manual_seed(self.seed)
+        return self._loader(dataset, collate_fn, shuffle=True, generator=g)
+
+    def _val_loader(self, collate_fn: Any) -> DataLoader | list:
+        """The validation loader, or ``[]`` (no validation) when there is no validation data."""
+        self._require_setup()
+        return self._loader(self.val_dataset, collate_fn) if self.val_dataset else []

@@ -1,0 +1,99 @@
+"""Padding and collate functions (batch formats in docs/CONTRACTS.md).
+
+SFT and preference batches are right padded, prompt batches left padded (generation appends on
+the right). Padding uses the tokenizer's ``pad_token_id``; which positions are real is carried by
+``attention_mask`` (never recomputed from ``input_ids != pad_token_id``: the pad may equal EOS).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+
+from rlhf_lit.data.encoding import IGNORE_INDEX
+
+
+def pad(
+    seqs: Sequence[Sequence[int]],
+    value: int,
+    side: Literal["right", "left"],
+    length: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pad lists of ids to one length (the longest, or ``length``).
+
+    Returns:
+        ``(ids, attention_mask)``, both ``(B, T)`` long; the mask is 1 on the given tokens.
+    """
+    length = max(len(s) for s in seqs) if length is None else length
+    ids = torch.full((len(seqs), length), value, dtype=torch.long)  # (B, T)
+    mask = torch.zeros((len(seqs), length), dtype=torch.long)  # (B, T)
+    for i, s in enumerate(seqs):
+        cols = slice(0, len(s)) if side == "right" else slice(length - len(s), length)
+        ids[i, cols] = torch.as_tensor(s, dtype=torch.long)
+        mask[i, cols] = 1
+    return ids, mask
+
+
+def require_pad_id(tokenizer: Any) -> int:
+    """``tokenizer.pad_token_id``, or a clear error when it has none."""
+    pad_id = tokenizer.pad_token_id
+    if pad_id is None:
+        raise ValueError(
+            "the tokenizer has no pad token; load it with rlhf_lit.tokenizer.load_tokenizer "
+            "(missing_pad='add' or 'eos') or set tokenizer.pad_token"
+        )
+    return int(pad_id)
+
+
+@dataclass(frozen=True)
+class SFTCollator:
+    """Items ``{"input_ids", "labels"}`` -> right padded ``input_ids``, ``attention_mask``,
+    ``labels`` (-100 on padding; the items already hold -100 on the prompt)."""
+
+    pad_token_id: int
+
+    def __call__(self, items: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        input_ids, attention_mask = pad([x["input_ids"] for x in items], self.pad_token_id, "right")
+        labels, _ = pad([x["labels"] for x in items], IGNORE_INDEX, "right")
+        return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+
+
+@dataclass(frozen=True)
+class PreferenceCollator:
+    """Items ``{"chosen_input_ids", "rejected_input_ids"[, "margin"]}`` -> right padded chosen and
+    rejected ids and masks, all ``(B, T)`` with one common T, plus ``margin (B,)`` float when the
+    items have one."""
+
+    pad_token_id: int
+
+    def __call__(self, items: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        chosen = [x["chosen_input_ids"] for x in items]
+        rejected = [x["rejected_input_ids"] for x in items]
+        length = max(len(s) for s in chosen + rejected)
+        c_ids, c_mask = pad(chosen, self.pad_token_id, "right", length)
+        r_ids, r_mask = pad(rejected, self.pad_token_id, "right", length)
+        batch = {
+            "chosen_input_ids": c_ids,
+            "chosen_attention_mask": c_mask,
+            "rejected_input_ids": r_ids,
+            "rejected_attention_mask": r_mask,
+        }
+        if "margin" in items[0]:
+            batch["margin"] = torch.tensor([x["margin"] for x in items], dtype=torch.float)  # (B,)
+        return batch
+
+
+@dataclass(frozen=True)
+class PromptCollator:
+    """Items ``{"input_ids", "index"}`` -> left padded ``input_ids``, ``attention_mask`` and
+    ``index (B,)``, the dataset row of each prompt."""
+
+    pad_token_id: int
+
+    def __call__(self, items: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        input_ids, attention_mask = pad([x["input_ids"] for x in items], self.pad_token_id, "left")
+        index = torch.tensor([x["index"] for x in items], dtype=torch.long)  # (B,)
+        return {"input_ids": input_ids, "attention_mask": attention_mask, "index": index}

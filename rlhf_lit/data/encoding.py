@@ -1,0 +1,168 @@
+"""Text examples -> token ids: special tokens, chat template, tokenizing the prompt/response
+boundary, and the truncation rule shared by SFT and preference data.
+
+Truncation rule:
+
+1. The prompt. Special tokens the tokenizer adds in front of a text (e.g. llama's BOS) are put
+   once at the start of the prompt (never before the response, and not again when the prompt's
+   ids already start with them). Prompt tokens are truncated from the LEFT so that the prompt,
+   specials included, has at most ``max_prompt_length`` tokens: the end of the prompt, nearest to
+   the response, is kept (the specials stay in front).
+2. The response. When the whole response plus one EOS fits in ``max_length - len(prompt)``, the
+   EOS is appended (its label counts). Otherwise the response is cut from the right to fill
+   ``max_length`` exactly and gets NO EOS: it did not end, and teaching the model to stop there
+   would be wrong.
+3. An example whose response keeps no token is dropped (the data module counts and logs these).
+
+Boundary: the prompt is tokenized alone and prompt + response jointly; the response ids are the
+joint ids after the prompt ids when those are a prefix of the joint ids (the usual case; it avoids
+the spurious leading-space token that tokenizing ``" time"`` alone gives with sentencepiece), else
+the response is tokenized on its own.
+
+Chat template (``apply_chat_template=True``): the prompt is rendered as a user turn with
+``add_generation_prompt=True`` and the response is what the template writes after that for an
+assistant turn (trailing whitespace and a trailing EOS string removed, since the EOS id is
+appended by rule 2). The template writes its own special tokens, so none are added in front.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+IGNORE_INDEX = -100
+"""Label of positions that do not count in the loss (prompt and padding)."""
+
+
+def require_tokenizer(tokenizer: Any, owner: str) -> Any:
+    """The tokenizer, or a clear error when the CLI (or the caller) has not set it."""
+    if tokenizer is None:
+        raise ValueError(
+            f"{owner}: tokenizer is None. It is set by the CLI from the model stage; when using "
+            f"the data module directly pass tokenizer=load_tokenizer(...)"
+        )
+    return tokenizer
+
+
+def special_prefix(tokenizer: Any) -> list[int]:
+    """The special token ids the tokenizer puts in front of a text (``[bos]`` for llama, ``[]``
+    for GPT-2); trailing specials (e.g. an EOS some tokenizers append) are not included."""
+    plain = tokenizer("a", add_special_tokens=False)["input_ids"]
+    full = tokenizer("a", add_special_tokens=True)["input_ids"]
+    for k in range(len(full) - len(plain) + 1):
+        if full[k : k + len(plain)] == plain:
+            return list(full[:k])
+    return []
+
+
+class TextEncoder:
+    """Renders and tokenizes prompts and responses for one tokenizer (see the module docstring).
+
+    Args:
+        tokenizer: a Hugging Face tokenizer.
+        apply_chat_template: render prompts as a user turn and responses as the assistant turn.
+    """
+
+    def __init__(self, tokenizer: Any, *, apply_chat_template: bool = False):
+        if apply_chat_template and not getattr(tokenizer, "chat_template", None):
+            name = getattr(tokenizer, "name_or_path", type(tokenizer).__name__)
+            raise ValueError(
+                f"apply_chat_template=True but the tokenizer {name!r} has no chat template; "
+                "set apply_chat_template=False or use a tokenizer that has one"
+            )
+        self.tokenizer = tokenizer
+        self.apply_chat_template = apply_chat_template
+        self.prefix: list[int] = [] if apply_chat_template else special_prefix(tokenizer)
+
+    @property
+    def eos_token_id(self) -> int:
+        eos = self.tokenizer.eos_token_id
+        if eos is None:
+            raise ValueError("the tokenizer has no eos_token_id; responses must end with an EOS")
+        return int(eos)
+
+    # ------------------------------------------------------------------------------- rendering
+    def render_prompt(self, prompt: str) -> str:
+        if not self.apply_chat_template:
+            return prompt
+        return self.tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+        )
+
+    def render_response(self, prompt: str, rendered_prompt: str, response: str) -> str:
+        if not self.apply_chat_template:
+            return response
+        full = self.tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}, {"role": "assistant", "content": response}],
+            tokenize=False,
+        )
+        if not full.startswith(rendered_prompt):
+            raise ValueError(
+                "the chat template does not render the assistant turn as a continuation of the "
+                "generation prompt (add_generation_prompt=True); cannot split prompt and response"
+            )
+        text = full[len(rendered_prompt) :].rstrip()
+        eos = self.tokenizer.eos_token
+        return text[: -len(eos)] if eos and text.endswith(eos) else text
+
+    # ------------------------------------------------------------------------------ tokenizing
+    def _ids(self, texts: Sequence[str]) -> list[list[int]]:
+        if not texts:
+            return []
+        return [list(x) for x in self.tokenizer(list(texts), add_special_tokens=False, verbose=False)["input_ids"]]
+
+    def add_prefix(self, ids: list[int]) -> list[int]:
+        """Specials in front, once."""
+        n = len(self.prefix)
+        return ids if ids[:n] == self.prefix else self.prefix + ids
+
+    def encode_prompts(self, prompts: Sequence[str]) -> list[list[int]]:
+        """Prompt ids (specials in front, not truncated)."""
+        return [self.add_prefix(ids) for ids in self._ids([self.render_prompt(p) for p in prompts])]
+
+    def encode_pairs(
+        self, prompts: Sequence[str], responses: Sequence[str]
+    ) -> tuple[list[list[int]], list[list[int]]]:
+        """(prompt ids with specials, response ids), not truncated; see "Boundary" above."""
+        rendered = [self.render_prompt(p) for p in prompts]
+        texts = [self.render_response(p, rp, r) for p, rp, r in zip(prompts, rendered, responses)]
+        prompt_ids = self._ids(rendered)
+        joint_ids = self._ids([rp + t for rp, t in zip(rendered, texts)])
+        response_ids: list[list[int] | None] = []
+        alone: list[int] = []  # examples whose response is tokenized on its own
+        for i, (p, j) in enumerate(zip(prompt_ids, joint_ids)):
+            if j[: len(p)] == p:
+                response_ids.append(j[len(p) :])
+            else:
+                response_ids.append(None)
+                alone.append(i)
+        for i, ids in zip(alone, self._ids([texts[i] for i in alone])):
+            response_ids[i] = ids
+        return [self.add_prefix(p) for p in prompt_ids], response_ids  # type: ignore[return-value]
+
+
+def truncate_prompt(ids: list[int], prefix: list[int], max_prompt_length: int) -> list[int]:
+    """Keep the specials in front and the LAST tokens of the prompt: at most
+    ``max_prompt_length`` tokens in all."""
+    n = len(prefix) if ids[: len(prefix)] == prefix else 0
+    keep = max_prompt_length - n
+    if keep < 1:
+        raise ValueError(
+            f"max_prompt_length={max_prompt_length} leaves no room for prompt tokens after "
+            f"{n} special token(s)"
+        )
+    return ids if len(ids) <= max_prompt_length else ids[:n] + ids[len(ids) - keep :]
+
+
+def truncate_response(
+    prompt_ids: list[int], response_ids: list[int], eos_token_id: int, max_length: int
+) -> list[int] | None:
+    """The response ids to append to ``prompt_ids``: the whole response + EOS when that fits in
+    ``max_length``, else the response cut from the right to fill it, without EOS. None when no
+    response token fits (or the response has none)."""
+    room = max_length - len(prompt_ids)
+    if room < 1 or not response_ids:
+        return None
+    if len(response_ids) + 1 <= room:
+        return response_ids + [eos_token_id]
+    return response_ids[:room]

@@ -1,0 +1,236 @@
+"""Reading raw records from a local file or a hub dataset, and validating their fields.
+
+A *source* is a local path if it exists, else a Hugging Face hub dataset name. A string that
+looks like a path (starts with ``./``, ``../``, ``/`` or ``~``, or ends in ``.jsonl``, ``.json``,
+``.txt`` or ``.gz``) but does not exist raises ``FileNotFoundError``; it is never sent to the hub.
+
+Local files, chosen by suffix (``.gz`` of any of them is read transparently):
+
+- ``.jsonl``: one JSON object per line (blank lines ignored);
+- ``.json``: a JSON array of objects (a file whose first character is not ``[`` is read as JSONL);
+- ``.txt``: plain text paragraphs separated by blank lines, each becoming ``{"text": paragraph}``.
+
+Every record is a :class:`Row` carrying ``where`` (e.g. ``"data/x.jsonl line 17"``), so that an
+error names the file, the line (record index for JSON arrays and hub rows) and the field.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import logging
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+log = logging.getLogger("rlhf_lit.data")
+
+_PATH_PREFIXES = ("./", "../", "/", "~")
+_PATH_SUFFIXES = (".jsonl", ".json", ".txt", ".gz")
+
+
+class InvalidRecord(ValueError):
+    """A record (or a JSONL line) that fails validation; ``skip_invalid=True`` skips these."""
+
+
+@dataclass(frozen=True)
+class Row:
+    """One raw record and where it came from (for error messages)."""
+
+    where: str
+    data: dict[str, Any]
+
+
+def looks_like_path(source: str) -> bool:
+    """True for strings that are meant as local paths (and so never looked up on the hub)."""
+    return source.startswith(_PATH_PREFIXES) or source.endswith(_PATH_SUFFIXES)
+
+
+def is_text_file(source: str) -> bool:
+    """True when ``source`` is a local plain-text (paragraphs) file, ``.txt`` or ``.txt.gz``."""
+    return os.path.exists(os.path.expanduser(source)) and _strip_gz(source).endswith(".txt")
+
+
+def read_rows(
+    source: str,
+    *,
+    split: str = "train",
+    subset: str | None = None,
+    max_records: int | None = None,
+    skip_invalid: bool = False,
+) -> list[Row]:
+    """Read at most ``max_records`` records from a local file or a hub dataset.
+
+    Lines of a JSONL file that do not parse raise ``InvalidRecord`` naming the file and the line,
+    unless ``skip_invalid`` is set: then they are skipped, counted and the count logged once.
+    """
+    if max_records is not None and max_records < 1:
+        raise ValueError(f"max_records must be >= 1 or None, got {max_records}")
+    if source.startswith("~"):
+        source = os.path.expanduser(source)
+    if os.path.exists(source):
+        if os.path.isdir(source):
+            raise ValueError(
+                f"{source} is a directory; give a .jsonl, .json or .txt file (optionally .gz)"
+            )
+        rows = _read_file(source, skip_invalid=skip_invalid)
+    elif looks_like_path(source):
+        raise FileNotFoundError(f"data file not found: {source}")
+    else:
+        rows = _read_hub(source, split=split, subset=subset)
+    out: list[Row] = []
+    for row in rows:
+        if max_records is not None and len(out) >= max_records:
+            break
+        out.append(row)
+    if rows_skipped := getattr(rows, "skipped", 0):
+        log.info("%s: skipped %d lines that do not parse as a JSON object", source, rows_skipped)
+    return out
+
+
+# ---------------------------------------------------------------------------------- local files
+
+
+def _strip_gz(path: str) -> str:
+    return path[: -len(".gz")] if path.endswith(".gz") else path
+
+
+def _open_text(path: str) -> io.TextIOBase:
+    if path.endswith(".gz"):
+        return gzip.open(path, "rt", encoding="utf-8")  # type: ignore[return-value]
+    return open(path, encoding="utf-8")
+
+
+class _SkippingReader:
+    """Iterates rows of a JSONL file; ``skipped`` counts unparseable lines seen so far."""
+
+    def __init__(self, path: str, lines: Iterator[tuple[int, str]], skip_invalid: bool):
+        self.path, self.lines, self.skip_invalid, self.skipped = path, lines, skip_invalid, 0
+
+    def __iter__(self) -> Iterator[Row]:
+        for lineno, line in self.lines:
+            if not line.strip():
+                continue
+            where = f"{self.path} line {lineno}"
+            try:
+                data = json.loads(line)
+            except json.JSONDecodeError as e:
+                if self.skip_invalid:
+                    self.skipped += 1
+                    continue
+                raise InvalidRecord(
+                    f"{where}: not valid JSON ({e.msg} at column {e.colno}); "
+                    "set skip_invalid=True to skip such lines"
+                ) from None
+            if not isinstance(data, dict):
+                if self.skip_invalid:
+                    self.skipped += 1
+                    continue
+                raise InvalidRecord(f"{where}: expected a JSON object, got {type(data).__name__}")
+            yield Row(where, data)
+
+
+def _read_file(path: str, *, skip_invalid: bool) -> Any:
+    kind = _strip_gz(path)
+    with _open_text(path) as f:
+        text = f.read()
+    if kind.endswith(".txt"):
+        return _paragraph_rows(path, text)
+    if kind.endswith(".json") and text.lstrip().startswith("["):
+        return _json_array_rows(path, text)
+    if kind.endswith((".jsonl", ".json")):
+        return _SkippingReader(path, enumerate(text.splitlines(), start=1), skip_invalid)
+    raise ValueError(
+        f"{path}: unsupported file type; use .jsonl, .json (an array of records) or .txt "
+        "(blank-line separated paragraphs), optionally gzipped (.gz)"
+    )
+
+
+def _json_array_rows(path: str, text: str) -> list[Row]:
+    try:
+        items = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path} line {e.lineno}: not valid JSON ({e.msg})") from None
+    rows = []
+    for i, item in enumerate(items):
+        where = f"{path} record {i}"
+        if not isinstance(item, dict):
+            raise InvalidRecord(f"{where}: expected a JSON object, got {type(item).__name__}")
+        rows.append(Row(where, item))
+    return rows
+
+
+def _paragraph_rows(path: str, text: str) -> list[Row]:
+    """Blank-line separated paragraphs (whitespace-only lines count as blank), each stripped."""
+    rows: list[Row] = []
+    buf: list[str] = []
+    first = 0
+    for lineno, line in enumerate([*text.splitlines(), ""], start=1):
+        if line.strip():
+            first = first if buf else lineno
+            buf.append(line)
+        elif buf:
+            rows.append(Row(f"{path} line {first}", {"text": "\n".join(buf).strip()}))
+            buf = []
+    return rows
+
+
+# ------------------------------------------------------------------------------------------ hub
+
+
+def _read_hub(name: str, *, split: str, subset: str | None) -> Iterator[Row]:
+    try:
+        import datasets  # optional: only needed for hub names
+    except ImportError:
+        raise ImportError(
+            f"{name!r} is not a local file, so it is read from the Hugging Face hub, which needs "
+            "the `datasets` library: pip install 'rlhf-lit[hub]'"
+        ) from None
+    label = f"hub dataset {name!r}" + (f" ({subset})" if subset else "") + f" split {split!r}"
+    ds = datasets.load_dataset(name, subset, split=split)
+    for i, data in enumerate(ds):
+        where = f"{label} row {i}"
+        if not isinstance(data, dict):
+            raise InvalidRecord(f"{where}: expected a record (dict), got {type(data).__name__}")
+        yield Row(where, data)
+
+
+# ------------------------------------------------------------------------------------ validation
+
+
+def get_text(row: Row, field: str, *, required: bool = True) -> str:
+    """The string in ``row.data[field]``; raises ``InvalidRecord`` naming the place and field.
+
+    A required field must be present, a string, and not empty or whitespace only. An optional
+    field (``required=False``) may be missing or ``None`` (read as ``""``) but must be a string.
+    """
+    data = row.data
+    if field not in data or (not required and data[field] is None):
+        if not required:
+            return ""
+        keys = ", ".join(map(str, data)) or "none"
+        raise InvalidRecord(f"{row.where}: field {field!r} missing (record keys: {keys})")
+    value = data[field]
+    if not isinstance(value, str):
+        raise InvalidRecord(
+            f"{row.where}: field {field!r} must be a string, got {type(value).__name__}"
+        )
+    if required and not value.strip():
+        raise InvalidRecord(f"{row.where}: field {field!r} is empty")
+    return value
+
+
+def get_number(row: Row, field: str) -> float:
+    """The number in ``row.data[field]`` as a float (bools are rejected)."""
+    data = row.data
+    if field not in data:
+        keys = ", ".join(map(str, data)) or "none"
+        raise InvalidRecord(f"{row.where}: field {field!r} missing (record keys: {keys})")
+    value = data[field]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidRecord(
+            f"{row.where}: field {field!r} must be a number, got {type(value).__name__}"
+        )
+    return float(value)

@@ -1,0 +1,117 @@
+"""A deterministic, resumable sampler for the PPO prompt loader.
+
+Each epoch is a permutation of ``range(dataset_size)`` seeded with ``seed + epoch`` (or the
+identity when ``shuffle=False``). The sampler keeps how many samples of the current epoch were
+*consumed*; an iteration yields the permutation from that point, so a run restored from
+``state_dict()`` continues with exactly the samples it had not used, in the same order.
+
+Consumption is reported by the consumer through :meth:`ResumableSampler.mark_consumed` (the
+prompt data module's ``mark_consumed``), not counted by the sampler as it yields: the DataLoader
+(and Lightning's data fetcher) prefetch batches, so what the sampler has yielded runs ahead of
+what training has used.
+
+Several processes (DDP): the count is global (all ranks' prompts; every rank reports the same
+number) and each rank takes every ``num_replicas``-th sample of the remaining order from its
+``rank``, so one step of all ranks uses one contiguous block of the order and a resume (even with
+another number of ranks) continues exactly. It subclasses ``DistributedSampler`` only so that
+Lightning uses it as it is instead of wrapping it in a sampler that would reshuffle.
+
+Lightning calls ``set_epoch(epoch)`` at the start of every epoch: a new epoch resets the count,
+the same epoch (a run resumed mid-epoch) keeps it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.utils.data.distributed import DistributedSampler
+
+
+def _world() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size(), dist.get_rank()
+    return 1, 0
+
+
+class ResumableSampler(DistributedSampler):
+    """Seeded permutation per epoch, resumable mid-epoch, sharded over ranks.
+
+    Args:
+        dataset_size: the dataset length.
+        shuffle: permute each epoch (else the dataset order).
+        seed: the permutation of epoch ``e`` is seeded with ``seed + e``.
+        num_replicas: number of ranks (default: the process group's world size, else 1).
+        rank: this rank (default: the process group's rank, else 0).
+    """
+
+    def __init__(
+        self,
+        dataset_size: int,
+        *,
+        shuffle: bool = True,
+        seed: int = 0,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+    ):
+        if dataset_size < 1:
+            raise ValueError(f"dataset_size must be >= 1, got {dataset_size}")
+        world, this_rank = _world()
+        num_replicas = world if num_replicas is None else num_replicas
+        rank = this_rank if rank is None else rank
+        super().__init__(
+            range(dataset_size),  # type: ignore[arg-type]
+            num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed, drop_last=True,
+        )  # fmt: skip
+        self.dataset_size = dataset_size
+        self.consumed = 0
+
+    def order(self, epoch: int) -> list[int]:
+        """All indices of ``epoch`` in the order they are drawn (over all ranks)."""
+        if not self.shuffle:
+            return list(range(self.dataset_size))
+        g = torch.Generator().manual_seed(self.seed + epoch)
+        return torch.randperm(self.dataset_size, generator=g).tolist()
+
+    def __iter__(self) -> Iterator[int]:
+        remaining = self.order(self.epoch)[self.consumed :]
+        usable = len(remaining) - len(remaining) % self.num_replicas  # ranks stay in step
+        return iter(remaining[self.rank : usable : self.num_replicas])
+
+    def __len__(self) -> int:
+        # the full epoch, also when resuming mid-epoch: Lightning measures the loader once and
+        # would otherwise cut every later epoch short (a resumed epoch just ends early)
+        return self.dataset_size // self.num_replicas
+
+    def set_epoch(self, epoch: int) -> None:
+        if epoch != self.epoch:
+            self.epoch, self.consumed = epoch, 0
+
+    def mark_consumed(self, n: int) -> None:
+        """Record that training used ``n`` more samples of the current epoch (all ranks)."""
+        if n < 0 or self.consumed + n > self.dataset_size:
+            raise ValueError(
+                f"cannot mark {n} more samples consumed: {self.consumed} of "
+                f"{self.dataset_size} already consumed in epoch {self.epoch}"
+            )
+        self.consumed += n
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "epoch": self.epoch,
+            "consumed": self.consumed,
+            "dataset_size": self.dataset_size,
+            "shuffle": self.shuffle,
+            "seed": self.seed,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for key in ("dataset_size", "shuffle", "seed"):
+            if state[key] != getattr(self, key):
+                raise ValueError(
+                    f"cannot resume the prompt sampler: the checkpoint has {key}={state[key]!r} "
+                    f"but this run has {key}={getattr(self, key)!r} (the data or seed changed)"
+                )
+        self.epoch, self.consumed = int(state["epoch"]), int(state["consumed"])

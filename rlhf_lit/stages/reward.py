@@ -1,0 +1,272 @@
+"""Reward model (RM): a scalar head on a causal-LM backbone, trained on preference pairs.
+
+Stage 2 of InstructGPT. Details followed ("The N(+) implementation details of RLHF"):
+
+- the score is read at the last real token of prompt + response, found from the attention mask
+  (left or right padding, never from pad ids) (#1, #2);
+- a fresh head is initialised N(0, 1/sqrt(d + 1)) (#4); a head from a sequence-classification
+  checkpoint is kept;
+- dropout is off (#8); the recommended schedule is one epoch with the LR annealed to 0 (#6),
+  which is this module's default ``optimizer.schedule="linear"``;
+- after training the reward is normalised so that a reference set scores mean 0 (#5, InstructGPT's
+  bias), optionally std 1 too; the normalisation lives in two buffers and is folded into the
+  exported weights (see :mod:`rlhf_lit.models.reward_norm`).
+
+Chosen and rejected sequences go through the model in one forward pass (concatenated along the
+batch), which halves the number of calls.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import asdict
+from pathlib import Path
+
+import lightning.pytorch as pl
+import torch
+import torch.nn.functional as F
+from lightning.pytorch.utilities.model_helpers import is_overridden
+from torchmetrics import MeanMetric
+from transformers import AutoConfig
+
+from rlhf_lit.functional import pairwise_reward_loss
+from rlhf_lit.models import init_reward_head, load_reward_model, score_head, sequence_scores
+from rlhf_lit.models.loading import DType
+from rlhf_lit.models.reward_norm import Normalize, fold_normalization, gain_and_bias, record_normalization
+from rlhf_lit.stages.export import export_at_fit_end
+from rlhf_lit.stages.optim import OptimizerConfig, lightning_optimizers, optimizer_config_from
+from rlhf_lit.tokenizer import MissingPad, load_tokenizer
+
+log = logging.getLogger(__name__)
+
+
+def has_trained_score_head(name_or_path: str, revision: str | None = None, trust_remote_code: bool = False) -> bool:
+    """True when the checkpoint is a sequence-classification model, i.e. it ships its own score head."""
+    config = AutoConfig.from_pretrained(name_or_path, revision=revision, trust_remote_code=trust_remote_code)
+    return any(a.endswith("ForSequenceClassification") for a in (config.architectures or []))
+
+
+def _pad_right(x: torch.Tensor, length: int, value: int) -> torch.Tensor:
+    """Right-pad ``(B, T)`` to ``(B, length)``."""
+    return F.pad(x, (0, length - x.shape[1]), value=value)  # (B, length)
+
+
+class RewardModule(pl.LightningModule):
+    """Trains a Bradley-Terry reward model on (chosen, rejected) pairs and exports it normalised.
+
+    Logs ``train/loss``, ``train/accuracy`` and ``lr`` every step; ``val/loss``, ``val/accuracy``
+    (fraction of pairs with chosen > rejected) and ``val/margin`` (mean chosen - rejected) per
+    validation run. Validation reads the normalised scores (what the exported model gives).
+
+    The normalisation reference set is the datamodule's ``reference_dataloader()`` when it has one
+    (batches with ``input_ids`` / ``attention_mask``, or preference batches), else its
+    ``val_dataloader()`` with chosen and rejected sequences pooled.
+
+    Args:
+        model: Hub name or local directory: a causal LM (for example the SFT export; a fresh head
+            is added) or a sequence-classification checkpoint with one label (its head is kept).
+        tokenizer: Hub name or directory of the tokenizer; None uses ``model``'s.
+        missing_pad: What to do when the tokenizer has no pad token (``add``, ``eos``, ``unk``, ``error``).
+        dtype: Weight dtype. Keep ``float32`` together with ``precision="bf16-mixed"``.
+        optimizer: AdamW and learning-rate schedule; by default annealed linearly to 0 over the run.
+        normalize: After training, shift the reward so the reference set scores mean 0 (``bias``),
+            also scale it to std 1 (``gain_bias``), or leave it (``none``).
+        export_dir: Where the final model and tokenizer are written at the end of fit; None means
+            ``<log dir or default_root_dir>/model``.
+        revision: Hub revision of ``model`` (and of the tokenizer when ``tokenizer`` is None).
+        trust_remote_code: Allow model code from the hub.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        tokenizer: str | None = None,
+        missing_pad: MissingPad = "add",
+        dtype: DType = "float32",
+        optimizer: OptimizerConfig = OptimizerConfig(lr=1e-5, schedule="linear", min_lr_ratio=0.0),
+        normalize: Normalize = "bias",
+        export_dir: str | None = None,
+        revision: str | None = None,
+        trust_remote_code: bool = False,
+    ) -> None:
+        super().__init__()
+        if normalize not in ("none", "bias", "gain_bias"):
+            raise ValueError(f"normalize must be none, bias or gain_bias; got {normalize!r}")
+        # load_from_checkpoint passes the optimizer back as the dict saved below.
+        self.optimizer_config = optimizer_config_from(optimizer)
+        # A dataclass in hparams breaks weights_only checkpoint loading: store its dict instead.
+        self.save_hyperparameters(ignore=["optimizer"])
+        self.hparams["optimizer"] = asdict(self.optimizer_config)
+        self.normalization: Normalize = normalize
+        self.export_dir = export_dir
+        self.exported_path: Path | None = None
+        self.reference_name = "none"
+        self.tokenizer = load_tokenizer(
+            tokenizer or model,
+            padding_side="right",  # preference batches are right padded (docs/CONTRACTS.md)
+            missing_pad=missing_pad,
+            revision=revision if tokenizer is None else None,
+            trust_remote_code=trust_remote_code,
+        )
+        self.model = load_reward_model(
+            model, self.tokenizer, dtype=dtype, revision=revision, trust_remote_code=trust_remote_code
+        )
+        if not has_trained_score_head(model, revision, trust_remote_code):
+            # Hugging Face initialised the missing head N(0, 0.02); use the RM init instead.
+            init_reward_head(score_head(self.model))
+        # The normalised reward is gain * raw + bias; buffers, so checkpoints carry them.
+        self.register_buffer("reward_gain", torch.ones(()))
+        self.register_buffer("reward_bias", torch.zeros(()))
+        self.val_loss = MeanMetric()
+        self.val_accuracy = MeanMetric()
+        self.val_margin = MeanMetric()
+
+    # ----- scoring -----------------------------------------------------------------------------
+
+    def raw_scores(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """The head read at the last real token, before normalisation, ``(B,)``."""
+        return sequence_scores(self.model, input_ids, attention_mask)  # (B,)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """The normalised reward ``gain * raw + bias``, ``(B,)``."""
+        return self.reward_gain * self.raw_scores(input_ids, attention_mask) + self.reward_bias  # (B,)
+
+    def pair_scores(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Raw scores of the chosen and rejected sequences from ONE forward pass, each ``(B,)``."""
+        chosen_ids, rejected_ids = batch["chosen_input_ids"], batch["rejected_input_ids"]
+        chosen_mask, rejected_mask = batch["chosen_attention_mask"], batch["rejected_attention_mask"]
+        T = max(chosen_ids.shape[1], rejected_ids.shape[1])
+        # Padding values never matter: scores are read through the attention mask.
+        pad_id = self.tokenizer.pad_token_id
+        input_ids = torch.cat([_pad_right(chosen_ids, T, pad_id), _pad_right(rejected_ids, T, pad_id)])  # (2B, T)
+        attention_mask = torch.cat([_pad_right(chosen_mask, T, 0), _pad_right(rejected_mask, T, 0)])  # (2B, T)
+        scores = self.raw_scores(input_ids, attention_mask)  # (2B,)
+        B = chosen_ids.shape[0]
+        return scores[:B], scores[B:]  # (B,), (B,)
+
+    # ----- training and validation ---------------------------------------------------------------
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        """Bradley-Terry loss on the raw scores (the bias cancels; the gain is 1 while training)."""
+        chosen, rejected = self.pair_scores(batch)  # (B,), (B,)
+        loss, accuracy = pairwise_reward_loss(chosen, rejected, batch.get("margin"))  # (), ()
+        B = chosen.shape[0]
+        self.log("train/loss", loss, prog_bar=True, batch_size=B)
+        self.log("train/accuracy", accuracy, batch_size=B)
+        self.log("lr", self.optimizers().param_groups[0]["lr"], batch_size=B)
+        return loss
+
+    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        """Pair-weighted loss, accuracy and margin of the normalised scores."""
+        chosen, rejected = self.pair_scores(batch)  # (B,), (B,)
+        chosen = self.reward_gain * chosen + self.reward_bias  # (B,)
+        rejected = self.reward_gain * rejected + self.reward_bias  # (B,)
+        loss, _ = pairwise_reward_loss(chosen, rejected, batch.get("margin"))  # ()
+        B = chosen.shape[0]
+        self.val_loss.update(loss, weight=B)
+        self.val_accuracy.update((chosen > rejected).float())  # (B,) per-pair wins
+        self.val_margin.update(chosen - rejected)  # (B,)
+        self.log("val/loss", self.val_loss, prog_bar=True, batch_size=B)
+        self.log("val/accuracy", self.val_accuracy, prog_bar=True, batch_size=B)
+        self.log("val/margin", self.val_margin, batch_size=B)
+
+    def configure_optimizers(self) -> dict:
+        """AdamW with warmup and decay over the whole run (see :class:`OptimizerConfig`)."""
+        return lightning_optimizers(self.model, self.optimizer_config, self.trainer.estimated_stepping_batches)
+
+    # ----- normalisation and export --------------------------------------------------------------
+
+    def _reference_source(self) -> tuple[Iterable[dict[str, torch.Tensor]], str]:
+        """The reference batches and their description; raises when the datamodule offers none."""
+        dm = self.trainer.datamodule
+        if dm is not None and callable(getattr(dm, "reference_dataloader", None)):
+            return dm.reference_dataloader(), f"{type(dm).__name__}.reference_dataloader()"
+        if dm is not None and is_overridden("val_dataloader", dm):
+            return dm.val_dataloader(), f"{type(dm).__name__}.val_dataloader() chosen + rejected"
+        raise ValueError(
+            f"normalize={self.normalization!r} needs reference data: fit with a datamodule that has "
+            "reference_dataloader() or val_dataloader(), or set normalize='none'"
+        )
+
+    def on_fit_start(self) -> None:
+        """Fail before training, not after it, when normalisation will have no reference data.
+
+        The datamodule is set up by now, so an empty reference loader (e.g. a ``val_dataloader()``
+        that returns ``[]`` for "no validation") is caught here.
+        """
+        if self.normalization == "none":
+            return
+        batches, reference = self._reference_source()
+        if hasattr(batches, "__len__") and len(batches) == 0:
+            raise ValueError(
+                f"normalize={self.normalization!r}: the reference data {reference} is empty; give the "
+                "datamodule validation or reference data, or set normalize='none'"
+            )
+
+    @torch.no_grad()
+    def normalize(
+        self,
+        reference_batches: Iterable[dict[str, torch.Tensor]],
+        reference: str = "custom",
+        kind: Normalize | None = None,
+    ) -> tuple[float, float]:
+        """Set ``reward_gain`` / ``reward_bias`` so the reference sequences score mean 0 (and std 1).
+
+        Scores every sequence of ``reference_batches`` (``input_ids`` / ``attention_mask`` batches, or
+        preference batches whose chosen and rejected sequences are pooled) with the raw model. Under a
+        distributed trainer the moments are summed over processes, so sharded and replicated loaders
+        both give the pooled statistics. The std is the population std. One host sync at the end.
+
+        Args:
+            reference_batches: Iterable of batches (e.g. a DataLoader).
+            reference: Description recorded in the exported config.
+            kind: ``bias`` or ``gain_bias`` (``none`` resets to gain 1, bias 0); None means the
+                module's ``normalize`` setting.
+
+        Returns:
+            ``(gain, bias)`` as floats (also stored in the buffers).
+        """
+        moments = torch.zeros(3, dtype=torch.float64, device=self.device)  # count, sum, sum of squares
+        for batch in reference_batches:
+            batch = {k: v.to(self.device) for k, v in batch.items() if isinstance(v, torch.Tensor)}
+            if "chosen_input_ids" in batch:
+                scores = torch.cat(self.pair_scores(batch))  # (2B,)
+            else:
+                scores = self.raw_scores(batch["input_ids"], batch["attention_mask"])  # (B,)
+            scores = scores.double()  # (N,)
+            count = torch.tensor(float(scores.numel()), dtype=torch.float64, device=self.device)  # ()
+            moments += torch.stack([count, scores.sum(), (scores**2).sum()])  # (3,)
+        if self._trainer is not None:
+            moments = self.trainer.strategy.reduce(moments, reduce_op="sum")
+        count, total, total_sq = moments.tolist()
+        if count == 0:
+            raise ValueError(f"reference set {reference!r} is empty; cannot normalise the reward")
+        mean = total / count
+        std = max(total_sq / count - mean**2, 0.0) ** 0.5
+        gain, bias = gain_and_bias(mean, std, kind or self.normalization)
+        self.reward_gain.fill_(gain)
+        self.reward_bias.fill_(bias)
+        self.reference_name = reference
+        log.info("reward normalisation from %s (%d sequences): raw mean %.6g std %.6g -> gain %.6g bias %.6g",
+                 reference, int(count), mean, std, gain, bias)
+        return gain, bias
+
+    def on_train_end(self) -> None:
+        """Normalise with the final weights, while the model is still on its device and processes are up."""
+        if self.normalization != "none":
+            batches, reference = self._reference_source()
+            self.normalize(batches, reference)
+
+    def on_fit_end(self) -> None:
+        """Fold the normalisation into the weights (every rank) and export the model (rank 0)."""
+        gain, bias = float(self.reward_gain), float(self.reward_bias)
+        folded = fold_normalization(self.model, gain, bias)
+        record_normalization(self.model.config, gain, bias, self.reference_name, folded)
+        # The weights now carry the gain (and the bias when folded); the buffers keep the rest, so
+        # forward() still returns the normalised reward.
+        self.reward_gain.fill_(1.0)
+        self.reward_bias.fill_(0.0 if folded else bias)
+        self.exported_path = export_at_fit_end(
+            self.trainer, self.model, self.tokenizer, self.export_dir, "reward model"
+        )

@@ -1,0 +1,22 @@
+"""Fixtures for the data tests: the real tokenizers from the shared assets (no network)."""
+
+import shutil
+
+import pytest
+from data_assets import ASSETS, STORIES260K
+from transformers import AutoTokenizer, GPT2TokenizerFast
+
+
+@pytest.fixture(scope="session")
+def stories_tok():
+    """Llama-style sentencepiece tokenizer: pad <unk>=0, bos <s>=1 (added in front), eos </s>=2."""
+    return AutoTokenizer.from_pretrained(str(STORIES260K))
+
+
+@pytest.fixture(scope="session")
+def gpt2_tok(tmp_path_factory):
+    """GPT-2 byte-level BPE: no BOS added, eos 50256, no pad token (tests set one on a copy)."""
+    d = tmp_path_factory.mktemp("gpt2")
+    for name in ("vocab.json", "merges.txt"):
+        shutil.copy(ASSETS / "tokenizers" / "gpt2" / name, d / name)
+    return GPT2TokenizerFast.from_pretrained(str(d))

@@ -1,0 +1,89 @@
+"""Hugging Face export helpers, and the GPT-2 code path (pad added, embeddings resized) end to end."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from lightning.pytorch.loggers import TensorBoardLogger
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from rlhf_lit.stages import SFTModule
+from rlhf_lit.stages.export import default_export_dir, export_at_fit_end, save_pretrained_atomically
+from rlhf_lit.stages.optim import OptimizerConfig
+
+
+class _FakeSaver:
+    """Stands in for a model or tokenizer: writes one file, or fails half way."""
+
+    def __init__(self, name: str, fail: bool = False) -> None:
+        self.name, self.fail = name, fail
+
+    def save_pretrained(self, path) -> None:
+        path.mkdir(parents=True, exist_ok=True)
+        (path / self.name).write_text("new")
+        if self.fail:
+            raise RuntimeError("disk full")
+
+
+def test_atomic_save_replaces_a_previous_export(tmp_path):
+    target = tmp_path / "out" / "model"
+    target.mkdir(parents=True)
+    (target / "stale.bin").write_text("old")
+    path = save_pretrained_atomically(_FakeSaver("weights"), _FakeSaver("tokenizer.json"), target)
+    assert path == target.absolute()
+    assert sorted(p.name for p in target.iterdir()) == ["tokenizer.json", "weights"]
+    assert [p.name for p in target.parent.iterdir()] == ["model"]  # no .tmp-<pid> / .old-<pid> left
+
+
+def test_failed_save_leaves_the_previous_export_intact(tmp_path):
+    target = tmp_path / "model"
+    target.mkdir()
+    (target / "weights").write_text("old")
+    with pytest.raises(RuntimeError, match="disk full"):
+        save_pretrained_atomically(_FakeSaver("weights"), _FakeSaver("tokenizer.json", fail=True), target)
+    assert (target / "weights").read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir()] == ["model"]
+
+
+def test_default_export_dir_follows_the_log_dir(tmp_path, helpers):
+    assert default_export_dir(helpers.cpu_trainer(tmp_path, max_steps=1)) == str(tmp_path / "model")
+    logger = TensorBoardLogger(str(tmp_path), name="rm", version=3)
+    trainer = helpers.cpu_trainer(tmp_path, max_steps=1, logger=logger)
+    assert default_export_dir(trainer) == str(tmp_path / "rm" / "version_3" / "model")
+
+
+def test_only_rank_zero_exports_and_it_prints_the_path(tmp_path, capsys):
+    other_rank = SimpleNamespace(is_global_zero=False, log_dir=None, default_root_dir=str(tmp_path))
+    assert export_at_fit_end(other_rank, _FakeSaver("w"), _FakeSaver("t"), None, "SFT model") is None
+    assert list(tmp_path.iterdir()) == []
+    rank_zero = SimpleNamespace(is_global_zero=True, log_dir=None, default_root_dir=str(tmp_path))
+    path = export_at_fit_end(rank_zero, _FakeSaver("w"), _FakeSaver("t"), None, "SFT model")
+    assert path == (tmp_path / "model").absolute()
+    assert capsys.readouterr().out == f"[rlhf-lit] exported SFT model to {path}\n"
+
+
+def test_gpt2_sft_adds_pad_resizes_and_reloads(gpt2_dir, helpers, tmp_path):
+    torch.manual_seed(0)
+    module = SFTModule(gpt2_dir, optimizer=OptimizerConfig(lr=1e-3), export_dir=str(tmp_path / "sft"))
+    tok = module.tokenizer
+    assert tok.pad_token == "<|pad|>" and tok.pad_token_id == 50257 and tok.eos_token_id == 50256
+    assert module.model.get_input_embeddings().num_embeddings == 50258
+    assert module.model.config.pad_token_id == 50257
+    batch = helpers.sft_batch(tok, [("The cat", " sat on the mat."), ("Hi", " there!")])
+    assert batch["input_ids"][1, -1] == 50257  # row 1 is padded with the new token
+    before = {k: v.clone() for k, v in module.model.state_dict().items()}
+    helpers.cpu_trainer(tmp_path, max_steps=2).fit(module, datamodule=helpers.BatchListDataModule(train=[batch]))
+    assert not torch.equal(before["transformer.h.0.attn.c_attn.weight"],
+                           module.model.state_dict()["transformer.h.0.attn.c_attn.weight"])
+
+    assert module.exported_path == (tmp_path / "sft").absolute()
+    exported = AutoModelForCausalLM.from_pretrained(module.exported_path)
+    reloaded_tok = AutoTokenizer.from_pretrained(module.exported_path)
+    assert reloaded_tok.pad_token == "<|pad|>" and reloaded_tok.pad_token_id == 50257 and len(reloaded_tok) == 50258
+    assert exported.get_input_embeddings().num_embeddings == 50258 and exported.config.pad_token_id == 50257
+    with torch.no_grad():
+        expected = module.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        got = exported(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    assert torch.equal(got, expected)
