@@ -1,0 +1,5 @@
+"""Lightning callbacks for the RLHF stages."""
+
+from rlhf_lit.callbacks.generation import OnlineGeneration, load_judge
+
+__all__ = ["OnlineGeneration", "load_judge"]

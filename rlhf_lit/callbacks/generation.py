@@ -1,0 +1,122 @@
+"""Online generation: sample from a fixed prompt set every N rollouts and log a text table.
+
+The callback works with any module that has ``policy``, ``tokenizer``, ``sampling``,
+``rollout_index`` and ``score(query_responses, attention_mask) -> (B,)`` (the PPO stage).
+It samples with its own seed through :func:`generate_responses`, which never touches the
+global RNG, so the training stream is the same with and without the callback.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Literal
+
+import torch
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.utilities import rank_zero_only
+
+from rlhf_lit.models.generation import SamplingConfig, generate_responses
+
+Judge = Callable[[list[str]], list[float]]
+
+
+def load_judge(spec: str) -> Judge:
+    """Import a judge given as ``"package.module:function"`` (texts in, one float per text out)."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"judge must look like 'package.module:function', got {spec!r}")
+    judge = getattr(importlib.import_module(module_name), attr)
+    if not callable(judge):
+        raise TypeError(f"judge {spec!r} is not callable")
+    return judge
+
+
+def _cell(text: str) -> str:
+    """Text safe inside a markdown table cell."""
+    return text.replace("|", "\\|").replace("\n", "<br>")
+
+
+def markdown_table(prompts: list[str], responses: list[str], columns: dict[str, list[float]]) -> str:
+    """A markdown table: prompt, response, then one column per score."""
+    header = "| prompt | response | " + " | ".join(columns) + " |"
+    rule = "|---|---|" + "---|" * len(columns)
+    rows = [
+        f"| {_cell(p)} | {_cell(r)} | " + " | ".join(f"{columns[c][i]:.4f}" for c in columns) + " |"
+        for i, (p, r) in enumerate(zip(prompts, responses))
+    ]
+    return "\n".join([header, rule, *rows])
+
+
+class OnlineGeneration(Callback):
+    """Every ``every_n_rollouts`` rollouts, answer fixed prompts and log prompt, response and scores.
+
+    All ranks generate (so a sharded policy keeps its collectives in step); rank 0 logs.
+
+    Args:
+        prompts: the fixed prompts (plain text, encoded with the module's tokenizer).
+        every_n_rollouts: how often, in rollouts (after rollout n when ``n % every_n_rollouts == 0``).
+        sampling: sampling settings; None = the module's.
+        seed: seed of this callback's own generator (the same samples each time for a fixed policy).
+        judge: optional extra scorer ``"module:function"`` taking a list of texts, returning floats.
+        judge_reads: what the judge reads: the response alone or prompt + response.
+        tag: TensorBoard tag of the text table (scalars go under ``{tag}/``).
+    """
+
+    def __init__(
+        self,
+        prompts: list[str],
+        every_n_rollouts: int = 10,
+        sampling: SamplingConfig | None = None,
+        seed: int = 1234,
+        judge: str | None = None,
+        judge_reads: Literal["response", "query_response"] = "response",
+        tag: str = "samples",
+    ) -> None:
+        if not prompts:
+            raise ValueError("OnlineGeneration needs at least one prompt")
+        if every_n_rollouts < 1:
+            raise ValueError(f"every_n_rollouts must be >= 1, got {every_n_rollouts}")
+        if judge_reads not in ("response", "query_response"):
+            raise ValueError(f"judge_reads must be 'response' or 'query_response', got {judge_reads!r}")
+        self.prompts, self.every_n_rollouts, self.sampling = list(prompts), every_n_rollouts, sampling
+        self.seed, self.judge_reads, self.tag = seed, judge_reads, tag
+        self.judge = load_judge(judge) if judge else None
+        self.last_table: str | None = None
+
+    @torch.no_grad()
+    def sample(self, pl_module: LightningModule) -> tuple[list[str], dict[str, list[float]]]:
+        """Responses to the fixed prompts and their scores (RM, and the judge when set)."""
+        tokenizer = pl_module.tokenizer
+        encoded = tokenizer(self.prompts, return_tensors="pt", padding=True)  # left padded by the module
+        generated = generate_responses(
+            pl_module.policy, encoded["input_ids"].to(pl_module.device),
+            encoded["attention_mask"].to(pl_module.device), self.sampling or pl_module.sampling,
+            eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+            generator=torch.Generator().manual_seed(self.seed),
+        )  # fmt: skip
+        scores = pl_module.score(generated.query_responses, generated.attention_mask)  # (B,)
+        responses = tokenizer.batch_decode(generated.response_ids, skip_special_tokens=True)
+        columns = {"score": scores.float().cpu().tolist()}
+        if self.judge is not None:
+            texts = responses if self.judge_reads == "response" else [p + r for p, r in zip(self.prompts, responses)]
+            columns["judge"] = [float(x) for x in self.judge(texts)]
+        return responses, columns
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx) -> None:
+        """Sample and log after every ``every_n_rollouts``-th rollout."""
+        done = pl_module.rollout_index
+        if done == 0 or done % self.every_n_rollouts != 0:
+            return
+        responses, columns = self.sample(pl_module)
+        self.last_table = markdown_table(self.prompts, responses, columns)
+        # Logged at the index of the rollout just finished, next to that rollout's metrics.
+        self._log(trainer, done - 1, columns)
+
+    @rank_zero_only
+    def _log(self, trainer: Trainer, step: int, columns: dict[str, list[float]]) -> None:
+        for logger in trainer.loggers:
+            experiment = getattr(logger, "experiment", None)
+            if hasattr(experiment, "add_text"):
+                experiment.add_text(self.tag, self.last_table, global_step=step)
+            logger.log_metrics({f"{self.tag}/{k}_mean": sum(v) / len(v) for k, v in columns.items()}, step=step)

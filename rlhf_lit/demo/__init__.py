@@ -1,0 +1,31 @@
+"""Offline demo tooling: a gold judge, synthetic preferences, evaluation and a report.
+
+The demo replays the InstructGPT recipe on TinyStories with a sentiment judge (VADER) standing in
+for human labellers: sample completions from the SFT model, let the judge pick preferences, train
+the reward model on them, run PPO, then measure the judge score against the KL to the SFT model.
+
+Subcommands (``python -m rlhf_lit.demo --help``):
+
+- ``split``: write the disjoint paragraph ranges below as ``sft.txt``, ``rm.txt``, ``ppo.txt``,
+  ``eval.txt`` (input for the data modules' ``paragraphs`` format);
+- ``preferences``: sample K completions per prompt and write a preference JSONL (format ``fields``);
+- ``evaluate``: judge score, KL to the reference, distinct-n and length on held-out prompts;
+- ``report``: PNG plots from a PPO TensorBoard run and a markdown summary.
+
+Judges (:mod:`rlhf_lit.demo.judges`) score the response text only, without the prompt; the PPO
+stage's judge logging should do the same so that its ``objective/judge`` matches ``evaluate``.
+
+Paragraph ranges of ``shared/assets/data/tinystories/val.txt`` (4,302 paragraphs), half-open
+``[start, start + count)``, disjoint so that no stage sees another's prompts
+(:data:`rlhf_lit.demo.prompts.RANGES`):
+
+======== ============= ===== ==========================================================
+stage    paragraphs    count use
+======== ============= ===== ==========================================================
+sft      0 - 999       1000  SFT demonstrations (prompt = first 8 words, response = rest)
+rm       1000 - 2499   1500  prompts of the synthetic preference pairs
+ppo      2500 - 2999   500   PPO prompts
+eval     3000 - 3255   256   held-out evaluation prompts (``evaluate``)
+(spare)  3256 - 4301   1046  unused
+======== ============= ===== ==========================================================
+"""

@@ -1,0 +1,133 @@
+"""``python -m rlhf_lit.demo {split,preferences,evaluate,report}``: the offline demo's commands."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from typing import get_args
+
+from rlhf_lit.demo.judges import DEFAULT_JUDGE
+from rlhf_lit.demo.labeling import Labeler, Pairing
+from rlhf_lit.demo.prompts import RANGES
+
+DEFAULT_PARAGRAPHS = "../shared/assets/data/tinystories/val.txt"
+
+
+def _add_prompt_args(p: argparse.ArgumentParser, stage: str) -> None:
+    start, count = RANGES[stage]
+    p.add_argument("--paragraphs", default=DEFAULT_PARAGRAPHS,
+                   help="blank-line separated stories (TinyStories val.txt)")
+    p.add_argument("--start", type=int, default=start, help="first paragraph index of the prompts")
+    p.add_argument("--count", type=int, default=count, help="number of paragraphs (prompts)")
+    p.add_argument("--num-words", type=int, default=8,
+                   help="opening words of a paragraph used as prompt")
+    p.add_argument("--judge", default=DEFAULT_JUDGE, help="judge spec 'module:function'")
+    p.add_argument("--tokenizer", default=None, help="tokenizer location when not beside the model")
+    p.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
+    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature")
+    p.add_argument("--max-new-tokens", type=int, default=48, help="most tokens per completion")
+    p.add_argument("--batch-size", type=int, default=64, help="completions per generate call")
+    p.add_argument("--seed", type=int, default=0, help="sampling (and labelling) seed")
+
+
+def _sampling(args: argparse.Namespace):
+    from rlhf_lit.demo.sampling import SamplingConfig
+
+    return SamplingConfig(temperature=args.temperature, max_new_tokens=args.max_new_tokens,
+                          batch_size=args.batch_size, seed=args.seed)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of all subcommands."""
+    fmt = argparse.ArgumentDefaultsHelpFormatter
+    parser = argparse.ArgumentParser(prog="python -m rlhf_lit.demo", description=__doc__,
+                                     formatter_class=fmt)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("split", formatter_class=fmt,
+                       help="write the disjoint paragraph ranges as sft/rm/ppo/eval.txt")
+    p.add_argument("--paragraphs", default=DEFAULT_PARAGRAPHS, help="blank-line separated stories")
+    p.add_argument("--out-dir", required=True, help="directory for the .txt files")
+
+    p = sub.add_parser("preferences", formatter_class=fmt,
+                       help="sample K completions per prompt, judge-labelled pairs to JSONL")
+    p.add_argument("--model", required=True, help="SFT model directory to sample from")
+    p.add_argument("--out", required=True, help="preference JSONL to write")
+    _add_prompt_args(p, "rm")
+    p.add_argument("--samples-per-prompt", type=int, default=2,
+                   help="K >= 2 completions per prompt")
+    p.add_argument("--labeler", choices=get_args(Labeler), default="argmax",
+                   help="argmax: higher score wins, ties dropped; bradley_terry: noisy labels")
+    p.add_argument("--pairing", choices=get_args(Pairing), default="best_worst",
+                   help="pairs of the K samples: best vs worst, or all K(K-1)/2 pairs")
+    p.add_argument("--bt-temperature", type=float, default=None,
+                   help="Bradley-Terry temperature, bradley_terry only (None there means 0.25)")
+
+    p = sub.add_parser("evaluate", formatter_class=fmt,
+                       help="judge score, KL to the reference, distinct-n, length")
+    p.add_argument("--policy", required=True, help="policy directory to evaluate")
+    p.add_argument("--reference", required=True, help="reference (SFT) directory for the KL")
+    p.add_argument("--out", default=None, help="JSON file for the result")
+    _add_prompt_args(p, "eval")
+    p.add_argument("--samples-per-prompt", type=int, default=1, help="completions per prompt")
+
+    p = sub.add_parser("report", formatter_class=fmt,
+                       help="PNG plots of a PPO TensorBoard run and a markdown summary")
+    p.add_argument("--run", required=True, help="TensorBoard run dir (the version_N folder)")
+    p.add_argument("--out-dir", required=True, help="where the PNGs and report.md go")
+    p.add_argument("--label", default="PPO", help="legend label of --run")
+    p.add_argument("--compare", default=None, help="a second run drawn beside it (e.g. KL=0)")
+    p.add_argument("--compare-label", default="KL=0", help="legend label of --compare")
+    p.add_argument("--before", default=None, help="evaluate JSON of the SFT model")
+    p.add_argument("--after", default=None, help="evaluate JSON of the PPO policy")
+    p.add_argument("--num-examples", type=int, default=8, help="sample generations in the table")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one subcommand; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    if args.command == "split":
+        from rlhf_lit.demo.prompts import write_splits
+
+        for stage, path in write_splits(args.paragraphs, args.out_dir).items():
+            start, count = RANGES[stage]
+            print(f"{stage}: paragraphs [{start}, {start + count}) -> {path}")
+    elif args.command == "preferences":
+        from rlhf_lit.demo.preferences import make_preferences
+
+        stats = make_preferences(
+            args.model, args.paragraphs, args.out, start=args.start, count=args.count,
+            num_words=args.num_words, samples_per_prompt=args.samples_per_prompt,
+            labeler=args.labeler, pairing=args.pairing, bt_temperature=args.bt_temperature,
+            judge=args.judge, sampling=_sampling(args), tokenizer=args.tokenizer,
+            device=args.device,
+        )
+        print(json.dumps(stats, indent=1))
+    elif args.command == "evaluate":
+        from rlhf_lit.demo.evaluate import evaluate, format_table
+
+        result = evaluate(
+            args.policy, args.reference, args.paragraphs, start=args.start, count=args.count,
+            num_words=args.num_words, samples_per_prompt=args.samples_per_prompt, judge=args.judge,
+            sampling=_sampling(args), tokenizer=args.tokenizer, device=args.device, out=args.out,
+        )
+        print(format_table(result))
+    elif args.command == "report":
+        from rlhf_lit.demo.report import write_report
+
+        path = write_report(
+            args.run, args.out_dir, label=args.label, compare=args.compare,
+            compare_label=args.compare_label, before=args.before, after=args.after,
+            num_examples=args.num_examples,
+        )
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,95 @@
+"""Pluggable judges: a function from texts to one float score each (higher is better).
+
+A judge is named by a spec ``"module:function"`` (``"pkg.mod:Class.method"`` also works), so a
+user swaps the gold judge of the demo without touching rlhf-lit. The built-in judge is
+``rlhf_lit.demo.judges:vader``: the VADER sentiment ``compound`` score, in ``[-1, 1]``.
+
+Judges see the response text only (the completion, without the prompt): the prompt is the same
+for every sample of a prompt, and the policy cannot change it.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import math
+from collections.abc import Callable, Sequence
+
+Judge = Callable[[list[str]], list[float]]
+"""A judge: ``texts -> scores``, one float per text, higher is better."""
+
+DEFAULT_JUDGE = "rlhf_lit.demo.judges:vader"
+"""The demo's gold judge."""
+
+
+@functools.lru_cache(maxsize=1)
+def _vader_analyzer():
+    """The VADER analyzer, built once (it reads its lexicon from the wheel)."""
+    try:
+        from vaderSentiment.vaderSentiment import SentimentIntensityAnalyzer
+    except ImportError as e:
+        raise ImportError(
+            "the 'vader' judge needs the vaderSentiment package: pip install 'rlhf-lit[demo]'"
+        ) from e
+    return SentimentIntensityAnalyzer()
+
+
+def vader(texts: Sequence[str]) -> list[float]:
+    """VADER sentiment ``compound`` score of each text, in ``[-1, 1]`` (positive is happier)."""
+    analyzer = _vader_analyzer()
+    return [float(analyzer.polarity_scores(t)["compound"]) for t in texts]
+
+
+def _resolve(spec: str) -> Callable:
+    """The object a ``"module:attr.attr"`` spec names, or a ``ValueError`` naming the spec."""
+    module_name, sep, attr_path = spec.partition(":")
+    if not sep or not module_name or not attr_path:
+        raise ValueError(
+            f"judge spec {spec!r} is not of the form 'module:function' "
+            f"(for example {DEFAULT_JUDGE!r})"
+        )
+    try:
+        obj = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        # Only a missing judge module is the spec's fault; a missing dependency inside it is not.
+        if e.name is None or not module_name.startswith(e.name):
+            raise
+        raise ValueError(f"judge spec {spec!r}: no module named {module_name!r}") from e
+    for attr in attr_path.split("."):
+        if not hasattr(obj, attr):
+            raise ValueError(f"judge spec {spec!r}: {module_name!r} has no attribute {attr_path!r}")
+        obj = getattr(obj, attr)
+    if not callable(obj):
+        raise ValueError(
+            f"judge spec {spec!r}: {attr_path!r} is not callable (type {type(obj).__name__})"
+        )
+    return obj
+
+
+def load_judge(spec: str) -> Judge:
+    """Load the judge named by ``spec`` (``"module:function"``).
+
+    The returned callable checks what the judge gives back: exactly one finite number per text,
+    returned as a ``list[float]``; anything else raises an error naming the spec.
+
+    Args:
+        spec: ``"module:function"``, e.g. ``"rlhf_lit.demo.judges:vader"``.
+
+    Raises:
+        ValueError: a malformed spec, a missing module or attribute, or a non-callable target.
+    """
+    fn = _resolve(spec)
+
+    def judge(texts: list[str]) -> list[float]:
+        texts = list(texts)
+        scores = list(fn(texts))
+        if len(scores) != len(texts):
+            raise ValueError(f"judge {spec!r} returned {len(scores)} scores for {len(texts)} texts")
+        out = [float(s) for s in scores]
+        if not all(math.isfinite(s) for s in out):
+            raise ValueError(f"judge {spec!r} returned a non-finite score")
+        return out
+
+    judge.__name__ = judge.__qualname__ = f"judge[{spec}]"
+    judge.__doc__ = f"The judge {spec!r}, with its output checked."
+    return judge

@@ -1,0 +1,154 @@
+"""Synthetic preference data: sample K completions per prompt, let a judge label pairs.
+
+Output: a JSONL file, one pair per line,
+``{"prompt", "chosen", "rejected", "chosen_score", "rejected_score", "paragraph"}``, read by the
+preference data module with ``format: fields`` (``prompt + chosen`` is exactly the sampled text;
+``paragraph`` is the source paragraph's index, for checking that ranges stay disjoint).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import time
+from collections.abc import Sequence
+
+from rlhf_lit.demo.judges import DEFAULT_JUDGE, load_judge
+from rlhf_lit.demo.labeling import Labeler, Pairing, candidate_pairs, prefer_first
+from rlhf_lit.demo.prompts import RANGES, load_prompts
+from rlhf_lit.demo.sampling import SamplingConfig, decode, generate, load_model
+
+log = logging.getLogger(__name__)
+
+DEFAULT_BT_TEMPERATURE = 0.25
+"""Bradley-Terry temperature for VADER scores (in [-1, 1]) when none is given."""
+
+
+def label_pairs(
+    paragraphs: Sequence[int],
+    prompts: Sequence[str],
+    responses: Sequence[str],
+    scores: Sequence[float],
+    samples_per_prompt: int,
+    labeler: Labeler,
+    pairing: Pairing,
+    temperature: float,
+    rng: random.Random,
+) -> tuple[list[dict], int]:
+    """Turn judged samples into preference records.
+
+    Args:
+        paragraphs: paragraph index of each prompt, ``(N,)``.
+        prompts, responses, scores: one entry per sample, ``N * K`` entries grouped by prompt
+            (the K samples of prompt ``n`` are entries ``n * K`` to ``n * K + K - 1``).
+        samples_per_prompt: K.
+        labeler, pairing, temperature: see :mod:`rlhf_lit.demo.labeling`.
+        rng: the labeller's random source (``bradley_terry`` draws one number per pair).
+
+    Returns:
+        ``(records, ties)``: the records in prompt order, and the number of pairs dropped as ties.
+    """
+    k = samples_per_prompt
+    if not len(prompts) == len(responses) == len(scores) == len(paragraphs) * k:
+        raise ValueError("prompts, responses and scores need K entries per paragraph")
+    records, ties = [], 0
+    for n, paragraph in enumerate(paragraphs):
+        group = range(n * k, (n + 1) * k)
+        group_scores = [scores[i] for i in group]
+        for a, b in candidate_pairs(group_scores, pairing):
+            ia, ib = group[a], group[b]
+            first = prefer_first(scores[ia], scores[ib], labeler, temperature, rng)
+            if first is None:
+                ties += 1
+                continue
+            chosen, rejected = (ia, ib) if first else (ib, ia)
+            records.append({
+                "prompt": prompts[chosen],
+                "chosen": responses[chosen],
+                "rejected": responses[rejected],
+                "chosen_score": scores[chosen],
+                "rejected_score": scores[rejected],
+                "paragraph": paragraph,
+            })
+    return records, ties
+
+
+def make_preferences(
+    model: str,
+    paragraphs: str,
+    out: str,
+    *,
+    start: int = RANGES["rm"][0],
+    count: int = RANGES["rm"][1],
+    num_words: int = 8,
+    samples_per_prompt: int = 2,
+    labeler: Labeler = "argmax",
+    pairing: Pairing = "best_worst",
+    bt_temperature: float | None = None,
+    judge: str = DEFAULT_JUDGE,
+    sampling: SamplingConfig = SamplingConfig(),
+    tokenizer: str | None = None,
+    device: str = "cpu",
+) -> dict:
+    """Sample, judge and label; write the preference JSONL to ``out``.
+
+    Args:
+        model: the SFT model directory (or hub name) to sample from.
+        paragraphs: blank-line separated text file of stories.
+        out: JSONL file to write (parent directories are created).
+        start, count: the paragraphs ``[start, start + count)`` whose openings are the prompts.
+        num_words: words of each paragraph used as the prompt.
+        samples_per_prompt: K >= 2 completions per prompt.
+        labeler: ``argmax`` (higher judge score wins, ties dropped) or ``bradley_terry``.
+        pairing: ``best_worst`` (one pair per prompt) or ``all_pairs`` (K (K - 1) / 2 pairs).
+        bt_temperature: Bradley-Terry temperature in judge-score units, ``bradley_terry`` only
+            (None there means :data:`DEFAULT_BT_TEMPERATURE`): a score gap of ``bt_temperature``
+            is preferred with probability sigmoid(1) = 0.73.
+        judge: judge spec ``module:function``.
+        sampling: sampling settings; its seed also seeds the labeller.
+        tokenizer: tokenizer location when not beside the model.
+        device: torch device.
+
+    Returns:
+        Counts and timings: prompts, samples, pairs, ties, judge_mean, seconds.
+    """
+    if samples_per_prompt < 2:
+        raise ValueError(f"samples_per_prompt must be >= 2 to form pairs, got {samples_per_prompt}")
+    if labeler == "argmax" and bt_temperature is not None:
+        raise ValueError(
+            "bt_temperature only applies to labeler='bradley_terry'; drop it or switch labeler"
+        )
+    temperature = DEFAULT_BT_TEMPERATURE if bt_temperature is None else bt_temperature
+    t0 = time.perf_counter()
+    judge_fn = load_judge(judge)
+    indices, prompts = load_prompts(paragraphs, start, count, num_words)
+    lm, tok = load_model(model, tokenizer, device)
+    repeated = [p for p in prompts for _ in range(samples_per_prompt)]
+    prompt_texts, responses = [], []
+    for batch in generate(lm, tok, repeated, sampling):
+        p, r = decode(tok, batch)
+        prompt_texts += p
+        responses += r
+    scores = judge_fn(responses)
+    records, ties = label_pairs(
+        indices, prompt_texts, responses, scores, samples_per_prompt, labeler, pairing,
+        temperature, random.Random(sampling.seed),
+    )
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    tmp = f"{out}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        for record in records:
+            f.write(json.dumps(record, ensure_ascii=False) + "\n")
+    os.replace(tmp, out)  # a crashed run leaves no half-written file under the real name
+    stats = {
+        "prompts": len(prompts),
+        "samples": len(responses),
+        "pairs": len(records),
+        "ties": ties,
+        "judge_mean": sum(scores) / len(scores),
+        "seconds": time.perf_counter() - t0,
+    }
+    log.info("wrote %d pairs to %s (%s)", len(records), out, stats)
+    return stats

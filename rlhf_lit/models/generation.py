@@ -1,0 +1,174 @@
+"""Sampling responses from a policy, and the teacher-forced forward pass that scores them.
+
+Generation uses Hugging Face ``generate`` (KV cache, left-padded prompts, per-row stop at EOS).
+``generate`` draws from the global torch RNG and takes no generator, so :func:`generate_responses`
+draws one seed from the caller's ``torch.Generator`` and samples inside ``torch.random.fork_rng``
+seeded with it: the caller's stream decides the samples and the global RNG is left untouched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from transformers import GenerationConfig, PreTrainedModel
+
+from rlhf_lit.functional import response_mask_from_eos
+from rlhf_lit.models.scoring import position_ids_from_mask
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """How responses are sampled.
+
+    Logprobs are always computed from ``softmax(logits / temperature)`` (N details #7), over the
+    whole vocabulary: top-k / top-p shape what is sampled but not the logprobs (as in TRL and
+    OpenRLHF), so the PPO ratio is exactly 1 before the first update either way.
+
+    Args:
+        max_new_tokens: the most tokens generated per response.
+        temperature: divides the logits when sampling and whenever logprobs are computed.
+        top_k: sample among the k most likely tokens; 0 = off.
+        top_p: nucleus sampling threshold; 1.0 = off.
+        do_sample: sample (True) or decode greedily (False; then temperature must be 1).
+    """
+
+    max_new_tokens: int = 64
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    do_sample: bool = True
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"sampling.max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.temperature <= 0:
+            raise ValueError(f"sampling.temperature must be > 0, got {self.temperature}")
+        if self.top_k < 0 or not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"sampling.top_k must be >= 0 and top_p in (0, 1]; got {self.top_k}, {self.top_p}")
+        if not self.do_sample and (self.temperature != 1.0 or self.top_k or self.top_p != 1.0):
+            raise ValueError("sampling.do_sample=False decodes greedily: leave temperature=1, top_k=0, top_p=1")
+
+
+@dataclass
+class Generated:
+    """Prompts with their sampled responses.
+
+    Attributes:
+        query_responses: ``(B, P + R)`` long, prompt (left padded) then response; pad after EOS.
+        attention_mask: ``(B, P + R)`` long, the prompt mask then the response mask.
+        response_ids: ``(B, R)`` long, the response part (pad after the first EOS).
+        response_mask: ``(B, R)`` bool, True up to and including the first EOS.
+        ended: ``(B,)`` bool, the response contains EOS.
+    """
+
+    query_responses: torch.Tensor
+    attention_mask: torch.Tensor
+    response_ids: torch.Tensor
+    response_mask: torch.Tensor
+    ended: torch.Tensor
+
+
+def complete_generation(
+    sequences: torch.Tensor, prompt_mask: torch.Tensor, eos_token_id: int, pad_token_id: int
+) -> Generated:
+    """Masks for raw ``generate`` output: everything after the first EOS is masked and set to pad.
+
+    Args:
+        sequences: ``(B, P + R)`` prompt then generated ids, whatever follows an EOS.
+        prompt_mask: ``(B, P)`` attention mask of the (left-padded) prompt.
+        eos_token_id: ends a response (the EOS itself belongs to it).
+        pad_token_id: written after the EOS (never used to derive a mask).
+    """
+    prompt_length = prompt_mask.shape[1]
+    response_ids = sequences[:, prompt_length:]  # (B, R)
+    response_mask, ended = response_mask_from_eos(response_ids, eos_token_id)  # (B, R), (B,)
+    response_ids = torch.where(response_mask, response_ids, torch.full_like(response_ids, pad_token_id))  # (B, R)
+    query_responses = torch.cat([sequences[:, :prompt_length], response_ids], dim=1)  # (B, P + R)
+    attention_mask = torch.cat([prompt_mask.long(), response_mask.long()], dim=1)  # (B, P + R)
+    return Generated(query_responses, attention_mask, response_ids, response_mask, ended)
+
+
+@torch.no_grad()
+def generate_responses(
+    policy: PreTrainedModel,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    sampling: SamplingConfig,
+    eos_token_id: int,
+    pad_token_id: int,
+    generator: torch.Generator | None = None,
+    synced_gpus: bool = False,
+) -> Generated:
+    """Sample one response per left-padded prompt with the KV cache, stopping each row at EOS.
+
+    Call it on the unwrapped model (``self.policy``), never a DDP wrapper (which has no ``generate``).
+
+    Args:
+        policy: a Hugging Face causal LM.
+        input_ids: ``(B, P)`` left-padded prompts.
+        attention_mask: ``(B, P)`` 1 on prompt tokens.
+        sampling: the sampling settings.
+        eos_token_id: ends a response.
+        pad_token_id: fills the positions after EOS.
+        generator: source of the sampling seed (see the module docstring); None samples from the
+            global RNG as ``generate`` does.
+        synced_gpus: keep all ranks stepping until every rank is done (needed under FSDP, where
+            each forward pass is a collective).
+    """
+    config = GenerationConfig(
+        max_new_tokens=sampling.max_new_tokens,
+        do_sample=sampling.do_sample,
+        temperature=sampling.temperature if sampling.do_sample else None,
+        top_k=sampling.top_k if sampling.do_sample else None,
+        top_p=sampling.top_p if sampling.do_sample else None,
+        eos_token_id=eos_token_id,
+        pad_token_id=pad_token_id,
+        use_cache=True,
+    )
+    device = input_ids.device
+    if generator is None:
+        sequences = policy.generate(
+            input_ids=input_ids, attention_mask=attention_mask, generation_config=config, synced_gpus=synced_gpus
+        )  # (B, P + R)
+    else:
+        seed = int(torch.randint(0, 2**62, (1,), generator=generator))
+        # fork_rng restores the global CPU (and this CUDA device's) RNG afterwards.
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else [], device_type=device.type):
+            torch.manual_seed(seed)
+            sequences = policy.generate(
+                input_ids=input_ids, attention_mask=attention_mask, generation_config=config,
+                synced_gpus=synced_gpus,
+            )  # (B, P + R)
+    return complete_generation(sequences, attention_mask, eos_token_id, pad_token_id)
+
+
+def forward_with_positions(
+    model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, output_hidden_states: bool = False
+):
+    """One causal-LM forward pass with ``position_ids = cumsum(mask) - 1``, as ``generate`` uses.
+
+    Matching the positions of ``generate`` is what makes teacher-forced logprobs equal the
+    sampling distribution exactly under left padding (N details #2).
+    """
+    return model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids_from_mask(attention_mask),
+        output_hidden_states=output_hidden_states,
+        use_cache=False,
+    )
+
+
+def response_logits(logits: torch.Tensor, prompt_length: int) -> torch.Tensor:
+    """The logits that predict the response tokens: position ``P - 1 + t`` predicts token ``P + t``.
+
+    Args:
+        logits: ``(B, P + R, V)``.
+        prompt_length: P.
+
+    Returns:
+        ``(B, R, V)``.
+    """
+    return logits[:, prompt_length - 1 : -1]  # (B, R, V)

@@ -1,0 +1,115 @@
+"""The critic: one value per token, from a separate value model or from a head on the policy's trunk.
+
+Both kinds share one call, ``critic(input_ids, attention_mask, policy_hidden) -> (B, T)``, where
+``policy_hidden`` is the last hidden state of the policy's forward pass on the same tokens (only
+the shared-trunk head reads it; ``needs_policy_hidden`` tells the caller to ask for it).
+The kind is chosen in one place, :func:`build_critic`.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Literal
+
+import torch
+from torch import nn
+from transformers import AutoConfig, PreTrainedModel, PreTrainedTokenizerBase
+
+from rlhf_lit.models.loading import DType, load_reward_model
+from rlhf_lit.models.scoring import score_head, token_scores
+
+log = logging.getLogger(__name__)
+
+CriticKind = Literal["separate", "shared_trunk"]
+"""``separate``: a value model of its own (``AutoModelForSequenceClassification`` whose score head is
+applied at every token), initialised from the reward model by default (N+ details #16).
+``shared_trunk``: a zero-initialised linear head on the policy's last hidden state; the value loss
+then also trains the policy's trunk (cheaper: one model fewer, one forward pass fewer)."""
+
+
+class SeparateCritic(nn.Module):
+    """A value model of its own: the score head of a sequence-classification model at every token.
+
+    Args:
+        model: an ``AutoModelForSequenceClassification`` with one label.
+    """
+
+    needs_policy_hidden = False
+
+    def __init__(self, model: PreTrainedModel) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, policy_hidden: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Values ``(B, T)``; the value model reads query + response (N details #1)."""
+        return token_scores(self.model, input_ids, attention_mask)  # (B, T)
+
+
+class ValueHead(nn.Module):
+    """A linear value head on the policy's last hidden state, zero-initialised (N details #4).
+
+    Args:
+        hidden_size: width of the policy's hidden state.
+    """
+
+    needs_policy_hidden = True
+
+    def __init__(self, hidden_size: int) -> None:
+        super().__init__()
+        self.head = nn.Linear(hidden_size, 1)
+        nn.init.zeros_(self.head.weight)
+        nn.init.zeros_(self.head.bias)
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, policy_hidden: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Values ``(B, T)`` from ``policy_hidden (B, T, D)``."""
+        if policy_hidden is None:
+            raise ValueError("the shared-trunk value head needs the policy's last hidden state")
+        return self.head(policy_hidden.to(self.head.weight.dtype)).squeeze(-1)  # (B, T)
+
+
+def _has_score_head(name_or_path: str) -> bool:
+    """Whether a checkpoint already holds a sequence-classification head (else loading creates one)."""
+    architectures = AutoConfig.from_pretrained(name_or_path).architectures or []
+    return any(a.endswith("ForSequenceClassification") for a in architectures)
+
+
+def load_value_model(
+    name_or_path: str, tokenizer: PreTrainedTokenizerBase | None = None, dtype: DType = "float32"
+) -> SeparateCritic:
+    """A separate critic from a reward model (its head kept) or from a causal LM (a new, zeroed head)."""
+    model = load_reward_model(name_or_path, tokenizer, dtype=dtype)
+    if not _has_score_head(name_or_path):
+        # A brand-new value head starts at 0 so early value errors equal the returns (N details #4).
+        log.info("value model %s has no score head: the new head is zero-initialised", name_or_path)
+        head = score_head(model)
+        nn.init.zeros_(head.weight)
+        if head.bias is not None:
+            nn.init.zeros_(head.bias)
+    return SeparateCritic(model)
+
+
+def build_critic(
+    kind: CriticKind,
+    policy: PreTrainedModel,
+    value_model: str,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    dtype: DType = "float32",
+) -> SeparateCritic | ValueHead:
+    """The one place the critic kind is chosen.
+
+    Args:
+        kind: see :data:`CriticKind`.
+        policy: the policy (its hidden size sizes a shared-trunk head).
+        value_model: path or hub name of the separate value model (unused for ``shared_trunk``).
+        tokenizer: the run's tokenizer (embeddings resized to it).
+        dtype: weight dtype of a separate value model.
+    """
+    if kind == "separate":
+        return load_value_model(value_model, tokenizer, dtype)
+    if kind == "shared_trunk":
+        return ValueHead(policy.config.hidden_size)
+    raise ValueError(f"critic must be 'separate' or 'shared_trunk', got {kind!r}")

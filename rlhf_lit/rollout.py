@@ -1,0 +1,73 @@
+"""The rollout record (one field per tensor, grouped by role like OpenRLHF's ``Experience``) and
+its shuffled minibatches.
+
+Shapes: B rows, P prompt positions (left padded), R response positions. Per-token fields are
+indexed by response position ``t``: ``old_logprobs[:, t]`` is the logprob of ``response_ids[:, t]``,
+``old_values[:, t]`` the value of the state just before that token, ``rewards[:, t]`` the reward
+received for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, fields
+
+import torch
+
+
+@dataclass
+class Rollout:
+    """One batch of sampled responses with everything the PPO update needs."""
+
+    # --- sequences
+    query_responses: torch.Tensor  # (B, P + R) long: prompt (left padded) then response, pad after EOS
+    attention_mask: torch.Tensor  # (B, P + R) long: prompt mask then response mask
+    response_ids: torch.Tensor  # (B, R) long
+    response_mask: torch.Tensor  # (B, R) bool: True up to and including the first EOS
+    ended: torch.Tensor  # (B,) bool: the response contains EOS
+    # --- policy and reference (no grad, at rollout time)
+    old_logprobs: torch.Tensor  # (B, R) float
+    ref_logprobs: torch.Tensor  # (B, R) float
+    # --- critic (no grad, at rollout time)
+    old_values: torch.Tensor  # (B, R) float
+    # --- reward
+    raw_scores: torch.Tensor  # (B,) float: the reward model's score
+    scores: torch.Tensor  # (B,) float: after bias, whitening, clipping and the missing-EOS penalty
+    kl: torch.Tensor  # (B, R) float: per-token KL estimate to the reference (0 off the mask)
+    rewards: torch.Tensor  # (B, R) float: -kl_coef * kl, plus the score on the last response token
+    # --- learning targets
+    advantages: torch.Tensor  # (B, R) float (whitened when configured)
+    returns: torch.Tensor  # (B, R) float: GAE returns, targets of the value loss
+
+    @property
+    def batch_size(self) -> int:
+        """B, the number of rows."""
+        return self.response_ids.shape[0]
+
+    @property
+    def prompt_length(self) -> int:
+        """P, the padded prompt length."""
+        return self.query_responses.shape[1] - self.response_ids.shape[1]
+
+    def select(self, rows: torch.Tensor) -> Rollout:
+        """The rows ``rows`` (a ``(M,)`` index tensor) of every field."""
+        return Rollout(**{f.name: getattr(self, f.name)[rows] for f in fields(self)})
+
+
+def minibatches(rollout: Rollout, minibatch_size: int, generator: torch.Generator) -> Iterator[Rollout]:
+    """One pass over the rollout in shuffled minibatches of ``minibatch_size`` rows.
+
+    Args:
+        rollout: the batch.
+        minibatch_size: rows per minibatch; must divide the batch size (no ragged last minibatch,
+            whose loss would weigh its rows differently).
+        generator: a CPU generator that alone decides the order (reproducible and resumable).
+    """
+    if rollout.batch_size % minibatch_size != 0:
+        raise ValueError(
+            f"the rollout has {rollout.batch_size} rows, not a multiple of the minibatch size {minibatch_size}"
+        )
+    order = torch.randperm(rollout.batch_size, generator=generator)  # (B,)
+    order = order.to(rollout.response_ids.device)  # (B,)
+    for start in range(0, rollout.batch_size, minibatch_size):
+        yield rollout.select(order[start : start + minibatch_size])

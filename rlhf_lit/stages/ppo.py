@@ -1,0 +1,452 @@
+"""PPO with a per-token KL penalty to the frozen SFT model: the third InstructGPT stage.
+
+One ``training_step`` is one rollout: generate -> score -> rewards -> GAE -> K epochs of clipped
+updates -> KL controller -> metrics. Manual optimization; the module owns the whole update.
+
+Implementation details followed (N = "The N Implementation Details of RLHF with PPO", Huang et
+al. 2022 blog; N+ = "The N+ Implementation Details of RLHF with PPO", Huang et al. 2024):
+
+- Reward = RM score at the last response token (EOS included) plus ``-beta * KL`` per token
+  (Ziegler et al. 2019; Ouyang et al. 2022; N #10). RM and critic read query + response (N #1).
+- Stop at EOS; tokens after the first EOS are set to pad and masked (N+ / N #3). Masks come from
+  EOS positions, never from pad ids; ``position_ids = cumsum(mask) - 1`` in every forward pass so
+  left-padded rows see the positions ``generate`` used (N #2).
+- Logits are divided by the sampling temperature whenever logprobs are computed (N #7), so the
+  ratio is exactly 1 on the first minibatch.
+- Dropout off in policy, reference, RM and critic (N #8; done by the loaders).
+- Missing-EOS penalty replaces the score (N+ / N #9); optional score bias, whitening, clipping,
+  and TRL-style reward whitening without re-centring (N #5, #12).
+- Adaptive KL controller (Ziegler et al. 2019; N #11: error clipped to +-0.2) or fixed (N+), fed
+  with the KL per response averaged over all ranks.
+- GAE with gamma 1, lambda 0.95 by default; advantages whitened over the batch (N #12; cleanrl).
+- Clipped value loss, vf_coef 0.1 (N #13); the critic is a separate model initialised from the
+  RM (N+ #16) with a zeroed head when new (N #4), or a zeroed head on the policy's trunk.
+- Adam eps configurable (N #15: PyTorch placement; default 1e-5 as in cleanrl / N+).
+- Per-process seeds ``seed + rank * 100003`` (N #14), folded with the rollout index and a stream
+  id into fresh generators, so sampling and shuffling are reproducible and resume exactly.
+- Optional entropy bonus (cleanrl) and PPO-ptx (Ouyang et al. 2022, eq. 2).
+
+Departures from textbook PPO (Schulman et al. 2017) and their reasons:
+
+- The "environment" is one response; the value of the state before token t is read at position
+  ``P - 1 + t`` and the episode ends after the last response token (value 0), as in TRL / N+.
+- Data position: after each rollout ``trainer.datamodule.mark_consumed(B * world_size)`` (when the
+  data module has it); Lightning stores ``datamodule.state_dict()`` in checkpoints and restores it
+  before the train loader is built, so a resumed run continues with the prompts not yet used
+  (tested across an epoch boundary). The rollout counter, the KL controller and the global RNG go
+  in ``checkpoint["ppo"]``; sampling and shuffling seeds are folded from (seed, rank, rollout).
+- Logprobs use the full softmax even with top-k / top-p sampling (as TRL, OpenRLHF): ratio 1
+  still holds, the importance weight is of the untruncated policy.
+- Losses are token means over a minibatch (cleanrl / TRL), not per-sequence means.
+- The learning-rate schedule is stepped once per rollout (``warmup_steps`` and the decay count
+  rollouts), not per optimizer step. Lightning's ``global_step`` counts every ``opt.step()``
+  (of both optimizers), so this module keeps ``rollout_index`` and stops with ``max_rollouts``
+  (``trainer.should_stop``); metrics are logged with ``step = rollout_index``.
+- With ``critic="shared_trunk"`` there is one optimizer (policy and head parameters together);
+  with ``separate`` two (policy, critic). Gradient accumulation divides each minibatch loss by
+  ``grad_accum``; one ``manual_backward`` on the summed loss per minibatch (DDP sees every
+  parameter).
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Iterator
+from dataclasses import asdict
+
+import torch
+from lightning.pytorch import LightningModule
+
+from rlhf_lit.functional import (
+    AdaptiveKLController,
+    FixedKLController,
+    clipped_value_loss,
+    entropy_from_logits,
+    explained_variance,
+    gae,
+    kl_penalized_rewards,
+    masked_mean,
+    masked_whiten,
+    ppo_policy_loss,
+    sft_loss,
+    token_logprobs,
+)
+from rlhf_lit.models import load_causal_lm, load_reward_model, sequence_scores
+from rlhf_lit.models.generation import (
+    Generated,
+    SamplingConfig,
+    forward_with_positions,
+    generate_responses,
+    response_logits,
+)
+from rlhf_lit.models.loading import DType
+from rlhf_lit.models.value import CriticKind, build_critic
+from rlhf_lit.rollout import Rollout, minibatches
+from rlhf_lit.stages.optim import OptimizerConfig, build_optimizer, optimizer_config_from
+from rlhf_lit.stages.ppo_config import KLConfig, PPOConfig, RewardConfig, as_config
+from rlhf_lit.tokenizer import MissingPad, load_tokenizer
+
+FROZEN_PREFIXES = ("ref_policy.", "reward_model.")
+"""State-dict prefixes of the frozen models: never written to checkpoints, reloaded from paths."""
+STREAM_SAMPLE, STREAM_SHUFFLE = 0, 1
+"""Random streams folded into the per-rollout seeds."""
+
+
+def freeze(model: torch.nn.Module) -> torch.nn.Module:
+    """No gradients, eval mode: for the reference and the reward model."""
+    model.requires_grad_(False)
+    return model.eval()
+
+
+class _Timer:
+    """Wall-clock time of the rollout phases; synchronises CUDA so GPU work is counted (3 syncs per rollout)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device, self.times = device, {}
+        self._last = self._now()
+
+    def _now(self) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+    def mark(self, name: str) -> None:
+        now = self._now()
+        self.times[name], self._last = now - self._last, now
+
+
+class PPOModule(LightningModule):
+    """PPO on a policy initialised from the SFT model, with a KL penalty to a frozen copy of it.
+
+    Args:
+        sft_model: the SFT model (hub name or directory): the policy's start and the reference.
+        reward_model: the reward model (an ``AutoModelForSequenceClassification`` with one label,
+            e.g. the RM stage's export). Frozen; reloaded from this path on resume.
+        value_model: where a separate critic starts; None = the reward model (N+ #16).
+        tokenizer_path: the tokenizer; None = the SFT model's. The RM must share it.
+        missing_pad: what to do if the tokenizer has no pad token (see ``load_tokenizer``).
+        critic: ``separate`` value model or ``shared_trunk`` value head on the policy.
+        dtype: weight dtype of all models (keep float32 with ``precision="bf16-mixed"``).
+        sampling: how responses are sampled.
+        ppo: the PPO update.
+        reward: how the RM score becomes the reward.
+        kl: the KL penalty and its controller.
+        optimizer: AdamW of the policy (and of the head with ``shared_trunk``); its schedule is
+            stepped once per rollout (warmup and decay are counted in rollouts).
+        critic_optimizer: AdamW of the separate critic; None = same as ``optimizer``. Must be
+            None with ``shared_trunk`` (one optimizer).
+        max_rollouts: rollouts to run; training stops after this many (also the schedule length).
+        rollout_seed: base of the per-rank sampling and shuffling seeds (``seed + rank * 100003``).
+    """
+
+    def __init__(
+        self,
+        sft_model: str,
+        reward_model: str,
+        value_model: str | None = None,
+        tokenizer_path: str | None = None,
+        missing_pad: MissingPad = "add",
+        critic: CriticKind = "separate",
+        dtype: DType = "float32",
+        sampling: SamplingConfig = SamplingConfig(),
+        ppo: PPOConfig = PPOConfig(),
+        reward: RewardConfig = RewardConfig(),
+        kl: KLConfig = KLConfig(),
+        optimizer: OptimizerConfig = OptimizerConfig(lr=1e-5, eps=1e-5),
+        critic_optimizer: OptimizerConfig | None = None,
+        max_rollouts: int = 1000,
+        rollout_seed: int = 0,
+    ) -> None:
+        super().__init__()
+        self.sampling: SamplingConfig = as_config(SamplingConfig, sampling)
+        self.ppo: PPOConfig = as_config(PPOConfig, ppo)
+        self.reward_cfg: RewardConfig = as_config(RewardConfig, reward)
+        self.kl_cfg: KLConfig = as_config(KLConfig, kl)
+        self.optimizer_cfg = optimizer_config_from(optimizer)
+        self.critic_optimizer_cfg = None if critic_optimizer is None else optimizer_config_from(critic_optimizer)
+        if critic == "shared_trunk" and critic_optimizer is not None:
+            raise ValueError("critic='shared_trunk' trains the head with the policy's optimizer; leave critic_optimizer null")
+        if max_rollouts < 1:
+            raise ValueError(f"max_rollouts must be >= 1, got {max_rollouts}")
+        self.max_rollouts, self.rollout_seed = max_rollouts, rollout_seed
+        self.save_hyperparameters({
+            "sft_model": sft_model, "reward_model": reward_model, "value_model": value_model,
+            "tokenizer_path": tokenizer_path, "missing_pad": missing_pad, "critic": critic, "dtype": dtype,
+            "sampling": asdict(self.sampling), "ppo": asdict(self.ppo), "reward": asdict(self.reward_cfg),
+            "kl": asdict(self.kl_cfg), "optimizer": asdict(self.optimizer_cfg),
+            "critic_optimizer": None if self.critic_optimizer_cfg is None else asdict(self.critic_optimizer_cfg),
+            "max_rollouts": max_rollouts, "rollout_seed": rollout_seed,
+        })  # fmt: skip
+        self.automatic_optimization = False
+
+        self.tokenizer = load_tokenizer(tokenizer_path or sft_model, padding_side="left", missing_pad=missing_pad)
+        self.policy = load_causal_lm(sft_model, self.tokenizer, dtype=dtype)
+        self.ref_policy = freeze(load_causal_lm(sft_model, self.tokenizer, dtype=dtype))
+        self.reward_model = freeze(load_reward_model(reward_model, self.tokenizer, dtype=dtype))
+        self.critic = build_critic(critic, self.policy, value_model or reward_model, self.tokenizer, dtype)
+        if self.kl_cfg.kind == "adaptive":
+            self.kl_ctl = AdaptiveKLController(self.kl_cfg.init_coef, self.kl_cfg.target, self.kl_cfg.horizon)
+        else:
+            self.kl_ctl = FixedKLController(self.kl_cfg.init_coef)
+        self.rollout_index = 0  # rollouts completed; the step of every logged metric
+        self._ptx_batches: Iterator[dict[str, torch.Tensor]] | None = None
+
+    # ------------------------------------------------------------------ setup
+    def configure_optimizers(self):
+        """Policy and critic optimizers (one with ``shared_trunk``), schedules stepped per rollout."""
+        if self.hparams.critic == "shared_trunk":
+            params = itertools.chain(self.policy.named_parameters(), self.critic.named_parameters())
+            opt, sched = build_optimizer(params, self.optimizer_cfg, self.max_rollouts)
+            return [opt], [sched]
+        policy_opt, policy_sched = build_optimizer(self.policy.named_parameters(), self.optimizer_cfg, self.max_rollouts)
+        critic_cfg = self.critic_optimizer_cfg or self.optimizer_cfg
+        critic_opt, critic_sched = build_optimizer(self.critic.named_parameters(), critic_cfg, self.max_rollouts)
+        return [policy_opt, critic_opt], [policy_sched, critic_sched]
+
+    def _optimizer_list(self) -> list:
+        optimizers = self.optimizers()
+        return optimizers if isinstance(optimizers, list) else [optimizers]
+
+    def on_fit_start(self) -> None:
+        """Refuse PPO-ptx without a second data source before any work is done."""
+        if self.ppo.ptx_coef > 0 and not hasattr(self.trainer.datamodule, "ptx_dataloader"):
+            raise ValueError("ppo.ptx_coef > 0 needs a data module with ptx_dataloader() (SFT-style batches)")
+
+    def _stream_seed(self, stream: int) -> int:
+        """A seed for (seed, rank, rollout, stream): stateless, so a resumed run draws the same numbers."""
+        rank_seed = self.rollout_seed + self.global_rank * 100003  # N details #14
+        return (rank_seed * 1_000_003 + self.rollout_index * 16 + stream) % (2**63)
+
+    # ------------------------------------------------------------------ rollout
+    def generate(self, batch: dict[str, torch.Tensor]) -> Generated:
+        """Sample responses to the prompts of ``batch`` with the unwrapped policy."""
+        generator = torch.Generator().manual_seed(self._stream_seed(STREAM_SAMPLE))
+        return generate_responses(
+            self.policy, batch["input_ids"], batch["attention_mask"], self.sampling,
+            eos_token_id=self.tokenizer.eos_token_id, pad_token_id=self.tokenizer.pad_token_id,
+            generator=generator,
+        )  # fmt: skip
+
+    def score(self, query_responses: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """The reward model's score ``(B,)`` at the last attended token (the last response token)."""
+        return sequence_scores(self.reward_model, query_responses, attention_mask)  # (B,)
+
+    def policy_and_values(
+        self, query_responses: torch.Tensor, attention_mask: torch.Tensor, prompt_length: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Response logits ``(B, R, V)`` and values ``(B, R)``; value t is read where token t is predicted."""
+        needs_hidden = self.critic.needs_policy_hidden
+        out = forward_with_positions(self.policy, query_responses, attention_mask, output_hidden_states=needs_hidden)
+        hidden = out.hidden_states[-1] if needs_hidden else None  # (B, T, D)
+        values = self.critic(query_responses, attention_mask, hidden)  # (B, T)
+        return response_logits(out.logits, prompt_length), values[:, prompt_length - 1 : -1]  # (B, R, V), (B, R)
+
+    @torch.no_grad()
+    def _score_chunk(self, gen: Generated, prompt_length: int) -> dict[str, torch.Tensor]:
+        """Old logprobs, reference logprobs, values, entropy and RM scores of a few rows."""
+        temperature = self.sampling.temperature
+        ids, mask = gen.query_responses, gen.attention_mask
+        logits, values = self.policy_and_values(ids, mask, prompt_length)  # (B, R, V), (B, R)
+        ref_logits = response_logits(forward_with_positions(self.ref_policy, ids, mask).logits, prompt_length)
+        return {
+            "old_logprobs": token_logprobs(logits, gen.response_ids, temperature),  # (B, R)
+            "ref_logprobs": token_logprobs(ref_logits, gen.response_ids, temperature),  # (B, R)
+            "old_values": values.float(),  # (B, R)
+            "entropy": entropy_from_logits(logits, temperature),  # (B, R)
+            "raw_scores": self.score(ids, mask).float(),  # (B,)
+        }
+
+    def score_rollout(self, gen: Generated) -> dict[str, torch.Tensor]:
+        """:meth:`_score_chunk` over the batch in chunks of ``ppo.score_chunk_size`` rows."""
+        prompt_length = gen.query_responses.shape[1] - gen.response_ids.shape[1]
+        size = self.ppo.score_chunk_size or gen.response_ids.shape[0]
+        parts = [
+            self._score_chunk(Generated(*(t[i : i + size] for t in (
+                gen.query_responses, gen.attention_mask, gen.response_ids, gen.response_mask, gen.ended))),
+                prompt_length)
+            for i in range(0, gen.response_ids.shape[0], size)
+        ]  # fmt: skip
+        return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+
+    def make_rollout(self, batch: dict[str, torch.Tensor], timer: _Timer) -> tuple[Rollout, torch.Tensor]:
+        """Generate, score, shape rewards and compute advantages; returns the rollout and the entropy."""
+        gen = self.generate(batch)
+        timer.mark("generate")
+        scored = self.score_rollout(gen)
+        mask = gen.response_mask  # (B, R)
+        scores = self.reward_cfg.shape(scored["raw_scores"], gen.ended)  # (B,)
+        rewards, kl = kl_penalized_rewards(
+            scores, scored["old_logprobs"], scored["ref_logprobs"], mask, self.kl_ctl.value, self.kl_cfg.estimator
+        )  # (B, R), (B, R)
+        if self.reward_cfg.whiten == "rewards":
+            rewards = masked_whiten(rewards, mask, keep_mean=True)  # (B, R)
+        advantages, returns = gae(rewards, scored["old_values"], mask, self.ppo.gamma, self.ppo.lam)  # (B, R) x2
+        if self.ppo.whiten_advantages:
+            advantages = masked_whiten(advantages, mask)  # (B, R)
+        timer.mark("score")
+        rollout = Rollout(
+            query_responses=gen.query_responses, attention_mask=gen.attention_mask,
+            response_ids=gen.response_ids, response_mask=mask, ended=gen.ended,
+            old_logprobs=scored["old_logprobs"], ref_logprobs=scored["ref_logprobs"],
+            old_values=scored["old_values"], raw_scores=scored["raw_scores"], scores=scores, kl=kl,
+            rewards=rewards, advantages=advantages, returns=returns,
+        )  # fmt: skip
+        return rollout, masked_mean(scored["entropy"], mask)
+
+    # ------------------------------------------------------------------ update
+    def _next_ptx_batch(self) -> dict[str, torch.Tensor]:
+        """The next SFT-style batch of the second data source, cycling through it."""
+        if self._ptx_batches is None:
+            self._ptx_batches = self._cycle(self.trainer.datamodule.ptx_dataloader())
+        return {k: v.to(self.device) for k, v in next(self._ptx_batches).items()}
+
+    @staticmethod
+    def _cycle(loader) -> Iterator[dict[str, torch.Tensor]]:
+        """Endless passes over a re-iterable loader (not itertools.cycle, which keeps every batch)."""
+        while True:
+            empty = True
+            for batch in loader:
+                empty = False
+                yield batch
+            if empty:
+                raise RuntimeError("ptx_dataloader() gave no batch (or is a one-shot iterator)")
+
+    def minibatch_loss(self, mb: Rollout) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Clipped policy loss + vf_coef * clipped value loss (- entropy bonus) (+ ptx_coef * SFT loss)."""
+        cfg, mask = self.ppo, mb.response_mask
+        logits, values = self.policy_and_values(mb.query_responses, mb.attention_mask, mb.prompt_length)
+        logprobs = token_logprobs(logits, mb.response_ids, self.sampling.temperature)  # (B, R)
+        policy_loss, policy_stats = ppo_policy_loss(logprobs, mb.old_logprobs, mb.advantages, mask, cfg.clip_range)
+        value_loss, value_stats = clipped_value_loss(values, mb.old_values, mb.returns, mask, cfg.value_clip_range)
+        # Keep the entropy graph only when it is trained on (a (B, R, V) graph is not free).
+        entropy_logits = logits if cfg.entropy_coef > 0 else logits.detach()
+        entropy = masked_mean(entropy_from_logits(entropy_logits, self.sampling.temperature), mask)  # ()
+        loss = policy_loss + cfg.vf_coef * value_loss - cfg.entropy_coef * entropy  # ()
+        ptx = torch.zeros((), device=self.device)  # ()
+        if cfg.ptx_coef > 0:
+            batch = self._next_ptx_batch()
+            ptx_logits = forward_with_positions(self.policy, batch["input_ids"], batch["attention_mask"]).logits
+            ptx = sft_loss(ptx_logits, batch["labels"])  # ()
+            loss = loss + cfg.ptx_coef * ptx  # ()
+        stats = {
+            "loss/policy": policy_loss.detach(), "loss/value": value_loss.detach(), "loss/ptx": ptx.detach(),
+            "policy/entropy": entropy.detach(), "policy/clipfrac": policy_stats["clipfrac"],
+            "policy/approxkl": policy_stats["approx_kl"], "policy/ratio": policy_stats["ratio_mean"],
+            "value/clipfrac": value_stats["clipfrac"],
+        }  # fmt: skip
+        return loss, stats
+
+    def train_on_rollout(self, rollout: Rollout) -> dict[str, torch.Tensor]:
+        """K epochs of shuffled minibatches; an optimizer step every ``grad_accum`` minibatches."""
+        cfg = self.ppo
+        if rollout.batch_size % cfg.rows_per_step != 0:
+            raise ValueError(
+                f"the rollout batch ({rollout.batch_size} rows) must be a multiple of "
+                f"ppo.minibatch_size * ppo.grad_accum = {cfg.rows_per_step}"
+            )
+        optimizers = self._optimizer_list()
+        generator = torch.Generator().manual_seed(self._stream_seed(STREAM_SHUFFLE))
+        history: list[dict[str, torch.Tensor]] = []
+        for _ in range(cfg.epochs):
+            for i, mb in enumerate(minibatches(rollout, cfg.minibatch_size, generator)):
+                loss, stats = self.minibatch_loss(mb)
+                self.manual_backward(loss / cfg.grad_accum)  # once, on the sum: DDP sees every parameter
+                history.append(stats)
+                if (i + 1) % cfg.grad_accum == 0:
+                    for opt in optimizers:
+                        if cfg.max_grad_norm is not None:
+                            self.clip_gradients(opt, gradient_clip_val=cfg.max_grad_norm, gradient_clip_algorithm="norm")
+                        opt.step()
+                        opt.zero_grad(set_to_none=True)
+        return {k: torch.stack([h[k] for h in history]).mean() for k in history[0]}
+
+    # ------------------------------------------------------------------ the step
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        """One rollout and its PPO update; stops the trainer after ``max_rollouts``."""
+        if self.rollout_index >= self.max_rollouts:
+            self.trainer.should_stop = True
+            return
+        timer = _Timer(self.device)
+        rollout, entropy = self.make_rollout(batch, timer)
+        train_stats = self.train_on_rollout(rollout)
+        timer.mark("train")
+        kl_coef = self.kl_ctl.value
+        metrics = self._reduced_metrics(rollout, entropy, train_stats, kl_coef)
+        # The KL controller sees the KL averaged over all ranks and the global batch size.
+        self.kl_ctl.update(metrics["objective/kl"], n_steps=rollout.batch_size * self.trainer.world_size)
+        self._log_rollout(metrics, timer, rollout, kl_coef)
+        self.rollout_index += 1
+        datamodule = getattr(self.trainer, "datamodule", None)
+        if hasattr(datamodule, "mark_consumed"):
+            # The prompts of every rank: the data position is global (see the class docstring).
+            datamodule.mark_consumed(rollout.batch_size * self.trainer.world_size)
+        schedulers = self.lr_schedulers()
+        for scheduler in schedulers if isinstance(schedulers, list) else [schedulers]:
+            scheduler.step()
+        if self.rollout_index >= self.max_rollouts:
+            self.trainer.should_stop = True
+
+    # ------------------------------------------------------------------ metrics
+    def _reduced_metrics(
+        self, rollout: Rollout, entropy: torch.Tensor, train_stats: dict[str, torch.Tensor], kl_coef: float
+    ) -> dict[str, float]:
+        """Rollout and update statistics averaged over ranks; one collective and one host sync."""
+        mask = rollout.response_mask  # (B, R)
+        kl_per_response = rollout.kl.sum(1)  # (B,)
+        local = {
+            "objective/scores": rollout.raw_scores.mean(),
+            "objective/scores_shaped": rollout.scores.mean(),
+            "objective/rlhf_reward": rollout.rewards.sum(1).mean(),
+            "objective/non_score_reward": (-kl_coef * kl_per_response).mean(),
+            "objective/kl": kl_per_response.mean(),
+            "objective/entropy": entropy,
+            "value/explained_variance": explained_variance(rollout.old_values, rollout.returns, mask),
+            "response/length": mask.sum(1).float().mean(),
+            "response/ended_fraction": rollout.ended.float().mean(),
+            **train_stats,
+        }
+        stacked = torch.stack([v.float() for v in local.values()])  # (M,)
+        reduced = self.trainer.strategy.reduce(stacked, reduce_op="mean")  # (M,)
+        return dict(zip(local, reduced.tolist()))
+
+    def _log_rollout(self, metrics: dict[str, float], timer: _Timer, rollout: Rollout, kl_coef: float) -> None:
+        """Write the metrics with ``step = rollout index`` (not ``global_step``, which counts opt steps).
+
+        ``kl_coef`` is the coefficient this rollout's rewards were shaped with (before the update).
+        """
+        optimizers = self._optimizer_list()
+        total_time = sum(timer.times.values())
+        tokens = metrics["response/length"] * rollout.batch_size * self.trainer.world_size
+        metrics = {**metrics, "objective/kl_coef": kl_coef}
+        metrics["lr"] = optimizers[0].param_groups[0]["lr"]
+        if len(optimizers) > 1:
+            metrics["lr_critic"] = optimizers[1].param_groups[0]["lr"]
+        metrics.update({f"time/{k}_s": v for k, v in timer.times.items()})
+        metrics["time/tokens_per_s"] = tokens / total_time if total_time > 0 else 0.0
+        for logger in self.loggers:
+            logger.log_metrics(metrics, step=self.rollout_index)
+        self.log_dict({"score": metrics["objective/scores"], "kl": metrics["objective/kl"]}, prog_bar=True, logger=False)
+
+    # ------------------------------------------------------------------ checkpoints
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        """Drop the frozen models; add the rollout counter, KL controller and global RNG state."""
+        state = checkpoint["state_dict"]
+        checkpoint["state_dict"] = {k: v for k, v in state.items() if not k.startswith(FROZEN_PREFIXES)}
+        checkpoint["ppo"] = {
+            "rollout_index": self.rollout_index,
+            "kl_controller": self.kl_ctl.state_dict(),
+            # Sampling and shuffling use folded seeds, not this; kept for user code that draws from it.
+            "torch_rng_state": torch.get_rng_state(),
+        }
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        """Restore the PPO state; fill in the frozen weights (reloaded from their paths) for strict loading."""
+        state = checkpoint["state_dict"]
+        for prefix, module in (("ref_policy.", self.ref_policy), ("reward_model.", self.reward_model)):
+            for key, value in module.state_dict().items():
+                state.setdefault(prefix + key, value)
+        ppo_state = checkpoint["ppo"]
+        self.rollout_index = int(ppo_state["rollout_index"])
+        self.kl_ctl.load_state_dict(ppo_state["kl_controller"])
+        torch.set_rng_state(ppo_state["torch_rng_state"])

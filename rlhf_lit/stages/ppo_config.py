@@ -1,0 +1,168 @@
+"""Nested settings of the PPO stage (the ``model.init_args.ppo`` / ``reward`` / ``kl`` YAML groups).
+
+Each dataclass is frozen (an instance default in a signature is then safe to share) and checks
+its own values; settings that cannot work together raise here, nothing is rewritten silently.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from rlhf_lit.functional import KLKind
+
+
+@dataclass(frozen=True)
+class PPOConfig:
+    """The PPO update run on every rollout.
+
+    Args:
+        epochs: passes over the rollout (K in the PPO paper; N+ uses 4).
+        minibatch_size: rows per forward/backward pass. An optimizer step is taken every
+            ``grad_accum`` minibatches, so one step sees ``minibatch_size * grad_accum`` rows; the
+            rollout batch must be a multiple of that.
+        grad_accum: minibatches whose gradients are summed before one optimizer step.
+        clip_range: epsilon of the clipped policy surrogate.
+        value_clip_range: how far a value may move from its rollout value (N details #13: 0.2).
+        vf_coef: weight of the value loss in the summed loss (N details #13: 0.1).
+        gamma: discount of GAE (1 in RLHF: the episode is one response).
+        lam: lambda of GAE (N details #12: 0.95).
+        whiten_advantages: whiten advantages over the rollout batch (masked), as every PPO-RLHF
+            implementation does.
+        entropy_coef: weight of an entropy bonus (0 = off; InstructGPT uses none).
+        max_grad_norm: clip the gradient norm of each optimizer's parameters (None = no clipping).
+        ptx_coef: weight of the pretraining / SFT loss on batches from a second data source
+            (InstructGPT's PPO-ptx; 0 = off). Needs a data module with ``ptx_dataloader()``.
+        score_chunk_size: rows per no-grad forward pass when scoring a rollout (old logprobs,
+            reference logprobs, values, reward); None = the whole batch at once. Bounds memory.
+    """
+
+    epochs: int = 4
+    minibatch_size: int = 8
+    grad_accum: int = 1
+    clip_range: float = 0.2
+    value_clip_range: float = 0.2
+    vf_coef: float = 0.1
+    gamma: float = 1.0
+    lam: float = 0.95
+    whiten_advantages: bool = True
+    entropy_coef: float = 0.0
+    max_grad_norm: float | None = 1.0
+    ptx_coef: float = 0.0
+    score_chunk_size: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("epochs", "minibatch_size", "grad_accum"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"ppo.{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("clip_range", "value_clip_range"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"ppo.{name} must be > 0, got {getattr(self, name)}")
+        for name in ("vf_coef", "entropy_coef", "ptx_coef"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"ppo.{name} must be >= 0, got {getattr(self, name)}")
+        if not 0.0 <= self.gamma <= 1.0 or not 0.0 <= self.lam <= 1.0:
+            raise ValueError(f"ppo.gamma and ppo.lam must be in [0, 1], got {self.gamma}, {self.lam}")
+        if self.max_grad_norm is not None and self.max_grad_norm <= 0:
+            raise ValueError(f"ppo.max_grad_norm must be > 0 or null, got {self.max_grad_norm}")
+        if self.score_chunk_size is not None and self.score_chunk_size < 1:
+            raise ValueError(f"ppo.score_chunk_size must be >= 1 or null, got {self.score_chunk_size}")
+
+    @property
+    def rows_per_step(self) -> int:
+        """Rows behind one optimizer step: ``minibatch_size * grad_accum``."""
+        return self.minibatch_size * self.grad_accum
+
+
+ScoreWhitening = Literal["none", "scores", "rewards"]
+"""``scores``: standardise the RM scores over the rollout batch (mean 0, std 1);
+``rewards``: scale the KL-shaped per-token rewards to unit std without re-centring (N details #12,
+TRL's ``whiten_rewards``); ``none``: use them as they are."""
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    """How the reward-model score becomes the reward of a response.
+
+    Order of operations: ``score - bias`` -> whiten (``scores``) -> clip -> missing-EOS penalty ->
+    per-token KL shaping -> whiten (``rewards``).
+
+    Args:
+        bias: subtracted from every RM score (N+ details: a bias so that reference responses
+            average 0; measure it on SFT samples).
+        whiten: see :data:`ScoreWhitening`.
+        clip: clip the (biased, whitened) score to ``[-clip, clip]``; None = no clipping.
+        missing_eos_penalty: when set, a response that never produced EOS gets this score
+            INSTEAD of its RM score (replace, as in N+ details #9, not add: a truncated response
+            is not a response the RM was trained to judge). None = no penalty.
+    """
+
+    bias: float = 0.0
+    whiten: ScoreWhitening = "none"
+    clip: float | None = None
+    missing_eos_penalty: float | None = None
+
+    def shape(self, raw_scores: torch.Tensor, ended: torch.Tensor) -> torch.Tensor:
+        """Bias, score whitening, clipping and the missing-EOS penalty, in that order.
+
+        Args:
+            raw_scores: ``(B,)`` reward-model scores.
+            ended: ``(B,)`` bool, the response contains EOS.
+
+        Returns:
+            ``(B,)`` the scores that enter the reward.
+        """
+        scores = raw_scores - self.bias  # (B,)
+        if self.whiten == "scores":
+            scores = (scores - scores.mean()) / (scores.std() + 1e-8)  # (B,)
+        if self.clip is not None:
+            scores = scores.clamp(-self.clip, self.clip)  # (B,)
+        if self.missing_eos_penalty is not None:
+            penalty = torch.full_like(scores, self.missing_eos_penalty)  # (B,)
+            scores = torch.where(ended, scores, penalty)  # (B,)
+        return scores
+
+    def __post_init__(self) -> None:
+        if self.whiten not in ("none", "scores", "rewards"):
+            raise ValueError(f"reward.whiten must be none, scores or rewards; got {self.whiten!r}")
+        if self.clip is not None and self.clip <= 0:
+            raise ValueError(f"reward.clip must be > 0 or null, got {self.clip}")
+
+
+@dataclass(frozen=True)
+class KLConfig:
+    """The KL penalty to the frozen reference (Ziegler et al. 2019).
+
+    Args:
+        kind: ``adaptive`` steers the coefficient so the KL per response tracks ``target``
+            (Ziegler et al. 2019; the InstructGPT recipe's default); ``fixed`` keeps ``init_coef``.
+        init_coef: the KL coefficient beta at the start (N details #11: 0.15; N+ fixed 0.05).
+        target: KL per response (nats, summed over tokens) the adaptive controller aims for.
+        horizon: samples over which the adaptive controller corrects a full error.
+        estimator: per-token KL estimator (k1 = logprob - ref_logprob, the InstructGPT penalty).
+    """
+
+    kind: Literal["fixed", "adaptive"] = "adaptive"
+    init_coef: float = 0.15
+    target: float = 6.0
+    horizon: int = 10000
+    estimator: KLKind = "k1"
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("fixed", "adaptive"):
+            raise ValueError(f"kl.kind must be fixed or adaptive, got {self.kind!r}")
+        if self.estimator not in ("k1", "k2", "k3", "abs"):
+            raise ValueError(f"kl.estimator must be k1, k2, k3 or abs; got {self.estimator!r}")
+        if self.init_coef < 0:
+            raise ValueError(f"kl.init_coef must be >= 0, got {self.init_coef}")
+
+
+def as_config(cls: type, value: object) -> object:
+    """Accept a config dataclass or its ``asdict`` form (what ``load_from_checkpoint`` passes back)."""
+    if isinstance(value, cls):
+        return value
+    if isinstance(value, dict):
+        return cls(**value)
+    raise TypeError(f"expected {cls.__name__} or a dict of its fields, got {type(value).__name__}")

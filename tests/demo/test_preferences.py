@@ -1,0 +1,87 @@
+"""Preference generation: labelling judged samples, and the command end to end on stories260K."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from rlhf_lit.data.preference import PreferenceDataModule
+from rlhf_lit.demo.__main__ import main
+from rlhf_lit.demo.preferences import label_pairs, make_preferences
+from rlhf_lit.tokenizer import load_tokenizer
+
+
+def test_label_pairs_argmax_best_worst_drops_ties():
+    prompts = ["p0", "p0", "p1", "p1", "p2", "p2"]
+    responses = ["a", "b", "c", "d", "e", "f"]
+    scores = [0.5, 0.1, 0.2, 0.2, -0.3, 0.4]
+    records, ties = label_pairs([10, 11, 12], prompts, responses, scores, 2, "argmax", "best_worst",
+                                0.25, random.Random(0))
+    assert ties == 1  # prompt p1: 0.2 vs 0.2
+    assert records == [
+        {"prompt": "p0", "chosen": "a", "rejected": "b", "chosen_score": 0.5, "rejected_score": 0.1,
+         "paragraph": 10},
+        {"prompt": "p2", "chosen": "f", "rejected": "e", "chosen_score": 0.4, "rejected_score": -0.3,
+         "paragraph": 12},
+    ]
+
+
+def test_label_pairs_all_pairs_of_three():
+    scores = [0.1, 0.7, 0.1]
+    records, ties = label_pairs([5], ["p"] * 3, ["x", "y", "z"], scores, 3, "argmax", "all_pairs",
+                                0.25, random.Random(0))
+    # pairs (0,1): y wins; (0,2): tie, dropped; (1,2): y wins
+    assert ties == 1
+    assert [(r["chosen"], r["rejected"]) for r in records] == [("y", "x"), ("y", "z")]
+
+
+def test_label_pairs_bradley_terry_keeps_ties_as_coin_flips():
+    # random.Random(7) draws 0.3238, 0.1508: both below 0.5, so A (index 0) wins both equal pairs.
+    records, ties = label_pairs([0, 1], ["p", "p", "q", "q"], ["a", "b", "c", "d"], [0.3] * 4, 2,
+                                "bradley_terry", "best_worst", 0.25, random.Random(7))
+    assert ties == 0
+    assert [(r["chosen"], r["rejected"]) for r in records] == [("a", "b"), ("c", "d")]
+
+
+def test_label_pairs_checks_lengths():
+    with pytest.raises(ValueError, match="K entries per paragraph"):
+        label_pairs([0, 1], ["p"] * 3, ["a"] * 3, [0.0] * 3, 2, "argmax", "best_worst", 0.25,
+                    random.Random(0))
+
+
+def test_incompatible_settings_raise(stories_path, tinystories, tmp_path):
+    with pytest.raises(ValueError, match="samples_per_prompt must be >= 2"):
+        make_preferences(stories_path, tinystories, str(tmp_path / "p.jsonl"), samples_per_prompt=1)
+    with pytest.raises(ValueError, match="bt_temperature only applies to labeler='bradley_terry'"):
+        make_preferences(stories_path, tinystories, str(tmp_path / "p.jsonl"), bt_temperature=0.5)
+
+
+def test_preferences_end_to_end(stories_path, tinystories, tmp_path, capsys):
+    out = tmp_path / "prefs" / "pairs.jsonl"
+    status = main([
+        "preferences", "--model", stories_path, "--paragraphs", tinystories, "--out", str(out),
+        "--start", "1000", "--count", "4", "--samples-per-prompt", "2", "--max-new-tokens", "8",
+        "--labeler", "bradley_terry", "--seed", "1",
+    ])
+    assert status == 0
+    stats = json.loads(capsys.readouterr().out)
+    assert stats["prompts"] == 4 and stats["samples"] == 8 and stats["ties"] == 0
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(records) == stats["pairs"] == 4  # bradley_terry keeps every best-worst pair
+    assert [r["paragraph"] for r in records] == [1000, 1001, 1002, 1003]
+    for r in records:
+        assert set(r) == {"prompt", "chosen", "rejected", "chosen_score", "rejected_score", "paragraph"}
+        assert len(r["prompt"].split()) == 8
+        assert -1.0 <= r["chosen_score"] <= 1.0 and -1.0 <= r["rejected_score"] <= 1.0
+        assert r["chosen"] and r["rejected"]
+    assert records[0]["prompt"] == "Tommy learned something new. He learned that rolling"
+
+    # The preference data module reads the file as format "fields".
+    data = PreferenceDataModule(tokenizer=load_tokenizer(stories_path), train_path=str(out),
+                                format="fields", batch_size=4)
+    data.setup("fit")
+    batch = next(iter(data.train_dataloader()))
+    assert batch["chosen_input_ids"].shape[0] == 4
+    assert batch["rejected_input_ids"].shape == batch["chosen_input_ids"].shape

@@ -1,0 +1,90 @@
+"""Helpers of the PPO tests: a tiny real policy (stories260K), prompt data and a recording logger."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from lightning.pytorch import Trainer
+from lightning.pytorch.loggers import Logger
+
+from rlhf_lit.models.generation import SamplingConfig
+from rlhf_lit.stages.ppo import PPOModule
+from rlhf_lit.stages.ppo_config import KLConfig, PPOConfig
+
+ASSETS = Path(__file__).resolve().parents[3] / "shared" / "assets"
+STORIES = str(ASSETS / "models" / "stories260K")
+TINYSTORIES = str(ASSETS / "data" / "tinystories" / "val.txt")
+EOS, PAD = 2, 0  # stories260K: eos 2, pad = <unk> 0
+
+
+class RecordingLogger(Logger):
+    """Keeps every ``log_metrics`` call: ``history[step] = metrics``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.history: dict[int, dict[str, float]] = {}
+
+    @property
+    def name(self) -> str:
+        return "recording"
+
+    @property
+    def version(self) -> int:
+        return 0
+
+    def log_hyperparams(self, params, *args, **kwargs) -> None:
+        pass
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        self.history.setdefault(step, {}).update(metrics)
+
+
+def tiny_module(**overrides) -> PPOModule:
+    """stories260K as SFT model and reward model (its new score head is random: a deterministic RM)."""
+    kwargs = dict(
+        sft_model=STORIES,
+        reward_model=STORIES,
+        sampling=SamplingConfig(max_new_tokens=8, temperature=0.9),
+        ppo=PPOConfig(epochs=2, minibatch_size=2),
+        kl=KLConfig(kind="adaptive", init_coef=0.1, target=1.0, horizon=100),
+        max_rollouts=5,
+        rollout_seed=7,
+    )
+    kwargs.update(overrides)
+    torch.manual_seed(0)  # the RM's new score head
+    return PPOModule(**kwargs)
+
+
+def tiny_trainer(tmp_path: Path, **overrides) -> Trainer:
+    """A CPU trainer writing only under ``tmp_path``."""
+    kwargs = dict(
+        accelerator="cpu", devices=1, logger=RecordingLogger(), enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, default_root_dir=str(tmp_path),
+    )  # fmt: skip
+    kwargs.update(overrides)
+    return Trainer(**kwargs)
+
+
+def prompt_batch(tokenizer, texts: list[str]) -> dict[str, torch.Tensor]:
+    """A left-padded prompt batch as the prompt data module makes it."""
+    enc = tokenizer(texts, return_tensors="pt", padding=True)
+    return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"],
+            "index": torch.arange(len(texts))}
+
+
+class EosBias(torch.nn.Module):
+    """Wraps an LM head and adds ``bias`` to the EOS logit, so EOS is sampled at varied steps."""
+
+    def __init__(self, head: torch.nn.Module, bias: float) -> None:
+        super().__init__()
+        self.head, self.bias = head, bias
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = self.head(hidden)  # (B, T, V)
+        return logits + self.bias * torch.nn.functional.one_hot(torch.tensor(EOS), logits.shape[-1])
+
+
+def length_judge(texts: list[str]) -> list[float]:
+    """A judge for the callback tests: the number of characters."""
+    return [float(len(t)) for t in texts]

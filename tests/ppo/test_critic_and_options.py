@@ -1,0 +1,116 @@
+"""Critic kinds, PPO-ptx, configuration errors and the frozen models left out of checkpoints."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from lightning.pytorch import LightningDataModule
+from ppo_helpers import STORIES, prompt_batch, tiny_module, tiny_trainer
+from torch.utils.data import DataLoader
+
+from rlhf_lit.models import load_reward_model, sequence_scores
+from rlhf_lit.models.value import SeparateCritic, ValueHead, build_critic
+from rlhf_lit.stages.optim import OptimizerConfig
+from rlhf_lit.stages.ppo_config import PPOConfig, RewardConfig
+from rlhf_lit.tokenizer import load_tokenizer
+
+PROMPTS = ["Once upon a time", "The", "Tom had a red", "A big dog"]
+
+
+def test_separate_critic_starts_as_the_reward_model(tmp_path):
+    tokenizer = load_tokenizer(STORIES, padding_side="left")
+    torch.manual_seed(0)
+    rm = load_reward_model(STORIES, tokenizer)
+    rm.save_pretrained(tmp_path / "rm")  # a real RM checkpoint: its head is kept
+    critic = build_critic("separate", None, str(tmp_path / "rm"), tokenizer)
+    assert isinstance(critic, SeparateCritic)
+    batch = prompt_batch(tokenizer, PROMPTS)
+    with torch.no_grad():
+        values = critic(batch["input_ids"], batch["attention_mask"])  # (B, T)
+        torch.testing.assert_close(values[:, -1], sequence_scores(rm, batch["input_ids"], batch["attention_mask"]))
+        # From a causal LM (no score head) the new head is zero: every value is 0.
+        fresh = build_critic("separate", None, STORIES, tokenizer)
+        assert torch.equal(fresh(batch["input_ids"], batch["attention_mask"]), torch.zeros_like(values))
+
+
+def test_shared_trunk_head_trains_with_the_policy_in_one_optimizer(tmp_path):
+    module = tiny_module(critic="shared_trunk", max_rollouts=1)
+    assert isinstance(module.critic, ValueHead) and torch.equal(module.critic.head.weight, torch.zeros(1, 64))
+    batch = prompt_batch(module.tokenizer, PROMPTS)
+    trainer = tiny_trainer(tmp_path)
+    trainer.fit(module, train_dataloaders=DataLoader([batch], batch_size=None))
+    assert len(trainer.optimizers) == 1
+    assert module.critic.head.weight.abs().sum() > 0  # the value loss reached the head
+    assert trainer.logger.history[0]["loss/value"] > 0
+    with pytest.raises(ValueError, match="critic_optimizer"):
+        tiny_module(critic="shared_trunk", critic_optimizer=OptimizerConfig())
+
+
+def test_checkpoint_leaves_out_frozen_models_and_keeps_ppo_state(tmp_path):
+    module = tiny_module(max_rollouts=1)
+    trainer = tiny_trainer(tmp_path)
+    trainer.fit(module, train_dataloaders=DataLoader([prompt_batch(module.tokenizer, PROMPTS)], batch_size=None))
+    trainer.save_checkpoint(tmp_path / "last.ckpt")
+    checkpoint = torch.load(tmp_path / "last.ckpt", weights_only=True)
+    keys = checkpoint["state_dict"].keys()
+    assert not any(k.startswith(("ref_policy.", "reward_model.")) for k in keys)
+    assert any(k.startswith("policy.") for k in keys) and any(k.startswith("critic.") for k in keys)
+    assert checkpoint["ppo"]["rollout_index"] == 1
+    assert checkpoint["ppo"]["kl_controller"]["value"] == module.kl_ctl.value
+    assert len(checkpoint["optimizer_states"]) == 2 and len(checkpoint["lr_schedulers"]) == 2
+    assert isinstance(checkpoint["hyper_parameters"]["ppo"], dict)  # no dataclass: weights_only loads
+
+
+class PtxData(LightningDataModule):
+    """A stub data module: prompts for rollouts plus SFT-style batches for PPO-ptx (counts draws)."""
+
+    def __init__(self, tokenizer):
+        super().__init__()
+        self.prompts = prompt_batch(tokenizer, PROMPTS)
+        ids = torch.tensor([[1, 300, 301, 302, 2], [1, 310, 311, 2, 0]])
+        self.sft = {"input_ids": ids, "attention_mask": torch.tensor([[1] * 5, [1, 1, 1, 1, 0]]),
+                    "labels": torch.tensor([[-100, -100, 301, 302, 2], [-100, -100, 311, 2, -100]])}
+        self.drawn = 0
+
+    def train_dataloader(self):
+        return DataLoader([self.prompts], batch_size=None)
+
+    def ptx_dataloader(self):
+        return self  # a short, re-iterable loader of 3 batches: PPO must cycle it
+
+    def __iter__(self):
+        for _ in range(3):
+            self.drawn += 1
+            yield self.sft
+
+
+def test_ptx_loss_is_added_from_the_second_source(tmp_path):
+    module = tiny_module(ppo=PPOConfig(epochs=2, minibatch_size=2, ptx_coef=0.5), max_rollouts=1)
+    data = PtxData(module.tokenizer)
+    trainer = tiny_trainer(tmp_path)
+    trainer.fit(module, datamodule=data)
+    assert data.drawn == 4  # one ptx batch per minibatch: 2 epochs x 2 minibatches, cycling a loader of 3
+    assert trainer.logger.history[0]["loss/ptx"] > 0
+
+
+def test_ptx_without_a_second_source_is_refused(tmp_path):
+    module = tiny_module(ppo=PPOConfig(epochs=1, minibatch_size=2, ptx_coef=0.5), max_rollouts=1)
+    with pytest.raises(ValueError, match="ptx_dataloader"):
+        tiny_trainer(tmp_path).fit(module, train_dataloaders=DataLoader([prompt_batch(module.tokenizer, PROMPTS)],
+                                                                         batch_size=None))
+
+
+@pytest.mark.parametrize("bad", [dict(epochs=0), dict(clip_range=0.0), dict(gamma=1.5), dict(max_grad_norm=0.0)])
+def test_ppo_config_refuses_bad_values(bad):
+    with pytest.raises(ValueError):
+        PPOConfig(**bad)
+
+
+def test_reward_config_shapes_scores_in_documented_order():
+    raw, ended = torch.tensor([1.0, 3.0]), torch.tensor([True, False])
+    # bias 1 -> [0, 2]; whiten: mean 1, unbiased std sqrt(2) -> [-1/sqrt(2), 1/sqrt(2)] = +-0.7071
+    whitened = RewardConfig(bias=1.0, whiten="scores").shape(raw, ended)
+    torch.testing.assert_close(whitened, torch.tensor([-0.70710678, 0.70710678]))
+    # then clip 0.5 -> [-0.5, 0.5]; then row 1 has no EOS: replaced (not added) by -1 -> [-0.5, -1]
+    shaped = RewardConfig(bias=1.0, whiten="scores", clip=0.5, missing_eos_penalty=-1.0).shape(raw, ended)
+    assert shaped.tolist() == [-0.5, -1.0]
