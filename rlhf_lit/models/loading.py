@@ -48,6 +48,27 @@ def _fit_to_tokenizer(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
         model.generation_config.pad_token_id = tokenizer.pad_token_id
 
 
+def _load(
+    auto_class: type,
+    name_or_path: str,
+    tokenizer: PreTrainedTokenizerBase | None,
+    dtype: DType,
+    keep_dropout: bool,
+    revision: str | None,
+    trust_remote_code: bool,
+    **kwargs,
+) -> PreTrainedModel:
+    """Load with ``auto_class``, fit the embeddings to the tokenizer and switch dropout off."""
+    model = auto_class.from_pretrained(
+        name_or_path, dtype=_torch_dtype(dtype), revision=revision,
+        trust_remote_code=trust_remote_code, **kwargs,
+    )
+    _fit_to_tokenizer(model, tokenizer)
+    if not keep_dropout:
+        disable_dropout(model)
+    return model
+
+
 def load_causal_lm(
     name_or_path: str,
     tokenizer: PreTrainedTokenizerBase | None = None,
@@ -66,13 +87,8 @@ def load_causal_lm(
         revision: Hub revision.
         trust_remote_code: Passed to ``from_pretrained``.
     """
-    model = AutoModelForCausalLM.from_pretrained(
-        name_or_path, dtype=_torch_dtype(dtype), revision=revision, trust_remote_code=trust_remote_code
-    )
-    _fit_to_tokenizer(model, tokenizer)
-    if not keep_dropout:
-        disable_dropout(model)
-    return model
+    return _load(AutoModelForCausalLM, name_or_path, tokenizer, dtype, keep_dropout, revision,
+                 trust_remote_code)
 
 
 def load_reward_model(
@@ -85,21 +101,16 @@ def load_reward_model(
 ) -> PreTrainedModel:
     """Load an ``AutoModelForSequenceClassification`` with one label as a reward model.
 
-    A causal-LM checkpoint (for example the SFT result) gets a freshly initialised score head.
-    A head created here is initialised N(0, 1/sqrt(d+1)) as in Ziegler et al. 2019 (N details #4).
+    A causal-LM checkpoint (for example the SFT result) gets a fresh score head, which the
+    reward stage initialises N(0, 1/sqrt(d+1)) with :func:`init_reward_head`. Arguments as in
+    :func:`load_causal_lm`.
     """
-    model = AutoModelForSequenceClassification.from_pretrained(
-        name_or_path, num_labels=1, dtype=_torch_dtype(dtype), revision=revision,
-        trust_remote_code=trust_remote_code,
-    )
-    _fit_to_tokenizer(model, tokenizer)
-    if not keep_dropout:
-        disable_dropout(model)
-    return model
+    return _load(AutoModelForSequenceClassification, name_or_path, tokenizer, dtype, keep_dropout,
+                 revision, trust_remote_code, num_labels=1)
 
 
 def init_reward_head(head: nn.Linear) -> None:
-    """Initialise a fresh reward head N(0, 1/sqrt(d+1)), bias 0 (Ziegler et al. 2019)."""
+    """Initialise a fresh reward head N(0, 1/sqrt(d+1)), bias 0 (Ziegler et al. 2019, N details #4)."""
     d = head.in_features
     nn.init.normal_(head.weight, std=1.0 / (d + 1) ** 0.5)
     if head.bias is not None:

@@ -6,7 +6,6 @@ known to the test that uses it.
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -14,37 +13,12 @@ import lightning.pytorch as pl
 import pytest
 import torch
 from torch.utils.data import DataLoader
-from transformers import GPT2Config, GPT2LMHeadModel
-
-ASSETS = Path(__file__).resolve().parents[3] / "shared" / "assets"
-STORIES260K = ASSETS / "models" / "stories260K"
-GPT2_TOKENIZER = ASSETS / "tokenizers" / "gpt2"
-TINYSTORIES = ASSETS / "data" / "tinystories" / "val.txt"
 
 
 @pytest.fixture(scope="session")
-def stories_path() -> str:
-    """The real 260K-parameter Llama (vocab 512, pad 0 = <unk>, bos 1, eos 2)."""
-    assert (STORIES260K / "model.safetensors").exists(), f"missing asset {STORIES260K}"
-    return str(STORIES260K)
-
-
-@pytest.fixture(scope="session")
-def gpt2_dir(tmp_path_factory) -> str:
-    """A tiny random GPT-2 LM with the real GPT-2 tokenizer files (no pad token)."""
-    path = tmp_path_factory.mktemp("tiny-gpt2")
-    torch.manual_seed(0)
-    config = GPT2Config(n_layer=2, n_head=2, n_embd=32, n_positions=128, vocab_size=50257)
-    GPT2LMHeadModel(config).save_pretrained(path)
-    for name in ("vocab.json", "merges.txt"):
-        shutil.copy(GPT2_TOKENIZER / name, path / name)
-    return str(path)
-
-
-@pytest.fixture(scope="session")
-def paragraphs() -> list[str]:
+def paragraphs(tinystories) -> list[str]:
     """The first TinyStories validation paragraphs (blank-line separated in the file)."""
-    text = TINYSTORIES.read_text(encoding="utf-8")
+    text = Path(tinystories).read_text(encoding="utf-8")
     return [p.strip() for p in text.split("\n\n") if p.strip()][:40]
 
 
