@@ -8,28 +8,17 @@ global RNG, so the training stream is the same with and without the callback.
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Callable
 from typing import Literal
 
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_only
 
+# The project's one judge loader; re-exported here for ``rlhf_lit.callbacks.load_judge``.
+from rlhf_lit.evaluation import load_judge, response_texts
 from rlhf_lit.models.generation import SamplingConfig, generate_responses
 
-Judge = Callable[[list[str]], list[float]]
-
-
-def load_judge(spec: str) -> Judge:
-    """Import a judge given as ``"package.module:function"`` (texts in, one float per text out)."""
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise ValueError(f"judge must look like 'package.module:function', got {spec!r}")
-    judge = getattr(importlib.import_module(module_name), attr)
-    if not callable(judge):
-        raise TypeError(f"judge {spec!r} is not callable")
-    return judge
+__all__ = ["OnlineGeneration", "load_judge", "markdown_table"]
 
 
 def _cell(text: str) -> str:
@@ -58,7 +47,9 @@ class OnlineGeneration(Callback):
         every_n_rollouts: how often, in rollouts (after rollout n when ``n % every_n_rollouts == 0``).
         sampling: sampling settings; None = the module's.
         seed: seed of this callback's own generator (the same samples each time for a fixed policy).
-        judge: optional extra scorer ``"module:function"`` taking a list of texts, returning floats.
+        judge: optional extra scorer ``"module:function"`` taking a list of texts, returning floats
+            (loaded with :func:`rlhf_lit.evaluation.load_judge`, e.g.
+            ``rlhf_lit.evaluation.judges:vader``).
         judge_reads: what the judge reads: the response alone or prompt + response.
         tag: TensorBoard tag of the text table (scalars go under ``{tag}/``).
     """
@@ -96,11 +87,13 @@ class OnlineGeneration(Callback):
             generator=torch.Generator().manual_seed(self.seed),
         )  # fmt: skip
         scores = pl_module.score(generated.query_responses, generated.attention_mask)  # (B,)
-        responses = tokenizer.batch_decode(generated.response_ids, skip_special_tokens=True)
+        responses = response_texts(
+            tokenizer, generated.query_responses, generated.attention_mask, generated.response_mask, generated.ended
+        )  # decoded as the PPO stage's and the demo's judges read them
         columns = {"score": scores.float().cpu().tolist()}
         if self.judge is not None:
             texts = responses if self.judge_reads == "response" else [p + r for p, r in zip(self.prompts, responses)]
-            columns["judge"] = [float(x) for x in self.judge(texts)]
+            columns["judge"] = self.judge(texts)  # checked list[float], one per text
         return responses, columns
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx) -> None:

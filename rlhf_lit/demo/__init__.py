@@ -12,7 +12,7 @@ Subcommands (``python -m rlhf_lit.demo --help``):
 - ``evaluate``: judge score, KL to the reference, distinct-n and length on held-out prompts;
 - ``report``: PNG plots from a PPO TensorBoard run and a markdown summary.
 
-Judges (:mod:`rlhf_lit.demo.judges`) score the response text only, without the prompt; the PPO
+Judges (:mod:`rlhf_lit.evaluation.judges`) score the response text only, without the prompt; the PPO
 stage's judge logging should do the same so that its ``objective/judge`` matches ``evaluate``.
 
 Paragraph ranges of ``shared/assets/data/tinystories/val.txt`` (4,302 paragraphs), half-open

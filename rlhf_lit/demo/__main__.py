@@ -9,9 +9,9 @@ import sys
 from collections.abc import Sequence
 from typing import get_args
 
-from rlhf_lit.demo.judges import DEFAULT_JUDGE
 from rlhf_lit.demo.labeling import Labeler, Pairing
 from rlhf_lit.demo.prompts import RANGES
+from rlhf_lit.evaluation.judges import DEFAULT_JUDGE
 
 DEFAULT_PARAGRAPHS = "../shared/assets/data/tinystories/val.txt"
 

@@ -17,10 +17,10 @@ import os
 import time
 
 
-from rlhf_lit.demo.diversity import distinct_n
-from rlhf_lit.demo.judges import DEFAULT_JUDGE, load_judge
 from rlhf_lit.demo.prompts import RANGES, load_prompts
 from rlhf_lit.demo.sampling import SamplingConfig, decode, generate, load_model, response_logprobs
+from rlhf_lit.evaluation.diversity import distinct_n
+from rlhf_lit.evaluation.judges import DEFAULT_JUDGE, load_judge
 from rlhf_lit.models import load_causal_lm
 from rlhf_lit.tokenizer import load_tokenizer
 

@@ -15,10 +15,10 @@ import random
 import time
 from collections.abc import Sequence
 
-from rlhf_lit.demo.judges import DEFAULT_JUDGE, load_judge
 from rlhf_lit.demo.labeling import Labeler, Pairing, candidate_pairs, prefer_first
 from rlhf_lit.demo.prompts import RANGES, load_prompts
 from rlhf_lit.demo.sampling import SamplingConfig, decode, generate, load_model
+from rlhf_lit.evaluation.judges import DEFAULT_JUDGE, load_judge
 
 log = logging.getLogger(__name__)
 

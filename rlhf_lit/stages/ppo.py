@@ -51,19 +51,19 @@ Departures from textbook PPO (Schulman et al. 2017) and their reasons:
 from __future__ import annotations
 
 import itertools
-import time
 from collections.abc import Iterator
 from dataclasses import asdict
+from pathlib import Path
 
 import torch
 from lightning.pytorch import LightningModule
 
+from rlhf_lit.evaluation import load_judge, response_texts
 from rlhf_lit.functional import (
     AdaptiveKLController,
     FixedKLController,
     clipped_value_loss,
     entropy_from_logits,
-    explained_variance,
     gae,
     kl_penalized_rewards,
     masked_mean,
@@ -83,8 +83,16 @@ from rlhf_lit.models.generation import (
 from rlhf_lit.models.loading import DType
 from rlhf_lit.models.value import CriticKind, build_critic
 from rlhf_lit.rollout import Rollout, minibatches
+from rlhf_lit.stages.export import export_at_fit_end
 from rlhf_lit.stages.optim import OptimizerConfig, build_optimizer, optimizer_config_from
 from rlhf_lit.stages.ppo_config import KLConfig, PPOConfig, RewardConfig, as_config
+from rlhf_lit.stages.ppo_metrics import (
+    RolloutTimer,
+    logged_metrics,
+    reduce_over_ranks,
+    rollout_statistics,
+    text_statistics,
+)
 from rlhf_lit.tokenizer import MissingPad, load_tokenizer
 
 FROZEN_PREFIXES = ("ref_policy.", "reward_model.")
@@ -97,23 +105,6 @@ def freeze(model: torch.nn.Module) -> torch.nn.Module:
     """No gradients, eval mode: for the reference and the reward model."""
     model.requires_grad_(False)
     return model.eval()
-
-
-class _Timer:
-    """Wall-clock time of the rollout phases; synchronises CUDA so GPU work is counted (3 syncs per rollout)."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.device, self.times = device, {}
-        self._last = self._now()
-
-    def _now(self) -> float:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        return time.perf_counter()
-
-    def mark(self, name: str) -> None:
-        now = self._now()
-        self.times[name], self._last = now - self._last, now
 
 
 class PPOModule(LightningModule):
@@ -138,6 +129,14 @@ class PPOModule(LightningModule):
             None with ``shared_trunk`` (one optimizer).
         max_rollouts: rollouts to run; training stops after this many (also the schedule length).
         rollout_seed: base of the per-rank sampling and shuffling seeds (``seed + rank * 100003``).
+        judge: optional gold scorer ``"module:function"`` of a list of response texts (e.g.
+            ``rlhf_lit.evaluation.judges:vader``), loaded with
+            :func:`rlhf_lit.evaluation.load_judge`. It reads the response only, decoded without
+            special tokens as ``rlhf_lit.demo.evaluate`` does; its mean over the rollout batch is
+            logged as ``objective/judge``. Never used as a reward.
+        export_dir: where the trained policy and its tokenizer are written in Hugging Face format
+            at the end of fit (``AutoModelForCausalLM.from_pretrained(export_dir)``); None means
+            ``<log dir or default_root_dir>/model``.
     """
 
     def __init__(
@@ -157,8 +156,12 @@ class PPOModule(LightningModule):
         critic_optimizer: OptimizerConfig | None = None,
         max_rollouts: int = 1000,
         rollout_seed: int = 0,
+        judge: str | None = None,
+        export_dir: str | None = None,
     ) -> None:
         super().__init__()
+        # Loaded first: a bad spec fails before any model is.
+        self.judge = None if judge is None else load_judge(judge)
         self.sampling: SamplingConfig = as_config(SamplingConfig, sampling)
         self.ppo: PPOConfig = as_config(PPOConfig, ppo)
         self.reward_cfg: RewardConfig = as_config(RewardConfig, reward)
@@ -176,8 +179,10 @@ class PPOModule(LightningModule):
             "sampling": asdict(self.sampling), "ppo": asdict(self.ppo), "reward": asdict(self.reward_cfg),
             "kl": asdict(self.kl_cfg), "optimizer": asdict(self.optimizer_cfg),
             "critic_optimizer": None if self.critic_optimizer_cfg is None else asdict(self.critic_optimizer_cfg),
-            "max_rollouts": max_rollouts, "rollout_seed": rollout_seed,
+            "max_rollouts": max_rollouts, "rollout_seed": rollout_seed, "judge": judge, "export_dir": export_dir,
         })  # fmt: skip
+        self.export_dir = export_dir
+        self.exported_path: Path | None = None
         self.automatic_optimization = False
 
         self.tokenizer = load_tokenizer(tokenizer_path or sft_model, padding_side="left", missing_pad=missing_pad)
@@ -269,7 +274,7 @@ class PPOModule(LightningModule):
         ]  # fmt: skip
         return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
 
-    def make_rollout(self, batch: dict[str, torch.Tensor], timer: _Timer) -> tuple[Rollout, torch.Tensor]:
+    def make_rollout(self, batch: dict[str, torch.Tensor], timer: RolloutTimer) -> tuple[Rollout, torch.Tensor]:
         """Generate, score, shape rewards and compute advantages; returns the rollout and the entropy."""
         gen = self.generate(batch)
         timer.mark("generate")
@@ -355,11 +360,18 @@ class PPOModule(LightningModule):
                 history.append(stats)
                 if (i + 1) % cfg.grad_accum == 0:
                     for opt in optimizers:
-                        if cfg.max_grad_norm is not None:
-                            self.clip_gradients(opt, gradient_clip_val=cfg.max_grad_norm, gradient_clip_algorithm="norm")
-                        opt.step()
+                        opt.step()  # clips in on_before_optimizer_step
                         opt.zero_grad(set_to_none=True)
         return {k: torch.stack([h[k] for h in history]).mean() for k in history[0]}
+
+    def on_before_optimizer_step(self, optimizer) -> None:
+        """Clip the gradient norm of ``optimizer``'s parameters to ``ppo.max_grad_norm``.
+
+        Here, not before ``opt.step()``: Lightning calls this hook after it unscales fp16
+        (``16-mixed``) gradients, so the clip sees true gradients, not ones times the loss scale.
+        """
+        if self.ppo.max_grad_norm is not None:
+            self.clip_gradients(optimizer, gradient_clip_val=self.ppo.max_grad_norm, gradient_clip_algorithm="norm")
 
     # ------------------------------------------------------------------ the step
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
@@ -367,15 +379,17 @@ class PPOModule(LightningModule):
         if self.rollout_index >= self.max_rollouts:
             self.trainer.should_stop = True
             return
-        timer = _Timer(self.device)
+        timer = RolloutTimer(self.device)
         rollout, entropy = self.make_rollout(batch, timer)
         train_stats = self.train_on_rollout(rollout)
         timer.mark("train")
         kl_coef = self.kl_ctl.value
-        metrics = self._reduced_metrics(rollout, entropy, train_stats, kl_coef)
+        metrics = self.rollout_metrics(rollout, entropy, train_stats, kl_coef, timer)
         # The KL controller sees the KL averaged over all ranks and the global batch size.
         self.kl_ctl.update(metrics["objective/kl"], n_steps=rollout.batch_size * self.trainer.world_size)
-        self._log_rollout(metrics, timer, rollout, kl_coef)
+        for logger in self.loggers:  # step = rollout index, not global_step (which counts opt steps)
+            logger.log_metrics(metrics, step=self.rollout_index)
+        self.log_dict({"score": metrics["objective/scores"], "kl": metrics["objective/kl"]}, prog_bar=True, logger=False)
         self.rollout_index += 1
         datamodule = getattr(self.trainer, "datamodule", None)
         if hasattr(datamodule, "mark_consumed"):
@@ -387,46 +401,29 @@ class PPOModule(LightningModule):
         if self.rollout_index >= self.max_rollouts:
             self.trainer.should_stop = True
 
-    # ------------------------------------------------------------------ metrics
-    def _reduced_metrics(
-        self, rollout: Rollout, entropy: torch.Tensor, train_stats: dict[str, torch.Tensor], kl_coef: float
+    # ------------------------------------------------------------------ metrics and export
+    def rollout_metrics(
+        self, rollout: Rollout, entropy: torch.Tensor, train_stats: dict[str, torch.Tensor], kl_coef: float,
+        timer: RolloutTimer,
     ) -> dict[str, float]:
-        """Rollout and update statistics averaged over ranks; one collective and one host sync."""
-        mask = rollout.response_mask  # (B, R)
-        kl_per_response = rollout.kl.sum(1)  # (B,)
-        local = {
-            "objective/scores": rollout.raw_scores.mean(),
-            "objective/scores_shaped": rollout.scores.mean(),
-            "objective/rlhf_reward": rollout.rewards.sum(1).mean(),
-            "objective/non_score_reward": (-kl_coef * kl_per_response).mean(),
-            "objective/kl": kl_per_response.mean(),
-            "objective/entropy": entropy,
-            "value/explained_variance": explained_variance(rollout.old_values, rollout.returns, mask),
-            "response/length": mask.sum(1).float().mean(),
-            "response/ended_fraction": rollout.ended.float().mean(),
-            **train_stats,
-        }
-        stacked = torch.stack([v.float() for v in local.values()])  # (M,)
-        reduced = self.trainer.strategy.reduce(stacked, reduce_op="mean")  # (M,)
-        return dict(zip(local, reduced.tolist()))
+        """Everything logged for a rollout, averaged over ranks (see :mod:`rlhf_lit.stages.ppo_metrics`).
 
-    def _log_rollout(self, metrics: dict[str, float], timer: _Timer, rollout: Rollout, kl_coef: float) -> None:
-        """Write the metrics with ``step = rollout index`` (not ``global_step``, which counts opt steps).
-
-        ``kl_coef`` is the coefficient this rollout's rewards were shaped with (before the update).
+        The responses are decoded once, here, after the update: distinct-n always, the judge when
+        set. ``kl_coef`` is the coefficient the rollout's rewards were shaped with.
         """
-        optimizers = self._optimizer_list()
-        total_time = sum(timer.times.values())
-        tokens = metrics["response/length"] * rollout.batch_size * self.trainer.world_size
-        metrics = {**metrics, "objective/kl_coef": kl_coef}
-        metrics["lr"] = optimizers[0].param_groups[0]["lr"]
-        if len(optimizers) > 1:
-            metrics["lr_critic"] = optimizers[1].param_groups[0]["lr"]
-        metrics.update({f"time/{k}_s": v for k, v in timer.times.items()})
-        metrics["time/tokens_per_s"] = tokens / total_time if total_time > 0 else 0.0
-        for logger in self.loggers:
-            logger.log_metrics(metrics, step=self.rollout_index)
-        self.log_dict({"score": metrics["objective/scores"], "kl": metrics["objective/kl"]}, prog_bar=True, logger=False)
+        local = rollout_statistics(rollout, entropy, train_stats, kl_coef)  # device tensors, no sync
+        texts = response_texts(
+            self.tokenizer, rollout.query_responses, rollout.attention_mask, rollout.response_mask, rollout.ended
+        )
+        local.update(text_statistics(texts, self.judge))
+        timer.mark("text")
+        reduced = reduce_over_ranks(self.trainer.strategy, local, self.device)
+        learning_rates = [opt.param_groups[0]["lr"] for opt in self._optimizer_list()]
+        return logged_metrics(reduced, timer, learning_rates, kl_coef, rollout.batch_size * self.trainer.world_size)
+
+    def on_fit_end(self) -> None:
+        """Export the trained policy and its tokenizer in Hugging Face format (rank 0)."""
+        self.exported_path = export_at_fit_end(self.trainer, self.policy, self.tokenizer, self.export_dir, "PPO policy")
 
     # ------------------------------------------------------------------ checkpoints
     def on_save_checkpoint(self, checkpoint: dict) -> None:

@@ -88,3 +88,14 @@ class EosBias(torch.nn.Module):
 def length_judge(texts: list[str]) -> list[float]:
     """A judge for the callback tests: the number of characters."""
     return [float(len(t)) for t in texts]
+
+
+JUDGED: list[list[str]] = []
+"""The texts :func:`index_judge` was called with, one list per call."""
+
+
+def index_judge(texts: list[str]) -> list[float]:
+    """A judge for the PPO tests: records its texts and scores text i with i (batch mean (B - 1) / 2)."""
+    JUDGED.append(list(texts))
+    return [float(i) for i in range(len(texts))]
+

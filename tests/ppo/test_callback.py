@@ -8,8 +8,10 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from ppo_helpers import prompt_batch, tiny_module, tiny_trainer
 from torch.utils.data import DataLoader
 
-from rlhf_lit.callbacks import OnlineGeneration, load_judge
+import rlhf_lit.callbacks
+from rlhf_lit.callbacks import OnlineGeneration
 from rlhf_lit.callbacks.generation import markdown_table
+from rlhf_lit.evaluation import load_judge
 
 PROMPTS = ["Once upon a time", "The", "Tom had a red", "A big dog"]
 
@@ -61,7 +63,9 @@ def test_markdown_table_escapes_pipes_and_newlines():
     assert table.splitlines()[2] == "| a\\|b | x<br>y | 1.0000 |"
 
 
-def test_load_judge_needs_module_and_function():
+def test_callback_uses_the_project_judge_loader():
+    # One judge loader in the project: the callback's name is the evaluation package's function.
+    assert rlhf_lit.callbacks.load_judge is load_judge
     assert load_judge("ppo_helpers:length_judge")(["abc"]) == [3.0]
     with pytest.raises(ValueError, match="module:function"):
-        load_judge("ppo_helpers.length_judge")
+        OnlineGeneration(["x"], judge="ppo_helpers.length_judge")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from lightning.pytorch import LightningDataModule
+from lightning.pytorch.plugins.precision import MixedPrecision
 from ppo_helpers import STORIES, prompt_batch, tiny_module, tiny_trainer
 from torch.utils.data import DataLoader
 
@@ -114,3 +115,31 @@ def test_reward_config_shapes_scores_in_documented_order():
     # then clip 0.5 -> [-0.5, 0.5]; then row 1 has no EOS: replaced (not added) by -1 -> [-0.5, -1]
     shaped = RewardConfig(bias=1.0, whiten="scores", clip=0.5, missing_eos_penalty=-1.0).shape(raw, ended)
     assert shaped.tolist() == [-0.5, -1.0]
+
+
+def _total_grad_norm(optimizer) -> float:
+    grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+    return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])).item()
+
+
+def test_gradients_are_clipped_after_fp16_unscaling(tmp_path):
+    # A GradScaler multiplies the loss by 65536. Clipping before opt.step() would clip the scaled
+    # gradients, so after unscaling the step would see max_grad_norm / 65536 = 1.5e-8.
+    module = tiny_module(max_rollouts=1, ppo=PPOConfig(epochs=1, minibatch_size=4, max_grad_norm=1e-3))
+    seen = []
+    configure = module.configure_optimizers
+
+    def recording_optimizers():
+        optimizers, schedulers = configure()
+        for opt in optimizers:  # the gradient norm the optimizer steps with
+            opt.register_step_pre_hook(lambda o, args, kwargs: seen.append(_total_grad_norm(o)))
+        return optimizers, schedulers
+
+    module.configure_optimizers = recording_optimizers
+    scaler = torch.amp.GradScaler("cpu")
+    plugin = MixedPrecision("16-mixed", device="cpu", scaler=scaler)
+    trainer = tiny_trainer(tmp_path, plugins=[plugin])
+    trainer.fit(module, DataLoader([prompt_batch(module.tokenizer, PROMPTS)], batch_size=None))
+    assert scaler.get_scale() == 65536.0  # no step was skipped for inf gradients
+    # One step of each optimizer, each at exactly the clip norm (the raw norms are larger).
+    assert seen == [pytest.approx(1e-3, rel=1e-3)] * 2

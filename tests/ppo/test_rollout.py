@@ -12,8 +12,9 @@ from rlhf_lit.functional import kl_penalty
 from rlhf_lit.models import token_scores
 from rlhf_lit.models.generation import complete_generation, forward_with_positions
 from rlhf_lit.rollout import minibatches
-from rlhf_lit.stages.ppo import PPOModule, _Timer
+from rlhf_lit.stages.ppo import PPOModule
 from rlhf_lit.stages.ppo_config import KLConfig, RewardConfig
+from rlhf_lit.stages.ppo_metrics import RolloutTimer
 
 RAW_SCORES = [1.5, -2.0, 0.25, 3.0]
 # Responses (R = 5) with EOS at positions 1, none, 0 and 4; junk after EOS must become pad.
@@ -43,7 +44,7 @@ def _rollout(**overrides):
     module = tiny_module(**overrides)
     module.__class__ = ScriptedPPO
     batch = prompt_batch(module.tokenizer, ["Once upon a time", "The", "Tom had a red", "A big dog"])
-    rollout, _ = module.make_rollout(batch, _Timer(torch.device("cpu")))
+    rollout, _ = module.make_rollout(batch, RolloutTimer(torch.device("cpu")))
     return module, batch, rollout
 
 

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import pickle
 import re
 import sys
 
 import pytest
 
-from rlhf_lit.demo import judges
-from rlhf_lit.demo.judges import load_judge, vader
+from rlhf_lit.evaluation import judges
+from rlhf_lit.evaluation.judges import load_judge, vader
 
 
 def test_vader_signs_and_range():
@@ -24,7 +25,7 @@ def test_vader_signs_and_range():
 
 def test_builtin_spec_is_vader():
     texts = ["I love it", "I hate it", "A chair."]
-    assert load_judge("rlhf_lit.demo.judges:vader")(texts) == vader(texts)
+    assert load_judge("rlhf_lit.evaluation.judges:vader")(texts) == vader(texts)
 
 
 @pytest.fixture
@@ -98,3 +99,9 @@ def test_vader_missing_says_how_to_install(monkeypatch):
             vader(["hello"])
     finally:
         judges._vader_analyzer.cache_clear()
+
+
+def test_loaded_judge_pickles_by_spec(judge_module):
+    # ddp_spawn pickles the module and callbacks that hold a judge.
+    judge = pickle.loads(pickle.dumps(load_judge("my_judges:length")))
+    assert judge.spec == "my_judges:length" and judge(["abcd"]) == [4.0]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rlhf_lit.demo.diversity import distinct_n, ngrams
+from rlhf_lit.evaluation.diversity import distinct_n, ngrams
 
 
 def test_ngrams():

@@ -1,8 +1,9 @@
 """Pluggable judges: a function from texts to one float score each (higher is better).
 
 A judge is named by a spec ``"module:function"`` (``"pkg.mod:Class.method"`` also works), so a
-user swaps the gold judge of the demo without touching rlhf-lit. The built-in judge is
-``rlhf_lit.demo.judges:vader``: the VADER sentiment ``compound`` score, in ``[-1, 1]``.
+user swaps the gold judge (of the demo, of ``PPOModule(judge=...)``, of the online-generation
+callback) without touching rlhf-lit. This is the project's one judge loader. The built-in judge is
+``rlhf_lit.evaluation.judges:vader``: the VADER sentiment ``compound`` score, in ``[-1, 1]``.
 
 Judges see the response text only (the completion, without the prompt): the prompt is the same
 for every sample of a prompt, and the policy cannot change it.
@@ -18,8 +19,8 @@ from collections.abc import Callable, Sequence
 Judge = Callable[[list[str]], list[float]]
 """A judge: ``texts -> scores``, one float per text, higher is better."""
 
-DEFAULT_JUDGE = "rlhf_lit.demo.judges:vader"
-"""The demo's gold judge."""
+DEFAULT_JUDGE = "rlhf_lit.evaluation.judges:vader"
+"""The built-in gold judge (the demo's)."""
 
 
 @functools.lru_cache(maxsize=1)
@@ -66,30 +67,44 @@ def _resolve(spec: str) -> Callable:
     return obj
 
 
-def load_judge(spec: str) -> Judge:
+class CheckedJudge:
+    """A loaded judge that checks its output; picklable (it holds the spec, not a closure).
+
+    Pickling re-imports the judge by its spec, so a module or callback holding one can go to
+    spawned processes (``ddp_spawn``) even when the judge function itself cannot be pickled.
+    """
+
+    def __init__(self, spec: str) -> None:
+        self.spec, self.fn = spec, _resolve(spec)
+
+    def __call__(self, texts: Sequence[str]) -> list[float]:
+        """One finite float per text; anything else raises an error naming the spec."""
+        texts = list(texts)
+        scores = list(self.fn(texts))
+        if len(scores) != len(texts):
+            raise ValueError(f"judge {self.spec!r} returned {len(scores)} scores for {len(texts)} texts")
+        out = [float(s) for s in scores]
+        if not all(math.isfinite(s) for s in out):
+            raise ValueError(f"judge {self.spec!r} returned a non-finite score")
+        return out
+
+    def __reduce__(self):
+        return CheckedJudge, (self.spec,)
+
+    def __repr__(self) -> str:
+        return f"CheckedJudge({self.spec!r})"
+
+
+def load_judge(spec: str) -> CheckedJudge:
     """Load the judge named by ``spec`` (``"module:function"``).
 
     The returned callable checks what the judge gives back: exactly one finite number per text,
     returned as a ``list[float]``; anything else raises an error naming the spec.
 
     Args:
-        spec: ``"module:function"``, e.g. ``"rlhf_lit.demo.judges:vader"``.
+        spec: ``"module:function"``, e.g. ``"rlhf_lit.evaluation.judges:vader"``.
 
     Raises:
         ValueError: a malformed spec, a missing module or attribute, or a non-callable target.
     """
-    fn = _resolve(spec)
-
-    def judge(texts: list[str]) -> list[float]:
-        texts = list(texts)
-        scores = list(fn(texts))
-        if len(scores) != len(texts):
-            raise ValueError(f"judge {spec!r} returned {len(scores)} scores for {len(texts)} texts")
-        out = [float(s) for s in scores]
-        if not all(math.isfinite(s) for s in out):
-            raise ValueError(f"judge {spec!r} returned a non-finite score")
-        return out
-
-    judge.__name__ = judge.__qualname__ = f"judge[{spec}]"
-    judge.__doc__ = f"The judge {spec!r}, with its output checked."
-    return judge
+    return CheckedJudge(spec)

@@ -1,0 +1,55 @@
+"""Response texts of generated batches, decoded one way for every judge in the project."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:  # only for the annotation: keeps ``import rlhf_lit.evaluation`` light
+    from transformers import PreTrainedTokenizerBase
+
+
+def response_texts(
+    tokenizer: PreTrainedTokenizerBase,
+    query_responses: torch.Tensor,
+    attention_mask: torch.Tensor,
+    response_mask: torch.Tensor,
+    ended: torch.Tensor,
+) -> list[str]:
+    """The response texts of a batch, as judges read them (the PPO stage, the callback, the demo).
+
+    A row's response is its tokens before the first EOS, chosen by position from
+    ``response_mask`` and ``ended`` (never by pad id, which may equal a real token or EOS), decoded
+    without special tokens. It is cut from the decoded prompt + response so that ``prompt +
+    response`` is the text the model produced (decoding the response alone can drop a leading
+    space with sentencepiece tokenizers); when the decoded prompt is not a prefix of the whole,
+    the response is decoded alone. This is how ``rlhf_lit.demo.evaluate`` reads responses.
+
+    Args:
+        tokenizer: the run's tokenizer.
+        query_responses: ``(B, P + R)`` prompt (left padded) then response.
+        attention_mask: ``(B, P + R)``; only its prompt part ``[:, :P]`` is read.
+        response_mask: ``(B, R)`` bool, True up to and including the first EOS.
+        ended: ``(B,)`` bool, the response contains EOS.
+
+    Returns:
+        ``B`` strings. Costs one device-to-host copy of the ids and masks.
+    """
+    length, response_length = query_responses.shape[1], response_mask.shape[1]  # P + R, R
+    prompt_length = length - response_length  # P
+    content = response_mask.sum(1) - ended.long()  # (B,) response tokens before EOS
+    packed = torch.cat([query_responses, attention_mask[:, :prompt_length], content[:, None]], 1)
+    packed = packed.cpu()  # (B, (P + R) + P + 1): ids, prompt mask and content length in one copy
+    ids, prompt_mask = packed[:, :length], packed[:, length : length + prompt_length].bool()  # (B, P + R), (B, P)
+    texts = []
+    for row, n in enumerate(packed[:, -1].tolist()):
+        prompt_ids = ids[row, :prompt_length][prompt_mask[row]].tolist()
+        response_ids = ids[row, prompt_length : prompt_length + n].tolist()
+        prompt = tokenizer.decode(prompt_ids, skip_special_tokens=True)
+        whole = tokenizer.decode(prompt_ids + response_ids, skip_special_tokens=True)
+        if whole.startswith(prompt):
+            texts.append(whole[len(prompt) :])
+        else:
+            texts.append(tokenizer.decode(response_ids, skip_special_tokens=True))
+    return texts

@@ -1,0 +1,114 @@
+"""Per-rollout metrics of the PPO stage: phase timing, rollout statistics, text metrics, assembly.
+
+Everything here runs once per rollout, after the update, never inside the minibatch loop. The
+statistics stay tensors on the device until :func:`reduce_over_ranks`, which averages them over
+ranks in one collective and brings them to the host in one copy. The response texts (for the
+judge and distinct-n, :func:`rlhf_lit.evaluation.response_texts`) cost one more device-to-host
+copy of the token ids per rollout.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import torch
+from lightning.pytorch.strategies import Strategy
+
+from rlhf_lit.evaluation import Judge, distinct_n
+from rlhf_lit.functional import explained_variance
+from rlhf_lit.rollout import Rollout
+
+
+class RolloutTimer:
+    """Wall-clock time of the rollout phases; synchronises CUDA so GPU work is counted (one sync per mark)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device, self.times = device, {}
+        self._last = self._now()
+
+    def _now(self) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+    def mark(self, name: str) -> None:
+        """Record the time since the previous mark (or the start) as phase ``name``."""
+        now = self._now()
+        self.times[name], self._last = now - self._last, now
+
+
+def rollout_statistics(
+    rollout: Rollout, entropy: torch.Tensor, train_stats: dict[str, torch.Tensor], kl_coef: float
+) -> dict[str, torch.Tensor]:
+    """This rank's rollout and update statistics, as 0-dim tensors on the device (no host sync).
+
+    Args:
+        rollout: the rollout just trained on.
+        entropy: ``()`` masked mean entropy of the policy at rollout time.
+        train_stats: ``()`` tensors averaged over the minibatches of the update.
+        kl_coef: the coefficient the rollout's rewards were shaped with.
+    """
+    mask = rollout.response_mask  # (B, R)
+    kl_per_response = rollout.kl.sum(1)  # (B,) nats per response
+    return {
+        "objective/scores": rollout.raw_scores.mean(),
+        "objective/scores_shaped": rollout.scores.mean(),
+        "objective/rlhf_reward": rollout.rewards.sum(1).mean(),
+        "objective/non_score_reward": (-kl_coef * kl_per_response).mean(),
+        "objective/kl": kl_per_response.mean(),
+        "objective/entropy": entropy,
+        "value/explained_variance": explained_variance(rollout.old_values, rollout.returns, mask),
+        "response/length": mask.sum(1).float().mean(),
+        "response/ended_fraction": rollout.ended.float().mean(),
+        **train_stats,
+    }
+
+
+def text_statistics(texts: Sequence[str], judge: Judge | None) -> dict[str, float]:
+    """``diversity/distinct_1``, ``diversity/distinct_2`` of ``texts`` and, with a judge, ``objective/judge``.
+
+    Distinct-n is pooled over this rank's responses; across ranks the per-rank values are
+    averaged (equal to the pooled value only with one rank). The judge mean over ranks is the
+    mean over the global batch (every rank has the same number of rows).
+    """
+    stats = {"diversity/distinct_1": distinct_n(texts, 1), "diversity/distinct_2": distinct_n(texts, 2)}
+    if judge is not None:
+        scores = judge(list(texts))
+        stats["objective/judge"] = sum(scores) / len(scores)
+    return stats
+
+
+def reduce_over_ranks(
+    strategy: Strategy, local: dict[str, torch.Tensor | float], device: torch.device
+) -> dict[str, float]:
+    """Each value averaged over ranks: one collective and one host sync for all of them."""
+    stacked = torch.stack([torch.as_tensor(v, dtype=torch.float32, device=device) for v in local.values()])  # (M,)
+    reduced = strategy.reduce(stacked, reduce_op="mean")  # (M,)
+    return dict(zip(local, reduced.tolist()))
+
+
+def logged_metrics(
+    metrics: dict[str, float],
+    timer: RolloutTimer,
+    learning_rates: Sequence[float],
+    kl_coef: float,
+    global_rows: int,
+) -> dict[str, float]:
+    """The reduced metrics plus ``objective/kl_coef``, ``lr`` (``lr_critic``), ``time/*`` and throughput.
+
+    Args:
+        metrics: the output of :func:`reduce_over_ranks`.
+        timer: the rollout's phase times.
+        learning_rates: the first param group's lr of each optimizer (policy first).
+        kl_coef: the coefficient this rollout's rewards were shaped with (before the update).
+        global_rows: rows of the rollout over all ranks (for response tokens per second).
+    """
+    total_time = sum(timer.times.values())
+    tokens = metrics["response/length"] * global_rows
+    out = {**metrics, "objective/kl_coef": kl_coef, "lr": learning_rates[0]}
+    if len(learning_rates) > 1:
+        out["lr_critic"] = learning_rates[1]
+    out.update({f"time/{k}_s": v for k, v in timer.times.items()})
+    out["time/tokens_per_s"] = tokens / total_time if total_time > 0 else 0.0
+    return out

@@ -1,0 +1,128 @@
+"""Per-rollout text metrics (judge, distinct-n) and the Hugging Face export of the trained policy."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from lightning.pytorch.loggers import TensorBoardLogger
+from ppo_helpers import JUDGED, prompt_batch, tiny_module, tiny_trainer
+from torch.utils.data import DataLoader
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+import rlhf_lit.stages.ppo as ppo_stage
+from rlhf_lit.evaluation import distinct_n, response_texts
+from rlhf_lit.models.generation import forward_with_positions
+from rlhf_lit.stages.ppo import PPOModule
+from rlhf_lit.stages.ppo_metrics import reduce_over_ranks, text_statistics
+
+PROMPTS = ["Once upon a time", "The", "Tom had a red", "A big dog"]
+
+
+def _loader(module, copies: int = 4) -> DataLoader:
+    return DataLoader([prompt_batch(module.tokenizer, PROMPTS)] * copies, batch_size=None)
+
+
+def test_text_statistics_judge_mean_and_distinct_n():
+    texts = ["a b a", "b c"]
+    stats = text_statistics(texts, judge=lambda t: [len(x) for x in t])
+    # judge: lengths 5 and 3 -> mean 4. unigrams a b a b c: 5, distinct 3 -> 0.6;
+    # bigrams (a b) (b a) (b c): 3, all distinct -> 1.0.
+    assert stats == {"diversity/distinct_1": 0.6, "diversity/distinct_2": 1.0, "objective/judge": 4.0}
+    assert set(text_statistics(texts, judge=None)) == {"diversity/distinct_1", "diversity/distinct_2"}
+
+
+class _TwoRanks:
+    """A strategy stand-in whose other rank holds the same values plus 1 (mean: + 0.5)."""
+
+    def reduce(self, tensor, reduce_op):
+        assert reduce_op == "mean"
+        return (tensor + (tensor + 1)) / 2
+
+
+def test_reduce_over_ranks_averages_every_value_in_one_call():
+    local = {"a": torch.tensor(1.0), "b": 2.5, "c": torch.tensor(4)}
+    reduced = reduce_over_ranks(_TwoRanks(), local, torch.device("cpu"))
+    assert reduced == {"a": 1.5, "b": 3.0, "c": 4.5}  # (1 + 2) / 2, (2.5 + 3.5) / 2, (4 + 5) / 2
+
+
+def test_judge_and_diversity_logged_every_rollout(tmp_path, monkeypatch):
+    module = tiny_module(max_rollouts=2, judge="ppo_helpers:index_judge")
+    rollouts = []
+    make_rollout = module.make_rollout
+
+    def recording_make_rollout(batch, timer):
+        rollout, entropy = make_rollout(batch, timer)
+        rollouts.append(rollout)
+        return rollout, entropy
+
+    monkeypatch.setattr(module, "make_rollout", recording_make_rollout)
+    reduced_keys, reduce = [], ppo_stage.reduce_over_ranks
+
+    def recording_reduce(strategy, local, device):
+        reduced_keys.append(set(local))
+        return reduce(strategy, local, device)
+
+    monkeypatch.setattr(ppo_stage, "reduce_over_ranks", recording_reduce)
+    JUDGED.clear()
+    trainer = tiny_trainer(tmp_path)
+    trainer.fit(module, _loader(module))
+    history = trainer.logger.history
+    assert sorted(history) == [0, 1]
+    assert len(JUDGED) == 2  # one judge call per rollout, on the whole batch
+    # Judge and diversity go through the one cross-rank reduction with the other metrics.
+    assert all({"objective/judge", "diversity/distinct_1", "objective/kl"} <= keys for keys in reduced_keys)
+    assert len(reduced_keys) == 2
+    for step in (0, 1):
+        # index_judge scores the 4 texts 0, 1, 2, 3: the batch mean is 1.5.
+        assert history[step]["objective/judge"] == 1.5
+        texts = JUDGED[step]
+        r = rollouts[step]
+        # The responses only, decoded the project's one way (tests/evaluation/test_texts.py).
+        assert texts == response_texts(module.tokenizer, r.query_responses, r.attention_mask, r.response_mask, r.ended)
+        assert history[step]["diversity/distinct_1"] == pytest.approx(distinct_n(texts, 1))
+        assert history[step]["diversity/distinct_2"] == pytest.approx(distinct_n(texts, 2))
+        assert "time/text_s" in history[step]
+
+
+def test_without_judge_diversity_is_logged_and_judge_is_not(tmp_path):
+    module = tiny_module(max_rollouts=1)
+    trainer = tiny_trainer(tmp_path)
+    trainer.fit(module, _loader(module, copies=1))
+    logged = trainer.logger.history[0]
+    assert "objective/judge" not in logged
+    assert 0.0 < logged["diversity/distinct_1"] <= 1.0 and 0.0 < logged["diversity/distinct_2"] <= 1.0
+
+
+def test_bad_judge_spec_fails_before_any_model_is_loaded():
+    with pytest.raises(ValueError, match="module:function"):
+        PPOModule(sft_model="/no/such/model", reward_model="/no/such/rm", judge="ppo_helpers.index_judge")
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_export_reloads_the_trained_policy(tmp_path, capsys, family, gpt2_dir):
+    # GPT-2's tokenizer gains a pad token: embeddings grow, and the export must carry both.
+    models = {} if family == "llama" else {"sft_model": gpt2_dir, "reward_model": gpt2_dir}
+    module = tiny_module(max_rollouts=2, export_dir=str(tmp_path / "policy"), **models)
+    trainer = tiny_trainer(tmp_path)
+    trainer.fit(module, _loader(module))
+    assert module.exported_path == tmp_path / "policy"
+    assert f"[rlhf-lit] exported PPO policy to {tmp_path / 'policy'}" in capsys.readouterr().out
+
+    exported = AutoModelForCausalLM.from_pretrained(tmp_path / "policy").eval()
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "policy")
+    assert tokenizer.pad_token_id == module.tokenizer.pad_token_id and len(tokenizer) == len(module.tokenizer)
+    batch = prompt_batch(module.tokenizer, PROMPTS)
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    with torch.no_grad():
+        expected = forward_with_positions(module.policy, ids, mask).logits  # (B, P, V)
+        assert torch.equal(forward_with_positions(exported, ids, mask).logits, expected)
+        # ... and it is the trained policy, not the starting SFT model.
+        assert not torch.allclose(forward_with_positions(module.ref_policy, ids, mask).logits, expected)
+
+
+def test_export_defaults_to_the_log_dir(tmp_path):
+    module = tiny_module(max_rollouts=1)
+    trainer = tiny_trainer(tmp_path, logger=TensorBoardLogger(tmp_path, name="tb"))
+    trainer.fit(module, _loader(module, copies=1))
+    assert module.exported_path == tmp_path / "tb" / "version_0" / "model"
+    assert (module.exported_path / "config.json").is_file()
