@@ -1,5 +1,6 @@
 """Lightning callbacks for the RLHF stages."""
 
+from rlhf_lit.callbacks.checkpoint import RolloutCheckpoint
 from rlhf_lit.callbacks.generation import OnlineGeneration, load_judge
 
-__all__ = ["OnlineGeneration", "load_judge"]
+__all__ = ["OnlineGeneration", "RolloutCheckpoint", "load_judge"]

@@ -1,20 +1,28 @@
 """LightningDataModules for the three shapes of RLHF data (batch formats: docs/CONTRACTS.md).
 
 - :class:`SFTDataModule`: (prompt, response) demonstrations, labels on the response only.
-- :class:`PreferenceDataModule`: (prompt, chosen, rejected[, margin]) for the reward model.
-- :class:`PromptDataModule`: left padded prompts for PPO, with an exactly resumable sampler.
+- :class:`PreferenceDataModule`: (prompt, chosen, rejected[, margin]) for the reward model, and
+  an optional reference set of demonstrations for reward normalisation.
+- :class:`PromptDataModule`: left padded prompts for PPO, with an exactly resumable sampler, and
+  an optional second source of SFT batches for PPO-ptx.
 
 Sources are local files (.jsonl, .json, .txt paragraphs, optionally .gz) or hub dataset names;
 formats (``fields``, ``hh_rlhf``, ``alpaca``, ``paragraphs``) are in :mod:`.adapters`.
 """
 
 from rlhf_lit.data.adapters import ALPACA_PROMPT, ALPACA_PROMPT_NO_INPUT, Fields, Format
-from rlhf_lit.data.collate import PreferenceCollator, PromptCollator, SFTCollator, pad
+from rlhf_lit.data.collate import (
+    PreferenceCollator,
+    PromptCollator,
+    SequenceCollator,
+    SFTCollator,
+    pad,
+)
 from rlhf_lit.data.encoding import IGNORE_INDEX
 from rlhf_lit.data.preference import PreferenceDataModule
 from rlhf_lit.data.prompts import PromptDataModule
 from rlhf_lit.data.records import InvalidRecord, read_rows
-from rlhf_lit.data.sampler import ResumableSampler
+from rlhf_lit.data.sampler import PassSampler, ResumableSampler
 from rlhf_lit.data.sft import SFTDataModule
 
 __all__ = [
@@ -28,7 +36,9 @@ __all__ = [
     "PreferenceDataModule",
     "PromptCollator",
     "PromptDataModule",
+    "PassSampler",
     "ResumableSampler",
+    "SequenceCollator",
     "SFTCollator",
     "SFTDataModule",
     "pad",

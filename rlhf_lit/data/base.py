@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 import lightning as L
@@ -19,6 +19,20 @@ from rlhf_lit.data.records import is_text_file, read_rows
 from rlhf_lit.data.splits import split_by_fraction
 
 log = logging.getLogger("rlhf_lit.data")
+
+
+def check_sft_source(
+    name: str, path: str | None, format: str, max_records: int | None
+) -> None:
+    """Clear errors for the options of a second source of SFT-style examples named ``name``
+    (``reference`` or ``ptx``): a format that has no SFT examples, or a bad ``max_records``, or
+    ``max_records`` given without the source itself."""
+    check_format(format, "sft")
+    if max_records is not None:
+        if max_records < 1:
+            raise ValueError(f"{name}_max_records must be >= 1 or None, got {max_records}")
+        if path is None:
+            raise ValueError(f"{name}_max_records={max_records} is set but {name}_path is not")
 
 
 class TextDataModule(L.LightningDataModule):
@@ -74,7 +88,8 @@ class TextDataModule(L.LightningDataModule):
         self.train_dataset: list[dict[str, Any]] | None = None
         self.val_dataset: list[dict[str, Any]] | None = None
         self.stats: dict[str, int] = {}
-        """Counts from ``setup``: ``{split}_records``, ``{split}_examples``, ``{split}_dropped``."""
+        """Counts from ``setup``: ``{split}_records``, ``{split}_examples``, ``{split}_dropped``
+        for ``train``, ``val`` and a subclass's extra source (``reference``, ``ptx``)."""
 
     def _fields_hparam(self) -> None:
         """Store ``fields`` in hparams as a dict (call after ``save_hyperparameters(ignore=[
@@ -82,29 +97,34 @@ class TextDataModule(L.LightningDataModule):
         self.hparams["fields"] = dataclasses.asdict(self.fields)
 
     # ---------------------------------------------------------------------------------- setup
-    def _examples(self, source: str) -> list[Example]:
-        if is_text_file(source) and self.format != "paragraphs":
+    def _examples(
+        self, source: str, *, format: str, kind: Kind, max_records: int | None
+    ) -> list[Example]:
+        """The ``kind`` examples of ``source`` read in ``format`` (at most ``max_records``
+        records); the train and validation sources pass the module's own settings, a second
+        source (reference or ptx set) its own."""
+        if is_text_file(source) and format != "paragraphs":
             raise ValueError(
                 f"{source} is plain text, which only the 'paragraphs' format reads "
-                f"(format is {self.format!r})"
+                f"(format is {format!r})"
             )
         rows = read_rows(
             source,
             split=self.split,
             subset=self.subset,
-            max_records=self.max_records,
+            max_records=max_records,
             skip_invalid=self.skip_invalid,
         )
         adapted = adapt(
             rows,
-            format=self.format,  # type: ignore[arg-type]
-            kind=self.kind,
+            format=format,  # type: ignore[arg-type]
+            kind=kind,
             options=AdapterOptions(self.fields, self.prompt_words),
             skip_invalid=self.skip_invalid,
             source=source,
         )
         if not adapted.examples:
-            raise ValueError(f"{source}: no usable {self.kind} examples in {len(rows)} records")
+            raise ValueError(f"{source}: no usable {kind} examples in {len(rows)} records")
         return adapted.examples
 
     def setup(self, stage: str | None = None) -> None:
@@ -114,19 +134,31 @@ class TextDataModule(L.LightningDataModule):
         tokenizer = require_tokenizer(self.tokenizer, type(self).__name__)
         self.pad_token_id = require_pad_id(tokenizer)
         encoder = TextEncoder(tokenizer, apply_chat_template=self.apply_chat_template)
-        train = self._examples(self.train_path)
+        own = {"format": self.format, "kind": self.kind, "max_records": self.max_records}
+        train = self._examples(self.train_path, **own)
         val: list[Example] = []
         if self.val_path is not None:
-            val = self._examples(self.val_path)
+            val = self._examples(self.val_path, **own)
         elif self.val_fraction > 0:
             train, val = split_by_fraction(train, self.val_fraction, self.seed)
-        self.train_dataset = self._encode_split(encoder, train, "train")
-        self.val_dataset = self._encode_split(encoder, val, "val") if val else []
+        train_items = self._encode_split(encoder, train, "train")
+        val_items = self._encode_split(encoder, val, "val") if val else []
+        self._setup_extra(encoder)
+        # assigned last: a failed setup (e.g. a missing extra source) is retried whole
+        self.train_dataset, self.val_dataset = train_items, val_items
+
+    def _setup_extra(self, encoder: TextEncoder) -> None:
+        """Read and encode a subclass's extra source (reference set, ptx data); called once."""
 
     def _encode_split(
-        self, encoder: TextEncoder, examples: list[Example], name: str
+        self,
+        encoder: TextEncoder,
+        examples: list[Example],
+        name: str,
+        encode: Callable[[TextEncoder, list[Example]], list[dict[str, Any]]] | None = None,
     ) -> list[dict[str, Any]]:
-        items = self._encode(encoder, examples)
+        """Encode with ``encode`` (default: the module's ``_encode``); record and log the counts."""
+        items = (encode or self._encode)(encoder, examples)
         dropped = len(examples) - len(items)
         self.stats.update(
             {f"{name}_records": len(examples), f"{name}_examples": len(items), f"{name}_dropped": dropped}
@@ -149,10 +181,17 @@ class TextDataModule(L.LightningDataModule):
             raise RuntimeError(f"{type(self).__name__}.setup() has not been called")
         return self.train_dataset
 
-    def _loader(self, dataset: list[dict[str, Any]], collate_fn: Any, **kwargs: Any) -> DataLoader:
+    def _loader(
+        self,
+        dataset: list[dict[str, Any]],
+        collate_fn: Any,
+        batch_size: int | None = None,
+        **kwargs: Any,
+    ) -> DataLoader:
+        """A DataLoader with the module's workers; ``batch_size`` defaults to the module's."""
         return DataLoader(
             dataset,  # type: ignore[arg-type]
-            batch_size=self.batch_size,
+            batch_size=batch_size or self.batch_size,
             collate_fn=collate_fn,
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,

@@ -62,6 +62,18 @@ class SFTCollator:
 
 
 @dataclass(frozen=True)
+class SequenceCollator:
+    """Items ``{"input_ids", ...}`` -> right padded ``input_ids`` and ``attention_mask`` ``(B, T)``
+    only (whole sequences to be scored, e.g. the reward-normalisation reference set)."""
+
+    pad_token_id: int
+
+    def __call__(self, items: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        input_ids, attention_mask = pad([x["input_ids"] for x in items], self.pad_token_id, "right")
+        return {"input_ids": input_ids, "attention_mask": attention_mask}
+
+
+@dataclass(frozen=True)
 class PreferenceCollator:
     """Items ``{"chosen_input_ids", "rejected_input_ids"[, "margin"]}`` -> right padded chosen and
     rejected ids and masks, all ``(B, T)`` with one common T, plus ``margin (B,)`` float when the

@@ -166,3 +166,25 @@ def truncate_response(
     if len(response_ids) + 1 <= room:
         return response_ids + [eos_token_id]
     return response_ids[:room]
+
+
+def encode_sft(
+    encoder: TextEncoder,
+    prompts: Sequence[str],
+    responses: Sequence[str],
+    *,
+    max_prompt_length: int,
+    max_length: int,
+) -> list[dict[str, list[int]]]:
+    """SFT items ``{"input_ids", "labels"}`` (labels -100 on the prompt) by the truncation rule
+    above; examples whose response keeps no token are left out (the caller counts them). Shared
+    by SFT data, the reward-normalisation reference set and the PPO-ptx source, so all three build
+    prompt + response (+ EOS) identically."""
+    prompt_ids, response_ids = encoder.encode_pairs(prompts, responses)
+    items = []
+    for p, r in zip(prompt_ids, response_ids):
+        p = truncate_prompt(p, encoder.prefix, max_prompt_length)
+        kept = truncate_response(p, r, encoder.eos_token_id, max_length)
+        if kept is not None:
+            items.append({"input_ids": p + kept, "labels": [IGNORE_INDEX] * len(p) + kept})
+    return items

@@ -1,16 +1,18 @@
 """Preference data: (prompt, chosen, rejected[, margin]) -> right padded chosen and rejected
-sequences for the reward model."""
+sequences for the reward model, and an optional reference set of demonstrations on which the
+trained reward is normalised."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Literal
 
 from torch.utils.data import DataLoader
 
 from rlhf_lit.data.adapters import Example, Fields
-from rlhf_lit.data.base import TextDataModule
-from rlhf_lit.data.collate import PreferenceCollator
-from rlhf_lit.data.encoding import TextEncoder, truncate_prompt, truncate_response
+from rlhf_lit.data.base import TextDataModule, check_sft_source
+from rlhf_lit.data.collate import PreferenceCollator, SequenceCollator
+from rlhf_lit.data.encoding import TextEncoder, encode_sft, truncate_prompt, truncate_response
 
 
 class PreferenceDataModule(TextDataModule):
@@ -24,6 +26,15 @@ class PreferenceDataModule(TextDataModule):
     truncated from the LEFT to ``max_prompt_length``, each response from the right so that the
     sequence has at most ``max_length`` tokens; a cut response gets no EOS. A pair where either
     response keeps no token is dropped, counted and logged once.
+
+    Reward normalisation reference set (InstructGPT shifts the trained reward so that
+    demonstrations score 0 on average): with ``reference_path``, ``reference_dataloader()`` gives
+    right padded ``input_ids`` / ``attention_mask`` ``(B, T)`` batches of prompt + response (+ EOS)
+    built exactly as SFT data (same truncation rule, with this module's ``max_length`` and
+    ``max_prompt_length``), in file order, unshuffled and unsharded (every process scores the
+    whole set; RewardModule sums the moments over processes, which gives the same mean). Without
+    ``reference_path`` the module has no ``reference_dataloader`` attribute at all, so RewardModule
+    falls back to the validation pairs (chosen and rejected pooled).
 
     Args:
         tokenizer: Hugging Face tokenizer; set by the CLI from the model stage (must have a pad
@@ -48,8 +59,15 @@ class PreferenceDataModule(TextDataModule):
             assistant turn with the tokenizer's chat template; an error if it has none.
         max_length: the most tokens of prompt + response + EOS, per sequence.
         max_prompt_length: the most prompt tokens (must be below ``max_length``).
-        batch_size: pairs per batch.
+        batch_size: pairs per batch (and reference sequences per reference batch).
         num_workers: DataLoader worker processes.
+        reference_path: demonstrations (prompt + response, e.g. the SFT training data) on which
+            the trained reward is normalised; same source rules as ``train_path``. None: the
+            reward model normalises on the validation pairs.
+        reference_format: record format of ``reference_path``, read as SFT examples: ``fields``
+            (``fields.prompt`` / ``fields.response`` columns), ``hh_rlhf`` (prompt + chosen),
+            ``alpaca``, or ``paragraphs`` (each whole paragraph, cut to ``max_length``).
+        reference_max_records: read at most this many reference records (None: all).
     """
 
     kind = "preference"
@@ -73,6 +91,9 @@ class PreferenceDataModule(TextDataModule):
         max_prompt_length: int = 256,
         batch_size: int = 8,
         num_workers: int = 0,
+        reference_path: str | None = None,
+        reference_format: Literal["fields", "hh_rlhf", "alpaca", "paragraphs"] = "fields",
+        reference_max_records: int | None = None,
     ):
         super().__init__()
         if not 1 <= max_prompt_length < max_length:
@@ -87,7 +108,11 @@ class PreferenceDataModule(TextDataModule):
             apply_chat_template=apply_chat_template, batch_size=batch_size,
             num_workers=num_workers,
         )  # fmt: skip
+        check_sft_source("reference", reference_path, reference_format, reference_max_records)
         self.max_length, self.max_prompt_length = max_length, max_prompt_length
+        self.reference_path, self.reference_format = reference_path, reference_format
+        self.reference_max_records = reference_max_records
+        self.reference_dataset: list[dict[str, Any]] | None = None
         self.save_hyperparameters(ignore=["tokenizer", "fields"])
         self._fields_hparam()
 
@@ -114,3 +139,37 @@ class PreferenceDataModule(TextDataModule):
 
     def val_dataloader(self) -> DataLoader | list:
         return self._val_loader(PreferenceCollator(self.pad_token_id))
+
+    # ------------------------------------------------------------------------ reference set
+    def _setup_extra(self, encoder: TextEncoder) -> None:
+        if self.reference_path is None:
+            return
+        examples = self._examples(
+            self.reference_path, format=self.reference_format, kind="sft",
+            max_records=self.reference_max_records,
+        )  # fmt: skip
+        self.reference_dataset = self._encode_split(encoder, examples, "reference", self._encode_sft)
+
+    def _encode_sft(self, encoder: TextEncoder, examples: list[Example]) -> list[dict[str, Any]]:
+        return encode_sft(
+            encoder, [e.prompt for e in examples], [e.response or "" for e in examples],
+            max_prompt_length=self.max_prompt_length, max_length=self.max_length,
+        )  # fmt: skip
+
+    @property
+    def reference_dataloader(self) -> Callable[[], DataLoader]:
+        """``reference_dataloader()``: the reference set's ``input_ids`` / ``attention_mask``
+        batches (see the class docstring). Exists only when ``reference_path`` is set; otherwise
+        reading it raises ``AttributeError``, so ``hasattr(dm, "reference_dataloader")`` is False
+        and a consumer (RewardModule) uses its fallback."""
+        if self.reference_path is None:
+            raise AttributeError(
+                "PreferenceDataModule has no reference_dataloader: reference_path is not set "
+                "(RewardModule then normalises on the validation pairs)"
+            )
+        return self._reference_dataloader
+
+    def _reference_dataloader(self) -> DataLoader:
+        self._require_setup()
+        assert self.reference_dataset is not None  # set by setup() since reference_path is set
+        return self._loader(self.reference_dataset, SequenceCollator(self.pad_token_id))

@@ -1,17 +1,19 @@
 """Prompts for PPO rollouts: left padded batches with the dataset row ``index``, drawn by a
-resumable sampler so that a resumed run continues with exactly the prompts it had not used."""
+resumable sampler so that a resumed run continues with exactly the prompts it had not used; and
+the optional PPO-ptx source, SFT batches that PPO mixes into its loss."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Literal
 
 from torch.utils.data import DataLoader
 
 from rlhf_lit.data.adapters import Example, Fields
-from rlhf_lit.data.base import TextDataModule
-from rlhf_lit.data.collate import PromptCollator
-from rlhf_lit.data.encoding import TextEncoder, truncate_prompt
-from rlhf_lit.data.sampler import ResumableSampler
+from rlhf_lit.data.base import TextDataModule, check_sft_source
+from rlhf_lit.data.collate import PromptCollator, SFTCollator
+from rlhf_lit.data.encoding import TextEncoder, encode_sft, truncate_prompt
+from rlhf_lit.data.sampler import PassSampler, ResumableSampler
 
 
 class PromptDataModule(TextDataModule):
@@ -26,6 +28,15 @@ class PromptDataModule(TextDataModule):
     used with :meth:`mark_consumed` after each rollout (the DataLoader prefetches, so the sampler
     cannot count this itself); :meth:`state_dict` / :meth:`load_state_dict` (saved into Lightning
     checkpoints) carry the epoch and that count, and a resumed run skips exactly those prompts.
+
+    PPO-ptx (InstructGPT's pretraining mix, eq. 2): with ``ptx_path``, ``ptx_dataloader()`` gives
+    a re-iterable DataLoader of SFT batches (right padded ``input_ids``, ``attention_mask``,
+    ``labels`` with -100 on prompt and padding; built exactly as ``SFTDataModule`` builds them,
+    with ``max_prompt_length`` and ``ptx_max_length``), in a new seeded order on every pass
+    (:class:`PassSampler`, seeded by ``seed``) and sharded over processes. Its position is not
+    saved in checkpoints: a resumed run starts the ptx stream again. Without ``ptx_path`` the
+    module has no ``ptx_dataloader`` attribute at all (reading it raises ``AttributeError`` with
+    the reason), so the PPO stage refuses ``ptx_coef > 0`` before training starts.
 
     Args:
         tokenizer: Hugging Face tokenizer; set by the CLI from the model stage (must have a pad
@@ -55,6 +66,15 @@ class PromptDataModule(TextDataModule):
         drop_last: drop the last incomplete training batch of an epoch, so every rollout has
             ``batch_size`` prompts.
         num_workers: DataLoader worker processes.
+        ptx_path: SFT-style data for PPO-ptx (prompt + response; e.g. the SFT data or plain text
+            paragraphs); same source rules as ``train_path``. None: no ptx data.
+        ptx_format: record format of ``ptx_path``, read as SFT examples: ``fields``
+            (``fields.prompt`` / ``fields.response``), ``hh_rlhf`` (prompt + chosen), ``alpaca``,
+            or ``paragraphs`` (first ``prompt_words`` words -> rest; labels on the rest).
+        ptx_max_records: read at most this many ptx records (None: all).
+        ptx_batch_size: ptx examples per PPO minibatch, per process; None: ``batch_size``.
+        ptx_max_length: the most tokens of a ptx prompt + response + EOS (its prompt is cut to
+            ``max_prompt_length``, which must be below this).
     """
 
     kind = "prompt"
@@ -80,6 +100,11 @@ class PromptDataModule(TextDataModule):
         shuffle: bool = True,
         drop_last: bool = True,
         num_workers: int = 0,
+        ptx_path: str | None = None,
+        ptx_format: Literal["fields", "hh_rlhf", "alpaca", "paragraphs"] = "fields",
+        ptx_max_records: int | None = None,
+        ptx_batch_size: int | None = None,
+        ptx_max_length: int = 512,
     ):
         super().__init__()
         if max_prompt_length < 1:
@@ -91,7 +116,21 @@ class PromptDataModule(TextDataModule):
             prompt_words=prompt_words, apply_chat_template=apply_chat_template,
             batch_size=batch_size, num_workers=num_workers,
         )  # fmt: skip
+        check_sft_source("ptx", ptx_path, ptx_format, ptx_max_records)
+        if ptx_batch_size is not None:
+            if ptx_batch_size < 1:
+                raise ValueError(f"ptx_batch_size must be >= 1 or None, got {ptx_batch_size}")
+            if ptx_path is None:
+                raise ValueError(f"ptx_batch_size={ptx_batch_size} is set but ptx_path is not")
+        if ptx_path is not None and not max_prompt_length < ptx_max_length:
+            raise ValueError(
+                f"ptx examples need max_prompt_length < ptx_max_length, got max_prompt_length="
+                f"{max_prompt_length}, ptx_max_length={ptx_max_length}"
+            )
         self.max_prompt_length, self.shuffle, self.drop_last = max_prompt_length, shuffle, drop_last
+        self.ptx_path, self.ptx_format, self.ptx_max_records = ptx_path, ptx_format, ptx_max_records
+        self.ptx_batch_size, self.ptx_max_length = ptx_batch_size, ptx_max_length
+        self.ptx_dataset: list[dict[str, Any]] | None = None
         self.sampler: ResumableSampler | None = None
         self._pending_state: dict[str, Any] | None = None
         self.save_hyperparameters(ignore=["tokenizer", "fields"])
@@ -124,6 +163,42 @@ class PromptDataModule(TextDataModule):
 
     def val_dataloader(self) -> DataLoader | list:
         return self._val_loader(PromptCollator(self.pad_token_id))
+
+    # ----------------------------------------------------------------------------------- ptx
+    def _setup_extra(self, encoder: TextEncoder) -> None:
+        if self.ptx_path is None:
+            return
+        examples = self._examples(
+            self.ptx_path, format=self.ptx_format, kind="sft", max_records=self.ptx_max_records
+        )
+        self.ptx_dataset = self._encode_split(encoder, examples, "ptx", self._encode_sft)
+
+    def _encode_sft(self, encoder: TextEncoder, examples: list[Example]) -> list[dict[str, Any]]:
+        return encode_sft(
+            encoder, [e.prompt for e in examples], [e.response or "" for e in examples],
+            max_prompt_length=self.max_prompt_length, max_length=self.ptx_max_length,
+        )  # fmt: skip
+
+    @property
+    def ptx_dataloader(self) -> Callable[[], DataLoader]:
+        """``ptx_dataloader()``: the PPO-ptx SFT batches (see the class docstring). Exists only
+        when ``ptx_path`` is set; otherwise reading it raises ``AttributeError`` saying so, and
+        ``hasattr(dm, "ptx_dataloader")`` is False."""
+        if self.ptx_path is None:
+            raise AttributeError(
+                "PromptDataModule has no ptx_dataloader: ptx_path is not set (PPO-ptx, "
+                "ppo.ptx_coef > 0, needs SFT-style data: set data ptx_path)"
+            )
+        return self._ptx_dataloader
+
+    def _ptx_dataloader(self) -> DataLoader:
+        self._require_setup()
+        assert self.ptx_dataset is not None  # set by setup() since ptx_path is set
+        sampler = PassSampler(len(self.ptx_dataset), seed=self.seed)
+        return self._loader(
+            self.ptx_dataset, SFTCollator(self.pad_token_id), batch_size=self.ptx_batch_size,
+            sampler=sampler,
+        )  # fmt: skip
 
     # ------------------------------------------------------------------------------ resuming
     def mark_consumed(self, n: int) -> None:

@@ -1,9 +1,11 @@
-"""A deterministic, resumable sampler for the PPO prompt loader.
+"""Samplers: a deterministic, resumable sampler for the PPO prompt loader, and a per-pass
+shuffling sampler for the PPO-ptx loader (:class:`PassSampler`).
 
-Each epoch is a permutation of ``range(dataset_size)`` seeded with ``seed + epoch`` (or the
-identity when ``shuffle=False``). The sampler keeps how many samples of the current epoch were
-*consumed*; an iteration yields the permutation from that point, so a run restored from
-``state_dict()`` continues with exactly the samples it had not used, in the same order.
+:class:`ResumableSampler`: each epoch is a permutation of ``range(dataset_size)`` seeded with
+``seed + epoch`` (or the identity when ``shuffle=False``). The sampler keeps how many samples of
+the current epoch were *consumed*; an iteration yields the permutation from that point, so a run
+restored from ``state_dict()`` continues with exactly the samples it had not used, in the same
+order.
 
 Consumption is reported by the consumer through :meth:`ResumableSampler.mark_consumed` (the
 prompt data module's ``mark_consumed``), not counted by the sampler as it yields: the DataLoader
@@ -27,6 +29,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.utils.data import Sampler
 from torch.utils.data.distributed import DistributedSampler
 
 
@@ -115,3 +118,48 @@ class ResumableSampler(DistributedSampler):
                     f"but this run has {key}={getattr(self, key)!r} (the data or seed changed)"
                 )
         self.epoch, self.consumed = int(state["epoch"]), int(state["consumed"])
+
+
+class PassSampler(Sampler[int]):
+    """A new seeded permutation on every pass, sharded over ranks: for a loader that its consumer
+    iterates again and again (the PPO-ptx source, which PPO cycles through).
+
+    Pass ``k`` (the ``k``-th ``iter()`` of this sampler, from 0) draws ``randperm(dataset_size)``
+    seeded with ``seed + k``; rank ``r`` takes every ``num_replicas``-th index of it from ``r``,
+    the remainder of the division dropped so that every rank yields as many indices. Not
+    resumable: a new sampler starts again at pass 0.
+
+    Args:
+        dataset_size: the dataset length (at least ``num_replicas``).
+        seed: pass ``k`` is seeded with ``seed + k``.
+        num_replicas: number of ranks (default: the process group's world size, else 1).
+        rank: this rank (default: the process group's rank, else 0).
+    """
+
+    def __init__(
+        self,
+        dataset_size: int,
+        *,
+        seed: int = 0,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+    ):
+        world, this_rank = _world()
+        self.num_replicas = world if num_replicas is None else num_replicas
+        self.rank = this_rank if rank is None else rank
+        if dataset_size < self.num_replicas:
+            raise ValueError(
+                f"{dataset_size} examples cannot give each of {self.num_replicas} ranks one"
+            )
+        self.dataset_size, self.seed = dataset_size, seed
+        self.passes = 0  # iterations started so far
+
+    def __iter__(self) -> Iterator[int]:
+        g = torch.Generator().manual_seed(self.seed + self.passes)
+        self.passes += 1
+        order = torch.randperm(self.dataset_size, generator=g).tolist()
+        usable = len(self) * self.num_replicas
+        return iter(order[self.rank : usable : self.num_replicas])
+
+    def __len__(self) -> int:
+        return self.dataset_size // self.num_replicas

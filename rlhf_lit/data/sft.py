@@ -10,7 +10,7 @@ from torch.utils.data import DataLoader
 from rlhf_lit.data.adapters import Example, Fields
 from rlhf_lit.data.base import TextDataModule
 from rlhf_lit.data.collate import SFTCollator
-from rlhf_lit.data.encoding import IGNORE_INDEX, TextEncoder, truncate_prompt, truncate_response
+from rlhf_lit.data.encoding import TextEncoder, encode_sft
 
 
 class SFTDataModule(TextDataModule):
@@ -98,17 +98,10 @@ class SFTDataModule(TextDataModule):
         self._fields_hparam()
 
     def _encode(self, encoder: TextEncoder, examples: list[Example]) -> list[dict[str, Any]]:
-        prompt_ids, response_ids = encoder.encode_pairs(
-            [e.prompt for e in examples], [e.response or "" for e in examples]
-        )
-        items = []
-        for p, r in zip(prompt_ids, response_ids):
-            p = truncate_prompt(p, encoder.prefix, self.max_prompt_length)
-            kept = truncate_response(p, r, encoder.eos_token_id, self.max_length)
-            if kept is None:
-                continue
-            items.append({"input_ids": p + kept, "labels": [IGNORE_INDEX] * len(p) + kept})
-        return items
+        return encode_sft(
+            encoder, [e.prompt for e in examples], [e.response or "" for e in examples],
+            max_prompt_length=self.max_prompt_length, max_length=self.max_length,
+        )  # fmt: skip
 
     def train_dataloader(self) -> DataLoader:
         return self._shuffled_train_loader(SFTCollator(self.pad_token_id))
