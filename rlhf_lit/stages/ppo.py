@@ -73,6 +73,7 @@ from rlhf_lit.functional import (
     token_logprobs,
 )
 from rlhf_lit.models import load_causal_lm, load_reward_model, sequence_scores
+from rlhf_lit.models.reward_norm import reward_offset
 from rlhf_lit.models.generation import (
     Generated,
     SamplingConfig,
@@ -234,8 +235,13 @@ class PPOModule(LightningModule):
         )  # fmt: skip
 
     def score(self, query_responses: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """The reward model's score ``(B,)`` at the last attended token (the last response token)."""
-        return sequence_scores(self.reward_model, query_responses, attention_mask)  # (B,)
+        """The reward model's score ``(B,)`` at the last attended token (the last response token).
+
+        Adds the normalisation bias an exported RM could not fold into its weights (stored in its
+        config; 0 when folded), so the score is the normalised reward for every architecture.
+        """
+        raw = sequence_scores(self.reward_model, query_responses, attention_mask)  # (B,)
+        return raw + reward_offset(self.reward_model.config)  # (B,)
 
     def policy_and_values(
         self, query_responses: torch.Tensor, attention_mask: torch.Tensor, prompt_length: int
