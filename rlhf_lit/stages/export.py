@@ -64,6 +64,9 @@ def export_at_fit_end(
 ) -> Path | None:
     """Export on global rank 0 only, print and log where; other ranks return None.
 
+    Every rank must call this: resolving the default path (``trainer.log_dir``) is a collective
+    broadcast under DDP, and a barrier after the write lets no rank run ahead of the files.
+
     Args:
         trainer: The trainer that just finished fitting (its log dir gives the default place).
         model: The Hugging Face model to write (on CPU after fit; Lightning moves it there).
@@ -71,9 +74,11 @@ def export_at_fit_end(
         export_dir: Where to write; None means :func:`default_export_dir`.
         what: Words for the message, e.g. ``"SFT model"``.
     """
-    if not trainer.is_global_zero:
-        return None
-    path = save_pretrained_atomically(model, tokenizer, export_dir or default_export_dir(trainer))
-    print(f"[rlhf-lit] exported {what} to {path}")
-    log.info("exported %s to %s", what, path)
+    target = export_dir or default_export_dir(trainer)  # collective: on every rank
+    path = None
+    if trainer.is_global_zero:
+        path = save_pretrained_atomically(model, tokenizer, target)
+        print(f"[rlhf-lit] exported {what} to {path}")
+        log.info("exported %s to %s", what, path)
+    trainer.strategy.barrier("rlhf_lit_export")
     return path
