@@ -1,4 +1,4 @@
-"""``python -m rlhf_lit.demo {split,preferences,evaluate,report}``: the offline demo's commands."""
+"""``python -m rlhf_lit.demo {split,preferences,evaluate,report,pipeline}``: the offline demo's commands."""
 
 from __future__ import annotations
 
@@ -84,11 +84,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--before", default=None, help="evaluate JSON of the SFT model")
     p.add_argument("--after", default=None, help="evaluate JSON of the PPO policy")
     p.add_argument("--num-examples", type=int, default=8, help="sample generations in the table")
+
+    # Listed for --help only: main() hands `pipeline ...` to rlhf_lit.demo.pipeline before parsing.
+    sub.add_parser("pipeline", add_help=False,
+                   help="run every stage end to end (options: python -m rlhf_lit.demo.pipeline --help)")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one subcommand; returns the exit status."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["pipeline"]:
+        # Handed over before parsing: argparse cannot pass options such as --help through unparsed.
+        from rlhf_lit.demo.pipeline import main as pipeline_main
+
+        return pipeline_main(argv[1:])
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if args.command == "split":

@@ -36,7 +36,7 @@ def label_pairs(
     pairing: Pairing,
     temperature: float,
     rng: random.Random,
-) -> tuple[list[dict], int]:
+) -> tuple[list[dict], int, int]:
     """Turn judged samples into preference records.
 
     Args:
@@ -48,17 +48,22 @@ def label_pairs(
         rng: the labeller's random source (``bradley_terry`` draws one number per pair).
 
     Returns:
-        ``(records, ties)``: the records in prompt order, and the number of pairs dropped as ties.
+        ``(records, ties, empty)``: the records in prompt order, the number of pairs dropped as
+        ties, and the number dropped because a response is empty (EOS sampled at once): an empty
+        response is no demonstration of anything, and the preference data module refuses it.
     """
     k = samples_per_prompt
     if not len(prompts) == len(responses) == len(scores) == len(paragraphs) * k:
         raise ValueError("prompts, responses and scores need K entries per paragraph")
-    records, ties = [], 0
+    records, ties, empty = [], 0, 0
     for n, paragraph in enumerate(paragraphs):
         group = range(n * k, (n + 1) * k)
         group_scores = [scores[i] for i in group]
         for a, b in candidate_pairs(group_scores, pairing):
             ia, ib = group[a], group[b]
+            if not responses[ia].strip() or not responses[ib].strip():
+                empty += 1
+                continue
             first = prefer_first(scores[ia], scores[ib], labeler, temperature, rng)
             if first is None:
                 ties += 1
@@ -72,7 +77,7 @@ def label_pairs(
                 "rejected_score": scores[rejected],
                 "paragraph": paragraph,
             })
-    return records, ties
+    return records, ties, empty
 
 
 def make_preferences(
@@ -132,7 +137,7 @@ def make_preferences(
         prompt_texts += p
         responses += r
     scores = judge_fn(responses)
-    records, ties = label_pairs(
+    records, ties, empty = label_pairs(
         indices, prompt_texts, responses, scores, samples_per_prompt, labeler, pairing,
         temperature, random.Random(sampling.seed),
     )
@@ -147,6 +152,7 @@ def make_preferences(
         "samples": len(responses),
         "pairs": len(records),
         "ties": ties,
+        "empty": empty,
         "judge_mean": sum(scores) / len(scores),
         "seconds": time.perf_counter() - t0,
     }

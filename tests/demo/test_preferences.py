@@ -17,7 +17,7 @@ def test_label_pairs_argmax_best_worst_drops_ties():
     prompts = ["p0", "p0", "p1", "p1", "p2", "p2"]
     responses = ["a", "b", "c", "d", "e", "f"]
     scores = [0.5, 0.1, 0.2, 0.2, -0.3, 0.4]
-    records, ties = label_pairs([10, 11, 12], prompts, responses, scores, 2, "argmax", "best_worst",
+    records, ties, empty = label_pairs([10, 11, 12], prompts, responses, scores, 2, "argmax", "best_worst",
                                 0.25, random.Random(0))
     assert ties == 1  # prompt p1: 0.2 vs 0.2
     assert records == [
@@ -30,7 +30,7 @@ def test_label_pairs_argmax_best_worst_drops_ties():
 
 def test_label_pairs_all_pairs_of_three():
     scores = [0.1, 0.7, 0.1]
-    records, ties = label_pairs([5], ["p"] * 3, ["x", "y", "z"], scores, 3, "argmax", "all_pairs",
+    records, ties, empty = label_pairs([5], ["p"] * 3, ["x", "y", "z"], scores, 3, "argmax", "all_pairs",
                                 0.25, random.Random(0))
     # pairs (0,1): y wins; (0,2): tie, dropped; (1,2): y wins
     assert ties == 1
@@ -39,7 +39,7 @@ def test_label_pairs_all_pairs_of_three():
 
 def test_label_pairs_bradley_terry_keeps_ties_as_coin_flips():
     # random.Random(7) draws 0.3238, 0.1508: both below 0.5, so A (index 0) wins both equal pairs.
-    records, ties = label_pairs([0, 1], ["p", "p", "q", "q"], ["a", "b", "c", "d"], [0.3] * 4, 2,
+    records, ties, empty = label_pairs([0, 1], ["p", "p", "q", "q"], ["a", "b", "c", "d"], [0.3] * 4, 2,
                                 "bradley_terry", "best_worst", 0.25, random.Random(7))
     assert ties == 0
     assert [(r["chosen"], r["rejected"]) for r in records] == [("a", "b"), ("c", "d")]
@@ -85,3 +85,13 @@ def test_preferences_end_to_end(stories_path, tinystories, tmp_path, capsys):
     batch = next(iter(data.train_dataloader()))
     assert batch["chosen_input_ids"].shape[0] == 4
     assert batch["rejected_input_ids"].shape == batch["chosen_input_ids"].shape
+
+
+def test_label_pairs_drops_pairs_with_an_empty_response():
+    # Prompt 0: samples "" (0.9) and "ok" (0.1) -> the best-vs-worst pair has an empty side: dropped.
+    # Prompt 1: samples "fine" (0.2) and "good" (0.6) -> kept, "good" chosen.
+    records, ties, empty = label_pairs([0, 1], ["p", "p", "q", "q"], ["", "ok", "fine", "good"],
+                                       [0.9, 0.1, 0.2, 0.6], 2, "argmax", "best_worst", 0.25,
+                                       random.Random(0))
+    assert (ties, empty) == (0, 1)
+    assert [(r["chosen"], r["rejected"]) for r in records] == [("good", "fine")]
