@@ -125,19 +125,13 @@ def sft_loss(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int = -10
         ignore_index: label value that does not count.
 
     Returns:
-        0-dim tensor, the mean over the counted (shifted) labels.
-
-    Raises:
-        ValueError: no label counts after the shift (the mean would be NaN). The check reads one
-        bool on the host, once per step.
+        0-dim tensor, the mean over the counted (shifted) labels; NaN when no label counts. There
+        is no check that raises: it would read a value back from the device on every call (the
+        PPO-ptx loss runs once per minibatch). The data modules drop examples without response
+        tokens at the data boundary, so a batch from them always has labels that count.
     """
     shifted_logits = logits[:, :-1]  # (B, T-1, V)
     shifted_labels = labels[:, 1:]  # (B, T-1)
-    if not bool((shifted_labels != ignore_index).any()):
-        raise ValueError(
-            f"sft_loss: every shifted label equals ignore_index={ignore_index}; nothing to learn from "
-            "(the first label never counts, since no logit predicts it)."
-        )
     # Upcast half precision: cross-entropy over a large vocabulary in bf16 is visibly inaccurate.
     shifted_logits = shifted_logits.to(torch.promote_types(logits.dtype, torch.float32))  # (B, T-1, V)
     return F.cross_entropy(

@@ -54,14 +54,31 @@ def test_default_export_dir_follows_the_log_dir(tmp_path, helpers):
     assert default_export_dir(trainer) == str(tmp_path / "rm" / "version_3" / "model")
 
 
+class _FakeStrategy:
+    """Records barrier calls: every rank must reach the barrier after the export."""
+
+    def __init__(self) -> None:
+        self.barriers: list[str] = []
+
+    def barrier(self, name: str) -> None:
+        self.barriers.append(name)
+
+
+def _fake_trainer(tmp_path, is_global_zero: bool) -> SimpleNamespace:
+    return SimpleNamespace(is_global_zero=is_global_zero, log_dir=None, default_root_dir=str(tmp_path),
+                           strategy=_FakeStrategy())
+
+
 def test_only_rank_zero_exports_and_it_prints_the_path(tmp_path, capsys):
-    other_rank = SimpleNamespace(is_global_zero=False, log_dir=None, default_root_dir=str(tmp_path))
+    other_rank = _fake_trainer(tmp_path, is_global_zero=False)
     assert export_at_fit_end(other_rank, _FakeSaver("w"), _FakeSaver("t"), None, "SFT model") is None
     assert list(tmp_path.iterdir()) == []
-    rank_zero = SimpleNamespace(is_global_zero=True, log_dir=None, default_root_dir=str(tmp_path))
+    assert other_rank.strategy.barriers == ["rlhf_lit_export"]  # waits for rank 0's files
+    rank_zero = _fake_trainer(tmp_path, is_global_zero=True)
     path = export_at_fit_end(rank_zero, _FakeSaver("w"), _FakeSaver("t"), None, "SFT model")
     assert path == (tmp_path / "model").absolute()
     assert capsys.readouterr().out == f"[rlhf-lit] exported SFT model to {path}\n"
+    assert rank_zero.strategy.barriers == ["rlhf_lit_export"]
 
 
 def test_gpt2_sft_adds_pad_resizes_and_reloads(gpt2_dir, helpers, tmp_path):
