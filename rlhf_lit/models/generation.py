@@ -4,6 +4,13 @@ Generation uses Hugging Face ``generate`` (KV cache, left-padded prompts, per-ro
 ``generate`` draws from the global torch RNG and takes no generator, so :func:`generate_responses`
 draws one seed from the caller's ``torch.Generator`` and samples inside ``torch.random.fork_rng``
 seeded with it: the caller's stream decides the samples and the global RNG is left untouched.
+
+``generate`` fills every setting a passed ``GenerationConfig`` leaves unset from the model's own
+``generation_config`` (a checkpoint's ``generation_config.json``: ``repetition_penalty``, ``min_p``,
+``no_repeat_ngram_size``, ...). Such settings would reshape the distribution the tokens are drawn
+from while logprobs are computed from ``softmax(logits / temperature)``, so
+:func:`generate_responses` hides the model's defaults while it samples: only :class:`SamplingConfig`
+decides.
 """
 
 from __future__ import annotations
@@ -128,19 +135,26 @@ def generate_responses(
         use_cache=True,
     )
     device = input_ids.device
-    if generator is None:
-        sequences = policy.generate(
-            input_ids=input_ids, attention_mask=attention_mask, generation_config=config, synced_gpus=synced_gpus
-        )  # (B, P + R)
-    else:
-        seed = int(torch.randint(0, 2**62, (1,), generator=generator))
-        # fork_rng restores the global CPU (and this CUDA device's) RNG afterwards.
-        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else [], device_type=device.type):
-            torch.manual_seed(seed)
+    # generate would fill what `config` leaves unset from the model's generation_config (see the
+    # module docstring): hide it, so the samples follow softmax(logits / temperature) as the logprobs do.
+    model_defaults = policy.generation_config
+    policy.generation_config = GenerationConfig()
+    try:
+        if generator is None:
             sequences = policy.generate(
-                input_ids=input_ids, attention_mask=attention_mask, generation_config=config,
-                synced_gpus=synced_gpus,
+                input_ids=input_ids, attention_mask=attention_mask, generation_config=config, synced_gpus=synced_gpus
             )  # (B, P + R)
+        else:
+            seed = int(torch.randint(0, 2**62, (1,), generator=generator))
+            # fork_rng restores the global CPU (and this CUDA device's) RNG afterwards.
+            with torch.random.fork_rng(devices=[device] if device.type == "cuda" else [], device_type=device.type):
+                torch.manual_seed(seed)
+                sequences = policy.generate(
+                    input_ids=input_ids, attention_mask=attention_mask, generation_config=config,
+                    synced_gpus=synced_gpus,
+                )  # (B, P + R)
+    finally:
+        policy.generation_config = model_defaults
     return complete_generation(sequences, attention_mask, eos_token_id, pad_token_id)
 
 

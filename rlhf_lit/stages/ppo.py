@@ -282,6 +282,11 @@ class PPOModule(LightningModule):
 
     def make_rollout(self, batch: dict[str, torch.Tensor], timer: RolloutTimer) -> tuple[Rollout, torch.Tensor]:
         """Generate, score, shape rewards and compute advantages; returns the rollout and the entropy."""
+        whitens = self.ppo.whiten_advantages or self.reward_cfg.whiten != "none"
+        if whitens and batch["input_ids"].shape[0] < 2:
+            # A batch statistic of one row is NaN (score whitening) or can fail on this rank only
+            # (a one-token response), which would leave the other ranks waiting in a collective.
+            raise ValueError("whitening (ppo.whiten_advantages or reward.whiten) needs >= 2 prompts per rank")
         gen = self.generate(batch)
         timer.mark("generate")
         scored = self.score_rollout(gen)
@@ -310,7 +315,8 @@ class PPOModule(LightningModule):
         """The next SFT-style batch of the second data source, cycling through it."""
         if self._ptx_batches is None:
             self._ptx_batches = self._cycle(self.trainer.datamodule.ptx_dataloader())
-        return {k: v.to(self.device) for k, v in next(self._ptx_batches).items()}
+        # non_blocking: the host does not wait for the copy (no stall once per minibatch).
+        return {k: v.to(self.device, non_blocking=True) for k, v in next(self._ptx_batches).items()}
 
     @staticmethod
     def _cycle(loader) -> Iterator[dict[str, torch.Tensor]]:

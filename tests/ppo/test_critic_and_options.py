@@ -143,3 +143,10 @@ def test_gradients_are_clipped_after_fp16_unscaling(tmp_path):
     assert scaler.get_scale() == 65536.0  # no step was skipped for inf gradients
     # One step of each optimizer, each at exactly the clip norm (the raw norms are larger).
     assert seen == [pytest.approx(1e-3, rel=1e-3)] * 2
+
+
+def test_whitening_with_one_prompt_per_rank_is_refused():
+    module = tiny_module()
+    batch = prompt_batch(module.tokenizer, ["Once upon a time"])
+    with pytest.raises(ValueError, match=">= 2 prompts per rank"):
+        module.make_rollout(batch, timer=None)
