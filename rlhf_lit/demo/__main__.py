@@ -34,10 +34,9 @@ def _add_prompt_args(p: argparse.ArgumentParser, stage: str) -> None:
 
 
 def _sampling(args: argparse.Namespace):
-    from rlhf_lit.demo.sampling import SamplingConfig
+    from rlhf_lit.models.generation import SamplingConfig
 
-    return SamplingConfig(temperature=args.temperature, max_new_tokens=args.max_new_tokens,
-                          batch_size=args.batch_size, seed=args.seed)
+    return SamplingConfig(temperature=args.temperature, max_new_tokens=args.max_new_tokens)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -114,8 +113,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.model, args.paragraphs, args.out, start=args.start, count=args.count,
             num_words=args.num_words, samples_per_prompt=args.samples_per_prompt,
             labeler=args.labeler, pairing=args.pairing, bt_temperature=args.bt_temperature,
-            judge=args.judge, sampling=_sampling(args), tokenizer=args.tokenizer,
-            device=args.device,
+            judge=args.judge, sampling=_sampling(args), batch_size=args.batch_size, seed=args.seed,
+            tokenizer=args.tokenizer, device=args.device,
         )
         print(json.dumps(stats, indent=1))
     elif args.command == "evaluate":
@@ -124,7 +123,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         result = evaluate(
             args.policy, args.reference, args.paragraphs, start=args.start, count=args.count,
             num_words=args.num_words, samples_per_prompt=args.samples_per_prompt, judge=args.judge,
-            sampling=_sampling(args), tokenizer=args.tokenizer, device=args.device, out=args.out,
+            sampling=_sampling(args), batch_size=args.batch_size, seed=args.seed,
+            tokenizer=args.tokenizer, device=args.device, out=args.out,
         )
         print(format_table(result))
     elif args.command == "report":

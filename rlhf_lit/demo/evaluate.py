@@ -4,7 +4,9 @@ KL is the per-response sum over response tokens (EOS included) of
 ``logprob_policy - logprob_ref`` on the policy's own samples: a Monte Carlo estimate of
 ``KL(policy || reference)`` of whole responses, the quantity PPO's penalty controls. Both
 logprobs use the sampling temperature (``softmax(logits / T)``, the distribution the tokens were
-drawn from) and ``position_ids = cumsum(mask) - 1``.
+drawn from, over the whole vocabulary as in PPO) and ``position_ids = cumsum(mask) - 1``
+(:func:`rlhf_lit.models.generation.forward_with_positions`). Sampling and decoding are the
+library's, as in the PPO stage.
 """
 
 from __future__ import annotations
@@ -16,12 +18,16 @@ import math
 import os
 import time
 
+import torch
 
+from rlhf_lit.demo.batching import sample_batches
 from rlhf_lit.demo.prompts import RANGES, load_prompts
-from rlhf_lit.demo.sampling import SamplingConfig, decode, generate, load_model, response_logprobs
+from rlhf_lit.evaluation import response_texts
 from rlhf_lit.evaluation.diversity import distinct_n
 from rlhf_lit.evaluation.judges import DEFAULT_JUDGE, load_judge
+from rlhf_lit.functional import token_logprobs
 from rlhf_lit.models import load_causal_lm
+from rlhf_lit.models.generation import Generated, SamplingConfig, forward_with_positions, response_logits
 from rlhf_lit.tokenizer import load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -53,6 +59,14 @@ def _check_same_tokenizer(tokenizer, reference: str) -> None:
         )
 
 
+@torch.no_grad()
+def _response_logprobs(model, generated: Generated, temperature: float) -> torch.Tensor:
+    """``(B, R)`` logprobs of the sampled response tokens under ``softmax(logits / temperature)``."""
+    logits = forward_with_positions(model, generated.query_responses, generated.attention_mask).logits  # (B, P + R, V)
+    prompt_length = generated.query_responses.shape[1] - generated.response_ids.shape[1]  # P
+    return token_logprobs(response_logits(logits, prompt_length), generated.response_ids, temperature)  # (B, R)
+
+
 def evaluate(
     policy: str,
     reference: str,
@@ -63,7 +77,9 @@ def evaluate(
     num_words: int = 8,
     samples_per_prompt: int = 1,
     judge: str = DEFAULT_JUDGE,
-    sampling: SamplingConfig = SamplingConfig(),
+    sampling: SamplingConfig = SamplingConfig(max_new_tokens=48),
+    batch_size: int = 64,
+    seed: int = 0,
     tokenizer: str | None = None,
     device: str = "cpu",
     out: str | None = None,
@@ -79,6 +95,8 @@ def evaluate(
         samples_per_prompt: completions per prompt.
         judge: judge spec ``module:function``.
         sampling: sampling settings (keep them equal across the runs you compare).
+        batch_size: completions per ``generate`` call (changing it changes the samples of a seed).
+        seed: sampling seed (see :func:`rlhf_lit.demo.batching.sample_batches`).
         tokenizer: tokenizer location when not beside the policy; both models use it.
         device: torch device.
         out: JSON file to write the result to (optional).
@@ -96,26 +114,25 @@ def evaluate(
     if len(prompts) * samples_per_prompt < MIN_SAMPLES:
         log.warning("only %d completions: means are noisy below %d",
                     len(prompts) * samples_per_prompt, MIN_SAMPLES)
-    model, tok = load_model(policy, tokenizer, device)
+    tok = load_tokenizer(tokenizer or policy, padding_side="left")
+    model = load_causal_lm(policy, tok).to(device).eval()
     _check_same_tokenizer(tok, reference)
     ref = load_causal_lm(reference, tok).to(device).eval()
     t_loaded = time.perf_counter()
 
     repeated = [p for p in prompts for _ in range(samples_per_prompt)]
-    batches = generate(model, tok, repeated, sampling)
+    batches = sample_batches(model, tok, repeated, sampling, batch_size=batch_size, seed=seed)
     t_generated = time.perf_counter()
 
-    kls, lengths, ended, prompt_texts, responses = [], [], [], [], []
-    for batch in batches:
-        logprobs = response_logprobs(model, batch, sampling.temperature)  # (B, R)
-        ref_logprobs = response_logprobs(ref, batch, sampling.temperature)  # (B, R)
-        kl = ((logprobs - ref_logprobs) * batch.response_mask).sum(-1)  # (B,)
+    kls, lengths, ended, responses = [], [], [], []
+    for gen in batches:
+        logprobs = _response_logprobs(model, gen, sampling.temperature)  # (B, R)
+        ref_logprobs = _response_logprobs(ref, gen, sampling.temperature)  # (B, R)
+        kl = torch.where(gen.response_mask, logprobs - ref_logprobs, 0.0).sum(-1)  # (B,)
         kls += kl.tolist()
-        lengths += batch.response_mask.sum(-1).tolist()
-        ended += batch.ended.tolist()
-        p, r = decode(tok, batch)
-        prompt_texts += p
-        responses += r
+        lengths += gen.response_mask.sum(-1).tolist()
+        ended += gen.ended.tolist()
+        responses += response_texts(tok, gen.query_responses, gen.attention_mask, gen.response_mask, gen.ended)
     t_scored = time.perf_counter()
 
     scores = judge_fn(responses)
@@ -128,7 +145,7 @@ def evaluate(
             "policy": policy, "reference": reference, "judge": judge, "paragraphs": paragraphs,
             "start": start, "count": count, "num_words": num_words,
             "samples_per_prompt": samples_per_prompt, "sampling": dataclasses.asdict(sampling),
-            "device": device,
+            "batch_size": batch_size, "seed": seed, "device": device,
         },
         "metrics": {
             "judge_mean": judge_mean, "judge_std": judge_std, "kl_mean": kl_mean, "kl_std": kl_std,
@@ -142,7 +159,7 @@ def evaluate(
             "total": t_judged - t0,
         },
         "samples": [
-            {"paragraph": indices[i // samples_per_prompt], "prompt": prompt_texts[i],
+            {"paragraph": indices[i // samples_per_prompt], "prompt": repeated[i],
              "response": responses[i], "judge": scores[i], "kl": kls[i], "length": lengths[i],
              "ended": ended[i]}
             for i in range(len(responses))

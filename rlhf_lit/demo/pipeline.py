@@ -341,7 +341,7 @@ def measure(
     from rlhf_lit.demo.evaluate import evaluate
     from rlhf_lit.demo.prompts import RANGES
     from rlhf_lit.demo.report import write_report
-    from rlhf_lit.demo.sampling import SamplingConfig
+    from rlhf_lit.models.generation import SamplingConfig
 
     torch.set_num_threads(1)
     hf_logging.disable_progress_bar()  # one "Loading weights" bar per model would bury the table

@@ -2,8 +2,11 @@
 
 Output: a JSONL file, one pair per line,
 ``{"prompt", "chosen", "rejected", "chosen_score", "rejected_score", "paragraph"}``, read by the
-preference data module with ``format: fields`` (``prompt + chosen`` is exactly the sampled text;
-``paragraph`` is the source paragraph's index, for checking that ranges stay disjoint).
+preference data module with ``format: fields`` (``paragraph`` is the source paragraph's index, for
+checking that ranges stay disjoint). ``prompt`` is the prompt string as given and a response is
+decoded by :func:`rlhf_lit.evaluation.response_texts`, so ``prompt + chosen`` is the sampled text
+whenever the tokenizer decodes the encoded prompt back to itself (true of every TinyStories prompt
+with the demo's tokenizer).
 """
 
 from __future__ import annotations
@@ -15,10 +18,14 @@ import random
 import time
 from collections.abc import Sequence
 
+from rlhf_lit.demo.batching import sample_batches
 from rlhf_lit.demo.labeling import Labeler, Pairing, candidate_pairs, prefer_first
 from rlhf_lit.demo.prompts import RANGES, load_prompts
-from rlhf_lit.demo.sampling import SamplingConfig, decode, generate, load_model
+from rlhf_lit.evaluation import response_texts
 from rlhf_lit.evaluation.judges import DEFAULT_JUDGE, load_judge
+from rlhf_lit.models import load_causal_lm
+from rlhf_lit.models.generation import SamplingConfig
+from rlhf_lit.tokenizer import load_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +100,9 @@ def make_preferences(
     pairing: Pairing = "best_worst",
     bt_temperature: float | None = None,
     judge: str = DEFAULT_JUDGE,
-    sampling: SamplingConfig = SamplingConfig(),
+    sampling: SamplingConfig = SamplingConfig(max_new_tokens=48),
+    batch_size: int = 64,
+    seed: int = 0,
     tokenizer: str | None = None,
     device: str = "cpu",
 ) -> dict:
@@ -112,7 +121,10 @@ def make_preferences(
             (None there means :data:`DEFAULT_BT_TEMPERATURE`): a score gap of ``bt_temperature``
             is preferred with probability sigmoid(1) = 0.73.
         judge: judge spec ``module:function``.
-        sampling: sampling settings; its seed also seeds the labeller.
+        sampling: sampling settings.
+        batch_size: completions per ``generate`` call (changing it changes the samples of a seed).
+        seed: sampling seed (see :func:`rlhf_lit.demo.batching.sample_batches`); it also seeds the
+            labeller.
         tokenizer: tokenizer location when not beside the model.
         device: torch device.
 
@@ -129,17 +141,16 @@ def make_preferences(
     t0 = time.perf_counter()
     judge_fn = load_judge(judge)
     indices, prompts = load_prompts(paragraphs, start, count, num_words)
-    lm, tok = load_model(model, tokenizer, device)
+    tok = load_tokenizer(tokenizer or model, padding_side="left")
+    lm = load_causal_lm(model, tok).to(device).eval()
     repeated = [p for p in prompts for _ in range(samples_per_prompt)]
-    prompt_texts, responses = [], []
-    for batch in generate(lm, tok, repeated, sampling):
-        p, r = decode(tok, batch)
-        prompt_texts += p
-        responses += r
+    responses = []
+    for gen in sample_batches(lm, tok, repeated, sampling, batch_size=batch_size, seed=seed):
+        responses += response_texts(tok, gen.query_responses, gen.attention_mask, gen.response_mask, gen.ended)
     scores = judge_fn(responses)
     records, ties, empty = label_pairs(
-        indices, prompt_texts, responses, scores, samples_per_prompt, labeler, pairing,
-        temperature, random.Random(sampling.seed),
+        indices, repeated, responses, scores, samples_per_prompt, labeler, pairing,
+        temperature, random.Random(seed),
     )
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     tmp = f"{out}.tmp"

@@ -11,7 +11,9 @@ import torch
 from rlhf_lit.demo.__main__ import main
 from rlhf_lit.demo.evaluate import evaluate
 from rlhf_lit.demo.prompts import load_prompts
-from rlhf_lit.demo.sampling import SamplingConfig, load_model
+from rlhf_lit.models import load_causal_lm
+from rlhf_lit.models.generation import SamplingConfig
+from rlhf_lit.tokenizer import load_tokenizer
 
 METRICS = {"judge_mean", "judge_std", "kl_mean", "kl_std", "distinct_1", "distinct_2",
            "length_mean", "ended_fraction", "num_samples"}
@@ -41,7 +43,8 @@ def test_policy_equal_to_reference_has_zero_kl(stories_path, tinystories, tmp_pa
 @pytest.fixture(scope="module")
 def uniform_reference(stories_path, tmp_path_factory):
     """stories260K with its final norm zeroed: every logit is 0, so every logprob is -log(512)."""
-    model, tok = load_model(stories_path)
+    tok = load_tokenizer(stories_path)
+    model = load_causal_lm(stories_path, tok)
     with torch.no_grad():
         model.model.norm.weight.zero_()
     path = tmp_path_factory.mktemp("uniform")
@@ -52,17 +55,19 @@ def uniform_reference(stories_path, tmp_path_factory):
 
 def test_kl_to_uniform_reference(stories_path, uniform_reference, tinystories):
     temperature, n_new = 0.8, 6
-    sampling = SamplingConfig(temperature=temperature, max_new_tokens=n_new, batch_size=4, seed=5)
+    sampling = SamplingConfig(temperature=temperature, max_new_tokens=n_new)
     result = evaluate(stories_path, uniform_reference, tinystories, start=3000, count=4,
-                      sampling=sampling)
+                      sampling=sampling, batch_size=4, seed=5)
 
     # Independent check: replay the same seeded sampling with generate's own scores (the
     # temperature-scaled logits it sampled from). Against a uniform reference,
     # KL_i = sum_t logprob_policy(t) + L_i * log(512).
-    model, tok = load_model(stories_path)
+    tok = load_tokenizer(stories_path, padding_side="left")
+    model = load_causal_lm(stories_path, tok).eval()
     _, prompts = load_prompts(tinystories, 3000, 4, 8)
     enc = tok(prompts, return_tensors="pt", padding=True)
-    torch.manual_seed(5)
+    # One batch: generate_responses samples under the one seed it draws from the seed-5 generator.
+    torch.manual_seed(int(torch.randint(0, 2**62, (1,), generator=torch.Generator().manual_seed(5))))
     out = model.generate(**enc, do_sample=True, temperature=temperature, top_k=0, top_p=1.0,
                          max_new_tokens=n_new, output_scores=True, return_dict_in_generate=True,
                          pad_token_id=tok.pad_token_id)

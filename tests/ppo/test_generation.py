@@ -142,3 +142,59 @@ def test_sampling_config_refuses_temperature_with_greedy():
         SamplingConfig(do_sample=False, temperature=0.7)
     with pytest.raises(ValueError, match="temperature"):
         SamplingConfig(temperature=0.0)
+
+
+def test_sampling_config_refuses_no_new_tokens():
+    with pytest.raises(ValueError, match="max_new_tokens must be >= 1"):
+        SamplingConfig(max_new_tokens=0)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_teacher_forced_logprobs_are_the_distribution_generate_sampled_from(family, temperature, policy, tokenizer,
+                                                                            gpt2):
+    """Against generate's processed scores (the logits after its temperature warper), not its raw logits.
+
+    The check the demo's evaluation relies on: ``token_logprobs(..., temperature)`` of the
+    forward pass with cumsum positions is the log-softmax generate sampled from, left padding included.
+    """
+    model, tok = (policy, tokenizer) if family == "llama" else gpt2
+    eos, pad = tok.eos_token_id, tok.pad_token_id
+    batch = prompt_batch(tok, PROMPTS)
+    config = GenerationConfig(max_new_tokens=6, do_sample=True, temperature=temperature, top_k=0, top_p=1.0,
+                              eos_token_id=eos, pad_token_id=pad, return_dict_in_generate=True, output_scores=True)
+    torch.manual_seed(3)
+    out = model.generate(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], generation_config=config)
+    gen = complete_generation(out.sequences, batch["attention_mask"], eos, pad)
+    sampled = torch.log_softmax(torch.stack(out.scores, dim=1), -1)  # (B, R, V): the sampling distribution
+    sampled = sampled.gather(-1, gen.response_ids.unsqueeze(-1)).squeeze(-1)  # (B, R)
+    with torch.no_grad():
+        logits = forward_with_positions(model, gen.query_responses, gen.attention_mask).logits  # (B, P + R, V)
+    P = batch["input_ids"].shape[1]
+    forced = token_logprobs(response_logits(logits, P), gen.response_ids, temperature)  # (B, R)
+    torch.testing.assert_close(forced[gen.response_mask], sampled[gen.response_mask])
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_response_texts_of_generated_rows_end_before_the_first_eos(family, tokenizer, gpt2):
+    """``complete_generation`` then ``response_texts``: real words after an EOS are dropped, the leading
+    space is kept, and GPT-2's added pad (id 50257) never shows up as text."""
+    from rlhf_lit.evaluation import response_texts
+
+    tok = tokenizer if family == "llama" else gpt2[1]
+    if family == "gpt2":
+        assert tok.pad_token_id == 50257  # added by load_tokenizer: GPT-2 has no pad
+    eos, pad = tok.eos_token_id, tok.pad_token_id
+    batch = prompt_batch(tok, ["Once upon a time", "Tom and his mom went to the"])
+    # The ids a model generates after the prompt: tokenized jointly with it (alone, sentencepiece
+    # would start " there" with a spurious space token).
+    prompt_ids = tok("Once upon a time", add_special_tokens=False)["input_ids"]
+    joint = tok("Once upon a time there was a big dog", add_special_tokens=False)["input_ids"]
+    assert joint[: len(prompt_ids)] == prompt_ids
+    words = joint[len(prompt_ids) :]  # " there was a big dog"
+    row0 = words[:3] + [eos] + words[3:-1]  # EOS after " there was a", then real words (junk)
+    responses = torch.tensor([row0, words])  # (2, R); row 1 has no EOS
+    gen = complete_generation(torch.cat([batch["input_ids"], responses], 1), batch["attention_mask"], eos, pad)
+    assert gen.ended.tolist() == [True, False]
+    texts = response_texts(tok, gen.query_responses, gen.attention_mask, gen.response_mask, gen.ended)
+    assert texts == [" there was a", " there was a big dog"]
