@@ -51,11 +51,13 @@ def rollout_statistics(
     """
     mask = rollout.response_mask  # (B, R)
     kl_per_response = rollout.kl.sum(1)  # (B,) nats per response
+    non_score_reward = -kl_coef * kl_per_response  # (B,)
     return {
         "objective/scores": rollout.raw_scores.mean(),
         "objective/scores_shaped": rollout.scores.mean(),
-        "objective/rlhf_reward": rollout.rewards.sum(1).mean(),
-        "objective/non_score_reward": (-kl_coef * kl_per_response).mean(),
+        # score + KL part, as TRL defines it; not rewards.sum(1), which reward whitening rescales.
+        "objective/rlhf_reward": (rollout.scores + non_score_reward).mean(),
+        "objective/non_score_reward": non_score_reward.mean(),
         "objective/kl": kl_per_response.mean(),
         "objective/entropy": entropy,
         "value/explained_variance": explained_variance(rollout.old_values, rollout.returns, mask),

@@ -126,3 +126,41 @@ def test_export_defaults_to_the_log_dir(tmp_path):
     trainer.fit(module, _loader(module, copies=1))
     assert module.exported_path == tmp_path / "tb" / "version_0" / "model"
     assert (module.exported_path / "config.json").is_file()
+
+
+def test_rollout_statistics_by_hand():
+    from rlhf_lit.rollout import Rollout
+    from rlhf_lit.stages.ppo_metrics import rollout_statistics
+
+    mask = torch.tensor([[True, True, False], [True, True, True]])  # lengths 2 and 3
+    zeros = torch.zeros(2, 3)
+    rollout = Rollout(
+        query_responses=torch.zeros(2, 4, dtype=torch.long), attention_mask=torch.ones(2, 4, dtype=torch.long),
+        response_ids=torch.zeros(2, 3, dtype=torch.long), response_mask=mask, ended=torch.tensor([True, False]),
+        old_logprobs=zeros, ref_logprobs=zeros,
+        # values / returns on the mask: values [1, 1 | 2, 2, 2], returns [1, 3 | 2, 2, 2];
+        # the masked-out slot holds garbage (0 vs 100) that must not count.
+        old_values=torch.tensor([[1.0, 1.0, 0.0], [2.0, 2.0, 2.0]]),
+        returns=torch.tensor([[1.0, 3.0, 100.0], [2.0, 2.0, 2.0]]),
+        raw_scores=torch.tensor([1.0, -2.0]), scores=torch.tensor([0.5, -1.0]),
+        kl=torch.tensor([[0.2, 0.4, 0.0], [0.1, 0.1, 0.3]]),
+        rewards=torch.full((2, 3), 9.0),  # e.g. after reward whitening: must not enter rlhf_reward
+        advantages=zeros,
+    )  # fmt: skip
+    stats = rollout_statistics(rollout, torch.tensor(1.5), {"loss/policy": torch.tensor(0.1)}, kl_coef=0.5)
+    expected = {
+        "objective/scores": -0.5,  # (1 - 2) / 2
+        "objective/scores_shaped": -0.25,  # (0.5 - 1) / 2
+        "objective/kl": 0.55,  # per response 0.6 and 0.5
+        "objective/non_score_reward": -0.275,  # -0.5 * 0.6 = -0.3, -0.5 * 0.5 = -0.25
+        "objective/rlhf_reward": -0.525,  # (0.5 - 0.3 + -1.0 - 0.25) / 2
+        "objective/entropy": 1.5,
+        # returns mean 2, Var 0.4; residual [0, 2, 0, 0, 0] mean 0.4, Var (4 * 0.16 + 2.56) / 5 = 0.64
+        "value/explained_variance": -0.6,  # 1 - 0.64 / 0.4
+        "response/length": 2.5,
+        "response/ended_fraction": 0.5,
+        "loss/policy": 0.1,
+    }
+    assert set(stats) == set(expected)
+    for name, value in expected.items():
+        torch.testing.assert_close(stats[name], torch.tensor(value), msg=name)
