@@ -5,7 +5,7 @@ KL is the per-response sum over response tokens (EOS included) of
 ``KL(policy || reference)`` of whole responses, the quantity PPO's penalty controls. Both
 logprobs use the sampling temperature (``softmax(logits / T)``, the distribution the tokens were
 drawn from, over the whole vocabulary as in PPO) and ``position_ids = cumsum(mask) - 1``
-(:func:`rlhf_lit.models.generation.forward_with_positions`). Sampling and decoding are the
+(:func:`rlhf_lit.models.generation.response_logprobs`). Sampling and decoding are the
 library's, as in the PPO stage.
 """
 
@@ -25,9 +25,8 @@ from rlhf_lit.demo.prompts import RANGES, load_prompts
 from rlhf_lit.evaluation import response_texts
 from rlhf_lit.evaluation.diversity import distinct_n
 from rlhf_lit.evaluation.judges import DEFAULT_JUDGE, load_judge
-from rlhf_lit.functional import token_logprobs
 from rlhf_lit.models import load_causal_lm
-from rlhf_lit.models.generation import Generated, SamplingConfig, forward_with_positions, response_logits
+from rlhf_lit.models.generation import SamplingConfig, response_logprobs
 from rlhf_lit.tokenizer import load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -57,14 +56,6 @@ def _check_same_tokenizer(tokenizer, reference: str) -> None:
             f"the reference {reference!r} has another tokenizer vocabulary than the policy "
             f"({len(ref_tok)} vs {len(tokenizer)} tokens); KL needs one vocabulary"
         )
-
-
-@torch.no_grad()
-def _response_logprobs(model, generated: Generated, temperature: float) -> torch.Tensor:
-    """``(B, R)`` logprobs of the sampled response tokens under ``softmax(logits / temperature)``."""
-    logits = forward_with_positions(model, generated.query_responses, generated.attention_mask).logits  # (B, P + R, V)
-    prompt_length = generated.query_responses.shape[1] - generated.response_ids.shape[1]  # P
-    return token_logprobs(response_logits(logits, prompt_length), generated.response_ids, temperature)  # (B, R)
 
 
 def evaluate(
@@ -126,8 +117,9 @@ def evaluate(
 
     kls, lengths, ended, responses = [], [], [], []
     for gen in batches:
-        logprobs = _response_logprobs(model, gen, sampling.temperature)  # (B, R)
-        ref_logprobs = _response_logprobs(ref, gen, sampling.temperature)  # (B, R)
+        with torch.no_grad():
+            logprobs = response_logprobs(model, gen, sampling.temperature)  # (B, R)
+            ref_logprobs = response_logprobs(ref, gen, sampling.temperature)  # (B, R)
         kl = torch.where(gen.response_mask, logprobs - ref_logprobs, 0.0).sum(-1)  # (B,)
         kls += kl.tolist()
         lengths += gen.response_mask.sum(-1).tolist()

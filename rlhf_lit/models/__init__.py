@@ -8,7 +8,6 @@ from rlhf_lit.models.loading import (
 )
 from rlhf_lit.models.scoring import (
     backbone,
-    last_token_index,
     position_ids_from_mask,
     score_head,
     sequence_scores,
@@ -16,6 +15,6 @@ from rlhf_lit.models.scoring import (
 )
 
 __all__ = [
-    "backbone", "disable_dropout", "init_reward_head", "last_token_index", "load_causal_lm",
+    "backbone", "disable_dropout", "init_reward_head", "load_causal_lm",
     "load_reward_model", "position_ids_from_mask", "score_head", "sequence_scores", "token_scores",
 ]

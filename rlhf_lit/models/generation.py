@@ -21,7 +21,7 @@ import torch
 from torch import nn
 from transformers import GenerationConfig, PreTrainedModel
 
-from rlhf_lit.functional import response_mask_from_eos
+from rlhf_lit.functional import response_mask_from_eos, token_logprobs
 from rlhf_lit.models.scoring import position_ids_from_mask
 
 
@@ -186,3 +186,16 @@ def response_logits(logits: torch.Tensor, prompt_length: int) -> torch.Tensor:
         ``(B, R, V)``.
     """
     return logits[:, prompt_length - 1 : -1]  # (B, R, V)
+
+
+def response_logprobs(model: nn.Module, generated: Generated, temperature: float) -> torch.Tensor:
+    """``(B, R)`` logprobs of ``generated``'s response tokens under ``softmax(logits / temperature)``.
+
+    The one place that turns a model and a generation into response logprobs: the positions of
+    ``generate`` (:func:`forward_with_positions`), the one-position shift (:func:`response_logits`)
+    and the sampling temperature (N details #7). Called under ``torch.no_grad()`` by callers that
+    need no gradient.
+    """
+    prompt_length = generated.query_responses.shape[1] - generated.response_ids.shape[1]  # P
+    logits = forward_with_positions(model, generated.query_responses, generated.attention_mask).logits  # (B, P + R, V)
+    return token_logprobs(response_logits(logits, prompt_length), generated.response_ids, temperature)  # (B, R)

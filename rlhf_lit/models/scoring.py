@@ -6,6 +6,8 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
+from rlhf_lit.functional import last_true_index
+
 
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     """Positions that count only real tokens: ``cumsum(mask) - 1`` clamped at 0.
@@ -15,13 +17,6 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     """
     position_ids = attention_mask.long().cumsum(-1) - 1  # (B, T)
     return position_ids.clamp(min=0)
-
-
-def last_token_index(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Index of the last position where ``attention_mask`` is 1, per row; works for left and right padding."""
-    T = attention_mask.shape[-1]
-    positions = torch.arange(T, device=attention_mask.device)  # (T,)
-    return (positions * attention_mask.long()).argmax(-1)  # (B,)
 
 
 def score_head(model: PreTrainedModel) -> nn.Linear:
@@ -55,5 +50,6 @@ def sequence_scores(model: PreTrainedModel, input_ids: torch.Tensor, attention_m
     Never relies on pad ids (the pad may equal EOS), only on the attention mask.
     """
     scores = token_scores(model, input_ids, attention_mask)  # (B, T)
-    last = last_token_index(attention_mask)  # (B,)
+    # -1 for a row with no real token: gather then fails loudly instead of reading position 0.
+    last = last_true_index(attention_mask.bool())  # (B,)
     return scores.gather(1, last.unsqueeze(1)).squeeze(1)  # (B,)

@@ -44,6 +44,8 @@ class OptimizerConfig:
     min_lr_ratio: float = 0.0
 
     def __post_init__(self) -> None:
+        # YAML and checkpoint round trips give a list; keep the tuple so configs compare equal.
+        object.__setattr__(self, "betas", tuple(self.betas))
         if self.lr <= 0:
             raise ValueError(f"optimizer.lr must be > 0, got {self.lr}")
         if self.weight_decay < 0:
@@ -60,18 +62,6 @@ class OptimizerConfig:
             raise ValueError(f"optimizer.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
         if self.schedule == "constant" and self.min_lr_ratio != 0.0:
             raise ValueError("optimizer.min_lr_ratio has no effect with schedule='constant'; leave it at 0")
-
-
-def optimizer_config_from(value: OptimizerConfig | dict) -> OptimizerConfig:
-    """Accept the dataclass or its ``asdict`` form (what ``load_from_checkpoint`` passes back from hparams)."""
-    if isinstance(value, OptimizerConfig):
-        return value
-    if isinstance(value, dict):
-        fields = dict(value)
-        if "betas" in fields:
-            fields["betas"] = tuple(fields["betas"])
-        return OptimizerConfig(**fields)
-    raise TypeError(f"optimizer must be an OptimizerConfig or a dict of its fields, got {type(value).__name__}")
 
 
 def lr_factor(step: int, config: OptimizerConfig, total_steps: int | float) -> float:

@@ -80,13 +80,15 @@ from rlhf_lit.models.generation import (
     forward_with_positions,
     generate_responses,
     response_logits,
+    response_logprobs,
 )
 from rlhf_lit.models.loading import DType
 from rlhf_lit.models.value import CriticKind, build_critic
 from rlhf_lit.rollout import Rollout, minibatches
 from rlhf_lit.stages.export import export_at_fit_end
-from rlhf_lit.stages.optim import OptimizerConfig, build_optimizer, optimizer_config_from
-from rlhf_lit.stages.ppo_config import KLConfig, PPOConfig, RewardConfig, as_config
+from rlhf_lit.stages.dataclass_args import as_config
+from rlhf_lit.stages.optim import OptimizerConfig, build_optimizer
+from rlhf_lit.stages.ppo_config import KLConfig, PPOConfig, RewardConfig
 from rlhf_lit.stages.ppo_metrics import (
     RolloutTimer,
     logged_metrics,
@@ -167,8 +169,8 @@ class PPOModule(LightningModule):
         self.ppo: PPOConfig = as_config(PPOConfig, ppo)
         self.reward_cfg: RewardConfig = as_config(RewardConfig, reward)
         self.kl_cfg: KLConfig = as_config(KLConfig, kl)
-        self.optimizer_cfg = optimizer_config_from(optimizer)
-        self.critic_optimizer_cfg = None if critic_optimizer is None else optimizer_config_from(critic_optimizer)
+        self.optimizer_cfg = as_config(OptimizerConfig, optimizer)
+        self.critic_optimizer_cfg = None if critic_optimizer is None else as_config(OptimizerConfig, critic_optimizer)
         if critic == "shared_trunk" and critic_optimizer is not None:
             raise ValueError("critic='shared_trunk' trains the head with the policy's optimizer; leave critic_optimizer null")
         if max_rollouts < 1:
@@ -259,10 +261,9 @@ class PPOModule(LightningModule):
         temperature = self.sampling.temperature
         ids, mask = gen.query_responses, gen.attention_mask
         logits, values = self.policy_and_values(ids, mask, prompt_length)  # (B, R, V), (B, R)
-        ref_logits = response_logits(forward_with_positions(self.ref_policy, ids, mask).logits, prompt_length)
         return {
             "old_logprobs": token_logprobs(logits, gen.response_ids, temperature),  # (B, R)
-            "ref_logprobs": token_logprobs(ref_logits, gen.response_ids, temperature),  # (B, R)
+            "ref_logprobs": response_logprobs(self.ref_policy, gen, temperature),  # (B, R)
             "old_values": values.float(),  # (B, R)
             "entropy": entropy_from_logits(logits, temperature),  # (B, R)
             "raw_scores": self.score(ids, mask).float(),  # (B,)

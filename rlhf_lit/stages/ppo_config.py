@@ -157,12 +157,3 @@ class KLConfig:
             raise ValueError(f"kl.estimator must be k1, k2, k3 or abs; got {self.estimator!r}")
         if self.init_coef < 0:
             raise ValueError(f"kl.init_coef must be >= 0, got {self.init_coef}")
-
-
-def as_config(cls: type, value: object) -> object:
-    """Accept a config dataclass or its ``asdict`` form (what ``load_from_checkpoint`` passes back)."""
-    if isinstance(value, cls):
-        return value
-    if isinstance(value, dict):
-        return cls(**value)
-    raise TypeError(f"expected {cls.__name__} or a dict of its fields, got {type(value).__name__}")

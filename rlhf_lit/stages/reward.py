@@ -35,7 +35,8 @@ from rlhf_lit.models import init_reward_head, load_reward_model, score_head, seq
 from rlhf_lit.models.loading import DType
 from rlhf_lit.models.reward_norm import Normalize, fold_normalization, gain_and_bias, record_normalization
 from rlhf_lit.stages.export import export_at_fit_end
-from rlhf_lit.stages.optim import OptimizerConfig, lightning_optimizers, optimizer_config_from
+from rlhf_lit.stages.dataclass_args import as_config
+from rlhf_lit.stages.optim import OptimizerConfig, lightning_optimizers
 from rlhf_lit.tokenizer import MissingPad, load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -94,7 +95,7 @@ class RewardModule(pl.LightningModule):
         if normalize not in ("none", "bias", "gain_bias"):
             raise ValueError(f"normalize must be none, bias or gain_bias; got {normalize!r}")
         # load_from_checkpoint passes the optimizer back as the dict saved below.
-        self.optimizer_config = optimizer_config_from(optimizer)
+        self.optimizer_config = as_config(OptimizerConfig, optimizer)
         # A dataclass in hparams breaks weights_only checkpoint loading: store its dict instead.
         self.save_hyperparameters(ignore=["optimizer"])
         self.hparams["optimizer"] = asdict(self.optimizer_config)

@@ -19,7 +19,8 @@ from rlhf_lit.functional import sft_loss
 from rlhf_lit.models import load_causal_lm, position_ids_from_mask
 from rlhf_lit.models.loading import DType
 from rlhf_lit.stages.export import export_at_fit_end
-from rlhf_lit.stages.optim import OptimizerConfig, lightning_optimizers, optimizer_config_from
+from rlhf_lit.stages.dataclass_args import as_config
+from rlhf_lit.stages.optim import OptimizerConfig, lightning_optimizers
 from rlhf_lit.tokenizer import MissingPad, load_tokenizer
 
 IGNORE_INDEX = -100
@@ -58,7 +59,7 @@ class SFTModule(pl.LightningModule):
     ) -> None:
         super().__init__()
         # load_from_checkpoint passes the optimizer back as the dict saved below.
-        self.optimizer_config = optimizer_config_from(optimizer)
+        self.optimizer_config = as_config(OptimizerConfig, optimizer)
         # A dataclass in hparams breaks weights_only checkpoint loading: store its dict instead.
         self.save_hyperparameters(ignore=["optimizer"])
         self.hparams["optimizer"] = asdict(self.optimizer_config)

@@ -12,7 +12,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from transformers import AutoModelForCausalLM
 
 from rlhf_lit.stages import SFTModule
-from rlhf_lit.stages.optim import OptimizerConfig, build_optimizer, lr_factor, optimizer_config_from
+from rlhf_lit.stages.dataclass_args import as_config
+from rlhf_lit.stages.optim import OptimizerConfig, build_optimizer, lr_factor
 
 
 def _manual_nll(logits: torch.Tensor, input_ids: torch.Tensor, spans: list[tuple[int, int]]) -> tuple[float, int]:
@@ -205,6 +206,6 @@ def test_config_round_trips_through_its_dict():
     cfg = OptimizerConfig(lr=2e-5, betas=(0.9, 0.95), warmup_steps=3, schedule="linear")
     saved = asdict(cfg)
     saved["betas"] = list(saved["betas"])  # YAML / checkpoint round trips give lists
-    assert optimizer_config_from(saved) == cfg
+    assert as_config(OptimizerConfig, saved) == cfg
     with pytest.raises(TypeError):
-        optimizer_config_from(3)
+        as_config(OptimizerConfig, 3)
