@@ -13,7 +13,7 @@ export OMP_NUM_THREADS ?= 1
 export MKL_NUM_THREADS ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: install test test-fast demo clean
+.PHONY: install test test-fast test-portable demo clean
 
 install: $(STAMP)
 
@@ -27,6 +27,10 @@ test: $(STAMP)
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+
+# The fast tests on the portable CPU kernels (no AVX): results must not depend on the kernels.
+test-portable: $(STAMP)
+	ATEN_CPU_CAPABILITY=default $(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
 
 demo: $(STAMP)
 	$(PY) -m rlhf_lit.demo.pipeline $(DEMO_ARGS)

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from rlhf_lit.models.generation import Generated, SamplingConfig, generate_responses
+from rlhf_lit.models.generation import Generated, SamplingConfig, generate_responses, stop_token_ids
 
 
 def sample_batches(
@@ -43,11 +43,12 @@ def sample_batches(
     if tokenizer.padding_side != "left":
         raise ValueError("sample_batches needs a left-padding tokenizer: generate continues the last column")
     generator = torch.Generator().manual_seed(seed)
+    stop_ids = stop_token_ids(model, tokenizer)
     batches = []
     for start in range(0, len(prompts), batch_size):
         encoded = tokenizer(list(prompts[start : start + batch_size]), return_tensors="pt", padding=True)
         batches.append(generate_responses(
             model, encoded["input_ids"].to(model.device), encoded["attention_mask"].to(model.device), sampling,
-            eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, generator=generator,
+            eos_token_id=stop_ids, pad_token_id=tokenizer.pad_token_id, generator=generator,
         ))  # fmt: skip
     return batches

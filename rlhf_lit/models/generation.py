@@ -15,11 +15,12 @@ decides.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import nn
-from transformers import GenerationConfig, PreTrainedModel
+from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from rlhf_lit.functional import response_mask_from_eos, token_logprobs
 from rlhf_lit.models.scoring import position_ids_from_mask
@@ -58,6 +59,25 @@ class SamplingConfig:
             raise ValueError("sampling.do_sample=False decodes greedily: leave temperature=1, top_k=0, top_p=1")
 
 
+def stop_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> tuple[int, ...]:
+    """Every id that ends a response: the tokenizer's EOS, then the model's ``generation_config`` ones.
+
+    Chat models list several (Llama 3: ``<|eot_id|>`` and ``<|end_of_text|>`` in
+    ``generation_config.eos_token_id``) while ``tokenizer.eos_token_id`` names one. Generation,
+    response masks, the reward position and the missing-EOS penalty must all use the same full
+    set, so it is computed here, once, and passed to each of them.
+    """
+    ids: list[int] = []
+    config = getattr(model, "generation_config", None)
+    model_eos = None if config is None else config.eos_token_id
+    for eos in [tokenizer.eos_token_id, *(model_eos if isinstance(model_eos, (list, tuple)) else [model_eos])]:
+        if eos is not None and int(eos) not in ids:
+            ids.append(int(eos))
+    if not ids:
+        raise ValueError("neither the tokenizer nor the model's generation_config names an EOS token")
+    return tuple(ids)
+
+
 @dataclass
 class Generated:
     """Prompts with their sampled responses.
@@ -78,14 +98,15 @@ class Generated:
 
 
 def complete_generation(
-    sequences: torch.Tensor, prompt_mask: torch.Tensor, eos_token_id: int, pad_token_id: int
+    sequences: torch.Tensor, prompt_mask: torch.Tensor, eos_token_id: int | Sequence[int], pad_token_id: int
 ) -> Generated:
     """Masks for raw ``generate`` output: everything after the first EOS is masked and set to pad.
 
     Args:
         sequences: ``(B, P + R)`` prompt then generated ids, whatever follows an EOS.
         prompt_mask: ``(B, P)`` attention mask of the (left-padded) prompt.
-        eos_token_id: ends a response (the EOS itself belongs to it).
+        eos_token_id: ends a response (the EOS itself belongs to it); one id or several
+            (:func:`stop_token_ids`).
         pad_token_id: written after the EOS (never used to derive a mask).
     """
     prompt_length = prompt_mask.shape[1]
@@ -103,7 +124,7 @@ def generate_responses(
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
     sampling: SamplingConfig,
-    eos_token_id: int,
+    eos_token_id: int | Sequence[int],
     pad_token_id: int,
     generator: torch.Generator | None = None,
     synced_gpus: bool = False,
@@ -117,7 +138,8 @@ def generate_responses(
         input_ids: ``(B, P)`` left-padded prompts.
         attention_mask: ``(B, P)`` 1 on prompt tokens.
         sampling: the sampling settings.
-        eos_token_id: ends a response.
+        eos_token_id: ends a response: one id or several (pass :func:`stop_token_ids`, since the
+            model's own ``generation_config`` is hidden while sampling).
         pad_token_id: fills the positions after EOS.
         generator: source of the sampling seed (see the module docstring); None samples from the
             global RNG as ``generate`` does.
@@ -130,7 +152,7 @@ def generate_responses(
         temperature=sampling.temperature if sampling.do_sample else None,
         top_k=sampling.top_k if sampling.do_sample else None,
         top_p=sampling.top_p if sampling.do_sample else None,
-        eos_token_id=eos_token_id,
+        eos_token_id=eos_token_id if isinstance(eos_token_id, int) else list(eos_token_id),
         pad_token_id=pad_token_id,
         use_cache=True,
     )

@@ -16,6 +16,7 @@ from torch import nn
 from transformers import AutoConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from rlhf_lit.models.loading import DType, load_reward_model
+from rlhf_lit.models.reward_norm import reward_offset
 from rlhf_lit.models.scoring import score_head, token_scores
 
 log = logging.getLogger(__name__)
@@ -30,6 +31,12 @@ then also trains the policy's trunk (cheaper: one model fewer, one forward pass 
 class SeparateCritic(nn.Module):
     """A value model of its own: the score head of a sequence-classification model at every token.
 
+    A reward model exported with a normalisation bias it could not fold into its weights (Llama:
+    ``config.reward_bias``) scores ``logit + bias``; the critic adds the same constant at every
+    token, so a critic initialised from that RM starts with its value at the last token equal to
+    the reward PPO uses. Without it every value would be off by the bias and GAE would put a
+    systematic advantage on the last token.
+
     Args:
         model: an ``AutoModelForSequenceClassification`` with one label.
     """
@@ -39,12 +46,13 @@ class SeparateCritic(nn.Module):
     def __init__(self, model: PreTrainedModel) -> None:
         super().__init__()
         self.model = model
+        self.offset = reward_offset(model.config)  # 0.0 for a folded or plain model
 
     def forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, policy_hidden: torch.Tensor | None = None
     ) -> torch.Tensor:
         """Values ``(B, T)``; the value model reads query + response (N details #1)."""
-        return token_scores(self.model, input_ids, attention_mask)  # (B, T)
+        return token_scores(self.model, input_ids, attention_mask) + self.offset  # (B, T)
 
 
 class ValueHead(nn.Module):

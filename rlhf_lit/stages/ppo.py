@@ -81,10 +81,12 @@ from rlhf_lit.models.generation import (
     generate_responses,
     response_logits,
     response_logprobs,
+    stop_token_ids,
 )
 from rlhf_lit.models.loading import DType
 from rlhf_lit.models.value import CriticKind, build_critic
 from rlhf_lit.rollout import Rollout, minibatches
+from rlhf_lit.stages.amp import one_scaler_update
 from rlhf_lit.stages.export import export_at_fit_end
 from rlhf_lit.stages.dataclass_args import as_config
 from rlhf_lit.stages.optim import OptimizerConfig, build_optimizer
@@ -190,6 +192,9 @@ class PPOModule(LightningModule):
 
         self.tokenizer = load_tokenizer(tokenizer_path or sft_model, padding_side="left", missing_pad=missing_pad)
         self.policy = load_causal_lm(sft_model, self.tokenizer, dtype=dtype)
+        # Every id that ends a response (the model may list several): sampling, masks, the reward
+        # position and the missing-EOS penalty all follow from this one set.
+        self.stop_ids = stop_token_ids(self.policy, self.tokenizer)
         self.ref_policy = freeze(load_causal_lm(sft_model, self.tokenizer, dtype=dtype))
         self.reward_model = freeze(load_reward_model(reward_model, self.tokenizer, dtype=dtype))
         self.critic = build_critic(critic, self.policy, value_model or reward_model, self.tokenizer, dtype)
@@ -232,8 +237,7 @@ class PPOModule(LightningModule):
         generator = torch.Generator().manual_seed(self._stream_seed(STREAM_SAMPLE))
         return generate_responses(
             self.policy, batch["input_ids"], batch["attention_mask"], self.sampling,
-            eos_token_id=self.tokenizer.eos_token_id, pad_token_id=self.tokenizer.pad_token_id,
-            generator=generator,
+            eos_token_id=self.stop_ids, pad_token_id=self.tokenizer.pad_token_id, generator=generator,
         )  # fmt: skip
 
     def score(self, query_responses: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -372,8 +376,10 @@ class PPOModule(LightningModule):
                 self.manual_backward(loss / cfg.grad_accum)  # once, on the sum: DDP sees every parameter
                 history.append(stats)
                 if (i + 1) % cfg.grad_accum == 0:
+                    with one_scaler_update(self.trainer):  # fp16: both optimizers see one loss scale
+                        for opt in optimizers:
+                            opt.step()  # clips in on_before_optimizer_step
                     for opt in optimizers:
-                        opt.step()  # clips in on_before_optimizer_step
                         opt.zero_grad(set_to_none=True)
         return {k: torch.stack([h[k] for h in history]).mean() for k in history[0]}
 

@@ -131,6 +131,10 @@ class RewardConfig:
             raise ValueError(f"reward.clip must be > 0 or null, got {self.clip}")
 
 
+KL_IN_NATS = ("k1", "k3")
+"""The estimators whose expectation under the policy is KL(policy || reference) in nats."""
+
+
 @dataclass(frozen=True)
 class KLConfig:
     """The KL penalty to the frozen reference (Ziegler et al. 2019).
@@ -142,6 +146,10 @@ class KLConfig:
         target: KL per response (nats, summed over tokens) the adaptive controller aims for.
         horizon: samples over which the adaptive controller corrects a full error.
         estimator: per-token KL estimator (k1 = logprob - ref_logprob, the InstructGPT penalty).
+            The adaptive controller compares the summed estimate with ``target``, a KL in nats,
+            so it accepts only the estimators whose expectation is that KL (``k1``, ``k3``);
+            ``k2`` (half the squared log-ratio) and ``abs`` are penalties in other units and
+            need ``kind: fixed``.
     """
 
     kind: Literal["fixed", "adaptive"] = "adaptive"
@@ -157,3 +165,8 @@ class KLConfig:
             raise ValueError(f"kl.estimator must be k1, k2, k3 or abs; got {self.estimator!r}")
         if self.init_coef < 0:
             raise ValueError(f"kl.init_coef must be >= 0, got {self.init_coef}")
+        if self.kind == "adaptive" and self.estimator not in KL_IN_NATS:
+            raise ValueError(
+                f"kl.estimator={self.estimator!r} does not estimate the KL in nats that kl.target is measured "
+                f"in; with kl.kind='adaptive' use one of {', '.join(KL_IN_NATS)}, or set kl.kind='fixed'"
+            )

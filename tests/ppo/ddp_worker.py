@@ -39,12 +39,31 @@ def main(out: str) -> None:
         return gen
 
     module.generate = recording_generate
+    # What the KL controller is fed, and this rank's own KL per response, every rollout.
+    controller, local_kl = [], []
+    update = module.kl_ctl.update
+
+    def recording_update(current_kl, n_steps):
+        controller.append((float(current_kl), n_steps, module.kl_ctl.value))
+        update(current_kl, n_steps)
+
+    module.kl_ctl.update = recording_update
+    make_rollout = module.make_rollout
+
+    def recording_make_rollout(batch, timer):
+        rollout, entropy = make_rollout(batch, timer)
+        local_kl.append(float(rollout.kl.sum(1).mean()))  # summed over tokens, mean over this rank's rows
+        return rollout, entropy
+
+    module.make_rollout = recording_make_rollout
     trainer = tiny_trainer(out, strategy="ddp", devices=2, use_distributed_sampler=False)
     trainer.fit(module, datamodule=SamePrompts(module.tokenizer))
     torch.save(
         {
             "first_responses": sampled[0],
             "kl_coef": module.kl_ctl.value,
+            "controller": controller,
+            "local_kl": local_kl,
             "rollouts": module.rollout_index,
             "policy": {k: v.detach().clone() for k, v in module.policy.state_dict().items()},
             "initial": {k: v for k, v in tiny_module().policy.state_dict().items()},

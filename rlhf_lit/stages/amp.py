@@ -1,0 +1,42 @@
+"""One loss-scale update per optimizer step of PPO's two optimizers (fp16 with a separate critic).
+
+Lightning's ``MixedPrecision`` plugin calls ``scaler.step(optimizer)`` and then ``scaler.update()``
+inside every ``optimizer.step()``. PPO with a separate critic steps two optimizers on gradients
+of one backward pass, scaled with one loss scale. If the scale changes at the policy's step (it
+grows after ``growth_interval`` clean steps, or shrinks after an overflow), the critic's
+gradients are then unscaled with a scale they were not scaled with (measured: the critic's
+gradient halved, the scale growing twice per iteration). PyTorch's documented pattern for
+several optimizers is ``scaler.step(a); scaler.step(b); scaler.update()``: :func:`one_scaler_update`
+restores it around the optimizer steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from lightning.pytorch import Trainer
+
+
+@contextmanager
+def one_scaler_update(trainer: Trainer) -> Iterator[None]:
+    """Defer the precision plugin's ``scaler.update()`` calls in the block to one call at its end.
+
+    A no-op without a gradient scaler (fp32, bf16). Inside the block every ``scaler.update()`` does
+    nothing; after it, the scale is updated once from the inf checks of every optimizer stepped in
+    the block (a step skipped for inf gradients still shrinks the scale, once).
+    """
+    scaler = getattr(trainer.precision_plugin, "scaler", None)
+    if scaler is None:
+        yield
+        return
+    scaler.update = _no_update  # an instance attribute shadows the method for this block only
+    try:
+        yield
+    finally:
+        del scaler.update
+    scaler.update()
+
+
+def _no_update(new_scale=None) -> None:
+    """Stands in for ``GradScaler.update`` while the optimizers of one iteration step."""
