@@ -8,19 +8,26 @@ al. 2022 blog; N+ = "The N+ Implementation Details of RLHF with PPO", Huang et a
 
 - Reward = RM score at the last response token (EOS included) plus ``-beta * KL`` per token
   (Ziegler et al. 2019; Ouyang et al. 2022; N #10). RM and critic read query + response (N #1).
-- Stop at EOS; tokens after the first EOS are set to pad and masked (N+ / N #3). Masks come from
+- Stop at EOS; tokens after the first EOS are set to pad and masked (N+ / N #3). "EOS" is every
+  stop id of the policy (:func:`~rlhf_lit.models.generation.stop_token_ids`: the tokenizer's and
+  the ``generation_config`` list chat models carry), for sampling, masks, the RM score position
+  and the missing-EOS penalty alike. Masks come from
   EOS positions, never from pad ids; ``position_ids = cumsum(mask) - 1`` in every forward pass so
   left-padded rows see the positions ``generate`` used (N #2).
 - Logits are divided by the sampling temperature whenever logprobs are computed (N #7), so the
   ratio is exactly 1 on the first minibatch.
-- Dropout off in policy, reference, RM and critic (N #8; done by the loaders).
+- Dropout off in policy, reference, RM and critic (N #8; done by the loaders, and it stays off in
+  train mode: ``nn.Dropout`` modules and the attention dropout rates Llama-family code reads).
 - Missing-EOS penalty replaces the score (N+ / N #9); optional score bias, whitening, clipping,
   and TRL-style reward whitening without re-centring (N #5, #12).
 - Adaptive KL controller (Ziegler et al. 2019; N #11: error clipped to +-0.2) or fixed (N+), fed
-  with the KL per response averaged over all ranks.
+  with the KL per response (summed over tokens) averaged over all ranks, and the global sample
+  count. Its target is in nats, so it takes only the ``k1`` / ``k3`` estimators.
 - GAE with gamma 1, lambda 0.95 by default; advantages whitened over the batch (N #12; cleanrl).
 - Clipped value loss, vf_coef 0.1 (N #13); the critic is a separate model initialised from the
-  RM (N+ #16) with a zeroed head when new (N #4), or a zeroed head on the policy's trunk.
+  RM (N+ #16) with a zeroed head when new (N #4), or a zeroed head on the policy's trunk. A
+  critic from an RM whose normalisation bias lives in ``config.reward_bias`` (Llama) adds it to
+  every value, as the reward does, so its last-token value starts equal to the reward.
 - Adam eps configurable (N #15: PyTorch placement; default 1e-5 as in cleanrl / N+).
 - Per-process seeds ``seed + rank * 100003`` (N #14), folded with the rollout index and a stream
   id into fresh generators, so sampling and shuffling are reproducible and resume exactly.
@@ -46,6 +53,10 @@ Departures from textbook PPO (Schulman et al. 2017) and their reasons:
   with ``separate`` two (policy, critic). Gradient accumulation divides each minibatch loss by
   ``grad_accum``; one ``manual_backward`` on the summed loss per minibatch (DDP sees every
   parameter).
+- fp16 (``16-mixed``) with two optimizers: the loss scale is updated once after both stepped
+  (PyTorch's AMP recipe for several optimizers), not after each as Lightning's plugin would, so
+  the critic's gradients are unscaled with the scale they were scaled with
+  (:mod:`rlhf_lit.stages.amp`).
 """
 
 from __future__ import annotations
