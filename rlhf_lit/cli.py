@@ -3,20 +3,85 @@
     rlhf-lit fit --config configs/sft.yaml
     rlhf-lit fit --config configs/ppo.yaml --trainer.strategy ddp --trainer.devices 2
     rlhf-lit fit --config configs/rm.yaml --print_config
+    rlhf-lit fit --config configs/ppo.yaml --ckpt_path logs/.../last.ckpt      # resume
 
 Stages never import data modules; this file wires them: the stage loads the tokenizer (with its
 pad policy) and the data module receives that very object, so a run has one tokenizer.
+
+Errors a user can fix (a bad option, a missing file or model, bad data, a resume that does not
+match its checkpoint) end with one line ``rlhf-lit: error: ...`` and exit status 2 (options) or 1
+(everything else); ``--debug`` (or ``RLHF_LIT_DEBUG=1``) shows the traceback instead. rlhf-lit's
+own log messages (counts of skipped, dropped and truncated records, pad policies, exports) are
+printed to stderr as ``[rlhf-lit] ...``.
 """
 
 from __future__ import annotations
 
+import logging
+import os
+import re
+import sys
+from urllib.parse import urlparse
+
+from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch import LightningDataModule, LightningModule
-from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 DEFAULT_LOGGER = {
     "class_path": "lightning.pytorch.loggers.TensorBoardLogger",
     "init_args": {"save_dir": "logs", "name": "rlhf-lit"},
 }
+DEBUG_FLAG, DEBUG_ENV = "--debug", "RLHF_LIT_DEBUG"
+_debug = False  # set by main(): --debug / RLHF_LIT_DEBUG
+EXPECTED_ERRORS = (ValueError, OSError, ImportError, MisconfigurationException)
+"""Errors a user can act on (bad values, files, models, data): one line, no traceback."""
+
+
+def debug_enabled(argv: list[str]) -> bool:
+    """``--debug`` on the command line or ``RLHF_LIT_DEBUG`` set to a true value."""
+    return DEBUG_FLAG in argv or os.environ.get(DEBUG_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def condense_parser_error(message: str) -> str:
+    """The innermost cause of a jsonargparse error, with the option it belongs to.
+
+    A wrong value under ``--model`` is reported by jsonargparse as a failed Union of every
+    subtype ("Does not validate against any of the Union subtypes ..."), several levels deep;
+    the user needs the key and the one line that says what is wrong with it.
+    """
+    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
+    keys, cause = [], None
+    for i, line in enumerate(lines):
+        match = re.match(r'(?:- )?Parser key "([^"]+)":\s*(.*)', line)
+        if match:
+            keys.append(match.group(1))
+            cause = match.group(2) or (lines[i + 1] if i + 1 < len(lines) else None)
+    if not keys or cause is None:
+        return lines[0] if lines else message
+    return f"option {'.'.join(keys)}: {cause.lstrip('- ')}"
+
+
+class ConciseArgumentParser(LightningArgumentParser):
+    """A LightningArgumentParser whose errors are one line (the full report with ``--debug``)."""
+
+    def error(self, message: str, ex: Exception | None = None):
+        """Print ``rlhf-lit: error: <cause>`` and exit 2, unless debugging or the caller catches errors."""
+        if not self.exit_on_error or _debug:
+            return super().error(message, ex)
+        sys.stderr.write(
+            f"rlhf-lit: error: {condense_parser_error(message)}\n"
+            f"(`{self.prog.replace(' [options]', '')} --help` lists the options; {DEBUG_FLAG} shows the full report)\n"
+        )
+        sys.exit(2)
+
+
+def refuse_remote_checkpoint(ckpt_path: str | None) -> None:
+    """Refuse a checkpoint URL: Lightning would unpickle it in full, and a checkpoint can carry code."""
+    if ckpt_path and urlparse(str(ckpt_path)).scheme not in ("", "file") and "://" in str(ckpt_path):
+        raise ValueError(
+            f"--ckpt_path {ckpt_path}: remote checkpoints are not loaded (a checkpoint is unpickled in full, "
+            "so it can run code); download it, check where it comes from, and pass the local file"
+        )
 
 
 class RLHFCLI(LightningCLI):
@@ -26,20 +91,87 @@ class RLHFCLI(LightningCLI):
         """Link `model.tokenizer` (built in the stage's __init__) to the data module's `tokenizer`."""
         parser.link_arguments("model.tokenizer", "data.init_args.tokenizer", apply_on="instantiate")
 
+    def _parse_ckpt_path(self) -> None:
+        """Check ``--ckpt_path``; do NOT merge the checkpoint's hyperparameters into the config.
+
+        LightningCLI would parse the checkpoint's hyperparameters over the given config, so a
+        resume would silently ignore a changed option (and fails for a stage whose hyperparameters
+        it cannot parse). Here the given config rules, and each stage compares it with the
+        checkpoint when the checkpoint is loaded (:mod:`rlhf_lit.stages.resume`): differences that
+        would break the run are refused, listed; safe ones (more rollouts, another export
+        directory) are applied.
+        """
+        subcommand = self.config.get("subcommand")
+        if subcommand:
+            refuse_remote_checkpoint(self.config[subcommand].get("ckpt_path"))
+
+
+def _raised_in_jsonargparse(error: BaseException) -> bool:
+    tb = error.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and f"{os.sep}jsonargparse{os.sep}" in tb.tb_frame.f_code.co_filename
+
+
+def user_facing_error(error: BaseException) -> BaseException:
+    """The error to report: the first in the chain not raised by jsonargparse.
+
+    An error raised in a stage's ``__init__`` reaches the CLI wrapped by jsonargparse ("Does not
+    validate against any of the Union subtypes ... Given value: <the whole config>"); the user
+    needs the stage's own message.
+    """
+    seen = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if not _raised_in_jsonargparse(current):
+            return current
+        current = current.__cause__ or current.__context__
+    return error
+
+
+def configure_logging() -> None:
+    """Show rlhf-lit's INFO messages (record counts, pad policy, exports) on stderr."""
+    logger = logging.getLogger("rlhf_lit")
+    if not any(getattr(h, "_rlhf_lit", False) for h in logger.handlers):
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("[rlhf-lit] %(message)s"))
+        handler._rlhf_lit = True  # type: ignore[attr-defined]
+        logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+
 
 def main(args: list[str] | None = None) -> None:
     """Entry point of the `rlhf-lit` console script."""
-    RLHFCLI(
-        LightningModule,
-        LightningDataModule,
-        subclass_mode_model=True,
-        subclass_mode_data=True,
-        trainer_defaults={"logger": DEFAULT_LOGGER, "default_root_dir": "logs"},
-        save_config_kwargs={"overwrite": True},
-        # A fixed default seed: two runs of one config sample the same prompts and responses.
-        seed_everything_default=1234,
-        args=args,
-    )
+    global _debug
+    argv = list(sys.argv[1:] if args is None else args)
+    debug = _debug = debug_enabled(argv)
+    if debug:
+        os.environ[DEBUG_ENV] = "1"  # for the processes a DDP launcher starts from sys.argv
+    argv = [a for a in argv if a != DEBUG_FLAG]
+    if args is None:
+        sys.argv[1:] = argv  # LightningCLI reads sys.argv itself (and warns when given both)
+    configure_logging()
+    try:
+        RLHFCLI(
+            LightningModule,
+            LightningDataModule,
+            subclass_mode_model=True,
+            subclass_mode_data=True,
+            parser_class=ConciseArgumentParser,
+            trainer_defaults={"logger": DEFAULT_LOGGER, "default_root_dir": "logs"},
+            save_config_kwargs={"overwrite": True},
+            # A fixed default seed: two runs of one config sample the same prompts and responses.
+            seed_everything_default=1234,
+            args=args and argv,
+        )
+    except EXPECTED_ERRORS as error:
+        if debug:
+            raise
+        cause = user_facing_error(error)
+        sys.stderr.write(f"rlhf-lit: error: {cause}\n(run with {DEBUG_FLAG} for the traceback)\n")
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import logging
+import os
 from typing import Literal
 
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
+from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerBase
+
+from rlhf_lit.sources import TOKENIZER_FILES, SourceError, from_pretrained
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +33,7 @@ def load_tokenizer(
     missing_pad: MissingPad = "add",
     revision: str | None = None,
     trust_remote_code: bool = False,
+    what: str = "tokenizer",
 ) -> PreTrainedTokenizerBase:
     """Load a tokenizer from a hub name or a local directory and make sure it can pad.
 
@@ -40,12 +44,14 @@ def load_tokenizer(
             The choice is logged; it is never made silently.
         revision: Hub revision (branch, tag or commit).
         trust_remote_code: Passed to ``AutoTokenizer.from_pretrained``.
+        what: names the source in error messages (e.g. the option it came from).
 
     Returns:
         The tokenizer, with ``pad_token`` set and ``padding_side`` as asked.
     """
-    tokenizer = AutoTokenizer.from_pretrained(
-        name_or_path, revision=revision, trust_remote_code=trust_remote_code
+    tokenizer = from_pretrained(
+        AutoTokenizer.from_pretrained, name_or_path, what, "tokenizer", revision=revision,
+        trust_remote_code=trust_remote_code,
     )
     if tokenizer.eos_token_id is None:
         raise ValueError(f"tokenizer {name_or_path!r} has no EOS token; rlhf-lit ends responses with EOS")
@@ -68,3 +74,44 @@ def load_tokenizer(
         )
     tokenizer.padding_side = padding_side
     return tokenizer
+
+
+def _base_vocabulary(tokenizer: PreTrainedTokenizerBase) -> dict[str, int]:
+    """The tokenizer's own vocabulary, without tokens added on top (such as rlhf-lit's pad)."""
+    return {token: i for token, i in tokenizer.get_vocab().items() if i < tokenizer.vocab_size}
+
+
+def check_same_vocabulary(tokenizer: PreTrainedTokenizerBase, model_path: str, what: str, model_vocab: int) -> None:
+    """Refuse a model (reward model, value model) that does not read the run's token ids as its own.
+
+    The policy's token ids are passed to the reward model as they are, never decoded and
+    re-encoded (which would change them: "BPE is not a bijection"), so both must share one
+    vocabulary. A model directory with a tokenizer is compared token by token (tokens added on
+    top, such as a pad, aside); one without must have an embedding table no smaller than the
+    tokenizer's vocabulary and no larger than the policy's (``model_vocab``).
+
+    Raises:
+        ValueError: the vocabularies differ, naming both sizes.
+    """
+    local = os.path.isdir(os.path.expanduser(model_path))
+    theirs = None
+    if not local or any(os.path.exists(os.path.join(os.path.expanduser(model_path), f)) for f in TOKENIZER_FILES):
+        try:
+            theirs = from_pretrained(AutoTokenizer.from_pretrained, model_path, what, "tokenizer")
+        except (OSError, ValueError, SourceError):
+            theirs = None
+    if theirs is not None:
+        if _base_vocabulary(theirs) == _base_vocabulary(tokenizer):
+            return
+        sizes = f"{theirs.vocab_size} vs {tokenizer.vocab_size} tokens"
+    else:
+        size = AutoConfig.from_pretrained(model_path).vocab_size
+        # Its embeddings may hold the run's added pad or be padded to a round size, as the policy's may.
+        if tokenizer.vocab_size <= size <= max(len(tokenizer), model_vocab):
+            return
+        sizes = f"{size} vs {tokenizer.vocab_size} token embeddings"
+    raise ValueError(
+        f"{what} {model_path} has a different vocabulary from the policy's tokenizer ({sizes}): it would read "
+        "the policy's token ids as other tokens. Use a model trained with the policy's tokenizer (for example "
+        "the reward-model stage's export from the SFT model)"
+    )

@@ -1,4 +1,10 @@
-"""Checkpoints counted in PPO rollouts, written atomically.
+"""Checkpoints written atomically, with ``last.ckpt`` the state at the end of fit; PPO's counted in rollouts.
+
+:class:`Checkpoint` is Lightning's ``ModelCheckpoint`` with two promises kept: every file is written
+atomically (below), and with ``save_last`` the ``last.ckpt`` holds the state at the end of fit
+(``ModelCheckpoint`` writes it only with a regular save, so a run whose last validation came before
+its last step leaves a ``last.ckpt`` that lags, and a resume replays work). The SFT and RM configs
+use it; :class:`RolloutCheckpoint` builds on it for PPO.
 
 Under manual optimization ``global_step`` counts every ``opt.step()`` of every optimizer (PPO
 makes ``epochs x minibatches / grad_accum x optimizers`` of them per rollout), so
@@ -69,7 +75,78 @@ def replace(src: str, dst: str) -> None:
         os.replace(src, dst)
 
 
-class RolloutCheckpoint(ModelCheckpoint):
+class Checkpoint(ModelCheckpoint):
+    """Lightning's ``ModelCheckpoint``, written atomically, whose ``last.ckpt`` is the end-of-fit state.
+
+    Takes ``ModelCheckpoint``'s arguments. Differences: every file is written under a temporary
+    name and renamed (module docstring); with ``save_last``, ``last.ckpt`` is written again when
+    training ends unless the final step was just saved, so resuming from it continues exactly
+    where fit stopped.
+    """
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        """Refuse asynchronous writes (the file is not there yet when it would be renamed); remove
+        temporary files a crash left."""
+        if isinstance(trainer.strategy.checkpoint_io, AsyncCheckpointIO):
+            raise ValueError(
+                f"{type(self).__name__} writes each checkpoint to a temporary name and renames it when "
+                "complete, which AsyncCheckpointIO does not allow; drop the AsyncCheckpointIO plugin"
+            )
+        super().setup(trainer, pl_module, stage)
+        if trainer.is_global_zero and self.dirpath and _is_local_file_protocol(self.dirpath):
+            pattern = os.path.join(glob.escape(str(self.dirpath)), f".*{self.FILE_EXTENSION}")
+            for leftover in glob.glob(pattern + TMP_SUFFIX) + glob.glob(pattern + OLD_SUFFIX):
+                _remove(leftover)
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Write ``last.ckpt`` with the final state, unless the last save already holds it."""
+        if not self.save_last or trainer.fast_dev_run or trainer.sanity_checking:
+            return
+        if self._last_checkpoint_saved and self._last_global_step_saved == trainer.global_step:
+            return
+        filepath = self.format_checkpoint_name(self._monitor_candidates(trainer), self.CHECKPOINT_NAME_LAST)
+        self._save_checkpoint(trainer, filepath)  # a full file, also with save_last="link"
+        self.last_model_path = filepath
+
+    def _save_checkpoint(self, trainer: Trainer, filepath: str) -> None:
+        """Write to ``.<name>.tmp`` (all ranks, for sharded strategies), then rename (rank 0)."""
+        if not _is_local_file_protocol(filepath):
+            super()._save_checkpoint(trainer, filepath)
+            return
+        tmp = temporary_path(filepath)
+        if trainer.is_global_zero:
+            _remove(tmp)  # a leftover of a crashed write: never mix old shards into a new save
+        trainer.strategy.barrier("rlhf_lit.Checkpoint.clean")
+        trainer.save_checkpoint(tmp, self.save_weights_only)  # returns after a barrier
+        if trainer.is_global_zero:
+            replace(tmp, filepath)
+        trainer.strategy.barrier("rlhf_lit.Checkpoint.replace")
+        # what ModelCheckpoint._save_checkpoint records after its write
+        self._last_global_step_saved = trainer.global_step
+        self._last_checkpoint_saved = filepath
+        if trainer.is_global_zero:
+            for logger in trainer.loggers:
+                logger.after_save_checkpoint(proxy(self))
+
+    @staticmethod
+    def _link_checkpoint(trainer: Trainer, filepath: str, linkpath: str) -> None:
+        """``save_last="link"``: make the link under the temporary name, then rename it over
+        ``linkpath`` (ModelCheckpoint deletes ``linkpath`` first, leaving a moment without it)."""
+        if trainer.is_global_zero and os.path.abspath(filepath) != os.path.abspath(linkpath):
+            tmp = temporary_path(linkpath)
+            _remove(tmp)
+            try:
+                os.symlink(os.path.relpath(filepath, os.path.dirname(linkpath)), tmp)
+            except OSError:  # no symlinks (Windows without the privilege): a copy
+                if os.path.isdir(filepath):
+                    shutil.copytree(filepath, tmp)
+                else:
+                    shutil.copy(filepath, tmp)
+            replace(tmp, linkpath)
+        trainer.strategy.barrier()
+
+
+class RolloutCheckpoint(Checkpoint):
     """Save a checkpoint after every ``every_n_rollouts``-th rollout, atomically.
 
     A ``ModelCheckpoint`` whose only trigger is the rollout count: after the training step that
@@ -142,24 +219,14 @@ class RolloutCheckpoint(ModelCheckpoint):
 
     # ------------------------------------------------------------------------------------ hooks
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        """Refuse modules without a rollout count and asynchronous checkpoint writes (whose file
-        is not there yet when it would be renamed); remove temporary files a crash left."""
+        """Refuse modules without a rollout count; then :meth:`Checkpoint.setup`."""
         if not isinstance(getattr(pl_module, ROLLOUT_ATTRIBUTE, None), int):
             raise TypeError(
                 f"RolloutCheckpoint needs a module with an integer `{ROLLOUT_ATTRIBUTE}` (the "
                 f"number of finished rollouts, as PPOModule has); {type(pl_module).__name__} has "
-                "none: use lightning's ModelCheckpoint for it"
-            )
-        if isinstance(trainer.strategy.checkpoint_io, AsyncCheckpointIO):
-            raise ValueError(
-                "RolloutCheckpoint writes each checkpoint to a temporary name and renames it when "
-                "complete, which AsyncCheckpointIO does not allow; drop the AsyncCheckpointIO plugin"
+                "none: use rlhf_lit.callbacks.Checkpoint for it"
             )
         super().setup(trainer, pl_module, stage)
-        if trainer.is_global_zero and self.dirpath and _is_local_file_protocol(self.dirpath):
-            pattern = os.path.join(glob.escape(str(self.dirpath)), f".*{self.FILE_EXTENSION}")
-            for leftover in glob.glob(pattern + TMP_SUFFIX) + glob.glob(pattern + OLD_SUFFIX):
-                _remove(leftover)
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """Start counting from the module's rollout count (not 0 when resumed)."""
@@ -187,46 +254,9 @@ class RolloutCheckpoint(ModelCheckpoint):
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """Nothing: checkpoints follow rollouts, not validation runs."""
 
-    # ------------------------------------------------------------------------- naming, writing
+    # ------------------------------------------------------------------------- naming
     def _monitor_candidates(self, trainer: Trainer) -> dict[str, torch.Tensor]:
         """Lightning's candidates (logged metrics, ``epoch``, ``step``) plus ``rollout``."""
         candidates = super()._monitor_candidates(trainer)
         candidates[self.ROLLOUT_KEY] = torch.tensor(getattr(trainer.lightning_module, ROLLOUT_ATTRIBUTE))
         return candidates
-
-    def _save_checkpoint(self, trainer: Trainer, filepath: str) -> None:
-        """Write to ``.<name>.tmp`` (all ranks, for sharded strategies), then rename (rank 0)."""
-        if not _is_local_file_protocol(filepath):
-            super()._save_checkpoint(trainer, filepath)
-            return
-        tmp = temporary_path(filepath)
-        if trainer.is_global_zero:
-            _remove(tmp)  # a leftover of a crashed write: never mix old shards into a new save
-        trainer.strategy.barrier("RolloutCheckpoint.clean")
-        trainer.save_checkpoint(tmp, self.save_weights_only)  # returns after a barrier
-        if trainer.is_global_zero:
-            replace(tmp, filepath)
-        trainer.strategy.barrier("RolloutCheckpoint.replace")
-        # what ModelCheckpoint._save_checkpoint records after its write
-        self._last_global_step_saved = trainer.global_step
-        self._last_checkpoint_saved = filepath
-        if trainer.is_global_zero:
-            for logger in trainer.loggers:
-                logger.after_save_checkpoint(proxy(self))
-
-    @staticmethod
-    def _link_checkpoint(trainer: Trainer, filepath: str, linkpath: str) -> None:
-        """``save_last="link"``: make the link under the temporary name, then rename it over
-        ``linkpath`` (ModelCheckpoint deletes ``linkpath`` first, leaving a moment without it)."""
-        if trainer.is_global_zero and os.path.abspath(filepath) != os.path.abspath(linkpath):
-            tmp = temporary_path(linkpath)
-            _remove(tmp)
-            try:
-                os.symlink(os.path.relpath(filepath, os.path.dirname(linkpath)), tmp)
-            except OSError:  # no symlinks (Windows without the privilege): a copy
-                if os.path.isdir(filepath):
-                    shutil.copytree(filepath, tmp)
-                else:
-                    shutil.copy(filepath, tmp)
-            replace(tmp, linkpath)
-        trainer.strategy.barrier()

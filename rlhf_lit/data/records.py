@@ -17,10 +17,10 @@ error names the file, the line (record index for JSON arrays and hub rows) and t
 from __future__ import annotations
 
 import gzip
-import io
 import json
 import logging
 import os
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -97,10 +97,28 @@ def _strip_gz(path: str) -> str:
     return path[: -len(".gz")] if path.endswith(".gz") else path
 
 
-def _open_text(path: str) -> io.TextIOBase:
+def _read_text(path: str) -> str:
+    """The whole file as text: gunzipped when ``.gz``, UTF-8 with an optional byte-order mark.
+
+    Raises ValueError naming the file (and the line of the first undecodable byte) for a file that
+    is not UTF-8 or a ``.gz`` that is truncated or corrupt, instead of a bare decoder error.
+    """
+    with open(path, "rb") as f:
+        raw = f.read()
     if path.endswith(".gz"):
-        return gzip.open(path, "rt", encoding="utf-8")  # type: ignore[return-value]
-    return open(path, encoding="utf-8")
+        try:
+            raw = gzip.decompress(raw)
+        except (EOFError, OSError, zlib.error) as e:
+            raise ValueError(f"{path}: not a complete gzip file ({e}); is it truncated?") from None
+    try:
+        # utf-8-sig drops a leading byte-order mark (editors on Windows write one).
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise ValueError(
+            f"{path} line {line}: not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start}); "
+            "re-encode the file as UTF-8"
+        ) from None
 
 
 class _SkippingReader:
@@ -134,8 +152,7 @@ class _SkippingReader:
 
 def _read_file(path: str, *, skip_invalid: bool) -> Any:
     kind = _strip_gz(path)
-    with _open_text(path) as f:
-        text = f.read()
+    text = _read_text(path)
     if kind.endswith(".txt"):
         return _paragraph_rows(path, text)
     if kind.endswith(".json") and text.lstrip().startswith("["):

@@ -14,6 +14,8 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from rlhf_lit.sources import from_pretrained
+
 log = logging.getLogger(__name__)
 
 DType = Literal["auto", "float32", "bfloat16", "float16"]
@@ -67,8 +69,9 @@ def _load(
     **kwargs,
 ) -> PreTrainedModel:
     """Load with ``auto_class``, fit the embeddings to the tokenizer and switch dropout off."""
-    model = auto_class.from_pretrained(
-        name_or_path, dtype=_torch_dtype(dtype), revision=revision,
+    what = "reward model" if auto_class is AutoModelForSequenceClassification else "model"
+    model = from_pretrained(
+        auto_class.from_pretrained, name_or_path, what, dtype=_torch_dtype(dtype), revision=revision,
         trust_remote_code=trust_remote_code, **kwargs,
     )
     _fit_to_tokenizer(model, tokenizer)

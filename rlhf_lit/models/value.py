@@ -17,6 +17,7 @@ from transformers import AutoConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from rlhf_lit.models.loading import DType, load_reward_model
 from rlhf_lit.models.reward_norm import reward_offset
+from rlhf_lit.sources import from_pretrained
 from rlhf_lit.models.scoring import score_head, token_scores
 
 log = logging.getLogger(__name__)
@@ -81,7 +82,7 @@ class ValueHead(nn.Module):
 
 def _has_score_head(name_or_path: str) -> bool:
     """Whether a checkpoint already holds a sequence-classification head (else loading creates one)."""
-    architectures = AutoConfig.from_pretrained(name_or_path).architectures or []
+    architectures = from_pretrained(AutoConfig.from_pretrained, name_or_path, "value model").architectures or []
     return any(a.endswith("ForSequenceClassification") for a in architectures)
 
 

@@ -18,6 +18,11 @@ from contextlib import contextmanager
 from lightning.pytorch import Trainer
 
 
+def has_gradient_scaler(trainer: Trainer) -> bool:
+    """Whether the trainer's precision plugin scales the loss (fp16 ``16-mixed``)."""
+    return getattr(trainer.precision_plugin, "scaler", None) is not None
+
+
 @contextmanager
 def one_scaler_update(trainer: Trainer) -> Iterator[None]:
     """Defer the precision plugin's ``scaler.update()`` calls in the block to one call at its end.

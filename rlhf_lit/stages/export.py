@@ -2,19 +2,38 @@
 
 Lightning checkpoints stay the way to resume; the export is what the next stage (or any
 ``from_pretrained`` user) loads.
+
+rlhf-lit never deletes or overwrites what it did not write: every export carries a marker file
+(:data:`MARKER`), a non-empty directory without it is never replaced, and an earlier export is
+replaced only when the stage's ``export_existing`` says ``replace`` (by an atomic swap with the
+complete new one). The target is checked when fit starts, so a refusal costs no training.
 """
 
 from __future__ import annotations
 
+import datetime
+import json
 import logging
 import os
 import shutil
+import tempfile
 from pathlib import Path
+from typing import Literal
 
 import lightning.pytorch as pl
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from rlhf_lit.stages.nonfinite import assert_finite
+
 log = logging.getLogger(__name__)
+
+MARKER = "rlhf_lit_export.json"
+"""Written into every export: what it is and when it was written. Only such a directory is ever replaced."""
+
+ExportExisting = Literal["refuse", "replace"]
+"""What to do when ``export_dir`` already holds an earlier rlhf-lit export: ``refuse`` (stop before
+training, naming it) or ``replace`` it atomically at the end of fit. A non-empty directory that
+rlhf-lit did not write is refused either way."""
 
 
 def default_export_dir(trainer: pl.Trainer) -> str:
@@ -22,35 +41,69 @@ def default_export_dir(trainer: pl.Trainer) -> str:
     return os.path.join(trainer.log_dir or trainer.default_root_dir, "model")
 
 
+def check_export_target(path: str | os.PathLike, existing: ExportExisting) -> None:
+    """Raise ValueError unless an export may be written to ``path`` (see the module docstring)."""
+    target = Path(path)
+    if not target.exists() and not target.is_symlink():
+        return
+    if not target.is_dir() or target.is_symlink():
+        raise ValueError(f"export_dir {target} exists and is not a directory; choose another export_dir")
+    if not any(target.iterdir()):
+        return
+    marker = target / MARKER
+    if not marker.is_file():
+        raise ValueError(
+            f"export_dir {target} is not empty and was not written by rlhf-lit (no {MARKER}); it is never "
+            "replaced: choose another export_dir"
+        )
+    if existing != "replace":
+        try:
+            about = json.loads(marker.read_text(encoding="utf-8"))
+            what = f" ({about.get('what', 'an export')}, written {about.get('written', '?')})"
+        except (OSError, ValueError):
+            what = ""
+        raise ValueError(
+            f"export_dir {target} holds an earlier rlhf-lit export{what}; set export_existing: replace "
+            "(--model.init_args.export_existing replace) to replace it, or choose another export_dir"
+        )
+
+
 def save_pretrained_atomically(
-    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path: str | os.PathLike
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    path: str | os.PathLike,
+    what: str = "model",
+    existing: ExportExisting = "refuse",
 ) -> Path:
     """Write ``model`` and ``tokenizer`` with ``save_pretrained`` so that ``path`` is never half written.
 
-    Everything is written to ``<path>.tmp-<pid>`` first, then renamed into place. A previous
-    export at ``path`` is moved aside and deleted only after the new one is in place, so a crash
-    leaves either the old or the new export, never a mixture.
+    Everything (and the :data:`MARKER`) is written into a new hidden directory beside ``path``,
+    then renamed into place. An earlier export at ``path`` (checked again here with
+    :func:`check_export_target`) is moved aside and deleted only after the new one is in place,
+    so a crash leaves either the old or the new export, never a mixture.
 
     Returns:
         The absolute path of the export.
     """
     final = Path(path).absolute()
+    check_export_target(final, existing)
+    assert_finite(model, what)
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.with_name(f"{final.name}.tmp-{os.getpid()}")
-    if tmp.exists():
-        shutil.rmtree(tmp)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))  # new: never someone's
     try:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
+        written = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        (tmp / MARKER).write_text(json.dumps({"what": what, "written": written}) + "\n", encoding="utf-8")
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)  # the directory made above, nothing else
         raise
-    old = final.with_name(f"{final.name}.old-{os.getpid()}")
-    if final.exists():
-        # os.replace cannot replace a non-empty directory: move the old one aside first.
-        os.replace(final, old)
+    old = None
+    if final.exists():  # an empty directory or an rlhf-lit export (checked above)
+        old = Path(tempfile.mkdtemp(prefix=f".{final.name}.old-", dir=final.parent))
+        os.replace(final, old / final.name)  # os.replace cannot replace a non-empty directory
     os.replace(tmp, final)
-    if old.exists():
+    if old is not None:
         shutil.rmtree(old)
     return final
 
@@ -61,6 +114,7 @@ def export_at_fit_end(
     tokenizer: PreTrainedTokenizerBase,
     export_dir: str | None,
     what: str,
+    existing: ExportExisting = "refuse",
 ) -> Path | None:
     """Export on global rank 0 only, print and log where; other ranks return None.
 
@@ -73,12 +127,21 @@ def export_at_fit_end(
         tokenizer: The run's tokenizer, written next to the model.
         export_dir: Where to write; None means :func:`default_export_dir`.
         what: Words for the message, e.g. ``"SFT model"``.
+        existing: What to do with an earlier export at the target (:data:`ExportExisting`).
     """
     target = export_dir or default_export_dir(trainer)  # collective: on every rank
     path = None
     if trainer.is_global_zero:
-        path = save_pretrained_atomically(model, tokenizer, target)
+        path = save_pretrained_atomically(model, tokenizer, target, what, existing)
         print(f"[rlhf-lit] exported {what} to {path}")
         log.info("exported %s to %s", what, path)
     trainer.strategy.barrier("rlhf_lit_export")
     return path
+
+
+def check_export_at_fit_start(trainer: pl.Trainer, export_dir: str | None, existing: ExportExisting) -> None:
+    """Refuse, before any training step, an export target the end of fit would have to refuse.
+
+    Called on every rank (resolving the default path is collective); each sees the same files.
+    """
+    check_export_target(export_dir or default_export_dir(trainer), existing)

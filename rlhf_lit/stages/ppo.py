@@ -97,9 +97,11 @@ from rlhf_lit.models.generation import (
 from rlhf_lit.models.loading import DType
 from rlhf_lit.models.value import CriticKind, build_critic
 from rlhf_lit.rollout import Rollout, minibatches
-from rlhf_lit.stages.amp import one_scaler_update
-from rlhf_lit.stages.export import export_at_fit_end
+from rlhf_lit.stages.amp import has_gradient_scaler, one_scaler_update
+from rlhf_lit.stages.export import ExportExisting, check_export_at_fit_start, export_at_fit_end
 from rlhf_lit.stages.dataclass_args import as_config
+from rlhf_lit.stages.nonfinite import NonFiniteGuard, assert_finite, nonfinite_rollout_parts
+from rlhf_lit.stages.resume import check_module_resume
 from rlhf_lit.stages.optim import OptimizerConfig, build_optimizer
 from rlhf_lit.stages.ppo_config import KLConfig, PPOConfig, RewardConfig
 from rlhf_lit.stages.ppo_metrics import (
@@ -109,10 +111,12 @@ from rlhf_lit.stages.ppo_metrics import (
     rollout_statistics,
     text_statistics,
 )
-from rlhf_lit.tokenizer import MissingPad, load_tokenizer
+from rlhf_lit.tokenizer import MissingPad, check_same_vocabulary, load_tokenizer
 
 FROZEN_PREFIXES = ("ref_policy.", "reward_model.")
 """State-dict prefixes of the frozen models: never written to checkpoints, reloaded from paths."""
+SAFE_ON_RESUME = ("max_rollouts", "judge", "export_dir", "export_existing", "max_skipped_updates")
+"""Settings a resume may change: how far the run goes, what is logged beside it, where it exports."""
 STREAM_SAMPLE, STREAM_SHUFFLE = 0, 1
 """Random streams folded into the per-rollout seeds."""
 
@@ -153,6 +157,12 @@ class PPOModule(LightningModule):
         export_dir: where the trained policy and its tokenizer are written in Hugging Face format
             at the end of fit (``AutoModelForCausalLM.from_pretrained(export_dir)``); None means
             ``<log dir or default_root_dir>/model``.
+        max_skipped_updates: stop the run after this many updates in a row were skipped for NaN or
+            inf (a rollout with non-finite scores, logprobs or values; an optimizer step with
+            non-finite gradients); see :mod:`rlhf_lit.stages.nonfinite`.
+        export_existing: when ``export_dir`` already holds an earlier rlhf-lit export: ``refuse``
+            (stop before training) or ``replace`` it (atomically, at the end of fit). A non-empty
+            directory rlhf-lit did not write is never replaced.
     """
 
     def __init__(
@@ -174,6 +184,8 @@ class PPOModule(LightningModule):
         rollout_seed: int = 0,
         judge: str | None = None,
         export_dir: str | None = None,
+        export_existing: ExportExisting = "refuse",
+        max_skipped_updates: int = 3,
     ) -> None:
         super().__init__()
         # Loaded first: a bad spec fails before any model is.
@@ -189,23 +201,32 @@ class PPOModule(LightningModule):
         if max_rollouts < 1:
             raise ValueError(f"max_rollouts must be >= 1, got {max_rollouts}")
         self.max_rollouts, self.rollout_seed = max_rollouts, rollout_seed
-        self.save_hyperparameters({
-            "sft_model": sft_model, "reward_model": reward_model, "value_model": value_model,
-            "tokenizer_path": tokenizer_path, "missing_pad": missing_pad, "critic": critic, "dtype": dtype,
+        # The settings as given (under LightningCLI with its class path, so `--ckpt_path` resumes from
+        # the command line); the config groups as plain dicts: a dataclass breaks weights_only loading.
+        groups = ("sampling", "ppo", "reward", "kl", "optimizer", "critic_optimizer")
+        self.save_hyperparameters(ignore=list(groups))
+        self.hparams.update({
             "sampling": asdict(self.sampling), "ppo": asdict(self.ppo), "reward": asdict(self.reward_cfg),
             "kl": asdict(self.kl_cfg), "optimizer": asdict(self.optimizer_cfg),
             "critic_optimizer": None if self.critic_optimizer_cfg is None else asdict(self.critic_optimizer_cfg),
-            "max_rollouts": max_rollouts, "rollout_seed": rollout_seed, "judge": judge, "export_dir": export_dir,
         })  # fmt: skip
-        self.export_dir = export_dir
+        self.nonfinite = NonFiniteGuard(max_skipped_updates, "max_skipped_updates")
+        self.export_dir, self.export_existing = export_dir, export_existing
         self.exported_path: Path | None = None
         self.automatic_optimization = False
 
-        self.tokenizer = load_tokenizer(tokenizer_path or sft_model, padding_side="left", missing_pad=missing_pad)
+        self.tokenizer = load_tokenizer(
+            tokenizer_path or sft_model, padding_side="left", missing_pad=missing_pad,
+            what="tokenizer_path" if tokenizer_path else "sft_model",
+        )
         self.policy = load_causal_lm(sft_model, self.tokenizer, dtype=dtype)
         # Every id that ends a response (the model may list several): sampling, masks, the reward
         # position and the missing-EOS penalty all follow from this one set.
         self.stop_ids = stop_token_ids(self.policy, self.tokenizer)
+        base_vocab = self.policy.config.vocab_size
+        for what, path in (("reward_model", reward_model), ("value_model", value_model)):
+            if path is not None:  # before loading: a mismatched RM would be resized to fit silently
+                check_same_vocabulary(self.tokenizer, path, what, base_vocab)
         self.ref_policy = freeze(load_causal_lm(sft_model, self.tokenizer, dtype=dtype))
         self.reward_model = freeze(load_reward_model(reward_model, self.tokenizer, dtype=dtype))
         self.critic = build_critic(critic, self.policy, value_model or reward_model, self.tokenizer, dtype)
@@ -233,7 +254,12 @@ class PPOModule(LightningModule):
         return optimizers if isinstance(optimizers, list) else [optimizers]
 
     def on_fit_start(self) -> None:
-        """Refuse PPO-ptx without a second data source before any work is done."""
+        """Refuse, before any work is done: PPO-ptx without a second data source, an export target
+        the end of fit could not write, a prompt batch the minibatches cannot divide."""
+        check_export_at_fit_start(self.trainer, self.export_dir, self.export_existing)
+        batch_size = getattr(self.trainer.datamodule, "batch_size", None)
+        if isinstance(batch_size, int):
+            self._check_rollout_rows(batch_size)
         if self.ppo.ptx_coef > 0 and not hasattr(self.trainer.datamodule, "ptx_dataloader"):
             raise ValueError("ppo.ptx_coef > 0 needs a data module with ptx_dataloader() (SFT-style batches)")
 
@@ -370,14 +396,17 @@ class PPOModule(LightningModule):
         }  # fmt: skip
         return loss, stats
 
+    def _check_rollout_rows(self, rows: int) -> None:
+        """The prompts per rollout (per process) must split into whole optimizer steps."""
+        if rows % self.ppo.rows_per_step != 0:
+            raise ValueError(
+                f"the rollout batch ({rows} prompts per process: the data module's batch_size) must be a multiple "
+                f"of ppo.minibatch_size * ppo.grad_accum = {self.ppo.minibatch_size} * {self.ppo.grad_accum}"
+            )
+
     def train_on_rollout(self, rollout: Rollout) -> dict[str, torch.Tensor]:
         """K epochs of shuffled minibatches; an optimizer step every ``grad_accum`` minibatches."""
         cfg = self.ppo
-        if rollout.batch_size % cfg.rows_per_step != 0:
-            raise ValueError(
-                f"the rollout batch ({rollout.batch_size} rows) must be a multiple of "
-                f"ppo.minibatch_size * ppo.grad_accum = {cfg.rows_per_step}"
-            )
         optimizers = self._optimizer_list()
         generator = torch.Generator().manual_seed(self._stream_seed(STREAM_SHUFFLE))
         history: list[dict[str, torch.Tensor]] = []
@@ -395,11 +424,14 @@ class PPOModule(LightningModule):
         return {k: torch.stack([h[k] for h in history]).mean() for k in history[0]}
 
     def on_before_optimizer_step(self, optimizer) -> None:
-        """Clip the gradient norm of ``optimizer``'s parameters to ``ppo.max_grad_norm``.
+        """Skip a step with non-finite gradients; clip the gradient norm to ``ppo.max_grad_norm``.
 
         Here, not before ``opt.step()``: Lightning calls this hook after it unscales fp16
         (``16-mixed``) gradients, so the clip sees true gradients, not ones times the loss scale.
         """
+        where = f"rollout {self.rollout_index}, optimizer step {self.global_step}"
+        if not self.nonfinite.check_optimizer(optimizer, has_gradient_scaler(self.trainer), where):
+            return  # gradients dropped: this optimizer's step changes nothing
         if self.ppo.max_grad_norm is not None:
             self.clip_gradients(optimizer, gradient_clip_val=self.ppo.max_grad_norm, gradient_clip_algorithm="norm")
 
@@ -409,22 +441,32 @@ class PPOModule(LightningModule):
         if self.rollout_index >= self.max_rollouts:
             self.trainer.should_stop = True
             return
+        self._check_rollout_rows(batch["input_ids"].shape[0])  # before any work
         timer = RolloutTimer(self.device)
         rollout, entropy = self.make_rollout(batch, timer)
+        bad = nonfinite_rollout_parts(rollout, lambda t: self.trainer.strategy.reduce(t, reduce_op="sum"))
+        if bad:  # no update on NaN: it would turn every weight into NaN
+            self.nonfinite.skipped(f"rollout {self.rollout_index}: non-finite {', '.join(bad)}")
+            self._end_rollout(rollout.batch_size, {"skipped/nonfinite_rollout": 1.0})
+            return
         train_stats = self.train_on_rollout(rollout)
         timer.mark("train")
         kl_coef = self.kl_ctl.value
         metrics = self.rollout_metrics(rollout, entropy, train_stats, kl_coef, timer)
         # The KL controller sees the KL averaged over all ranks and the global batch size.
         self.kl_ctl.update(metrics["objective/kl"], n_steps=rollout.batch_size * self.trainer.world_size)
+        self.log_dict({"score": metrics["objective/scores"], "kl": metrics["objective/kl"]}, prog_bar=True, logger=False)
+        self._end_rollout(rollout.batch_size, {**metrics, "skipped/nonfinite_rollout": 0.0})
+
+    def _end_rollout(self, rows: int, metrics: dict[str, float]) -> None:
+        """Log the rollout, count it, advance the data position and the schedules, stop at the end."""
         for logger in self.loggers:  # step = rollout index, not global_step (which counts opt steps)
             logger.log_metrics(metrics, step=self.rollout_index)
-        self.log_dict({"score": metrics["objective/scores"], "kl": metrics["objective/kl"]}, prog_bar=True, logger=False)
         self.rollout_index += 1
         datamodule = getattr(self.trainer, "datamodule", None)
         if hasattr(datamodule, "mark_consumed"):
             # The prompts of every rank: the data position is global (see the class docstring).
-            datamodule.mark_consumed(rollout.batch_size * self.trainer.world_size)
+            datamodule.mark_consumed(rows * self.trainer.world_size)
         schedulers = self.lr_schedulers()
         for scheduler in schedulers if isinstance(schedulers, list) else [schedulers]:
             scheduler.step()
@@ -453,11 +495,18 @@ class PPOModule(LightningModule):
 
     def on_fit_end(self) -> None:
         """Export the trained policy and its tokenizer in Hugging Face format (rank 0)."""
-        self.exported_path = export_at_fit_end(self.trainer, self.policy, self.tokenizer, self.export_dir, "PPO policy")
+        self.exported_path = export_at_fit_end(
+            self.trainer, self.policy, self.tokenizer, self.export_dir, "PPO policy", self.export_existing
+        )
 
     # ------------------------------------------------------------------ checkpoints
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        """Drop the frozen models; add the rollout counter, KL controller and global RNG state."""
+        """Drop the frozen models; add the rollout counter, KL controller and global RNG state.
+
+        Refuses (:class:`~rlhf_lit.stages.nonfinite.NonFiniteError`) to save non-finite weights.
+        """
+        assert_finite(self.policy, "the policy")
+        assert_finite(self.critic, "the critic")
         state = checkpoint["state_dict"]
         checkpoint["state_dict"] = {k: v for k, v in state.items() if not k.startswith(FROZEN_PREFIXES)}
         checkpoint["ppo"] = {
@@ -465,15 +514,24 @@ class PPOModule(LightningModule):
             "kl_controller": self.kl_ctl.state_dict(),
             # Sampling and shuffling use folded seeds, not this; kept for user code that draws from it.
             "torch_rng_state": torch.get_rng_state(),
+            "nonfinite": self.nonfinite.state_dict(),
+            "world_size": self.trainer.world_size,
         }
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        """Restore the PPO state; fill in the frozen weights (reloaded from their paths) for strict loading."""
+        """Check the configuration against the checkpoint's (:mod:`rlhf_lit.stages.resume`), restore
+        the PPO state and fill in the frozen weights (reloaded from their paths) for strict loading."""
+        ppo_state = checkpoint["ppo"]
+        world_size = self._trainer.world_size if self._trainer is not None else None
+        saved_world_size = ppo_state.get("world_size", world_size)
+        extra = {} if world_size is None else {"trainer.world_size": (saved_world_size, world_size)}
+        check_module_resume(self, checkpoint, SAFE_ON_RESUME, extra)
         state = checkpoint["state_dict"]
         for prefix, module in (("ref_policy.", self.ref_policy), ("reward_model.", self.reward_model)):
             for key, value in module.state_dict().items():
                 state.setdefault(prefix + key, value)
-        ppo_state = checkpoint["ppo"]
         self.rollout_index = int(ppo_state["rollout_index"])
+        if "nonfinite" in ppo_state:
+            self.nonfinite.load_state_dict(ppo_state["nonfinite"])
         self.kl_ctl.load_state_dict(ppo_state["kl_controller"])
         torch.set_rng_state(ppo_state["torch_rng_state"])

@@ -34,7 +34,10 @@ from rlhf_lit.functional import pairwise_reward_loss
 from rlhf_lit.models import init_reward_head, load_reward_model, score_head, sequence_scores
 from rlhf_lit.models.loading import DType
 from rlhf_lit.models.reward_norm import Normalize, fold_normalization, gain_and_bias, record_normalization
-from rlhf_lit.stages.export import export_at_fit_end
+from rlhf_lit.sources import from_pretrained
+from rlhf_lit.stages.guarded import GuardedStage
+from rlhf_lit.stages.nonfinite import NonFiniteGuard
+from rlhf_lit.stages.export import ExportExisting, check_export_at_fit_start, export_at_fit_end
 from rlhf_lit.stages.dataclass_args import as_config
 from rlhf_lit.stages.optim import OptimizerConfig, lightning_optimizers
 from rlhf_lit.tokenizer import MissingPad, load_tokenizer
@@ -44,7 +47,8 @@ log = logging.getLogger(__name__)
 
 def has_trained_score_head(name_or_path: str, revision: str | None = None, trust_remote_code: bool = False) -> bool:
     """True when the checkpoint is a sequence-classification model, i.e. it ships its own score head."""
-    config = AutoConfig.from_pretrained(name_or_path, revision=revision, trust_remote_code=trust_remote_code)
+    config = from_pretrained(AutoConfig.from_pretrained, name_or_path, "model", revision=revision,
+                             trust_remote_code=trust_remote_code)
     return any(a.endswith("ForSequenceClassification") for a in (config.architectures or []))
 
 
@@ -53,7 +57,7 @@ def _pad_right(x: torch.Tensor, length: int, value: int) -> torch.Tensor:
     return F.pad(x, (0, length - x.shape[1]), value=value)  # (B, length)
 
 
-class RewardModule(pl.LightningModule):
+class RewardModule(GuardedStage, pl.LightningModule):
     """Trains a Bradley-Terry reward model on (chosen, rejected) pairs and exports it normalised.
 
     Logs ``train/loss``, ``train/accuracy`` and ``lr`` every step; ``val/loss``, ``val/accuracy``
@@ -75,6 +79,11 @@ class RewardModule(pl.LightningModule):
             also scale it to std 1 (``gain_bias``), or leave it (``none``).
         export_dir: Where the final model and tokenizer are written at the end of fit; None means
             ``<log dir or default_root_dir>/model``.
+        export_existing: when ``export_dir`` already holds an earlier rlhf-lit export: ``refuse``
+            (stop before training) or ``replace`` it (atomically, at the end of fit). A non-empty
+            directory rlhf-lit did not write is never replaced.
+        max_skipped_updates: stop after this many optimizer steps in a row were skipped for NaN or
+            inf gradients (a NaN loss gives NaN gradients); see :mod:`rlhf_lit.stages.nonfinite`.
         revision: Hub revision of ``model`` (and of the tokenizer when ``tokenizer`` is None).
         trust_remote_code: Allow model code from the hub.
     """
@@ -88,6 +97,8 @@ class RewardModule(pl.LightningModule):
         optimizer: OptimizerConfig = OptimizerConfig(lr=1e-5, schedule="linear", min_lr_ratio=0.0),
         normalize: Normalize = "bias",
         export_dir: str | None = None,
+        export_existing: ExportExisting = "refuse",
+        max_skipped_updates: int = 3,
         revision: str | None = None,
         trust_remote_code: bool = False,
     ) -> None:
@@ -100,7 +111,8 @@ class RewardModule(pl.LightningModule):
         self.save_hyperparameters(ignore=["optimizer"])
         self.hparams["optimizer"] = asdict(self.optimizer_config)
         self.normalization: Normalize = normalize
-        self.export_dir = export_dir
+        self.export_dir, self.export_existing = export_dir, export_existing
+        self.nonfinite = NonFiniteGuard(max_skipped_updates, "max_skipped_updates")
         self.exported_path: Path | None = None
         self.reference_name = "none"
         self.tokenizer = load_tokenizer(
@@ -109,6 +121,7 @@ class RewardModule(pl.LightningModule):
             missing_pad=missing_pad,
             revision=revision if tokenizer is None else None,
             trust_remote_code=trust_remote_code,
+            what="tokenizer" if tokenizer else "model",
         )
         self.model = load_reward_model(
             model, self.tokenizer, dtype=dtype, revision=revision, trust_remote_code=trust_remote_code
@@ -194,8 +207,10 @@ class RewardModule(pl.LightningModule):
         """Fail before training, not after it, when normalisation will have no reference data.
 
         The datamodule is set up by now, so an empty reference loader (e.g. a ``val_dataloader()``
-        that returns ``[]`` for "no validation") is caught here.
+        that returns ``[]`` for "no validation") is caught here. So is an export target the end of
+        fit could not write.
         """
+        check_export_at_fit_start(self.trainer, self.export_dir, self.export_existing)
         if self.normalization == "none":
             return
         batches, reference = self._reference_source()
@@ -269,5 +284,5 @@ class RewardModule(pl.LightningModule):
         self.reward_gain.fill_(1.0)
         self.reward_bias.fill_(0.0 if folded else bias)
         self.exported_path = export_at_fit_end(
-            self.trainer, self.model, self.tokenizer, self.export_dir, "reward model"
+            self.trainer, self.model, self.tokenizer, self.export_dir, "reward model", self.export_existing
         )

@@ -18,7 +18,9 @@ from torchmetrics import MeanMetric
 from rlhf_lit.functional import sft_loss
 from rlhf_lit.models import load_causal_lm, position_ids_from_mask
 from rlhf_lit.models.loading import DType
-from rlhf_lit.stages.export import export_at_fit_end
+from rlhf_lit.stages.guarded import GuardedStage
+from rlhf_lit.stages.nonfinite import NonFiniteGuard
+from rlhf_lit.stages.export import ExportExisting, check_export_at_fit_start, export_at_fit_end
 from rlhf_lit.stages.dataclass_args import as_config
 from rlhf_lit.stages.optim import OptimizerConfig, lightning_optimizers
 from rlhf_lit.tokenizer import MissingPad, load_tokenizer
@@ -26,7 +28,7 @@ from rlhf_lit.tokenizer import MissingPad, load_tokenizer
 IGNORE_INDEX = -100
 
 
-class SFTModule(pl.LightningModule):
+class SFTModule(GuardedStage, pl.LightningModule):
     """Fine-tunes any ``AutoModelForCausalLM`` on (prompt, response) demonstrations.
 
     Logs ``train/loss``, ``train/ppl`` and ``lr`` every step, and the token-weighted ``val/loss``
@@ -42,6 +44,11 @@ class SFTModule(pl.LightningModule):
         optimizer: AdamW and learning-rate schedule, over ``trainer.estimated_stepping_batches`` steps.
         export_dir: Where the final model and tokenizer are written at the end of fit; None means
             ``<log dir or default_root_dir>/model``.
+        export_existing: when ``export_dir`` already holds an earlier rlhf-lit export: ``refuse``
+            (stop before training) or ``replace`` it (atomically, at the end of fit). A non-empty
+            directory rlhf-lit did not write is never replaced.
+        max_skipped_updates: stop after this many optimizer steps in a row were skipped for NaN or
+            inf gradients (a NaN loss gives NaN gradients); see :mod:`rlhf_lit.stages.nonfinite`.
         revision: Hub revision of ``model`` (and of the tokenizer when ``tokenizer`` is None).
         trust_remote_code: Allow model code from the hub.
     """
@@ -54,6 +61,8 @@ class SFTModule(pl.LightningModule):
         dtype: DType = "float32",
         optimizer: OptimizerConfig = OptimizerConfig(),
         export_dir: str | None = None,
+        export_existing: ExportExisting = "refuse",
+        max_skipped_updates: int = 3,
         revision: str | None = None,
         trust_remote_code: bool = False,
     ) -> None:
@@ -63,7 +72,8 @@ class SFTModule(pl.LightningModule):
         # A dataclass in hparams breaks weights_only checkpoint loading: store its dict instead.
         self.save_hyperparameters(ignore=["optimizer"])
         self.hparams["optimizer"] = asdict(self.optimizer_config)
-        self.export_dir = export_dir
+        self.export_dir, self.export_existing = export_dir, export_existing
+        self.nonfinite = NonFiniteGuard(max_skipped_updates, "max_skipped_updates")
         self.exported_path: Path | None = None
         self.tokenizer = load_tokenizer(
             tokenizer or model,
@@ -71,6 +81,7 @@ class SFTModule(pl.LightningModule):
             missing_pad=missing_pad,
             revision=revision if tokenizer is None else None,
             trust_remote_code=trust_remote_code,
+            what="tokenizer" if tokenizer else "model",
         )
         self.model = load_causal_lm(
             model, self.tokenizer, dtype=dtype, revision=revision, trust_remote_code=trust_remote_code
@@ -118,6 +129,12 @@ class SFTModule(pl.LightningModule):
         """AdamW with warmup and decay over the whole run (see :class:`OptimizerConfig`)."""
         return lightning_optimizers(self.model, self.optimizer_config, self.trainer.estimated_stepping_batches)
 
+    def on_fit_start(self) -> None:
+        """Refuse an export target the end of fit could not write, before any training step."""
+        check_export_at_fit_start(self.trainer, self.export_dir, self.export_existing)
+
     def on_fit_end(self) -> None:
         """Export the fine-tuned model and tokenizer in Hugging Face format (rank 0)."""
-        self.exported_path = export_at_fit_end(self.trainer, self.model, self.tokenizer, self.export_dir, "SFT model")
+        self.exported_path = export_at_fit_end(
+            self.trainer, self.model, self.tokenizer, self.export_dir, "SFT model", self.export_existing
+        )

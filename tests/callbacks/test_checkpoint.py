@@ -64,7 +64,8 @@ def test_saves_exactly_after_rollouts_n_2n(straight):
     assert straight.spy.seen == [(0, []), (1, []), (2, ckpts), (3, ckpts), (4, ckpts + ["rollout=4.ckpt"])]
     a = straight.root / "a"
     assert sorted(os.listdir(a)) == ["last.ckpt", "rollout=2.ckpt", "rollout=4.ckpt"]  # no temporary left
-    for name, rollout in [("rollout=2.ckpt", 2), ("rollout=4.ckpt", 4), ("last.ckpt", 4)]:
+    # last.ckpt is the state at the end of fit (rollout 5), not the last periodic save (rollout 4).
+    for name, rollout in [("rollout=2.ckpt", 2), ("rollout=4.ckpt", 4), ("last.ckpt", 5)]:
         ckpt = _load(a / name)
         assert ckpt["ppo"]["rollout_index"] == rollout
         assert ckpt["global_step"] == rollout * STEPS_PER_ROLLOUT

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -10,15 +11,18 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rlhf_lit.stages import SFTModule
-from rlhf_lit.stages.export import default_export_dir, export_at_fit_end, save_pretrained_atomically
+from rlhf_lit.stages.export import MARKER, default_export_dir, export_at_fit_end, save_pretrained_atomically
+from rlhf_lit.stages.nonfinite import NonFiniteError
 from rlhf_lit.stages.optim import OptimizerConfig
 
 
-class _FakeSaver:
-    """Stands in for a model or tokenizer: writes one file, or fails half way."""
+class _FakeSaver(torch.nn.Module):
+    """Stands in for a model or tokenizer: writes one file, or fails half way; ``value`` is its one weight."""
 
-    def __init__(self, name: str, fail: bool = False) -> None:
+    def __init__(self, name: str, fail: bool = False, value: float = 1.0) -> None:
+        super().__init__()
         self.name, self.fail = name, fail
+        self.weight = torch.nn.Parameter(torch.tensor([value]))
 
     def save_pretrained(self, path) -> None:
         path.mkdir(parents=True, exist_ok=True)
@@ -27,24 +31,51 @@ class _FakeSaver:
             raise RuntimeError("disk full")
 
 
-def test_atomic_save_replaces_a_previous_export(tmp_path):
+def _earlier_export(target) -> None:
+    save_pretrained_atomically(_FakeSaver("weights"), _FakeSaver("tokenizer.json"), target, "SFT model")
+    (target / "weights").write_text("old")
+
+
+def test_an_export_carries_the_marker_and_replaces_an_earlier_one_only_when_asked(tmp_path):
     target = tmp_path / "out" / "model"
-    target.mkdir(parents=True)
-    (target / "stale.bin").write_text("old")
-    path = save_pretrained_atomically(_FakeSaver("weights"), _FakeSaver("tokenizer.json"), target)
-    assert path == target.absolute()
-    assert sorted(p.name for p in target.iterdir()) == ["tokenizer.json", "weights"]
-    assert [p.name for p in target.parent.iterdir()] == ["model"]  # no .tmp-<pid> / .old-<pid> left
+    _earlier_export(target)
+    assert json.loads((target / MARKER).read_text())["what"] == "SFT model"
+    with pytest.raises(ValueError, match="holds an earlier rlhf-lit export .SFT model, written .*export_existing: replace"):
+        save_pretrained_atomically(_FakeSaver("weights"), _FakeSaver("tokenizer.json"), target)
+    assert (target / "weights").read_text() == "old"
+    path = save_pretrained_atomically(_FakeSaver("weights"), _FakeSaver("tokenizer.json"), target, existing="replace")
+    assert path == target.absolute() and (target / "weights").read_text() == "new"
+    assert sorted(p.name for p in target.iterdir()) == sorted([MARKER, "tokenizer.json", "weights"])
+    assert [p.name for p in target.parent.iterdir()] == ["model"]  # no .tmp- / .old- left
+
+
+@pytest.mark.parametrize("existing", ["refuse", "replace"])
+def test_a_directory_rlhf_lit_did_not_write_is_never_replaced(tmp_path, existing):
+    target = tmp_path / "mine"
+    target.mkdir()
+    (target / "thesis.tex").write_text("years of work")
+    with pytest.raises(ValueError, match="not empty and was not written by rlhf-lit"):
+        save_pretrained_atomically(_FakeSaver("weights"), _FakeSaver("tokenizer.json"), target, existing=existing)
+    assert [p.name for p in target.iterdir()] == ["thesis.tex"]
+    assert [p.name for p in tmp_path.iterdir()] == ["mine"]
+    (tmp_path / "empty").mkdir()  # an empty directory is fine
+    save_pretrained_atomically(_FakeSaver("weights"), _FakeSaver("tokenizer.json"), tmp_path / "empty")
 
 
 def test_failed_save_leaves_the_previous_export_intact(tmp_path):
     target = tmp_path / "model"
-    target.mkdir()
-    (target / "weights").write_text("old")
+    _earlier_export(target)
     with pytest.raises(RuntimeError, match="disk full"):
-        save_pretrained_atomically(_FakeSaver("weights"), _FakeSaver("tokenizer.json", fail=True), target)
+        save_pretrained_atomically(_FakeSaver("weights"), _FakeSaver("tokenizer.json", fail=True), target,
+                                   existing="replace")  # fmt: skip
     assert (target / "weights").read_text() == "old"
     assert [p.name for p in tmp_path.iterdir()] == ["model"]
+
+
+def test_non_finite_weights_are_never_exported(tmp_path):
+    with pytest.raises(NonFiniteError, match="non-finite weights .weight"):
+        save_pretrained_atomically(_FakeSaver("weights", value=float("nan")), _FakeSaver("t"), tmp_path / "m")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_default_export_dir_follows_the_log_dir(tmp_path, helpers):

@@ -1,0 +1,134 @@
+"""Where a model or tokenizer comes from: a local directory or a hub name, checked before loading.
+
+Hugging Face's loaders answer a mistyped local path with "Repo id must be in the form
+'repo_name'...", a data folder given as a model with advice to install sentencepiece, and a hub
+name without network with a minute of retries and three chained tracebacks. :func:`model_source`
+looks first and says what is wrong in one sentence; :func:`loading_error` turns what the loader
+raises for a hub name into one sentence too.
+"""
+
+from __future__ import annotations
+
+import functools
+import glob
+import os
+import re
+import socket
+from collections.abc import Callable
+from typing import Literal, TypeVar
+from urllib.parse import urlparse
+
+T = TypeVar("T")
+
+HUB_PROBE_TIMEOUT_S = 3.0
+"""How long to wait for the hub's host before loading from the local cache only."""
+
+
+class SourceError(ValueError):
+    """A model or tokenizer source that cannot be used; the message says why and what to do."""
+
+
+def _looks_local(name: str) -> bool:
+    """A path rather than a hub id (``name`` or ``org/name``): never sent to the hub."""
+    return name.startswith(("./", "../", "/", "~", ".\\")) or name.count("/") > 1 or "\\" in name
+
+
+def _producing_config(path: str) -> str | None:
+    """The config under ``configs/`` (from the working directory) whose ``export_dir`` is ``path``."""
+    wanted = os.path.normpath(path)
+    for config in sorted(glob.glob(os.path.join("configs", "**", "*.yaml"), recursive=True)):
+        try:
+            with open(config, encoding="utf-8") as f:
+                text = f.read()
+        except OSError:
+            continue
+        for match in re.finditer(r"^\s*export_dir:\s*(\S+)\s*$", text, flags=re.MULTILINE):
+            if os.path.normpath(match.group(1).strip("'\"")) == wanted:
+                return config
+    return None
+
+
+@functools.lru_cache(maxsize=1)  # probed once per process
+def _hub_reachable() -> bool:
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+    parsed = urlparse(endpoint)
+    try:
+        port = parsed.port or (443 if parsed.scheme == "https" else 80)
+        with socket.create_connection((parsed.hostname or "huggingface.co", port), timeout=HUB_PROBE_TIMEOUT_S):
+            return True
+    except (OSError, ValueError):
+        return False
+
+
+def _offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+SourceKind = Literal["model", "tokenizer"]
+"""What a directory must hold: a model's ``config.json``, or a tokenizer's files (or a config)."""
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
+
+
+def model_source(name_or_path: str, what: str, kind: SourceKind = "model") -> dict[str, bool]:
+    """Check ``name_or_path`` before a ``from_pretrained``; returns extra keyword arguments for it.
+
+    A local directory must exist and hold a Hugging Face ``config.json`` (or, for a tokenizer,
+    tokenizer files); a missing path that is the export of a config under ``configs/`` names the
+    command that produces it. A hub name is loaded from the local cache only
+    (``local_files_only=True``) when ``HF_HUB_OFFLINE`` is set or the hub's host does not answer
+    within :data:`HUB_PROBE_TIMEOUT_S`.
+
+    Args:
+        name_or_path: a hub name (``gpt2``, ``org/name``) or a local directory.
+        what: words for messages, e.g. ``"reward_model"`` or ``"tokenizer"``.
+        kind: what the directory must hold (:data:`SourceKind`).
+
+    Raises:
+        SourceError: a local path that does not exist or is not a model directory.
+    """
+    path = os.path.expanduser(name_or_path)
+    if os.path.exists(path):
+        if not os.path.isdir(path):
+            raise SourceError(f"{what} {name_or_path!r} is a file; give a model directory (with config.json)")
+        has_config = os.path.exists(os.path.join(path, "config.json"))
+        has_tokenizer = any(os.path.exists(os.path.join(path, f)) for f in TOKENIZER_FILES)
+        if not has_config and not (kind == "tokenizer" and has_tokenizer):
+            raise SourceError(
+                f"{what} {name_or_path!r} is not a Hugging Face model directory (no config.json in it)"
+            )
+        return {}
+    if _looks_local(name_or_path):
+        config = _producing_config(name_or_path)
+        hint = (f"; it is the export of {config}: run `rlhf-lit fit --config {config}` first" if config
+                else "")  # fmt: skip
+        raise SourceError(f"{what} not found: {name_or_path} (no such directory{hint})")
+    if _offline() or not _hub_reachable():
+        return {"local_files_only": True}
+    return {}
+
+
+def loading_error(name_or_path: str, what: str, error: Exception, hub_kwargs: dict[str, bool]) -> SourceError:
+    """One sentence for a failed ``from_pretrained`` of a hub name (no network, not cached, no such repo)."""
+    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    if hub_kwargs.get("local_files_only"):
+        why = "HF_HUB_OFFLINE is set" if _offline() else "the Hugging Face hub cannot be reached"
+        return SourceError(f"{what} {name_or_path!r} is not in the local Hugging Face cache and {why} ({first})")
+    return SourceError(f"{what} {name_or_path!r} could not be loaded from the Hugging Face hub: {first}")
+
+
+def from_pretrained(
+    load: Callable[..., T], name_or_path: str, what: str, kind: SourceKind = "model", **kwargs
+) -> T:
+    """``load(name_or_path, **kwargs)`` (a ``from_pretrained``) after :func:`model_source`'s checks.
+
+    A hub name that fails to load (no network, not cached, no such repository) raises one
+    :class:`SourceError` naming it, instead of the loader's chained tracebacks.
+    """
+    hub_kwargs = model_source(name_or_path, what, kind)
+    try:
+        return load(name_or_path, **hub_kwargs, **kwargs)
+    except OSError as error:
+        if os.path.exists(os.path.expanduser(name_or_path)):
+            raise  # a local directory the loader could not read: its own message says which file
+        raise loading_error(name_or_path, what, error, hub_kwargs) from error

@@ -1,0 +1,123 @@
+"""Non-finite scores, losses and gradients: skip the update, log it, stop after too many in a row.
+
+One NaN reward turns every weight into NaN in a single update; the next checkpoint then saves
+them and the run dies later somewhere that never mentions the reward. Here each optimizer step
+first checks its gradients (one device-to-host read per step; a NaN loss gives NaN gradients, so
+this covers losses too) and drops them when any is NaN or inf: AdamW skips parameters without a
+gradient, so the step changes nothing, its moments included. With fp16 (a gradient scaler) the
+scaler already skips such steps as part of its loss scaling and nothing is counted here. PPO also
+checks each rollout's scores, logprobs and values before updating on them. After
+``max_skipped_updates`` skips in a row the run stops with :class:`NonFiniteError`, and no
+checkpoint or export is ever written with non-finite weights (:func:`assert_finite`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from typing import Any
+
+import torch
+
+from rlhf_lit.rollout import Rollout
+
+log = logging.getLogger(__name__)
+
+
+class NonFiniteError(RuntimeError):
+    """Too many updates in a row were skipped for NaN or inf, or weights to be written are not finite."""
+
+
+def assert_finite(model: torch.nn.Module, what: str) -> None:
+    """Raise :class:`NonFiniteError` when a floating parameter or buffer of ``model`` holds NaN or inf."""
+    named = itertools.chain(model.named_parameters(), model.named_buffers())
+    bad = [name for name, t in named if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    if bad:
+        more = ", ..." if len(bad) > 3 else ""
+        raise NonFiniteError(f"{what} holds non-finite weights ({', '.join(bad[:3])}{more}); not written")
+
+
+def gradients_finite(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether every gradient of ``optimizer``'s parameters is finite (one host read)."""
+    grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+    if not grads:
+        return True
+    norms = torch._foreach_norm(grads)  # one kernel per tensor list, no host read yet
+    return bool(torch.isfinite(torch.stack(norms)).all())
+
+
+def drop_gradients(optimizer: torch.optim.Optimizer) -> None:
+    """Set every gradient of ``optimizer`` to None: its next ``step()`` changes nothing."""
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            p.grad = None
+
+
+def nonfinite_rollout_parts(rollout: Rollout, reduce_sum) -> list[str]:
+    """Which of the rollout's inputs to the update hold NaN or inf on any rank (one collective, one read).
+
+    Args:
+        rollout: the scored rollout.
+        reduce_sum: sums a tensor over ranks (``lambda t: strategy.reduce(t, reduce_op="sum")``).
+    """
+    mask = rollout.response_mask  # (B, R)
+    zero = torch.zeros((), device=mask.device)
+    parts = {
+        "reward scores": rollout.raw_scores,
+        "policy logprobs": torch.where(mask, rollout.old_logprobs, zero),
+        "reference logprobs": torch.where(mask, rollout.ref_logprobs, zero),
+        "critic values": torch.where(mask, rollout.old_values, zero),
+    }
+    bad = torch.stack([(~torch.isfinite(t)).any() for t in parts.values()]).float()  # (4,)
+    return [name for name, flag in zip(parts, reduce_sum(bad).tolist()) if flag > 0]
+
+
+class NonFiniteGuard:
+    """Counts consecutive skipped updates and stops the run after ``limit`` of them.
+
+    Args:
+        limit: skipped updates in a row that stop the run (>= 1).
+        option: the setting that sets ``limit``, named in the message.
+    """
+
+    def __init__(self, limit: int, option: str) -> None:
+        if limit < 1:
+            raise ValueError(f"{option} must be >= 1, got {limit}")
+        self.limit, self.option = limit, option
+        self.consecutive = 0
+        self.total = 0
+
+    def skipped(self, what: str) -> None:
+        """Record a skipped update (``what`` says which and why); raise after ``limit`` in a row."""
+        self.consecutive += 1
+        self.total += 1
+        log.warning("skipped an update: %s (%d in a row, %d in all)", what, self.consecutive, self.total)
+        if self.consecutive >= self.limit:
+            raise NonFiniteError(
+                f"stopping: {self.consecutive} updates in a row skipped for non-finite values; the last: {what} "
+                f"({self.option}={self.limit}). Check the reward model or reward function, the learning rate "
+                "and the precision"
+            )
+
+    def passed(self) -> None:
+        """Record a finite update: the run of skips is over."""
+        self.consecutive = 0
+
+    def check_optimizer(self, optimizer: torch.optim.Optimizer, has_scaler: bool, where: str) -> bool:
+        """Drop ``optimizer``'s gradients and count a skip when any is not finite; True when they are."""
+        if has_scaler:  # fp16: the GradScaler skips inf steps itself, as part of finding its scale
+            return True
+        if gradients_finite(optimizer):
+            self.passed()
+            return True
+        drop_gradients(optimizer)
+        self.skipped(f"non-finite gradients at {where}")
+        return False
+
+    def state_dict(self) -> dict[str, Any]:
+        """The counters, for checkpoints."""
+        return {"consecutive": self.consecutive, "total": self.total}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`."""
+        self.consecutive, self.total = int(state["consecutive"]), int(state["total"])

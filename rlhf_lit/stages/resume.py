@@ -1,0 +1,108 @@
+"""Resuming a run: the configuration given now against the one the checkpoint was written with.
+
+A resume continues the optimizer states, the data position and (for PPO) the KL controller of the
+checkpoint. A different model path silently becomes a different reference (PPO's KL jumped from
+1.9 to 9.9 in one such resume), a different batch size or data file changes what the data
+position means, a different learning rate never takes effect (the scheduler restores its own): such
+differences are refused, all listed in one message. Differences that only change how far the run
+goes or where its outputs go (the stage lists them, e.g. ``max_rollouts``, ``export_dir``) are
+applied and logged.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Collection, Mapping
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+INTERNAL_KEYS = ("_class_path", "_instantiator")
+"""Keys LightningCLI adds to the hyperparameters; not settings."""
+SAFE_DATA_KEYS = frozenset({"num_workers"})
+"""Data-module settings that may change on resume (everything else moves the data position)."""
+
+
+class ResumeMismatch(ValueError):
+    """The configuration differs from the checkpoint's where continuing would break the run."""
+
+
+def _flatten(settings: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in settings.items():
+        if key in INTERNAL_KEYS:
+            continue
+        if isinstance(value, Mapping):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = list(value) if isinstance(value, tuple) else value
+    return flat
+
+
+def differences(saved: Mapping[str, Any], current: Mapping[str, Any], prefix: str) -> dict[str, tuple[Any, Any]]:
+    """``{"<prefix><key>": (checkpoint value, current value)}`` for every leaf setting that differs."""
+    old, new = _flatten(saved), _flatten(current)
+    missing = object()
+    return {
+        f"{prefix}{key}": (old.get(key, missing), new.get(key, missing))
+        for key in sorted(old.keys() | new.keys())
+        if old.get(key, missing) != new.get(key, missing)
+    }
+
+
+def check_module_resume(
+    module: Any, checkpoint: Mapping[str, Any], safe_model_keys: Collection[str],
+    extra: Mapping[str, tuple[Any, Any]] | None = None,
+) -> None:
+    """:func:`check_resume` for a LightningModule being restored (its trainer's data module too, if any)."""
+    trainer = getattr(module, "_trainer", None)
+    datamodule = getattr(trainer, "datamodule", None) if trainer is not None else None
+    data_hparams = getattr(datamodule, "hparams", None) if datamodule is not None else None
+    check_resume(checkpoint, module.hparams, data_hparams, safe_model_keys, extra)
+
+
+def _describe(value: Any) -> str:
+    return "(not set)" if type(value) is object else repr(value)
+
+
+def check_resume(
+    checkpoint: Mapping[str, Any],
+    model_hparams: Mapping[str, Any],
+    datamodule_hparams: Mapping[str, Any] | None,
+    safe_model_keys: Collection[str],
+    extra: Mapping[str, tuple[Any, Any]] | None = None,
+) -> None:
+    """Refuse a resume whose settings differ from the checkpoint's in a way that breaks it.
+
+    Args:
+        checkpoint: the loaded checkpoint (``hyper_parameters``, ``datamodule_hyper_parameters``).
+        model_hparams: the stage's hyperparameters now.
+        datamodule_hparams: the data module's now (None: not known, e.g. ``load_from_checkpoint``).
+        safe_model_keys: the stage's settings that may change (top-level names; nested ones too).
+        extra: more ``{name: (checkpoint value, current value)}`` facts that must match (e.g. the
+            number of processes).
+
+    Raises:
+        ResumeMismatch: listing every unsafe difference, one per line.
+    """
+    changed = differences(checkpoint.get("hyper_parameters", {}), model_hparams, "model.")
+    if datamodule_hparams is not None and "datamodule_hyper_parameters" in checkpoint:
+        changed.update(differences(checkpoint["datamodule_hyper_parameters"], datamodule_hparams, "data."))
+    changed.update({k: v for k, v in (extra or {}).items() if v[0] != v[1]})
+
+    def is_safe(key: str) -> bool:
+        section, _, name = key.partition(".")
+        top = name.split(".")[0]
+        return (section == "model" and top in safe_model_keys) or (section == "data" and top in SAFE_DATA_KEYS)
+
+    unsafe = {k: v for k, v in changed.items() if not is_safe(k)}
+    for key, (old, new) in changed.items():
+        if key not in unsafe:
+            log.info("resuming with %s changed: %s -> %s", key, _describe(old), _describe(new))
+    if unsafe:
+        lines = "\n".join(f"  {k}: checkpoint {_describe(old)}, now {_describe(new)}" for k, (old, new) in unsafe.items())
+        raise ResumeMismatch(
+            "cannot resume: the configuration differs from the checkpoint's where continuing would break "
+            f"the run:\n{lines}\nresume with the checkpoint's settings (only {', '.join(sorted(safe_model_keys))} "
+            "may change), or start a new run without --ckpt_path"
+        )
