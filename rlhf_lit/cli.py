@@ -27,14 +27,16 @@ from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch import LightningDataModule, LightningModule
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
+from rlhf_lit.stages.nonfinite import NonFiniteError
+
 DEFAULT_LOGGER = {
     "class_path": "lightning.pytorch.loggers.TensorBoardLogger",
     "init_args": {"save_dir": "logs", "name": "rlhf-lit"},
 }
 DEBUG_FLAG, DEBUG_ENV = "--debug", "RLHF_LIT_DEBUG"
 _debug = False  # set by main(): --debug / RLHF_LIT_DEBUG
-EXPECTED_ERRORS = (ValueError, OSError, ImportError, MisconfigurationException)
-"""Errors a user can act on (bad values, files, models, data): one line, no traceback."""
+EXPECTED_ERRORS = (ValueError, OSError, ImportError, MisconfigurationException, NonFiniteError)
+"""Errors a user can act on (bad values, files, models, data, a run stopped by NaN): one line, no traceback."""
 
 
 def debug_enabled(argv: list[str]) -> bool:

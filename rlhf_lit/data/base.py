@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
@@ -17,6 +18,12 @@ from rlhf_lit.data.collate import require_pad_id
 from rlhf_lit.data.encoding import TextEncoder, require_tokenizer
 from rlhf_lit.data.records import is_text_file, read_rows
 from rlhf_lit.data.splits import split_by_fraction
+
+TRUNCATION_MESSAGES = {
+    "prompt": "were longer than max_prompt_length: their start was cut",
+    "response": "did not fit in max_length: cut at the end, without EOS",
+}
+"""How each kind of cut is reported (counted by the truncation rule, :mod:`rlhf_lit.data.encoding`)."""
 
 log = logging.getLogger("rlhf_lit.data")
 
@@ -158,7 +165,12 @@ class TextDataModule(L.LightningDataModule):
         encode: Callable[[TextEncoder, list[Example]], list[dict[str, Any]]] | None = None,
     ) -> list[dict[str, Any]]:
         """Encode with ``encode`` (default: the module's ``_encode``); record and log the counts."""
+        self.truncated = Counter()  # filled by the truncation rule while encoding
         items = (encode or self._encode)(encoder, examples)
+        for part, count in sorted(self.truncated.items()):
+            how = TRUNCATION_MESSAGES[part]
+            log.info("%s: %d of %d %ss %s", name, count, len(examples), part, how)
+            self.stats[f"{name}_truncated_{part}"] = count
         dropped = len(examples) - len(items)
         self.stats.update(
             {f"{name}_records": len(examples), f"{name}_examples": len(items), f"{name}_dropped": dropped}

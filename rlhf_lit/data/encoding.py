@@ -27,6 +27,7 @@ appended by rule 2). The template writes its own special tokens, so none are add
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -141,9 +142,11 @@ class TextEncoder:
         return [self.add_prefix(p) for p in prompt_ids], response_ids  # type: ignore[return-value]
 
 
-def truncate_prompt(ids: list[int], prefix: list[int], max_prompt_length: int) -> list[int]:
+def truncate_prompt(
+    ids: list[int], prefix: list[int], max_prompt_length: int, counts: Counter | None = None
+) -> list[int]:
     """Keep the specials in front and the LAST tokens of the prompt: at most
-    ``max_prompt_length`` tokens in all."""
+    ``max_prompt_length`` tokens in all. A cut is counted in ``counts["prompt"]``."""
     n = len(prefix) if ids[: len(prefix)] == prefix else 0
     keep = max_prompt_length - n
     if keep < 1:
@@ -151,20 +154,27 @@ def truncate_prompt(ids: list[int], prefix: list[int], max_prompt_length: int) -
             f"max_prompt_length={max_prompt_length} leaves no room for prompt tokens after "
             f"{n} special token(s)"
         )
-    return ids if len(ids) <= max_prompt_length else ids[:n] + ids[len(ids) - keep :]
+    if len(ids) <= max_prompt_length:
+        return ids
+    if counts is not None:
+        counts["prompt"] += 1
+    return ids[:n] + ids[len(ids) - keep :]
 
 
 def truncate_response(
-    prompt_ids: list[int], response_ids: list[int], eos_token_id: int, max_length: int
+    prompt_ids: list[int], response_ids: list[int], eos_token_id: int, max_length: int,
+    counts: Counter | None = None,
 ) -> list[int] | None:
     """The response ids to append to ``prompt_ids``: the whole response + EOS when that fits in
-    ``max_length``, else the response cut from the right to fill it, without EOS. None when no
-    response token fits (or the response has none)."""
+    ``max_length``, else the response cut from the right to fill it, without EOS (counted in
+    ``counts["response"]``). None when no response token fits (or the response has none)."""
     room = max_length - len(prompt_ids)
     if room < 1 or not response_ids:
         return None
     if len(response_ids) + 1 <= room:
         return response_ids + [eos_token_id]
+    if counts is not None:
+        counts["response"] += 1
     return response_ids[:room]
 
 
@@ -175,16 +185,17 @@ def encode_sft(
     *,
     max_prompt_length: int,
     max_length: int,
+    counts: Counter | None = None,
 ) -> list[dict[str, list[int]]]:
     """SFT items ``{"input_ids", "labels"}`` (labels -100 on the prompt) by the truncation rule
     above; examples whose response keeps no token are left out (the caller counts them). Shared
     by SFT data, the reward-normalisation reference set and the PPO-ptx source, so all three build
-    prompt + response (+ EOS) identically."""
+    prompt + response (+ EOS) identically. Cut prompts and responses are counted in ``counts``."""
     prompt_ids, response_ids = encoder.encode_pairs(prompts, responses)
     items = []
     for p, r in zip(prompt_ids, response_ids):
-        p = truncate_prompt(p, encoder.prefix, max_prompt_length)
-        kept = truncate_response(p, r, encoder.eos_token_id, max_length)
+        p = truncate_prompt(p, encoder.prefix, max_prompt_length, counts)
+        kept = truncate_response(p, r, encoder.eos_token_id, max_length, counts)
         if kept is not None:
             items.append({"input_ids": p + kept, "labels": [IGNORE_INDEX] * len(p) + kept})
     return items

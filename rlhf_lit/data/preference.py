@@ -123,9 +123,9 @@ class PreferenceDataModule(TextDataModule):
         eos = encoder.eos_token_id
         items = []
         for e, p, c, r in zip(examples, prompt_ids, chosen_ids, rejected_ids):
-            p = truncate_prompt(p, encoder.prefix, self.max_prompt_length)
-            c = truncate_response(p, c, eos, self.max_length)
-            r = truncate_response(p, r, eos, self.max_length)
+            p = truncate_prompt(p, encoder.prefix, self.max_prompt_length, self.truncated)
+            c = truncate_response(p, c, eos, self.max_length, self.truncated)
+            r = truncate_response(p, r, eos, self.max_length, self.truncated)
             if c is None or r is None:
                 continue
             item: dict[str, Any] = {"chosen_input_ids": p + c, "rejected_input_ids": p + r}
@@ -153,7 +153,7 @@ class PreferenceDataModule(TextDataModule):
     def _encode_sft(self, encoder: TextEncoder, examples: list[Example]) -> list[dict[str, Any]]:
         return encode_sft(
             encoder, [e.prompt for e in examples], [e.response or "" for e in examples],
-            max_prompt_length=self.max_prompt_length, max_length=self.max_length,
+            max_prompt_length=self.max_prompt_length, max_length=self.max_length, counts=self.truncated,
         )  # fmt: skip
 
     @property

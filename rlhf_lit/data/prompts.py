@@ -139,7 +139,7 @@ class PromptDataModule(TextDataModule):
     def _encode(self, encoder: TextEncoder, examples: list[Example]) -> list[dict[str, Any]]:
         ids = encoder.encode_prompts([e.prompt for e in examples])
         return [
-            {"input_ids": truncate_prompt(p, encoder.prefix, self.max_prompt_length), "index": i}
+            {"input_ids": truncate_prompt(p, encoder.prefix, self.max_prompt_length, self.truncated), "index": i}
             for i, p in enumerate(ids)
         ]
 
@@ -176,7 +176,7 @@ class PromptDataModule(TextDataModule):
     def _encode_sft(self, encoder: TextEncoder, examples: list[Example]) -> list[dict[str, Any]]:
         return encode_sft(
             encoder, [e.prompt for e in examples], [e.response or "" for e in examples],
-            max_prompt_length=self.max_prompt_length, max_length=self.ptx_max_length,
+            max_prompt_length=self.max_prompt_length, max_length=self.ptx_max_length, counts=self.truncated,
         )  # fmt: skip
 
     @property

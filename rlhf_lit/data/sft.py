@@ -100,7 +100,7 @@ class SFTDataModule(TextDataModule):
     def _encode(self, encoder: TextEncoder, examples: list[Example]) -> list[dict[str, Any]]:
         return encode_sft(
             encoder, [e.prompt for e in examples], [e.response or "" for e in examples],
-            max_prompt_length=self.max_prompt_length, max_length=self.max_length,
+            max_prompt_length=self.max_prompt_length, max_length=self.max_length, counts=self.truncated,
         )  # fmt: skip
 
     def train_dataloader(self) -> DataLoader:

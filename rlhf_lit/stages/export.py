@@ -134,7 +134,7 @@ def export_at_fit_end(
     if trainer.is_global_zero:
         path = save_pretrained_atomically(model, tokenizer, target, what, existing)
         print(f"[rlhf-lit] exported {what} to {path}")
-        log.info("exported %s to %s", what, path)
+        log.debug("exported %s to %s", what, path)  # printed above: once is enough on the console
     trainer.strategy.barrier("rlhf_lit_export")
     return path
 

@@ -138,3 +138,24 @@ def test_hub_without_datasets_says_how_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "datasets", None)  # import datasets -> ImportError
     with pytest.raises(ImportError, match=r"pip install 'rlhf-lit\[hub\]'"):
         read_rows("org/prompts")
+
+
+def test_a_byte_order_mark_is_not_part_of_the_first_record(tmp_path):
+    # Editors on Windows start UTF-8 files with U+FEFF; it must not reach the first prompt or key.
+    txt = tmp_path / "prompts.txt"
+    txt.write_text("\ufeffOnce upon a time\n\nThe end", encoding="utf-8")
+    assert [r.data["text"] for r in read_rows(str(txt))] == ["Once upon a time", "The end"]
+    jsonl = tmp_path / "pairs.jsonl"
+    jsonl.write_text('\ufeff{"prompt": "a", "response": "b"}\n', encoding="utf-8")
+    assert read_rows(str(jsonl))[0].data == {"prompt": "a", "response": "b"}
+
+
+def test_undecodable_and_truncated_files_name_the_file_and_line(tmp_path):
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"fine\nstill fine\ncaf\xe9\n")
+    with pytest.raises(ValueError, match=r"bad.txt line 3: not UTF-8 text \(byte 0xe9 at offset 19\)"):
+        read_rows(str(bad))
+    cut = tmp_path / "cut.txt.gz"
+    cut.write_bytes(gzip.compress(b"a paragraph\n" * 100)[:-20])
+    with pytest.raises(ValueError, match=r"cut.txt.gz: not a complete gzip file"):
+        read_rows(str(cut))

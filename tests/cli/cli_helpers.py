@@ -1,0 +1,86 @@
+"""Running `rlhf-lit` as a user does, in a subprocess, on tiny offline models and configs written per test."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+ASSETS = ROOT.parent / "shared" / "assets"
+STORIES = ASSETS / "models" / "stories260K"
+TINYSTORIES = ASSETS / "data" / "tinystories" / "val.txt"
+CLI = Path(sys.executable).parent / "rlhf-lit"
+"""The console script of this environment: what a user types."""
+
+
+def rlhf_lit(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
+    """``rlhf-lit <args>`` in ``cwd``; one thread, no inherited debug switch."""
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", **(env or {})}
+    full_env.pop("RLHF_LIT_DEBUG", None) if "RLHF_LIT_DEBUG" not in (env or {}) else None
+    return subprocess.run([str(CLI), *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=full_env)
+
+
+def write_yaml(path: Path, config: dict) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def ppo_config(root: Path, sft: Path, rm: Path, **model_overrides) -> dict:
+    """A PPO run of a few seconds: stories260K policy, 4 prompts a rollout, a checkpoint every rollout."""
+    model = {
+        "sft_model": str(sft), "reward_model": str(rm),
+        "sampling": {"max_new_tokens": 12, "temperature": 1.0},
+        "ppo": {"epochs": 2, "minibatch_size": 2},
+        "kl": {"kind": "adaptive", "init_coef": 0.1, "target": 1.0, "horizon": 100},
+        "optimizer": {"lr": 3.0e-4, "eps": 1.0e-5, "warmup_steps": 1, "schedule": "linear"},
+        "max_rollouts": 4, "rollout_seed": 3, "export_dir": str(root / "export"),
+    }  # fmt: skip
+    model.update(model_overrides)
+    return {
+        "seed_everything": 7,
+        "trainer": {
+            "accelerator": "cpu", "devices": 1, "max_epochs": -1, "enable_progress_bar": False,
+            "enable_model_summary": False,
+            "logger": {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": str(root / "logs")}},
+            "callbacks": [{"class_path": "rlhf_lit.callbacks.RolloutCheckpoint",
+                           "init_args": {"dirpath": str(root / "ckpt"), "every_n_rollouts": 1, "save_last": True}}],
+        },
+        "model": {"class_path": "rlhf_lit.stages.PPOModule", "init_args": model},
+        "data": {"class_path": "rlhf_lit.data.PromptDataModule", "init_args": {
+            "train_path": str(TINYSTORIES), "format": "paragraphs", "prompt_words": 6, "max_records": 64,
+            "batch_size": 4, "seed": 5}},
+    }  # fmt: skip
+
+
+def sft_config(root: Path, train_path: Path | str, **overrides) -> dict:
+    """An SFT run of a few steps on stories260K."""
+    model = {"model": str(STORIES), "optimizer": {"lr": 1.0e-3}, "export_dir": str(root / "export")}
+    data = {"train_path": str(train_path), "format": "paragraphs", "max_records": 32, "batch_size": 4,
+            "max_length": 64, "max_prompt_length": 16}  # fmt: skip
+    data.update(overrides.pop("data", {}))
+    model.update(overrides.pop("model", {}))
+    return {
+        "seed_everything": 7,
+        "trainer": {
+            "accelerator": "cpu", "devices": 1, "max_steps": overrides.pop("max_steps", 3), "enable_progress_bar": False,
+            "enable_model_summary": False, "log_every_n_steps": 1,
+            "logger": {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": str(root / "logs")}},
+            "callbacks": [{"class_path": "rlhf_lit.callbacks.Checkpoint",
+                           "init_args": {"dirpath": str(root / "ckpt"), "save_last": True, "every_n_train_steps": 2}}],
+        },
+        "model": {"class_path": "rlhf_lit.stages.SFTModule", "init_args": model},
+        "data": {"class_path": "rlhf_lit.data.SFTDataModule", "init_args": data},
+    }  # fmt: skip
+
+
+def error_line(result: subprocess.CompletedProcess) -> str:
+    """The one ``rlhf-lit: error:`` line of a failed run (asserting there is exactly one and no traceback)."""
+    lines = [line for line in result.stderr.splitlines() if line.startswith("rlhf-lit: error:")]
+    assert len(lines) == 1, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    return lines[0]

@@ -1,0 +1,42 @@
+"""Reward models on disk for the command-line tests (the SFT model is stories260K itself)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # cli_helpers
+
+from cli_helpers import STORIES  # noqa: E402
+
+
+def _reward_model(path: Path, base: str, head: float | None) -> str:
+    torch.manual_seed(0)
+    rm = AutoModelForSequenceClassification.from_pretrained(base, num_labels=1)
+    if head is not None:
+        torch.nn.init.constant_(rm.score.weight, head)
+    rm.save_pretrained(path)
+    AutoTokenizer.from_pretrained(base).save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def stories_rm(tmp_path_factory) -> str:
+    """A stories260K reward model with a random head and the policy's tokenizer."""
+    return _reward_model(tmp_path_factory.mktemp("rm"), str(STORIES), None)
+
+
+@pytest.fixture(scope="session")
+def nan_rm(tmp_path_factory) -> str:
+    """A reward model whose every score is NaN (its head is NaN)."""
+    return _reward_model(tmp_path_factory.mktemp("nan-rm"), str(STORIES), float("nan"))
+
+
+@pytest.fixture(scope="session")
+def gpt2_rm(gpt2_dir, tmp_path_factory) -> str:
+    """A reward model with GPT-2's tokenizer (50,257 tokens): not the stories policy's 512."""
+    return _reward_model(tmp_path_factory.mktemp("gpt2-rm"), gpt2_dir, None)

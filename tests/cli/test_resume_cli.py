@@ -1,0 +1,119 @@
+"""Resume through the command line, as the README says: killed mid-rollout, resumed, identical to a straight run.
+
+Also: a resume whose configuration differs where it would break the run is refused with every
+difference listed, and a safe change (more rollouts) is accepted.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+import torch
+from cli_helpers import CLI, STORIES, error_line, ppo_config, rlhf_lit, write_yaml
+
+ROLLOUTS = 6
+
+
+def _load(path):
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def _assert_same_state(a: dict, b: dict) -> None:
+    assert a["ppo"]["rollout_index"] == b["ppo"]["rollout_index"] == ROLLOUTS
+    assert a["ppo"]["kl_controller"] == b["ppo"]["kl_controller"]
+    assert a["global_step"] == b["global_step"]
+    assert a["state_dict"].keys() == b["state_dict"].keys()
+    for key in a["state_dict"]:
+        assert torch.equal(a["state_dict"][key], b["state_dict"][key]), key
+    assert len(a["optimizer_states"]) == len(b["optimizer_states"]) == 2
+    for opt_a, opt_b in zip(a["optimizer_states"], b["optimizer_states"]):
+        assert opt_a["param_groups"] == opt_b["param_groups"]
+        assert opt_a["state"].keys() == opt_b["state"].keys()
+        for index in opt_a["state"]:
+            for name, value in opt_a["state"][index].items():
+                assert torch.equal(torch.as_tensor(value), torch.as_tensor(opt_b["state"][index][name])), (index, name)
+    assert a["lr_schedulers"] == b["lr_schedulers"]
+
+
+@pytest.mark.slow
+def test_killed_mid_rollout_and_resumed_with_the_readme_command_equals_a_straight_run(tmp_path, stories_rm):
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    for root in (straight, killed):
+        write_yaml(root / "ppo.yaml", ppo_config(root, STORIES, stories_rm, max_rollouts=ROLLOUTS,
+                                                 sampling={"max_new_tokens": 24, "temperature": 1.0}))  # fmt: skip
+    done = rlhf_lit("fit", "--config", str(straight / "ppo.yaml"), cwd=straight)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    proc = subprocess.Popen([str(CLI), "fit", "--config", str(killed / "ppo.yaml")], cwd=killed, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    deadline = time.monotonic() + 300
+    while not (killed / "ckpt" / "rollout=3.ckpt").exists():  # rollout 4 starts right after this save
+        assert proc.poll() is None and time.monotonic() < deadline, "the run ended before its third checkpoint"
+        time.sleep(0.02)
+    time.sleep(0.2)  # into rollout 4 (a rollout takes ~1 s here)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (killed / "ckpt" / "rollout=4.ckpt").exists(), "killed too late: rollout 4 had finished"
+    assert _load(killed / "ckpt" / "last.ckpt")["ppo"]["rollout_index"] == 3
+
+    # The README's resume command.
+    resumed = rlhf_lit("fit", "--config", str(killed / "ppo.yaml"), "--ckpt_path", str(killed / "ckpt" / "last.ckpt"),
+                       cwd=killed)  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "exported PPO policy to" in resumed.stdout
+    _assert_same_state(_load(straight / "ckpt" / "last.ckpt"), _load(killed / "ckpt" / "last.ckpt"))
+    exported = [p.name for p in (killed / "export").iterdir()]
+    assert "model.safetensors" in exported and "rlhf_lit_export.json" in exported
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory, stories_rm):
+    """A 2-rollout PPO run whose last.ckpt later runs try to resume."""
+    root = tmp_path_factory.mktemp("finished")
+    write_yaml(root / "ppo.yaml", ppo_config(root, STORIES, stories_rm, max_rollouts=2))
+    result = rlhf_lit("fit", "--config", str(root / "ppo.yaml"), cwd=root)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return root
+
+
+@pytest.mark.slow
+def test_resume_with_a_changed_model_or_batch_is_refused_listing_every_difference(finished_run, stories_rm, tmp_path):
+    config = ppo_config(finished_run, stories_rm, stories_rm, max_rollouts=2, export_existing="replace")  # RM as SFT
+    config["data"]["init_args"]["batch_size"] = 8
+    config["model"]["init_args"]["kl"]["target"] = 3.0
+    write_yaml(tmp_path / "changed.yaml", config)
+    before = _load(finished_run / "ckpt" / "last.ckpt")
+    result = rlhf_lit("fit", "--config", str(tmp_path / "changed.yaml"), "--ckpt_path",
+                      str(finished_run / "ckpt" / "last.ckpt"), cwd=tmp_path)  # fmt: skip
+    assert result.returncode == 1
+    assert error_line(result).startswith("rlhf-lit: error: cannot resume: the configuration differs")
+    for line in (f"model.sft_model: checkpoint '{STORIES}', now '{stories_rm}'",
+                 "model.kl.target: checkpoint 1.0, now 3.0",
+                 "data.batch_size: checkpoint 4, now 8"):  # fmt: skip
+        assert line in result.stderr, result.stderr[-2000:]
+    # Nothing was trained or written: the checkpoint is as it was.
+    assert _load(finished_run / "ckpt" / "last.ckpt")["global_step"] == before["global_step"]
+
+
+@pytest.mark.slow
+def test_resume_with_more_rollouts_continues(finished_run, stories_rm, tmp_path):
+    config = ppo_config(finished_run, STORIES, stories_rm, max_rollouts=3, export_dir=str(tmp_path / "export3"))
+    config["trainer"]["callbacks"][0]["init_args"]["dirpath"] = str(tmp_path / "ckpt")
+    write_yaml(tmp_path / "more.yaml", config)
+    result = rlhf_lit("fit", "--config", str(tmp_path / "more.yaml"), "--ckpt_path",
+                      str(finished_run / "ckpt" / "last.ckpt"), cwd=tmp_path)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "resuming with model.max_rollouts changed: 2 -> 3" in result.stderr
+    assert _load(tmp_path / "ckpt" / "last.ckpt")["ppo"]["rollout_index"] == 3
+
+
+def test_a_remote_checkpoint_is_refused(finished_run, tmp_path):
+    result = rlhf_lit("fit", "--config", str(finished_run / "ppo.yaml"), "--ckpt_path", "https://example.com/x.ckpt",
+                      cwd=tmp_path)  # fmt: skip
+    assert result.returncode == 1
+    assert "remote checkpoints are not loaded" in error_line(result)
