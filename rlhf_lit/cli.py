@@ -172,6 +172,8 @@ def main(args: list[str] | None = None) -> None:
         if debug:
             raise
         cause = user_facing_error(error)
+        if not isinstance(cause, EXPECTED_ERRORS):
+            raise cause from None  # a bug or an environment failure (out of memory ...): its traceback
         sys.stderr.write(f"rlhf-lit: error: {cause}\n(run with {DEBUG_FLAG} for the traceback)\n")
         sys.exit(1)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import glob
+import hashlib
 import os
 import re
 import socket
@@ -29,8 +30,13 @@ class SourceError(ValueError):
 
 
 def _looks_local(name: str) -> bool:
-    """A path rather than a hub id (``name`` or ``org/name``): never sent to the hub."""
-    return name.startswith(("./", "../", "/", "~", ".\\")) or name.count("/") > 1 or "\\" in name
+    """A path rather than a hub id (``name`` or ``org/name``): never sent to the hub.
+
+    ``exports/sft`` is a path when ``exports`` is a local directory (a hub organisation never is).
+    """
+    if name.startswith(("./", "../", "/", "~", ".\\")) or name.count("/") > 1 or "\\" in name:
+        return True
+    return "/" in name and os.path.isdir(name.split("/")[0])
 
 
 def _producing_config(path: str) -> str | None:
@@ -58,6 +64,12 @@ def _hub_reachable() -> bool:
             return True
     except (OSError, ValueError):
         return False
+
+
+def _behind_proxy() -> bool:
+    """A proxy carries the hub's traffic: a direct probe says nothing, so none is made."""
+    names = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
+    return any(os.environ.get(n) for n in names)
 
 
 def _offline() -> bool:
@@ -103,9 +115,29 @@ def model_source(name_or_path: str, what: str, kind: SourceKind = "model") -> di
         hint = (f"; it is the export of {config}: run `rlhf-lit fit --config {config}` first" if config
                 else "")  # fmt: skip
         raise SourceError(f"{what} not found: {name_or_path} (no such directory{hint})")
-    if _offline() or not _hub_reachable():
+    if _offline() or (not _behind_proxy() and not _hub_reachable()):
         return {"local_files_only": True}
     return {}
+
+
+def source_fingerprint(name_or_path: str) -> str:
+    """What identifies the model at ``name_or_path`` now, to notice one replaced in place.
+
+    A local directory: a hash of its ``config.json``, the rlhf-lit export marker (it carries the
+    time of writing) and the names and sizes of its weight files. A hub name: the name itself.
+    """
+    path = os.path.expanduser(name_or_path)
+    if not os.path.isdir(path):
+        return name_or_path
+    digest = hashlib.sha256()
+    for name in sorted(os.listdir(path)):
+        full = os.path.join(path, name)
+        if name in ("config.json", "rlhf_lit_export.json"):
+            with open(full, "rb") as f:
+                digest.update(name.encode() + f.read())
+        elif name.endswith((".safetensors", ".bin")):
+            digest.update(f"{name}:{os.path.getsize(full)}".encode())
+    return digest.hexdigest()[:16]
 
 
 def loading_error(name_or_path: str, what: str, error: Exception, hub_kwargs: dict[str, bool]) -> SourceError:

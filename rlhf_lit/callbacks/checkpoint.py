@@ -102,11 +102,15 @@ class Checkpoint(ModelCheckpoint):
         """Write ``last.ckpt`` with the final state, unless the last save already holds it."""
         if not self.save_last or trainer.fast_dev_run or trainer.sanity_checking:
             return
-        if self._last_checkpoint_saved and self._last_global_step_saved == trainer.global_step:
+        if self._final_state_saved(trainer):
             return
         filepath = self.format_checkpoint_name(self._monitor_candidates(trainer), self.CHECKPOINT_NAME_LAST)
         self._save_checkpoint(trainer, filepath)  # a full file, also with save_last="link"
         self.last_model_path = filepath
+
+    def _final_state_saved(self, trainer: Trainer) -> bool:
+        """Whether the newest save already holds the state training ended with."""
+        return bool(self._last_checkpoint_saved) and self._last_global_step_saved == trainer.global_step
 
     def _save_checkpoint(self, trainer: Trainer, filepath: str) -> None:
         """Write to ``.<name>.tmp`` (all ranks, for sharded strategies), then rename (rank 0)."""
@@ -247,6 +251,13 @@ class RolloutCheckpoint(Checkpoint):
         self._save_topk_checkpoint(trainer, candidates)
         self._save_last_checkpoint(trainer, candidates)
         self._last_rollout_saved = rollout
+
+    def _final_state_saved(self, trainer: Trainer) -> bool:
+        """Counted in rollouts: a skipped rollout (non-finite values) takes no optimizer step but
+        still moves the data position and the schedules."""
+        return bool(self._last_checkpoint_saved) and self._last_rollout_saved == getattr(
+            trainer.lightning_module, ROLLOUT_ATTRIBUTE
+        )
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """Nothing: checkpoints follow rollouts, not epochs."""

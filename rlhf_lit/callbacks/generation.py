@@ -83,7 +83,7 @@ class OnlineGeneration(Callback):
         generated = generate_responses(
             pl_module.policy, encoded["input_ids"].to(pl_module.device),
             encoded["attention_mask"].to(pl_module.device), self.sampling or pl_module.sampling,
-            eos_token_id=pl_module.stop_ids, pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=getattr(pl_module, "stop_ids", tokenizer.eos_token_id), pad_token_id=tokenizer.pad_token_id,
             generator=torch.Generator().manual_seed(self.seed),
         )  # fmt: skip
         scores = pl_module.score(generated.query_responses, generated.attention_mask)  # (B,)

@@ -22,6 +22,8 @@ from rlhf_lit.data.splits import split_by_fraction
 TRUNCATION_MESSAGES = {
     "prompt": "were longer than max_prompt_length: their start was cut",
     "response": "did not fit in max_length: cut at the end, without EOS",
+    "chosen response": "did not fit in max_length: cut at the end, without EOS",
+    "rejected response": "did not fit in max_length: cut at the end, without EOS",
 }
 """How each kind of cut is reported (counted by the truncation rule, :mod:`rlhf_lit.data.encoding`)."""
 
@@ -168,6 +170,8 @@ class TextDataModule(L.LightningDataModule):
         self.truncated = Counter()  # filled by the truncation rule while encoding
         items = (encode or self._encode)(encoder, examples)
         for part, count in sorted(self.truncated.items()):
+            if not count:
+                continue
             how = TRUNCATION_MESSAGES[part]
             log.info("%s: %d of %d %ss %s", name, count, len(examples), part, how)
             self.stats[f"{name}_truncated_{part}"] = count

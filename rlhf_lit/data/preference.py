@@ -4,6 +4,7 @@ trained reward is normalised."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -122,16 +123,19 @@ class PreferenceDataModule(TextDataModule):
         _, rejected_ids = encoder.encode_pairs(prompts, [e.rejected or "" for e in examples])
         eos = encoder.eos_token_id
         items = []
+        chosen_cut, rejected_cut = Counter(), Counter()  # counted apart: each is one of len(examples)
         for e, p, c, r in zip(examples, prompt_ids, chosen_ids, rejected_ids):
             p = truncate_prompt(p, encoder.prefix, self.max_prompt_length, self.truncated)
-            c = truncate_response(p, c, eos, self.max_length, self.truncated)
-            r = truncate_response(p, r, eos, self.max_length, self.truncated)
+            c = truncate_response(p, c, eos, self.max_length, chosen_cut)
+            r = truncate_response(p, r, eos, self.max_length, rejected_cut)
             if c is None or r is None:
                 continue
             item: dict[str, Any] = {"chosen_input_ids": p + c, "rejected_input_ids": p + r}
             if e.margin is not None:
                 item["margin"] = e.margin
             items.append(item)
+        self.truncated.update({"chosen response": chosen_cut["response"],
+                               "rejected response": rejected_cut["response"]})
         return items
 
     def train_dataloader(self) -> DataLoader:

@@ -31,16 +31,16 @@ def disable_dropout(model: nn.Module) -> None:
     PPO ratios and KL estimates assume the same function is evaluated in rollout and update;
     dropout would make old and new logprobs differ before any update (N implementation details #8).
     Two kinds exist: ``nn.Dropout`` modules (GPT-2's ``attn_pdrop``, ``resid_pdrop``), whose ``p``
-    is set to 0, and plain float attributes that attention code passes to a functional dropout when
-    the module is in train mode (Llama's ``self.attention_dropout``, copied from
-    ``config.attention_dropout``), which are set to 0.0. The config itself is left as it was, so an
+    is set to 0, and plain float attributes that code reads in train mode (Llama's
+    ``self.attention_dropout``, copied from ``config.attention_dropout``, passed to a functional
+    dropout; OPT's ``layerdrop``), which are set to 0.0. The config itself is left as it was, so an
     exported model keeps the checkpoint's settings.
     """
     for module in model.modules():
         if isinstance(module, nn.modules.dropout._DropoutNd):
             module.p = 0.0
         for name, value in vars(module).items():
-            if isinstance(value, float) and ("dropout" in name or "pdrop" in name):
+            if isinstance(value, float) and "drop" in name:  # dropout, attn_pdrop, layerdrop, drop_path
                 setattr(module, name, 0.0)
 
 

@@ -21,7 +21,8 @@ class GuardedStage:
 
     def on_before_optimizer_step(self, optimizer) -> None:
         """Drop non-finite gradients (the step then changes nothing) and count the skip."""
-        self.nonfinite.check_optimizer(optimizer, has_gradient_scaler(self.trainer), f"step {self.global_step}")
+        scaler = has_gradient_scaler(self.trainer)
+        self.nonfinite.check_optimizer(optimizer, "the optimizer", scaler, f"step {self.global_step}")
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         """Refuse to save non-finite weights; keep the skip counters."""

@@ -42,7 +42,8 @@ def gradients_finite(optimizer: torch.optim.Optimizer) -> bool:
     grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
     if not grads:
         return True
-    norms = torch._foreach_norm(grads)  # one kernel per tensor list, no host read yet
+    # Norms in float32: a finite fp16 gradient whose norm exceeds 65504 is not a NaN.
+    norms = torch._foreach_norm(grads, 2, dtype=torch.float32)
     return bool(torch.isfinite(torch.stack(norms)).all())
 
 
@@ -73,10 +74,13 @@ def nonfinite_rollout_parts(rollout: Rollout, reduce_sum) -> list[str]:
 
 
 class NonFiniteGuard:
-    """Counts consecutive skipped updates and stops the run after ``limit`` of them.
+    """Counts consecutive skipped updates of each kind and stops the run after ``limit`` in a row.
+
+    Kinds are counted apart (``"rollout"``, ``"optimizer 0"``, ``"optimizer 1"``): a critic whose
+    gradients are NaN at every step is stopped even while the policy's steps are fine.
 
     Args:
-        limit: skipped updates in a row that stop the run (>= 1).
+        limit: skipped updates of one kind in a row that stop the run (>= 1).
         option: the setting that sets ``limit``, named in the message.
     """
 
@@ -84,40 +88,41 @@ class NonFiniteGuard:
         if limit < 1:
             raise ValueError(f"{option} must be >= 1, got {limit}")
         self.limit, self.option = limit, option
-        self.consecutive = 0
+        self.consecutive: dict[str, int] = {}
         self.total = 0
 
-    def skipped(self, what: str) -> None:
-        """Record a skipped update (``what`` says which and why); raise after ``limit`` in a row."""
-        self.consecutive += 1
+    def skipped(self, kind: str, what: str) -> None:
+        """Record a skipped update of ``kind`` (``what`` says which and why); raise after ``limit`` in a row."""
+        count = self.consecutive[kind] = self.consecutive.get(kind, 0) + 1
         self.total += 1
-        log.warning("skipped an update: %s (%d in a row, %d in all)", what, self.consecutive, self.total)
-        if self.consecutive >= self.limit:
+        log.warning("skipped an update: %s (%d in a row, %d in all)", what, count, self.total)
+        if count >= self.limit:
             raise NonFiniteError(
-                f"stopping: {self.consecutive} updates in a row skipped for non-finite values; the last: {what} "
+                f"stopping: {count} updates in a row skipped for non-finite values; the last: {what} "
                 f"({self.option}={self.limit}). Check the reward model or reward function, the learning rate "
                 "and the precision"
             )
 
-    def passed(self) -> None:
-        """Record a finite update: the run of skips is over."""
-        self.consecutive = 0
+    def passed(self, kind: str) -> None:
+        """Record a finite update of ``kind``: its run of skips is over."""
+        self.consecutive[kind] = 0
 
-    def check_optimizer(self, optimizer: torch.optim.Optimizer, has_scaler: bool, where: str) -> bool:
+    def check_optimizer(self, optimizer: torch.optim.Optimizer, kind: str, has_scaler: bool, where: str) -> bool:
         """Drop ``optimizer``'s gradients and count a skip when any is not finite; True when they are."""
         if has_scaler:  # fp16: the GradScaler skips inf steps itself, as part of finding its scale
             return True
         if gradients_finite(optimizer):
-            self.passed()
+            self.passed(kind)
             return True
         drop_gradients(optimizer)
-        self.skipped(f"non-finite gradients at {where}")
+        self.skipped(kind, f"non-finite gradients of {kind} at {where}")
         return False
 
     def state_dict(self) -> dict[str, Any]:
         """The counters, for checkpoints."""
-        return {"consecutive": self.consecutive, "total": self.total}
+        return {"consecutive": dict(self.consecutive), "total": self.total}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`."""
-        self.consecutive, self.total = int(state["consecutive"]), int(state["total"])
+        self.consecutive = {str(k): int(v) for k, v in state["consecutive"].items()}
+        self.total = int(state["total"])

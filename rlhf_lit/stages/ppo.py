@@ -101,6 +101,7 @@ from rlhf_lit.stages.amp import has_gradient_scaler, one_scaler_update
 from rlhf_lit.stages.export import ExportExisting, check_export_at_fit_start, export_at_fit_end
 from rlhf_lit.stages.dataclass_args import as_config
 from rlhf_lit.stages.nonfinite import NonFiniteGuard, assert_finite, nonfinite_rollout_parts
+from rlhf_lit.sources import source_fingerprint
 from rlhf_lit.stages.resume import check_module_resume
 from rlhf_lit.stages.optim import OptimizerConfig, build_optimizer
 from rlhf_lit.stages.ppo_config import KLConfig, PPOConfig, RewardConfig
@@ -429,8 +430,11 @@ class PPOModule(LightningModule):
         Here, not before ``opt.step()``: Lightning calls this hook after it unscales fp16
         (``16-mixed``) gradients, so the clip sees true gradients, not ones times the loss scale.
         """
+        kind = ("the policy", "the critic")[self.trainer.optimizers.index(optimizer)]
+        if self.hparams.critic == "shared_trunk":
+            kind = "the policy and value head"
         where = f"rollout {self.rollout_index}, optimizer step {self.global_step}"
-        if not self.nonfinite.check_optimizer(optimizer, has_gradient_scaler(self.trainer), where):
+        if not self.nonfinite.check_optimizer(optimizer, kind, has_gradient_scaler(self.trainer), where):
             return  # gradients dropped: this optimizer's step changes nothing
         if self.ppo.max_grad_norm is not None:
             self.clip_gradients(optimizer, gradient_clip_val=self.ppo.max_grad_norm, gradient_clip_algorithm="norm")
@@ -446,7 +450,7 @@ class PPOModule(LightningModule):
         rollout, entropy = self.make_rollout(batch, timer)
         bad = nonfinite_rollout_parts(rollout, lambda t: self.trainer.strategy.reduce(t, reduce_op="sum"))
         if bad:  # no update on NaN: it would turn every weight into NaN
-            self.nonfinite.skipped(f"rollout {self.rollout_index}: non-finite {', '.join(bad)}")
+            self.nonfinite.skipped("rollout", f"rollout {self.rollout_index}: non-finite {', '.join(bad)}")
             self._end_rollout(rollout.batch_size, {"skipped/nonfinite_rollout": 1.0})
             return
         train_stats = self.train_on_rollout(rollout)
@@ -516,16 +520,30 @@ class PPOModule(LightningModule):
             "torch_rng_state": torch.get_rng_state(),
             "nonfinite": self.nonfinite.state_dict(),
             "world_size": self.trainer.world_size,
+            "sources": self._source_fingerprints(),
         }
+
+    def _source_fingerprints(self) -> dict[str, str]:
+        """The models the run reads by path, as they are on disk now (see :func:`source_fingerprint`)."""
+        paths = {"sft_model": self.hparams.sft_model, "reward_model": self.hparams.reward_model,
+                 "value_model": self.hparams.value_model}  # fmt: skip
+        return {what: source_fingerprint(path) for what, path in paths.items() if path is not None}
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         """Check the configuration against the checkpoint's (:mod:`rlhf_lit.stages.resume`), restore
         the PPO state and fill in the frozen weights (reloaded from their paths) for strict loading."""
         ppo_state = checkpoint["ppo"]
-        world_size = self._trainer.world_size if self._trainer is not None else None
-        saved_world_size = ppo_state.get("world_size", world_size)
-        extra = {} if world_size is None else {"trainer.world_size": (saved_world_size, world_size)}
-        check_module_resume(self, checkpoint, SAFE_ON_RESUME, extra)
+        extra = {}
+        if self._trainer is not None:
+            extra["trainer.world_size"] = (ppo_state.get("world_size", self.trainer.world_size), self.trainer.world_size)
+        now = self._source_fingerprints()
+        for what, saved in ppo_state.get("sources", {}).items():  # a model directory replaced in place
+            extra[f"model.{what} (its files)"] = (saved, now.get(what))
+        safe = SAFE_ON_RESUME
+        schedules = (self.optimizer_cfg, self.critic_optimizer_cfg or self.optimizer_cfg)
+        if any(cfg.schedule != "constant" for cfg in schedules):
+            safe = tuple(k for k in safe if k != "max_rollouts")  # it is the decaying schedule's length
+        check_module_resume(self, checkpoint, safe, extra)
         state = checkpoint["state_dict"]
         for prefix, module in (("ref_policy.", self.ref_policy), ("reward_model.", self.reward_model)):
             for key, value in module.state_dict().items():

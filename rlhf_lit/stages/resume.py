@@ -12,6 +12,7 @@ applied and logged.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Collection, Mapping
 from typing import Any
 
@@ -34,8 +35,12 @@ def _flatten(settings: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
             continue
         if isinstance(value, Mapping):
             flat.update(_flatten(value, f"{prefix}{key}."))
+        elif isinstance(value, tuple):
+            flat[f"{prefix}{key}"] = list(value)
+        elif isinstance(value, str) and ("/" in value or "\\" in value):
+            flat[f"{prefix}{key}"] = os.path.normpath(value)  # "dir/" and "./dir" are "dir"
         else:
-            flat[f"{prefix}{key}"] = list(value) if isinstance(value, tuple) else value
+            flat[f"{prefix}{key}"] = value
     return flat
 
 
@@ -54,8 +59,14 @@ def check_module_resume(
     module: Any, checkpoint: Mapping[str, Any], safe_model_keys: Collection[str],
     extra: Mapping[str, tuple[Any, Any]] | None = None,
 ) -> None:
-    """:func:`check_resume` for a LightningModule being restored (its trainer's data module too, if any)."""
+    """:func:`check_resume` for a LightningModule resuming a fit (its trainer's data module too).
+
+    Only a resumed ``fit`` is checked: ``load_from_checkpoint`` with overrides, or validating a
+    checkpoint on other data, continues nothing.
+    """
     trainer = getattr(module, "_trainer", None)
+    if trainer is None or getattr(trainer.state, "fn", None) != "fit":
+        return
     datamodule = getattr(trainer, "datamodule", None) if trainer is not None else None
     data_hparams = getattr(datamodule, "hparams", None) if datamodule is not None else None
     check_resume(checkpoint, module.hparams, data_hparams, safe_model_keys, extra)

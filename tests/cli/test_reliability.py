@@ -82,7 +82,9 @@ def test_a_nan_reward_is_skipped_and_stops_the_run_without_nan_weights_on_disk(t
     assert "rollout 2: non-finite reward scores" in line and "max_skipped_updates=3" in line
     assert result.stderr.count("skipped an update: rollout") == 3
     assert not (tmp_path / "export").exists()
-    for ckpt in (tmp_path / "ckpt").glob("*.ckpt"):  # the skipped rollouts changed no weight
+    checkpoints = sorted((tmp_path / "ckpt").glob("*.ckpt"))
+    assert [c.name for c in checkpoints] == ["last.ckpt", "rollout=2.ckpt"]  # skipped rollouts count
+    for ckpt in checkpoints:  # the skipped rollouts changed no weight
         state = torch.load(ckpt, map_location="cpu", weights_only=True)["state_dict"]
         assert all(torch.isfinite(v).all() for v in state.values() if v.is_floating_point()), ckpt
 

@@ -16,6 +16,7 @@ import torch
 from cli_helpers import CLI, STORIES, error_line, ppo_config, rlhf_lit, write_yaml
 
 ROLLOUTS = 6
+CONSTANT_LR = {"lr": 3.0e-4, "eps": 1.0e-5}  # a constant schedule: max_rollouts may grow on resume
 
 
 def _load(path):
@@ -75,7 +76,7 @@ def test_killed_mid_rollout_and_resumed_with_the_readme_command_equals_a_straigh
 def finished_run(tmp_path_factory, stories_rm):
     """A 2-rollout PPO run whose last.ckpt later runs try to resume."""
     root = tmp_path_factory.mktemp("finished")
-    write_yaml(root / "ppo.yaml", ppo_config(root, STORIES, stories_rm, max_rollouts=2))
+    write_yaml(root / "ppo.yaml", ppo_config(root, STORIES, stories_rm, max_rollouts=2, optimizer=CONSTANT_LR))
     result = rlhf_lit("fit", "--config", str(root / "ppo.yaml"), cwd=root)
     assert result.returncode == 0, result.stderr[-3000:]
     return root
@@ -83,7 +84,9 @@ def finished_run(tmp_path_factory, stories_rm):
 
 @pytest.mark.slow
 def test_resume_with_a_changed_model_or_batch_is_refused_listing_every_difference(finished_run, stories_rm, tmp_path):
-    config = ppo_config(finished_run, stories_rm, stories_rm, max_rollouts=2, export_existing="replace")  # RM as SFT
+    # A different SFT model (the RM's directory), batch size and KL target; more rollouts, which is
+    # refused here because the linear schedule's length is max_rollouts.
+    config = ppo_config(finished_run, stories_rm, stories_rm, max_rollouts=3, export_existing="replace")
     config["data"]["init_args"]["batch_size"] = 8
     config["model"]["init_args"]["kl"]["target"] = 3.0
     write_yaml(tmp_path / "changed.yaml", config)
@@ -94,7 +97,8 @@ def test_resume_with_a_changed_model_or_batch_is_refused_listing_every_differenc
     assert error_line(result).startswith("rlhf-lit: error: cannot resume: the configuration differs")
     for line in (f"model.sft_model: checkpoint '{STORIES}', now '{stories_rm}'",
                  "model.kl.target: checkpoint 1.0, now 3.0",
-                 "data.batch_size: checkpoint 4, now 8"):  # fmt: skip
+                 "data.batch_size: checkpoint 4, now 8", "model.max_rollouts: checkpoint 2, now 3",
+                 "model.optimizer.schedule: checkpoint 'constant', now 'linear'"):  # fmt: skip
         assert line in result.stderr, result.stderr[-2000:]
     # Nothing was trained or written: the checkpoint is as it was.
     assert _load(finished_run / "ckpt" / "last.ckpt")["global_step"] == before["global_step"]
@@ -102,7 +106,8 @@ def test_resume_with_a_changed_model_or_batch_is_refused_listing_every_differenc
 
 @pytest.mark.slow
 def test_resume_with_more_rollouts_continues(finished_run, stories_rm, tmp_path):
-    config = ppo_config(finished_run, STORIES, stories_rm, max_rollouts=3, export_dir=str(tmp_path / "export3"))
+    config = ppo_config(finished_run, STORIES, stories_rm, max_rollouts=3, export_dir=str(tmp_path / "export3"),
+                        optimizer=CONSTANT_LR)  # fmt: skip
     config["trainer"]["callbacks"][0]["init_args"]["dirpath"] = str(tmp_path / "ckpt")
     write_yaml(tmp_path / "more.yaml", config)
     result = rlhf_lit("fit", "--config", str(tmp_path / "more.yaml"), "--ckpt_path",

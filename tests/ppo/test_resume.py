@@ -60,3 +60,26 @@ def test_resume_after_rollout_k_matches_straight_run(tmp_path):
         for p, q in zip(straight.policy.parameters(), resumed.policy.parameters()):
             torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7)
         assert resumed.kl_ctl.value == pytest.approx(straight.kl_ctl.value, rel=1e-9)
+
+
+def test_resume_refuses_a_model_directory_replaced_in_place(tmp_path):
+    # The same sft_model path, different files (an SFT re-run with export_existing: replace): the
+    # KL reference would silently change, so the resume is refused.
+    import json
+    import shutil
+
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    from ppo_helpers import STORIES
+
+    from rlhf_lit.stages.resume import ResumeMismatch
+
+    sft = tmp_path / "sft"
+    shutil.copytree(STORIES, sft)
+    module = tiny_module(sft_model=str(sft), reward_model=STORIES, max_rollouts=1)
+    ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)
+    tiny_trainer(tmp_path, enable_checkpointing=True, callbacks=[ckpt]).fit(module, _data(module))
+    config = json.loads((sft / "config.json").read_text())
+    (sft / "config.json").write_text(json.dumps({**config, "rms_norm_eps": 1e-6}))
+    resumed = tiny_module(sft_model=str(sft), reward_model=STORIES, max_rollouts=2)
+    with pytest.raises(ResumeMismatch, match=r"model.sft_model \(its files\): checkpoint '[0-9a-f]{16}', now '[0-9a-f]{16}'"):
+        tiny_trainer(tmp_path / "r").fit(resumed, _data(resumed), ckpt_path=str(tmp_path / "ckpt" / "last.ckpt"))
