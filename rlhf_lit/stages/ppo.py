@@ -97,14 +97,14 @@ from rlhf_lit.models.generation import (
 from rlhf_lit.models.loading import DType
 from rlhf_lit.models.value import CriticKind, build_critic
 from rlhf_lit.rollout import Rollout, minibatches
+from rlhf_lit.sources import source_fingerprint
 from rlhf_lit.stages.amp import has_gradient_scaler, one_scaler_update
 from rlhf_lit.stages.export import ExportExisting, check_export_at_fit_start, export_at_fit_end
 from rlhf_lit.stages.dataclass_args import as_config
 from rlhf_lit.stages.nonfinite import NonFiniteGuard, assert_finite, nonfinite_rollout_parts
-from rlhf_lit.sources import source_fingerprint
-from rlhf_lit.stages.resume import check_module_resume
 from rlhf_lit.stages.optim import OptimizerConfig, build_optimizer
 from rlhf_lit.stages.ppo_config import KLConfig, PPOConfig, RewardConfig
+from rlhf_lit.stages.resume import check_module_resume
 from rlhf_lit.stages.ppo_metrics import (
     RolloutTimer,
     logged_metrics,
