@@ -102,9 +102,23 @@ def save_pretrained_atomically(
     if final.exists():  # an empty directory or an rlhf-lit export (checked above)
         old = Path(tempfile.mkdtemp(prefix=f".{final.name}.old-", dir=final.parent))
         os.replace(final, old / final.name)  # os.replace cannot replace a non-empty directory
-    os.replace(tmp, final)
+        moved = old / final.name
+        if any(moved.iterdir()) and not (moved / MARKER).is_file():
+            # Changed since the check: put it back untouched and delete only what this call made.
+            os.replace(moved, final)
+            shutil.rmtree(tmp)
+            old.rmdir()
+            raise ValueError(f"export_dir {final} changed while the export was written; it was left as it is")
+    try:
+        os.replace(tmp, final)
+    except OSError:
+        if old is not None:
+            os.replace(old / final.name, final)  # the earlier export back in place
+            old.rmdir()
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     if old is not None:
-        shutil.rmtree(old)
+        shutil.rmtree(old)  # holds only the earlier rlhf-lit export (its marker checked just above)
     return final
 
 

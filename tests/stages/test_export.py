@@ -135,3 +135,18 @@ def test_gpt2_sft_adds_pad_resizes_and_reloads(gpt2_dir, helpers, tmp_path):
         expected = module.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
         got = exported(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
     assert torch.equal(got, expected)
+
+
+def test_a_directory_that_changes_after_the_check_is_put_back_untouched(tmp_path, monkeypatch):
+    # Second line of defence: even if the target changed between the check and the swap (here the
+    # check is skipped), a directory without the marker is moved back, never deleted.
+    import rlhf_lit.stages.export as export
+
+    target = tmp_path / "mine"
+    target.mkdir()
+    (target / "thesis.tex").write_text("years of work")
+    monkeypatch.setattr(export, "check_export_target", lambda path, existing: None)
+    with pytest.raises(ValueError, match="changed while the export was written"):
+        save_pretrained_atomically(_FakeSaver("weights"), _FakeSaver("tokenizer.json"), target, existing="replace")
+    assert [p.name for p in target.iterdir()] == ["thesis.tex"] and (target / "thesis.tex").read_text() == "years of work"
+    assert [p.name for p in tmp_path.iterdir()] == ["mine"]  # nothing left beside it
