@@ -33,15 +33,31 @@ def backbone(model: PreTrainedModel) -> nn.Module:
 
 
 def token_scores(model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """The score head applied at every position, ``(B, T)``; used for values (one per token)."""
-    hidden = backbone(model)(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids_from_mask(attention_mask),
-        use_cache=False,
-    ).last_hidden_state  # (B, T, D)
+    """The score head applied at every position, ``(B, T)``; used for values (one per token).
+
+    Read from the model's own forward pass (a hook on the head, which Hugging Face's
+    causal-LM-family classifiers apply at every position before pooling the last one), not by
+    calling the trunk and the head apart: under FSDP a model's weights are gathered by its own
+    forward pass (:mod:`rlhf_lit.models.sharding`).
+    """
     head = score_head(model)
-    return head(hidden.to(head.weight.dtype)).squeeze(-1)  # (B, T)
+    captured: list[torch.Tensor] = []
+    handle = head.register_forward_hook(lambda module, args, output: captured.append(output))
+    try:
+        model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids_from_mask(attention_mask),
+            use_cache=False,
+        )
+    finally:
+        handle.remove()
+    if len(captured) != 1 or captured[0].shape[:2] != input_ids.shape:
+        raise ValueError(
+            f"{type(model).__name__} does not apply its score head once at every position; rlhf-lit reads "
+            "per-token scores (use a causal-LM family model)"
+        )
+    return captured[0].squeeze(-1)  # (B, T)
 
 
 def sequence_scores(model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:

@@ -21,8 +21,10 @@ from pathlib import Path
 from typing import Literal
 
 import lightning.pytorch as pl
+import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from rlhf_lit.models.sharding import full_state_dict
 from rlhf_lit.stages.nonfinite import assert_finite
 
 log = logging.getLogger(__name__)
@@ -74,8 +76,12 @@ def save_pretrained_atomically(
     path: str | os.PathLike,
     what: str = "model",
     existing: ExportExisting = "refuse",
+    state_dict: dict[str, torch.Tensor] | None = None,
 ) -> Path:
     """Write ``model`` and ``tokenizer`` with ``save_pretrained`` so that ``path`` is never half written.
+
+    ``state_dict``: the weights to write instead of ``model``'s own (the gathered weights of a
+    sharded model, :func:`~rlhf_lit.models.sharding.full_state_dict`).
 
     Everything (and the :data:`MARKER`) is written into a new hidden directory beside ``path``,
     then renamed into place. An earlier export at ``path`` (checked again here with
@@ -87,11 +93,11 @@ def save_pretrained_atomically(
     """
     final = Path(path).absolute()
     check_export_target(final, existing)
-    assert_finite(model, what)
+    assert_finite(model if state_dict is None else state_dict, what)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))  # new: never someone's
     try:
-        model.save_pretrained(tmp)
+        model.save_pretrained(tmp, **({} if state_dict is None else {"state_dict": state_dict}))
         tokenizer.save_pretrained(tmp)
         written = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
         (tmp / MARKER).write_text(json.dumps({"what": what, "written": written}) + "\n", encoding="utf-8")
@@ -133,7 +139,8 @@ def export_at_fit_end(
     """Export on global rank 0 only, print and log where; other ranks return None.
 
     Every rank must call this: resolving the default path (``trainer.log_dir``) is a collective
-    broadcast under DDP, and a barrier after the write lets no rank run ahead of the files.
+    broadcast under DDP, gathering a sharded model's weights onto rank 0 is one under FSDP, and a
+    barrier after the write lets no rank run ahead of the files.
 
     Args:
         trainer: The trainer that just finished fitting (its log dir gives the default place).
@@ -144,9 +151,10 @@ def export_at_fit_end(
         existing: What to do with an earlier export at the target (:data:`ExportExisting`).
     """
     target = export_dir or default_export_dir(trainer)  # collective: on every rank
+    weights = full_state_dict(model)  # collective when sharded (FSDP): the whole model on rank 0
     path = None
     if trainer.is_global_zero:
-        path = save_pretrained_atomically(model, tokenizer, target, what, existing)
+        path = save_pretrained_atomically(model, tokenizer, target, what, existing, state_dict=weights)
         print(f"[rlhf-lit] exported {what} to {path}")
         log.debug("exported %s to %s", what, path)  # printed above: once is enough on the console
     trainer.strategy.barrier("rlhf_lit_export")

@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import itertools
 import logging
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
 
+from rlhf_lit.models.sharding import any_rank, local_tensor
 from rlhf_lit.rollout import Rollout
 
 log = logging.getLogger(__name__)
@@ -28,23 +30,42 @@ class NonFiniteError(RuntimeError):
     """Too many updates in a row were skipped for NaN or inf, or weights to be written are not finite."""
 
 
-def assert_finite(model: torch.nn.Module, what: str) -> None:
-    """Raise :class:`NonFiniteError` when a floating parameter or buffer of ``model`` holds NaN or inf."""
-    named = itertools.chain(model.named_parameters(), model.named_buffers())
-    bad = [name for name, t in named if t.is_floating_point() and not bool(torch.isfinite(t).all())]
-    if bad:
+def nonfinite_names(named: Iterable[tuple[str, torch.Tensor]]) -> list[str]:
+    """The names of the floating tensors (this rank's shards, when sharded) that hold NaN or inf."""
+    return [name for name, t in named if t.is_floating_point() and not bool(torch.isfinite(local_tensor(t)).all())]
+
+
+def assert_finite(model: torch.nn.Module | Mapping[str, torch.Tensor], what: str) -> None:
+    """Raise :class:`NonFiniteError` when a floating parameter or buffer of ``model`` (a module or a
+    state dict) holds NaN or inf.
+
+    For a sharded model every rank checks its shards and the verdict is shared (a collective:
+    call it on every rank), so all ranks raise together.
+    """
+    if isinstance(model, Mapping):
+        named = list(model.items())
+    else:
+        named = list(itertools.chain(model.named_parameters(), model.named_buffers()))
+    bad = nonfinite_names(named)
+    if any_rank(bool(bad), [t for _, t in named]):
         more = ", ..." if len(bad) > 3 else ""
-        raise NonFiniteError(f"{what} holds non-finite weights ({', '.join(bad[:3])}{more}); not written")
+        where = ", ".join(bad[:3]) + more if bad else "on another rank"
+        raise NonFiniteError(f"{what} holds non-finite weights ({where}); not written")
 
 
 def gradients_finite(optimizer: torch.optim.Optimizer) -> bool:
-    """Whether every gradient of ``optimizer``'s parameters is finite (one host read)."""
+    """Whether every gradient of ``optimizer``'s parameters is finite (one host read).
+
+    Sharded gradients (FSDP) are checked shard by shard and the verdict is shared over the ranks,
+    so every rank skips the same steps and the shards stay one model.
+    """
     grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
     if not grads:
         return True
     # Norms in float32: a finite fp16 gradient whose norm exceeds 65504 is not a NaN.
-    norms = torch._foreach_norm(grads, 2, dtype=torch.float32)
-    return bool(torch.isfinite(torch.stack(norms)).all())
+    norms = torch._foreach_norm([local_tensor(g) for g in grads], 2, dtype=torch.float32)
+    finite = bool(torch.isfinite(torch.stack(norms)).all())
+    return not any_rank(not finite, grads)
 
 
 def drop_gradients(optimizer: torch.optim.Optimizer) -> None:

@@ -44,7 +44,9 @@ Departures from textbook PPO (Schulman et al. 2017) and their reasons:
   in ``checkpoint["ppo"]``; sampling and shuffling seeds are folded from (seed, rank, rollout).
 - Logprobs use the full softmax even with top-k / top-p sampling (as TRL, OpenRLHF): ratio 1
   still holds, the importance weight is of the untruncated policy.
-- Losses are token means over a minibatch (cleanrl / TRL), not per-sequence means.
+- Losses are token means over a minibatch (cleanrl / TRL), not per-sequence means; with several
+  processes, over the tokens of that minibatch on every rank (a rank with short responses does not
+  weigh more). Advantage and score whitening use each rank's batch, as TRL does.
 - The learning-rate schedule is stepped once per rollout (``warmup_steps`` and the decay count
   rollouts), not per optimizer step. Lightning's ``global_step`` counts every ``opt.step()``
   (of both optimizers), so this module keeps ``rollout_index`` and stops with ``max_rollouts``
@@ -95,6 +97,7 @@ from rlhf_lit.models.generation import (
     stop_token_ids,
 )
 from rlhf_lit.models.loading import DType
+from rlhf_lit.models.sharding import gathered_for_generation, is_sharded, shard_models
 from rlhf_lit.models.value import CriticKind, build_critic
 from rlhf_lit.rollout import Rollout, minibatches
 from rlhf_lit.sources import source_fingerprint
@@ -104,7 +107,7 @@ from rlhf_lit.stages.dataclass_args import as_config
 from rlhf_lit.stages.nonfinite import NonFiniteGuard, assert_finite, nonfinite_rollout_parts
 from rlhf_lit.stages.optim import OptimizerConfig, build_optimizer
 from rlhf_lit.stages.ppo_config import KLConfig, PPOConfig, RewardConfig
-from rlhf_lit.stages.resume import check_module_resume
+from rlhf_lit.stages.resume import check_loaded_keys, check_module_resume
 from rlhf_lit.stages.ppo_metrics import (
     RolloutTimer,
     logged_metrics,
@@ -114,8 +117,6 @@ from rlhf_lit.stages.ppo_metrics import (
 )
 from rlhf_lit.tokenizer import MissingPad, check_same_vocabulary, load_tokenizer
 
-FROZEN_PREFIXES = ("ref_policy.", "reward_model.")
-"""State-dict prefixes of the frozen models: never written to checkpoints, reloaded from paths."""
 SAFE_ON_RESUME = ("max_rollouts", "judge", "export_dir", "export_existing", "max_skipped_updates")
 """Settings a resume may change: how far the run goes, what is logged beside it, where it exports."""
 STREAM_SAMPLE, STREAM_SHUFFLE = 0, 1
@@ -130,6 +131,9 @@ def freeze(model: torch.nn.Module) -> torch.nn.Module:
 
 class PPOModule(LightningModule):
     """PPO on a policy initialised from the SFT model, with a KL penalty to a frozen copy of it.
+
+    Strategies: single device, ``ddp`` and ``fsdp`` / ``fsdp2`` (:mod:`rlhf_lit.strategies`: the
+    four models are sharded in :meth:`configure_model`).
 
     Args:
         sft_model: the SFT model (hub name or directory): the policy's start and the reference.
@@ -165,6 +169,9 @@ class PPOModule(LightningModule):
             (stop before training) or ``replace`` it (atomically, at the end of fit). A non-empty
             directory rlhf-lit did not write is never replaced.
     """
+
+    FROZEN_PREFIXES = ("ref_policy.", "reward_model.")
+    """State-dict prefixes of the frozen models: never written to checkpoints, reloaded from paths."""
 
     def __init__(
         self,
@@ -239,6 +246,11 @@ class PPOModule(LightningModule):
         self._ptx_batches: Iterator[dict[str, torch.Tensor]] | None = None
 
     # ------------------------------------------------------------------ setup
+    def configure_model(self) -> None:
+        """Shard policy, critic, reference and reward model under FSDP (no-op otherwise)."""
+        shard_models(self, {"policy": self.policy, "critic": self.critic, "reference": self.ref_policy,
+                            "reward model": self.reward_model})  # fmt: skip
+
     def configure_optimizers(self):
         """Policy and critic optimizers (one with ``shared_trunk``), schedules stepped per rollout."""
         if self.hparams.critic == "shared_trunk":
@@ -271,12 +283,19 @@ class PPOModule(LightningModule):
 
     # ------------------------------------------------------------------ rollout
     def generate(self, batch: dict[str, torch.Tensor]) -> Generated:
-        """Sample responses to the prompts of ``batch`` with the unwrapped policy."""
+        """Sample responses to the prompts of ``batch`` with the unwrapped policy.
+
+        Under FSDP the ranks step together until every rank's responses have ended (each forward
+        pass is a collective; ``synced_gpus``), with the policy's weights gathered once for the call.
+        """
         generator = torch.Generator().manual_seed(self._stream_seed(STREAM_SAMPLE))
-        return generate_responses(
-            self.policy, batch["input_ids"], batch["attention_mask"], self.sampling,
-            eos_token_id=self.stop_ids, pad_token_id=self.tokenizer.pad_token_id, generator=generator,
-        )  # fmt: skip
+        synced = is_sharded(self.policy) and torch.distributed.is_initialized()
+        with gathered_for_generation(self.policy):
+            return generate_responses(
+                self.policy, batch["input_ids"], batch["attention_mask"], self.sampling,
+                eos_token_id=self.stop_ids, pad_token_id=self.tokenizer.pad_token_id, generator=generator,
+                synced_gpus=synced,
+            )  # fmt: skip
 
     def score(self, query_responses: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """The reward model's score ``(B,)`` at the last attended token (the last response token).
@@ -383,6 +402,7 @@ class PPOModule(LightningModule):
         entropy_logits = logits if cfg.entropy_coef > 0 else logits.detach()
         entropy = masked_mean(entropy_from_logits(entropy_logits, self.sampling.temperature), mask)  # ()
         loss = policy_loss + cfg.vf_coef * value_loss - cfg.entropy_coef * entropy  # ()
+        loss = loss * self._rank_token_weight(mask)  # (): a token mean over the minibatches of all ranks
         ptx = torch.zeros((), device=self.device)  # ()
         if cfg.ptx_coef > 0:
             batch = self._next_ptx_batch()
@@ -396,6 +416,20 @@ class PPOModule(LightningModule):
             "value/clipfrac": value_stats["clipfrac"],
         }  # fmt: skip
         return loss, stats
+
+    def _rank_token_weight(self, mask: torch.Tensor) -> torch.Tensor:
+        """``n_rank * world_size / n_all``: turns this rank's token mean into its share of the token
+        mean over the same minibatch of every rank, once DDP / FSDP average the gradients.
+
+        Ranks hold different numbers of response tokens (responses end at different lengths);
+        averaging per-rank means would weight a token of a short-response rank more. One small
+        all-reduce per minibatch, no host sync; exactly 1 on a single process.
+        """
+        world = self.trainer.world_size if self._trainer is not None else 1
+        count = mask.sum().float()  # ()
+        if world == 1:
+            return torch.ones((), device=mask.device)
+        return count * world / self.trainer.strategy.reduce(count.clone(), reduce_op="sum")  # () (reduce is in place)
 
     def _check_rollout_rows(self, rows: int) -> None:
         """The prompts per rollout (per process) must split into whole optimizer steps."""
@@ -511,8 +545,8 @@ class PPOModule(LightningModule):
         """
         assert_finite(self.policy, "the policy")
         assert_finite(self.critic, "the critic")
-        state = checkpoint["state_dict"]
-        checkpoint["state_dict"] = {k: v for k, v in state.items() if not k.startswith(FROZEN_PREFIXES)}
+        state = checkpoint["state_dict"]  # {} on ranks > 0 under FSDP (gathered on rank 0)
+        checkpoint["state_dict"] = {k: v for k, v in state.items() if not k.startswith(self.FROZEN_PREFIXES)}
         checkpoint["ppo"] = {
             "rollout_index": self.rollout_index,
             "kl_controller": self.kl_ctl.state_dict(),
@@ -530,8 +564,8 @@ class PPOModule(LightningModule):
         return {what: source_fingerprint(path) for what, path in paths.items() if path is not None}
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        """Check the configuration against the checkpoint's (:mod:`rlhf_lit.stages.resume`), restore
-        the PPO state and fill in the frozen weights (reloaded from their paths) for strict loading."""
+        """Check the configuration against the checkpoint's (:mod:`rlhf_lit.stages.resume`) and
+        restore the PPO state. The frozen models are not in checkpoints (:meth:`load_state_dict`)."""
         ppo_state = checkpoint["ppo"]
         extra = {}
         if self._trainer is not None:
@@ -544,12 +578,15 @@ class PPOModule(LightningModule):
         if any(cfg.schedule != "constant" for cfg in schedules):
             safe = tuple(k for k in safe if k != "max_rollouts")  # it is the decaying schedule's length
         check_module_resume(self, checkpoint, safe, extra)
-        state = checkpoint["state_dict"]
-        for prefix, module in (("ref_policy.", self.ref_policy), ("reward_model.", self.reward_model)):
-            for key, value in module.state_dict().items():
-                state.setdefault(prefix + key, value)
         self.rollout_index = int(ppo_state["rollout_index"])
         if "nonfinite" in ppo_state:
             self.nonfinite.load_state_dict(ppo_state["nonfinite"])
         self.kl_ctl.load_state_dict(ppo_state["kl_controller"])
         torch.set_rng_state(ppo_state["torch_rng_state"])
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        """Load weights; the frozen models (:attr:`FROZEN_PREFIXES`) may be missing: they were reloaded
+        from their paths. Any other missing or unknown weight is refused when ``strict``."""
+        result = super().load_state_dict(state_dict, strict=False, assign=assign)
+        check_loaded_keys(result.missing_keys, result.unexpected_keys, self.FROZEN_PREFIXES, strict)
+        return result

@@ -117,3 +117,26 @@ def check_resume(
             f"the run:\n{lines}\nresume with the checkpoint's settings (only {', '.join(sorted(safe_model_keys))} "
             "may change), or start a new run without --ckpt_path"
         )
+
+
+def check_loaded_keys(
+    missing: Collection[str], unexpected: Collection[str], frozen_prefixes: tuple[str, ...], strict: bool
+) -> None:
+    """Refuse a checkpoint that lacks trained weights or holds unknown ones.
+
+    A stage leaves the frozen models it reloads from their paths (``frozen_prefixes``, e.g. PPO's
+    reference and reward model) out of its checkpoints; every other weight must be there.
+
+    Raises:
+        RuntimeError: when ``strict`` and a trained weight is missing or an unknown one present.
+    """
+    missing = [key for key in missing if not key.startswith(frozen_prefixes)]
+    if strict and (missing or unexpected):
+        more = lambda keys: ", ".join(sorted(keys)[:5]) + (", ..." if len(keys) > 5 else "")  # noqa: E731
+        raise RuntimeError(
+            "the checkpoint does not fit the model: "
+            + "; ".join(part for part in (
+                f"missing {len(missing)} weights ({more(missing)})" if missing else "",
+                f"unexpected {len(unexpected)} weights ({more(list(unexpected))})" if unexpected else "",
+            ) if part)
+        )  # fmt: skip

@@ -33,6 +33,7 @@ from transformers import AutoConfig
 from rlhf_lit.functional import pairwise_reward_loss
 from rlhf_lit.models import init_reward_head, load_reward_model, score_head, sequence_scores
 from rlhf_lit.models.loading import DType
+from rlhf_lit.models.sharding import reshard, shard_models
 from rlhf_lit.models.reward_norm import Normalize, fold_normalization, gain_and_bias, record_normalization
 from rlhf_lit.sources import from_pretrained
 from rlhf_lit.stages.guarded import GuardedStage
@@ -185,6 +186,10 @@ class RewardModule(GuardedStage, pl.LightningModule):
         self.log("val/accuracy", self.val_accuracy, prog_bar=True, batch_size=B)
         self.log("val/margin", self.val_margin, batch_size=B)
 
+    def configure_model(self) -> None:
+        """Shard the model under FSDP (``fsdp`` / ``fsdp2``, :mod:`rlhf_lit.strategies`); no-op otherwise."""
+        shard_models(self, {"model": self.model})
+
     def configure_optimizers(self) -> dict:
         """AdamW with warmup and decay over the whole run (see :class:`OptimizerConfig`)."""
         return lightning_optimizers(self.model, self.optimizer_config, self.trainer.estimated_stepping_batches)
@@ -277,6 +282,7 @@ class RewardModule(GuardedStage, pl.LightningModule):
     def on_fit_end(self) -> None:
         """Fold the normalisation into the weights (every rank) and export the model (rank 0)."""
         gain, bias = float(self.reward_gain), float(self.reward_bias)
+        reshard(self.model)  # under FSDP the fold must change the shards, not a gathered copy
         folded = fold_normalization(self.model, gain, bias)
         record_normalization(self.model.config, gain, bias, self.reference_name, folded)
         # The weights now carry the gain (and the bias when folded); the buffers keep the rest, so

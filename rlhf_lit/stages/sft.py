@@ -18,6 +18,7 @@ from torchmetrics import MeanMetric
 from rlhf_lit.functional import sft_loss
 from rlhf_lit.models import load_causal_lm, position_ids_from_mask
 from rlhf_lit.models.loading import DType
+from rlhf_lit.models.sharding import shard_models
 from rlhf_lit.stages.guarded import GuardedStage
 from rlhf_lit.stages.nonfinite import NonFiniteGuard
 from rlhf_lit.stages.export import ExportExisting, check_export_at_fit_start, export_at_fit_end
@@ -124,6 +125,10 @@ class SFTModule(GuardedStage, pl.LightningModule):
         self.log("val/loss", loss, prog_bar=True)
         self.log("val/ppl", loss.exp())
         self.val_nll.reset()
+
+    def configure_model(self) -> None:
+        """Shard the model under FSDP (``fsdp`` / ``fsdp2``, :mod:`rlhf_lit.strategies`); no-op otherwise."""
+        shard_models(self, {"model": self.model})
 
     def configure_optimizers(self) -> dict:
         """AdamW with warmup and decay over the whole run (see :class:`OptimizerConfig`)."""

@@ -23,6 +23,10 @@ def _load(path):
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
+def _as_lists(groups: list[dict]) -> list[dict]:
+    return [{k: list(v) if isinstance(v, tuple) else v for k, v in group.items()} for group in groups]
+
+
 def _assert_same_state(a: dict, b: dict) -> None:
     assert a["ppo"]["rollout_index"] == b["ppo"]["rollout_index"] == ROLLOUTS
     assert a["ppo"]["kl_controller"] == b["ppo"]["kl_controller"]
@@ -32,7 +36,8 @@ def _assert_same_state(a: dict, b: dict) -> None:
         assert torch.equal(a["state_dict"][key], b["state_dict"][key]), key
     assert len(a["optimizer_states"]) == len(b["optimizer_states"]) == 2
     for opt_a, opt_b in zip(a["optimizer_states"], b["optimizer_states"]):
-        assert opt_a["param_groups"] == opt_b["param_groups"]
+        # (betas come back as a list from torch's distributed set_optimizer_state_dict: same values)
+        assert _as_lists(opt_a["param_groups"]) == _as_lists(opt_b["param_groups"])
         assert opt_a["state"].keys() == opt_b["state"].keys()
         for index in opt_a["state"]:
             for name, value in opt_a["state"][index].items():
@@ -41,23 +46,31 @@ def _assert_same_state(a: dict, b: dict) -> None:
 
 
 @pytest.mark.slow
-def test_killed_mid_rollout_and_resumed_with_the_readme_command_equals_a_straight_run(tmp_path, stories_rm):
+@pytest.mark.parametrize("strategy", [None, "ddp", "fsdp2"])
+def test_killed_mid_rollout_and_resumed_with_the_readme_command_equals_a_straight_run(tmp_path, stories_rm, strategy):
+    """One process, and two under ddp and fsdp2 (each rank samples its own prompts)."""
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     for root in (straight, killed):
-        write_yaml(root / "ppo.yaml", ppo_config(root, STORIES, stories_rm, max_rollouts=ROLLOUTS,
-                                                 sampling={"max_new_tokens": 24, "temperature": 1.0}))  # fmt: skip
+        config = ppo_config(root, STORIES, stories_rm, max_rollouts=ROLLOUTS,
+                            sampling={"max_new_tokens": 24, "temperature": 1.0})  # fmt: skip
+        if strategy:
+            config["trainer"].update(strategy=strategy, devices=2)
+        write_yaml(root / "ppo.yaml", config)
     done = rlhf_lit("fit", "--config", str(straight / "ppo.yaml"), cwd=straight)
     assert done.returncode == 0, done.stderr[-3000:]
+    assert len(list((straight / "logs").rglob("metrics.csv"))) == 1  # one log run, written by rank 0
 
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    # Its own session: the kill reaches rank 1 too (Lightning's launcher starts it from rank 0).
     proc = subprocess.Popen([str(CLI), "fit", "--config", str(killed / "ppo.yaml")], cwd=killed, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
     deadline = time.monotonic() + 300
-    while not (killed / "ckpt" / "rollout=3.ckpt").exists():  # rollout 4 starts right after this save
+    last = killed / "ckpt" / "last.ckpt"  # written (atomically) after rollout=3.ckpt; rollout 4 starts then
+    while not ((killed / "ckpt" / "rollout=3.ckpt").exists() and last.exists() and _load(last)["ppo"]["rollout_index"] == 3):
         assert proc.poll() is None and time.monotonic() < deadline, "the run ended before its third checkpoint"
         time.sleep(0.02)
     time.sleep(0.2)  # into rollout 4 (a rollout takes ~1 s here)
-    proc.send_signal(signal.SIGKILL)
+    os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     assert not (killed / "ckpt" / "rollout=4.ckpt").exists(), "killed too late: rollout 4 had finished"
     assert _load(killed / "ckpt" / "last.ckpt")["ppo"]["rollout_index"] == 3

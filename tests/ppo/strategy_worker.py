@@ -1,0 +1,105 @@
+"""Run by tests/ppo/test_strategies.py: one greedy PPO rollout and update, on 1 process or 2 (ddp / fsdp2).
+
+``python strategy_worker.py OUT MODE`` with MODE ``single`` (1 process, all 8 prompts), ``ddp`` or
+``fsdp2`` (2 CPU processes, gloo, 4 prompts each: rank 0 the prompts whose greedy responses end
+soonest, rank 1 the rest, so the ranks stop generating at different lengths and hold different
+numbers of response tokens). Greedy decoding makes the responses a function of the prompts alone,
+so the 2-process runs see exactly the single run's global batch. Each rank writes ``rank<r>.pt``:
+its responses, every minibatch's local losses and token count, every optimizer step's (reduced,
+gathered) gradients, the final policy (gathered) and the size of its own policy shards; rank 0
+also exports the policy. Lightning's subprocess launcher re-runs this file for rank 1.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+from lightning.pytorch import LightningDataModule
+from torch.distributed.tensor import DTensor
+from torch.utils.data import DataLoader
+
+import rlhf_lit.strategies  # noqa: F401  (registers fsdp2)
+from ppo_helpers import prompt_batch, tiny_module, tiny_trainer
+from rlhf_lit.models.generation import SamplingConfig, generate_responses
+from rlhf_lit.models.sharding import full_state_dict
+from rlhf_lit.stages.ppo_config import KLConfig, PPOConfig
+
+PROMPTS = ["Tom had a red", "Lily saw a", "Ben was", "Anna", "Once upon a time", "The cat", "A big dog",
+           "Sam and Mia"]  # fmt: skip
+"""Greedy responses (with "." as a stop) of 3, 5, 8, 8 tokens, then four of the full 10."""
+
+
+def full(t: torch.Tensor) -> torch.Tensor:
+    return (t.full_tensor() if isinstance(t, DTensor) else t).detach().clone()
+
+
+class RankPrompts(LightningDataModule):
+    """One batch: all prompts (1 process) or this rank's half of them, padded as one global batch."""
+
+    def __init__(self, batch: dict[str, torch.Tensor], order: torch.Tensor, world: int) -> None:
+        super().__init__()
+        self.batch, self.order, self.world = batch, order, world
+
+    def train_dataloader(self):
+        rows = self.order.view(self.world, -1)[self.trainer.global_rank]
+        return DataLoader([{k: v[rows] for k, v in self.batch.items()}], batch_size=None)
+
+
+def main(out: str, mode: str) -> None:
+    torch.set_num_threads(1)
+    world = 1 if mode == "single" else 2
+    module = tiny_module(
+        sampling=SamplingConfig(max_new_tokens=10, do_sample=False),
+        ppo=PPOConfig(epochs=1, minibatch_size=8 // world, whiten_advantages=False),
+        kl=KLConfig(kind="fixed", init_coef=0.05), max_rollouts=1, export_dir=f"{out}/export",
+    )  # fmt: skip
+    # "." ends a response too, so the greedy responses end at different steps (3 to 10 tokens).
+    module.stop_ids = (*module.stop_ids, module.tokenizer.convert_tokens_to_ids("."))
+    batch = prompt_batch(module.tokenizer, PROMPTS)
+    with torch.no_grad():
+        pre = generate_responses(module.policy, batch["input_ids"], batch["attention_mask"], module.sampling,
+                                 module.stop_ids, module.tokenizer.pad_token_id)  # fmt: skip
+    order = torch.argsort(pre.response_mask.sum(1), stable=True)  # shortest responses first (rank 0)
+
+    record: dict = {"responses": [], "minibatches": [], "grads": [], "lengths": pre.response_mask.sum(1)[order]}
+    generate, minibatch_loss, before_step = module.generate, module.minibatch_loss, module.on_before_optimizer_step
+
+    def recording_generate(b):
+        gen = generate(b)
+        record["responses"].append(gen.response_ids.clone())
+        return gen
+
+    def recording_minibatch_loss(mb):
+        loss, stats = minibatch_loss(mb)
+        record["minibatches"].append({"policy": float(stats["loss/policy"]), "value": float(stats["loss/value"]),
+                                      "tokens": int(mb.response_mask.sum())})  # fmt: skip
+        return loss, stats
+
+    def recording_before_step(optimizer):
+        params = {id(p) for g in optimizer.param_groups for p in g["params"]}
+        named = [(n, p) for n, p in module.named_parameters() if id(p) in params and p.grad is not None]
+        record["grads"].append({n: full(p.grad) for n, p in named})  # collective under FSDP: all ranks
+        before_step(optimizer)
+
+    module.generate, module.minibatch_loss = recording_generate, recording_minibatch_loss
+    module.on_before_optimizer_step = recording_before_step
+    strategy = {"single": "auto", "ddp": "ddp", "fsdp2": "fsdp2"}[mode]
+    trainer = tiny_trainer(out, strategy=strategy, devices=world, use_distributed_sampler=False)
+    trainer.fit(module, datamodule=RankPrompts(batch, order, world))
+
+    gathered = full_state_dict(module.policy)  # collective under FSDP
+    record["policy"] = gathered if gathered is not None else {k: full(v) for k, v in module.policy.state_dict().items()}
+    record["own_numel"] = sum(
+        (p.to_local() if isinstance(p, DTensor) else p).numel() for p in module.policy.parameters()
+    )
+    record["full_numel"] = sum(p.numel() for p in module.policy.parameters())
+    if trainer.global_rank == 0 or mode == "ddp":  # under FSDP only rank 0 holds the gathered weights
+        torch.save(record, f"{out}/rank{trainer.global_rank}.pt")
+    elif mode == "fsdp2":
+        record.pop("policy")
+        torch.save(record, f"{out}/rank{trainer.global_rank}.pt")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])

@@ -1,0 +1,91 @@
+"""PPO on 2 CPU processes under ddp and fsdp2 against one process on the same global batch.
+
+strategy_worker.py runs one greedy rollout and one update (a policy and a critic optimizer step)
+on 8 prompts: in one process, or split over 2 where rank 0's responses end after 3-8 tokens and
+rank 1's run to the full 10 (the ranks stop generating at different steps and hold different
+numbers of tokens: under FSDP every forward pass is a collective, so this would hang if a rank
+stopped stepping early). The update must be the single process's: the loss is the token mean over
+the minibatch of all ranks, so the reduced gradients equal the single run's.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+HERE = Path(__file__).resolve().parent
+
+
+def _run(out: Path, mode: str) -> dict[int, dict]:
+    out.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(HERE) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    # Its own session, so a hung run's rank-1 process (started by rank 0) is killed with it.
+    proc = subprocess.Popen([sys.executable, str(HERE / "strategy_worker.py"), str(out), mode], cwd=out, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    try:
+        _, stderr = proc.communicate(timeout=300)  # ~15 s when it works
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        pytest.fail(f"{mode}: the run hung (a rank waited in a collective for a rank that had stopped)")
+    assert proc.returncode == 0, stderr[-4000:]
+    return {r: torch.load(p, weights_only=False) for r in (0, 1) if (p := out / f"rank{r}.pt").exists()}
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory):
+    return _run(tmp_path_factory.mktemp("single"), "single")[0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["ddp", "fsdp2"])
+def test_two_processes_make_the_single_process_update(mode, single, tmp_path):
+    ranks = _run(tmp_path / mode, mode)
+    rank0, rank1 = ranks[0], ranks[1]
+    # The ranks generated the single run's responses, and stopped at different lengths.
+    width0, width1 = rank0["responses"][0].shape[1], rank1["responses"][0].shape[1]
+    assert width0 == 8 < width1 == 10
+    assert torch.equal(rank0["responses"][0], single["responses"][0][:4, :width0])
+    assert torch.equal(rank1["responses"][0], single["responses"][0][4:, :width1])
+    assert torch.equal(single["responses"][0][:4, width0:], torch.zeros(4, 2, dtype=torch.long))  # pad after EOS
+
+    # Losses: each rank's token mean, weighted by its tokens, is the single run's token mean.
+    (mb0,), (mb1,), (mbs,) = rank0["minibatches"], rank1["minibatches"], single["minibatches"]
+    assert mb0["tokens"] + mb1["tokens"] == mbs["tokens"] and mb0["tokens"] < mb1["tokens"]
+    for loss in ("policy", "value"):
+        pooled = (mb0[loss] * mb0["tokens"] + mb1[loss] * mb1["tokens"]) / mbs["tokens"]
+        assert pooled == pytest.approx(mbs[loss], rel=1e-5, abs=1e-7), loss
+        assert (mb0[loss] + mb1[loss]) / 2 != pytest.approx(mbs[loss], rel=1e-2)  # an unweighted mean would not be
+
+    # Gradients after the all-reduce (ddp) or reduce-scatter (fsdp2): the single run's, both optimizers.
+    assert len(rank0["grads"]) == len(single["grads"]) == 2
+    for step, (g0, g1, gs) in enumerate(zip(rank0["grads"], rank1["grads"], single["grads"])):
+        assert g0.keys() == gs.keys()
+        for name in gs:
+            assert torch.equal(g0[name], g1[name]), (step, name)  # one gradient on both ranks
+            scale = float(gs[name].abs().max())
+            torch.testing.assert_close(g0[name], gs[name], rtol=2e-5, atol=1e-5 * scale, msg=f"{step} {name}")
+
+    # After the update: one policy on both ranks, the single run's (Adam's first step is ~lr * sign(g)).
+    policy = rank0["policy"]
+    if mode == "ddp":
+        for name, value in policy.items():
+            assert torch.equal(value, rank1["policy"][name]), name
+    else:  # each rank held half of the policy; rank 0 gathered it whole
+        assert rank0["own_numel"] + rank1["own_numel"] == rank0["full_numel"]
+        assert rank0["own_numel"] < rank0["full_numel"]
+    for name, value in single["policy"].items():
+        torch.testing.assert_close(policy[name], value, rtol=0, atol=1e-6, msg=name)
+    assert any(not torch.equal(policy[n], v) for n, v in single["policy"].items())
+
+    # The export (rank 0) is the whole updated policy, loadable by plain transformers.
+    exported = AutoModelForCausalLM.from_pretrained(tmp_path / mode / "export").state_dict()
+    for name, value in policy.items():
+        assert torch.equal(exported[name], value), name
