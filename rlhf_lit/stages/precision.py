@@ -30,5 +30,5 @@ def warn_if_slow_precision(trainer: pl.Trainer) -> None:
     if _warned or not isinstance(trainer.accelerator, CPUAccelerator) or precision.startswith(("32", "64")):
         return
     _warned = True
-    log.warning("[rlhf-lit] precision %s on CPU is slower than 32-true here: %s; use --trainer.precision 32-true on CPUs",
+    log.warning("[rlhf-lit] precision %s on CPU is no faster than 32-true: %s; use --trainer.precision 32-true on CPUs",
                 precision, CPU_SLOWDOWN)
