@@ -22,7 +22,7 @@ def test_ppo_with_lora_flags_exports_a_plain_transformers_model_and_resumes(tmp_
     assert not any("lora" in k for k in model.state_dict())
     assert any(not torch.equal(model.state_dict()[k], v) for k, v in sft.state_dict().items())  # trained
     # Resuming with the same flags is not refused (the LoRA settings are part of the checked config)...
-    more = ["--model.init_args.max_rollouts", "3", "--model.init_args.export_existing", "replace"]
+    more = ["--model.init_args.export_existing", "replace"]  # max_rollouts is the linear schedule's length: kept
     resumed = rlhf_lit("fit", "--config", str(tmp_path / "ppo.yaml"), *flags, *more,
                        "--ckpt_path", str(tmp_path / "ckpt" / "last.ckpt"), cwd=tmp_path)  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr[-3000:]
