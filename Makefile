@@ -19,7 +19,7 @@ install: $(STAMP)
 
 $(STAMP): pyproject.toml constraints/dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet -c constraints/dev.txt -e '.[test,demo,hub]'
+	$(PY) -m pip install --quiet -c constraints/dev.txt -e '.[test,demo,hub,lora]'
 	touch $(STAMP)
 
 test: $(STAMP)

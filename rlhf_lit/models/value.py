@@ -16,6 +16,7 @@ from torch import nn
 from transformers import AutoConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from rlhf_lit.models.loading import DType, load_reward_model
+from rlhf_lit.models.lora import LoRAConfig, with_lora
 from rlhf_lit.models.reward_norm import reward_offset
 from rlhf_lit.sources import from_pretrained
 from rlhf_lit.models.scoring import score_head, token_scores
@@ -87,9 +88,11 @@ def _has_score_head(name_or_path: str) -> bool:
 
 
 def load_value_model(
-    name_or_path: str, tokenizer: PreTrainedTokenizerBase | None = None, dtype: DType = "float32"
+    name_or_path: str, tokenizer: PreTrainedTokenizerBase | None = None, dtype: DType = "float32",
+    lora: LoRAConfig | None = None,
 ) -> SeparateCritic:
-    """A separate critic from a reward model (its head kept) or from a causal LM (a new, zeroed head)."""
+    """A separate critic from a reward model (its head kept) or from a causal LM (a new, zeroed head),
+    with LoRA adapters on its trunk when ``lora`` is given (the head then still trains in full)."""
     model = load_reward_model(name_or_path, tokenizer, dtype=dtype)
     if not _has_score_head(name_or_path):
         # A brand-new value head starts at 0 so early value errors equal the returns (N details #4).
@@ -98,7 +101,7 @@ def load_value_model(
         nn.init.zeros_(head.weight)
         if head.bias is not None:
             nn.init.zeros_(head.bias)
-    return SeparateCritic(model)
+    return SeparateCritic(with_lora(model, lora, "reward"))
 
 
 def build_critic(
@@ -107,6 +110,7 @@ def build_critic(
     value_model: str,
     tokenizer: PreTrainedTokenizerBase | None = None,
     dtype: DType = "float32",
+    lora: LoRAConfig | None = None,
 ) -> SeparateCritic | ValueHead:
     """The one place the critic kind is chosen.
 
@@ -116,9 +120,12 @@ def build_critic(
         value_model: path or hub name of the separate value model (unused for ``shared_trunk``).
         tokenizer: the run's tokenizer (embeddings resized to it).
         dtype: weight dtype of a separate value model.
+        lora: LoRA adapters on a separate value model (refused for ``shared_trunk``).
     """
     if kind == "separate":
-        return load_value_model(value_model, tokenizer, dtype)
+        return load_value_model(value_model, tokenizer, dtype, lora)
+    if lora is not None:
+        raise ValueError("critic_lora applies to a separate critic; with critic='shared_trunk' leave it null")
     if kind == "shared_trunk":
         return ValueHead(policy.config.hidden_size)
     raise ValueError(f"critic must be 'separate' or 'shared_trunk', got {kind!r}")

@@ -93,10 +93,12 @@ from rlhf_lit.models.generation import (
     forward_with_positions,
     generate_responses,
     response_logits,
-    response_logprobs,
     stop_token_ids,
 )
 from rlhf_lit.models.loading import DType
+from rlhf_lit.models.lora import LoRAConfig, exportable, with_lora
+from rlhf_lit.models.memory import MemoryConfig, attach_frozen, call_on_own_device, enable_gradient_checkpointing, train_mode
+from rlhf_lit.models.reference import build_reference
 from rlhf_lit.models.sharding import gathered_for_generation, is_sharded, shard_models
 from rlhf_lit.models.value import CriticKind, build_critic
 from rlhf_lit.rollout import Rollout, minibatches
@@ -106,6 +108,7 @@ from rlhf_lit.stages.export import ExportExisting, check_export_at_fit_start, ex
 from rlhf_lit.stages.dataclass_args import as_config
 from rlhf_lit.stages.nonfinite import NonFiniteGuard, assert_finite, nonfinite_rollout_parts
 from rlhf_lit.stages.optim import OptimizerConfig, build_optimizer
+from rlhf_lit.stages.precision import warn_if_slow_precision
 from rlhf_lit.stages.ppo_config import KLConfig, PPOConfig, RewardConfig
 from rlhf_lit.stages.resume import check_loaded_keys, check_module_resume
 from rlhf_lit.stages.ppo_metrics import (
@@ -168,6 +171,15 @@ class PPOModule(LightningModule):
         export_existing: when ``export_dir`` already holds an earlier rlhf-lit export: ``refuse``
             (stop before training) or ``replace`` it (atomically, at the end of fit). A non-empty
             directory rlhf-lit did not write is never replaced.
+        lora: LoRA adapters on the policy (:class:`~rlhf_lit.models.lora.LoRAConfig`; ``dropout``
+            must be 0); None trains every weight. With LoRA the reference is the policy with its
+            adapters disabled (no second copy of the SFT model is loaded) and the export writes the
+            merged weights or the adapter (``lora.export``).
+        critic_lora: LoRA adapters on a ``separate`` critic (its score head trains in full); None
+            trains the whole critic. With ``shared_trunk`` the value head sits on the (LoRA) policy.
+        memory: memory levers (:class:`~rlhf_lit.models.memory.MemoryConfig`): gradient
+            checkpointing of policy and critic, the frozen reference and reward model on the CPU
+            and/or in another dtype. ``ppo.score_chunk_size`` bounds the scoring passes' memory.
     """
 
     FROZEN_PREFIXES = ("ref_policy.", "reward_model.")
@@ -194,6 +206,9 @@ class PPOModule(LightningModule):
         export_dir: str | None = None,
         export_existing: ExportExisting = "refuse",
         max_skipped_updates: int = 3,
+        lora: LoRAConfig | None = None,
+        critic_lora: LoRAConfig | None = None,
+        memory: MemoryConfig = MemoryConfig(),
     ) -> None:
         super().__init__()
         # Loaded first: a bad spec fails before any model is.
@@ -204,6 +219,14 @@ class PPOModule(LightningModule):
         self.kl_cfg: KLConfig = as_config(KLConfig, kl)
         self.optimizer_cfg = as_config(OptimizerConfig, optimizer)
         self.critic_optimizer_cfg = None if critic_optimizer is None else as_config(OptimizerConfig, critic_optimizer)
+        self.lora_cfg = None if lora is None else as_config(LoRAConfig, lora)
+        self.critic_lora_cfg = None if critic_lora is None else as_config(LoRAConfig, critic_lora)
+        self.memory: MemoryConfig = as_config(MemoryConfig, memory)
+        for what, cfg in (("lora", self.lora_cfg), ("critic_lora", self.critic_lora_cfg)):
+            if cfg is not None and cfg.dropout != 0.0:
+                raise ValueError(f"{what}.dropout must be 0 in PPO: old and new logprobs must agree before an update")
+        if critic == "shared_trunk" and critic_lora is not None:
+            raise ValueError("critic_lora applies to a separate critic; with critic='shared_trunk' leave it null")
         if critic == "shared_trunk" and critic_optimizer is not None:
             raise ValueError("critic='shared_trunk' trains the head with the policy's optimizer; leave critic_optimizer null")
         if max_rollouts < 1:
@@ -211,12 +234,15 @@ class PPOModule(LightningModule):
         self.max_rollouts, self.rollout_seed = max_rollouts, rollout_seed
         # The settings as given (under LightningCLI with its class path, so `--ckpt_path` resumes from
         # the command line); the config groups as plain dicts: a dataclass breaks weights_only loading.
-        groups = ("sampling", "ppo", "reward", "kl", "optimizer", "critic_optimizer")
+        groups = ("sampling", "ppo", "reward", "kl", "optimizer", "critic_optimizer", "lora", "critic_lora", "memory")
         self.save_hyperparameters(ignore=list(groups))
         self.hparams.update({
             "sampling": asdict(self.sampling), "ppo": asdict(self.ppo), "reward": asdict(self.reward_cfg),
             "kl": asdict(self.kl_cfg), "optimizer": asdict(self.optimizer_cfg),
             "critic_optimizer": None if self.critic_optimizer_cfg is None else asdict(self.critic_optimizer_cfg),
+            "lora": None if self.lora_cfg is None else asdict(self.lora_cfg),
+            "critic_lora": None if self.critic_lora_cfg is None else asdict(self.critic_lora_cfg),
+            "memory": asdict(self.memory),
         })  # fmt: skip
         self.nonfinite = NonFiniteGuard(max_skipped_updates, "max_skipped_updates")
         self.export_dir, self.export_existing = export_dir, export_existing
@@ -227,7 +253,7 @@ class PPOModule(LightningModule):
             tokenizer_path or sft_model, padding_side="left", missing_pad=missing_pad,
             what="tokenizer_path" if tokenizer_path else "sft_model",
         )
-        self.policy = load_causal_lm(sft_model, self.tokenizer, dtype=dtype)
+        self.policy = with_lora(load_causal_lm(sft_model, self.tokenizer, dtype=dtype), self.lora_cfg, "causal_lm")
         # Every id that ends a response (the model may list several): sampling, masks, the reward
         # position and the missing-EOS penalty all follow from this one set.
         self.stop_ids = stop_token_ids(self.policy, self.tokenizer)
@@ -235,9 +261,17 @@ class PPOModule(LightningModule):
         for what, path in (("reward_model", reward_model), ("value_model", value_model)):
             if path is not None:  # before loading: a mismatched RM would be resized to fit silently
                 check_same_vocabulary(self.tokenizer, path, what, base_vocab)
-        self.ref_policy = freeze(load_causal_lm(sft_model, self.tokenizer, dtype=dtype))
-        self.reward_model = freeze(load_reward_model(reward_model, self.tokenizer, dtype=dtype))
-        self.critic = build_critic(critic, self.policy, value_model or reward_model, self.tokenizer, dtype)
+        frozen_dtype, frozen_device = self.memory.frozen_dtype or dtype, self.memory.frozen_device
+
+        def frozen_sft_copy() -> torch.nn.Module:  # only without LoRA: see build_reference
+            attach_frozen(self, "ref_policy", freeze(load_causal_lm(sft_model, self.tokenizer, dtype=frozen_dtype)), frozen_device)
+            return self.ref_policy
+
+        self.reference = build_reference(self.policy, frozen_sft_copy)
+        attach_frozen(self, "reward_model", freeze(load_reward_model(reward_model, self.tokenizer, dtype=frozen_dtype)), frozen_device)
+        self.critic = build_critic(critic, self.policy, value_model or reward_model, self.tokenizer, dtype, self.critic_lora_cfg)
+        if self.memory.gradient_checkpointing:
+            enable_gradient_checkpointing(self.policy, self.critic)
         if self.kl_cfg.kind == "adaptive":
             self.kl_ctl = AdaptiveKLController(self.kl_cfg.init_coef, self.kl_cfg.target, self.kl_cfg.horizon)
         else:
@@ -247,9 +281,13 @@ class PPOModule(LightningModule):
 
     # ------------------------------------------------------------------ setup
     def configure_model(self) -> None:
-        """Shard policy, critic, reference and reward model under FSDP (no-op otherwise)."""
-        shard_models(self, {"policy": self.policy, "critic": self.critic, "reference": self.ref_policy,
-                            "reward model": self.reward_model})  # fmt: skip
+        """Shard policy, critic, reference and reward model under FSDP (no-op otherwise).
+
+        Only registered submodules: a LoRA policy's reference is the policy itself, and frozen models
+        kept on the CPU (``memory.frozen_device: cpu``) stay whole there.
+        """
+        shard_models(self, {"policy": self.policy, "critic": self.critic, "reference": self._modules.get("ref_policy"),
+                            "reward model": self._modules.get("reward_model")})  # fmt: skip
 
     def configure_optimizers(self):
         """Policy and critic optimizers (one with ``shared_trunk``), schedules stepped per rollout."""
@@ -270,6 +308,7 @@ class PPOModule(LightningModule):
         """Refuse, before any work is done: PPO-ptx without a second data source, an export target
         the end of fit could not write, a prompt batch the minibatches cannot divide."""
         check_export_at_fit_start(self.trainer, self.export_dir, self.export_existing)
+        warn_if_slow_precision(self.trainer)
         batch_size = getattr(self.trainer.datamodule, "batch_size", None)
         if isinstance(batch_size, int):
             self._check_rollout_rows(batch_size)
@@ -303,7 +342,7 @@ class PPOModule(LightningModule):
         Adds the normalisation bias an exported RM could not fold into its weights (stored in its
         config; 0 when folded), so the score is the normalised reward for every architecture.
         """
-        raw = sequence_scores(self.reward_model, query_responses, attention_mask)  # (B,)
+        raw = call_on_own_device(sequence_scores, self.reward_model, query_responses, attention_mask)  # (B,)
         return raw + reward_offset(self.reward_model.config)  # (B,)
 
     def policy_and_values(
@@ -324,7 +363,7 @@ class PPOModule(LightningModule):
         logits, values = self.policy_and_values(ids, mask, prompt_length)  # (B, R, V), (B, R)
         return {
             "old_logprobs": token_logprobs(logits, gen.response_ids, temperature),  # (B, R)
-            "ref_logprobs": response_logprobs(self.ref_policy, gen, temperature),  # (B, R)
+            "ref_logprobs": self.reference.logprobs(gen, temperature),  # (B, R)
             "old_values": values.float(),  # (B, R)
             "entropy": entropy_from_logits(logits, temperature),  # (B, R)
             "raw_scores": self.score(ids, mask).float(),  # (B,)
@@ -487,7 +526,8 @@ class PPOModule(LightningModule):
             self.nonfinite.skipped("rollout", f"rollout {self.rollout_index}: non-finite {', '.join(bad)}")
             self._end_rollout(rollout.batch_size, {"skipped/nonfinite_rollout": 1.0})
             return
-        train_stats = self.train_on_rollout(rollout)
+        with train_mode(self.policy, self.critic):  # what activates gradient checkpointing (dropout is off)
+            train_stats = self.train_on_rollout(rollout)
         timer.mark("train")
         kl_coef = self.kl_ctl.value
         metrics = self.rollout_metrics(rollout, entropy, train_stats, kl_coef, timer)
@@ -534,7 +574,7 @@ class PPOModule(LightningModule):
     def on_fit_end(self) -> None:
         """Export the trained policy and its tokenizer in Hugging Face format (rank 0)."""
         self.exported_path = export_at_fit_end(
-            self.trainer, self.policy, self.tokenizer, self.export_dir, "PPO policy", self.export_existing
+            self.trainer, exportable(self.policy), self.tokenizer, self.export_dir, "PPO policy", self.export_existing
         )
 
     # ------------------------------------------------------------------ checkpoints

@@ -33,6 +33,8 @@ from transformers import AutoConfig
 from rlhf_lit.functional import pairwise_reward_loss
 from rlhf_lit.models import init_reward_head, load_reward_model, score_head, sequence_scores
 from rlhf_lit.models.loading import DType
+from rlhf_lit.models.lora import LoRAConfig, exportable, with_lora
+from rlhf_lit.models.memory import enable_gradient_checkpointing, train_mode
 from rlhf_lit.models.sharding import reshard, shard_models
 from rlhf_lit.models.reward_norm import Normalize, fold_normalization, gain_and_bias, record_normalization
 from rlhf_lit.sources import from_pretrained
@@ -41,6 +43,7 @@ from rlhf_lit.stages.nonfinite import NonFiniteGuard
 from rlhf_lit.stages.export import ExportExisting, check_export_at_fit_start, export_at_fit_end
 from rlhf_lit.stages.dataclass_args import as_config
 from rlhf_lit.stages.optim import OptimizerConfig, lightning_optimizers
+from rlhf_lit.stages.precision import warn_if_slow_precision
 from rlhf_lit.tokenizer import MissingPad, load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -87,6 +90,11 @@ class RewardModule(GuardedStage, pl.LightningModule):
             inf gradients (a NaN loss gives NaN gradients); see :mod:`rlhf_lit.stages.nonfinite`.
         revision: Hub revision of ``model`` (and of the tokenizer when ``tokenizer`` is None).
         trust_remote_code: Allow model code from the hub.
+        lora: LoRA adapters (:class:`~rlhf_lit.models.lora.LoRAConfig`); only they and the score head train.
+            ``lora.export`` chooses ``merged`` only: the normalisation is folded
+            into base weights (a final LayerNorm's bias), which an adapter alone would not carry.
+        gradient_checkpointing: recompute each transformer block's activations in the backward
+            pass instead of storing them (less activation memory, about one more forward pass).
     """
 
     def __init__(
@@ -102,6 +110,8 @@ class RewardModule(GuardedStage, pl.LightningModule):
         max_skipped_updates: int = 3,
         revision: str | None = None,
         trust_remote_code: bool = False,
+        lora: LoRAConfig | None = None,
+        gradient_checkpointing: bool = False,
     ) -> None:
         super().__init__()
         if normalize not in ("none", "bias", "gain_bias"):
@@ -109,8 +119,15 @@ class RewardModule(GuardedStage, pl.LightningModule):
         # load_from_checkpoint passes the optimizer back as the dict saved below.
         self.optimizer_config = as_config(OptimizerConfig, optimizer)
         # A dataclass in hparams breaks weights_only checkpoint loading: store its dict instead.
-        self.save_hyperparameters(ignore=["optimizer"])
+        self.lora_config = None if lora is None else as_config(LoRAConfig, lora)
+        if self.lora_config is not None and self.lora_config.export != "merged":
+            raise ValueError(
+                "lora.export: the reward model exports merged weights only (its normalisation is folded into "
+                "base weights an adapter would not carry); set lora.export: merged"
+            )
+        self.save_hyperparameters(ignore=["optimizer", "lora"])
         self.hparams["optimizer"] = asdict(self.optimizer_config)
+        self.hparams["lora"] = None if self.lora_config is None else asdict(self.lora_config)
         self.normalization: Normalize = normalize
         self.export_dir, self.export_existing = export_dir, export_existing
         self.nonfinite = NonFiniteGuard(max_skipped_updates, "max_skipped_updates")
@@ -130,6 +147,9 @@ class RewardModule(GuardedStage, pl.LightningModule):
         if not has_trained_score_head(model, revision, trust_remote_code):
             # Hugging Face initialised the missing head N(0, 0.02); use the RM init instead.
             init_reward_head(score_head(self.model))
+        self.model = with_lora(self.model, self.lora_config, "reward")  # after the head init: the head trains in full
+        if gradient_checkpointing:
+            enable_gradient_checkpointing(self.model)
         # The normalised reward is gain * raw + bias; buffers, so checkpoints carry them.
         self.register_buffer("reward_gain", torch.ones(()))
         self.register_buffer("reward_bias", torch.zeros(()))
@@ -164,7 +184,8 @@ class RewardModule(GuardedStage, pl.LightningModule):
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         """Bradley-Terry loss on the raw scores (the bias cancels; the gain is 1 while training)."""
-        chosen, rejected = self.pair_scores(batch)  # (B,), (B,)
+        with train_mode(self.model):  # what activates gradient checkpointing (dropout is off)
+            chosen, rejected = self.pair_scores(batch)  # (B,), (B,)
         loss, accuracy = pairwise_reward_loss(chosen, rejected, batch.get("margin"))  # (), ()
         B = chosen.shape[0]
         self.log("train/loss", loss, prog_bar=True, batch_size=B)
@@ -216,6 +237,7 @@ class RewardModule(GuardedStage, pl.LightningModule):
         fit could not write.
         """
         check_export_at_fit_start(self.trainer, self.export_dir, self.export_existing)
+        warn_if_slow_precision(self.trainer)
         if self.normalization == "none":
             return
         batches, reference = self._reference_source()
@@ -290,5 +312,5 @@ class RewardModule(GuardedStage, pl.LightningModule):
         self.reward_gain.fill_(1.0)
         self.reward_bias.fill_(0.0 if folded else bias)
         self.exported_path = export_at_fit_end(
-            self.trainer, self.model, self.tokenizer, self.export_dir, "reward model", self.export_existing
+            self.trainer, exportable(self.model), self.tokenizer, self.export_dir, "reward model", self.export_existing
         )

@@ -18,12 +18,15 @@ from torchmetrics import MeanMetric
 from rlhf_lit.functional import sft_loss
 from rlhf_lit.models import load_causal_lm, position_ids_from_mask
 from rlhf_lit.models.loading import DType
+from rlhf_lit.models.lora import LoRAConfig, exportable, with_lora
+from rlhf_lit.models.memory import enable_gradient_checkpointing, train_mode
 from rlhf_lit.models.sharding import shard_models
 from rlhf_lit.stages.guarded import GuardedStage
 from rlhf_lit.stages.nonfinite import NonFiniteGuard
 from rlhf_lit.stages.export import ExportExisting, check_export_at_fit_start, export_at_fit_end
 from rlhf_lit.stages.dataclass_args import as_config
 from rlhf_lit.stages.optim import OptimizerConfig, lightning_optimizers
+from rlhf_lit.stages.precision import warn_if_slow_precision
 from rlhf_lit.tokenizer import MissingPad, load_tokenizer
 
 IGNORE_INDEX = -100
@@ -52,6 +55,10 @@ class SFTModule(GuardedStage, pl.LightningModule):
             inf gradients (a NaN loss gives NaN gradients); see :mod:`rlhf_lit.stages.nonfinite`.
         revision: Hub revision of ``model`` (and of the tokenizer when ``tokenizer`` is None).
         trust_remote_code: Allow model code from the hub.
+        lora: LoRA adapters (:class:`~rlhf_lit.models.lora.LoRAConfig`); only they train.
+            ``lora.export`` chooses merged full weights or the adapter alone for the export.
+        gradient_checkpointing: recompute each transformer block's activations in the backward
+            pass instead of storing them (less activation memory, about one more forward pass).
     """
 
     def __init__(
@@ -66,13 +73,17 @@ class SFTModule(GuardedStage, pl.LightningModule):
         max_skipped_updates: int = 3,
         revision: str | None = None,
         trust_remote_code: bool = False,
+        lora: LoRAConfig | None = None,
+        gradient_checkpointing: bool = False,
     ) -> None:
         super().__init__()
         # load_from_checkpoint passes the optimizer back as the dict saved below.
         self.optimizer_config = as_config(OptimizerConfig, optimizer)
         # A dataclass in hparams breaks weights_only checkpoint loading: store its dict instead.
-        self.save_hyperparameters(ignore=["optimizer"])
+        self.lora_config = None if lora is None else as_config(LoRAConfig, lora)
+        self.save_hyperparameters(ignore=["optimizer", "lora"])
         self.hparams["optimizer"] = asdict(self.optimizer_config)
+        self.hparams["lora"] = None if self.lora_config is None else asdict(self.lora_config)
         self.export_dir, self.export_existing = export_dir, export_existing
         self.nonfinite = NonFiniteGuard(max_skipped_updates, "max_skipped_updates")
         self.exported_path: Path | None = None
@@ -87,6 +98,9 @@ class SFTModule(GuardedStage, pl.LightningModule):
         self.model = load_causal_lm(
             model, self.tokenizer, dtype=dtype, revision=revision, trust_remote_code=trust_remote_code
         )
+        self.model = with_lora(self.model, self.lora_config, "causal_lm")
+        if gradient_checkpointing:
+            enable_gradient_checkpointing(self.model)
         # Weighted by token count, so the epoch value is total NLL / total response tokens.
         self.val_nll = MeanMetric()
 
@@ -106,7 +120,8 @@ class SFTModule(GuardedStage, pl.LightningModule):
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         """Response-only cross-entropy; logs loss, perplexity and the learning rate."""
-        loss = self.loss(batch)  # ()
+        with train_mode(self.model):  # what activates gradient checkpointing (dropout is off)
+            loss = self.loss(batch)  # ()
         batch_size = batch["input_ids"].shape[0]
         self.log("train/loss", loss, prog_bar=True, batch_size=batch_size)
         self.log("train/ppl", loss.detach().exp(), batch_size=batch_size)
@@ -137,9 +152,10 @@ class SFTModule(GuardedStage, pl.LightningModule):
     def on_fit_start(self) -> None:
         """Refuse an export target the end of fit could not write, before any training step."""
         check_export_at_fit_start(self.trainer, self.export_dir, self.export_existing)
+        warn_if_slow_precision(self.trainer)
 
     def on_fit_end(self) -> None:
         """Export the fine-tuned model and tokenizer in Hugging Face format (rank 0)."""
         self.exported_path = export_at_fit_end(
-            self.trainer, self.model, self.tokenizer, self.export_dir, "SFT model", self.export_existing
+            self.trainer, exportable(self.model), self.tokenizer, self.export_dir, "SFT model", self.export_existing
         )

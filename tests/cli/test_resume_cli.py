@@ -65,11 +65,12 @@ def test_killed_mid_rollout_and_resumed_with_the_readme_command_equals_a_straigh
     proc = subprocess.Popen([str(CLI), "fit", "--config", str(killed / "ppo.yaml")], cwd=killed, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
     deadline = time.monotonic() + 300
-    last = killed / "ckpt" / "last.ckpt"  # written (atomically) after rollout=3.ckpt; rollout 4 starts then
-    while not ((killed / "ckpt" / "rollout=3.ckpt").exists() and last.exists() and _load(last)["ppo"]["rollout_index"] == 3):
+    third, last = killed / "ckpt" / "rollout=3.ckpt", killed / "ckpt" / "last.ckpt"
+    # last.ckpt is replaced (atomically) after rollout=3.ckpt is written; rollout 4 starts then.
+    while not (third.exists() and last.exists() and last.stat().st_mtime_ns >= third.stat().st_mtime_ns):
         assert proc.poll() is None and time.monotonic() < deadline, "the run ended before its third checkpoint"
-        time.sleep(0.02)
-    time.sleep(0.2)  # into rollout 4 (a rollout takes ~1 s here)
+        time.sleep(0.01)
+    time.sleep(0.05)  # into rollout 4 (a rollout takes ~1 s here)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     assert not (killed / "ckpt" / "rollout=4.ckpt").exists(), "killed too late: rollout 4 had finished"

@@ -1,0 +1,126 @@
+"""Memory levers: gradient checkpointing of trained models, and where the frozen models live.
+
+- :func:`enable_gradient_checkpointing`: activations of each transformer block are recomputed in
+  the backward pass instead of stored (Chen et al. 2016), for the policy, a separate critic, the
+  SFT model and the RM. Hugging Face checkpoints a block only while the model is in train mode,
+  and models loaded with ``from_pretrained`` stay in eval mode under Lightning here; the passes
+  that back-propagate therefore run under :func:`train_mode` (safe: every dropout is off, see
+  :func:`rlhf_lit.models.loading.disable_dropout`), while ``generate`` and the no-grad scoring
+  passes stay in eval mode, where the KV cache is kept.
+- :class:`MemoryConfig` ``frozen_device`` / ``frozen_dtype``: the frozen reference and reward model in another dtype (e.g. bfloat16)
+  and/or on the CPU while the trained models sit on an accelerator. A model on the CPU is kept out
+  of the LightningModule's submodules (so the Trainer never moves it) and is called through
+  :func:`call_on_own_device`, which moves the inputs there and the results back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import dataclass, fields, is_dataclass, replace
+from typing import Any, Literal, TypeVar
+
+import torch
+from torch import nn
+from transformers import PreTrainedModel
+
+from rlhf_lit.models.loading import DType
+
+FrozenDevice = Literal["same", "cpu"]
+"""``same``: the frozen models move with the LightningModule (to the accelerator); ``cpu``: they stay
+on the CPU (less accelerator memory, slower scoring)."""
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class MemoryConfig:
+    """PPO's memory levers (each changes memory and time, not the algorithm).
+
+    Args:
+        gradient_checkpointing: recompute the activations of each transformer block of the policy
+            and of a separate critic in the backward pass instead of storing them (less activation
+            memory, about one extra forward pass of time per update).
+        frozen_device: where the frozen reference and reward model live (:data:`FrozenDevice`).
+        frozen_dtype: their weight dtype; None = the module's ``dtype``. ``bfloat16`` halves their
+            memory; reference logprobs and scores then differ from float32 in the third decimal.
+    """
+
+    gradient_checkpointing: bool = False
+    frozen_device: FrozenDevice = "same"
+    frozen_dtype: DType | None = None
+
+    def __post_init__(self) -> None:
+        if self.frozen_device not in ("same", "cpu"):
+            raise ValueError(f"memory.frozen_device must be 'same' or 'cpu', got {self.frozen_device!r}")
+        if self.frozen_dtype not in (None, "auto", "float32", "bfloat16", "float16"):
+            raise ValueError(f"memory.frozen_dtype must be null, auto, float32, bfloat16 or float16, got {self.frozen_dtype!r}")
+
+
+def enable_gradient_checkpointing(*modules: nn.Module) -> None:
+    """Recompute each transformer block's activations in the backward pass, in every Hugging Face
+    model among ``modules`` and their submodules (a critic wrapper's value model included; a bare
+    value head has none and is skipped).
+
+    Non-reentrant checkpointing: with LoRA the block inputs need no gradient (frozen embeddings),
+    which the reentrant variant would take as "nothing to back-propagate" and drop the adapters'
+    gradients. Takes effect in train mode only (see the module docstring and :func:`train_mode`).
+    """
+    for module in modules:
+        for model in module.modules():
+            if not isinstance(model, PreTrainedModel) or model.base_model is model and model is not module:
+                continue  # the trunk inside a task model is switched on with it
+            if not model.supports_gradient_checkpointing:
+                raise ValueError(f"gradient_checkpointing: {type(model).__name__} does not support it")
+            kwargs = {"use_reentrant": False}
+            if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x name
+                model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+            else:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+@contextmanager
+def train_mode(*modules: nn.Module):
+    """``modules`` in train mode inside the block, their earlier modes restored after it.
+
+    Train mode is what activates Hugging Face's gradient checkpointing; with dropout off it changes
+    no number, so the update passes can always run in it.
+    """
+    before = [[(m, m.training) for m in module.modules()] for module in modules]
+    for module in modules:
+        module.train()
+    try:
+        yield
+    finally:
+        for saved in before:
+            for m, training in saved:
+                m.training = training
+
+
+def attach_frozen(owner: nn.Module, name: str, model: nn.Module, device: FrozenDevice) -> None:
+    """Set ``owner.<name> = model``: a registered submodule (moved by the Trainer) for ``same``; for
+    ``cpu`` a plain attribute, outside ``owner``'s modules and state dict, so it stays on the CPU."""
+    if device == "same":
+        setattr(owner, name, model)
+    else:
+        object.__setattr__(owner, name, model.to("cpu"))
+
+
+def _moved(value: Any, device: torch.device) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if is_dataclass(value) and not isinstance(value, type):
+        return replace(value, **{f.name: _moved(getattr(value, f.name), device) for f in fields(value)})
+    return value
+
+
+def call_on_own_device(fn: Callable[..., T], model: nn.Module, *args: Any) -> T:
+    """``fn(model, *args)`` with tensor arguments (also inside dataclasses) moved to ``model``'s device
+    and a tensor result moved back to the device of the first tensor argument. A no-op move when
+    they already share a device."""
+    home = next((a.device for a in args if isinstance(a, torch.Tensor)), None)
+    if home is None:
+        home = next((getattr(a, f.name).device for a in args if is_dataclass(a) for f in fields(a)), None)
+    there = next(model.parameters()).device
+    result = fn(model, *(_moved(a, there) for a in args))
+    return result.to(home) if isinstance(result, torch.Tensor) and home is not None else result

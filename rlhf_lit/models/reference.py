@@ -1,0 +1,77 @@
+"""The PPO reference: "give me reference logprobs" behind one small interface.
+
+Two implementations, chosen in one place (:func:`build_reference`):
+
+- :class:`FrozenModelReference`: a separate frozen copy of the SFT model (the InstructGPT recipe);
+  it may live on the CPU or in another dtype (``memory.frozen_device`` / ``frozen_dtype``, :class:`~rlhf_lit.models.memory.MemoryConfig`).
+- :class:`AdapterDisabledReference`: with a LoRA policy the SFT weights are the policy's own base
+  weights, so the reference is the policy with its adapters switched off: no second copy of the
+  model is loaded (half the weight memory of policy + reference).
+
+PPOModule only calls ``reference.logprobs(generated, temperature)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+import torch
+from torch import nn
+
+from rlhf_lit.models.generation import Generated, response_logprobs
+from rlhf_lit.models.lora import adapter_disabled, peft_model_of
+from rlhf_lit.models.memory import call_on_own_device
+
+
+class Reference(Protocol):
+    """Anything that gives the reference policy's response logprobs."""
+
+    def logprobs(self, generated: Generated, temperature: float) -> torch.Tensor:
+        """``(B, R)`` float32 logprobs of ``generated``'s response tokens under the reference, on the
+        device of ``generated``; no gradient."""
+        ...
+
+
+class FrozenModelReference:
+    """A separate frozen model (wherever it was placed); calls run on its own device.
+
+    Args:
+        model: the frozen SFT model (no gradients, eval mode).
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+
+    @torch.no_grad()
+    def logprobs(self, generated: Generated, temperature: float) -> torch.Tensor:
+        """See :class:`Reference`."""
+        return call_on_own_device(response_logprobs, self.model, generated, temperature).float()  # (B, R)
+
+
+class AdapterDisabledReference:
+    """The LoRA policy with its adapters disabled: exactly the base (SFT) weights, never trained.
+
+    Args:
+        policy: the policy, carrying adapters (:func:`rlhf_lit.models.lora.with_lora`). Held as a
+            plain attribute: the reference owns no weights of its own.
+    """
+
+    def __init__(self, policy: nn.Module) -> None:
+        if peft_model_of(policy) is None:
+            raise ValueError("an adapter-disabled reference needs a policy with LoRA adapters")
+        self.policy = policy
+
+    @torch.no_grad()
+    def logprobs(self, generated: Generated, temperature: float) -> torch.Tensor:
+        """See :class:`Reference`."""
+        with adapter_disabled(self.policy):
+            return response_logprobs(self.policy, generated, temperature).float()  # (B, R)
+
+
+def build_reference(policy: nn.Module, load_frozen_copy: Callable[[], nn.Module]) -> Reference:
+    """The one place the reference kind is chosen: the adapter-disabled policy when the policy
+    carries LoRA adapters, else a frozen copy made by ``load_frozen_copy()`` (called only then)."""
+    if peft_model_of(policy) is not None:
+        return AdapterDisabledReference(policy)
+    return FrozenModelReference(load_frozen_copy())

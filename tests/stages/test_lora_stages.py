@@ -1,0 +1,69 @@
+"""SFT and RM with LoRA and gradient checkpointing: only adapters (and the RM head) train; the
+16-bit-on-CPU precision warning."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from rlhf_lit.models.lora import LoRAConfig
+from rlhf_lit.stages import RewardModule, SFTModule
+from rlhf_lit.stages.optim import OptimizerConfig
+
+
+def _frozen_snapshot(model):
+    return {n: p.detach().clone() for n, p in model.named_parameters() if not p.requires_grad}
+
+
+def test_sft_with_lora_and_checkpointing_trains_only_adapters(stories_path, helpers, tmp_path):
+    module = SFTModule(stories_path, optimizer=OptimizerConfig(lr=3e-3), lora=LoRAConfig(r=4),
+                       gradient_checkpointing=True, export_dir=str(tmp_path / "export"))  # fmt: skip
+    frozen = _frozen_snapshot(module.model)
+    assert frozen and all("lora_" not in n for n in frozen)
+    batch = helpers.sft_batch(module.tokenizer, [("Tom went", " to the park."), ("Lily", " sang a song.")])
+    trainer = helpers.cpu_trainer(tmp_path, max_steps=3)
+    trainer.fit(module, datamodule=helpers.BatchListDataModule(train=[batch], val=[batch]))
+    for name, p in module.model.named_parameters():
+        if name in frozen:
+            assert torch.equal(p, frozen[name]), name
+    assert any(p.abs().max() > 0 for n, p in module.model.named_parameters() if "lora_B" in n)
+    assert module.model.model.layers[0].gradient_checkpointing
+
+
+def test_reward_model_with_lora_trains_adapters_and_head_and_exports_merged(stories_path, helpers, tmp_path):
+    torch.manual_seed(0)
+    module = RewardModule(stories_path, optimizer=OptimizerConfig(lr=1e-3, schedule="constant"), normalize="none",
+                          lora=LoRAConfig(r=4), export_dir=str(tmp_path / "export"))  # fmt: skip
+    frozen = _frozen_snapshot(module.model)
+    head = module.model.score.weight.detach().clone()
+    pairs = [helpers.preference_batch(module.tokenizer, [("Tom went out.", " He was happy.", " He was sad.")])]
+    helpers.cpu_trainer(tmp_path, max_steps=3).fit(module, datamodule=helpers.BatchListDataModule(train=pairs, val=pairs))
+    for name, p in module.model.named_parameters():
+        if name in frozen:
+            assert torch.equal(p, frozen[name]), name
+    assert not torch.equal(module.model.score.weight, head)
+    from transformers import AutoModelForSequenceClassification
+
+    exported = AutoModelForSequenceClassification.from_pretrained(tmp_path / "export", num_labels=1)
+    assert not any("lora" in k for k in exported.state_dict())
+
+
+def test_reward_model_refuses_an_adapter_export(stories_path):
+    with pytest.raises(ValueError, match="lora.export: the reward model exports merged weights only"):
+        RewardModule(stories_path, lora=LoRAConfig(export="adapter"))
+
+
+def test_bf16_on_cpu_warns_once_in_one_line(stories_path, helpers, tmp_path, caplog):
+    import rlhf_lit.stages.precision as precision
+
+    precision._warned = False
+    module = SFTModule(stories_path, export_dir=str(tmp_path / "export"))
+    batch = helpers.sft_batch(module.tokenizer, [("Tom went", " to the park.")])
+    with caplog.at_level(logging.WARNING, logger="rlhf_lit"):
+        helpers.cpu_trainer(tmp_path, max_steps=1, precision="bf16-mixed").fit(
+            module, datamodule=helpers.BatchListDataModule(train=[batch], val=[batch]))
+        precision.warn_if_slow_precision(module.trainer)  # a second call says nothing
+    lines = [r.getMessage() for r in caplog.records if "no faster than 32-true" in r.getMessage()]
+    assert len(lines) == 1 and "\n" not in lines[0] and "bf16-mixed on CPU" in lines[0]
