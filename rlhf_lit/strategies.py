@@ -14,9 +14,10 @@ Importing this module registers two strategy names with Lightning:
   ``fsdp`` needs CUDA; so does this name (:func:`check_strategy_choice` stops it on CPU with a
   message naming ``fsdp2``).
 
-Checkpoints are one file with the full (gathered) weights and optimizer states, written by rank 0,
-so they resume under any strategy and world size check (:mod:`rlhf_lit.stages.resume`), and the
-atomic writes of :mod:`rlhf_lit.callbacks.checkpoint` apply unchanged.
+Checkpoints are one file with the full (gathered) weights and optimizer states, written by rank 0
+in the layout of a single-process checkpoint (optimizer states numbered as torch numbers them), so
+a checkpoint resumes under another strategy, and the atomic writes of
+:mod:`rlhf_lit.callbacks.checkpoint` apply unchanged.
 """
 
 from __future__ import annotations
@@ -25,9 +26,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from lightning.fabric.strategies.model_parallel import _is_sharded_checkpoint, _rekey_optimizer_state_if_needed
+from lightning.fabric.strategies.model_parallel import _is_sharded_checkpoint
+from lightning.pytorch.core.optimizer import LightningOptimizer
 from lightning.pytorch.strategies import ModelParallelStrategy, StrategyRegistry
-from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
 
 from rlhf_lit.stages.resume import check_loaded_keys
 
@@ -46,39 +53,78 @@ class FSDP2Strategy(ModelParallelStrategy):
     """
 
     def __init__(self, **kwargs: Any) -> None:
-        kwargs.setdefault("save_distributed_checkpoint", False)
-        super().__init__(data_parallel_size="auto", tensor_parallel_size=1, **kwargs)
+        """``kwargs``: ``process_group_backend`` and ``timeout`` of Lightning's ``ModelParallelStrategy``."""
+        super().__init__(data_parallel_size="auto", tensor_parallel_size=1, save_distributed_checkpoint=False, **kwargs)
 
     def setup_environment(self) -> None:
         """Every process is one data-parallel rank (the parent's ``auto`` would mean one per node)."""
         self._data_parallel_size = self.num_nodes * self.num_processes
         super().setup_environment()
 
-    def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
-        """Read a full checkpoint on every rank and restore the optimizers' shards from it.
+    @property
+    def lightning_restore_optimizer(self) -> bool:
+        """Lightning calls :meth:`load_optimizer_state_dict`, after the stage checked its settings."""
+        return True
 
-        The model weights are restored later, in :meth:`load_model_state_dict`, after the stage's
-        ``on_load_checkpoint`` has compared its settings with the checkpoint's.
+    def _optimizer_names(self, optimizer: torch.optim.Optimizer) -> list[str]:
+        """The parameter names of ``optimizer`` in its own order (torch's numbering in a state dict)."""
+        names = {id(p): name for name, p in self.model.named_parameters()}
+        return [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
+
+    def optimizer_state(self, optimizer: Any) -> dict[str, Any]:
+        """The full state of ``optimizer`` on rank 0 (``{}`` elsewhere), numbered as torch numbers it.
+
+        The same layout a single-process or DDP checkpoint has (parameter i of the optimizer's
+        groups), so checkpoints resume across strategies. A collective: every rank calls it.
         """
+        if isinstance(optimizer, LightningOptimizer):
+            optimizer = optimizer._optimizer
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        state = get_optimizer_state_dict(self.model, optimizer, options=options)  # keyed by parameter name
+        if not state:
+            return state
+        index = {name: i for i, name in enumerate(self._optimizer_names(optimizer))}
+        return {
+            "state": {index[name]: value for name, value in state["state"].items()},
+            "param_groups": [{**g, "params": [index[name] for name in g["params"]]} for g in state["param_groups"]],
+        }
+
+    def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
+        """Read a full checkpoint on every rank; weights and optimizer states are restored by
+        :meth:`load_model_state_dict` and :meth:`load_optimizer_state_dict`, after the stage's
+        ``on_load_checkpoint`` has compared its settings with the checkpoint's."""
         path = Path(self.broadcast(checkpoint_path))
-        if _is_sharded_checkpoint(path):  # written by Lightning's ModelParallelStrategy itself
-            return super().load_checkpoint(path, weights_only=weights_only)
-        checkpoint = torch.load(path, map_location="cpu", weights_only=weights_only)
-        options = StateDictOptions(full_state_dict=True)
-        for optimizer, state in zip(self.optimizers, checkpoint.get("optimizer_states", [])):
-            state = _rekey_optimizer_state_if_needed(state, self.model)
-            set_optimizer_state_dict(self.model, optimizer, optim_state_dict=state, options=options)
-        return checkpoint
+        if _is_sharded_checkpoint(path):
+            raise ValueError(
+                f"--ckpt_path {path}: a sharded (distributed) checkpoint directory; rlhf-lit writes and resumes "
+                "one-file checkpoints"
+            )
+        return torch.load(path, map_location="cpu", weights_only=weights_only)
 
     def load_model_state_dict(self, checkpoint: dict[str, Any], strict: bool = True) -> None:
         """Scatter the full weights of ``checkpoint`` into the shards (every rank slices its own)."""
-        if "state_dict" not in checkpoint:  # a sharded checkpoint: loaded in load_checkpoint
-            return
         result = set_model_state_dict(
             self.model, checkpoint["state_dict"], options=StateDictOptions(full_state_dict=True, strict=False)
         )
         frozen = getattr(self.lightning_module, "FROZEN_PREFIXES", ())
         check_loaded_keys(result.missing_keys, result.unexpected_keys, frozen, strict)
+
+    def load_optimizer_state_dict(self, checkpoint: dict[str, Any]) -> None:
+        """Scatter each optimizer's full state (torch's numbering, :meth:`optimizer_state`) into its shards."""
+        states = checkpoint["optimizer_states"]
+        if len(states) != len(self.optimizers):
+            raise ValueError(f"the checkpoint holds {len(states)} optimizer states, the run has {len(self.optimizers)}")
+        for optimizer, state in zip(self.optimizers, states):
+            names = self._optimizer_names(optimizer)
+            if len(state["state"]) > len(names) or any(len(g["params"]) != len(o["params"])
+                                                      for g, o in zip(state["param_groups"], optimizer.param_groups)):
+                raise ValueError("the checkpoint's optimizer state does not fit the run's parameters")
+            named = {
+                "state": {names[int(i)]: value for i, value in state["state"].items()},
+                "param_groups": [{**g, "params": [names[int(i)] for i in g["params"]]} for g in state["param_groups"]],
+            }
+            set_optimizer_state_dict(self.model, optimizer, optim_state_dict=named,
+                                     options=StateDictOptions(full_state_dict=True))  # fmt: skip
 
 
 def check_strategy_choice(strategy: object, accelerator: object) -> None:

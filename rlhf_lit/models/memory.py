@@ -42,6 +42,8 @@ class MemoryConfig:
             and of a separate critic in the backward pass instead of storing them (less activation
             memory, about one extra forward pass of time per update).
         frozen_device: where the frozen reference and reward model live (:data:`FrozenDevice`).
+            With LoRA the reference is the policy itself (adapters disabled): this and
+            ``frozen_dtype`` then apply to the reward model only.
         frozen_dtype: their weight dtype; None = the module's ``dtype``. ``bfloat16`` halves their
             memory; reference logprobs and scores then differ from float32 in the third decimal.
     """

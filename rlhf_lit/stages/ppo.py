@@ -99,7 +99,7 @@ from rlhf_lit.models.loading import DType
 from rlhf_lit.models.lora import LoRAConfig, exportable, with_lora
 from rlhf_lit.models.memory import MemoryConfig, attach_frozen, call_on_own_device, enable_gradient_checkpointing, train_mode
 from rlhf_lit.models.reference import build_reference
-from rlhf_lit.models.sharding import gathered_for_generation, is_sharded, shard_models
+from rlhf_lit.models.sharding import gathered_for_generation, is_sharded, reshard, shard_models
 from rlhf_lit.models.value import CriticKind, build_critic
 from rlhf_lit.rollout import Rollout, minibatches
 from rlhf_lit.sources import source_fingerprint
@@ -391,6 +391,9 @@ class PPOModule(LightningModule):
         gen = self.generate(batch)
         timer.mark("generate")
         scored = self.score_rollout(gen)
+        for frozen in (self._modules.get("ref_policy"), self._modules.get("reward_model")):
+            if frozen is not None:  # under FSDP: free the root weights a no-grad pass leaves gathered
+                reshard(frozen)
         mask = gen.response_mask  # (B, R)
         scores = self.reward_cfg.shape(scored["raw_scores"], gen.ended)  # (B,)
         rewards, kl = kl_penalized_rewards(

@@ -27,8 +27,8 @@ def _as_lists(groups: list[dict]) -> list[dict]:
     return [{k: list(v) if isinstance(v, tuple) else v for k, v in group.items()} for group in groups]
 
 
-def _assert_same_state(a: dict, b: dict) -> None:
-    assert a["ppo"]["rollout_index"] == b["ppo"]["rollout_index"] == ROLLOUTS
+def _assert_same_state(a: dict, b: dict, rollouts: int = ROLLOUTS) -> None:
+    assert a["ppo"]["rollout_index"] == b["ppo"]["rollout_index"] == rollouts
     assert a["ppo"]["kl_controller"] == b["ppo"]["kl_controller"]
     assert a["global_step"] == b["global_step"]
     assert a["state_dict"].keys() == b["state_dict"].keys()
@@ -84,6 +84,33 @@ def test_killed_mid_rollout_and_resumed_with_the_readme_command_equals_a_straigh
     _assert_same_state(_load(straight / "ckpt" / "last.ckpt"), _load(killed / "ckpt" / "last.ckpt"))
     exported = [p.name for p in (killed / "export").iterdir()]
     assert "model.safetensors" in exported and "rlhf_lit_export.json" in exported
+
+
+@pytest.mark.slow
+def test_a_checkpoint_resumes_under_another_strategy_exactly(tmp_path, stories_rm):
+    """A single-process checkpoint continues under fsdp2, an fsdp2 one in a single process: both
+    end where a straight single-process run ends (one process each: the world size must match)."""
+    finals = {}
+    for name, first, then in (("straight", None, None), ("to_fsdp2", None, "fsdp2"), ("from_fsdp2", "fsdp2", None)):
+        root = tmp_path / name
+        rollouts = 2 if first is None and then is None and name == "straight" else 1
+        config = ppo_config(root, STORIES, stories_rm, max_rollouts=rollouts, optimizer=CONSTANT_LR)
+        if first:
+            config["trainer"]["strategy"] = first
+        write_yaml(root / "first.yaml", config)
+        result = rlhf_lit("fit", "--config", str(root / "first.yaml"), cwd=root)
+        assert result.returncode == 0, result.stderr[-3000:]
+        if name != "straight":
+            config = ppo_config(root, STORIES, stories_rm, max_rollouts=2, optimizer=CONSTANT_LR, export_existing="replace")
+            if then:
+                config["trainer"]["strategy"] = then
+            write_yaml(root / "then.yaml", config)
+            result = rlhf_lit("fit", "--config", str(root / "then.yaml"), "--ckpt_path", str(root / "ckpt" / "last.ckpt"),
+                              cwd=root)  # fmt: skip
+            assert result.returncode == 0, result.stderr[-3000:]
+        finals[name] = _load(root / "ckpt" / "last.ckpt")
+    _assert_same_state(finals["straight"], finals["to_fsdp2"], rollouts=2)
+    _assert_same_state(finals["straight"], finals["from_fsdp2"], rollouts=2)
 
 
 @pytest.fixture(scope="module")

@@ -51,7 +51,8 @@ def main(out: str, mode: str) -> None:
     world = 1 if mode == "single" else 2
     module = tiny_module(
         sampling=SamplingConfig(max_new_tokens=10, do_sample=False),
-        ppo=PPOConfig(epochs=1, minibatch_size=8 // world, whiten_advantages=False),
+        # max_grad_norm small enough that both optimizers' gradients are clipped
+        ppo=PPOConfig(epochs=1, minibatch_size=8 // world, whiten_advantages=False, max_grad_norm=0.02),
         kl=KLConfig(kind="fixed", init_coef=0.05), max_rollouts=1, export_dir=f"{out}/export",
     )  # fmt: skip
     # "." ends a response too, so the greedy responses end at different steps (3 to 10 tokens).
@@ -62,7 +63,7 @@ def main(out: str, mode: str) -> None:
                                  module.stop_ids, module.tokenizer.pad_token_id)  # fmt: skip
     order = torch.argsort(pre.response_mask.sum(1), stable=True)  # shortest responses first (rank 0)
 
-    record: dict = {"responses": [], "minibatches": [], "grads": [], "lengths": pre.response_mask.sum(1)[order]}
+    record: dict = {"responses": [], "minibatches": [], "grads": [], "clipped": [], "lengths": pre.response_mask.sum(1)[order]}
     generate, minibatch_loss, before_step = module.generate, module.minibatch_loss, module.on_before_optimizer_step
 
     def recording_generate(b):
@@ -80,7 +81,8 @@ def main(out: str, mode: str) -> None:
         params = {id(p) for g in optimizer.param_groups for p in g["params"]}
         named = [(n, p) for n, p in module.named_parameters() if id(p) in params and p.grad is not None]
         record["grads"].append({n: full(p.grad) for n, p in named})  # collective under FSDP: all ranks
-        before_step(optimizer)
+        before_step(optimizer)  # the non-finite check and the clip to ppo.max_grad_norm
+        record["clipped"].append({n: full(p.grad) for n, p in named})
 
     module.generate, module.minibatch_loss = recording_generate, recording_minibatch_loss
     module.on_before_optimizer_step = recording_before_step

@@ -115,23 +115,26 @@ def test_lora_ppo_resumes_exactly(tmp_path):
         torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7, msg=name)
 
 
-def _block_calls(tmp_path, **kwargs) -> int:
-    """Forward calls of the policy's first MLP during a one-rollout fit."""
+def _block_calls(tmp_path, **kwargs) -> tuple[int, int]:
+    """Forward calls of the first MLP of the policy and of the separate critic during a one-rollout fit."""
     module = tiny_module(max_rollouts=1, **kwargs)
-    calls = []
-    # A pre-hook: recomputation stops early once the saved tensors are back (see tests/models/test_lora.py).
-    module.policy.model.layers[0].mlp.register_forward_pre_hook(lambda *args: calls.append(1))
+    calls = {"policy": [], "critic": []}
+    # Pre-hooks: recomputation stops early once the saved tensors are back (see tests/models/test_lora.py).
+    module.policy.model.layers[0].mlp.register_forward_pre_hook(lambda *args: calls["policy"].append(1))
+    module.critic.model.model.layers[0].mlp.register_forward_pre_hook(lambda *args: calls["critic"].append(1))
     tiny_trainer(tmp_path).fit(module, _data(module))
-    return len(calls)
+    return len(calls["policy"]), len(calls["critic"])
 
 
 @pytest.mark.parametrize("lora", [None, LORA], ids=["full", "lora"])
-def test_gradient_checkpointing_recomputes_the_policy_in_every_update(tmp_path, lora):
-    plain = _block_calls(tmp_path / "plain", lora=lora)
-    checkpointed = _block_calls(tmp_path / "gc", lora=lora, memory=MemoryConfig(gradient_checkpointing=True))
+def test_gradient_checkpointing_recomputes_policy_and_critic_in_every_update(tmp_path, lora):
+    plain = _block_calls(tmp_path / "plain", lora=lora, critic_lora=lora)
+    checkpointed = _block_calls(tmp_path / "gc", lora=lora, critic_lora=lora,
+                                memory=MemoryConfig(gradient_checkpointing=True))  # fmt: skip
     # Same samples (same seeds); each of the 2 epochs x 2 minibatches recomputes the block once in
-    # its backward pass. Generation and the no-grad scoring passes are not checkpointed (eval mode).
-    assert checkpointed - plain == 2 * 2
+    # its backward pass, in the policy and in the critic. Generation and the no-grad scoring passes
+    # are not checkpointed (eval mode).
+    assert (checkpointed[0] - plain[0], checkpointed[1] - plain[1]) == (2 * 2, 2 * 2)
 
 
 def test_frozen_models_in_bfloat16_on_the_cpu(tmp_path):

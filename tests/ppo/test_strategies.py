@@ -73,6 +73,15 @@ def test_two_processes_make_the_single_process_update(mode, single, tmp_path):
             scale = float(gs[name].abs().max())
             torch.testing.assert_close(g0[name], gs[name], rtol=2e-5, atol=1e-5 * scale, msg=f"{step} {name}")
 
+    # Clipped to the norm of the whole gradient, not of each rank's shard: the single run's again.
+    for step, (c0, cs, gs) in enumerate(zip(rank0["clipped"], single["clipped"], single["grads"])):
+        norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in gs.values()]))
+        assert norm > 0.02 * 1.5, step  # the clip is active
+        for name in cs:
+            torch.testing.assert_close(cs[name], gs[name] * (0.02 / (norm + 1e-6)), rtol=1e-5, atol=1e-9)
+            scale = float(cs[name].abs().max())
+            torch.testing.assert_close(c0[name], cs[name], rtol=2e-5, atol=1e-5 * scale, msg=f"{step} {name}")
+
     # After the update: one policy on both ranks, the single run's (Adam's first step is ~lr * sign(g)).
     policy = rank0["policy"]
     if mode == "ddp":
