@@ -111,7 +111,7 @@ def grpo_advantages(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GRPO outcome advantages: ``(score - group mean) / (group std + eps)`` on every valid token.
 
-    Shao et al. 2024 (DeepSeekMath), eq. for outcome supervision: each response's advantage is its
+    Shao et al. 2024 (DeepSeekMath, sec. 4.1.2, outcome supervision): each response's advantage is its
     score normalised within the group of k responses to the same prompt. ``scale_by_std=False`` is
     Dr. GRPO (Liu et al. 2025, "Understanding R1-Zero-like training"): the std division biases the
     update toward groups with small spread (too easy or too hard prompts), so it is dropped.
@@ -148,7 +148,7 @@ def grpo_advantages(
 def rloo_advantages(scores: torch.Tensor, mask: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """RLOO advantages: each score minus the mean of the *other* k - 1 scores of its group.
 
-    Ahmadian et al. 2024 ("Back to Basics: Revisiting REINFORCE Style Optimization", eq. 6):
+    Ahmadian et al. 2024 ("Back to Basics: Revisiting REINFORCE Style Optimization"):
     ``A_i = r_i - 1/(k-1) * sum_{j != i} r_j``; the baseline does not depend on the sample it
     judges, so the estimate stays unbiased (equivalently ``k/(k-1) * (r_i - mean)``). Not
     normalised by any std. The KL to the reference, if any, belongs in the score (the paper puts

@@ -102,8 +102,8 @@ def test_plain_return_forms(value):
     assert list(out) == ["rule"]
     scores = out["rule"]
     assert scores.dtype == torch.float32 and scores.device.type == "cpu" and not scores.requires_grad
-    expected = torch.tensor([1.0, 2.0, -3.0]) if isinstance(value, torch.Tensor) and not value.is_floating_point() else torch.tensor([1.0, 2.5, -3.0])
-    assert_close(scores, expected)
+    integer_tensor = isinstance(value, torch.Tensor) and not value.is_floating_point()
+    assert_close(scores, torch.tensor([1.0, 2.0, -3.0]) if integer_tensor else torch.tensor([1.0, 2.5, -3.0]))
 
 
 def test_bools_count_as_zero_and_one():
