@@ -4,7 +4,15 @@ Shapes: ``(B, T)`` unless noted; a ``mask`` is a bool tensor, True where a posit
 """
 
 from rlhf_lit.functional.advantages import gae
-from rlhf_lit.functional.kl import KLKind, kl_penalized_rewards, kl_penalty
+from rlhf_lit.functional.estimators import (
+    EstimatorKind,
+    grpo_advantages,
+    needs_critic,
+    needs_groups,
+    reinforce_pp_advantages,
+    rloo_advantages,
+)
+from rlhf_lit.functional.kl import KLKind, kl_loss, kl_penalized_rewards, kl_penalty
 from rlhf_lit.functional.kl_control import AdaptiveKLController, FixedKLController, KLController
 from rlhf_lit.functional.logprobs import entropy_from_logits, token_logprobs
 from rlhf_lit.functional.losses import clipped_value_loss, pairwise_reward_loss, ppo_policy_loss, sft_loss
@@ -13,6 +21,7 @@ from rlhf_lit.functional.masks import last_true_index, response_mask_from_eos
 
 __all__ = [
     "AdaptiveKLController",
+    "EstimatorKind",
     "FixedKLController",
     "KLController",
     "KLKind",
@@ -20,15 +29,21 @@ __all__ = [
     "entropy_from_logits",
     "explained_variance",
     "gae",
+    "grpo_advantages",
+    "kl_loss",
     "kl_penalized_rewards",
     "kl_penalty",
     "last_true_index",
     "masked_mean",
     "masked_var",
     "masked_whiten",
+    "needs_critic",
+    "needs_groups",
     "pairwise_reward_loss",
     "ppo_policy_loss",
+    "reinforce_pp_advantages",
     "response_mask_from_eos",
+    "rloo_advantages",
     "sft_loss",
     "token_logprobs",
 ]

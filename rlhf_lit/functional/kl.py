@@ -6,9 +6,10 @@ from typing import Literal, get_args
 
 import torch
 
+from rlhf_lit.functional.masked import masked_mean
 from rlhf_lit.functional.masks import last_true_index
 
-__all__ = ["KLKind", "kl_penalty", "kl_penalized_rewards"]
+__all__ = ["KLKind", "kl_loss", "kl_penalty", "kl_penalized_rewards"]
 
 KLKind = Literal["k1", "k2", "k3", "abs"]
 """Per-token KL estimators of KL(policy || reference) from samples of the policy
@@ -78,3 +79,28 @@ def kl_penalized_rewards(
     is_last = positions.unsqueeze(0) == last.unsqueeze(-1)  # (B, T)
     rewards = rewards + torch.where(is_last, scores.unsqueeze(-1).to(rewards.dtype), zero)  # (B, T)
     return torch.where(mask, rewards, zero), kl  # (B, T), (B, T)
+
+
+def kl_loss(
+    logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor, kind: KLKind = "k3"
+) -> torch.Tensor:
+    """KL to the reference as a loss term (GRPO style), the mean over masked tokens.
+
+    GRPO (Shao et al. 2024) adds ``beta * KL`` to the loss instead of paying it in the reward,
+    estimated per token with k3, ``exp(ref_logprobs - logprobs) - (ref_logprobs - logprobs) - 1``:
+    unbiased for KL(policy || reference) under samples of the policy and never negative, and its
+    gradient ``1 - exp(ref_logprobs - logprobs)`` (per token, w.r.t. ``logprobs``) pulls the
+    policy toward the reference from either side. The mean is over every masked token of the
+    batch, the token-level average :func:`ppo_policy_loss` uses (DAPO), not a mean of per-response
+    means. The caller multiplies by the KL coefficient.
+
+    Args:
+        logprobs: ``(B, T)`` current policy log-probabilities (with grad).
+        ref_logprobs: ``(B, T)`` reference log-probabilities of the same tokens (no grad).
+        mask: bool ``(B, T)``, True on response tokens.
+        kind: the estimator, see :func:`kl_penalty`; "k3" is GRPO's.
+
+    Returns:
+        0-dim tensor; NaN when the mask is empty (no host check, as :func:`masked_mean`).
+    """
+    return masked_mean(kl_penalty(logprobs, ref_logprobs, kind), mask)  # ()
