@@ -12,9 +12,10 @@ for every sample of a prompt, and the policy cannot change it.
 from __future__ import annotations
 
 import functools
-import importlib
 import math
 from collections.abc import Callable, Sequence
+
+from rlhf_lit.specs import resolve_callable
 
 Judge = Callable[[list[str]], list[float]]
 """A judge: ``texts -> scores``, one float per text, higher is better."""
@@ -41,32 +42,6 @@ def vader(texts: Sequence[str]) -> list[float]:
     return [float(analyzer.polarity_scores(t)["compound"]) for t in texts]
 
 
-def _resolve(spec: str) -> Callable:
-    """The object a ``"module:attr.attr"`` spec names, or a ``ValueError`` naming the spec."""
-    module_name, sep, attr_path = spec.partition(":")
-    if not sep or not module_name or not attr_path:
-        raise ValueError(
-            f"judge spec {spec!r} is not of the form 'module:function' "
-            f"(for example {DEFAULT_JUDGE!r})"
-        )
-    try:
-        obj = importlib.import_module(module_name)
-    except ModuleNotFoundError as e:
-        # Only a missing judge module is the spec's fault; a missing dependency inside it is not.
-        if e.name is None or not module_name.startswith(e.name):
-            raise
-        raise ValueError(f"judge spec {spec!r}: no module named {module_name!r}") from e
-    for attr in attr_path.split("."):
-        if not hasattr(obj, attr):
-            raise ValueError(f"judge spec {spec!r}: {module_name!r} has no attribute {attr_path!r}")
-        obj = getattr(obj, attr)
-    if not callable(obj):
-        raise ValueError(
-            f"judge spec {spec!r}: {attr_path!r} is not callable (type {type(obj).__name__})"
-        )
-    return obj
-
-
 class CheckedJudge:
     """A loaded judge that checks its output; picklable (it holds the spec, not a closure).
 
@@ -75,7 +50,7 @@ class CheckedJudge:
     """
 
     def __init__(self, spec: str) -> None:
-        self.spec, self.fn = spec, _resolve(spec)
+        self.spec, self.fn = spec, resolve_callable(spec, "judge spec", DEFAULT_JUDGE)
 
     def __call__(self, texts: Sequence[str]) -> list[float]:
         """One finite float per text; anything else raises an error naming the spec."""

@@ -32,7 +32,6 @@ This module imports torch and the standard library only (it sits below ``stages/
 from __future__ import annotations
 
 import functools
-import importlib
 import inspect
 import numbers
 from collections.abc import Callable, Mapping, Sequence
@@ -40,6 +39,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+from rlhf_lit.specs import resolve_callable
 
 __all__ = ["RewardBatch", "RewardFunction", "call_reward_function", "load_reward_function"]
 
@@ -80,34 +81,6 @@ class RewardBatch:
 
     def __len__(self) -> int:
         return len(self.responses)
-
-
-def _resolve(spec: str) -> Callable:
-    """The object a ``"module:attr.attr"`` spec names, or a ``ValueError`` naming the spec.
-
-    Mirrors ``rlhf_lit.evaluation.judges._resolve`` (this package must not import evaluation).
-    """
-    module_name, sep, attr_path = spec.partition(":")
-    if not sep or not module_name or not attr_path:
-        raise ValueError(
-            f"reward function spec {spec!r} is not of the form 'module:function' "
-            "(for example 'rlhf_lit.rewards.shaping:length_target')"
-        )
-    try:
-        obj = importlib.import_module(module_name)
-    except ModuleNotFoundError as e:
-        # Only a missing module named by the spec is the spec's fault; a missing dependency
-        # inside that module is reported as itself.
-        if e.name is None or not module_name.startswith(e.name):
-            raise
-        raise ValueError(f"reward function spec {spec!r}: no module named {module_name!r}") from e
-    for attr in attr_path.split("."):
-        if not hasattr(obj, attr):
-            raise ValueError(f"reward function spec {spec!r}: {module_name!r} has no attribute {attr_path!r}")
-        obj = getattr(obj, attr)
-    if not callable(obj):
-        raise ValueError(f"reward function spec {spec!r}: {attr_path!r} is not callable (type {type(obj).__name__})")
-    return obj
 
 
 def _describe(value: Any) -> str:
@@ -196,7 +169,7 @@ class RewardFunction:
     def __init__(self, spec: str, kwargs: Mapping[str, Any] | None = None, name: str | None = None) -> None:
         self.spec = spec
         self.kwargs = dict(kwargs or {})
-        self.fn = _resolve(spec)
+        self.fn = resolve_callable(spec, "reward function spec", "rlhf_lit.rewards.shaping:length_target")
         self.name = spec.partition(":")[2] if name is None else name
         if not isinstance(self.name, str) or not self.name:
             raise ValueError(f"reward function {spec!r}: name must be a non-empty string, got {name!r}")
