@@ -7,11 +7,12 @@ its own values; settings that cannot work together raise here, nothing is rewrit
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 
 from rlhf_lit.functional import KLKind
+from rlhf_lit.functional.estimators import EstimatorKind
 
 
 @dataclass(frozen=True)
@@ -29,14 +30,22 @@ class PPOConfig:
         vf_coef: weight of the value loss in the summed loss (N details #13: 0.1).
         gamma: discount of GAE (1 in RLHF: the episode is one response).
         lam: lambda of GAE (N details #12: 0.95).
-        whiten_advantages: whiten advantages over the rollout batch (masked), as every PPO-RLHF
-            implementation does.
+        whiten_advantages: whiten GAE advantages over the rollout batch (masked), as every PPO-RLHF
+            implementation does. Applies to ``estimator: gae``; the critic-free estimators
+            normalise as their papers define (group std, leave-one-out, batch whitening).
         entropy_coef: weight of an entropy bonus (0 = off; InstructGPT uses none).
         max_grad_norm: clip the gradient norm of each optimizer's parameters (None = no clipping).
         ptx_coef: weight of the pretraining / SFT loss on batches from a second data source
             (InstructGPT's PPO-ptx; 0 = off). Needs a data module with ``ptx_dataloader()``.
         score_chunk_size: rows per no-grad forward pass when scoring a rollout (old logprobs,
             reference logprobs, values, reward); None = the whole batch at once. Bounds memory.
+        estimator: the advantage estimator (:data:`~rlhf_lit.functional.estimators.EstimatorKind`):
+            ``gae`` (critic + GAE, the InstructGPT path), ``grpo`` / ``dr_grpo`` / ``rloo``
+            (group baselines over ``sampling.samples_per_prompt`` >= 2 responses per prompt) or
+            ``reinforce_pp`` (returns whitened over the batch). Only ``gae`` builds and trains a
+            critic; the others load none and have one optimizer (``critic``, ``value_model``,
+            ``critic_lora``, ``critic_optimizer``, ``vf_coef`` and ``value_clip_range`` then do
+            nothing; the first four must be left at their defaults).
     """
 
     epochs: int = 4
@@ -52,8 +61,11 @@ class PPOConfig:
     max_grad_norm: float | None = 1.0
     ptx_coef: float = 0.0
     score_chunk_size: int | None = None
+    estimator: EstimatorKind = "gae"
 
     def __post_init__(self) -> None:
+        if self.estimator not in get_args(EstimatorKind):
+            raise ValueError(f"ppo.estimator must be one of {', '.join(get_args(EstimatorKind))}; got {self.estimator!r}")
         for name in ("epochs", "minibatch_size", "grad_accum"):
             if getattr(self, name) < 1:
                 raise ValueError(f"ppo.{name} must be >= 1, got {getattr(self, name)}")
