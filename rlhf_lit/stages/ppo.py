@@ -8,6 +8,7 @@ al. 2022 blog; N+ = "The N+ Implementation Details of RLHF with PPO", Huang et a
 
 - Reward = RM score at the last response token (EOS included) plus ``-beta * KL`` per token
   (Ziegler et al. 2019; Ouyang et al. 2022; N #10). RM and critic read query + response (N #1).
+  With ``kl.mode: loss`` the KL is a loss term instead (GRPO, Shao et al. 2024: k3, token mean).
 - Stop at EOS; tokens after the first EOS are set to pad and masked (N+ / N #3). "EOS" is every
   stop id of the policy (:func:`~rlhf_lit.models.generation.stop_token_ids`: the tokenizer's and
   the ``generation_config`` list chat models carry), for sampling, masks, the RM score position
@@ -84,6 +85,7 @@ from rlhf_lit.functional import (
     FixedKLController,
     clipped_value_loss,
     entropy_from_logits,
+    kl_loss,
     kl_penalized_rewards,
     masked_mean,
     masked_whiten,
@@ -433,8 +435,10 @@ class PPOModule(LightningModule):
                 reshard(frozen)
         mask = gen.response_mask  # (B, R)
         scores = self.reward_cfg.shape(scored["raw_scores"], gen.ended)  # (B,)
+        # kl.mode "loss": the KL is measured (metrics, controller) but paid in the loss, not here.
+        reward_kl_coef = self.kl_ctl.value if self.kl_cfg.mode == "reward" else 0.0
         rewards, kl = kl_penalized_rewards(
-            scores, scored["old_logprobs"], scored["ref_logprobs"], mask, self.kl_ctl.value, self.kl_cfg.estimator
+            scores, scored["old_logprobs"], scored["ref_logprobs"], mask, reward_kl_coef, self.kl_cfg.estimator
         )  # (B, R), (B, R)
         if self.reward_cfg.whiten == "rewards":
             rewards = masked_whiten(rewards, mask, keep_mean=True)  # (B, R)
@@ -470,7 +474,8 @@ class PPOModule(LightningModule):
                 raise RuntimeError("ptx_dataloader() gave no batch (or is a one-shot iterator)")
 
     def minibatch_loss(self, mb: Rollout) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """Clipped policy loss + vf_coef * clipped value loss (- entropy bonus) (+ ptx_coef * SFT loss)."""
+        """Clipped policy loss + vf_coef * clipped value loss (- entropy bonus) (+ beta * KL with
+        ``kl.mode: loss``) (+ ptx_coef * SFT loss)."""
         cfg, mask = self.ppo, mb.response_mask
         logits, values = self.policy_and_values(mb.query_responses, mb.attention_mask, mb.prompt_length)
         logprobs = token_logprobs(logits, mb.response_ids, self.sampling.temperature)  # (B, R)
@@ -482,6 +487,10 @@ class PPOModule(LightningModule):
         entropy_logits = logits if cfg.entropy_coef > 0 else logits.detach()
         entropy = masked_mean(entropy_from_logits(entropy_logits, self.sampling.temperature), mask)  # ()
         loss = policy_loss + cfg.vf_coef * value_loss - cfg.entropy_coef * entropy  # ()
+        kl_term = None
+        if self.kl_cfg.mode == "loss":  # beta is the rollout's: the controller updates after the update
+            kl_term = kl_loss(logprobs, mb.ref_logprobs, mask, self.kl_cfg.estimator)  # ()
+            loss = loss + self.kl_ctl.value * kl_term  # ()
         loss = loss * self._rank_token_weight(mask)  # (): a token mean over the minibatches of all ranks
         ptx = torch.zeros((), device=self.device)  # ()
         if cfg.ptx_coef > 0:
@@ -495,6 +504,8 @@ class PPOModule(LightningModule):
             "policy/approxkl": policy_stats["approx_kl"], "policy/ratio": policy_stats["ratio_mean"],
             "value/clipfrac": value_stats["clipfrac"],
         }  # fmt: skip
+        if kl_term is not None:
+            stats["loss/kl"] = kl_term.detach()
         return loss, stats
 
     def _rank_token_weight(self, mask: torch.Tensor) -> torch.Tensor:

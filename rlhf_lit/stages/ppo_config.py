@@ -162,6 +162,12 @@ class KLConfig:
             so it accepts only the estimators whose expectation is that KL (``k1``, ``k3``);
             ``k2`` (half the squared log-ratio) and ``abs`` are penalties in other units and
             need ``kind: fixed``.
+        mode: where the KL is paid. ``reward``: ``-beta * KL`` per token in the reward
+            (InstructGPT, the default). ``loss``: no penalty in the reward; ``+ beta * KL`` as a
+            loss term, the token mean of ``estimator`` under the current policy
+            (:func:`~rlhf_lit.functional.kl_loss`; GRPO uses ``k3``, beta 0.04). The estimator
+            must then be ``k3`` or ``k2``, whose gradients are the KL's (``k1``'s is not). The
+            adaptive controller updates from the KL measured at rollout time in both modes.
     """
 
     kind: Literal["fixed", "adaptive"] = "adaptive"
@@ -169,8 +175,16 @@ class KLConfig:
     target: float = 6.0
     horizon: int = 10000
     estimator: KLKind = "k1"
+    mode: Literal["reward", "loss"] = "reward"
 
     def __post_init__(self) -> None:
+        if self.mode not in ("reward", "loss"):
+            raise ValueError(f"kl.mode must be reward or loss, got {self.mode!r}")
+        if self.mode == "loss" and self.estimator not in ("k2", "k3"):
+            raise ValueError(
+                f"kl.mode='loss' differentiates the KL estimate; kl.estimator={self.estimator!r} has a gradient "
+                "that is not the KL's: use k3 (GRPO) or k2"
+            )
         if self.kind not in ("fixed", "adaptive"):
             raise ValueError(f"kl.kind must be fixed or adaptive, got {self.kind!r}")
         if self.estimator not in ("k1", "k2", "k3", "abs"):

@@ -37,8 +37,9 @@ class OnePromptBatch(LightningDataModule):
         self.consumed.append(n)
 
 
-def run_one_rollout(tmp_path, **overrides):
-    """Fit one rollout; returns (module, rollout, data, logged metrics, trainer)."""
+def run_one_rollout(tmp_path, perturb: float = 0.0, record: dict | None = None, **overrides):
+    """Fit one rollout; returns (module, rollout, data, logged metrics, trainer). ``perturb`` moves the
+    policy away from the reference (KL != 0); ``record`` receives the minibatch losses and stats."""
     kwargs = dict(
         sampling=SamplingConfig(max_new_tokens=6, temperature=1.0, samples_per_prompt=K),
         ppo=PPOConfig(epochs=1, minibatch_size=3, estimator="grpo"),
@@ -48,8 +49,21 @@ def run_one_rollout(tmp_path, **overrides):
     )
     kwargs.update(overrides)
     module = tiny_module(**kwargs)
-    record = {}
-    make_rollout = module.make_rollout
+    if perturb:
+        generator = torch.Generator().manual_seed(5)
+        with torch.no_grad():
+            for p in module.policy.parameters():
+                p.add_(torch.randn(p.shape, generator=generator) * perturb)
+    record = {} if record is None else record
+    record["minibatches"] = []
+    make_rollout, minibatch_loss = module.make_rollout, module.minibatch_loss
+
+    def recording_loss(mb):
+        loss, stats = minibatch_loss(mb)
+        record["minibatches"].append((float(loss.detach()), {k: float(v) for k, v in stats.items()}))
+        return loss, stats
+
+    module.minibatch_loss = recording_loss
 
     def recording(batch, timer):
         rollout, stats = make_rollout(batch, timer)
@@ -152,3 +166,58 @@ def test_rows_not_divisible_into_steps_are_refused(tmp_path):
     # 2 prompts x 3 samples = 6 rows; a step of 4 rows does not divide them.
     with pytest.raises(ValueError, match=r"6 rows per process.*samples_per_prompt 3"):
         run_one_rollout(tmp_path, ppo=PPOConfig(epochs=1, minibatch_size=4, estimator="grpo"))
+
+
+BETA = 0.2
+
+
+@pytest.fixture(scope="module")
+def kl_loss_run(tmp_path_factory):
+    record = {}
+    out = run_one_rollout(
+        tmp_path_factory.mktemp("kl-loss"), perturb=0.02, record=record,
+        ppo=PPOConfig(epochs=1, minibatch_size=6, estimator="grpo"),
+        kl=KLConfig(kind="adaptive", init_coef=BETA, target=1.0, horizon=100, estimator="k3", mode="loss"),
+    )  # fmt: skip
+    return (*out, record)
+
+
+def test_kl_mode_loss_puts_no_kl_in_the_rewards(kl_loss_run):
+    _, rollout, _, _, _, _ = kl_loss_run
+    mask = rollout.response_mask
+    assert float(rollout.kl[mask].abs().min()) > 1e-4  # the policy left the reference: KL is measured
+    last = mask.sum(1) - 1  # (B,)
+    expected = torch.zeros_like(rollout.rewards)
+    expected[torch.arange(rollout.batch_size), last] = rollout.scores
+    assert torch.equal(rollout.rewards, expected)  # only the score, on the last response token
+
+
+def test_kl_mode_loss_adds_beta_times_k3_to_the_loss(kl_loss_run):
+    _, rollout, _, _, _, record = kl_loss_run
+    # One minibatch (the whole rollout, any order), before the step: the ratio is exactly 1, so the
+    # clipped surrogate is -mean(advantages) over the response tokens, and k3 = e^r - 1 - r with
+    # r = ref_logprob - logprob at the rollout's logprobs.
+    mask = rollout.response_mask
+    adv = rollout.advantages[mask].double().tolist()
+    r = (rollout.ref_logprobs - rollout.old_logprobs)[mask].double().tolist()
+    k3 = [math.exp(x) - 1 - x for x in r]
+    expected_kl = sum(k3) / len(k3)
+    expected = -sum(adv) / len(adv) + BETA * expected_kl
+    ((loss, stats),) = record["minibatches"]
+    assert stats["loss/kl"] == pytest.approx(expected_kl, rel=1e-4)
+    assert expected_kl > 1e-3 and BETA * expected_kl > 10 * abs(sum(adv) / len(adv))  # the KL term matters
+    assert loss == pytest.approx(expected, rel=1e-4, abs=1e-6)
+
+
+def test_kl_mode_loss_still_steers_the_adaptive_controller(kl_loss_run):
+    module, rollout, _, metrics, _, _ = kl_loss_run
+    kl_mean = float(rollout.kl.sum(1).mean())
+    assert metrics["objective/kl"] == pytest.approx(kl_mean, rel=1e-5)
+    error = max(-0.2, min(0.2, kl_mean / 1.0 - 1.0))  # Ziegler et al. eq. 2, error clipped to +-0.2
+    assert module.kl_ctl.value == pytest.approx(BETA * (1 + error * 6 / 100), rel=1e-6)
+    assert module.kl_ctl.value != BETA
+
+
+def test_kl_mode_loss_refuses_k1():
+    with pytest.raises(ValueError, match="kl.mode='loss'.*k3"):
+        KLConfig(mode="loss")
