@@ -120,6 +120,7 @@ from rlhf_lit.stages.optim import OptimizerConfig, build_optimizer
 from rlhf_lit.stages.precision import warn_if_slow_precision
 from rlhf_lit.stages.ppo_config import KLConfig, PPOConfig, RewardConfig
 from rlhf_lit.stages.resume import check_loaded_keys, check_module_resume
+from rlhf_lit.stages.reward_sources import RewardSources, reward_batch
 from rlhf_lit.stages.ppo_metrics import (
     RolloutTimer,
     logged_metrics,
@@ -150,7 +151,9 @@ class PPOModule(LightningModule):
     Args:
         sft_model: the SFT model (hub name or directory): the policy's start and the reference.
         reward_model: the reward model (an ``AutoModelForSequenceClassification`` with one label,
-            e.g. the RM stage's export). Frozen; reloaded from this path on resume.
+            e.g. the RM stage's export). Frozen; reloaded from this path on resume. Loaded only
+            when a ``reward.sources`` entry is the reward model (the default); null otherwise
+            (it may still be where a separate critic starts).
         value_model: where a separate critic starts; None = the reward model (N+ #16).
         tokenizer_path: the tokenizer; None = the SFT model's. The RM must share it.
         missing_pad: what to do if the tokenizer has no pad token (see ``load_tokenizer``).
@@ -158,7 +161,8 @@ class PPOModule(LightningModule):
         dtype: weight dtype of all models (keep float32 with ``precision="bf16-mixed"``).
         sampling: how responses are sampled.
         ppo: the PPO update.
-        reward: how the RM score becomes the reward.
+        reward: the reward sources (reward model, ``module:function`` rewards) and how their
+            weighted sum becomes the reward.
         kl: the KL penalty and its controller.
         optimizer: AdamW of the policy (and of the head with ``shared_trunk``); its schedule is
             stepped once per rollout (warmup and decay are counted in rollouts).
@@ -197,7 +201,7 @@ class PPOModule(LightningModule):
     def __init__(
         self,
         sft_model: str,
-        reward_model: str,
+        reward_model: str | None,
         value_model: str | None = None,
         tokenizer_path: str | None = None,
         missing_pad: MissingPad = "add",
@@ -226,6 +230,9 @@ class PPOModule(LightningModule):
         self.ppo: PPOConfig = as_config(PPOConfig, ppo)
         self.reward_cfg: RewardConfig = as_config(RewardConfig, reward)
         self.kl_cfg: KLConfig = as_config(KLConfig, kl)
+        self.reward_sources = RewardSources(self.reward_cfg.sources)  # a bad function spec fails here
+        if self.reward_cfg.uses_reward_model and reward_model is None:
+            raise ValueError("reward.sources uses the reward model (a source with function: null); set model.reward_model")
         self.optimizer_cfg = as_config(OptimizerConfig, optimizer)
         self.critic_optimizer_cfg = None if critic_optimizer is None else as_config(OptimizerConfig, critic_optimizer)
         self.lora_cfg = None if lora is None else as_config(LoRAConfig, lora)
@@ -288,7 +295,11 @@ class PPOModule(LightningModule):
             return self.ref_policy
 
         self.reference = build_reference(self.policy, frozen_sft_copy)
-        attach_frozen(self, "reward_model", freeze(load_reward_model(reward_model, self.tokenizer, dtype=frozen_dtype)), frozen_device)
+        if self.reward_cfg.uses_reward_model:
+            rm = freeze(load_reward_model(reward_model, self.tokenizer, dtype=frozen_dtype))
+            attach_frozen(self, "reward_model", rm, frozen_device)
+        if self.estimator.uses_critic and critic == "separate" and (value_model or reward_model) is None:
+            raise ValueError("a separate critic starts from value_model or reward_model; set one of them")
         self.critic = (
             build_critic(critic, self.policy, value_model or reward_model, self.tokenizer, dtype, self.critic_lora_cfg)
             if self.estimator.uses_critic else None
@@ -393,7 +404,8 @@ class PPOModule(LightningModule):
 
     @torch.no_grad()
     def _score_chunk(self, gen: Generated, prompt_length: int) -> dict[str, torch.Tensor]:
-        """Old logprobs, reference logprobs, values, entropy and RM scores of a few rows."""
+        """Old logprobs, reference logprobs, values, entropy and ``raw_scores``, the RM's scores (when the RM
+        is a source; the reward functions are called once per rollout in :meth:`make_rollout`), of a few rows."""
         temperature = self.sampling.temperature
         ids, mask = gen.query_responses, gen.attention_mask
         logits, values = self.policy_and_values(ids, mask, prompt_length)  # (B, R, V), (B, R) or None
@@ -404,7 +416,7 @@ class PPOModule(LightningModule):
             # Without a critic the rollout carries zeros in its place (never read by a loss).
             "old_values": torch.zeros_like(old_logprobs) if values is None else values.float(),  # (B, R)
             "entropy": entropy_from_logits(logits, temperature),  # (B, R)
-            "raw_scores": self.score(ids, mask).float(),  # (B,)
+            **({"raw_scores": self.score(ids, mask).float()} if self.reward_cfg.uses_reward_model else {}),  # (B,)
         }
 
     def score_rollout(self, gen: Generated) -> dict[str, torch.Tensor]:
@@ -419,8 +431,11 @@ class PPOModule(LightningModule):
         ]  # fmt: skip
         return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
 
-    def make_rollout(self, batch: dict[str, torch.Tensor], timer: RolloutTimer) -> tuple[Rollout, torch.Tensor]:
-        """Generate, score, shape rewards and compute advantages; returns the rollout and the entropy."""
+    def make_rollout(
+        self, batch: dict[str, torch.Tensor], timer: RolloutTimer
+    ) -> tuple[Rollout, dict[str, torch.Tensor]]:
+        """Generate, score, shape rewards and compute advantages; returns the rollout and its
+        rollout-time statistics (``objective/entropy``, ``reward/<source>``: means over the rows)."""
         whitens = self.ppo.whiten_advantages or self.reward_cfg.whiten != "none"
         if whitens and batch["input_ids"].shape[0] < 2:
             # A batch statistic of one row is NaN (score whitening) or can fail on this rank only
@@ -434,7 +449,9 @@ class PPOModule(LightningModule):
             if frozen is not None:  # under FSDP: free the root weights a no-grad pass leaves gathered
                 reshard(frozen)
         mask = gen.response_mask  # (B, R)
-        scores = self.reward_cfg.shape(scored["raw_scores"], gen.ended)  # (B,)
+        texts = reward_batch(self.tokenizer, batch, gen) if self.reward_sources.needs_texts else None
+        raw_scores, reward_parts = self.reward_sources(scored.get("raw_scores"), texts)  # (B,), {name: (B,)}
+        scores = self.reward_cfg.shape(raw_scores, gen.ended)  # (B,): one placement path for every source
         # kl.mode "loss": the KL is measured (metrics, controller) but paid in the loss, not here.
         reward_kl_coef = self.kl_ctl.value if self.kl_cfg.mode == "reward" else 0.0
         rewards, kl = kl_penalized_rewards(
@@ -449,10 +466,11 @@ class PPOModule(LightningModule):
             query_responses=gen.query_responses, attention_mask=gen.attention_mask,
             response_ids=gen.response_ids, response_mask=mask, ended=gen.ended,
             old_logprobs=scored["old_logprobs"], ref_logprobs=scored["ref_logprobs"],
-            old_values=scored["old_values"], raw_scores=scored["raw_scores"], scores=scores, kl=kl,
+            old_values=scored["old_values"], raw_scores=raw_scores, scores=scores, kl=kl,
             rewards=rewards, advantages=advantages, returns=returns,
         )  # fmt: skip
-        return rollout, masked_mean(scored["entropy"], mask)
+        stats = {"objective/entropy": masked_mean(scored["entropy"], mask), **{k: v.mean() for k, v in reward_parts.items()}}
+        return rollout, stats
 
     # ------------------------------------------------------------------ update
     def _next_ptx_batch(self) -> dict[str, torch.Tensor]:
@@ -574,7 +592,7 @@ class PPOModule(LightningModule):
             return
         self._check_rollout_rows(batch["input_ids"].shape[0] * self.sampling.samples_per_prompt)  # before any work
         timer = RolloutTimer(self.device)
-        rollout, entropy = self.make_rollout(batch, timer)
+        rollout, rollout_stats = self.make_rollout(batch, timer)
         bad = nonfinite_rollout_parts(rollout, lambda t: self.trainer.strategy.reduce(t, reduce_op="sum"))
         if bad:  # no update on NaN: it would turn every weight into NaN
             self.nonfinite.skipped("rollout", f"rollout {self.rollout_index}: non-finite {', '.join(bad)}")
@@ -584,7 +602,7 @@ class PPOModule(LightningModule):
             train_stats = self.train_on_rollout(rollout)
         timer.mark("train")
         kl_coef = self.kl_ctl.value
-        metrics = self.rollout_metrics(rollout, entropy, train_stats, kl_coef, timer)
+        metrics = self.rollout_metrics(rollout, rollout_stats, train_stats, kl_coef, timer)
         # The KL controller sees the KL averaged over all ranks and the global batch size.
         self.kl_ctl.update(metrics["objective/kl"], n_steps=rollout.batch_size * self.trainer.world_size)
         self.log_dict({"score": metrics["objective/scores"], "kl": metrics["objective/kl"]}, prog_bar=True, logger=False)
@@ -607,15 +625,17 @@ class PPOModule(LightningModule):
 
     # ------------------------------------------------------------------ metrics and export
     def rollout_metrics(
-        self, rollout: Rollout, entropy: torch.Tensor, train_stats: dict[str, torch.Tensor], kl_coef: float,
-        timer: RolloutTimer,
+        self, rollout: Rollout, rollout_stats: dict[str, torch.Tensor], train_stats: dict[str, torch.Tensor],
+        kl_coef: float, timer: RolloutTimer,
     ) -> dict[str, float]:
         """Everything logged for a rollout, averaged over ranks (see :mod:`rlhf_lit.stages.ppo_metrics`).
 
         The responses are decoded once, here, after the update: distinct-n always, the judge when
         set. ``kl_coef`` is the coefficient the rollout's rewards were shaped with.
         """
+        entropy = rollout_stats["objective/entropy"]
         local = rollout_statistics(rollout, entropy, train_stats, kl_coef, self.critic is not None)  # no sync
+        local.update({k: v for k, v in rollout_stats.items() if k.startswith("reward/")})  # each source
         texts = response_texts(
             self.tokenizer, rollout.query_responses, rollout.attention_mask, rollout.response_mask, rollout.ended
         )

@@ -6,8 +6,8 @@ its own values; settings that cannot work together raise here, nothing is rewrit
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal, get_args
+from dataclasses import dataclass, field
+from typing import Any, Literal, get_args
 
 import torch
 
@@ -95,13 +95,48 @@ TRL's ``whiten_rewards``); ``none``: use them as they are."""
 
 
 @dataclass(frozen=True)
-class RewardConfig:
-    """How the reward-model score becomes the reward of a response.
-
-    Order of operations: ``score - bias`` -> whiten (``scores``) -> clip -> missing-EOS penalty ->
-    per-token KL shaping -> whiten (``rewards``).
+class RewardSource:
+    """One term of the score: the learned reward model or a reward function, with a weight.
 
     Args:
+        name: logged as ``reward/<name>`` (a function's dict components as
+            ``reward/<name>/<component>``) and named in errors; unique among the sources.
+        weight: multiplies the source's score (the sum of its components) in the total.
+        function: ``"module:function"`` of a reward function
+            (:func:`rlhf_lit.rewards.load_reward_function`, e.g.
+            ``rlhf_lit.rewards.shaping:length_target``), called on a
+            :class:`~rlhf_lit.rewards.RewardBatch`; null = the learned reward model
+            (``model.reward_model``).
+        kwargs: keyword parameters of the function (null function: must be empty).
+    """
+
+    name: str
+    weight: float = 1.0
+    function: str | None = None
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name or "/" in self.name:
+            raise ValueError(f"reward.sources: a name must be a non-empty string without '/', got {self.name!r}")
+        if self.function is None and self.kwargs:
+            raise ValueError(f"reward source {self.name!r} is the reward model (function: null); it takes no kwargs")
+
+
+def _default_sources() -> list[RewardSource]:
+    return [RewardSource(name="reward_model")]
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    """How the sources' scores become the reward of a response.
+
+    Order of operations: ``sum of weight * source score`` (the raw score) -> ``score - bias`` ->
+    whiten (``scores``) -> clip -> missing-EOS penalty -> per-token KL shaping (the score at the
+    last response token) -> whiten (``rewards``).
+
+    Args:
+        sources: the terms of the raw score (:class:`RewardSource`); default: the learned reward
+            model with weight 1 (the InstructGPT reward). Each is logged as ``reward/<name>``.
         bias: subtracted from every RM score (N+ details: a bias so that reference responses
             average 0; measure it on SFT samples).
         whiten: see :data:`ScoreWhitening`.
@@ -111,6 +146,7 @@ class RewardConfig:
             is not a response the RM was trained to judge). None = no penalty.
     """
 
+    sources: list[RewardSource] = field(default_factory=_default_sources)
     bias: float = 0.0
     whiten: ScoreWhitening = "none"
     clip: float | None = None
@@ -136,7 +172,22 @@ class RewardConfig:
             scores = torch.where(ended, scores, penalty)  # (B,)
         return scores
 
+    @property
+    def uses_reward_model(self) -> bool:
+        """Whether a source is the learned reward model (which must then be loaded)."""
+        return any(source.function is None for source in self.sources)
+
     def __post_init__(self) -> None:
+        # A dict per source when read back from hyperparameters (asdict): rebuild the dataclasses.
+        sources = [RewardSource(**s) if isinstance(s, dict) else s for s in self.sources]
+        object.__setattr__(self, "sources", sources)
+        if not sources:
+            raise ValueError("reward.sources must name at least one source")
+        names = [s.name for s in sources]
+        if len(set(names)) != len(names):
+            raise ValueError(f"reward.sources: names must be unique, got {names}")
+        if sum(s.function is None for s in sources) > 1:
+            raise ValueError("reward.sources: the reward model (function: null) may appear once")
         if self.whiten not in ("none", "scores", "rewards"):
             raise ValueError(f"reward.whiten must be none, scores or rewards; got {self.whiten!r}")
         if self.clip is not None and self.clip <= 0:
