@@ -221,3 +221,40 @@ def test_kl_mode_loss_still_steers_the_adaptive_controller(kl_loss_run):
 def test_kl_mode_loss_refuses_k1():
     with pytest.raises(ValueError, match="kl.mode='loss'.*k3"):
         KLConfig(mode="loss")
+
+
+LEARNING_ROLLOUTS = 30
+
+
+@pytest.mark.slow
+def test_grpo_with_a_rule_reward_raises_that_reward(tmp_path):
+    """GRPO (k = 4, no critic, KL as a k3 loss term) on stories260K with a rule reward, the count
+    of "." tokens in the response (a reward function, not an RM): its mean rises. Measured once
+    (seed 7, 30 rollouts, ~10 s): 0.90 over the first 10 rollouts -> 1.40 over the last 10."""
+    from ppo_helpers import STORIES, TINYSTORIES
+
+    from rlhf_lit.data import PromptDataModule
+    from rlhf_lit.stages.ppo_config import RewardConfig, RewardSource
+    from rlhf_lit.tokenizer import load_tokenizer
+
+    dot = load_tokenizer(STORIES).convert_tokens_to_ids(".")
+
+    module = tiny_module(
+        reward_model=None,
+        sampling=SamplingConfig(max_new_tokens=16, samples_per_prompt=4),
+        ppo=PPOConfig(epochs=1, minibatch_size=16, estimator="grpo"),
+        kl=KLConfig(kind="fixed", init_coef=0.04, estimator="k3", mode="loss"),
+        reward=RewardConfig(sources=[RewardSource(name="dots", function="ppo_helpers:dot_count_reward",
+                                                  kwargs={"token": dot})]),
+        optimizer=OptimizerConfig(lr=1e-4, eps=1e-5),
+        max_rollouts=LEARNING_ROLLOUTS,
+    )
+    data = PromptDataModule(tokenizer=module.tokenizer, train_path=TINYSTORIES, format="paragraphs",
+                            max_records=256, batch_size=4, prompt_words=6, seed=0)  # fmt: skip
+    trainer = tiny_trainer(tmp_path)
+    trainer.fit(module, data)
+    history = trainer.logger.history
+    dots = [history[i]["reward/dots"] for i in range(LEARNING_ROLLOUTS)]
+    print("dots", [round(d, 2) for d in dots])
+    assert module.critic is None
+    assert sum(dots[-10:]) / 10 > sum(dots[:10]) / 10 + 0.2
