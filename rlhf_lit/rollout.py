@@ -31,7 +31,7 @@ class Rollout:
     # --- critic (no grad, at rollout time)
     old_values: torch.Tensor  # (B, R) float
     # --- reward
-    raw_scores: torch.Tensor  # (B,) float: the reward model's score
+    raw_scores: torch.Tensor  # (B,) float: the weighted sum of the reward sources (default: the RM's score)
     scores: torch.Tensor  # (B,) float: after bias, whitening, clipping and the missing-EOS penalty
     kl: torch.Tensor  # (B, R) float: per-token KL estimate to the reference (0 off the mask)
     rewards: torch.Tensor  # (B, R) float: -kl_coef * kl, plus the score on the last response token

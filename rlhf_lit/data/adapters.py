@@ -30,8 +30,8 @@ import logging
 import re
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
 
 from rlhf_lit.data.records import InvalidRecord, Row, get_number, get_text
 
@@ -85,6 +85,7 @@ class Example:
     chosen: str | None = None
     rejected: str | None = None
     margin: float | None = None
+    extras: dict[str, Any] = field(default_factory=dict)
 
 
 class Skip(Exception):
@@ -97,6 +98,8 @@ class AdapterOptions:
 
     fields: Fields
     prompt_words: int
+    extra_fields: tuple[str, ...] = ()
+    """Columns copied unchanged into ``Example.extras`` (e.g. ``ground_truth`` for a reward function)."""
 
 
 Adapter = Callable[[Row, Kind, AdapterOptions], Example]
@@ -232,7 +235,13 @@ def adapt(
     first_invalid = ""
     for row in rows:
         try:
-            out.examples.append(adapter(row, kind, options))
+            example = adapter(row, kind, options)
+            if options.extra_fields:
+                missing = [name for name in options.extra_fields if name not in row.data]
+                if missing:
+                    raise InvalidRecord(f"{row.where}: missing extra field(s) {missing} (extra_fields)")
+                example = replace(example, extras={name: row.data[name] for name in options.extra_fields})
+            out.examples.append(example)
         except Skip as s:
             out.skipped[str(s)] += 1
         except InvalidRecord as e:

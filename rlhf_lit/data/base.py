@@ -128,7 +128,7 @@ class TextDataModule(L.LightningDataModule):
             rows,
             format=format,  # type: ignore[arg-type]
             kind=kind,
-            options=AdapterOptions(self.fields, self.prompt_words),
+            options=AdapterOptions(self.fields, self.prompt_words, tuple(getattr(self, "extra_fields", ()))),
             skip_invalid=self.skip_invalid,
             source=source,
         )

@@ -100,12 +100,16 @@ class PreferenceCollator:
 
 @dataclass(frozen=True)
 class PromptCollator:
-    """Items ``{"input_ids", "index"}`` -> left padded ``input_ids``, ``attention_mask`` and
-    ``index (B,)``, the dataset row of each prompt."""
+    """Items ``{"input_ids", "index"[, "extras"]}`` -> left padded ``input_ids``, ``attention_mask``,
+    ``index (B,)``, the dataset row of each prompt, and with extra columns ``extras``: a dict of
+    plain lists (``{name: [B values]}``; strings stay strings, never collated into tensors)."""
 
     pad_token_id: int
 
     def __call__(self, items: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         input_ids, attention_mask = pad([x["input_ids"] for x in items], self.pad_token_id, "left")
         index = torch.tensor([x["index"] for x in items], dtype=torch.long)  # (B,)
-        return {"input_ids": input_ids, "attention_mask": attention_mask, "index": index}
+        batch: dict[str, Any] = {"input_ids": input_ids, "attention_mask": attention_mask, "index": index}
+        if "extras" in items[0]:
+            batch["extras"] = {name: [x["extras"][name] for x in items] for name in items[0]["extras"]}
+        return batch

@@ -75,6 +75,10 @@ class PromptDataModule(TextDataModule):
         ptx_batch_size: ptx examples per PPO minibatch, per process; None: ``batch_size``.
         ptx_max_length: the most tokens of a ptx prompt + response + EOS (its prompt is cut to
             ``max_prompt_length``, which must be below this).
+        extra_fields: columns of the prompt records passed through unchanged to the batch as
+            ``batch["extras"][name]`` (a list per column, one value per prompt; never tensors), and
+            from there to reward functions as ``RewardBatch.extras`` (e.g. ``[ground_truth]``).
+            Every record must have them.
     """
 
     kind = "prompt"
@@ -105,6 +109,7 @@ class PromptDataModule(TextDataModule):
         ptx_max_records: int | None = None,
         ptx_batch_size: int | None = None,
         ptx_max_length: int = 512,
+        extra_fields: list[str] | None = None,
     ):
         super().__init__()
         if max_prompt_length < 1:
@@ -130,6 +135,9 @@ class PromptDataModule(TextDataModule):
         self.max_prompt_length, self.shuffle, self.drop_last = max_prompt_length, shuffle, drop_last
         self.ptx_path, self.ptx_format, self.ptx_max_records = ptx_path, ptx_format, ptx_max_records
         self.ptx_batch_size, self.ptx_max_length = ptx_batch_size, ptx_max_length
+        self.extra_fields = list(extra_fields or [])
+        if len(set(self.extra_fields)) != len(self.extra_fields):
+            raise ValueError(f"extra_fields must not repeat a name, got {self.extra_fields}")
         self.ptx_dataset: list[dict[str, Any]] | None = None
         self.sampler: ResumableSampler | None = None
         self._pending_state: dict[str, Any] | None = None
@@ -138,10 +146,14 @@ class PromptDataModule(TextDataModule):
 
     def _encode(self, encoder: TextEncoder, examples: list[Example]) -> list[dict[str, Any]]:
         ids = encoder.encode_prompts([e.prompt for e in examples])
-        return [
+        items = [
             {"input_ids": truncate_prompt(p, encoder.prefix, self.max_prompt_length, self.truncated), "index": i}
             for i, p in enumerate(ids)
         ]
+        if self.extra_fields:
+            for item, example in zip(items, examples):
+                item["extras"] = example.extras
+        return items
 
     def setup(self, stage: str | None = None) -> None:
         super().setup(stage)

@@ -40,6 +40,11 @@ class SamplingConfig:
         top_k: sample among the k most likely tokens; 0 = off.
         top_p: nucleus sampling threshold; 1.0 = off.
         do_sample: sample (True) or decode greedily (False; then temperature must be 1).
+        samples_per_prompt: k, the responses sampled per prompt. With k > 1 each prompt row is
+            repeated k times as consecutive rows before generation (rows ``[g*k:(g+1)*k]`` are
+            prompt g's group), so a rollout has ``batch_size * k`` rows; the data module's
+            ``batch_size`` stays the number of prompts. The group estimators (``ppo.estimator``
+            grpo, dr_grpo, rloo) need k >= 2.
     """
 
     max_new_tokens: int = 64
@@ -47,8 +52,11 @@ class SamplingConfig:
     top_k: int = 0
     top_p: float = 1.0
     do_sample: bool = True
+    samples_per_prompt: int = 1
 
     def __post_init__(self) -> None:
+        if self.samples_per_prompt < 1:
+            raise ValueError(f"sampling.samples_per_prompt must be >= 1, got {self.samples_per_prompt}")
         if self.max_new_tokens < 1:
             raise ValueError(f"sampling.max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.temperature <= 0:

@@ -8,6 +8,7 @@ al. 2022 blog; N+ = "The N+ Implementation Details of RLHF with PPO", Huang et a
 
 - Reward = RM score at the last response token (EOS included) plus ``-beta * KL`` per token
   (Ziegler et al. 2019; Ouyang et al. 2022; N #10). RM and critic read query + response (N #1).
+  With ``kl.mode: loss`` the KL is a loss term instead (GRPO, Shao et al. 2024: k3, token mean).
 - Stop at EOS; tokens after the first EOS are set to pad and masked (N+ / N #3). "EOS" is every
   stop id of the policy (:func:`~rlhf_lit.models.generation.stop_token_ids`: the tokenizer's and
   the ``generation_config`` list chat models carry), for sampling, masks, the RM score position
@@ -32,6 +33,11 @@ al. 2022 blog; N+ = "The N+ Implementation Details of RLHF with PPO", Huang et a
 - Per-process seeds ``seed + rank * 100003`` (N #14), folded with the rollout index and a stream
   id into fresh generators, so sampling and shuffling are reproducible and resume exactly.
 - Optional entropy bonus (cleanrl) and PPO-ptx (Ouyang et al. 2022, eq. 2).
+- ``ppo.estimator`` (:mod:`rlhf_lit.stages.advantage`, the one place it is read): ``gae`` above,
+  or critic-free GRPO (Shao et al. 2024), Dr. GRPO (Liu et al. 2025), RLOO (Ahmadian et al.
+  2024) and REINFORCE++ (Hu 2025), which build no critic and have one optimizer. With
+  ``sampling.samples_per_prompt = k`` each prompt is repeated k times as consecutive rows before
+  generation (TRL's layout); the group estimators score the sequence reward ``rewards.sum(1)``.
 
 Departures from textbook PPO (Schulman et al. 2017) and their reasons:
 
@@ -51,6 +57,8 @@ Departures from textbook PPO (Schulman et al. 2017) and their reasons:
   rollouts), not per optimizer step. Lightning's ``global_step`` counts every ``opt.step()``
   (of both optimizers), so this module keeps ``rollout_index`` and stops with ``max_rollouts``
   (``trainer.should_stop``); metrics are logged with ``step = rollout_index``.
+- REINFORCE++ whitens its returns over each rank's batch (as GAE advantages here), not over the
+  global batch of all ranks as the paper does.
 - With ``critic="shared_trunk"`` there is one optimizer (policy and head parameters together);
   with ``separate`` two (policy, critic). Gradient accumulation divides each minibatch loss by
   ``grad_accum``; one ``manual_backward`` on the summed loss per minibatch (DDP sees every
@@ -77,7 +85,7 @@ from rlhf_lit.functional import (
     FixedKLController,
     clipped_value_loss,
     entropy_from_logits,
-    gae,
+    kl_loss,
     kl_penalized_rewards,
     masked_mean,
     masked_whiten,
@@ -103,6 +111,7 @@ from rlhf_lit.models.sharding import gathered_for_generation, is_sharded, reshar
 from rlhf_lit.models.value import CriticKind, build_critic
 from rlhf_lit.rollout import Rollout, minibatches
 from rlhf_lit.sources import source_fingerprint
+from rlhf_lit.stages.advantage import AdvantageEstimator, repeat_prompts
 from rlhf_lit.stages.amp import has_gradient_scaler, one_scaler_update
 from rlhf_lit.stages.export import ExportExisting, check_export_at_fit_start, export_at_fit_end
 from rlhf_lit.stages.dataclass_args import as_config
@@ -111,6 +120,7 @@ from rlhf_lit.stages.optim import OptimizerConfig, build_optimizer
 from rlhf_lit.stages.precision import warn_if_slow_precision
 from rlhf_lit.stages.ppo_config import KLConfig, PPOConfig, RewardConfig
 from rlhf_lit.stages.resume import check_loaded_keys, check_module_resume
+from rlhf_lit.stages.reward_sources import RewardSources, reward_batch
 from rlhf_lit.stages.ppo_metrics import (
     RolloutTimer,
     logged_metrics,
@@ -141,7 +151,9 @@ class PPOModule(LightningModule):
     Args:
         sft_model: the SFT model (hub name or directory): the policy's start and the reference.
         reward_model: the reward model (an ``AutoModelForSequenceClassification`` with one label,
-            e.g. the RM stage's export). Frozen; reloaded from this path on resume.
+            e.g. the RM stage's export). Frozen; reloaded from this path on resume. Loaded only
+            when a ``reward.sources`` entry is the reward model (the default); null otherwise
+            (it may still be where a separate critic starts).
         value_model: where a separate critic starts; None = the reward model (N+ #16).
         tokenizer_path: the tokenizer; None = the SFT model's. The RM must share it.
         missing_pad: what to do if the tokenizer has no pad token (see ``load_tokenizer``).
@@ -149,7 +161,8 @@ class PPOModule(LightningModule):
         dtype: weight dtype of all models (keep float32 with ``precision="bf16-mixed"``).
         sampling: how responses are sampled.
         ppo: the PPO update.
-        reward: how the RM score becomes the reward.
+        reward: the reward sources (reward model, ``module:function`` rewards) and how their
+            weighted sum becomes the reward.
         kl: the KL penalty and its controller.
         optimizer: AdamW of the policy (and of the head with ``shared_trunk``); its schedule is
             stepped once per rollout (warmup and decay are counted in rollouts).
@@ -188,7 +201,7 @@ class PPOModule(LightningModule):
     def __init__(
         self,
         sft_model: str,
-        reward_model: str,
+        reward_model: str | None,
         value_model: str | None = None,
         tokenizer_path: str | None = None,
         missing_pad: MissingPad = "add",
@@ -217,6 +230,9 @@ class PPOModule(LightningModule):
         self.ppo: PPOConfig = as_config(PPOConfig, ppo)
         self.reward_cfg: RewardConfig = as_config(RewardConfig, reward)
         self.kl_cfg: KLConfig = as_config(KLConfig, kl)
+        self.reward_sources = RewardSources(self.reward_cfg.sources)  # a bad function spec fails here
+        if self.reward_cfg.uses_reward_model and reward_model is None:
+            raise ValueError("reward.sources uses the reward model (a source with function: null); set model.reward_model")
         self.optimizer_cfg = as_config(OptimizerConfig, optimizer)
         self.critic_optimizer_cfg = None if critic_optimizer is None else as_config(OptimizerConfig, critic_optimizer)
         self.lora_cfg = None if lora is None else as_config(LoRAConfig, lora)
@@ -231,6 +247,17 @@ class PPOModule(LightningModule):
             raise ValueError("critic='shared_trunk' trains the head with the policy's optimizer; leave critic_optimizer null")
         if max_rollouts < 1:
             raise ValueError(f"max_rollouts must be >= 1, got {max_rollouts}")
+        # The one place the estimator is chosen: it decides whether a critic exists at all.
+        self.estimator = AdvantageEstimator(
+            self.ppo.estimator, self.sampling.samples_per_prompt, self.ppo.gamma, self.ppo.lam,
+            self.ppo.whiten_advantages,
+        )  # fmt: skip
+        if not self.estimator.uses_critic:
+            critic_settings = {"critic": critic != "separate", "value_model": value_model is not None,
+                               "critic_lora": critic_lora is not None, "critic_optimizer": critic_optimizer is not None}  # fmt: skip
+            if any(critic_settings.values()):
+                given = ", ".join(k for k, v in critic_settings.items() if v)
+                raise ValueError(f"ppo.estimator={self.ppo.estimator!r} trains no critic; leave {given} at the default")
         self.max_rollouts, self.rollout_seed = max_rollouts, rollout_seed
         # The settings as given (under LightningCLI with its class path, so `--ckpt_path` resumes from
         # the command line); the config groups as plain dicts: a dataclass breaks weights_only loading.
@@ -268,16 +295,28 @@ class PPOModule(LightningModule):
             return self.ref_policy
 
         self.reference = build_reference(self.policy, frozen_sft_copy)
-        attach_frozen(self, "reward_model", freeze(load_reward_model(reward_model, self.tokenizer, dtype=frozen_dtype)), frozen_device)
-        self.critic = build_critic(critic, self.policy, value_model or reward_model, self.tokenizer, dtype, self.critic_lora_cfg)
+        if self.reward_cfg.uses_reward_model:
+            rm = freeze(load_reward_model(reward_model, self.tokenizer, dtype=frozen_dtype))
+            attach_frozen(self, "reward_model", rm, frozen_device)
+        if self.estimator.uses_critic and critic == "separate" and (value_model or reward_model) is None:
+            raise ValueError("a separate critic starts from value_model or reward_model; set one of them")
+        self.critic = (
+            build_critic(critic, self.policy, value_model or reward_model, self.tokenizer, dtype, self.critic_lora_cfg)
+            if self.estimator.uses_critic else None
+        )  # fmt: skip
         if self.memory.gradient_checkpointing:
-            enable_gradient_checkpointing(self.policy, self.critic)
+            enable_gradient_checkpointing(*self.trained_models)
         if self.kl_cfg.kind == "adaptive":
             self.kl_ctl = AdaptiveKLController(self.kl_cfg.init_coef, self.kl_cfg.target, self.kl_cfg.horizon)
         else:
             self.kl_ctl = FixedKLController(self.kl_cfg.init_coef)
         self.rollout_index = 0  # rollouts completed; the step of every logged metric
         self._ptx_batches: Iterator[dict[str, torch.Tensor]] | None = None
+
+    @property
+    def trained_models(self) -> list[torch.nn.Module]:
+        """The policy, and the critic when the estimator has one."""
+        return [m for m in (self.policy, self.critic) if m is not None]
 
     # ------------------------------------------------------------------ setup
     def configure_model(self) -> None:
@@ -290,7 +329,11 @@ class PPOModule(LightningModule):
                             "reward model": self._modules.get("reward_model")})  # fmt: skip
 
     def configure_optimizers(self):
-        """Policy and critic optimizers (one with ``shared_trunk``), schedules stepped per rollout."""
+        """Policy and critic optimizers (one with ``shared_trunk`` or without a critic), schedules
+        stepped per rollout."""
+        if self.critic is None:
+            opt, sched = build_optimizer(self.policy.named_parameters(), self.optimizer_cfg, self.max_rollouts)
+            return [opt], [sched]
         if self.hparams.critic == "shared_trunk":
             params = itertools.chain(self.policy.named_parameters(), self.critic.named_parameters())
             opt, sched = build_optimizer(params, self.optimizer_cfg, self.max_rollouts)
@@ -311,7 +354,7 @@ class PPOModule(LightningModule):
         warn_if_slow_precision(self.trainer)
         batch_size = getattr(self.trainer.datamodule, "batch_size", None)
         if isinstance(batch_size, int):
-            self._check_rollout_rows(batch_size)
+            self._check_rollout_rows(batch_size * self.sampling.samples_per_prompt)
         if self.ppo.ptx_coef > 0 and not hasattr(self.trainer.datamodule, "ptx_dataloader"):
             raise ValueError("ppo.ptx_coef > 0 needs a data module with ptx_dataloader() (SFT-style batches)")
 
@@ -347,26 +390,33 @@ class PPOModule(LightningModule):
 
     def policy_and_values(
         self, query_responses: torch.Tensor, attention_mask: torch.Tensor, prompt_length: int
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Response logits ``(B, R, V)`` and values ``(B, R)``; value t is read where token t is predicted."""
-        needs_hidden = self.critic.needs_policy_hidden
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Response logits ``(B, R, V)`` and values ``(B, R)`` (None without a critic); value t is
+        read where token t is predicted."""
+        needs_hidden = self.critic is not None and self.critic.needs_policy_hidden
         out = forward_with_positions(self.policy, query_responses, attention_mask, output_hidden_states=needs_hidden)
+        logits = response_logits(out.logits, prompt_length)  # (B, R, V)
+        if self.critic is None:
+            return logits, None
         hidden = out.hidden_states[-1] if needs_hidden else None  # (B, T, D)
         values = self.critic(query_responses, attention_mask, hidden)  # (B, T)
-        return response_logits(out.logits, prompt_length), values[:, prompt_length - 1 : -1]  # (B, R, V), (B, R)
+        return logits, values[:, prompt_length - 1 : -1]  # (B, R, V), (B, R)
 
     @torch.no_grad()
     def _score_chunk(self, gen: Generated, prompt_length: int) -> dict[str, torch.Tensor]:
-        """Old logprobs, reference logprobs, values, entropy and RM scores of a few rows."""
+        """Old logprobs, reference logprobs, values, entropy and ``raw_scores``, the RM's scores (when the RM
+        is a source; the reward functions are called once per rollout in :meth:`make_rollout`), of a few rows."""
         temperature = self.sampling.temperature
         ids, mask = gen.query_responses, gen.attention_mask
-        logits, values = self.policy_and_values(ids, mask, prompt_length)  # (B, R, V), (B, R)
+        logits, values = self.policy_and_values(ids, mask, prompt_length)  # (B, R, V), (B, R) or None
+        old_logprobs = token_logprobs(logits, gen.response_ids, temperature)  # (B, R)
         return {
-            "old_logprobs": token_logprobs(logits, gen.response_ids, temperature),  # (B, R)
+            "old_logprobs": old_logprobs,
             "ref_logprobs": self.reference.logprobs(gen, temperature),  # (B, R)
-            "old_values": values.float(),  # (B, R)
+            # Without a critic the rollout carries zeros in its place (never read by a loss).
+            "old_values": torch.zeros_like(old_logprobs) if values is None else values.float(),  # (B, R)
             "entropy": entropy_from_logits(logits, temperature),  # (B, R)
-            "raw_scores": self.score(ids, mask).float(),  # (B,)
+            **({"raw_scores": self.score(ids, mask).float()} if self.reward_cfg.uses_reward_model else {}),  # (B,)
         }
 
     def score_rollout(self, gen: Generated) -> dict[str, torch.Tensor]:
@@ -381,13 +431,17 @@ class PPOModule(LightningModule):
         ]  # fmt: skip
         return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
 
-    def make_rollout(self, batch: dict[str, torch.Tensor], timer: RolloutTimer) -> tuple[Rollout, torch.Tensor]:
-        """Generate, score, shape rewards and compute advantages; returns the rollout and the entropy."""
+    def make_rollout(
+        self, batch: dict[str, torch.Tensor], timer: RolloutTimer
+    ) -> tuple[Rollout, dict[str, torch.Tensor]]:
+        """Generate, score, shape rewards and compute advantages; returns the rollout and its
+        rollout-time statistics (``objective/entropy``, ``reward/<source>``: means over the rows)."""
         whitens = self.ppo.whiten_advantages or self.reward_cfg.whiten != "none"
         if whitens and batch["input_ids"].shape[0] < 2:
             # A batch statistic of one row is NaN (score whitening) or can fail on this rank only
             # (a one-token response), which would leave the other ranks waiting in a collective.
             raise ValueError("whitening (ppo.whiten_advantages or reward.whiten) needs >= 2 prompts per rank")
+        batch = repeat_prompts(batch, self.sampling.samples_per_prompt)  # k consecutive rows per prompt
         gen = self.generate(batch)
         timer.mark("generate")
         scored = self.score_rollout(gen)
@@ -395,24 +449,28 @@ class PPOModule(LightningModule):
             if frozen is not None:  # under FSDP: free the root weights a no-grad pass leaves gathered
                 reshard(frozen)
         mask = gen.response_mask  # (B, R)
-        scores = self.reward_cfg.shape(scored["raw_scores"], gen.ended)  # (B,)
+        texts = reward_batch(self.tokenizer, batch, gen) if self.reward_sources.needs_texts else None
+        raw_scores, reward_parts = self.reward_sources(scored.get("raw_scores"), texts)  # (B,), {name: (B,)}
+        scores = self.reward_cfg.shape(raw_scores, gen.ended)  # (B,): one placement path for every source
+        # kl.mode "loss": the KL is measured (metrics, controller) but paid in the loss, not here.
+        reward_kl_coef = self.kl_ctl.value if self.kl_cfg.mode == "reward" else 0.0
         rewards, kl = kl_penalized_rewards(
-            scores, scored["old_logprobs"], scored["ref_logprobs"], mask, self.kl_ctl.value, self.kl_cfg.estimator
+            scores, scored["old_logprobs"], scored["ref_logprobs"], mask, reward_kl_coef, self.kl_cfg.estimator
         )  # (B, R), (B, R)
         if self.reward_cfg.whiten == "rewards":
             rewards = masked_whiten(rewards, mask, keep_mean=True)  # (B, R)
-        advantages, returns = gae(rewards, scored["old_values"], mask, self.ppo.gamma, self.ppo.lam)  # (B, R) x2
-        if self.ppo.whiten_advantages:
-            advantages = masked_whiten(advantages, mask)  # (B, R)
+        values = scored["old_values"] if self.critic is not None else None
+        advantages, returns = self.estimator(rewards, values, mask)  # (B, R) x2
         timer.mark("score")
         rollout = Rollout(
             query_responses=gen.query_responses, attention_mask=gen.attention_mask,
             response_ids=gen.response_ids, response_mask=mask, ended=gen.ended,
             old_logprobs=scored["old_logprobs"], ref_logprobs=scored["ref_logprobs"],
-            old_values=scored["old_values"], raw_scores=scored["raw_scores"], scores=scores, kl=kl,
+            old_values=scored["old_values"], raw_scores=raw_scores, scores=scores, kl=kl,
             rewards=rewards, advantages=advantages, returns=returns,
         )  # fmt: skip
-        return rollout, masked_mean(scored["entropy"], mask)
+        stats = {"objective/entropy": masked_mean(scored["entropy"], mask), **{k: v.mean() for k, v in reward_parts.items()}}
+        return rollout, stats
 
     # ------------------------------------------------------------------ update
     def _next_ptx_batch(self) -> dict[str, torch.Tensor]:
@@ -434,16 +492,23 @@ class PPOModule(LightningModule):
                 raise RuntimeError("ptx_dataloader() gave no batch (or is a one-shot iterator)")
 
     def minibatch_loss(self, mb: Rollout) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """Clipped policy loss + vf_coef * clipped value loss (- entropy bonus) (+ ptx_coef * SFT loss)."""
+        """Clipped policy loss + vf_coef * clipped value loss (- entropy bonus) (+ beta * KL with
+        ``kl.mode: loss``) (+ ptx_coef * SFT loss)."""
         cfg, mask = self.ppo, mb.response_mask
         logits, values = self.policy_and_values(mb.query_responses, mb.attention_mask, mb.prompt_length)
         logprobs = token_logprobs(logits, mb.response_ids, self.sampling.temperature)  # (B, R)
         policy_loss, policy_stats = ppo_policy_loss(logprobs, mb.old_logprobs, mb.advantages, mask, cfg.clip_range)
-        value_loss, value_stats = clipped_value_loss(values, mb.old_values, mb.returns, mask, cfg.value_clip_range)
+        value_loss, value_stats = torch.zeros((), device=self.device), {"clipfrac": torch.zeros((), device=self.device)}
+        if values is not None:
+            value_loss, value_stats = clipped_value_loss(values, mb.old_values, mb.returns, mask, cfg.value_clip_range)
         # Keep the entropy graph only when it is trained on (a (B, R, V) graph is not free).
         entropy_logits = logits if cfg.entropy_coef > 0 else logits.detach()
         entropy = masked_mean(entropy_from_logits(entropy_logits, self.sampling.temperature), mask)  # ()
         loss = policy_loss + cfg.vf_coef * value_loss - cfg.entropy_coef * entropy  # ()
+        kl_term = None
+        if self.kl_cfg.mode == "loss":  # beta is the rollout's: the controller updates after the update
+            kl_term = kl_loss(logprobs, mb.ref_logprobs, mask, self.kl_cfg.estimator)  # ()
+            loss = loss + self.kl_ctl.value * kl_term  # ()
         loss = loss * self._rank_token_weight(mask)  # (): a token mean over the minibatches of all ranks
         ptx = torch.zeros((), device=self.device)  # ()
         if cfg.ptx_coef > 0:
@@ -457,6 +522,8 @@ class PPOModule(LightningModule):
             "policy/approxkl": policy_stats["approx_kl"], "policy/ratio": policy_stats["ratio_mean"],
             "value/clipfrac": value_stats["clipfrac"],
         }  # fmt: skip
+        if kl_term is not None:
+            stats["loss/kl"] = kl_term.detach()
         return loss, stats
 
     def _rank_token_weight(self, mask: torch.Tensor) -> torch.Tensor:
@@ -474,10 +541,12 @@ class PPOModule(LightningModule):
         return count * world / self.trainer.strategy.reduce(count.clone(), reduce_op="sum")  # () (reduce is in place)
 
     def _check_rollout_rows(self, rows: int) -> None:
-        """The prompts per rollout (per process) must split into whole optimizer steps."""
+        """The rows per rollout (per process) must split into whole optimizer steps."""
         if rows % self.ppo.rows_per_step != 0:
+            k = self.sampling.samples_per_prompt
             raise ValueError(
-                f"the rollout batch ({rows} prompts per process: the data module's batch_size) must be a multiple "
+                f"the rollout batch ({rows} rows per process: the data module's batch_size {rows // k} prompts x "
+                f"sampling.samples_per_prompt {k}) must be a multiple "
                 f"of ppo.minibatch_size * ppo.grad_accum = {self.ppo.minibatch_size} * {self.ppo.grad_accum}"
             )
 
@@ -521,19 +590,19 @@ class PPOModule(LightningModule):
         if self.rollout_index >= self.max_rollouts:
             self.trainer.should_stop = True
             return
-        self._check_rollout_rows(batch["input_ids"].shape[0])  # before any work
+        self._check_rollout_rows(batch["input_ids"].shape[0] * self.sampling.samples_per_prompt)  # before any work
         timer = RolloutTimer(self.device)
-        rollout, entropy = self.make_rollout(batch, timer)
+        rollout, rollout_stats = self.make_rollout(batch, timer)
         bad = nonfinite_rollout_parts(rollout, lambda t: self.trainer.strategy.reduce(t, reduce_op="sum"))
         if bad:  # no update on NaN: it would turn every weight into NaN
             self.nonfinite.skipped("rollout", f"rollout {self.rollout_index}: non-finite {', '.join(bad)}")
             self._end_rollout(rollout.batch_size, {"skipped/nonfinite_rollout": 1.0})
             return
-        with train_mode(self.policy, self.critic):  # what activates gradient checkpointing (dropout is off)
+        with train_mode(*self.trained_models):  # what activates gradient checkpointing (dropout is off)
             train_stats = self.train_on_rollout(rollout)
         timer.mark("train")
         kl_coef = self.kl_ctl.value
-        metrics = self.rollout_metrics(rollout, entropy, train_stats, kl_coef, timer)
+        metrics = self.rollout_metrics(rollout, rollout_stats, train_stats, kl_coef, timer)
         # The KL controller sees the KL averaged over all ranks and the global batch size.
         self.kl_ctl.update(metrics["objective/kl"], n_steps=rollout.batch_size * self.trainer.world_size)
         self.log_dict({"score": metrics["objective/scores"], "kl": metrics["objective/kl"]}, prog_bar=True, logger=False)
@@ -546,8 +615,8 @@ class PPOModule(LightningModule):
         self.rollout_index += 1
         datamodule = getattr(self.trainer, "datamodule", None)
         if hasattr(datamodule, "mark_consumed"):
-            # The prompts of every rank: the data position is global (see the class docstring).
-            datamodule.mark_consumed(rows * self.trainer.world_size)
+            # The prompts of every rank (k rows each): the data position is global (see the class docstring).
+            datamodule.mark_consumed(rows // self.sampling.samples_per_prompt * self.trainer.world_size)
         schedulers = self.lr_schedulers()
         for scheduler in schedulers if isinstance(schedulers, list) else [schedulers]:
             scheduler.step()
@@ -556,15 +625,17 @@ class PPOModule(LightningModule):
 
     # ------------------------------------------------------------------ metrics and export
     def rollout_metrics(
-        self, rollout: Rollout, entropy: torch.Tensor, train_stats: dict[str, torch.Tensor], kl_coef: float,
-        timer: RolloutTimer,
+        self, rollout: Rollout, rollout_stats: dict[str, torch.Tensor], train_stats: dict[str, torch.Tensor],
+        kl_coef: float, timer: RolloutTimer,
     ) -> dict[str, float]:
         """Everything logged for a rollout, averaged over ranks (see :mod:`rlhf_lit.stages.ppo_metrics`).
 
         The responses are decoded once, here, after the update: distinct-n always, the judge when
         set. ``kl_coef`` is the coefficient the rollout's rewards were shaped with.
         """
-        local = rollout_statistics(rollout, entropy, train_stats, kl_coef)  # device tensors, no sync
+        entropy = rollout_stats["objective/entropy"]
+        local = rollout_statistics(rollout, entropy, train_stats, kl_coef, self.critic is not None)  # no sync
+        local.update({k: v for k, v in rollout_stats.items() if k.startswith("reward/")})  # each source
         texts = response_texts(
             self.tokenizer, rollout.query_responses, rollout.attention_mask, rollout.response_mask, rollout.ended
         )
@@ -587,7 +658,8 @@ class PPOModule(LightningModule):
         Refuses (:class:`~rlhf_lit.stages.nonfinite.NonFiniteError`) to save non-finite weights.
         """
         assert_finite(self.policy, "the policy")
-        assert_finite(self.critic, "the critic")
+        if self.critic is not None:
+            assert_finite(self.critic, "the critic")
         state = checkpoint["state_dict"]  # {} on ranks > 0 under FSDP (gathered on rank 0)
         checkpoint["state_dict"] = {k: v for k, v in state.items() if not k.startswith(self.FROZEN_PREFIXES)}
         checkpoint["ppo"] = {

@@ -6,12 +6,13 @@ its own values; settings that cannot work together raise here, nothing is rewrit
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, field
+from typing import Any, Literal, get_args
 
 import torch
 
 from rlhf_lit.functional import KLKind
+from rlhf_lit.functional.estimators import EstimatorKind
 
 
 @dataclass(frozen=True)
@@ -29,14 +30,22 @@ class PPOConfig:
         vf_coef: weight of the value loss in the summed loss (N details #13: 0.1).
         gamma: discount of GAE (1 in RLHF: the episode is one response).
         lam: lambda of GAE (N details #12: 0.95).
-        whiten_advantages: whiten advantages over the rollout batch (masked), as every PPO-RLHF
-            implementation does.
+        whiten_advantages: whiten GAE advantages over the rollout batch (masked), as every PPO-RLHF
+            implementation does. Applies to ``estimator: gae``; the critic-free estimators
+            normalise as their papers define (group std, leave-one-out, batch whitening).
         entropy_coef: weight of an entropy bonus (0 = off; InstructGPT uses none).
         max_grad_norm: clip the gradient norm of each optimizer's parameters (None = no clipping).
         ptx_coef: weight of the pretraining / SFT loss on batches from a second data source
             (InstructGPT's PPO-ptx; 0 = off). Needs a data module with ``ptx_dataloader()``.
         score_chunk_size: rows per no-grad forward pass when scoring a rollout (old logprobs,
             reference logprobs, values, reward); None = the whole batch at once. Bounds memory.
+        estimator: the advantage estimator (:data:`~rlhf_lit.functional.estimators.EstimatorKind`):
+            ``gae`` (critic + GAE, the InstructGPT path), ``grpo`` / ``dr_grpo`` / ``rloo``
+            (group baselines over ``sampling.samples_per_prompt`` >= 2 responses per prompt) or
+            ``reinforce_pp`` (returns whitened over the batch). Only ``gae`` builds and trains a
+            critic; the others load none and have one optimizer (``critic``, ``value_model``,
+            ``critic_lora``, ``critic_optimizer``, ``vf_coef`` and ``value_clip_range`` then do
+            nothing; the first four must be left at their defaults).
     """
 
     epochs: int = 4
@@ -52,8 +61,11 @@ class PPOConfig:
     max_grad_norm: float | None = 1.0
     ptx_coef: float = 0.0
     score_chunk_size: int | None = None
+    estimator: EstimatorKind = "gae"
 
     def __post_init__(self) -> None:
+        if self.estimator not in get_args(EstimatorKind):
+            raise ValueError(f"ppo.estimator must be one of {', '.join(get_args(EstimatorKind))}; got {self.estimator!r}")
         for name in ("epochs", "minibatch_size", "grad_accum"):
             if getattr(self, name) < 1:
                 raise ValueError(f"ppo.{name} must be >= 1, got {getattr(self, name)}")
@@ -83,13 +95,48 @@ TRL's ``whiten_rewards``); ``none``: use them as they are."""
 
 
 @dataclass(frozen=True)
-class RewardConfig:
-    """How the reward-model score becomes the reward of a response.
-
-    Order of operations: ``score - bias`` -> whiten (``scores``) -> clip -> missing-EOS penalty ->
-    per-token KL shaping -> whiten (``rewards``).
+class RewardSource:
+    """One term of the score: the learned reward model or a reward function, with a weight.
 
     Args:
+        name: logged as ``reward/<name>`` (a function's dict components as
+            ``reward/<name>/<component>``) and named in errors; unique among the sources.
+        weight: multiplies the source's score (the sum of its components) in the total.
+        function: ``"module:function"`` of a reward function
+            (:func:`rlhf_lit.rewards.load_reward_function`, e.g.
+            ``rlhf_lit.rewards.shaping:length_target``), called on a
+            :class:`~rlhf_lit.rewards.RewardBatch`; null = the learned reward model
+            (``model.reward_model``).
+        kwargs: keyword parameters of the function (null function: must be empty).
+    """
+
+    name: str
+    weight: float = 1.0
+    function: str | None = None
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name or "/" in self.name:
+            raise ValueError(f"reward.sources: a name must be a non-empty string without '/', got {self.name!r}")
+        if self.function is None and self.kwargs:
+            raise ValueError(f"reward source {self.name!r} is the reward model (function: null); it takes no kwargs")
+
+
+def _default_sources() -> list[RewardSource]:
+    return [RewardSource(name="reward_model")]
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    """How the sources' scores become the reward of a response.
+
+    Order of operations: ``sum of weight * source score`` (the raw score) -> ``score - bias`` ->
+    whiten (``scores``) -> clip -> missing-EOS penalty -> per-token KL shaping (the score at the
+    last response token) -> whiten (``rewards``).
+
+    Args:
+        sources: the terms of the raw score (:class:`RewardSource`); default: the learned reward
+            model with weight 1 (the InstructGPT reward). Each is logged as ``reward/<name>``.
         bias: subtracted from every RM score (N+ details: a bias so that reference responses
             average 0; measure it on SFT samples).
         whiten: see :data:`ScoreWhitening`.
@@ -99,6 +146,7 @@ class RewardConfig:
             is not a response the RM was trained to judge). None = no penalty.
     """
 
+    sources: list[RewardSource] = field(default_factory=_default_sources)
     bias: float = 0.0
     whiten: ScoreWhitening = "none"
     clip: float | None = None
@@ -124,7 +172,22 @@ class RewardConfig:
             scores = torch.where(ended, scores, penalty)  # (B,)
         return scores
 
+    @property
+    def uses_reward_model(self) -> bool:
+        """Whether a source is the learned reward model (which must then be loaded)."""
+        return any(source.function is None for source in self.sources)
+
     def __post_init__(self) -> None:
+        # A dict per source when read back from hyperparameters (asdict): rebuild the dataclasses.
+        sources = [RewardSource(**s) if isinstance(s, dict) else s for s in self.sources]
+        object.__setattr__(self, "sources", sources)
+        if not sources:
+            raise ValueError("reward.sources must name at least one source")
+        names = [s.name for s in sources]
+        if len(set(names)) != len(names):
+            raise ValueError(f"reward.sources: names must be unique, got {names}")
+        if sum(s.function is None for s in sources) > 1:
+            raise ValueError("reward.sources: the reward model (function: null) may appear once")
         if self.whiten not in ("none", "scores", "rewards"):
             raise ValueError(f"reward.whiten must be none, scores or rewards; got {self.whiten!r}")
         if self.clip is not None and self.clip <= 0:
@@ -150,6 +213,12 @@ class KLConfig:
             so it accepts only the estimators whose expectation is that KL (``k1``, ``k3``);
             ``k2`` (half the squared log-ratio) and ``abs`` are penalties in other units and
             need ``kind: fixed``.
+        mode: where the KL is paid. ``reward``: ``-beta * KL`` per token in the reward
+            (InstructGPT, the default). ``loss``: no penalty in the reward; ``+ beta * KL`` as a
+            loss term, the token mean of ``estimator`` under the current policy
+            (:func:`~rlhf_lit.functional.kl_loss`; GRPO uses ``k3``, beta 0.04). The estimator
+            must then be ``k3`` or ``k2``, whose gradients are the KL's (``k1``'s is not). The
+            adaptive controller updates from the KL measured at rollout time in both modes.
     """
 
     kind: Literal["fixed", "adaptive"] = "adaptive"
@@ -157,8 +226,16 @@ class KLConfig:
     target: float = 6.0
     horizon: int = 10000
     estimator: KLKind = "k1"
+    mode: Literal["reward", "loss"] = "reward"
 
     def __post_init__(self) -> None:
+        if self.mode not in ("reward", "loss"):
+            raise ValueError(f"kl.mode must be reward or loss, got {self.mode!r}")
+        if self.mode == "loss" and self.estimator not in ("k2", "k3"):
+            raise ValueError(
+                f"kl.mode='loss' differentiates the KL estimate; kl.estimator={self.estimator!r} has a gradient "
+                "that is not the KL's: use k3 (GRPO) or k2"
+            )
         if self.kind not in ("fixed", "adaptive"):
             raise ValueError(f"kl.kind must be fixed or adaptive, got {self.kind!r}")
         if self.estimator not in ("k1", "k2", "k3", "abs"):

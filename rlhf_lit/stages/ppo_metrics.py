@@ -39,7 +39,8 @@ class RolloutTimer:
 
 
 def rollout_statistics(
-    rollout: Rollout, entropy: torch.Tensor, train_stats: dict[str, torch.Tensor], kl_coef: float
+    rollout: Rollout, entropy: torch.Tensor, train_stats: dict[str, torch.Tensor], kl_coef: float,
+    has_critic: bool = True,
 ) -> dict[str, torch.Tensor]:
     """This rank's rollout and update statistics, as 0-dim tensors on the device (no host sync).
 
@@ -48,11 +49,12 @@ def rollout_statistics(
         entropy: ``()`` masked mean entropy of the policy at rollout time.
         train_stats: ``()`` tensors averaged over the minibatches of the update.
         kl_coef: the coefficient the rollout's rewards were shaped with.
+        has_critic: log the critic's statistics (``value/*``); False for critic-free estimators.
     """
     mask = rollout.response_mask  # (B, R)
     kl_per_response = rollout.kl.sum(1)  # (B,) nats per response
     non_score_reward = -kl_coef * kl_per_response  # (B,)
-    return {
+    stats = {
         "objective/scores": rollout.raw_scores.mean(),
         "objective/scores_shaped": rollout.scores.mean(),
         # score + KL part, as TRL defines it; not rewards.sum(1), which reward whitening rescales.
@@ -65,6 +67,10 @@ def rollout_statistics(
         "response/ended_fraction": rollout.ended.float().mean(),
         **train_stats,
     }
+    if not has_critic:  # no values: explained variance, value loss and value clipping mean nothing
+        for key in ("value/explained_variance", "loss/value", "value/clipfrac"):
+            stats.pop(key, None)
+    return stats
 
 
 def text_statistics(texts: Sequence[str], judge: Judge | None) -> dict[str, float]:

@@ -99,3 +99,28 @@ def index_judge(texts: list[str]) -> list[float]:
     JUDGED.append(list(texts))
     return [float(i) for i in range(len(texts))]
 
+
+
+SEEN_REWARD_BATCHES: list = []
+"""The RewardBatch objects :func:`answer_reward` was called with."""
+
+
+def answer_reward(batch, *, scale: float = 1.0) -> list[float]:
+    """A reward function for the PPO tests: ``scale * float(extras["answer"])``; records its batch."""
+    SEEN_REWARD_BATCHES.append(batch)
+    return [scale * float(a) for a in batch.extras["answer"]]
+
+
+def two_part_reward(batch) -> dict[str, list[float]]:
+    """A dict reward: ``length`` (response token count) and ``one`` (1.0)."""
+    return {"length": [float(len(ids)) for ids in batch.response_ids], "one": [1.0] * len(batch)}
+
+
+def bad_reward(batch) -> list[float]:
+    """Returns one value too few."""
+    return [0.0] * (len(batch) - 1)
+
+
+def dot_count_reward(batch, *, token: int) -> list[float]:
+    """The number of times ``token`` appears in the response ids (EOS excluded by construction)."""
+    return [float(sum(1 for t in ids if t == token)) for ids in batch.response_ids]
