@@ -1,9 +1,10 @@
 """Reward sources other than the reward model: ``module:function`` rewards and built-in shaping.
 
 Imports torch and the standard library only (never lightning, transformers, or rlhf_lit outside
-this package), so it sits below ``stages/``. Not yet wired into PPO (issue 12): the stage will
-load each configured source with :func:`load_reward_function`, call it on a :class:`RewardBatch`,
-sum the weighted components into the score at the last response token, and log each component.
+this package), so it sits below ``stages/``. PPO's ``reward.sources``
+(:mod:`rlhf_lit.stages.reward_sources`) loads each configured function with
+:func:`load_reward_function`, calls it on a :class:`RewardBatch`, sums the weighted sources into the
+score at the last response token and logs each one (``reward/<name>``).
 """
 
 from rlhf_lit.rewards.functions import RewardBatch, RewardFunction, call_reward_function, load_reward_function

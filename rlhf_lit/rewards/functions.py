@@ -12,14 +12,16 @@ last response token on its device) and refuses, with a ``ValueError`` naming the
 return value of the wrong length, with a non-finite value, or of the wrong type. A bad reward
 must stop the run, not become a NaN advantage three steps later.
 
-Parameters come from the config as keyword arguments. The intended YAML shape (wired into PPO
-later; :func:`load_reward_function` takes the same three fields)::
+Parameters come from the config as keyword arguments, in PPO's ``reward.sources``
+(:func:`load_reward_function` takes the same fields)::
 
-    rewards:
-      - function: rlhf_lit.rewards.shaping:length_target
-        kwargs: {target: 48, per_token: 0.02}
-        name: length            # optional; logged as reward/length
-        weight: 1.0
+    reward:
+      sources:
+        - {name: rm}                                  # function: null = the learned reward model
+        - name: length
+          function: rlhf_lit.rewards.shaping:length_target
+          kwargs: {target: 48, per_token: 0.02}
+          weight: 1.0                                 # logged as reward/length
 
 so a function declares its parameters keyword-only after the batch
 (``def length_target(batch, *, target, per_token=0.01)``), which also makes it
