@@ -544,9 +544,11 @@ class PPOModule(LightningModule):
         """The rows per rollout (per process) must split into whole optimizer steps."""
         if rows % self.ppo.rows_per_step != 0:
             k = self.sampling.samples_per_prompt
+            size = (f"{rows} prompts per process: the data module's batch_size" if k == 1 else
+                    f"{rows} rows per process: the data module's batch_size {rows // k} prompts x "
+                    f"sampling.samples_per_prompt {k}")  # fmt: skip
             raise ValueError(
-                f"the rollout batch ({rows} rows per process: the data module's batch_size {rows // k} prompts x "
-                f"sampling.samples_per_prompt {k}) must be a multiple "
+                f"the rollout batch ({size}) must be a multiple "
                 f"of ppo.minibatch_size * ppo.grad_accum = {self.ppo.minibatch_size} * {self.ppo.grad_accum}"
             )
 
