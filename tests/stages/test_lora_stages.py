@@ -66,4 +66,4 @@ def test_bf16_on_cpu_warns_once_in_one_line(stories_path, helpers, tmp_path, cap
             module, datamodule=helpers.BatchListDataModule(train=[batch], val=[batch]))
         precision.warn_if_slow_precision(module.trainer)  # a second call says nothing
     lines = [r.getMessage() for r in caplog.records if "no faster than 32-true" in r.getMessage()]
-    assert len(lines) == 1 and "\n" not in lines[0] and "bf16-mixed on CPU" in lines[0]
+    assert len(lines) == 1 and "\n" not in lines[0] and "bf16-mixed on a CPU" in lines[0]
