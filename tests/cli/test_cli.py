@@ -45,3 +45,13 @@ def test_config_parses_against_class_signatures(config):
     result = _cli("fit", "--config", str(config), "--print_config")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "class_path: rlhf_lit." in result.stdout
+
+
+def test_the_composed_reward_overlay_keeps_the_demo_config_and_adds_its_sources():
+    result = _cli("fit", "--config", str(ROOT / "configs/demo/ppo.yaml"),
+                  "--config", str(ROOT / "configs/demo/ppo_composed.yaml"), "--print_config")  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    printed = result.stdout
+    assert "sft_model: logs/demo/sft/model" in printed and "batch_size: 64" in printed  # the demo's
+    assert "function: rlhf_lit.rewards.shaping:length_target" in printed and "name: rm" in printed
+    assert "export_dir: logs/demo/ppo_composed/model" in printed
