@@ -119,7 +119,7 @@ def _fit_command(config: Path, estimator: str, out: Path, train: Path, args: arg
            "--trainer.logger.init_args.version", "0",
            "--data.init_args.train_path", str(train)]
     if estimator == "gae":
-        cmd += ["--model.init_args.value_model", args.base_model, "--model.init_args.critic", "separate"]
+        cmd += ["--model.init_args.value_model", args.base_model]
         # k = 1: the same number of sampled responses per rollout as the group estimators
         cmd += ["--data.init_args.batch_size", str(args.prompts_per_rollout * args.samples_per_prompt)]
     else:
