@@ -11,8 +11,9 @@ from __future__ import annotations
 import re
 
 from rlhf_lit.rewards.functions import RewardBatch
+from rlhf_lit.specs import resolve_callable
 
-__all__ = ["count_word", "mentions_ground_truth"]
+__all__ = ["count_word", "judge_score", "mentions_ground_truth"]
 
 
 def count_word(text: str, word: str) -> int:
@@ -54,3 +55,14 @@ def mentions_ground_truth(batch: RewardBatch, *, column: str = "ground_truth", m
         if not isinstance(word, str) or not word:
             raise ValueError(f"mentions_ground_truth: {column}[{i}] must be a non-empty string, got {word!r}")
     return [1.0 if count_word(text, word) >= min_count else 0.0 for text, word in zip(batch.responses, words)]
+
+
+def judge_score(batch: RewardBatch, *, judge: str) -> list[float]:
+    """A text judge used as a reward: ``judge(batch.responses)``, one score per response.
+
+    A judge (``module:function`` of a list of response texts, e.g.
+    ``rlhf_lit.evaluation.judges:vader``) only measures unless it is configured as a source this
+    way: ``{name: vader, function: "rlhf_lit.rewards.rules:judge_score", kwargs: {judge:
+    "rlhf_lit.evaluation.judges:vader"}}``. Its return value is checked like any reward's.
+    """
+    return resolve_callable(judge, "judge spec", "rlhf_lit.evaluation.judges:vader")(list(batch.responses))

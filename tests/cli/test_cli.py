@@ -55,3 +55,12 @@ def test_the_composed_reward_overlay_keeps_the_demo_config_and_adds_its_sources(
     assert "sft_model: logs/demo/sft/model" in printed and "batch_size: 64" in printed  # the demo's
     assert "function: rlhf_lit.rewards.shaping:length_target" in printed and "name: rm" in printed
     assert "export_dir: logs/demo/ppo_composed/model" in printed
+
+
+@pytest.mark.parametrize("estimator", ["gae", "grpo", "dr_grpo", "rloo", "reinforce_pp"])
+def test_each_estimator_overlay_on_the_verifiable_task_parses(estimator):
+    result = _cli("fit", "--config", str(ROOT / "configs/offline/verifiable.yaml"),
+                  "--config", str(ROOT / f"configs/offline/estimators/{estimator}.yaml"), "--print_config")  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"estimator: {estimator}\n" in result.stdout
+    assert "function: rlhf_lit.rewards.rules:mentions_ground_truth" in result.stdout  # the task's reward

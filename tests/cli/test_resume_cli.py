@@ -27,14 +27,14 @@ def _as_lists(groups: list[dict]) -> list[dict]:
     return [{k: list(v) if isinstance(v, tuple) else v for k, v in group.items()} for group in groups]
 
 
-def _assert_same_state(a: dict, b: dict, rollouts: int = ROLLOUTS) -> None:
+def _assert_same_state(a: dict, b: dict, rollouts: int = ROLLOUTS, optimizers: int = 2) -> None:
     assert a["ppo"]["rollout_index"] == b["ppo"]["rollout_index"] == rollouts
     assert a["ppo"]["kl_controller"] == b["ppo"]["kl_controller"]
     assert a["global_step"] == b["global_step"]
     assert a["state_dict"].keys() == b["state_dict"].keys()
     for key in a["state_dict"]:
         assert torch.equal(a["state_dict"][key], b["state_dict"][key]), key
-    assert len(a["optimizer_states"]) == len(b["optimizer_states"]) == 2
+    assert len(a["optimizer_states"]) == len(b["optimizer_states"]) == optimizers
     for opt_a, opt_b in zip(a["optimizer_states"], b["optimizer_states"]):
         # (betas come back as a list from torch's distributed set_optimizer_state_dict: same values)
         assert _as_lists(opt_a["param_groups"]) == _as_lists(opt_b["param_groups"])
@@ -111,6 +111,33 @@ def test_a_checkpoint_resumes_under_another_strategy_exactly(tmp_path, stories_r
         finals[name] = _load(root / "ckpt" / "last.ckpt")
     _assert_same_state(finals["straight"], finals["to_fsdp2"], rollouts=2)
     _assert_same_state(finals["straight"], finals["from_fsdp2"], rollouts=2)
+
+
+@pytest.mark.slow
+def test_grpo_with_several_samples_per_prompt_resumes_exactly(tmp_path, stories_rm):
+    """k = 2 samples per prompt, no critic (one optimizer): 1 rollout + resume = 2 straight rollouts,
+    the data position counted in prompts, not rows."""
+    finals = {}
+    for name in ("straight", "resumed"):
+        root = tmp_path / name
+        grpo = {"optimizer": CONSTANT_LR, "ppo": {"epochs": 2, "minibatch_size": 4, "estimator": "grpo"},
+                "sampling": {"max_new_tokens": 12, "temperature": 1.0, "samples_per_prompt": 2}}  # fmt: skip
+        config = ppo_config(root, STORIES, stories_rm, max_rollouts=2 if name == "straight" else 1, **grpo)
+        write_yaml(root / "first.yaml", config)
+        result = rlhf_lit("fit", "--config", str(root / "first.yaml"), cwd=root)
+        assert result.returncode == 0, result.stderr[-3000:]
+        if name == "resumed":
+            config = ppo_config(root, STORIES, stories_rm, max_rollouts=2, export_existing="replace", **grpo)
+            write_yaml(root / "then.yaml", config)
+            result = rlhf_lit("fit", "--config", str(root / "then.yaml"), "--ckpt_path", str(root / "ckpt" / "last.ckpt"),
+                              cwd=root)  # fmt: skip
+            assert result.returncode == 0, result.stderr[-3000:]
+        finals[name] = _load(root / "ckpt" / "last.ckpt")
+    _assert_same_state(finals["straight"], finals["resumed"], rollouts=2, optimizers=1)
+    assert not any(k.startswith("critic.") for k in finals["straight"]["state_dict"])
+    # The data position (Lightning stores the data module's state under its class name) is the same.
+    assert finals["resumed"]["PromptDataModule"] == finals["straight"]["PromptDataModule"]
+    assert finals["straight"]["PromptDataModule"]["sampler"]["consumed"] == 2 * 4  # prompts, not 2 x 8 rows
 
 
 @pytest.fixture(scope="module")

@@ -117,3 +117,32 @@ def test_sources_are_checked_when_the_module_is_built():
                               RewardSource(name="a", function="ppo_helpers:bad_reward")])  # fmt: skip
     with pytest.raises(ValueError, match="no_such"):
         tiny_module(reward=RewardConfig(sources=[RewardSource(name="x", function="ppo_helpers:no_such")]))
+
+
+@pytest.mark.parametrize("source", ["reward_model", "function"])
+def test_reward_model_and_function_scores_are_placed_alike_on_eos_and_truncated_rows(tmp_path, prompts_file, source):
+    """The same bias, missing-EOS penalty and last-token placement for either kind of source."""
+    if source == "reward_model":
+        sources, extra = [RewardSource(name="rm")], {"reward_model": STORIES, "value_model": None}
+    else:
+        sources, extra = [RewardSource(name="answer", function="ppo_helpers:answer_reward")], {}
+    reward = RewardConfig(sources=sources, bias=0.5, missing_eos_penalty=-3.0)
+    module = tiny_module(**{**dict(
+        reward_model=None, value_model=STORIES, sampling=SamplingConfig(max_new_tokens=8, samples_per_prompt=2),
+        ppo=PPOConfig(epochs=1, minibatch_size=2), reward=reward, kl=KLConfig(kind="fixed", init_coef=BETA),
+        max_rollouts=1), **extra})  # fmt: skip
+    module.stop_ids = (*module.stop_ids, module.tokenizer.convert_tokens_to_ids("."))  # some rows end early
+    rollouts = []
+    make_rollout = module.make_rollout
+    module.make_rollout = lambda batch, timer: rollouts.append(make_rollout(batch, timer)) or rollouts[-1]
+    data = PromptDataModule(tokenizer=module.tokenizer, train_path=prompts_file, batch_size=4, seed=3,
+                            extra_fields=["answer"])  # fmt: skip
+    tiny_trainer(tmp_path).fit(module, data)
+    rollout = rollouts[0][0]
+    mask = rollout.response_mask
+    assert rollout.ended.any() and (~rollout.ended).any()  # both kinds of row are in the batch
+    scores = torch.where(rollout.ended, rollout.raw_scores - 0.5, torch.tensor(-3.0))
+    torch.testing.assert_close(rollout.scores, scores)
+    placed = torch.zeros_like(rollout.rewards)
+    placed[torch.arange(len(scores)), mask.sum(1) - 1] = scores  # EOS itself, or the last truncated token
+    torch.testing.assert_close(rollout.rewards + BETA * rollout.kl, placed, rtol=1e-6, atol=1e-6)

@@ -46,3 +46,17 @@ def test_mentions_ground_truth_refuses_a_missing_column_and_bad_values():
         mentions_ground_truth(_batch(["r"], [""]))
     with pytest.raises(ValueError, match="min_count"):
         mentions_ground_truth(_batch(["r"], ["Lily"]), min_count=0)
+
+
+def test_a_judge_becomes_a_reward_only_as_a_configured_source():
+    # rlhf_lit.evaluation.judges:length is not assumed; a judge of this module: characters per response.
+    fn = load_reward_function("rlhf_lit.rewards.rules:judge_score", {"judge": "test_rules:characters"}, "chars")
+    scores = fn(_batch([" ab", " abcd", ""], ["x", "x", "x"]))
+    assert scores["chars"].tolist() == [3.0, 5.0, 0.0]
+    with pytest.raises(ValueError, match="judge spec 'nope' is not of the form"):
+        load_reward_function("rlhf_lit.rewards.rules:judge_score", {"judge": "nope"}, "bad")(_batch([" a"], ["x"]))
+
+
+def characters(texts: list[str]) -> list[float]:
+    """A judge for the test above: the length of each text in characters."""
+    return [float(len(t)) for t in texts]

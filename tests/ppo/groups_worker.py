@@ -1,0 +1,39 @@
+"""Run by tests/ppo/test_groups_ddp.py: one GRPO rollout (k = 2 samples per prompt) under DDP on 2 CPU processes.
+
+Rank r gets prompts [2r, 2r + 1] of four; each rank repeats its own prompts k times, so a group never
+spans ranks. Each rank writes its rollout's prompt tokens, raw scores and advantages to ``rank<r>.pt``.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+from ppo_helpers import prompt_batch, tiny_module, tiny_trainer
+from strategy_worker import RankPrompts
+
+from rlhf_lit.models.generation import SamplingConfig
+from rlhf_lit.stages.ppo_config import PPOConfig
+
+PROMPTS = ["Once upon a time", "Tom had a red", "The cat", "A big dog"]
+
+
+def main(out: str) -> None:
+    torch.set_num_threads(1)
+    module = tiny_module(ppo=PPOConfig(epochs=1, minibatch_size=4, estimator="grpo"),
+                         sampling=SamplingConfig(max_new_tokens=6, samples_per_prompt=2), max_rollouts=1)  # fmt: skip
+    rollouts = []
+    make_rollout = module.make_rollout
+    module.make_rollout = lambda batch, timer: rollouts.append(make_rollout(batch, timer)) or rollouts[-1]
+    batch = prompt_batch(module.tokenizer, PROMPTS)
+    trainer = tiny_trainer(out, strategy="ddp", devices=2, use_distributed_sampler=False)
+    trainer.fit(module, datamodule=RankPrompts(batch, torch.arange(4), 2))
+    rollout = rollouts[0][0]
+    prompt_length = rollout.query_responses.shape[1] - rollout.response_ids.shape[1]
+    torch.save({"prompts": rollout.query_responses[:, :prompt_length], "prompt_mask": rollout.attention_mask[:, :prompt_length],
+                "scores": rollout.scores, "advantages": rollout.advantages, "mask": rollout.response_mask,
+                "batch": batch}, f"{out}/rank{trainer.global_rank}.pt")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,37 @@
+"""GRPO groups under DDP: each rank forms the groups of its own prompts; no group spans two ranks."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+HERE = Path(__file__).resolve().parent
+
+
+@pytest.mark.slow
+def test_each_group_is_whole_on_the_rank_of_its_prompt(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(HERE) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    result = subprocess.run([sys.executable, str(HERE / "groups_worker.py"), str(tmp_path)], capture_output=True,
+                            text=True, timeout=600, env=env, cwd=tmp_path)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-4000:]
+    for rank in (0, 1):
+        record = torch.load(tmp_path / f"rank{rank}.pt", weights_only=False)
+        batch = record["batch"]
+        assert record["prompts"].shape[0] == 4  # 2 prompts x k = 2
+        for g in range(2):
+            prompt = 2 * rank + g  # the global prompt this group belongs to
+            for row in (2 * g, 2 * g + 1):  # its k rows are consecutive, on this rank
+                assert torch.equal(record["prompts"][row], batch["input_ids"][prompt])
+                assert torch.equal(record["prompt_mask"][row], batch["attention_mask"][prompt])
+            # GRPO within the group: (score - group mean) / (group std + 1e-4) on every response token.
+            scores = record["scores"][2 * g : 2 * g + 2]
+            expected = (scores - scores.mean()) / (scores.std() + 1e-4)
+            for i, row in enumerate((2 * g, 2 * g + 1)):
+                mask = record["mask"][row]
+                torch.testing.assert_close(record["advantages"][row][mask],
+                                           expected[i].expand(int(mask.sum())), rtol=1e-5, atol=1e-6)  # fmt: skip
