@@ -213,6 +213,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     args = build_parser().parse_args(argv)
     out = Path(args.out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        # Prompt files, logs, exports and the report would overwrite what is there: never a user's files.
+        print(f"[verifiable] --out {out} exists and is not empty; choose a new directory (an earlier run's "
+              "outputs are left as they are)", file=sys.stderr)
+        return 2
     train, heldout_path, n_train, n_held = write_prompt_files(args.paragraphs, out / "data", args.heldout)
     print(f"[verifiable] {n_train} train prompts, {n_held} held-out -> {out / 'data'}", flush=True)
     held = [json.loads(line) for line in heldout_path.read_text(encoding="utf-8").splitlines()]

@@ -54,3 +54,16 @@ def test_verifiable_config_parses_per_estimator(estimator, k):
     assert result.returncode == 0, result.stderr
     assert f"estimator: {estimator}" in result.stdout
     assert "rlhf_lit.rewards.rules:mentions_ground_truth" in result.stdout
+
+
+def test_an_out_directory_that_holds_files_is_refused_and_left_untouched(tmp_path):
+    import subprocess
+    import sys
+
+    (tmp_path / "report.md").write_text("mine\n", encoding="utf-8")
+    result = subprocess.run([sys.executable, "-m", "rlhf_lit.demo.verifiable", "--out", str(tmp_path)],
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert result.returncode == 2
+    assert "exists and is not empty; choose a new directory" in result.stderr
+    assert [p.name for p in tmp_path.iterdir()] == ["report.md"]
+    assert (tmp_path / "report.md").read_text(encoding="utf-8") == "mine\n"

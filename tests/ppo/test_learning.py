@@ -38,6 +38,19 @@ class CountingPPO(PPOModule):
         return ((response == self.target) & counted).sum(1).float()  # (B,)
 
 
+def learning_curves(module: PPOModule, tmp_path, seed: int) -> tuple[list[float], list[float], list[float]]:
+    """Fit ``module`` (rewarded for ".") for ROLLOUTS rollouts; the shaped objective, score and KL per rollout."""
+    module.__class__ = CountingPPO
+    module.target = module.tokenizer.convert_tokens_to_ids(".")
+    data = PromptDataModule(tokenizer=module.tokenizer, train_path=TINYSTORIES, format="paragraphs",
+                            max_records=256, batch_size=16, prompt_words=6, seed=seed)  # fmt: skip
+    trainer = tiny_trainer(tmp_path)
+    trainer.fit(module, data)
+    history = trainer.logger.history
+    return tuple([history[i][tag] for i in range(ROLLOUTS)]
+                 for tag in ("objective/rlhf_reward", "objective/scores", "objective/kl"))  # type: ignore[return-value]
+
+
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values)
 
@@ -53,16 +66,7 @@ def test_shaped_objective_rises_while_kl_stays_bounded(tmp_path, seed):
         max_rollouts=ROLLOUTS,
         rollout_seed=seed,
     )
-    module.__class__ = CountingPPO
-    module.target = module.tokenizer.convert_tokens_to_ids(".")
-    data = PromptDataModule(tokenizer=module.tokenizer, train_path=TINYSTORIES, format="paragraphs",
-                            max_records=256, batch_size=16, prompt_words=6, seed=seed)  # fmt: skip
-    trainer = tiny_trainer(tmp_path)
-    trainer.fit(module, data)
-    history = trainer.logger.history
-    objective = [history[i]["objective/rlhf_reward"] for i in range(ROLLOUTS)]
-    scores = [history[i]["objective/scores"] for i in range(ROLLOUTS)]
-    kls = [history[i]["objective/kl"] for i in range(ROLLOUTS)]
+    objective, scores, kls = learning_curves(module, tmp_path, seed)
     print("objective", [round(s, 2) for s in objective], "kl", [round(k, 2) for k in kls])
     # The shaped objective (score + the KL part, each rollout's own beta) rises: measured +0.38..+0.57.
     assert _mean(objective[-10:]) > _mean(objective[:10]) + 0.15

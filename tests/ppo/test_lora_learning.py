@@ -10,10 +10,9 @@ the SFT model) and are few, so the LR is 10x the full fine-tune's
 from __future__ import annotations
 
 import pytest
-from ppo_helpers import TINYSTORIES, tiny_module, tiny_trainer
-from test_learning import ROLLOUTS, CountingPPO, _mean
+from ppo_helpers import tiny_module
+from test_learning import ROLLOUTS, _mean, learning_curves
 
-from rlhf_lit.data import PromptDataModule
 from rlhf_lit.models.generation import SamplingConfig
 from rlhf_lit.models.lora import LoRAConfig
 from rlhf_lit.models.reference import AdapterDisabledReference
@@ -40,16 +39,7 @@ def test_lora_policy_learns(tmp_path, seed):
         lora=LoRAConfig(r=8, alpha=16.0),
     )
     assert isinstance(module.reference, AdapterDisabledReference)
-    module.__class__ = CountingPPO
-    module.target = module.tokenizer.convert_tokens_to_ids(".")
-    data = PromptDataModule(tokenizer=module.tokenizer, train_path=TINYSTORIES, format="paragraphs",
-                            max_records=256, batch_size=16, prompt_words=6, seed=seed)  # fmt: skip
-    trainer = tiny_trainer(tmp_path)
-    trainer.fit(module, data)
-    history = trainer.logger.history
-    objective = [history[i]["objective/rlhf_reward"] for i in range(ROLLOUTS)]
-    scores = [history[i]["objective/scores"] for i in range(ROLLOUTS)]
-    kls = [history[i]["objective/kl"] for i in range(ROLLOUTS)]
+    objective, scores, kls = learning_curves(module, tmp_path, seed)
     print("objective", [round(s, 2) for s in objective], "scores", [round(s, 2) for s in scores],
           "kl", [round(k, 2) for k in kls])  # fmt: skip
     assert _mean(objective[-10:]) > _mean(objective[:10]) + OBJ_MARGIN
