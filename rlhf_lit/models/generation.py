@@ -15,6 +15,8 @@ decides.
 
 from __future__ import annotations
 
+import inspect
+
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -23,7 +25,7 @@ from torch import nn
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from rlhf_lit.functional import response_mask_from_eos, token_logprobs
-from rlhf_lit.models.scoring import position_ids_from_mask
+from rlhf_lit.models.scoring import model_attention_mask, position_ids_from_mask
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,11 @@ class SamplingConfig:
             prompt g's group), so a rollout has ``batch_size * k`` rows; the data module's
             ``batch_size`` stays the number of prompts. The group estimators (``ppo.estimator``
             grpo, dr_grpo, rloo) need k >= 2.
+        ignore_eos: sample exactly ``max_new_tokens`` tokens per response, whatever is sampled
+            (vLLM's ``ignore_eos``): a stop id is then an ordinary token, every position is part
+            of the response and no response counts as ended. For benchmarks with a fixed amount
+            of work per rollout; the logits are not changed (unlike ``min_new_tokens``, which
+            masks EOS and so samples from another distribution than the logprobs score).
     """
 
     max_new_tokens: int = 64
@@ -53,6 +60,7 @@ class SamplingConfig:
     top_p: float = 1.0
     do_sample: bool = True
     samples_per_prompt: int = 1
+    ignore_eos: bool = False
 
     def __post_init__(self) -> None:
         if self.samples_per_prompt < 1:
@@ -114,12 +122,17 @@ def complete_generation(
         sequences: ``(B, P + R)`` prompt then generated ids, whatever follows an EOS.
         prompt_mask: ``(B, P)`` attention mask of the (left-padded) prompt.
         eos_token_id: ends a response (the EOS itself belongs to it); one id or several
-            (:func:`stop_token_ids`).
+            (:func:`stop_token_ids`); an empty sequence when nothing ends a response
+            (``SamplingConfig.ignore_eos``): all of it is the response and no row has ended.
         pad_token_id: written after the EOS (never used to derive a mask).
     """
     prompt_length = prompt_mask.shape[1]
     response_ids = sequences[:, prompt_length:]  # (B, R)
-    response_mask, ended = response_mask_from_eos(response_ids, eos_token_id)  # (B, R), (B,)
+    if isinstance(eos_token_id, Sequence) and len(eos_token_id) == 0:  # ignore_eos: every token is the response's
+        response_mask = torch.ones_like(response_ids, dtype=torch.bool)  # (B, R)
+        ended = torch.zeros(response_ids.shape[0], dtype=torch.bool, device=response_ids.device)  # (B,)
+    else:
+        response_mask, ended = response_mask_from_eos(response_ids, eos_token_id)  # (B, R), (B,)
     response_ids = torch.where(response_mask, response_ids, torch.full_like(response_ids, pad_token_id))  # (B, R)
     query_responses = torch.cat([sequences[:, :prompt_length], response_ids], dim=1)  # (B, P + R)
     attention_mask = torch.cat([prompt_mask.long(), response_mask.long()], dim=1)  # (B, P + R)
@@ -160,7 +173,8 @@ def generate_responses(
         temperature=sampling.temperature if sampling.do_sample else None,
         top_k=sampling.top_k if sampling.do_sample else None,
         top_p=sampling.top_p if sampling.do_sample else None,
-        eos_token_id=eos_token_id if isinstance(eos_token_id, int) else list(eos_token_id),
+        # ignore_eos: no stop id at all, so every row runs to max_new_tokens with untouched logits.
+        eos_token_id=None if sampling.ignore_eos else eos_token_id if isinstance(eos_token_id, int) else list(eos_token_id),
         pad_token_id=pad_token_id,
         use_cache=True,
     )
@@ -185,7 +199,7 @@ def generate_responses(
                 )  # (B, P + R)
     finally:
         policy.generation_config = model_defaults
-    return complete_generation(sequences, attention_mask, eos_token_id, pad_token_id)
+    return complete_generation(sequences, attention_mask, () if sampling.ignore_eos else eos_token_id, pad_token_id)
 
 
 def forward_with_positions(
@@ -198,11 +212,46 @@ def forward_with_positions(
     """
     return model(
         input_ids=input_ids,
-        attention_mask=attention_mask,
+        attention_mask=model_attention_mask(model, attention_mask),
         position_ids=position_ids_from_mask(attention_mask),
         output_hidden_states=output_hidden_states,
         use_cache=False,
     )
+
+
+def _accepts_logits_to_keep(model: nn.Module) -> bool:
+    """Whether ``model``'s forward takes ``logits_to_keep`` (transformers' causal LMs; a peft or
+    FSDP wrapper passes it through its ``**kwargs``)."""
+    try:
+        params = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False
+    return "logits_to_keep" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
+def forward_response_logits(
+    model: nn.Module, query_responses: torch.Tensor, attention_mask: torch.Tensor, prompt_length: int,
+    output_hidden_states: bool = False,
+):
+    """One forward pass (:func:`forward_with_positions`) that returns only the logits predicting the
+    response tokens, ``(B, R, V)``, and the model output (for its hidden states).
+
+    The LM head is applied only at positions ``P - 1 .. P + R - 2`` (``logits_to_keep``): the
+    prompt positions' logits are never read, and at a large vocabulary the head is a third of a
+    forward pass. A model that ignores ``logits_to_keep`` returns every position; then the
+    response positions are sliced out (:func:`response_logits`), with the same result.
+    """
+    total = query_responses.shape[1]
+    kwargs = {}
+    if _accepts_logits_to_keep(model):
+        kwargs["logits_to_keep"] = torch.arange(prompt_length - 1, total - 1, device=query_responses.device)  # (R,)
+    out = model(
+        input_ids=query_responses, attention_mask=model_attention_mask(model, attention_mask),
+        position_ids=position_ids_from_mask(attention_mask),
+        output_hidden_states=output_hidden_states, use_cache=False, **kwargs,
+    )  # fmt: skip
+    logits = out.logits if out.logits.shape[1] == total - prompt_length else response_logits(out.logits, prompt_length)
+    return logits, out  # (B, R, V)
 
 
 def response_logits(logits: torch.Tensor, prompt_length: int) -> torch.Tensor:
@@ -222,10 +271,10 @@ def response_logprobs(model: nn.Module, generated: Generated, temperature: float
     """``(B, R)`` logprobs of ``generated``'s response tokens under ``softmax(logits / temperature)``.
 
     The one place that turns a model and a generation into response logprobs: the positions of
-    ``generate`` (:func:`forward_with_positions`), the one-position shift (:func:`response_logits`)
+    ``generate`` (:func:`forward_with_positions`), the one-position shift (:func:`forward_response_logits`)
     and the sampling temperature (N details #7). Called under ``torch.no_grad()`` by callers that
     need no gradient.
     """
     prompt_length = generated.query_responses.shape[1] - generated.response_ids.shape[1]  # P
-    logits = forward_with_positions(model, generated.query_responses, generated.attention_mask).logits  # (B, P + R, V)
-    return token_logprobs(response_logits(logits, prompt_length), generated.response_ids, temperature)  # (B, R)
+    logits, _ = forward_response_logits(model, generated.query_responses, generated.attention_mask, prompt_length)
+    return token_logprobs(logits, generated.response_ids, temperature)  # (B, R)

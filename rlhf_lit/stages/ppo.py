@@ -100,7 +100,7 @@ from rlhf_lit.models.generation import (
     SamplingConfig,
     forward_with_positions,
     generate_responses,
-    response_logits,
+    forward_response_logits,
     stop_token_ids,
 )
 from rlhf_lit.models.loading import DType
@@ -116,7 +116,7 @@ from rlhf_lit.stages.amp import has_gradient_scaler, one_scaler_update
 from rlhf_lit.stages.export import ExportExisting, check_export_at_fit_start, export_at_fit_end
 from rlhf_lit.stages.dataclass_args import as_config
 from rlhf_lit.stages.nonfinite import NonFiniteGuard, assert_finite, nonfinite_rollout_parts
-from rlhf_lit.stages.optim import OptimizerConfig, build_optimizer
+from rlhf_lit.stages.optim import OptimizerConfig, build_optimizer, fused_adamw_supported
 from rlhf_lit.stages.precision import warn_if_slow_precision
 from rlhf_lit.stages.ppo_config import KLConfig, PPOConfig, RewardConfig
 from rlhf_lit.stages.resume import check_loaded_keys, check_module_resume
@@ -231,6 +231,9 @@ class PPOModule(LightningModule):
         self.reward_cfg: RewardConfig = as_config(RewardConfig, reward)
         self.kl_cfg: KLConfig = as_config(KLConfig, kl)
         self.reward_sources = RewardSources(self.reward_cfg.sources)  # a bad function spec fails here
+        if self.sampling.ignore_eos and self.reward_cfg.missing_eos_penalty is not None:
+            raise ValueError("sampling.ignore_eos: no response ends at EOS, so reward.missing_eos_penalty would hit "
+                             "every one; leave it null")
         if self.reward_cfg.uses_reward_model and reward_model is None:
             raise ValueError("reward.sources uses the reward model (a source with function: null); set model.reward_model")
         self.optimizer_cfg = as_config(OptimizerConfig, optimizer)
@@ -331,16 +334,19 @@ class PPOModule(LightningModule):
     def configure_optimizers(self):
         """Policy and critic optimizers (one with ``shared_trunk`` or without a critic), schedules
         stepped per rollout."""
+        fused = fused_adamw_supported(self)
         if self.critic is None:
-            opt, sched = build_optimizer(self.policy.named_parameters(), self.optimizer_cfg, self.max_rollouts)
+            opt, sched = build_optimizer(self.policy.named_parameters(), self.optimizer_cfg, self.max_rollouts, fused)
             return [opt], [sched]
         if self.hparams.critic == "shared_trunk":
             params = itertools.chain(self.policy.named_parameters(), self.critic.named_parameters())
-            opt, sched = build_optimizer(params, self.optimizer_cfg, self.max_rollouts)
+            opt, sched = build_optimizer(params, self.optimizer_cfg, self.max_rollouts, fused)
             return [opt], [sched]
-        policy_opt, policy_sched = build_optimizer(self.policy.named_parameters(), self.optimizer_cfg, self.max_rollouts)
+        policy_opt, policy_sched = build_optimizer(
+            self.policy.named_parameters(), self.optimizer_cfg, self.max_rollouts, fused
+        )  # fmt: skip
         critic_cfg = self.critic_optimizer_cfg or self.optimizer_cfg
-        critic_opt, critic_sched = build_optimizer(self.critic.named_parameters(), critic_cfg, self.max_rollouts)
+        critic_opt, critic_sched = build_optimizer(self.critic.named_parameters(), critic_cfg, self.max_rollouts, fused)
         return [policy_opt, critic_opt], [policy_sched, critic_sched]
 
     def _optimizer_list(self) -> list:
@@ -394,8 +400,9 @@ class PPOModule(LightningModule):
         """Response logits ``(B, R, V)`` and values ``(B, R)`` (None without a critic); value t is
         read where token t is predicted."""
         needs_hidden = self.critic is not None and self.critic.needs_policy_hidden
-        out = forward_with_positions(self.policy, query_responses, attention_mask, output_hidden_states=needs_hidden)
-        logits = response_logits(out.logits, prompt_length)  # (B, R, V)
+        logits, out = forward_response_logits(
+            self.policy, query_responses, attention_mask, prompt_length, output_hidden_states=needs_hidden
+        )  # (B, R, V)
         if self.critic is None:
             return logits, None
         hidden = out.hidden_states[-1] if needs_hidden else None  # (B, T, D)
