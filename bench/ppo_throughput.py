@@ -87,7 +87,7 @@ def prompt_batches(w: dict, tokenizer) -> list[dict]:
     ]
 
 
-def build_module(w: dict, iters: int, export_dir: str):
+def build_module(w: dict, iters: int, export_dir: str, old_logprobs: str = "rescore"):
     """``PPOModule`` with the harness's settings (see the module docstring)."""
     from rlhf_lit.models.generation import SamplingConfig
     from rlhf_lit.stages import PPOModule
@@ -100,7 +100,7 @@ def build_module(w: dict, iters: int, export_dir: str):
         sampling=SamplingConfig(max_new_tokens=w["resp_len"], temperature=w["temperature"], ignore_eos=True),
         ppo=PPOConfig(epochs=w["epochs"], minibatch_size=w["batch"] // w["minibatches"], vf_coef=0.1,
                       clip_range=0.2, value_clip_range=0.2, gamma=1.0, lam=0.95, whiten_advantages=True,
-                      max_grad_norm=None),
+                      max_grad_norm=None, old_logprobs=old_logprobs),
         reward=RewardConfig(missing_eos_penalty=None),
         kl=KLConfig(kind="fixed", init_coef=w["kl_coef"], estimator="k1"),
         optimizer=OptimizerConfig(lr=w["lr"], eps=1e-8, schedule="linear"),
@@ -108,7 +108,7 @@ def build_module(w: dict, iters: int, export_dir: str):
     )  # fmt: skip
 
 
-def run(w: dict, iters: int, accelerator: str, precision: str, out_dir: str) -> dict:
+def run(w: dict, iters: int, accelerator: str, precision: str, out_dir: str, old_logprobs: str = "rescore") -> dict:
     """Fit ``iters`` rollouts; per-iteration wall time and the module's phase timers."""
     import lightning.pytorch as pl
     import torch
@@ -157,7 +157,7 @@ def run(w: dict, iters: int, accelerator: str, precision: str, out_dir: str) -> 
             self.cpu_times.append(time.process_time() - self._cpu_start)
 
     pl.seed_everything(w["seed"], verbose=False)
-    module = build_module(w, iters, export_dir=os.path.join(out_dir, "model"))
+    module = build_module(w, iters, export_dir=os.path.join(out_dir, "model"), old_logprobs=old_logprobs)
     batches = prompt_batches(w, module.tokenizer)
     loader = DataLoader(batches * (iters // len(batches) + 1), batch_size=None, shuffle=False)
     capture, clock = Capture(), IterationClock()
@@ -199,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", default=os.environ.get("PEERBENCH_JSON"), help="write the results here")
     parser.add_argument("--accelerator", default="cpu", help="cpu or gpu")
     parser.add_argument("--precision", default="32-true", help="the Trainer's precision, e.g. bf16-mixed on a GPU")
+    parser.add_argument("--old-logprobs", choices=("rescore", "sampling"), default="rescore",
+                        help="ppo.old_logprobs: rescore (the default, an exact ratio of 1) or sampling (TRL's way)")
     args = parser.parse_args(argv)
 
     w = workload_from_env() or workload_from_harness(args.workload)
@@ -207,11 +209,13 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(int(w["threads"]))
     with tempfile.TemporaryDirectory(prefix="rlhf-lit-bench-") as out_dir:  # the export at the end of fit
-        result = run(w, iters, args.accelerator, args.precision, out_dir)
+        result = run(w, iters, args.accelerator, args.precision, out_dir, args.old_logprobs)
     out = summarize(result, w)
     out.update({"workload": w["workload"], "iters": iters, "accelerator": args.accelerator, "precision": args.precision,
+                "old_logprobs": args.old_logprobs,
                 "torch": torch.__version__, "threads": torch.get_num_threads()})  # fmt: skip
-    print(f"rlhf-lit PPOModule, workload {w['workload']}, {iters} iterations ({args.accelerator}, {args.precision}):")
+    print(f"rlhf-lit PPOModule, workload {w['workload']}, {iters} iterations ({args.accelerator}, {args.precision}, "
+          f"old logprobs: {args.old_logprobs}):")
     print(f"  iteration {out['iter_median_s']:.3f} s [{out['iter_min_s']:.3f} .. {out['iter_max_s']:.3f}]"
           f"  (first {out['first_iter_s']:.3f} s; CPU time {out['iter_cpu_median_s']:.3f} s)")
     print(f"  generate {out['gen_s']:.3f} s  scoring {out['rollout_s']:.3f} s  training {out['train_s']:.3f} s"

@@ -104,6 +104,8 @@ class Generated:
         response_ids: ``(B, R)`` long, the response part (pad after the first EOS).
         response_mask: ``(B, R)`` bool, True up to and including the first EOS.
         ended: ``(B,)`` bool, the response contains EOS.
+        logits: ``(B, R, V)`` the logits each response token was sampled from (before temperature
+            and top-k / top-p), when :func:`generate_responses` was asked for them; else None.
     """
 
     query_responses: torch.Tensor
@@ -111,6 +113,12 @@ class Generated:
     response_ids: torch.Tensor
     response_mask: torch.Tensor
     ended: torch.Tensor
+    logits: torch.Tensor | None = None
+
+    def rows(self, start: int, stop: int) -> Generated:
+        """Rows ``start:stop`` of every field."""
+        return Generated(*(None if t is None else t[start:stop] for t in (
+            self.query_responses, self.attention_mask, self.response_ids, self.response_mask, self.ended, self.logits)))
 
 
 def complete_generation(
@@ -149,6 +157,7 @@ def generate_responses(
     pad_token_id: int,
     generator: torch.Generator | None = None,
     synced_gpus: bool = False,
+    return_logits: bool = False,
 ) -> Generated:
     """Sample one response per left-padded prompt with the KV cache, stopping each row at EOS.
 
@@ -166,6 +175,7 @@ def generate_responses(
             global RNG as ``generate`` does.
         synced_gpus: keep all ranks stepping until every rank is done (needed under FSDP, where
             each forward pass is a collective).
+        return_logits: keep the logits of every sampling step in ``Generated.logits``.
     """
     config = GenerationConfig(
         max_new_tokens=sampling.max_new_tokens,
@@ -177,6 +187,8 @@ def generate_responses(
         eos_token_id=None if sampling.ignore_eos else eos_token_id if isinstance(eos_token_id, int) else list(eos_token_id),
         pad_token_id=pad_token_id,
         use_cache=True,
+        output_logits=return_logits,
+        return_dict_in_generate=return_logits,
     )
     device = input_ids.device
     # generate would fill what `config` leaves unset from the model's generation_config (see the
@@ -199,7 +211,12 @@ def generate_responses(
                 )  # (B, P + R)
     finally:
         policy.generation_config = model_defaults
-    return complete_generation(sequences, attention_mask, () if sampling.ignore_eos else eos_token_id, pad_token_id)
+    logits = None
+    if return_logits:  # a GenerateOutput: the raw logits of each step, (B, V) each
+        sequences, logits = sequences.sequences, torch.stack(sequences.logits, dim=1)  # (B, P + R), (B, R, V)
+    generated = complete_generation(sequences, attention_mask, () if sampling.ignore_eos else eos_token_id, pad_token_id)
+    generated.logits = logits
+    return generated
 
 
 def forward_with_positions(

@@ -382,8 +382,14 @@ class PPOModule(LightningModule):
             return generate_responses(
                 self.policy, batch["input_ids"], batch["attention_mask"], self.sampling,
                 eos_token_id=self.stop_ids, pad_token_id=self.tokenizer.pad_token_id, generator=generator,
-                synced_gpus=synced,
+                synced_gpus=synced, return_logits=self._old_logprobs_from_sampling,
             )  # fmt: skip
+
+    @property
+    def _old_logprobs_from_sampling(self) -> bool:
+        """``ppo.old_logprobs: sampling``, unless the policy forward runs anyway (a shared-trunk critic)."""
+        shared = self.critic is not None and self.critic.needs_policy_hidden
+        return self.ppo.old_logprobs == "sampling" and not shared
 
     def score(self, query_responses: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """The reward model's score ``(B,)`` at the last attended token (the last response token).
@@ -415,7 +421,11 @@ class PPOModule(LightningModule):
         is a source; the reward functions are called once per rollout in :meth:`make_rollout`), of a few rows."""
         temperature = self.sampling.temperature
         ids, mask = gen.query_responses, gen.attention_mask
-        logits, values = self.policy_and_values(ids, mask, prompt_length)  # (B, R, V), (B, R) or None
+        if gen.logits is not None:  # ppo.old_logprobs "sampling": the logits generate sampled from
+            logits = gen.logits  # (B, R, V)
+            values = None if self.critic is None else self.critic(ids, mask, None)[:, prompt_length - 1 : -1]  # (B, R)
+        else:
+            logits, values = self.policy_and_values(ids, mask, prompt_length)  # (B, R, V), (B, R) or None
         old_logprobs = token_logprobs(logits, gen.response_ids, temperature)  # (B, R)
         return {
             "old_logprobs": old_logprobs,
@@ -431,9 +441,7 @@ class PPOModule(LightningModule):
         prompt_length = gen.query_responses.shape[1] - gen.response_ids.shape[1]
         size = self.ppo.score_chunk_size or gen.response_ids.shape[0]
         parts = [
-            self._score_chunk(Generated(*(t[i : i + size] for t in (
-                gen.query_responses, gen.attention_mask, gen.response_ids, gen.response_mask, gen.ended))),
-                prompt_length)
+            self._score_chunk(gen.rows(i, i + size), prompt_length)
             for i in range(0, gen.response_ids.shape[0], size)
         ]  # fmt: skip
         return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
