@@ -37,6 +37,8 @@ def run_command(name: str, argv: Sequence[str], debug: bool = False) -> int:
 
         hf_logging.disable_progress_bar()  # a "Loading weights" bar per model would bury the table
         return importlib.import_module(COMMANDS[name][0]).main(argv)
+    except SystemExit as done:  # argparse: --help (0) or a bad option (2, its message already printed)
+        return done.code if isinstance(done.code, int) else 1
     except (ValueError, OSError, ImportError) as error:
         if debug:
             raise

@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 
-from rlhf_lit.commands.common import check_same_tokenizer as _check_same_tokenizer  # noqa: F401 (moved)
 from rlhf_lit.commands.common import write_json
 from rlhf_lit.commands.evaluate import evaluate_policy, format_table  # noqa: F401 (format_table: the demo's CLI)
 from rlhf_lit.demo.prompts import RANGES, load_prompts
@@ -56,7 +55,7 @@ def evaluate(
         judge: judge spec ``module:function``.
         sampling: sampling settings (keep them equal across the runs you compare).
         batch_size: completions per ``generate`` call (changing it changes the samples of a seed).
-        seed: sampling seed (see :func:`rlhf_lit.demo.batching.sample_batches`).
+        seed: sampling seed (see :func:`rlhf_lit.models.generation.sample_batches`).
         tokenizer: tokenizer location when not beside the policy; both models use it.
         device: torch device.
         out: JSON file to write the result to (optional).
