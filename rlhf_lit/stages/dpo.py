@@ -16,18 +16,23 @@ reads the same preference batches as the reward model (``PreferenceDataModule``)
 - dropout is off in both models (the loaders), so policy and reference agree exactly before the
   first update: the loss starts at log 2 for ``loss="sigmoid"``.
 
-Departures: reference logprobs are computed per batch (not precomputed over the dataset), which
-costs one no-grad forward pass per step and keeps the reference in memory.
+By default the reference logprobs are computed per batch (one no-grad forward pass per step).
+With ``precompute_ref`` they are computed once over the training and validation pairs when
+training starts and looked up by content afterwards (any order, any shuffle); a pair not in the
+table is computed as usual. The reference stays loaded either way (a cheaper step, not less memory).
 """
 
 from __future__ import annotations
 
+import hashlib
+import logging
 from dataclasses import asdict
 from pathlib import Path
 
 import lightning.pytorch as pl
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.utilities.model_helpers import is_overridden
 
 from rlhf_lit.functional import (
     DPOLossKind,
@@ -50,6 +55,8 @@ from rlhf_lit.stages.optim import OptimizerConfig, lightning_optimizers
 from rlhf_lit.stages.precision import warn_if_slow_precision
 from rlhf_lit.stages.resume import check_loaded_keys
 from rlhf_lit.tokenizer import MissingPad, load_tokenizer
+
+log = logging.getLogger(__name__)
 
 METRICS = ("rewards_chosen", "rewards_rejected", "reward_accuracy", "reward_margin", "implicit_kl")
 """The statistics of :func:`rlhf_lit.functional.dpo_loss`, logged as ``train/<name>`` and ``val/<name>``."""
@@ -97,6 +104,9 @@ class DPOModule(GuardedStage, pl.LightningModule):
             weights or the adapter alone for the export.
         gradient_checkpointing: recompute each transformer block's activations of the policy in the
             backward pass instead of storing them.
+        precompute_ref: compute the reference logprobs of every training and validation pair once,
+            when training starts, instead of once per batch (see the module docstring). Needs a
+            data module; not under ``fsdp``.
     """
 
     FROZEN_PREFIXES = ("ref_model.",)
@@ -119,6 +129,7 @@ class DPOModule(GuardedStage, pl.LightningModule):
         trust_remote_code: bool = False,
         lora: LoRAConfig | None = None,
         gradient_checkpointing: bool = False,
+        precompute_ref: bool = False,
     ) -> None:
         super().__init__()
         check_dpo_settings(beta, loss, label_smoothing)
@@ -155,6 +166,9 @@ class DPOModule(GuardedStage, pl.LightningModule):
         self.reference = build_reference(self.model, frozen_copy)
         if gradient_checkpointing:
             enable_gradient_checkpointing(self.model)
+        self.precompute_ref = precompute_ref
+        self._ref_table: dict[bytes, tuple[float, float]] | None = None
+        """With ``precompute_ref``: pair key -> (chosen, rejected) reference logprob; None before training."""
 
     @property
     def average_logprobs(self) -> bool:
@@ -188,6 +202,42 @@ class DPOModule(GuardedStage, pl.LightningModule):
         response_mask = response_mask_from_prompt_length(attention_mask, prompt_length)  # (2B, T)
         return input_ids, attention_mask, response_mask
 
+    def _reference_logprobs(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_mask: torch.Tensor
+    ) -> torch.Tensor:
+        """``(2B,)`` reference sequence logprobs of a pair batch: one no-grad pass."""
+        ref = self.reference.apply(response_sequence_logprobs, input_ids, attention_mask, response_mask,
+                                   self.average_logprobs)  # (2B,) fmt: skip
+        ref_model = self._modules.get("ref_model")
+        if ref_model is not None:
+            reshard(ref_model)  # under FSDP: free the root weights a no-grad pass leaves gathered
+        return ref.detach()
+
+    @staticmethod
+    def pair_keys(batch: dict[str, torch.Tensor]) -> list[bytes]:
+        """One key per pair from its content (real chosen and rejected tokens, prompt length), so a
+        pair is found again in any batch, order or padding."""
+        keys = []
+        rows = zip(batch["chosen_input_ids"].tolist(), batch["chosen_attention_mask"].tolist(),
+                   batch["rejected_input_ids"].tolist(), batch["rejected_attention_mask"].tolist(),
+                   batch["prompt_length"].tolist())  # fmt: skip
+        for c_ids, c_mask, r_ids, r_mask, prompt_length in rows:
+            chosen = [t for t, m in zip(c_ids, c_mask) if m]
+            rejected = [t for t, m in zip(r_ids, r_mask) if m]
+            keys.append(hashlib.blake2b(repr((chosen, rejected, prompt_length)).encode(), digest_size=16).digest())
+        return keys
+
+    def _looked_up(self, batch: dict[str, torch.Tensor]) -> torch.Tensor | None:
+        """``(2B,)`` reference logprobs (chosen then rejected) from the precomputed table, or None
+        unless every pair of ``batch`` is in it."""
+        if self._ref_table is None:
+            return None
+        found = [self._ref_table.get(key) for key in self.pair_keys(batch)]
+        if any(f is None for f in found):
+            return None
+        chosen, rejected = zip(*found)
+        return torch.tensor(chosen + rejected, dtype=torch.float32, device=batch["chosen_input_ids"].device)  # (2B,)
+
     def pair_logprobs(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Sequence logprobs of chosen and rejected responses under the policy (with gradient when
         enabled) and the reference (never), each ``(B,)``: ``logps_chosen``, ``logps_rejected``,
@@ -195,14 +245,13 @@ class DPOModule(GuardedStage, pl.LightningModule):
         input_ids, attention_mask, response_mask = self._pair_inputs(batch)
         B = batch["chosen_input_ids"].shape[0]
         average = self.average_logprobs
-        ref = self.reference.apply(response_sequence_logprobs, input_ids, attention_mask, response_mask, average)  # (2B,)
-        ref_model = self._modules.get("ref_model")
-        if ref_model is not None:
-            reshard(ref_model)  # under FSDP: free the root weights a no-grad pass leaves gathered
+        ref = self._looked_up(batch)  # (2B,) or None
+        if ref is None:
+            ref = self._reference_logprobs(input_ids, attention_mask, response_mask)  # (2B,)
         with train_mode(self.model):  # what activates gradient checkpointing (dropout is off)
             policy = response_sequence_logprobs(self.model, input_ids, attention_mask, response_mask, average)  # (2B,)
         return {"logps_chosen": policy[:B], "logps_rejected": policy[B:],
-                "ref_logps_chosen": ref[:B].detach(), "ref_logps_rejected": ref[B:].detach()}  # fmt: skip
+                "ref_logps_chosen": ref[:B], "ref_logps_rejected": ref[B:]}  # fmt: skip
 
     def loss(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The configured DPO-family loss of ``batch`` and its statistics (:func:`~rlhf_lit.functional.dpo_loss`)."""
@@ -232,6 +281,9 @@ class DPOModule(GuardedStage, pl.LightningModule):
 
     def configure_model(self) -> None:
         """Shard policy and frozen reference under FSDP (``fsdp`` / ``fsdp2``); no-op otherwise."""
+        if self.precompute_ref and getattr(self, "_device_mesh", None) is not None:
+            # Under FSDP every forward pass is a collective; a table miss on one rank would stall the others.
+            raise ValueError("precompute_ref is not supported under fsdp: set precompute_ref: false")
         shard_models(self, {"model": self.model, "reference": self._modules.get("ref_model")})
 
     def configure_optimizers(self) -> dict:
@@ -239,9 +291,37 @@ class DPOModule(GuardedStage, pl.LightningModule):
         return lightning_optimizers(self.model, self.optimizer_config, self.trainer.estimated_stepping_batches)
 
     def on_fit_start(self) -> None:
-        """Refuse an export target the end of fit could not write, before any training step."""
+        """Refuse an export target the end of fit could not write (or ``precompute_ref`` without a
+        data module), before any training step."""
         check_export_at_fit_start(self.trainer, self.export_dir, self.export_existing)
         warn_if_slow_precision(self.trainer)
+        if self.precompute_ref and self.trainer.datamodule is None:
+            raise ValueError("precompute_ref needs a data module (fit with datamodule=...), or set precompute_ref: false")
+
+    def on_train_start(self) -> None:
+        """With ``precompute_ref``: the reference logprobs of every training and validation pair, once."""
+        if self.precompute_ref and self._ref_table is None:
+            self.precompute_reference_logprobs()
+
+    @torch.no_grad()
+    def precompute_reference_logprobs(self) -> int:
+        """Fill the reference table from the data module's training and validation loaders (unsharded:
+        every process computes the whole table) under the Trainer's precision; returns its size."""
+        dm = self.trainer.datamodule
+        loaders = [dm.train_dataloader()]
+        if is_overridden("val_dataloader", dm):
+            loaders.append(dm.val_dataloader())
+        table: dict[bytes, tuple[float, float]] = {}
+        with self.trainer.precision_plugin.forward_context():
+            for loader in loaders:
+                for batch in loader:
+                    batch = {k: v.to(self.device) for k, v in batch.items() if isinstance(v, torch.Tensor)}
+                    ref = self._reference_logprobs(*self._pair_inputs(batch)).float().tolist()  # (2B,)
+                    B = len(ref) // 2
+                    table.update(zip(self.pair_keys(batch), zip(ref[:B], ref[B:])))
+        self._ref_table = table
+        log.info("precomputed the reference logprobs of %d preference pairs", len(table))
+        return len(table)
 
     def on_fit_end(self) -> None:
         """Export the trained policy and its tokenizer in Hugging Face format (rank 0)."""

@@ -168,3 +168,36 @@ def test_learns_a_known_preference_rule(stories_path, helpers, tmp_path, loss):
         ids, mask = batch["chosen_input_ids"], batch["chosen_attention_mask"]
         torch.testing.assert_close(exported(input_ids=ids, attention_mask=mask).logits,
                                    module.model(input_ids=ids, attention_mask=mask).logits, rtol=0, atol=1e-5)
+
+
+def _fit_policy(stories_path, helpers, tmp_path, precompute_ref: bool):
+    """Three steps on two distinct pair batches (one repeated); returns the module and the number of
+    reference forward passes made while training and validating (after the precompute, if any)."""
+    pl.seed_everything(0)
+    module = DPOModule(stories_path, optimizer=OptimizerConfig(lr=1e-3), precompute_ref=precompute_ref)
+    tok = module.tokenizer
+    first = helpers.preference_batch(tok, PAIRS)
+    second = helpers.preference_batch(tok, [("Ben ran.", " He won.", " He fell."), ("Sue", " sang.", " wept.")])
+    val = helpers.preference_batch(tok, list(reversed(PAIRS)))  # the same pairs in another order and padding
+    calls = {"precompute": 0, "train": 0}
+
+    class Count(pl.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            calls["phase"] = "train"
+
+    calls["phase"] = "precompute"
+    hook = module.ref_model.register_forward_pre_hook(lambda m, a: calls.__setitem__(calls["phase"], calls[calls["phase"]] + 1))
+    trainer = helpers.cpu_trainer(tmp_path, max_steps=3, callbacks=[Count()])
+    trainer.fit(module, datamodule=helpers.BatchListDataModule(train=[first, second, first], val=[val]))
+    hook.remove()
+    return module, calls
+
+
+def test_precomputed_reference_logprobs_are_looked_up_and_change_nothing(stories_path, helpers, tmp_path):
+    per_batch, calls = _fit_policy(stories_path, helpers, tmp_path / "a", precompute_ref=False)
+    assert calls == {"precompute": 0, "train": 4, "phase": "train"}  # one pass per step and one for validation
+    precomputed, calls = _fit_policy(stories_path, helpers, tmp_path / "b", precompute_ref=True)
+    # 3 train batches + 1 validation batch once before training; none during training and validation
+    assert calls == {"precompute": 4, "train": 0, "phase": "train"}
+    assert len(precomputed._ref_table) == 4  # 4 distinct pairs (the val pairs are the first train pairs)
+    torch.testing.assert_close(precomputed.model.state_dict(), per_batch.model.state_dict(), rtol=0, atol=1e-6)
