@@ -109,6 +109,10 @@ class DPOModule(GuardedStage, pl.LightningModule):
             data module; not under ``fsdp``.
     """
 
+    SAFE_ON_RESUME = GuardedStage.SAFE_ON_RESUME + ("precompute_ref",)
+    """Settings a resume may change: the stage's usual ones, and whether the reference table is used
+    (it changes no number)."""
+
     FROZEN_PREFIXES = ("ref_model.",)
     """State-dict prefix of the frozen reference: never written to checkpoints, reloaded from ``model``."""
 
