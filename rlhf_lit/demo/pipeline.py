@@ -8,17 +8,27 @@ task of Ziegler et al. 2019) with VADER standing in for the human labeller, on 2
 3. prefs     ``python -m rlhf_lit.demo preferences`` (K samples per prompt, the judge labels)
              -> ``<out>/prefs/preferences.jsonl``;
 4. rm        ``rlhf-lit fit --config configs/demo/rm.yaml``             -> ``<out>/rm/model``;
-5. ppo       ``rlhf-lit fit --config configs/demo/ppo.yaml``            -> ``<out>/ppo/model``,
-   ppo_kl0   the same with the KL coefficient at 0                     -> ``<out>/ppo_kl0/model``
-             (the two PPO runs go in parallel, one process and one thread each);
-6. evaluate  SFT, PPO and PPO-KL0 on the 256 held-out prompts: judge score, KL to SFT, distinct-n,
-             length (``<out>/eval/*.json``);
-7. report    PNG plots of both PPO runs and markdown summaries (``<out>/report``).
+5. ppo       ``rlhf-lit fit --config configs/demo/ppo.yaml``            -> ``<out>/ppo/model``
+             (and ``RolloutCheckpoint`` files along training, ``<out>/ppo/checkpoints``),
+   ppo_kl0   the same with the KL coefficient at 0                     -> ``<out>/ppo_kl0/model``,
+   dpo_<b>   ``rlhf-lit fit --config configs/demo/dpo.yaml`` on the same preference pairs, one run
+             per beta of ``--dpo-betas``                               -> ``<out>/dpo/beta_<b>/model``,
+   best_of_n ``rlhf-lit best-of-n``: N = 1 ... 64 SFT samples picked by the RM, on held-out prompts
+             -> ``<out>/best_of_n/best_of_n.json``
+             (all of them in parallel, one process and one thread each);
+6. evaluate  SFT, PPO (and its checkpoints), PPO-KL0 and the DPO policies on the 256 held-out
+             prompts: judge score, KL to SFT, distinct-n, length (``<out>/eval/*.json``);
+7. report    PNG plots of both PPO runs, the frontier of every method (judge score against KL to
+             SFT, ``<out>/report/frontier.png``) and markdown summaries (``<out>/report``).
+
+``--skip-frontier`` leaves out DPO, best-of-N and the PPO checkpoints (stages 1-7 as before).
 
 Every training stage and the preference command run as subprocesses, exactly the commands a user
 would type (printed as they start, output in ``<out>/logs/<stage>.log``), each with one thread;
 a failing stage stops the pipeline with its exit status and the tail of its log. Evaluation and
-the report run in this process. A rerun replaces the outputs of the previous one under ``<out>``.
+the report run in this process. A rerun replaces the outputs of the previous one under ``<out>``:
+the pipeline marks a folder it creates with ``.rlhf-lit-demo.json`` and refuses (exit status 2) to
+clear a non-empty ``--out`` without that marker, so it never deletes files it did not write.
 """
 
 from __future__ import annotations
@@ -43,10 +53,20 @@ from rlhf_lit.evaluation.judges import DEFAULT_JUDGE
 ROOT = Path(__file__).resolve().parents[2]
 """The project checkout (configs/ lives here); the offline assets are in ``../shared`` beside it."""
 ASSETS = ROOT.parent / "shared" / "assets"
-STAGE_DIRS = ("data", "logs", "sft", "prefs", "rm", "ppo", "ppo_kl0", "eval", "report")
+STAGE_DIRS = ("data", "logs", "sft", "prefs", "rm", "ppo", "ppo_kl0", "dpo", "best_of_n", "eval", "report")
 """The folders the pipeline writes under ``--out`` (and clears before a run; nothing else)."""
+MARKER = ".rlhf-lit-demo.json"
+"""Written into ``--out`` by the pipeline: the folder is the demo's, so a rerun may clear its stage folders."""
+RESULTS = "results.json"
+"""The run's summary under ``--out`` (replaced by a rerun)."""
+DEFAULT_DPO_BETAS = (0.05, 0.1, 0.3)
+"""The DPO runs of the frontier (``--dpo-betas``)."""
 THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 """One thread per process: on tiny models two threads under load were measured 10-50x slower."""
+
+
+class NotADemoFolder(RuntimeError):
+    """``--out`` holds files and no :data:`MARKER`: the pipeline did not create it and will not clear it."""
 
 
 class StageFailed(RuntimeError):
@@ -72,6 +92,10 @@ class Budget:
     samples_per_prompt: int = 4
     eval_prompts: int | None = None  # None = the whole held-out range (256 prompts)
     max_new_tokens: int | None = None  # None = the PPO config's; else PPO, preferences and eval use it
+    dpo: tuple[str, ...] = ()
+    checkpoint_every: int = 10  # PPO rollouts between the checkpoints evaluated on the frontier
+    bon_prompts: int | None = None  # None = as many held-out prompts as the evaluation
+    bon_n_max: int = 64
 
 
 FULL = Budget()
@@ -85,6 +109,11 @@ TINY = Budget(
     pref_prompts=32,
     eval_prompts=16,
     max_new_tokens=16,
+    dpo=("--trainer.max_steps", "2", "--data.init_args.batch_size", "8",
+         "--model.init_args.optimizer.warmup_steps", "1"),
+    checkpoint_every=1,
+    bon_prompts=8,
+    bon_n_max=4,
 )  # fmt: skip
 
 
@@ -101,8 +130,13 @@ class Paths:
         return self.root / name
 
     def model(self, stage: str) -> Path:
-        """The Hugging Face export of ``stage`` (``sft``, ``rm``, ``ppo``, ``ppo_kl0``)."""
+        """The Hugging Face export of ``stage`` (``sft``, ``rm``, ``ppo``, ``ppo_kl0``, ``dpo/beta_0.1``)."""
         return self.root / stage / "model"
+
+    @property
+    def checkpoints(self) -> Path:
+        """Where the PPO run's ``RolloutCheckpoint`` writes ``rollout=<n>.ckpt``."""
+        return self.root / "ppo" / "checkpoints"
 
     def run(self, stage: str) -> Path:
         """The TensorBoard run of ``stage`` (stage folders are cleared first, so it is version_0)."""
@@ -126,34 +160,53 @@ def _say(message: str) -> None:
 
 def _start(stage: str, cmd: list[str], paths: Paths) -> tuple[subprocess.Popen, Path]:
     """Start ``cmd`` with one thread, its output going to ``<out>/logs/<stage>.log``."""
-    log_path = paths.dir("logs") / f"{stage}.log"
+    log_path = paths.dir("logs") / f"{stage.replace('/', '_')}.log"  # dpo/beta_0.1 -> dpo_beta_0.1.log
     _say(f"{stage}: {shlex.join(cmd)}")
     with open(log_path, "w", encoding="utf-8") as f:  # the child keeps its own handle
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=_env())
     return proc, log_path
 
 
-def run_stages(stages: dict[str, list[str]], paths: Paths, timings: dict[str, float]) -> None:
-    """Run the commands of ``stages`` in parallel and wait for all; raise :class:`StageFailed` on any failure.
+Running = dict[str, tuple[subprocess.Popen, Path, float]]
+"""Started stages: name -> (process, log path, start time)."""
 
-    Records each stage's wall time (from the common start) in ``timings``. When one fails, the
-    others (started here) are stopped: their results would be discarded.
+
+def start_stages(stages: dict[str, list[str]], paths: Paths) -> Running:
+    """Start the commands of ``stages`` in parallel (one process each) without waiting."""
+    return {name: (*_start(name, cmd, paths), time.perf_counter()) for name, cmd in stages.items()}
+
+
+def stop_stages(running: Running) -> None:
+    """Stop the stages of ``running`` still alive (their results would be discarded) and reap them."""
+    for proc, _, _ in running.values():
+        if proc.poll() is None:
+            proc.terminate()
+    for proc, _, _ in running.values():
+        proc.wait()
+
+
+def wait_stages(running: Running, timings: dict[str, float]) -> None:
+    """Wait for every stage of ``running``; raise :class:`StageFailed` on any failure.
+
+    Records each stage's wall time (from its own start) in ``timings``. When one fails, the
+    others are stopped.
     """
-    t0 = time.perf_counter()
-    running = {name: _start(name, cmd, paths) for name, cmd in stages.items()}
     failed: tuple[str, int, Path] | None = None
-    for name, (proc, log_path) in running.items():
+    for name, (proc, log_path, t0) in running.items():
         rc = proc.wait()
         timings[name] = time.perf_counter() - t0
         if rc != 0 and failed is None:
             failed = (name, rc, log_path)
-            for other, (p, _) in running.items():
-                if other != name and p.poll() is None:
-                    p.terminate()
+            stop_stages(running)
         elif rc == 0:
             _say(f"{name}: done in {timings[name]:.1f} s")
     if failed is not None:
         raise StageFailed(*failed)
+
+
+def run_stages(stages: dict[str, list[str]], paths: Paths, timings: dict[str, float]) -> None:
+    """Run the commands of ``stages`` in parallel and wait for all; raise :class:`StageFailed` on any failure."""
+    wait_stages(start_stages(stages, paths), timings)
 
 
 def _fit(config: Path, overrides: Sequence[str]) -> list[str]:
@@ -169,6 +222,17 @@ def _ppo_sampling(config: Path, budget: Budget) -> tuple[float, int]:
     temperature = float(sampling.get("temperature", 1.0))
     max_new_tokens = budget.max_new_tokens or int(sampling.get("max_new_tokens", 64))
     return temperature, max_new_tokens
+
+
+def _ppo_rollouts(config: Path, budget: Budget) -> int:
+    """How many rollouts the PPO run makes: the budget's override, else the config's ``max_rollouts``."""
+    import yaml
+
+    flag = "--model.init_args.max_rollouts"
+    if flag in budget.ppo:
+        return int(budget.ppo[budget.ppo.index(flag) + 1])
+    with open(config, encoding="utf-8") as f:
+        return int(yaml.safe_load(f)["model"]["init_args"]["max_rollouts"])
 
 
 def _last_scalar(run: Path, tag: str) -> float | None:
@@ -210,8 +274,9 @@ def _samples_table(results: dict[str, dict], num_examples: int) -> list[str]:
 
 
 def write_summary(paths: Paths, results: dict[str, dict], rm_accuracy: float | None, num_pairs: int,
-                  report: str, timings: dict[str, float], num_examples: int = 6) -> Path:
-    """``<out>/report/summary.md``: the results table, RM accuracy, timings and sample completions."""
+                  report: str, timings: dict[str, float], frontier: tuple[str, list[str]] | None = None,
+                  num_examples: int = 6) -> Path:
+    """``<out>/report/summary.md``: the results table, the frontier, RM accuracy, timings and samples."""
     md = ["# Demo summary", "", "Held-out prompts (TinyStories paragraphs 3000-3255), one sample each at the "
           "temperature PPO samples with; KL = sum over response tokens of log pi - log pi_SFT.", "",
           *_results_table(results), "",
@@ -219,10 +284,32 @@ def write_summary(paths: Paths, results: dict[str, dict], rm_accuracy: float | N
           "written; the RM config holds out a seeded fraction)", "",
           "Wall time per stage (s): " + ", ".join(f"{k} {v:.1f}" for k, v in timings.items()), "",
           f"Plots and before/after tables: [{os.path.basename(report)}]({os.path.basename(report)})", "",
+          *([] if frontier is None else [
+              "## Frontier: judge score against KL to SFT (held-out prompts)", "",
+              f"![frontier]({os.path.basename(frontier[0])})", "", *frontier[1], "",
+              "PPO, SFT, PPO KL coef 0 and DPO: one completion per held-out prompt, s.e. over completions; "
+              "best-of-N: the RM's pick of N SFT samples, exact mean over N-subsets of the drawn samples, "
+              "s.e. over prompts, KL = log N - (N-1)/N.", ""]),
           "## Samples (same prompts)", "", *_samples_table(results, num_examples), ""]
     path = paths.dir("report") / "summary.md"
     path.write_text("\n".join(md), encoding="utf-8")
     return path
+
+
+def _betas(text: str) -> tuple[float, ...]:
+    """``"0.05,0.1"`` -> ``(0.05, 0.1)``: distinct positive floats, in the given order."""
+    try:
+        betas = tuple(dict.fromkeys(float(part) for part in text.split(",") if part.strip()))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give comma-separated numbers, e.g. 0.05,0.1") from None
+    if not betas or min(betas) <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give one or more betas > 0")
+    return betas
+
+
+def dpo_stage(beta: float) -> str:
+    """The stage (and folder below ``<out>``) of the DPO run with ``beta``: ``dpo/beta_0.1``."""
+    return f"dpo/beta_{beta:g}"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -233,6 +320,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tiny", action="store_true",
                    help="tiny budgets (a few steps per stage, few prompts): a smoke test, not a result")
     p.add_argument("--skip-kl0", action="store_true", help="skip the second PPO run with KL coefficient 0")
+    p.add_argument("--skip-frontier", action="store_true",
+                   help="skip DPO, best-of-N and the PPO checkpoints: no frontier plot (about half the time)")
+    p.add_argument("--dpo-betas", type=_betas, default=DEFAULT_DPO_BETAS, metavar="B,B,...",
+                   help="one DPO run per beta, in parallel (default: %(default)s)")
     p.add_argument("--config-dir", default=str(ROOT / "configs" / "demo"),
                    help="folder with sft.yaml, rm.yaml, ppo.yaml (default: the checkout's configs/demo)")
     p.add_argument("--base-model", default=str(ASSETS / "models" / "stories260K"),
@@ -260,6 +351,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         run(args)
+    except NotADemoFolder as e:
+        print(f"[demo] {e}", file=sys.stderr, flush=True)
+        return 2
     except StageFailed as e:
         print(f"[demo] FAILED: {e}", file=sys.stderr, flush=True)
         return e.returncode or 1
@@ -302,6 +396,29 @@ def train(args: argparse.Namespace, budget: Budget, paths: Paths, timings: dict[
         pref_cmd += ["--seed", str(args.seed)]
     run_stages({"preferences": pref_cmd}, paths, timings)
 
+    # DPO needs only the SFT model and the pairs: it starts beside the RM and runs on while PPO trains.
+    dpo_runs = {} if args.skip_frontier else {
+        dpo_stage(beta): _fit(configs / "dpo.yaml", [
+            *logger_root, *seed_args, "--model.init_args.model", str(paths.model("sft")),
+            "--model.init_args.beta", str(beta), "--trainer.logger.init_args.name", dpo_stage(beta),
+            "--model.init_args.export_dir", str(paths.model(dpo_stage(beta))),
+            "--data.init_args.train_path", str(preferences), *budget.dpo,
+        ]) for beta in args.dpo_betas
+    }  # fmt: skip
+    background = start_stages(dpo_runs, paths)
+    try:
+        return _train_rm_and_ppo(args, budget, paths, timings, splits, preferences, background)
+    finally:
+        stop_stages(background)  # a no-op unless a stage failed: every run was waited for
+
+
+def _train_rm_and_ppo(args: argparse.Namespace, budget: Budget, paths: Paths, timings: dict[str, float],
+                      splits: dict[str, str], preferences: Path, background: Running) -> dict:
+    """The RM, then PPO (and best-of-N) in parallel with the DPO runs of ``background``; waits for all."""
+    configs = Path(args.config_dir)
+    seed_args = [] if args.seed is None else ["--seed_everything", str(args.seed)]
+    logger_root = ["--trainer.logger.init_args.save_dir", str(paths.root)]
+    temperature, max_new_tokens = _ppo_sampling(configs / "ppo.yaml", budget)
     run_stages({"rm": _fit(configs / "rm.yaml", [
         *logger_root, *seed_args, "--model.init_args.model", str(paths.model("sft")),
         "--model.init_args.export_dir", str(paths.model("rm")),
@@ -319,16 +436,53 @@ def train(args: argparse.Namespace, budget: Budget, paths: Paths, timings: dict[
         *([] if budget.max_new_tokens is None else ["--model.init_args.sampling.max_new_tokens", str(max_new_tokens)]),
         *([] if args.seed is None else ["--model.init_args.rollout_seed", str(args.seed)]),
     ]  # fmt: skip
-    ppo_runs = {"ppo": _fit(configs / "ppo.yaml", [*ppo_args, "--model.init_args.export_dir", str(paths.model("ppo"))])}
+    # The frontier's PPO points: the policy every `checkpoint_every` rollouts (weights only, atomic).
+    checkpointing = [] if args.skip_frontier else [
+        "--trainer.enable_checkpointing", "true", "--trainer.callbacks+=rlhf_lit.callbacks.RolloutCheckpoint",
+        "--trainer.callbacks.every_n_rollouts", str(budget.checkpoint_every),
+        "--trainer.callbacks.dirpath", str(paths.checkpoints), "--trainer.callbacks.save_top_k", "-1",
+        "--trainer.callbacks.save_weights_only", "true",
+    ]  # fmt: skip
+    ppo_runs = {"ppo": _fit(configs / "ppo.yaml", [
+        *ppo_args, *checkpointing, "--model.init_args.export_dir", str(paths.model("ppo"))])}
     if not args.skip_kl0:
         # Same config, prompts and seeds; only the KL coefficient differs (and where the run goes).
         ppo_runs["ppo_kl0"] = _fit(configs / "ppo.yaml", [
             *ppo_args, "--model.init_args.kl.kind", "fixed", "--model.init_args.kl.init_coef", "0",
             "--trainer.logger.init_args.name", "ppo_kl0", "--model.init_args.export_dir", str(paths.model("ppo_kl0")),
         ])  # fmt: skip
-    run_stages(ppo_runs, paths, timings)  # in parallel: one process and one core each
-    return {"policies": list(ppo_runs), "rm_accuracy": rm_accuracy, "num_pairs": num_pairs,
-            "temperature": temperature, "max_new_tokens": max_new_tokens}
+    others = {}
+    if not args.skip_frontier:
+        others["best_of_n"] = _best_of_n_command(args, budget, paths, temperature, max_new_tokens)
+    # In parallel with each other and the DPO runs: one process and one thread each.
+    wait_stages({**start_stages({**ppo_runs, **others}, paths), **background}, timings)
+    return {"policies": list(ppo_runs), "dpo": list(background), "rm_accuracy": rm_accuracy,
+            "ppo_rollouts": _ppo_rollouts(configs / "ppo.yaml", budget),
+            "num_pairs": num_pairs, "temperature": temperature, "max_new_tokens": max_new_tokens}
+
+
+def _best_of_n_command(args: argparse.Namespace, budget: Budget, paths: Paths, temperature: float,
+                       max_new_tokens: int) -> list[str]:
+    """``rlhf-lit best-of-n`` from the SFT model against the RM on the first held-out prompts.
+
+    The prompts are written to ``<out>/best_of_n/prompts.jsonl`` (JSONL: an opening may hold a
+    line break), the same openings the evaluation uses, sampled at the temperature and length PPO
+    samples with.
+    """
+    from rlhf_lit.demo.prompts import RANGES, load_prompts
+
+    start, count = RANGES["eval"]
+    count = min(count, budget.bon_prompts or budget.eval_prompts or count)
+    _, prompts = load_prompts(args.paragraphs, start, count, 8)
+    prompts_file = paths.dir("best_of_n") / "prompts.jsonl"
+    prompts_file.parent.mkdir(parents=True, exist_ok=True)
+    prompts_file.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts), encoding="utf-8")
+    return [
+        sys.executable, "-m", "rlhf_lit.cli", "best-of-n", "--policy", str(paths.model("sft")),
+        "--reward-model", str(paths.model("rm")), "--prompts", str(prompts_file), "--judge", args.judge,
+        "--n-max", str(budget.bon_n_max), "--temperature", str(temperature), "--max-new-tokens", str(max_new_tokens),
+        "--seed", str(args.seed or 0), "--out", str(paths.dir("best_of_n") / "best_of_n.json"),
+    ]  # fmt: skip
 
 
 def measure(
@@ -349,15 +503,24 @@ def measure(
     # The temperature PPO sampled with, so the measured KL is the one its penalty controlled.
     sampling = SamplingConfig(temperature=trained["temperature"], max_new_tokens=trained["max_new_tokens"])
     start, count = RANGES["eval"]
-    results = {}
-    for name in ("sft", *trained["policies"]):
-        results[name] = evaluate(
-            str(paths.model(name)), str(paths.model("sft")), args.paragraphs, start=start,
+
+    def measured(name: str, model: Path) -> dict:
+        return evaluate(
+            str(model), str(paths.model("sft")), args.paragraphs, start=start,
             count=budget.eval_prompts or count, judge=args.judge, sampling=sampling,
-            out=str(paths.dir("eval") / f"{name}.json"),
+            out=str(paths.dir("eval") / f"{name.replace('/', '_')}.json"),
         )  # fmt: skip
+
+    results = {name: measured(name, paths.model(name)) for name in ("sft", *trained["policies"], *trained["dpo"])}
     timings["evaluate"] = time.perf_counter() - t0
     _say(f"evaluate: done in {timings['evaluate']:.1f} s -> {paths.dir('eval')}")
+
+    frontier = None
+    if not args.skip_frontier:
+        t0 = time.perf_counter()
+        frontier = measure_frontier(paths, results, trained, measured)
+        timings["frontier"] = time.perf_counter() - t0
+        _say(f"frontier: done in {timings['frontier']:.1f} s -> {frontier[0]}")
 
     t0 = time.perf_counter()
     with_kl0 = "ppo_kl0" in trained["policies"]
@@ -367,7 +530,68 @@ def measure(
         before=str(paths.dir("eval") / "sft.json"), after=str(paths.dir("eval") / "ppo.json"),
     )  # fmt: skip
     timings["report"] = time.perf_counter() - t0
-    return results, report
+    return results, report, frontier
+
+
+def measure_frontier(paths: Paths, results: dict[str, dict], trained: dict, measured) -> tuple[str, list[str]]:
+    """Evaluate the PPO checkpoints, gather every method's points and write the frontier plot and table.
+
+    Args:
+        results: the evaluations already made (``sft``, ``ppo``, ``ppo_kl0``, ``dpo/beta_<b>``).
+        trained: what :func:`train` returned.
+        measured: ``(name, model dir) -> evaluation`` on the held-out prompts.
+
+    Returns:
+        ``(frontier.png path, markdown table rows)``.
+    """
+    from rlhf_lit.demo.frontier import export_checkpoint_policy, point_from_evaluation, points_from_best_of_n
+    from rlhf_lit.demo.frontier import rollout_checkpoints, write_frontier
+
+    sft = str(paths.model("sft"))
+    final = trained["ppo_rollouts"]
+    points = [point_from_evaluation(results["sft"], "SFT", "-")]
+    ppo = []
+    for rollout, ckpt in rollout_checkpoints(str(paths.checkpoints)).items():
+        if rollout == final:  # the same weights as the export (tests/demo/test_frontier.py checks it)
+            continue
+        model = export_checkpoint_policy(ckpt, sft, str(paths.checkpoints / f"rollout={rollout}"))
+        ppo.append(point_from_evaluation(measured(f"ppo_rollout{rollout}", Path(model)), "PPO", f"rollout {rollout}"))
+    ppo.append(point_from_evaluation(results["ppo"], "PPO", f"rollout {final}"))
+    points += ppo
+    if "ppo_kl0" in results:
+        points.append(point_from_evaluation(results["ppo_kl0"], "PPO, KL coef 0", f"rollout {final}"))
+    points += [point_from_evaluation(results[name], "DPO", f"beta {name.rsplit('_', 1)[1]}") for name in trained["dpo"]]
+    with open(paths.dir("best_of_n") / "best_of_n.json", encoding="utf-8") as f:
+        points += points_from_best_of_n(json.load(f))
+    return write_frontier(points, str(paths.dir("report")))
+
+
+def claim_out(root: Path) -> None:
+    """Make ``root`` the demo's folder and clear what an earlier demo run left in it.
+
+    A missing or empty ``root`` is created and marked with :data:`MARKER`. A non-empty one must
+    carry the marker (an earlier run made it): only then are the :data:`STAGE_DIRS` and
+    :data:`RESULTS` under it removed. Anything else in it is left alone.
+
+    Raises:
+        NotADemoFolder: ``root`` is a file, or holds entries and no marker.
+    """
+    marker = root / MARKER
+    if root.exists() and not root.is_dir():
+        raise NotADemoFolder(f"refusing --out {root}: it is a file, not a folder")
+    if root.is_dir() and any(root.iterdir()) and not marker.is_file():
+        raise NotADemoFolder(
+            f"refusing to clear --out {root}: it is not empty and has no {MARKER} (the demo did not create it); "
+            "give a new or empty folder"
+        )
+    root.mkdir(parents=True, exist_ok=True)
+    if not marker.is_file():
+        marker.write_text(json.dumps({"written_by": "python -m rlhf_lit.demo.pipeline",
+                                      "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}) + "\n",
+                          encoding="utf-8")  # fmt: skip
+    for name in STAGE_DIRS:  # a rerun replaces the previous run, and TensorBoard runs stay version_0
+        shutil.rmtree(root / name, ignore_errors=True)
+    (root / RESULTS).unlink(missing_ok=True)
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -375,26 +599,28 @@ def run(args: argparse.Namespace) -> dict:
     t_start = time.perf_counter()
     budget = TINY if args.tiny else FULL
     paths = Paths(Path(args.out).absolute())
-    for name in STAGE_DIRS:  # a rerun replaces the previous run, and TensorBoard runs stay version_0
-        shutil.rmtree(paths.root / name, ignore_errors=True)
+    claim_out(paths.root)
     paths.dir("logs").mkdir(parents=True)
     timings: dict[str, float] = {}
 
     trained = train(args, budget, paths, timings)
-    results, report = measure(args, budget, paths, trained, timings)
+    results, report, frontier = measure(args, budget, paths, trained, timings)
     wall = time.perf_counter() - t_start
     timings["total"] = wall
-    summary = write_summary(paths, results, trained["rm_accuracy"], trained["num_pairs"], report, timings)
+    summary = write_summary(paths, results, trained["rm_accuracy"], trained["num_pairs"], report, timings, frontier)
 
-    models = {name: str(paths.model(name)) for name in ("sft", "rm", *trained["policies"])}
+    models = {name: str(paths.model(name)) for name in ("sft", "rm", *trained["policies"], *trained["dpo"])}
     outcome = {
         "models": models, "preference_pairs": trained["num_pairs"], "rm_val_accuracy": trained["rm_accuracy"],
         "report": report, "summary": str(summary), "metrics": {n: r["metrics"] for n, r in results.items()},
         "timings_s": timings, "tiny": args.tiny,
+        "frontier": None if frontier is None else str(paths.dir("report") / "frontier.json"),
     }  # fmt: skip
-    with open(paths.root / "results.json", "w", encoding="utf-8") as f:
+    with open(paths.root / RESULTS, "w", encoding="utf-8") as f:
         json.dump(outcome, f, indent=1)
     print("", *_results_table(results), "", sep="\n")
+    if frontier is not None:
+        print(*frontier[1], "", sep="\n")
     for name, path in models.items():
         print(f"[demo] {name} model: {path}")
     print(f"[demo] RM held-out pair accuracy: {_fmt(trained['rm_accuracy'])} (of {trained['num_pairs']} pairs)")

@@ -6,7 +6,8 @@ Reads TensorBoard scalars logged per rollout (step = rollout index) with tensorb
 - ``rm_score.png``: ``objective/scores`` (reward model score) over rollouts;
 - ``judge_score.png``: ``objective/judge`` (gold judge score) over rollouts;
 - ``kl.png``: ``objective/kl`` (per-response KL to the reference) over rollouts;
-- ``frontier.png``: judge score against KL, one point per rollout (the reward-KL frontier);
+- ``training_frontier.png``: judge score against KL, one point per rollout (logged during training;
+  the pipeline's ``frontier.png`` compares methods on held-out prompts, :mod:`rlhf_lit.demo.frontier`);
 - ``diversity.png`` (``diversity/distinct_1``, ``diversity/distinct_2``) and ``length.png``
   (``response/length``).
 
@@ -42,7 +43,7 @@ PLOTS: tuple[Plot, ...] = (
     Plot("rm_score.png", "Reward model score", ("objective/scores",), "RM score"),
     Plot("judge_score.png", "Gold judge score", ("objective/judge",), "judge score"),
     Plot("kl.png", "KL to the reference", ("objective/kl",), "KL per response (nats)"),
-    Plot("frontier.png", "Judge score against KL", ("objective/judge",), "judge score",
+    Plot("training_frontier.png", "Judge score against KL during training", ("objective/judge",), "judge score",
          x_tag="objective/kl", xlabel="KL per response (nats)"),
     Plot("diversity.png", "Diversity", ("diversity/distinct_1", "diversity/distinct_2"),
          "distinct-n"),

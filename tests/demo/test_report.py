@@ -58,13 +58,13 @@ def test_report_with_comparison_and_missing_tags(tmp_path):
     assert main(["report", "--run", str(tmp_path / "ppo"), "--compare", str(tmp_path / "kl0"),
                  "--out-dir", str(out), "--before", before, "--after", after]) == 0
 
-    for name in ["rm_score", "judge_score", "kl", "frontier", "diversity", "length"]:
+    for name in ["rm_score", "judge_score", "kl", "training_frontier", "diversity", "length"]:
         data = (out / f"{name}.png").read_bytes()
         assert data.startswith(PNG_MAGIC) and len(data) > 1000
     md = (out / "report.md").read_text()
-    assert "![Judge score against KL](frontier.png)" in md
+    assert "![Judge score against KL during training](training_frontier.png)" in md
     assert "- judge_score.png: KL=0 not drawn" in md
-    assert "- frontier.png: KL=0 not drawn" in md
+    assert "- training_frontier.png: KL=0 not drawn" in md
     assert "| metric | before PPO | after PPO |" in md
     assert "| judge_mean | -0.15 | 0.75 |" in md
     assert "| 1 | Prompt 0 \\| with pipe | a dog. (0.100) | a happy dog. (0.900) |" in md
@@ -78,7 +78,7 @@ def test_report_skips_plots_without_tags(tmp_path):
     md_path = write_report(str(tmp_path / "run"), str(tmp_path / "out"))
     md = open(md_path).read()
     assert (tmp_path / "out" / "rm_score.png").stat().st_size > 1000
-    for name in ["judge_score", "kl", "frontier", "diversity", "length"]:
+    for name in ["judge_score", "kl", "training_frontier", "diversity", "length"]:
         assert not (tmp_path / "out" / f"{name}.png").exists()
         assert f"- {name}.png skipped: no run logs" in md
     assert "Before and after" not in md

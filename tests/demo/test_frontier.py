@@ -1,0 +1,131 @@
+"""The demo's frontier: PPO checkpoint policies, points from evaluations and best-of-N, the table and plot."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from rlhf_lit.callbacks import RolloutCheckpoint
+from rlhf_lit.data import PromptDataModule
+from rlhf_lit.demo.frontier import (
+    FrontierPoint,
+    export_checkpoint_policy,
+    frontier_table,
+    load_checkpoint_policy,
+    point_from_evaluation,
+    points_from_best_of_n,
+    policy_state_dict,
+    rollout_checkpoints,
+    write_frontier,
+)
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ppo"))
+from ppo_helpers import STORIES, TINYSTORIES, tiny_module, tiny_trainer  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def ppo_run(tmp_path_factory):
+    """Two PPO rollouts on stories260K with a weights-only checkpoint after each and an export at the end."""
+    root = tmp_path_factory.mktemp("ppo")
+    module = tiny_module(max_rollouts=2, export_dir=str(root / "export"))
+    ckpt = RolloutCheckpoint(dirpath=str(root / "checkpoints"), every_n_rollouts=1, save_top_k=-1,
+                             save_weights_only=True)  # fmt: skip
+    data = PromptDataModule(tokenizer=module.tokenizer, train_path=TINYSTORIES, format="paragraphs",
+                            max_records=16, batch_size=4, seed=3)  # fmt: skip
+    tiny_trainer(root, enable_checkpointing=True, callbacks=[ckpt]).fit(module, data)
+    return root
+
+
+def _weights(model) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def test_the_last_checkpoint_policy_equals_the_export(ppo_run):
+    checkpoints = rollout_checkpoints(str(ppo_run / "checkpoints"))
+    assert list(checkpoints) == [1, 2]
+    exported = _weights(AutoModelForCausalLM.from_pretrained(ppo_run / "export"))
+    loaded = _weights(load_checkpoint_policy(checkpoints[2], STORIES))
+    assert loaded.keys() == exported.keys()
+    for name, tensor in exported.items():
+        assert torch.equal(loaded[name], tensor), name
+    # The comparison can fail: the policy after rollout 1 and the SFT start both differ from the export.
+    first = _weights(load_checkpoint_policy(checkpoints[1], STORIES))
+    base = _weights(AutoModelForCausalLM.from_pretrained(STORIES))
+    assert any(not torch.equal(first[k], exported[k]) for k in exported)
+    assert any(not torch.equal(base[k], exported[k]) for k in exported)
+
+
+def test_an_exported_checkpoint_policy_loads_with_its_tokenizer(ppo_run, tmp_path):
+    from transformers import AutoTokenizer
+
+    out = export_checkpoint_policy(rollout_checkpoints(str(ppo_run / "checkpoints"))[2], STORIES, str(tmp_path / "m"))
+    model = AutoModelForCausalLM.from_pretrained(out)
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    ids = tokenizer("Once upon a time", return_tensors="pt").input_ids
+    export = AutoModelForCausalLM.from_pretrained(ppo_run / "export")
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, export(ids).logits)
+
+
+def test_policy_state_dict_strips_the_prefix_and_drops_other_modules():
+    a, b, c = torch.zeros(1), torch.ones(1), torch.full((1,), 2.0)
+    state = {"policy.model.embed_tokens.weight": a, "policy.lm_head.weight": b, "critic.v_head.weight": c,
+             "ref_policy.lm_head.weight": c}  # fmt: skip
+    assert policy_state_dict(state) == {"model.embed_tokens.weight": a, "lm_head.weight": b}
+    with pytest.raises(KeyError, match="no weights under 'actor.'"):
+        policy_state_dict(state, prefix="actor.")
+
+
+def test_rollout_checkpoints_reads_rollout_files_only(tmp_path):
+    for name in ("rollout=20.ckpt", "rollout=3.ckpt", "last.ckpt", ".rollout=30.ckpt.tmp", "rollout=4.ckpt.old"):
+        (tmp_path / name).write_text("")
+    assert rollout_checkpoints(str(tmp_path)) == {3: str(tmp_path / "rollout=3.ckpt"),
+                                                  20: str(tmp_path / "rollout=20.ckpt")}  # fmt: skip
+    assert rollout_checkpoints(str(tmp_path / "missing")) == {}
+
+
+def test_point_from_evaluation_mean_kl_and_standard_error():
+    # judges 0, 1, 1, 0: mean 0.5; sample variance (4 x 0.25) / 3 = 1/3; s.e. = sqrt(1/3 / 4) = 0.288675...
+    # kls 2, 4, 0, 6: mean 3
+    samples = [{"judge": j, "kl": k} for j, k in ((0.0, 2.0), (1.0, 4.0), (1.0, 0.0), (0.0, 6.0))]
+    point = point_from_evaluation({"samples": samples}, "PPO", "rollout 10")
+    assert point == FrontierPoint("PPO", "rollout 10", kl=3.0, judge=0.5, judge_se=pytest.approx(math.sqrt(1 / 12)), n=4)
+    assert point.judge_se == pytest.approx(0.28867513459)
+    with pytest.raises(ValueError, match="no samples"):
+        point_from_evaluation({"samples": []}, "PPO", "x")
+
+
+def test_points_from_best_of_n_use_the_analytic_kl_and_the_prompt_count():
+    result = {"config": {"num_samples": 64, "num_prompts": 128},
+              "rows": [{"n": 1, "kl_analytic": 0.0, "judge_mean": 0.3, "judge_stderr": 0.02},
+                       {"n": 4, "kl_analytic": math.log(4) - 0.75, "judge_mean": 0.6, "judge_stderr": 0.01}]}  # fmt: skip
+    points = points_from_best_of_n(result)
+    assert [(p.setting, p.kl, p.judge, p.judge_se, p.n, p.kl_analytic) for p in points] == [
+        ("N 1", 0.0, 0.3, 0.02, 128, True), ("N 4", math.log(4) - 0.75, 0.6, 0.01, 128, True)]
+    assert "64 samples per prompt" in points[0].note
+    result["rows"][0]["judge_mean"] = None
+    with pytest.raises(ValueError, match="--judge"):
+        points_from_best_of_n(result)
+
+
+def test_frontier_table_and_plot(tmp_path):
+    points = [FrontierPoint("SFT", "-", 0.0, 0.28, 0.03, 256),
+              FrontierPoint("PPO", "rollout 10", 3.5, 0.5, 0.02, 256),
+              FrontierPoint("PPO", "rollout 30", 6.9, 0.59, 0.02, 256),
+              FrontierPoint("PPO, KL coef 0", "rollout 30", 43.0, 0.94, 0.005, 256),
+              FrontierPoint("best-of-N", "N 4", math.log(4) - 0.75, 0.6, 0.01, 64, kl_analytic=True, note="M 64")]
+    png, table = write_frontier(points, str(tmp_path))
+    assert table[:2] == ["| method | setting | KL to SFT (nats) | judge score +- s.e. | n | note |",
+                         "|---|---|---|---|---|---|"]  # fmt: skip
+    assert table[3] == "| PPO | rollout 10 | 3.50 | 0.500 +- 0.020 | 256 |  |"
+    assert table[6] == "| best-of-N | N 4 | 0.64 (analytic) | 0.600 +- 0.010 | 64 | M 64 |"
+    assert table == frontier_table(points)
+    assert Path(png).name == "frontier.png" and Path(png).stat().st_size > 1000
+    saved = json.loads((tmp_path / "frontier.json").read_text())
+    assert [p["method"] for p in saved] == ["SFT", "PPO", "PPO", "PPO, KL coef 0", "best-of-N"]
