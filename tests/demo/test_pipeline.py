@@ -8,8 +8,11 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
+from rlhf_lit.demo.frontier import load_checkpoint_policy
+from rlhf_lit.demo.pipeline import MARKER, STAGE_DIRS, claim_out
 from rlhf_lit.demo.report import read_scalars
 
 EVAL_METRICS = ("judge_mean", "judge_std", "kl_mean", "kl_std", "distinct_1", "distinct_2",
@@ -30,8 +33,9 @@ def test_tiny_pipeline_runs_every_stage_and_leaves_models_evals_and_report(tmp_p
     result = _pipeline(tmp_path, "--tiny", "--out", str(out))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 
-    # The three models (and the KL=0 policy) load with the plain Hugging Face classes.
-    for name in ("sft", "ppo", "ppo_kl0"):
+    # The three models (and the KL=0 and DPO policies) load with the plain Hugging Face classes.
+    dpo = ("dpo/beta_0.05", "dpo/beta_0.1", "dpo/beta_0.3")
+    for name in ("sft", "ppo", "ppo_kl0", *dpo):
         model = AutoModelForCausalLM.from_pretrained(out / name / "model")
         assert model.config.vocab_size == 512
         assert f"[demo] {name} model: {out / name / 'model'}" in result.stdout
@@ -45,7 +49,8 @@ def test_tiny_pipeline_runs_every_stage_and_leaves_models_evals_and_report(tmp_p
     assert all(p["chosen_score"] > p["rejected_score"] for p in pairs)  # argmax labels
 
     # Evaluations on the held-out range, same prompts for every model.
-    evals = {n: json.loads((out / "eval" / f"{n}.json").read_text()) for n in ("sft", "ppo", "ppo_kl0")}
+    names = ("sft", "ppo", "ppo_kl0", "ppo_rollout1", *(d.replace("/", "_") for d in dpo))
+    evals = {n: json.loads((out / "eval" / f"{n}.json").read_text()) for n in names}
     for name, ev in evals.items():
         assert set(EVAL_METRICS) <= set(ev["metrics"]), name
         assert ev["metrics"]["num_samples"] == 16
@@ -60,15 +65,32 @@ def test_tiny_pipeline_runs_every_stage_and_leaves_models_evals_and_report(tmp_p
         for tag in ("objective/judge", "objective/scores", "objective/kl", "diversity/distinct_2"):
             assert scalars[tag][0] == [0, 1], (name, tag)
     report = out / "report"
-    for png in ("rm_score.png", "judge_score.png", "kl.png", "frontier.png"):
+    for png in ("rm_score.png", "judge_score.png", "kl.png", "training_frontier.png", "frontier.png"):
         assert (report / png).stat().st_size > 1000, png
     assert "PPO, KL coef 0" in (report / "report.md").read_text()
     summary = (report / "summary.md").read_text()
     assert "| ppo_kl0 |" in summary and "held-out pair accuracy" in summary
 
+    # The frontier: every method on the held-out prompts, in the summary and in frontier.json.
+    frontier = [(p["method"], p["setting"], p["n"]) for p in json.loads((report / "frontier.json").read_text())]
+    assert frontier == [
+        ("SFT", "-", 16), ("PPO", "rollout 1", 16), ("PPO", "rollout 2", 16), ("PPO, KL coef 0", "rollout 2", 16),
+        ("DPO", "beta 0.05", 16), ("DPO", "beta 0.1", 16), ("DPO", "beta 0.3", 16),
+        ("best-of-N", "N 1", 8), ("best-of-N", "N 2", 8), ("best-of-N", "N 4", 8),
+    ]  # fmt: skip
+    assert "![frontier](frontier.png)" in summary and "| PPO | rollout 1 |" in summary
+    assert "| best-of-N | N 4 | 0.64 (analytic) |" in summary
+    # The PPO point at the last rollout is the export; its checkpoint holds the same policy.
+    exported = AutoModelForCausalLM.from_pretrained(out / "ppo" / "model").state_dict()
+    loaded = load_checkpoint_policy(str(out / "ppo" / "checkpoints" / "rollout=2.ckpt"), str(out / "sft" / "model"))
+    assert all(torch.equal(t, exported[k]) for k, t in loaded.state_dict().items())
+    bon = json.loads((out / "best_of_n" / "best_of_n.json").read_text())
+    assert bon["config"]["sampling"]["max_new_tokens"] == 16 and bon["config"]["num_samples"] == 4
+
     results = json.loads((out / "results.json").read_text())
     assert 0.0 <= results["rm_val_accuracy"] <= 1.0
-    assert set(results["metrics"]) == {"sft", "ppo", "ppo_kl0"}
+    assert set(results["metrics"]) == {"sft", "ppo", "ppo_kl0", *dpo}
+    assert json.loads((out / MARKER).read_text())["written_by"] == "python -m rlhf_lit.demo.pipeline"
 
 
 def test_a_failing_stage_stops_the_pipeline_with_its_exit_status(tmp_path):
@@ -78,3 +100,41 @@ def test_a_failing_stage_stops_the_pipeline_with_its_exit_status(tmp_path):
     assert "stage 'sft' failed" in result.stderr
     assert (out / "logs" / "sft.log").exists()
     assert not (out / "prefs").exists()  # nothing after the failed stage ran
+
+
+def test_a_folder_the_demo_did_not_write_is_never_cleared(tmp_path):
+    out = tmp_path / "mine"
+    (out / "data").mkdir(parents=True)  # a user's folder that happens to share a stage folder's name
+    (out / "data" / "thesis.txt").write_text("keep me")
+    (out / "notes.txt").write_text("keep me too")
+    result = _pipeline(tmp_path, "--tiny", "--out", str(out))
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(out) in lines[0] and MARKER in lines[0], result.stderr
+    assert (out / "data" / "thesis.txt").read_text() == "keep me"
+    assert (out / "notes.txt").read_text() == "keep me too"
+    assert sorted(p.name for p in out.iterdir()) == ["data", "notes.txt"]  # no marker, no logs: nothing written
+
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    result = _pipeline(tmp_path, "--tiny", "--out", str(a_file))
+    assert result.returncode == 2 and "is a file" in result.stderr and a_file.read_text() == "x"
+
+
+def test_claim_out_marks_a_new_folder_and_clears_only_stage_folders_of_a_marked_one(tmp_path):
+    out = tmp_path / "new" / "demo"
+    claim_out(out)  # created, parents included, and marked
+    assert [p.name for p in out.iterdir()] == [MARKER]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    claim_out(empty)  # an empty folder is taken too
+    assert (empty / MARKER).is_file()
+
+    for name in STAGE_DIRS:
+        (out / name / "sub").mkdir(parents=True)
+    (out / "results.json").write_text("{}")
+    (out / "mine.txt").write_text("keep")
+    marker = (out / MARKER).read_text()
+    claim_out(out)  # a rerun: stage folders and results go, the rest stays, the marker is kept
+    assert sorted(p.name for p in out.iterdir()) == sorted([MARKER, "mine.txt"])
+    assert (out / MARKER).read_text() == marker
