@@ -75,9 +75,9 @@ class SequenceCollator:
 
 @dataclass(frozen=True)
 class PreferenceCollator:
-    """Items ``{"chosen_input_ids", "rejected_input_ids"[, "margin"]}`` -> right padded chosen and
-    rejected ids and masks, all ``(B, T)`` with one common T, plus ``margin (B,)`` float when the
-    items have one."""
+    """Items ``{"chosen_input_ids", "rejected_input_ids"[, "prompt_length"][, "margin"]}`` -> right
+    padded chosen and rejected ids and masks, all ``(B, T)`` with one common T, plus
+    ``prompt_length (B,)`` long and ``margin (B,)`` float when the items have them."""
 
     pad_token_id: int
 
@@ -93,6 +93,8 @@ class PreferenceCollator:
             "rejected_input_ids": r_ids,
             "rejected_attention_mask": r_mask,
         }
+        if "prompt_length" in items[0]:
+            batch["prompt_length"] = torch.tensor([x["prompt_length"] for x in items], dtype=torch.long)  # (B,)
         if "margin" in items[0]:
             batch["margin"] = torch.tensor([x["margin"] for x in items], dtype=torch.float)  # (B,)
         return batch

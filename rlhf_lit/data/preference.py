@@ -21,7 +21,8 @@ class PreferenceDataModule(TextDataModule):
 
     Batches (right padded, chosen and rejected to one common T): ``chosen_input_ids``,
     ``chosen_attention_mask``, ``rejected_input_ids``, ``rejected_attention_mask`` ``(B, T)``,
-    and ``margin (B,)`` float when ``fields.margin`` is set.
+    ``prompt_length (B,)`` long, the number of (truncated) prompt tokens both sequences start
+    with (DPO scores the tokens after it), and ``margin (B,)`` float when ``fields.margin`` is set.
 
     Each sequence is prompt + response + EOS with the SFT truncation rule: the shared prompt is
     truncated from the LEFT to ``max_prompt_length``, each response from the right so that the
@@ -130,7 +131,7 @@ class PreferenceDataModule(TextDataModule):
             r = truncate_response(p, r, eos, self.max_length, rejected_cut)
             if c is None or r is None:
                 continue
-            item: dict[str, Any] = {"chosen_input_ids": p + c, "rejected_input_ids": p + r}
+            item: dict[str, Any] = {"chosen_input_ids": p + c, "rejected_input_ids": p + r, "prompt_length": len(p)}
             if e.margin is not None:
                 item["margin"] = e.margin
             items.append(item)

@@ -4,6 +4,7 @@ Shapes: ``(B, T)`` unless noted; a ``mask`` is a bool tensor, True where a posit
 """
 
 from rlhf_lit.functional.advantages import gae
+from rlhf_lit.functional.dpo import DPOLossKind, averages_over_tokens, check_dpo_settings, dpo_loss
 from rlhf_lit.functional.estimators import (
     EstimatorKind,
     grpo_advantages,
@@ -14,18 +15,22 @@ from rlhf_lit.functional.estimators import (
 )
 from rlhf_lit.functional.kl import KLKind, kl_loss, kl_penalized_rewards, kl_penalty
 from rlhf_lit.functional.kl_control import AdaptiveKLController, FixedKLController, KLController
-from rlhf_lit.functional.logprobs import entropy_from_logits, token_logprobs
+from rlhf_lit.functional.logprobs import entropy_from_logits, sequence_logprobs, token_logprobs
 from rlhf_lit.functional.losses import clipped_value_loss, pairwise_reward_loss, ppo_policy_loss, sft_loss
 from rlhf_lit.functional.masked import explained_variance, masked_mean, masked_var, masked_whiten
-from rlhf_lit.functional.masks import last_true_index, response_mask_from_eos
+from rlhf_lit.functional.masks import last_true_index, response_mask_from_eos, response_mask_from_prompt_length
 
 __all__ = [
     "AdaptiveKLController",
+    "DPOLossKind",
     "EstimatorKind",
     "FixedKLController",
     "KLController",
     "KLKind",
+    "averages_over_tokens",
+    "check_dpo_settings",
     "clipped_value_loss",
+    "dpo_loss",
     "entropy_from_logits",
     "explained_variance",
     "gae",
@@ -43,7 +48,9 @@ __all__ = [
     "ppo_policy_loss",
     "reinforce_pp_advantages",
     "response_mask_from_eos",
+    "response_mask_from_prompt_length",
     "rloo_advantages",
+    "sequence_logprobs",
     "sft_loss",
     "token_logprobs",
 ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["token_logprobs", "entropy_from_logits"]
+__all__ = ["token_logprobs", "entropy_from_logits", "sequence_logprobs"]
 
 
 def _scaled_float_logits(logits: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -52,3 +52,31 @@ def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0) -> torch
     logits = _scaled_float_logits(logits, temperature)  # (B, T, V)
     logp = torch.log_softmax(logits, dim=-1)  # (B, T, V)
     return -(logp.exp() * logp).sum(dim=-1)  # (B, T)
+
+
+def sequence_logprobs(
+    logits: torch.Tensor, input_ids: torch.Tensor, response_mask: torch.Tensor, average: bool = False
+) -> torch.Tensor:
+    """Log-probability of each row's response under a causal LM: sum (or mean) over response tokens.
+
+    Position ``t`` of ``logits`` predicts token ``t + 1`` of ``input_ids``, so the token at ``t``
+    is scored by ``logits[:, t - 1]``; a token at position 0 has no prediction and never counts.
+    Prompt and pad positions are left out by ``response_mask`` alone (left or right padding; the
+    values of the logits there never matter).
+
+    Args:
+        logits: ``(B, T, V)`` causal-LM logits of ``input_ids``; computed in at least float32.
+        input_ids: ``(B, T)`` token ids.
+        response_mask: bool ``(B, T)`` aligned with ``input_ids``: True on the response tokens.
+        average: divide by the number of response tokens (the mean logprob per token) instead of
+            summing. A row without response tokens gives 0 (sum) or NaN (mean).
+
+    Returns:
+        ``(B,)`` float32 (float64 for float64 logits).
+    """
+    logprobs = token_logprobs(logits[:, :-1], input_ids[:, 1:])  # (B, T-1) logprob of token t+1
+    mask = response_mask[:, 1:].bool()  # (B, T-1) aligned with the predicted tokens
+    total = torch.where(mask, logprobs, torch.zeros_like(logprobs)).sum(dim=-1)  # (B,)
+    if not average:
+        return total
+    return total / mask.sum(dim=-1).to(total.dtype)  # (B,)

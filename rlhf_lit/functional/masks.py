@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["response_mask_from_eos", "last_true_index"]
+__all__ = ["response_mask_from_eos", "last_true_index", "response_mask_from_prompt_length"]
 
 
 def response_mask_from_eos(
@@ -49,3 +49,21 @@ def last_true_index(mask: torch.Tensor) -> torch.Tensor:
     positions = torch.arange(mask.shape[-1], device=mask.device)  # (T,)
     minus_one = torch.full((), -1, dtype=positions.dtype, device=mask.device)  # ()
     return torch.where(mask, positions, minus_one).amax(dim=-1)  # (B,)
+
+
+def response_mask_from_prompt_length(attention_mask: torch.Tensor, prompt_lengths: torch.Tensor) -> torch.Tensor:
+    """Which positions hold response tokens: the real tokens after each row's first ``prompt_length``.
+
+    Counted over real tokens only (``cumsum(attention_mask) - 1`` is a token's index in its row),
+    so left and right padding give the same tokens.
+
+    Args:
+        attention_mask: ``(B, T)``, 1 (True) on real tokens.
+        prompt_lengths: ``(B,)`` number of prompt tokens of each row (including a BOS prefix).
+
+    Returns:
+        bool ``(B, T)``, True on response tokens.
+    """
+    real = attention_mask.bool()  # (B, T)
+    index = real.long().cumsum(dim=-1) - 1  # (B, T) index of each real token in its row
+    return real & (index >= prompt_lengths.unsqueeze(-1))  # (B, T)

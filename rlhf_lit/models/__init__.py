@@ -9,6 +9,7 @@ from rlhf_lit.models.loading import (
 from rlhf_lit.models.scoring import (
     backbone,
     position_ids_from_mask,
+    response_sequence_logprobs,
     score_head,
     sequence_scores,
     token_scores,
@@ -16,5 +17,5 @@ from rlhf_lit.models.scoring import (
 
 __all__ = [
     "backbone", "disable_dropout", "init_reward_head", "load_causal_lm",
-    "load_reward_model", "position_ids_from_mask", "score_head", "sequence_scores", "token_scores",
+    "load_reward_model", "position_ids_from_mask", "response_sequence_logprobs", "score_head", "sequence_scores", "token_scores",
 ]

@@ -8,13 +8,15 @@ Two implementations, chosen in one place (:func:`build_reference`):
   weights, so the reference is the policy with its adapters switched off: no second copy of the
   model is loaded (half the weight memory of policy + reference).
 
-PPOModule only calls ``reference.logprobs(generated, temperature)``.
+PPOModule only calls ``reference.logprobs(generated, temperature)``; DPOModule calls
+``reference.apply(fn, *args)``, which runs ``fn(reference_model, *args)`` the same way (no gradient,
+the frozen copy on its own device, or the policy with its adapters off).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol, TypeVar
 
 import torch
 from torch import nn
@@ -23,6 +25,8 @@ from rlhf_lit.models.generation import Generated, response_logprobs
 from rlhf_lit.models.lora import adapter_disabled, peft_model_of
 from rlhf_lit.models.memory import call_on_own_device
 
+T = TypeVar("T")
+
 
 class Reference(Protocol):
     """Anything that gives the reference policy's response logprobs."""
@@ -30,6 +34,11 @@ class Reference(Protocol):
     def logprobs(self, generated: Generated, temperature: float) -> torch.Tensor:
         """``(B, R)`` float32 logprobs of ``generated``'s response tokens under the reference, on the
         device of ``generated``; no gradient."""
+        ...
+
+    def apply(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(model, *args)`` with the reference as ``model``, without gradient; a tensor result on
+        the device of the first tensor argument."""
         ...
 
 
@@ -47,6 +56,11 @@ class FrozenModelReference:
     def logprobs(self, generated: Generated, temperature: float) -> torch.Tensor:
         """See :class:`Reference`."""
         return call_on_own_device(response_logprobs, self.model, generated, temperature).float()  # (B, R)
+
+    @torch.no_grad()
+    def apply(self, fn: Callable[..., T], *args: Any) -> T:
+        """See :class:`Reference`."""
+        return call_on_own_device(fn, self.model, *args)
 
 
 class AdapterDisabledReference:
@@ -67,6 +81,12 @@ class AdapterDisabledReference:
         """See :class:`Reference`."""
         with adapter_disabled(self.policy):
             return response_logprobs(self.policy, generated, temperature).float()  # (B, R)
+
+    @torch.no_grad()
+    def apply(self, fn: Callable[..., T], *args: Any) -> T:
+        """See :class:`Reference`."""
+        with adapter_disabled(self.policy):
+            return fn(self.policy, *args)
 
 
 def build_reference(policy: nn.Module, load_frozen_copy: Callable[[], nn.Module]) -> Reference:

@@ -1,4 +1,4 @@
-"""Reading a scalar from a sequence model at the last real token."""
+"""Reading a scalar from a sequence model: a score at the last real token, or a response's logprob."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
-from rlhf_lit.functional import last_true_index
+from rlhf_lit.functional import last_true_index, sequence_logprobs
 
 
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -108,3 +108,33 @@ def sequence_scores(model: PreTrainedModel, input_ids: torch.Tensor, attention_m
     # -1 for a row with no real token: gather then fails loudly instead of reading position 0.
     last = last_true_index(attention_mask.bool())  # (B,)
     return scores.gather(1, last.unsqueeze(1)).squeeze(1)  # (B,)
+
+
+def response_sequence_logprobs(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    response_mask: torch.Tensor,
+    average: bool = False,
+) -> torch.Tensor:
+    """``(B,)`` log-probability of each row's response tokens under the causal LM ``model``.
+
+    One forward pass with positions counting real tokens only (left or right padding give the
+    same numbers), then :func:`rlhf_lit.functional.sequence_logprobs`: the sum over the tokens
+    where ``response_mask`` is True, or their mean with ``average``. Gradients flow when the
+    caller allows them (the trained policy); the reference calls it under ``torch.no_grad()``.
+
+    Args:
+        model: a causal LM returning ``.logits (B, T, V)``.
+        input_ids: ``(B, T)``.
+        attention_mask: ``(B, T)``, 1 on real tokens.
+        response_mask: bool ``(B, T)``, True on the response tokens.
+        average: token mean instead of sum.
+    """
+    logits = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids_from_mask(attention_mask),
+        use_cache=False,
+    ).logits  # (B, T, V)
+    return sequence_logprobs(logits, input_ids, response_mask, average)  # (B,)

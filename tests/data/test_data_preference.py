@@ -34,6 +34,7 @@ def test_shapes_common_padding_and_margin(stories_tok, tmp_path):
     assert batch["chosen_attention_mask"].tolist() == [[1] * 11, [1] * 5 + [0] * 6]
     assert batch["rejected_attention_mask"].tolist() == [[1] * 6 + [0] * 5, [1] * 5 + [0] * 6]
     assert batch["margin"].dtype == torch.float and batch["margin"].tolist() == [1.5, 0.0]
+    assert batch["prompt_length"].dtype == torch.long and batch["prompt_length"].tolist() == [4, 3]  # BOS + prompt
     assert set(next(iter(dm.train_dataloader()))) == set(batch)
 
 
@@ -47,6 +48,7 @@ def test_no_margin_key_without_margin_field_and_truncation(stories_tok, tmp_path
     assert batch["chosen_input_ids"].tolist() == [[1, 407, 261, 378, 383, 286]]
     assert batch["rejected_input_ids"].tolist() == [[1, 407, 261, 378, 2, 0]]
     assert batch["rejected_attention_mask"].tolist() == [[1, 1, 1, 1, 1, 0]]
+    assert batch["prompt_length"].tolist() == [3]  # the truncated prompt
 
 
 def test_missing_margin_is_an_error(stories_tok, tmp_path):

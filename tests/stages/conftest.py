@@ -58,17 +58,19 @@ def pad_rows(rows: list[list[int]], pad_id: int, side: str = "right", length: in
 
 def preference_batch(tokenizer, triples: list[tuple[str, str, str]]) -> dict[str, torch.Tensor]:
     """Right-padded preference batch; chosen and rejected padded to one common T (CONTRACTS.md)."""
-    chosen, rejected = [], []
+    chosen, rejected, prompt_length = [], [], []
     for prompt, c, r in triples:
         p, c_ids = encode_pair(tokenizer, prompt, c)
         _, r_ids = encode_pair(tokenizer, prompt, r)
         chosen.append(p + c_ids)
         rejected.append(p + r_ids)
+        prompt_length.append(len(p))
     T = max(len(x) for x in chosen + rejected)
     c_ids, c_mask = pad_rows(chosen, tokenizer.pad_token_id, length=T)
     r_ids, r_mask = pad_rows(rejected, tokenizer.pad_token_id, length=T)
     return {"chosen_input_ids": c_ids, "chosen_attention_mask": c_mask,
-            "rejected_input_ids": r_ids, "rejected_attention_mask": r_mask}
+            "rejected_input_ids": r_ids, "rejected_attention_mask": r_mask,
+            "prompt_length": torch.tensor(prompt_length)}
 
 
 class BatchListDataModule(pl.LightningDataModule):

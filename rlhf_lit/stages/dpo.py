@@ -1,0 +1,349 @@
+"""Direct preference optimisation (DPO): the policy trained on preference pairs against a frozen reference.
+
+A fourth stage beside SFT, RM and PPO (Rafailov et al. 2023): no reward model, no sampling. It
+reads the same preference batches as the reward model (``PreferenceDataModule``) and needs their
+``prompt_length`` field to know where each response starts. Details followed:
+
+- the reference is the SFT model, frozen (no gradients, eval mode, ``torch.no_grad``); with LoRA
+  it is the policy with its adapters switched off, so no second copy is loaded
+  (:func:`rlhf_lit.models.reference.build_reference`). It is never written into checkpoints and
+  reloaded from ``model`` instead (house rule 7);
+- sequence logprobs count the response tokens only (prompt and pads masked, positions from the
+  attention mask, logits shifted by one), summed for DPO and averaged for IPO
+  (:mod:`rlhf_lit.functional.dpo` explains why);
+- chosen and rejected sequences go through each model in ONE forward pass (concatenated along
+  the batch), the reference's once per batch, without gradients;
+- dropout is off in both models (the loaders), so policy and reference agree exactly before the
+  first update: the loss starts at log 2 for ``loss="sigmoid"``.
+
+By default the reference logprobs are computed per batch (one no-grad forward pass per step).
+With ``precompute_ref`` they are computed once over the training and validation pairs when
+training starts and looked up by content afterwards (any order, any shuffle); a pair not in the
+table is computed as usual. The reference stays loaded either way (a cheaper step, not less memory).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import asdict
+from pathlib import Path
+
+import lightning.pytorch as pl
+import torch
+import torch.nn.functional as F
+from lightning.pytorch.utilities.model_helpers import is_overridden
+
+from rlhf_lit.functional import (
+    DPOLossKind,
+    averages_over_tokens,
+    check_dpo_settings,
+    dpo_loss,
+    response_mask_from_prompt_length,
+)
+from rlhf_lit.models import load_causal_lm, response_sequence_logprobs
+from rlhf_lit.models.loading import DType
+from rlhf_lit.models.lora import LoRAConfig, exportable, with_lora
+from rlhf_lit.models.memory import enable_gradient_checkpointing, train_mode
+from rlhf_lit.models.reference import build_reference
+from rlhf_lit.models.sharding import reshard, shard_models
+from rlhf_lit.stages.dataclass_args import as_config
+from rlhf_lit.stages.export import ExportExisting, check_export_at_fit_start, export_at_fit_end
+from rlhf_lit.stages.guarded import GuardedStage
+from rlhf_lit.stages.nonfinite import NonFiniteGuard
+from rlhf_lit.stages.optim import OptimizerConfig, lightning_optimizers
+from rlhf_lit.stages.precision import warn_if_slow_precision
+from rlhf_lit.stages.resume import check_loaded_keys
+from rlhf_lit.tokenizer import MissingPad, load_tokenizer
+
+log = logging.getLogger(__name__)
+
+METRICS = ("rewards_chosen", "rewards_rejected", "reward_accuracy", "reward_margin", "implicit_kl")
+"""The statistics of :func:`rlhf_lit.functional.dpo_loss`, logged as ``train/<name>`` and ``val/<name>``."""
+
+
+def _pad_right(x: torch.Tensor, length: int, value: int) -> torch.Tensor:
+    """Right-pad ``(B, T)`` to ``(B, length)``."""
+    return F.pad(x, (0, length - x.shape[1]), value=value)  # (B, length)
+
+
+class DPOModule(GuardedStage, pl.LightningModule):
+    """Trains a causal-LM policy on (chosen, rejected) pairs with a DPO-family loss and exports it.
+
+    Logs ``train/loss``, ``lr`` and the implicit-reward statistics ``train/rewards_chosen``,
+    ``train/rewards_rejected``, ``train/reward_accuracy``, ``train/reward_margin`` and
+    ``train/implicit_kl`` every step (see :func:`rlhf_lit.functional.dpo_loss`); the same under
+    ``val/`` (pair-weighted means over the validation set) when the data module has validation
+    pairs. At the end of fit the policy and tokenizer are exported in Hugging Face format
+    (``AutoModelForCausalLM.from_pretrained(export_dir)``).
+
+    Args:
+        model: Hub name or local directory of the causal LM to start from, usually the SFT export.
+            It is also the reference (a frozen copy; with ``lora``, the policy's own base weights).
+        tokenizer: Hub name or directory of the tokenizer; None uses ``model``'s.
+        missing_pad: What to do when the tokenizer has no pad token (``add``, ``eos``, ``unk``, ``error``).
+        dtype: Weight dtype of policy and reference. Keep ``float32`` together with ``precision="bf16-mixed"``.
+        beta: > 0, the strength of the implicit KL penalty towards the reference (DPO's beta; IPO's tau).
+            Smaller lets the policy move further; typical 0.01 to 0.5.
+        loss: the loss (:data:`~rlhf_lit.functional.dpo.DPOLossKind`): ``sigmoid`` (DPO; with
+            ``label_smoothing`` conservative DPO) or ``ipo`` (token-averaged logprobs).
+        label_smoothing: in [0, 0.5): the assumed probability that a preference label is flipped
+            (conservative DPO); ``sigmoid`` only.
+        optimizer: AdamW and learning-rate schedule; by default annealed linearly to 0 over the run.
+        export_dir: Where the final policy and tokenizer are written at the end of fit; None means
+            ``<log dir or default_root_dir>/model``.
+        export_existing: when ``export_dir`` already holds an earlier rlhf-lit export: ``refuse``
+            (stop before training) or ``replace`` it (atomically, at the end of fit). A non-empty
+            directory rlhf-lit did not write is never replaced.
+        max_skipped_updates: stop after this many optimizer steps in a row were skipped for NaN or
+            inf gradients; see :mod:`rlhf_lit.stages.nonfinite`.
+        revision: Hub revision of ``model`` (and of the tokenizer when ``tokenizer`` is None).
+        trust_remote_code: Allow model code from the hub.
+        lora: LoRA adapters (:class:`~rlhf_lit.models.lora.LoRAConfig`); only they train, and the
+            reference is the policy with the adapters disabled. ``lora.export`` chooses merged full
+            weights or the adapter alone for the export.
+        gradient_checkpointing: recompute each transformer block's activations of the policy in the
+            backward pass instead of storing them.
+        precompute_ref: compute the reference logprobs of every training and validation pair once,
+            when training starts, instead of once per batch (see the module docstring). Needs a
+            data module; not under ``fsdp``.
+    """
+
+    SAFE_ON_RESUME = GuardedStage.SAFE_ON_RESUME + ("precompute_ref",)
+    """Settings a resume may change: the stage's usual ones, and whether the reference table is used
+    (it changes no number)."""
+
+    FROZEN_PREFIXES = ("ref_model.",)
+    """State-dict prefix of the frozen reference: never written to checkpoints, reloaded from ``model``."""
+
+    def __init__(
+        self,
+        model: str,
+        tokenizer: str | None = None,
+        missing_pad: MissingPad = "add",
+        dtype: DType = "float32",
+        beta: float = 0.1,
+        loss: DPOLossKind = "sigmoid",
+        label_smoothing: float = 0.0,
+        optimizer: OptimizerConfig = OptimizerConfig(lr=1e-6, schedule="linear", min_lr_ratio=0.0),
+        export_dir: str | None = None,
+        export_existing: ExportExisting = "refuse",
+        max_skipped_updates: int = 3,
+        revision: str | None = None,
+        trust_remote_code: bool = False,
+        lora: LoRAConfig | None = None,
+        gradient_checkpointing: bool = False,
+        precompute_ref: bool = False,
+    ) -> None:
+        super().__init__()
+        check_dpo_settings(beta, loss, label_smoothing)
+        self.beta, self.loss_kind, self.label_smoothing = beta, loss, label_smoothing
+        # load_from_checkpoint passes the optimizer back as the dict saved below.
+        self.optimizer_config = as_config(OptimizerConfig, optimizer)
+        # A dataclass in hparams breaks weights_only checkpoint loading: store its dict instead.
+        self.lora_config = None if lora is None else as_config(LoRAConfig, lora)
+        self.save_hyperparameters(ignore=["optimizer", "lora"])
+        self.hparams["optimizer"] = asdict(self.optimizer_config)
+        self.hparams["lora"] = None if self.lora_config is None else asdict(self.lora_config)
+        self.export_dir, self.export_existing = export_dir, export_existing
+        self.nonfinite = NonFiniteGuard(max_skipped_updates, "max_skipped_updates")
+        self.exported_path: Path | None = None
+        self.tokenizer = load_tokenizer(
+            tokenizer or model,
+            padding_side="right",  # preference batches are right padded (docs/CONTRACTS.md)
+            missing_pad=missing_pad,
+            revision=revision if tokenizer is None else None,
+            trust_remote_code=trust_remote_code,
+            what="tokenizer" if tokenizer else "model",
+        )
+
+        def load() -> torch.nn.Module:
+            return load_causal_lm(model, self.tokenizer, dtype=dtype, revision=revision,
+                                  trust_remote_code=trust_remote_code)  # fmt: skip
+
+        self.model = with_lora(load(), self.lora_config, "causal_lm")
+
+        def frozen_copy() -> torch.nn.Module:  # only without LoRA: see build_reference
+            self.ref_model = load().requires_grad_(False).eval()
+            return self.ref_model
+
+        self.reference = build_reference(self.model, frozen_copy)
+        if gradient_checkpointing:
+            enable_gradient_checkpointing(self.model)
+        self.precompute_ref = precompute_ref
+        self._ref_table: dict[bytes, tuple[float, float]] | None = None
+        """With ``precompute_ref``: pair key -> (chosen, rejected) reference logprob; None before training."""
+
+    @property
+    def average_logprobs(self) -> bool:
+        """Whether the loss reads token-averaged sequence logprobs (IPO) rather than sums (DPO)."""
+        return averages_over_tokens(self.loss_kind)
+
+    def train(self, mode: bool = True) -> DPOModule:
+        """Set train / eval mode; the frozen reference copy stays in eval mode either way."""
+        super().train(mode)
+        ref_model = self._modules.get("ref_model")
+        if ref_model is not None:
+            ref_model.eval()
+        return self
+
+    # ----- logprobs --------------------------------------------------------------------------------
+
+    def _pair_inputs(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Chosen then rejected rows as one ``(2B, T)`` batch: ids, attention mask and response mask."""
+        if "prompt_length" not in batch:
+            raise ValueError(
+                "DPOModule needs preference batches with prompt_length (B,), the number of prompt tokens "
+                "(rlhf_lit.data.PreferenceDataModule gives it; see docs/CONTRACTS.md)"
+            )
+        chosen_ids, rejected_ids = batch["chosen_input_ids"], batch["rejected_input_ids"]
+        T = max(chosen_ids.shape[1], rejected_ids.shape[1])
+        pad_id = self.tokenizer.pad_token_id
+        input_ids = torch.cat([_pad_right(chosen_ids, T, pad_id), _pad_right(rejected_ids, T, pad_id)])  # (2B, T)
+        attention_mask = torch.cat([_pad_right(batch["chosen_attention_mask"], T, 0),
+                                    _pad_right(batch["rejected_attention_mask"], T, 0)])  # (2B, T)
+        prompt_length = batch["prompt_length"].repeat(2)  # (2B,)
+        response_mask = response_mask_from_prompt_length(attention_mask, prompt_length)  # (2B, T)
+        return input_ids, attention_mask, response_mask
+
+    def _reference_logprobs(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_mask: torch.Tensor
+    ) -> torch.Tensor:
+        """``(2B,)`` reference sequence logprobs of a pair batch: one no-grad pass."""
+        ref = self.reference.apply(response_sequence_logprobs, input_ids, attention_mask, response_mask,
+                                   self.average_logprobs)  # (2B,) fmt: skip
+        ref_model = self._modules.get("ref_model")
+        if ref_model is not None:
+            reshard(ref_model)  # under FSDP: free the root weights a no-grad pass leaves gathered
+        return ref.detach()
+
+    @staticmethod
+    def pair_keys(batch: dict[str, torch.Tensor]) -> list[bytes]:
+        """One key per pair from its content (real chosen and rejected tokens, prompt length), so a
+        pair is found again in any batch, order or padding."""
+        keys = []
+        rows = zip(batch["chosen_input_ids"].tolist(), batch["chosen_attention_mask"].tolist(),
+                   batch["rejected_input_ids"].tolist(), batch["rejected_attention_mask"].tolist(),
+                   batch["prompt_length"].tolist())  # fmt: skip
+        for c_ids, c_mask, r_ids, r_mask, prompt_length in rows:
+            chosen = [t for t, m in zip(c_ids, c_mask) if m]
+            rejected = [t for t, m in zip(r_ids, r_mask) if m]
+            keys.append(hashlib.blake2b(repr((chosen, rejected, prompt_length)).encode(), digest_size=16).digest())
+        return keys
+
+    def _looked_up(self, batch: dict[str, torch.Tensor]) -> torch.Tensor | None:
+        """``(2B,)`` reference logprobs (chosen then rejected) from the precomputed table, or None
+        unless every pair of ``batch`` is in it."""
+        if self._ref_table is None:
+            return None
+        found = [self._ref_table.get(key) for key in self.pair_keys(batch)]
+        if any(f is None for f in found):
+            return None
+        chosen, rejected = zip(*found)
+        return torch.tensor(chosen + rejected, dtype=torch.float32, device=batch["chosen_input_ids"].device)  # (2B,)
+
+    def pair_logprobs(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Sequence logprobs of chosen and rejected responses under the policy (with gradient when
+        enabled) and the reference (never), each ``(B,)``: ``logps_chosen``, ``logps_rejected``,
+        ``ref_logps_chosen``, ``ref_logps_rejected``. Sums or token means, as the loss needs."""
+        input_ids, attention_mask, response_mask = self._pair_inputs(batch)
+        B = batch["chosen_input_ids"].shape[0]
+        average = self.average_logprobs
+        ref = self._looked_up(batch)  # (2B,) or None
+        if ref is None:
+            ref = self._reference_logprobs(input_ids, attention_mask, response_mask)  # (2B,)
+        with train_mode(self.model):  # what activates gradient checkpointing (dropout is off)
+            policy = response_sequence_logprobs(self.model, input_ids, attention_mask, response_mask, average)  # (2B,)
+        return {"logps_chosen": policy[:B], "logps_rejected": policy[B:],
+                "ref_logps_chosen": ref[:B], "ref_logps_rejected": ref[B:]}  # fmt: skip
+
+    def loss(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The configured DPO-family loss of ``batch`` and its statistics (:func:`~rlhf_lit.functional.dpo_loss`)."""
+        lp = self.pair_logprobs(batch)
+        return dpo_loss(lp["logps_chosen"], lp["logps_rejected"], lp["ref_logps_chosen"], lp["ref_logps_rejected"],
+                        self.beta, self.loss_kind, self.label_smoothing)  # fmt: skip
+
+    # ----- training and validation -------------------------------------------------------------------
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        """The DPO loss; logs it, the implicit-reward statistics and the learning rate."""
+        loss, stats = self.loss(batch)
+        B = batch["chosen_input_ids"].shape[0]
+        self.log("train/loss", loss, prog_bar=True, batch_size=B)
+        for name in METRICS:
+            self.log(f"train/{name}", stats[name], prog_bar=name == "reward_accuracy", batch_size=B)
+        self.log("lr", self.optimizers().param_groups[0]["lr"], batch_size=B)
+        return loss
+
+    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        """Loss and statistics, averaged over the validation pairs (weighted by batch size)."""
+        loss, stats = self.loss(batch)
+        B = batch["chosen_input_ids"].shape[0]
+        self.log("val/loss", loss, prog_bar=True, batch_size=B, sync_dist=True)
+        for name in METRICS:
+            self.log(f"val/{name}", stats[name], prog_bar=name == "reward_accuracy", batch_size=B, sync_dist=True)
+
+    def configure_model(self) -> None:
+        """Shard policy and frozen reference under FSDP (``fsdp`` / ``fsdp2``); no-op otherwise."""
+        if self.precompute_ref and getattr(self, "_device_mesh", None) is not None:
+            # Under FSDP every forward pass is a collective; a table miss on one rank would stall the others.
+            raise ValueError("precompute_ref is not supported under fsdp: set precompute_ref: false")
+        shard_models(self, {"model": self.model, "reference": self._modules.get("ref_model")})
+
+    def configure_optimizers(self) -> dict:
+        """AdamW over the policy's trainable weights (never the reference's), warmup and decay."""
+        return lightning_optimizers(self.model, self.optimizer_config, self.trainer.estimated_stepping_batches)
+
+    def on_fit_start(self) -> None:
+        """Refuse an export target the end of fit could not write (or ``precompute_ref`` without a
+        data module), before any training step."""
+        check_export_at_fit_start(self.trainer, self.export_dir, self.export_existing)
+        warn_if_slow_precision(self.trainer)
+        if self.precompute_ref and self.trainer.datamodule is None:
+            raise ValueError("precompute_ref needs a data module (fit with datamodule=...), or set precompute_ref: false")
+
+    def on_train_start(self) -> None:
+        """With ``precompute_ref``: the reference logprobs of every training and validation pair, once."""
+        if self.precompute_ref and self._ref_table is None:
+            self.precompute_reference_logprobs()
+
+    @torch.no_grad()
+    def precompute_reference_logprobs(self) -> int:
+        """Fill the reference table from the data module's training and validation loaders (unsharded:
+        every process computes the whole table) under the Trainer's precision; returns its size."""
+        dm = self.trainer.datamodule
+        loaders = [dm.train_dataloader()]
+        if is_overridden("val_dataloader", dm):
+            loaders.append(dm.val_dataloader())
+        table: dict[bytes, tuple[float, float]] = {}
+        with self.trainer.precision_plugin.forward_context():
+            for loader in loaders:
+                for batch in loader:
+                    batch = {k: v.to(self.device) for k, v in batch.items() if isinstance(v, torch.Tensor)}
+                    ref = self._reference_logprobs(*self._pair_inputs(batch)).float().tolist()  # (2B,)
+                    B = len(ref) // 2
+                    table.update(zip(self.pair_keys(batch), zip(ref[:B], ref[B:])))
+        self._ref_table = table
+        log.info("precomputed the reference logprobs of %d preference pairs", len(table))
+        return len(table)
+
+    def on_fit_end(self) -> None:
+        """Export the trained policy and its tokenizer in Hugging Face format (rank 0)."""
+        self.exported_path = export_at_fit_end(
+            self.trainer, exportable(self.model), self.tokenizer, self.export_dir, "DPO policy", self.export_existing
+        )
+
+    # ----- checkpoints -------------------------------------------------------------------------------
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        """Refuse non-finite weights, keep the skip counters, and leave the frozen reference out."""
+        super().on_save_checkpoint(checkpoint)
+        state = checkpoint["state_dict"]
+        checkpoint["state_dict"] = {k: v for k, v in state.items() if not k.startswith(self.FROZEN_PREFIXES)}
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        """Load weights; the reference (:attr:`FROZEN_PREFIXES`) may be missing: it was reloaded from
+        ``model``. Any other missing or unknown weight is refused when ``strict``."""
+        result = super().load_state_dict(state_dict, strict=False, assign=assign)
+        check_loaded_keys(result.missing_keys, result.unexpected_keys, self.FROZEN_PREFIXES, strict)
+        return result
