@@ -27,6 +27,7 @@ from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch import LightningDataModule, LightningModule
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
+from rlhf_lit.commands import COMMANDS, commands_help, run_command
 from rlhf_lit.runs import add_run_dir_argument, apply_run_dir
 from rlhf_lit.stages.nonfinite import NonFiniteError
 from rlhf_lit.strategies import check_strategy_choice  # also registers the fsdp / fsdp2 names
@@ -166,6 +167,13 @@ def main(args: list[str] | None = None) -> None:
     if args is None:
         sys.argv[1:] = argv  # LightningCLI reads sys.argv itself (and warns when given both)
     configure_logging()
+    if argv[:1] and argv[0] in COMMANDS:  # `rlhf-lit evaluate ...`: argparse commands (rlhf_lit/commands/)
+        status = run_command(argv[0], argv[1:], debug)
+        if status:
+            sys.exit(status)
+        return
+    if not argv or argv[0] in ("-h", "--help"):
+        print(commands_help() + "\n")
     try:
         RLHFCLI(
             LightningModule,

@@ -123,7 +123,7 @@ def make_preferences(
         judge: judge spec ``module:function``.
         sampling: sampling settings.
         batch_size: completions per ``generate`` call (changing it changes the samples of a seed).
-        seed: sampling seed (see :func:`rlhf_lit.demo.batching.sample_batches`); it also seeds the
+        seed: sampling seed (see :func:`rlhf_lit.models.generation.sample_batches`); it also seeds the
             labeller.
         tokenizer: tokenizer location when not beside the model.
         device: torch device.

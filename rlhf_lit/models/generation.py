@@ -15,6 +15,8 @@ decides.
 
 from __future__ import annotations
 
+import inspect
+
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -23,7 +25,7 @@ from torch import nn
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from rlhf_lit.functional import response_mask_from_eos, token_logprobs
-from rlhf_lit.models.scoring import position_ids_from_mask
+from rlhf_lit.models.scoring import model_attention_mask, position_ids_from_mask
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,11 @@ class SamplingConfig:
             prompt g's group), so a rollout has ``batch_size * k`` rows; the data module's
             ``batch_size`` stays the number of prompts. The group estimators (``ppo.estimator``
             grpo, dr_grpo, rloo) need k >= 2.
+        ignore_eos: sample exactly ``max_new_tokens`` tokens per response, whatever is sampled
+            (vLLM's ``ignore_eos``): a stop id is then an ordinary token, every position is part
+            of the response and no response counts as ended. For benchmarks with a fixed amount
+            of work per rollout; the logits are not changed (unlike ``min_new_tokens``, which
+            masks EOS and so samples from another distribution than the logprobs score).
     """
 
     max_new_tokens: int = 64
@@ -53,6 +60,7 @@ class SamplingConfig:
     top_p: float = 1.0
     do_sample: bool = True
     samples_per_prompt: int = 1
+    ignore_eos: bool = False
 
     def __post_init__(self) -> None:
         if self.samples_per_prompt < 1:
@@ -96,6 +104,8 @@ class Generated:
         response_ids: ``(B, R)`` long, the response part (pad after the first EOS).
         response_mask: ``(B, R)`` bool, True up to and including the first EOS.
         ended: ``(B,)`` bool, the response contains EOS.
+        logits: ``(B, R, V)`` the logits each response token was sampled from (before temperature
+            and top-k / top-p), when :func:`generate_responses` was asked for them; else None.
     """
 
     query_responses: torch.Tensor
@@ -103,6 +113,12 @@ class Generated:
     response_ids: torch.Tensor
     response_mask: torch.Tensor
     ended: torch.Tensor
+    logits: torch.Tensor | None = None
+
+    def rows(self, start: int, stop: int) -> Generated:
+        """Rows ``start:stop`` of every field."""
+        return Generated(*(None if t is None else t[start:stop] for t in (
+            self.query_responses, self.attention_mask, self.response_ids, self.response_mask, self.ended, self.logits)))
 
 
 def complete_generation(
@@ -114,12 +130,17 @@ def complete_generation(
         sequences: ``(B, P + R)`` prompt then generated ids, whatever follows an EOS.
         prompt_mask: ``(B, P)`` attention mask of the (left-padded) prompt.
         eos_token_id: ends a response (the EOS itself belongs to it); one id or several
-            (:func:`stop_token_ids`).
+            (:func:`stop_token_ids`); an empty sequence when nothing ends a response
+            (``SamplingConfig.ignore_eos``): all of it is the response and no row has ended.
         pad_token_id: written after the EOS (never used to derive a mask).
     """
     prompt_length = prompt_mask.shape[1]
     response_ids = sequences[:, prompt_length:]  # (B, R)
-    response_mask, ended = response_mask_from_eos(response_ids, eos_token_id)  # (B, R), (B,)
+    if isinstance(eos_token_id, Sequence) and len(eos_token_id) == 0:  # ignore_eos: every token is the response's
+        response_mask = torch.ones_like(response_ids, dtype=torch.bool)  # (B, R)
+        ended = torch.zeros(response_ids.shape[0], dtype=torch.bool, device=response_ids.device)  # (B,)
+    else:
+        response_mask, ended = response_mask_from_eos(response_ids, eos_token_id)  # (B, R), (B,)
     response_ids = torch.where(response_mask, response_ids, torch.full_like(response_ids, pad_token_id))  # (B, R)
     query_responses = torch.cat([sequences[:, :prompt_length], response_ids], dim=1)  # (B, P + R)
     attention_mask = torch.cat([prompt_mask.long(), response_mask.long()], dim=1)  # (B, P + R)
@@ -136,6 +157,7 @@ def generate_responses(
     pad_token_id: int,
     generator: torch.Generator | None = None,
     synced_gpus: bool = False,
+    return_logits: bool = False,
 ) -> Generated:
     """Sample one response per left-padded prompt with the KV cache, stopping each row at EOS.
 
@@ -153,6 +175,7 @@ def generate_responses(
             global RNG as ``generate`` does.
         synced_gpus: keep all ranks stepping until every rank is done (needed under FSDP, where
             each forward pass is a collective).
+        return_logits: keep the logits of every sampling step in ``Generated.logits``.
     """
     config = GenerationConfig(
         max_new_tokens=sampling.max_new_tokens,
@@ -160,9 +183,12 @@ def generate_responses(
         temperature=sampling.temperature if sampling.do_sample else None,
         top_k=sampling.top_k if sampling.do_sample else None,
         top_p=sampling.top_p if sampling.do_sample else None,
-        eos_token_id=eos_token_id if isinstance(eos_token_id, int) else list(eos_token_id),
+        # ignore_eos: no stop id at all, so every row runs to max_new_tokens with untouched logits.
+        eos_token_id=None if sampling.ignore_eos else eos_token_id if isinstance(eos_token_id, int) else list(eos_token_id),
         pad_token_id=pad_token_id,
         use_cache=True,
+        output_logits=return_logits,
+        return_dict_in_generate=return_logits,
     )
     device = input_ids.device
     # generate would fill what `config` leaves unset from the model's generation_config (see the
@@ -185,7 +211,12 @@ def generate_responses(
                 )  # (B, P + R)
     finally:
         policy.generation_config = model_defaults
-    return complete_generation(sequences, attention_mask, eos_token_id, pad_token_id)
+    logits = None
+    if return_logits:  # a GenerateOutput: the raw logits of each step, (B, V) each
+        sequences, logits = sequences.sequences, torch.stack(sequences.logits, dim=1)  # (B, P + R), (B, R, V)
+    generated = complete_generation(sequences, attention_mask, () if sampling.ignore_eos else eos_token_id, pad_token_id)
+    generated.logits = logits
+    return generated
 
 
 def forward_with_positions(
@@ -198,11 +229,46 @@ def forward_with_positions(
     """
     return model(
         input_ids=input_ids,
-        attention_mask=attention_mask,
+        attention_mask=model_attention_mask(model, attention_mask),
         position_ids=position_ids_from_mask(attention_mask),
         output_hidden_states=output_hidden_states,
         use_cache=False,
     )
+
+
+def _accepts_logits_to_keep(model: nn.Module) -> bool:
+    """Whether ``model``'s forward takes ``logits_to_keep`` (transformers' causal LMs; a peft or
+    FSDP wrapper passes it through its ``**kwargs``)."""
+    try:
+        params = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False
+    return "logits_to_keep" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
+def forward_response_logits(
+    model: nn.Module, query_responses: torch.Tensor, attention_mask: torch.Tensor, prompt_length: int,
+    output_hidden_states: bool = False,
+):
+    """One forward pass (:func:`forward_with_positions`) that returns only the logits predicting the
+    response tokens, ``(B, R, V)``, and the model output (for its hidden states).
+
+    The LM head is applied only at positions ``P - 1 .. P + R - 2`` (``logits_to_keep``): the
+    prompt positions' logits are never read, and at a large vocabulary the head is a third of a
+    forward pass. A model that ignores ``logits_to_keep`` returns every position; then the
+    response positions are sliced out (:func:`response_logits`), with the same result.
+    """
+    total = query_responses.shape[1]
+    kwargs = {}
+    if _accepts_logits_to_keep(model):
+        kwargs["logits_to_keep"] = torch.arange(prompt_length - 1, total - 1, device=query_responses.device)  # (R,)
+    out = model(
+        input_ids=query_responses, attention_mask=model_attention_mask(model, attention_mask),
+        position_ids=position_ids_from_mask(attention_mask),
+        output_hidden_states=output_hidden_states, use_cache=False, **kwargs,
+    )  # fmt: skip
+    logits = out.logits if out.logits.shape[1] == total - prompt_length else response_logits(out.logits, prompt_length)
+    return logits, out  # (B, R, V)
 
 
 def response_logits(logits: torch.Tensor, prompt_length: int) -> torch.Tensor:
@@ -222,10 +288,49 @@ def response_logprobs(model: nn.Module, generated: Generated, temperature: float
     """``(B, R)`` logprobs of ``generated``'s response tokens under ``softmax(logits / temperature)``.
 
     The one place that turns a model and a generation into response logprobs: the positions of
-    ``generate`` (:func:`forward_with_positions`), the one-position shift (:func:`response_logits`)
+    ``generate`` (:func:`forward_with_positions`), the one-position shift (:func:`forward_response_logits`)
     and the sampling temperature (N details #7). Called under ``torch.no_grad()`` by callers that
     need no gradient.
     """
     prompt_length = generated.query_responses.shape[1] - generated.response_ids.shape[1]  # P
-    logits = forward_with_positions(model, generated.query_responses, generated.attention_mask).logits  # (B, P + R, V)
-    return token_logprobs(response_logits(logits, prompt_length), generated.response_ids, temperature)  # (B, R)
+    logits, _ = forward_response_logits(model, generated.query_responses, generated.attention_mask, prompt_length)
+    return token_logprobs(logits, generated.response_ids, temperature)  # (B, R)
+
+
+def sample_batches(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: Sequence[str],
+    sampling: SamplingConfig,
+    *,
+    batch_size: int,
+    seed: int,
+) -> list[Generated]:
+    """One response per entry of ``prompts`` (repeat a prompt to get K), ``batch_size`` rows a batch.
+
+    Every batch samples through :func:`generate_responses` from one ``torch.Generator`` seeded
+    with ``seed`` (each batch draws its own sampling seed from it), so a call is reproducible,
+    the global RNG is untouched, and changing ``batch_size`` changes the samples of a seed.
+
+    Args:
+        model: causal LM in eval mode.
+        tokenizer: its tokenizer, padding on the left (``load_tokenizer(..., padding_side="left")``).
+        prompts: prompt texts; row ``i`` of the concatenated batches answers ``prompts[i]``.
+        sampling: the library's sampling settings.
+        batch_size: prompts per ``generate`` call (>= 1).
+        seed: seed of the generator.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if tokenizer.padding_side != "left":
+        raise ValueError("sample_batches needs a left-padding tokenizer: generate continues the last column")
+    generator = torch.Generator().manual_seed(seed)
+    stop_ids = stop_token_ids(model, tokenizer)
+    batches = []
+    for start in range(0, len(prompts), batch_size):
+        encoded = tokenizer(list(prompts[start : start + batch_size]), return_tensors="pt", padding=True)
+        batches.append(generate_responses(
+            model, encoded["input_ids"].to(model.device), encoded["attention_mask"].to(model.device), sampling,
+            eos_token_id=stop_ids, pad_token_id=tokenizer.pad_token_id, generator=generator,
+        ))  # fmt: skip
+    return batches

@@ -100,7 +100,7 @@ from rlhf_lit.models.generation import (
     SamplingConfig,
     forward_with_positions,
     generate_responses,
-    response_logits,
+    forward_response_logits,
     stop_token_ids,
 )
 from rlhf_lit.models.loading import DType
@@ -117,7 +117,7 @@ from rlhf_lit.stages.amp import has_gradient_scaler, one_scaler_update
 from rlhf_lit.stages.export import ExportExisting, check_export_at_fit_start, export_at_fit_end
 from rlhf_lit.stages.dataclass_args import as_config
 from rlhf_lit.stages.nonfinite import NonFiniteGuard, assert_finite, nonfinite_rollout_parts
-from rlhf_lit.stages.optim import OptimizerConfig, build_optimizer
+from rlhf_lit.stages.optim import OptimizerConfig, build_optimizer, fused_adamw_supported
 from rlhf_lit.stages.precision import warn_if_slow_precision
 from rlhf_lit.stages.ppo_config import KLConfig, PPOConfig, RewardConfig
 from rlhf_lit.stages.resume import check_loaded_keys, check_module_resume
@@ -250,6 +250,9 @@ class PPOModule(LightningModule):
         self.reward_cfg: RewardConfig = as_config(RewardConfig, reward)
         self.kl_cfg: KLConfig = as_config(KLConfig, kl)
         self.reward_sources = RewardSources(self.reward_cfg.sources)  # a bad function spec fails here
+        if self.sampling.ignore_eos and self.reward_cfg.missing_eos_penalty is not None:
+            raise ValueError("sampling.ignore_eos: no response ends at EOS, so reward.missing_eos_penalty would hit "
+                             "every one; leave it null")
         if self.reward_cfg.uses_reward_model and reward_model is None:
             raise ValueError("reward.sources uses the reward model (a source with function: null); set model.reward_model")
         self.optimizer_cfg = as_config(OptimizerConfig, optimizer)
@@ -350,16 +353,19 @@ class PPOModule(LightningModule):
     def configure_optimizers(self):
         """Policy and critic optimizers (one with ``shared_trunk`` or without a critic), schedules
         stepped per rollout."""
+        fused = fused_adamw_supported(self)
         if self.critic is None:
-            opt, sched = build_optimizer(self.policy.named_parameters(), self.optimizer_cfg, self.max_rollouts)
+            opt, sched = build_optimizer(self.policy.named_parameters(), self.optimizer_cfg, self.max_rollouts, fused)
             return [opt], [sched]
         if self.hparams.critic == "shared_trunk":
             params = itertools.chain(self.policy.named_parameters(), self.critic.named_parameters())
-            opt, sched = build_optimizer(params, self.optimizer_cfg, self.max_rollouts)
+            opt, sched = build_optimizer(params, self.optimizer_cfg, self.max_rollouts, fused)
             return [opt], [sched]
-        policy_opt, policy_sched = build_optimizer(self.policy.named_parameters(), self.optimizer_cfg, self.max_rollouts)
+        policy_opt, policy_sched = build_optimizer(
+            self.policy.named_parameters(), self.optimizer_cfg, self.max_rollouts, fused
+        )  # fmt: skip
         critic_cfg = self.critic_optimizer_cfg or self.optimizer_cfg
-        critic_opt, critic_sched = build_optimizer(self.critic.named_parameters(), critic_cfg, self.max_rollouts)
+        critic_opt, critic_sched = build_optimizer(self.critic.named_parameters(), critic_cfg, self.max_rollouts, fused)
         return [policy_opt, critic_opt], [policy_sched, critic_sched]
 
     def _optimizer_list(self) -> list:
@@ -395,8 +401,14 @@ class PPOModule(LightningModule):
             return generate_responses(
                 self.policy, batch["input_ids"], batch["attention_mask"], self.sampling,
                 eos_token_id=self.stop_ids, pad_token_id=self.tokenizer.pad_token_id, generator=generator,
-                synced_gpus=synced,
+                synced_gpus=synced, return_logits=self._old_logprobs_from_sampling,
             )  # fmt: skip
+
+    @property
+    def _old_logprobs_from_sampling(self) -> bool:
+        """``ppo.old_logprobs: sampling``, unless the policy forward runs anyway (a shared-trunk critic)."""
+        shared = self.critic is not None and self.critic.needs_policy_hidden
+        return self.ppo.old_logprobs == "sampling" and not shared
 
     def score(self, query_responses: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """The reward model's score ``(B,)`` at the last attended token (the last response token).
@@ -413,8 +425,9 @@ class PPOModule(LightningModule):
         """Response logits ``(B, R, V)`` and values ``(B, R)`` (None without a critic); value t is
         read where token t is predicted."""
         needs_hidden = self.critic is not None and self.critic.needs_policy_hidden
-        out = forward_with_positions(self.policy, query_responses, attention_mask, output_hidden_states=needs_hidden)
-        logits = response_logits(out.logits, prompt_length)  # (B, R, V)
+        logits, out = forward_response_logits(
+            self.policy, query_responses, attention_mask, prompt_length, output_hidden_states=needs_hidden
+        )  # (B, R, V)
         if self.critic is None:
             return logits, None
         hidden = out.hidden_states[-1] if needs_hidden else None  # (B, T, D)
@@ -427,7 +440,11 @@ class PPOModule(LightningModule):
         is a source; the reward functions are called once per rollout in :meth:`make_rollout`), of a few rows."""
         temperature = self.sampling.temperature
         ids, mask = gen.query_responses, gen.attention_mask
-        logits, values = self.policy_and_values(ids, mask, prompt_length)  # (B, R, V), (B, R) or None
+        if gen.logits is not None:  # ppo.old_logprobs "sampling": the logits generate sampled from
+            logits = gen.logits  # (B, R, V)
+            values = None if self.critic is None else self.critic(ids, mask, None)[:, prompt_length - 1 : -1]  # (B, R)
+        else:
+            logits, values = self.policy_and_values(ids, mask, prompt_length)  # (B, R, V), (B, R) or None
         old_logprobs = token_logprobs(logits, gen.response_ids, temperature)  # (B, R)
         return {
             "old_logprobs": old_logprobs,
@@ -443,9 +460,7 @@ class PPOModule(LightningModule):
         prompt_length = gen.query_responses.shape[1] - gen.response_ids.shape[1]
         size = self.ppo.score_chunk_size or gen.response_ids.shape[0]
         parts = [
-            self._score_chunk(Generated(*(t[i : i + size] for t in (
-                gen.query_responses, gen.attention_mask, gen.response_ids, gen.response_mask, gen.ended))),
-                prompt_length)
+            self._score_chunk(gen.rows(i, i + size), prompt_length)
             for i in range(0, gen.response_ids.shape[0], size)
         ]  # fmt: skip
         return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}

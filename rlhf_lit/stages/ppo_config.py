@@ -15,6 +15,10 @@ from rlhf_lit.functional import KLKind
 from rlhf_lit.functional.estimators import EstimatorKind
 
 
+OldLogprobs = Literal["rescore", "sampling"]
+"""Where a rollout's old logprobs come from (see ``PPOConfig.old_logprobs``)."""
+
+
 @dataclass(frozen=True)
 class PPOConfig:
     """The PPO update run on every rollout.
@@ -46,6 +50,14 @@ class PPOConfig:
             critic; the others load none and have one optimizer (``critic``, ``value_model``,
             ``critic_lora``, ``critic_optimizer``, ``vf_coef`` and ``value_clip_range`` then do
             nothing; the first four must be left at their defaults).
+        old_logprobs: where the rollout's old logprobs (and its entropy) come from: ``rescore``, a
+            no-grad forward pass of the policy over the rollout, so the ratio is exactly 1 before
+            the first update on any hardware; or ``sampling``, the logits ``generate`` computed while
+            sampling (TRL's way): one policy forward less per rollout, equal to the rescore up to
+            float rounding (the KV-cache steps multiply in another order: measured <= 1e-5 in fp32
+            on a CPU, ~2e-3 in bf16), but it holds ``(B, R, vocabulary)``
+            float logits for the whole batch (``score_chunk_size`` does not bound it). With
+            ``critic: shared_trunk`` the policy forward runs anyway for the values.
     """
 
     epochs: int = 4
@@ -62,8 +74,11 @@ class PPOConfig:
     ptx_coef: float = 0.0
     score_chunk_size: int | None = None
     estimator: EstimatorKind = "gae"
+    old_logprobs: OldLogprobs = "rescore"
 
     def __post_init__(self) -> None:
+        if self.old_logprobs not in get_args(OldLogprobs):
+            raise ValueError(f"ppo.old_logprobs must be one of {', '.join(get_args(OldLogprobs))}; got {self.old_logprobs!r}")
         if self.estimator not in get_args(EstimatorKind):
             raise ValueError(f"ppo.estimator must be one of {', '.join(get_args(EstimatorKind))}; got {self.estimator!r}")
         for name in ("epochs", "minibatch_size", "grad_accum"):

@@ -1,0 +1,48 @@
+"""Commands of ``rlhf-lit`` beside LightningCLI's ``fit``: ``evaluate`` and ``best-of-n``.
+
+``rlhf_lit.cli.main`` hands ``rlhf-lit <command> ...`` to :func:`run_command` when ``<command>``
+is in :data:`COMMANDS`; everything else goes to LightningCLI. Each command is an argparse
+``main(argv) -> exit status`` in its own module, imported only when run. Errors read as the rest
+of rlhf-lit's: one line ``rlhf-lit: error: ...``, exit status 2 for a bad option and 1 for
+anything else a user can fix (a missing file or model, bad data, a judge that does not import);
+``--debug`` shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Sequence
+
+COMMANDS: dict[str, tuple[str, str]] = {
+    "evaluate": ("rlhf_lit.commands.evaluate", "sample from a policy on prompts: judge, RM score, KL, distinct-n, length"),
+    "best-of-n": ("rlhf_lit.commands.best_of_n", "best-of-N by a reward model over N = 1, 2, 4, ...: judge score and analytic KL"),
+}
+"""``command -> (module with main(argv), one-line help)``."""
+
+
+def commands_help() -> str:
+    """The extra commands, one line each, for ``rlhf-lit --help``."""
+    width = max(len(name) for name in COMMANDS)
+    lines = [f"  {name:<{width}}  {summary}" for name, (_, summary) in COMMANDS.items()]
+    return "rlhf-lit commands besides LightningCLI's (`rlhf-lit <command> --help` for options):\n" + "\n".join(lines)
+
+
+def run_command(name: str, argv: Sequence[str], debug: bool = False) -> int:
+    """Run command ``name`` with ``argv``; returns the exit status (errors as one line unless ``debug``)."""
+    from rlhf_lit.commands.common import OptionError
+
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # a "Loading weights" bar per model would bury the table
+        return importlib.import_module(COMMANDS[name][0]).main(argv)
+    except SystemExit as done:  # argparse: --help (0) or a bad option (2, its message already printed)
+        return done.code if isinstance(done.code, int) else 1
+    except (ValueError, OSError, ImportError) as error:
+        if debug:
+            raise
+        status = 2 if isinstance(error, OptionError) else 1
+        hint = f"`rlhf-lit {name} --help` lists the options" if status == 2 else "run with --debug for the traceback"
+        sys.stderr.write(f"rlhf-lit: error: {error}\n({hint})\n")
+        return status

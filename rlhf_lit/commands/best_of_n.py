@@ -1,0 +1,245 @@
+"""``rlhf-lit best-of-n``: best-of-N sampling by a reward model, swept over N, with its analytic KL.
+
+    rlhf-lit best-of-n --policy logs/offline/sft/model --reward-model logs/offline/rm/model \\
+        --prompts prompts.txt --judge rlhf_lit.evaluation.judges:vader --n-max 64 --out bon.json
+
+M responses are sampled once per prompt (M = the largest N unless ``--num-samples`` asks for
+more), scored by the reward model (and the judge), and every N of the sweep is evaluated on those
+same samples, so the sweep costs one sampling pass. ``--estimator subsets`` (the default) takes
+the exact expectation over all N-subsets of the M samples (``P(sample i is the pick) =
+C(rank_i - 1, N - 1) / C(M, N)`` with rank 1 the lowest RM score); ``first_n`` picks the best of
+the first N samples (nested prefixes). Ties in the RM score go to the sample drawn first. See
+:mod:`rlhf_lit.functional.best_of_n`.
+
+Per N it reports the mean over prompts of the pick's judge score (with its standard error over
+prompts), RM score and length, and the analytic KL of best-of-N to the policy,
+``log N - (N - 1) / N``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import math
+import time
+from collections.abc import Sequence
+
+import torch
+
+from rlhf_lit.commands.common import (
+    WRITTEN_BY_KEY,
+    CommandParser,
+    OptionError,
+    add_common_options,
+    check_positive,
+    load_models,
+    prepare,
+    sample_and_measure,
+    write_json,
+)
+from rlhf_lit.functional.best_of_n import BestOfNEstimator, best_of_n_kl, best_of_n_weights
+
+log = logging.getLogger(__name__)
+
+ROW_KEYS = ("n", "kl_analytic", "judge_mean", "judge_stderr", "rm_mean", "rm_stderr", "length_mean", "ended_fraction")
+"""The fields of one row of the sweep (``judge_*`` are None without a judge)."""
+
+
+def powers_of_two(n_max: int) -> list[int]:
+    """``1, 2, 4, ...`` up to ``n_max``, and ``n_max`` itself when it is not a power of two."""
+    check_positive(n_max=n_max)
+    ns = [2**k for k in range(n_max.bit_length()) if 2**k <= n_max]
+    return ns if ns[-1] == n_max else [*ns, n_max]
+
+
+def parse_n_list(text: str) -> list[int]:
+    """``"1,2,4"`` -> ``[1, 2, 4]``: distinct positive integers, sorted (else :class:`OptionError`)."""
+    try:
+        ns = sorted({int(part) for part in text.split(",") if part.strip()})
+    except ValueError:
+        raise OptionError(f"--n {text!r}: give comma-separated integers, e.g. 1,2,4,8") from None
+    if not ns or ns[0] < 1:
+        raise OptionError(f"--n {text!r}: give integers >= 1")
+    return ns
+
+
+def _mean_stderr(per_prompt: torch.Tensor) -> tuple[float, float]:
+    """Mean over prompts and its standard error (sample std / sqrt(P); 0 for one prompt)."""
+    p = per_prompt.shape[0]
+    stderr = per_prompt.std(unbiased=True).item() / math.sqrt(p) if p > 1 else 0.0
+    return per_prompt.mean().item(), stderr
+
+
+def sweep(
+    rm_scores: torch.Tensor,
+    ns: Sequence[int],
+    *,
+    judge_scores: torch.Tensor | None = None,
+    lengths: torch.Tensor | None = None,
+    ended: torch.Tensor | None = None,
+    estimator: BestOfNEstimator = "subsets",
+) -> list[dict]:
+    """One row per N: the best-of-N pick's judge score, RM score, length, and the analytic KL.
+
+    Args:
+        rm_scores: ``(P, M)`` reward scores, row p = the M samples of prompt p.
+        ns: the N values, each at most M.
+        judge_scores, lengths, ended: ``(P, M)`` per-sample values averaged under the pick's weights.
+        estimator: how the pick of N is evaluated on M samples
+            (:func:`rlhf_lit.functional.best_of_n.best_of_n_weights`).
+    """
+    rows = []
+    for n in ns:
+        weights = best_of_n_weights(rm_scores, n, estimator)  # (P, M)
+
+        def picked(values: torch.Tensor | None) -> tuple[float, float] | tuple[None, None]:
+            if values is None:
+                return None, None
+            return _mean_stderr((weights * values.to(torch.float64)).sum(-1))  # per prompt (P,)
+
+        judge_mean, judge_stderr = picked(judge_scores)
+        rm_mean, rm_stderr = picked(rm_scores)
+        rows.append({
+            "n": n, "kl_analytic": best_of_n_kl(n), "judge_mean": judge_mean, "judge_stderr": judge_stderr,
+            "rm_mean": rm_mean, "rm_stderr": rm_stderr, "length_mean": picked(lengths)[0],
+            "ended_fraction": picked(ended)[0],
+        })  # fmt: skip
+    return rows
+
+
+def best_of_n(
+    policy: str,
+    reward_model: str,
+    prompts: Sequence[str],
+    ns: Sequence[int],
+    *,
+    num_samples: int | None = None,
+    judge=None,
+    estimator: BestOfNEstimator = "subsets",
+    sampling=None,
+    batch_size: int = 64,
+    seed: int = 0,
+    tokenizer: str | None = None,
+    device: str = "cpu",
+) -> dict:
+    """Sample ``num_samples`` (default ``max(ns)``) responses per prompt once and sweep best-of-N over ``ns``.
+
+    Args:
+        policy: the model to sample from.
+        reward_model: the reward model that picks the best response.
+        prompts: prompt texts.
+        ns: the N values of the sweep.
+        num_samples: M, responses sampled per prompt (>= max(ns)).
+        judge: a judge (``texts -> scores``) for the gold score of the pick, or None.
+        estimator: ``subsets`` (exact expectation over N-subsets) or ``first_n`` (nested prefixes).
+        sampling, batch_size, seed, tokenizer, device: as in
+            :func:`rlhf_lit.commands.evaluate.evaluate_policy`.
+
+    Returns:
+        ``{"rows", "timing_s", "samples"}``: ``rows`` one dict per N (:data:`ROW_KEYS`), samples
+        one per response with ``prompt_index``, ``sample_index``, ``response``, ``rm``, ``judge``,
+        ``length``, ``ended``.
+    """
+    from rlhf_lit.models.generation import SamplingConfig
+
+    ns = sorted(set(ns))
+    m = num_samples or ns[-1]
+    if ns[0] < 1 or ns[-1] > m:
+        raise ValueError(f"best-of-N needs 1 <= N <= {m} (the samples per prompt); got N in {ns}")
+    check_positive(batch_size=batch_size)
+    if not prompts:
+        raise ValueError("no prompts to sample from")
+    sampling = sampling or SamplingConfig(max_new_tokens=48)
+    t0 = time.perf_counter()
+    models = load_models(policy, reward_model=reward_model, tokenizer=tokenizer, device=device)
+    t_loaded = time.perf_counter()
+    repeated = [p for p in prompts for _ in range(m)]  # prompt p's samples are rows [p*M, (p+1)*M)
+    samples, t_generate = sample_and_measure(models, repeated, sampling, batch_size=batch_size, seed=seed)
+    t_scored = time.perf_counter()
+    judge_list = judge(samples.responses) if judge is not None else None
+    t_judged = time.perf_counter()
+
+    def grid(values) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.float64).view(len(prompts), m)  # (P, M)
+
+    rows = sweep(
+        grid(samples.rm_scores), ns, judge_scores=None if judge_list is None else grid(judge_list),
+        lengths=grid(samples.lengths), ended=grid(samples.ended), estimator=estimator,
+    )  # fmt: skip
+    return {
+        "rows": rows,
+        "timing_s": {
+            "load": t_loaded - t0, "generate": t_generate, "score": t_scored - t_loaded - t_generate,
+            "judge": t_judged - t_scored, "total": time.perf_counter() - t0,
+        },  # fmt: skip
+        "samples": [
+            {"prompt_index": i // m, "sample_index": i % m, "response": samples.responses[i],
+             "rm": samples.rm_scores[i], "judge": None if judge_list is None else judge_list[i],
+             "length": samples.lengths[i], "ended": samples.ended[i]}
+            for i in range(len(repeated))
+        ],  # fmt: skip
+    }
+
+
+def format_table(rows: Sequence[dict]) -> str:
+    """The sweep as a plain-text table, one line per N."""
+    header = ["N", "KL(analytic)", "judge", "+-stderr", "RM", "+-stderr", "length"]
+    keys = ["n", "kl_analytic", "judge_mean", "judge_stderr", "rm_mean", "rm_stderr", "length_mean"]
+    cells = [[str(r["n"]), *("-" if r[k] is None else f"{r[k]:.4f}" for k in keys[1:-1]), f"{r['length_mean']:.1f}"]
+             for r in rows]  # fmt: skip
+    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(header)]
+    lines = ["  ".join(h.rjust(w) for h, w in zip(header, widths))]
+    lines += ["  ".join(c.rjust(w) for c, w in zip(cell, widths)) for cell in cells]
+    return "\n".join(lines)
+
+
+def build_parser() -> CommandParser:
+    """The options of ``rlhf-lit best-of-n``."""
+    parser = CommandParser(
+        prog="rlhf-lit best-of-n", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description="Sample M responses per prompt once, pick the best of N by a reward model for N in a sweep, "
+        "and report the pick's judge score, RM score and length with the analytic KL log N - (N-1)/N.",
+    )  # fmt: skip
+    parser.add_argument("--policy", required=True, metavar="DIR", help="the model to sample from")
+    parser.add_argument("--reward-model", required=True, metavar="DIR", help="the reward model that picks the best")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--n-max", type=int, default=64, help="sweep N = 1, 2, 4, ... up to this")
+    which.add_argument("--n", default=None, metavar="N,N,...", help="the N values, e.g. 1,2,4,8 (instead of --n-max)")
+    parser.add_argument("--num-samples", type=int, default=None, metavar="M",
+                        help="responses sampled per prompt (default: the largest N); more lowers the variance of 'subsets'")
+    parser.add_argument("--estimator", choices=["subsets", "first_n"], default="subsets",
+                        help="subsets: exact mean over all N-subsets of the M samples; first_n: best of the first N")
+    add_common_options(parser, max_new_tokens=48, batch_size=64)
+    return parser
+
+
+def main(argv: Sequence[str]) -> int:
+    """Run ``rlhf-lit best-of-n`` with ``argv`` (the options after the command name); returns the exit status."""
+    args = build_parser().parse_args(list(argv))
+    ns = parse_n_list(args.n) if args.n is not None else powers_of_two(args.n_max)
+    check_positive(num_samples=args.num_samples)
+    if args.num_samples is not None and args.num_samples < ns[-1]:
+        raise OptionError(f"--num-samples {args.num_samples} is below the largest N ({ns[-1]})")
+    prompts, sampling, judge = prepare(args, policy=args.policy, reward_model=args.reward_model, tokenizer=args.tokenizer)
+    m = args.num_samples or ns[-1]
+    log.info("best-of-n: %d prompts x %d samples from %s, N in %s", len(prompts), m, args.policy, ns)
+    result = best_of_n(
+        args.policy, args.reward_model, prompts, ns, num_samples=m, judge=judge, estimator=args.estimator,
+        sampling=sampling, batch_size=args.batch_size, seed=args.seed, tokenizer=args.tokenizer, device=args.device,
+    )  # fmt: skip
+    result = {
+        WRITTEN_BY_KEY: "rlhf-lit best-of-n",
+        "config": {
+            "policy": args.policy, "reward_model": args.reward_model, "judge": args.judge, "prompts": args.prompts,
+            "num_prompts": len(prompts), "ns": ns, "num_samples": m, "estimator": args.estimator,
+            "tie_break": "equal RM scores: the sample drawn first wins", "sampling": dataclasses.asdict(sampling),
+            "batch_size": args.batch_size, "seed": args.seed, "tokenizer": args.tokenizer, "device": args.device,
+        },  # fmt: skip
+        **result,
+    }
+    print(format_table(result["rows"]))
+    if args.out is not None:
+        write_json(args.out, result)
+        log.info("wrote %s", args.out)
+    return 0

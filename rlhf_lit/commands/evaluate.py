@@ -1,0 +1,171 @@
+"""``rlhf-lit evaluate``: sample from a policy on prompts and measure judge, RM score, KL, distinct-n, length.
+
+    rlhf-lit evaluate --policy logs/offline/ppo-full/model --prompts prompts.txt \\
+        --reference logs/offline/sft/model --reward-model logs/offline/rm/model \\
+        --judge rlhf_lit.evaluation.judges:vader --out eval.json
+
+Every model is optional but the policy: without ``--reference`` there is no KL, without
+``--reward-model`` no RM score, without ``--judge`` no judge score; length, the fraction of
+responses that end with EOS and distinct-1/2 are always measured. KL is the per-response sum over
+response tokens (EOS included) of ``logprob_policy - logprob_ref`` on the policy's own samples at
+the sampling temperature: a Monte Carlo estimate of ``KL(policy || reference)`` of whole responses,
+the quantity PPO's penalty controls. :func:`evaluate_policy` is the library function; the demo's
+evaluation (:func:`rlhf_lit.demo.evaluate.evaluate`) is this on its held-out paragraphs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import time
+from collections.abc import Sequence
+
+from rlhf_lit.commands.common import (
+    WRITTEN_BY_KEY,
+    CommandParser,
+    add_common_options,
+    check_positive,
+    load_models,
+    mean_std,
+    prepare,
+    sample_and_measure,
+    write_json,
+)
+
+log = logging.getLogger(__name__)
+
+
+def evaluate_policy(
+    policy: str,
+    prompts: Sequence[str],
+    *,
+    reference: str | None = None,
+    reward_model: str | None = None,
+    judge=None,
+    samples_per_prompt: int = 1,
+    sampling=None,
+    batch_size: int = 64,
+    seed: int = 0,
+    tokenizer: str | None = None,
+    device: str = "cpu",
+) -> dict:
+    """Sample ``samples_per_prompt`` responses per prompt from ``policy`` and measure them.
+
+    Args:
+        policy: the model directory (or hub name) to evaluate.
+        prompts: prompt texts.
+        reference: the reference model for the KL (none: no KL).
+        reward_model: a reward model for the RM score (none: no RM score).
+        judge: a judge (``texts -> scores``, e.g. :func:`rlhf_lit.evaluation.load_judge`) or None.
+        samples_per_prompt: responses per prompt, as consecutive rows.
+        sampling: :class:`~rlhf_lit.models.generation.SamplingConfig` (default: 48 new tokens, T = 1).
+        batch_size: responses per ``generate`` call (changing it changes the samples of a seed).
+        seed: sampling seed (:func:`rlhf_lit.models.generation.sample_batches`).
+        tokenizer: tokenizer location when not beside the policy; every model reads its ids.
+        device: torch device.
+
+    Returns:
+        ``{"metrics", "timing_s", "samples"}``. ``metrics``: ``judge_mean``/``judge_std`` (with a
+        judge), ``rm_mean``/``rm_std`` (with an RM), ``kl_mean``/``kl_std`` (with a reference),
+        ``distinct_1``, ``distinct_2``, ``length_mean`` (response tokens, EOS included),
+        ``ended_fraction``, ``num_samples``; stds are population stds over responses. Each
+        sample: ``prompt_index``, ``prompt``, ``response``, ``judge``, ``rm``, ``kl`` (those
+        measured), ``length``, ``ended``.
+    """
+    from rlhf_lit.evaluation.diversity import distinct_n
+    from rlhf_lit.models.generation import SamplingConfig
+
+    check_positive(samples_per_prompt=samples_per_prompt, batch_size=batch_size)
+    if not prompts:
+        raise ValueError("no prompts to evaluate")
+    sampling = sampling or SamplingConfig(max_new_tokens=48)
+    t0 = time.perf_counter()
+    models = load_models(policy, reference=reference, reward_model=reward_model, tokenizer=tokenizer, device=device)
+    t_loaded = time.perf_counter()
+
+    repeated = [p for p in prompts for _ in range(samples_per_prompt)]
+    samples, t_generate = sample_and_measure(models, repeated, sampling, batch_size=batch_size, seed=seed)
+    t_scored = time.perf_counter()
+    judge_scores = judge(samples.responses) if judge is not None else None
+    t_judged = time.perf_counter()
+
+    metrics: dict = {}
+    for name, values in (("judge", judge_scores), ("rm", samples.rm_scores), ("kl", samples.kls)):
+        if values is not None:
+            metrics[f"{name}_mean"], metrics[f"{name}_std"] = mean_std(values)
+    n = len(samples.responses)
+    metrics.update({
+        "distinct_1": distinct_n(samples.responses, 1), "distinct_2": distinct_n(samples.responses, 2),
+        "length_mean": sum(samples.lengths) / n, "ended_fraction": sum(samples.ended) / n, "num_samples": n,
+    })  # fmt: skip
+    rows = []
+    for i in range(n):
+        row = {"prompt_index": i // samples_per_prompt, "prompt": repeated[i], "response": samples.responses[i]}
+        for name, values in (("judge", judge_scores), ("rm", samples.rm_scores), ("kl", samples.kls)):
+            if values is not None:
+                row[name] = values[i]
+        row.update(length=samples.lengths[i], ended=samples.ended[i])
+        rows.append(row)
+    return {
+        "metrics": metrics,
+        "timing_s": {
+            "load": t_loaded - t0, "generate": t_generate, "logprobs": t_scored - t_loaded - t_generate,
+            "judge": t_judged - t_scored, "total": t_judged - t0,
+        },  # fmt: skip
+        "samples": rows,
+    }
+
+
+def format_table(result: dict) -> str:
+    """The metrics and timings of an evaluation result as a plain-text table."""
+    rows = [(k, f"{v:.4f}" if isinstance(v, float) else str(v)) for k, v in result["metrics"].items()]
+    rows += [(f"time_{k}_s", f"{v:.2f}") for k, v in result["timing_s"].items()]
+    width = max(len(k) for k, _ in rows)
+    lines = [f"{'metric':<{width}}  value", f"{'-' * width}  {'-' * 10}"]
+    lines += [f"{k:<{width}}  {v}" for k, v in rows]
+    return "\n".join(lines)
+
+
+def build_parser() -> CommandParser:
+    """The options of ``rlhf-lit evaluate``."""
+    parser = CommandParser(
+        prog="rlhf-lit evaluate", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description="Sample responses from a policy on prompts; print judge score, RM score, KL to a reference, "
+        "distinct-n and length, and write them (with every sample) as JSON.",
+    )  # fmt: skip
+    parser.add_argument("--policy", required=True, metavar="DIR", help="the model to evaluate (an export directory)")
+    parser.add_argument("--reference", default=None, metavar="DIR", help="reference model for the KL (none: no KL)")
+    parser.add_argument("--reward-model", default=None, metavar="DIR", help="reward model to score responses (none: no RM score)")
+    parser.add_argument("--samples-per-prompt", type=int, default=1, help="responses per prompt")
+    add_common_options(parser, max_new_tokens=48, batch_size=64)
+    return parser
+
+
+def main(argv: Sequence[str]) -> int:
+    """Run ``rlhf-lit evaluate`` with ``argv`` (the options after the command name); returns the exit status."""
+    args = build_parser().parse_args(list(argv))
+    check_positive(samples_per_prompt=args.samples_per_prompt)
+    prompts, sampling, judge = prepare(args, policy=args.policy, reference=args.reference,
+                                       reward_model=args.reward_model, tokenizer=args.tokenizer)  # fmt: skip
+    log.info("evaluate: %d prompts x %d samples from %s", len(prompts), args.samples_per_prompt, args.policy)
+    result = evaluate_policy(
+        args.policy, prompts, reference=args.reference, reward_model=args.reward_model, judge=judge,
+        samples_per_prompt=args.samples_per_prompt, sampling=sampling, batch_size=args.batch_size, seed=args.seed,
+        tokenizer=args.tokenizer, device=args.device,
+    )  # fmt: skip
+    result = {
+        WRITTEN_BY_KEY: "rlhf-lit evaluate",
+        "config": {
+            "policy": args.policy, "reference": args.reference, "reward_model": args.reward_model,
+            "judge": args.judge, "prompts": args.prompts, "num_prompts": len(prompts),
+            "samples_per_prompt": args.samples_per_prompt, "sampling": dataclasses.asdict(sampling),
+            "batch_size": args.batch_size, "seed": args.seed, "tokenizer": args.tokenizer, "device": args.device,
+        },  # fmt: skip
+        **result,
+    }
+    print(format_table(result))
+    if args.out is not None:
+        write_json(args.out, result)
+        log.info("wrote %s", args.out)
+    return 0

@@ -1,0 +1,40 @@
+"""A short smoke run of bench/ppo_throughput.py the way peer-bench's ``run_all.sh --extra`` calls it
+(the workload in ``PEERBENCH_*`` variables, the results as JSON); no timing is asserted."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from rlhf_lit.tokenizer import load_tokenizer
+
+ROOT = Path(__file__).resolve().parents[2]
+STORIES = ROOT.parent / "shared" / "assets" / "models" / "stories260K"
+
+
+def test_benchmark_runs_a_workload_from_the_harness_environment(tmp_path):
+    tokenizer = load_tokenizer(str(STORIES), padding_side="left")
+    rows, masks = [], []
+    for text in ["Once upon a time", "The little dog ran", "Tom", "She saw a big red"]:
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"][:6]
+        rows.append([tokenizer.pad_token_id] * (6 - len(ids)) + ids)
+        masks.append([0] * (6 - len(ids)) + [1] * len(ids))
+    prompt_file = tmp_path / "prompt_ids.json"
+    prompt_file.write_text(json.dumps({"input_ids": rows, "attention_mask": masks}))
+    workload = dict(POLICY=STORIES, REWARD=STORIES, TOKENIZER=STORIES, BATCH=4, PROMPT_LEN=6, RESP_LEN=5, EPOCHS=1,
+                    MINIBATCHES=2, ITERS=2, THREADS=1, TEMPERATURE=0.7, KL_COEF=0.05, SEED=0, LR=1e-5,
+                    WORKLOAD="smoke", PROMPT_IDS=prompt_file, JSON=tmp_path / "out.json")  # fmt: skip
+    env = {**os.environ, **{f"PEERBENCH_{k}": str(v) for k, v in workload.items()}, "OMP_NUM_THREADS": "1"}
+    result = subprocess.run([sys.executable, str(ROOT / "bench" / "ppo_throughput.py")], env=env, cwd=tmp_path,
+                            capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = json.loads((tmp_path / "out.json").read_text())
+    assert out["workload"] == "smoke" and out["iters"] == 2 and len(out["iters_s"]) == 2
+    for key in ("iter_median_s", "gen_s", "rollout_s", "train_s", "tokens_per_s", "peak_rss_mib"):
+        assert out[key] > 0, key
+    # Full-length responses (ignore_eos): 4 prompts x 5 tokens per iteration.
+    assert abs(out["tokens_per_s"] * out["iter_median_s"] - 20) < 1e-6
+    assert "iteration" in result.stdout and not (tmp_path / "model").exists()  # the export went to a temp dir

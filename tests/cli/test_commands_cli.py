@@ -1,0 +1,79 @@
+"""`rlhf-lit evaluate` and `rlhf-lit best-of-n` as a user runs them, on the tiny offline models."""
+
+from __future__ import annotations
+
+import json
+import math
+
+from cli_helpers import STORIES, error_line, rlhf_lit
+
+JUDGE = "rlhf_lit.evaluation.judges:vader"
+METRICS = ["judge_mean", "judge_std", "rm_mean", "rm_std", "kl_mean", "kl_std", "distinct_1", "distinct_2",
+           "length_mean", "ended_fraction", "num_samples"]  # fmt: skip
+
+
+def test_evaluate_writes_json_and_prints_the_table(tmp_path, stories_rm):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"text": "Once upon a time"}\n{"text": "Tom had a big red"}\n\n{"text": "The cat"}\n')
+    out = tmp_path / "eval.json"
+    args = ["evaluate", "--policy", str(STORIES), "--reference", str(STORIES), "--reward-model", stories_rm,
+            "--judge", JUDGE, "--prompts", str(prompts), "--prompt-field", "text", "--samples-per-prompt", "2",
+            "--max-new-tokens", "8", "--batch-size", "4", "--seed", "3", "--out", str(out)]  # fmt: skip
+    result = rlhf_lit(*args, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "kl_mean" in result.stdout and "rm_mean" in result.stdout  # the table
+    data = json.loads(out.read_text())
+    assert data["written_by"] == "rlhf-lit evaluate"
+    assert list(data["metrics"]) == METRICS
+    m = data["metrics"]
+    assert m["num_samples"] == 6
+    assert m["kl_mean"] == 0.0 and m["kl_std"] == 0.0  # the policy is its own reference
+    samples = data["samples"]
+    assert [s["prompt_index"] for s in samples] == [0, 0, 1, 1, 2, 2]
+    assert [s["prompt"] for s in samples[::2]] == ["Once upon a time", "Tom had a big red", "The cat"]
+    assert all(math.isfinite(s["rm"]) and -1 <= s["judge"] <= 1 and 1 <= s["length"] <= 8 for s in samples)
+    assert m["rm_mean"] == sum(s["rm"] for s in samples) / 6
+    assert data["config"]["sampling"]["max_new_tokens"] == 8 and data["config"]["num_prompts"] == 3
+
+    replaced = rlhf_lit(*args, "--overwrite", cwd=tmp_path)  # its own earlier output; same seed: same samples
+    assert replaced.returncode == 0, replaced.stderr[-3000:]
+    assert json.loads(out.read_text())["samples"] == samples
+
+
+def test_best_of_n_sweep_json(tmp_path, stories_rm):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("Once upon a time\nThe dog ran\n")
+    out = tmp_path / "bon" / "best.json"
+    result = rlhf_lit(
+        "best-of-n", "--policy", str(STORIES), "--reward-model", stories_rm, "--judge", JUDGE,
+        "--prompts", str(prompts), "--n-max", "4", "--max-new-tokens", "6", "--seed", "1", "--out", str(out),
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "KL(analytic)" in result.stdout
+    data = json.loads(out.read_text())
+    assert data["written_by"] == "rlhf-lit best-of-n"
+    assert data["config"]["ns"] == [1, 2, 4] and data["config"]["num_samples"] == 4
+    rows = data["rows"]
+    assert [r["n"] for r in rows] == [1, 2, 4]
+    assert set(rows[0]) == {"n", "kl_analytic", "judge_mean", "judge_stderr", "rm_mean", "rm_stderr",
+                            "length_mean", "ended_fraction"}  # fmt: skip
+    assert [r["kl_analytic"] for r in rows] == [0.0, math.log(2) - 0.5, math.log(4) - 0.75]
+    samples = data["samples"]
+    assert len(samples) == 8 and [s["sample_index"] for s in samples[:4]] == [0, 1, 2, 3]
+    # Checked from the samples: N = 1 averages all of them; N = M takes the RM argmax of each prompt.
+    assert rows[0]["rm_mean"] == sum(s["rm"] for s in samples) / 8
+    assert rows[0]["judge_mean"] == sum(s["judge"] for s in samples) / 8
+    best = [max(samples[4 * p : 4 * p + 4], key=lambda s: s["rm"]) for p in (0, 1)]
+    assert rows[2]["rm_mean"] == sum(s["rm"] for s in best) / 2
+    assert rows[2]["judge_mean"] == sum(s["judge"] for s in best) / 2
+    assert rows[0]["rm_mean"] <= rows[1]["rm_mean"] <= rows[2]["rm_mean"]
+
+
+def test_bad_input_is_one_line_before_sampling(tmp_path, stories_rm):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "Once"}\n{"prompt": "The"\n')
+    result = rlhf_lit("best-of-n", "--policy", str(STORIES), "--reward-model", stories_rm, "--prompts", str(prompts),
+                      cwd=tmp_path)  # fmt: skip
+    assert result.returncode == 1
+    assert error_line(result).endswith("prompts.jsonl line 2: not JSON (Expecting ',' delimiter)")

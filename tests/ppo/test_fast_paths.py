@@ -1,0 +1,209 @@
+"""The performance paths keep the math: ignore_eos sampling, logits only at response positions,
+the 16-bit CUDA attention mask, fused AdamW."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+from ppo_helpers import EOS, PAD, STORIES, EosBias, prompt_batch
+
+from rlhf_lit.models import load_causal_lm
+from rlhf_lit.models.generation import (
+    SamplingConfig,
+    forward_response_logits,
+    forward_with_positions,
+    generate_responses,
+    response_logits,
+)
+from rlhf_lit.models.scoring import model_attention_mask, position_ids_from_mask, self_attending_causal_mask
+from rlhf_lit.stages.optim import OptimizerConfig, build_optimizer, fused_adamw_supported
+from rlhf_lit.tokenizer import load_tokenizer
+
+PROMPTS = ["Once upon a time there was", "The cat", "Lily and Tom went to the park to", "A"]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return load_tokenizer(STORIES, padding_side="left")
+
+
+@pytest.fixture(scope="module")
+def policy(tokenizer):
+    model = load_causal_lm(STORIES, tokenizer)
+    model.lm_head = EosBias(model.lm_head, 24.0)  # EOS sampled at varied steps
+    return model.eval()
+
+
+# ---------------------------------------------------------------- ignore_eos
+def test_ignore_eos_runs_every_row_to_full_length_with_the_same_samples(policy, tokenizer):
+    """The same seed samples the same tokens up to each row's first EOS (the logits are untouched:
+    suppressing EOS, as min_new_tokens does, would change the token at the EOS step); then the row
+    goes on, every position is the response's, and no row counts as ended."""
+    batch = prompt_batch(tokenizer, PROMPTS * 2)
+    R = 12
+
+    def sample(ignore_eos):
+        sampling = SamplingConfig(max_new_tokens=R, temperature=0.9, ignore_eos=ignore_eos)
+        return generate_responses(policy, batch["input_ids"], batch["attention_mask"], sampling, EOS, PAD,
+                                  generator=torch.Generator().manual_seed(5))
+
+    stopped, full = sample(False), sample(True)
+    assert stopped.ended.any(), "the biased EOS must end some rows for this test to mean anything"
+    assert full.response_ids.shape == (len(PROMPTS) * 2, R)
+    assert full.response_mask.all() and not full.ended.any()
+    assert torch.equal(full.attention_mask[:, -R:], torch.ones_like(full.response_ids))
+    continued = 0
+    for row in range(stopped.response_ids.shape[0]):
+        n = int(stopped.response_mask[row].sum())
+        assert full.response_ids[row, :n].tolist() == stopped.response_ids[row, :n].tolist()
+        if stopped.ended[row] and n < R:
+            continued += 1  # an ended row that the full-length sampling carried on
+    assert continued > 0
+
+
+def test_ignore_eos_refuses_a_missing_eos_penalty():
+    from ppo_helpers import tiny_module
+
+    from rlhf_lit.stages.ppo_config import RewardConfig
+
+    with pytest.raises(ValueError, match="ignore_eos.*missing_eos_penalty"):
+        tiny_module(sampling=SamplingConfig(max_new_tokens=4, ignore_eos=True),
+                    reward=RewardConfig(missing_eos_penalty=-1.0))
+
+
+# ---------------------------------------------------------------- logits at response positions
+class _DropsLogitsToKeep(torch.nn.Module):
+    """A model wrapper whose forward takes **kwargs but ignores logits_to_keep (returns every position)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.inner = model
+
+    def forward(self, logits_to_keep=None, **kwargs):
+        return self.inner(**kwargs)
+
+
+def test_response_logits_only_equal_the_full_forward_sliced(policy, tokenizer):
+    batch = prompt_batch(tokenizer, PROMPTS)
+    gen = generate_responses(policy, batch["input_ids"], batch["attention_mask"], SamplingConfig(max_new_tokens=6),
+                             EOS, PAD, generator=torch.Generator().manual_seed(1))
+    P = batch["input_ids"].shape[1]
+    with torch.no_grad():
+        full = response_logits(forward_with_positions(policy, gen.query_responses, gen.attention_mask).logits, P)
+        kept, _ = forward_response_logits(policy, gen.query_responses, gen.attention_mask, P)
+        wrapped, _ = forward_response_logits(_DropsLogitsToKeep(policy), gen.query_responses, gen.attention_mask, P)
+    assert kept.shape == full.shape == (len(PROMPTS), 6, full.shape[-1])
+    # Position P - 1 + t predicts response token t; a one-position shift is far outside this tolerance.
+    torch.testing.assert_close(kept, full, rtol=1e-5, atol=1e-5)
+    assert torch.equal(wrapped, full)
+
+
+def test_forward_response_logits_projects_only_response_positions(policy, tokenizer):
+    """The LM head sees R positions, not P + R."""
+    batch = prompt_batch(tokenizer, PROMPTS)
+    ids = torch.cat([batch["input_ids"], batch["input_ids"][:, -3:]], dim=1)
+    mask = torch.cat([batch["attention_mask"], torch.ones_like(batch["input_ids"][:, -3:])], dim=1)
+    rows = []
+    handle = policy.lm_head.register_forward_hook(lambda m, args, out: rows.append(args[0].shape[1]))
+    try:
+        with torch.no_grad():
+            logits, _ = forward_response_logits(policy, ids, mask, batch["input_ids"].shape[1])
+    finally:
+        handle.remove()
+    assert rows == [3] and logits.shape[1] == 3
+
+
+# ---------------------------------------------------------------- the 16-bit CUDA attention mask
+def test_self_attending_causal_mask_by_hand():
+    mask = self_attending_causal_mask(torch.tensor([[0, 0, 1, 1], [1, 1, 1, 0]]), torch.bfloat16)
+    low = torch.finfo(torch.bfloat16).min
+    assert mask.shape == (2, 1, 4, 4) and mask.dtype == torch.bfloat16
+    # Row 0 is left-padded: pad queries 0 and 1 attend only to themselves; real queries to real keys <= them.
+    allowed = [[[1, 0, 0, 0], [0, 1, 0, 0], [0, 0, 1, 0], [0, 0, 1, 1]],
+               # Row 1 is right-padded: the pad query 3 sees the real keys before it and itself.
+               [[1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0], [1, 1, 1, 1]]]  # fmt: skip
+    expected = torch.where(torch.tensor(allowed, dtype=torch.bool), torch.tensor(0.0), torch.tensor(low))
+    assert torch.equal(mask[:, 0].float(), expected.float())
+
+
+def test_model_attention_mask_is_the_padding_mask_off_cuda_and_keeps_real_positions(policy, tokenizer):
+    """On the CPU nothing changes; the 4-D mask, forced, gives the real positions the same logits."""
+    batch = prompt_batch(tokenizer, PROMPTS)
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    assert model_attention_mask(policy, mask) is mask
+    with torch.no_grad():
+        plain = forward_with_positions(policy, ids, mask).logits
+        forced = policy(input_ids=ids, attention_mask=self_attending_causal_mask(mask, torch.float32),
+                        position_ids=position_ids_from_mask(mask), use_cache=False).logits
+    real = mask.bool()
+    assert (~real).any(), "the prompts must be left-padded for this test to mean anything"
+    torch.testing.assert_close(forced[real], plain[real], rtol=1e-5, atol=1e-5)
+    assert torch.isfinite(forced).all()
+
+
+# ---------------------------------------------------------------- fused AdamW
+def test_fused_adamw_only_where_it_applies():
+    model = torch.nn.Linear(4, 3)
+    assert fused_adamw_supported(model)
+    scaled = torch.nn.Linear(4, 3)
+    scaled._trainer = types.SimpleNamespace(precision_plugin=types.SimpleNamespace(scaler=object()))
+    assert not fused_adamw_supported(scaled)  # fp16: Lightning must unscale before clipping
+    frozen = torch.nn.Linear(4, 3).requires_grad_(False)
+    assert not fused_adamw_supported(frozen)
+
+
+def test_fused_adamw_takes_the_same_steps():
+    torch.manual_seed(0)
+    a, b = torch.nn.Linear(8, 4), torch.nn.Linear(8, 4)
+    b.load_state_dict(a.state_dict())
+    config = OptimizerConfig(lr=1e-2, weight_decay=0.1, eps=1e-8)
+    opt_a, _ = build_optimizer(a.named_parameters(), config, 10, fused=False)
+    opt_b, _ = build_optimizer(b.named_parameters(), config, 10, fused=True)
+    assert opt_b.defaults["fused"] and not opt_a.defaults["fused"]
+    x = torch.randn(16, 8)
+    for _ in range(3):
+        for model, opt in ((a, opt_a), (b, opt_b)):
+            opt.zero_grad()
+            model(x).pow(2).mean().backward()
+            opt.step()
+    for pa, pb in zip(a.parameters(), b.parameters()):
+        torch.testing.assert_close(pa, pb, rtol=1e-6, atol=1e-7)
+
+
+# ---------------------------------------------------------------- old logprobs from sampling
+@pytest.mark.parametrize("critic", ["separate", "shared_trunk"])
+def test_old_logprobs_from_sampling_equal_the_rescore(critic, tokenizer):
+    """fp32 on the CPU: the logits generate sampled from give the rescore's old logprobs up to float
+    rounding (the KV-cache steps multiply in another order: measured <= 8e-6), the same values and
+    samples; with a shared trunk the forward runs anyway (no logits kept). A one-position shift
+    differs by whole nats."""
+    from ppo_helpers import tiny_module
+
+    from rlhf_lit.stages.ppo_config import PPOConfig
+    from rlhf_lit.stages.ppo_metrics import RolloutTimer
+
+    batch = prompt_batch(tokenizer, PROMPTS * 2)
+    rollouts, kept = {}, {}
+    for source in ("rescore", "sampling"):
+        module = tiny_module(critic=critic, sampling=SamplingConfig(max_new_tokens=6, temperature=0.7),
+                             ppo=PPOConfig(epochs=1, minibatch_size=4, old_logprobs=source))
+        generate = module.generate
+        module.generate = lambda b, generate=generate, source=source: kept.setdefault(source, generate(b))
+        rollouts[source], _ = module.make_rollout(batch, RolloutTimer(torch.device("cpu")))
+    assert (kept["sampling"].logits is not None) == (critic == "separate")
+    assert kept["rescore"].logits is None
+    a, b = rollouts["rescore"], rollouts["sampling"]
+    assert torch.equal(a.query_responses, b.query_responses)
+    mask = a.response_mask
+    torch.testing.assert_close(b.old_logprobs[mask], a.old_logprobs[mask], rtol=0, atol=5e-5)
+    torch.testing.assert_close(b.old_values, a.old_values, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(b.advantages, a.advantages, rtol=0, atol=1e-3)
+
+
+def test_old_logprobs_choice_is_checked():
+    from rlhf_lit.stages.ppo_config import PPOConfig
+
+    with pytest.raises(ValueError, match="ppo.old_logprobs"):
+        PPOConfig(old_logprobs="generate")
