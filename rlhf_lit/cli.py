@@ -28,6 +28,7 @@ from lightning.pytorch import LightningDataModule, LightningModule
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from rlhf_lit.commands import COMMANDS, commands_help, run_command
+from rlhf_lit.runs import add_run_dir_argument, apply_run_dir
 from rlhf_lit.stages.nonfinite import NonFiniteError
 from rlhf_lit.strategies import check_strategy_choice  # also registers the fsdp / fsdp2 names
 
@@ -94,12 +95,15 @@ class RLHFCLI(LightningCLI):
     def add_arguments_to_parser(self, parser) -> None:
         """Link `model.tokenizer` (built in the stage's __init__) to the data module's `tokenizer`."""
         parser.link_arguments("model.tokenizer", "data.init_args.tokenizer", apply_on="instantiate")
+        add_run_dir_argument(parser)  # --run_dir: one directory per experiment (rlhf_lit.runs)
 
     def before_instantiate_classes(self) -> None:
         """Refuse ``--trainer.strategy fsdp`` without GPUs before anything is built (names ``fsdp2``)."""
         subcommand = self.config.get("subcommand")
         trainer = self.config[subcommand].get("trainer", {}) if subcommand else self.config.get("trainer", {})
         check_strategy_choice(trainer.get("strategy"), trainer.get("accelerator", "auto"))
+        # --run_dir: fill unset outputs and inputs, refuse contradicting ones (rlhf_lit.runs)
+        apply_run_dir(self.config[subcommand] if subcommand else self.config, self.trainer_defaults, subcommand)
 
     def _parse_ckpt_path(self) -> None:
         """Check ``--ckpt_path``; do NOT merge the checkpoint's hyperparameters into the config.
