@@ -74,24 +74,23 @@ def bar_counts(stderr: str, unit: str) -> list[tuple[int, str]]:
     return [(int(n), total) for n, total in re.findall(rf"(?:^|[\r\n]){unit} (\d+)/(\S+) ", stderr)]
 
 
-def with_tensorboard_and_bar(config: dict, root: Path, name: str) -> dict:
-    """The run as a user starts it: TensorBoard logs, the default progress bar, default log interval."""
-    config["trainer"]["logger"] = {"class_path": "lightning.pytorch.loggers.TensorBoardLogger",
-                                   "init_args": {"save_dir": str(root / "tb"), "name": name, "default_hp_metric": False}}  # fmt: skip
+def as_a_user_runs_it(config: dict) -> dict:
+    """The run with the CLI's defaults: its TensorBoard logger, its progress bar, the default log interval."""
+    config["trainer"].pop("logger")
     config["trainer"].pop("enable_progress_bar")
     config["trainer"].pop("log_every_n_steps", None)
     return config
 
 
 def assert_no_hp_metric(root: Path) -> None:
-    events = list((root / "tb").rglob("events.out.tfevents.*"))
+    events = list(root.rglob("events.out.tfevents.*"))
     assert events, "no TensorBoard event file written"
     assert all(b"hp_metric" not in path.read_bytes() for path in events)
 
 
 @pytest.mark.slow
 def test_ppo_bar_counts_rollouts_and_the_run_prints_no_warning(tmp_path, stories_rm):
-    write_yaml(tmp_path / "ppo.yaml", with_tensorboard_and_bar(ppo_config(tmp_path, STORIES, stories_rm, max_rollouts=3), tmp_path, "ppo"))
+    write_yaml(tmp_path / "ppo.yaml", as_a_user_runs_it(ppo_config(tmp_path, STORIES, stories_rm, max_rollouts=3)))
     result = rlhf_lit("fit", "--config", "ppo.yaml", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     counts = bar_counts(result.stderr, "rollout")
@@ -113,7 +112,7 @@ def test_sft_and_rm_bars_count_steps_of_the_run_and_print_no_warning(stage, tmp_
         config["data"] = {"class_path": "rlhf_lit.data.PreferenceDataModule", "init_args": {
             "train_path": str(HH_RLHF), "format": "hh_rlhf", "max_records": 48, "max_length": 96,
             "max_prompt_length": 64, "batch_size": 4, "val_fraction": 0.2}}  # fmt: skip
-    write_yaml(tmp_path / "run.yaml", with_tensorboard_and_bar(config, tmp_path, stage))
+    write_yaml(tmp_path / "run.yaml", as_a_user_runs_it(config))
     result = rlhf_lit("fit", "--config", "run.yaml", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     counts = bar_counts(result.stderr, "step")
