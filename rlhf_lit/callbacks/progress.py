@@ -50,7 +50,9 @@ class RunProgressBar(TQDMProgressBar):
         leave: keep the finished bar on screen.
     """
 
-    BAR_FORMAT = "{desc} {n_fmt}/{total_fmt} {percentage:3.0f}%|{bar}| [{elapsed}<{remaining}, {rate_fmt}{postfix}]"
+    BAR_FORMAT = (
+        "{desc} {n_fmt}/{total_fmt} {percentage:3.0f}%|{bar}| [{elapsed}<{remaining}, {rate_fmt}{postfix}]"
+    )
     """rate_fmt (not Lightning's rate_noinv_fmt): a 40 s rollout reads ``40.0s/rollout``, not ``0.03it/s``."""
 
     def __init__(self, refresh_rate: int = 1, process_position: int = 0, leave: bool = True) -> None:
