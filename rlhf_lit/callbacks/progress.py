@@ -63,7 +63,8 @@ class RunProgressBar(TQDMProgressBar):
         """The training bar, on stderr (progress is a diagnostic: stdout stays clean for results)."""
         return Tqdm(
             desc=self._unit, unit=self._unit, initial=self._done, total=self._total,
-            position=2 * self.process_position, disable=self.is_disabled, leave=self._leave, dynamic_ncols=True, file=sys.stderr, smoothing=0, bar_format=self.BAR_FORMAT,
+            position=2 * self.process_position, disable=self.is_disabled, leave=self._leave, dynamic_ncols=True,
+            file=sys.stderr, smoothing=0, bar_format=self.BAR_FORMAT,
         )  # fmt: skip
 
     def init_validation_tqdm(self) -> Tqdm:
