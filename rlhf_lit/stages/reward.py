@@ -150,10 +150,12 @@ class RewardModule(GuardedStage, pl.LightningModule):
             trust_remote_code=trust_remote_code,
             what="tokenizer" if tokenizer else "model",
         )
+        new_head = not has_trained_score_head(model, revision, trust_remote_code)
         self.model = load_reward_model(
-            model, self.tokenizer, dtype=dtype, revision=revision, trust_remote_code=trust_remote_code
+            model, self.tokenizer, dtype=dtype, revision=revision, trust_remote_code=trust_remote_code,
+            new_head=new_head,
         )
-        if not has_trained_score_head(model, revision, trust_remote_code):
+        if new_head:
             # Hugging Face initialised the missing head N(0, 0.02); use the RM init instead.
             init_reward_head(score_head(self.model))
         self.model = with_lora(self.model, self.lora_config, "reward")  # after the head init: the head trains in full
