@@ -107,7 +107,7 @@ def run_variant(args: argparse.Namespace) -> None:
     flags = json.loads(args.flags)
     out = Path(args.work)
     cli.main([
-        "fit", "--config", str(ROOT / "configs/offline/ppo.yaml"),
+        "fit", "--config", str(ROOT / "configs/offline/ppo.yaml"), "--run_dir", "null",  # outputs set below
         "--trainer.callbacks", "[]", "--trainer.logger.init_args.save_dir", str(out / "tb"), "--trainer.enable_progress_bar", "false",
         "--trainer.enable_checkpointing", "false", "--trainer.default_root_dir", str(out),
         "--model.init_args.sft_model", args.sft, "--model.init_args.reward_model", args.rm,

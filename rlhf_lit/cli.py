@@ -13,10 +13,26 @@ match its checkpoint) end with one line ``rlhf-lit: error: ...`` and exit status
 (everything else); ``--debug`` (or ``RLHF_LIT_DEBUG=1``) shows the traceback instead. rlhf-lit's
 own log messages (counts of skipped, dropped and truncated records, pad policies, exports) are
 printed to stderr as ``[rlhf-lit] ...``.
+
+What the command offers beyond LightningCLI's defaults:
+
+- ``--model`` / ``--data`` take the short class names (``--model PPOModule --data PromptDataModule``)
+  and ``--help`` lists them: every stage and data module is imported before the parser is built,
+  so jsonargparse knows the subclasses (a new stage listed in ``rlhf_lit.stages`` appears by itself).
+- No ``--optimizer`` / ``--lr_scheduler``: each stage builds its own optimizers and schedule (from its
+  ``optimizer`` option); LightningCLI's would crash PPO or silently replace AdamW.
+- ``--trainer.max_steps`` is refused for a rollout stage (PPO): it counts optimizer steps there
+  (epochs x minibatches per rollout); ``--model.init_args.max_rollouts`` sets the run's length.
+- The progress bar is :class:`~rlhf_lit.callbacks.RunProgressBar` (rollouts out of
+  ``max_rollouts``, or steps out of the real total) unless the config disables the bar or lists its own.
+- Expected, harmless warnings are silenced in one place (:mod:`rlhf_lit.quiet`); TensorBoard gets
+  no placeholder ``hp_metric``.
 """
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import logging
 import os
 import re
@@ -24,16 +40,23 @@ import sys
 from urllib.parse import urlparse
 
 from lightning.fabric.utilities.exceptions import MisconfigurationException
-from lightning.pytorch import LightningDataModule, LightningModule
+from lightning.pytorch import LightningDataModule, LightningModule, Trainer
+from lightning.pytorch.callbacks.progress import ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from rlhf_lit.commands import COMMANDS, commands_help, run_command
+from rlhf_lit.runs import add_run_dir_argument, apply_run_dir
+import rlhf_lit.data  # noqa: F401  (the data modules: known subclasses, so --data takes short names)
+import rlhf_lit.stages  # noqa: F401  (the stages, likewise for --model)
+from rlhf_lit.callbacks.progress import RunProgressBar
+from rlhf_lit.quiet import silence_expected_noise
 from rlhf_lit.stages.nonfinite import NonFiniteError
 from rlhf_lit.strategies import check_strategy_choice  # also registers the fsdp / fsdp2 names
 
 DEFAULT_LOGGER = {
     "class_path": "lightning.pytorch.loggers.TensorBoardLogger",
-    "init_args": {"save_dir": "logs", "name": "rlhf-lit"},
+    # No hp_metric: TensorBoard would show a placeholder -1 that no stage ever updates.
+    "init_args": {"save_dir": "logs", "name": "rlhf-lit", "default_hp_metric": False},
 }
 DEBUG_FLAG, DEBUG_ENV = "--debug", "RLHF_LIT_DEBUG"
 _debug = False  # set by main(): --debug / RLHF_LIT_DEBUG
@@ -88,18 +111,72 @@ def refuse_remote_checkpoint(ckpt_path: str | None) -> None:
         )
 
 
+def _import_class(class_path: str) -> type | None:
+    """The class a parsed ``class_path`` names (jsonargparse has already resolved short names)."""
+    module_name, _, name = str(class_path).rpartition(".")
+    try:
+        return getattr(importlib.import_module(module_name), name)
+    except (ImportError, AttributeError, ValueError):
+        return None  # not ours to report: instantiation names the bad class
+
+
+def counts_rollouts(model_class: type | None) -> bool:
+    """Whether a stage's run length is ``max_rollouts`` (PPO and its kind), not optimizer steps."""
+    return model_class is not None and "max_rollouts" in inspect.signature(model_class.__init__).parameters
+
+
+def check_run_length(model_class_path: str | None, max_steps: int | None) -> str | None:
+    """The error message for ``--trainer.max_steps`` on a rollout stage, or None when the pair is fine.
+
+    Under manual optimization ``global_step`` counts every ``opt.step()`` (epochs x minibatches per
+    rollout, of every optimizer), so ``max_steps: 2`` would stop PPO inside its first rollout.
+    """
+    if max_steps is None or max_steps == -1 or not counts_rollouts(_import_class(model_class_path or "")):
+        return None
+    return (
+        f"--trainer.max_steps {max_steps} counts optimizer steps, and a PPO rollout takes ppo.epochs x "
+        "minibatches of them; set the run's length in rollouts with --model.init_args.max_rollouts instead"
+    )
+
+
+def default_progress_bar(trainer_config: dict) -> ProgressBar | None:
+    """:class:`RunProgressBar`, unless the config turns the bar off or lists a progress bar of its own."""
+    if trainer_config.get("enable_progress_bar") is False:
+        return None
+    callbacks = trainer_config.get("callbacks") or []
+    callbacks = callbacks if isinstance(callbacks, list) else [callbacks]
+    return None if any(isinstance(c, ProgressBar) for c in callbacks) else RunProgressBar()
+
+
 class RLHFCLI(LightningCLI):
-    """LightningCLI that links each stage's tokenizer into its data module."""
+    """LightningCLI that links each stage's tokenizer into its data module, refuses ``max_steps`` for
+    PPO and installs :class:`RunProgressBar`."""
 
     def add_arguments_to_parser(self, parser) -> None:
         """Link `model.tokenizer` (built in the stage's __init__) to the data module's `tokenizer`."""
         parser.link_arguments("model.tokenizer", "data.init_args.tokenizer", apply_on="instantiate")
+        add_run_dir_argument(parser)  # --run_dir: one directory per experiment (rlhf_lit.runs)
 
     def before_instantiate_classes(self) -> None:
         """Refuse ``--trainer.strategy fsdp`` without GPUs before anything is built (names ``fsdp2``)."""
         subcommand = self.config.get("subcommand")
         trainer = self.config[subcommand].get("trainer", {}) if subcommand else self.config.get("trainer", {})
         check_strategy_choice(trainer.get("strategy"), trainer.get("accelerator", "auto"))
+        model = self.config[subcommand].get("model") if subcommand else self.config.get("model")
+        refusal = check_run_length(model.get("class_path") if model else None, trainer.get("max_steps"))
+        if refusal:
+            self.parser.error(refusal)  # an option error: one line, exit 2, before any model is built
+        # --run_dir: fill unset outputs and inputs, refuse contradicting ones (rlhf_lit.runs)
+        apply_run_dir(self.config[subcommand] if subcommand else self.config, self.trainer_defaults, subcommand)
+
+    def instantiate_trainer(self, **kwargs) -> Trainer:
+        """The Trainer, with :class:`RunProgressBar` added to the config's callbacks when it wants a bar."""
+        trainer_config = self._get(self.config_init, "trainer", default={})
+        bar = default_progress_bar(trainer_config)
+        if bar is not None and "callbacks" not in kwargs:
+            callbacks = trainer_config.get("callbacks") or []
+            kwargs["callbacks"] = [*(callbacks if isinstance(callbacks, list) else [callbacks]), bar]
+        return super().instantiate_trainer(**kwargs)
 
     def _parse_ckpt_path(self) -> None:
         """Check ``--ckpt_path``; do NOT merge the checkpoint's hyperparameters into the config.
@@ -163,6 +240,7 @@ def main(args: list[str] | None = None) -> None:
     if args is None:
         sys.argv[1:] = argv  # LightningCLI reads sys.argv itself (and warns when given both)
     configure_logging()
+    silence_expected_noise()
     if argv[:1] and argv[0] in COMMANDS:  # `rlhf-lit evaluate ...`: argparse commands (rlhf_lit/commands/)
         status = run_command(argv[0], argv[1:], debug)
         if status:
@@ -178,6 +256,8 @@ def main(args: list[str] | None = None) -> None:
             subclass_mode_data=True,
             parser_class=ConciseArgumentParser,
             trainer_defaults={"logger": DEFAULT_LOGGER, "default_root_dir": "logs"},
+            # The stages build their own optimizers and schedules: no --optimizer / --lr_scheduler.
+            auto_configure_optimizers=False,
             save_config_kwargs={"overwrite": True},
             # A fixed default seed: two runs of one config sample the same prompts and responses.
             seed_everything_default=1234,

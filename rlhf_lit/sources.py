@@ -39,8 +39,24 @@ def _looks_local(name: str) -> bool:
     return "/" in name and os.path.isdir(name.split("/")[0])
 
 
+def _run_dir_export(text: str) -> str | None:
+    """``<run_dir>/<stage>/model`` of a config text that sets ``run_dir`` (:mod:`rlhf_lit.runs`)."""
+    run_dir = re.search(r"^run_dir:\s*(\S+)\s*$", text, flags=re.MULTILINE)
+    stage_class = re.search(r"^model:\s*\n\s+class_path:\s*(\S+)", text, flags=re.MULTILINE)
+    if not run_dir or not stage_class:
+        return None
+    from rlhf_lit.runs import stage_export, stage_layout  # the stage classes import this module
+
+    try:
+        layout = stage_layout(stage_class.group(1))
+    except (ImportError, AttributeError, ValueError):
+        return None
+    return stage_export(run_dir.group(1).strip("'\""), layout.name)
+
+
 def _producing_config(path: str) -> str | None:
-    """The config under ``configs/`` (from the working directory) whose ``export_dir`` is ``path``."""
+    """The config under ``configs/`` (from the working directory) whose export is ``path``: its
+    ``export_dir``, or ``<run_dir>/<stage>/model`` when it sets ``run_dir``."""
     wanted = os.path.normpath(path)
     for config in sorted(glob.glob(os.path.join("configs", "**", "*.yaml"), recursive=True)):
         try:
@@ -48,8 +64,11 @@ def _producing_config(path: str) -> str | None:
                 text = f.read()
         except OSError:
             continue
-        for match in re.finditer(r"^\s*export_dir:\s*(\S+)\s*$", text, flags=re.MULTILINE):
-            if os.path.normpath(match.group(1).strip("'\"")) == wanted:
+        exports = [m.group(1) for m in re.finditer(r"^\s*export_dir:\s*(\S+)\s*$", text, flags=re.MULTILINE)]
+        if not exports:
+            exports = [export for export in [_run_dir_export(text)] if export]
+        for export in exports:
+            if os.path.normpath(export.strip("'\"")) == wanted:
                 return config
     return None
 

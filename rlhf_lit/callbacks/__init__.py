@@ -2,5 +2,6 @@
 
 from rlhf_lit.callbacks.checkpoint import Checkpoint, RolloutCheckpoint
 from rlhf_lit.callbacks.generation import OnlineGeneration, load_judge
+from rlhf_lit.callbacks.progress import RunProgressBar
 
-__all__ = ["Checkpoint", "OnlineGeneration", "RolloutCheckpoint", "load_judge"]
+__all__ = ["Checkpoint", "OnlineGeneration", "RolloutCheckpoint", "RunProgressBar", "load_judge"]

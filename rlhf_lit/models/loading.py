@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator
 from typing import Literal
 
 import torch
@@ -58,6 +60,30 @@ def _fit_to_tokenizer(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
         model.generation_config.pad_token_id = tokenizer.pad_token_id
 
 
+class _DropLoadReport(logging.Filter):
+    """Drops transformers' "LOAD REPORT" record (a table of missing / unexpected weights)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """False (drop) for the load report, True for every other record."""
+        return "LOAD REPORT" not in str(record.msg)
+
+
+@contextlib.contextmanager
+def _without_load_report() -> Iterator[None]:
+    """Hide transformers' load report while loading; the caller checks the loading info itself."""
+    logger, report_filter = logging.getLogger("transformers.modeling_utils"), _DropLoadReport()
+    logger.addFilter(report_filter)
+    try:
+        yield
+    finally:
+        logger.removeFilter(report_filter)
+
+
+def _is_score_head(key: str) -> bool:
+    """Whether a weight name belongs to a sequence-classification head (``score`` / ``classifier``)."""
+    return key.split(".")[0] in ("score", "classifier")
+
+
 def _load(
     auto_class: type,
     name_or_path: str,
@@ -66,14 +92,31 @@ def _load(
     keep_dropout: bool,
     revision: str | None,
     trust_remote_code: bool,
+    new_head: bool = False,
     **kwargs,
 ) -> PreTrainedModel:
-    """Load with ``auto_class``, fit the embeddings to the tokenizer and switch dropout off."""
+    """Load with ``auto_class``, fit the embeddings to the tokenizer and switch dropout off.
+
+    With ``new_head`` the checkpoint is expected to lack the score head: transformers' report of
+    that missing head is not printed (it would advise training a head the caller is about to
+    initialise and train), and any *other* missing, unexpected or mismatched weight is still
+    reported, as a warning of our own.
+    """
     what = "reward model" if auto_class is AutoModelForSequenceClassification else "model"
-    model = from_pretrained(
-        auto_class.from_pretrained, name_or_path, what, dtype=_torch_dtype(dtype), revision=revision,
-        trust_remote_code=trust_remote_code, **kwargs,
-    )
+    quiet = _without_load_report() if new_head else contextlib.nullcontext()
+    with quiet:
+        loaded = from_pretrained(
+            auto_class.from_pretrained, name_or_path, what, dtype=_torch_dtype(dtype), revision=revision,
+            trust_remote_code=trust_remote_code, output_loading_info=new_head, **kwargs,
+        )
+    model = loaded[0] if new_head else loaded
+    if new_head:
+        info = loaded[1]
+        surprises = {kind: [k for k in info.get(kind) or [] if not _is_score_head(str(k))]
+                     for kind in ("missing_keys", "unexpected_keys", "mismatched_keys")}  # fmt: skip
+        if any(surprises.values()):
+            log.warning("%s %s: weights not as expected besides the new score head: %s", what, name_or_path,
+                        {k: v for k, v in surprises.items() if v})
     _fit_to_tokenizer(model, tokenizer)
     if not keep_dropout:
         disable_dropout(model)
@@ -109,15 +152,19 @@ def load_reward_model(
     keep_dropout: bool = False,
     revision: str | None = None,
     trust_remote_code: bool = False,
+    new_head: bool = False,
 ) -> PreTrainedModel:
     """Load an ``AutoModelForSequenceClassification`` with one label as a reward model.
 
     A causal-LM checkpoint (for example the SFT result) gets a fresh score head, which the
     reward stage initialises N(0, 1/sqrt(d+1)) with :func:`init_reward_head`. Arguments as in
-    :func:`load_causal_lm`.
+    :func:`load_causal_lm`; ``new_head=True`` says the caller knows the checkpoint has no score
+    head and creates one on purpose, so transformers' "score.weight MISSING" report is not shown
+    (other missing weights still are). A frozen reward model is loaded without it: there a missing
+    head is a mistake worth the report.
     """
     return _load(AutoModelForSequenceClassification, name_or_path, tokenizer, dtype, keep_dropout,
-                 revision, trust_remote_code, num_labels=1)
+                 revision, trust_remote_code, new_head, num_labels=1)
 
 
 def init_reward_head(head: nn.Linear) -> None:

@@ -93,8 +93,9 @@ def load_value_model(
 ) -> SeparateCritic:
     """A separate critic from a reward model (its head kept) or from a causal LM (a new, zeroed head),
     with LoRA adapters on its trunk when ``lora`` is given (the head then still trains in full)."""
-    model = load_reward_model(name_or_path, tokenizer, dtype=dtype)
-    if not _has_score_head(name_or_path):
+    new_head = not _has_score_head(name_or_path)
+    model = load_reward_model(name_or_path, tokenizer, dtype=dtype, new_head=new_head)
+    if new_head:
         # A brand-new value head starts at 0 so early value errors equal the returns (N details #4).
         log.info("value model %s has no score head: the new head is zero-initialised", name_or_path)
         head = score_head(model)

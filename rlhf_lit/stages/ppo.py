@@ -110,6 +110,7 @@ from rlhf_lit.models.reference import build_reference
 from rlhf_lit.models.sharding import gathered_for_generation, is_sharded, reshard, shard_models
 from rlhf_lit.models.value import CriticKind, build_critic
 from rlhf_lit.rollout import Rollout, minibatches
+from rlhf_lit.runs import RunLayout
 from rlhf_lit.sources import source_fingerprint
 from rlhf_lit.stages.advantage import AdvantageEstimator, repeat_prompts
 from rlhf_lit.stages.amp import has_gradient_scaler, one_scaler_update
@@ -136,6 +137,16 @@ STREAM_SAMPLE, STREAM_SHUFFLE = 0, 1
 """Random streams folded into the per-rollout seeds."""
 
 
+def reward_model_unused(arg: str, init_args) -> bool:
+    """``--run_dir`` leaves ``reward_model`` unset when no ``reward.sources`` entry is the reward model."""
+    if arg != "reward_model":
+        return False
+    reward = init_args.get("reward")
+    reward = reward.as_dict() if hasattr(reward, "as_dict") else dict(reward or {})
+    sources = reward.get("sources") or [{"function": None}]  # the default source is the reward model
+    return all(dict(source).get("function") is not None for source in sources)
+
+
 def freeze(model: torch.nn.Module) -> torch.nn.Module:
     """No gradients, eval mode: for the reference and the reward model."""
     model.requires_grad_(False)
@@ -150,10 +161,12 @@ class PPOModule(LightningModule):
 
     Args:
         sft_model: the SFT model (hub name or directory): the policy's start and the reference.
+            Required; with ``--run_dir`` it defaults to the run's SFT export (``RUN_DIR/sft/model``).
         reward_model: the reward model (an ``AutoModelForSequenceClassification`` with one label,
             e.g. the RM stage's export). Frozen; reloaded from this path on resume. Loaded only
             when a ``reward.sources`` entry is the reward model (the default); null otherwise
-            (it may still be where a separate critic starts).
+            (it may still be where a separate critic starts). With ``--run_dir`` and a source
+            that is the reward model it defaults to the run's RM export (``RUN_DIR/rm/model``).
         value_model: where a separate critic starts; None = the reward model (N+ #16).
         tokenizer_path: the tokenizer; None = the SFT model's. The RM must share it.
         missing_pad: what to do if the tokenizer has no pad token (see ``load_tokenizer``).
@@ -198,10 +211,14 @@ class PPOModule(LightningModule):
     FROZEN_PREFIXES = ("ref_policy.", "reward_model.")
     """State-dict prefixes of the frozen models: never written to checkpoints, reloaded from paths."""
 
+    run_layout = RunLayout(  # --run_dir: RUN_DIR/ppo/, inputs from the run's sft and rm exports
+        "ppo", inputs={"sft_model": "sft", "reward_model": "rm"}, skip_input=reward_model_unused
+    )
+
     def __init__(
         self,
-        sft_model: str,
-        reward_model: str | None,
+        sft_model: str | None = None,
+        reward_model: str | None = None,
         value_model: str | None = None,
         tokenizer_path: str | None = None,
         missing_pad: MissingPad = "add",
@@ -224,6 +241,8 @@ class PPOModule(LightningModule):
         memory: MemoryConfig = MemoryConfig(),
     ) -> None:
         super().__init__()
+        if sft_model is None:  # None in the signature only so that --run_dir can supply it (rlhf_lit.runs)
+            raise ValueError("sft_model is not set: give the SFT model, or --run_dir of a run whose SFT stage has finished")
         # Loaded first: a bad spec fails before any model is.
         self.judge = None if judge is None else load_judge(judge)
         self.sampling: SamplingConfig = as_config(SamplingConfig, sampling)

@@ -37,6 +37,7 @@ from rlhf_lit.models.lora import LoRAConfig, exportable, with_lora
 from rlhf_lit.models.memory import enable_gradient_checkpointing, train_mode
 from rlhf_lit.models.sharding import reshard, shard_models
 from rlhf_lit.models.reward_norm import Normalize, fold_normalization, gain_and_bias, record_normalization
+from rlhf_lit.runs import RunLayout
 from rlhf_lit.sources import from_pretrained
 from rlhf_lit.stages.guarded import GuardedStage
 from rlhf_lit.stages.nonfinite import NonFiniteGuard
@@ -75,6 +76,7 @@ class RewardModule(GuardedStage, pl.LightningModule):
     Args:
         model: Hub name or local directory: a causal LM (for example the SFT export; a fresh head
             is added) or a sequence-classification checkpoint with one label (its head is kept).
+            Required; with ``--run_dir`` it defaults to the run's SFT export (``RUN_DIR/sft/model``).
         tokenizer: Hub name or directory of the tokenizer; None uses ``model``'s.
         missing_pad: What to do when the tokenizer has no pad token (``add``, ``eos``, ``unk``, ``error``).
         dtype: Weight dtype. Keep ``float32`` together with ``precision="bf16-mixed"``.
@@ -97,9 +99,11 @@ class RewardModule(GuardedStage, pl.LightningModule):
             pass instead of storing them (less activation memory, about one more forward pass).
     """
 
+    run_layout = RunLayout("rm", inputs={"model": "sft"})  # --run_dir: RUN_DIR/rm/, model from RUN_DIR/sft/model
+
     def __init__(
         self,
-        model: str,
+        model: str | None = None,
         tokenizer: str | None = None,
         missing_pad: MissingPad = "add",
         dtype: DType = "float32",
@@ -114,6 +118,11 @@ class RewardModule(GuardedStage, pl.LightningModule):
         gradient_checkpointing: bool = False,
     ) -> None:
         super().__init__()
+        if model is None:  # None in the signature only so that --run_dir can supply it (rlhf_lit.runs)
+            raise ValueError(
+                "model is not set: give the model to start from (e.g. the SFT export), or --run_dir of a run "
+                "whose SFT stage has finished"
+            )
         if normalize not in ("none", "bias", "gain_bias"):
             raise ValueError(f"normalize must be none, bias or gain_bias; got {normalize!r}")
         # load_from_checkpoint passes the optimizer back as the dict saved below.
@@ -141,10 +150,12 @@ class RewardModule(GuardedStage, pl.LightningModule):
             trust_remote_code=trust_remote_code,
             what="tokenizer" if tokenizer else "model",
         )
+        new_head = not has_trained_score_head(model, revision, trust_remote_code)
         self.model = load_reward_model(
-            model, self.tokenizer, dtype=dtype, revision=revision, trust_remote_code=trust_remote_code
+            model, self.tokenizer, dtype=dtype, revision=revision, trust_remote_code=trust_remote_code,
+            new_head=new_head,
         )
-        if not has_trained_score_head(model, revision, trust_remote_code):
+        if new_head:
             # Hugging Face initialised the missing head N(0, 0.02); use the RM init instead.
             init_reward_head(score_head(self.model))
         self.model = with_lora(self.model, self.lora_config, "reward")  # after the head init: the head trains in full
