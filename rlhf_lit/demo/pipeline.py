@@ -185,26 +185,46 @@ def stop_stages(running: Running) -> None:
         proc.wait()
 
 
-def wait_stages(running: Running, timings: dict[str, float]) -> None:
-    """Wait for every stage of ``running``; raise :class:`StageFailed` on any failure.
+class Timings(dict):
+    """Wall seconds per stage (the dict, in the order stages finish) and, in :attr:`cpu`, the CPU
+    seconds (user + system) of each subprocess stage: on a machine shared with other jobs the wall
+    time depends on their load, the CPU time much less."""
 
-    Records each stage's wall time (from its own start) in ``timings``. When one fails, the
-    others are stopped.
+    def __init__(self) -> None:
+        super().__init__()
+        self.cpu: dict[str, float] = {}
+
+
+POLL_S = 0.2
+"""How often :func:`wait_stages` looks for finished stages (a stage's wall time is this exact)."""
+
+
+def wait_stages(running: Running, timings: Timings) -> None:
+    """Wait for every stage of ``running``; raise :class:`StageFailed` at the first failure.
+
+    Records each stage's wall time (from its own start to its exit, whichever order they finish
+    in) and its CPU time in ``timings``. When one fails, the others are stopped.
     """
-    failed: tuple[str, int, Path] | None = None
-    for name, (proc, log_path, t0) in running.items():
-        rc = proc.wait()
-        timings[name] = time.perf_counter() - t0
-        if rc != 0 and failed is None:
-            failed = (name, rc, log_path)
-            stop_stages(running)
-        elif rc == 0:
-            _say(f"{name}: done in {timings[name]:.1f} s")
-    if failed is not None:
-        raise StageFailed(*failed)
+    pending = dict(running)
+    while pending:
+        for name, (proc, log_path, t0) in list(pending.items()):
+            # wait4 instead of poll: the child's own resource usage comes with its exit status.
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid == 0:
+                continue
+            proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: tell Popen
+            del pending[name]
+            timings[name] = time.perf_counter() - t0
+            timings.cpu[name] = usage.ru_utime + usage.ru_stime
+            if proc.returncode != 0:
+                stop_stages(running)
+                raise StageFailed(name, proc.returncode, log_path)
+            _say(f"{name}: done in {timings[name]:.1f} s ({timings.cpu[name]:.1f} s CPU)")
+        if pending:
+            time.sleep(POLL_S)
 
 
-def run_stages(stages: dict[str, list[str]], paths: Paths, timings: dict[str, float]) -> None:
+def run_stages(stages: dict[str, list[str]], paths: Paths, timings: Timings) -> None:
     """Run the commands of ``stages`` in parallel and wait for all; raise :class:`StageFailed` on any failure."""
     wait_stages(start_stages(stages, paths), timings)
 
@@ -274,7 +294,7 @@ def _samples_table(results: dict[str, dict], num_examples: int) -> list[str]:
 
 
 def write_summary(paths: Paths, results: dict[str, dict], rm_accuracy: float | None, num_pairs: int,
-                  report: str, timings: dict[str, float], frontier: tuple[str, list[str]] | None = None,
+                  report: str, timings: Timings, frontier: tuple[str, list[str]] | None = None,
                   num_examples: int = 6) -> Path:
     """``<out>/report/summary.md``: the results table, the frontier, RM accuracy, timings and samples."""
     md = ["# Demo summary", "", "Held-out prompts (TinyStories paragraphs 3000-3255), one sample each at the "
@@ -283,6 +303,7 @@ def write_summary(paths: Paths, results: dict[str, dict], rm_accuracy: float | N
           f"Reward model held-out pair accuracy: {_fmt(rm_accuracy)} ({num_pairs} judge-labelled pairs "
           "written; the RM config holds out a seeded fraction)", "",
           "Wall time per stage (s): " + ", ".join(f"{k} {v:.1f}" for k, v in timings.items()), "",
+          "CPU time per subprocess stage (s): " + ", ".join(f"{k} {v:.1f}" for k, v in timings.cpu.items()), "",
           f"Plots and before/after tables: [{os.path.basename(report)}]({os.path.basename(report)})", "",
           *([] if frontier is None else [
               "## Frontier: judge score against KL to SFT (held-out prompts)", "",
@@ -360,7 +381,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def train(args: argparse.Namespace, budget: Budget, paths: Paths, timings: dict[str, float]) -> dict:
+def train(args: argparse.Namespace, budget: Budget, paths: Paths, timings: Timings) -> dict:
     """Split, SFT, preferences, RM and the PPO run(s), each stage a subprocess; returns facts for the summary."""
     from rlhf_lit.demo.prompts import RANGES, write_splits
 
@@ -412,7 +433,7 @@ def train(args: argparse.Namespace, budget: Budget, paths: Paths, timings: dict[
         stop_stages(background)  # a no-op unless a stage failed: every run was waited for
 
 
-def _train_rm_and_ppo(args: argparse.Namespace, budget: Budget, paths: Paths, timings: dict[str, float],
+def _train_rm_and_ppo(args: argparse.Namespace, budget: Budget, paths: Paths, timings: Timings,
                       splits: dict[str, str], preferences: Path, background: Running) -> dict:
     """The RM, then PPO (and best-of-N) in parallel with the DPO runs of ``background``; waits for all."""
     configs = Path(args.config_dir)
@@ -486,9 +507,12 @@ def _best_of_n_command(args: argparse.Namespace, budget: Budget, paths: Paths, t
 
 
 def measure(
-    args: argparse.Namespace, budget: Budget, paths: Paths, trained: dict, timings: dict[str, float]
-) -> tuple[dict[str, dict], str]:
-    """Evaluate SFT and the PPO policies on the held-out prompts and write the report; in this process."""
+    args: argparse.Namespace, budget: Budget, paths: Paths, trained: dict, timings: Timings
+) -> tuple[dict[str, dict], str, tuple[str, list[str]] | None]:
+    """Evaluate SFT, the PPO and DPO policies on the held-out prompts, the frontier, and write the report.
+
+    In this process. Returns ``(evaluations by name, report.md path, (frontier.png, table rows) or None)``.
+    """
     import torch
     from transformers.utils import logging as hf_logging
 
@@ -499,7 +523,7 @@ def measure(
 
     torch.set_num_threads(1)
     hf_logging.disable_progress_bar()  # one "Loading weights" bar per model would bury the table
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     # The temperature PPO sampled with, so the measured KL is the one its penalty controlled.
     sampling = SamplingConfig(temperature=trained["temperature"], max_new_tokens=trained["max_new_tokens"])
     start, count = RANGES["eval"]
@@ -512,14 +536,14 @@ def measure(
         )  # fmt: skip
 
     results = {name: measured(name, paths.model(name)) for name in ("sft", *trained["policies"], *trained["dpo"])}
-    timings["evaluate"] = time.perf_counter() - t0
+    timings["evaluate"], timings.cpu["evaluate"] = time.perf_counter() - t0, time.process_time() - c0
     _say(f"evaluate: done in {timings['evaluate']:.1f} s -> {paths.dir('eval')}")
 
     frontier = None
     if not args.skip_frontier:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         frontier = measure_frontier(paths, results, trained, measured)
-        timings["frontier"] = time.perf_counter() - t0
+        timings["frontier"], timings.cpu["frontier"] = time.perf_counter() - t0, time.process_time() - c0
         _say(f"frontier: done in {timings['frontier']:.1f} s -> {frontier[0]}")
 
     t0 = time.perf_counter()
@@ -601,7 +625,7 @@ def run(args: argparse.Namespace) -> dict:
     paths = Paths(Path(args.out).absolute())
     claim_out(paths.root)
     paths.dir("logs").mkdir(parents=True)
-    timings: dict[str, float] = {}
+    timings = Timings()
 
     trained = train(args, budget, paths, timings)
     results, report, frontier = measure(args, budget, paths, trained, timings)
@@ -613,7 +637,7 @@ def run(args: argparse.Namespace) -> dict:
     outcome = {
         "models": models, "preference_pairs": trained["num_pairs"], "rm_val_accuracy": trained["rm_accuracy"],
         "report": report, "summary": str(summary), "metrics": {n: r["metrics"] for n, r in results.items()},
-        "timings_s": timings, "tiny": args.tiny,
+        "timings_s": timings, "cpu_s": timings.cpu, "tiny": args.tiny,
         "frontier": None if frontier is None else str(paths.dir("report") / "frontier.json"),
     }  # fmt: skip
     with open(paths.root / RESULTS, "w", encoding="utf-8") as f:
@@ -626,7 +650,8 @@ def run(args: argparse.Namespace) -> dict:
     print(f"[demo] RM held-out pair accuracy: {_fmt(trained['rm_accuracy'])} (of {trained['num_pairs']} pairs)")
     print(f"[demo] report: {report} and {summary}")
     print(f"[demo] TensorBoard: tensorboard --logdir {paths.root}")
-    print(f"[demo] wall time: {wall:.1f} s ({wall / 60:.1f} min)", flush=True)
+    print(f"[demo] wall time: {wall:.1f} s ({wall / 60:.1f} min); CPU time of the stages: "
+          f"{sum(timings.cpu.values()):.0f} s", flush=True)
     return outcome
 
 

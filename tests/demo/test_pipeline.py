@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -138,3 +139,28 @@ def test_claim_out_marks_a_new_folder_and_clears_only_stage_folders_of_a_marked_
     claim_out(out)  # a rerun: stage folders and results go, the rest stays, the marker is kept
     assert sorted(p.name for p in out.iterdir()) == sorted([MARKER, "mine.txt"])
     assert (out / MARKER).read_text() == marker
+
+
+def test_wait_stages_times_each_stage_to_its_own_exit_and_stops_the_rest_on_a_failure(tmp_path):
+    from rlhf_lit.demo.pipeline import Paths, StageFailed, Timings, start_stages, wait_stages
+
+    paths = Paths(tmp_path)
+    paths.dir("logs").mkdir()
+
+    def sleep(seconds: float, status: int = 0) -> list[str]:
+        return [sys.executable, "-c", f"import sys, time; time.sleep({seconds}); sys.exit({status})"]
+
+    timings = Timings()
+    # The slow stage comes first: waiting in dict order would time the fast one at the slow one's exit.
+    wait_stages(start_stages({"slow": sleep(2.0), "fast": sleep(0.0)}, paths), timings)
+    assert list(timings) == ["fast", "slow"]
+    assert timings["fast"] < 1.5 <= timings["slow"]
+    assert set(timings.cpu) == {"fast", "slow"} and all(0 < v < 1.5 for v in timings.cpu.values())
+
+    started = time.perf_counter()
+    running = start_stages({"long": sleep(60), "bad": sleep(0.0, status=3)}, paths)
+    with pytest.raises(StageFailed, match="stage 'bad' failed with exit status 3") as failure:
+        wait_stages(running, Timings())
+    assert failure.value.returncode == 3
+    assert time.perf_counter() - started < 30  # the 60 s stage was stopped, not waited for
+    assert running["long"][0].returncode is not None
