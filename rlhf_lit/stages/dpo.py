@@ -47,6 +47,7 @@ from rlhf_lit.models.lora import LoRAConfig, exportable, with_lora
 from rlhf_lit.models.memory import enable_gradient_checkpointing, train_mode
 from rlhf_lit.models.reference import build_reference
 from rlhf_lit.models.sharding import reshard, shard_models
+from rlhf_lit.runs import RunLayout
 from rlhf_lit.stages.dataclass_args import as_config
 from rlhf_lit.stages.export import ExportExisting, check_export_at_fit_start, export_at_fit_end
 from rlhf_lit.stages.guarded import GuardedStage
@@ -116,9 +117,11 @@ class DPOModule(GuardedStage, pl.LightningModule):
     FROZEN_PREFIXES = ("ref_model.",)
     """State-dict prefix of the frozen reference: never written to checkpoints, reloaded from ``model``."""
 
+    run_layout = RunLayout("dpo", inputs={"model": "sft"})  # --run_dir: RUN_DIR/dpo/, model from RUN_DIR/sft/model
+
     def __init__(
         self,
-        model: str,
+        model: str | None = None,
         tokenizer: str | None = None,
         missing_pad: MissingPad = "add",
         dtype: DType = "float32",
@@ -136,6 +139,11 @@ class DPOModule(GuardedStage, pl.LightningModule):
         precompute_ref: bool = False,
     ) -> None:
         super().__init__()
+        if model is None:  # None in the signature only so that --run_dir can supply it (rlhf_lit.runs)
+            raise ValueError(
+                "model is not set: give the SFT model to start from (also the frozen reference), or --run_dir of "
+                "a run whose SFT stage has finished"
+            )
         check_dpo_settings(beta, loss, label_smoothing)
         self.beta, self.loss_kind, self.label_smoothing = beta, loss, label_smoothing
         # load_from_checkpoint passes the optimizer back as the dict saved below.
