@@ -13,7 +13,8 @@ task of Ziegler et al. 2019) with VADER standing in for the human labeller, on 2
    ppo_kl0   the same with the KL coefficient at 0                     -> ``<out>/ppo_kl0/model``,
    dpo_<b>   ``rlhf-lit fit --config configs/demo/dpo.yaml`` on the same preference pairs, one run
              per beta of ``--dpo-betas``                               -> ``<out>/dpo/beta_<b>/model``,
-   best_of_n ``rlhf-lit best-of-n``: N = 1 ... 64 SFT samples picked by the RM, on held-out prompts
+   best_of_n ``rlhf-lit best-of-n``: N = 1 ... 64 SFT samples picked by the RM, on the first 128
+             held-out prompts
              -> ``<out>/best_of_n/best_of_n.json``
              (all of them in parallel, one process and one thread each);
 6. evaluate  SFT, PPO (and its checkpoints), PPO-KL0 and the DPO policies on the 256 held-out
@@ -94,7 +95,9 @@ class Budget:
     max_new_tokens: int | None = None  # None = the PPO config's; else PPO, preferences and eval use it
     dpo: tuple[str, ...] = ()
     checkpoint_every: int = 10  # PPO rollouts between the checkpoints evaluated on the frontier
-    bon_prompts: int | None = None  # None = as many held-out prompts as the evaluation
+    # Best-of-N samples bon_n_max completions per prompt: 64 x 256 prompts took 145 s of CPU, the
+    # largest stage; 128 prompts halve it, with standard errors of about 0.01-0.02 judge score.
+    bon_prompts: int | None = 128  # None = as many held-out prompts as the evaluation
     bon_n_max: int = 64
 
 
@@ -199,27 +202,32 @@ POLL_S = 0.2
 """How often :func:`wait_stages` looks for finished stages (a stage's wall time is this exact)."""
 
 
-def wait_stages(running: Running, timings: Timings) -> None:
+def wait_stages(running: Running, timings: Timings, background: Running | None = None) -> None:
     """Wait for every stage of ``running``; raise :class:`StageFailed` at the first failure.
 
     Records each stage's wall time (from its own start to its exit, whichever order they finish
-    in) and its CPU time in ``timings``. When one fails, the others are stopped.
+    in) and its CPU time in ``timings``. Stages of ``background`` that end meanwhile are timed and
+    checked the same way and removed from it; the others keep running. When a stage fails, every
+    other one is stopped.
     """
     pending = dict(running)
+    background = {} if background is None else background
     while pending:
-        for name, (proc, log_path, t0) in list(pending.items()):
-            # wait4 instead of poll: the child's own resource usage comes with its exit status.
-            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-            if pid == 0:
-                continue
-            proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: tell Popen
-            del pending[name]
-            timings[name] = time.perf_counter() - t0
-            timings.cpu[name] = usage.ru_utime + usage.ru_stime
-            if proc.returncode != 0:
-                stop_stages(running)
-                raise StageFailed(name, proc.returncode, log_path)
-            _say(f"{name}: done in {timings[name]:.1f} s ({timings.cpu[name]:.1f} s CPU)")
+        for group in (pending, background):
+            for name, (proc, log_path, t0) in list(group.items()):
+                # wait4 instead of poll: the child's own resource usage comes with its exit status.
+                pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+                if pid == 0:
+                    continue
+                proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: tell Popen
+                del group[name]
+                timings[name] = time.perf_counter() - t0
+                timings.cpu[name] = usage.ru_utime + usage.ru_stime
+                if proc.returncode != 0:
+                    stop_stages(running)
+                    stop_stages(background)
+                    raise StageFailed(name, proc.returncode, log_path)
+                _say(f"{name}: done in {timings[name]:.1f} s ({timings.cpu[name]:.1f} s CPU)")
         if pending:
             time.sleep(POLL_S)
 
@@ -436,15 +444,17 @@ def train(args: argparse.Namespace, budget: Budget, paths: Paths, timings: Timin
 def _train_rm_and_ppo(args: argparse.Namespace, budget: Budget, paths: Paths, timings: Timings,
                       splits: dict[str, str], preferences: Path, background: Running) -> dict:
     """The RM, then PPO (and best-of-N) in parallel with the DPO runs of ``background``; waits for all."""
+    dpo_stages = list(background)  # wait_stages removes the stages it reaps from `background`
     configs = Path(args.config_dir)
     seed_args = [] if args.seed is None else ["--seed_everything", str(args.seed)]
     logger_root = ["--trainer.logger.init_args.save_dir", str(paths.root)]
     temperature, max_new_tokens = _ppo_sampling(configs / "ppo.yaml", budget)
-    run_stages({"rm": _fit(configs / "rm.yaml", [
+    # The DPO runs of `background` that end while the RM trains are timed to their own exit.
+    wait_stages(start_stages({"rm": _fit(configs / "rm.yaml", [
         *logger_root, *seed_args, "--model.init_args.model", str(paths.model("sft")),
         "--model.init_args.export_dir", str(paths.model("rm")),
         "--data.init_args.train_path", str(preferences), *budget.rm,
-    ])}, paths, timings)  # fmt: skip
+    ])}, paths), timings, background)  # fmt: skip
     rm_accuracy = _last_scalar(paths.run("rm"), "val/accuracy")
     with open(preferences, encoding="utf-8") as f:
         num_pairs = sum(1 for _ in f)
@@ -477,7 +487,7 @@ def _train_rm_and_ppo(args: argparse.Namespace, budget: Budget, paths: Paths, ti
         others["best_of_n"] = _best_of_n_command(args, budget, paths, temperature, max_new_tokens)
     # In parallel with each other and the DPO runs: one process and one thread each.
     wait_stages({**start_stages({**ppo_runs, **others}, paths), **background}, timings)
-    return {"policies": list(ppo_runs), "dpo": list(background), "rm_accuracy": rm_accuracy,
+    return {"policies": list(ppo_runs), "dpo": dpo_stages, "rm_accuracy": rm_accuracy,
             "ppo_rollouts": _ppo_rollouts(configs / "ppo.yaml", budget),
             "num_pairs": num_pairs, "temperature": temperature, "max_new_tokens": max_new_tokens}
 

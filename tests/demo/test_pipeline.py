@@ -157,6 +157,14 @@ def test_wait_stages_times_each_stage_to_its_own_exit_and_stops_the_rest_on_a_fa
     assert timings["fast"] < 1.5 <= timings["slow"]
     assert set(timings.cpu) == {"fast", "slow"} and all(0 < v < 1.5 for v in timings.cpu.values())
 
+    # A background stage that ends while a foreground one runs is timed to its exit and taken out.
+    timings = Timings()
+    background = start_stages({"early": sleep(0.0), "late": sleep(3.0)}, paths)
+    wait_stages(start_stages({"fore": sleep(1.5)}, paths), timings, background)
+    assert list(timings) == ["early", "fore"] and timings["early"] < 1.0 and list(background) == ["late"]
+    wait_stages(background, timings)
+    assert list(timings) == ["early", "fore", "late"]
+
     started = time.perf_counter()
     running = start_stages({"long": sleep(60), "bad": sleep(0.0, status=3)}, paths)
     with pytest.raises(StageFailed, match="stage 'bad' failed with exit status 3") as failure:
