@@ -390,7 +390,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def train(args: argparse.Namespace, budget: Budget, paths: Paths, timings: Timings) -> dict:
-    """Split, SFT, preferences, RM and the PPO run(s), each stage a subprocess; returns facts for the summary."""
+    """Split, SFT, preferences, then the RM and DPO, then PPO and best-of-N, each stage a subprocess; returns facts for the summary."""
     from rlhf_lit.demo.prompts import RANGES, write_splits
 
     configs = Path(args.config_dir)
