@@ -2,7 +2,8 @@
 
 The demo replays the InstructGPT recipe on TinyStories with a sentiment judge (VADER) standing in
 for human labellers: sample completions from the SFT model, let the judge pick preferences, train
-the reward model on them, run PPO, then measure the judge score against the KL to the SFT model.
+the reward model on them, run PPO (and DPO on the same pairs, best-of-N against the same RM), then
+measure the judge score against the KL to the SFT model (:mod:`rlhf_lit.demo.frontier`).
 
 Subcommands (``python -m rlhf_lit.demo --help``):
 
