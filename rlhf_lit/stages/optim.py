@@ -94,12 +94,13 @@ def fused_adamw_supported(module: nn.Module) -> bool:
     on CUDA) in one pass per tensor, equal up to float rounding; on the peer-bench models a step
     took 2 ms instead of 11. The update is elementwise, so FSDP2's sharded (DTensor) parameters
     take the same steps as whole ones, bit for bit, and a checkpoint resumes exactly across
-    strategies. It needs floating-point parameters on the CPU or a CUDA device, and no fp16 loss
-    scaling: a fused optimizer unscales inside its step, so Lightning would skip the unscale that
-    gradient clipping and the finiteness check read.
+    strategies. It needs floating-point parameters on the CPU or a CUDA device, and no mixed
+    precision (``bf16-mixed``, ``16-mixed``): a fused optimizer may unscale fp16 gradients inside
+    its step, so Lightning's mixed-precision plugin refuses to clip its gradients at all (a
+    ``RuntimeError`` at the first clipped step, seen with ``bf16-mixed`` on an H100).
     """
     trainer = getattr(module, "_trainer", None)
-    if trainer is not None and getattr(trainer.precision_plugin, "scaler", None) is not None:
+    if trainer is not None and "mixed" in str(trainer.precision):
         return False
     params = [p for p in module.parameters() if p.requires_grad]
     return bool(params) and all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)

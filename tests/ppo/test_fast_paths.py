@@ -147,9 +147,13 @@ def test_model_attention_mask_is_the_padding_mask_off_cuda_and_keeps_real_positi
 def test_fused_adamw_only_where_it_applies():
     model = torch.nn.Linear(4, 3)
     assert fused_adamw_supported(model)
-    scaled = torch.nn.Linear(4, 3)
-    scaled._trainer = types.SimpleNamespace(precision_plugin=types.SimpleNamespace(scaler=object()))
-    assert not fused_adamw_supported(scaled)  # fp16: Lightning must unscale before clipping
+    for precision in ("16-mixed", "bf16-mixed"):  # Lightning's mixed-precision plugin cannot clip a fused optimizer
+        mixed = torch.nn.Linear(4, 3)
+        mixed._trainer = types.SimpleNamespace(precision=precision)
+        assert not fused_adamw_supported(mixed)
+    plain = torch.nn.Linear(4, 3)
+    plain._trainer = types.SimpleNamespace(precision="32-true")
+    assert fused_adamw_supported(plain)
     frozen = torch.nn.Linear(4, 3).requires_grad_(False)
     assert not fused_adamw_supported(frozen)
 
@@ -207,3 +211,18 @@ def test_old_logprobs_choice_is_checked():
 
     with pytest.raises(ValueError, match="ppo.old_logprobs"):
         PPOConfig(old_logprobs="generate")
+
+
+def test_bf16_mixed_ppo_clips_its_gradients(tmp_path):
+    """bf16-mixed with gradient clipping (Lightning refuses to clip a fused optimizer under mixed
+    precision: this fit crashed at its first step when PPO's optimizers were fused there)."""
+    from ppo_helpers import tiny_module, tiny_trainer
+    from torch.utils.data import DataLoader
+
+    from rlhf_lit.stages.ppo_config import PPOConfig
+
+    module = tiny_module(max_rollouts=1, ppo=PPOConfig(epochs=1, minibatch_size=4, max_grad_norm=1.0))
+    trainer = tiny_trainer(tmp_path, precision="bf16-mixed")
+    trainer.fit(module, DataLoader([prompt_batch(module.tokenizer, PROMPTS * 2)], batch_size=None))
+    assert module.rollout_index == 1
+    assert not any(opt.defaults.get("fused") for opt in trainer.optimizers)
