@@ -14,6 +14,31 @@ import torch  # noqa: E402
 
 torch.set_num_threads(1)
 
+# Warnings the tests provoke on purpose, or that come from how a test builds its own Trainer (not
+# through rlhf-lit's CLI, whose own silenced list is rlhf_lit/quiet.py = pyproject.toml's): a resume
+# mid-epoch, a Trainer without max_epochs, a checkpoint folder reused, ModelCheckpoint under PPO's
+# manual optimisation, LightningCLI called with args from Python, peft asking transformers for a
+# deprecated attribute. A user of `make test` cannot act on any of them.
+TEST_SETUP_WARNINGS = (
+    r"Be aware that when using `ckpt_path`, callbacks used to create the checkpoint",
+    r"`max_epochs` was not set",
+    r"You're resuming from a checkpoint that ended before the epoch ended",
+    r"Checkpoint directory .* exists and is not empty",
+    r"The dirpath has changed from",
+    r"Using ModelCheckpoint with manual optimization",
+    r"You defined a `validation_step` but have no `val_dataloader`",
+    r"Total length of `DataLoader` across ranks is zero",
+    r"LightningCLI's args parameter is intended to run from within Python",
+    r"`is_gradient_checkpointing` is deprecated",
+)
+
+
+def pytest_configure(config):
+    """Ignore :data:`TEST_SETUP_WARNINGS` (by message) in every test."""
+    for message in TEST_SETUP_WARNINGS:
+        config.addinivalue_line("filterwarnings", f"ignore:{message}")
+
+
 # ../shared/assets beside the project root (see ../shared/assets/README.md).
 ASSETS = Path(__file__).resolve().parents[2] / "shared" / "assets"
 STORIES260K = ASSETS / "models" / "stories260K"
