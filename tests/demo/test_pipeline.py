@@ -88,6 +88,21 @@ def test_tiny_pipeline_runs_every_stage_and_leaves_models_evals_and_report(tmp_p
     bon = json.loads((out / "best_of_n" / "best_of_n.json").read_text())
     assert bon["config"]["sampling"]["max_new_tokens"] == 16 and bon["config"]["num_samples"] == 4
 
+    # `rlhf-lit evaluate` on the demo's exported models, as a user runs it: its JSON has every metric.
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("".join(f"{s['prompt']}\n" for s in evals["ppo"]["samples"][:4]))
+    evaluated = subprocess.run(
+        [str(Path(sys.executable).parent / "rlhf-lit"), "evaluate", "--policy", str(out / "ppo" / "model"),
+         "--reference", str(out / "sft" / "model"), "--reward-model", str(out / "rm" / "model"),
+         "--judge", "rlhf_lit.evaluation.judges:vader", "--prompts", str(prompts), "--max-new-tokens", "16",
+         "--out", str(tmp_path / "evaluate.json")],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    metrics = json.loads((tmp_path / "evaluate.json").read_text())["metrics"]
+    assert metrics["num_samples"] == 4
+    assert metrics["kl_mean"] != 0.0 and -1 <= metrics["judge_mean"] <= 1 and "rm_mean" in metrics
+
     results = json.loads((out / "results.json").read_text())
     assert 0.0 <= results["rm_val_accuracy"] <= 1.0
     assert set(results["metrics"]) == {"sft", "ppo", "ppo_kl0", *dpo}
