@@ -311,9 +311,13 @@ def test_each_step_gradient_and_minibatch_losses_match_the_reference(golden, exp
         for j in (2 * step, 2 * step + 1):
             loss, parts = _expected_minibatch(policy, critic, rows[j], data.drawn[j], expected)
             _, recorded_loss, stats = record["minibatches"][j]
-            _close(recorded_loss, float(loss.detach()), rtol=1e-5, atol=1e-6, what=f"minibatch {j} loss")
+            # rtol 3e-5: the stage applies the LM head to the response positions only (a (rows x R)
+            # matmul, another summation order than this per-row loop); under the portable kernels
+            # (ATEN_CPU_CAPABILITY=default) minibatch 3's policy loss then differed by 1.5e-5
+            # relative. Planted bugs move these by 1e-2 and more.
+            _close(recorded_loss, float(loss.detach()), rtol=3e-5, atol=1e-6, what=f"minibatch {j} loss")
             for name, value in parts.items():
-                _close(stats[name], float(value.detach()), rtol=1e-5, atol=1e-6, what=f"minibatch {j} {name}")
+                _close(stats[name], float(value.detach()), rtol=3e-5, atol=1e-6, what=f"minibatch {j} {name}")
             total = total + loss / PPO.grad_accum
         total.backward()
         grads = {n: p.grad for n, p in policy.named_parameters() if p.grad is not None}
