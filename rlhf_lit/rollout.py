@@ -10,7 +10,7 @@ received for it.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 import torch
 
@@ -62,12 +62,39 @@ def minibatches(rollout: Rollout, minibatch_size: int, generator: torch.Generato
         minibatch_size: rows per minibatch; must divide the batch size (no ragged last minibatch,
             whose loss would weigh its rows differently).
         generator: a CPU generator that alone decides the order (reproducible and resumable).
+
+    Each minibatch drops the left-padding columns none of its rows attends (:func:`drop_columns`),
+    keeping at least one prompt column.
     """
     if rollout.batch_size % minibatch_size != 0:
         raise ValueError(
             f"the rollout has {rollout.batch_size} rows, not a multiple of the minibatch size {minibatch_size}"
         )
     order = torch.randperm(rollout.batch_size, generator=generator)  # (B,)
-    order = order.to(rollout.response_ids.device)  # (B,)
+    first = first_attended_columns(rollout)  # (B,) on the CPU: one host sync per pass, none per minibatch
+    device_order = order.to(rollout.response_ids.device)  # (B,)
     for start in range(0, rollout.batch_size, minibatch_size):
-        yield rollout.select(order[start : start + minibatch_size])
+        rows = order[start : start + minibatch_size]  # (M,)
+        mb = rollout.select(device_order[start : start + minibatch_size])
+        yield drop_columns(mb, min(int(first[rows].min()), rollout.prompt_length - 1))
+
+
+def first_attended_columns(rollout: Rollout) -> torch.Tensor:
+    """``(B,)`` CPU long: each row's first attended prompt column (its left padding ends there; ``P``
+    for a row whose prompt is all padding)."""
+    prompt_mask = rollout.attention_mask[:, : rollout.prompt_length].bool()  # (B, P)
+    padding = (~prompt_mask).cumprod(dim=1).sum(dim=1)  # (B,) leading pad columns
+    return padding.cpu()
+
+
+def drop_columns(rollout: Rollout, n: int) -> Rollout:
+    """``rollout`` without its first ``n`` sequence columns, which must be padding in every row.
+
+    Padding is never attended (its keys are masked out) and its outputs are never read; positions
+    come from the attention mask, not the column index. So every forward and backward of a
+    minibatch gives the same values over fewer columns (only the order of float sums may differ),
+    which saves the work of the left padding that the minibatch's longest prompt does not need.
+    """
+    if n <= 0:
+        return rollout
+    return replace(rollout, query_responses=rollout.query_responses[:, n:], attention_mask=rollout.attention_mask[:, n:])

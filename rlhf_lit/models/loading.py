@@ -16,6 +16,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from rlhf_lit.models.kernels import fuse_activations
 from rlhf_lit.sources import from_pretrained
 
 log = logging.getLogger(__name__)
@@ -95,7 +96,8 @@ def _load(
     new_head: bool = False,
     **kwargs,
 ) -> PreTrainedModel:
-    """Load with ``auto_class``, fit the embeddings to the tokenizer and switch dropout off.
+    """Load with ``auto_class``, fit the embeddings to the tokenizer, switch dropout off and use fused
+    activation kernels (:func:`fuse_activations`, the same function).
 
     With ``new_head`` the checkpoint is expected to lack the score head: transformers' report of
     that missing head is not printed (it would advise training a head the caller is about to
@@ -120,6 +122,7 @@ def _load(
     _fit_to_tokenizer(model, tokenizer)
     if not keep_dropout:
         disable_dropout(model)
+    fuse_activations(model)
     return model
 
 

@@ -1,9 +1,11 @@
 """The performance paths keep the math: ignore_eos sampling, logits only at response positions,
-the 16-bit CUDA attention mask, fused AdamW."""
+the 16-bit CUDA attention mask, fused AdamW, fused activations, unattended padding columns dropped."""
 
 from __future__ import annotations
 
 import types
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -226,3 +228,115 @@ def test_bf16_mixed_ppo_clips_its_gradients(tmp_path):
     trainer.fit(module, DataLoader([prompt_batch(module.tokenizer, PROMPTS * 2)], batch_size=None))
     assert module.rollout_index == 1
     assert not any(opt.defaults.get("fused") for opt in trainer.optimizers)
+
+
+# ---------------------------------------------------------------- fused activation kernels
+def _tiny_gpt2_config(activation: str):
+    from transformers import GPT2Config
+
+    return GPT2Config(vocab_size=50, bos_token_id=0, eos_token_id=0, n_positions=16, n_embd=32, n_layer=2, n_head=2, activation_function=activation,
+                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)  # fmt: skip
+
+
+@pytest.mark.parametrize("activation", ["gelu_new", "gelu_fast"])
+def test_fused_activations_compute_the_same_function(activation, tmp_path):
+    """A GPT-2 loaded by rlhf-lit has the fused tanh-GELU and gives the transformers model's logits and
+    gradients up to float32 rounding; the exact (erf) GELU instead differs by ~5e-4 of the logits' scale."""
+    from transformers import GPT2LMHeadModel
+    from transformers.activations import GELUTanh, NewGELUActivation
+
+    torch.manual_seed(0)
+    reference = GPT2LMHeadModel(_tiny_gpt2_config(activation)).eval()
+    with torch.no_grad():  # weights large enough that the activations leave GELU's linear range
+        for p in reference.parameters():
+            p.mul_(8.0)
+    reference.save_pretrained(tmp_path)
+    ours = load_causal_lm(str(tmp_path)).eval()
+    acts = [m for m in ours.modules() if isinstance(m, (GELUTanh, NewGELUActivation))]
+    assert len(acts) == 2 and all(type(m) is GELUTanh for m in acts)
+    assert ours.config.activation_function == activation  # the export keeps the checkpoint's config
+    ids = torch.randint(0, 50, (3, 12), generator=torch.Generator().manual_seed(1))
+    out_ref, out = reference(ids).logits, ours(ids).logits
+    scale = out_ref.abs().max().item()
+    assert scale > 10  # the test means something only where tanh-GELU is nonlinear
+    torch.testing.assert_close(out, out_ref, rtol=0, atol=2e-6 * scale)
+    out_ref.logsumexp(-1).sum().backward()
+    out.logsumexp(-1).sum().backward()
+    for (name, a), b in zip(reference.named_parameters(), ours.parameters()):
+        torch.testing.assert_close(b.grad, a.grad, rtol=1e-4, atol=1e-5 * a.grad.abs().max().item(), msg=name)
+    erf = GPT2LMHeadModel(_tiny_gpt2_config("gelu")).eval()
+    erf.load_state_dict(reference.state_dict())
+    assert (erf(ids).logits - out_ref).abs().max() > 100 * 2e-6 * scale  # far outside the tolerance above
+
+
+def test_fused_activations_leave_other_activations_alone():
+    from transformers import GPT2LMHeadModel
+
+    from rlhf_lit.models.kernels import fuse_activations
+
+    model = GPT2LMHeadModel(_tiny_gpt2_config("gelu"))
+    before = [type(m) for m in model.modules()]
+    assert fuse_activations(model) == 0
+    assert [type(m) for m in model.modules()] == before
+    assert fuse_activations(GPT2LMHeadModel(_tiny_gpt2_config("gelu_new"))) == 2
+
+
+# ---------------------------------------------------------------- unattended padding columns
+def test_minibatches_drop_only_the_padding_columns_no_row_attends():
+    """Prompt lengths 2, 4 | 1, 3 of P = 5 (left padded), R = 2: the minibatch of rows (0, 1) drops
+    1 column, the one of rows (2, 3) drops 2; responses and per-token fields are untouched."""
+    from rlhf_lit.rollout import Rollout, minibatches
+
+    lengths, P, R = [2, 4, 1, 3], 5, 2
+    mask = torch.tensor([[0] * (P - n) + [1] * n + [1] * R for n in lengths])  # (4, 7)
+    ids = torch.arange(4 * (P + R)).view(4, P + R) * mask + PAD * (1 - mask)
+    per_token = torch.arange(8.0).view(4, R)
+    rollout = Rollout(
+        query_responses=ids, attention_mask=mask, response_ids=ids[:, P:], response_mask=torch.ones(4, R, dtype=torch.bool),
+        ended=torch.zeros(4, dtype=torch.bool), old_logprobs=per_token, ref_logprobs=per_token + 1,
+        old_values=per_token + 2, raw_scores=torch.zeros(4), scores=torch.zeros(4), kl=per_token + 3,
+        rewards=per_token + 4, advantages=per_token + 5, returns=per_token + 6,
+    )  # fmt: skip
+
+    generator = torch.Generator().manual_seed(0)
+    order = torch.randperm(4, generator=torch.Generator().manual_seed(0))
+    for k, mb in enumerate(minibatches(rollout, 2, generator)):
+        rows = order[2 * k : 2 * k + 2]
+        keep = max(lengths[r] for r in rows.tolist())  # the longest prompt of the minibatch
+        assert mb.prompt_length == keep
+        assert torch.equal(mb.query_responses, ids[rows, P - keep :])
+        assert torch.equal(mb.attention_mask, mask[rows, P - keep :])
+        assert torch.equal(mb.response_ids, ids[rows, P:])
+        assert torch.equal(mb.advantages, per_token[rows] + 5)
+    all_pad = replace(rollout, attention_mask=torch.cat([torch.zeros(4, P, dtype=torch.long), mask[:, P:]], 1))
+    assert all(mb.prompt_length == 1 for mb in minibatches(all_pad, 2, generator))  # one column is kept
+
+
+def test_dropping_padding_columns_trains_the_same_weights(tmp_path, monkeypatch):
+    """PPO with and without the column drop, from one seed, on prompts of very different lengths:
+    the same weights up to float rounding."""
+    from ppo_helpers import tiny_module, tiny_trainer
+    from torch.utils.data import DataLoader
+
+    import rlhf_lit.rollout as rollout_module
+    from rlhf_lit.stages.ppo_config import PPOConfig
+
+    texts = ["Once upon a time there was a little girl named", "The", "Tom", "A big dog ran to the park and"]
+    weights, dropped = {}, []
+    original = rollout_module.drop_columns
+    for drop in (True, False):
+        recorded = lambda mb, n: dropped.append(n) or original(mb, n)  # noqa: E731
+        monkeypatch.setattr(rollout_module, "drop_columns", recorded if drop else (lambda mb, n: mb))
+        torch.manual_seed(0)
+        module = tiny_module(max_rollouts=2, sampling=SamplingConfig(max_new_tokens=5, temperature=0.9),
+                             ppo=PPOConfig(epochs=2, minibatch_size=2))
+        batch = prompt_batch(module.tokenizer, texts)
+        tiny_trainer(tmp_path / str(drop)).fit(module, train_dataloaders=DataLoader([batch, batch], batch_size=None))
+        weights[drop] = {k: v.clone() for k, v in module.policy.state_dict().items()}
+    assert max(dropped) > 0  # some minibatch had columns to drop
+    start = load_causal_lm(STORIES).state_dict()
+    moved = 0
+    for k, v in weights[True].items():
+        torch.testing.assert_close(v, weights[False][k], rtol=1e-5, atol=1e-7, msg=k)
+        moved += not torch.equal(v, start[k])
+    assert moved > 0

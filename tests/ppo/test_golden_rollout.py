@@ -282,7 +282,10 @@ def _minibatch_rows(golden) -> list[int]:
     rollout = golden[2]["rollouts"][0]
     rows = []
     for ids, _, _ in golden[2]["minibatches"]:
-        (match,) = [i for i in range(4) if torch.equal(rollout.query_responses[i], ids[0])]
+        # A minibatch may drop left-padding columns that none of its rows attends (rollout.drop_columns).
+        dropped = rollout.query_responses.shape[1] - ids.shape[1]
+        (match,) = [i for i in range(4) if torch.equal(rollout.query_responses[i, dropped:], ids[0])]
+        assert not rollout.attention_mask[match, :dropped].any()
         rows.append(match)
     return rows
 
@@ -314,10 +317,13 @@ def test_each_step_gradient_and_minibatch_losses_match_the_reference(golden, exp
             # rtol 3e-5: the stage applies the LM head to the response positions only (a (rows x R)
             # matmul, another summation order than this per-row loop); under the portable kernels
             # (ATEN_CPU_CAPABILITY=default) minibatch 3's policy loss then differed by 1.5e-5
-            # relative. Planted bugs move these by 1e-2 and more.
-            _close(recorded_loss, float(loss.detach()), rtol=3e-5, atol=1e-6, what=f"minibatch {j} loss")
+            # relative. atol 5e-6: a minibatch drops the padding columns none of its rows attends
+            # (another summation order again), and the policy loss is a small net of terms of size
+            # |advantage| ~ 1 (2.8e-6 seen on 0.056). Planted bugs move these by 1e-2 and more; a
+            # 0.1% change of the advantages by 5e-5.
+            _close(recorded_loss, float(loss.detach()), rtol=3e-5, atol=5e-6, what=f"minibatch {j} loss")
             for name, value in parts.items():
-                _close(stats[name], float(value.detach()), rtol=3e-5, atol=1e-6, what=f"minibatch {j} {name}")
+                _close(stats[name], float(value.detach()), rtol=3e-5, atol=5e-6, what=f"minibatch {j} {name}")
             total = total + loss / PPO.grad_accum
         total.backward()
         grads = {n: p.grad for n, p in policy.named_parameters() if p.grad is not None}
