@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from torch import nn
-from transformers.activations import FastGELUActivation, GELUTanh, NewGELUActivation
+from transformers.activations import FastGELUActivation, NewGELUActivation
 
 # GPT-2's "gelu_new" and "gelu_fast" are 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))), written
 # as five to seven elementwise ops (each a pass over the activations, each saved for backward).
-# torch's gelu(approximate="tanh") is that same formula in one kernel forward and one backward.
+# torch's gelu(approximate="tanh") is that same formula in one kernel forward and one backward
+# (torch's nn.GELU module: transformers' own class for it changed names across releases).
 _TANH_GELU_AS_OPS = (NewGELUActivation, FastGELUActivation)
 
 
@@ -26,6 +27,6 @@ def fuse_activations(model: nn.Module) -> int:
     for parent in model.modules():
         for name, child in parent.named_children():
             if type(child) in _TANH_GELU_AS_OPS:
-                setattr(parent, name, GELUTanh())
+                setattr(parent, name, nn.GELU(approximate="tanh"))
                 replaced += 1
     return replaced
