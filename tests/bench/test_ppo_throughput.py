@@ -9,13 +9,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from rlhf_lit.tokenizer import load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
 STORIES = ROOT.parent / "shared" / "assets" / "models" / "stories260K"
 
 
-def test_benchmark_runs_a_workload_from_the_harness_environment(tmp_path):
+@pytest.mark.parametrize("old_logprobs", ["rescore", "sampling"])
+def test_benchmark_runs_a_workload_from_the_harness_environment(tmp_path, old_logprobs):
     tokenizer = load_tokenizer(str(STORIES), padding_side="left")
     rows, masks = [], []
     for text in ["Once upon a time", "The little dog ran", "Tom", "She saw a big red"]:
@@ -28,11 +31,13 @@ def test_benchmark_runs_a_workload_from_the_harness_environment(tmp_path):
                     MINIBATCHES=2, ITERS=2, THREADS=1, TEMPERATURE=0.7, KL_COEF=0.05, SEED=0, LR=1e-5,
                     WORKLOAD="smoke", PROMPT_IDS=prompt_file, JSON=tmp_path / "out.json")  # fmt: skip
     env = {**os.environ, **{f"PEERBENCH_{k}": str(v) for k, v in workload.items()}, "OMP_NUM_THREADS": "1"}
-    result = subprocess.run([sys.executable, str(ROOT / "bench" / "ppo_throughput.py")], env=env, cwd=tmp_path,
+    options = [] if old_logprobs == "rescore" else ["--old-logprobs", "sampling"]  # rescore is the default
+    result = subprocess.run([sys.executable, str(ROOT / "bench" / "ppo_throughput.py"), *options], env=env, cwd=tmp_path,
                             capture_output=True, text=True, timeout=300)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     out = json.loads((tmp_path / "out.json").read_text())
     assert out["workload"] == "smoke" and out["iters"] == 2 and len(out["iters_s"]) == 2
+    assert out["old_logprobs"] == old_logprobs and f"old logprobs: {old_logprobs}" in result.stdout
     for key in ("iter_median_s", "gen_s", "rollout_s", "train_s", "tokens_per_s", "peak_rss_mib"):
         assert out[key] > 0, key
     # Full-length responses (ignore_eos): 4 prompts x 5 tokens per iteration.
