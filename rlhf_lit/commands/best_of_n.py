@@ -32,6 +32,7 @@ from rlhf_lit.commands.common import (
     CommandParser,
     OptionError,
     add_common_options,
+    add_unfinished_option,
     check_positive,
     load_models,
     prepare,
@@ -122,6 +123,7 @@ def best_of_n(
     seed: int = 0,
     tokenizer: str | None = None,
     device: str = "cpu",
+    unfinished: str = "as_sampled",
 ) -> dict:
     """Sample ``num_samples`` (default ``max(ns)``) responses per prompt once and sweep best-of-N over ``ns``.
 
@@ -135,6 +137,9 @@ def best_of_n(
         estimator: ``subsets`` (exact expectation over N-subsets) or ``first_n`` (nested prefixes).
         sampling, batch_size, seed, tokenizer, device: as in
             :func:`rlhf_lit.commands.evaluate.evaluate_policy`.
+        unfinished: how the reward model reads a response without EOS (``as_sampled`` or ``with_eos``,
+            :data:`~rlhf_lit.models.scoring.UnfinishedScoring`): use the PPO run's ``reward.unfinished``
+            to pick with the reward PPO optimises.
 
     Returns:
         ``{"rows", "timing_s", "samples"}``: ``rows`` one dict per N (:data:`ROW_KEYS`), samples
@@ -155,7 +160,8 @@ def best_of_n(
     models = load_models(policy, reward_model=reward_model, tokenizer=tokenizer, device=device)
     t_loaded = time.perf_counter()
     repeated = [p for p in prompts for _ in range(m)]  # prompt p's samples are rows [p*M, (p+1)*M)
-    samples, t_generate = sample_and_measure(models, repeated, sampling, batch_size=batch_size, seed=seed)
+    samples, t_generate = sample_and_measure(models, repeated, sampling, batch_size=batch_size, seed=seed,
+                                             unfinished=unfinished)  # fmt: skip
     t_scored = time.perf_counter()
     judge_list = judge(samples.responses) if judge is not None else None
     t_judged = time.perf_counter()
@@ -203,6 +209,7 @@ def build_parser() -> CommandParser:
     )  # fmt: skip
     parser.add_argument("--policy", required=True, metavar="DIR", help="the model to sample from")
     parser.add_argument("--reward-model", required=True, metavar="DIR", help="the reward model that picks the best")
+    add_unfinished_option(parser)
     which = parser.add_mutually_exclusive_group()
     which.add_argument("--n-max", type=int, default=64, help="sweep N = 1, 2, 4, ... up to this")
     which.add_argument("--n", default=None, metavar="N,N,...", help="the N values, e.g. 1,2,4,8 (instead of --n-max)")
@@ -227,12 +234,14 @@ def main(argv: Sequence[str]) -> int:
     result = best_of_n(
         args.policy, args.reward_model, prompts, ns, num_samples=m, judge=judge, estimator=args.estimator,
         sampling=sampling, batch_size=args.batch_size, seed=args.seed, tokenizer=args.tokenizer, device=args.device,
+        unfinished=args.unfinished,
     )  # fmt: skip
     result = {
         WRITTEN_BY_KEY: "rlhf-lit best-of-n",
         "config": {
             "policy": args.policy, "reward_model": args.reward_model, "judge": args.judge, "prompts": args.prompts,
             "num_prompts": len(prompts), "ns": ns, "num_samples": m, "estimator": args.estimator,
+            "unfinished": args.unfinished,
             "tie_break": "equal RM scores: the sample drawn first wins", "sampling": dataclasses.asdict(sampling),
             "batch_size": args.batch_size, "seed": args.seed, "tokenizer": args.tokenizer, "device": args.device,
         },  # fmt: skip

@@ -209,18 +209,22 @@ class Samples:
     rm_scores: list[float] | None = None
 
 
-def sample_and_measure(models: Models, prompts: Sequence[str], sampling, *, batch_size: int, seed: int) -> tuple[Samples, float]:
+def sample_and_measure(
+    models: Models, prompts: Sequence[str], sampling, *, batch_size: int, seed: int, unfinished: str = "as_sampled"
+) -> tuple[Samples, float]:
     """Sample one response per entry of ``prompts`` and measure it; returns ``(samples, seconds sampling)``.
 
     Lengths count response tokens, EOS included. KL needs ``models.reference``, RM scores
-    ``models.reward_model`` (non-finite scores are refused).
+    ``models.reward_model`` (non-finite scores are refused), which reads a response without EOS
+    as ``unfinished`` says (:data:`~rlhf_lit.models.scoring.UnfinishedScoring`, PPO's ``reward.unfinished``).
     """
     import time
 
     from rlhf_lit.evaluation import response_texts
     from rlhf_lit.models import sequence_scores
-    from rlhf_lit.models.generation import response_logprobs, sample_batches
+    from rlhf_lit.models.generation import response_logprobs, sample_batches, stop_token_ids
     from rlhf_lit.models.reward_norm import reward_offset
+    from rlhf_lit.models.scoring import reward_model_rows
 
     t0 = time.perf_counter()
     batches = sample_batches(models.policy, models.tokenizer, prompts, sampling, batch_size=batch_size, seed=seed)
@@ -236,7 +240,9 @@ def sample_and_measure(models: Models, prompts: Sequence[str], sampling, *, batc
                 kl = torch.where(gen.response_mask, logprobs - ref_logprobs, 0.0).sum(-1)  # (B,)
                 out.kls += kl.tolist()
             if out.rm_scores is not None:
-                rm = sequence_scores(models.reward_model, gen.query_responses, gen.attention_mask)  # (B,)
+                rows = reward_model_rows(gen.query_responses, gen.attention_mask, gen.ended, unfinished,
+                                         stop_token_ids(models.policy, models.tokenizer)[0], models.tokenizer.pad_token_id)  # fmt: skip
+                rm = sequence_scores(models.reward_model, *rows)  # (B,)
                 out.rm_scores += (rm.float() + reward_offset(models.reward_model.config)).tolist()
         out.lengths += gen.response_mask.sum(-1).tolist()
         out.ended += gen.ended.tolist()
@@ -246,6 +252,13 @@ def sample_and_measure(models: Models, prompts: Sequence[str], sampling, *, batc
     if out.rm_scores is not None and not all(math.isfinite(s) for s in out.rm_scores):
         raise ValueError("the reward model returned a non-finite score (NaN or inf); check the reward model")
     return out, seconds
+
+
+def add_unfinished_option(parser: argparse.ArgumentParser) -> None:
+    """``--unfinished``: how ``--reward-model`` reads a response that did not end (PPO's ``reward.unfinished``)."""
+    parser.add_argument("--unfinished", choices=["as_sampled", "with_eos"], default="as_sampled",
+                        help="how the reward model reads a response cut at --max-new-tokens: as sampled, or with EOS "
+                        "appended (as rlhf-lit's RM stage trained it; PPO's reward.unfinished)")  # fmt: skip
 
 
 def add_common_options(parser: argparse.ArgumentParser, *, max_new_tokens: int, batch_size: int) -> None:

@@ -25,6 +25,7 @@ from rlhf_lit.commands.common import (
     WRITTEN_BY_KEY,
     CommandParser,
     add_common_options,
+    add_unfinished_option,
     check_positive,
     load_models,
     mean_std,
@@ -49,6 +50,7 @@ def evaluate_policy(
     seed: int = 0,
     tokenizer: str | None = None,
     device: str = "cpu",
+    unfinished: str = "as_sampled",
 ) -> dict:
     """Sample ``samples_per_prompt`` responses per prompt from ``policy`` and measure them.
 
@@ -64,6 +66,8 @@ def evaluate_policy(
         seed: sampling seed (:func:`rlhf_lit.models.generation.sample_batches`).
         tokenizer: tokenizer location when not beside the policy; every model reads its ids.
         device: torch device.
+        unfinished: how the reward model reads a response without EOS (``as_sampled`` or ``with_eos``,
+            :data:`~rlhf_lit.models.scoring.UnfinishedScoring`).
 
     Returns:
         ``{"metrics", "timing_s", "samples"}``. ``metrics``: ``judge_mean``/``judge_std`` (with a
@@ -85,7 +89,8 @@ def evaluate_policy(
     t_loaded = time.perf_counter()
 
     repeated = [p for p in prompts for _ in range(samples_per_prompt)]
-    samples, t_generate = sample_and_measure(models, repeated, sampling, batch_size=batch_size, seed=seed)
+    samples, t_generate = sample_and_measure(models, repeated, sampling, batch_size=batch_size, seed=seed,
+                                             unfinished=unfinished)  # fmt: skip
     t_scored = time.perf_counter()
     judge_scores = judge(samples.responses) if judge is not None else None
     t_judged = time.perf_counter()
@@ -137,6 +142,7 @@ def build_parser() -> CommandParser:
     parser.add_argument("--policy", required=True, metavar="DIR", help="the model to evaluate (an export directory)")
     parser.add_argument("--reference", default=None, metavar="DIR", help="reference model for the KL (none: no KL)")
     parser.add_argument("--reward-model", default=None, metavar="DIR", help="reward model to score responses (none: no RM score)")
+    add_unfinished_option(parser)
     parser.add_argument("--samples-per-prompt", type=int, default=1, help="responses per prompt")
     add_common_options(parser, max_new_tokens=48, batch_size=64)
     return parser
@@ -152,7 +158,7 @@ def main(argv: Sequence[str]) -> int:
     result = evaluate_policy(
         args.policy, prompts, reference=args.reference, reward_model=args.reward_model, judge=judge,
         samples_per_prompt=args.samples_per_prompt, sampling=sampling, batch_size=args.batch_size, seed=args.seed,
-        tokenizer=args.tokenizer, device=args.device,
+        tokenizer=args.tokenizer, device=args.device, unfinished=args.unfinished,
     )  # fmt: skip
     result = {
         WRITTEN_BY_KEY: "rlhf-lit evaluate",
@@ -160,6 +166,7 @@ def main(argv: Sequence[str]) -> int:
             "policy": args.policy, "reference": args.reference, "reward_model": args.reward_model,
             "judge": args.judge, "prompts": args.prompts, "num_prompts": len(prompts),
             "samples_per_prompt": args.samples_per_prompt, "sampling": dataclasses.asdict(sampling),
+            "unfinished": args.unfinished,
             "batch_size": args.batch_size, "seed": args.seed, "tokenizer": args.tokenizer, "device": args.device,
         },  # fmt: skip
         **result,

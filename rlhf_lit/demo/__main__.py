@@ -1,4 +1,4 @@
-"""``python -m rlhf_lit.demo {split,preferences,evaluate,report,pipeline}``: the offline demo's commands."""
+"""``python -m rlhf_lit.demo {split,preferences,evaluate,report,pipeline,seeds}``: the offline demo's commands."""
 
 from __future__ import annotations
 
@@ -87,6 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
     # Listed for --help only: main() hands `pipeline ...` to rlhf_lit.demo.pipeline before parsing.
     sub.add_parser("pipeline", add_help=False,
                    help="run every stage end to end (options: python -m rlhf_lit.demo.pipeline --help)")
+    sub.add_parser("seeds", add_help=False,
+                   help="rerun PPO variants and the DPO sweep of a finished demo on several seeds "
+                        "(options: python -m rlhf_lit.demo seeds --help)")
     return parser
 
 
@@ -98,6 +101,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from rlhf_lit.demo.pipeline import main as pipeline_main
 
         return pipeline_main(argv[1:])
+    if argv[:1] == ["seeds"]:
+        from rlhf_lit.demo.seeds import main as seeds_main
+
+        return seeds_main(argv[1:])
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if args.command == "split":

@@ -252,6 +252,15 @@ def _ppo_sampling(config: Path, budget: Budget) -> tuple[float, int]:
     return temperature, max_new_tokens
 
 
+def _ppo_unfinished(config: Path) -> str:
+    """How PPO's reward model reads a cut response (``reward.unfinished``): best-of-N picks the same way."""
+    import yaml
+
+    with open(config, encoding="utf-8") as f:
+        reward = yaml.safe_load(f)["model"]["init_args"].get("reward") or {}
+    return str(reward.get("unfinished", "as_sampled"))
+
+
 def _ppo_rollouts(config: Path, budget: Budget) -> int:
     """How many rollouts the PPO run makes: the budget's override, else the config's ``max_rollouts``."""
     import yaml
@@ -498,7 +507,7 @@ def _best_of_n_command(args: argparse.Namespace, budget: Budget, paths: Paths, t
 
     The prompts are written to ``<out>/best_of_n/prompts.jsonl`` (JSONL: an opening may hold a
     line break), the same openings the evaluation uses, sampled at the temperature and length PPO
-    samples with.
+    samples with; the RM reads cut responses as PPO's does (``reward.unfinished``).
     """
     from rlhf_lit.demo.prompts import RANGES, load_prompts
 
@@ -512,7 +521,8 @@ def _best_of_n_command(args: argparse.Namespace, budget: Budget, paths: Paths, t
         sys.executable, "-m", "rlhf_lit.cli", "best-of-n", "--policy", str(paths.model("sft")),
         "--reward-model", str(paths.model("rm")), "--prompts", str(prompts_file), "--judge", args.judge,
         "--n-max", str(budget.bon_n_max), "--temperature", str(temperature), "--max-new-tokens", str(max_new_tokens),
-        "--seed", str(args.seed or 0), "--out", str(paths.dir("best_of_n") / "best_of_n.json"),
+        "--seed", str(args.seed or 0), "--unfinished", _ppo_unfinished(Path(args.config_dir) / "ppo.yaml"),
+        "--out", str(paths.dir("best_of_n") / "best_of_n.json"),
     ]  # fmt: skip
 
 

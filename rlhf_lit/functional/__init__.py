@@ -18,7 +18,7 @@ from rlhf_lit.functional.kl_control import AdaptiveKLController, FixedKLControll
 from rlhf_lit.functional.logprobs import entropy_from_logits, sequence_logprobs, token_logprobs
 from rlhf_lit.functional.losses import clipped_value_loss, pairwise_reward_loss, ppo_policy_loss, sft_loss
 from rlhf_lit.functional.masked import explained_variance, masked_mean, masked_var, masked_whiten
-from rlhf_lit.functional.masks import last_true_index, response_mask_from_eos, response_mask_from_prompt_length
+from rlhf_lit.functional.masks import append_eos_to_unfinished, last_true_index, response_mask_from_eos, response_mask_from_prompt_length
 
 __all__ = [
     "AdaptiveKLController",
@@ -27,6 +27,7 @@ __all__ = [
     "FixedKLController",
     "KLController",
     "KLKind",
+    "append_eos_to_unfinished",
     "averages_over_tokens",
     "check_dpo_settings",
     "clipped_value_loss",

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["response_mask_from_eos", "last_true_index", "response_mask_from_prompt_length"]
+__all__ = ["response_mask_from_eos", "last_true_index", "response_mask_from_prompt_length", "append_eos_to_unfinished"]
 
 
 def response_mask_from_eos(
@@ -67,3 +67,32 @@ def response_mask_from_prompt_length(attention_mask: torch.Tensor, prompt_length
     real = attention_mask.bool()  # (B, T)
     index = real.long().cumsum(dim=-1) - 1  # (B, T) index of each real token in its row
     return real & (index >= prompt_lengths.unsqueeze(-1))  # (B, T)
+
+
+def append_eos_to_unfinished(
+    input_ids: torch.Tensor, attention_mask: torch.Tensor, ended: torch.Tensor, eos_token_id: int, pad_token_id: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One column more: EOS on the rows whose response never ended, a masked pad on the others.
+
+    A response cut at ``max_new_tokens`` has a real token in its last column (it never stopped),
+    so the EOS lands right after its last token; a row that ended keeps its own EOS as its last
+    real token, and its new column is padding. Reading a score at the last real token then reads
+    every row at an EOS, the way a reward model trained on EOS-terminated responses was trained.
+
+    Args:
+        input_ids: ``(B, T)`` prompt + response ids (responses right-padded after their EOS).
+        attention_mask: ``(B, T)``, 1 on real tokens.
+        ended: ``(B,)`` bool, the response holds an EOS.
+        eos_token_id: the id appended to unfinished rows.
+        pad_token_id: the id of the new column on rows that ended (masked out).
+
+    Returns:
+        ``(input_ids, attention_mask)``, both ``(B, T + 1)``.
+    """
+    eos = torch.full_like(input_ids[:, 0], eos_token_id)  # (B,)
+    pad = torch.full_like(input_ids[:, 0], pad_token_id)  # (B,)
+    column_ids = torch.where(ended, pad, eos)  # (B,)
+    column_mask = (~ended).to(attention_mask.dtype)  # (B,)
+    ids = torch.cat([input_ids, column_ids.unsqueeze(1)], dim=1)  # (B, T + 1)
+    mask = torch.cat([attention_mask, column_mask.unsqueeze(1)], dim=1)  # (B, T + 1)
+    return ids, mask

@@ -95,6 +95,7 @@ from rlhf_lit.functional import (
 )
 from rlhf_lit.models import load_causal_lm, load_reward_model, sequence_scores
 from rlhf_lit.models.reward_norm import reward_offset
+from rlhf_lit.models.scoring import reward_model_rows
 from rlhf_lit.models.generation import (
     Generated,
     SamplingConfig,
@@ -452,8 +453,17 @@ class PPOModule(LightningModule):
             # Without a critic the rollout carries zeros in its place (never read by a loss).
             "old_values": torch.zeros_like(old_logprobs) if values is None else values.float(),  # (B, R)
             "entropy": entropy_from_logits(logits, temperature),  # (B, R)
-            **({"raw_scores": self.score(ids, mask).float()} if self.reward_cfg.uses_reward_model else {}),  # (B,)
+            **({"raw_scores": self.score(*self._reward_model_inputs(gen)).float()}  # (B,)
+               if self.reward_cfg.uses_reward_model else {}),
         }
+
+    def _reward_model_inputs(self, gen: Generated) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rows the reward model reads: as sampled, or with EOS after unfinished responses
+        (``reward.unfinished``, :data:`~rlhf_lit.models.scoring.UnfinishedScoring`)."""
+        return reward_model_rows(
+            gen.query_responses, gen.attention_mask, gen.ended, self.reward_cfg.unfinished, self.stop_ids[0],
+            self.tokenizer.pad_token_id,
+        )  # (B, T) or (B, T + 1), x2
 
     def score_rollout(self, gen: Generated) -> dict[str, torch.Tensor]:
         """:meth:`_score_chunk` over the batch in chunks of ``ppo.score_chunk_size`` rows."""

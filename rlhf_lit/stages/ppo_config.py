@@ -12,6 +12,7 @@ from typing import Any, Literal, get_args
 import torch
 
 from rlhf_lit.functional import KLKind
+from rlhf_lit.models.scoring import UnfinishedScoring
 from rlhf_lit.functional.estimators import EstimatorKind
 
 
@@ -145,7 +146,8 @@ def _default_sources() -> list[RewardSource]:
 class RewardConfig:
     """How the sources' scores become the reward of a response.
 
-    Order of operations: ``sum of weight * source score`` (the raw score) -> ``score - bias`` ->
+    Order of operations: the reward model reads the response (``unfinished``); ``sum of weight *
+    source score`` (the raw score) -> ``score - bias`` ->
     whiten (``scores``) -> clip -> missing-EOS penalty -> per-token KL shaping (the score at the
     last response token) -> whiten (``rewards``).
 
@@ -159,6 +161,10 @@ class RewardConfig:
         missing_eos_penalty: when set, a response that never produced EOS gets this score
             INSTEAD of its RM score (replace, as in N+ details #9, not add: a truncated response
             is not a response the RM was trained to judge). None = no penalty.
+        unfinished: how the reward model reads a response without EOS
+            (:data:`~rlhf_lit.models.scoring.UnfinishedScoring`):
+            ``as_sampled`` or ``with_eos``. Only ``as_sampled`` goes with a ``missing_eos_penalty``,
+            which replaces those scores anyway; reward functions read text and are not affected.
     """
 
     sources: list[RewardSource] = field(default_factory=_default_sources)
@@ -166,6 +172,7 @@ class RewardConfig:
     whiten: ScoreWhitening = "none"
     clip: float | None = None
     missing_eos_penalty: float | None = None
+    unfinished: UnfinishedScoring = "as_sampled"
 
     def shape(self, raw_scores: torch.Tensor, ended: torch.Tensor) -> torch.Tensor:
         """Bias, score whitening, clipping and the missing-EOS penalty, in that order.
@@ -207,6 +214,13 @@ class RewardConfig:
             raise ValueError(f"reward.whiten must be none, scores or rewards; got {self.whiten!r}")
         if self.clip is not None and self.clip <= 0:
             raise ValueError(f"reward.clip must be > 0 or null, got {self.clip}")
+        if self.unfinished not in get_args(UnfinishedScoring):
+            raise ValueError(f"reward.unfinished must be one of {', '.join(get_args(UnfinishedScoring))}; got {self.unfinished!r}")
+        if self.unfinished == "with_eos" and self.missing_eos_penalty is not None:
+            raise ValueError(
+                "reward.unfinished='with_eos' scores responses without EOS, and reward.missing_eos_penalty replaces "
+                "those scores: set one of them (missing_eos_penalty: null, or unfinished: as_sampled)"
+            )
 
 
 KL_IN_NATS = ("k1", "k3")

@@ -53,6 +53,7 @@ def test_the_composed_reward_overlay_keeps_the_demo_config_and_adds_its_sources(
     assert result.returncode == 0, result.stderr[-3000:]
     printed = result.stdout
     assert "sft_model: logs/demo/sft/model" in printed and "batch_size: 64" in printed  # the demo's
+    assert "unfinished: with_eos" in printed  # the overlay's reward group keeps the demo's RM reading
     assert "function: rlhf_lit.rewards.shaping:length_target" in printed and "name: rm" in printed
     assert "export_dir: logs/demo/ppo_composed/model" in printed
 

@@ -77,3 +77,23 @@ def test_bad_input_is_one_line_before_sampling(tmp_path, stories_rm):
                       cwd=tmp_path)  # fmt: skip
     assert result.returncode == 1
     assert error_line(result).endswith("prompts.jsonl line 2: not JSON (Expecting ',' delimiter)")
+
+
+def test_unfinished_with_eos_changes_only_the_rm_scores_of_cut_responses(tmp_path, stories_rm):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("Once upon a time\nThe dog ran\nTom had a big red\n")
+    runs = {}
+    for how in ("as_sampled", "with_eos"):
+        out = tmp_path / f"{how}.json"
+        result = rlhf_lit("evaluate", "--policy", str(STORIES), "--reward-model", stories_rm, "--prompts", str(prompts),
+                          "--samples-per-prompt", "4", "--max-new-tokens", "6", "--seed", "2", "--unfinished", how,
+                          "--out", str(out), cwd=tmp_path)  # fmt: skip
+        assert result.returncode == 0, result.stderr[-3000:]
+        runs[how] = json.loads(out.read_text())
+        assert runs[how]["config"]["unfinished"] == how
+    pairs = list(zip(runs["as_sampled"]["samples"], runs["with_eos"]["samples"]))
+    assert all(a["response"] == b["response"] and a["ended"] == b["ended"] for a, b in pairs)  # the same samples
+    cut = [(a, b) for a, b in pairs if not a["ended"]]
+    assert cut  # 6 tokens: most stories are cut
+    assert all(a["rm"] != b["rm"] for a, b in cut)  # read at an appended EOS
+    assert all(a["rm"] == b["rm"] for a, b in pairs if a["ended"])  # an ended response already ends at EOS

@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from rlhf_lit.functional import last_true_index, response_mask_from_eos
+from rlhf_lit.functional import append_eos_to_unfinished, last_true_index, response_mask_from_eos
 
 torch.set_num_threads(1)
 
@@ -44,3 +44,26 @@ def test_last_true_index():
     out = last_true_index(mask)
     assert out.dtype == torch.long
     assert_close(out, torch.tensor([1, 3, -1, 3]))  # empty row -> -1, never 0
+
+
+def test_append_eos_to_unfinished_ends_only_the_rows_without_eos():
+    eos, pad = 2, 0
+    # Left-padded prompts, responses right-padded after their EOS; rows 1 and 3 never ended.
+    ids = torch.tensor([
+        [0, 7, 8, 5, 2, 0],  # ended early: EOS at column 4, pad after it
+        [7, 8, 9, 5, 6, 4],  # cut at max_new_tokens
+        [0, 0, 7, 5, 6, 2],  # ended at the last column
+        [0, 7, 9, 5, 6, 4],  # cut, left-padded prompt
+    ])  # fmt: skip
+    mask = torch.tensor([[0, 1, 1, 1, 1, 0], [1, 1, 1, 1, 1, 1], [0, 0, 1, 1, 1, 1], [0, 1, 1, 1, 1, 1]])
+    ended = torch.tensor([T, F, T, F])
+    new_ids, new_mask = append_eos_to_unfinished(ids, mask, ended, eos, pad)
+    # The new column: pad (masked) where the row ended, EOS (attended) where it was cut.
+    assert_close(new_ids[:, :6], ids)
+    assert_close(new_mask[:, :6], mask)
+    assert_close(new_ids[:, 6], torch.tensor([0, 2, 0, 2]))
+    assert_close(new_mask[:, 6], torch.tensor([0, 1, 0, 1]))
+    # Every row's last real token is now an EOS: columns 4, 6, 5, 6.
+    last = last_true_index(new_mask.bool())
+    assert_close(last, torch.tensor([4, 6, 5, 6]))
+    assert new_ids.gather(1, last[:, None]).squeeze(1).tolist() == [eos] * 4

@@ -1,5 +1,11 @@
 """PPO learns: the KL-shaped objective it maximises rises, over more than one seed, and the KL stays bounded.
 
+Two setups. The first is the original learning check (its own settings, below). The second guards
+what the demo's PPO study found (docs/DEMO.md, "PPO that climbs its own objective"): with the
+demo config's update settings and reward reading, the shaped objective rises at a good exchange
+rate for the score, and a reward model that scores cut responses lower is not exploited by ending
+responses early.
+
 The reward counts a chosen token ("."), the KL coefficient is fixed, and one on-policy update is
 taken per rollout of 16 prompts. What PPO promises is ascent of the shaped objective
 ``score - beta * KL`` (``objective/rlhf_reward``), not of the score alone: the score can rise
@@ -11,14 +17,17 @@ the KL per response peaked at 3.4-7.2 nats. The assertions keep a margin of 2-3x
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
-from ppo_helpers import TINYSTORIES, tiny_module, tiny_trainer
+import yaml
+from ppo_helpers import EOS, TINYSTORIES, EosBias, tiny_module, tiny_trainer
 
 from rlhf_lit.data import PromptDataModule
 from rlhf_lit.models.generation import SamplingConfig
 from rlhf_lit.stages.optim import OptimizerConfig
 from rlhf_lit.stages.ppo import PPOModule
-from rlhf_lit.stages.ppo_config import KLConfig, PPOConfig
+from rlhf_lit.stages.ppo_config import KLConfig, PPOConfig, RewardConfig
 
 ROLLOUTS = 40
 
@@ -38,17 +47,23 @@ class CountingPPO(PPOModule):
         return ((response == self.target) & counted).sum(1).float()  # (B,)
 
 
-def learning_curves(module: PPOModule, tmp_path, seed: int) -> tuple[list[float], list[float], list[float]]:
-    """Fit ``module`` (rewarded for ".") for ROLLOUTS rollouts; the shaped objective, score and KL per rollout."""
-    module.__class__ = CountingPPO
+def fit_curves(module: PPOModule, tmp_path, seed: int, *, kind: type[CountingPPO], records: int, batch_size: int,
+               rollouts: int, tags: tuple[str, ...]) -> tuple[list[float], ...]:
+    """Fit ``module`` as ``kind`` (rewarded for "."); each of ``tags`` per rollout."""
+    module.__class__ = kind
     module.target = module.tokenizer.convert_tokens_to_ids(".")
     data = PromptDataModule(tokenizer=module.tokenizer, train_path=TINYSTORIES, format="paragraphs",
-                            max_records=256, batch_size=16, prompt_words=6, seed=seed)  # fmt: skip
+                            max_records=records, batch_size=batch_size, prompt_words=6, seed=seed)  # fmt: skip
     trainer = tiny_trainer(tmp_path)
     trainer.fit(module, data)
     history = trainer.logger.history
-    return tuple([history[i][tag] for i in range(ROLLOUTS)]
-                 for tag in ("objective/rlhf_reward", "objective/scores", "objective/kl"))  # type: ignore[return-value]
+    return tuple([history[i][tag] for i in range(rollouts)] for tag in tags)
+
+
+def learning_curves(module: PPOModule, tmp_path, seed: int) -> tuple[list[float], ...]:
+    """Fit ``module`` (rewarded for ".") for ROLLOUTS rollouts; the shaped objective, score and KL per rollout."""
+    return fit_curves(module, tmp_path, seed, kind=CountingPPO, records=256, batch_size=16, rollouts=ROLLOUTS,
+                      tags=("objective/rlhf_reward", "objective/scores", "objective/kl"))  # fmt: skip
 
 
 def _mean(values: list[float]) -> float:
@@ -73,3 +88,50 @@ def test_shaped_objective_rises_while_kl_stays_bounded(tmp_path, seed):
     assert _mean(scores[-10:]) > _mean(scores[:10]) + 0.2  # through the reward, measured +0.5..+0.9
     # The penalty holds the KL: measured at most 7.2 nats per response over 16 tokens.
     assert max(kls) < 20.0
+
+
+# ---------------------------------------------------------------- the demo's update settings
+DEMO_PPO = Path(__file__).resolve().parents[2] / "configs" / "demo" / "ppo.yaml"
+DEMO_ROLLOUTS = 30
+
+
+class CutPenaltyPPO(CountingPPO):
+    """The count of ``target`` minus 1 when the reward model reads a response that does not end at
+    EOS: the demo RM's artifact (it scored cut responses 0.45 std lower than the same text ending
+    with EOS), on a reward the policy can learn."""
+
+    def score(self, query_responses, attention_mask):
+        last = attention_mask.shape[1] - 1 - attention_mask.flip(1).argmax(1)  # (B,) last attended position
+        read_at_eos = query_responses.gather(1, last[:, None]).squeeze(1) == EOS  # (B,)
+        return super().score(query_responses, attention_mask) - (~read_at_eos).float()  # (B,)
+
+
+def demo_settings() -> dict:
+    """The update settings and reward reading of ``configs/demo/ppo.yaml``, as a run of it gets them."""
+    init = yaml.safe_load(DEMO_PPO.read_text())["model"]["init_args"]
+    return {"ppo": PPOConfig(**init["ppo"]), "kl": KLConfig(**init["kl"]), "optimizer": OptimizerConfig(**init["optimizer"]),
+            "reward": RewardConfig(**init["reward"])}  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_demo_settings_climb_the_shaped_objective_without_ending_early(tmp_path, seed):
+    # stories260K with its EOS logit raised, so about a third of 16-token responses end (reference too).
+    module = tiny_module(sampling=SamplingConfig(max_new_tokens=16), max_rollouts=DEMO_ROLLOUTS, rollout_seed=seed,
+                         **demo_settings())  # fmt: skip
+    for model in (module.policy, module.ref_policy):
+        model.lm_head = EosBias(model.lm_head, 20.0)
+    module.on_fit_end = lambda: None  # no export: the wrapped head is not a transformers module
+    objective, scores, ended = fit_curves(
+        module, tmp_path, seed, kind=CutPenaltyPPO, records=512, batch_size=64, rollouts=DEMO_ROLLOUTS,
+        tags=("objective/rlhf_reward", "objective/scores", "response/ended_fraction"))  # fmt: skip
+    print("objective", [round(v, 2) for v in objective], "ended", [round(v, 2) for v in ended])
+    rise = _mean(objective[-5:]) - _mean(objective[:5])
+    gain = _mean(scores[-5:]) - _mean(scores[:5])
+    # Measured (seeds 0, 1): objective +0.20 / +0.16, score +0.30 / +0.32, ended 0.23 -> 0.17 / 0.25 -> 0.15.
+    # The demo's earlier settings (lr 1e-4, 4 epochs, cut responses read as sampled): objective
+    # +0.14 / +0.10 for a score gain of +0.74 / +0.63, ended 0.34 -> 0.78 / 0.33 -> 0.82; lr 1e-4
+    # and 4 epochs alone: objective +0.04 for +0.54 (seed 0); as_sampled alone: ended 0.36 -> 0.68.
+    assert rise > 0.08  # PPO ascends what it maximises ...
+    assert rise > 0.35 * gain  # ... and pays at most 65% of the score it gains in KL
+    assert _mean(ended[-5:]) < _mean(ended[:5]) + 0.1  # ending early earns nothing when cut responses are read at EOS

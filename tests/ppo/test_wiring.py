@@ -292,3 +292,33 @@ def test_adaptive_controller_refuses_estimators_that_are_not_kl_in_nats(estimato
     assert KLConfig(kind="fixed", estimator=estimator).estimator == estimator  # a fixed penalty may use them
     for fine in ("k1", "k3"):
         assert KLConfig(kind="adaptive", estimator=fine).estimator == fine
+
+
+# ---------------------------------------------------------------- unfinished responses and the RM
+@pytest.mark.parametrize("unfinished", ["as_sampled", "with_eos"])
+def test_the_reward_model_reads_a_cut_response_as_configured(unfinished):
+    module = tiny_module(reward=RewardConfig(unfinished=unfinished))
+    gen = _scripted_gen(module)  # rows 1 and 3 never ended (row 3's EOS is its last token: it ended)
+    eos = module.tokenizer.eos_token_id
+    P = gen.query_responses.shape[1] - gen.response_ids.shape[1]
+    with torch.no_grad():
+        scored = module.score_rollout(gen)
+    assert gen.ended.tolist() == [True, False, True, True]
+    for row in range(4):
+        prompt = [t for t, m in zip(gen.query_responses[row, :P].tolist(), gen.attention_mask[row, :P].tolist()) if m]
+        n = int(gen.response_mask[row].sum())
+        response = gen.response_ids[row, :n].tolist()
+        if unfinished == "with_eos" and not gen.ended[row]:
+            response = response + [eos]  # read at an EOS, as the RM was trained
+        with torch.no_grad():
+            want = ref.reward_score(module.reward_model, prompt, response, 0.0)
+        assert scored["raw_scores"][row].item() == pytest.approx(want, rel=1e-5, abs=1e-5), row
+    # The policy's side of the rollout is untouched: the same tokens and masks either way.
+    assert scored["old_logprobs"].shape == gen.response_ids.shape
+
+
+def test_with_eos_and_a_missing_eos_penalty_are_refused_together():
+    with pytest.raises(ValueError, match="reward.unfinished='with_eos'.*missing_eos_penalty"):
+        RewardConfig(unfinished="with_eos", missing_eos_penalty=-1.0)
+    with pytest.raises(ValueError, match="reward.unfinished must be one of as_sampled, with_eos"):
+        RewardConfig(unfinished="eos")

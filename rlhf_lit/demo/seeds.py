@@ -1,0 +1,258 @@
+"""Seeds of a finished demo: PPO variants and the DPO beta sweep, each trained on several seeds.
+
+A learning claim is a measurement on held-out prompts over several seeds, never one run. This
+reruns the demo's PPO (``configs/demo/ppo.yaml``, optionally with overrides: a "variant") and
+DPO (``configs/demo/dpo.yaml``, one run per beta) from a finished ``make demo`` folder's SFT model,
+reward model and data, once per seed, and measures every policy the way the demo does
+(:func:`rlhf_lit.demo.evaluate.evaluate`):
+
+    python -m rlhf_lit.demo seeds --demo logs/demo --out logs/seeds --seeds 0 1 2 \\
+        --variant default --variant "before=--model.init_args.optimizer.lr 1e-4"
+
+What a seed varies: PPO's ``model.rollout_seed`` (sampling and minibatch shuffles) and
+``data.seed`` (prompt order), which decide a PPO run, plus ``seed_everything``; DPO's
+``data.seed`` (pair order and its held-out split) and ``seed_everything``. Seed 0 is the demo's
+own run (its configs leave both at 0).
+
+Written under ``--out`` (a folder this command creates, marked by :data:`MARKER`; a finished run
+is reused by a rerun, nothing is deleted):
+
+- ``<variant>/seed_<s>/``: the PPO run's TensorBoard logs, export, checkpoint evaluations and
+  ``result.json`` (the per-rollout curves of ``objective/rlhf_reward``, ``objective/scores`` and
+  ``objective/kl``, and the held-out measurements at every checkpoint);
+- ``dpo/beta_<b>/seed_<s>/``: the same for DPO (held-out measurements only);
+- ``study.json`` and ``study.md`` (:mod:`rlhf_lit.demo.seeds_report`): means and standard errors
+  over seeds, the shaped objective's first and last rollouts per seed, and each PPO seed's judge
+  score against DPO's at the same KL; ``curves.png`` and ``frontier.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from rlhf_lit.demo.pipeline import ASSETS, THREAD_ENV, _betas
+
+MARKER = ".rlhf-lit-seeds.json"
+"""Written into ``--out`` when this command creates it; a non-empty folder without it is refused."""
+CURVE_TAGS = ("objective/rlhf_reward", "objective/scores", "objective/kl")
+"""The per-rollout scalars kept from each PPO run."""
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs" / "demo"
+
+
+@dataclass(frozen=True)
+class Job:
+    """One training run of the study and where it goes.
+
+    Attributes:
+        method: ``ppo`` or ``dpo``.
+        name: the variant (PPO) or ``beta_<b>`` (DPO).
+        seed: the run's seed.
+        overrides: command-line overrides after the config (a variant's, or DPO's beta).
+        dir: the run's folder.
+    """
+
+    method: str
+    name: str
+    seed: int
+    overrides: tuple[str, ...]
+    dir: Path
+
+    @property
+    def result_path(self) -> Path:
+        """``result.json``: written last, so a run that has one is finished."""
+        return self.dir / "result.json"
+
+
+def parse_variant(text: str) -> tuple[str, tuple[str, ...]]:
+    """``NAME`` or ``NAME=OVERRIDES`` (shell-quoted ``rlhf-lit fit`` options) -> (name, overrides)."""
+    name, _, overrides = text.partition("=")
+    if not name or "/" in name or name == "dpo":
+        raise argparse.ArgumentTypeError(f"--variant {text!r}: NAME must be non-empty, without '/', and not 'dpo'")
+    return name, tuple(shlex.split(overrides))
+
+
+def seed_overrides(method: str, seed: int) -> list[str]:
+    """The options a seed sets (see the module docstring)."""
+    common = ["--seed_everything", str(seed), "--data.init_args.seed", str(seed)]
+    return common + (["--model.init_args.rollout_seed", str(seed)] if method == "ppo" else [])
+
+
+def fit_command(job: Job, demo: Path, checkpoint_every: int) -> list[str]:
+    """``rlhf-lit fit`` of ``job`` on the demo folder's models and data."""
+    logger = ["--trainer.logger.init_args.save_dir", str(job.dir), "--trainer.logger.init_args.name", "tb",
+              "--trainer.logger.init_args.version", "0", "--model.init_args.export_dir", str(job.dir / "model")]
+    if job.method == "dpo":
+        inputs = ["--model.init_args.model", str(demo / "sft" / "model"),
+                  "--data.init_args.train_path", str(demo / "prefs" / "preferences.jsonl")]
+    else:
+        inputs = ["--model.init_args.sft_model", str(demo / "sft" / "model"),
+                  "--model.init_args.reward_model", str(demo / "rm" / "model"),
+                  "--data.init_args.train_path", str(demo / "data" / "ppo.txt"),
+                  "--trainer.enable_checkpointing", "true", "--trainer.callbacks+=rlhf_lit.callbacks.RolloutCheckpoint",
+                  "--trainer.callbacks.every_n_rollouts", str(checkpoint_every),
+                  "--trainer.callbacks.dirpath", str(job.dir / "checkpoints"), "--trainer.callbacks.save_top_k", "-1",
+                  "--trainer.callbacks.save_weights_only", "true"]  # fmt: skip
+    config = CONFIG_DIR / f"{job.method}.yaml"
+    return [sys.executable, "-m", "rlhf_lit.cli", "fit", "--config", str(config), *inputs, *logger,
+            *seed_overrides(job.method, job.seed), *job.overrides]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """How every policy is measured: the demo's held-out prompts, sampled as PPO samples.
+
+    Attributes:
+        paragraphs: the stories file whose held-out range gives the prompts.
+        count: prompts (the first of the held-out range).
+        max_new_tokens: the most tokens per response (PPO's ``sampling.max_new_tokens``).
+    """
+
+    paragraphs: str
+    count: int = 256
+    max_new_tokens: int = 48
+
+
+def _evaluate(policy: Path, demo: Path, out: Path, evaluation: Evaluation, log) -> dict:
+    """The demo's held-out evaluation of ``policy`` in a subprocess (one thread); its metrics."""
+    if not out.exists():
+        cmd = [sys.executable, "-m", "rlhf_lit.demo", "evaluate", "--policy", str(policy),
+               "--reference", str(demo / "sft" / "model"), "--paragraphs", evaluation.paragraphs,
+               "--count", str(evaluation.count), "--max-new-tokens", str(evaluation.max_new_tokens), "--out", str(out)]
+        subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **THREAD_ENV}, check=True)
+    with open(out, encoding="utf-8") as f:
+        return json.load(f)["metrics"]
+
+
+def run_job(job: Job, demo: Path, evaluation: Evaluation, checkpoint_every: int) -> dict:
+    """Train ``job`` (unless finished), evaluate its checkpoints and export, write ``result.json``."""
+    if job.result_path.exists():
+        with open(job.result_path, encoding="utf-8") as f:
+            return json.load(f)
+    from rlhf_lit.demo.frontier import export_checkpoint_policy, rollout_checkpoints
+    from rlhf_lit.demo.report import read_scalars
+
+    if job.dir.exists():  # a run this command began and did not finish (killed): start it again from nothing
+        shutil.rmtree(job.dir)
+    job.dir.mkdir(parents=True)
+    with open(job.dir / "log.txt", "w", encoding="utf-8") as log:
+        cmd = fit_command(job, demo, checkpoint_every)
+        log.write(shlex.join(cmd) + "\n")
+        log.flush()
+        fit = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **THREAD_ENV})
+        if fit.returncode != 0:
+            raise RuntimeError(f"{job.method} {job.name} seed {job.seed} failed (exit {fit.returncode}); log: {log.name}")
+        evaluations = {}
+        if job.method == "ppo":
+            scalars = read_scalars(str(job.dir / "tb" / "version_0"))
+            curves = {tag: scalars[tag][1] for tag in CURVE_TAGS}
+            final = len(curves["objective/kl"])
+            for rollout, path in sorted(rollout_checkpoints(str(job.dir / "checkpoints")).items()):
+                if rollout != final:  # the final checkpoint holds the export's weights
+                    policy = Path(export_checkpoint_policy(path, str(demo / "sft" / "model"), str(job.dir / f"rollout_{rollout}")))
+                    evaluations[rollout] = _evaluate(policy, demo, job.dir / f"eval_rollout_{rollout}.json", evaluation, log)
+            evaluations[final] = _evaluate(job.dir / "model", demo, job.dir / "eval.json", evaluation, log)
+        else:
+            curves = {}
+            evaluations["final"] = _evaluate(job.dir / "model", demo, job.dir / "eval.json", evaluation, log)
+    result = {"method": job.method, "name": job.name, "seed": job.seed, "overrides": list(job.overrides),
+              "curves": curves, "evaluations": evaluations}  # fmt: skip
+    tmp = job.result_path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result, indent=1), encoding="utf-8")
+    os.replace(tmp, job.result_path)  # atomic: a killed run leaves no half-written result
+    return result
+
+
+def claim(out: Path) -> None:
+    """Create ``out`` with :data:`MARKER`, or accept it when it has the marker; refuse any other non-empty folder."""
+    if out.exists() and any(out.iterdir()) and not (out / MARKER).exists():
+        raise FileExistsError(f"--out {out} is not empty and was not written by `python -m rlhf_lit.demo seeds`")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / MARKER).write_text(json.dumps({"written_by": "python -m rlhf_lit.demo seeds"}) + "\n", encoding="utf-8")
+
+
+def plan(out: Path, seeds: Sequence[int], variants: Sequence[tuple[str, tuple[str, ...]]],
+         betas: Sequence[float]) -> list[Job]:
+    """Every run of the study: each variant and each DPO beta, once per seed."""
+    jobs = [Job("ppo", name, s, overrides, out / name / f"seed_{s}") for name, overrides in variants for s in seeds]
+    for beta in betas:
+        name = f"beta_{beta:g}"
+        jobs += [Job("dpo", name, s, ("--model.init_args.beta", f"{beta:g}"), out / "dpo" / name / f"seed_{s}")
+                 for s in seeds]  # fmt: skip
+    return jobs
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Options of ``python -m rlhf_lit.demo seeds``."""
+    p = argparse.ArgumentParser(prog="python -m rlhf_lit.demo seeds", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)  # fmt: skip
+    p.add_argument("--demo", required=True, help="a finished `make demo` folder (its sft, rm, data and prefs)")
+    p.add_argument("--out", required=True, help="folder for the runs and the report")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds of every run")
+    p.add_argument("--variant", type=parse_variant, action="append", default=None,
+                   help="NAME or NAME=OVERRIDES: the demo PPO config with these rlhf-lit fit options (repeatable; "
+                        "default: one variant 'default' without overrides)")
+    p.add_argument("--dpo-betas", type=_betas, default=(0.05, 0.1, 0.3), help="DPO betas of the sweep")
+    p.add_argument("--skip-dpo", action="store_true", help="no DPO runs (and no comparison with DPO)")
+    p.add_argument("--checkpoint-every", type=int, default=10, help="PPO rollouts between evaluated checkpoints")
+    p.add_argument("--jobs", type=int, default=2, help="runs at a time (one thread each)")
+    p.add_argument("--paragraphs", default=None,
+                   help="the held-out stories (default: the demo's TinyStories val.txt)")
+    p.add_argument("--eval-count", type=int, default=256, help="held-out prompts each policy is measured on")
+    p.add_argument("--max-new-tokens", type=int, default=48,
+                   help="most tokens per evaluated response: keep it PPO's sampling.max_new_tokens")
+    p.add_argument("--baseline", default=None, help="variant that curves.png draws first (default: the first)")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the study; exit status 2 on a refused ``--out`` or a demo folder without its models."""
+    from transformers.utils import logging as hf_logging
+
+    from rlhf_lit.demo.seeds_report import write_study
+
+    args = build_parser().parse_args(argv)
+    hf_logging.disable_progress_bar()  # a bar per exported checkpoint would bury the progress lines
+    demo, out = Path(args.demo), Path(args.out)
+    for need in ("sft/model", "rm/model", "data/ppo.txt", "prefs/preferences.jsonl"):
+        if not (demo / need).exists():
+            print(f"error: --demo {demo} has no {need}: run `make demo` (or the pipeline with --out {demo}) first",
+                  file=sys.stderr)  # fmt: skip
+            return 2
+    try:
+        claim(out)
+    except FileExistsError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    variants = args.variant or [("default", ())]
+    evaluation = Evaluation(args.paragraphs or str(ASSETS / "data" / "tinystories" / "val.txt"), args.eval_count,
+                            args.max_new_tokens)  # fmt: skip
+    jobs = plan(out, args.seeds, variants, () if args.skip_dpo else args.dpo_betas)
+    print(f"[seeds] {len(jobs)} runs, {args.jobs} at a time -> {out}", flush=True)
+
+    def one(job: Job) -> dict:
+        result = run_job(job, demo, evaluation, args.checkpoint_every)
+        print(f"[seeds] {job.method} {job.name} seed {job.seed}: done", flush=True)
+        return result
+
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        results = list(pool.map(one, jobs))
+    sft = _evaluate(demo / "sft" / "model", demo, out / "eval_sft.json", evaluation, subprocess.DEVNULL)
+    best_of_n = demo / "best_of_n" / "best_of_n.json"
+    report = write_study(results, sft, str(out), best_of_n=str(best_of_n) if best_of_n.exists() else None,
+                         baseline=args.baseline)  # fmt: skip
+    print(f"[seeds] report: {report}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
