@@ -1,6 +1,7 @@
 # Two commands do all the setup on a fresh clone:
 #   make test   create .venv if needed, install, run the test suite
 #   make demo   create .venv if needed, install, run the offline demo pipeline
+#   make docs   build the documentation site into site/ (strict: a broken link fails)
 # The install uses constraints/dev.txt, which pins the CPU build of torch the development machines
 # carry locally; users with their own (CUDA) torch run `pip install -e .` instead.
 
@@ -13,13 +14,13 @@ export OMP_NUM_THREADS ?= 1
 export MKL_NUM_THREADS ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: install test test-fast test-portable demo clean
+.PHONY: install test test-fast test-portable demo docs clean
 
 install: $(STAMP)
 
 $(STAMP): pyproject.toml constraints/dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet -c constraints/dev.txt -e '.[test,demo,hub,lora]'
+	$(PY) -m pip install --quiet -c constraints/dev.txt -e '.[test,demo,hub,lora,docs]'
 	touch $(STAMP)
 
 test: $(STAMP)
@@ -35,5 +36,8 @@ test-portable: $(STAMP)
 demo: $(STAMP)
 	$(PY) -m rlhf_lit.demo.pipeline $(DEMO_ARGS)
 
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+
 clean:
-	rm -rf $(VENV) logs/* .pytest_cache
+	rm -rf $(VENV) logs/* .pytest_cache site

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-STORIES = ROOT.parent / "shared" / "assets" / "models" / "stories260K"
+STORIES = ROOT / "assets" / "models" / "stories260K"
 
 VARIANTS: dict[str, list[str]] = {
     "full (32-true)": [],

@@ -246,6 +246,11 @@ def main(args: list[str] | None = None) -> None:
         if status:
             sys.exit(status)
         return
+    if argv == ["--version"]:
+        from rlhf_lit import __version__
+
+        print(f"rlhf-lit {__version__}")
+        return
     if not argv or argv[0] in ("-h", "--help"):
         print(commands_help() + "\n")
     try:

@@ -39,8 +39,8 @@ def pytest_configure(config):
         config.addinivalue_line("filterwarnings", f"ignore:{message}")
 
 
-# ../shared/assets beside the project root (see ../shared/assets/README.md).
-ASSETS = Path(__file__).resolve().parents[2] / "shared" / "assets"
+# The offline assets shipped with the project (see assets/README.md).
+ASSETS = Path(__file__).resolve().parents[1] / "assets"
 STORIES260K = ASSETS / "models" / "stories260K"
 TINYSTORIES = ASSETS / "data" / "tinystories" / "val.txt"
 GPT2_TOKENIZER = ASSETS / "tokenizers" / "gpt2"

@@ -16,7 +16,7 @@ Subcommands (``python -m rlhf_lit.demo --help``):
 Judges (:mod:`rlhf_lit.evaluation.judges`) score the response text only, without the prompt; the PPO
 stage's judge logging should do the same so that its ``objective/judge`` matches ``evaluate``.
 
-Paragraph ranges of ``shared/assets/data/tinystories/val.txt`` (4,302 paragraphs), half-open
+Paragraph ranges of ``assets/data/tinystories/val.txt`` (4,302 paragraphs), half-open
 ``[start, start + count)``, disjoint so that no stage sees another's prompts
 (:data:`rlhf_lit.demo.prompts.RANGES`):
 

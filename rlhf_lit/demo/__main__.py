@@ -13,7 +13,7 @@ from rlhf_lit.demo.labeling import Labeler, Pairing
 from rlhf_lit.demo.prompts import RANGES
 from rlhf_lit.evaluation.judges import DEFAULT_JUDGE
 
-DEFAULT_PARAGRAPHS = "../shared/assets/data/tinystories/val.txt"
+DEFAULT_PARAGRAPHS = "assets/data/tinystories/val.txt"
 
 
 def _add_prompt_args(p: argparse.ArgumentParser, stage: str) -> None:

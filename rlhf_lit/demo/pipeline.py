@@ -52,8 +52,8 @@ from rlhf_lit.demo.labeling import Labeler
 from rlhf_lit.evaluation.judges import DEFAULT_JUDGE
 
 ROOT = Path(__file__).resolve().parents[2]
-"""The project checkout (configs/ lives here); the offline assets are in ``../shared`` beside it."""
-ASSETS = ROOT.parent / "shared" / "assets"
+"""The project checkout: configs/ and the shipped offline assets (assets/, see assets/README.md) live here."""
+ASSETS = ROOT / "assets"
 STAGE_DIRS = ("data", "logs", "sft", "prefs", "rm", "ppo", "ppo_kl0", "dpo", "best_of_n", "eval", "report")
 """The folders the pipeline writes under ``--out`` (and clears before a run; nothing else)."""
 MARKER = ".rlhf-lit-demo.json"

@@ -31,7 +31,7 @@ from pathlib import Path
 from rlhf_lit.demo.prompts import read_paragraphs
 
 ROOT = Path(__file__).resolve().parents[2]
-ASSETS = ROOT.parent / "shared" / "assets"
+ASSETS = ROOT / "assets"
 ESTIMATORS = ("gae", "grpo", "rloo")
 THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 

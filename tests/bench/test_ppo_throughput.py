@@ -14,7 +14,7 @@ import pytest
 from rlhf_lit.tokenizer import load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
-STORIES = ROOT.parent / "shared" / "assets" / "models" / "stories260K"
+STORIES = ROOT / "assets" / "models" / "stories260K"
 
 
 @pytest.mark.parametrize("old_logprobs", ["rescore", "sampling"])

@@ -10,7 +10,7 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
-ASSETS = ROOT.parent / "shared" / "assets"
+ASSETS = ROOT / "assets"
 STORIES = ASSETS / "models" / "stories260K"
 TINYSTORIES = ASSETS / "data" / "tinystories" / "val.txt"
 CLI = Path(sys.executable).parent / "rlhf-lit"

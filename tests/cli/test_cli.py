@@ -12,7 +12,7 @@ CONFIGS = sorted((ROOT / "configs").rglob("*.yaml"))
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
     # Run as a module in a subprocess, like the console script, from the project root so the
-    # offline configs' relative paths (../shared/assets) resolve.
+    # offline configs' relative paths (assets/...) resolve.
     return subprocess.run(
         [sys.executable, "-c", "from rlhf_lit.cli import main; main()", *args],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
@@ -32,6 +32,19 @@ def test_console_script_exits_zero_on_help():
     result = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert "fit" in result.stdout
+
+
+def test_version_is_the_one_version_string():
+    import importlib.metadata
+
+    import rlhf_lit
+
+    script = Path(sys.executable).parent / "rlhf-lit"
+    result = subprocess.run([str(script), "--version"], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"rlhf-lit {rlhf_lit.__version__}\n"
+    assert importlib.metadata.version("rlhf-lit") == rlhf_lit.__version__  # pyproject.toml reads it
+    assert f"## {rlhf_lit.__version__}" in (ROOT / "CHANGELOG.md").read_text()
 
 
 def test_there_are_configs_to_check():

@@ -1,4 +1,4 @@
-"""Fixtures for the data tests: the real tokenizers from the shared assets (no network)."""
+"""Fixtures for the data tests: the real tokenizers from the shipped assets (no network)."""
 
 import shutil
 

@@ -1,13 +1,10 @@
-"""Paths of the shared data assets and a small file-writing helper for the data tests."""
+"""Paths of the shipped data assets (assets/, see assets/README.md) and a small file-writing helper for the data tests."""
 
 import json
 from pathlib import Path
 
 _ROOT = Path(__file__).resolve().parents[2]
-ASSETS = next(
-    (p for p in (_ROOT / "shared" / "assets", _ROOT.parent / "shared" / "assets") if p.exists()),
-    _ROOT.parent / "shared" / "assets",
-)
+ASSETS = _ROOT / "assets"
 DATA = ASSETS / "data"
 HH = DATA / "hh-rlhf" / "harmless-base-test.jsonl.gz"
 ALPACA_V1 = DATA / "alpaca-libre" / "alpaca_libre_tasks_v1.jsonl"

@@ -22,7 +22,7 @@ from rlhf_lit.models.memory import MemoryConfig, attach_frozen, call_on_own_devi
 from rlhf_lit.stages.export import MARKER, save_pretrained_atomically
 from rlhf_lit.tokenizer import load_tokenizer
 
-STORIES = str(Path(__file__).resolve().parents[3] / "shared" / "assets" / "models" / "stories260K")
+STORIES = str(Path(__file__).resolve().parents[2] / "assets" / "models" / "stories260K")
 LLAMA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 

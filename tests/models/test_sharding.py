@@ -15,7 +15,7 @@ from rlhf_lit.models.scoring import position_ids_from_mask, token_scores
 from rlhf_lit.models.sharding import is_sharded, shard_models
 from rlhf_lit.stages.resume import check_loaded_keys
 
-STORIES = str(Path(__file__).resolve().parents[3] / "shared" / "assets" / "models" / "stories260K")
+STORIES = str(Path(__file__).resolve().parents[2] / "assets" / "models" / "stories260K")
 
 
 @pytest.fixture(scope="module")

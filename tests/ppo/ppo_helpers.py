@@ -12,7 +12,7 @@ from rlhf_lit.models.generation import SamplingConfig
 from rlhf_lit.stages.ppo import PPOModule
 from rlhf_lit.stages.ppo_config import KLConfig, PPOConfig
 
-ASSETS = Path(__file__).resolve().parents[3] / "shared" / "assets"
+ASSETS = Path(__file__).resolve().parents[2] / "assets"
 STORIES = str(ASSETS / "models" / "stories260K")
 TINYSTORIES = str(ASSETS / "data" / "tinystories" / "val.txt")
 EOS, PAD = 2, 0  # stories260K: eos 2, pad = <unk> 0
