@@ -36,8 +36,14 @@ test-portable: $(STAMP)
 demo: $(STAMP)
 	$(PY) -m rlhf_lit.demo.pipeline $(DEMO_ARGS)
 
+# mkdocs empties its output folder: build into a fresh temporary one, then replace site/ only if
+# make docs wrote it (its marker), so a site/ folder of the user's is never deleted.
 docs: $(STAMP)
-	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+	@if [ -e site ] && [ ! -f site/.rlhf-lit-docs ]; then echo "make docs: site/ was not built by make docs; move it away first" >&2; exit 1; fi
+	tmp=$$(mktemp -d .site.XXXXXX) && \
+	  { NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet --site-dir $$tmp || { rm -rf $$tmp; exit 1; }; } && \
+	  touch $$tmp/.rlhf-lit-docs && rm -rf site && mv $$tmp site
 
 clean:
-	rm -rf $(VENV) logs/* .pytest_cache site
+	rm -rf $(VENV) logs/* .pytest_cache
+	if [ -f site/.rlhf-lit-docs ]; then rm -rf site; fi

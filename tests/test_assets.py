@@ -1,5 +1,5 @@
 """The offline assets ship with the project: every file listed in assets/README.md is there, unchanged,
-and nothing in the project reads the development machines' ``../shared`` folder instead."""
+and nothing in the project reads the development machines' asset sources beside the checkout instead."""
 
 import hashlib
 import re
@@ -7,6 +7,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 ASSETS = ROOT / "assets"
+# A path that leaves the checkout for assets: "../<folder>/assets" in a config or doc, or
+# "ROOT.parent / "<folder>" / "assets"" (or parents[k]) in code.
+SOURCES = re.compile(r"\.\./[\w.-]+/assets|\.parents?(?:\[\d+\])?\s*/\s*[\"'][\w.-]+[\"']\s*/\s*[\"']assets[\"']")
 CHECKSUM = re.compile(r"^([0-9a-f]{64})  (\S+)$", re.MULTILINE)
 
 
@@ -32,16 +35,16 @@ def test_every_shipped_asset_is_listed_with_a_licence():
         assert (ASSETS / "licenses" / licence).stat().st_size > 500, licence
 
 
-def test_nothing_reads_the_development_machines_shared_folder():
-    # Only the optional peer benchmark (bench/ppo_throughput.py) may point at ../shared/peer-bench.
+def test_nothing_reads_assets_from_outside_the_checkout():
+    # Only the optional peer benchmark (bench/ppo_throughput.py) may point beside the checkout (its peer-bench).
     offenders = []
     for folder in ("rlhf_lit", "configs", "tests", "bench", "docs"):
         for path in (ROOT / folder).rglob("*"):
             if path.suffix in {".py", ".yaml", ".md", ".sh", ".toml"} and path.name != "ppo_throughput.py" \
                     and path != Path(__file__).resolve():
-                if re.search(r"shared/assets|\"shared\" / \"assets\"", path.read_text(encoding="utf-8")):
+                if SOURCES.search(path.read_text(encoding="utf-8")):
                     offenders.append(str(path.relative_to(ROOT)))
     for name in ("README.md", "Makefile"):
-        if "shared/assets" in (ROOT / name).read_text(encoding="utf-8"):
+        if SOURCES.search((ROOT / name).read_text(encoding="utf-8")):
             offenders.append(name)
     assert offenders == []

@@ -226,6 +226,7 @@ def sample_and_measure(
     from rlhf_lit.models.reward_norm import reward_offset
     from rlhf_lit.models.scoring import reward_model_rows
 
+    eos_id = stop_token_ids(models.policy, models.tokenizer)[0]  # appended to cut responses for the RM (with_eos)
     t0 = time.perf_counter()
     batches = sample_batches(models.policy, models.tokenizer, prompts, sampling, batch_size=batch_size, seed=seed)
     seconds = time.perf_counter() - t0
@@ -240,8 +241,8 @@ def sample_and_measure(
                 kl = torch.where(gen.response_mask, logprobs - ref_logprobs, 0.0).sum(-1)  # (B,)
                 out.kls += kl.tolist()
             if out.rm_scores is not None:
-                rows = reward_model_rows(gen.query_responses, gen.attention_mask, gen.ended, unfinished,
-                                         stop_token_ids(models.policy, models.tokenizer)[0], models.tokenizer.pad_token_id)  # fmt: skip
+                rows = reward_model_rows(gen.query_responses, gen.attention_mask, gen.ended, unfinished, eos_id,
+                                         models.tokenizer.pad_token_id)  # fmt: skip
                 rm = sequence_scores(models.reward_model, *rows)  # (B,)
                 out.rm_scores += (rm.float() + reward_offset(models.reward_model.config)).tolist()
         out.lengths += gen.response_mask.sum(-1).tolist()
@@ -256,7 +257,11 @@ def sample_and_measure(
 
 def add_unfinished_option(parser: argparse.ArgumentParser) -> None:
     """``--unfinished``: how ``--reward-model`` reads a response that did not end (PPO's ``reward.unfinished``)."""
-    parser.add_argument("--unfinished", choices=["as_sampled", "with_eos"], default="as_sampled",
+    from typing import get_args
+
+    from rlhf_lit.models.scoring import UnfinishedScoring
+
+    parser.add_argument("--unfinished", choices=get_args(UnfinishedScoring), default="as_sampled",
                         help="how the reward model reads a response cut at --max-new-tokens: as sampled, or with EOS "
                         "appended (as rlhf-lit's RM stage trained it; PPO's reward.unfinished)")  # fmt: skip
 

@@ -241,12 +241,17 @@ def _fit(config: Path, overrides: Sequence[str]) -> list[str]:
     return [sys.executable, "-m", "rlhf_lit.cli", "fit", "--config", str(config), *overrides]
 
 
-def _ppo_sampling(config: Path, budget: Budget) -> tuple[float, int]:
-    """``(temperature, max_new_tokens)`` PPO samples with: the evaluation must use the same."""
+def _ppo_init_args(config: Path) -> dict:
+    """``model.init_args`` of the PPO config: the settings the demo's other stages must match."""
     import yaml
 
     with open(config, encoding="utf-8") as f:
-        sampling = yaml.safe_load(f)["model"]["init_args"].get("sampling", {})
+        return yaml.safe_load(f)["model"]["init_args"]
+
+
+def _ppo_sampling(config: Path, budget: Budget) -> tuple[float, int]:
+    """``(temperature, max_new_tokens)`` PPO samples with: the evaluation must use the same."""
+    sampling = _ppo_init_args(config).get("sampling", {})
     temperature = float(sampling.get("temperature", 1.0))
     max_new_tokens = budget.max_new_tokens or int(sampling.get("max_new_tokens", 64))
     return temperature, max_new_tokens
@@ -254,22 +259,16 @@ def _ppo_sampling(config: Path, budget: Budget) -> tuple[float, int]:
 
 def _ppo_unfinished(config: Path) -> str:
     """How PPO's reward model reads a cut response (``reward.unfinished``): best-of-N picks the same way."""
-    import yaml
-
-    with open(config, encoding="utf-8") as f:
-        reward = yaml.safe_load(f)["model"]["init_args"].get("reward") or {}
+    reward = _ppo_init_args(config).get("reward") or {}
     return str(reward.get("unfinished", "as_sampled"))
 
 
 def _ppo_rollouts(config: Path, budget: Budget) -> int:
     """How many rollouts the PPO run makes: the budget's override, else the config's ``max_rollouts``."""
-    import yaml
-
     flag = "--model.init_args.max_rollouts"
     if flag in budget.ppo:
         return int(budget.ppo[budget.ppo.index(flag) + 1])
-    with open(config, encoding="utf-8") as f:
-        return int(yaml.safe_load(f)["model"]["init_args"]["max_rollouts"])
+    return int(_ppo_init_args(config)["max_rollouts"])
 
 
 def _last_scalar(run: Path, tag: str) -> float | None:

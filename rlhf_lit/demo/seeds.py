@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -44,6 +45,9 @@ from rlhf_lit.demo.pipeline import ASSETS, THREAD_ENV, _betas
 
 MARKER = ".rlhf-lit-seeds.json"
 """Written into ``--out`` when this command creates it; a non-empty folder without it is refused."""
+RUN_MARKER = ".rlhf-lit-seeds-run"
+"""Written first into each run's folder: only a folder holding it is cleared to start an unfinished run again."""
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 CURVE_TAGS = ("objective/rlhf_reward", "objective/scores", "objective/kl")
 """The per-rollout scalars kept from each PPO run."""
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs" / "demo"
@@ -76,8 +80,9 @@ class Job:
 def parse_variant(text: str) -> tuple[str, tuple[str, ...]]:
     """``NAME`` or ``NAME=OVERRIDES`` (shell-quoted ``rlhf-lit fit`` options) -> (name, overrides)."""
     name, _, overrides = text.partition("=")
-    if not name or "/" in name or name == "dpo":
-        raise argparse.ArgumentTypeError(f"--variant {text!r}: NAME must be non-empty, without '/', and not 'dpo'")
+    if not _NAME.fullmatch(name) or name == "dpo":  # a folder name under --out: no '/', no '..'
+        raise argparse.ArgumentTypeError(
+            f"--variant {text!r}: NAME must be letters, digits, '_', '.' or '-' (not first), and not 'dpo'")
     return name, tuple(shlex.split(overrides))
 
 
@@ -142,8 +147,11 @@ def run_job(job: Job, demo: Path, evaluation: Evaluation, checkpoint_every: int)
     from rlhf_lit.demo.report import read_scalars
 
     if job.dir.exists():  # a run this command began and did not finish (killed): start it again from nothing
+        if not (job.dir / RUN_MARKER).is_file():
+            raise FileExistsError(f"{job.dir} was not started by `python -m rlhf_lit.demo seeds`: move it away")
         shutil.rmtree(job.dir)
     job.dir.mkdir(parents=True)
+    (job.dir / RUN_MARKER).write_text(f"{job.method} {job.name} seed {job.seed}\n", encoding="utf-8")
     with open(job.dir / "log.txt", "w", encoding="utf-8") as log:
         cmd = fit_command(job, demo, checkpoint_every)
         log.write(shlex.join(cmd) + "\n")

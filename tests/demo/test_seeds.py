@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from rlhf_lit.demo.seeds import MARKER, claim, parse_variant, plan, seed_overrides
+from rlhf_lit.demo.seeds import MARKER, RUN_MARKER, Evaluation, Job, claim, parse_variant, plan, run_job, seed_overrides
 from rlhf_lit.demo.seeds_report import dpo_at, interpolate, markdown, mean_se, summarise
 
 
@@ -88,7 +88,7 @@ def test_variants_seeds_and_the_folder_rule(tmp_path):
     assert parse_variant("default") == ("default", ())
     assert parse_variant("fast=--model.init_args.optimizer.lr 1e-4 --x 'a b'") == (
         "fast", ("--model.init_args.optimizer.lr", "1e-4", "--x", "a b"))
-    for bad in ("", "=--x 1", "a/b", "dpo"):
+    for bad in ("", "=--x 1", "a/b", "dpo", "..", ".hidden", "a b"):
         with pytest.raises(argparse.ArgumentTypeError):
             parse_variant(bad)
     # PPO's run is decided by rollout_seed and data.seed, DPO's by data.seed.
@@ -111,3 +111,16 @@ def test_variants_seeds_and_the_folder_rule(tmp_path):
     claim(new)
     claim(new)  # marked: a rerun is accepted (and deletes nothing)
     assert (new / MARKER).is_file()
+
+
+def test_an_unfinished_run_folder_is_cleared_only_when_this_command_started_it(tmp_path):
+    job = Job("dpo", "beta_0.1", 0, ("--model.init_args.beta", "0.1"), tmp_path / "dpo" / "beta_0.1" / "seed_0")
+    job.dir.mkdir(parents=True)
+    (job.dir / "notes.txt").write_text("keep")
+    with pytest.raises(FileExistsError, match="not started by"):
+        run_job(job, tmp_path / "no-demo", Evaluation("none.txt"), 10)
+    assert [p.name for p in job.dir.iterdir()] == ["notes.txt"]  # untouched
+    (job.dir / RUN_MARKER).write_text("dpo beta_0.1 seed 0\n")  # a run this command began and never finished
+    with pytest.raises(RuntimeError, match="failed"):  # starts again from nothing; the fit fails on the missing demo
+        run_job(job, tmp_path / "no-demo", Evaluation("none.txt"), 10)
+    assert sorted(p.name for p in job.dir.iterdir()) == sorted([RUN_MARKER, "log.txt"])
