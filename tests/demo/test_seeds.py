@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import math
+import subprocess
+import sys
 
 import pytest
 
@@ -124,3 +126,29 @@ def test_an_unfinished_run_folder_is_cleared_only_when_this_command_started_it(t
     with pytest.raises(RuntimeError, match="failed"):  # starts again from nothing; the fit fails on the missing demo
         run_job(job, tmp_path / "no-demo", Evaluation("none.txt"), 10)
     assert sorted(p.name for p in job.dir.iterdir()) == sorted([RUN_MARKER, "log.txt"])
+
+
+def _seeds(*args: str, cwd) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "rlhf_lit.demo", "seeds", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+
+
+def test_the_command_refuses_a_missing_demo_and_a_foreign_out_folder_in_one_line(tmp_path):
+    result = _seeds("--demo", "nowhere", "--out", "study", cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip() == ("error: --demo nowhere has no sft/model: run `make demo` (or the pipeline "
+                                     "with --out nowhere) first")  # fmt: skip
+    assert not (tmp_path / "study").exists()  # refused before anything is written
+    demo = tmp_path / "demo"
+    for need in ("sft/model", "rm/model", "data/ppo.txt", "prefs/preferences.jsonl"):
+        (demo / need).parent.mkdir(parents=True, exist_ok=True)
+        (demo / need).touch()
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep")
+    result = _seeds("--demo", "demo", "--out", "mine", cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip() == "error: --out mine is not empty and was not written by `python -m rlhf_lit.demo seeds`"
+    assert [p.name for p in mine.iterdir()] == ["notes.txt"]
+    result = _seeds("--demo", "demo", "--out", "new", "--variant", "../up", cwd=tmp_path)
+    assert result.returncode == 2 and "NAME must be" in result.stderr
