@@ -32,9 +32,10 @@ from __future__ import annotations
 import importlib
 import logging
 import os
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import Any, Optional
+
+from rlhf_lit.stages.base import RunLayout
 
 log = logging.getLogger(__name__)
 
@@ -48,23 +49,6 @@ RUN_DIR_HELP = (
     "and reward_model) default to the earlier stages' exports there. Settings given explicitly are kept; "
     "an output placed outside RUN_DIR is refused."
 )
-
-
-@dataclass(frozen=True)
-class RunLayout:
-    """How a stage sits in a run directory: its folder name and the earlier exports it reads.
-
-    Args:
-        name: the stage's folder, ``<run_dir>/<name>/`` (short, e.g. ``sft``).
-        inputs: ``{constructor argument: earlier stage name}``; an argument left unset (None)
-            becomes ``<run_dir>/<earlier stage>/model``. The argument must default to None.
-        skip_input: ``(argument, init_args) -> bool``: True leaves that input unset for this
-            configuration (e.g. PPO's ``reward_model`` when no reward source is the RM).
-    """
-
-    name: str
-    inputs: Mapping[str, str] = field(default_factory=dict)
-    skip_input: Callable[[str, Mapping[str, Any]], bool] | None = None
 
 
 class RunDirError(ValueError):

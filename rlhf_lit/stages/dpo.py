@@ -47,7 +47,7 @@ from rlhf_lit.models.lora import LoRAConfig, exportable, with_lora
 from rlhf_lit.models.memory import enable_gradient_checkpointing, train_mode
 from rlhf_lit.models.reference import build_reference
 from rlhf_lit.models.sharding import reshard, shard_models
-from rlhf_lit.runs import RunLayout
+from rlhf_lit.stages.base import RunLayout
 from rlhf_lit.stages.dataclass_args import as_config
 from rlhf_lit.stages.export import ExportExisting, check_export_at_fit_start, export_at_fit_end
 from rlhf_lit.stages.guarded import GuardedStage

@@ -111,7 +111,7 @@ from rlhf_lit.models.reference import build_reference
 from rlhf_lit.models.sharding import gathered_for_generation, is_sharded, reshard, shard_models
 from rlhf_lit.models.value import CriticKind, build_critic
 from rlhf_lit.rollout import Rollout, minibatches
-from rlhf_lit.runs import RunLayout
+from rlhf_lit.stages.base import RunLayout
 from rlhf_lit.sources import source_fingerprint
 from rlhf_lit.stages.advantage import AdvantageEstimator, repeat_prompts
 from rlhf_lit.stages.amp import has_gradient_scaler, one_scaler_update

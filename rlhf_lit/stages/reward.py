@@ -37,7 +37,7 @@ from rlhf_lit.models.lora import LoRAConfig, exportable, with_lora
 from rlhf_lit.models.memory import enable_gradient_checkpointing, train_mode
 from rlhf_lit.models.sharding import reshard, shard_models
 from rlhf_lit.models.reward_norm import Normalize, fold_normalization, gain_and_bias, record_normalization
-from rlhf_lit.runs import RunLayout
+from rlhf_lit.stages.base import RunLayout
 from rlhf_lit.sources import from_pretrained
 from rlhf_lit.stages.guarded import GuardedStage
 from rlhf_lit.stages.nonfinite import NonFiniteGuard
