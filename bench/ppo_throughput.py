@@ -92,7 +92,7 @@ def build_module(w: dict, iters: int, export_dir: str, old_logprobs: str = "resc
     from rlhf_lit.models.generation import SamplingConfig
     from rlhf_lit.stages import PPOModule
     from rlhf_lit.stages.optim import OptimizerConfig
-    from rlhf_lit.stages.ppo_config import KLConfig, PPOConfig, RewardConfig
+    from rlhf_lit.stages.ppo.config import KLConfig, PPOConfig, RewardConfig
 
     return PPOModule(
         sft_model=w["policy"], reward_model=w["reward"], tokenizer_path=w["tokenizer"], missing_pad="error",

@@ -1,7 +1,7 @@
 """Lightning callbacks for the RLHF stages."""
 
 from rlhf_lit.callbacks.checkpoint import Checkpoint, RolloutCheckpoint
-from rlhf_lit.callbacks.generation import OnlineGeneration, load_judge
+from rlhf_lit.callbacks.online_generation import OnlineGeneration, load_judge
 from rlhf_lit.callbacks.progress import RunProgressBar
 
 __all__ = ["Checkpoint", "OnlineGeneration", "RolloutCheckpoint", "RunProgressBar", "load_judge"]

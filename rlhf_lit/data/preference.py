@@ -34,8 +34,8 @@ class PreferenceDataModule(TextDataModule):
     right padded ``input_ids`` / ``attention_mask`` ``(B, T)`` batches of prompt + response (+ EOS)
     built exactly as SFT data (same truncation rule, with this module's ``max_length`` and
     ``max_prompt_length``), in file order, unshuffled and unsharded (every process scores the
-    whole set; RewardModule sums the moments over processes, which gives the same mean). Without
-    ``reference_path`` the module has no ``reference_dataloader`` attribute at all, so RewardModule
+    whole set; RewardModelModule sums the moments over processes, which gives the same mean). Without
+    ``reference_path`` the module has no ``reference_dataloader`` attribute at all, so RewardModelModule
     falls back to the validation pairs (chosen and rejected pooled).
 
     Args:
@@ -166,11 +166,11 @@ class PreferenceDataModule(TextDataModule):
         """``reference_dataloader()``: the reference set's ``input_ids`` / ``attention_mask``
         batches (see the class docstring). Exists only when ``reference_path`` is set; otherwise
         reading it raises ``AttributeError``, so ``hasattr(dm, "reference_dataloader")`` is False
-        and a consumer (RewardModule) uses its fallback."""
+        and a consumer (RewardModelModule) uses its fallback."""
         if self.reference_path is None:
             raise AttributeError(
                 "PreferenceDataModule has no reference_dataloader: reference_path is not set "
-                "(RewardModule then normalises on the validation pairs)"
+                "(RewardModelModule then normalises on the validation pairs)"
             )
         return self._reference_dataloader
 

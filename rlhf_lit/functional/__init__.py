@@ -3,10 +3,10 @@
 Shapes: ``(B, T)`` unless noted; a ``mask`` is a bool tensor, True where a position counts.
 """
 
-from rlhf_lit.functional.advantages import gae
 from rlhf_lit.functional.dpo import DPOLossKind, averages_over_tokens, check_dpo_settings, dpo_loss
-from rlhf_lit.functional.estimators import (
+from rlhf_lit.functional.advantages import (
     EstimatorKind,
+    gae,
     grpo_advantages,
     needs_critic,
     needs_groups,
@@ -17,7 +17,9 @@ from rlhf_lit.functional.kl import KLKind, kl_loss, kl_penalized_rewards, kl_pen
 from rlhf_lit.functional.kl_control import AdaptiveKLController, FixedKLController, KLController
 from rlhf_lit.functional.logprobs import entropy_from_logits, sequence_logprobs, token_logprobs
 from rlhf_lit.functional.losses import clipped_value_loss, pairwise_reward_loss, ppo_policy_loss, sft_loss
-from rlhf_lit.functional.masked import explained_variance, masked_mean, masked_var, masked_whiten
+from rlhf_lit.functional.masked_stats import explained_variance, masked_mean, masked_var, masked_whiten
+from rlhf_lit.functional.pairs import concat_pairs, pad_right
+from rlhf_lit.functional.score_shaping import ScoreWhitening, shape_scores
 from rlhf_lit.functional.masks import append_eos_to_unfinished, last_true_index, response_mask_from_eos, response_mask_from_prompt_length
 
 __all__ = [
@@ -27,10 +29,12 @@ __all__ = [
     "FixedKLController",
     "KLController",
     "KLKind",
+    "ScoreWhitening",
     "append_eos_to_unfinished",
     "averages_over_tokens",
     "check_dpo_settings",
     "clipped_value_loss",
+    "concat_pairs",
     "dpo_loss",
     "entropy_from_logits",
     "explained_variance",
@@ -45,6 +49,7 @@ __all__ = [
     "masked_whiten",
     "needs_critic",
     "needs_groups",
+    "pad_right",
     "pairwise_reward_loss",
     "ppo_policy_loss",
     "reinforce_pp_advantages",
@@ -53,5 +58,6 @@ __all__ = [
     "rloo_advantages",
     "sequence_logprobs",
     "sft_loss",
+    "shape_scores",
     "token_logprobs",
 ]

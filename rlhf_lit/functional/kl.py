@@ -6,7 +6,7 @@ from typing import Literal, get_args
 
 import torch
 
-from rlhf_lit.functional.masked import masked_mean
+from rlhf_lit.functional.masked_stats import masked_mean
 from rlhf_lit.functional.masks import last_true_index
 
 __all__ = ["KLKind", "kl_loss", "kl_penalty", "kl_penalized_rewards"]

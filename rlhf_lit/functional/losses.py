@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from rlhf_lit.functional.masked import _masked_var, masked_mean
+from rlhf_lit.functional.masked_stats import _masked_var, masked_mean
 
 __all__ = ["ppo_policy_loss", "clipped_value_loss", "pairwise_reward_loss", "sft_loss"]
 

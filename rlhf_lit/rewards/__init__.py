@@ -2,7 +2,7 @@
 
 Imports torch and the standard library only (never lightning, transformers, or rlhf_lit outside
 this package), so it sits below ``stages/``. PPO's ``reward.sources``
-(:mod:`rlhf_lit.stages.reward_sources`) loads each configured function with
+(:mod:`rlhf_lit.stages.ppo.reward_sources`) loads each configured function with
 :func:`load_reward_function`, calls it on a :class:`RewardBatch`, sums the weighted sources into the
 score at the last response token and logs each one (``reward/<name>``).
 """

@@ -2,7 +2,7 @@
 
 from rlhf_lit.stages.dpo import DPOModule
 from rlhf_lit.stages.ppo import PPOModule
-from rlhf_lit.stages.reward import RewardModule
+from rlhf_lit.stages.reward_model import RewardModelModule
 from rlhf_lit.stages.sft import SFTModule
 
-__all__ = ["DPOModule", "PPOModule", "RewardModule", "SFTModule"]
+__all__ = ["DPOModule", "PPOModule", "RewardModelModule", "SFTModule"]

@@ -1,14 +1,48 @@
-"""What every training stage shares (SFT, reward model, DPO, PPO).
+"""What every training stage shares (SFT, reward model, DPO, PPO): :class:`StageModule`.
 
-:class:`RunLayout` is how a stage declares its place in a run directory (``--run_dir``; the CLI's
-:mod:`rlhf_lit.runs` reads it).
+A stage subclasses :class:`StageModule` and, in its constructor, calls :meth:`StageModule.keep_settings`
+(hyperparameters, config dataclasses stored as dicts) and :meth:`StageModule.keep_export` (where the
+final model goes, the non-finite guard), loads its tokenizer with :func:`stage_tokenizer` and sets
+``self.model`` (or overrides :meth:`StageModule.trained_model`). The base then gives it:
+
+- ``on_fit_start``: the export target checked before any training step, the precision warning,
+  then the stage's own :meth:`StageModule.check_before_fit`;
+- ``on_fit_end``: the export of :meth:`StageModule.exported_model` (every rank calls it);
+- the non-finite guard: an optimizer step with NaN or inf gradients is skipped and counted;
+  non-finite weights are never saved;
+- checkpoints: the resume check against the checkpoint's settings (all but :attr:`SAFE_ON_RESUME`
+  must match), the frozen models (:attr:`FROZEN_PREFIXES`) left out of checkpoints and reloaded
+  from their paths, every other weight required on load.
+
+:class:`RunLayout` is how a stage declares its place in a run directory (``--run_dir``; the CLI
+reads it).
 """
 
 from __future__ import annotations
 
+import inspect
+import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.accelerators import CPUAccelerator
+
+from rlhf_lit.models.lora import exportable
+from rlhf_lit.models.sharding import shard_models
+from rlhf_lit.stages.amp import has_gradient_scaler
+from rlhf_lit.stages.export import ExportExisting, check_export_at_fit_start, export_at_fit_end
+from rlhf_lit.stages.optim import lightning_optimizers
+from rlhf_lit.stages.nonfinite import NonFiniteGuard, assert_finite
+from rlhf_lit.stages.resume import check_loaded_keys, check_module_resume
+from rlhf_lit.tokenizer import MissingPad, load_tokenizer
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -20,9 +54,183 @@ class RunLayout:
         inputs: ``{constructor argument: earlier stage name}``; an argument left unset (None)
             becomes ``<run_dir>/<earlier stage>/model``. The argument must default to None.
         skip_input: ``(argument, init_args) -> bool``: True leaves that input unset for this
-            configuration (e.g. PPO's ``reward_model`` when no reward source is the RM).
+            configuration (e.g. PPO's ``reward_model`` when no reward source is the reward model).
     """
 
     name: str
     inputs: Mapping[str, str] = field(default_factory=dict)
     skip_input: Callable[[str, Mapping[str, Any]], bool] | None = None
+
+
+def as_config(cls: type[T], value: T | dict | None) -> T | None:
+    """A nested config dataclass from what a stage constructor receives.
+
+    LightningCLI passes the dataclass; ``load_from_checkpoint`` passes back the plain dict stored in
+    the hyperparameters (a dataclass there would break ``weights_only`` loading). None stays None
+    (an optional group such as ``lora``); anything else is a TypeError.
+    """
+    if value is None or isinstance(value, cls):
+        return value
+    if isinstance(value, dict):
+        return cls(**value)
+    raise TypeError(f"expected {cls.__name__} or a dict of its fields, got {type(value).__name__}")
+
+
+def stage_tokenizer(
+    tokenizer: str | None,
+    model: str,
+    padding_side: str,
+    missing_pad: MissingPad,
+    revision: str | None = None,
+    trust_remote_code: bool = False,
+    model_arg: str = "model",
+    tokenizer_arg: str = "tokenizer",
+):
+    """The stage's tokenizer: ``tokenizer`` when given, else the model's (at the model's ``revision``).
+
+    ``model_arg`` / ``tokenizer_arg`` are the constructor arguments an error names.
+    """
+    return load_tokenizer(
+        tokenizer or model, padding_side=padding_side, missing_pad=missing_pad,
+        revision=revision if tokenizer is None else None, trust_remote_code=trust_remote_code,
+        what=tokenizer_arg if tokenizer else model_arg,
+    )  # fmt: skip
+
+
+def require_input(value: str | None, arg: str, what: str) -> str:
+    """``value``, or the error for an input left unset (None only so that ``--run_dir`` can supply it)."""
+    if value is None:
+        raise ValueError(f"{arg} is not set: give {what}, or --run_dir of a run whose SFT stage has finished")
+    return value
+
+
+CPU_SLOWDOWN = (
+    "bf16-mixed took 2.0x the time of 32-true on the offline PPO config (2.92 vs 1.49 s/rollout, +73 MiB "
+    "peak RSS) and 1.06x at 25M parameters (bench/memory.py, 2-core development CPU)"
+)
+"""How ``bf16-mixed`` compared with ``32-true`` on a CPU, and where it was measured (``bench/memory.py``,
+variants ``full (32-true)`` and ``bf16-mixed precision``, at commit 2166731)."""
+
+_warned = False
+
+
+def warn_if_slow_precision(trainer: pl.Trainer) -> None:
+    """Warn once per process, in one line, when a 16-bit precision runs on a CPU accelerator.
+
+    CPUs without native bfloat16 matrix units emulate it: mixed precision then only adds casts.
+    It changes nothing; the user decides.
+    """
+    global _warned
+    precision = str(trainer.precision)
+    if _warned or not isinstance(trainer.accelerator, CPUAccelerator) or precision.startswith(("32", "64")):
+        return
+    _warned = True
+    log.warning("precision %s on a CPU is no faster than 32-true (%s); use --trainer.precision 32-true on CPUs",
+                precision, CPU_SLOWDOWN)
+
+
+class StageModule(pl.LightningModule):
+    """The base of every stage (see the module docstring for what it provides).
+
+    Class attributes a stage sets: :attr:`EXPORT_WHAT` (words for the export message),
+    :attr:`run_layout`, and where they differ from the defaults :attr:`SAFE_ON_RESUME` and
+    :attr:`FROZEN_PREFIXES`.
+    """
+
+    SAFE_ON_RESUME: tuple[str, ...] = ("export_dir", "export_existing", "max_skipped_updates")
+    """Settings a resume may change: where the export goes, how many skips stop the run."""
+    FROZEN_PREFIXES: tuple[str, ...] = ()
+    """State-dict prefixes of frozen models: never written to checkpoints, reloaded from their paths."""
+    EXPORT_WHAT: str = "model"
+    """What the export is, in the message that says where it went (e.g. ``"SFT model"``)."""
+    run_layout: RunLayout | None = None
+    """The stage's place in a run directory (``--run_dir``); None: it takes no part."""
+
+    def keep_settings(self, **configs: Any) -> None:
+        """Save the calling constructor's arguments as hyperparameters, with ``configs`` (config
+        dataclasses or None, by argument name) stored as plain dicts.
+
+        The settings as given go into checkpoints (under LightningCLI with its class path, so
+        ``--ckpt_path`` resumes from the command line); a dataclass there would break
+        ``weights_only`` loading, hence the dicts.
+        """
+        frame = inspect.currentframe().f_back  # the stage's __init__: its arguments are the settings
+        self.save_hyperparameters(ignore=list(configs), frame=frame)
+        self.hparams.update({name: None if cfg is None else asdict(cfg) for name, cfg in configs.items()})
+
+    def keep_export(self, export_dir: str | None, export_existing: ExportExisting, max_skipped_updates: int) -> None:
+        """Where the final model goes and how many non-finite updates in a row stop the run."""
+        self.export_dir, self.export_existing = export_dir, export_existing
+        self.exported_path: Path | None = None
+        self.nonfinite = NonFiniteGuard(max_skipped_updates, "max_skipped_updates")
+
+    # ----- what the stage trains and exports -------------------------------------------------------
+
+    def trained_model(self) -> torch.nn.Module:
+        """The model whose weights must stay finite (``self.model`` unless a stage says otherwise)."""
+        return self.model
+
+    def exported_model(self) -> torch.nn.Module:
+        """What the export writes: the trained model (merged, or peft's adapter, under LoRA)."""
+        return exportable(self.trained_model())
+
+    # ----- fit ----------------------------------------------------------------------------------
+
+    def configure_model(self) -> None:
+        """Shard the trained model under FSDP (``fsdp`` / ``fsdp2``, :mod:`rlhf_lit.strategies`); no-op otherwise."""
+        shard_models(self, {"model": self.trained_model()})
+
+    def configure_optimizers(self) -> dict:
+        """AdamW over the trained model with warmup and decay over the whole run
+        (``self.optimizer_config``, :class:`~rlhf_lit.stages.optim.OptimizerConfig`)."""
+        return lightning_optimizers(self.trained_model(), self.optimizer_config, self.trainer.estimated_stepping_batches)
+
+    def check_before_fit(self) -> None:
+        """A stage's own refusals before any training step (the data module is set up by now)."""
+
+    def on_fit_start(self) -> None:
+        """Refuse an export target the end of fit could not write, warn about a slow precision, then
+        the stage's :meth:`check_before_fit`: all before any training step."""
+        check_export_at_fit_start(self.trainer, self.export_dir, self.export_existing)
+        warn_if_slow_precision(self.trainer)
+        self.check_before_fit()
+
+    def on_fit_end(self) -> None:
+        """Export :meth:`exported_model` and the tokenizer in Hugging Face format (rank 0 writes)."""
+        self.exported_path = export_at_fit_end(
+            self.trainer, self.exported_model(), self.tokenizer, self.export_dir, self.EXPORT_WHAT, self.export_existing
+        )
+
+    def on_before_optimizer_step(self, optimizer) -> None:
+        """Drop non-finite gradients (the step then changes nothing) and count the skip."""
+        scaler = has_gradient_scaler(self.trainer)
+        self.nonfinite.check_optimizer(optimizer, "the optimizer", scaler, f"step {self.global_step}")
+
+    # ----- checkpoints ----------------------------------------------------------------------------
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        """Refuse to save non-finite weights; keep the skip counters; leave the frozen models out."""
+        assert_finite(self.trained_model(), type(self).__name__)
+        checkpoint["nonfinite"] = self.nonfinite.state_dict()
+        self.drop_frozen(checkpoint)
+
+    def drop_frozen(self, checkpoint: dict) -> None:
+        """Remove the :attr:`FROZEN_PREFIXES` weights from ``checkpoint`` (reloaded from paths on resume)."""
+        if self.FROZEN_PREFIXES:
+            state = checkpoint["state_dict"]  # {} on ranks > 0 under FSDP (gathered on rank 0)
+            checkpoint["state_dict"] = {k: v for k, v in state.items() if not k.startswith(self.FROZEN_PREFIXES)}
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        """Check the configuration against the checkpoint's; restore the skip counters."""
+        check_module_resume(self, checkpoint, self.SAFE_ON_RESUME)
+        if "nonfinite" in checkpoint:
+            self.nonfinite.load_state_dict(checkpoint["nonfinite"])
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        """Load weights; the frozen models (:attr:`FROZEN_PREFIXES`) may be missing: they were reloaded
+        from their paths. Any other missing or unknown weight is refused when ``strict``."""
+        if not self.FROZEN_PREFIXES:
+            return super().load_state_dict(state_dict, strict=strict, assign=assign)
+        result = super().load_state_dict(state_dict, strict=False, assign=assign)
+        check_loaded_keys(result.missing_keys, result.unexpected_keys, self.FROZEN_PREFIXES, strict)
+        return result

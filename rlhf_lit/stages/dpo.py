@@ -26,36 +26,27 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from dataclasses import asdict
-from pathlib import Path
-
-import lightning.pytorch as pl
 import torch
-import torch.nn.functional as F
 from lightning.pytorch.utilities.model_helpers import is_overridden
 
 from rlhf_lit.functional import (
     DPOLossKind,
     averages_over_tokens,
     check_dpo_settings,
+    concat_pairs,
     dpo_loss,
     response_mask_from_prompt_length,
 )
 from rlhf_lit.models import load_causal_lm, response_sequence_logprobs
 from rlhf_lit.models.loading import DType
-from rlhf_lit.models.lora import LoRAConfig, exportable, with_lora
+from rlhf_lit.models.lora import LoRAConfig, with_lora
 from rlhf_lit.models.memory import enable_gradient_checkpointing, train_mode
 from rlhf_lit.models.reference import build_reference
 from rlhf_lit.models.sharding import reshard, shard_models
-from rlhf_lit.stages.base import RunLayout
-from rlhf_lit.stages.dataclass_args import as_config
-from rlhf_lit.stages.export import ExportExisting, check_export_at_fit_start, export_at_fit_end
-from rlhf_lit.stages.guarded import GuardedStage
-from rlhf_lit.stages.nonfinite import NonFiniteGuard
-from rlhf_lit.stages.optim import OptimizerConfig, lightning_optimizers
-from rlhf_lit.stages.precision import warn_if_slow_precision
-from rlhf_lit.stages.resume import check_loaded_keys
-from rlhf_lit.tokenizer import MissingPad, load_tokenizer
+from rlhf_lit.stages.base import RunLayout, StageModule, as_config, require_input, stage_tokenizer
+from rlhf_lit.stages.export import ExportExisting
+from rlhf_lit.stages.optim import OptimizerConfig
+from rlhf_lit.tokenizer import MissingPad
 
 log = logging.getLogger(__name__)
 
@@ -63,12 +54,7 @@ METRICS = ("rewards_chosen", "rewards_rejected", "reward_accuracy", "reward_marg
 """The statistics of :func:`rlhf_lit.functional.dpo_loss`, logged as ``train/<name>`` and ``val/<name>``."""
 
 
-def _pad_right(x: torch.Tensor, length: int, value: int) -> torch.Tensor:
-    """Right-pad ``(B, T)`` to ``(B, length)``."""
-    return F.pad(x, (0, length - x.shape[1]), value=value)  # (B, length)
-
-
-class DPOModule(GuardedStage, pl.LightningModule):
+class DPOModule(StageModule):
     """Trains a causal-LM policy on (chosen, rejected) pairs with a DPO-family loss and exports it.
 
     Logs ``train/loss``, ``lr`` and the implicit-reward statistics ``train/rewards_chosen``,
@@ -110,7 +96,7 @@ class DPOModule(GuardedStage, pl.LightningModule):
             data module; not under ``fsdp``.
     """
 
-    SAFE_ON_RESUME = GuardedStage.SAFE_ON_RESUME + ("precompute_ref",)
+    SAFE_ON_RESUME = StageModule.SAFE_ON_RESUME + ("precompute_ref",)
     """Settings a resume may change: the stage's usual ones, and whether the reference table is used
     (it changes no number)."""
 
@@ -118,6 +104,7 @@ class DPOModule(GuardedStage, pl.LightningModule):
     """State-dict prefix of the frozen reference: never written to checkpoints, reloaded from ``model``."""
 
     run_layout = RunLayout("dpo", inputs={"model": "sft"})  # --run_dir: RUN_DIR/dpo/, model from RUN_DIR/sft/model
+    EXPORT_WHAT = "DPO policy"
 
     def __init__(
         self,
@@ -139,31 +126,15 @@ class DPOModule(GuardedStage, pl.LightningModule):
         precompute_ref: bool = False,
     ) -> None:
         super().__init__()
-        if model is None:  # None in the signature only so that --run_dir can supply it (rlhf_lit.runs)
-            raise ValueError(
-                "model is not set: give the SFT model to start from (also the frozen reference), or --run_dir of "
-                "a run whose SFT stage has finished"
-            )
+        model = require_input(model, "model", "the SFT model to start from (also the frozen reference)")
         check_dpo_settings(beta, loss, label_smoothing)
         self.beta, self.loss_kind, self.label_smoothing = beta, loss, label_smoothing
-        # load_from_checkpoint passes the optimizer back as the dict saved below.
         self.optimizer_config = as_config(OptimizerConfig, optimizer)
-        # A dataclass in hparams breaks weights_only checkpoint loading: store its dict instead.
-        self.lora_config = None if lora is None else as_config(LoRAConfig, lora)
-        self.save_hyperparameters(ignore=["optimizer", "lora"])
-        self.hparams["optimizer"] = asdict(self.optimizer_config)
-        self.hparams["lora"] = None if self.lora_config is None else asdict(self.lora_config)
-        self.export_dir, self.export_existing = export_dir, export_existing
-        self.nonfinite = NonFiniteGuard(max_skipped_updates, "max_skipped_updates")
-        self.exported_path: Path | None = None
-        self.tokenizer = load_tokenizer(
-            tokenizer or model,
-            padding_side="right",  # preference batches are right padded (docs/CONTRACTS.md)
-            missing_pad=missing_pad,
-            revision=revision if tokenizer is None else None,
-            trust_remote_code=trust_remote_code,
-            what="tokenizer" if tokenizer else "model",
-        )
+        self.lora_config = as_config(LoRAConfig, lora)
+        self.keep_settings(optimizer=self.optimizer_config, lora=self.lora_config)
+        self.keep_export(export_dir, export_existing, max_skipped_updates)
+        # preference batches are right padded (docs/CONTRACTS.md)
+        self.tokenizer = stage_tokenizer(tokenizer, model, "right", missing_pad, revision, trust_remote_code)
 
         def load() -> torch.nn.Module:
             return load_causal_lm(model, self.tokenizer, dtype=dtype, revision=revision,
@@ -204,12 +175,10 @@ class DPOModule(GuardedStage, pl.LightningModule):
                 "DPOModule needs preference batches with prompt_length (B,), the number of prompt tokens "
                 "(rlhf_lit.data.PreferenceDataModule gives it; see docs/CONTRACTS.md)"
             )
-        chosen_ids, rejected_ids = batch["chosen_input_ids"], batch["rejected_input_ids"]
-        T = max(chosen_ids.shape[1], rejected_ids.shape[1])
-        pad_id = self.tokenizer.pad_token_id
-        input_ids = torch.cat([_pad_right(chosen_ids, T, pad_id), _pad_right(rejected_ids, T, pad_id)])  # (2B, T)
-        attention_mask = torch.cat([_pad_right(batch["chosen_attention_mask"], T, 0),
-                                    _pad_right(batch["rejected_attention_mask"], T, 0)])  # (2B, T)
+        input_ids, attention_mask = concat_pairs(
+            batch["chosen_input_ids"], batch["chosen_attention_mask"], batch["rejected_input_ids"],
+            batch["rejected_attention_mask"], self.tokenizer.pad_token_id,
+        )  # (2B, T) x2
         prompt_length = batch["prompt_length"].repeat(2)  # (2B,)
         response_mask = response_mask_from_prompt_length(attention_mask, prompt_length)  # (2B, T)
         return input_ids, attention_mask, response_mask
@@ -298,15 +267,8 @@ class DPOModule(GuardedStage, pl.LightningModule):
             raise ValueError("precompute_ref is not supported under fsdp: set precompute_ref: false")
         shard_models(self, {"model": self.model, "reference": self._modules.get("ref_model")})
 
-    def configure_optimizers(self) -> dict:
-        """AdamW over the policy's trainable weights (never the reference's), warmup and decay."""
-        return lightning_optimizers(self.model, self.optimizer_config, self.trainer.estimated_stepping_batches)
-
-    def on_fit_start(self) -> None:
-        """Refuse an export target the end of fit could not write (or ``precompute_ref`` without a
-        data module), before any training step."""
-        check_export_at_fit_start(self.trainer, self.export_dir, self.export_existing)
-        warn_if_slow_precision(self.trainer)
+    def check_before_fit(self) -> None:
+        """Refuse ``precompute_ref`` without a data module, before any training step."""
         if self.precompute_ref and self.trainer.datamodule is None:
             raise ValueError("precompute_ref needs a data module (fit with datamodule=...), or set precompute_ref: false")
 
@@ -334,24 +296,3 @@ class DPOModule(GuardedStage, pl.LightningModule):
         self._ref_table = table
         log.info("precomputed the reference logprobs of %d preference pairs", len(table))
         return len(table)
-
-    def on_fit_end(self) -> None:
-        """Export the trained policy and its tokenizer in Hugging Face format (rank 0)."""
-        self.exported_path = export_at_fit_end(
-            self.trainer, exportable(self.model), self.tokenizer, self.export_dir, "DPO policy", self.export_existing
-        )
-
-    # ----- checkpoints -------------------------------------------------------------------------------
-
-    def on_save_checkpoint(self, checkpoint: dict) -> None:
-        """Refuse non-finite weights, keep the skip counters, and leave the frozen reference out."""
-        super().on_save_checkpoint(checkpoint)
-        state = checkpoint["state_dict"]
-        checkpoint["state_dict"] = {k: v for k, v in state.items() if not k.startswith(self.FROZEN_PREFIXES)}
-
-    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
-        """Load weights; the reference (:attr:`FROZEN_PREFIXES`) may be missing: it was reloaded from
-        ``model``. Any other missing or unknown weight is refused when ``strict``."""
-        result = super().load_state_dict(state_dict, strict=False, assign=assign)
-        check_loaded_keys(result.missing_keys, result.unexpected_keys, self.FROZEN_PREFIXES, strict)
-        return result

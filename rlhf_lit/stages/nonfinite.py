@@ -21,7 +21,6 @@ from typing import Any
 import torch
 
 from rlhf_lit.models.sharding import any_rank, local_tensor
-from rlhf_lit.rollout import Rollout
 
 log = logging.getLogger(__name__)
 
@@ -73,25 +72,6 @@ def drop_gradients(optimizer: torch.optim.Optimizer) -> None:
     for group in optimizer.param_groups:
         for p in group["params"]:
             p.grad = None
-
-
-def nonfinite_rollout_parts(rollout: Rollout, reduce_sum) -> list[str]:
-    """Which of the rollout's inputs to the update hold NaN or inf on any rank (one collective, one read).
-
-    Args:
-        rollout: the scored rollout.
-        reduce_sum: sums a tensor over ranks (``lambda t: strategy.reduce(t, reduce_op="sum")``).
-    """
-    mask = rollout.response_mask  # (B, R)
-    zero = torch.zeros((), device=mask.device)
-    parts = {
-        "reward scores": rollout.raw_scores,
-        "policy logprobs": torch.where(mask, rollout.old_logprobs, zero),
-        "reference logprobs": torch.where(mask, rollout.ref_logprobs, zero),
-        "critic values": torch.where(mask, rollout.old_values, zero),
-    }
-    bad = torch.stack([(~torch.isfinite(t)).any() for t in parts.values()]).float()  # (4,)
-    return [name for name, flag in zip(parts, reduce_sum(bad).tolist()) if flag > 0]
 
 
 class NonFiniteGuard:

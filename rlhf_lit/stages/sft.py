@@ -8,32 +8,23 @@ format (``AutoModelForCausalLM.from_pretrained(export_dir)``) for the reward-mod
 
 from __future__ import annotations
 
-from dataclasses import asdict
-from pathlib import Path
-
-import lightning.pytorch as pl
 import torch
 from torchmetrics import MeanMetric
 
 from rlhf_lit.functional import sft_loss
 from rlhf_lit.models import load_causal_lm, position_ids_from_mask
 from rlhf_lit.models.loading import DType
-from rlhf_lit.models.lora import LoRAConfig, exportable, with_lora
+from rlhf_lit.models.lora import LoRAConfig, with_lora
 from rlhf_lit.models.memory import enable_gradient_checkpointing, train_mode
-from rlhf_lit.models.sharding import shard_models
-from rlhf_lit.stages.base import RunLayout
-from rlhf_lit.stages.guarded import GuardedStage
-from rlhf_lit.stages.nonfinite import NonFiniteGuard
-from rlhf_lit.stages.export import ExportExisting, check_export_at_fit_start, export_at_fit_end
-from rlhf_lit.stages.dataclass_args import as_config
-from rlhf_lit.stages.optim import OptimizerConfig, lightning_optimizers
-from rlhf_lit.stages.precision import warn_if_slow_precision
-from rlhf_lit.tokenizer import MissingPad, load_tokenizer
+from rlhf_lit.stages.base import RunLayout, StageModule, as_config, stage_tokenizer
+from rlhf_lit.stages.export import ExportExisting
+from rlhf_lit.stages.optim import OptimizerConfig
+from rlhf_lit.tokenizer import MissingPad
 
 IGNORE_INDEX = -100
 
 
-class SFTModule(GuardedStage, pl.LightningModule):
+class SFTModule(StageModule):
     """Fine-tunes any ``AutoModelForCausalLM`` on (prompt, response) demonstrations.
 
     Logs ``train/loss``, ``train/ppl`` and ``lr`` every step, and the token-weighted ``val/loss``
@@ -62,7 +53,8 @@ class SFTModule(GuardedStage, pl.LightningModule):
             pass instead of storing them (less activation memory, about one more forward pass).
     """
 
-    run_layout = RunLayout("sft")  # --run_dir: RUN_DIR/sft/ (rlhf_lit.runs)
+    run_layout = RunLayout("sft")  # --run_dir: RUN_DIR/sft/
+    EXPORT_WHAT = "SFT model"
 
     def __init__(
         self,
@@ -80,24 +72,12 @@ class SFTModule(GuardedStage, pl.LightningModule):
         gradient_checkpointing: bool = False,
     ) -> None:
         super().__init__()
-        # load_from_checkpoint passes the optimizer back as the dict saved below.
         self.optimizer_config = as_config(OptimizerConfig, optimizer)
-        # A dataclass in hparams breaks weights_only checkpoint loading: store its dict instead.
-        self.lora_config = None if lora is None else as_config(LoRAConfig, lora)
-        self.save_hyperparameters(ignore=["optimizer", "lora"])
-        self.hparams["optimizer"] = asdict(self.optimizer_config)
-        self.hparams["lora"] = None if self.lora_config is None else asdict(self.lora_config)
-        self.export_dir, self.export_existing = export_dir, export_existing
-        self.nonfinite = NonFiniteGuard(max_skipped_updates, "max_skipped_updates")
-        self.exported_path: Path | None = None
-        self.tokenizer = load_tokenizer(
-            tokenizer or model,
-            padding_side="right",  # SFT batches are right padded (docs/CONTRACTS.md)
-            missing_pad=missing_pad,
-            revision=revision if tokenizer is None else None,
-            trust_remote_code=trust_remote_code,
-            what="tokenizer" if tokenizer else "model",
-        )
+        self.lora_config = as_config(LoRAConfig, lora)
+        self.keep_settings(optimizer=self.optimizer_config, lora=self.lora_config)
+        self.keep_export(export_dir, export_existing, max_skipped_updates)
+        # SFT batches are right padded (docs/CONTRACTS.md)
+        self.tokenizer = stage_tokenizer(tokenizer, model, "right", missing_pad, revision, trust_remote_code)
         self.model = load_causal_lm(
             model, self.tokenizer, dtype=dtype, revision=revision, trust_remote_code=trust_remote_code
         )
@@ -143,22 +123,3 @@ class SFTModule(GuardedStage, pl.LightningModule):
         self.log("val/loss", loss, prog_bar=True)
         self.log("val/ppl", loss.exp())
         self.val_nll.reset()
-
-    def configure_model(self) -> None:
-        """Shard the model under FSDP (``fsdp`` / ``fsdp2``, :mod:`rlhf_lit.strategies`); no-op otherwise."""
-        shard_models(self, {"model": self.model})
-
-    def configure_optimizers(self) -> dict:
-        """AdamW with warmup and decay over the whole run (see :class:`OptimizerConfig`)."""
-        return lightning_optimizers(self.model, self.optimizer_config, self.trainer.estimated_stepping_batches)
-
-    def on_fit_start(self) -> None:
-        """Refuse an export target the end of fit could not write, before any training step."""
-        check_export_at_fit_start(self.trainer, self.export_dir, self.export_existing)
-        warn_if_slow_precision(self.trainer)
-
-    def on_fit_end(self) -> None:
-        """Export the fine-tuned model and tokenizer in Hugging Face format (rank 0)."""
-        self.exported_path = export_at_fit_end(
-            self.trainer, exportable(self.model), self.tokenizer, self.export_dir, "SFT model", self.export_existing
-        )

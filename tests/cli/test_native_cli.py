@@ -22,7 +22,7 @@ HH_RLHF = ASSETS / "data" / "hh-rlhf" / "harmless-base-test.jsonl.gz"
 def test_fit_help_lists_the_stages_and_data_modules_and_no_optimizer_options(tmp_path):
     result = rlhf_lit("fit", "--help", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
-    for name in ("SFTModule", "RewardModule", "PPOModule", "SFTDataModule", "PreferenceDataModule", "PromptDataModule"):
+    for name in ("SFTModule", "RewardModelModule", "PPOModule", "SFTDataModule", "PreferenceDataModule", "PromptDataModule"):
         assert re.search(rf"rlhf_lit\.(stages|data)\.{name}\b", result.stdout), name
     # The stages own their optimizers: LightningCLI's would crash PPO or replace SFT's AdamW.
     assert "--optimizer" not in result.stdout and "--lr_scheduler" not in result.stdout
@@ -107,7 +107,7 @@ def test_ppo_bar_counts_rollouts_and_the_run_prints_no_warning(tmp_path, stories
 def test_sft_and_rm_bars_count_steps_of_the_run_and_print_no_warning(stage, tmp_path):
     config = sft_config(tmp_path, TINYSTORIES, max_steps=3, data={"val_fraction": 0.2})
     if stage == "rm":  # stories260K is a causal LM: the reward head is created on purpose, without a report
-        config["model"] = {"class_path": "rlhf_lit.stages.RewardModule", "init_args": {
+        config["model"] = {"class_path": "rlhf_lit.stages.RewardModelModule", "init_args": {
             "model": str(STORIES), "optimizer": {"lr": 1.0e-3}, "export_dir": str(tmp_path / "export")}}
         config["data"] = {"class_path": "rlhf_lit.data.PreferenceDataModule", "init_args": {
             "train_path": str(HH_RLHF), "format": "hh_rlhf", "max_records": 48, "max_length": 96,

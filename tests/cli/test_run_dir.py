@@ -28,7 +28,7 @@ SFT = ("fit", "--model", "rlhf_lit.stages.SFTModule", "--model.model", str(STORI
        "--data", "rlhf_lit.data.SFTDataModule", "--data.train_path", str(TINYSTORIES), "--data.format", "paragraphs",
        "--data.max_records", "32", "--data.batch_size", "4", "--data.max_length", "64",
        "--data.max_prompt_length", "16", "--trainer.max_steps", "3", *QUIET)  # fmt: skip
-RM = ("fit", "--model", "rlhf_lit.stages.RewardModule",
+RM = ("fit", "--model", "rlhf_lit.stages.RewardModelModule",
       "--data", "rlhf_lit.data.PreferenceDataModule", "--data.train_path", str(HH_RLHF), "--data.format", "hh_rlhf",
       "--data.max_records", "32", "--data.val_fraction", "0.25", "--data.batch_size", "4", "--data.max_length", "64",
       "--data.max_prompt_length", "48", "--trainer.max_steps", "3", *QUIET)  # fmt: skip
@@ -232,7 +232,7 @@ def test_an_input_given_explicitly_is_used_and_a_function_only_reward_needs_no_r
     assert cfg.model.init_args.sft_model == os.path.join("runs/x", "sft", "model")
     assert cfg.model.init_args.reward_model is None  # no source is the reward model: not looked for
 
-    cfg = _parsed(stage="rlhf_lit.stages.RewardModule", model=str(STORIES))
+    cfg = _parsed(stage="rlhf_lit.stages.RewardModelModule", model=str(STORIES))
     apply_run_dir(cfg, DEFAULTS, "fit")
     assert cfg.model.init_args.model == str(STORIES)
 

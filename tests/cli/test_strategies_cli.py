@@ -18,7 +18,7 @@ HH_RLHF = ASSETS / "data" / "hh-rlhf" / "harmless-base-test.jsonl.gz"
 def rm_config(root, strategy: str) -> dict:
     """A reward model of a few steps on HH-RLHF pairs, stories260K with a fresh head, 2 processes."""
     config = sft_config(root, TINYSTORIES, max_steps=3)
-    config["model"] = {"class_path": "rlhf_lit.stages.RewardModule", "init_args": {
+    config["model"] = {"class_path": "rlhf_lit.stages.RewardModelModule", "init_args": {
         "model": str(STORIES), "optimizer": {"lr": 1.0e-3}, "normalize": "gain_bias", "export_dir": str(root / "export")}}
     config["data"] = {"class_path": "rlhf_lit.data.PreferenceDataModule", "init_args": {
         "train_path": str(HH_RLHF), "format": "hh_rlhf", "max_records": 48, "max_length": 96,

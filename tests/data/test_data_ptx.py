@@ -109,7 +109,7 @@ def _ppo_run(tmp_path, **data_kwargs):
 
     from rlhf_lit.models.generation import SamplingConfig
     from rlhf_lit.stages import PPOModule
-    from rlhf_lit.stages.ppo_config import PPOConfig
+    from rlhf_lit.stages.ppo.config import PPOConfig
 
     torch.manual_seed(0)
     module = PPOModule(sft_model=str(STORIES260K), reward_model=str(STORIES260K), max_rollouts=1,

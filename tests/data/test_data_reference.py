@@ -1,4 +1,4 @@
-"""The reward-normalisation reference set of PreferenceDataModule, and RewardModule using it."""
+"""The reward-normalisation reference set of PreferenceDataModule, and RewardModelModule using it."""
 
 import pytest
 import torch
@@ -6,7 +6,7 @@ from lightning.pytorch import Trainer
 from data_assets import ALPACA_V1, HH, STORIES260K, write_jsonl
 
 from rlhf_lit.data import PreferenceDataModule, SFTDataModule
-from rlhf_lit.stages import RewardModule
+from rlhf_lit.stages import RewardModelModule
 from rlhf_lit.stages.optim import OptimizerConfig
 
 # stories260K ids: "Once upon a" -> 1 | 403 407 261; " time there was a cat" -> 378 383 286 261 280
@@ -78,7 +78,7 @@ def test_without_reference_path_there_is_no_reference_dataloader(stories_tok, tm
 
 def _fit_rm(tmp_path, **data_kwargs):
     torch.manual_seed(0)  # the fresh score head
-    module = RewardModule(str(STORIES260K), optimizer=OptimizerConfig(lr=1e-3, schedule="linear"),
+    module = RewardModelModule(str(STORIES260K), optimizer=OptimizerConfig(lr=1e-3, schedule="linear"),
                           normalize="bias", export_dir=str(tmp_path / "rm"))  # fmt: skip
     dm = PreferenceDataModule(tokenizer=module.tokenizer, train_path=str(HH), format="hh_rlhf", max_records=12,
                               max_length=48, max_prompt_length=32, batch_size=4, **data_kwargs)  # fmt: skip
@@ -111,7 +111,7 @@ def test_reward_model_is_normalised_to_mean_zero_on_the_reference_set(tmp_path):
     # the validation pairs were not the reference: their mean is not 0
     assert abs(float(_normalised_scores(module, dm.val_dataloader()).mean())) > 1e-3
 
-    # without reference_path RewardModule falls back to the validation pairs
+    # without reference_path RewardModelModule falls back to the validation pairs
     module, dm = _fit_rm(tmp_path / "fallback", val_fraction=0.25)
     assert module.reference_name == "PreferenceDataModule.val_dataloader() chosen + rejected"
     pooled = _normalised_scores(module, dm.val_dataloader())

@@ -13,7 +13,7 @@ from ppo_helpers import prompt_batch, tiny_module, tiny_trainer
 from strategy_worker import RankPrompts
 
 from rlhf_lit.models.generation import SamplingConfig
-from rlhf_lit.stages.ppo_config import PPOConfig
+from rlhf_lit.stages.ppo.config import PPOConfig
 
 PROMPTS = ["Once upon a time", "Tom had a red", "The cat", "A big dog"]
 

@@ -10,7 +10,7 @@ from lightning.pytorch.loggers import Logger
 
 from rlhf_lit.models.generation import SamplingConfig
 from rlhf_lit.stages.ppo import PPOModule
-from rlhf_lit.stages.ppo_config import KLConfig, PPOConfig
+from rlhf_lit.stages.ppo.config import KLConfig, PPOConfig
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets"
 STORIES = str(ASSETS / "models" / "stories260K")

@@ -23,7 +23,7 @@ import rlhf_lit.strategies  # noqa: F401  (registers fsdp2)
 from ppo_helpers import prompt_batch, tiny_module, tiny_trainer
 from rlhf_lit.models.generation import SamplingConfig, generate_responses
 from rlhf_lit.models.sharding import full_state_dict
-from rlhf_lit.stages.ppo_config import KLConfig, PPOConfig
+from rlhf_lit.stages.ppo.config import KLConfig, PPOConfig
 
 PROMPTS = ["Tom had a red", "Lily saw a", "Ben was", "Anna", "Once upon a time", "The cat", "A big dog",
            "Sam and Mia"]  # fmt: skip

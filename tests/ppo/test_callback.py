@@ -10,7 +10,7 @@ from torch.utils.data import DataLoader
 
 import rlhf_lit.callbacks
 from rlhf_lit.callbacks import OnlineGeneration
-from rlhf_lit.callbacks.generation import markdown_table
+from rlhf_lit.callbacks.online_generation import markdown_table
 from rlhf_lit.evaluation import load_judge
 
 PROMPTS = ["Once upon a time", "The", "Tom had a red", "A big dog"]

@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader
 from rlhf_lit.models import load_reward_model, sequence_scores
 from rlhf_lit.models.value import SeparateCritic, ValueHead, build_critic
 from rlhf_lit.stages.optim import OptimizerConfig
-from rlhf_lit.stages.ppo_config import PPOConfig, RewardConfig
+from rlhf_lit.stages.ppo.config import PPOConfig, RewardConfig
 from rlhf_lit.tokenizer import load_tokenizer
 
 PROMPTS = ["Once upon a time", "The", "Tom had a red", "A big dog"]

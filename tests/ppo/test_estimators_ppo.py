@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader
 
 from rlhf_lit.models.generation import SamplingConfig
 from rlhf_lit.stages.optim import OptimizerConfig
-from rlhf_lit.stages.ppo_config import KLConfig, PPOConfig
+from rlhf_lit.stages.ppo.config import KLConfig, PPOConfig
 
 PROMPTS = ["Once upon a time, there was", "Tom had a red"]
 K = 3
@@ -234,7 +234,7 @@ def test_grpo_with_a_rule_reward_raises_that_reward(tmp_path):
     from ppo_helpers import STORIES, TINYSTORIES
 
     from rlhf_lit.data import PromptDataModule
-    from rlhf_lit.stages.ppo_config import RewardConfig, RewardSource
+    from rlhf_lit.stages.ppo.config import RewardConfig, RewardSource
     from rlhf_lit.tokenizer import load_tokenizer
 
     dot = load_tokenizer(STORIES).convert_tokens_to_ids(".")

@@ -68,7 +68,7 @@ def test_ignore_eos_runs_every_row_to_full_length_with_the_same_samples(policy, 
 def test_ignore_eos_refuses_a_missing_eos_penalty():
     from ppo_helpers import tiny_module
 
-    from rlhf_lit.stages.ppo_config import RewardConfig
+    from rlhf_lit.stages.ppo.config import RewardConfig
 
     with pytest.raises(ValueError, match="ignore_eos.*missing_eos_penalty"):
         tiny_module(sampling=SamplingConfig(max_new_tokens=4, ignore_eos=True),
@@ -187,8 +187,8 @@ def test_old_logprobs_from_sampling_equal_the_rescore(critic, tokenizer):
     differs by whole nats."""
     from ppo_helpers import tiny_module
 
-    from rlhf_lit.stages.ppo_config import PPOConfig
-    from rlhf_lit.stages.ppo_metrics import RolloutTimer
+    from rlhf_lit.stages.ppo.config import PPOConfig
+    from rlhf_lit.stages.ppo.metrics import RolloutTimer
 
     batch = prompt_batch(tokenizer, PROMPTS * 2)
     rollouts, kept = {}, {}
@@ -209,7 +209,7 @@ def test_old_logprobs_from_sampling_equal_the_rescore(critic, tokenizer):
 
 
 def test_old_logprobs_choice_is_checked():
-    from rlhf_lit.stages.ppo_config import PPOConfig
+    from rlhf_lit.stages.ppo.config import PPOConfig
 
     with pytest.raises(ValueError, match="ppo.old_logprobs"):
         PPOConfig(old_logprobs="generate")
@@ -221,7 +221,7 @@ def test_bf16_mixed_ppo_clips_its_gradients(tmp_path):
     from ppo_helpers import tiny_module, tiny_trainer
     from torch.utils.data import DataLoader
 
-    from rlhf_lit.stages.ppo_config import PPOConfig
+    from rlhf_lit.stages.ppo.config import PPOConfig
 
     module = tiny_module(max_rollouts=1, ppo=PPOConfig(epochs=1, minibatch_size=4, max_grad_norm=1.0))
     trainer = tiny_trainer(tmp_path, precision="bf16-mixed")
@@ -286,7 +286,7 @@ def test_fused_activations_leave_other_activations_alone():
 def test_minibatches_drop_only_the_padding_columns_no_row_attends():
     """Prompt lengths 2, 4 | 1, 3 of P = 5 (left padded), R = 2: the minibatch of rows (0, 1) drops
     1 column, the one of rows (2, 3) drops 2; responses and per-token fields are untouched."""
-    from rlhf_lit.rollout import Rollout, minibatches
+    from rlhf_lit.stages.ppo.rollout import Rollout, minibatches
 
     lengths, P, R = [2, 4, 1, 3], 5, 2
     mask = torch.tensor([[0] * (P - n) + [1] * n + [1] * R for n in lengths])  # (4, 7)
@@ -319,8 +319,8 @@ def test_dropping_padding_columns_trains_the_same_weights(tmp_path, monkeypatch)
     from ppo_helpers import tiny_module, tiny_trainer
     from torch.utils.data import DataLoader
 
-    import rlhf_lit.rollout as rollout_module
-    from rlhf_lit.stages.ppo_config import PPOConfig
+    import rlhf_lit.stages.ppo.rollout as rollout_module
+    from rlhf_lit.stages.ppo.config import PPOConfig
 
     texts = ["Once upon a time there was a little girl named", "The", "Tom", "A big dog ran to the park and"]
     weights, dropped = {}, []

@@ -27,7 +27,7 @@ from rlhf_lit.data import PromptDataModule
 from rlhf_lit.models.generation import SamplingConfig
 from rlhf_lit.stages.optim import OptimizerConfig
 from rlhf_lit.stages.ppo import PPOModule
-from rlhf_lit.stages.ppo_config import KLConfig, PPOConfig, RewardConfig
+from rlhf_lit.stages.ppo.config import KLConfig, PPOConfig, RewardConfig
 
 ROLLOUTS = 40
 

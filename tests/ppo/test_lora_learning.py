@@ -17,7 +17,7 @@ from rlhf_lit.models.generation import SamplingConfig
 from rlhf_lit.models.lora import LoRAConfig
 from rlhf_lit.models.reference import AdapterDisabledReference
 from rlhf_lit.stages.optim import OptimizerConfig
-from rlhf_lit.stages.ppo_config import KLConfig, PPOConfig
+from rlhf_lit.stages.ppo.config import KLConfig, PPOConfig
 
 LR = 3e-4
 # Measured (seeds 0, 1): objective +0.25 / +0.26 from the first 10 to the last 10 of 40 rollouts,

@@ -9,12 +9,12 @@ from ppo_helpers import JUDGED, prompt_batch, tiny_module, tiny_trainer
 from torch.utils.data import DataLoader
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-import rlhf_lit.stages.ppo as ppo_stage
+import rlhf_lit.stages.ppo.module as ppo_stage
 from rlhf_lit.evaluation import distinct_n, response_texts
 from rlhf_lit.models import load_causal_lm
 from rlhf_lit.models.generation import forward_with_positions
 from rlhf_lit.stages.ppo import PPOModule
-from rlhf_lit.stages.ppo_metrics import reduce_over_ranks, text_statistics
+from rlhf_lit.stages.ppo.metrics import reduce_over_ranks, text_statistics
 
 PROMPTS = ["Once upon a time", "The", "Tom had a red", "A big dog"]
 
@@ -135,8 +135,8 @@ def test_export_defaults_to_the_log_dir(tmp_path):
 
 
 def test_rollout_statistics_by_hand():
-    from rlhf_lit.rollout import Rollout
-    from rlhf_lit.stages.ppo_metrics import rollout_statistics
+    from rlhf_lit.stages.ppo.rollout import Rollout
+    from rlhf_lit.stages.ppo.metrics import rollout_statistics
 
     mask = torch.tensor([[True, True, False], [True, True, True]])  # lengths 2 and 3
     zeros = torch.zeros(2, 3)

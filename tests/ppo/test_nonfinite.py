@@ -8,7 +8,7 @@ from ppo_helpers import prompt_batch, tiny_module, tiny_trainer
 from torch.utils.data import DataLoader
 
 from rlhf_lit.stages.nonfinite import NonFiniteError
-from rlhf_lit.stages.ppo_config import PPOConfig
+from rlhf_lit.stages.ppo.config import PPOConfig
 
 PROMPTS = ["Once upon a time", "The", "Tom had a red", "A big dog"]
 

@@ -10,7 +10,7 @@ from rlhf_lit.models.reward_norm import REWARD_BIAS_KEY
 
 
 def test_ppo_score_adds_the_unfolded_reward_bias(tmp_path):
-    # An "exported" Llama RM: random head, and a bias stored in its config as RewardModule writes
+    # An "exported" Llama RM: random head, and a bias stored in its config as RewardModelModule writes
     # it when no weight can carry it.
     torch.manual_seed(0)
     rm = load_reward_model(STORIES)

@@ -15,7 +15,7 @@ from ppo_helpers import SEEN_REWARD_BATCHES, STORIES, tiny_module, tiny_trainer
 
 from rlhf_lit.data import PromptDataModule
 from rlhf_lit.models.generation import SamplingConfig
-from rlhf_lit.stages.ppo_config import KLConfig, PPOConfig, RewardConfig, RewardSource
+from rlhf_lit.stages.ppo.config import KLConfig, PPOConfig, RewardConfig, RewardSource
 
 BETA = 0.1
 ANSWERS = {"Once upon a time there was": "1.5", "Tom had a red": "-2.0", "The little cat": "0.25",

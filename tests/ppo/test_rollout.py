@@ -7,14 +7,14 @@ import torch
 from torch.utils.data import DataLoader
 from ppo_helpers import EOS, PAD, prompt_batch, tiny_module, tiny_trainer
 
-import rlhf_lit.stages.ppo as ppo_stage
+import rlhf_lit.stages.ppo.loss as ppo_stage
 from rlhf_lit.functional import kl_penalty
 from rlhf_lit.models import token_scores
 from rlhf_lit.models.generation import complete_generation, forward_with_positions
-from rlhf_lit.rollout import minibatches
+from rlhf_lit.stages.ppo.rollout import minibatches
 from rlhf_lit.stages.ppo import PPOModule
-from rlhf_lit.stages.ppo_config import KLConfig, RewardConfig
-from rlhf_lit.stages.ppo_metrics import RolloutTimer
+from rlhf_lit.stages.ppo.config import KLConfig, RewardConfig
+from rlhf_lit.stages.ppo.metrics import RolloutTimer
 
 RAW_SCORES = [1.5, -2.0, 0.25, 3.0]
 # Responses (R = 5) with EOS at positions 1, none, 0 and 4; junk after EOS must become pad.

@@ -22,8 +22,8 @@ from rlhf_lit.models import load_causal_lm, load_reward_model, sequence_scores
 from rlhf_lit.models.generation import Generated, SamplingConfig, complete_generation
 from rlhf_lit.models.reward_norm import fold_normalization, record_normalization
 from rlhf_lit.stages.optim import OptimizerConfig
-from rlhf_lit.stages.ppo_config import KLConfig, PPOConfig, RewardConfig
-from rlhf_lit.stages.ppo_metrics import RolloutTimer
+from rlhf_lit.stages.ppo.config import KLConfig, PPOConfig, RewardConfig
+from rlhf_lit.stages.ppo.metrics import RolloutTimer
 from rlhf_lit.tokenizer import load_tokenizer
 
 PROMPTS = ["Once upon a time, there was", "The", "Tom had a red", "A big dog"]
@@ -164,7 +164,7 @@ def _scripted_gen(module) -> Generated:
 
 
 def test_critic_value_at_the_last_token_equals_the_reward_with_an_unfolded_bias(tmp_path):
-    # A Llama RM as RewardModule exports it when the bias cannot be folded: config.reward_bias.
+    # A Llama RM as RewardModelModule exports it when the bias cannot be folded: config.reward_bias.
     torch.manual_seed(0)
     rm = load_reward_model(STORIES)
     torch.nn.init.normal_(rm.score.weight, std=0.5)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from rlhf_lit.models import load_causal_lm
-from rlhf_lit.stages import PPOModule, RewardModule, SFTModule
+from rlhf_lit.stages import PPOModule, RewardModelModule, SFTModule
 from rlhf_lit.stages.nonfinite import NonFiniteError
 from rlhf_lit.stages.optim import OptimizerConfig
 
@@ -35,7 +35,7 @@ def test_sft_steps_with_a_nan_loss_change_nothing_and_stop_the_run(stories_path,
 
 
 def test_no_stage_trusts_remote_code_unless_the_config_says_so(stories_path, tmp_path):
-    for stage in (SFTModule, RewardModule):
+    for stage in (SFTModule, RewardModelModule):
         assert inspect.signature(stage).parameters["trust_remote_code"].default is False
     assert "trust_remote_code" not in inspect.signature(PPOModule).parameters  # PPO never runs model code
     # A model directory that asks for its own code: it is loaded with transformers' own class for its

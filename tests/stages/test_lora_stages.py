@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from rlhf_lit.models.lora import LoRAConfig
-from rlhf_lit.stages import RewardModule, SFTModule
+from rlhf_lit.stages import RewardModelModule, SFTModule
 from rlhf_lit.stages.optim import OptimizerConfig
 
 
@@ -34,7 +34,7 @@ def test_sft_with_lora_and_checkpointing_trains_only_adapters(stories_path, help
 
 def test_reward_model_with_lora_trains_adapters_and_head_and_exports_merged(stories_path, helpers, tmp_path):
     torch.manual_seed(0)
-    module = RewardModule(stories_path, optimizer=OptimizerConfig(lr=1e-3, schedule="constant"), normalize="none",
+    module = RewardModelModule(stories_path, optimizer=OptimizerConfig(lr=1e-3, schedule="constant"), normalize="none",
                           lora=LoRAConfig(r=4), export_dir=str(tmp_path / "export"))  # fmt: skip
     frozen = _frozen_snapshot(module.model)
     head = module.model.score.weight.detach().clone()
@@ -52,11 +52,11 @@ def test_reward_model_with_lora_trains_adapters_and_head_and_exports_merged(stor
 
 def test_reward_model_refuses_an_adapter_export(stories_path):
     with pytest.raises(ValueError, match="lora.export: the reward model exports merged weights only"):
-        RewardModule(stories_path, lora=LoRAConfig(export="adapter"))
+        RewardModelModule(stories_path, lora=LoRAConfig(export="adapter"))
 
 
 def test_bf16_on_cpu_warns_once_in_one_line(stories_path, helpers, tmp_path, caplog):
-    import rlhf_lit.stages.precision as precision
+    import rlhf_lit.stages.base as precision
 
     precision._warned = False
     module = SFTModule(stories_path, export_dir=str(tmp_path / "export"))

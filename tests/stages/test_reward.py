@@ -1,4 +1,4 @@
-"""RewardModule (stories260K Llama and tiny GPT-2) and the reward normalisation fold."""
+"""RewardModelModule (stories260K Llama and tiny GPT-2) and the reward normalisation fold."""
 
 from __future__ import annotations
 
@@ -18,16 +18,16 @@ from rlhf_lit.models.reward_norm import (
     record_normalization,
     reward_offset,
 )
-from rlhf_lit.stages import RewardModule
+from rlhf_lit.stages import RewardModelModule
 from rlhf_lit.stages.optim import OptimizerConfig
 
 TEXTS = ["Once upon a time there was a cat.", "Tom ran.", "Lily saw a big red ball in the park."]
 
 
 @pytest.fixture(scope="module")
-def rm(stories_path) -> RewardModule:
+def rm(stories_path) -> RewardModelModule:
     torch.manual_seed(0)
-    return RewardModule(stories_path, normalize="none")
+    return RewardModelModule(stories_path, normalize="none")
 
 
 def _rows(tokenizer, texts=TEXTS) -> list[list[int]]:
@@ -102,7 +102,7 @@ def test_fresh_head_gets_rm_init_and_trained_head_is_kept(rm, tmp_path):
     assert 0.09 < float(w.detach().std()) < 0.16
     rm.model.save_pretrained(tmp_path / "rm")
     rm.tokenizer.save_pretrained(tmp_path / "rm")
-    again = RewardModule(str(tmp_path / "rm"), normalize="none")
+    again = RewardModelModule(str(tmp_path / "rm"), normalize="none")
     assert torch.equal(again.model.score.weight, w)
 
 
@@ -117,7 +117,7 @@ def _rule_pairs(names, places, template):
 
 def test_learns_a_known_preference_rule(stories_path, helpers, tmp_path):
     pl.seed_everything(0)
-    module = RewardModule(stories_path, optimizer=OptimizerConfig(lr=1e-3, schedule="linear"), normalize="none")
+    module = RewardModelModule(stories_path, optimizer=OptimizerConfig(lr=1e-3, schedule="linear"), normalize="none")
     # A zero head scores every sequence 0: untrained accuracy is exactly 0 (ties count as wrong).
     with torch.no_grad():
         module.model.score.weight.zero_()
@@ -165,7 +165,7 @@ def _train_pairs(helpers, tok):
 
 def test_llama_bias_is_normalised_on_the_reference_set_and_kept_in_config(stories_path, helpers, tmp_path):
     torch.manual_seed(0)
-    module = RewardModule(stories_path, optimizer=OptimizerConfig(lr=1e-3, schedule="linear"), normalize="bias")
+    module = RewardModelModule(stories_path, optimizer=OptimizerConfig(lr=1e-3, schedule="linear"), normalize="bias")
     tok = module.tokenizer
     reference = []
     for texts in (TEXTS, ["The dog barked.", "Mia had a small boat and a big hat."]):
@@ -196,14 +196,14 @@ def test_llama_bias_is_normalised_on_the_reference_set_and_kept_in_config(storie
     # The buffers travel in Lightning checkpoints, which load with weights_only.
     ckpt = tmp_path / "rm.ckpt"
     trainer.save_checkpoint(ckpt)
-    restored = RewardModule.load_from_checkpoint(ckpt, weights_only=True)
+    restored = RewardModelModule.load_from_checkpoint(ckpt, weights_only=True)
     assert float(restored.reward_bias) == pytest.approx(record["bias"])
     assert restored.optimizer_config == module.optimizer_config
 
 
 def test_gpt2_gain_and_bias_fold_exactly_into_the_export(gpt2_dir, helpers, tmp_path):
     torch.manual_seed(0)
-    module = RewardModule(gpt2_dir, optimizer=OptimizerConfig(lr=1e-3, schedule="linear"), normalize="gain_bias")
+    module = RewardModelModule(gpt2_dir, optimizer=OptimizerConfig(lr=1e-3, schedule="linear"), normalize="gain_bias")
     tok = module.tokenizer
     assert tok.pad_token == "<|pad|>" and tok.pad_token_id == 50257
     assert module.model.get_input_embeddings().num_embeddings == 50258
@@ -238,7 +238,7 @@ def test_gpt2_gain_and_bias_fold_exactly_into_the_export(gpt2_dir, helpers, tmp_
 
 
 def test_normalisation_without_reference_data_fails_before_training(stories_path, helpers, tmp_path):
-    module = RewardModule(stories_path, normalize="bias")
+    module = RewardModelModule(stories_path, normalize="bias")
     loader = DataLoader(_train_pairs(helpers, module.tokenizer), batch_size=None)
     trainer = helpers.cpu_trainer(tmp_path, max_steps=1)
     with pytest.raises(ValueError, match="needs reference data"):
@@ -251,7 +251,7 @@ def test_normalisation_without_reference_data_fails_before_training(stories_path
         trainer.fit(module, datamodule=empty_val)
     assert trainer.global_step == 0
     # normalize="none" needs no reference and records the identity.
-    module = RewardModule(stories_path, normalize="none", export_dir=str(tmp_path / "out"))
+    module = RewardModelModule(stories_path, normalize="none", export_dir=str(tmp_path / "out"))
     helpers.cpu_trainer(tmp_path, max_steps=1).fit(module, train_dataloaders=loader)
     record = getattr(AutoConfig.from_pretrained(tmp_path / "out"), NORMALIZATION_KEY)
     assert record == {"gain": 1.0, "bias": 0.0, "reference": "none", "folded": True}
@@ -259,7 +259,7 @@ def test_normalisation_without_reference_data_fails_before_training(stories_path
 
 def test_invalid_normalize_is_refused(stories_path):
     with pytest.raises(ValueError, match="normalize must be"):
-        RewardModule(stories_path, normalize="mean")
+        RewardModelModule(stories_path, normalize="mean")
 
 
 # ----- the fold itself (rlhf_lit/models/reward_norm.py) ----------------------------------------------

@@ -12,7 +12,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from transformers import AutoModelForCausalLM
 
 from rlhf_lit.stages import SFTModule
-from rlhf_lit.stages.dataclass_args import as_config
+from rlhf_lit.stages.base import as_config
 from rlhf_lit.stages.optim import OptimizerConfig, build_optimizer, lr_factor
 
 

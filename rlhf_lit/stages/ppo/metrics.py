@@ -17,7 +17,7 @@ from lightning.pytorch.strategies import Strategy
 
 from rlhf_lit.evaluation import Judge, distinct_n
 from rlhf_lit.functional import explained_variance
-from rlhf_lit.rollout import Rollout
+from rlhf_lit.stages.ppo.rollout import Rollout
 
 
 class RolloutTimer:

@@ -98,3 +98,22 @@ def drop_columns(rollout: Rollout, n: int) -> Rollout:
     if n <= 0:
         return rollout
     return replace(rollout, query_responses=rollout.query_responses[:, n:], attention_mask=rollout.attention_mask[:, n:])
+
+
+def nonfinite_rollout_parts(rollout: Rollout, reduce_sum) -> list[str]:
+    """Which of the rollout's inputs to the update hold NaN or inf on any rank (one collective, one read).
+
+    Args:
+        rollout: the scored rollout.
+        reduce_sum: sums a tensor over ranks (``lambda t: strategy.reduce(t, reduce_op="sum")``).
+    """
+    mask = rollout.response_mask  # (B, R)
+    zero = torch.zeros((), device=mask.device)
+    parts = {
+        "reward scores": rollout.raw_scores,
+        "policy logprobs": torch.where(mask, rollout.old_logprobs, zero),
+        "reference logprobs": torch.where(mask, rollout.ref_logprobs, zero),
+        "critic values": torch.where(mask, rollout.old_values, zero),
+    }
+    bad = torch.stack([(~torch.isfinite(t)).any() for t in parts.values()]).float()  # (4,)
+    return [name for name, flag in zip(parts, reduce_sum(bad).tolist()) if flag > 0]

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from rlhf_lit.functional import gae, masked_whiten
-from rlhf_lit.functional.estimators import (
+from rlhf_lit.functional.advantages import (
     EstimatorKind,
     grpo_advantages,
     needs_critic,

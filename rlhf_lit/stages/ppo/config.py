@@ -11,9 +11,9 @@ from typing import Any, Literal, get_args
 
 import torch
 
-from rlhf_lit.functional import KLKind
+from rlhf_lit.functional import KLKind, ScoreWhitening, shape_scores
 from rlhf_lit.models.scoring import UnfinishedScoring
-from rlhf_lit.functional.estimators import EstimatorKind
+from rlhf_lit.functional.advantages import EstimatorKind
 
 
 OldLogprobs = Literal["rescore", "sampling"]
@@ -44,7 +44,7 @@ class PPOConfig:
             (InstructGPT's PPO-ptx; 0 = off). Needs a data module with ``ptx_dataloader()``.
         score_chunk_size: rows per no-grad forward pass when scoring a rollout (old logprobs,
             reference logprobs, values, reward); None = the whole batch at once. Bounds memory.
-        estimator: the advantage estimator (:data:`~rlhf_lit.functional.estimators.EstimatorKind`):
+        estimator: the advantage estimator (:data:`~rlhf_lit.functional.advantages.EstimatorKind`):
             ``gae`` (critic + GAE, the InstructGPT path), ``grpo`` / ``dr_grpo`` / ``rloo``
             (group baselines over ``sampling.samples_per_prompt`` >= 2 responses per prompt) or
             ``reinforce_pp`` (returns whitened over the batch). Only ``gae`` builds and trains a
@@ -104,12 +104,6 @@ class PPOConfig:
         return self.minibatch_size * self.grad_accum
 
 
-ScoreWhitening = Literal["none", "scores", "rewards"]
-"""``scores``: standardise the RM scores over the rollout batch (mean 0, std 1);
-``rewards``: scale the KL-shaped per-token rewards to unit std without re-centring (N details #12,
-TRL's ``whiten_rewards``); ``none``: use them as they are."""
-
-
 @dataclass(frozen=True)
 class RewardSource:
     """One term of the score: the learned reward model or a reward function, with a weight.
@@ -156,7 +150,7 @@ class RewardConfig:
             model with weight 1 (the InstructGPT reward). Each is logged as ``reward/<name>``.
         bias: subtracted from every RM score (N+ details: a bias so that reference responses
             average 0; measure it on SFT samples).
-        whiten: see :data:`ScoreWhitening`.
+        whiten: see :data:`~rlhf_lit.functional.ScoreWhitening`.
         clip: clip the (biased, whitened) score to ``[-clip, clip]``; None = no clipping.
         missing_eos_penalty: when set, a response that never produced EOS gets this score
             INSTEAD of its RM score (replace, as in N+ details #9, not add: a truncated response
@@ -175,7 +169,8 @@ class RewardConfig:
     unfinished: UnfinishedScoring = "as_sampled"
 
     def shape(self, raw_scores: torch.Tensor, ended: torch.Tensor) -> torch.Tensor:
-        """Bias, score whitening, clipping and the missing-EOS penalty, in that order.
+        """Bias, score whitening, clipping and the missing-EOS penalty, in that order
+        (:func:`rlhf_lit.functional.shape_scores` with this config's settings).
 
         Args:
             raw_scores: ``(B,)`` reward-model scores.
@@ -184,15 +179,7 @@ class RewardConfig:
         Returns:
             ``(B,)`` the scores that enter the reward.
         """
-        scores = raw_scores - self.bias  # (B,)
-        if self.whiten == "scores":
-            scores = (scores - scores.mean()) / (scores.std() + 1e-8)  # (B,)
-        if self.clip is not None:
-            scores = scores.clamp(-self.clip, self.clip)  # (B,)
-        if self.missing_eos_penalty is not None:
-            penalty = torch.full_like(scores, self.missing_eos_penalty)  # (B,)
-            scores = torch.where(ended, scores, penalty)  # (B,)
-        return scores
+        return shape_scores(raw_scores, ended, self.bias, self.whiten, self.clip, self.missing_eos_penalty)  # (B,)
 
     @property
     def uses_reward_model(self) -> bool:

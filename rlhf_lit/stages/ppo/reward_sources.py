@@ -18,7 +18,7 @@ import torch
 from rlhf_lit.evaluation import response_texts
 from rlhf_lit.models.generation import Generated
 from rlhf_lit.rewards import RewardBatch, load_reward_function
-from rlhf_lit.stages.ppo_config import RewardSource
+from rlhf_lit.stages.ppo.config import RewardSource
 
 
 class RewardSources:

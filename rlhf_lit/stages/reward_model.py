@@ -20,32 +20,23 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from dataclasses import asdict
-from pathlib import Path
-
-import lightning.pytorch as pl
 import torch
-import torch.nn.functional as F
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from torchmetrics import MeanMetric
 from transformers import AutoConfig
 
-from rlhf_lit.functional import pairwise_reward_loss
+from rlhf_lit.functional import concat_pairs, pairwise_reward_loss
 from rlhf_lit.models import init_reward_head, load_reward_model, score_head, sequence_scores
 from rlhf_lit.models.loading import DType
-from rlhf_lit.models.lora import LoRAConfig, exportable, with_lora
+from rlhf_lit.models.lora import LoRAConfig, with_lora
 from rlhf_lit.models.memory import enable_gradient_checkpointing, train_mode
-from rlhf_lit.models.sharding import reshard, shard_models
 from rlhf_lit.models.reward_norm import Normalize, fold_normalization, gain_and_bias, record_normalization
-from rlhf_lit.stages.base import RunLayout
+from rlhf_lit.models.sharding import reshard
 from rlhf_lit.sources import from_pretrained
-from rlhf_lit.stages.guarded import GuardedStage
-from rlhf_lit.stages.nonfinite import NonFiniteGuard
-from rlhf_lit.stages.export import ExportExisting, check_export_at_fit_start, export_at_fit_end
-from rlhf_lit.stages.dataclass_args import as_config
-from rlhf_lit.stages.optim import OptimizerConfig, lightning_optimizers
-from rlhf_lit.stages.precision import warn_if_slow_precision
-from rlhf_lit.tokenizer import MissingPad, load_tokenizer
+from rlhf_lit.stages.base import RunLayout, StageModule, as_config, require_input, stage_tokenizer
+from rlhf_lit.stages.export import ExportExisting
+from rlhf_lit.stages.optim import OptimizerConfig
+from rlhf_lit.tokenizer import MissingPad
 
 log = logging.getLogger(__name__)
 
@@ -57,12 +48,7 @@ def has_trained_score_head(name_or_path: str, revision: str | None = None, trust
     return any(a.endswith("ForSequenceClassification") for a in (config.architectures or []))
 
 
-def _pad_right(x: torch.Tensor, length: int, value: int) -> torch.Tensor:
-    """Right-pad ``(B, T)`` to ``(B, length)``."""
-    return F.pad(x, (0, length - x.shape[1]), value=value)  # (B, length)
-
-
-class RewardModule(GuardedStage, pl.LightningModule):
+class RewardModelModule(StageModule):
     """Trains a Bradley-Terry reward model on (chosen, rejected) pairs and exports it normalised.
 
     Logs ``train/loss``, ``train/accuracy`` and ``lr`` every step; ``val/loss``, ``val/accuracy``
@@ -100,6 +86,7 @@ class RewardModule(GuardedStage, pl.LightningModule):
     """
 
     run_layout = RunLayout("rm", inputs={"model": "sft"})  # --run_dir: RUN_DIR/rm/, model from RUN_DIR/sft/model
+    EXPORT_WHAT = "reward model"
 
     def __init__(
         self,
@@ -118,38 +105,22 @@ class RewardModule(GuardedStage, pl.LightningModule):
         gradient_checkpointing: bool = False,
     ) -> None:
         super().__init__()
-        if model is None:  # None in the signature only so that --run_dir can supply it (rlhf_lit.runs)
-            raise ValueError(
-                "model is not set: give the model to start from (e.g. the SFT export), or --run_dir of a run "
-                "whose SFT stage has finished"
-            )
+        model = require_input(model, "model", "the model to start from (e.g. the SFT export)")
         if normalize not in ("none", "bias", "gain_bias"):
             raise ValueError(f"normalize must be none, bias or gain_bias; got {normalize!r}")
-        # load_from_checkpoint passes the optimizer back as the dict saved below.
         self.optimizer_config = as_config(OptimizerConfig, optimizer)
-        # A dataclass in hparams breaks weights_only checkpoint loading: store its dict instead.
-        self.lora_config = None if lora is None else as_config(LoRAConfig, lora)
+        self.lora_config = as_config(LoRAConfig, lora)
         if self.lora_config is not None and self.lora_config.export != "merged":
             raise ValueError(
                 "lora.export: the reward model exports merged weights only (its normalisation is folded into "
                 "base weights an adapter would not carry); set lora.export: merged"
             )
-        self.save_hyperparameters(ignore=["optimizer", "lora"])
-        self.hparams["optimizer"] = asdict(self.optimizer_config)
-        self.hparams["lora"] = None if self.lora_config is None else asdict(self.lora_config)
+        self.keep_settings(optimizer=self.optimizer_config, lora=self.lora_config)
+        self.keep_export(export_dir, export_existing, max_skipped_updates)
         self.normalization: Normalize = normalize
-        self.export_dir, self.export_existing = export_dir, export_existing
-        self.nonfinite = NonFiniteGuard(max_skipped_updates, "max_skipped_updates")
-        self.exported_path: Path | None = None
         self.reference_name = "none"
-        self.tokenizer = load_tokenizer(
-            tokenizer or model,
-            padding_side="right",  # preference batches are right padded (docs/CONTRACTS.md)
-            missing_pad=missing_pad,
-            revision=revision if tokenizer is None else None,
-            trust_remote_code=trust_remote_code,
-            what="tokenizer" if tokenizer else "model",
-        )
+        # preference batches are right padded (docs/CONTRACTS.md)
+        self.tokenizer = stage_tokenizer(tokenizer, model, "right", missing_pad, revision, trust_remote_code)
         new_head = not has_trained_score_head(model, revision, trust_remote_code)
         self.model = load_reward_model(
             model, self.tokenizer, dtype=dtype, revision=revision, trust_remote_code=trust_remote_code,
@@ -180,15 +151,13 @@ class RewardModule(GuardedStage, pl.LightningModule):
 
     def pair_scores(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """Raw scores of the chosen and rejected sequences from ONE forward pass, each ``(B,)``."""
-        chosen_ids, rejected_ids = batch["chosen_input_ids"], batch["rejected_input_ids"]
-        chosen_mask, rejected_mask = batch["chosen_attention_mask"], batch["rejected_attention_mask"]
-        T = max(chosen_ids.shape[1], rejected_ids.shape[1])
         # Padding values never matter: scores are read through the attention mask.
-        pad_id = self.tokenizer.pad_token_id
-        input_ids = torch.cat([_pad_right(chosen_ids, T, pad_id), _pad_right(rejected_ids, T, pad_id)])  # (2B, T)
-        attention_mask = torch.cat([_pad_right(chosen_mask, T, 0), _pad_right(rejected_mask, T, 0)])  # (2B, T)
+        input_ids, attention_mask = concat_pairs(
+            batch["chosen_input_ids"], batch["chosen_attention_mask"], batch["rejected_input_ids"],
+            batch["rejected_attention_mask"], self.tokenizer.pad_token_id,
+        )  # (2B, T) x2
         scores = self.raw_scores(input_ids, attention_mask)  # (2B,)
-        B = chosen_ids.shape[0]
+        B = batch["chosen_input_ids"].shape[0]
         return scores[:B], scores[B:]  # (B,), (B,)
 
     # ----- training and validation ---------------------------------------------------------------
@@ -218,14 +187,6 @@ class RewardModule(GuardedStage, pl.LightningModule):
         self.log("val/accuracy", self.val_accuracy, prog_bar=True, batch_size=B)
         self.log("val/margin", self.val_margin, batch_size=B)
 
-    def configure_model(self) -> None:
-        """Shard the model under FSDP (``fsdp`` / ``fsdp2``, :mod:`rlhf_lit.strategies`); no-op otherwise."""
-        shard_models(self, {"model": self.model})
-
-    def configure_optimizers(self) -> dict:
-        """AdamW with warmup and decay over the whole run (see :class:`OptimizerConfig`)."""
-        return lightning_optimizers(self.model, self.optimizer_config, self.trainer.estimated_stepping_batches)
-
     # ----- normalisation and export --------------------------------------------------------------
 
     def _reference_source(self) -> tuple[Iterable[dict[str, torch.Tensor]], str]:
@@ -240,15 +201,12 @@ class RewardModule(GuardedStage, pl.LightningModule):
             "reference_dataloader() or val_dataloader(), or set normalize='none'"
         )
 
-    def on_fit_start(self) -> None:
+    def check_before_fit(self) -> None:
         """Fail before training, not after it, when normalisation will have no reference data.
 
         The datamodule is set up by now, so an empty reference loader (e.g. a ``val_dataloader()``
-        that returns ``[]`` for "no validation") is caught here. So is an export target the end of
-        fit could not write.
+        that returns ``[]`` for "no validation") is caught here.
         """
-        check_export_at_fit_start(self.trainer, self.export_dir, self.export_existing)
-        warn_if_slow_precision(self.trainer)
         if self.normalization == "none":
             return
         batches, reference = self._reference_source()
@@ -322,6 +280,4 @@ class RewardModule(GuardedStage, pl.LightningModule):
         # forward() still returns the normalised reward.
         self.reward_gain.fill_(1.0)
         self.reward_bias.fill_(0.0 if folded else bias)
-        self.exported_path = export_at_fit_end(
-            self.trainer, exportable(self.model), self.tokenizer, self.export_dir, "reward model", self.export_existing
-        )
+        super().on_fit_end()

@@ -1,0 +1,37 @@
+"""Preference pairs as one batch: chosen rows then rejected rows, padded to one length."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["concat_pairs", "pad_right"]
+
+
+def pad_right(x: torch.Tensor, length: int, value: int) -> torch.Tensor:
+    """Right-pad ``(B, T)`` to ``(B, length)`` with ``value``."""
+    return F.pad(x, (0, length - x.shape[1]), value=value)  # (B, length)
+
+
+def concat_pairs(
+    chosen_ids: torch.Tensor,
+    chosen_mask: torch.Tensor,
+    rejected_ids: torch.Tensor,
+    rejected_mask: torch.Tensor,
+    pad_id: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Chosen then rejected rows as one ``(2B, T)`` batch (``T`` the longer of the two), so a pair
+    goes through a model in one forward pass.
+
+    Args:
+        chosen_ids, chosen_mask: ``(B, Tc)`` right-padded chosen sequences and their attention mask.
+        rejected_ids, rejected_mask: ``(B, Tr)`` the same for the rejected sequences.
+        pad_id: the id written into the added padding (never read: positions come from the masks).
+
+    Returns:
+        ``input_ids (2B, T)`` and ``attention_mask (2B, T)``; rows ``[:B]`` chosen, ``[B:]`` rejected.
+    """
+    T = max(chosen_ids.shape[1], rejected_ids.shape[1])
+    input_ids = torch.cat([pad_right(chosen_ids, T, pad_id), pad_right(rejected_ids, T, pad_id)])  # (2B, T)
+    attention_mask = torch.cat([pad_right(chosen_mask, T, 0), pad_right(rejected_mask, T, 0)])  # (2B, T)
+    return input_ids, attention_mask

@@ -1,0 +1,67 @@
+"""The PPO settings that cannot work together, refused before any model is loaded.
+
+Each config dataclass checks its own values (:mod:`rlhf_lit.stages.ppo.config`); what spans
+several groups or constructor arguments is checked here, in one place, with one message each.
+"""
+
+from __future__ import annotations
+
+from rlhf_lit.models.generation import SamplingConfig
+from rlhf_lit.models.lora import LoRAConfig
+from rlhf_lit.stages.ppo.config import PPOConfig, RewardConfig
+
+
+def check_reward_settings(sampling: SamplingConfig, reward: RewardConfig, reward_model: str | None) -> None:
+    """The reward settings against sampling and the reward model given."""
+    if sampling.ignore_eos and reward.missing_eos_penalty is not None:
+        raise ValueError("sampling.ignore_eos: no response ends at EOS, so reward.missing_eos_penalty would hit "
+                         "every one; leave it null")
+    if reward.uses_reward_model and reward_model is None:
+        raise ValueError("reward.sources uses the reward model (a source with function: null); set model.reward_model")
+
+
+def check_model_settings(
+    lora: LoRAConfig | None, critic_lora: LoRAConfig | None, critic: str, critic_optimizer_given: bool,
+    max_rollouts: int,
+) -> None:
+    """LoRA, critic and run-length settings that contradict each other."""
+    for what, cfg in (("lora", lora), ("critic_lora", critic_lora)):
+        if cfg is not None and cfg.dropout != 0.0:
+            raise ValueError(f"{what}.dropout must be 0 in PPO: old and new logprobs must agree before an update")
+    if critic == "shared_trunk" and critic_lora is not None:
+        raise ValueError("critic_lora applies to a separate critic; with critic='shared_trunk' leave it null")
+    if critic == "shared_trunk" and critic_optimizer_given:
+        raise ValueError("critic='shared_trunk' trains the head with the policy's optimizer; leave critic_optimizer null")
+    if max_rollouts < 1:
+        raise ValueError(f"max_rollouts must be >= 1, got {max_rollouts}")
+
+
+def check_critic_free(ppo: PPOConfig, critic: str, value_model: str | None, critic_lora: LoRAConfig | None,
+                      critic_optimizer_given: bool) -> None:
+    """A critic-free estimator (``ppo.estimator`` other than ``gae``) with critic settings changed."""
+    critic_settings = {"critic": critic != "separate", "value_model": value_model is not None,
+                       "critic_lora": critic_lora is not None, "critic_optimizer": critic_optimizer_given}  # fmt: skip
+    if any(critic_settings.values()):
+        given = ", ".join(k for k, v in critic_settings.items() if v)
+        raise ValueError(f"ppo.estimator={ppo.estimator!r} trains no critic; leave {given} at the default")
+
+
+def check_rollout_rows(rows: int, ppo: PPOConfig, samples_per_prompt: int) -> None:
+    """The rows per rollout (per process) must split into whole optimizer steps."""
+    if rows % ppo.rows_per_step != 0:
+        k = samples_per_prompt
+        size = (f"{rows} prompts per process: the data module's batch_size" if k == 1 else
+                f"{rows} rows per process: the data module's batch_size {rows // k} prompts x "
+                f"sampling.samples_per_prompt {k}")  # fmt: skip
+        raise ValueError(
+            f"the rollout batch ({size}) must be a multiple "
+            f"of ppo.minibatch_size * ppo.grad_accum = {ppo.minibatch_size} * {ppo.grad_accum}"
+        )
+
+
+def check_whitening_rows(rows: int, ppo: PPOConfig, reward: RewardConfig) -> None:
+    """Whitening needs at least two prompts per rank."""
+    if (ppo.whiten_advantages or reward.whiten != "none") and rows < 2:
+        # A batch statistic of one row is NaN (score whitening) or can fail on this rank only
+        # (a one-token response), which would leave the other ranks waiting in a collective.
+        raise ValueError("whitening (ppo.whiten_advantages or reward.whiten) needs >= 2 prompts per rank")

@@ -1,0 +1,198 @@
+"""The experience maker: prompts in, a scored :class:`~rlhf_lit.stages.ppo.rollout.Rollout` out.
+
+generate -> score (old logprobs, reference logprobs, values, reward model; in chunks) -> raw score
+from the reward sources -> shaped score (:func:`rlhf_lit.functional.shape_scores`) -> per-token
+rewards with the KL penalty -> advantages and returns. All without gradients.
+
+The responses are decoded at most once per rollout: for the reward functions when there are any,
+else after the update for the text metrics (:class:`Experience` carries them there).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
+
+import torch
+
+from rlhf_lit.evaluation import response_texts
+from rlhf_lit.functional import entropy_from_logits, kl_penalized_rewards, masked_mean, masked_whiten, token_logprobs
+from rlhf_lit.models import sequence_scores
+from rlhf_lit.models.generation import Generated, generate_responses
+from rlhf_lit.models.memory import call_on_own_device
+from rlhf_lit.models.reward_norm import reward_offset
+from rlhf_lit.models.scoring import reward_model_rows
+from rlhf_lit.models.sharding import gathered_for_generation, is_sharded, reshard
+from rlhf_lit.stages.ppo.checks import check_whitening_rows
+from rlhf_lit.stages.ppo.estimator import repeat_prompts
+from rlhf_lit.stages.ppo.forward import policy_and_values
+from rlhf_lit.stages.ppo.reward_sources import reward_batch
+from rlhf_lit.stages.ppo.rollout import Rollout
+from rlhf_lit.stages.ppo.seeding import STREAM_SAMPLE
+
+if TYPE_CHECKING:
+    from rlhf_lit.stages.ppo.metrics import RolloutTimer
+    from rlhf_lit.stages.ppo.module import PPOModule
+
+
+@dataclass
+class Scored:
+    """What the no-grad scoring passes give for some rows of a rollout (``(B, R)`` unless noted)."""
+
+    old_logprobs: torch.Tensor
+    ref_logprobs: torch.Tensor
+    old_values: torch.Tensor  # zeros without a critic (never read by a loss)
+    entropy: torch.Tensor
+    rm_scores: torch.Tensor | None  # (B,) the reward model's scores; None when no source is the reward model
+
+    @staticmethod
+    def cat(parts: list[Scored]) -> Scored:
+        """The chunks of one rollout joined along the rows."""
+        joined = {}
+        for f in fields(Scored):
+            values = [getattr(p, f.name) for p in parts]
+            joined[f.name] = None if values[0] is None else torch.cat(values)
+        return Scored(**joined)
+
+
+@dataclass
+class Experience:
+    """What a rollout leaves besides the :class:`Rollout` itself: rollout-time statistics and the
+    decoded responses (None until something needed them)."""
+
+    entropy: torch.Tensor  # () masked mean entropy of the policy at rollout time
+    reward_parts: dict[str, torch.Tensor]  # reward/<source> -> (B,) each source's unweighted score
+    texts: list[str] | None = None  # the responses as a judge reads them
+
+
+class ExperienceMaker:
+    """Turns a batch of prompts into a rollout for the PPO stage ``module``.
+
+    It reads the stage's models and settings when it runs (not when built), so it always uses
+    what the stage holds (sharded, moved to its device, or changed by a test).
+    """
+
+    def __init__(self, module: PPOModule) -> None:
+        self.module = module
+
+    def generate(self, batch: dict[str, torch.Tensor]) -> Generated:
+        """Sample responses to the prompts of ``batch`` with the unwrapped policy.
+
+        Under FSDP the ranks step together until every rank's responses have ended (each forward
+        pass is a collective; ``synced_gpus``), with the policy's weights gathered once for the call.
+        """
+        m = self.module
+        generator = m.stream_generator(STREAM_SAMPLE)
+        synced = is_sharded(m.policy) and torch.distributed.is_initialized()
+        with gathered_for_generation(m.policy):
+            return generate_responses(
+                m.policy, batch["input_ids"], batch["attention_mask"], m.sampling,
+                eos_token_id=m.stop_ids, pad_token_id=m.tokenizer.pad_token_id, generator=generator,
+                synced_gpus=synced, return_logits=self.old_logprobs_from_sampling,
+            )  # fmt: skip
+
+    @property
+    def old_logprobs_from_sampling(self) -> bool:
+        """``ppo.old_logprobs: sampling``, unless the policy forward runs anyway (a shared-trunk critic)."""
+        m = self.module
+        shared = m.critic is not None and m.critic.needs_policy_hidden
+        return m.ppo.old_logprobs == "sampling" and not shared
+
+    def score(self, query_responses: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """The reward model's score ``(B,)`` at the last attended token (the last response token).
+
+        Adds the normalisation bias an exported RM could not fold into its weights (stored in its
+        config; 0 when folded), so the score is the normalised reward for every architecture.
+        """
+        reward_model = self.module.reward_model
+        raw = call_on_own_device(sequence_scores, reward_model, query_responses, attention_mask)  # (B,)
+        return raw + reward_offset(reward_model.config)  # (B,)
+
+    def reward_model_inputs(self, gen: Generated) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rows the reward model reads: as sampled, or with EOS after unfinished responses
+        (``reward.unfinished``, :data:`~rlhf_lit.models.scoring.UnfinishedScoring`)."""
+        m = self.module
+        return reward_model_rows(
+            gen.query_responses, gen.attention_mask, gen.ended, m.reward_cfg.unfinished, m.stop_ids[0],
+            m.tokenizer.pad_token_id,
+        )  # (B, T) or (B, T + 1), x2
+
+    @torch.no_grad()
+    def score_chunk(self, gen: Generated, prompt_length: int) -> Scored:
+        """Old logprobs, reference logprobs, values, entropy and the reward model's scores (when
+        it is a source; the reward functions are called once per rollout in :meth:`make`) of a few rows."""
+        m = self.module
+        temperature = m.sampling.temperature
+        ids, mask = gen.query_responses, gen.attention_mask
+        if gen.logits is not None:  # ppo.old_logprobs "sampling": the logits generate sampled from
+            logits = gen.logits  # (B, R, V)
+            values = None if m.critic is None else m.critic(ids, mask, None)[:, prompt_length - 1 : -1]  # (B, R)
+        else:
+            logits, values = policy_and_values(m.policy, m.critic, ids, mask, prompt_length)  # (B, R, V), (B, R)
+        old_logprobs = token_logprobs(logits, gen.response_ids, temperature)  # (B, R)
+        return Scored(
+            old_logprobs=old_logprobs,
+            ref_logprobs=m.reference.logprobs(gen, temperature),  # (B, R)
+            old_values=torch.zeros_like(old_logprobs) if values is None else values.float(),  # (B, R)
+            entropy=entropy_from_logits(logits, temperature),  # (B, R)
+            rm_scores=m.score(*self.reward_model_inputs(gen)).float() if m.reward_cfg.uses_reward_model else None,
+        )
+
+    def score_rollout(self, gen: Generated) -> Scored:
+        """:meth:`score_chunk` over the batch in chunks of ``ppo.score_chunk_size`` rows."""
+        prompt_length = gen.query_responses.shape[1] - gen.response_ids.shape[1]
+        rows = gen.response_ids.shape[0]
+        size = self.module.ppo.score_chunk_size or rows
+        return Scored.cat([self.score_chunk(gen.rows(i, i + size), prompt_length) for i in range(0, rows, size)])
+
+    def make(self, batch: dict[str, torch.Tensor], timer: RolloutTimer | None) -> tuple[Rollout, Experience]:
+        """Generate, score, shape rewards and compute advantages (the module docstring's steps)."""
+        m = self.module
+        check_whitening_rows(batch["input_ids"].shape[0], m.ppo, m.reward_cfg)  # before any work
+        batch = repeat_prompts(batch, m.sampling.samples_per_prompt)  # k consecutive rows per prompt
+        gen = m.generate(batch)
+        _mark(timer, "generate")
+        scored = m.score_rollout(gen)
+        for frozen in (m._modules.get("ref_policy"), m._modules.get("reward_model")):
+            if frozen is not None:  # under FSDP: free the root weights a no-grad pass leaves gathered
+                reshard(frozen)
+        mask = gen.response_mask  # (B, R)
+        texts, decoded = None, None
+        if m.reward_sources.needs_texts:
+            decoded = reward_batch(m.tokenizer, batch, gen)
+            texts = list(decoded.responses)  # a copy: a reward function may change its batch
+        raw_scores, reward_parts = m.reward_sources(scored.rm_scores, decoded)  # (B,), {name: (B,)}
+        scores = m.reward_cfg.shape(raw_scores, gen.ended)  # (B,): one placement path for every source
+        # kl.mode "loss": the KL is measured (metrics, controller) but paid in the loss, not here.
+        reward_kl_coef = m.kl_ctl.value if m.kl_cfg.mode == "reward" else 0.0
+        rewards, kl = kl_penalized_rewards(
+            scores, scored.old_logprobs, scored.ref_logprobs, mask, reward_kl_coef, m.kl_cfg.estimator
+        )  # (B, R), (B, R)
+        if m.reward_cfg.whiten == "rewards":
+            rewards = masked_whiten(rewards, mask, keep_mean=True)  # (B, R)
+        values = scored.old_values if m.critic is not None else None
+        advantages, returns = m.estimator(rewards, values, mask)  # (B, R) x2
+        _mark(timer, "score")
+        rollout = Rollout(
+            query_responses=gen.query_responses, attention_mask=gen.attention_mask,
+            response_ids=gen.response_ids, response_mask=mask, ended=gen.ended,
+            old_logprobs=scored.old_logprobs, ref_logprobs=scored.ref_logprobs,
+            old_values=scored.old_values, raw_scores=raw_scores, scores=scores, kl=kl,
+            rewards=rewards, advantages=advantages, returns=returns,
+        )  # fmt: skip
+        entropy = masked_mean(scored.entropy, mask)  # ()
+        return rollout, Experience(entropy, {k: v.mean() for k, v in reward_parts.items()}, texts)
+
+    def texts(self, rollout: Rollout, experience: Experience) -> list[str]:
+        """The responses as a judge reads them, decoded now unless the reward functions did already."""
+        if experience.texts is None:
+            experience.texts = response_texts(
+                self.module.tokenizer, rollout.query_responses, rollout.attention_mask, rollout.response_mask,
+                rollout.ended,
+            )  # fmt: skip
+        return experience.texts
+
+
+def _mark(timer: RolloutTimer | None, phase: str) -> None:
+    if timer is not None:
+        timer.mark(phase)

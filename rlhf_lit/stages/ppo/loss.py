@@ -1,0 +1,64 @@
+"""The PPO minibatch loss as a function of the minibatch, the forward pass and the settings."""
+
+from __future__ import annotations
+
+import torch
+
+from rlhf_lit.functional import (
+    clipped_value_loss,
+    entropy_from_logits,
+    kl_loss,
+    masked_mean,
+    ppo_policy_loss,
+    token_logprobs,
+)
+from rlhf_lit.stages.ppo.config import KLConfig, PPOConfig
+from rlhf_lit.stages.ppo.rollout import Rollout
+
+
+def ppo_loss(
+    mb: Rollout,
+    logits: torch.Tensor,
+    values: torch.Tensor | None,
+    ppo: PPOConfig,
+    temperature: float,
+    kl: KLConfig,
+    kl_coef: float,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Clipped policy loss + vf_coef * clipped value loss - entropy_coef * entropy (+ kl_coef * KL
+    with ``kl.mode: loss``), each a token mean over the minibatch's response tokens.
+
+    Args:
+        mb: the minibatch (old logprobs, values, advantages, returns, reference logprobs, mask).
+        logits: ``(B, R, V)`` the policy's response logits now (with gradient).
+        values: ``(B, R)`` the critic's values now; None without a critic (no value loss).
+        ppo: clip ranges and coefficients.
+        temperature: the sampling temperature the logits are divided by.
+        kl: where the KL is paid and its estimator.
+        kl_coef: beta of this rollout (the controller updates after the update).
+
+    Returns:
+        ``(loss (), stats)``: the stats are detached ``()`` tensors named as they are logged.
+    """
+    mask = mb.response_mask  # (B, R)
+    zero = torch.zeros((), device=mask.device)
+    logprobs = token_logprobs(logits, mb.response_ids, temperature)  # (B, R)
+    policy_loss, policy_stats = ppo_policy_loss(logprobs, mb.old_logprobs, mb.advantages, mask, ppo.clip_range)
+    value_loss, value_stats = zero, {"clipfrac": zero}
+    if values is not None:
+        value_loss, value_stats = clipped_value_loss(values, mb.old_values, mb.returns, mask, ppo.value_clip_range)
+    # Keep the entropy graph only when it is trained on (a (B, R, V) graph is not free).
+    entropy_logits = logits if ppo.entropy_coef > 0 else logits.detach()
+    entropy = masked_mean(entropy_from_logits(entropy_logits, temperature), mask)  # ()
+    loss = policy_loss + ppo.vf_coef * value_loss - ppo.entropy_coef * entropy  # ()
+    stats = {
+        "loss/policy": policy_loss.detach(), "loss/value": value_loss.detach(),
+        "policy/entropy": entropy.detach(), "policy/clipfrac": policy_stats["clipfrac"],
+        "policy/approxkl": policy_stats["approx_kl"], "policy/ratio": policy_stats["ratio_mean"],
+        "value/clipfrac": value_stats["clipfrac"],
+    }  # fmt: skip
+    if kl.mode == "loss":
+        kl_term = kl_loss(logprobs, mb.ref_logprobs, mask, kl.estimator)  # ()
+        loss = loss + kl_coef * kl_term  # ()
+        stats["loss/kl"] = kl_term.detach()
+    return loss, stats

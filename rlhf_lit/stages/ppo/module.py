@@ -1,0 +1,444 @@
+"""``PPOModule``: the PPO stage as a LightningModule (see :mod:`rlhf_lit.stages.ppo` for the method).
+
+``training_step`` is the table of contents of one rollout; the work is done by the experience
+maker (:mod:`~rlhf_lit.stages.ppo.experience`), the loss (:mod:`~rlhf_lit.stages.ppo.loss`) and the
+update loop (:mod:`~rlhf_lit.stages.ppo.update`).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+
+import torch
+
+from rlhf_lit.evaluation import load_judge
+from rlhf_lit.functional import AdaptiveKLController, FixedKLController, sft_loss
+from rlhf_lit.models import load_causal_lm, load_reward_model
+from rlhf_lit.models.generation import Generated, SamplingConfig, forward_with_positions, stop_token_ids
+from rlhf_lit.models.loading import DType
+from rlhf_lit.models.lora import LoRAConfig, with_lora
+from rlhf_lit.models.memory import MemoryConfig, attach_frozen, enable_gradient_checkpointing, train_mode
+from rlhf_lit.models.reference import build_reference
+from rlhf_lit.models.sharding import shard_models
+from rlhf_lit.models.value import CriticKind, build_critic
+from rlhf_lit.sources import source_fingerprint
+from rlhf_lit.stages.amp import has_gradient_scaler
+from rlhf_lit.stages.base import RunLayout, StageModule, as_config, require_input
+from rlhf_lit.stages.export import ExportExisting
+from rlhf_lit.stages.nonfinite import assert_finite
+from rlhf_lit.stages.optim import OptimizerConfig, build_optimizer, fused_adamw_supported
+from rlhf_lit.stages.ppo.checks import check_critic_free, check_model_settings, check_reward_settings, check_rollout_rows
+from rlhf_lit.stages.ppo.config import KLConfig, PPOConfig, RewardConfig
+from rlhf_lit.stages.ppo.estimator import AdvantageEstimator
+from rlhf_lit.stages.ppo.experience import Experience, ExperienceMaker, Scored
+from rlhf_lit.stages.ppo.forward import policy_and_values
+from rlhf_lit.stages.ppo.loss import ppo_loss
+from rlhf_lit.stages.ppo.metrics import RolloutTimer, logged_metrics, reduce_over_ranks, rollout_statistics, text_statistics
+from rlhf_lit.stages.ppo.reward_sources import RewardSources
+from rlhf_lit.stages.ppo.rollout import Rollout, nonfinite_rollout_parts
+from rlhf_lit.stages.ppo.seeding import stream_generator
+from rlhf_lit.stages.ppo.update import cycle, rank_token_weight, train_on_rollout
+from rlhf_lit.stages.resume import check_module_resume
+from rlhf_lit.tokenizer import MissingPad, check_same_vocabulary, load_tokenizer
+
+SAFE_ON_RESUME = ("max_rollouts", "judge", "export_dir", "export_existing", "max_skipped_updates")
+"""Settings a resume may change: how far the run goes, what is logged beside it, where it exports."""
+
+
+def reward_model_unused(arg: str, init_args) -> bool:
+    """``--run_dir`` leaves ``reward_model`` unset when no ``reward.sources`` entry is the reward model."""
+    if arg != "reward_model":
+        return False
+    reward = init_args.get("reward")
+    reward = reward.as_dict() if hasattr(reward, "as_dict") else dict(reward or {})
+    sources = reward.get("sources") or [{"function": None}]  # the default source is the reward model
+    return all(dict(source).get("function") is not None for source in sources)
+
+
+def freeze(model: torch.nn.Module) -> torch.nn.Module:
+    """No gradients, eval mode: for the reference and the reward model."""
+    model.requires_grad_(False)
+    return model.eval()
+
+
+class PPOModule(StageModule):
+    """PPO on a policy initialised from the SFT model, with a KL penalty to a frozen copy of it.
+
+    Strategies: single device, ``ddp`` and ``fsdp`` / ``fsdp2`` (:mod:`rlhf_lit.strategies`: the
+    four models are sharded in :meth:`configure_model`).
+
+    Args:
+        sft_model: the SFT model (hub name or directory): the policy's start and the reference.
+            Required; with ``--run_dir`` it defaults to the run's SFT export (``RUN_DIR/sft/model``).
+        reward_model: the reward model (an ``AutoModelForSequenceClassification`` with one label,
+            e.g. the RM stage's export). Frozen; reloaded from this path on resume. Loaded only
+            when a ``reward.sources`` entry is the reward model (the default); null otherwise
+            (it may still be where a separate critic starts). With ``--run_dir`` and a source
+            that is the reward model it defaults to the run's RM export (``RUN_DIR/rm/model``).
+        value_model: where a separate critic starts; None = the reward model (N+ #16).
+        tokenizer_path: the tokenizer; None = the SFT model's. The RM must share it.
+        missing_pad: what to do if the tokenizer has no pad token (see ``load_tokenizer``).
+        critic: ``separate`` value model or ``shared_trunk`` value head on the policy.
+        dtype: weight dtype of all models (keep float32 with ``precision="bf16-mixed"``).
+        sampling: how responses are sampled.
+        ppo: the PPO update.
+        reward: the reward sources (reward model, ``module:function`` rewards) and how their
+            weighted sum becomes the reward.
+        kl: the KL penalty and its controller.
+        optimizer: AdamW of the policy (and of the head with ``shared_trunk``); its schedule is
+            stepped once per rollout (warmup and decay are counted in rollouts).
+        critic_optimizer: AdamW of the separate critic; None = same as ``optimizer``. Must be
+            None with ``shared_trunk`` (one optimizer).
+        max_rollouts: rollouts to run; training stops after this many (also the schedule length).
+        rollout_seed: base of the per-rank sampling and shuffling seeds (``seed + rank * 100003``).
+        judge: optional gold scorer ``"module:function"`` of a list of response texts (e.g.
+            ``rlhf_lit.evaluation.judges:vader``), loaded with
+            :func:`rlhf_lit.evaluation.load_judge`. It reads the response only, decoded without
+            special tokens as ``rlhf_lit.demo.evaluate`` does; its mean over the rollout batch is
+            logged as ``objective/judge``. Never used as a reward.
+        export_dir: where the trained policy and its tokenizer are written in Hugging Face format
+            at the end of fit (``AutoModelForCausalLM.from_pretrained(export_dir)``); None means
+            ``<log dir or default_root_dir>/model``.
+        max_skipped_updates: stop the run after this many updates in a row were skipped for NaN or
+            inf (a rollout with non-finite scores, logprobs or values; an optimizer step with
+            non-finite gradients); see :mod:`rlhf_lit.stages.nonfinite`.
+        export_existing: when ``export_dir`` already holds an earlier rlhf-lit export: ``refuse``
+            (stop before training) or ``replace`` it (atomically, at the end of fit). A non-empty
+            directory rlhf-lit did not write is never replaced.
+        lora: LoRA adapters on the policy (:class:`~rlhf_lit.models.lora.LoRAConfig`; ``dropout``
+            must be 0); None trains every weight. With LoRA the reference is the policy with its
+            adapters disabled (no second copy of the SFT model is loaded) and the export writes the
+            merged weights or the adapter (``lora.export``).
+        critic_lora: LoRA adapters on a ``separate`` critic (its score head trains in full); None
+            trains the whole critic. With ``shared_trunk`` the value head sits on the (LoRA) policy.
+        memory: memory levers (:class:`~rlhf_lit.models.memory.MemoryConfig`): gradient
+            checkpointing of policy and critic, the frozen reference and reward model on the CPU
+            and/or in another dtype. ``ppo.score_chunk_size`` bounds the scoring passes' memory.
+    """
+
+    SAFE_ON_RESUME = SAFE_ON_RESUME
+    FROZEN_PREFIXES = ("ref_policy.", "reward_model.")
+    """State-dict prefixes of the frozen models: never written to checkpoints, reloaded from paths."""
+    EXPORT_WHAT = "PPO policy"
+    run_layout = RunLayout(  # --run_dir: RUN_DIR/ppo/, inputs from the run's sft and rm exports
+        "ppo", inputs={"sft_model": "sft", "reward_model": "rm"}, skip_input=reward_model_unused
+    )
+
+    def __init__(
+        self,
+        sft_model: str | None = None,
+        reward_model: str | None = None,
+        value_model: str | None = None,
+        tokenizer_path: str | None = None,
+        missing_pad: MissingPad = "add",
+        critic: CriticKind = "separate",
+        dtype: DType = "float32",
+        sampling: SamplingConfig = SamplingConfig(),
+        ppo: PPOConfig = PPOConfig(),
+        reward: RewardConfig = RewardConfig(),
+        kl: KLConfig = KLConfig(),
+        optimizer: OptimizerConfig = OptimizerConfig(lr=1e-5, eps=1e-5),
+        critic_optimizer: OptimizerConfig | None = None,
+        max_rollouts: int = 1000,
+        rollout_seed: int = 0,
+        judge: str | None = None,
+        export_dir: str | None = None,
+        export_existing: ExportExisting = "refuse",
+        max_skipped_updates: int = 3,
+        lora: LoRAConfig | None = None,
+        critic_lora: LoRAConfig | None = None,
+        memory: MemoryConfig = MemoryConfig(),
+    ) -> None:
+        super().__init__()
+        sft_model = require_input(sft_model, "sft_model", "the SFT model")
+        # Loaded first: a bad spec fails before any model is.
+        self.judge = None if judge is None else load_judge(judge)
+        self.sampling: SamplingConfig = as_config(SamplingConfig, sampling)
+        self.ppo: PPOConfig = as_config(PPOConfig, ppo)
+        self.reward_cfg: RewardConfig = as_config(RewardConfig, reward)
+        self.kl_cfg: KLConfig = as_config(KLConfig, kl)
+        self.reward_sources = RewardSources(self.reward_cfg.sources)  # a bad function spec fails here
+        check_reward_settings(self.sampling, self.reward_cfg, reward_model)
+        self.optimizer_cfg = as_config(OptimizerConfig, optimizer)
+        self.critic_optimizer_cfg = as_config(OptimizerConfig, critic_optimizer)
+        self.lora_cfg = as_config(LoRAConfig, lora)
+        self.critic_lora_cfg = as_config(LoRAConfig, critic_lora)
+        self.memory: MemoryConfig = as_config(MemoryConfig, memory)
+        check_model_settings(self.lora_cfg, self.critic_lora_cfg, critic, critic_optimizer is not None, max_rollouts)
+        # The one place the estimator is chosen: it decides whether a critic exists at all.
+        self.estimator = AdvantageEstimator(
+            self.ppo.estimator, self.sampling.samples_per_prompt, self.ppo.gamma, self.ppo.lam,
+            self.ppo.whiten_advantages,
+        )  # fmt: skip
+        if not self.estimator.uses_critic:
+            check_critic_free(self.ppo, critic, value_model, critic_lora, critic_optimizer is not None)
+        self.max_rollouts, self.rollout_seed = max_rollouts, rollout_seed
+        self.keep_settings(
+            sampling=self.sampling, ppo=self.ppo, reward=self.reward_cfg, kl=self.kl_cfg, optimizer=self.optimizer_cfg,
+            critic_optimizer=self.critic_optimizer_cfg, lora=self.lora_cfg, critic_lora=self.critic_lora_cfg,
+            memory=self.memory,
+        )  # fmt: skip
+        self.keep_export(export_dir, export_existing, max_skipped_updates)
+        self.automatic_optimization = False
+        self._build_models(sft_model, reward_model, value_model, tokenizer_path, missing_pad, critic, dtype)
+        if self.kl_cfg.kind == "adaptive":
+            self.kl_ctl = AdaptiveKLController(self.kl_cfg.init_coef, self.kl_cfg.target, self.kl_cfg.horizon)
+        else:
+            self.kl_ctl = FixedKLController(self.kl_cfg.init_coef)
+        self.experience = ExperienceMaker(self)
+        self.rollout_index = 0  # rollouts completed; the step of every logged metric
+        self._ptx_batches: Iterator[dict[str, torch.Tensor]] | None = None
+
+    def _build_models(self, sft_model, reward_model, value_model, tokenizer_path, missing_pad, critic, dtype) -> None:
+        """Tokenizer, policy, reference, reward model and critic, as the settings ask."""
+        self.tokenizer = load_tokenizer(
+            tokenizer_path or sft_model, padding_side="left", missing_pad=missing_pad,
+            what="tokenizer_path" if tokenizer_path else "sft_model",
+        )  # fmt: skip
+        self.policy = with_lora(load_causal_lm(sft_model, self.tokenizer, dtype=dtype), self.lora_cfg, "causal_lm")
+        # Every id that ends a response (the model may list several): sampling, masks, the reward
+        # position and the missing-EOS penalty all follow from this one set.
+        self.stop_ids = stop_token_ids(self.policy, self.tokenizer)
+        base_vocab = self.policy.config.vocab_size
+        for what, path in (("reward_model", reward_model), ("value_model", value_model)):
+            if path is not None:  # before loading: a mismatched RM would be resized to fit silently
+                check_same_vocabulary(self.tokenizer, path, what, base_vocab)
+        frozen_dtype, frozen_device = self.memory.frozen_dtype or dtype, self.memory.frozen_device
+
+        def frozen_sft_copy() -> torch.nn.Module:  # only without LoRA: see build_reference
+            attach_frozen(self, "ref_policy", freeze(load_causal_lm(sft_model, self.tokenizer, dtype=frozen_dtype)), frozen_device)
+            return self.ref_policy
+
+        self.reference = build_reference(self.policy, frozen_sft_copy)
+        if self.reward_cfg.uses_reward_model:
+            rm = freeze(load_reward_model(reward_model, self.tokenizer, dtype=frozen_dtype))
+            attach_frozen(self, "reward_model", rm, frozen_device)
+        if self.estimator.uses_critic and critic == "separate" and (value_model or reward_model) is None:
+            raise ValueError("a separate critic starts from value_model or reward_model; set one of them")
+        self.critic = (
+            build_critic(critic, self.policy, value_model or reward_model, self.tokenizer, dtype, self.critic_lora_cfg)
+            if self.estimator.uses_critic else None
+        )  # fmt: skip
+        if self.memory.gradient_checkpointing:
+            enable_gradient_checkpointing(*self.trained_models)
+
+    @property
+    def trained_models(self) -> list[torch.nn.Module]:
+        """The policy, and the critic when the estimator has one."""
+        return [m for m in (self.policy, self.critic) if m is not None]
+
+    def trained_model(self) -> torch.nn.Module:
+        """The policy: what the export writes."""
+        return self.policy
+
+    # ------------------------------------------------------------------ setup
+    def configure_model(self) -> None:
+        """Shard policy, critic, reference and reward model under FSDP (no-op otherwise).
+
+        Only registered submodules: a LoRA policy's reference is the policy itself, and frozen models
+        kept on the CPU (``memory.frozen_device: cpu``) stay whole there.
+        """
+        shard_models(self, {"policy": self.policy, "critic": self.critic, "reference": self._modules.get("ref_policy"),
+                            "reward model": self._modules.get("reward_model")})  # fmt: skip
+
+    def configure_optimizers(self):
+        """Policy and critic optimizers (one with ``shared_trunk`` or without a critic), schedules
+        stepped per rollout."""
+        fused = fused_adamw_supported(self)
+        if self.critic is None:
+            opt, sched = build_optimizer(self.policy.named_parameters(), self.optimizer_cfg, self.max_rollouts, fused)
+            return [opt], [sched]
+        if self.hparams.critic == "shared_trunk":
+            params = itertools.chain(self.policy.named_parameters(), self.critic.named_parameters())
+            opt, sched = build_optimizer(params, self.optimizer_cfg, self.max_rollouts, fused)
+            return [opt], [sched]
+        policy_opt, policy_sched = build_optimizer(
+            self.policy.named_parameters(), self.optimizer_cfg, self.max_rollouts, fused
+        )  # fmt: skip
+        critic_cfg = self.critic_optimizer_cfg or self.optimizer_cfg
+        critic_opt, critic_sched = build_optimizer(self.critic.named_parameters(), critic_cfg, self.max_rollouts, fused)
+        return [policy_opt, critic_opt], [policy_sched, critic_sched]
+
+    def optimizer_list(self) -> list:
+        """The Lightning-wrapped optimizers as a list (one or two)."""
+        optimizers = self.optimizers()
+        return optimizers if isinstance(optimizers, list) else [optimizers]
+
+    def check_before_fit(self) -> None:
+        """Refuse, before any work is done: PPO-ptx without a second data source, a prompt batch the
+        minibatches cannot divide."""
+        batch_size = getattr(self.trainer.datamodule, "batch_size", None)
+        if isinstance(batch_size, int):
+            check_rollout_rows(batch_size * self.sampling.samples_per_prompt, self.ppo, self.sampling.samples_per_prompt)
+        if self.ppo.ptx_coef > 0 and not hasattr(self.trainer.datamodule, "ptx_dataloader"):
+            raise ValueError("ppo.ptx_coef > 0 needs a data module with ptx_dataloader() (SFT-style batches)")
+
+    def stream_generator(self, stream: int) -> torch.Generator:
+        """A generator for (seed, rank, rollout, stream) (:mod:`~rlhf_lit.stages.ppo.seeding`)."""
+        return stream_generator(self.rollout_seed, self.global_rank, self.rollout_index, stream)
+
+    # ------------------------------------------------------------------ the step
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        """One rollout and its PPO update; stops the trainer after ``max_rollouts``."""
+        if self.rollout_index >= self.max_rollouts:
+            self.trainer.should_stop = True
+            return
+        rows = batch["input_ids"].shape[0] * self.sampling.samples_per_prompt
+        check_rollout_rows(rows, self.ppo, self.sampling.samples_per_prompt)  # before any work
+        timer = RolloutTimer(self.device)
+        rollout, experience = self.make_rollout(batch, timer)  # generate, score, shape, advantages
+        bad = nonfinite_rollout_parts(rollout, lambda t: self.trainer.strategy.reduce(t, reduce_op="sum"))
+        if bad:  # no update on NaN: it would turn every weight into NaN
+            self.nonfinite.skipped("rollout", f"rollout {self.rollout_index}: non-finite {', '.join(bad)}")
+            self._end_rollout(rollout.batch_size, {"skipped/nonfinite_rollout": 1.0})
+            return
+        with train_mode(*self.trained_models):  # what activates gradient checkpointing (dropout is off)
+            train_stats = self.train_on_rollout(rollout)  # K epochs of minibatch steps
+        timer.mark("train")
+        kl_coef = self.kl_ctl.value
+        metrics = self.rollout_metrics(rollout, experience, train_stats, kl_coef, timer)
+        # The KL controller sees the KL averaged over all ranks and the global batch size.
+        self.kl_ctl.update(metrics["objective/kl"], n_steps=rollout.batch_size * self.trainer.world_size)
+        self.log_dict({"score": metrics["objective/scores"], "kl": metrics["objective/kl"]}, prog_bar=True, logger=False)
+        self._end_rollout(rollout.batch_size, {**metrics, "skipped/nonfinite_rollout": 0.0})
+
+    def _end_rollout(self, rows: int, metrics: dict[str, float]) -> None:
+        """Log the rollout, count it, advance the data position and the schedules, stop at the end."""
+        for logger in self.loggers:  # step = rollout index, not global_step (which counts opt steps)
+            logger.log_metrics(metrics, step=self.rollout_index)
+        self.rollout_index += 1
+        datamodule = getattr(self.trainer, "datamodule", None)
+        if hasattr(datamodule, "mark_consumed"):
+            # The prompts of every rank (k rows each): the data position is global (see the package docstring).
+            datamodule.mark_consumed(rows // self.sampling.samples_per_prompt * self.trainer.world_size)
+        schedulers = self.lr_schedulers()
+        for scheduler in schedulers if isinstance(schedulers, list) else [schedulers]:
+            scheduler.step()
+        if self.rollout_index >= self.max_rollouts:
+            self.trainer.should_stop = True
+
+    # ------------------------------------------------------------------ rollout (ExperienceMaker)
+    def make_rollout(self, batch: dict[str, torch.Tensor], timer: RolloutTimer | None) -> tuple[Rollout, Experience]:
+        """Generate, score, shape rewards and compute advantages (:meth:`ExperienceMaker.make`)."""
+        return self.experience.make(batch, timer)
+
+    def generate(self, batch: dict[str, torch.Tensor]) -> Generated:
+        """Sample responses to the prompts of ``batch`` (:meth:`ExperienceMaker.generate`)."""
+        return self.experience.generate(batch)
+
+    def score(self, query_responses: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """The reward model's normalised score ``(B,)`` (:meth:`ExperienceMaker.score`)."""
+        return self.experience.score(query_responses, attention_mask)
+
+    def score_rollout(self, gen: Generated) -> Scored:
+        """The no-grad scoring passes over a generated batch (:meth:`ExperienceMaker.score_rollout`)."""
+        return self.experience.score_rollout(gen)
+
+    # ------------------------------------------------------------------ update
+    def train_on_rollout(self, rollout: Rollout) -> dict[str, torch.Tensor]:
+        """K epochs of minibatch steps (:func:`~rlhf_lit.stages.ppo.update.train_on_rollout`)."""
+        return train_on_rollout(self, rollout)
+
+    def minibatch_loss(self, mb: Rollout) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """:func:`~rlhf_lit.stages.ppo.loss.ppo_loss` of the policy (and critic) now, as this rank's share
+        of the token mean over all ranks, plus ``ptx_coef`` * the SFT loss of a second-source batch."""
+        logits, values = policy_and_values(self.policy, self.critic, mb.query_responses, mb.attention_mask,
+                                           mb.prompt_length)  # (B, R, V), (B, R) or None  fmt: skip
+        # beta is the rollout's: the controller updates after the update
+        loss, stats = ppo_loss(mb, logits, values, self.ppo, self.sampling.temperature, self.kl_cfg, self.kl_ctl.value)
+        loss = loss * rank_token_weight(mb.response_mask, self._trainer)  # (): a token mean over every rank's minibatch
+        ptx = torch.zeros((), device=self.device)  # ()
+        if self.ppo.ptx_coef > 0:
+            batch = self._next_ptx_batch()
+            ptx_logits = forward_with_positions(self.policy, batch["input_ids"], batch["attention_mask"]).logits
+            ptx = sft_loss(ptx_logits, batch["labels"])  # ()
+            loss = loss + self.ppo.ptx_coef * ptx  # ()
+        return loss, {**stats, "loss/ptx": ptx.detach()}
+
+    def _next_ptx_batch(self) -> dict[str, torch.Tensor]:
+        """The next SFT-style batch of the second data source, cycling through it."""
+        if self._ptx_batches is None:
+            self._ptx_batches = cycle(self.trainer.datamodule.ptx_dataloader())
+        # non_blocking: the host does not wait for the copy (no stall once per minibatch).
+        return {k: v.to(self.device, non_blocking=True) for k, v in next(self._ptx_batches).items()}
+
+    def on_before_optimizer_step(self, optimizer) -> None:
+        """Skip a step with non-finite gradients; clip the gradient norm to ``ppo.max_grad_norm``.
+
+        Here, not before ``opt.step()``: Lightning calls this hook after it unscales fp16
+        (``16-mixed``) gradients, so the clip sees true gradients, not ones times the loss scale.
+        """
+        kind = ("the policy", "the critic")[self.trainer.optimizers.index(optimizer)]
+        if self.hparams.critic == "shared_trunk":
+            kind = "the policy and value head"
+        where = f"rollout {self.rollout_index}, optimizer step {self.global_step}"
+        if not self.nonfinite.check_optimizer(optimizer, kind, has_gradient_scaler(self.trainer), where):
+            return  # gradients dropped: this optimizer's step changes nothing
+        if self.ppo.max_grad_norm is not None:
+            self.clip_gradients(optimizer, gradient_clip_val=self.ppo.max_grad_norm, gradient_clip_algorithm="norm")
+
+    # ------------------------------------------------------------------ metrics
+    def rollout_metrics(
+        self, rollout: Rollout, experience: Experience, train_stats: dict[str, torch.Tensor], kl_coef: float,
+        timer: RolloutTimer,
+    ) -> dict[str, float]:
+        """Everything logged for a rollout, averaged over ranks (see :mod:`rlhf_lit.stages.ppo.metrics`).
+
+        Distinct-n always and the judge when set read the responses, decoded once per rollout.
+        ``kl_coef`` is the coefficient the rollout's rewards were shaped with.
+        """
+        local = rollout_statistics(rollout, experience.entropy, train_stats, kl_coef, self.critic is not None)  # no sync
+        local.update(experience.reward_parts)  # each source
+        local.update(text_statistics(self.experience.texts(rollout, experience), self.judge))
+        timer.mark("text")
+        reduced = reduce_over_ranks(self.trainer.strategy, local, self.device)
+        learning_rates = [opt.param_groups[0]["lr"] for opt in self.optimizer_list()]
+        return logged_metrics(reduced, timer, learning_rates, kl_coef, rollout.batch_size * self.trainer.world_size)
+
+    # ------------------------------------------------------------------ checkpoints
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        """Drop the frozen models; add the rollout counter, KL controller and global RNG state.
+
+        Refuses (:class:`~rlhf_lit.stages.nonfinite.NonFiniteError`) to save non-finite weights.
+        """
+        assert_finite(self.policy, "the policy")
+        if self.critic is not None:
+            assert_finite(self.critic, "the critic")
+        self.drop_frozen(checkpoint)
+        checkpoint["ppo"] = {
+            "rollout_index": self.rollout_index,
+            "kl_controller": self.kl_ctl.state_dict(),
+            # Sampling and shuffling use folded seeds, not this; kept for user code that draws from it.
+            "torch_rng_state": torch.get_rng_state(),
+            "nonfinite": self.nonfinite.state_dict(),
+            "world_size": self.trainer.world_size,
+            "sources": self._source_fingerprints(),
+        }
+
+    def _source_fingerprints(self) -> dict[str, str]:
+        """The models the run reads by path, as they are on disk now (see :func:`source_fingerprint`)."""
+        paths = {"sft_model": self.hparams.sft_model, "reward_model": self.hparams.reward_model,
+                 "value_model": self.hparams.value_model}  # fmt: skip
+        return {what: source_fingerprint(path) for what, path in paths.items() if path is not None}
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        """Check the configuration against the checkpoint's (:mod:`rlhf_lit.stages.resume`) and
+        restore the PPO state. The frozen models are not in checkpoints (:meth:`load_state_dict`)."""
+        ppo_state = checkpoint["ppo"]
+        extra = {}
+        if self._trainer is not None:
+            extra["trainer.world_size"] = (ppo_state.get("world_size", self.trainer.world_size), self.trainer.world_size)
+        now = self._source_fingerprints()
+        for what, saved in ppo_state.get("sources", {}).items():  # a model directory replaced in place
+            extra[f"model.{what} (its files)"] = (saved, now.get(what))
+        safe = SAFE_ON_RESUME
+        schedules = (self.optimizer_cfg, self.critic_optimizer_cfg or self.optimizer_cfg)
+        if any(cfg.schedule != "constant" for cfg in schedules):
+            safe = tuple(k for k in safe if k != "max_rollouts")  # it is the decaying schedule's length
+        check_module_resume(self, checkpoint, safe, extra)
+        self.rollout_index = int(ppo_state["rollout_index"])
+        if "nonfinite" in ppo_state:
+            self.nonfinite.load_state_dict(ppo_state["nonfinite"])
+        self.kl_ctl.load_state_dict(ppo_state["kl_controller"])
+        torch.set_rng_state(ppo_state["torch_rng_state"])
