@@ -132,6 +132,14 @@ def warn_if_slow_precision(trainer: pl.Trainer) -> None:
 class StageModule(pl.LightningModule):
     """The base of every stage (see the module docstring for what it provides).
 
+    Every stage takes ``export_dir`` (where the final model and tokenizer are written in Hugging
+    Face format at the end of fit; None means ``<log dir or default_root_dir>/model``),
+    ``export_existing`` (:data:`~rlhf_lit.stages.export.ExportExisting`: when ``export_dir``
+    already holds an earlier rlhf-lit export, ``refuse`` stops before training and ``replace``
+    swaps it atomically at the end of fit; a non-empty directory rlhf-lit did not write is never
+    replaced) and ``max_skipped_updates`` (stop after this many updates in a row were skipped for
+    NaN or inf; see :mod:`rlhf_lit.stages.nonfinite`).
+
     Class attributes a stage sets: :attr:`EXPORT_WHAT` (words for the export message),
     :attr:`run_layout`, and where they differ from the defaults :attr:`SAFE_ON_RESUME` and
     :attr:`FROZEN_PREFIXES`.

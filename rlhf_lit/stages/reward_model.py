@@ -69,13 +69,9 @@ class RewardModelModule(StageModule):
         optimizer: AdamW and learning-rate schedule; by default annealed linearly to 0 over the run.
         normalize: After training, shift the reward so the reference set scores mean 0 (``bias``),
             also scale it to std 1 (``gain_bias``), or leave it (``none``).
-        export_dir: Where the final model and tokenizer are written at the end of fit; None means
-            ``<log dir or default_root_dir>/model``.
-        export_existing: when ``export_dir`` already holds an earlier rlhf-lit export: ``refuse``
-            (stop before training) or ``replace`` it (atomically, at the end of fit). A non-empty
-            directory rlhf-lit did not write is never replaced.
-        max_skipped_updates: stop after this many optimizer steps in a row were skipped for NaN or
-            inf gradients (a NaN loss gives NaN gradients); see :mod:`rlhf_lit.stages.nonfinite`.
+        export_dir: where the final model and tokenizer go at the end of fit; None: ``<log dir>/model``.
+        export_existing: ``refuse`` or ``replace`` an earlier rlhf-lit export there (:class:`~rlhf_lit.stages.base.StageModule`).
+        max_skipped_updates: non-finite optimizer steps in a row that stop the run (:class:`~rlhf_lit.stages.base.StageModule`).
         revision: Hub revision of ``model`` (and of the tokenizer when ``tokenizer`` is None).
         trust_remote_code: Allow model code from the hub.
         lora: LoRA adapters (:class:`~rlhf_lit.models.lora.LoRAConfig`); only they and the score head train.

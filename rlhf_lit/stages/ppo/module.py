@@ -97,15 +97,12 @@ class PPOModule(StageModule):
             :func:`rlhf_lit.evaluation.load_judge`. It reads the response only, decoded without
             special tokens as ``rlhf_lit.demo.evaluate`` does; its mean over the rollout batch is
             logged as ``objective/judge``. Never used as a reward.
-        export_dir: where the trained policy and its tokenizer are written in Hugging Face format
-            at the end of fit (``AutoModelForCausalLM.from_pretrained(export_dir)``); None means
-            ``<log dir or default_root_dir>/model``.
-        max_skipped_updates: stop the run after this many updates in a row were skipped for NaN or
-            inf (a rollout with non-finite scores, logprobs or values; an optimizer step with
-            non-finite gradients); see :mod:`rlhf_lit.stages.nonfinite`.
-        export_existing: when ``export_dir`` already holds an earlier rlhf-lit export: ``refuse``
-            (stop before training) or ``replace`` it (atomically, at the end of fit). A non-empty
-            directory rlhf-lit did not write is never replaced.
+        export_dir: where the trained policy and its tokenizer go at the end of fit, in Hugging Face
+            format; None: ``<log dir>/model``.
+        max_skipped_updates: updates in a row skipped for NaN or inf (a rollout with non-finite scores,
+            logprobs or values; an optimizer step with non-finite gradients) that stop the run.
+        export_existing: ``refuse`` or ``replace`` an earlier rlhf-lit export there
+            (:class:`~rlhf_lit.stages.base.StageModule`).
         lora: LoRA adapters on the policy (:class:`~rlhf_lit.models.lora.LoRAConfig`; ``dropout``
             must be 0); None trains every weight. With LoRA the reference is the policy with its
             adapters disabled (no second copy of the SFT model is loaded) and the export writes the
