@@ -102,9 +102,9 @@ def test_left_padded_rows_score_as_they_do_alone_on_gpt2(gpt2_dir, gpt2_rm_dir, 
         alone = module.score_rollout(_one_row(gen, row, P))
         mask = gen.response_mask[row]
         for key in ("old_logprobs", "ref_logprobs", "old_values"):
-            torch.testing.assert_close(padded[key][row][mask], alone[key][0][mask], rtol=1e-5, atol=1e-5,
+            torch.testing.assert_close(getattr(padded, key)[row][mask], getattr(alone, key)[0][mask], rtol=1e-5, atol=1e-5,
                                        msg=lambda m, key=key: f"row {row} {key}: {m}")  # fmt: skip
-        torch.testing.assert_close(padded["raw_scores"][row], alone["raw_scores"][0], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(padded.rm_scores[row], alone.rm_scores[0], rtol=1e-5, atol=1e-5)
 
 
 # ---------------------------------------------------------------- dropout
@@ -312,9 +312,9 @@ def test_the_reward_model_reads_a_cut_response_as_configured(unfinished):
             response = response + [eos]  # read at an EOS, as the RM was trained
         with torch.no_grad():
             want = ref.reward_score(module.reward_model, prompt, response, 0.0)
-        assert scored["raw_scores"][row].item() == pytest.approx(want, rel=1e-5, abs=1e-5), row
+        assert scored.rm_scores[row].item() == pytest.approx(want, rel=1e-5, abs=1e-5), row
     # The policy's side of the rollout is untouched: the same tokens and masks either way.
-    assert scored["old_logprobs"].shape == gen.response_ids.shape
+    assert scored.old_logprobs.shape == gen.response_ids.shape
 
 
 def test_with_eos_and_a_missing_eos_penalty_are_refused_together():
