@@ -100,7 +100,7 @@ def stage_layout(class_path: str) -> RunLayout:
     layout = getattr(cls, "run_layout", None)
     if not isinstance(layout, RunLayout):
         raise RunDirError(
-            f"--run_dir: {_class_name(class_path)} declares no run_layout (rlhf_lit.runs.RunLayout), so it has "
+            f"--run_dir: {_class_name(class_path)} declares no run_layout (rlhf_lit.stages.base.RunLayout), so it has "
             "no place in a run directory; drop --run_dir and set its outputs (logger, export_dir) yourself"
         )
     return layout
