@@ -16,8 +16,10 @@ import os
 import re
 import socket
 from collections.abc import Callable
-from typing import Literal, TypeVar
+from typing import Literal, Optional, TypeVar
 from urllib.parse import urlparse
+
+from rlhf_lit.artifacts import EXPORT_MARKER
 
 T = TypeVar("T")
 
@@ -27,6 +29,25 @@ HUB_PROBE_TIMEOUT_S = 3.0
 
 class SourceError(ValueError):
     """A model or tokenizer source that cannot be used; the message says why and what to do."""
+
+
+class MissingSource(SourceError):
+    """A local model path that does not exist; names the config that exports it when one is known.
+
+    Attributes:
+        what: words for the message (``"sft_model"``).
+        name_or_path: the path as given.
+        config: the config under ``configs/`` whose export ``name_or_path`` is, or None.
+    """
+
+    def __init__(self, what: str, name_or_path: str, config: str | None = None) -> None:
+        hint = (f"; it is the export of {config}: run `rlhf-lit fit --config {config}` first" if config
+                else "")  # fmt: skip
+        super().__init__(f"{what} not found: {name_or_path} (no such directory{hint})")
+        self.what, self.name_or_path, self.config = what, name_or_path, config
+
+    def __reduce__(self):  # pickled by its fields (ddp_spawn), not by the formatted message
+        return type(self), (self.what, self.name_or_path, self.config)
 
 
 def _looks_local(name: str) -> bool:
@@ -39,24 +60,20 @@ def _looks_local(name: str) -> bool:
     return "/" in name and os.path.isdir(name.split("/")[0])
 
 
-def _run_dir_export(text: str) -> str | None:
-    """``<run_dir>/<stage>/model`` of a config text that sets ``run_dir`` (:mod:`rlhf_lit.runs`)."""
-    run_dir = re.search(r"^run_dir:\s*(\S+)\s*$", text, flags=re.MULTILINE)
-    stage_class = re.search(r"^model:\s*\n\s+class_path:\s*(\S+)", text, flags=re.MULTILINE)
-    if not run_dir or not stage_class:
-        return None
-    from rlhf_lit.runs import stage_export, stage_layout  # the stage classes import this module
+RunDirExport = Callable[[str], Optional[str]]
+"""``config text -> export path`` for a config that sets ``run_dir`` (its ``<run_dir>/<stage>/model``).
 
-    try:
-        layout = stage_layout(stage_class.group(1))
-    except (ImportError, AttributeError, ValueError):
-        return None
-    return stage_export(run_dir.group(1).strip("'\""), layout.name)
+The stage's place in a run directory is declared by the stage class, which this module cannot
+import (the stages import it): the CLI, which knows the stages, passes this function down
+(:func:`rlhf_lit.cli.run_dir.run_dir_export`)."""
 
 
-def _producing_config(path: str) -> str | None:
-    """The config under ``configs/`` (from the working directory) whose export is ``path``: its
-    ``export_dir``, or ``<run_dir>/<stage>/model`` when it sets ``run_dir``."""
+def producing_config(path: str, run_dir_export: RunDirExport | None = None) -> str | None:
+    """The config under ``configs/`` (from the working directory) whose export is ``path``.
+
+    A config's export is its ``export_dir``, or, when it sets none, what ``run_dir_export`` reads
+    from it (a config that sets ``run_dir``); without ``run_dir_export`` only ``export_dir`` counts.
+    """
     wanted = os.path.normpath(path)
     for config in sorted(glob.glob(os.path.join("configs", "**", "*.yaml"), recursive=True)):
         try:
@@ -65,8 +82,8 @@ def _producing_config(path: str) -> str | None:
         except OSError:
             continue
         exports = [m.group(1) for m in re.finditer(r"^\s*export_dir:\s*(\S+)\s*$", text, flags=re.MULTILINE)]
-        if not exports:
-            exports = [export for export in [_run_dir_export(text)] if export]
+        if not exports and run_dir_export is not None:
+            exports = [export for export in [run_dir_export(text)] if export]
         for export in exports:
             if os.path.normpath(export.strip("'\"")) == wanted:
                 return config
@@ -105,8 +122,8 @@ def model_source(name_or_path: str, what: str, kind: SourceKind = "model") -> di
     """Check ``name_or_path`` before a ``from_pretrained``; returns extra keyword arguments for it.
 
     A local directory must exist and hold a Hugging Face ``config.json`` (or, for a tokenizer,
-    tokenizer files); a missing path that is the export of a config under ``configs/`` names the
-    command that produces it. A hub name is loaded from the local cache only
+    tokenizer files); a missing path that is the export of a config under ``configs/`` (its
+    ``export_dir``; the CLI adds configs that set ``run_dir``) names the command that produces it. A hub name is loaded from the local cache only
     (``local_files_only=True``) when ``HF_HUB_OFFLINE`` is set or the hub's host does not answer
     within :data:`HUB_PROBE_TIMEOUT_S`.
 
@@ -116,7 +133,7 @@ def model_source(name_or_path: str, what: str, kind: SourceKind = "model") -> di
         kind: what the directory must hold (:data:`SourceKind`).
 
     Raises:
-        SourceError: a local path that does not exist or is not a model directory.
+        SourceError: a local path that does not exist (:class:`MissingSource`) or is not a model directory.
     """
     path = os.path.expanduser(name_or_path)
     if os.path.exists(path):
@@ -130,10 +147,7 @@ def model_source(name_or_path: str, what: str, kind: SourceKind = "model") -> di
             )
         return {}
     if _looks_local(name_or_path):
-        config = _producing_config(name_or_path)
-        hint = (f"; it is the export of {config}: run `rlhf-lit fit --config {config}` first" if config
-                else "")  # fmt: skip
-        raise SourceError(f"{what} not found: {name_or_path} (no such directory{hint})")
+        raise MissingSource(what, name_or_path, producing_config(name_or_path))
     if _offline() or (not _behind_proxy() and not _hub_reachable()):
         return {"local_files_only": True}
     return {}
@@ -151,7 +165,7 @@ def source_fingerprint(name_or_path: str) -> str:
     digest = hashlib.sha256()
     for name in sorted(os.listdir(path)):
         full = os.path.join(path, name)
-        if name in ("config.json", "rlhf_lit_export.json"):
+        if name in ("config.json", EXPORT_MARKER):
             with open(full, "rb") as f:
                 digest.update(name.encode() + f.read())
         elif name.endswith((".safetensors", ".bin")):

@@ -15,7 +15,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "rlhf_lit"
 
 LAYERS: tuple[frozenset[str], ...] = (
-    frozenset({"", "functional", "artifacts", "logging_filters", "hub_specs"}),
+    frozenset({"", "functional", "artifacts", "callable_specs", "expected_warnings"}),
     frozenset({"sources", "tokenizer"}),
     frozenset({"models", "data"}),
     frozenset({"evaluation", "rewards"}),

@@ -1,11 +1,11 @@
-"""The warnings the CLI silences (rlhf_lit/quiet.py) are the ones pytest ignores (pyproject.toml), and
+"""The warnings the CLI silences (rlhf_lit/expected_warnings.py) are the ones pytest ignores (pyproject.toml), and
 silencing is by message: an unlisted warning of the same category still shows."""
 
 import tomllib
 import warnings
 from pathlib import Path
 
-from rlhf_lit.quiet import EXPECTED_WARNINGS, silence_expected_noise
+from rlhf_lit.expected_warnings import EXPECTED_WARNINGS, silence_expected_noise
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -17,7 +17,7 @@ in the system temp directory that is then moved into place; when that directory 
 filesystem the move is a copy into the final name, which a crash leaves half-written. Here every
 checkpoint (``last.ckpt`` included) is first written whole under a hidden temporary name next to
 its final name (``.<name>.tmp``, same directory, so same filesystem) and then renamed with
-``os.replace``, which is atomic on POSIX: the final name holds either the previous complete
+``os.replace`` (the rule of :mod:`rlhf_lit.artifacts`), which is atomic on POSIX: the final name holds either the previous complete
 checkpoint or the new complete one, never a part. Remote paths (``s3://`` ...) keep Lightning's
 write: object stores commit whole objects.
 """
@@ -37,6 +37,8 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import AsyncCheckpointIO
 from lightning.pytorch.trainer.states import TrainerFn
 
+from rlhf_lit.artifacts import hidden_sibling, remove_path, replace_path
+
 ROLLOUT_ATTRIBUTE = "rollout_index"
 """The module attribute holding the number of finished rollouts (``PPOModule.rollout_index``)."""
 TMP_SUFFIX = ".tmp"
@@ -47,32 +49,15 @@ OLD_SUFFIX = ".old"
 
 def temporary_path(filepath: str) -> str:
     """The hidden sibling ``.<name>.tmp`` a checkpoint is written to before its rename."""
-    head, name = os.path.split(filepath)
-    return os.path.join(head, f".{name}{TMP_SUFFIX}")
-
-
-def _remove(path: str) -> None:
-    """Remove a file, link or directory tree if it exists."""
-    if os.path.isdir(path) and not os.path.islink(path):
-        shutil.rmtree(path)
-    elif os.path.lexists(path):
-        os.remove(path)
+    return hidden_sibling(filepath, TMP_SUFFIX)
 
 
 def replace(src: str, dst: str) -> None:
     """Move ``src`` to ``dst`` in one ``os.replace`` (atomic for files and links). A directory
     (a sharded checkpoint) cannot replace an existing entry in one rename: the old one is moved
-    aside first, so ``dst`` is briefly missing but never partial."""
-    dst_is_dir = os.path.isdir(dst) and not os.path.islink(dst)
-    if dst_is_dir or (os.path.isdir(src) and os.path.lexists(dst)):
-        head, name = os.path.split(dst)
-        old = os.path.join(head, f".{name}{OLD_SUFFIX}")
-        _remove(old)
-        os.replace(dst, old)
-        os.replace(src, dst)
-        _remove(old)
-    else:
-        os.replace(src, dst)
+    aside to ``.<name>.old`` first (:func:`rlhf_lit.artifacts.replace_path`), so ``dst`` is
+    briefly missing but never partial."""
+    replace_path(src, dst, OLD_SUFFIX)
 
 
 class Checkpoint(ModelCheckpoint):
@@ -96,7 +81,7 @@ class Checkpoint(ModelCheckpoint):
         if trainer.is_global_zero and self.dirpath and _is_local_file_protocol(self.dirpath):
             pattern = os.path.join(glob.escape(str(self.dirpath)), f".*{self.FILE_EXTENSION}")
             for leftover in glob.glob(pattern + TMP_SUFFIX) + glob.glob(pattern + OLD_SUFFIX):
-                _remove(leftover)
+                remove_path(leftover)
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """Write ``last.ckpt`` with the final state, unless the last save already holds it."""
@@ -119,7 +104,7 @@ class Checkpoint(ModelCheckpoint):
             return
         tmp = temporary_path(filepath)
         if trainer.is_global_zero:
-            _remove(tmp)  # a leftover of a crashed write: never mix old shards into a new save
+            remove_path(tmp)  # a leftover of a crashed write: never mix old shards into a new save
         trainer.strategy.barrier("rlhf_lit.Checkpoint.clean")
         trainer.save_checkpoint(tmp, self.save_weights_only)  # returns after a barrier
         if trainer.is_global_zero:
@@ -138,7 +123,7 @@ class Checkpoint(ModelCheckpoint):
         ``linkpath`` (ModelCheckpoint deletes ``linkpath`` first, leaving a moment without it)."""
         if trainer.is_global_zero and os.path.abspath(filepath) != os.path.abspath(linkpath):
             tmp = temporary_path(linkpath)
-            _remove(tmp)
+            remove_path(tmp)
             try:
                 os.symlink(os.path.relpath(filepath, os.path.dirname(linkpath)), tmp)
             except OSError:  # no symlinks (Windows without the privilege): a copy

@@ -2,7 +2,9 @@
 
 ``rlhf_lit.cli.main`` hands ``rlhf-lit <command> ...`` to :func:`run_command` when ``<command>``
 is in :data:`COMMANDS`; everything else goes to LightningCLI. Each command is an argparse
-``main(argv) -> exit status`` in its own module, imported only when run. Errors read as the rest
+``main(argv) -> exit status`` in its own module, imported only when run: a thin shell that parses
+and checks the options (:mod:`rlhf_lit.commands.options`), calls the library function of
+:mod:`rlhf_lit.evaluation` and writes its result. Errors read as the rest
 of rlhf-lit's: one line ``rlhf-lit: error: ...``, exit status 2 for a bad option and 1 for
 anything else a user can fix (a missing file or model, bad data, a judge that does not import);
 ``--debug`` shows the traceback instead.
@@ -15,8 +17,8 @@ import sys
 from collections.abc import Sequence
 
 COMMANDS: dict[str, tuple[str, str]] = {
-    "evaluate": ("rlhf_lit.commands.evaluate", "sample from a policy on prompts: judge, RM score, KL, distinct-n, length"),
-    "best-of-n": ("rlhf_lit.commands.best_of_n", "best-of-N by a reward model over N = 1, 2, 4, ...: judge score and analytic KL"),
+    "evaluate": ("rlhf_lit.commands.evaluate_command", "sample from a policy on prompts: judge, RM score, KL, distinct-n, length"),
+    "best-of-n": ("rlhf_lit.commands.best_of_n_command", "best-of-N by a reward model over N = 1, 2, 4, ...: judge score and analytic KL"),
 }
 """``command -> (module with main(argv), one-line help)``."""
 
@@ -30,7 +32,7 @@ def commands_help() -> str:
 
 def run_command(name: str, argv: Sequence[str], debug: bool = False) -> int:
     """Run command ``name`` with ``argv``; returns the exit status (errors as one line unless ``debug``)."""
-    from rlhf_lit.commands.common import OptionError
+    from rlhf_lit.commands.options import OptionError
 
     try:
         from transformers.utils import logging as hf_logging

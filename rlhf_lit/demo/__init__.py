@@ -18,7 +18,7 @@ stage's judge logging should do the same so that its ``objective/judge`` matches
 
 Paragraph ranges of ``assets/data/tinystories/val.txt`` (4,302 paragraphs), half-open
 ``[start, start + count)``, disjoint so that no stage sees another's prompts
-(:data:`rlhf_lit.demo.prompts.RANGES`):
+(:data:`rlhf_lit.demo.story_prompts.RANGES`):
 
 ======== ============= ===== ==========================================================
 stage    paragraphs    count use

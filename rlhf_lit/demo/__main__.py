@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import get_args
 
 from rlhf_lit.demo.labeling import Labeler, Pairing
-from rlhf_lit.demo.prompts import RANGES
+from rlhf_lit.demo.story_prompts import RANGES
 from rlhf_lit.evaluation.judges import DEFAULT_JUDGE
 
 DEFAULT_PARAGRAPHS = "assets/data/tinystories/val.txt"
@@ -108,7 +108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if args.command == "split":
-        from rlhf_lit.demo.prompts import write_splits
+        from rlhf_lit.demo.story_prompts import write_splits
 
         for stage, path in write_splits(args.paragraphs, args.out_dir).items():
             start, count = RANGES[stage]
@@ -125,7 +125,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         print(json.dumps(stats, indent=1))
     elif args.command == "evaluate":
-        from rlhf_lit.demo.evaluate import evaluate, format_table
+        from rlhf_lit.demo.held_out_eval import evaluate, format_table
 
         result = evaluate(
             args.policy, args.reference, args.paragraphs, start=args.start, count=args.count,

@@ -37,316 +37,35 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
-import shlex
-import shutil
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import get_args
 
+from rlhf_lit.artifacts import write_text_atomically
 from rlhf_lit.demo.labeling import Labeler
+from rlhf_lit.demo.plan import (
+    ASSETS,
+    DEFAULT_DPO_BETAS,
+    FULL,
+    RESULTS,
+    ROOT,
+    TINY,
+    Budget,
+    NotADemoFolder,
+    Paths,
+    claim_out,
+    dpo_stage,
+    fit_command,
+    parse_betas,
+    ppo_rollouts,
+    ppo_sampling,
+    ppo_unfinished,
+)
+from rlhf_lit.demo.runner import Running, StageFailed, Timings, run_stages, say, start_stages, stop_stages, wait_stages
+from rlhf_lit.demo.summary import format_value, last_scalar, results_table, write_summary
 from rlhf_lit.evaluation.judges import DEFAULT_JUDGE
-
-ROOT = Path(__file__).resolve().parents[2]
-"""The project checkout: configs/ and the shipped offline assets (assets/, see assets/README.md) live here."""
-ASSETS = ROOT / "assets"
-STAGE_DIRS = ("data", "logs", "sft", "prefs", "rm", "ppo", "ppo_kl0", "dpo", "best_of_n", "eval", "report")
-"""The folders the pipeline writes under ``--out`` (and clears before a run; nothing else)."""
-MARKER = ".rlhf-lit-demo.json"
-"""Written into ``--out`` by the pipeline: the folder is the demo's, so a rerun may clear its stage folders."""
-RESULTS = "results.json"
-"""The run's summary under ``--out`` (replaced by a rerun)."""
-DEFAULT_DPO_BETAS = (0.05, 0.1, 0.3)
-"""The DPO runs of the frontier (``--dpo-betas``)."""
-THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-"""One thread per process: on tiny models two threads under load were measured 10-50x slower."""
-
-
-class NotADemoFolder(RuntimeError):
-    """``--out`` holds files and no :data:`MARKER`: the pipeline did not create it and will not clear it."""
-
-
-class StageFailed(RuntimeError):
-    """A stage's subprocess exited non-zero; ``returncode`` is its exit status."""
-
-    def __init__(self, stage: str, returncode: int, log_path: Path) -> None:
-        tail = _tail(log_path, 40)
-        super().__init__(f"stage {stage!r} failed with exit status {returncode}; log: {log_path}\n{tail}")
-        self.returncode = returncode
-
-
-@dataclass(frozen=True)
-class Budget:
-    """How much work each stage does; ``TINY`` is the test budget (the whole run in under a minute).
-
-    Empty override lists mean "as the config says".
-    """
-
-    sft: tuple[str, ...] = ()
-    rm: tuple[str, ...] = ()
-    ppo: tuple[str, ...] = ()
-    pref_prompts: int | None = None  # None = the whole RM paragraph range
-    samples_per_prompt: int = 4
-    eval_prompts: int | None = None  # None = the whole held-out range (256 prompts)
-    max_new_tokens: int | None = None  # None = the PPO config's; else PPO, preferences and eval use it
-    dpo: tuple[str, ...] = ()
-    checkpoint_every: int = 10  # PPO rollouts between the checkpoints evaluated on the frontier
-    # Best-of-N samples bon_n_max completions per prompt: 64 x 256 prompts took 145 s of CPU, the
-    # largest stage; 128 prompts halve it, with standard errors of about 0.01-0.02 judge score.
-    bon_prompts: int | None = 128  # None = as many held-out prompts as the evaluation
-    bon_n_max: int = 64
-
-
-FULL = Budget()
-TINY = Budget(
-    sft=("--trainer.max_steps", "3", "--trainer.val_check_interval", "3",
-         "--data.init_args.max_records", "48", "--model.init_args.optimizer.warmup_steps", "1"),
-    rm=("--trainer.max_epochs", "1", "--data.init_args.batch_size", "8",
-        "--model.init_args.optimizer.warmup_steps", "1"),
-    ppo=("--model.init_args.max_rollouts", "2", "--data.init_args.batch_size", "8",
-         "--model.init_args.ppo.minibatch_size", "4", "--model.init_args.ppo.epochs", "1"),
-    pref_prompts=32,
-    eval_prompts=16,
-    max_new_tokens=16,
-    dpo=("--trainer.max_steps", "2", "--data.init_args.batch_size", "8",
-         "--model.init_args.optimizer.warmup_steps", "1"),
-    checkpoint_every=1,
-    bon_prompts=8,
-    bon_n_max=4,
-)  # fmt: skip
-
-
-@dataclass(frozen=True)
-class Paths:
-    """Where every artifact of a run goes, under one root."""
-
-    root: Path
-
-    def dir(self, name: str) -> Path:
-        """One of :data:`STAGE_DIRS` under the root."""
-        if name not in STAGE_DIRS:
-            raise ValueError(f"{name!r} is not one of the pipeline's folders {STAGE_DIRS}")
-        return self.root / name
-
-    def model(self, stage: str) -> Path:
-        """The Hugging Face export of ``stage`` (``sft``, ``rm``, ``ppo``, ``ppo_kl0``, ``dpo/beta_0.1``)."""
-        return self.root / stage / "model"
-
-    @property
-    def checkpoints(self) -> Path:
-        """Where the PPO run's ``RolloutCheckpoint`` writes ``rollout=<n>.ckpt``."""
-        return self.root / "ppo" / "checkpoints"
-
-    def run(self, stage: str) -> Path:
-        """The TensorBoard run of ``stage`` (stage folders are cleared first, so it is version_0)."""
-        return self.root / stage / "version_0"
-
-
-def _tail(path: Path, lines: int) -> str:
-    try:
-        return "".join(path.read_text(encoding="utf-8", errors="replace").splitlines(True)[-lines:])
-    except OSError:
-        return ""
-
-
-def _env() -> dict[str, str]:
-    return {**os.environ, **THREAD_ENV}
-
-
-def _say(message: str) -> None:
-    print(f"[demo] {message}", flush=True)
-
-
-def _start(stage: str, cmd: list[str], paths: Paths) -> tuple[subprocess.Popen, Path]:
-    """Start ``cmd`` with one thread, its output going to ``<out>/logs/<stage>.log``."""
-    log_path = paths.dir("logs") / f"{stage.replace('/', '_')}.log"  # dpo/beta_0.1 -> dpo_beta_0.1.log
-    _say(f"{stage}: {shlex.join(cmd)}")
-    with open(log_path, "w", encoding="utf-8") as f:  # the child keeps its own handle
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=_env())
-    return proc, log_path
-
-
-Running = dict[str, tuple[subprocess.Popen, Path, float]]
-"""Started stages: name -> (process, log path, start time)."""
-
-
-def start_stages(stages: dict[str, list[str]], paths: Paths) -> Running:
-    """Start the commands of ``stages`` in parallel (one process each) without waiting."""
-    return {name: (*_start(name, cmd, paths), time.perf_counter()) for name, cmd in stages.items()}
-
-
-def stop_stages(running: Running) -> None:
-    """Stop the stages of ``running`` still alive (their results would be discarded) and reap them."""
-    for proc, _, _ in running.values():
-        if proc.poll() is None:
-            proc.terminate()
-    for proc, _, _ in running.values():
-        proc.wait()
-
-
-class Timings(dict):
-    """Wall seconds per stage (the dict, in the order stages finish) and, in :attr:`cpu`, the CPU
-    seconds (user + system) of each subprocess stage: on a machine shared with other jobs the wall
-    time depends on their load, the CPU time much less."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.cpu: dict[str, float] = {}
-
-
-POLL_S = 0.2
-"""How often :func:`wait_stages` looks for finished stages (a stage's wall time is this exact)."""
-
-
-def wait_stages(running: Running, timings: Timings, background: Running | None = None) -> None:
-    """Wait for every stage of ``running``; raise :class:`StageFailed` at the first failure.
-
-    Records each stage's wall time (from its own start to its exit, whichever order they finish
-    in) and its CPU time in ``timings``. Stages of ``background`` that end meanwhile are timed and
-    checked the same way and removed from it; the others keep running. When a stage fails, every
-    other one is stopped.
-    """
-    pending = dict(running)
-    background = {} if background is None else background
-    while pending:
-        for group in (pending, background):
-            for name, (proc, log_path, t0) in list(group.items()):
-                # wait4 instead of poll: the child's own resource usage comes with its exit status.
-                pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-                if pid == 0:
-                    continue
-                proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: tell Popen
-                del group[name]
-                timings[name] = time.perf_counter() - t0
-                timings.cpu[name] = usage.ru_utime + usage.ru_stime
-                if proc.returncode != 0:
-                    stop_stages(running)
-                    stop_stages(background)
-                    raise StageFailed(name, proc.returncode, log_path)
-                _say(f"{name}: done in {timings[name]:.1f} s ({timings.cpu[name]:.1f} s CPU)")
-        if pending:
-            time.sleep(POLL_S)
-
-
-def run_stages(stages: dict[str, list[str]], paths: Paths, timings: Timings) -> None:
-    """Run the commands of ``stages`` in parallel and wait for all; raise :class:`StageFailed` on any failure."""
-    wait_stages(start_stages(stages, paths), timings)
-
-
-def _fit(config: Path, overrides: Sequence[str]) -> list[str]:
-    return [sys.executable, "-m", "rlhf_lit.cli", "fit", "--config", str(config), *overrides]
-
-
-def _ppo_init_args(config: Path) -> dict:
-    """``model.init_args`` of the PPO config: the settings the demo's other stages must match."""
-    import yaml
-
-    with open(config, encoding="utf-8") as f:
-        return yaml.safe_load(f)["model"]["init_args"]
-
-
-def _ppo_sampling(config: Path, budget: Budget) -> tuple[float, int]:
-    """``(temperature, max_new_tokens)`` PPO samples with: the evaluation must use the same."""
-    sampling = _ppo_init_args(config).get("sampling", {})
-    temperature = float(sampling.get("temperature", 1.0))
-    max_new_tokens = budget.max_new_tokens or int(sampling.get("max_new_tokens", 64))
-    return temperature, max_new_tokens
-
-
-def _ppo_unfinished(config: Path) -> str:
-    """How PPO's reward model reads a cut response (``reward.unfinished``): best-of-N picks the same way."""
-    reward = _ppo_init_args(config).get("reward") or {}
-    return str(reward.get("unfinished", "as_sampled"))
-
-
-def _ppo_rollouts(config: Path, budget: Budget) -> int:
-    """How many rollouts the PPO run makes: the budget's override, else the config's ``max_rollouts``."""
-    flag = "--model.init_args.max_rollouts"
-    if flag in budget.ppo:
-        return int(budget.ppo[budget.ppo.index(flag) + 1])
-    return int(_ppo_init_args(config)["max_rollouts"])
-
-
-def _last_scalar(run: Path, tag: str) -> float | None:
-    from rlhf_lit.demo.report import read_scalars
-
-    values = read_scalars(str(run)).get(tag, ([], []))[1]
-    return values[-1] if values else None
-
-
-def _fmt(value: float | None) -> str:
-    return "not logged" if value is None else f"{value:.3f}"
-
-
-def _results_table(results: dict[str, dict]) -> list[str]:
-    """Markdown rows: one per evaluated model."""
-    lines = ["| model | judge mean | KL to SFT (nats) | distinct-1 | distinct-2 | length | ended | n |",
-             "|---|---|---|---|---|---|---|---|"]
-    for name, result in results.items():
-        m = result["metrics"]
-        lines.append(
-            f"| {name} | {m['judge_mean']:.3f} +- {m['judge_std']:.3f} | {m['kl_mean']:.2f} +- {m['kl_std']:.2f} "
-            f"| {m['distinct_1']:.3f} | {m['distinct_2']:.3f} | {m['length_mean']:.1f} "
-            f"| {m['ended_fraction']:.2f} | {m['num_samples']} |"
-        )
-    return lines
-
-
-def _samples_table(results: dict[str, dict], num_examples: int) -> list[str]:
-    """Markdown: the first ``num_examples`` held-out prompts and each model's completion (judge score)."""
-    from rlhf_lit.demo.report import _cell
-
-    names = list(results)
-    lines = ["| # | prompt | " + " | ".join(names) + " |", "|---" * (2 + len(names)) + "|"]
-    columns = [results[n]["samples"] for n in names]
-    for i in range(min(num_examples, *(len(c) for c in columns))):
-        cells = [f"{_cell(c[i]['response'])} ({c[i]['judge']:.2f})" for c in columns]
-        lines.append(f"| {i + 1} | {_cell(columns[0][i]['prompt'])} | " + " | ".join(cells) + " |")
-    return lines
-
-
-def write_summary(paths: Paths, results: dict[str, dict], rm_accuracy: float | None, num_pairs: int,
-                  report: str, timings: Timings, frontier: tuple[str, list[str]] | None = None,
-                  num_examples: int = 6) -> Path:
-    """``<out>/report/summary.md``: the results table, the frontier, RM accuracy, timings and samples."""
-    md = ["# Demo summary", "", "Held-out prompts (TinyStories paragraphs 3000-3255), one sample each at the "
-          "temperature PPO samples with; KL = sum over response tokens of log pi - log pi_SFT.", "",
-          *_results_table(results), "",
-          f"Reward model held-out pair accuracy: {_fmt(rm_accuracy)} ({num_pairs} judge-labelled pairs "
-          "written; the RM config holds out a seeded fraction)", "",
-          "Wall time per stage (s): " + ", ".join(f"{k} {v:.1f}" for k, v in timings.items()), "",
-          "CPU time per subprocess stage (s): " + ", ".join(f"{k} {v:.1f}" for k, v in timings.cpu.items()), "",
-          f"Plots and before/after tables: [{os.path.basename(report)}]({os.path.basename(report)})", "",
-          *([] if frontier is None else [
-              "## Frontier: judge score against KL to SFT (held-out prompts)", "",
-              f"![frontier]({os.path.basename(frontier[0])})", "", *frontier[1], "",
-              "PPO, SFT, PPO KL coef 0 and DPO: one completion per held-out prompt, s.e. over completions; "
-              "best-of-N: the RM's pick of N SFT samples, exact mean over N-subsets of the drawn samples, "
-              "s.e. over prompts, KL = log N - (N-1)/N.", ""]),
-          "## Samples (same prompts)", "", *_samples_table(results, num_examples), ""]
-    path = paths.dir("report") / "summary.md"
-    path.write_text("\n".join(md), encoding="utf-8")
-    return path
-
-
-def _betas(text: str) -> tuple[float, ...]:
-    """``"0.05,0.1"`` -> ``(0.05, 0.1)``: distinct positive floats, in the given order."""
-    try:
-        betas = tuple(dict.fromkeys(float(part) for part in text.split(",") if part.strip()))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: give comma-separated numbers, e.g. 0.05,0.1") from None
-    if not betas or min(betas) <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: give one or more betas > 0")
-    return betas
-
-
-def dpo_stage(beta: float) -> str:
-    """The stage (and folder below ``<out>``) of the DPO run with ``beta``: ``dpo/beta_0.1``."""
-    return f"dpo/beta_{beta:g}"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -359,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--skip-kl0", action="store_true", help="skip the second PPO run with KL coefficient 0")
     p.add_argument("--skip-frontier", action="store_true",
                    help="skip DPO, best-of-N and the PPO checkpoints: no frontier plot (about half the time)")
-    p.add_argument("--dpo-betas", type=_betas, default=DEFAULT_DPO_BETAS, metavar="B,B,...",
+    p.add_argument("--dpo-betas", type=parse_betas, default=DEFAULT_DPO_BETAS, metavar="B,B,...",
                    help="one DPO run per beta, in parallel (default: %(default)s)")
     p.add_argument("--config-dir", default=str(ROOT / "configs" / "demo"),
                    help="folder with sft.yaml, rm.yaml, ppo.yaml (default: the checkout's configs/demo)")
@@ -399,7 +118,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def train(args: argparse.Namespace, budget: Budget, paths: Paths, timings: Timings) -> dict:
     """Split, SFT, preferences, then the RM and DPO, then PPO and best-of-N, each stage a subprocess; returns facts for the summary."""
-    from rlhf_lit.demo.prompts import RANGES, write_splits
+    from rlhf_lit.demo.story_prompts import RANGES, write_splits
 
     configs = Path(args.config_dir)
     seed_args = [] if args.seed is None else ["--seed_everything", str(args.seed)]
@@ -409,15 +128,15 @@ def train(args: argparse.Namespace, budget: Budget, paths: Paths, timings: Timin
     splits = write_splits(args.paragraphs, str(paths.dir("data")))
     timings["split"] = time.perf_counter() - t0
     ranges = ", ".join(f"{k} {RANGES[k][0]}-{sum(RANGES[k]) - 1}" for k in splits)
-    _say(f"split: paragraphs {ranges} -> {paths.dir('data')}")
+    say(f"split: paragraphs {ranges} -> {paths.dir('data')}")
 
-    run_stages({"sft": _fit(configs / "sft.yaml", [
+    run_stages({"sft": fit_command(configs / "sft.yaml", [
         *logger_root, *seed_args, "--model.init_args.model", args.base_model,
         "--model.init_args.export_dir", str(paths.model("sft")),
         "--data.init_args.train_path", splits["sft"], *budget.sft,
     ])}, paths, timings)  # fmt: skip
 
-    temperature, max_new_tokens = _ppo_sampling(configs / "ppo.yaml", budget)
+    temperature, max_new_tokens = ppo_sampling(configs / "ppo.yaml", budget)
     preferences = paths.dir("prefs") / "preferences.jsonl"
     pref_cmd = [
         sys.executable, "-m", "rlhf_lit.demo", "preferences", "--model", str(paths.model("sft")),
@@ -435,7 +154,7 @@ def train(args: argparse.Namespace, budget: Budget, paths: Paths, timings: Timin
 
     # DPO needs only the SFT model and the pairs: it starts beside the RM and runs on while PPO trains.
     dpo_runs = {} if args.skip_frontier else {
-        dpo_stage(beta): _fit(configs / "dpo.yaml", [
+        dpo_stage(beta): fit_command(configs / "dpo.yaml", [
             *logger_root, *seed_args, "--model.init_args.model", str(paths.model("sft")),
             "--model.init_args.beta", str(beta), "--trainer.logger.init_args.name", dpo_stage(beta),
             "--model.init_args.export_dir", str(paths.model(dpo_stage(beta))),
@@ -456,17 +175,17 @@ def _train_rm_and_ppo(args: argparse.Namespace, budget: Budget, paths: Paths, ti
     configs = Path(args.config_dir)
     seed_args = [] if args.seed is None else ["--seed_everything", str(args.seed)]
     logger_root = ["--trainer.logger.init_args.save_dir", str(paths.root)]
-    temperature, max_new_tokens = _ppo_sampling(configs / "ppo.yaml", budget)
+    temperature, max_new_tokens = ppo_sampling(configs / "ppo.yaml", budget)
     # The DPO runs of `background` that end while the RM trains are timed to their own exit.
-    wait_stages(start_stages({"rm": _fit(configs / "rm.yaml", [
+    wait_stages(start_stages({"rm": fit_command(configs / "rm.yaml", [
         *logger_root, *seed_args, "--model.init_args.model", str(paths.model("sft")),
         "--model.init_args.export_dir", str(paths.model("rm")),
         "--data.init_args.train_path", str(preferences), *budget.rm,
     ])}, paths), timings, background)  # fmt: skip
-    rm_accuracy = _last_scalar(paths.run("rm"), "val/accuracy")
+    rm_accuracy = last_scalar(paths.run("rm"), "val/accuracy")
     with open(preferences, encoding="utf-8") as f:
         num_pairs = sum(1 for _ in f)
-    _say(f"rm: {num_pairs} judge-labelled pairs, held-out pair accuracy {_fmt(rm_accuracy)}")
+    say(f"rm: {num_pairs} judge-labelled pairs, held-out pair accuracy {format_value(rm_accuracy)}")
 
     ppo_args = [
         *logger_root, *seed_args, "--model.init_args.sft_model", str(paths.model("sft")),
@@ -482,11 +201,11 @@ def _train_rm_and_ppo(args: argparse.Namespace, budget: Budget, paths: Paths, ti
         "--trainer.callbacks.dirpath", str(paths.checkpoints), "--trainer.callbacks.save_top_k", "-1",
         "--trainer.callbacks.save_weights_only", "true",
     ]  # fmt: skip
-    ppo_runs = {"ppo": _fit(configs / "ppo.yaml", [
+    ppo_runs = {"ppo": fit_command(configs / "ppo.yaml", [
         *ppo_args, *checkpointing, "--model.init_args.export_dir", str(paths.model("ppo"))])}
     if not args.skip_kl0:
         # Same config, prompts and seeds; only the KL coefficient differs (and where the run goes).
-        ppo_runs["ppo_kl0"] = _fit(configs / "ppo.yaml", [
+        ppo_runs["ppo_kl0"] = fit_command(configs / "ppo.yaml", [
             *ppo_args, "--model.init_args.kl.kind", "fixed", "--model.init_args.kl.init_coef", "0",
             "--trainer.logger.init_args.name", "ppo_kl0", "--model.init_args.export_dir", str(paths.model("ppo_kl0")),
         ])  # fmt: skip
@@ -496,7 +215,7 @@ def _train_rm_and_ppo(args: argparse.Namespace, budget: Budget, paths: Paths, ti
     # In parallel with each other and the DPO runs: one process and one thread each.
     wait_stages({**start_stages({**ppo_runs, **others}, paths), **background}, timings)
     return {"policies": list(ppo_runs), "dpo": dpo_stages, "rm_accuracy": rm_accuracy,
-            "ppo_rollouts": _ppo_rollouts(configs / "ppo.yaml", budget),
+            "ppo_rollouts": ppo_rollouts(configs / "ppo.yaml", budget),
             "num_pairs": num_pairs, "temperature": temperature, "max_new_tokens": max_new_tokens}
 
 
@@ -508,7 +227,7 @@ def _best_of_n_command(args: argparse.Namespace, budget: Budget, paths: Paths, t
     line break), the same openings the evaluation uses, sampled at the temperature and length PPO
     samples with; the RM reads cut responses as PPO's does (``reward.unfinished``).
     """
-    from rlhf_lit.demo.prompts import RANGES, load_prompts
+    from rlhf_lit.demo.story_prompts import RANGES, load_prompts
 
     start, count = RANGES["eval"]
     count = min(count, budget.bon_prompts or budget.eval_prompts or count)
@@ -520,7 +239,7 @@ def _best_of_n_command(args: argparse.Namespace, budget: Budget, paths: Paths, t
         sys.executable, "-m", "rlhf_lit.cli", "best-of-n", "--policy", str(paths.model("sft")),
         "--reward-model", str(paths.model("rm")), "--prompts", str(prompts_file), "--judge", args.judge,
         "--n-max", str(budget.bon_n_max), "--temperature", str(temperature), "--max-new-tokens", str(max_new_tokens),
-        "--seed", str(args.seed or 0), "--unfinished", _ppo_unfinished(Path(args.config_dir) / "ppo.yaml"),
+        "--seed", str(args.seed or 0), "--unfinished", ppo_unfinished(Path(args.config_dir) / "ppo.yaml"),
         "--out", str(paths.dir("best_of_n") / "best_of_n.json"),
     ]  # fmt: skip
 
@@ -535,8 +254,8 @@ def measure(
     import torch
     from transformers.utils import logging as hf_logging
 
-    from rlhf_lit.demo.evaluate import evaluate
-    from rlhf_lit.demo.prompts import RANGES
+    from rlhf_lit.demo.held_out_eval import evaluate
+    from rlhf_lit.demo.story_prompts import RANGES
     from rlhf_lit.demo.report import write_report
     from rlhf_lit.models.generation import SamplingConfig
 
@@ -556,14 +275,14 @@ def measure(
 
     results = {name: measured(name, paths.model(name)) for name in ("sft", *trained["policies"], *trained["dpo"])}
     timings["evaluate"], timings.cpu["evaluate"] = time.perf_counter() - t0, time.process_time() - c0
-    _say(f"evaluate: done in {timings['evaluate']:.1f} s -> {paths.dir('eval')}")
+    say(f"evaluate: done in {timings['evaluate']:.1f} s -> {paths.dir('eval')}")
 
     frontier = None
     if not args.skip_frontier:
         t0, c0 = time.perf_counter(), time.process_time()
         frontier = measure_frontier(paths, results, trained, measured)
         timings["frontier"], timings.cpu["frontier"] = time.perf_counter() - t0, time.process_time() - c0
-        _say(f"frontier: done in {timings['frontier']:.1f} s -> {frontier[0]}")
+        say(f"frontier: done in {timings['frontier']:.1f} s -> {frontier[0]}")
 
     t0 = time.perf_counter()
     with_kl0 = "ppo_kl0" in trained["policies"]
@@ -609,34 +328,6 @@ def measure_frontier(paths: Paths, results: dict[str, dict], trained: dict, meas
     return write_frontier(points, str(paths.dir("report")))
 
 
-def claim_out(root: Path) -> None:
-    """Make ``root`` the demo's folder and clear what an earlier demo run left in it.
-
-    A missing or empty ``root`` is created and marked with :data:`MARKER`. A non-empty one must
-    carry the marker (an earlier run made it): only then are the :data:`STAGE_DIRS` and
-    :data:`RESULTS` under it removed. Anything else in it is left alone.
-
-    Raises:
-        NotADemoFolder: ``root`` is a file, or holds entries and no marker.
-    """
-    marker = root / MARKER
-    if root.exists() and not root.is_dir():
-        raise NotADemoFolder(f"refusing --out {root}: it is a file, not a folder")
-    if root.is_dir() and any(root.iterdir()) and not marker.is_file():
-        raise NotADemoFolder(
-            f"refusing to clear --out {root}: it is not empty and has no {MARKER} (the demo did not create it); "
-            "give a new or empty folder"
-        )
-    root.mkdir(parents=True, exist_ok=True)
-    if not marker.is_file():
-        marker.write_text(json.dumps({"written_by": "python -m rlhf_lit.demo.pipeline",
-                                      "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}) + "\n",
-                          encoding="utf-8")  # fmt: skip
-    for name in STAGE_DIRS:  # a rerun replaces the previous run, and TensorBoard runs stay version_0
-        shutil.rmtree(root / name, ignore_errors=True)
-    (root / RESULTS).unlink(missing_ok=True)
-
-
 def run(args: argparse.Namespace) -> dict:
     """The pipeline proper (see the module docstring); returns what it printed, as a dict."""
     t_start = time.perf_counter()
@@ -659,14 +350,13 @@ def run(args: argparse.Namespace) -> dict:
         "timings_s": timings, "cpu_s": timings.cpu, "tiny": args.tiny,
         "frontier": None if frontier is None else str(paths.dir("report") / "frontier.json"),
     }  # fmt: skip
-    with open(paths.root / RESULTS, "w", encoding="utf-8") as f:
-        json.dump(outcome, f, indent=1)
-    print("", *_results_table(results), "", sep="\n")
+    write_text_atomically(paths.root / RESULTS, json.dumps(outcome, indent=1))
+    print("", *results_table(results), "", sep="\n")
     if frontier is not None:
         print(*frontier[1], "", sep="\n")
     for name, path in models.items():
         print(f"[demo] {name} model: {path}")
-    print(f"[demo] RM held-out pair accuracy: {_fmt(trained['rm_accuracy'])} (of {trained['num_pairs']} pairs)")
+    print(f"[demo] RM held-out pair accuracy: {format_value(trained['rm_accuracy'])} (of {trained['num_pairs']} pairs)")
     print(f"[demo] report: {report} and {summary}")
     print(f"[demo] TensorBoard: tensorboard --logdir {paths.root}")
     print(f"[demo] wall time: {wall:.1f} s ({wall / 60:.1f} min); CPU time of the stages: "

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 from rlhf_lit.demo.batching import sample_batches
 from rlhf_lit.demo.labeling import Labeler, Pairing, candidate_pairs, prefer_first
-from rlhf_lit.demo.prompts import RANGES, load_prompts
+from rlhf_lit.demo.story_prompts import RANGES, load_prompts
 from rlhf_lit.evaluation import response_texts
 from rlhf_lit.evaluation.judges import DEFAULT_JUDGE, load_judge
 from rlhf_lit.models import load_causal_lm

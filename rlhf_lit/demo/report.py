@@ -12,7 +12,7 @@ Reads TensorBoard scalars logged per rollout (step = rollout index) with tensorb
   (``response/length``).
 
 A plot whose tag is missing from every run is skipped, with a note in the summary. The summary
-``report.md`` also compares :func:`rlhf_lit.demo.evaluate.evaluate` results before and after PPO:
+``report.md`` also compares :func:`rlhf_lit.demo.held_out_eval.evaluate` results before and after PPO:
 their metrics, and a table of sample generations for the same prompts.
 """
 

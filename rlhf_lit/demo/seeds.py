@@ -4,7 +4,7 @@ A learning claim is a measurement on held-out prompts over several seeds, never 
 reruns the demo's PPO (``configs/demo/ppo.yaml``, optionally with overrides: a "variant") and
 DPO (``configs/demo/dpo.yaml``, one run per beta) from a finished ``make demo`` folder's SFT model,
 reward model and data, once per seed, and measures every policy the way the demo does
-(:func:`rlhf_lit.demo.evaluate.evaluate`):
+(:func:`rlhf_lit.demo.held_out_eval.evaluate`):
 
     python -m rlhf_lit.demo seeds --demo logs/demo --out logs/seeds --seeds 0 1 2 \\
         --variant default --variant "before=--model.init_args.optimizer.lr 1e-4"
@@ -33,7 +33,6 @@ import json
 import os
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -41,7 +40,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlhf_lit.demo.pipeline import ASSETS, THREAD_ENV, _betas
+from rlhf_lit.artifacts import NotOwned, claim_directory, directory_state, remove_owned_directory, write_text_atomically
+from rlhf_lit.demo.plan import ASSETS, parse_betas
+from rlhf_lit.demo.runner import THREAD_ENV
 
 MARKER = ".rlhf-lit-seeds.json"
 """Written into ``--out`` when this command creates it; a non-empty folder without it is refused."""
@@ -147,11 +148,12 @@ def run_job(job: Job, demo: Path, evaluation: Evaluation, checkpoint_every: int)
     from rlhf_lit.demo.report import read_scalars
 
     if job.dir.exists():  # a run this command began and did not finish (killed): start it again from nothing
-        if not (job.dir / RUN_MARKER).is_file():
-            raise FileExistsError(f"{job.dir} was not started by `python -m rlhf_lit.demo seeds`: move it away")
-        shutil.rmtree(job.dir)
+        try:
+            remove_owned_directory(job.dir, RUN_MARKER)
+        except NotOwned:
+            raise FileExistsError(f"{job.dir} was not started by `python -m rlhf_lit.demo seeds`: move it away") from None
     job.dir.mkdir(parents=True)
-    (job.dir / RUN_MARKER).write_text(f"{job.method} {job.name} seed {job.seed}\n", encoding="utf-8")
+    write_text_atomically(job.dir / RUN_MARKER, f"{job.method} {job.name} seed {job.seed}\n")
     with open(job.dir / "log.txt", "w", encoding="utf-8") as log:
         cmd = fit_command(job, demo, checkpoint_every)
         log.write(shlex.join(cmd) + "\n")
@@ -174,18 +176,15 @@ def run_job(job: Job, demo: Path, evaluation: Evaluation, checkpoint_every: int)
             evaluations["final"] = _evaluate(job.dir / "model", demo, job.dir / "eval.json", evaluation, log)
     result = {"method": job.method, "name": job.name, "seed": job.seed, "overrides": list(job.overrides),
               "curves": curves, "evaluations": evaluations}  # fmt: skip
-    tmp = job.result_path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result, indent=1), encoding="utf-8")
-    os.replace(tmp, job.result_path)  # atomic: a killed run leaves no half-written result
+    write_text_atomically(job.result_path, json.dumps(result, indent=1))  # a killed run leaves no half-written result
     return result
 
 
 def claim(out: Path) -> None:
     """Create ``out`` with :data:`MARKER`, or accept it when it has the marker; refuse any other non-empty folder."""
-    if out.exists() and any(out.iterdir()) and not (out / MARKER).exists():
+    if directory_state(out, MARKER, follow_symlinks=True) in ("not_a_directory", "foreign"):
         raise FileExistsError(f"--out {out} is not empty and was not written by `python -m rlhf_lit.demo seeds`")
-    out.mkdir(parents=True, exist_ok=True)
-    (out / MARKER).write_text(json.dumps({"written_by": "python -m rlhf_lit.demo seeds"}) + "\n", encoding="utf-8")
+    claim_directory(out, MARKER, json.dumps({"written_by": "python -m rlhf_lit.demo seeds"}) + "\n")
 
 
 def plan(out: Path, seeds: Sequence[int], variants: Sequence[tuple[str, tuple[str, ...]]],
@@ -209,7 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--variant", type=parse_variant, action="append", default=None,
                    help="NAME or NAME=OVERRIDES: the demo PPO config with these rlhf-lit fit options (repeatable; "
                         "default: one variant 'default' without overrides)")
-    p.add_argument("--dpo-betas", type=_betas, default=(0.05, 0.1, 0.3), help="DPO betas of the sweep")
+    p.add_argument("--dpo-betas", type=parse_betas, default=(0.05, 0.1, 0.3), help="DPO betas of the sweep")
     p.add_argument("--skip-dpo", action="store_true", help="no DPO runs (and no comparison with DPO)")
     p.add_argument("--checkpoint-every", type=int, default=10, help="PPO rollouts between evaluated checkpoints")
     p.add_argument("--jobs", type=int, default=2, help="runs at a time (one thread each)")

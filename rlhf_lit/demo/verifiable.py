@@ -28,7 +28,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from rlhf_lit.demo.prompts import read_paragraphs
+from rlhf_lit.demo.story_prompts import read_paragraphs
 
 ROOT = Path(__file__).resolve().parents[2]
 ASSETS = ROOT / "assets"

@@ -1,9 +1,20 @@
-"""Scoring generated text: pluggable judges (``"module:function"``) and diversity metrics.
+"""Scoring generated text and evaluating policies: judges, diversity, and the evaluations behind the commands.
 
-Used by the PPO stage (``objective/judge``, ``diversity/*`` per rollout), the online-generation
-callback and the demo's evaluation, so that every place scores a response the same way
-(:func:`response_texts` decodes what a judge reads). Imports nothing else from rlhf_lit; a judge's
-own dependencies load on first use.
+The package itself holds what the PPO stage (``objective/judge``, ``diversity/*`` per rollout),
+the online-generation callback and the demo's evaluation share, so that every place scores a
+response the same way (:func:`response_texts` decodes what a judge reads): importing it imports
+nothing of rlhf_lit's but :mod:`rlhf_lit.callable_specs`, and a judge's own dependencies load on
+first use.
+
+Its modules beside that are the library under ``rlhf-lit evaluate`` and ``rlhf-lit best-of-n``
+(the commands in :mod:`rlhf_lit.commands` only parse options and write the result):
+
+- :mod:`rlhf_lit.evaluation.policy_metrics`: :func:`~rlhf_lit.evaluation.policy_metrics.evaluate_policy`,
+  a policy's judge score, RM score, KL to a reference, distinct-n and length on prompts;
+- :mod:`rlhf_lit.evaluation.best_of_n_sweep`: :func:`~rlhf_lit.evaluation.best_of_n_sweep.best_of_n`,
+  best-of-N by a reward model swept over N;
+- :mod:`rlhf_lit.evaluation.samples`: loading the models and sampling measured responses;
+- :mod:`rlhf_lit.evaluation.prompt_files`: reading prompts from a text or JSONL file.
 """
 
 from rlhf_lit.evaluation.diversity import distinct_n, ngrams

@@ -15,7 +15,7 @@ import functools
 import math
 from collections.abc import Callable, Sequence
 
-from rlhf_lit.specs import resolve_callable
+from rlhf_lit.callable_specs import resolve_callable
 
 Judge = Callable[[list[str]], list[float]]
 """A judge: ``texts -> scores``, one float per text, higher is better."""

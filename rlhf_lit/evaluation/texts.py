@@ -24,7 +24,7 @@ def response_texts(
     without special tokens. It is cut from the decoded prompt + response so that ``prompt +
     response`` is the text the model produced (decoding the response alone can drop a leading
     space with sentencepiece tokenizers); when the decoded prompt is not a prefix of the whole,
-    the response is decoded alone. This is how ``rlhf_lit.demo.evaluate`` reads responses.
+    the response is decoded alone. This is how ``rlhf_lit.demo.held_out_eval`` reads responses.
 
     Args:
         tokenizer: the run's tokenizer.

@@ -3,10 +3,10 @@
 Lightning checkpoints stay the way to resume; the export is what the next stage (or any
 ``from_pretrained`` user) loads.
 
-rlhf-lit never deletes or overwrites what it did not write: every export carries a marker file
-(:data:`MARKER`), a non-empty directory without it is never replaced, and an earlier export is
-replaced only when the stage's ``export_existing`` says ``replace`` (by an atomic swap with the
-complete new one). The target is checked when fit starts, so a refusal costs no training.
+rlhf-lit never deletes or overwrites what it did not write (the rule of :mod:`rlhf_lit.artifacts`):
+every export carries a marker file (:data:`MARKER`), a non-empty directory without it is never
+replaced, and an earlier export is replaced only when the stage's ``export_existing`` says
+``replace`` (by an atomic swap with the complete new one). The target is checked when fit starts, so a refusal costs no training.
 """
 
 from __future__ import annotations
@@ -15,8 +15,6 @@ import datetime
 import json
 import logging
 import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Literal
 
@@ -24,13 +22,15 @@ import lightning.pytorch as pl
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from rlhf_lit.artifacts import EXPORT_MARKER, TargetChanged, directory_state, write_directory_atomically
 from rlhf_lit.models.sharding import full_state_dict
 from rlhf_lit.stages.nonfinite import assert_finite
 
 log = logging.getLogger(__name__)
 
-MARKER = "rlhf_lit_export.json"
-"""Written into every export: what it is and when it was written. Only such a directory is ever replaced."""
+MARKER = EXPORT_MARKER
+"""``rlhf_lit_export.json`` (:data:`rlhf_lit.artifacts.EXPORT_MARKER`), written into every export: what it is
+and when it was written. Only such a directory is ever replaced."""
 
 ExportExisting = Literal["refuse", "replace"]
 """What to do when ``export_dir`` already holds an earlier rlhf-lit export: ``refuse`` (stop before
@@ -46,14 +46,13 @@ def default_export_dir(trainer: pl.Trainer) -> str:
 def check_export_target(path: str | os.PathLike, existing: ExportExisting) -> None:
     """Raise ValueError unless an export may be written to ``path`` (see the module docstring)."""
     target = Path(path)
-    if not target.exists() and not target.is_symlink():
+    state = directory_state(target, MARKER)
+    if state in ("absent", "empty"):
         return
-    if not target.is_dir() or target.is_symlink():
+    if state == "not_a_directory":
         raise ValueError(f"export_dir {target} exists and is not a directory; choose another export_dir")
-    if not any(target.iterdir()):
-        return
     marker = target / MARKER
-    if not marker.is_file():
+    if state == "foreign":
         raise ValueError(
             f"export_dir {target} is not empty and was not written by rlhf-lit (no {MARKER}); it is never "
             "replaced: choose another export_dir"
@@ -83,10 +82,10 @@ def save_pretrained_atomically(
     ``state_dict``: the weights to write instead of ``model``'s own (the gathered weights of a
     sharded model, :func:`~rlhf_lit.models.sharding.full_state_dict`).
 
-    Everything (and the :data:`MARKER`) is written into a new hidden directory beside ``path``,
-    then renamed into place. An earlier export at ``path`` (checked again here with
-    :func:`check_export_target`) is moved aside and deleted only after the new one is in place,
-    so a crash leaves either the old or the new export, never a mixture.
+    The target is checked again here with :func:`check_export_target`; the write is
+    :func:`rlhf_lit.artifacts.write_directory_atomically` (a new hidden directory beside ``path``
+    with the :data:`MARKER` in it, renamed into place; an earlier export is deleted only after the
+    new one is in place), so a crash leaves either the old or the new export, never a mixture.
 
     Returns:
         The absolute path of the export.
@@ -94,38 +93,19 @@ def save_pretrained_atomically(
     final = Path(path).absolute()
     check_export_target(final, existing)
     assert_finite(model if state_dict is None else state_dict, what)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))  # new: never someone's
-    try:
+
+    def fill(tmp: Path) -> None:
         model.save_pretrained(tmp, **({} if state_dict is None else {"state_dict": state_dict}))
         tokenizer.save_pretrained(tmp)
+
+    def about() -> str:  # read when the contents are written: the time of writing
         written = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-        (tmp / MARKER).write_text(json.dumps({"what": what, "written": written}) + "\n", encoding="utf-8")
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)  # the directory made above, nothing else
-        raise
-    old = None
-    if final.exists():  # an empty directory or an rlhf-lit export (checked above)
-        old = Path(tempfile.mkdtemp(prefix=f".{final.name}.old-", dir=final.parent))
-        os.replace(final, old / final.name)  # os.replace cannot replace a non-empty directory
-        moved = old / final.name
-        if any(moved.iterdir()) and not (moved / MARKER).is_file():
-            # Changed since the check: put it back untouched and delete only what this call made.
-            os.replace(moved, final)
-            shutil.rmtree(tmp)
-            old.rmdir()
-            raise ValueError(f"export_dir {final} changed while the export was written; it was left as it is")
+        return json.dumps({"what": what, "written": written}) + "\n"
+
     try:
-        os.replace(tmp, final)
-    except OSError:
-        if old is not None:
-            os.replace(old / final.name, final)  # the earlier export back in place
-            old.rmdir()
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    if old is not None:
-        shutil.rmtree(old)  # holds only the earlier rlhf-lit export (its marker checked just above)
-    return final
+        return write_directory_atomically(final, fill, MARKER, about)
+    except TargetChanged:
+        raise ValueError(f"export_dir {final} changed while the export was written; it was left as it is") from None
 
 
 def export_at_fit_end(

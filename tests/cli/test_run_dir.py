@@ -1,4 +1,4 @@
-"""``--run_dir``: one directory per experiment, the stages chained through it (rlhf_lit.runs).
+"""``--run_dir``: one directory per experiment, the stages chained through it (rlhf_lit.cli.run_dir).
 
 The chain is driven as the README shows it, ``rlhf-lit`` in subprocesses with command-line options
 only (no YAML), on stories260K with a few steps per stage. The rules for settings that contradict
@@ -19,7 +19,7 @@ from cli_helpers import ASSETS, ROOT, STORIES, TINYSTORIES, error_line, rlhf_lit
 from jsonargparse import Namespace
 
 from rlhf_lit.cli import DEFAULT_LOGGER
-from rlhf_lit.runs import RunDirError, apply_run_dir
+from rlhf_lit.cli.run_dir import RunDirError, apply_run_dir
 
 HH_RLHF = ASSETS / "data" / "hh-rlhf" / "harmless-base-test.jsonl.gz"
 QUIET = ("--trainer.accelerator", "cpu", "--trainer.enable_progress_bar", "false",
@@ -241,3 +241,25 @@ def test_a_stage_without_a_run_layout_is_refused():
     cfg = _parsed(stage="lightning.pytorch.demos.boring_classes.BoringModel")
     with pytest.raises(RunDirError, match="BoringModel declares no run_layout"):
         apply_run_dir(cfg, DEFAULTS, "fit")
+
+
+def test_a_missing_export_of_a_run_dir_config_is_named_by_the_cli_not_by_sources(tmp_path, monkeypatch):
+    # sources.py cannot tell where a stage exports in a run directory (it sits below the stages):
+    # alone it names only configs with an export_dir; the CLI adds the run_dir configs.
+    from rlhf_lit.cli.run_dir import with_run_dir_hint
+    from rlhf_lit.sources import MissingSource, model_source, producing_config
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "sft.yaml").write_text(
+        "run_dir: runs/exp\nmodel:\n  class_path: rlhf_lit.stages.SFTModule\n", encoding="utf-8")
+    with pytest.raises(MissingSource) as missing:
+        model_source("runs/exp/sft/model", "sft_model")
+    assert str(missing.value) == "sft_model not found: runs/exp/sft/model (no such directory)"
+    assert producing_config("runs/exp/sft/model") is None
+    assert str(with_run_dir_hint(missing.value)) == (
+        "sft_model not found: runs/exp/sft/model (no such directory; it is the export of configs/sft.yaml: "
+        "run `rlhf-lit fit --config configs/sft.yaml` first)"
+    )
+    other = ValueError("something else")
+    assert with_run_dir_hint(other) is other

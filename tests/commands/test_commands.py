@@ -9,8 +9,10 @@ import pytest
 import torch
 
 from rlhf_lit.commands import COMMANDS, run_command
-from rlhf_lit.commands.best_of_n import parse_n_list, powers_of_two, sweep
-from rlhf_lit.commands.common import OptionError, check_out, read_prompts, write_json
+from rlhf_lit.commands.best_of_n_command import parse_n_list, powers_of_two
+from rlhf_lit.commands.options import OptionError, check_out, write_json
+from rlhf_lit.evaluation.best_of_n_sweep import sweep
+from rlhf_lit.evaluation.prompt_files import read_prompts
 
 
 def test_prompts_one_per_line_blank_lines_skipped(tmp_path):
@@ -94,8 +96,8 @@ def test_sweep_follows_the_reward_argmax_with_hand_values():
 
 
 def test_errors_before_any_model_is_loaded(tmp_path, stories_path, monkeypatch, capsys):
-    import rlhf_lit.commands.best_of_n as bon
-    import rlhf_lit.commands.evaluate as ev
+    import rlhf_lit.evaluation.best_of_n_sweep as bon
+    import rlhf_lit.evaluation.policy_metrics as ev
 
     def no_loading(*args, **kwargs):
         raise AssertionError("a model was loaded before the options and files were checked")

@@ -13,7 +13,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
 from rlhf_lit.demo.frontier import load_checkpoint_policy
-from rlhf_lit.demo.pipeline import MARKER, STAGE_DIRS, claim_out
+from rlhf_lit.demo.plan import MARKER, STAGE_DIRS, claim_out
 from rlhf_lit.demo.report import read_scalars
 
 EVAL_METRICS = ("judge_mean", "judge_std", "kl_mean", "kl_std", "distinct_1", "distinct_2",
@@ -157,7 +157,8 @@ def test_claim_out_marks_a_new_folder_and_clears_only_stage_folders_of_a_marked_
 
 
 def test_wait_stages_times_each_stage_to_its_own_exit_and_stops_the_rest_on_a_failure(tmp_path):
-    from rlhf_lit.demo.pipeline import Paths, StageFailed, Timings, start_stages, wait_stages
+    from rlhf_lit.demo.plan import Paths
+    from rlhf_lit.demo.runner import StageFailed, Timings, start_stages, wait_stages
 
     paths = Paths(tmp_path)
     paths.dir("logs").mkdir()

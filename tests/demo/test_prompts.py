@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rlhf_lit.demo.prompts import RANGES, load_prompts, opening_words, read_paragraphs, write_splits
+from rlhf_lit.demo.story_prompts import RANGES, load_prompts, opening_words, read_paragraphs, write_splits
 
 
 @pytest.fixture

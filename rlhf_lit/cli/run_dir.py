@@ -24,7 +24,8 @@ Rules (rlhf-lit never silently rewrites a setting):
   loaded (unless ``export_existing: replace``); a new experiment is a new DIR.
 - ``--ckpt_path`` inside ``DIR/<stage>/version_N/`` resumes logging into that same ``version_N``.
 
-A stage takes part by declaring ``run_layout = RunLayout("<name>", inputs={...})``: one line.
+A stage takes part by declaring ``run_layout = RunLayout("<name>", inputs={...})``
+(:class:`rlhf_lit.stages.base.RunLayout`): one line.
 """
 
 from __future__ import annotations
@@ -32,10 +33,14 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import re
 from collections.abc import Mapping
 from typing import Any, Optional
 
+from rlhf_lit.artifacts import EXPORT_MARKER
+from rlhf_lit.sources import MissingSource, producing_config
 from rlhf_lit.stages.base import RunLayout
+from rlhf_lit.stages.export import check_export_target
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +100,7 @@ def stage_layout(class_path: str) -> RunLayout:
     layout = getattr(cls, "run_layout", None)
     if not isinstance(layout, RunLayout):
         raise RunDirError(
-            f"--run_dir: {_class_name(class_path)} declares no run_layout (rlhf_lit.runs.RunLayout), so it has "
+            f"--run_dir: {_class_name(class_path)} declares no run_layout (rlhf_lit.stages.base.RunLayout), so it has "
             "no place in a run directory; drop --run_dir and set its outputs (logger, export_dir) yourself"
         )
     return layout
@@ -214,12 +219,10 @@ def _refuse_finished_stage(init_args, target: str | None, run_dir: str, stage: s
     """Stop a fresh fit whose export would be refused at its end, before any model is loaded."""
     if target is None:
         return
-    from rlhf_lit.stages.export import MARKER, check_export_target  # heavy imports; stages import this module
-
     try:
         check_export_target(target, init_args.get("export_existing", "refuse"))
     except ValueError as error:
-        if os.path.isfile(os.path.join(target, MARKER)):  # this stage has finished in this run directory
+        if os.path.isfile(os.path.join(target, EXPORT_MARKER)):  # this stage has finished in this run directory
             raise RunDirError(
                 f"--run_dir {run_dir}: the {stage.upper()} stage has run there already (its export {target} "
                 f"exists); for a new experiment give another --run_dir, to continue this one resume with "
@@ -261,3 +264,29 @@ def apply_run_dir(cfg, trainer_defaults: Mapping[str, Any], subcommand: str | No
         _refuse_finished_stage(init_args, target, run_dir, stage)
     _fill_inputs(init_args, layout, run_dir)
     log.info("run dir %s: the %s stage writes to %s", run_dir, stage, stage_dir(run_dir, stage))
+
+
+def run_dir_export(text: str) -> str | None:
+    """``<run_dir>/<stage>/model`` of a config text that sets ``run_dir`` (None for any other config)."""
+    run_dir = re.search(r"^run_dir:\s*(\S+)\s*$", text, flags=re.MULTILINE)
+    stage_class = re.search(r"^model:\s*\n\s+class_path:\s*(\S+)", text, flags=re.MULTILINE)
+    if not run_dir or not stage_class:
+        return None
+    try:
+        layout = stage_layout(stage_class.group(1))
+    except (ImportError, AttributeError, ValueError):
+        return None
+    return stage_export(run_dir.group(1).strip("'\""), layout.name)
+
+
+def with_run_dir_hint(error: BaseException) -> BaseException:
+    """A :class:`~rlhf_lit.sources.MissingSource` that names no config, again with the configs that set
+    ``run_dir`` searched too (:func:`~rlhf_lit.sources.producing_config`); any other error as it is.
+
+    :mod:`rlhf_lit.sources` sits below the stages and cannot tell where a stage exports in a run
+    directory; the CLI, which knows the stages, completes the hint when it reports the error.
+    """
+    if not isinstance(error, MissingSource) or error.config is not None:
+        return error
+    config = producing_config(error.name_or_path, run_dir_export)
+    return error if config is None else MissingSource(error.what, error.name_or_path, config)

@@ -25,7 +25,7 @@ What the command offers beyond LightningCLI's defaults:
   (epochs x minibatches per rollout); ``--model.init_args.max_rollouts`` sets the run's length.
 - The progress bar is :class:`~rlhf_lit.callbacks.RunProgressBar` (rollouts out of
   ``max_rollouts``, or steps out of the real total) unless the config disables the bar or lists its own.
-- Expected, harmless warnings are silenced in one place (:mod:`rlhf_lit.quiet`); TensorBoard gets
+- Expected, harmless warnings are silenced in one place (:mod:`rlhf_lit.expected_warnings`); TensorBoard gets
   no placeholder ``hp_metric``.
 """
 
@@ -45,11 +45,11 @@ from lightning.pytorch.callbacks.progress import ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from rlhf_lit.commands import COMMANDS, commands_help, run_command
-from rlhf_lit.runs import add_run_dir_argument, apply_run_dir
 import rlhf_lit.data  # noqa: F401  (the data modules: known subclasses, so --data takes short names)
 import rlhf_lit.stages  # noqa: F401  (the stages, likewise for --model)
 from rlhf_lit.callbacks.progress import RunProgressBar
-from rlhf_lit.quiet import silence_expected_noise
+from rlhf_lit.cli.run_dir import add_run_dir_argument, apply_run_dir, with_run_dir_hint
+from rlhf_lit.expected_warnings import silence_expected_noise
 from rlhf_lit.stages.nonfinite import NonFiniteError
 from rlhf_lit.strategies import check_strategy_choice  # also registers the fsdp / fsdp2 names
 
@@ -155,7 +155,7 @@ class RLHFCLI(LightningCLI):
     def add_arguments_to_parser(self, parser) -> None:
         """Link `model.tokenizer` (built in the stage's __init__) to the data module's `tokenizer`."""
         parser.link_arguments("model.tokenizer", "data.init_args.tokenizer", apply_on="instantiate")
-        add_run_dir_argument(parser)  # --run_dir: one directory per experiment (rlhf_lit.runs)
+        add_run_dir_argument(parser)  # --run_dir: one directory per experiment (rlhf_lit.cli.run_dir)
 
     def before_instantiate_classes(self) -> None:
         """Refuse ``--trainer.strategy fsdp`` without GPUs before anything is built (names ``fsdp2``)."""
@@ -166,7 +166,7 @@ class RLHFCLI(LightningCLI):
         refusal = check_run_length(model.get("class_path") if model else None, trainer.get("max_steps"))
         if refusal:
             self.parser.error(refusal)  # an option error: one line, exit 2, before any model is built
-        # --run_dir: fill unset outputs and inputs, refuse contradicting ones (rlhf_lit.runs)
+        # --run_dir: fill unset outputs and inputs, refuse contradicting ones (rlhf_lit.cli.run_dir)
         apply_run_dir(self.config[subcommand] if subcommand else self.config, self.trainer_defaults, subcommand)
 
     def instantiate_trainer(self, **kwargs) -> Trainer:
@@ -271,7 +271,7 @@ def main(args: list[str] | None = None) -> None:
     except EXPECTED_ERRORS as error:
         if debug:
             raise
-        cause = user_facing_error(error)
+        cause = with_run_dir_hint(user_facing_error(error))
         if not isinstance(cause, EXPECTED_ERRORS):
             raise cause from None  # a bug or an environment failure (out of memory ...): its traceback
         sys.stderr.write(f"rlhf-lit: error: {cause}\n(run with {DEBUG_FLAG} for the traceback)\n")

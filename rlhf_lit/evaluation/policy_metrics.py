@@ -1,40 +1,26 @@
-"""``rlhf-lit evaluate``: sample from a policy on prompts and measure judge, RM score, KL, distinct-n, length.
+"""Evaluating a policy on prompts: judge score, RM score, KL to a reference, distinct-n, length.
 
-    rlhf-lit evaluate --policy logs/offline/ppo-full/model --prompts prompts.txt \\
-        --reference logs/offline/sft/model --reward-model logs/offline/rm/model \\
-        --judge rlhf_lit.evaluation.judges:vader --out eval.json
-
-Every model is optional but the policy: without ``--reference`` there is no KL, without
-``--reward-model`` no RM score, without ``--judge`` no judge score; length, the fraction of
-responses that end with EOS and distinct-1/2 are always measured. KL is the per-response sum over
-response tokens (EOS included) of ``logprob_policy - logprob_ref`` on the policy's own samples at
-the sampling temperature: a Monte Carlo estimate of ``KL(policy || reference)`` of whole responses,
-the quantity PPO's penalty controls. :func:`evaluate_policy` is the library function; the demo's
-evaluation (:func:`rlhf_lit.demo.evaluate.evaluate`) is this on its held-out paragraphs.
+:func:`evaluate_policy` is what ``rlhf-lit evaluate`` runs (and the demo's held-out evaluation,
+:func:`rlhf_lit.demo.held_out_eval.evaluate`). Every model is optional but the policy: without a
+reference there is no KL, without a reward model no RM score, without a judge no judge score;
+length, the fraction of responses that end with EOS and distinct-1/2 are always measured. KL is the
+per-response sum over response tokens (EOS included) of ``logprob_policy - logprob_ref`` on the
+policy's own samples at the sampling temperature: a Monte Carlo estimate of
+``KL(policy || reference)`` of whole responses, the quantity PPO's penalty controls.
 """
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
-import logging
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from rlhf_lit.commands.common import (
-    WRITTEN_BY_KEY,
-    CommandParser,
-    add_common_options,
-    add_unfinished_option,
-    check_positive,
-    load_models,
-    mean_std,
-    prepare,
-    sample_and_measure,
-    write_json,
-)
+from rlhf_lit.evaluation.judges import Judge
+from rlhf_lit.evaluation.samples import check_positive, load_models, mean_std, sample_and_measure
 
-log = logging.getLogger(__name__)
+if TYPE_CHECKING:  # annotations only: importing this module loads no model code
+    from rlhf_lit.models.generation import SamplingConfig
+    from rlhf_lit.models.scoring import UnfinishedScoring
 
 
 def evaluate_policy(
@@ -43,14 +29,14 @@ def evaluate_policy(
     *,
     reference: str | None = None,
     reward_model: str | None = None,
-    judge=None,
+    judge: Judge | None = None,
     samples_per_prompt: int = 1,
-    sampling=None,
+    sampling: SamplingConfig | None = None,
     batch_size: int = 64,
     seed: int = 0,
     tokenizer: str | None = None,
     device: str = "cpu",
-    unfinished: str = "as_sampled",
+    unfinished: UnfinishedScoring = "as_sampled",
 ) -> dict:
     """Sample ``samples_per_prompt`` responses per prompt from ``policy`` and measure them.
 
@@ -130,49 +116,3 @@ def format_table(result: dict) -> str:
     lines = [f"{'metric':<{width}}  value", f"{'-' * width}  {'-' * 10}"]
     lines += [f"{k:<{width}}  {v}" for k, v in rows]
     return "\n".join(lines)
-
-
-def build_parser() -> CommandParser:
-    """The options of ``rlhf-lit evaluate``."""
-    parser = CommandParser(
-        prog="rlhf-lit evaluate", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-        description="Sample responses from a policy on prompts; print judge score, RM score, KL to a reference, "
-        "distinct-n and length, and write them (with every sample) as JSON.",
-    )  # fmt: skip
-    parser.add_argument("--policy", required=True, metavar="DIR", help="the model to evaluate (an export directory)")
-    parser.add_argument("--reference", default=None, metavar="DIR", help="reference model for the KL (none: no KL)")
-    parser.add_argument("--reward-model", default=None, metavar="DIR", help="reward model to score responses (none: no RM score)")
-    add_unfinished_option(parser)
-    parser.add_argument("--samples-per-prompt", type=int, default=1, help="responses per prompt")
-    add_common_options(parser, max_new_tokens=48, batch_size=64)
-    return parser
-
-
-def main(argv: Sequence[str]) -> int:
-    """Run ``rlhf-lit evaluate`` with ``argv`` (the options after the command name); returns the exit status."""
-    args = build_parser().parse_args(list(argv))
-    check_positive(samples_per_prompt=args.samples_per_prompt)
-    prompts, sampling, judge = prepare(args, policy=args.policy, reference=args.reference,
-                                       reward_model=args.reward_model, tokenizer=args.tokenizer)  # fmt: skip
-    log.info("evaluate: %d prompts x %d samples from %s", len(prompts), args.samples_per_prompt, args.policy)
-    result = evaluate_policy(
-        args.policy, prompts, reference=args.reference, reward_model=args.reward_model, judge=judge,
-        samples_per_prompt=args.samples_per_prompt, sampling=sampling, batch_size=args.batch_size, seed=args.seed,
-        tokenizer=args.tokenizer, device=args.device, unfinished=args.unfinished,
-    )  # fmt: skip
-    result = {
-        WRITTEN_BY_KEY: "rlhf-lit evaluate",
-        "config": {
-            "policy": args.policy, "reference": args.reference, "reward_model": args.reward_model,
-            "judge": args.judge, "prompts": args.prompts, "num_prompts": len(prompts),
-            "samples_per_prompt": args.samples_per_prompt, "sampling": dataclasses.asdict(sampling),
-            "unfinished": args.unfinished,
-            "batch_size": args.batch_size, "seed": args.seed, "tokenizer": args.tokenizer, "device": args.device,
-        },  # fmt: skip
-        **result,
-    }
-    print(format_table(result))
-    if args.out is not None:
-        write_json(args.out, result)
-        log.info("wrote %s", args.out)
-    return 0

@@ -1,11 +1,8 @@
-"""``rlhf-lit best-of-n``: best-of-N sampling by a reward model, swept over N, with its analytic KL.
+"""Best-of-N sampling by a reward model, swept over N, with its analytic KL (``rlhf-lit best-of-n``).
 
-    rlhf-lit best-of-n --policy logs/offline/sft/model --reward-model logs/offline/rm/model \\
-        --prompts prompts.txt --judge rlhf_lit.evaluation.judges:vader --n-max 64 --out bon.json
-
-M responses are sampled once per prompt (M = the largest N unless ``--num-samples`` asks for
-more), scored by the reward model (and the judge), and every N of the sweep is evaluated on those
-same samples, so the sweep costs one sampling pass. ``--estimator subsets`` (the default) takes
+M responses are sampled once per prompt (M = the largest N unless ``num_samples`` asks for more),
+scored by the reward model (and the judge), and every N of the sweep is evaluated on those same
+samples, so the sweep costs one sampling pass. The estimator ``subsets`` (the default) takes
 the exact expectation over all N-subsets of the M samples (``P(sample i is the pick) =
 C(rank_i - 1, N - 1) / C(M, N)`` with rank 1 the lowest RM score); ``first_n`` picks the best of
 the first N samples (nested prefixes). Ties in the RM score go to the sample drawn first. See
@@ -18,51 +15,23 @@ prompts), RM score and length, and the analytic KL of best-of-N to the policy,
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
-import logging
 import math
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
-from rlhf_lit.commands.common import (
-    WRITTEN_BY_KEY,
-    CommandParser,
-    OptionError,
-    add_common_options,
-    add_unfinished_option,
-    check_positive,
-    load_models,
-    prepare,
-    sample_and_measure,
-    write_json,
-)
+from rlhf_lit.evaluation.judges import Judge
+from rlhf_lit.evaluation.samples import check_positive, load_models, sample_and_measure
 from rlhf_lit.functional.best_of_n import BestOfNEstimator, best_of_n_kl, best_of_n_weights
 
-log = logging.getLogger(__name__)
+if TYPE_CHECKING:  # annotations only: importing this module loads no model code
+    from rlhf_lit.models.generation import SamplingConfig
+    from rlhf_lit.models.scoring import UnfinishedScoring
 
 ROW_KEYS = ("n", "kl_analytic", "judge_mean", "judge_stderr", "rm_mean", "rm_stderr", "length_mean", "ended_fraction")
 """The fields of one row of the sweep (``judge_*`` are None without a judge)."""
-
-
-def powers_of_two(n_max: int) -> list[int]:
-    """``1, 2, 4, ...`` up to ``n_max``, and ``n_max`` itself when it is not a power of two."""
-    check_positive(n_max=n_max)
-    ns = [2**k for k in range(n_max.bit_length()) if 2**k <= n_max]
-    return ns if ns[-1] == n_max else [*ns, n_max]
-
-
-def parse_n_list(text: str) -> list[int]:
-    """``"1,2,4"`` -> ``[1, 2, 4]``: distinct positive integers, sorted (else :class:`OptionError`)."""
-    try:
-        ns = sorted({int(part) for part in text.split(",") if part.strip()})
-    except ValueError:
-        raise OptionError(f"--n {text!r}: give comma-separated integers, e.g. 1,2,4,8") from None
-    if not ns or ns[0] < 1:
-        raise OptionError(f"--n {text!r}: give integers >= 1")
-    return ns
 
 
 def _mean_stderr(per_prompt: torch.Tensor) -> tuple[float, float]:
@@ -116,14 +85,14 @@ def best_of_n(
     ns: Sequence[int],
     *,
     num_samples: int | None = None,
-    judge=None,
+    judge: Judge | None = None,
     estimator: BestOfNEstimator = "subsets",
-    sampling=None,
+    sampling: SamplingConfig | None = None,
     batch_size: int = 64,
     seed: int = 0,
     tokenizer: str | None = None,
     device: str = "cpu",
-    unfinished: str = "as_sampled",
+    unfinished: UnfinishedScoring = "as_sampled",
 ) -> dict:
     """Sample ``num_samples`` (default ``max(ns)``) responses per prompt once and sweep best-of-N over ``ns``.
 
@@ -136,7 +105,7 @@ def best_of_n(
         judge: a judge (``texts -> scores``) for the gold score of the pick, or None.
         estimator: ``subsets`` (exact expectation over N-subsets) or ``first_n`` (nested prefixes).
         sampling, batch_size, seed, tokenizer, device: as in
-            :func:`rlhf_lit.commands.evaluate.evaluate_policy`.
+            :func:`rlhf_lit.evaluation.policy_metrics.evaluate_policy`.
         unfinished: how the reward model reads a response without EOS (``as_sampled`` or ``with_eos``,
             :data:`~rlhf_lit.models.scoring.UnfinishedScoring`): use the PPO run's ``reward.unfinished``
             to pick with the reward PPO optimises.
@@ -198,57 +167,3 @@ def format_table(rows: Sequence[dict]) -> str:
     lines = ["  ".join(h.rjust(w) for h, w in zip(header, widths))]
     lines += ["  ".join(c.rjust(w) for c, w in zip(cell, widths)) for cell in cells]
     return "\n".join(lines)
-
-
-def build_parser() -> CommandParser:
-    """The options of ``rlhf-lit best-of-n``."""
-    parser = CommandParser(
-        prog="rlhf-lit best-of-n", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-        description="Sample M responses per prompt once, pick the best of N by a reward model for N in a sweep, "
-        "and report the pick's judge score, RM score and length with the analytic KL log N - (N-1)/N.",
-    )  # fmt: skip
-    parser.add_argument("--policy", required=True, metavar="DIR", help="the model to sample from")
-    parser.add_argument("--reward-model", required=True, metavar="DIR", help="the reward model that picks the best")
-    add_unfinished_option(parser)
-    which = parser.add_mutually_exclusive_group()
-    which.add_argument("--n-max", type=int, default=64, help="sweep N = 1, 2, 4, ... up to this")
-    which.add_argument("--n", default=None, metavar="N,N,...", help="the N values, e.g. 1,2,4,8 (instead of --n-max)")
-    parser.add_argument("--num-samples", type=int, default=None, metavar="M",
-                        help="responses sampled per prompt (default: the largest N); more lowers the variance of 'subsets'")
-    parser.add_argument("--estimator", choices=["subsets", "first_n"], default="subsets",
-                        help="subsets: exact mean over all N-subsets of the M samples; first_n: best of the first N")
-    add_common_options(parser, max_new_tokens=48, batch_size=64)
-    return parser
-
-
-def main(argv: Sequence[str]) -> int:
-    """Run ``rlhf-lit best-of-n`` with ``argv`` (the options after the command name); returns the exit status."""
-    args = build_parser().parse_args(list(argv))
-    ns = parse_n_list(args.n) if args.n is not None else powers_of_two(args.n_max)
-    check_positive(num_samples=args.num_samples)
-    if args.num_samples is not None and args.num_samples < ns[-1]:
-        raise OptionError(f"--num-samples {args.num_samples} is below the largest N ({ns[-1]})")
-    prompts, sampling, judge = prepare(args, policy=args.policy, reward_model=args.reward_model, tokenizer=args.tokenizer)
-    m = args.num_samples or ns[-1]
-    log.info("best-of-n: %d prompts x %d samples from %s, N in %s", len(prompts), m, args.policy, ns)
-    result = best_of_n(
-        args.policy, args.reward_model, prompts, ns, num_samples=m, judge=judge, estimator=args.estimator,
-        sampling=sampling, batch_size=args.batch_size, seed=args.seed, tokenizer=args.tokenizer, device=args.device,
-        unfinished=args.unfinished,
-    )  # fmt: skip
-    result = {
-        WRITTEN_BY_KEY: "rlhf-lit best-of-n",
-        "config": {
-            "policy": args.policy, "reward_model": args.reward_model, "judge": args.judge, "prompts": args.prompts,
-            "num_prompts": len(prompts), "ns": ns, "num_samples": m, "estimator": args.estimator,
-            "unfinished": args.unfinished,
-            "tie_break": "equal RM scores: the sample drawn first wins", "sampling": dataclasses.asdict(sampling),
-            "batch_size": args.batch_size, "seed": args.seed, "tokenizer": args.tokenizer, "device": args.device,
-        },  # fmt: skip
-        **result,
-    }
-    print(format_table(result["rows"]))
-    if args.out is not None:
-        write_json(args.out, result)
-        log.info("wrote %s", args.out)
-    return 0

@@ -1,6 +1,6 @@
 """Evaluate a policy on held-out prompts: judge score, KL to the reference, diversity, length.
 
-The measuring is :func:`rlhf_lit.commands.evaluate.evaluate_policy` (also ``rlhf-lit evaluate``):
+The measuring is :func:`rlhf_lit.evaluation.policy_metrics.evaluate_policy` (also ``rlhf-lit evaluate``):
 KL is the per-response sum over response tokens (EOS included) of ``logprob_policy -
 logprob_ref`` on the policy's own samples, a Monte Carlo estimate of ``KL(policy || reference)``
 of whole responses, the quantity PPO's penalty controls. Both logprobs use the sampling
@@ -14,10 +14,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 
-from rlhf_lit.commands.common import write_json
-from rlhf_lit.commands.evaluate import evaluate_policy, format_table  # noqa: F401 (format_table: the demo's CLI)
-from rlhf_lit.demo.prompts import RANGES, load_prompts
+from rlhf_lit.artifacts import write_json_atomically
+from rlhf_lit.demo.story_prompts import RANGES, load_prompts
 from rlhf_lit.evaluation.judges import DEFAULT_JUDGE, load_judge
+from rlhf_lit.evaluation.policy_metrics import evaluate_policy, format_table  # noqa: F401 (format_table: the demo's CLI)
 from rlhf_lit.models.generation import SamplingConfig
 
 log = logging.getLogger(__name__)
@@ -92,5 +92,5 @@ def evaluate(
         ],
     }
     if out is not None:
-        write_json(out, result)
+        write_json_atomically(out, result)
     return result

@@ -1,0 +1,113 @@
+"""``rlhf-lit best-of-n``: best-of-N sampling by a reward model, swept over N, with its analytic KL.
+
+    rlhf-lit best-of-n --policy logs/offline/sft/model --reward-model logs/offline/rm/model \\
+        --prompts prompts.txt --judge rlhf_lit.evaluation.judges:vader --n-max 64 --out bon.json
+
+M responses are sampled once per prompt (M = the largest N unless ``--num-samples`` asks for
+more), scored by the reward model (and the judge), and every N of the sweep is evaluated on those
+same samples, so the sweep costs one sampling pass. ``--estimator subsets`` (the default) takes
+the exact expectation over all N-subsets of the M samples (``P(sample i is the pick) =
+C(rank_i - 1, N - 1) / C(M, N)`` with rank 1 the lowest RM score); ``first_n`` picks the best of
+the first N samples (nested prefixes). Ties in the RM score go to the sample drawn first. See
+:mod:`rlhf_lit.functional.best_of_n`.
+
+Per N it reports the mean over prompts of the pick's judge score (with its standard error over
+prompts), RM score and length, and the analytic KL of best-of-N to the policy,
+``log N - (N - 1) / N``.
+
+This module is the argparse shell: it parses and checks the options, calls the library function
+:func:`rlhf_lit.evaluation.best_of_n_sweep.best_of_n`, prints the table and writes the JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+from collections.abc import Sequence
+
+from rlhf_lit.commands.options import (
+    WRITTEN_BY_KEY,
+    CommandParser,
+    OptionError,
+    add_common_options,
+    add_unfinished_option,
+    check_positive,
+    prepare,
+    write_json,
+)
+from rlhf_lit.evaluation.best_of_n_sweep import best_of_n, format_table
+
+log = logging.getLogger(__name__)
+
+
+def powers_of_two(n_max: int) -> list[int]:
+    """``1, 2, 4, ...`` up to ``n_max``, and ``n_max`` itself when it is not a power of two."""
+    check_positive(n_max=n_max)
+    ns = [2**k for k in range(n_max.bit_length()) if 2**k <= n_max]
+    return ns if ns[-1] == n_max else [*ns, n_max]
+
+
+def parse_n_list(text: str) -> list[int]:
+    """``"1,2,4"`` -> ``[1, 2, 4]``: distinct positive integers, sorted (else :class:`OptionError`)."""
+    try:
+        ns = sorted({int(part) for part in text.split(",") if part.strip()})
+    except ValueError:
+        raise OptionError(f"--n {text!r}: give comma-separated integers, e.g. 1,2,4,8") from None
+    if not ns or ns[0] < 1:
+        raise OptionError(f"--n {text!r}: give integers >= 1")
+    return ns
+
+
+def build_parser() -> CommandParser:
+    """The options of ``rlhf-lit best-of-n``."""
+    parser = CommandParser(
+        prog="rlhf-lit best-of-n", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description="Sample M responses per prompt once, pick the best of N by a reward model for N in a sweep, "
+        "and report the pick's judge score, RM score and length with the analytic KL log N - (N-1)/N.",
+    )  # fmt: skip
+    parser.add_argument("--policy", required=True, metavar="DIR", help="the model to sample from")
+    parser.add_argument("--reward-model", required=True, metavar="DIR", help="the reward model that picks the best")
+    add_unfinished_option(parser)
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--n-max", type=int, default=64, help="sweep N = 1, 2, 4, ... up to this")
+    which.add_argument("--n", default=None, metavar="N,N,...", help="the N values, e.g. 1,2,4,8 (instead of --n-max)")
+    parser.add_argument("--num-samples", type=int, default=None, metavar="M",
+                        help="responses sampled per prompt (default: the largest N); more lowers the variance of 'subsets'")
+    parser.add_argument("--estimator", choices=["subsets", "first_n"], default="subsets",
+                        help="subsets: exact mean over all N-subsets of the M samples; first_n: best of the first N")
+    add_common_options(parser, max_new_tokens=48, batch_size=64)
+    return parser
+
+
+def main(argv: Sequence[str]) -> int:
+    """Run ``rlhf-lit best-of-n`` with ``argv`` (the options after the command name); returns the exit status."""
+    args = build_parser().parse_args(list(argv))
+    ns = parse_n_list(args.n) if args.n is not None else powers_of_two(args.n_max)
+    check_positive(num_samples=args.num_samples)
+    if args.num_samples is not None and args.num_samples < ns[-1]:
+        raise OptionError(f"--num-samples {args.num_samples} is below the largest N ({ns[-1]})")
+    prompts, sampling, judge = prepare(args, policy=args.policy, reward_model=args.reward_model, tokenizer=args.tokenizer)
+    m = args.num_samples or ns[-1]
+    log.info("best-of-n: %d prompts x %d samples from %s, N in %s", len(prompts), m, args.policy, ns)
+    result = best_of_n(
+        args.policy, args.reward_model, prompts, ns, num_samples=m, judge=judge, estimator=args.estimator,
+        sampling=sampling, batch_size=args.batch_size, seed=args.seed, tokenizer=args.tokenizer, device=args.device,
+        unfinished=args.unfinished,
+    )  # fmt: skip
+    result = {
+        WRITTEN_BY_KEY: "rlhf-lit best-of-n",
+        "config": {
+            "policy": args.policy, "reward_model": args.reward_model, "judge": args.judge, "prompts": args.prompts,
+            "num_prompts": len(prompts), "ns": ns, "num_samples": m, "estimator": args.estimator,
+            "unfinished": args.unfinished,
+            "tie_break": "equal RM scores: the sample drawn first wins", "sampling": dataclasses.asdict(sampling),
+            "batch_size": args.batch_size, "seed": args.seed, "tokenizer": args.tokenizer, "device": args.device,
+        },  # fmt: skip
+        **result,
+    }
+    print(format_table(result["rows"]))
+    if args.out is not None:
+        write_json(args.out, result)
+        log.info("wrote %s", args.out)
+    return 0

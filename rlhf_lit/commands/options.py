@@ -1,0 +1,142 @@
+"""The argparse shell of ``rlhf-lit evaluate`` and ``rlhf-lit best-of-n``: parser, options, checks, ``--out``.
+
+Errors read as the rest of rlhf-lit's: a bad option value is an :class:`OptionError` (one line
+``rlhf-lit: error: ...``, exit status 2), checked before any model is loaded (:func:`prepare`).
+The work itself is the evaluation library's (:mod:`rlhf_lit.evaluation`); the result is written
+by the rule of :mod:`rlhf_lit.artifacts`: every JSON a command writes carries ``"written_by":
+"rlhf-lit <command>"`` (:data:`WRITTEN_BY_KEY`), ``--overwrite`` replaces only such a file, and
+the write is atomic.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from rlhf_lit.artifacts import WRITTEN_BY_KEY, json_file_state, write_json_atomically  # noqa: F401 (WRITTEN_BY_KEY: the commands stamp their JSON with it)
+from rlhf_lit.evaluation import samples
+from rlhf_lit.evaluation.prompt_files import read_prompts
+
+
+OWNER_PREFIX = "rlhf-lit "
+"""What the ``written_by`` of a file rlhf-lit's commands wrote starts with."""
+
+
+class OptionError(ValueError):
+    """A bad option value: reported as ``rlhf-lit: error: ...`` with exit status 2."""
+
+
+class CommandParser(argparse.ArgumentParser):
+    """An argparse parser whose errors read like the rest of rlhf-lit: one ``rlhf-lit: error:`` line, exit 2."""
+
+    def error(self, message: str):
+        """Print ``rlhf-lit: error: <message>`` and where the options are listed; exit 2."""
+        self.exit(2, f"rlhf-lit: error: {message}\n(`{self.prog} --help` lists the options)\n")
+
+
+def add_unfinished_option(parser: argparse.ArgumentParser) -> None:
+    """``--unfinished``: how ``--reward-model`` reads a response that did not end (PPO's ``reward.unfinished``)."""
+    from typing import get_args
+
+    from rlhf_lit.models.scoring import UnfinishedScoring
+
+    parser.add_argument("--unfinished", choices=get_args(UnfinishedScoring), default="as_sampled",
+                        help="how the reward model reads a response cut at --max-new-tokens: as sampled, or with EOS "
+                        "appended (as rlhf-lit's RM stage trained it; PPO's reward.unfinished)")  # fmt: skip
+
+
+def add_common_options(parser: argparse.ArgumentParser, *, max_new_tokens: int, batch_size: int) -> None:
+    """Options both commands take: prompts, tokenizer, sampling, seed, device, output."""
+    from rlhf_lit.evaluation.judges import DEFAULT_JUDGE
+
+    parser.add_argument("--prompts", required=True, metavar="FILE",
+                        help="prompts: one per line, or JSONL (*.jsonl) with the prompt in --prompt-field")
+    parser.add_argument("--prompt-field", default="prompt", help="JSONL field holding the prompt")
+    parser.add_argument("--prompt-format", choices=["auto", "lines", "jsonl"], default="auto",
+                        help="auto: *.jsonl is JSONL, anything else one prompt per line")
+    parser.add_argument("--max-prompts", type=int, default=None, metavar="K", help="use only the first K prompts")
+    parser.add_argument("--judge", default=None, metavar="MODULE:FUNCTION",
+                        help=f"judge scoring each response text, higher is better (e.g. {DEFAULT_JUDGE}); none by default")
+    parser.add_argument("--tokenizer", default=None, metavar="DIR", help="tokenizer when not beside the policy")
+    parser.add_argument("--max-new-tokens", type=int, default=max_new_tokens, help="most tokens per response")
+    parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (KL logprobs use it too)")
+    parser.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens; 0 = off")
+    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling threshold; 1.0 = off")
+    parser.add_argument("--batch-size", type=int, default=batch_size,
+                        help="responses per generate call (changing it changes the samples of a seed)")
+    parser.add_argument("--seed", type=int, default=0, help="sampling seed")
+    parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
+    parser.add_argument("--out", default=None, metavar="FILE.json", help="JSON file for the result (never replaces a file "
+                        "rlhf-lit did not write)")
+    parser.add_argument("--overwrite", action="store_true", help="replace --out if an earlier rlhf-lit run wrote it")
+
+
+def sampling_from(args: argparse.Namespace):
+    """The :class:`~rlhf_lit.models.generation.SamplingConfig` of the options (bad values: :class:`OptionError`)."""
+    from rlhf_lit.models.generation import SamplingConfig
+
+    try:
+        return SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                              top_p=args.top_p)  # fmt: skip
+    except ValueError as e:
+        raise OptionError(str(e).replace("sampling.", "--").replace("_", "-")) from None
+
+
+def check_positive(**values: int | None) -> None:
+    """Raise :class:`OptionError` for an option (given as ``name=value``, ``_`` for ``-``) below 1."""
+    try:
+        samples.check_positive(**values)  # the library's rule and message
+    except ValueError as error:
+        raise OptionError(str(error)) from None
+
+
+def check_out(path: str | None, overwrite: bool) -> None:
+    """Refuse an ``--out`` that would destroy a file (before any work): raises :class:`OptionError`.
+
+    An existing file is replaced only with ``overwrite`` and only if an rlhf-lit command wrote it
+    (its JSON carries the ``written_by`` marker); a directory is never replaced.
+    """
+    state = "absent" if path is None else json_file_state(path, OWNER_PREFIX)
+    if state == "absent":
+        return
+    if state == "directory":
+        raise OptionError(f"--out {path} is a directory; give a JSON file name")
+    if not overwrite:
+        raise OptionError(f"--out {path} exists; pass --overwrite to replace it, or choose another file")
+    if state != "owned":
+        raise OptionError(f"--out {path} exists and was not written by rlhf-lit; it is not replaced even with --overwrite")
+
+
+def write_json(path: str, result: dict) -> None:
+    """Write ``result`` to ``path`` atomically (a temporary file beside it, then renamed)."""
+    write_json_atomically(path, result)
+
+
+def check_sources(**paths: str | None) -> None:
+    """Refuse a local model path that does not exist or is not a directory (``name=path``; hub names pass)."""
+    from rlhf_lit.sources import _looks_local
+
+    for name, path in paths.items():
+        if path is None:
+            continue
+        option = f"--{name.replace('_', '-')}"
+        expanded = os.path.expanduser(path)
+        if os.path.exists(expanded) and not os.path.isdir(expanded):
+            raise ValueError(f"{option} {path}: not a directory (give the model directory)")
+        if not os.path.exists(expanded) and _looks_local(path):
+            raise ValueError(f"{option} {path}: no such directory")
+
+
+def prepare(args: argparse.Namespace, **sources: str | None) -> tuple[list[str], object, object | None]:
+    """Every check a command makes before loading a model: ``(prompts, sampling, judge or None)``."""
+    from rlhf_lit.evaluation.judges import load_judge
+
+    check_positive(batch_size=args.batch_size, max_prompts=args.max_prompts)
+    sampling = sampling_from(args)
+    check_out(args.out, args.overwrite)
+    check_sources(**sources)
+    prompts = read_prompts(args.prompts, args.prompt_format, args.prompt_field)
+    if args.max_prompts is not None:
+        prompts = prompts[: args.max_prompts]
+    judge = load_judge(args.judge) if args.judge else None
+    return prompts, sampling, judge

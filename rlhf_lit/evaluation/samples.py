@@ -1,0 +1,180 @@
+"""Loading the models of an evaluation and sampling measured responses from the policy.
+
+What ``rlhf-lit evaluate``, ``rlhf-lit best-of-n`` and the demo share. Sampling is the library's
+(:func:`rlhf_lit.models.generation.sample_batches`: one seeded generator, left-padded batches),
+KL is the per-response sum over response tokens (EOS included) of ``logprob_policy -
+logprob_ref`` at the sampling temperature (:func:`rlhf_lit.models.generation.response_logprobs`),
+the reward is the reward model's score at the last response token plus its stored normalisation
+offset (as the PPO stage reads it), and responses are decoded as every judge reads them
+(:func:`rlhf_lit.evaluation.response_texts`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:  # annotations only: importing this module loads no model code
+    from rlhf_lit.models.generation import SamplingConfig
+    from rlhf_lit.models.scoring import UnfinishedScoring
+
+log = logging.getLogger(__name__)
+
+
+def check_positive(**values: int | None) -> None:
+    """Raise ``ValueError`` for an argument (given as ``name=value``) below 1.
+
+    The message names it as the commands' option (``--batch-size must be >= 1, got 0``): the
+    commands check their options with this same rule (as an option error) before calling here.
+    """
+    for name, value in values.items():
+        if value is not None and value < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+
+
+def mean_std(xs: Sequence[float]) -> tuple[float, float]:
+    """Mean and population standard deviation (the demo's convention)."""
+    mean = sum(xs) / len(xs)
+    return mean, math.sqrt(sum((x - mean) ** 2 for x in xs) / len(xs))
+
+
+def check_same_tokenizer(tokenizer, reference: str) -> None:
+    """Raise if the reference ships a tokenizer with another vocabulary than the policy's.
+
+    KL compares logprobs of the same token ids, so both models must share one vocabulary. A
+    reference directory without tokenizer files is taken to use the policy's tokenizer.
+    """
+    from rlhf_lit.tokenizer import load_tokenizer
+
+    try:
+        ref_tok = load_tokenizer(reference)
+    except (OSError, ValueError):
+        log.info("no tokenizer in %s: assuming it uses the policy's", reference)
+        return
+    if ref_tok.get_vocab() != tokenizer.get_vocab():
+        raise ValueError(
+            f"the reference {reference!r} has another tokenizer vocabulary than the policy "
+            f"({len(ref_tok)} vs {len(tokenizer)} tokens); KL needs one vocabulary"
+        )
+
+
+def check_reward_model(path: str) -> None:
+    """Refuse a ``--reward-model`` saved as another kind of model (a causal LM has no trained score head).
+
+    Loading one as a reward model would give it a fresh random head: scores that mean nothing.
+    """
+    from transformers import AutoConfig
+
+    architectures = getattr(AutoConfig.from_pretrained(path), "architectures", None) or []
+    if architectures and not any(a.endswith("ForSequenceClassification") for a in architectures):
+        raise ValueError(
+            f"--reward-model {path} is a {', '.join(architectures)}, not a reward model (no trained score head); "
+            "give the reward-model stage's export"
+        )
+
+
+@dataclass
+class Models:
+    """The models of an evaluation, loaded once: the policy, its tokenizer, optional reference and RM."""
+
+    tokenizer: object
+    policy: torch.nn.Module
+    reference: torch.nn.Module | None = None
+    reward_model: torch.nn.Module | None = None
+
+
+def load_models(
+    policy: str,
+    *,
+    reference: str | None = None,
+    reward_model: str | None = None,
+    tokenizer: str | None = None,
+    device: str = "cpu",
+) -> Models:
+    """Load the policy (with its tokenizer, left padding), and the reference and RM when given.
+
+    The reference must share the policy's vocabulary (KL compares the same token ids) and so must
+    the reward model (it reads the policy's ids as they are); both are refused otherwise.
+    """
+    from rlhf_lit.models import load_causal_lm, load_reward_model
+    from rlhf_lit.tokenizer import check_same_vocabulary, load_tokenizer
+
+    tok = load_tokenizer(tokenizer or policy, padding_side="left", what="--tokenizer" if tokenizer else "--policy")
+    models = Models(tok, load_causal_lm(policy, tok).to(device).eval())
+    if reference is not None:
+        check_same_tokenizer(tok, reference)
+        models.reference = load_causal_lm(reference, tok).to(device).eval()
+    if reward_model is not None:
+        check_reward_model(reward_model)
+        check_same_vocabulary(tok, reward_model, "--reward-model", models.policy.config.vocab_size)
+        models.reward_model = load_reward_model(reward_model, tok).to(device).eval()
+    return models
+
+
+@dataclass
+class Samples:
+    """Per-response measurements, row ``i`` answering ``prompts[i]`` (KL and RM only with those models)."""
+
+    prompts: list[str]
+    responses: list[str] = field(default_factory=list)
+    lengths: list[int] = field(default_factory=list)
+    ended: list[bool] = field(default_factory=list)
+    kls: list[float] | None = None
+    rm_scores: list[float] | None = None
+
+
+def sample_and_measure(
+    models: Models,
+    prompts: Sequence[str],
+    sampling: SamplingConfig,
+    *,
+    batch_size: int,
+    seed: int,
+    unfinished: UnfinishedScoring = "as_sampled",
+) -> tuple[Samples, float]:
+    """Sample one response per entry of ``prompts`` and measure it; returns ``(samples, seconds sampling)``.
+
+    Lengths count response tokens, EOS included. KL needs ``models.reference``, RM scores
+    ``models.reward_model`` (non-finite scores are refused), which reads a response without EOS
+    as ``unfinished`` says (:data:`~rlhf_lit.models.scoring.UnfinishedScoring`, PPO's ``reward.unfinished``).
+    """
+    import time
+
+    from rlhf_lit.evaluation import response_texts
+    from rlhf_lit.models import sequence_scores
+    from rlhf_lit.models.generation import response_logprobs, sample_batches, stop_token_ids
+    from rlhf_lit.models.reward_norm import reward_offset
+    from rlhf_lit.models.scoring import reward_model_rows
+
+    eos_id = stop_token_ids(models.policy, models.tokenizer)[0]  # appended to cut responses for the RM (with_eos)
+    t0 = time.perf_counter()
+    batches = sample_batches(models.policy, models.tokenizer, prompts, sampling, batch_size=batch_size, seed=seed)
+    seconds = time.perf_counter() - t0
+    out = Samples(list(prompts))
+    out.kls = [] if models.reference is not None else None
+    out.rm_scores = [] if models.reward_model is not None else None
+    for gen in batches:
+        with torch.no_grad():
+            if out.kls is not None:
+                logprobs = response_logprobs(models.policy, gen, sampling.temperature)  # (B, R)
+                ref_logprobs = response_logprobs(models.reference, gen, sampling.temperature)  # (B, R)
+                kl = torch.where(gen.response_mask, logprobs - ref_logprobs, 0.0).sum(-1)  # (B,)
+                out.kls += kl.tolist()
+            if out.rm_scores is not None:
+                rows = reward_model_rows(gen.query_responses, gen.attention_mask, gen.ended, unfinished, eos_id,
+                                         models.tokenizer.pad_token_id)  # fmt: skip
+                rm = sequence_scores(models.reward_model, *rows)  # (B,)
+                out.rm_scores += (rm.float() + reward_offset(models.reward_model.config)).tolist()
+        out.lengths += gen.response_mask.sum(-1).tolist()
+        out.ended += gen.ended.tolist()
+        out.responses += response_texts(
+            models.tokenizer, gen.query_responses, gen.attention_mask, gen.response_mask, gen.ended
+        )  # fmt: skip
+    if out.rm_scores is not None and not all(math.isfinite(s) for s in out.rm_scores):
+        raise ValueError("the reward model returned a non-finite score (NaN or inf); check the reward model")
+    return out, seconds
