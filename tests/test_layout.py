@@ -16,18 +16,20 @@ PACKAGE = Path(__file__).resolve().parents[1] / "rlhf_lit"
 
 LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"", "functional", "artifacts", "callable_specs", "expected_warnings"}),
-    frozenset({"sources", "tokenizer"}),
+    frozenset({"sources"}),
+    frozenset({"tokenizer"}),
     frozenset({"models", "data"}),
     frozenset({"evaluation", "rewards"}),
     frozenset({"stages"}),
     frozenset({"callbacks", "strategies"}),
-    frozenset({"commands", "demo", "cli"}),
+    frozenset({"commands", "demo"}),
+    frozenset({"cli"}),
 )
 """The part of the package each top-level module or subpackage (by name; ``""`` is
 ``rlhf_lit/__init__.py``) belongs to, lowest first. A module may import from its own layer's
 packages only within the same package, and from lower layers freely: never upwards."""
 
-SAME_CONCEPT_NAMES = frozenset({"__init__", "__main__", "base", "sft", "dpo", "best_of_n"})
+SAME_CONCEPT_NAMES = frozenset({"__init__", "__main__", "base", "sft", "dpo"})
 """File names allowed in several packages because they hold one concept at different layers
 (e.g. ``data/sft.py`` the SFT data, ``stages/sft.py`` the SFT stage, ``functional/dpo.py`` the DPO
 loss)."""
@@ -100,8 +102,8 @@ def test_the_layer_check_catches_an_upward_a_deferred_and_a_sideways_import(tmp_
     )
     (fake / "evaluation.py").write_text("import rlhf_lit.rewards.functions\n", encoding="utf-8")
     assert layer_violations(fake) == [
-        "rlhf_lit/evaluation.py:1 imports rlhf_lit.rewards.functions (layer 3 from layer 3)",
-        "rlhf_lit/models/bad.py:3 imports rlhf_lit.stages.ppo (layer 4 from layer 2)",
+        "rlhf_lit/evaluation.py:1 imports rlhf_lit.rewards.functions (layer 4 from layer 4)",
+        "rlhf_lit/models/bad.py:3 imports rlhf_lit.stages.ppo (layer 5 from layer 3)",
     ]
 
 

@@ -42,7 +42,7 @@ from typing import Any
 
 import torch
 
-from rlhf_lit.specs import resolve_callable
+from rlhf_lit.callable_specs import resolve_callable
 
 __all__ = ["RewardBatch", "RewardFunction", "call_reward_function", "load_reward_function"]
 

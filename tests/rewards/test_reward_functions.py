@@ -266,7 +266,7 @@ import sys
 import rlhf_lit.rewards
 heavy = sorted(m for m in sys.modules
                if m.split('.')[0] in ('lightning', 'pytorch_lightning', 'lightning_fabric', 'transformers'))
-ours = sorted(m for m in sys.modules if m.startswith('rlhf_lit.') and not m.startswith(('rlhf_lit.rewards', 'rlhf_lit.specs', 'rlhf_lit.callable_specs')))
+ours = sorted(m for m in sys.modules if m.startswith('rlhf_lit.') and not m.startswith(('rlhf_lit.rewards', 'rlhf_lit.callable_specs')))
 print(heavy, ours)
 """
 
