@@ -3,11 +3,11 @@ silencing is by message: an unlisted warning of the same category still shows.""
 
 import tomllib
 import warnings
-from pathlib import Path
+
+from assets_paths import ROOT
 
 from rlhf_lit.quiet import EXPECTED_WARNINGS, silence_expected_noise
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_pytest_ignores_exactly_the_warnings_the_cli_silences():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from cli_helpers import STORIES, TINYSTORIES, error_line, ppo_config, rlhf_lit, sft_config, write_yaml
+from cli_helpers import STORIES, TINYSTORIES, error_line, ppo_config, rlhf_lit, run_main, sft_config, write_yaml
 from transformers import AutoModelForCausalLM
 
 
@@ -35,7 +35,7 @@ def test_ppo_with_lora_flags_exports_a_plain_transformers_model_and_resumes(tmp_
 
 def test_a_bad_lora_option_is_one_line_naming_it(tmp_path):
     write_yaml(tmp_path / "sft.yaml", sft_config(tmp_path, TINYSTORIES))
-    result = rlhf_lit("fit", "--config", str(tmp_path / "sft.yaml"),
+    result = run_main("fit", "--config", str(tmp_path / "sft.yaml"),
                       "--model.init_args.lora.target_modules", "[c_attn]", cwd=tmp_path)  # fmt: skip
     assert result.returncode == 1
     assert "lora.target_modules: no module of LlamaForCausalLM matches 'c_attn'" in error_line(result)

@@ -13,21 +13,24 @@ import time
 
 import pytest
 import torch
-from cli_helpers import CLI, STORIES, error_line, ppo_config, rlhf_lit, write_yaml
+from cli_helpers import CLI, STORIES, error_line, ppo_config, rlhf_lit, run_main, write_yaml
 
 ROLLOUTS = 6
 CONSTANT_LR = {"lr": 3.0e-4, "eps": 1.0e-5}  # a constant schedule: max_rollouts may grow on resume
 
 
 def _load(path):
+    """A checkpoint, on the CPU, tensors only."""
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
 def _as_lists(groups: list[dict]) -> list[dict]:
+    """Optimizer param groups with tuples as lists (for comparing a sharded save with a plain one)."""
     return [{k: list(v) if isinstance(v, tuple) else v for k, v in group.items()} for group in groups]
 
 
 def _assert_same_state(a: dict, b: dict, rollouts: int = ROLLOUTS, optimizers: int = 2) -> None:
+    """Two checkpoints hold the same run: rollout count, KL controller, weights, optimizer and LR states."""
     assert a["ppo"]["rollout_index"] == b["ppo"]["rollout_index"] == rollouts
     assert a["ppo"]["kl_controller"] == b["ppo"]["kl_controller"]
     assert a["global_step"] == b["global_step"]
@@ -141,10 +144,17 @@ def test_grpo_with_several_samples_per_prompt_resumes_exactly(tmp_path, stories_
 
 
 @pytest.fixture(scope="module")
-def finished_run(tmp_path_factory, stories_rm):
-    """A 2-rollout PPO run whose last.ckpt later runs try to resume."""
+def finished_config(tmp_path_factory, stories_rm):
+    """The folder of :func:`finished_run` with its ``ppo.yaml`` (2 rollouts, constant LR), not yet run."""
     root = tmp_path_factory.mktemp("finished")
     write_yaml(root / "ppo.yaml", ppo_config(root, STORIES, stories_rm, max_rollouts=2, optimizer=CONSTANT_LR))
+    return root
+
+
+@pytest.fixture(scope="module")
+def finished_run(finished_config):
+    """A 2-rollout PPO run whose last.ckpt later runs try to resume."""
+    root = finished_config
     result = rlhf_lit("fit", "--config", str(root / "ppo.yaml"), cwd=root)
     assert result.returncode == 0, result.stderr[-3000:]
     return root
@@ -185,8 +195,9 @@ def test_resume_with_more_rollouts_continues(finished_run, stories_rm, tmp_path)
     assert _load(tmp_path / "ckpt" / "last.ckpt")["ppo"]["rollout_index"] == 3
 
 
-def test_a_remote_checkpoint_is_refused(finished_run, tmp_path):
-    result = rlhf_lit("fit", "--config", str(finished_run / "ppo.yaml"), "--ckpt_path", "https://example.com/x.ckpt",
+def test_a_remote_checkpoint_is_refused(finished_config, tmp_path):
+    # Refused while the arguments are parsed: the run's config is enough, the run itself is not needed.
+    result = run_main("fit", "--config", str(finished_config / "ppo.yaml"), "--ckpt_path", "https://example.com/x.ckpt",
                       cwd=tmp_path)  # fmt: skip
     assert result.returncode == 1
     assert "remote checkpoints are not loaded" in error_line(result)
