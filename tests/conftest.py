@@ -17,7 +17,8 @@ torch.set_num_threads(1)
 # through rlhf-lit's CLI, whose own silenced list is rlhf_lit/quiet.py = pyproject.toml's): a resume
 # mid-epoch, a Trainer without max_epochs, a checkpoint folder reused, ModelCheckpoint under PPO's
 # manual optimisation, LightningCLI called with args from Python, peft asking transformers for a
-# deprecated attribute, the tiny data sets of the CLI runs made in process (an empty validation list).
+# deprecated attribute, the tiny data sets of the CLI runs made in process (an empty validation list),
+# a NaN reward's skipped update that steps the LR schedule without the optimizer (on purpose).
 # A user of `make test` cannot act on any of them.
 TEST_SETUP_WARNINGS = (
     r"Be aware that when using `ckpt_path`, callbacks used to create the checkpoint",
@@ -30,6 +31,7 @@ TEST_SETUP_WARNINGS = (
     r"Total length of `(DataLoader|list)` across ranks is zero",
     r"LightningCLI's args parameter is intended to run from within Python",
     r"`is_gradient_checkpointing` is deprecated",
+    r"Detected call of `lr_scheduler.step\(\)` before `optimizer.step\(\)`",
 )
 
 

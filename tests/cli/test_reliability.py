@@ -41,20 +41,20 @@ def test_export_dir_that_rlhf_lit_did_not_write_is_refused_before_training(tmp_p
 @pytest.mark.slow
 def test_an_earlier_export_is_kept_unless_replace_is_asked_and_the_run_says_where_it_wrote(tmp_path):
     write_yaml(tmp_path / "sft.yaml", sft_config(tmp_path, TINYSTORIES, max_steps=2))
-    first = rlhf_lit("fit", "--config", str(tmp_path / "sft.yaml"), cwd=tmp_path)
+    first = run_main("fit", "--config", str(tmp_path / "sft.yaml"), cwd=tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
     export = tmp_path / "export"
     assert f"[rlhf-lit] exported SFT model to {export}" in first.stdout
     weights = (export / "model.safetensors").read_bytes()
     assert json.loads((export / MARKER).read_text())["what"] == "SFT model"
 
-    again = rlhf_lit("fit", "--config", str(tmp_path / "sft.yaml"), cwd=tmp_path)
+    again = run_main("fit", "--config", str(tmp_path / "sft.yaml"), cwd=tmp_path)
     assert again.returncode == 1
     assert "holds an earlier rlhf-lit export (SFT model, written" in error_line(again)
     assert "export_existing replace" in again.stderr
     assert (export / "model.safetensors").read_bytes() == weights
 
-    replaced = rlhf_lit("fit", "--config", str(tmp_path / "sft.yaml"), "--model.init_args.export_existing", "replace",
+    replaced = run_main("fit", "--config", str(tmp_path / "sft.yaml"), "--model.init_args.export_existing", "replace",
                         "--trainer.max_steps", "4", cwd=tmp_path)  # fmt: skip
     assert replaced.returncode == 0, replaced.stderr[-3000:]
     assert (export / "model.safetensors").read_bytes() != weights
@@ -65,7 +65,7 @@ def test_an_earlier_export_is_kept_unless_replace_is_asked_and_the_run_says_wher
 def test_last_checkpoint_is_the_state_at_the_end_of_fit(tmp_path):
     # Periodic saves every 2 steps: 2 and 4; the run ends at step 5, and last.ckpt must hold step 5.
     write_yaml(tmp_path / "sft.yaml", sft_config(tmp_path, TINYSTORIES, max_steps=5))
-    result = rlhf_lit("fit", "--config", str(tmp_path / "sft.yaml"), cwd=tmp_path)
+    result = run_main("fit", "--config", str(tmp_path / "sft.yaml"), cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     last = torch.load(tmp_path / "ckpt" / "last.ckpt", map_location="cpu", weights_only=True)
     assert last["global_step"] == 5
@@ -78,7 +78,7 @@ def test_last_checkpoint_is_the_state_at_the_end_of_fit(tmp_path):
 def test_a_nan_reward_is_skipped_and_stops_the_run_without_nan_weights_on_disk(tmp_path, nan_rm):
     # The critic starts from the SFT model (a zero head): only the reward is NaN.
     write_yaml(tmp_path / "ppo.yaml", ppo_config(tmp_path, STORIES, nan_rm, max_rollouts=10, value_model=str(STORIES)))
-    result = rlhf_lit("fit", "--config", str(tmp_path / "ppo.yaml"), cwd=tmp_path)
+    result = run_main("fit", "--config", str(tmp_path / "ppo.yaml"), cwd=tmp_path)
     assert result.returncode == 1
     line = error_line(result)
     assert "stopping: 3 updates in a row skipped for non-finite values" in line

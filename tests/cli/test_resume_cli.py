@@ -127,12 +127,12 @@ def test_grpo_with_several_samples_per_prompt_resumes_exactly(tmp_path, stories_
                 "sampling": {"max_new_tokens": 12, "temperature": 1.0, "samples_per_prompt": 2}}  # fmt: skip
         config = ppo_config(root, STORIES, stories_rm, max_rollouts=2 if name == "straight" else 1, **grpo)
         write_yaml(root / "first.yaml", config)
-        result = rlhf_lit("fit", "--config", str(root / "first.yaml"), cwd=root)
+        result = run_main("fit", "--config", str(root / "first.yaml"), cwd=root)
         assert result.returncode == 0, result.stderr[-3000:]
         if name == "resumed":
             config = ppo_config(root, STORIES, stories_rm, max_rollouts=2, export_existing="replace", **grpo)
             write_yaml(root / "then.yaml", config)
-            result = rlhf_lit("fit", "--config", str(root / "then.yaml"), "--ckpt_path", str(root / "ckpt" / "last.ckpt"),
+            result = run_main("fit", "--config", str(root / "then.yaml"), "--ckpt_path", str(root / "ckpt" / "last.ckpt"),
                               cwd=root)  # fmt: skip
             assert result.returncode == 0, result.stderr[-3000:]
         finals[name] = _load(root / "ckpt" / "last.ckpt")
@@ -155,7 +155,7 @@ def finished_config(tmp_path_factory, stories_rm):
 def finished_run(finished_config):
     """A 2-rollout PPO run whose last.ckpt later runs try to resume."""
     root = finished_config
-    result = rlhf_lit("fit", "--config", str(root / "ppo.yaml"), cwd=root)
+    result = run_main("fit", "--config", str(root / "ppo.yaml"), cwd=root)
     assert result.returncode == 0, result.stderr[-3000:]
     return root
 
@@ -169,7 +169,7 @@ def test_resume_with_a_changed_model_or_batch_is_refused_listing_every_differenc
     config["model"]["init_args"]["kl"]["target"] = 3.0
     write_yaml(tmp_path / "changed.yaml", config)
     before = _load(finished_run / "ckpt" / "last.ckpt")
-    result = rlhf_lit("fit", "--config", str(tmp_path / "changed.yaml"), "--ckpt_path",
+    result = run_main("fit", "--config", str(tmp_path / "changed.yaml"), "--ckpt_path",
                       str(finished_run / "ckpt" / "last.ckpt"), cwd=tmp_path)  # fmt: skip
     assert result.returncode == 1
     assert error_line(result).startswith("rlhf-lit: error: cannot resume: the configuration differs")
@@ -188,7 +188,7 @@ def test_resume_with_more_rollouts_continues(finished_run, stories_rm, tmp_path)
                         optimizer=CONSTANT_LR)  # fmt: skip
     config["trainer"]["callbacks"][0]["init_args"]["dirpath"] = str(tmp_path / "ckpt")
     write_yaml(tmp_path / "more.yaml", config)
-    result = rlhf_lit("fit", "--config", str(tmp_path / "more.yaml"), "--ckpt_path",
+    result = run_main("fit", "--config", str(tmp_path / "more.yaml"), "--ckpt_path",
                       str(finished_run / "ckpt" / "last.ckpt"), cwd=tmp_path)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert "resuming with model.max_rollouts changed: 2 -> 3" in result.stderr

@@ -1,7 +1,9 @@
 """``--run_dir``: one directory per experiment, the stages chained through it (rlhf_lit.runs).
 
 The chain is driven as the README shows it, ``rlhf-lit`` in subprocesses with command-line options
-only (no YAML), on stories260K with a few steps per stage. The rules for settings that contradict
+only (no YAML), on stories260K with a few steps per stage: the session's shared chain
+(tests/offline_chain.py). Later runs into it (a stage again, a resume) use a private copy and the
+CLI's entry function in this process. The rules for settings that contradict
 the run directory are checked on the parsed config directly (no process needed), the errors a
 user sees through ``rlhf-lit``.
 """
@@ -15,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from cli_helpers import ROOT, STORIES, error_line, rlhf_lit, run_main
+from cli_helpers import ROOT, STORIES, error_line, run_main
 from jsonargparse import Namespace
 from offline_chain import PPO, SFT  # the chain's stage arguments (tests/offline_chain.py)
 
@@ -89,13 +91,13 @@ def test_each_stage_read_the_previous_stages_export_without_it_being_named(chain
 def test_a_stage_run_again_is_refused_and_a_second_run_dir_is_a_second_experiment(private_chain):
     cwd, _ = private_chain
     before = _snapshot(cwd / "runs/exp1")
-    again = rlhf_lit(*SFT, "--run_dir", "runs/exp1", cwd=cwd)
+    again = run_main(*SFT, "--run_dir", "runs/exp1", cwd=cwd)
     assert again.returncode == 1
     assert error_line(again).startswith(
         "rlhf-lit: error: --run_dir runs/exp1: the SFT stage has run there already (its export "
         "runs/exp1/sft/model exists); for a new experiment give another --run_dir"
     )
-    _ok(rlhf_lit(*SFT, "--run_dir", "runs/exp2", "--model.optimizer.lr", "1e-3", cwd=cwd))
+    _ok(run_main(*SFT, "--run_dir", "runs/exp2", "--model.optimizer.lr", "1e-3", cwd=cwd))
     assert (cwd / "runs/exp2/sft/model/rlhf_lit_export.json").is_file()
     assert (cwd / "runs/exp2/sft/version_0/config.yaml").is_file()
     assert _snapshot(cwd / "runs/exp1") == before  # the first experiment untouched
@@ -108,7 +110,7 @@ def test_resuming_from_a_checkpoint_in_the_run_dir_logs_into_the_same_version(pr
     version = cwd / "runs/exp1/ppo/version_0"
     events_before = set(version.glob("events.out.tfevents.*"))
     (checkpoint,) = (version / "checkpoints").glob("*.ckpt")
-    resumed = rlhf_lit(*PPO, "--run_dir", "runs/exp1", "--ckpt_path", str(checkpoint.relative_to(cwd)),
+    resumed = run_main(*PPO, "--run_dir", "runs/exp1", "--ckpt_path", str(checkpoint.relative_to(cwd)),
                        "--model.max_rollouts", "3", "--model.export_existing", "replace", cwd=cwd)  # fmt: skip
     _ok(resumed)
     assert sorted(os.listdir(cwd / "runs/exp1/ppo")) == ["model", "version_0"]  # no version_1
