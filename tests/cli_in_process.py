@@ -19,7 +19,7 @@ import subprocess
 import sys
 import traceback
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -78,20 +78,21 @@ def isolated_main_state(cwd: Path, env: dict[str, str] | None = None) -> Iterato
         random.setstate(saved_rng[2])
 
 
-def run_main(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """``rlhf_lit.cli.main(args)`` in this process, as :func:`rlhf_lit` runs it in a subprocess.
+def run_entry(
+    entry: Callable[[list[str]], int | None], *args: str, cwd: Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """``entry(args)``, a command's ``main(argv)``, in this process as a subprocess would run it.
 
-    Returns what the process would have: the exit status (``sys.exit``'s code; 1 and the traceback on
-    stderr for an exception main() lets through, as the interpreter does), and stdout / stderr as
-    written while main() ran. Global state is restored by :func:`isolated_main_state`.
+    Returns what the process would have: the exit status (``main``'s return value, or ``sys.exit``'s
+    code; 1 and the traceback on stderr for an exception ``main`` lets through, as the interpreter
+    does), and stdout / stderr as written while it ran. Global state is restored by
+    :func:`isolated_main_state`.
     """
-    from rlhf_lit.cli import main
-
     stdout, stderr = io.StringIO(), io.StringIO()
     with isolated_main_state(cwd, env), contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
         try:
-            main(list(args))
-            status = 0
+            returned = entry(list(args))
+            status = returned if isinstance(returned, int) else 0  # `sys.exit(main())` of the console script
         except SystemExit as done:
             if done.code is None or isinstance(done.code, int):
                 status = done.code or 0
@@ -101,4 +102,13 @@ def run_main(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subpro
         except Exception:  # noqa: BLE001  (what an uncaught exception does to the process)
             traceback.print_exc(file=sys.stderr)
             status = 1
-    return subprocess.CompletedProcess(["rlhf-lit", *args], status, stdout.getvalue(), stderr.getvalue())
+    return subprocess.CompletedProcess([getattr(entry, "__module__", "main"), *args], status, stdout.getvalue(),
+                                       stderr.getvalue())  # fmt: skip
+
+
+def run_main(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``rlhf-lit <args>`` as ``rlhf_lit.cli.main(args)`` in this process (:func:`run_entry`), as
+    ``cli_helpers.rlhf_lit`` runs it in a subprocess."""
+    from rlhf_lit.cli import main
+
+    return run_entry(main, *args, cwd=cwd, env=env)

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import pytest
 import torch
 from cli_helpers import STORIES, TINYSTORIES, error_line, ppo_config, run_main, sft_config, write_yaml
 from transformers import AutoModelForCausalLM
 
 
-@pytest.mark.slow
 def test_ppo_with_lora_flags_exports_a_plain_transformers_model_and_resumes(tmp_path, stories_rm):
     write_yaml(tmp_path / "ppo.yaml", ppo_config(tmp_path, STORIES, stories_rm, max_rollouts=2))
     flags = ["--model.init_args.lora.r", "8", "--model.init_args.lora.alpha", "16",
@@ -41,7 +39,6 @@ def test_a_bad_lora_option_is_one_line_naming_it(tmp_path):
     assert "lora.target_modules: no module of LlamaForCausalLM matches 'c_attn'" in error_line(result)
 
 
-@pytest.mark.slow
 def test_sft_with_an_adapter_export(tmp_path):
     write_yaml(tmp_path / "sft.yaml", sft_config(tmp_path, TINYSTORIES, max_steps=2))
     result = run_main("fit", "--config", str(tmp_path / "sft.yaml"), "--model.init_args.lora.r", "4",

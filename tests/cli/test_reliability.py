@@ -14,7 +14,6 @@ import gzip
 import json
 from pathlib import Path
 
-import pytest
 import torch
 from cli_helpers import STORIES, TINYSTORIES, error_line, ppo_config, rlhf_lit, run_main, sft_config, write_yaml
 
@@ -38,7 +37,6 @@ def test_export_dir_that_rlhf_lit_did_not_write_is_refused_before_training(tmp_p
     assert not (tmp_path / "ckpt").exists()  # refused before the first rollout
 
 
-@pytest.mark.slow
 def test_an_earlier_export_is_kept_unless_replace_is_asked_and_the_run_says_where_it_wrote(tmp_path):
     write_yaml(tmp_path / "sft.yaml", sft_config(tmp_path, TINYSTORIES, max_steps=2))
     first = run_main("fit", "--config", str(tmp_path / "sft.yaml"), cwd=tmp_path)
@@ -61,7 +59,6 @@ def test_an_earlier_export_is_kept_unless_replace_is_asked_and_the_run_says_wher
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # no temporary left
 
 
-@pytest.mark.slow
 def test_last_checkpoint_is_the_state_at_the_end_of_fit(tmp_path):
     # Periodic saves every 2 steps: 2 and 4; the run ends at step 5, and last.ckpt must hold step 5.
     write_yaml(tmp_path / "sft.yaml", sft_config(tmp_path, TINYSTORIES, max_steps=5))
@@ -74,7 +71,6 @@ def test_last_checkpoint_is_the_state_at_the_end_of_fit(tmp_path):
 # ------------------------------------------------------------------------------------ NaN and vocabularies
 
 
-@pytest.mark.slow
 def test_a_nan_reward_is_skipped_and_stops_the_run_without_nan_weights_on_disk(tmp_path, nan_rm):
     # The critic starts from the SFT model (a zero head): only the reward is NaN.
     write_yaml(tmp_path / "ppo.yaml", ppo_config(tmp_path, STORIES, nan_rm, max_rollouts=10, value_model=str(STORIES)))

@@ -116,7 +116,6 @@ def test_a_checkpoint_resumes_under_another_strategy_exactly(tmp_path, stories_r
     _assert_same_state(finals["straight"], finals["from_fsdp2"], rollouts=2)
 
 
-@pytest.mark.slow
 def test_grpo_with_several_samples_per_prompt_resumes_exactly(tmp_path, stories_rm):
     """k = 2 samples per prompt, no critic (one optimizer): 1 rollout + resume = 2 straight rollouts,
     the data position counted in prompts, not rows."""
@@ -160,7 +159,6 @@ def finished_run(finished_config):
     return root
 
 
-@pytest.mark.slow
 def test_resume_with_a_changed_model_or_batch_is_refused_listing_every_difference(finished_run, stories_rm, tmp_path):
     # A different SFT model (the RM's directory), batch size and KL target; more rollouts, which is
     # refused here because the linear schedule's length is max_rollouts.
@@ -182,7 +180,6 @@ def test_resume_with_a_changed_model_or_batch_is_refused_listing_every_differenc
     assert _load(finished_run / "ckpt" / "last.ckpt")["global_step"] == before["global_step"]
 
 
-@pytest.mark.slow
 def test_resume_with_more_rollouts_continues(finished_run, stories_rm, tmp_path):
     config = ppo_config(finished_run, STORIES, stories_rm, max_rollouts=3, export_dir=str(tmp_path / "export3"),
                         optimizer=CONSTANT_LR)  # fmt: skip
