@@ -23,15 +23,20 @@ $(STAMP): pyproject.toml constraints/dev.txt
 	$(PY) -m pip install --quiet -c constraints/dev.txt -e '.[test,demo,hub,lora,docs]'
 	touch $(STAMP)
 
+# The suite on 2 worker processes (pytest-xdist; one torch thread each), a test module per worker
+# at a time (module-scoped fixtures are built once); the offline SFT -> RM -> PPO chain is built
+# once for both. XDIST= (empty) runs in one process.
+XDIST ?= -n 2 --dist loadscope
+
 test: $(STAMP)
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q $(XDIST) $(PYTEST_ARGS)
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "not slow" $(XDIST) $(PYTEST_ARGS)
 
 # The fast tests on the portable CPU kernels (no AVX): results must not depend on the kernels.
 test-portable: $(STAMP)
-	ATEN_CPU_CAPABILITY=default $(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+	ATEN_CPU_CAPABILITY=default $(PY) -m pytest -q -m "not slow" $(XDIST) $(PYTEST_ARGS)
 
 demo: $(STAMP)
 	$(PY) -m rlhf_lit.demo.pipeline $(DEMO_ARGS)

@@ -7,7 +7,6 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import shutil  # noqa: E402
-from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -15,10 +14,12 @@ import torch  # noqa: E402
 torch.set_num_threads(1)
 
 # Warnings the tests provoke on purpose, or that come from how a test builds its own Trainer (not
-# through rlhf-lit's CLI, whose own silenced list is rlhf_lit/quiet.py = pyproject.toml's): a resume
+# through rlhf-lit's CLI, whose own silenced list is rlhf_lit/expected_warnings.py = pyproject.toml's): a resume
 # mid-epoch, a Trainer without max_epochs, a checkpoint folder reused, ModelCheckpoint under PPO's
 # manual optimisation, LightningCLI called with args from Python, peft asking transformers for a
-# deprecated attribute. A user of `make test` cannot act on any of them.
+# deprecated attribute, the tiny data sets of the CLI runs made in process (an empty validation list),
+# a NaN reward's skipped update that steps the LR schedule without the optimizer (on purpose).
+# A user of `make test` cannot act on any of them.
 TEST_SETUP_WARNINGS = (
     r"Be aware that when using `ckpt_path`, callbacks used to create the checkpoint",
     r"`max_epochs` was not set",
@@ -27,9 +28,10 @@ TEST_SETUP_WARNINGS = (
     r"The dirpath has changed from",
     r"Using ModelCheckpoint with manual optimization",
     r"You defined a `validation_step` but have no `val_dataloader`",
-    r"Total length of `DataLoader` across ranks is zero",
+    r"Total length of `(DataLoader|list)` across ranks is zero",
     r"LightningCLI's args parameter is intended to run from within Python",
     r"`is_gradient_checkpointing` is deprecated",
+    r"Detected call of `lr_scheduler.step\(\)` before `optimizer.step\(\)`",
 )
 
 
@@ -39,11 +41,8 @@ def pytest_configure(config):
         config.addinivalue_line("filterwarnings", f"ignore:{message}")
 
 
-# The offline assets shipped with the project (see assets/README.md).
-ASSETS = Path(__file__).resolve().parents[1] / "assets"
-STORIES260K = ASSETS / "models" / "stories260K"
-TINYSTORIES = ASSETS / "data" / "tinystories" / "val.txt"
-GPT2_TOKENIZER = ASSETS / "tokenizers" / "gpt2"
+# The offline assets shipped with the project (see assets/README.md), named in one module.
+from assets_paths import GPT2_TOKENIZER, STORIES260K, TINYSTORIES  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -72,3 +71,23 @@ def gpt2_dir(tmp_path_factory) -> str:
     for name in ("vocab.json", "merges.txt"):
         shutil.copy(GPT2_TOKENIZER / name, path / name)
     return str(path)
+
+
+@pytest.fixture(scope="session")
+def offline_chain(tmp_path_factory):
+    """The session's SFT -> RM -> PPO chain through ``rlhf-lit fit --run_dir`` (tests/offline_chain.py).
+
+    Built once: under pytest-xdist the workers share one build in the session's common temporary
+    folder (the parent of each worker's own), guarded by a file lock; without xdist it lives in this
+    session's temporary folder. Read-only: copy it (``offline_chain.copy_to(tmp_path / ...)``) to write.
+    """
+    from offline_chain import shared_chain
+
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # gw0, gw1, ...: one folder for the whole xdist session
+        root = tmp_path_factory.getbasetemp().parent / "offline-chain"
+    else:
+        root = tmp_path_factory.getbasetemp() / "offline-chain"
+    chain = shared_chain(root)
+    for stage, result in chain.results.items():
+        assert result.returncode == 0, f"the chain's {stage} stage failed:\n{result.stderr[-4000:]}"
+    return chain

@@ -5,8 +5,8 @@ import hashlib
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-ASSETS = ROOT / "assets"
+from assets_paths import ASSETS, ROOT
+
 # A path that leaves the checkout for assets: "../<folder>/assets" in a config or doc, or
 # "ROOT.parent / "<folder>" / "assets"" (or parents[k]) in code.
 SOURCES = re.compile(r"\.\./[\w.-]+/assets|\.parents?(?:\[\d+\])?\s*/\s*[\"'][\w.-]+[\"']\s*/\s*[\"']assets[\"']")

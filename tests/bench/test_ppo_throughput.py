@@ -7,14 +7,13 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from assets_paths import ROOT, STORIES260K
 
 from rlhf_lit.tokenizer import load_tokenizer
 
-ROOT = Path(__file__).resolve().parents[2]
-STORIES = ROOT / "assets" / "models" / "stories260K"
+STORIES = STORIES260K
 
 
 @pytest.mark.parametrize("old_logprobs", ["rescore", "sampling"])

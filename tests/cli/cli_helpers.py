@@ -1,4 +1,17 @@
-"""Running `rlhf-lit` as a user does, in a subprocess, on tiny offline models and configs written per test."""
+"""Running `rlhf-lit` as a user does, on tiny offline models and configs written per test.
+
+Two ways, one result type (:class:`subprocess.CompletedProcess`: ``returncode``, ``stdout``,
+``stderr``), so a test reads the same either way:
+
+- :func:`rlhf_lit` starts the console script in a subprocess: what a user runs, at the price of
+  importing the CLI again (about 5 s on the development machines). The suite keeps one real
+  process per message format (a jsonargparse option error, an error raised during fit, an
+  argparse command's error) and the end-to-end runs whose output a user reads (progress bars,
+  warnings, DDP launches).
+- :func:`run_main` (from ``tests/cli_in_process.py``) calls the same entry function,
+  ``rlhf_lit.cli.main(args)``, in the test's own process with stdout / stderr captured and every
+  piece of global state main() touches restored afterwards, so tests stay independent.
+"""
 
 from __future__ import annotations
 
@@ -8,23 +21,23 @@ import sys
 from pathlib import Path
 
 import yaml
+from assets_paths import ASSETS, HH_RLHF, ROOT, TINYSTORIES  # noqa: F401  (re-exported for the CLI tests)
+from assets_paths import STORIES260K as STORIES
+from cli_in_process import isolated_main_state, run_main  # noqa: F401  (re-exported)
 
-ROOT = Path(__file__).resolve().parents[2]
-ASSETS = ROOT / "assets"
-STORIES = ASSETS / "models" / "stories260K"
-TINYSTORIES = ASSETS / "data" / "tinystories" / "val.txt"
 CLI = Path(sys.executable).parent / "rlhf-lit"
 """The console script of this environment: what a user types."""
 
 
 def rlhf_lit(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
-    """``rlhf-lit <args>`` in ``cwd``; one thread, no inherited debug switch."""
+    """``rlhf-lit <args>`` in a subprocess in ``cwd``; one thread, no inherited debug switch."""
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", **(env or {})}
     full_env.pop("RLHF_LIT_DEBUG", None) if "RLHF_LIT_DEBUG" not in (env or {}) else None
     return subprocess.run([str(CLI), *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=full_env)
 
 
 def write_yaml(path: Path, config: dict) -> Path:
+    """Write ``config`` as YAML (in key order) to ``path``, creating its folder; returns ``path``."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
     return path

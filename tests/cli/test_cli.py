@@ -5,18 +5,18 @@ import sys
 from pathlib import Path
 
 import pytest
+from assets_paths import CONFIGS as CONFIG_DIR
+from assets_paths import ROOT
+from cli_in_process import run_main
 
-ROOT = Path(__file__).resolve().parents[2]
-CONFIGS = sorted((ROOT / "configs").rglob("*.yaml"))
+CONFIGS = sorted(CONFIG_DIR.rglob("*.yaml"))
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    # Run as a module in a subprocess, like the console script, from the project root so the
-    # offline configs' relative paths (assets/...) resolve.
-    return subprocess.run(
-        [sys.executable, "-c", "from rlhf_lit.cli import main; main()", *args],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
-    )
+    """``rlhf-lit <args>`` through the CLI's entry function in this process (``cli_in_process.run_main``:
+    output captured, global state restored), from the project root so the offline configs' relative
+    paths (assets/...) resolve. The console script itself runs in a subprocess below."""
+    return run_main(*args, cwd=ROOT)
 
 
 def test_fit_help_lists_trainer_model_and_data_options():
@@ -39,8 +39,7 @@ def test_version_is_the_one_version_string():
 
     import rlhf_lit
 
-    script = Path(sys.executable).parent / "rlhf-lit"
-    result = subprocess.run([str(script), "--version"], capture_output=True, text=True, timeout=300)
+    result = _cli("--version")
     assert result.returncode == 0, result.stderr
     assert result.stdout == f"rlhf-lit {rlhf_lit.__version__}\n"
     assert importlib.metadata.version("rlhf-lit") == rlhf_lit.__version__  # pyproject.toml reads it

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import math
 
-from cli_helpers import STORIES, error_line, rlhf_lit
+import pytest
+from cli_helpers import STORIES, error_line, rlhf_lit, run_main
 
 JUDGE = "rlhf_lit.evaluation.judges:vader"
 METRICS = ["judge_mean", "judge_std", "rm_mean", "rm_std", "kl_mean", "kl_std", "distinct_1", "distinct_2",
@@ -19,7 +20,7 @@ def test_evaluate_writes_json_and_prints_the_table(tmp_path, stories_rm):
     args = ["evaluate", "--policy", str(STORIES), "--reference", str(STORIES), "--reward-model", stories_rm,
             "--judge", JUDGE, "--prompts", str(prompts), "--prompt-field", "text", "--samples-per-prompt", "2",
             "--max-new-tokens", "8", "--batch-size", "4", "--seed", "3", "--out", str(out)]  # fmt: skip
-    result = rlhf_lit(*args, cwd=tmp_path)
+    result = run_main(*args, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "kl_mean" in result.stdout and "rm_mean" in result.stdout  # the table
     data = json.loads(out.read_text())
@@ -35,7 +36,7 @@ def test_evaluate_writes_json_and_prints_the_table(tmp_path, stories_rm):
     assert m["rm_mean"] == sum(s["rm"] for s in samples) / 6
     assert data["config"]["sampling"]["max_new_tokens"] == 8 and data["config"]["num_prompts"] == 3
 
-    replaced = rlhf_lit(*args, "--overwrite", cwd=tmp_path)  # its own earlier output; same seed: same samples
+    replaced = run_main(*args, "--overwrite", cwd=tmp_path)  # its own earlier output; same seed: same samples
     assert replaced.returncode == 0, replaced.stderr[-3000:]
     assert json.loads(out.read_text())["samples"] == samples
 
@@ -44,7 +45,7 @@ def test_best_of_n_sweep_json(tmp_path, stories_rm):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("Once upon a time\nThe dog ran\n")
     out = tmp_path / "bon" / "best.json"
-    result = rlhf_lit(
+    result = run_main(
         "best-of-n", "--policy", str(STORIES), "--reward-model", stories_rm, "--judge", JUDGE,
         "--prompts", str(prompts), "--n-max", "4", "--max-new-tokens", "6", "--seed", "1", "--out", str(out),
         cwd=tmp_path,
@@ -85,7 +86,7 @@ def test_unfinished_with_eos_changes_only_the_rm_scores_of_cut_responses(tmp_pat
     runs = {}
     for how in ("as_sampled", "with_eos"):
         out = tmp_path / f"{how}.json"
-        result = rlhf_lit("evaluate", "--policy", str(STORIES), "--reward-model", stories_rm, "--prompts", str(prompts),
+        result = run_main("evaluate", "--policy", str(STORIES), "--reward-model", stories_rm, "--prompts", str(prompts),
                           "--samples-per-prompt", "4", "--max-new-tokens", "6", "--seed", "2", "--unfinished", how,
                           "--out", str(out), cwd=tmp_path)  # fmt: skip
         assert result.returncode == 0, result.stderr[-3000:]
@@ -97,3 +98,25 @@ def test_unfinished_with_eos_changes_only_the_rm_scores_of_cut_responses(tmp_pat
     assert cut  # 6 tokens: most stories are cut
     assert all(a["rm"] != b["rm"] for a, b in cut)  # read at an appended EOS
     assert all(a["rm"] == b["rm"] for a, b in pairs if a["ended"])  # an ended response already ends at EOS
+
+
+@pytest.mark.slow
+def test_evaluate_measures_the_kl_of_a_trained_policy_to_its_reference(tmp_path, offline_chain):
+    # The exports of the session's `rlhf-lit fit` chain (tests/offline_chain.py): the PPO policy
+    # against the SFT model it started from, scored by the chain's reward model.
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("Once upon a time\nThe dog ran\n")
+    policy, reference, rm = (str(offline_chain.export(stage)) for stage in ("ppo", "sft", "rm"))
+    runs = {}
+    for name, against in (("ppo", reference), ("self", policy)):
+        out = tmp_path / f"{name}.json"
+        result = run_main("evaluate", "--policy", policy, "--reference", against, "--reward-model", rm,
+                          "--prompts", str(prompts), "--samples-per-prompt", "2", "--max-new-tokens", "8",
+                          "--seed", "3", "--out", str(out), cwd=tmp_path)  # fmt: skip
+        assert result.returncode == 0, result.stderr[-3000:]
+        runs[name] = json.loads(out.read_text())
+    assert runs["ppo"]["metrics"]["num_samples"] == 4
+    assert runs["ppo"]["samples"] == [{**s, "kl": a["kl"]} for s, a in zip(runs["self"]["samples"], runs["ppo"]["samples"])]
+    assert runs["self"]["metrics"]["kl_mean"] == 0.0  # against itself
+    assert any(s["kl"] != 0.0 for s in runs["ppo"]["samples"])  # against the SFT model PPO moved away from
+    assert all(math.isfinite(s["rm"]) for s in runs["ppo"]["samples"])

@@ -5,14 +5,14 @@ from __future__ import annotations
 import csv
 
 import torch
-from cli_helpers import ROOT, STORIES, rlhf_lit
+from cli_helpers import ROOT, STORIES, run_main
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 
 def test_offline_dpo_config_trains_and_exports(tmp_path):
     # The shipped config, shortened, in its own run directory: stories260K stands in for the offline
     # SFT export the run would chain from.
-    result = rlhf_lit(
+    result = run_main(
         "fit", "--config", "configs/offline/dpo.yaml", "--run_dir", str(tmp_path / "run"),
         "--model.init_args.model", str(STORIES), "--model.init_args.optimizer.warmup_steps", "1",
         "--trainer.logger", "lightning.pytorch.loggers.CSVLogger",

@@ -1,19 +1,17 @@
-"""LoRA and the memory levers from the command line, as users type them (`rlhf-lit` in a subprocess)."""
+"""LoRA and the memory levers from the command line, as users type them (the CLI's main() in this process)."""
 
 from __future__ import annotations
 
-import pytest
 import torch
-from cli_helpers import STORIES, TINYSTORIES, error_line, ppo_config, rlhf_lit, sft_config, write_yaml
+from cli_helpers import STORIES, TINYSTORIES, error_line, ppo_config, run_main, sft_config, write_yaml
 from transformers import AutoModelForCausalLM
 
 
-@pytest.mark.slow
 def test_ppo_with_lora_flags_exports_a_plain_transformers_model_and_resumes(tmp_path, stories_rm):
     write_yaml(tmp_path / "ppo.yaml", ppo_config(tmp_path, STORIES, stories_rm, max_rollouts=2))
     flags = ["--model.init_args.lora.r", "8", "--model.init_args.lora.alpha", "16",
              "--model.init_args.memory.gradient_checkpointing", "true"]  # fmt: skip
-    result = rlhf_lit("fit", "--config", str(tmp_path / "ppo.yaml"), *flags, cwd=tmp_path)
+    result = run_main("fit", "--config", str(tmp_path / "ppo.yaml"), *flags, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     export = tmp_path / "export"
     assert f"[rlhf-lit] exported PPO policy to {export}" in result.stdout
@@ -23,11 +21,11 @@ def test_ppo_with_lora_flags_exports_a_plain_transformers_model_and_resumes(tmp_
     assert any(not torch.equal(model.state_dict()[k], v) for k, v in sft.state_dict().items())  # trained
     # Resuming with the same flags is not refused (the LoRA settings are part of the checked config)...
     more = ["--model.init_args.export_existing", "replace"]  # max_rollouts is the linear schedule's length: kept
-    resumed = rlhf_lit("fit", "--config", str(tmp_path / "ppo.yaml"), *flags, *more,
+    resumed = run_main("fit", "--config", str(tmp_path / "ppo.yaml"), *flags, *more,
                        "--ckpt_path", str(tmp_path / "ckpt" / "last.ckpt"), cwd=tmp_path)  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     # ... and without them it is: a LoRA checkpoint cannot continue as a full fine-tune.
-    refused = rlhf_lit("fit", "--config", str(tmp_path / "ppo.yaml"), *more,
+    refused = run_main("fit", "--config", str(tmp_path / "ppo.yaml"), *more,
                        "--ckpt_path", str(tmp_path / "ckpt" / "last.ckpt"), cwd=tmp_path)  # fmt: skip
     assert refused.returncode == 1
     assert "cannot resume" in refused.stderr and "model.lora" in refused.stderr
@@ -35,16 +33,15 @@ def test_ppo_with_lora_flags_exports_a_plain_transformers_model_and_resumes(tmp_
 
 def test_a_bad_lora_option_is_one_line_naming_it(tmp_path):
     write_yaml(tmp_path / "sft.yaml", sft_config(tmp_path, TINYSTORIES))
-    result = rlhf_lit("fit", "--config", str(tmp_path / "sft.yaml"),
+    result = run_main("fit", "--config", str(tmp_path / "sft.yaml"),
                       "--model.init_args.lora.target_modules", "[c_attn]", cwd=tmp_path)  # fmt: skip
     assert result.returncode == 1
     assert "lora.target_modules: no module of LlamaForCausalLM matches 'c_attn'" in error_line(result)
 
 
-@pytest.mark.slow
 def test_sft_with_an_adapter_export(tmp_path):
     write_yaml(tmp_path / "sft.yaml", sft_config(tmp_path, TINYSTORIES, max_steps=2))
-    result = rlhf_lit("fit", "--config", str(tmp_path / "sft.yaml"), "--model.init_args.lora.r", "4",
+    result = run_main("fit", "--config", str(tmp_path / "sft.yaml"), "--model.init_args.lora.r", "4",
                       "--model.init_args.lora.export", "adapter", cwd=tmp_path)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     from peft import AutoPeftModelForCausalLM

@@ -12,39 +12,37 @@ import re
 from pathlib import Path
 
 import pytest
-from cli_helpers import ASSETS, STORIES, TINYSTORIES, error_line, ppo_config, rlhf_lit, sft_config, write_yaml
-
-HH_RLHF = ASSETS / "data" / "hh-rlhf" / "harmless-base-test.jsonl.gz"
+from cli_helpers import HH_RLHF, STORIES, TINYSTORIES, error_line, ppo_config, rlhf_lit, run_main, sft_config, write_yaml
 
 # ------------------------------------------------------------------------------------ discovery and options
 
 
 def test_fit_help_lists_the_stages_and_data_modules_and_no_optimizer_options(tmp_path):
-    result = rlhf_lit("fit", "--help", cwd=tmp_path)
+    result = run_main("fit", "--help", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     for name in ("SFTModule", "RewardModelModule", "PPOModule", "SFTDataModule", "PreferenceDataModule", "PromptDataModule"):
         assert re.search(rf"rlhf_lit\.(stages|data)\.{name}\b", result.stdout), name
     # The stages own their optimizers: LightningCLI's would crash PPO or replace SFT's AdamW.
     assert "--optimizer" not in result.stdout and "--lr_scheduler" not in result.stdout
-    refused = rlhf_lit("fit", "--optimizer", "Adam", cwd=tmp_path)
+    refused = run_main("fit", "--optimizer", "Adam", cwd=tmp_path)
     assert refused.returncode == 2
     assert "unrecognized arguments: --optimizer Adam" in error_line(refused)
 
 
 def test_short_class_names_are_taken_for_model_and_data(tmp_path):
-    result = rlhf_lit("fit", "--model", "SFTModule", "--model.model", str(STORIES), "--data", "SFTDataModule",
+    result = run_main("fit", "--model", "SFTModule", "--model.model", str(STORIES), "--data", "SFTDataModule",
                       "--data.train_path", str(TINYSTORIES), "--print_config", cwd=tmp_path)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert "class_path: rlhf_lit.stages.SFTModule" in result.stdout
     assert "class_path: rlhf_lit.data.SFTDataModule" in result.stdout
-    helped = rlhf_lit("fit", "--model.help", "PPOModule", cwd=tmp_path)
+    helped = run_main("fit", "--model.help", "PPOModule", cwd=tmp_path)
     assert helped.returncode == 0, helped.stderr[-3000:]
     assert "--model.max_rollouts" in helped.stdout
 
 
 def test_max_steps_is_refused_for_ppo_before_any_rollout(tmp_path, stories_rm):
     write_yaml(tmp_path / "ppo.yaml", ppo_config(tmp_path, STORIES, stories_rm))
-    result = rlhf_lit("fit", "--config", "ppo.yaml", "--trainer.max_steps", "2", cwd=tmp_path)
+    result = run_main("fit", "--config", "ppo.yaml", "--trainer.max_steps", "2", cwd=tmp_path)
     assert result.returncode == 2
     line = error_line(result)
     assert "--trainer.max_steps 2 counts optimizer steps" in line and "--model.init_args.max_rollouts" in line

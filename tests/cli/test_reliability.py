@@ -1,7 +1,10 @@
-"""What a user sees when something is wrong, driven through `rlhf-lit` in a subprocess.
+"""What a user sees when something is wrong, driven through `rlhf-lit`.
 
 Each case asserts the exit status, the one message (no traceback) and that nothing already
-written was lost. Exports never replace what rlhf-lit did not write; the last checkpoint is the
+written was lost. Most run the CLI's entry function in this process (``run_main``: the same
+main(), output captured, global state restored); a real subprocess of the console script checks one
+case of each format (an option error, an error raised while building the run) and the end-to-end
+runs. Exports never replace what rlhf-lit did not write; the last checkpoint is the
 state at the end of fit; a NaN reward stops the run with a message and no NaN weights on disk.
 """
 
@@ -11,9 +14,8 @@ import gzip
 import json
 from pathlib import Path
 
-import pytest
 import torch
-from cli_helpers import STORIES, TINYSTORIES, error_line, ppo_config, rlhf_lit, sft_config, write_yaml
+from cli_helpers import STORIES, TINYSTORIES, error_line, ppo_config, rlhf_lit, run_main, sft_config, write_yaml
 
 from rlhf_lit.stages.export import MARKER
 
@@ -27,7 +29,7 @@ def test_export_dir_that_rlhf_lit_did_not_write_is_refused_before_training(tmp_p
     for export_dir in (str(mine), "."):  # "." is the working directory, with the user's files in it
         config = ppo_config(tmp_path, STORIES, stories_rm, export_dir=export_dir, export_existing="replace")
         write_yaml(mine / "ppo.yaml", config)
-        result = rlhf_lit("fit", "--config", str(mine / "ppo.yaml"), cwd=mine)
+        result = run_main("fit", "--config", str(mine / "ppo.yaml"), cwd=mine)
         assert result.returncode == 1
         assert "is not empty and was not written by rlhf-lit" in error_line(result)
         assert sorted(p.name for p in mine.iterdir()) == ["notes.txt", "ppo.yaml"]
@@ -35,34 +37,32 @@ def test_export_dir_that_rlhf_lit_did_not_write_is_refused_before_training(tmp_p
     assert not (tmp_path / "ckpt").exists()  # refused before the first rollout
 
 
-@pytest.mark.slow
 def test_an_earlier_export_is_kept_unless_replace_is_asked_and_the_run_says_where_it_wrote(tmp_path):
     write_yaml(tmp_path / "sft.yaml", sft_config(tmp_path, TINYSTORIES, max_steps=2))
-    first = rlhf_lit("fit", "--config", str(tmp_path / "sft.yaml"), cwd=tmp_path)
+    first = run_main("fit", "--config", str(tmp_path / "sft.yaml"), cwd=tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
     export = tmp_path / "export"
     assert f"[rlhf-lit] exported SFT model to {export}" in first.stdout
     weights = (export / "model.safetensors").read_bytes()
     assert json.loads((export / MARKER).read_text())["what"] == "SFT model"
 
-    again = rlhf_lit("fit", "--config", str(tmp_path / "sft.yaml"), cwd=tmp_path)
+    again = run_main("fit", "--config", str(tmp_path / "sft.yaml"), cwd=tmp_path)
     assert again.returncode == 1
     assert "holds an earlier rlhf-lit export (SFT model, written" in error_line(again)
     assert "export_existing replace" in again.stderr
     assert (export / "model.safetensors").read_bytes() == weights
 
-    replaced = rlhf_lit("fit", "--config", str(tmp_path / "sft.yaml"), "--model.init_args.export_existing", "replace",
+    replaced = run_main("fit", "--config", str(tmp_path / "sft.yaml"), "--model.init_args.export_existing", "replace",
                         "--trainer.max_steps", "4", cwd=tmp_path)  # fmt: skip
     assert replaced.returncode == 0, replaced.stderr[-3000:]
     assert (export / "model.safetensors").read_bytes() != weights
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # no temporary left
 
 
-@pytest.mark.slow
 def test_last_checkpoint_is_the_state_at_the_end_of_fit(tmp_path):
     # Periodic saves every 2 steps: 2 and 4; the run ends at step 5, and last.ckpt must hold step 5.
     write_yaml(tmp_path / "sft.yaml", sft_config(tmp_path, TINYSTORIES, max_steps=5))
-    result = rlhf_lit("fit", "--config", str(tmp_path / "sft.yaml"), cwd=tmp_path)
+    result = run_main("fit", "--config", str(tmp_path / "sft.yaml"), cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     last = torch.load(tmp_path / "ckpt" / "last.ckpt", map_location="cpu", weights_only=True)
     assert last["global_step"] == 5
@@ -71,11 +71,10 @@ def test_last_checkpoint_is_the_state_at_the_end_of_fit(tmp_path):
 # ------------------------------------------------------------------------------------ NaN and vocabularies
 
 
-@pytest.mark.slow
 def test_a_nan_reward_is_skipped_and_stops_the_run_without_nan_weights_on_disk(tmp_path, nan_rm):
     # The critic starts from the SFT model (a zero head): only the reward is NaN.
     write_yaml(tmp_path / "ppo.yaml", ppo_config(tmp_path, STORIES, nan_rm, max_rollouts=10, value_model=str(STORIES)))
-    result = rlhf_lit("fit", "--config", str(tmp_path / "ppo.yaml"), cwd=tmp_path)
+    result = run_main("fit", "--config", str(tmp_path / "ppo.yaml"), cwd=tmp_path)
     assert result.returncode == 1
     line = error_line(result)
     assert "stopping: 3 updates in a row skipped for non-finite values" in line
@@ -91,7 +90,7 @@ def test_a_nan_reward_is_skipped_and_stops_the_run_without_nan_weights_on_disk(t
 
 def test_a_reward_model_with_another_vocabulary_is_refused(tmp_path, gpt2_rm):
     write_yaml(tmp_path / "ppo.yaml", ppo_config(tmp_path, STORIES, gpt2_rm))
-    result = rlhf_lit("fit", "--config", str(tmp_path / "ppo.yaml"), cwd=tmp_path)
+    result = run_main("fit", "--config", str(tmp_path / "ppo.yaml"), cwd=tmp_path)
     assert result.returncode == 1
     assert f"reward_model {gpt2_rm} has a different vocabulary from the policy's tokenizer (50257 vs 512 tokens)" in (
         error_line(result))
@@ -104,7 +103,7 @@ def test_missing_model_path_names_the_config_that_produces_it(tmp_path, stories_
     config = ppo_config(tmp_path, Path("out/sft/model"), stories_rm)
     write_yaml(tmp_path / "ppo.yaml", config)
     write_yaml(tmp_path / "configs" / "sft.yaml", {"model": {"init_args": {"export_dir": "out/sft/model"}}})
-    result = rlhf_lit("fit", "--config", "ppo.yaml", cwd=tmp_path)
+    result = run_main("fit", "--config", "ppo.yaml", cwd=tmp_path)
     assert result.returncode == 1
     assert error_line(result) == (
         "rlhf-lit: error: sft_model not found: out/sft/model (no such directory; it is the export of "
@@ -117,19 +116,19 @@ def test_a_data_folder_given_as_a_model_is_named(tmp_path, stories_rm):
     data.mkdir()
     (data / "train.jsonl").write_text('{"prompt": "a", "response": "b"}\n')
     write_yaml(tmp_path / "ppo.yaml", ppo_config(tmp_path, data, stories_rm))
-    result = rlhf_lit("fit", "--config", "ppo.yaml", cwd=tmp_path)
+    result = run_main("fit", "--config", "ppo.yaml", cwd=tmp_path)
     assert result.returncode == 1
     assert error_line(result) == f"rlhf-lit: error: sft_model '{data}' is not a Hugging Face model directory (no config.json in it)"
 
 
 def test_a_hub_model_without_network_fails_at_once_with_the_cause(tmp_path, stories_rm):
     write_yaml(tmp_path / "ppo.yaml", ppo_config(tmp_path, Path("no-such-org/no-such-model"), stories_rm))
-    offline = rlhf_lit("fit", "--config", "ppo.yaml", cwd=tmp_path, env={"HF_HUB_OFFLINE": "1"})
+    offline = run_main("fit", "--config", "ppo.yaml", cwd=tmp_path, env={"HF_HUB_OFFLINE": "1"})
     assert offline.returncode == 1
     assert "sft_model 'no-such-org/no-such-model' is not in the local Hugging Face cache and HF_HUB_OFFLINE is set" in (
         error_line(offline))
     # A hub that does not answer (a closed local port): the same at once, no minute of retries.
-    unreachable = rlhf_lit("fit", "--config", "ppo.yaml", cwd=tmp_path, env={"HF_ENDPOINT": "http://127.0.0.1:9"})
+    unreachable = run_main("fit", "--config", "ppo.yaml", cwd=tmp_path, env={"HF_ENDPOINT": "http://127.0.0.1:9"})
     assert unreachable.returncode == 1
     assert "is not in the local Hugging Face cache and the Hugging Face hub cannot be reached" in error_line(unreachable)
 
@@ -138,11 +137,13 @@ def test_a_hub_model_without_network_fails_at_once_with_the_cause(tmp_path, stor
 
 
 def _sft_on(tmp_path, data_file: Path, **data) -> tuple:
+    """One SFT step on ``data_file`` (``fields`` format plus ``data`` options) through the CLI, in this process."""
     write_yaml(tmp_path / "sft.yaml", sft_config(tmp_path, data_file, max_steps=1, data={"format": "fields", **data}))
-    return rlhf_lit("fit", "--config", str(tmp_path / "sft.yaml"), cwd=tmp_path)
+    return run_main("fit", "--config", str(tmp_path / "sft.yaml"), cwd=tmp_path)
 
 
 def _records(n: int) -> list[str]:
+    """``n`` valid prompt / response records as JSON lines."""
     return [json.dumps({"prompt": f"Tom had a ball number {i}", "response": " and he was happy."}) for i in range(n)]
 
 
@@ -182,7 +183,7 @@ def test_skipped_and_truncated_records_are_counted_where_the_user_sees_them(tmp_
 
 def test_a_minibatch_larger_than_the_rollout_is_refused_before_any_rollout(tmp_path, stories_rm):
     write_yaml(tmp_path / "ppo.yaml", ppo_config(tmp_path, STORIES, stories_rm, ppo={"minibatch_size": 8}))
-    result = rlhf_lit("fit", "--config", "ppo.yaml", cwd=tmp_path)
+    result = run_main("fit", "--config", "ppo.yaml", cwd=tmp_path)
     assert result.returncode == 1
     assert error_line(result) == (
         "rlhf-lit: error: the rollout batch (4 prompts per process: the data module's batch_size) must be a "
@@ -200,11 +201,11 @@ def test_a_bad_option_value_is_one_line_and_debug_shows_the_full_report(tmp_path
     assert result.returncode == 2
     assert error_line(result) == "rlhf-lit: error: option model.ppo.epochs: Expected a <class 'int'>. Got value: abc"
     assert "Union subtypes" not in result.stderr and "usage:" not in result.stderr
-    debug = rlhf_lit("fit", "--config", "ppo.yaml", "--model.init_args.ppo.epochs", "abc", "--debug", cwd=tmp_path)
+    debug = run_main("fit", "--config", "ppo.yaml", "--model.init_args.ppo.epochs", "abc", "--debug", cwd=tmp_path)
     assert debug.returncode == 2 and "Union subtypes" in debug.stderr
     bad_value = rlhf_lit("fit", "--config", "ppo.yaml", "--model.init_args.kl.estimator", "k2", cwd=tmp_path)
     assert bad_value.returncode == 1
     assert "kl.estimator='k2' does not estimate the KL in nats" in error_line(bad_value)
-    traced = rlhf_lit("fit", "--config", "ppo.yaml", "--model.init_args.kl.estimator", "k2", cwd=tmp_path,
+    traced = run_main("fit", "--config", "ppo.yaml", "--model.init_args.kl.estimator", "k2", cwd=tmp_path,
                       env={"RLHF_LIT_DEBUG": "1"})  # fmt: skip
     assert traced.returncode == 1 and "Traceback" in traced.stderr

@@ -13,21 +13,24 @@ import time
 
 import pytest
 import torch
-from cli_helpers import CLI, STORIES, error_line, ppo_config, rlhf_lit, write_yaml
+from cli_helpers import CLI, STORIES, error_line, ppo_config, rlhf_lit, run_main, write_yaml
 
 ROLLOUTS = 6
 CONSTANT_LR = {"lr": 3.0e-4, "eps": 1.0e-5}  # a constant schedule: max_rollouts may grow on resume
 
 
 def _load(path):
+    """A checkpoint, on the CPU, tensors only."""
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
 def _as_lists(groups: list[dict]) -> list[dict]:
+    """Optimizer param groups with tuples as lists (for comparing a sharded save with a plain one)."""
     return [{k: list(v) if isinstance(v, tuple) else v for k, v in group.items()} for group in groups]
 
 
 def _assert_same_state(a: dict, b: dict, rollouts: int = ROLLOUTS, optimizers: int = 2) -> None:
+    """Two checkpoints hold the same run: rollout count, KL controller, weights, optimizer and LR states."""
     assert a["ppo"]["rollout_index"] == b["ppo"]["rollout_index"] == rollouts
     assert a["ppo"]["kl_controller"] == b["ppo"]["kl_controller"]
     assert a["global_step"] == b["global_step"]
@@ -113,7 +116,6 @@ def test_a_checkpoint_resumes_under_another_strategy_exactly(tmp_path, stories_r
     _assert_same_state(finals["straight"], finals["from_fsdp2"], rollouts=2)
 
 
-@pytest.mark.slow
 def test_grpo_with_several_samples_per_prompt_resumes_exactly(tmp_path, stories_rm):
     """k = 2 samples per prompt, no critic (one optimizer): 1 rollout + resume = 2 straight rollouts,
     the data position counted in prompts, not rows."""
@@ -124,12 +126,12 @@ def test_grpo_with_several_samples_per_prompt_resumes_exactly(tmp_path, stories_
                 "sampling": {"max_new_tokens": 12, "temperature": 1.0, "samples_per_prompt": 2}}  # fmt: skip
         config = ppo_config(root, STORIES, stories_rm, max_rollouts=2 if name == "straight" else 1, **grpo)
         write_yaml(root / "first.yaml", config)
-        result = rlhf_lit("fit", "--config", str(root / "first.yaml"), cwd=root)
+        result = run_main("fit", "--config", str(root / "first.yaml"), cwd=root)
         assert result.returncode == 0, result.stderr[-3000:]
         if name == "resumed":
             config = ppo_config(root, STORIES, stories_rm, max_rollouts=2, export_existing="replace", **grpo)
             write_yaml(root / "then.yaml", config)
-            result = rlhf_lit("fit", "--config", str(root / "then.yaml"), "--ckpt_path", str(root / "ckpt" / "last.ckpt"),
+            result = run_main("fit", "--config", str(root / "then.yaml"), "--ckpt_path", str(root / "ckpt" / "last.ckpt"),
                               cwd=root)  # fmt: skip
             assert result.returncode == 0, result.stderr[-3000:]
         finals[name] = _load(root / "ckpt" / "last.ckpt")
@@ -141,16 +143,22 @@ def test_grpo_with_several_samples_per_prompt_resumes_exactly(tmp_path, stories_
 
 
 @pytest.fixture(scope="module")
-def finished_run(tmp_path_factory, stories_rm):
-    """A 2-rollout PPO run whose last.ckpt later runs try to resume."""
+def finished_config(tmp_path_factory, stories_rm):
+    """The folder of :func:`finished_run` with its ``ppo.yaml`` (2 rollouts, constant LR), not yet run."""
     root = tmp_path_factory.mktemp("finished")
     write_yaml(root / "ppo.yaml", ppo_config(root, STORIES, stories_rm, max_rollouts=2, optimizer=CONSTANT_LR))
-    result = rlhf_lit("fit", "--config", str(root / "ppo.yaml"), cwd=root)
+    return root
+
+
+@pytest.fixture(scope="module")
+def finished_run(finished_config):
+    """A 2-rollout PPO run whose last.ckpt later runs try to resume."""
+    root = finished_config
+    result = run_main("fit", "--config", str(root / "ppo.yaml"), cwd=root)
     assert result.returncode == 0, result.stderr[-3000:]
     return root
 
 
-@pytest.mark.slow
 def test_resume_with_a_changed_model_or_batch_is_refused_listing_every_difference(finished_run, stories_rm, tmp_path):
     # A different SFT model (the RM's directory), batch size and KL target; more rollouts, which is
     # refused here because the linear schedule's length is max_rollouts.
@@ -159,7 +167,7 @@ def test_resume_with_a_changed_model_or_batch_is_refused_listing_every_differenc
     config["model"]["init_args"]["kl"]["target"] = 3.0
     write_yaml(tmp_path / "changed.yaml", config)
     before = _load(finished_run / "ckpt" / "last.ckpt")
-    result = rlhf_lit("fit", "--config", str(tmp_path / "changed.yaml"), "--ckpt_path",
+    result = run_main("fit", "--config", str(tmp_path / "changed.yaml"), "--ckpt_path",
                       str(finished_run / "ckpt" / "last.ckpt"), cwd=tmp_path)  # fmt: skip
     assert result.returncode == 1
     assert error_line(result).startswith("rlhf-lit: error: cannot resume: the configuration differs")
@@ -172,21 +180,21 @@ def test_resume_with_a_changed_model_or_batch_is_refused_listing_every_differenc
     assert _load(finished_run / "ckpt" / "last.ckpt")["global_step"] == before["global_step"]
 
 
-@pytest.mark.slow
 def test_resume_with_more_rollouts_continues(finished_run, stories_rm, tmp_path):
     config = ppo_config(finished_run, STORIES, stories_rm, max_rollouts=3, export_dir=str(tmp_path / "export3"),
                         optimizer=CONSTANT_LR)  # fmt: skip
     config["trainer"]["callbacks"][0]["init_args"]["dirpath"] = str(tmp_path / "ckpt")
     write_yaml(tmp_path / "more.yaml", config)
-    result = rlhf_lit("fit", "--config", str(tmp_path / "more.yaml"), "--ckpt_path",
+    result = run_main("fit", "--config", str(tmp_path / "more.yaml"), "--ckpt_path",
                       str(finished_run / "ckpt" / "last.ckpt"), cwd=tmp_path)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert "resuming with model.max_rollouts changed: 2 -> 3" in result.stderr
     assert _load(tmp_path / "ckpt" / "last.ckpt")["ppo"]["rollout_index"] == 3
 
 
-def test_a_remote_checkpoint_is_refused(finished_run, tmp_path):
-    result = rlhf_lit("fit", "--config", str(finished_run / "ppo.yaml"), "--ckpt_path", "https://example.com/x.ckpt",
+def test_a_remote_checkpoint_is_refused(finished_config, tmp_path):
+    # Refused while the arguments are parsed: the run's config is enough, the run itself is not needed.
+    result = run_main("fit", "--config", str(finished_config / "ppo.yaml"), "--ckpt_path", "https://example.com/x.ckpt",
                       cwd=tmp_path)  # fmt: skip
     assert result.returncode == 1
     assert "remote checkpoints are not loaded" in error_line(result)

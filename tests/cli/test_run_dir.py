@@ -1,7 +1,9 @@
 """``--run_dir``: one directory per experiment, the stages chained through it (rlhf_lit.cli.run_dir).
 
 The chain is driven as the README shows it, ``rlhf-lit`` in subprocesses with command-line options
-only (no YAML), on stories260K with a few steps per stage. The rules for settings that contradict
+only (no YAML), on stories260K with a few steps per stage: the session's shared chain
+(tests/offline_chain.py). Later runs into it (a stage again, a resume) use a private copy and the
+CLI's entry function in this process. The rules for settings that contradict
 the run directory are checked on the parsed config directly (no process needed), the errors a
 user sees through ``rlhf-lit``.
 """
@@ -15,32 +17,19 @@ from pathlib import Path
 
 import pytest
 import yaml
-from cli_helpers import ASSETS, ROOT, STORIES, TINYSTORIES, error_line, rlhf_lit
+from cli_helpers import ROOT, STORIES, error_line, run_main
 from jsonargparse import Namespace
+from offline_chain import PPO, SFT  # the chain's stage arguments (tests/offline_chain.py)
 
 from rlhf_lit.cli import DEFAULT_LOGGER
 from rlhf_lit.cli.run_dir import RunDirError, apply_run_dir
 
-HH_RLHF = ASSETS / "data" / "hh-rlhf" / "harmless-base-test.jsonl.gz"
-QUIET = ("--trainer.accelerator", "cpu", "--trainer.enable_progress_bar", "false",
-         "--trainer.enable_model_summary", "false")  # fmt: skip
-SFT = ("fit", "--model", "rlhf_lit.stages.SFTModule", "--model.model", str(STORIES),
-       "--data", "rlhf_lit.data.SFTDataModule", "--data.train_path", str(TINYSTORIES), "--data.format", "paragraphs",
-       "--data.max_records", "32", "--data.batch_size", "4", "--data.max_length", "64",
-       "--data.max_prompt_length", "16", "--trainer.max_steps", "3", *QUIET)  # fmt: skip
-RM = ("fit", "--model", "rlhf_lit.stages.RewardModelModule",
-      "--data", "rlhf_lit.data.PreferenceDataModule", "--data.train_path", str(HH_RLHF), "--data.format", "hh_rlhf",
-      "--data.max_records", "32", "--data.val_fraction", "0.25", "--data.batch_size", "4", "--data.max_length", "64",
-      "--data.max_prompt_length", "48", "--trainer.max_steps", "3", *QUIET)  # fmt: skip
-PPO = ("fit", "--model", "rlhf_lit.stages.PPOModule", "--model.max_rollouts", "2",
-       "--model.sampling.max_new_tokens", "8", "--model.ppo.epochs", "1", "--model.ppo.minibatch_size", "2",
-       "--data", "rlhf_lit.data.PromptDataModule", "--data.train_path", str(TINYSTORIES), "--data.format", "paragraphs",
-       "--data.max_records", "16", "--data.batch_size", "4", "--trainer.max_epochs", "-1", *QUIET)  # fmt: skip
 STAGES = {"sft": "SFT model", "rm": "reward model", "ppo": "PPO policy"}
 """Each stage's folder and the ``what`` its export marker records."""
 
 
 def _ok(result) -> None:
+    """Assert a run succeeded, showing the end of its stderr otherwise."""
     assert result.returncode == 0, result.stderr[-4000:]
 
 
@@ -50,19 +39,24 @@ def _snapshot(root: Path) -> dict[str, tuple[int, int]]:
 
 
 def _config(cwd: Path, stage: str) -> dict:
+    """The config.yaml a stage of the ``runs/exp1`` chain saved beside its logs."""
     return yaml.safe_load((cwd / "runs/exp1" / stage / "version_0" / "config.yaml").read_text())
 
 
-@pytest.fixture(scope="module")
-def chain(tmp_path_factory) -> tuple[Path, dict]:
+@pytest.fixture
+def chain(offline_chain) -> tuple[Path, dict]:
     """SFT -> RM -> PPO in an empty working directory, all with ``--run_dir runs/exp1`` and nothing else
-    naming a path of the run."""
-    cwd = tmp_path_factory.mktemp("work")
-    results = {}
-    for stage, args in (("sft", SFT), ("rm", RM), ("ppo", PPO)):
-        results[stage] = rlhf_lit(*args, "--run_dir", "runs/exp1", cwd=cwd)
-        _ok(results[stage])
-    return cwd, results
+    naming a path of the run: the session's shared chain (tests/offline_chain.py), read only."""
+    for result in offline_chain.results.values():
+        _ok(result)
+    return offline_chain.cwd, offline_chain.results
+
+
+@pytest.fixture
+def private_chain(offline_chain, tmp_path) -> tuple[Path, dict]:
+    """A copy of the shared chain in this test's own folder, for a test that writes into it."""
+    copy = offline_chain.copy_to(tmp_path / "work")
+    return copy.cwd, copy.results
 
 
 @pytest.mark.slow
@@ -94,16 +88,16 @@ def test_each_stage_read_the_previous_stages_export_without_it_being_named(chain
 
 
 @pytest.mark.slow
-def test_a_stage_run_again_is_refused_and_a_second_run_dir_is_a_second_experiment(chain):
-    cwd, _ = chain
+def test_a_stage_run_again_is_refused_and_a_second_run_dir_is_a_second_experiment(private_chain):
+    cwd, _ = private_chain
     before = _snapshot(cwd / "runs/exp1")
-    again = rlhf_lit(*SFT, "--run_dir", "runs/exp1", cwd=cwd)
+    again = run_main(*SFT, "--run_dir", "runs/exp1", cwd=cwd)
     assert again.returncode == 1
     assert error_line(again).startswith(
         "rlhf-lit: error: --run_dir runs/exp1: the SFT stage has run there already (its export "
         "runs/exp1/sft/model exists); for a new experiment give another --run_dir"
     )
-    _ok(rlhf_lit(*SFT, "--run_dir", "runs/exp2", "--model.optimizer.lr", "1e-3", cwd=cwd))
+    _ok(run_main(*SFT, "--run_dir", "runs/exp2", "--model.optimizer.lr", "1e-3", cwd=cwd))
     assert (cwd / "runs/exp2/sft/model/rlhf_lit_export.json").is_file()
     assert (cwd / "runs/exp2/sft/version_0/config.yaml").is_file()
     assert _snapshot(cwd / "runs/exp1") == before  # the first experiment untouched
@@ -111,12 +105,12 @@ def test_a_stage_run_again_is_refused_and_a_second_run_dir_is_a_second_experimen
 
 
 @pytest.mark.slow
-def test_resuming_from_a_checkpoint_in_the_run_dir_logs_into_the_same_version(chain):
-    cwd, _ = chain
+def test_resuming_from_a_checkpoint_in_the_run_dir_logs_into_the_same_version(private_chain):
+    cwd, _ = private_chain
     version = cwd / "runs/exp1/ppo/version_0"
     events_before = set(version.glob("events.out.tfevents.*"))
     (checkpoint,) = (version / "checkpoints").glob("*.ckpt")
-    resumed = rlhf_lit(*PPO, "--run_dir", "runs/exp1", "--ckpt_path", str(checkpoint.relative_to(cwd)),
+    resumed = run_main(*PPO, "--run_dir", "runs/exp1", "--ckpt_path", str(checkpoint.relative_to(cwd)),
                        "--model.max_rollouts", "3", "--model.export_existing", "replace", cwd=cwd)  # fmt: skip
     _ok(resumed)
     assert sorted(os.listdir(cwd / "runs/exp1/ppo")) == ["model", "version_0"]  # no version_1
@@ -129,7 +123,7 @@ def test_resuming_from_a_checkpoint_in_the_run_dir_logs_into_the_same_version(ch
 
 def test_a_missing_earlier_stage_is_one_error_naming_the_command_to_run(tmp_path):
     # configs/offline/rm.yaml as it is, only --run_dir added: the RM reads the run's SFT export.
-    result = rlhf_lit("fit", "--config", str(ROOT / "configs/offline/rm.yaml"), "--run_dir", "runs/exp1", cwd=tmp_path)
+    result = run_main("fit", "--config", str(ROOT / "configs/offline/rm.yaml"), "--run_dir", "runs/exp1", cwd=tmp_path)
     assert result.returncode == 1
     assert error_line(result) == (
         "rlhf-lit: error: runs/exp1/sft/model not found: run the SFT stage with --run_dir runs/exp1 first "
@@ -140,7 +134,7 @@ def test_a_missing_earlier_stage_is_one_error_naming_the_command_to_run(tmp_path
 
 def test_ppo_without_the_runs_reward_model_names_the_rm_stage(tmp_path):
     shutil.copytree(STORIES, tmp_path / "runs/exp1/sft/model")  # an SFT export, no RM yet
-    result = rlhf_lit(*PPO, "--run_dir", "runs/exp1", cwd=tmp_path)
+    result = run_main(*PPO, "--run_dir", "runs/exp1", cwd=tmp_path)
     assert result.returncode == 1
     assert error_line(result).startswith(
         "rlhf-lit: error: runs/exp1/rm/model not found: run the RM stage with --run_dir runs/exp1 first"
@@ -148,7 +142,7 @@ def test_ppo_without_the_runs_reward_model_names_the_rm_stage(tmp_path):
 
 
 def test_an_export_dir_elsewhere_contradicts_the_run_dir(tmp_path):
-    result = rlhf_lit(*SFT, "--run_dir", "runs/exp1", "--model.export_dir", "exports/sft", cwd=tmp_path)
+    result = run_main(*SFT, "--run_dir", "runs/exp1", "--model.export_dir", "exports/sft", cwd=tmp_path)
     assert result.returncode == 1
     assert error_line(result) == (
         "rlhf-lit: error: --run_dir runs/exp1 puts the SFT export at runs/exp1/sft/model (where later stages "
@@ -159,7 +153,7 @@ def test_an_export_dir_elsewhere_contradicts_the_run_dir(tmp_path):
 
 
 def test_a_logger_writing_elsewhere_contradicts_the_run_dir(tmp_path):
-    result = rlhf_lit(*SFT, "--run_dir", "runs/exp1", "--trainer.logger", "lightning.pytorch.loggers.CSVLogger",
+    result = run_main(*SFT, "--run_dir", "runs/exp1", "--trainer.logger", "lightning.pytorch.loggers.CSVLogger",
                       "--trainer.logger.save_dir", "csv", cwd=tmp_path)  # fmt: skip
     assert result.returncode == 1
     assert error_line(result).startswith(
@@ -168,7 +162,7 @@ def test_a_logger_writing_elsewhere_contradicts_the_run_dir(tmp_path):
 
 
 def test_fit_help_documents_run_dir():
-    result = rlhf_lit("fit", "--help", cwd=ROOT)
+    result = run_main("fit", "--help", cwd=ROOT)
     _ok(result)
     assert "--run_dir" in result.stdout and "RUN_DIR/<stage>/" in result.stdout
 

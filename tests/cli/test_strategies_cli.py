@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from cli_helpers import ASSETS, STORIES, TINYSTORIES, error_line, rlhf_lit, sft_config, write_yaml
+from cli_helpers import HH_RLHF, STORIES, TINYSTORIES, error_line, rlhf_lit, run_main, sft_config, write_yaml
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
-
-HH_RLHF = ASSETS / "data" / "hh-rlhf" / "harmless-base-test.jsonl.gz"
 
 
 def rm_config(root, strategy: str) -> dict:
@@ -65,7 +63,7 @@ def test_fsdp_on_cpu_is_refused_in_one_line_naming_fsdp2(tmp_path):
     config = sft_config(tmp_path, TINYSTORIES)
     config["trainer"].update(strategy="fsdp", devices=2)
     write_yaml(tmp_path / "sft.yaml", config)
-    result = rlhf_lit("fit", "--config", str(tmp_path / "sft.yaml"), cwd=tmp_path)
+    result = run_main("fit", "--config", str(tmp_path / "sft.yaml"), cwd=tmp_path)
     assert result.returncode == 1
     line = error_line(result)
     assert "--trainer.strategy fsdp needs CUDA GPUs" in line and "--trainer.strategy fsdp2" in line

@@ -3,7 +3,7 @@
 import shutil
 
 import pytest
-from data_assets import ASSETS, STORIES260K
+from data_assets import GPT2_TOKENIZER, STORIES260K
 from transformers import AutoTokenizer, GPT2TokenizerFast
 
 
@@ -18,5 +18,5 @@ def gpt2_tok(tmp_path_factory):
     """GPT-2 byte-level BPE: no BOS added, eos 50256, no pad token (tests set one on a copy)."""
     d = tmp_path_factory.mktemp("gpt2")
     for name in ("vocab.json", "merges.txt"):
-        shutil.copy(ASSETS / "tokenizers" / "gpt2" / name, d / name)
+        shutil.copy(GPT2_TOKENIZER / name, d / name)
     return GPT2TokenizerFast.from_pretrained(str(d))

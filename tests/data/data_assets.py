@@ -3,14 +3,8 @@
 import json
 from pathlib import Path
 
-_ROOT = Path(__file__).resolve().parents[2]
-ASSETS = _ROOT / "assets"
-DATA = ASSETS / "data"
-HH = DATA / "hh-rlhf" / "harmless-base-test.jsonl.gz"
-ALPACA_V1 = DATA / "alpaca-libre" / "alpaca_libre_tasks_v1.jsonl"
-ALPACA_V2 = DATA / "alpaca-libre" / "alpaca_libre_tasks_v2.jsonl"
-TINYSTORIES = DATA / "tinystories" / "val.txt"
-STORIES260K = ASSETS / "models" / "stories260K"
+from assets_paths import ALPACA_V1, ALPACA_V2, ASSETS, DATA, GPT2_TOKENIZER, STORIES260K, TINYSTORIES  # noqa: F401
+from assets_paths import HH_RLHF as HH  # noqa: F401
 
 
 def write_jsonl(path: Path, records) -> str:

@@ -129,3 +129,19 @@ def test_frontier_table_and_plot(tmp_path):
     assert Path(png).name == "frontier.png" and Path(png).stat().st_size > 1000
     saved = json.loads((tmp_path / "frontier.json").read_text())
     assert [p["method"] for p in saved] == ["SFT", "PPO", "PPO", "PPO, KL coef 0", "best-of-N"]
+
+
+@pytest.mark.slow
+def test_the_loader_reads_a_checkpoint_that_rlhf_lit_fit_wrote(offline_chain):
+    # The session's SFT -> RM -> PPO chain (tests/offline_chain.py): its PPO run's Lightning checkpoint,
+    # written by `rlhf-lit fit` at the end of the run, holds the policy that run exported.
+    (checkpoint,) = offline_chain.checkpoints("ppo")
+    sft = str(offline_chain.export("sft"))
+    exported = _weights(AutoModelForCausalLM.from_pretrained(offline_chain.export("ppo")))
+    loaded = _weights(load_checkpoint_policy(str(checkpoint), sft))
+    assert loaded.keys() == exported.keys()
+    for name, tensor in exported.items():
+        assert torch.equal(loaded[name], tensor), name
+    # The comparison can fail: PPO moved the policy away from the SFT model it was loaded over.
+    base = _weights(AutoModelForCausalLM.from_pretrained(sft))
+    assert any(not torch.equal(base[k], exported[k]) for k in exported)

@@ -5,10 +5,9 @@ The task itself (three PPO runs) takes minutes and is not run here; see docs/VER
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
+from cli_in_process import run_main
 
 from rlhf_lit.demo.verifiable import ROOT, build_prompts, named_prompt, write_prompt_files
 
@@ -45,12 +44,9 @@ def test_build_prompts_keeps_order_and_names(tmp_path):
 
 @pytest.mark.parametrize("estimator,k", [("gae", "1"), ("grpo", "4"), ("rloo", "4")])
 def test_verifiable_config_parses_per_estimator(estimator, k):
-    result = subprocess.run(
-        [sys.executable, "-m", "rlhf_lit.cli", "fit", "--config", "configs/offline/verifiable.yaml",
-         "--model.init_args.ppo.estimator", estimator, "--model.init_args.sampling.samples_per_prompt", k,
-         "--print_config"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
-    )
+    # In this process (cli_in_process.run_main: the CLI's entry function, output captured).
+    result = run_main("fit", "--config", "configs/offline/verifiable.yaml", "--model.init_args.ppo.estimator", estimator,
+                      "--model.init_args.sampling.samples_per_prompt", k, "--print_config", cwd=ROOT)  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert f"estimator: {estimator}" in result.stdout
     assert "rlhf_lit.rewards.rules:mentions_ground_truth" in result.stdout

@@ -9,11 +9,12 @@ really recomputes blocks (counted), frozen models kept on the CPU stay out of th
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, GPTNeoXConfig, GPTNeoXForCausalLM
+
+from assets_paths import STORIES260K
 
 from rlhf_lit.models import load_causal_lm, load_reward_model, sequence_scores
 from rlhf_lit.models.generation import forward_with_positions
@@ -22,7 +23,7 @@ from rlhf_lit.models.memory import MemoryConfig, attach_frozen, call_on_own_devi
 from rlhf_lit.stages.export import MARKER, save_pretrained_atomically
 from rlhf_lit.tokenizer import load_tokenizer
 
-STORIES = str(Path(__file__).resolve().parents[2] / "assets" / "models" / "stories260K")
+STORIES = str(STORIES260K)
 LLAMA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -10,12 +9,14 @@ import torch
 from lightning.pytorch.strategies import FSDPStrategy
 from transformers import AutoModelForSequenceClassification
 
+from assets_paths import STORIES260K
+
 from rlhf_lit.models.lora import LoRAConfig, with_lora
 from rlhf_lit.models.scoring import position_ids_from_mask, token_scores
 from rlhf_lit.models.sharding import is_sharded, shard_models
 from rlhf_lit.stages.resume import check_loaded_keys
 
-STORIES = str(Path(__file__).resolve().parents[2] / "assets" / "models" / "stories260K")
+STORIES = str(STORIES260K)
 
 
 @pytest.fixture(scope="module")

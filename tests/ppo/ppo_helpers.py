@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
+import assets_paths
 import torch
 from lightning.pytorch import Trainer
 from lightning.pytorch.loggers import Logger
@@ -12,9 +14,9 @@ from rlhf_lit.models.generation import SamplingConfig
 from rlhf_lit.stages.ppo import PPOModule
 from rlhf_lit.stages.ppo.config import KLConfig, PPOConfig
 
-ASSETS = Path(__file__).resolve().parents[2] / "assets"
-STORIES = str(ASSETS / "models" / "stories260K")
-TINYSTORIES = str(ASSETS / "data" / "tinystories" / "val.txt")
+# tests/ is on the path: pytest's own, or the PYTHONPATH the DDP tests give their worker scripts.
+STORIES = str(assets_paths.STORIES260K)
+TINYSTORIES = str(assets_paths.TINYSTORIES)
 EOS, PAD = 2, 0  # stories260K: eos 2, pad = <unk> 0
 
 
@@ -124,3 +126,11 @@ def bad_reward(batch) -> list[float]:
 def dot_count_reward(batch, *, token: int) -> list[float]:
     """The number of times ``token`` appears in the response ids (EOS excluded by construction)."""
     return [float(sum(1 for t in ids if t == token)) for ids in batch.response_ids]
+
+
+def worker_env() -> dict[str, str]:
+    """The environment of a worker script started outside pytest (``python tests/ppo/<x>_worker.py``):
+    one thread, and ``PYTHONPATH`` holding tests/ppo (``ppo_helpers``) and tests/ (``assets_paths``)."""
+    here = Path(__file__).resolve().parent
+    path = os.pathsep.join([str(here), str(here.parent), os.environ.get("PYTHONPATH", "")])
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path}

@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from ppo_helpers import worker_env
 
 HERE = Path(__file__).resolve().parent
 
 
 @pytest.mark.slow
 def test_ddp_ranks_sample_differently_and_stay_in_sync(tmp_path):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(HERE) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env = worker_env()
     result = subprocess.run(
         [sys.executable, str(HERE / "ddp_worker.py"), str(tmp_path)],
         capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path,

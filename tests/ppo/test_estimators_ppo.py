@@ -226,7 +226,6 @@ def test_kl_mode_loss_refuses_k1():
 LEARNING_ROLLOUTS = 30
 
 
-@pytest.mark.slow
 def test_grpo_with_a_rule_reward_raises_that_reward(tmp_path):
     """GRPO (k = 4, no critic, KL as a k3 loss term) on stories260K with a rule reward, the count
     of "." tokens in the response (a reward function, not an RM): its mean rises. Measured once

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import shutil
-from pathlib import Path
 
 import pytest
 import torch
+from assets_paths import GPT2_TOKENIZER
 from ppo_helpers import EOS, PAD, STORIES, EosBias, prompt_batch
 from transformers import GenerationConfig
 
@@ -21,7 +21,6 @@ from rlhf_lit.models.generation import (
 )
 from rlhf_lit.tokenizer import load_tokenizer
 
-GPT2_TOKENIZER = Path(STORIES).parents[1] / "tokenizers" / "gpt2"
 PROMPTS = ["Once upon a time there was", "The cat", "Lily and Tom went to the park to", "A"]
 
 

@@ -17,10 +17,9 @@ the KL per response peaked at 3.4-7.2 nats. The assertions keep a margin of 2-3x
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import yaml
+from assets_paths import CONFIGS
 from ppo_helpers import EOS, TINYSTORIES, EosBias, tiny_module, tiny_trainer
 
 from rlhf_lit.data import PromptDataModule
@@ -91,7 +90,7 @@ def test_shaped_objective_rises_while_kl_stays_bounded(tmp_path, seed):
 
 
 # ---------------------------------------------------------------- the demo's update settings
-DEMO_PPO = Path(__file__).resolve().parents[2] / "configs" / "demo" / "ppo.yaml"
+DEMO_PPO = CONFIGS / "demo" / "ppo.yaml"
 DEMO_ROLLOUTS = 30
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from ppo_helpers import worker_env
 from transformers import AutoModelForCausalLM
 
 HERE = Path(__file__).resolve().parent
@@ -25,7 +26,7 @@ HERE = Path(__file__).resolve().parent
 
 def _run(out: Path, mode: str) -> dict[int, dict]:
     out.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(HERE) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env = worker_env()
     # Its own session, so a hung run's rank-1 process (started by rank 0) is killed with it.
     proc = subprocess.Popen([sys.executable, str(HERE / "strategy_worker.py"), str(out), mode], cwd=out, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip

@@ -3,18 +3,15 @@ silencing is by message: an unlisted warning of the same category still shows.""
 
 import tomllib
 import warnings
-from pathlib import Path
+
+from assets_paths import ROOT
 
 from rlhf_lit.expected_warnings import EXPECTED_WARNINGS, silence_expected_noise
-
-ROOT = Path(__file__).resolve().parents[1]
-
 
 def test_pytest_ignores_exactly_the_warnings_the_cli_silences():
     filters = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["filterwarnings"]
     by_message = sorted(f.removeprefix("ignore:") for f in filters if f.startswith("ignore:") and "::" not in f)
     assert by_message == sorted(message for message, _ in EXPECTED_WARNINGS)
-
 
 def test_only_the_listed_messages_are_silenced():
     with warnings.catch_warnings(record=True) as caught:

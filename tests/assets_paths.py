@@ -1,0 +1,28 @@
+"""The one place the tests name the checkout's folders and the offline assets (see assets/README.md).
+
+Every test module, helper and fixture imports its paths from here (``from assets_paths import ...``;
+pytest puts ``tests/`` on ``sys.path`` through its root conftest, and the worker scripts that run
+outside pytest get it on their ``PYTHONPATH``), so moving an asset means changing one line.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+"""The checkout: pyproject.toml, configs/, assets/, tests/."""
+CONFIGS = ROOT / "configs"
+ASSETS = ROOT / "assets"
+
+STORIES260K = ASSETS / "models" / "stories260K"
+"""The real 260K-parameter Llama (vocab 512, pad 0 = <unk>, bos 1, eos 2)."""
+GPT2_TOKENIZER = ASSETS / "tokenizers" / "gpt2"
+"""GPT-2's tokenizer files (vocab.json, merges.txt), no model."""
+
+DATA = ASSETS / "data"
+TINYSTORIES = DATA / "tinystories" / "val.txt"
+"""TinyStories validation paragraphs, blank-line separated (4,302 paragraphs)."""
+HH_RLHF = DATA / "hh-rlhf" / "harmless-base-test.jsonl.gz"
+"""Anthropic HH-RLHF harmless-base test pairs (chosen / rejected dialogues)."""
+ALPACA_V1 = DATA / "alpaca-libre" / "alpaca_libre_tasks_v1.jsonl"
+ALPACA_V2 = DATA / "alpaca-libre" / "alpaca_libre_tasks_v2.jsonl"
