@@ -95,7 +95,7 @@ class PPOModule(StageModule):
         judge: optional gold scorer ``"module:function"`` of a list of response texts (e.g.
             ``rlhf_lit.evaluation.judges:vader``), loaded with
             :func:`rlhf_lit.evaluation.load_judge`. It reads the response only, decoded without
-            special tokens as ``rlhf_lit.demo.evaluate`` does; its mean over the rollout batch is
+            special tokens as ``rlhf_lit.demo.held_out_eval`` does; its mean over the rollout batch is
             logged as ``objective/judge``. Never used as a reward.
         export_dir: where the trained policy and its tokenizer go at the end of fit, in Hugging Face
             format; None: ``<log dir>/model``.
