@@ -22,8 +22,8 @@ from typing import Any, NamedTuple
 import pytest
 from assets_paths import ROOT
 
-from rlhf_lit.commands.best_of_n import build_parser as best_of_n_parser
-from rlhf_lit.commands.evaluate import build_parser as evaluate_parser
+from rlhf_lit.commands.best_of_n_command import build_parser as best_of_n_parser
+from rlhf_lit.commands.evaluate_command import build_parser as evaluate_parser
 from rlhf_lit.functional import grpo_advantages, kl_loss, reinforce_pp_advantages
 from rlhf_lit.models.lora import LoRAConfig
 from rlhf_lit.rewards.shaping import regex_format
@@ -41,7 +41,7 @@ class Quoted(NamedTuple):
     value: Any
 
 
-PPO_DOC = "rlhf_lit/stages/ppo/module.py"  # the module docstring: PPO's implementation details
+PPO_DOC = "rlhf_lit/stages/ppo/__init__.py"  # the package docstring: PPO's implementation details
 PPO_CONFIG_DOC = "rlhf_lit/stages/ppo/config.py"  # rendered in docs/api/stages.md
 STAGES = (SFTModule, RewardModelModule, PPOModule, DPOModule)
 
