@@ -23,10 +23,11 @@ $(STAMP): pyproject.toml constraints/dev.txt
 	$(PY) -m pip install --quiet -c constraints/dev.txt -e '.[test,demo,hub,lora,docs]'
 	touch $(STAMP)
 
-# The suite on 2 worker processes (pytest-xdist; one torch thread each), a test module per worker
-# at a time (module-scoped fixtures are built once); the offline SFT -> RM -> PPO chain is built
-# once for both. XDIST= (empty) runs in one process.
-XDIST ?= -n 2 --dist loadscope
+# The suite on 2 worker processes (pytest-xdist; one torch thread each). tests/conftest.py puts each
+# test module in one xdist group (its module-scoped fixtures are built once) and the readers of the
+# shared SFT -> RM -> PPO chain in one more, and sends the groups with slow tests first.
+# XDIST= (empty) runs everything in one process.
+XDIST ?= -n 2 --dist loadgroup
 
 test: $(STAMP)
 	$(PY) -m pytest -q $(XDIST) $(PYTEST_ARGS)

@@ -36,9 +36,37 @@ TEST_SETUP_WARNINGS = (
 
 
 def pytest_configure(config):
-    """Ignore :data:`TEST_SETUP_WARNINGS` (by message) in every test."""
+    """Ignore :data:`TEST_SETUP_WARNINGS` (by message) in every test; know ``xdist_group`` without xdist."""
     for message in TEST_SETUP_WARNINGS:
         config.addinivalue_line("filterwarnings", f"ignore:{message}")
+    config.addinivalue_line("markers", "xdist_group(name): tests pytest-xdist runs on one worker, in order")
+
+
+CHAIN_GROUP = "offline-chain"
+"""The xdist group of every test that reads the session's SFT -> RM -> PPO chain (:func:`offline_chain`)."""
+
+
+def xdist_group_of(item: pytest.Item) -> str:
+    """The group pytest-xdist (``--dist loadgroup``) runs ``item`` in: its test module, so module-scoped
+    fixtures are built once, or :data:`CHAIN_GROUP` for a test that reads the shared chain, so one
+    worker builds it while the other goes on with the rest."""
+    return CHAIN_GROUP if "offline_chain" in item.fixturenames else item.nodeid.split("::")[0]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Mark each test with its :func:`xdist_group_of` (unless it names one) and run the groups holding a
+    ``slow`` test first, in collection order otherwise: two workers then start on the long runs and end
+    on short tests, and the order differs from the files' (results must not depend on it)."""
+    groups: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        marker = item.get_closest_marker("xdist_group")
+        name = (marker.args[0] if marker.args else marker.kwargs.get("name", "default")) if marker else xdist_group_of(item)
+        if marker is None:
+            item.add_marker(pytest.mark.xdist_group(name))
+        groups.setdefault(name, []).append(item)
+    heavy_first = sorted(groups.values(), key=lambda group: not any(i.get_closest_marker("slow") for i in group))
+    items[:] = [item for group in heavy_first for item in group]
 
 
 # The offline assets shipped with the project (see assets/README.md), named in one module.
