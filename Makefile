@@ -23,11 +23,11 @@ $(STAMP): pyproject.toml constraints/dev.txt
 	$(PY) -m pip install --quiet -c constraints/dev.txt -e '.[test,demo,hub,lora,docs]'
 	touch $(STAMP)
 
-# The suite on 2 worker processes (pytest-xdist; one torch thread each). tests/conftest.py puts each
-# test module in one xdist group (its module-scoped fixtures are built once) and the readers of the
-# shared SFT -> RM -> PPO chain in one more, and sends the groups with slow tests first.
+# The suite on 2 worker processes (pytest-xdist; one torch thread each), one test module per worker
+# at a time (its module-scoped fixtures are built once); tests/conftest.py makes the readers of the
+# shared SFT -> RM -> PPO chain one unit and sends the units with slow tests first.
 # XDIST= (empty) runs everything in one process.
-XDIST ?= -n 2 --dist loadgroup
+XDIST ?= -n 2 --dist loadscope
 
 test: $(STAMP)
 	$(PY) -m pytest -q $(XDIST) $(PYTEST_ARGS)

@@ -36,37 +36,54 @@ TEST_SETUP_WARNINGS = (
 
 
 def pytest_configure(config):
-    """Ignore :data:`TEST_SETUP_WARNINGS` (by message) in every test; know ``xdist_group`` without xdist."""
+    """Ignore :data:`TEST_SETUP_WARNINGS` (by message) in every test."""
     for message in TEST_SETUP_WARNINGS:
         config.addinivalue_line("filterwarnings", f"ignore:{message}")
-    config.addinivalue_line("markers", "xdist_group(name): tests pytest-xdist runs on one worker, in order")
 
 
+# ---------------------------------------------------------------- pytest-xdist (make test: -n 2)
 CHAIN_GROUP = "offline-chain"
-"""The xdist group of every test that reads the session's SFT -> RM -> PPO chain (:func:`offline_chain`)."""
+CHAIN_MODULES = ("tests/cli/test_run_dir.py", "tests/cli/test_commands_cli.py", "tests/demo/test_frontier.py")
+"""The modules with tests that read the session's SFT -> RM -> PPO chain (:func:`offline_chain`): one
+xdist scope, so one worker builds the chain while the other goes on with the rest. A reader in
+another module still works (the build is shared under a file lock); it may wait for it, though."""
 
 
-def xdist_group_of(item: pytest.Item) -> str:
-    """The group pytest-xdist (``--dist loadgroup``) runs ``item`` in: its test module, so module-scoped
-    fixtures are built once, or :data:`CHAIN_GROUP` for a test that reads the shared chain, so one
-    worker builds it while the other goes on with the rest."""
-    return CHAIN_GROUP if "offline_chain" in item.fixturenames else item.nodeid.split("::")[0]
+def xdist_scope(nodeid: str) -> str:
+    """The unit of work pytest-xdist sends to one worker: the test's module (its module-scoped
+    fixtures are then built once), or :data:`CHAIN_GROUP` for the modules in :data:`CHAIN_MODULES`."""
+    module = nodeid.split("::")[0]
+    return CHAIN_GROUP if module in CHAIN_MODULES else module
 
 
-@pytest.hookimpl(tryfirst=True)
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadscope`` with :func:`xdist_scope` as the scope (other modes as pytest-xdist has them).
+
+    (``--dist loadgroup`` cannot do this here: pytest-xdist 3.8 marks groups by rewriting a node id
+    attribute that pytest 9.2 no longer reads, so its groups are ignored.)"""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleScopeScheduling(LoadScopeScheduling):
+        """Load-scope scheduling whose scopes are :func:`xdist_scope`'s."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_scope(nodeid)
+
+    return ModuleScopeScheduling(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
-    """Mark each test with its :func:`xdist_group_of` (unless it names one) and run the groups holding a
-    ``slow`` test first, in collection order otherwise: two workers then start on the long runs and end
-    on short tests, and the order differs from the files' (results must not depend on it)."""
-    groups: dict[str, list[pytest.Item]] = {}
+    """Run the :func:`xdist_scope` units holding a ``slow`` test first, in collection order otherwise:
+    two workers then start on the long runs and end on short tests (pytest-xdist sends the units in
+    this order). The order differs from the files' with or without xdist; results must not depend on it."""
+    scopes: dict[str, list[pytest.Item]] = {}
     for item in items:
-        marker = item.get_closest_marker("xdist_group")
-        name = (marker.args[0] if marker.args else marker.kwargs.get("name", "default")) if marker else xdist_group_of(item)
-        if marker is None:
-            item.add_marker(pytest.mark.xdist_group(name))
-        groups.setdefault(name, []).append(item)
-    heavy_first = sorted(groups.values(), key=lambda group: not any(i.get_closest_marker("slow") for i in group))
-    items[:] = [item for group in heavy_first for item in group]
+        scopes.setdefault(xdist_scope(item.nodeid), []).append(item)
+    heavy_first = sorted(scopes.values(), key=lambda scope: not any(i.get_closest_marker("slow") for i in scope))
+    items[:] = [item for scope in heavy_first for item in scope]
 
 
 # The offline assets shipped with the project (see assets/README.md), named in one module.
