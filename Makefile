@@ -23,9 +23,10 @@ $(STAMP): pyproject.toml constraints/dev.txt
 	$(PY) -m pip install --quiet -c constraints/dev.txt -e '.[test,demo,hub,lora,docs]'
 	touch $(STAMP)
 
-# The suite on 2 worker processes (pytest-xdist; one torch thread each), a test module per worker
-# at a time (module-scoped fixtures are built once); the offline SFT -> RM -> PPO chain is built
-# once for both. XDIST= (empty) runs in one process.
+# The suite on 2 worker processes (pytest-xdist; one torch thread each), one test module per worker
+# at a time (its module-scoped fixtures are built once); tests/conftest.py makes the readers of the
+# shared SFT -> RM -> PPO chain one unit and sends the units with slow tests first.
+# XDIST= (empty) runs everything in one process.
 XDIST ?= -n 2 --dist loadscope
 
 test: $(STAMP)

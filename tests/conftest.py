@@ -41,6 +41,51 @@ def pytest_configure(config):
         config.addinivalue_line("filterwarnings", f"ignore:{message}")
 
 
+# ---------------------------------------------------------------- pytest-xdist (make test: -n 2)
+CHAIN_GROUP = "offline-chain"
+CHAIN_MODULES = ("tests/cli/test_run_dir.py", "tests/cli/test_commands_cli.py", "tests/demo/test_frontier.py")
+"""The modules with tests that read the session's SFT -> RM -> PPO chain (:func:`offline_chain`): one
+xdist scope, so one worker builds the chain while the other goes on with the rest. A reader in
+another module still works (the build is shared under a file lock); it may wait for it, though."""
+
+
+def xdist_scope(nodeid: str) -> str:
+    """The unit of work pytest-xdist sends to one worker: the test's module (its module-scoped
+    fixtures are then built once), or :data:`CHAIN_GROUP` for the modules in :data:`CHAIN_MODULES`."""
+    module = nodeid.split("::")[0]
+    return CHAIN_GROUP if module in CHAIN_MODULES else module
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadscope`` with :func:`xdist_scope` as the scope (other modes as pytest-xdist has them).
+
+    (``--dist loadgroup`` cannot do this here: pytest-xdist 3.8 marks groups by rewriting a node id
+    attribute that pytest 9.2 no longer reads, so its groups are ignored.)"""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleScopeScheduling(LoadScopeScheduling):
+        """Load-scope scheduling whose scopes are :func:`xdist_scope`'s."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_scope(nodeid)
+
+    return ModuleScopeScheduling(config, log)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Run the :func:`xdist_scope` units holding a ``slow`` test first, in collection order otherwise:
+    two workers then start on the long runs and end on short tests (pytest-xdist sends the units in
+    this order). The order differs from the files' with or without xdist; results must not depend on it."""
+    scopes: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        scopes.setdefault(xdist_scope(item.nodeid), []).append(item)
+    heavy_first = sorted(scopes.values(), key=lambda scope: not any(i.get_closest_marker("slow") for i in scope))
+    items[:] = [item for scope in heavy_first for item in scope]
+
+
 # The offline assets shipped with the project (see assets/README.md), named in one module.
 from assets_paths import GPT2_TOKENIZER, STORIES260K, TINYSTORIES  # noqa: E402
 

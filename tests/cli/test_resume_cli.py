@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -48,6 +49,12 @@ def _assert_same_state(a: dict, b: dict, rollouts: int = ROLLOUTS, optimizers: i
     assert a["lr_schedulers"] == b["lr_schedulers"]
 
 
+def _fit(strategy: str | None, *args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """``rlhf-lit fit <args>``: in a subprocess under a strategy (ddp and fsdp2 need their own processes:
+    a launcher that re-runs the command, a process group), through main() in this process without one."""
+    return rlhf_lit("fit", *args, cwd=cwd) if strategy else run_main("fit", *args, cwd=cwd)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", [None, "ddp", "fsdp2"])
 def test_killed_mid_rollout_and_resumed_with_the_readme_command_equals_a_straight_run(tmp_path, stories_rm, strategy):
@@ -59,7 +66,7 @@ def test_killed_mid_rollout_and_resumed_with_the_readme_command_equals_a_straigh
         if strategy:
             config["trainer"].update(strategy=strategy, devices=2)
         write_yaml(root / "ppo.yaml", config)
-    done = rlhf_lit("fit", "--config", str(straight / "ppo.yaml"), cwd=straight)
+    done = _fit(strategy, "--config", str(straight / "ppo.yaml"), cwd=straight)
     assert done.returncode == 0, done.stderr[-3000:]
     assert len(list((straight / "logs").rglob("metrics.csv"))) == 1  # one log run, written by rank 0
 
@@ -80,8 +87,8 @@ def test_killed_mid_rollout_and_resumed_with_the_readme_command_equals_a_straigh
     assert _load(killed / "ckpt" / "last.ckpt")["ppo"]["rollout_index"] == 3
 
     # The README's resume command.
-    resumed = rlhf_lit("fit", "--config", str(killed / "ppo.yaml"), "--ckpt_path", str(killed / "ckpt" / "last.ckpt"),
-                       cwd=killed)  # fmt: skip
+    resumed = _fit(strategy, "--config", str(killed / "ppo.yaml"), "--ckpt_path", str(killed / "ckpt" / "last.ckpt"),
+                   cwd=killed)  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "exported PPO policy to" in resumed.stdout
     _assert_same_state(_load(straight / "ckpt" / "last.ckpt"), _load(killed / "ckpt" / "last.ckpt"))
@@ -101,15 +108,15 @@ def test_a_checkpoint_resumes_under_another_strategy_exactly(tmp_path, stories_r
         if first:
             config["trainer"]["strategy"] = first
         write_yaml(root / "first.yaml", config)
-        result = rlhf_lit("fit", "--config", str(root / "first.yaml"), cwd=root)
+        result = _fit(first, "--config", str(root / "first.yaml"), cwd=root)
         assert result.returncode == 0, result.stderr[-3000:]
         if name != "straight":
             config = ppo_config(root, STORIES, stories_rm, max_rollouts=2, optimizer=CONSTANT_LR, export_existing="replace")
             if then:
                 config["trainer"]["strategy"] = then
             write_yaml(root / "then.yaml", config)
-            result = rlhf_lit("fit", "--config", str(root / "then.yaml"), "--ckpt_path", str(root / "ckpt" / "last.ckpt"),
-                              cwd=root)  # fmt: skip
+            result = _fit(then, "--config", str(root / "then.yaml"), "--ckpt_path", str(root / "ckpt" / "last.ckpt"),
+                          cwd=root)  # fmt: skip
             assert result.returncode == 0, result.stderr[-3000:]
         finals[name] = _load(root / "ckpt" / "last.ckpt")
     _assert_same_state(finals["straight"], finals["to_fsdp2"], rollouts=2)
