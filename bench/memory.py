@@ -4,7 +4,7 @@ Each variant runs in a fresh process (``ru_maxrss`` is a per-process high-water 
 PPO config (configs/offline/ppo.yaml: 32 prompts a rollout, 32 new tokens, 4 epochs of
 minibatches of 8, separate critic) for ``--rollouts`` rollouts, without its callbacks and judge.
 The policy and reference start from ``--sft`` and the RM / critic from ``--rm``; by default the
-offline exports (logs/offline/{sft,rm}/model, made by configs/offline/{sft,rm}.yaml) when they
+offline exports (logs/offline/{sft,reward_model}/model, made by configs/offline/{sft,reward_model}.yaml) when they
 exist, else stories260K with a reward model built from it (same architecture and size).
 s/rollout is the wall time between the end of the first and of the last rollout over
 ``rollouts - 1`` (model loading and the first rollout excluded).
@@ -68,7 +68,7 @@ def _scaled_model(work: Path, scale: str) -> str:
 
 
 def _models(work: Path, scale: str | None = None) -> tuple[str, str]:
-    sft, rm = ROOT / "logs/offline/sft/model", ROOT / "logs/offline/rm/model"
+    sft, rm = ROOT / "logs/offline/sft/model", ROOT / "logs/offline/reward_model/model"
     if scale is None and sft.is_dir() and rm.is_dir():
         return str(sft), str(rm)
     import torch

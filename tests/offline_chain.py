@@ -40,7 +40,7 @@ PPO = ("fit", "--model", "rlhf_lit.stages.PPOModule", "--model.max_rollouts", "2
        "--data", "rlhf_lit.data.PromptDataModule", "--data.train_path", str(TINYSTORIES), "--data.format", "paragraphs",
        "--data.max_records", "16", "--data.batch_size", "4", "--trainer.max_epochs", "-1", *QUIET)  # fmt: skip
 """``rlhf-lit`` arguments of the PPO stage: SFT and reward model from the run directory."""
-STAGE_ARGS = {"sft": SFT, "rm": RM, "ppo": PPO}
+STAGE_ARGS = {"sft": SFT, "reward_model": RM, "ppo": PPO}
 RUN_DIR = "runs/exp1"
 """The chain's ``--run_dir``, relative to its working directory."""
 CLI = Path(sys.executable).parent / "rlhf-lit"
@@ -67,7 +67,7 @@ class OfflineChain:
         return self.cwd / RUN_DIR
 
     def export(self, stage: str) -> Path:
-        """The exported model of ``stage`` (``sft``, ``rm`` or ``ppo``)."""
+        """The exported model of ``stage`` (``sft``, ``reward_model`` or ``ppo``)."""
         return self.run / stage / "model"
 
     def checkpoints(self, stage: str) -> list[Path]:

@@ -2,7 +2,7 @@
 
     rlhf-lit fit --config configs/sft.yaml
     rlhf-lit fit --config configs/ppo.yaml --trainer.strategy ddp --trainer.devices 2
-    rlhf-lit fit --config configs/rm.yaml --print_config
+    rlhf-lit fit --config configs/reward_model.yaml --print_config
     rlhf-lit fit --config configs/ppo.yaml --ckpt_path logs/.../last.ckpt      # resume
 
 Stages never import data modules; this file wires them: the stage loads the tokenizer (with its

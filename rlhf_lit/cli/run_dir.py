@@ -1,10 +1,10 @@
 """One directory per experiment: ``--run_dir DIR`` places a stage's outputs under DIR and chains the stages.
 
     rlhf-lit fit --config configs/offline/sft.yaml --run_dir runs/exp1
-    rlhf-lit fit --config configs/offline/rm.yaml  --run_dir runs/exp1   # model: runs/exp1/sft/model
+    rlhf-lit fit --config configs/offline/reward_model.yaml  --run_dir runs/exp1   # model: runs/exp1/sft/model
     rlhf-lit fit --config configs/offline/ppo.yaml --run_dir runs/exp1   # sft_model, reward_model from the run
 
-Layout, with ``<stage>`` the stage's :attr:`RunLayout.name` (``sft``, ``rm``, ``ppo``)::
+Layout, with ``<stage>`` the stage's :attr:`RunLayout.name` (``sft``, ``reward_model``, ``ppo``)::
 
     DIR/<stage>/version_N/              TensorBoard events and config.yaml (the resolved config)
     DIR/<stage>/version_N/checkpoints/  Lightning checkpoints (last.ckpt ...)
@@ -50,7 +50,7 @@ EXPORT_NAME = "model"
 """A stage's export is ``<run_dir>/<stage>/model``."""
 RUN_DIR_HELP = (
     "One directory for a whole experiment: this stage's logs, checkpoints, resolved config and export go "
-    "to RUN_DIR/<stage>/ (sft, rm, ppo, ...), and the stage's unset inputs (the RM's model, PPO's sft_model "
+    "to RUN_DIR/<stage>/ (sft, reward_model, ppo, ...), and the stage's unset inputs (the RM's model, PPO's sft_model "
     "and reward_model) default to the earlier stages' exports there. Settings given explicitly are kept; "
     "an output placed outside RUN_DIR is refused."
 )

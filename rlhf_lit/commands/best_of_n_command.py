@@ -1,6 +1,6 @@
 """``rlhf-lit best-of-n``: best-of-N sampling by a reward model, swept over N, with its analytic KL.
 
-    rlhf-lit best-of-n --policy logs/offline/sft/model --reward-model logs/offline/rm/model \\
+    rlhf-lit best-of-n --policy logs/offline/sft/model --reward-model logs/offline/reward_model/model \\
         --prompts prompts.txt --judge rlhf_lit.evaluation.judges:vader --n-max 64 --out bon.json
 
 M responses are sampled once per prompt (M = the largest N unless ``--num-samples`` asks for

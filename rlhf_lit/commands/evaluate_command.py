@@ -1,7 +1,7 @@
 """``rlhf-lit evaluate``: sample from a policy on prompts and measure judge, RM score, KL, distinct-n, length.
 
     rlhf-lit evaluate --policy logs/offline/ppo-full/model --prompts prompts.txt \\
-        --reference logs/offline/sft/model --reward-model logs/offline/rm/model \\
+        --reference logs/offline/sft/model --reward-model logs/offline/reward_model/model \\
         --judge rlhf_lit.evaluation.judges:vader --out eval.json
 
 Every model is optional but the policy: without ``--reference`` there is no KL, without

@@ -7,7 +7,7 @@ measure the judge score against the KL to the SFT model (:mod:`rlhf_lit.demo.fro
 
 Subcommands (``python -m rlhf_lit.demo --help``):
 
-- ``split``: write the disjoint paragraph ranges below as ``sft.txt``, ``rm.txt``, ``ppo.txt``,
+- ``split``: write the disjoint paragraph ranges below as ``sft.txt``, ``reward_model.txt``, ``ppo.txt``,
   ``eval.txt`` (input for the data modules' ``paragraphs`` format);
 - ``preferences``: sample K completions per prompt and write a preference JSONL (format ``fields``);
 - ``evaluate``: judge score, KL to the reference, distinct-n and length on held-out prompts;
@@ -20,13 +20,13 @@ Paragraph ranges of ``assets/data/tinystories/val.txt`` (4,302 paragraphs), half
 ``[start, start + count)``, disjoint so that no stage sees another's prompts
 (:data:`rlhf_lit.demo.story_prompts.RANGES`):
 
-======== ============= ===== ==========================================================
-stage    paragraphs    count use
-======== ============= ===== ==========================================================
-sft      0 - 999       1000  SFT demonstrations (prompt = first 8 words, response = rest)
-rm       1000 - 2499   1500  prompts of the synthetic preference pairs
-ppo      2500 - 2999   500   PPO prompts
-eval     3000 - 3255   256   held-out evaluation prompts (``evaluate``)
-(spare)  3256 - 4301   1046  unused
-======== ============= ===== ==========================================================
+============ ============= ===== ==========================================================
+stage        paragraphs    count use
+============ ============= ===== ==========================================================
+sft          0 - 999       1000  SFT demonstrations (prompt = first 8 words, response = rest)
+reward_model 1000 - 2499   1500  prompts of the synthetic preference pairs
+ppo          2500 - 2999   500   PPO prompts
+eval         3000 - 3255   256   held-out evaluation prompts (``evaluate``)
+(spare)      3256 - 4301   1046  unused
+============ ============= ===== ==========================================================
 """

@@ -47,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("split", formatter_class=fmt,
-                       help="write the disjoint paragraph ranges as sft/rm/ppo/eval.txt")
+                       help="write the disjoint paragraph ranges as sft/reward_model/ppo/eval.txt")
     p.add_argument("--paragraphs", default=DEFAULT_PARAGRAPHS, help="blank-line separated stories")
     p.add_argument("--out-dir", required=True, help="directory for the .txt files")
 
@@ -55,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="sample K completions per prompt, judge-labelled pairs to JSONL")
     p.add_argument("--model", required=True, help="SFT model directory to sample from")
     p.add_argument("--out", required=True, help="preference JSONL to write")
-    _add_prompt_args(p, "rm")
+    _add_prompt_args(p, "reward_model")
     p.add_argument("--samples-per-prompt", type=int, default=2,
                    help="K >= 2 completions per prompt")
     p.add_argument("--labeler", choices=get_args(Labeler), default="argmax",

@@ -7,7 +7,7 @@ task of Ziegler et al. 2019) with VADER standing in for the human labeller, on 2
 2. sft       ``rlhf-lit fit --config configs/demo/sft.yaml``            -> ``<out>/sft/model``;
 3. prefs     ``python -m rlhf_lit.demo preferences`` (K samples per prompt, the judge labels)
              -> ``<out>/prefs/preferences.jsonl``;
-4. rm        ``rlhf-lit fit --config configs/demo/rm.yaml``             -> ``<out>/rm/model``;
+4. reward_model ``rlhf-lit fit --config configs/demo/reward_model.yaml`` -> ``<out>/reward_model/model``;
 5. ppo       ``rlhf-lit fit --config configs/demo/ppo.yaml``            -> ``<out>/ppo/model``
              (and ``RolloutCheckpoint`` files along training, ``<out>/ppo/checkpoints``),
    ppo_kl0   the same with the KL coefficient at 0                     -> ``<out>/ppo_kl0/model``,
@@ -81,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dpo-betas", type=parse_betas, default=DEFAULT_DPO_BETAS, metavar="B,B,...",
                    help="one DPO run per beta, in parallel (default: %(default)s)")
     p.add_argument("--config-dir", default=str(ROOT / "configs" / "demo"),
-                   help="folder with sft.yaml, rm.yaml, ppo.yaml (default: the checkout's configs/demo)")
+                   help="folder with sft.yaml, reward_model.yaml, ppo.yaml (default: the checkout's configs/demo)")
     p.add_argument("--base-model", default=str(ASSETS / "models" / "stories260K"),
                    help="pretrained model SFT starts from (default: %(default)s)")
     p.add_argument("--paragraphs", default=str(ASSETS / "data" / "tinystories" / "val.txt"),
@@ -177,19 +177,19 @@ def _train_rm_and_ppo(args: argparse.Namespace, budget: Budget, paths: Paths, ti
     logger_root = ["--trainer.logger.init_args.save_dir", str(paths.root)]
     temperature, max_new_tokens = ppo_sampling(configs / "ppo.yaml", budget)
     # The DPO runs of `background` that end while the RM trains are timed to their own exit.
-    wait_stages(start_stages({"rm": fit_command(configs / "rm.yaml", [
+    wait_stages(start_stages({"reward_model": fit_command(configs / "reward_model.yaml", [
         *logger_root, *seed_args, "--model.init_args.model", str(paths.model("sft")),
-        "--model.init_args.export_dir", str(paths.model("rm")),
-        "--data.init_args.train_path", str(preferences), *budget.rm,
+        "--model.init_args.export_dir", str(paths.model("reward_model")),
+        "--data.init_args.train_path", str(preferences), *budget.reward_model,
     ])}, paths), timings, background)  # fmt: skip
-    rm_accuracy = last_scalar(paths.run("rm"), "val/accuracy")
+    rm_accuracy = last_scalar(paths.run("reward_model"), "val/accuracy")
     with open(preferences, encoding="utf-8") as f:
         num_pairs = sum(1 for _ in f)
-    say(f"rm: {num_pairs} judge-labelled pairs, held-out pair accuracy {format_value(rm_accuracy)}")
+    say(f"reward_model: {num_pairs} judge-labelled pairs, held-out pair accuracy {format_value(rm_accuracy)}")
 
     ppo_args = [
         *logger_root, *seed_args, "--model.init_args.sft_model", str(paths.model("sft")),
-        "--model.init_args.reward_model", str(paths.model("rm")), "--model.init_args.judge", args.judge,
+        "--model.init_args.reward_model", str(paths.model("reward_model")), "--model.init_args.judge", args.judge,
         "--data.init_args.train_path", splits["ppo"], *budget.ppo,
         *([] if budget.max_new_tokens is None else ["--model.init_args.sampling.max_new_tokens", str(max_new_tokens)]),
         *([] if args.seed is None else ["--model.init_args.rollout_seed", str(args.seed)]),
@@ -237,7 +237,7 @@ def _best_of_n_command(args: argparse.Namespace, budget: Budget, paths: Paths, t
     prompts_file.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts), encoding="utf-8")
     return [
         sys.executable, "-m", "rlhf_lit.cli", "best-of-n", "--policy", str(paths.model("sft")),
-        "--reward-model", str(paths.model("rm")), "--prompts", str(prompts_file), "--judge", args.judge,
+        "--reward-model", str(paths.model("reward_model")), "--prompts", str(prompts_file), "--judge", args.judge,
         "--n-max", str(budget.bon_n_max), "--temperature", str(temperature), "--max-new-tokens", str(max_new_tokens),
         "--seed", str(args.seed or 0), "--unfinished", ppo_unfinished(Path(args.config_dir) / "ppo.yaml"),
         "--out", str(paths.dir("best_of_n") / "best_of_n.json"),
@@ -343,7 +343,7 @@ def run(args: argparse.Namespace) -> dict:
     timings["total"] = wall
     summary = write_summary(paths, results, trained["rm_accuracy"], trained["num_pairs"], report, timings, frontier)
 
-    models = {name: str(paths.model(name)) for name in ("sft", "rm", *trained["policies"], *trained["dpo"])}
+    models = {name: str(paths.model(name)) for name in ("sft", "reward_model", *trained["policies"], *trained["dpo"])}
     outcome = {
         "models": models, "preference_pairs": trained["num_pairs"], "rm_val_accuracy": trained["rm_accuracy"],
         "report": report, "summary": str(summary), "metrics": {n: r["metrics"] for n, r in results.items()},

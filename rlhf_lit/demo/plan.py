@@ -21,7 +21,7 @@ from rlhf_lit.artifacts import claim_directory, clear_owned_entries, directory_s
 ROOT = Path(__file__).resolve().parents[2]
 """The project checkout: configs/ and the shipped offline assets (assets/, see assets/README.md) live here."""
 ASSETS = ROOT / "assets"
-STAGE_DIRS = ("data", "logs", "sft", "prefs", "rm", "ppo", "ppo_kl0", "dpo", "best_of_n", "eval", "report")
+STAGE_DIRS = ("data", "logs", "sft", "prefs", "reward_model", "ppo", "ppo_kl0", "dpo", "best_of_n", "eval", "report")
 """The folders the pipeline writes under ``--out`` (and clears before a run; nothing else)."""
 MARKER = ".rlhf-lit-demo.json"
 """Written into ``--out`` by the pipeline: the folder is the demo's, so a rerun may clear its stage folders."""
@@ -43,7 +43,7 @@ class Budget:
     """
 
     sft: tuple[str, ...] = ()
-    rm: tuple[str, ...] = ()
+    reward_model: tuple[str, ...] = ()
     ppo: tuple[str, ...] = ()
     pref_prompts: int | None = None  # None = the whole RM paragraph range
     samples_per_prompt: int = 4
@@ -61,7 +61,7 @@ FULL = Budget()
 TINY = Budget(
     sft=("--trainer.max_steps", "3", "--trainer.val_check_interval", "3",
          "--data.init_args.max_records", "48", "--model.init_args.optimizer.warmup_steps", "1"),
-    rm=("--trainer.max_epochs", "1", "--data.init_args.batch_size", "8",
+    reward_model=("--trainer.max_epochs", "1", "--data.init_args.batch_size", "8",
         "--model.init_args.optimizer.warmup_steps", "1"),
     ppo=("--model.init_args.max_rollouts", "2", "--data.init_args.batch_size", "8",
          "--model.init_args.ppo.minibatch_size", "4", "--model.init_args.ppo.epochs", "1"),
@@ -89,7 +89,7 @@ class Paths:
         return self.root / name
 
     def model(self, stage: str) -> Path:
-        """The Hugging Face export of ``stage`` (``sft``, ``rm``, ``ppo``, ``ppo_kl0``, ``dpo/beta_0.1``)."""
+        """The Hugging Face export of ``stage`` (``sft``, ``reward_model``, ``ppo``, ``ppo_kl0``, ``dpo/beta_0.1``)."""
         return self.root / stage / "model"
 
     @property

@@ -102,7 +102,7 @@ def fit_command(job: Job, demo: Path, checkpoint_every: int) -> list[str]:
                   "--data.init_args.train_path", str(demo / "prefs" / "preferences.jsonl")]
     else:
         inputs = ["--model.init_args.sft_model", str(demo / "sft" / "model"),
-                  "--model.init_args.reward_model", str(demo / "rm" / "model"),
+                  "--model.init_args.reward_model", str(demo / "reward_model" / "model"),
                   "--data.init_args.train_path", str(demo / "data" / "ppo.txt"),
                   "--trainer.enable_checkpointing", "true", "--trainer.callbacks+=rlhf_lit.callbacks.RolloutCheckpoint",
                   "--trainer.callbacks.every_n_rollouts", str(checkpoint_every),
@@ -202,7 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
     """Options of ``python -m rlhf_lit.demo seeds``."""
     p = argparse.ArgumentParser(prog="python -m rlhf_lit.demo seeds", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)  # fmt: skip
-    p.add_argument("--demo", required=True, help="a finished `make demo` folder (its sft, rm, data and prefs)")
+    p.add_argument("--demo", required=True, help="a finished `make demo` folder (its sft, reward_model, data and prefs)")
     p.add_argument("--out", required=True, help="folder for the runs and the report")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds of every run")
     p.add_argument("--variant", type=parse_variant, action="append", default=None,
@@ -230,7 +230,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     hf_logging.disable_progress_bar()  # a bar per exported checkpoint would bury the progress lines
     demo, out = Path(args.demo), Path(args.out)
-    for need in ("sft/model", "rm/model", "data/ppo.txt", "prefs/preferences.jsonl"):
+    for need in ("sft/model", "reward_model/model", "data/ppo.txt", "prefs/preferences.jsonl"):
         if not (demo / need).exists():
             print(f"error: --demo {demo} has no {need}: run `make demo` (or the pipeline with --out {demo}) first",
                   file=sys.stderr)  # fmt: skip

@@ -7,7 +7,7 @@ import re
 
 RANGES: dict[str, tuple[int, int]] = {
     "sft": (0, 1000),
-    "rm": (1000, 1500),
+    "reward_model": (1000, 1500),
     "ppo": (2500, 500),
     "eval": (3000, 256),
 }

@@ -81,7 +81,7 @@ class RewardModelModule(StageModule):
             pass instead of storing them (less activation memory, about one more forward pass).
     """
 
-    run_layout = RunLayout("rm", inputs={"model": "sft"})  # --run_dir: RUN_DIR/rm/, model from RUN_DIR/sft/model
+    run_layout = RunLayout("reward_model", inputs={"model": "sft"})  # --run_dir: RUN_DIR/reward_model/, model from RUN_DIR/sft/model
     EXPORT_WHAT = "reward model"
 
     def __init__(

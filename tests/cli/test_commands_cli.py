@@ -106,7 +106,7 @@ def test_evaluate_measures_the_kl_of_a_trained_policy_to_its_reference(tmp_path,
     # against the SFT model it started from, scored by the chain's reward model.
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("Once upon a time\nThe dog ran\n")
-    policy, reference, rm = (str(offline_chain.export(stage)) for stage in ("ppo", "sft", "rm"))
+    policy, reference, rm = (str(offline_chain.export(stage)) for stage in ("ppo", "sft", "reward_model"))
     runs = {}
     for name, against in (("ppo", reference), ("self", policy)):
         out = tmp_path / f"{name}.json"

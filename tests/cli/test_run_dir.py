@@ -24,7 +24,7 @@ from offline_chain import PPO, SFT  # the chain's stage arguments (tests/offline
 from rlhf_lit.cli import DEFAULT_LOGGER
 from rlhf_lit.cli.run_dir import RunDirError, apply_run_dir
 
-STAGES = {"sft": "SFT model", "rm": "reward model", "ppo": "PPO policy"}
+STAGES = {"sft": "SFT model", "reward_model": "reward model", "ppo": "PPO policy"}
 """Each stage's folder and the ``what`` its export marker records."""
 
 
@@ -64,7 +64,7 @@ def test_the_chain_writes_logs_checkpoints_config_and_exports_under_the_run_dir_
     cwd, _ = chain
     assert sorted(os.listdir(cwd)) == ["runs"]  # no logs/, lightning_logs/, checkpoints/ beside it
     run = cwd / "runs/exp1"
-    assert sorted(os.listdir(run)) == ["ppo", "rm", "sft"]
+    assert sorted(os.listdir(run)) == ["ppo", "reward_model", "sft"]
     for stage, what in STAGES.items():
         assert sorted(os.listdir(run / stage)) == ["model", "version_0"], stage
         version = run / stage / "version_0"
@@ -80,11 +80,11 @@ def test_the_chain_writes_logs_checkpoints_config_and_exports_under_the_run_dir_
 @pytest.mark.slow
 def test_each_stage_read_the_previous_stages_export_without_it_being_named(chain):
     cwd, results = chain
-    assert _config(cwd, "rm")["model"]["init_args"]["model"] == "runs/exp1/sft/model"
+    assert _config(cwd, "reward_model")["model"]["init_args"]["model"] == "runs/exp1/sft/model"
     ppo = _config(cwd, "ppo")["model"]["init_args"]
-    assert (ppo["sft_model"], ppo["reward_model"]) == ("runs/exp1/sft/model", "runs/exp1/rm/model")
-    assert "[rlhf-lit] model: runs/exp1/sft/model (the sft export of --run_dir runs/exp1)" in results["rm"].stderr
-    assert "[rlhf-lit] reward_model: runs/exp1/rm/model (the rm export of --run_dir runs/exp1)" in results["ppo"].stderr
+    assert (ppo["sft_model"], ppo["reward_model"]) == ("runs/exp1/sft/model", "runs/exp1/reward_model/model")
+    assert "[rlhf-lit] model: runs/exp1/sft/model (the sft export of --run_dir runs/exp1)" in results["reward_model"].stderr
+    assert "[rlhf-lit] reward_model: runs/exp1/reward_model/model (the rm export of --run_dir runs/exp1)" in results["ppo"].stderr
 
 
 @pytest.mark.slow
@@ -122,8 +122,8 @@ def test_resuming_from_a_checkpoint_in_the_run_dir_logs_into_the_same_version(pr
 
 
 def test_a_missing_earlier_stage_is_one_error_naming_the_command_to_run(tmp_path):
-    # configs/offline/rm.yaml as it is, only --run_dir added: the RM reads the run's SFT export.
-    result = run_main("fit", "--config", str(ROOT / "configs/offline/rm.yaml"), "--run_dir", "runs/exp1", cwd=tmp_path)
+    # configs/offline/reward_model.yaml as it is, only --run_dir added: the RM reads the run's SFT export.
+    result = run_main("fit", "--config", str(ROOT / "configs/offline/reward_model.yaml"), "--run_dir", "runs/exp1", cwd=tmp_path)
     assert result.returncode == 1
     assert error_line(result) == (
         "rlhf-lit: error: runs/exp1/sft/model not found: run the SFT stage with --run_dir runs/exp1 first "
@@ -137,7 +137,7 @@ def test_ppo_without_the_runs_reward_model_names_the_rm_stage(tmp_path):
     result = run_main(*PPO, "--run_dir", "runs/exp1", cwd=tmp_path)
     assert result.returncode == 1
     assert error_line(result).startswith(
-        "rlhf-lit: error: runs/exp1/rm/model not found: run the RM stage with --run_dir runs/exp1 first"
+        "rlhf-lit: error: runs/exp1/reward_model/model not found: run the RM stage with --run_dir runs/exp1 first"
     )
 
 

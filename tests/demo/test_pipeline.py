@@ -40,7 +40,7 @@ def test_tiny_pipeline_runs_every_stage_and_leaves_models_evals_and_report(tmp_p
         model = AutoModelForCausalLM.from_pretrained(out / name / "model")
         assert model.config.vocab_size == 512
         assert f"[demo] {name} model: {out / name / 'model'}" in result.stdout
-    rm = AutoModelForSequenceClassification.from_pretrained(out / "rm" / "model")
+    rm = AutoModelForSequenceClassification.from_pretrained(out / "reward_model" / "model")
     assert rm.config.num_labels == 1
     assert "wall time:" in result.stdout
 
@@ -93,7 +93,7 @@ def test_tiny_pipeline_runs_every_stage_and_leaves_models_evals_and_report(tmp_p
     prompts.write_text("".join(f"{s['prompt']}\n" for s in evals["ppo"]["samples"][:4]))
     evaluated = subprocess.run(
         [str(Path(sys.executable).parent / "rlhf-lit"), "evaluate", "--policy", str(out / "ppo" / "model"),
-         "--reference", str(out / "sft" / "model"), "--reward-model", str(out / "rm" / "model"),
+         "--reference", str(out / "sft" / "model"), "--reward-model", str(out / "reward_model" / "model"),
          "--judge", "rlhf_lit.evaluation.judges:vader", "--prompts", str(prompts), "--max-new-tokens", "16",
          "--out", str(tmp_path / "evaluate.json")],
         cwd=tmp_path, capture_output=True, text=True, timeout=300,

@@ -149,7 +149,7 @@ def test_the_command_refuses_a_missing_demo_and_a_foreign_out_folder_in_one_line
                                      "with --out nowhere) first")  # fmt: skip
     assert not (tmp_path / "study").exists()  # refused before anything is written
     demo = tmp_path / "demo"
-    for need in ("sft/model", "rm/model", "data/ppo.txt", "prefs/preferences.jsonl"):
+    for need in ("sft/model", "reward_model/model", "data/ppo.txt", "prefs/preferences.jsonl"):
         (demo / need).parent.mkdir(parents=True, exist_ok=True)
         (demo / need).touch()
     mine = tmp_path / "mine"

@@ -75,7 +75,7 @@ class PPOModule(StageModule):
             e.g. the RM stage's export). Frozen; reloaded from this path on resume. Loaded only
             when a ``reward.sources`` entry is the reward model (the default); null otherwise
             (it may still be where a separate critic starts). With ``--run_dir`` and a source
-            that is the reward model it defaults to the run's RM export (``RUN_DIR/rm/model``).
+            that is the reward model it defaults to the run's RM export (``RUN_DIR/reward_model/model``).
         value_model: where a separate critic starts; None = the reward model (N+ #16).
         tokenizer_path: the tokenizer; None = the SFT model's. The RM must share it.
         missing_pad: what to do if the tokenizer has no pad token (see ``load_tokenizer``).
@@ -118,8 +118,8 @@ class PPOModule(StageModule):
     FROZEN_PREFIXES = ("ref_policy.", "reward_model.")
     """State-dict prefixes of the frozen models: never written to checkpoints, reloaded from paths."""
     EXPORT_WHAT = "PPO policy"
-    run_layout = RunLayout(  # --run_dir: RUN_DIR/ppo/, inputs from the run's sft and rm exports
-        "ppo", inputs={"sft_model": "sft", "reward_model": "rm"}, skip_input=reward_model_unused
+    run_layout = RunLayout(  # --run_dir: RUN_DIR/ppo/, inputs from the run's sft and reward_model exports
+        "ppo", inputs={"sft_model": "sft", "reward_model": "reward_model"}, skip_input=reward_model_unused
     )
 
     def __init__(
