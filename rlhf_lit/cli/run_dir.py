@@ -65,6 +65,12 @@ def add_run_dir_argument(parser) -> None:
     parser.add_argument(f"--{RUN_DIR_KEY}", type=Optional[str], default=None, help=RUN_DIR_HELP)
 
 
+def stage_title(stage: str) -> str:
+    """How messages name a stage: a short name as the acronym it is (``SFT``, ``PPO``, ``DPO``), a
+    longer one in words (``reward_model`` -> ``reward model``)."""
+    return stage.upper() if len(stage) <= 3 else stage.replace("_", " ")
+
+
 def stage_dir(run_dir: str, stage: str) -> str:
     """``<run_dir>/<stage>``: where everything of one stage goes."""
     return os.path.join(run_dir, stage)
@@ -175,7 +181,7 @@ def _place_export(init_args, run_dir: str, stage: str) -> str | None:
         init_args["export_dir"] = target
     elif not _same(str(given), target):
         raise RunDirError(
-            f"--run_dir {run_dir} puts the {stage.upper()} export at {target} (where later stages look for it), but "
+            f"--run_dir {run_dir} puts the {stage_title(stage)} export at {target} (where later stages look for it), but "
             f"model.init_args.export_dir is {given}; drop export_dir (or --model.init_args.export_dir null), "
             "or drop --run_dir"
         )
@@ -193,7 +199,7 @@ def _fill_inputs(init_args, layout: RunLayout, run_dir: str) -> None:
         path = stage_export(run_dir, source)
         if not os.path.isdir(path):
             raise RunDirError(
-                f"{path} not found: run the {source.upper()} stage with --run_dir {run_dir} first "
+                f"{path} not found: run the {stage_title(source)} stage with --run_dir {run_dir} first "
                 f"(model.init_args.{arg} defaults to it; set --model.init_args.{arg} to use another model)"
             )
         init_args[arg] = path
@@ -224,7 +230,7 @@ def _refuse_finished_stage(init_args, target: str | None, run_dir: str, stage: s
     except ValueError as error:
         if os.path.isfile(os.path.join(target, EXPORT_MARKER)):  # this stage has finished in this run directory
             raise RunDirError(
-                f"--run_dir {run_dir}: the {stage.upper()} stage has run there already (its export {target} "
+                f"--run_dir {run_dir}: the {stage_title(stage)} stage has run there already (its export {target} "
                 f"exists); for a new experiment give another --run_dir, to continue this one resume with "
                 f"--ckpt_path {stage_dir(run_dir, stage)}/version_N/checkpoints/last.ckpt, to train it again in "
                 "place set --model.init_args.export_existing replace"

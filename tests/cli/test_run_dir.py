@@ -84,7 +84,7 @@ def test_each_stage_read_the_previous_stages_export_without_it_being_named(chain
     ppo = _config(cwd, "ppo")["model"]["init_args"]
     assert (ppo["sft_model"], ppo["reward_model"]) == ("runs/exp1/sft/model", "runs/exp1/reward_model/model")
     assert "[rlhf-lit] model: runs/exp1/sft/model (the sft export of --run_dir runs/exp1)" in results["reward_model"].stderr
-    assert "[rlhf-lit] reward_model: runs/exp1/reward_model/model (the rm export of --run_dir runs/exp1)" in results["ppo"].stderr
+    assert "[rlhf-lit] reward_model: runs/exp1/reward_model/model (the reward_model export of --run_dir runs/exp1)" in results["ppo"].stderr
 
 
 @pytest.mark.slow
@@ -132,12 +132,12 @@ def test_a_missing_earlier_stage_is_one_error_naming_the_command_to_run(tmp_path
     assert os.listdir(tmp_path) == []  # refused before anything was written
 
 
-def test_ppo_without_the_runs_reward_model_names_the_rm_stage(tmp_path):
+def test_ppo_without_the_runs_reward_model_names_the_reward_model_stage(tmp_path):
     shutil.copytree(STORIES, tmp_path / "runs/exp1/sft/model")  # an SFT export, no RM yet
     result = run_main(*PPO, "--run_dir", "runs/exp1", cwd=tmp_path)
     assert result.returncode == 1
     assert error_line(result).startswith(
-        "rlhf-lit: error: runs/exp1/reward_model/model not found: run the RM stage with --run_dir runs/exp1 first"
+        "rlhf-lit: error: runs/exp1/reward_model/model not found: run the reward model stage with --run_dir runs/exp1 first"
     )
 
 

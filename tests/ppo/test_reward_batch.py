@@ -86,7 +86,7 @@ def test_a_reward_function_in_a_ppo_rollout_sees_exactly_the_hand_batch():
     batch, gen = hand_batch()
     module.generate = lambda prompts: gen
     SEEN_REWARD_BATCHES.clear()
-    rollout, stats = module.make_rollout(batch, RolloutTimer(torch.device("cpu")))
+    rollout, experience = module.make_rollout(batch, RolloutTimer(torch.device("cpu")))
     (seen,) = SEEN_REWARD_BATCHES
     assert seen.response_ids == EXPECTED_RESPONSE_IDS
     assert seen.responses == EXPECTED_RESPONSES
@@ -94,10 +94,35 @@ def test_a_reward_function_in_a_ppo_rollout_sees_exactly_the_hand_batch():
     assert seen.ended == ENDED
     assert seen.extras == {"answer": ANSWERS}
     assert rollout.raw_scores.tolist() == [1.5, -2.0, 0.25]
-    assert stats["reward/answer"].item() == pytest.approx((1.5 - 2.0 + 0.25) / 3)
+    assert experience.reward_parts["reward/answer"].item() == pytest.approx((1.5 - 2.0 + 0.25) / 3)
     # The score lands on each row's last response token (columns 3, 3 and 1 of the response):
     # rewards + beta * kl is the score there and 0 at every other position.
     placed = rollout.rewards + 0.1 * rollout.kl  # (3, 4)
     expected = torch.zeros(3, 4)
     expected[0, 3], expected[1, 3], expected[2, 1] = 1.5, -2.0, 0.25
     torch.testing.assert_close(placed * rollout.response_mask, expected)
+
+
+@pytest.mark.parametrize("with_function", [True, False])
+def test_a_rollout_decodes_its_responses_once(monkeypatch, with_function):
+    # With a reward function the responses are decoded for it and reused by the text metrics;
+    # without one they are decoded once, when the metrics ask.
+    import rlhf_lit.stages.ppo.experience as experience_module
+    import rlhf_lit.stages.ppo.reward_sources as sources_module
+
+    calls = []
+    for module_ in (experience_module, sources_module):
+        original = module_.response_texts
+        monkeypatch.setattr(module_, "response_texts",
+                            lambda *a, original=original, **k: calls.append(1) or original(*a, **k))  # fmt: skip
+    sources = [RewardSource(name="answer", function="ppo_helpers:answer_reward")] if with_function else None
+    overrides = {"reward_model": None, "value_model": STORIES, "reward": RewardConfig(sources=sources)} if sources else {}
+    module = tiny_module(kl=KLConfig(kind="fixed", init_coef=0.1), **overrides)
+    batch, gen = hand_batch()
+    module.generate = lambda prompts: gen
+    rollout, experience = module.make_rollout(batch, RolloutTimer(torch.device("cpu")))
+    assert len(calls) == (1 if with_function else 0)
+    texts = module.experience.texts(rollout, experience)
+    again = module.experience.texts(rollout, experience)
+    assert len(calls) == 1 and texts is again
+    assert texts == EXPECTED_RESPONSES
