@@ -3,17 +3,10 @@
     rlhf-lit best-of-n --policy logs/offline/sft/model --reward-model logs/offline/reward_model/model \\
         --prompts prompts.txt --judge rlhf_lit.evaluation.judges:vader --n-max 64 --out bon.json
 
-M responses are sampled once per prompt (M = the largest N unless ``--num-samples`` asks for
-more), scored by the reward model (and the judge), and every N of the sweep is evaluated on those
-same samples, so the sweep costs one sampling pass. ``--estimator subsets`` (the default) takes
-the exact expectation over all N-subsets of the M samples (``P(sample i is the pick) =
-C(rank_i - 1, N - 1) / C(M, N)`` with rank 1 the lowest RM score); ``first_n`` picks the best of
-the first N samples (nested prefixes). Ties in the RM score go to the sample drawn first. See
-:mod:`rlhf_lit.functional.best_of_n`.
-
-Per N it reports the mean over prompts of the pick's judge score (with its standard error over
-prompts), RM score and length, and the analytic KL of best-of-N to the policy,
-``log N - (N - 1) / N``.
+M responses are sampled once per prompt and every N of the sweep is evaluated on those same
+samples (``--estimator subsets``: the exact expectation over all N-subsets; ``first_n``: nested
+prefixes); per N it reports the pick's judge score, RM score, length and the analytic KL. The
+method is described in :mod:`rlhf_lit.evaluation.best_of_n_sweep`.
 
 This module is the argparse shell: it parses and checks the options, calls the library function
 :func:`rlhf_lit.evaluation.best_of_n_sweep.best_of_n`, prints the table and writes the JSON.

@@ -31,7 +31,9 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.accelerators import CPUAccelerator
 
-from rlhf_lit.models.lora import exportable
+from rlhf_lit.models.loading import DType
+from rlhf_lit.models.lora import LoRAConfig, exportable, with_lora
+from rlhf_lit.models.memory import enable_gradient_checkpointing
 from rlhf_lit.models.sharding import shard_models
 from rlhf_lit.stages.amp import has_gradient_scaler
 from rlhf_lit.stages.export import ExportExisting, check_export_at_fit_start, export_at_fit_end
@@ -163,7 +165,9 @@ class StageModule(pl.LightningModule):
         ``weights_only`` loading, hence the dicts.
         """
         frame = inspect.currentframe().f_back  # the stage's __init__: its arguments are the settings
-        self.save_hyperparameters(ignore=list(configs), frame=frame)
+        shared = getattr(self, "_shared_settings", {})  # PretrainedStage's, defaults included
+        self.save_hyperparameters(ignore=[*configs, *shared], frame=frame)
+        self.hparams.update(shared)
         self.hparams.update({name: None if cfg is None else asdict(cfg) for name, cfg in configs.items()})
 
     def keep_export(self, export_dir: str | None, export_existing: ExportExisting, max_skipped_updates: int) -> None:
@@ -242,3 +246,79 @@ class StageModule(pl.LightningModule):
         result = super().load_state_dict(state_dict, strict=False, assign=assign)
         check_loaded_keys(result.missing_keys, result.unexpected_keys, self.FROZEN_PREFIXES, strict)
         return result
+
+
+class PretrainedStage(StageModule):
+    """A stage that fine-tunes one pretrained model it loads by name: SFT, the reward model, DPO.
+
+    Such a stage's constructor takes ``model`` and its own settings and passes the rest on as
+    ``**stage_args``: the loading, LoRA and export arguments below, the same for all three (the
+    command line and ``--model.help`` list them with each stage).
+
+    Args:
+        tokenizer: Hub name or directory of the tokenizer; None uses ``model``'s.
+        missing_pad: What to do when the tokenizer has no pad token (``add`` a new one, reuse
+            ``eos`` / ``unk``, or ``error``); embeddings grow when a token is added.
+        dtype: Weight dtype (of the trained model, and of DPO's reference). Keep ``float32``
+            together with ``precision="bf16-mixed"``.
+        export_dir: Where the final model and tokenizer are written at the end of fit, in Hugging
+            Face format; None means ``<log dir or default_root_dir>/model``.
+        export_existing: when ``export_dir`` already holds an earlier rlhf-lit export: ``refuse``
+            (stop before training) or ``replace`` it (atomically, at the end of fit). A non-empty
+            directory rlhf-lit did not write is never replaced.
+        max_skipped_updates: stop after this many optimizer steps in a row were skipped for NaN or
+            inf gradients (a NaN loss gives NaN gradients); see :mod:`rlhf_lit.stages.nonfinite`.
+        revision: Hub revision of ``model`` (and of the tokenizer when ``tokenizer`` is None).
+        trust_remote_code: Allow model code from the hub.
+        lora: LoRA adapters (:class:`~rlhf_lit.models.lora.LoRAConfig`); only they train (and a
+            reward model's score head). ``lora.export`` chooses merged full weights or the adapter
+            alone for the export (the reward model exports merged weights only; DPO's reference is
+            then the policy with its adapters disabled).
+        gradient_checkpointing: recompute each transformer block's activations of the trained model
+            in the backward pass instead of storing them (less activation memory, about one more
+            forward pass).
+    """
+
+    def __init__(
+        self,
+        tokenizer: str | None = None,
+        missing_pad: MissingPad = "add",
+        dtype: DType = "float32",
+        export_dir: str | None = None,
+        export_existing: ExportExisting = "refuse",
+        max_skipped_updates: int = 3,
+        revision: str | None = None,
+        trust_remote_code: bool = False,
+        lora: LoRAConfig | None = None,
+        gradient_checkpointing: bool = False,
+    ) -> None:
+        super().__init__()
+        self.lora_config = as_config(LoRAConfig, lora)
+        self.tokenizer_name, self.missing_pad, self.weight_dtype = tokenizer, missing_pad, dtype
+        self.revision, self.trust_remote_code = revision, trust_remote_code
+        self.gradient_checkpointing = gradient_checkpointing
+        self.keep_export(export_dir, export_existing, max_skipped_updates)
+        self._shared_settings = {
+            "tokenizer": tokenizer, "missing_pad": missing_pad, "dtype": dtype, "export_dir": export_dir,
+            "export_existing": export_existing, "max_skipped_updates": max_skipped_updates, "revision": revision,
+            "trust_remote_code": trust_remote_code,
+            "lora": None if self.lora_config is None else asdict(self.lora_config),
+            "gradient_checkpointing": gradient_checkpointing,
+        }  # fmt: skip
+
+    def load_tokenizer(self, model: str, padding_side: str):
+        """The run's tokenizer: ``tokenizer`` when given, else ``model``'s (:func:`stage_tokenizer`)."""
+        return stage_tokenizer(self.tokenizer_name, model, padding_side, self.missing_pad, self.revision,
+                               self.trust_remote_code)  # fmt: skip
+
+    def loading_args(self) -> dict[str, Any]:
+        """The keyword arguments of the model loaders: dtype, revision, remote code."""
+        return {"dtype": self.weight_dtype, "revision": self.revision, "trust_remote_code": self.trust_remote_code}
+
+    def adapted(self, model: torch.nn.Module, kind: str) -> torch.nn.Module:
+        """``model`` with the LoRA adapters of ``lora`` (``kind``: ``causal_lm`` or ``reward``) and
+        gradient checkpointing when asked; the same object when neither is."""
+        model = with_lora(model, self.lora_config, kind)
+        if self.gradient_checkpointing:
+            enable_gradient_checkpointing(model)
+        return model

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from typing import Any
+
 import torch
 from lightning.pytorch.utilities.model_helpers import is_overridden
 
@@ -38,15 +40,11 @@ from rlhf_lit.functional import (
     response_mask_from_prompt_length,
 )
 from rlhf_lit.models import load_causal_lm, response_sequence_logprobs
-from rlhf_lit.models.loading import DType
-from rlhf_lit.models.lora import LoRAConfig, with_lora
-from rlhf_lit.models.memory import enable_gradient_checkpointing, train_mode
+from rlhf_lit.models.memory import train_mode
 from rlhf_lit.models.reference import build_reference
 from rlhf_lit.models.sharding import reshard, shard_models
-from rlhf_lit.stages.base import RunLayout, StageModule, as_config, require_input, stage_tokenizer
-from rlhf_lit.stages.export import ExportExisting
+from rlhf_lit.stages.base import PretrainedStage, RunLayout, as_config, require_input
 from rlhf_lit.stages.optim import OptimizerConfig
-from rlhf_lit.tokenizer import MissingPad
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +52,7 @@ METRICS = ("rewards_chosen", "rewards_rejected", "reward_accuracy", "reward_marg
 """The statistics of :func:`rlhf_lit.functional.dpo_loss`, logged as ``train/<name>`` and ``val/<name>``."""
 
 
-class DPOModule(StageModule):
+class DPOModule(PretrainedStage):
     """Trains a causal-LM policy on (chosen, rejected) pairs with a DPO-family loss and exports it.
 
     Logs ``train/loss``, ``lr`` and the implicit-reward statistics ``train/rewards_chosen``,
@@ -67,9 +65,6 @@ class DPOModule(StageModule):
     Args:
         model: Hub name or local directory of the causal LM to start from, usually the SFT export.
             It is also the reference (a frozen copy; with ``lora``, the policy's own base weights).
-        tokenizer: Hub name or directory of the tokenizer; None uses ``model``'s.
-        missing_pad: What to do when the tokenizer has no pad token (``add``, ``eos``, ``unk``, ``error``).
-        dtype: Weight dtype of policy and reference. Keep ``float32`` together with ``precision="bf16-mixed"``.
         beta: > 0, the strength of the implicit KL penalty towards the reference (DPO's beta; IPO's tau).
             Smaller lets the policy move further; typical 0.01 to 0.5.
         loss: the loss (:data:`~rlhf_lit.functional.dpo.DPOLossKind`): ``sigmoid`` (DPO; with
@@ -77,22 +72,17 @@ class DPOModule(StageModule):
         label_smoothing: in [0, 0.5): the assumed probability that a preference label is flipped
             (conservative DPO); ``sigmoid`` only.
         optimizer: AdamW and learning-rate schedule; by default annealed linearly to 0 over the run.
-        export_dir: where the final model and tokenizer go at the end of fit; None: ``<log dir>/model``.
-        export_existing: ``refuse`` or ``replace`` an earlier rlhf-lit export there (:class:`~rlhf_lit.stages.base.StageModule`).
-        max_skipped_updates: non-finite optimizer steps in a row that stop the run (:class:`~rlhf_lit.stages.base.StageModule`).
-        revision: Hub revision of ``model`` (and of the tokenizer when ``tokenizer`` is None).
-        trust_remote_code: Allow model code from the hub.
-        lora: LoRA adapters (:class:`~rlhf_lit.models.lora.LoRAConfig`); only they train, and the
-            reference is the policy with the adapters disabled. ``lora.export`` chooses merged full
-            weights or the adapter alone for the export.
-        gradient_checkpointing: recompute each transformer block's activations of the policy in the
-            backward pass instead of storing them.
         precompute_ref: compute the reference logprobs of every training and validation pair once,
             when training starts, instead of once per batch (see the module docstring). Needs a
             data module; not under ``fsdp``.
+        stage_args: the loading, LoRA and export arguments of :class:`~rlhf_lit.stages.base.PretrainedStage`
+            (``tokenizer``, ``missing_pad``, ``dtype``, ``export_dir``, ``export_existing``,
+            ``max_skipped_updates``, ``revision``, ``trust_remote_code``, ``lora``,
+            ``gradient_checkpointing``). With ``lora`` the reference is the policy with its adapters
+            disabled (no second copy is loaded).
     """
 
-    SAFE_ON_RESUME = StageModule.SAFE_ON_RESUME + ("precompute_ref",)
+    SAFE_ON_RESUME = PretrainedStage.SAFE_ON_RESUME + ("precompute_ref",)
     """Settings a resume may change: the stage's usual ones, and whether the reference table is used
     (it changes no number)."""
 
@@ -105,46 +95,31 @@ class DPOModule(StageModule):
     def __init__(
         self,
         model: str | None = None,
-        tokenizer: str | None = None,
-        missing_pad: MissingPad = "add",
-        dtype: DType = "float32",
         beta: float = 0.1,
         loss: DPOLossKind = "sigmoid",
         label_smoothing: float = 0.0,
         optimizer: OptimizerConfig = OptimizerConfig(lr=1e-6, schedule="linear", min_lr_ratio=0.0),
-        export_dir: str | None = None,
-        export_existing: ExportExisting = "refuse",
-        max_skipped_updates: int = 3,
-        revision: str | None = None,
-        trust_remote_code: bool = False,
-        lora: LoRAConfig | None = None,
-        gradient_checkpointing: bool = False,
         precompute_ref: bool = False,
+        **stage_args: Any,
     ) -> None:
-        super().__init__()
+        super().__init__(**stage_args)
         model = require_input(model, "model", "the SFT model to start from (also the frozen reference)")
         check_dpo_settings(beta, loss, label_smoothing)
         self.beta, self.loss_kind, self.label_smoothing = beta, loss, label_smoothing
         self.optimizer_config = as_config(OptimizerConfig, optimizer)
-        self.lora_config = as_config(LoRAConfig, lora)
-        self.keep_settings(optimizer=self.optimizer_config, lora=self.lora_config)
-        self.keep_export(export_dir, export_existing, max_skipped_updates)
-        # preference batches are right padded (docs/CONTRACTS.md)
-        self.tokenizer = stage_tokenizer(tokenizer, model, "right", missing_pad, revision, trust_remote_code)
+        self.keep_settings(optimizer=self.optimizer_config)
+        self.tokenizer = self.load_tokenizer(model, "right")  # preference batches are right padded (docs/CONTRACTS.md)
 
         def load() -> torch.nn.Module:
-            return load_causal_lm(model, self.tokenizer, dtype=dtype, revision=revision,
-                                  trust_remote_code=trust_remote_code)  # fmt: skip
+            return load_causal_lm(model, self.tokenizer, **self.loading_args())
 
-        self.model = with_lora(load(), self.lora_config, "causal_lm")
+        self.model = self.adapted(load(), "causal_lm")
 
         def frozen_copy() -> torch.nn.Module:  # only without LoRA: see build_reference
             self.ref_model = load().requires_grad_(False).eval()
             return self.ref_model
 
         self.reference = build_reference(self.model, frozen_copy)
-        if gradient_checkpointing:
-            enable_gradient_checkpointing(self.model)
         self.precompute_ref = precompute_ref
         self._ref_table: dict[bytes, tuple[float, float]] | None = None
         """With ``precompute_ref``: pair key -> (chosen, rejected) reference logprob; None before training."""

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from typing import Any
+
 import torch
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from torchmetrics import MeanMetric
@@ -27,16 +29,12 @@ from transformers import AutoConfig
 
 from rlhf_lit.functional import concat_pairs, pairwise_reward_loss
 from rlhf_lit.models import init_reward_head, load_reward_model, score_head, sequence_scores
-from rlhf_lit.models.loading import DType
-from rlhf_lit.models.lora import LoRAConfig, with_lora
-from rlhf_lit.models.memory import enable_gradient_checkpointing, train_mode
+from rlhf_lit.models.memory import train_mode
 from rlhf_lit.models.reward_norm import Normalize, fold_normalization, gain_and_bias, record_normalization
 from rlhf_lit.models.sharding import reshard
 from rlhf_lit.sources import from_pretrained
-from rlhf_lit.stages.base import RunLayout, StageModule, as_config, require_input, stage_tokenizer
-from rlhf_lit.stages.export import ExportExisting
+from rlhf_lit.stages.base import PretrainedStage, RunLayout, as_config, require_input
 from rlhf_lit.stages.optim import OptimizerConfig
-from rlhf_lit.tokenizer import MissingPad
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +46,7 @@ def has_trained_score_head(name_or_path: str, revision: str | None = None, trust
     return any(a.endswith("ForSequenceClassification") for a in (config.architectures or []))
 
 
-class RewardModelModule(StageModule):
+class RewardModelModule(PretrainedStage):
     """Trains a Bradley-Terry reward model on (chosen, rejected) pairs and exports it normalised.
 
     Logs ``train/loss``, ``train/accuracy`` and ``lr`` every step; ``val/loss``, ``val/accuracy``
@@ -63,22 +61,15 @@ class RewardModelModule(StageModule):
         model: Hub name or local directory: a causal LM (for example the SFT export; a fresh head
             is added) or a sequence-classification checkpoint with one label (its head is kept).
             Required; with ``--run_dir`` it defaults to the run's SFT export (``RUN_DIR/sft/model``).
-        tokenizer: Hub name or directory of the tokenizer; None uses ``model``'s.
-        missing_pad: What to do when the tokenizer has no pad token (``add``, ``eos``, ``unk``, ``error``).
-        dtype: Weight dtype. Keep ``float32`` together with ``precision="bf16-mixed"``.
         optimizer: AdamW and learning-rate schedule; by default annealed linearly to 0 over the run.
         normalize: After training, shift the reward so the reference set scores mean 0 (``bias``),
             also scale it to std 1 (``gain_bias``), or leave it (``none``).
-        export_dir: where the final model and tokenizer go at the end of fit; None: ``<log dir>/model``.
-        export_existing: ``refuse`` or ``replace`` an earlier rlhf-lit export there (:class:`~rlhf_lit.stages.base.StageModule`).
-        max_skipped_updates: non-finite optimizer steps in a row that stop the run (:class:`~rlhf_lit.stages.base.StageModule`).
-        revision: Hub revision of ``model`` (and of the tokenizer when ``tokenizer`` is None).
-        trust_remote_code: Allow model code from the hub.
-        lora: LoRA adapters (:class:`~rlhf_lit.models.lora.LoRAConfig`); only they and the score head train.
-            ``lora.export`` chooses ``merged`` only: the normalisation is folded
-            into base weights (a final LayerNorm's bias), which an adapter alone would not carry.
-        gradient_checkpointing: recompute each transformer block's activations in the backward
-            pass instead of storing them (less activation memory, about one more forward pass).
+        stage_args: the loading, LoRA and export arguments of :class:`~rlhf_lit.stages.base.PretrainedStage`
+            (``tokenizer``, ``missing_pad``, ``dtype``, ``export_dir``, ``export_existing``,
+            ``max_skipped_updates``, ``revision``, ``trust_remote_code``, ``lora``,
+            ``gradient_checkpointing``).
+            ``lora.export`` must be ``merged``: the normalisation is folded into base weights (a final
+            LayerNorm's bias), which an adapter alone would not carry.
     """
 
     run_layout = RunLayout("reward_model", inputs={"model": "sft"})  # --run_dir: RUN_DIR/reward_model/, model from RUN_DIR/sft/model
@@ -87,47 +78,30 @@ class RewardModelModule(StageModule):
     def __init__(
         self,
         model: str | None = None,
-        tokenizer: str | None = None,
-        missing_pad: MissingPad = "add",
-        dtype: DType = "float32",
         optimizer: OptimizerConfig = OptimizerConfig(lr=1e-5, schedule="linear", min_lr_ratio=0.0),
         normalize: Normalize = "bias",
-        export_dir: str | None = None,
-        export_existing: ExportExisting = "refuse",
-        max_skipped_updates: int = 3,
-        revision: str | None = None,
-        trust_remote_code: bool = False,
-        lora: LoRAConfig | None = None,
-        gradient_checkpointing: bool = False,
+        **stage_args: Any,
     ) -> None:
-        super().__init__()
+        super().__init__(**stage_args)
         model = require_input(model, "model", "the model to start from (e.g. the SFT export)")
         if normalize not in ("none", "bias", "gain_bias"):
             raise ValueError(f"normalize must be none, bias or gain_bias; got {normalize!r}")
-        self.optimizer_config = as_config(OptimizerConfig, optimizer)
-        self.lora_config = as_config(LoRAConfig, lora)
         if self.lora_config is not None and self.lora_config.export != "merged":
             raise ValueError(
                 "lora.export: the reward model exports merged weights only (its normalisation is folded into "
                 "base weights an adapter would not carry); set lora.export: merged"
             )
-        self.keep_settings(optimizer=self.optimizer_config, lora=self.lora_config)
-        self.keep_export(export_dir, export_existing, max_skipped_updates)
+        self.optimizer_config = as_config(OptimizerConfig, optimizer)
+        self.keep_settings(optimizer=self.optimizer_config)
         self.normalization: Normalize = normalize
         self.reference_name = "none"
-        # preference batches are right padded (docs/CONTRACTS.md)
-        self.tokenizer = stage_tokenizer(tokenizer, model, "right", missing_pad, revision, trust_remote_code)
-        new_head = not has_trained_score_head(model, revision, trust_remote_code)
-        self.model = load_reward_model(
-            model, self.tokenizer, dtype=dtype, revision=revision, trust_remote_code=trust_remote_code,
-            new_head=new_head,
-        )
+        self.tokenizer = self.load_tokenizer(model, "right")  # preference batches are right padded (docs/CONTRACTS.md)
+        new_head = not has_trained_score_head(model, self.revision, self.trust_remote_code)
+        self.model = load_reward_model(model, self.tokenizer, **self.loading_args(), new_head=new_head)
         if new_head:
             # Hugging Face initialised the missing head N(0, 0.02); use the RM init instead.
             init_reward_head(score_head(self.model))
-        self.model = with_lora(self.model, self.lora_config, "reward")  # after the head init: the head trains in full
-        if gradient_checkpointing:
-            enable_gradient_checkpointing(self.model)
+        self.model = self.adapted(self.model, "reward")  # after the head init: the head trains in full
         # The normalised reward is gain * raw + bias; buffers, so checkpoints carry them.
         self.register_buffer("reward_gain", torch.ones(()))
         self.register_buffer("reward_bias", torch.zeros(()))

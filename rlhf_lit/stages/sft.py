@@ -8,23 +8,21 @@ format (``AutoModelForCausalLM.from_pretrained(export_dir)``) for the reward-mod
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torchmetrics import MeanMetric
 
 from rlhf_lit.functional import sft_loss
 from rlhf_lit.models import load_causal_lm, position_ids_from_mask
-from rlhf_lit.models.loading import DType
-from rlhf_lit.models.lora import LoRAConfig, with_lora
-from rlhf_lit.models.memory import enable_gradient_checkpointing, train_mode
-from rlhf_lit.stages.base import RunLayout, StageModule, as_config, stage_tokenizer
-from rlhf_lit.stages.export import ExportExisting
+from rlhf_lit.models.memory import train_mode
+from rlhf_lit.stages.base import PretrainedStage, RunLayout, as_config
 from rlhf_lit.stages.optim import OptimizerConfig
-from rlhf_lit.tokenizer import MissingPad
 
 IGNORE_INDEX = -100
 
 
-class SFTModule(StageModule):
+class SFTModule(PretrainedStage):
     """Fine-tunes any ``AutoModelForCausalLM`` on (prompt, response) demonstrations.
 
     Logs ``train/loss``, ``train/ppl`` and ``lr`` every step, and the token-weighted ``val/loss``
@@ -33,53 +31,22 @@ class SFTModule(StageModule):
 
     Args:
         model: Hugging Face hub name or local directory of a causal LM.
-        tokenizer: Hub name or directory of the tokenizer; None uses ``model``'s.
-        missing_pad: What to do when the tokenizer has no pad token (``add`` a new one, reuse
-            ``eos`` / ``unk``, or ``error``); embeddings grow when a token is added.
-        dtype: Weight dtype. Keep ``float32`` together with ``precision="bf16-mixed"``.
         optimizer: AdamW and learning-rate schedule, over ``trainer.estimated_stepping_batches`` steps.
-        export_dir: where the final model and tokenizer go at the end of fit; None: ``<log dir>/model``.
-        export_existing: ``refuse`` or ``replace`` an earlier rlhf-lit export there (:class:`~rlhf_lit.stages.base.StageModule`).
-        max_skipped_updates: non-finite optimizer steps in a row that stop the run (:class:`~rlhf_lit.stages.base.StageModule`).
-        revision: Hub revision of ``model`` (and of the tokenizer when ``tokenizer`` is None).
-        trust_remote_code: Allow model code from the hub.
-        lora: LoRA adapters (:class:`~rlhf_lit.models.lora.LoRAConfig`); only they train.
-            ``lora.export`` chooses merged full weights or the adapter alone for the export.
-        gradient_checkpointing: recompute each transformer block's activations in the backward
-            pass instead of storing them (less activation memory, about one more forward pass).
+        stage_args: the loading, LoRA and export arguments of :class:`~rlhf_lit.stages.base.PretrainedStage`
+            (``tokenizer``, ``missing_pad``, ``dtype``, ``export_dir``, ``export_existing``,
+            ``max_skipped_updates``, ``revision``, ``trust_remote_code``, ``lora``,
+            ``gradient_checkpointing``).
     """
 
     run_layout = RunLayout("sft")  # --run_dir: RUN_DIR/sft/
     EXPORT_WHAT = "SFT model"
 
-    def __init__(
-        self,
-        model: str,
-        tokenizer: str | None = None,
-        missing_pad: MissingPad = "add",
-        dtype: DType = "float32",
-        optimizer: OptimizerConfig = OptimizerConfig(),
-        export_dir: str | None = None,
-        export_existing: ExportExisting = "refuse",
-        max_skipped_updates: int = 3,
-        revision: str | None = None,
-        trust_remote_code: bool = False,
-        lora: LoRAConfig | None = None,
-        gradient_checkpointing: bool = False,
-    ) -> None:
-        super().__init__()
+    def __init__(self, model: str, optimizer: OptimizerConfig = OptimizerConfig(), **stage_args: Any) -> None:
+        super().__init__(**stage_args)
         self.optimizer_config = as_config(OptimizerConfig, optimizer)
-        self.lora_config = as_config(LoRAConfig, lora)
-        self.keep_settings(optimizer=self.optimizer_config, lora=self.lora_config)
-        self.keep_export(export_dir, export_existing, max_skipped_updates)
-        # SFT batches are right padded (docs/CONTRACTS.md)
-        self.tokenizer = stage_tokenizer(tokenizer, model, "right", missing_pad, revision, trust_remote_code)
-        self.model = load_causal_lm(
-            model, self.tokenizer, dtype=dtype, revision=revision, trust_remote_code=trust_remote_code
-        )
-        self.model = with_lora(self.model, self.lora_config, "causal_lm")
-        if gradient_checkpointing:
-            enable_gradient_checkpointing(self.model)
+        self.keep_settings(optimizer=self.optimizer_config)
+        self.tokenizer = self.load_tokenizer(model, "right")  # SFT batches are right padded (docs/CONTRACTS.md)
+        self.model = self.adapted(load_causal_lm(model, self.tokenizer, **self.loading_args()), "causal_lm")
         # Weighted by token count, so the epoch value is total NLL / total response tokens.
         self.val_nll = MeanMetric()
 

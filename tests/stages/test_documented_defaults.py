@@ -162,12 +162,27 @@ def default_of(owner: Any, path: str) -> Any:
         (field,) = [f for f in dataclasses.fields(owner) if f.name == name]
         value = field.default_factory() if field.default is dataclasses.MISSING else field.default
     else:
-        parameter = inspect.signature(owner).parameters[name]
+        parameter = _parameter(owner, name)
         assert parameter.default is not inspect.Parameter.empty, f"{owner.__name__}.{name} has no default"
         value = parameter.default
     for attribute in rest:
         value = getattr(value, attribute)
     return value
+
+
+def _parameter(owner: Any, name: str) -> inspect.Parameter:
+    """The parameter ``name`` of a function, or of a class's constructor: its own, or one its
+    ``**stage_args`` passes on to a base class (``PretrainedStage``), as the command line resolves it."""
+    if not inspect.isclass(owner):
+        return inspect.signature(owner).parameters[name]
+    for cls in owner.__mro__:
+        if "__init__" in vars(cls):
+            parameters = inspect.signature(cls.__init__).parameters
+            if name in parameters:
+                return parameters[name]
+            if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+                break  # the constructor passes nothing further up
+    raise KeyError(f"{owner.__name__} takes no argument {name!r}")
 
 
 def _row_id(row: Quoted) -> str:
