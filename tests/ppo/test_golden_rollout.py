@@ -32,7 +32,7 @@ import golden_reference as ref
 from rlhf_lit.models.generation import SamplingConfig, complete_generation
 from rlhf_lit.stages.optim import OptimizerConfig
 from rlhf_lit.stages.ppo import PPOModule
-from rlhf_lit.stages.ppo.config import KLConfig, PPOConfig, RewardConfig
+from rlhf_lit.stages.ppo_config import KLConfig, PPOConfig, RewardConfig
 
 PROMPTS = ["Once upon a time, there was", "The", "Tom had a red", "A big dog"]
 # R = 6; after the first EOS anything may follow (it must become pad and be ignored).
@@ -86,7 +86,7 @@ class PromptsAndPtx(LightningDataModule):
 
 @pytest.fixture(scope="module")
 def reward_model_dir(tmp_path_factory) -> str:
-    """A stories260K reward model with a random head and a bias it could not fold (as RewardModelModule exports Llama)."""
+    """A stories260K reward model with a random head and a bias it could not fold (as RewardModule exports Llama)."""
     path = tmp_path_factory.mktemp("golden-rm")
     torch.manual_seed(11)
     rm = AutoModelForSequenceClassification.from_pretrained(STORIES, num_labels=1)
