@@ -108,8 +108,11 @@ def _base_class(subtypes_line: str) -> str | None:
 
 def _best(nodes: list[Node], path, scope, scope_class, base=None) -> tuple[int, ParserProblem | None]:
     """The most telling problem among sibling nodes (a Union's alternatives are the children of ``Errors:``)."""
+    union = subtypes = given = None
     if any(n.text.startswith(_UNION) for n in nodes):
-        base = next((_base_class(n.text) for n in nodes if n.text.startswith("Subtypes:")), base)
+        subtypes = next((n.text.removeprefix("Subtypes:").strip() for n in nodes if n.text.startswith("Subtypes:")), "")
+        given = next((n.text.removeprefix("Given value:").strip() for n in nodes if n.text.startswith("Given value:")), None)
+        base, union = _base_class(subtypes) or base, True
         errors = next((n.children for n in nodes if n.text.startswith("Errors:")), [])
         others = [n for n in nodes if not n.text.startswith((_UNION, "Subtypes:", "Errors:", "Given value"))]
         nodes = errors + others
@@ -118,6 +121,10 @@ def _best(nodes: list[Node], path, scope, scope_class, base=None) -> tuple[int, 
         found = _explain(node, path, scope, scope_class, base)
         if found[0] > best[0]:
             best = found
+    chosen = any(_CLASS_PATH.match(n.text) for n in nodes)
+    if union and not chosen and best[0] <= 1 and given is not None:  # plain types: "expected int or null, got 1.5"
+        problem = ParserProblem("bad_value", path, "", scope, scope_class, given, subtypes.strip("[]"))
+        return 2, problem
     return best
 
 
@@ -160,12 +167,28 @@ def find_problem(message: str) -> ParserProblem:
 # ------------------------------------------------------------------------------------ the one line
 
 
+def _top_level_parts(text: str) -> list[str]:
+    """``a, list[b, c], d`` -> ``["a", "list[b, c]", "d"]``: a Union's subtypes as jsonargparse lists them."""
+    parts, depth, start = [], 0, 0
+    for i, char in enumerate(text):
+        depth += (char in "[(") - (char in "])")
+        if char == "," and depth == 0:
+            parts.append(text[start:i].strip())
+            start = i + 1
+    return [*parts, text[start:].strip()] if text.strip() else parts
+
+
 def readable_type(expected: str) -> str:
-    """``<class 'int'>`` -> ``int``, ``typing.Literal['a', 'b']`` -> ``one of 'a', 'b'``."""
+    """``<class 'int'>`` -> ``int``, ``typing.Literal['a', 'b']`` -> ``one of 'a', 'b'``; a Union's subtypes
+    (``<class 'int'>, <class 'NoneType'>``) -> ``int or null``."""
+    parts = _top_level_parts(expected)
+    if len(parts) > 1:
+        return " or ".join(readable_type(part) for part in parts)
     literal = re.fullmatch(r"typing\.Literal\[(.*)\]", expected.strip())
     if literal:
         return f"one of {literal.group(1)}"
-    return re.sub(r"<class '(?:[\w.]*\.)?(\w+)'>", r"\1", expected).replace("typing.", "")
+    text = re.sub(r"<class '(?:[\w.]*\.)?(\w+)'>", r"\1", expected).replace("typing.", "")
+    return "null" if text == "NoneType" else re.sub(r"\b(?:[a-z_]\w*\.)+(?=[A-Z])", "", text)  # a.b.Logger -> Logger
 
 
 def _shown(text: str | None) -> str:
@@ -209,7 +232,7 @@ def describe(
         given = problem.value or "?"
         near = difflib.get_close_matches(given.rsplit(".", 1)[-1], list(short), n=1, cutoff=0.6)
         text = f"{head} no class {given}" + (f"; did you mean {short[near[0]]}?" if near else "")
-        return text + (f" (choices: {', '.join(choices)})" if choices else "")
+        return text + (f" (choices: {', '.join(choices)})" if choices else " (a class path or a mapping of arguments)")
     if problem.kind == "bad_value":
         expected = readable_type(problem.expected or "")
         choices = re.findall(r"'([^']*)'", expected) if expected.startswith("one of") else []
