@@ -10,9 +10,12 @@ pad policy) and the data module receives that very object, so a run has one toke
 
 Errors a user can fix (a bad option, a missing file or model, bad data, a resume that does not
 match its checkpoint) end with one line ``rlhf-lit: error: ...`` and exit status 2 (options) or 1
-(everything else); ``--debug`` (or ``RLHF_LIT_DEBUG=1``) shows the traceback instead. rlhf-lit's
-own log messages (counts of skipped, dropped and truncated records, pad policies, exports) are
-printed to stderr as ``[rlhf-lit] ...``.
+(everything else); ``--debug`` (or ``RLHF_LIT_DEBUG=1``) shows the traceback instead. An option
+or config mistake names the key as it can be typed, where it was given (the option, or the config
+file and line: :mod:`rlhf_lit.cli.option_sources`) and the nearest valid key or class
+(:mod:`rlhf_lit.cli.parser_errors`, :mod:`rlhf_lit.cli.option_names`). rlhf-lit's own log messages
+(counts of skipped, dropped and truncated records, pad policies, exports) are printed to stderr as
+``[rlhf-lit] ...``.
 
 What the command offers beyond LightningCLI's defaults:
 
@@ -25,6 +28,9 @@ What the command offers beyond LightningCLI's defaults:
   (epochs x minibatches per rollout); ``--model.init_args.max_rollouts`` sets the run's length.
 - The progress bar is :class:`~rlhf_lit.callbacks.RunProgressBar` (rollouts out of
   ``max_rollouts``, or steps out of the real total) unless the config disables the bar or lists its own.
+- Every value a config file can hold can be typed as an option (``--model.init_args.reward.missing_eos_penalty
+  null``, lists and mappings too), and a YAML syntax error names its file, line and column
+  (:mod:`rlhf_lit.cli.jsonargparse_fixes`).
 - Expected, harmless warnings are silenced in one place (:mod:`rlhf_lit.expected_warnings`); TensorBoard gets
   no placeholder ``hp_metric``.
 """
@@ -36,7 +42,6 @@ import importlib
 import inspect
 import logging
 import os
-import re
 import sys
 from collections.abc import Sequence
 from urllib.parse import urlparse

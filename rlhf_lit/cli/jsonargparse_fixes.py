@@ -31,15 +31,18 @@ def option_text(value: Any) -> str:
     """YAML text that jsonargparse's loader reads back as ``value`` (``None`` -> ``null``, ``1e-05`` -> ``1.0e-05``)."""
     if isinstance(value, float) and not math.isfinite(value):
         return ".nan" if math.isnan(value) else (".inf" if value > 0 else "-.inf")
-    text = yaml.safe_dump(value, default_flow_style=True, width=math.inf, sort_keys=False).strip()
-    return text.removesuffix("\n...").removesuffix("...").strip()  # a plain scalar ends its document with "..."
+    try:
+        text = yaml.safe_dump(value, default_flow_style=True, width=math.inf, sort_keys=False, allow_unicode=True)
+    except yaml.YAMLError:  # not a YAML value: jsonargparse's own text
+        return str(value)
+    return text.strip().removesuffix("...").strip()  # a plain scalar ends its document with "..."
 
 
 def pass_nested_values_as_yaml() -> None:
     """Wrap jsonargparse's ``adapt_class_type`` so a parsed nested option reaches the class's parser as YAML."""
     original = getattr(_typehints, "adapt_class_type", None)
     if original is None or _NestedArg is None or getattr(original, "_rlhf_lit", False):
-        return  # another jsonargparse: tests/cli/test_option_values.py says whether it still needs this
+        return  # another jsonargparse: tests/cli/test_option_errors.py says whether it still needs this
 
     def adapt_class_type(value, *args, **kwargs):
         init_args = value.get("init_args") if isinstance(value, (dict, Namespace)) else None
@@ -55,13 +58,18 @@ class ConfigSyntaxError(yaml.YAMLError):
     """A config file that is not valid YAML, with its file, line and column in the message."""
 
 
+def _position(mark) -> tuple[int, int] | None:
+    """A YAML mark's (line, column), 0-based."""
+    return (mark.line, mark.column) if mark is not None else None
+
+
 def yaml_error_text(error: yaml.YAMLError, path: str) -> str:
     """``path, line L, column C: <problem> (while <context> that starts at line L', column C')``."""
     mark = getattr(error, "problem_mark", None)
     where = f"{path}, line {mark.line + 1}, column {mark.column + 1}" if mark else str(path)
     problem = getattr(error, "problem", None) or str(error).splitlines()[0]
     context, context_mark = getattr(error, "context", None), getattr(error, "context_mark", None)
-    if context and context_mark and (mark is None or (context_mark.line, context_mark.column) != (mark.line, mark.column)):
+    if context and context_mark is not None and _position(context_mark) != _position(mark):
         problem += f" ({context} that starts at line {context_mark.line + 1}, column {context_mark.column + 1})"
     elif context:
         problem += f" ({context})"
@@ -70,7 +78,10 @@ def yaml_error_text(error: yaml.YAMLError, path: str) -> str:
 
 def name_yaml_errors() -> None:
     """Load YAML as jsonargparse does, naming the file, line and column of a syntax error in a config file."""
-    from jsonargparse._loaders_dumpers import yaml_load  # jsonargparse's own YAML reading, kept as it is
+    try:
+        from jsonargparse._loaders_dumpers import yaml_load  # jsonargparse's own YAML reading, kept as it is
+    except ImportError:  # another jsonargparse: its own messages stay (tests/cli/test_option_errors.py tells)
+        return
 
     def load_yaml(value: str, path: str = "") -> Any:
         try:

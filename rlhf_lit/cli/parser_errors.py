@@ -72,7 +72,9 @@ class ParserProblem:
 _PARSER_KEY = re.compile(r'Parser key "([^"]+)":\s*(.*)')
 _CLASS_PATH = re.compile(r"Problem with given class_path '([^']+)':\s*(.*)")
 _UNION = "Does not validate against any of the Union subtypes"
-_IMPORT_FAILURE = re.compile(r"has no attribute|No module named|Expected a dot import path|not a subclass|Unable to import")
+_IMPORT_FAILURE = re.compile(
+    r"has no attribute|No module named|Expected a dot import path|not a subclass|Unable to import"
+)
 _UNINFORMATIVE = re.compile(r"Expected a path but |Expected a <class '(NoneType|bool)'>|Given value|Subtypes:|Errors:")
 
 
@@ -81,7 +83,9 @@ def _is_plain_group(class_path: str) -> bool:
     return dataclasses.is_dataclass(import_class(class_path))
 
 
-def _leaf(text: str, path: tuple[str, ...], scope: tuple[str, ...], scope_class: str | None) -> tuple[int, ParserProblem]:
+def _leaf(
+    text: str, path: tuple[str, ...], scope: tuple[str, ...], scope_class: str | None
+) -> tuple[int, ParserProblem]:
     """A cause line, scored by how much it tells the user (0: an alternative nobody chose)."""
     unknown = (
         re.match(r"unrecognized arguments: --([^\s=]+)", text)
@@ -96,7 +100,8 @@ def _leaf(text: str, path: tuple[str, ...], scope: tuple[str, ...], scope_class:
         return 3, ParserProblem("unknown_class", path, text, scope, scope_class, value=dotted.group(1))
     expected = re.match(r"(?:Expected an? |Not a valid subclass of )(.+?)\. Got value: (.*)", text, re.S)
     if expected and not _UNINFORMATIVE.match(text):
-        return 2, ParserProblem("bad_value", path, text, scope, scope_class, expected.group(2).strip(), expected.group(1))
+        value, wanted = expected.group(2).strip(), expected.group(1)
+        return 2, ParserProblem("bad_value", path, text, scope, scope_class, value, wanted)
     return (0 if _UNINFORMATIVE.match(text) else 1), ParserProblem("other", path, text, scope, scope_class)
 
 
@@ -111,7 +116,8 @@ def _best(nodes: list[Node], path, scope, scope_class, base=None) -> tuple[int, 
     union = subtypes = given = None
     if any(n.text.startswith(_UNION) for n in nodes):
         subtypes = next((n.text.removeprefix("Subtypes:").strip() for n in nodes if n.text.startswith("Subtypes:")), "")
-        given = next((n.text.removeprefix("Given value:").strip() for n in nodes if n.text.startswith("Given value:")), None)
+        given = next((n.text.removeprefix("Given value:").strip() for n in nodes
+                      if n.text.startswith("Given value:")), None)  # fmt: skip
         base, union = _base_class(subtypes) or base, True
         errors = next((n.children for n in nodes if n.text.startswith("Errors:")), [])
         others = [n for n in nodes if not n.text.startswith((_UNION, "Subtypes:", "Errors:", "Given value"))]
@@ -223,7 +229,8 @@ def describe(
         scope = ".".join(problem.scope)
         if nearest:
             return f"unknown option --{key}; did you mean --{scope + '.' if scope else ''}{nearest}?"
-        owner = f" ({problem.scope_class.rsplit('.', 1)[-1]} takes no {'.'.join(relative)})" if problem.scope_class else ""
+        owner = problem.scope_class.rsplit(".", 1)[-1] if problem.scope_class else None
+        owner = f" ({owner} takes no {'.'.join(relative)})" if owner else ""
         return f"unknown option --{key}{owner}"
     head = f"{head}{shown}:" if shown is not None else f"option --{key}:"
     if problem.kind == "unknown_class":

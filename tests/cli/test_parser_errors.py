@@ -148,6 +148,7 @@ PPO_KEYS = ["sft_model", "critic", "ppo.epochs", "ppo.minibatch_size", "ppo.lam"
         ("ppp.epochz", "ppo.epochs"),  # both
         ("max_rolouts", "max_rollouts"),
         ("epochs", "ppo.epochs"),  # written at the wrong level
+        ("lam", "ppo.lam"),  # the same, too short for a close match of the whole key
         ("lora.rr", "lora.r"),
         ("zzzz", None),
         ("ppo.zzzz", None),
@@ -244,7 +245,7 @@ def test_describe_says_where_what_and_the_nearest_choice():
 @pytest.mark.parametrize(
     ("value", "text"),
     [(None, "null"), (True, "true"), (3, "3"), (1e-05, "1.0e-05"), (float("inf"), ".inf"), ("a b", "a b"),
-     ([1, None], "[1, null]"), ({"a": None, "b": "x: y"}, "{a: null, b: 'x: y'}")],
+     ([1, None], "[1, null]"), ({"a": None, "b": "x: y"}, "{a: null, b: 'x: y'}"), (["café"], "[café]")],
 )  # fmt: skip
 def test_option_text_is_yaml_that_reads_back_as_the_value(value, text):
     from jsonargparse._loaders_dumpers import get_yaml_default_loader
