@@ -113,8 +113,12 @@ class ConciseArgumentParser(LightningArgumentParser):
         """Print ``rlhf-lit: error: <cause>`` and exit 2, unless debugging or the caller catches errors."""
         if not self.exit_on_error or _debug:
             return super().error(message, ex)
+        try:
+            told = condense_parser_error(message, self.given_args, self.options_in)
+        except Exception:  # noqa: BLE001  (a report of a shape not met before: its first line, never a traceback)
+            told = next((line.strip() for line in message.splitlines() if line.strip()), message)
         sys.stderr.write(
-            f"rlhf-lit: error: {condense_parser_error(message, self.given_args, self.options_in)}\n"
+            f"rlhf-lit: error: {told}\n"
             f"(`{self.prog.replace(' [options]', '')} --help` lists the options; {DEBUG_FLAG} shows the full report)\n"
         )
         sys.exit(2)

@@ -262,3 +262,16 @@ def test_a_yaml_syntax_error_names_the_file_line_and_column():
     problem = raised.value.problem  # libyaml: "did not find expected ',' or ']'"; pure Python words it otherwise
     assert yaml_error_text(raised.value, "configs/x.yaml") == (
         f"configs/x.yaml, line 3, column 1: {problem} (while parsing a flow sequence that starts at line 2, column 14)")
+
+
+def test_a_report_that_cannot_be_read_still_ends_in_its_first_line(monkeypatch, capsys):
+    import rlhf_lit.cli as cli
+
+    def unreadable(*args):
+        raise IndexError("a report of a new shape")
+
+    monkeypatch.setattr(cli, "condense_parser_error", unreadable)
+    with pytest.raises(SystemExit) as done:
+        cli.ConciseArgumentParser(prog="rlhf-lit fit").error("Something new:\n  with details")
+    assert done.value.code == 2
+    assert capsys.readouterr().err.splitlines()[0] == "rlhf-lit: error: Something new:"
