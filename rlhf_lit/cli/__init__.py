@@ -10,9 +10,12 @@ pad policy) and the data module receives that very object, so a run has one toke
 
 Errors a user can fix (a bad option, a missing file or model, bad data, a resume that does not
 match its checkpoint) end with one line ``rlhf-lit: error: ...`` and exit status 2 (options) or 1
-(everything else); ``--debug`` (or ``RLHF_LIT_DEBUG=1``) shows the traceback instead. rlhf-lit's
-own log messages (counts of skipped, dropped and truncated records, pad policies, exports) are
-printed to stderr as ``[rlhf-lit] ...``.
+(everything else); ``--debug`` (or ``RLHF_LIT_DEBUG=1``) shows the traceback instead. An option
+or config mistake names the key as it can be typed, where it was given (the option, or the config
+file and line: :mod:`rlhf_lit.cli.option_sources`) and the nearest valid key or class
+(:mod:`rlhf_lit.cli.parser_errors`, :mod:`rlhf_lit.cli.option_names`). rlhf-lit's own log messages
+(counts of skipped, dropped and truncated records, pad policies, exports) are printed to stderr as
+``[rlhf-lit] ...``.
 
 What the command offers beyond LightningCLI's defaults:
 
@@ -25,20 +28,25 @@ What the command offers beyond LightningCLI's defaults:
   (epochs x minibatches per rollout); ``--model.init_args.max_rollouts`` sets the run's length.
 - The progress bar is :class:`~rlhf_lit.callbacks.RunProgressBar` (rollouts out of
   ``max_rollouts``, or steps out of the real total) unless the config disables the bar or lists its own.
+- Every value a config file can hold can be typed as an option (``--model.init_args.reward.missing_eos_penalty
+  null``, lists and mappings too), and a YAML syntax error names its file, line and column
+  (:mod:`rlhf_lit.cli.jsonargparse_fixes`).
 - Expected, harmless warnings are silenced in one place (:mod:`rlhf_lit.expected_warnings`); TensorBoard gets
   no placeholder ``hp_metric``.
 """
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import inspect
 import logging
 import os
-import re
 import sys
+from collections.abc import Sequence
 from urllib.parse import urlparse
 
+from jsonargparse import ArgumentParser
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch import LightningDataModule, LightningModule, Trainer
 from lightning.pytorch.callbacks.progress import ProgressBar
@@ -48,6 +56,9 @@ from rlhf_lit.commands import COMMANDS, commands_help, run_command
 import rlhf_lit.data  # noqa: F401  (the data modules: known subclasses, so --data takes short names)
 import rlhf_lit.stages  # noqa: F401  (the stages, likewise for --model)
 from rlhf_lit.callbacks.progress import RunProgressBar
+from rlhf_lit.cli import jsonargparse_fixes
+from rlhf_lit.cli.option_names import class_options, parser_options
+from rlhf_lit.cli.parser_errors import condense_parser_error
 from rlhf_lit.cli.run_dir import add_run_dir_argument, apply_run_dir, with_run_dir_hint
 from rlhf_lit.expected_warnings import silence_expected_noise
 from rlhf_lit.stages.nonfinite import NonFiniteError
@@ -62,6 +73,7 @@ DEBUG_FLAG, DEBUG_ENV = "--debug", "RLHF_LIT_DEBUG"
 _debug = False  # set by main(): --debug / RLHF_LIT_DEBUG
 EXPECTED_ERRORS = (ValueError, OSError, ImportError, MisconfigurationException, NonFiniteError)
 """Errors a user can act on (bad values, files, models, data, a run stopped by NaN): one line, no traceback."""
+jsonargparse_fixes.install()  # nested options keep null / lists / dicts; YAML syntax errors name file and line
 
 
 def debug_enabled(argv: list[str]) -> bool:
@@ -69,34 +81,44 @@ def debug_enabled(argv: list[str]) -> bool:
     return DEBUG_FLAG in argv or os.environ.get(DEBUG_ENV, "").strip().lower() in ("1", "true", "yes", "on")
 
 
-def condense_parser_error(message: str) -> str:
-    """The innermost cause of a jsonargparse error, with the option it belongs to.
+def _subcommand_parsers(parser: ArgumentParser) -> dict[str, ArgumentParser]:
+    """The parsers of the subcommands (``fit``, ``validate``, ...) by name; empty for a subcommand's own."""
+    actions = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return dict(actions[0].choices) if actions else {}
 
-    A wrong value under ``--model`` is reported by jsonargparse as a failed Union of every
-    subtype ("Does not validate against any of the Union subtypes ..."), several levels deep;
-    the user needs the key and the one line that says what is wrong with it.
-    """
-    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
-    keys, cause = [], None
-    for i, line in enumerate(lines):
-        match = re.match(r'(?:- )?Parser key "([^"]+)":\s*(.*)', line)
-        if match:
-            keys.append(match.group(1))
-            cause = match.group(2) or (lines[i + 1] if i + 1 < len(lines) else None)
-    if not keys or cause is None:
-        return lines[0] if lines else message
-    return f"option {'.'.join(keys)}: {cause.lstrip('- ')}"
+
+def _subcommand_parser(parser: ArgumentParser, given_args: Sequence[str]) -> ArgumentParser:
+    """The parser of the subcommand on the command line (``fit``), or the parser itself."""
+    subcommands = _subcommand_parsers(parser)
+    name = next((a for a in given_args if a in subcommands), None)
+    return subcommands[name] if name is not None else parser
 
 
 class ConciseArgumentParser(LightningArgumentParser):
-    """A LightningArgumentParser whose errors are one line (the full report with ``--debug``)."""
+    """A LightningArgumentParser whose errors are one line (the full report with ``--debug``).
+
+    ``given_args`` is set to the command line when parsing starts (:meth:`RLHFCLI.parse_arguments`),
+    so an error can say where a bad key was given.
+    """
+
+    given_args: Sequence[str] = ()
+
+    def options_in(self, class_path: str | None) -> list[str]:
+        """The keys a class takes (the command's own options for None): what a wrong key is compared with."""
+        if class_path:
+            return class_options(class_path)
+        return parser_options(_subcommand_parser(self, self.given_args))
 
     def error(self, message: str, ex: Exception | None = None):
         """Print ``rlhf-lit: error: <cause>`` and exit 2, unless debugging or the caller catches errors."""
         if not self.exit_on_error or _debug:
             return super().error(message, ex)
+        try:
+            told = condense_parser_error(message, self.given_args, self.options_in)
+        except Exception:  # noqa: BLE001  (a report of a shape not met before: its first line, never a traceback)
+            told = next((line.strip() for line in message.splitlines() if line.strip()), message)
         sys.stderr.write(
-            f"rlhf-lit: error: {condense_parser_error(message)}\n"
+            f"rlhf-lit: error: {told}\n"
             f"(`{self.prog.replace(' [options]', '')} --help` lists the options; {DEBUG_FLAG} shows the full report)\n"
         )
         sys.exit(2)
@@ -151,6 +173,14 @@ def default_progress_bar(trainer_config: dict) -> ProgressBar | None:
 class RLHFCLI(LightningCLI):
     """LightningCLI that links each stage's tokenizer into its data module, refuses ``max_steps`` for
     PPO and installs :class:`RunProgressBar`."""
+
+    def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
+        """Parse, keeping the command line on the parser and its subcommands' (``fit`` parses the config
+        files): their errors say where a bad key was given."""
+        given = list(sys.argv[1:] if args is None else args)
+        for each in (parser, *_subcommand_parsers(parser).values()):
+            each.given_args = given
+        super().parse_arguments(parser, args)
 
     def add_arguments_to_parser(self, parser) -> None:
         """Link `model.tokenizer` (built in the stage's __init__) to the data module's `tokenizer`."""

@@ -199,7 +199,7 @@ def test_a_bad_option_value_is_one_line_and_debug_shows_the_full_report(tmp_path
     write_yaml(tmp_path / "ppo.yaml", ppo_config(tmp_path, STORIES, stories_rm))
     result = rlhf_lit("fit", "--config", "ppo.yaml", "--model.init_args.ppo.epochs", "abc", cwd=tmp_path)
     assert result.returncode == 2
-    assert error_line(result) == "rlhf-lit: error: option model.ppo.epochs: Expected a <class 'int'>. Got value: abc"
+    assert error_line(result) == "rlhf-lit: error: option --model.init_args.ppo.epochs: expected int, got abc"
     assert "Union subtypes" not in result.stderr and "usage:" not in result.stderr
     debug = run_main("fit", "--config", "ppo.yaml", "--model.init_args.ppo.epochs", "abc", "--debug", cwd=tmp_path)
     assert debug.returncode == 2 and "Union subtypes" in debug.stderr
