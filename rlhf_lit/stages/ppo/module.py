@@ -37,6 +37,7 @@ from rlhf_lit.stages.ppo.loss import ppo_loss
 from rlhf_lit.stages.ppo.metrics import RolloutTimer, logged_metrics, reduce_over_ranks, rollout_statistics, text_statistics
 from rlhf_lit.stages.ppo.reward_sources import RewardSources
 from rlhf_lit.stages.ppo.rollout import Rollout, nonfinite_rollout_parts
+from rlhf_lit.stages.ppo.ranks import sum_over_ranks
 from rlhf_lit.stages.ppo.seeding import stream_generator
 from rlhf_lit.stages.ppo.update import cycle, rank_token_weight, train_on_rollout
 from rlhf_lit.stages.resume import check_module_resume
@@ -285,7 +286,7 @@ class PPOModule(StageModule):
         check_rollout_rows(rows, self.ppo, self.sampling.samples_per_prompt)  # before any work
         timer = RolloutTimer(self.device)
         rollout, experience = self.make_rollout(batch, timer)  # generate, score, shape, advantages
-        bad = nonfinite_rollout_parts(rollout, lambda t: self.trainer.strategy.reduce(t, reduce_op="sum"))
+        bad = nonfinite_rollout_parts(rollout, sum_over_ranks(self.trainer))
         if bad:  # no update on NaN: it would turn every weight into NaN
             self.nonfinite.skipped("rollout", f"rollout {self.rollout_index}: non-finite {', '.join(bad)}")
             self._end_rollout(rollout.batch_size, {"skipped/nonfinite_rollout": 1.0})
