@@ -37,15 +37,20 @@ def full(t: torch.Tensor) -> torch.Tensor:
 
 
 class RankPrompts(LightningDataModule):
-    """One batch: all prompts (1 process) or this rank's half of them, padded as one global batch."""
+    """One batch: all prompts (1 process) or this rank's part of them, padded as one global batch;
+    records the data positions PPO reports (``mark_consumed``)."""
 
     def __init__(self, batch: dict[str, torch.Tensor], order: torch.Tensor, world: int) -> None:
         super().__init__()
         self.batch, self.order, self.world = batch, order, world
+        self.consumed: list[int] = []
 
     def train_dataloader(self):
         rows = self.order.view(self.world, -1)[self.trainer.global_rank]
         return DataLoader([{k: v[rows] for k, v in self.batch.items()}], batch_size=None)
+
+    def mark_consumed(self, n: int) -> None:
+        self.consumed.append(n)
 
 
 def main(out: str, mode: str) -> None:
