@@ -83,3 +83,24 @@ def test_resume_refuses_a_model_directory_replaced_in_place(tmp_path):
     resumed = tiny_module(sft_model=str(sft), reward_model=STORIES, max_rollouts=2)
     with pytest.raises(ResumeMismatch, match=r"model.sft_model \(its files\): checkpoint '[0-9a-f]{16}', now '[0-9a-f]{16}'"):
         tiny_trainer(tmp_path / "r").fit(resumed, _data(resumed), ckpt_path=str(tmp_path / "ckpt" / "last.ckpt"))
+
+
+def test_a_checkpoint_from_before_whiten_scope_resumes_with_the_scope_it_was_trained_with(tmp_path):
+    from ppo_helpers import STORIES
+
+    from rlhf_lit.stages.ppo.module import fill_whiten_scope
+
+    module = tiny_module(max_rollouts=1, reward_model=STORIES)
+    ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)
+    tiny_trainer(tmp_path, enable_checkpointing=True, callbacks=[ckpt]).fit(module, _data(module))
+    checkpoint = torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=False)
+    del checkpoint["hyper_parameters"]["ppo"]["whiten_scope"]  # as an older version wrote it
+    torch.save(checkpoint, tmp_path / "older.ckpt")
+    resumed = tiny_module(max_rollouts=2, reward_model=STORIES)
+    trainer = tiny_trainer(tmp_path / "r")
+    trainer.fit(resumed, _data(resumed), ckpt_path=str(tmp_path / "older.ckpt"))  # one process: global
+    assert sorted(trainer.logger.history) == [1]
+    # Written by several processes: they whitened per rank, which a resume must ask for.
+    several = {"hyper_parameters": {"ppo": {"epochs": 2}}, "ppo": {"world_size": 2}}
+    fill_whiten_scope(several)
+    assert several["hyper_parameters"]["ppo"] == {"epochs": 2, "whiten_scope": "rank"}

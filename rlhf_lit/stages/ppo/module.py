@@ -8,7 +8,7 @@ update loop (:mod:`~rlhf_lit.stages.ppo.update`).
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Iterator, MutableMapping
 
 import torch
 
@@ -55,6 +55,18 @@ def reward_model_unused(arg: str, init_args) -> bool:
     reward = reward.as_dict() if hasattr(reward, "as_dict") else dict(reward or {})
     sources = reward.get("sources") or [{"function": None}]  # the default source is the reward model
     return all(dict(source).get("function") is not None for source in sources)
+
+
+def fill_whiten_scope(checkpoint: dict) -> None:
+    """Give a checkpoint written before ``ppo.whiten_scope`` existed the scope it was trained with.
+
+    Those versions whitened each process's rows: ``rank``; on one process that is the ``global``
+    statistic too. So a resume compares like with like: an older single-process run continues
+    under the default, an older multi-process one is refused until ``ppo.whiten_scope: rank`` is set.
+    """
+    ppo = checkpoint.get("hyper_parameters", {}).get("ppo")
+    if isinstance(ppo, MutableMapping) and "whiten_scope" not in ppo:
+        ppo["whiten_scope"] = "rank" if checkpoint.get("ppo", {}).get("world_size", 1) > 1 else "global"
 
 
 def freeze(model: torch.nn.Module) -> torch.nn.Module:
@@ -434,6 +446,7 @@ class PPOModule(StageModule):
         schedules = (self.optimizer_cfg, self.critic_optimizer_cfg or self.optimizer_cfg)
         if any(cfg.schedule != "constant" for cfg in schedules):
             safe = tuple(k for k in safe if k != "max_rollouts")  # it is the decaying schedule's length
+        fill_whiten_scope(checkpoint)
         check_module_resume(self, checkpoint, safe, extra)
         self.rollout_index = int(ppo_state["rollout_index"])
         if "nonfinite" in ppo_state:
