@@ -137,6 +137,7 @@ def _reward_normalization(rank: int, trainer) -> dict:
 
 
 def run(rank: int, out: str, port: int) -> None:
+    """One rank: join the gloo group, run every check, write ``OUT/rank<rank>.pt``."""
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
     from lightning.pytorch.strategies import DDPStrategy
@@ -151,6 +152,7 @@ def run(rank: int, out: str, port: int) -> None:
 
 
 def free_port() -> int:
+    """A TCP port nothing listens on now, for the process group's rendezvous."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

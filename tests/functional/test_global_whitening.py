@@ -75,6 +75,7 @@ S = math.sqrt(20.0 / 3.0)
 
 
 def mean_var(x, mask, reduce_sum):
+    """:func:`masked_mean_var` (unbiased) with the reducer passed by keyword."""
     return masked_mean_var(x, mask, reduce_sum=reduce_sum)
 
 
