@@ -17,7 +17,14 @@ from rlhf_lit.functional.kl import KLKind, kl_loss, kl_penalized_rewards, kl_pen
 from rlhf_lit.functional.kl_control import AdaptiveKLController, FixedKLController, KLController
 from rlhf_lit.functional.logprobs import entropy_from_logits, sequence_logprobs, token_logprobs
 from rlhf_lit.functional.losses import clipped_value_loss, pairwise_reward_loss, ppo_policy_loss, sft_loss
-from rlhf_lit.functional.masked_stats import explained_variance, masked_mean, masked_var, masked_whiten
+from rlhf_lit.functional.masked_stats import (
+    Reducer,
+    explained_variance,
+    masked_mean,
+    masked_mean_var,
+    masked_var,
+    masked_whiten,
+)
 from rlhf_lit.functional.pairs import concat_pairs, pad_right
 from rlhf_lit.functional.score_shaping import ScoreWhitening, shape_scores
 from rlhf_lit.functional.masks import append_eos_to_unfinished, last_true_index, response_mask_from_eos, response_mask_from_prompt_length
@@ -29,6 +36,7 @@ __all__ = [
     "FixedKLController",
     "KLController",
     "KLKind",
+    "Reducer",
     "ScoreWhitening",
     "append_eos_to_unfinished",
     "averages_over_tokens",
@@ -45,6 +53,7 @@ __all__ = [
     "kl_penalty",
     "last_true_index",
     "masked_mean",
+    "masked_mean_var",
     "masked_var",
     "masked_whiten",
     "needs_critic",

@@ -26,7 +26,7 @@ from typing import Literal, get_args
 
 import torch
 
-from rlhf_lit.functional.masked_stats import masked_whiten
+from rlhf_lit.functional.masked_stats import Reducer, masked_whiten
 
 __all__ = [
     "gae",
@@ -173,7 +173,7 @@ def rloo_advantages(scores: torch.Tensor, mask: torch.Tensor, k: int) -> tuple[t
 
 
 def reinforce_pp_advantages(
-    rewards: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0
+    rewards: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0, reduce_sum: Reducer | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++ (Hu 2025): discounted returns-to-go per token, whitened over the whole batch.
 
@@ -187,12 +187,15 @@ def reinforce_pp_advantages(
     scores before placing them.
 
     Global normalisation means over the *whole* batch: under data parallelism the statistics
-    must be those of all ranks (the caller's job), or each rank whitens by its own.
+    are those of all ranks when ``reduce_sum`` sums over them (the paper's global batch), else
+    each rank whitens by its own.
 
     Args:
         rewards: ``(B, T)`` per-token rewards (KL penalty + score at the last valid token).
         mask: bool ``(B, T)``, True where a position is part of the response.
         gamma: discount (REINFORCE++ uses 1).
+        reduce_sum: sums over the processes (:data:`~rlhf_lit.functional.masked_stats.Reducer`);
+            None = whiten over this batch only.
 
     Returns:
         ``(advantages, returns)``, both ``(B, T)``, 0 where ``mask`` is False; ``returns`` are the
@@ -200,7 +203,8 @@ def reinforce_pp_advantages(
 
     Raises:
         ValueError: shapes differ, a non-bool mask, or fewer than 2 valid tokens in the batch
-            (the variance is undefined; see :func:`masked_var`).
+            (over every process with ``reduce_sum``; the variance is undefined, see
+            :func:`~rlhf_lit.functional.masked_stats.masked_mean_var`).
     """
     if rewards.ndim != 2 or rewards.shape != mask.shape:
         raise ValueError(
@@ -220,7 +224,7 @@ def reinforce_pp_advantages(
         # Carry the return only through valid positions, so padding and prompt leave it untouched.
         next_return = torch.where(valid, ret, next_return)  # (B,)
     returns = torch.stack(returns_reversed[::-1], dim=1)  # (B, T)
-    advantages = masked_whiten(returns, mask)  # (B, T), 0 where mask is False
+    advantages = masked_whiten(returns, mask, reduce_sum=reduce_sum)  # (B, T), 0 where mask is False
     return advantages, returns
 
 def gae(

@@ -6,6 +6,8 @@ from typing import Literal
 
 import torch
 
+from rlhf_lit.functional.masked_stats import Reducer, masked_mean_var
+
 __all__ = ["ScoreWhitening", "shape_scores"]
 
 ScoreWhitening = Literal["none", "scores", "rewards"]
@@ -21,6 +23,7 @@ def shape_scores(
     whiten: ScoreWhitening = "none",
     clip: float | None = None,
     missing_eos_penalty: float | None = None,
+    reduce_sum: Reducer | None = None,
 ) -> torch.Tensor:
     """Bias, score whitening, clipping and the missing-EOS penalty, in that order.
 
@@ -28,18 +31,27 @@ def shape_scores(
         raw_scores: ``(B,)`` the raw score of each response (e.g. the reward model's).
         ended: ``(B,)`` bool, the response contains EOS.
         bias: subtracted from every score.
-        whiten: ``scores`` standardises over the batch (unbiased std, + 1e-8); other values leave
-            the scores as they are here.
+        whiten: ``scores`` standardises over the batch (unbiased std, + 1e-8; the two-pass
+            statistics of :func:`~rlhf_lit.functional.masked_stats.masked_mean_var`); other values
+            leave the scores as they are here.
         clip: clip to ``[-clip, clip]`` after whitening; None = no clipping.
         missing_eos_penalty: a response that did not end gets this score INSTEAD of its own
             (replace, not add); None = no penalty.
+        reduce_sum: sums over the processes of a data-parallel run
+            (:data:`~rlhf_lit.functional.masked_stats.Reducer`): the whitening mean and std are
+            then those of every process's scores; None = the scores given.
 
     Returns:
         ``(B,)`` the scores that enter the reward.
+
+    Raises:
+        ValueError: ``whiten="scores"`` with fewer than 2 scores (over every process).
     """
     scores = raw_scores - bias  # (B,)
     if whiten == "scores":
-        scores = (scores - scores.mean()) / (scores.std() + 1e-8)  # (B,)
+        every = torch.ones_like(scores, dtype=torch.bool)  # (B,)
+        mean, var = masked_mean_var(scores, every, unbiased=True, reduce_sum=reduce_sum)  # () x2
+        scores = (scores - mean) / (var.sqrt() + 1e-8)  # (B,)
     if clip is not None:
         scores = scores.clamp(-clip, clip)  # (B,)
     if missing_eos_penalty is not None:

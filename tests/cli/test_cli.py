@@ -77,3 +77,18 @@ def test_each_estimator_overlay_on_the_verifiable_task_parses(estimator):
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"estimator: {estimator}\n" in result.stdout
     assert "function: rlhf_lit.rewards.rules:mentions_ground_truth" in result.stdout  # the task's reward
+
+
+def test_whiten_scope_defaults_to_global_and_takes_rank_or_nothing_else():
+    ppo = str(ROOT / "configs/offline/ppo.yaml")
+    default = _cli("fit", "--config", ppo, "--print_config")
+    assert default.returncode == 0, default.stderr[-3000:]
+    assert "whiten_scope: global\n" in default.stdout
+    per_rank = _cli("fit", "--config", ppo, "--model.init_args.ppo.whiten_scope", "rank", "--print_config")
+    assert per_rank.returncode == 0 and "whiten_scope: rank\n" in per_rank.stdout
+    bad = _cli("fit", "--config", ppo, "--model.init_args.ppo.whiten_scope", "all", "--print_config")
+    assert bad.returncode == 2
+    lines = [line for line in bad.stderr.splitlines() if line.startswith("rlhf-lit: error:")]
+    assert lines == ["rlhf-lit: error: option model.ppo.whiten_scope: Expected a typing.Literal['global', 'rank']. "
+                     "Got value: all"]
+    assert "Traceback" not in bad.stderr

@@ -1,8 +1,11 @@
 """Run by tests/ppo/test_ddp.py: a tiny PPO fit under DDP on 2 CPU processes (gloo).
 
 Lightning's subprocess launcher re-runs this file for rank 1, so it must be a script. Every rank
-sees the SAME prompts (no distributed sampler) and writes what it sampled in the first rollout,
-its final KL coefficient and its final policy parameters to ``<out>/rank<r>.pt``.
+sees the SAME prompts (no distributed sampler). The run is REINFORCE++ with reward whitening, so
+two whitenings per rollout are taken over the rows of both ranks. Each rank writes to
+``<out>/rank<r>.pt`` what it sampled in the first rollout, what its KL controller was fed, each
+rollout's rewards before and after whitening, returns, advantages, raw scores and response mask,
+the data positions it reported, the metrics it logged, and its final policy parameters.
 """
 
 from __future__ import annotations
@@ -14,23 +17,33 @@ from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader
 from ppo_helpers import prompt_batch, tiny_module, tiny_trainer
 
+import rlhf_lit.stages.ppo.experience as experience
+from rlhf_lit.stages.ppo.config import PPOConfig, RewardConfig
+
+ROLLOUT_FIELDS = ("rewards", "returns", "advantages", "raw_scores", "response_mask")
+
 
 class SamePrompts(LightningDataModule):
-    """The same left-padded prompt batch, three times, on every rank."""
+    """The same left-padded prompt batch, three times, on every rank; records ``mark_consumed``."""
 
     def __init__(self, tokenizer) -> None:
         super().__init__()
         self.batch = prompt_batch(tokenizer, ["Once upon a time", "Tom had a red", "The cat", "A big dog"])
+        self.consumed: list[int] = []
 
     def train_dataloader(self):
         # batch_size=None: each item already is a batch (a bare list would read as 3 loaders).
         return DataLoader([self.batch] * 3, batch_size=None)
 
+    def mark_consumed(self, n: int) -> None:
+        self.consumed.append(n)
+
 
 def main(out: str) -> None:
     torch.set_num_threads(1)
-    module = tiny_module(max_rollouts=3)
-    sampled = []
+    module = tiny_module(max_rollouts=3, ppo=PPOConfig(epochs=2, minibatch_size=2, estimator="reinforce_pp"),
+                         reward=RewardConfig(whiten="rewards"))  # fmt: skip
+    sampled, shaped, rollouts = [], [], []
     generate = module.generate
 
     def recording_generate(batch):
@@ -39,6 +52,14 @@ def main(out: str) -> None:
         return gen
 
     module.generate = recording_generate
+    kl_penalized_rewards = experience.kl_penalized_rewards
+
+    def recording_rewards(*args, **kwargs):  # the per-token rewards before reward whitening
+        rewards, kl = kl_penalized_rewards(*args, **kwargs)
+        shaped.append(rewards.clone())
+        return rewards, kl
+
+    experience.kl_penalized_rewards = recording_rewards
     # What the KL controller is fed, and this rank's own KL per response, every rollout.
     controller, local_kl = [], []
     update = module.kl_ctl.update
@@ -53,11 +74,13 @@ def main(out: str) -> None:
     def recording_make_rollout(batch, timer):
         rollout, entropy = make_rollout(batch, timer)
         local_kl.append(float(rollout.kl.sum(1).mean()))  # summed over tokens, mean over this rank's rows
+        rollouts.append({k: getattr(rollout, k).clone() for k in ROLLOUT_FIELDS})
         return rollout, entropy
 
     module.make_rollout = recording_make_rollout
+    data = SamePrompts(module.tokenizer)
     trainer = tiny_trainer(out, strategy="ddp", devices=2, use_distributed_sampler=False)
-    trainer.fit(module, datamodule=SamePrompts(module.tokenizer))
+    trainer.fit(module, datamodule=data)
     torch.save(
         {
             "first_responses": sampled[0],
@@ -65,6 +88,10 @@ def main(out: str) -> None:
             "controller": controller,
             "local_kl": local_kl,
             "rollouts": module.rollout_index,
+            "shaped_rewards": shaped,
+            "rollout": rollouts,
+            "consumed": data.consumed,
+            "logged": trainer.logger.history,
             "policy": {k: v.detach().clone() for k, v in module.policy.state_dict().items()},
             "initial": {k: v for k, v in tiny_module().policy.state_dict().items()},
         },

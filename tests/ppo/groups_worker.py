@@ -1,7 +1,8 @@
 """Run by tests/ppo/test_groups_ddp.py: one GRPO rollout (k = 2 samples per prompt) under DDP on 2 CPU processes.
 
 Rank r gets prompts [2r, 2r + 1] of four; each rank repeats its own prompts k times, so a group never
-spans ranks. Each rank writes its rollout's prompt tokens, raw scores and advantages to ``rank<r>.pt``.
+spans ranks. Each rank writes its rollout's prompt tokens, raw scores and advantages, and the data
+positions it reported, to ``rank<r>.pt``.
 """
 
 from __future__ import annotations
@@ -27,12 +28,13 @@ def main(out: str) -> None:
     module.make_rollout = lambda batch, timer: rollouts.append(make_rollout(batch, timer)) or rollouts[-1]
     batch = prompt_batch(module.tokenizer, PROMPTS)
     trainer = tiny_trainer(out, strategy="ddp", devices=2, use_distributed_sampler=False)
-    trainer.fit(module, datamodule=RankPrompts(batch, torch.arange(4), 2))
+    data = RankPrompts(batch, torch.arange(4), 2)
+    trainer.fit(module, datamodule=data)
     rollout = rollouts[0][0]
     prompt_length = rollout.query_responses.shape[1] - rollout.response_ids.shape[1]
     torch.save({"prompts": rollout.query_responses[:, :prompt_length], "prompt_mask": rollout.attention_mask[:, :prompt_length],
                 "scores": rollout.scores, "advantages": rollout.advantages, "mask": rollout.response_mask,
-                "batch": batch}, f"{out}/rank{trainer.global_rank}.pt")  # fmt: skip
+                "batch": batch, "consumed": data.consumed}, f"{out}/rank{trainer.global_rank}.pt")  # fmt: skip
 
 
 if __name__ == "__main__":

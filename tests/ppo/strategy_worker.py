@@ -4,10 +4,12 @@
 ``fsdp2`` (2 CPU processes, gloo, 4 prompts each: rank 0 the prompts whose greedy responses end
 soonest, rank 1 the rest, so the ranks stop generating at different lengths and hold different
 numbers of response tokens). Greedy decoding makes the responses a function of the prompts alone,
-so the 2-process runs see exactly the single run's global batch. Each rank writes ``rank<r>.pt``:
-its responses, every minibatch's local losses and token count, every optimizer step's (reduced,
-gathered) gradients, the final policy (gathered) and the size of its own policy shards; rank 0
-also exports the policy. Lightning's subprocess launcher re-runs this file for rank 1.
+so the 2-process runs see exactly the single run's global batch. Scores and advantages are
+whitened (over all processes: ``ppo.whiten_scope``'s default). Each rank writes ``rank<r>.pt``: its
+responses, its rollout's raw and whitened scores and advantages, every minibatch's local losses and
+token count, every optimizer step's (reduced, gathered) gradients, the final policy (gathered) and
+the size of its own policy shards; rank 0 also exports the policy. Lightning's subprocess launcher
+re-runs this file for rank 1.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import rlhf_lit.strategies  # noqa: F401  (registers fsdp2)
 from ppo_helpers import prompt_batch, tiny_module, tiny_trainer
 from rlhf_lit.models.generation import SamplingConfig, generate_responses
 from rlhf_lit.models.sharding import full_state_dict
-from rlhf_lit.stages.ppo.config import KLConfig, PPOConfig
+from rlhf_lit.stages.ppo.config import KLConfig, PPOConfig, RewardConfig
 
 PROMPTS = ["Tom had a red", "Lily saw a", "Ben was", "Anna", "Once upon a time", "The cat", "A big dog",
            "Sam and Mia"]  # fmt: skip
@@ -35,15 +37,20 @@ def full(t: torch.Tensor) -> torch.Tensor:
 
 
 class RankPrompts(LightningDataModule):
-    """One batch: all prompts (1 process) or this rank's half of them, padded as one global batch."""
+    """One batch: all prompts (1 process) or this rank's part of them, padded as one global batch;
+    records the data positions PPO reports (``mark_consumed``)."""
 
     def __init__(self, batch: dict[str, torch.Tensor], order: torch.Tensor, world: int) -> None:
         super().__init__()
         self.batch, self.order, self.world = batch, order, world
+        self.consumed: list[int] = []
 
     def train_dataloader(self):
         rows = self.order.view(self.world, -1)[self.trainer.global_rank]
         return DataLoader([{k: v[rows] for k, v in self.batch.items()}], batch_size=None)
+
+    def mark_consumed(self, n: int) -> None:
+        self.consumed.append(n)
 
 
 def main(out: str, mode: str) -> None:
@@ -52,7 +59,8 @@ def main(out: str, mode: str) -> None:
     module = tiny_module(
         sampling=SamplingConfig(max_new_tokens=10, do_sample=False),
         # max_grad_norm small enough that both optimizers' gradients are clipped
-        ppo=PPOConfig(epochs=1, minibatch_size=8 // world, whiten_advantages=False, max_grad_norm=0.02),
+        # the default whitening (advantages, over all processes) and score whitening with it
+        ppo=PPOConfig(epochs=1, minibatch_size=8 // world, max_grad_norm=0.02), reward=RewardConfig(whiten="scores"),
         kl=KLConfig(kind="fixed", init_coef=0.05), max_rollouts=1, export_dir=f"{out}/export",
     )  # fmt: skip
     # "." ends a response too, so the greedy responses end at different steps (3 to 10 tokens).
@@ -65,6 +73,12 @@ def main(out: str, mode: str) -> None:
 
     record: dict = {"responses": [], "minibatches": [], "grads": [], "clipped": [], "lengths": pre.response_mask.sum(1)[order]}
     generate, minibatch_loss, before_step = module.generate, module.minibatch_loss, module.on_before_optimizer_step
+    make_rollout = module.make_rollout
+
+    def recording_make_rollout(b, timer):
+        rollout, experience = make_rollout(b, timer)
+        record["rollout"] = {k: getattr(rollout, k).clone() for k in ("raw_scores", "scores", "advantages", "response_mask")}
+        return rollout, experience
 
     def recording_generate(b):
         gen = generate(b)
@@ -85,6 +99,7 @@ def main(out: str, mode: str) -> None:
         record["clipped"].append({n: full(p.grad) for n, p in named})
 
     module.generate, module.minibatch_loss = recording_generate, recording_minibatch_loss
+    module.make_rollout = recording_make_rollout
     module.on_before_optimizer_step = recording_before_step
     strategy = {"single": "auto", "ddp": "ddp", "fsdp2": "fsdp2"}[mode]
     trainer = tiny_trainer(out, strategy=strategy, devices=world, use_distributed_sampler=False)

@@ -12,6 +12,7 @@ from torch.utils.data import DataLoader
 from rlhf_lit.models import load_reward_model, sequence_scores
 from rlhf_lit.models.value import SeparateCritic, ValueHead, build_critic
 from rlhf_lit.stages.optim import OptimizerConfig
+from rlhf_lit.stages.ppo.checks import check_whitening_rows
 from rlhf_lit.stages.ppo.config import PPOConfig, RewardConfig
 from rlhf_lit.tokenizer import load_tokenizer
 
@@ -145,8 +146,21 @@ def test_gradients_are_clipped_after_fp16_unscaling(tmp_path):
     assert seen == [pytest.approx(1e-3, rel=1e-3)] * 2
 
 
-def test_whitening_with_one_prompt_per_rank_is_refused():
+def test_whitening_with_one_prompt_is_refused():
     module = tiny_module()
     batch = prompt_batch(module.tokenizer, ["Once upon a time"])
-    with pytest.raises(ValueError, match=">= 2 prompts per rank"):
+    with pytest.raises(ValueError, match=r">= 2 prompts over all processes \(ppo.whiten_scope: global\)"):
         module.make_rollout(batch, timer=None)
+
+
+def test_whitening_rows_are_counted_over_the_batch_the_statistic_covers():
+    gae, scores_only = PPOConfig(), RewardConfig(whiten="scores")
+    per_rank = PPOConfig(whiten_scope="rank")
+    check_whitening_rows(1, 2, gae, RewardConfig())  # global: 1 prompt on each of 2 processes is 2 rows
+    with pytest.raises(ValueError, match=">= 2 prompts over all processes"):
+        check_whitening_rows(1, 1, PPOConfig(whiten_advantages=False), scores_only)
+    with pytest.raises(ValueError, match=r">= 2 prompts per rank \(ppo.whiten_scope: rank\)"):
+        check_whitening_rows(1, 2, per_rank, RewardConfig())
+    check_whitening_rows(1, 1, PPOConfig(whiten_advantages=False), RewardConfig())  # nothing is whitened
+    with pytest.raises(ValueError, match="ppo.whiten_scope must be one of global, rank; got 'all'"):
+        PPOConfig(whiten_scope="all")

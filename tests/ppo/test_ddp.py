@@ -1,4 +1,6 @@
-"""PPO under DDP (2 CPU processes, gloo): ranks sample differently, stay in sync, share one KL coefficient."""
+"""PPO under DDP (2 CPU processes, gloo): ranks sample differently, stay in sync, share one KL
+coefficient, whiten over the rows of both ranks, and count the data position and the logged
+metrics over both."""
 
 from __future__ import annotations
 
@@ -13,15 +15,32 @@ from ppo_helpers import worker_env
 HERE = Path(__file__).resolve().parent
 
 
-@pytest.mark.slow
-def test_ddp_ranks_sample_differently_and_stay_in_sync(tmp_path):
-    env = worker_env()
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ddp")
     result = subprocess.run(
-        [sys.executable, str(HERE / "ddp_worker.py"), str(tmp_path)],
-        capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path,
-    )
+        [sys.executable, str(HERE / "ddp_worker.py"), str(out)],
+        capture_output=True, text=True, timeout=600, env=worker_env(), cwd=out,
+    )  # fmt: skip
     assert result.returncode == 0, result.stderr[-4000:]
-    rank0, rank1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in (0, 1))
+    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
+
+
+def _whitened_over_both(parts: list[torch.Tensor], masks: list[torch.Tensor], keep_mean: bool) -> list[torch.Tensor]:
+    """Each part whitened with the mean and unbiased variance of the masked values of ALL parts
+    (float64, by the formula), + 1e-8 under the square root as the code documents."""
+    values = torch.cat([p.double()[m] for p, m in zip(parts, masks)])
+    mean, var = values.mean(), values.var(correction=1)
+    out = []
+    for p, m in zip(parts, masks):
+        w = (p.double() - mean) / torch.sqrt(var + 1e-8) + (mean if keep_mean else 0.0)
+        out.append(torch.where(m, w, 0.0).float())
+    return out
+
+
+@pytest.mark.slow
+def test_ddp_ranks_sample_differently_and_stay_in_sync(ranks):
+    rank0, rank1 = ranks
     assert rank0["rollouts"] == rank1["rollouts"] == 3
     # Same prompts on both ranks, per-rank seeds: the samples differ (N details #14).
     assert not torch.equal(rank0["first_responses"], rank1["first_responses"])
@@ -45,3 +64,42 @@ def test_ddp_ranks_sample_differently_and_stay_in_sync(tmp_path):
         error = min(max(kl_fed / 1.0 - 1.0, -0.2), 0.2)
         value_after = rank0["controller"][k + 1][2] if k + 1 < 3 else rank0["kl_coef"]
         assert value_after == pytest.approx(value_before * (1 + error * 8 / 100), rel=1e-12)
+
+
+@pytest.mark.slow
+def test_reward_and_reinforce_pp_whitening_use_the_rows_of_both_ranks(ranks):
+    """``reward.whiten: rewards`` then REINFORCE++'s return whitening, each over both ranks' tokens
+    (``ppo.whiten_scope: global``); float32 against the float64 formula (values of order 1)."""
+    for k in range(3):
+        masks = [r["rollout"][k]["response_mask"] for r in ranks]
+        rewards = _whitened_over_both([r["shaped_rewards"][k] for r in ranks], masks, keep_mean=True)
+        advantages = _whitened_over_both([r["rollout"][k]["returns"] for r in ranks], masks, keep_mean=False)
+        for rank, r in enumerate(ranks):
+            torch.testing.assert_close(r["rollout"][k]["rewards"], rewards[rank], rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(r["rollout"][k]["advantages"], advantages[rank], rtol=1e-5, atol=1e-6)
+            # returns-to-go of the whitened rewards (gamma 1): the sum from each token to the end
+            valid = torch.where(masks[rank], r["rollout"][k]["rewards"], 0.0)
+            to_go = valid.flip(1).cumsum(1).flip(1)
+            torch.testing.assert_close(r["rollout"][k]["returns"], torch.where(masks[rank], to_go, 0.0))
+
+
+@pytest.mark.slow
+def test_data_position_and_logged_metrics_count_both_ranks(ranks):
+    # Each rollout used 4 prompts on each of 2 ranks: the global position moves by 8 (both report it).
+    assert ranks[0]["consumed"] == ranks[1]["consumed"] == [8, 8, 8]
+    for k in range(3):
+        logged = [r["logged"][k] for r in ranks]
+        local = [r["rollout"][k] for r in ranks]
+        # Metrics are means over the ranks (equal rows per rank: the means over the global batch).
+        score = sum(float(x["raw_scores"].mean()) for x in local) / 2
+        length = sum(float(x["response_mask"].sum(1).float().mean()) for x in local) / 2
+        kl = sum(r["local_kl"][k] for r in ranks) / 2
+        for metrics in logged:
+            assert metrics["objective/scores"] == pytest.approx(score, rel=1e-6, abs=1e-7)
+            assert metrics["response/length"] == pytest.approx(length, rel=1e-6)
+            assert metrics["objective/kl"] == pytest.approx(kl, rel=1e-5, abs=1e-6)
+            # tokens per second counts the responses of both ranks: length x 8 rows over the phases' time
+            seconds = sum(v for name, v in metrics.items() if name.startswith("time/") and name != "time/tokens_per_s")
+            assert metrics["time/tokens_per_s"] == pytest.approx(metrics["response/length"] * 8 / seconds, rel=1e-6)
+        assert {n: v for n, v in logged[0].items() if not n.startswith("time/")} == {
+            n: v for n, v in logged[1].items() if not n.startswith("time/")}  # one reduced value on both ranks

@@ -23,6 +23,8 @@ def test_each_group_is_whole_on_the_rank_of_its_prompt(tmp_path):
         record = torch.load(tmp_path / f"rank{rank}.pt", weights_only=False)
         batch = record["batch"]
         assert record["prompts"].shape[0] == 4  # 2 prompts x k = 2
+        # The data position counts prompts, not rows: 2 prompts on each of 2 ranks.
+        assert record["consumed"] == [4]
         for g in range(2):
             prompt = 2 * rank + g  # the global prompt this group belongs to
             for row in (2 * g, 2 * g + 1):  # its k rows are consecutive, on this rank

@@ -83,3 +83,48 @@ def test_resume_refuses_a_model_directory_replaced_in_place(tmp_path):
     resumed = tiny_module(sft_model=str(sft), reward_model=STORIES, max_rollouts=2)
     with pytest.raises(ResumeMismatch, match=r"model.sft_model \(its files\): checkpoint '[0-9a-f]{16}', now '[0-9a-f]{16}'"):
         tiny_trainer(tmp_path / "r").fit(resumed, _data(resumed), ckpt_path=str(tmp_path / "ckpt" / "last.ckpt"))
+
+
+@pytest.fixture(scope="module")
+def one_rollout(tmp_path_factory):
+    """A one-process run of one rollout and its ``last.ckpt``."""
+    from ppo_helpers import STORIES
+
+    root = tmp_path_factory.mktemp("one_rollout")
+    module = tiny_module(max_rollouts=1, reward_model=STORIES)
+    ckpt = ModelCheckpoint(dirpath=root / "ckpt", save_last=True)
+    tiny_trainer(root, enable_checkpointing=True, callbacks=[ckpt]).fit(module, _data(module))
+    return root / "ckpt" / "last.ckpt"
+
+
+def test_a_checkpoint_from_before_whiten_scope_resumes_with_the_scope_it_was_trained_with(one_rollout, tmp_path):
+    from ppo_helpers import STORIES
+
+    from rlhf_lit.stages.ppo.module import fill_whiten_scope
+
+    checkpoint = torch.load(one_rollout, weights_only=False)
+    del checkpoint["hyper_parameters"]["ppo"]["whiten_scope"]  # as an older version wrote it
+    torch.save(checkpoint, tmp_path / "older.ckpt")
+    resumed = tiny_module(max_rollouts=2, reward_model=STORIES)
+    trainer = tiny_trainer(tmp_path / "r")
+    trainer.fit(resumed, _data(resumed), ckpt_path=str(tmp_path / "older.ckpt"))  # one process: global
+    assert sorted(trainer.logger.history) == [1]
+    # Written by several processes: they whitened per rank, which a resume must ask for.
+    several = {"hyper_parameters": {"ppo": {"epochs": 2}}, "ppo": {"world_size": 2}}
+    fill_whiten_scope(several)
+    assert several["hyper_parameters"]["ppo"] == {"epochs": 2, "whiten_scope": "rank"}
+
+
+def test_a_one_process_checkpoint_is_refused_on_two_processes(one_rollout):
+    """The data position, the per-rank seeds and the whitening rows all depend on the number of
+    processes: a resume under another number is refused, naming it."""
+    from types import SimpleNamespace
+
+    from ppo_helpers import STORIES
+
+    from rlhf_lit.stages.resume import ResumeMismatch
+
+    resumed = tiny_module(max_rollouts=2, reward_model=STORIES)
+    resumed._trainer = SimpleNamespace(world_size=2, state=SimpleNamespace(fn="fit"), datamodule=None)
+    with pytest.raises(ResumeMismatch, match=r"\n  trainer.world_size: checkpoint 1, now 2\n"):
+        resumed.on_load_checkpoint(torch.load(one_rollout, weights_only=False))

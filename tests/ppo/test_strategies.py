@@ -4,8 +4,9 @@ strategy_worker.py runs one greedy rollout and one update (a policy and a critic
 on 8 prompts: in one process, or split over 2 where rank 0's responses end after 3-8 tokens and
 rank 1's run to the full 10 (the ranks stop generating at different steps and hold different
 numbers of tokens: under FSDP every forward pass is a collective, so this would hang if a rank
-stopped stepping early). The update must be the single process's: the loss is the token mean over
-the minibatch of all ranks, so the reduced gradients equal the single run's.
+stopped stepping early). The update must be the single process's: scores and advantages are
+whitened over the rows of both ranks (``ppo.whiten_scope: global``) and the loss is the token mean
+over the minibatch of all ranks, so the reduced gradients equal the single run's.
 """
 
 from __future__ import annotations
@@ -56,6 +57,16 @@ def test_two_processes_make_the_single_process_update(mode, single, tmp_path):
     assert torch.equal(rank0["responses"][0], single["responses"][0][:4, :width0])
     assert torch.equal(rank1["responses"][0], single["responses"][0][4:, :width1])
     assert torch.equal(single["responses"][0][:4, width0:], torch.zeros(4, 2, dtype=torch.long))  # pad after EOS
+
+    # Whitening is over both ranks' rows (ppo.whiten_scope: global): the scores and advantages each
+    # rank holds are the single run's rows. float32: the raw scores already differ by up to ~2.5e-7
+    # (the reward model read rows padded to another width); whitening each rank's rows by its own
+    # would move the scores by up to 0.77.
+    (r0, r1, rs) = (rank0["rollout"], rank1["rollout"], single["rollout"])
+    torch.testing.assert_close(torch.cat([r0["scores"], r1["scores"]]), rs["scores"], rtol=1e-5, atol=4e-6)
+    assert torch.equal(rs["response_mask"][:4, :width0], r0["response_mask"])
+    torch.testing.assert_close(r0["advantages"], rs["advantages"][:4, :width0], rtol=1e-5, atol=4e-6)
+    torch.testing.assert_close(r1["advantages"], rs["advantages"][4:], rtol=1e-5, atol=4e-6)
 
     # Losses: each rank's token mean, weighted by its tokens, is the single run's token mean.
     (mb0,), (mb1,), (mbs,) = rank0["minibatches"], rank1["minibatches"], single["minibatches"]

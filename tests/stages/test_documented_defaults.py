@@ -76,6 +76,8 @@ QUOTED: list[Quoted] = [
     # PPO: estimators, reading cut responses, old logprobs (docs pages).
     Quoted("docs/rewards.md", "gae (default, critic)", PPOModule, "ppo.estimator", "gae"),
     Quoted("docs/ppo.md", "(the default `as_sampled` reads it as it is)", PPOModule, "reward.unfinished", "as_sampled"),
+    Quoted("docs/ppo.md", "(`ppo.whiten_scope: global`, the default", PPOModule, "ppo.whiten_scope", "global"),
+    Quoted(PPO_DOC, "(``ppo.whiten_scope: global``, the default", PPOModule, "ppo.whiten_scope", "global"),
     Quoted("docs/rewards.md", "`as_sampled` (the default) or `with_eos`", RewardConfig, "unfinished", "as_sampled"),
     Quoted("docs/DEMO.md", "the library default stays `as_sampled`", RewardConfig, "unfinished", "as_sampled"),
     Quoted("docs/performance.md", "(off by default): the old logprobs from the logits", PPOConfig, "old_logprobs",

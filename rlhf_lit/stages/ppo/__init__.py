@@ -6,8 +6,8 @@ The package: :mod:`~rlhf_lit.stages.ppo.module` (``PPOModule``, the LightningMod
 of minibatch steps), :mod:`~rlhf_lit.stages.ppo.config` (the ``ppo`` / ``reward`` / ``kl`` groups),
 :mod:`~rlhf_lit.stages.ppo.checks` (settings that contradict each other),
 :mod:`~rlhf_lit.stages.ppo.seeding`, :mod:`~rlhf_lit.stages.ppo.estimator`,
-:mod:`~rlhf_lit.stages.ppo.reward_sources`, :mod:`~rlhf_lit.stages.ppo.rollout` and
-:mod:`~rlhf_lit.stages.ppo.metrics`.
+:mod:`~rlhf_lit.stages.ppo.reward_sources`, :mod:`~rlhf_lit.stages.ppo.rollout`,
+:mod:`~rlhf_lit.stages.ppo.ranks` (sums over the processes) and :mod:`~rlhf_lit.stages.ppo.metrics`.
 
 One ``training_step`` is one rollout: generate -> score -> rewards -> GAE -> K epochs of clipped
 updates -> KL controller -> metrics. Manual optimization; the module owns the whole update.
@@ -34,6 +34,11 @@ al. 2022 blog; N+ = "The N+ Implementation Details of RLHF with PPO", Huang et a
   with the KL per response (summed over tokens) averaged over all ranks, and the global sample
   count. Its target is in nats, so it takes only the ``k1`` / ``k3`` estimators.
 - GAE with gamma 1, lambda 0.95 by default; advantages whitened over the batch (N #12; cleanrl).
+- Whitening over the global batch: with several processes every whitening (GAE advantages,
+  REINFORCE++ returns, ``reward.whiten``) takes its mean and variance over the rows of all ranks
+  (``ppo.whiten_scope: global``, the default; two small all-reduces each), so the update does not
+  depend on the number of processes, and REINFORCE++ whitens over the global batch as its paper
+  does. ``whiten_scope: rank`` whitens each rank's rows, as TRL does.
 - Clipped value loss, vf_coef 0.1 (N #13); the critic is a separate model initialised from the
   RM (N+ #16) with a zeroed head when new (N #4), or a zeroed head on the policy's trunk. A
   critic from an RM whose normalisation bias lives in ``config.reward_bias`` (Llama) adds it to
@@ -61,13 +66,11 @@ Departures from textbook PPO (Schulman et al. 2017) and their reasons:
   still holds, the importance weight is of the untruncated policy.
 - Losses are token means over a minibatch (cleanrl / TRL), not per-sequence means; with several
   processes, over the tokens of that minibatch on every rank (a rank with short responses does not
-  weigh more). Advantage and score whitening use each rank's batch, as TRL does.
+  weigh more).
 - The learning-rate schedule is stepped once per rollout (``warmup_steps`` and the decay count
   rollouts), not per optimizer step. Lightning's ``global_step`` counts every ``opt.step()``
   (of both optimizers), so this module keeps ``rollout_index`` and stops with ``max_rollouts``
   (``trainer.should_stop``); metrics are logged with ``step = rollout_index``.
-- REINFORCE++ whitens its returns over each rank's batch (as GAE advantages here), not over the
-  global batch of all ranks as the paper does.
 - With ``critic="shared_trunk"`` there is one optimizer (policy and head parameters together);
   with ``separate`` two (policy, critic). Gradient accumulation divides each minibatch loss by
   ``grad_accum``; one ``manual_backward`` on the summed loss per minibatch (DDP sees every

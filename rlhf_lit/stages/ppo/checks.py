@@ -59,9 +59,16 @@ def check_rollout_rows(rows: int, ppo: PPOConfig, samples_per_prompt: int) -> No
         )
 
 
-def check_whitening_rows(rows: int, ppo: PPOConfig, reward: RewardConfig) -> None:
-    """Whitening needs at least two prompts per rank."""
-    if (ppo.whiten_advantages or reward.whiten != "none") and rows < 2:
-        # A batch statistic of one row is NaN (score whitening) or can fail on this rank only
-        # (a one-token response), which would leave the other ranks waiting in a collective.
-        raise ValueError("whitening (ppo.whiten_advantages or reward.whiten) needs >= 2 prompts per rank")
+def check_whitening_rows(rows: int, world_size: int, ppo: PPOConfig, reward: RewardConfig) -> None:
+    """Whitening needs at least two prompts in the batch it is taken over (``ppo.whiten_scope``):
+    all processes' (``global``) or each process's (``rank``)."""
+    if not (ppo.whiten_advantages or reward.whiten != "none"):
+        return
+    # A batch statistic of one row is NaN (score whitening) or an error; per rank, the error could
+    # come on one rank only (a one-token response) and leave the other ranks waiting in a collective.
+    if ppo.whiten_scope == "global" and rows * world_size < 2:
+        raise ValueError("whitening (ppo.whiten_advantages or reward.whiten) needs >= 2 prompts over all "
+                         "processes (ppo.whiten_scope: global)")
+    if ppo.whiten_scope == "rank" and rows < 2:
+        raise ValueError("whitening (ppo.whiten_advantages or reward.whiten) needs >= 2 prompts per rank "
+                         "(ppo.whiten_scope: rank)")

@@ -11,13 +11,19 @@ from typing import Any, Literal, get_args
 
 import torch
 
-from rlhf_lit.functional import KLKind, ScoreWhitening, shape_scores
+from rlhf_lit.functional import KLKind, Reducer, ScoreWhitening, shape_scores
 from rlhf_lit.models.scoring import UnfinishedScoring
 from rlhf_lit.functional.advantages import EstimatorKind
 
 
 OldLogprobs = Literal["rescore", "sampling"]
 """Where a rollout's old logprobs come from (see ``PPOConfig.old_logprobs``)."""
+
+WhitenScope = Literal["global", "rank"]
+"""Over which rows every whitening takes its mean and variance (``PPOConfig.whiten_scope``):
+``global``, the rollout batch of all processes together (one statistic, whatever the number of
+processes; two small all-reduces per whitening); ``rank``, each process's own rows (TRL's way: the
+update then depends on how the batch is split). On one process the two are the same statistic."""
 
 
 @dataclass(frozen=True)
@@ -38,6 +44,12 @@ class PPOConfig:
         whiten_advantages: whiten GAE advantages over the rollout batch (masked), as every PPO-RLHF
             implementation does. Applies to ``estimator: gae``; the critic-free estimators
             normalise as their papers define (group std, leave-one-out, batch whitening).
+        whiten_scope: the batch every whitening is taken over (:data:`WhitenScope`): ``global``
+            (all processes' rows together: the same update on any number of processes) or
+            ``rank`` (each process's rows, as TRL). It applies to the GAE advantages, REINFORCE++'s
+            returns and ``reward.whiten`` (``scores`` and ``rewards``); the group estimators
+            (``grpo``, ``dr_grpo``, ``rloo``) normalise within a prompt's samples, which are always
+            on one process.
         entropy_coef: weight of an entropy bonus (0 = off; InstructGPT uses none).
         max_grad_norm: clip the gradient norm of each optimizer's parameters (None = no clipping).
         ptx_coef: weight of the pretraining / SFT loss on batches from a second data source
@@ -70,6 +82,7 @@ class PPOConfig:
     gamma: float = 1.0
     lam: float = 0.95
     whiten_advantages: bool = True
+    whiten_scope: WhitenScope = "global"
     entropy_coef: float = 0.0
     max_grad_norm: float | None = 1.0
     ptx_coef: float = 0.0
@@ -80,6 +93,8 @@ class PPOConfig:
     def __post_init__(self) -> None:
         if self.old_logprobs not in get_args(OldLogprobs):
             raise ValueError(f"ppo.old_logprobs must be one of {', '.join(get_args(OldLogprobs))}; got {self.old_logprobs!r}")
+        if self.whiten_scope not in get_args(WhitenScope):
+            raise ValueError(f"ppo.whiten_scope must be one of {', '.join(get_args(WhitenScope))}; got {self.whiten_scope!r}")
         if self.estimator not in get_args(EstimatorKind):
             raise ValueError(f"ppo.estimator must be one of {', '.join(get_args(EstimatorKind))}; got {self.estimator!r}")
         for name in ("epochs", "minibatch_size", "grad_accum"):
@@ -150,7 +165,8 @@ class RewardConfig:
             model with weight 1 (the InstructGPT reward). Each is logged as ``reward/<name>``.
         bias: subtracted from every RM score (N+ details: a bias so that reference responses
             average 0; measure it on SFT samples).
-        whiten: see :data:`~rlhf_lit.functional.ScoreWhitening`.
+        whiten: see :data:`~rlhf_lit.functional.ScoreWhitening`; over the batch of every process
+            or of each (``ppo.whiten_scope``).
         clip: clip the (biased, whitened) score to ``[-clip, clip]``; None = no clipping.
         missing_eos_penalty: when set, a response that never produced EOS gets this score
             INSTEAD of its RM score (replace, as in N+ details #9, not add: a truncated response
@@ -168,18 +184,22 @@ class RewardConfig:
     missing_eos_penalty: float | None = None
     unfinished: UnfinishedScoring = "as_sampled"
 
-    def shape(self, raw_scores: torch.Tensor, ended: torch.Tensor) -> torch.Tensor:
+    def shape(self, raw_scores: torch.Tensor, ended: torch.Tensor, reduce_sum: Reducer | None = None) -> torch.Tensor:
         """Bias, score whitening, clipping and the missing-EOS penalty, in that order
         (:func:`rlhf_lit.functional.shape_scores` with this config's settings).
 
         Args:
             raw_scores: ``(B,)`` reward-model scores.
             ended: ``(B,)`` bool, the response contains EOS.
+            reduce_sum: sums over the processes (whitening over all of them, ``ppo.whiten_scope:
+                global``); None = over these scores.
 
         Returns:
             ``(B,)`` the scores that enter the reward.
         """
-        return shape_scores(raw_scores, ended, self.bias, self.whiten, self.clip, self.missing_eos_penalty)  # (B,)
+        return shape_scores(
+            raw_scores, ended, self.bias, self.whiten, self.clip, self.missing_eos_penalty, reduce_sum
+        )  # (B,)
 
     @property
     def uses_reward_model(self) -> bool:

@@ -15,6 +15,11 @@ advantages are computed before the rollout is cut into minibatches.
 What the group estimators score: the sequence reward ``rewards.sum(1)``, i.e. the shaped score
 minus the KL penalty summed over the response with ``kl.mode: reward`` (the RLOO paper's
 sequence reward), exactly the score with ``kl.mode: loss`` (GRPO: the KL is a loss term).
+
+Whitening over several processes: the GAE advantages and REINFORCE++'s returns are whitened with
+the ``reduce_sum`` the caller passes (every process's rows with ``ppo.whiten_scope: global``,
+:mod:`~rlhf_lit.stages.ppo.ranks`); the group estimators need none, their groups being whole on
+one process.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from typing import Any
 
 import torch
 
-from rlhf_lit.functional import gae, masked_whiten
+from rlhf_lit.functional import Reducer, gae, masked_whiten
 from rlhf_lit.functional.advantages import (
     EstimatorKind,
     grpo_advantages,
@@ -66,7 +71,8 @@ class AdvantageEstimator:
         return needs_critic(self.kind)
 
     def __call__(
-        self, rewards: torch.Tensor, values: torch.Tensor | None, mask: torch.Tensor
+        self, rewards: torch.Tensor, values: torch.Tensor | None, mask: torch.Tensor,
+        reduce_sum: Reducer | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(advantages, returns)``, both ``(B, R)`` and 0 off ``mask``.
 
@@ -75,15 +81,17 @@ class AdvantageEstimator:
                 penalty with ``kl.mode: reward``).
             values: ``(B, R)`` critic values at rollout time (``gae``); None without a critic.
             mask: ``(B, R)`` bool response mask.
+            reduce_sum: sums over the processes, for the whitening of ``gae`` (with
+                ``whiten_advantages``) and ``reinforce_pp``; None = whiten over these rows.
         """
         if self.kind == "gae":
             assert values is not None, "gae needs the critic's values"
             advantages, returns = gae(rewards, values, mask, self.gamma, self.lam)  # (B, R) x2
             if self.whiten_advantages:
-                advantages = masked_whiten(advantages, mask)  # (B, R)
+                advantages = masked_whiten(advantages, mask, reduce_sum=reduce_sum)  # (B, R)
             return advantages, returns
         if self.kind == "reinforce_pp":
-            return reinforce_pp_advantages(rewards, mask, self.gamma)  # (B, R) x2
+            return reinforce_pp_advantages(rewards, mask, self.gamma, reduce_sum)  # (B, R) x2
         sequence_rewards = rewards.sum(1)  # (B,) 0 off the mask, so the score (- the summed KL penalty)
         if self.kind == "rloo":
             return rloo_advantages(sequence_rewards, mask, self.samples_per_prompt)  # (B, R) x2

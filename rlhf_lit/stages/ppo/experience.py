@@ -26,6 +26,7 @@ from rlhf_lit.models.sharding import gathered_for_generation, is_sharded, reshar
 from rlhf_lit.stages.ppo.checks import check_whitening_rows
 from rlhf_lit.stages.ppo.estimator import repeat_prompts
 from rlhf_lit.stages.ppo.forward import policy_and_values
+from rlhf_lit.stages.ppo.ranks import whitening_reducer
 from rlhf_lit.stages.ppo.reward_sources import reward_batch
 from rlhf_lit.stages.ppo.rollout import Rollout
 from rlhf_lit.stages.ppo.seeding import STREAM_SAMPLE
@@ -148,7 +149,8 @@ class ExperienceMaker:
     def make(self, batch: dict[str, torch.Tensor], timer: RolloutTimer | None) -> tuple[Rollout, Experience]:
         """Generate, score, shape rewards and compute advantages (the module docstring's steps)."""
         m = self.module
-        check_whitening_rows(batch["input_ids"].shape[0], m.ppo, m.reward_cfg)  # before any work
+        world_size = m._trainer.world_size if m._trainer is not None else 1
+        check_whitening_rows(batch["input_ids"].shape[0], world_size, m.ppo, m.reward_cfg)  # before any work
         batch = repeat_prompts(batch, m.sampling.samples_per_prompt)  # k consecutive rows per prompt
         gen = m.generate(batch)
         _mark(timer, "generate")
@@ -162,16 +164,18 @@ class ExperienceMaker:
             decoded = reward_batch(m.tokenizer, batch, gen)
             texts = list(decoded.responses)  # a copy: a reward function may change its batch
         raw_scores, reward_parts = m.reward_sources(scored.rm_scores, decoded)  # (B,), {name: (B,)}
-        scores = m.reward_cfg.shape(raw_scores, gen.ended)  # (B,): one placement path for every source
+        # Every whitening below is over the rows of all processes (ppo.whiten_scope: global) or of this one.
+        reduce_sum = whitening_reducer(m.ppo.whiten_scope, m._trainer)
+        scores = m.reward_cfg.shape(raw_scores, gen.ended, reduce_sum)  # (B,): one placement path for every source
         # kl.mode "loss": the KL is measured (metrics, controller) but paid in the loss, not here.
         reward_kl_coef = m.kl_ctl.value if m.kl_cfg.mode == "reward" else 0.0
         rewards, kl = kl_penalized_rewards(
             scores, scored.old_logprobs, scored.ref_logprobs, mask, reward_kl_coef, m.kl_cfg.estimator
         )  # (B, R), (B, R)
         if m.reward_cfg.whiten == "rewards":
-            rewards = masked_whiten(rewards, mask, keep_mean=True)  # (B, R)
+            rewards = masked_whiten(rewards, mask, keep_mean=True, reduce_sum=reduce_sum)  # (B, R)
         values = scored.old_values if m.critic is not None else None
-        advantages, returns = m.estimator(rewards, values, mask)  # (B, R) x2
+        advantages, returns = m.estimator(rewards, values, mask, reduce_sum)  # (B, R) x2
         _mark(timer, "score")
         rollout = Rollout(
             query_responses=gen.query_responses, attention_mask=gen.attention_mask,

@@ -8,7 +8,7 @@ update loop (:mod:`~rlhf_lit.stages.ppo.update`).
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Iterator, MutableMapping
 
 import torch
 
@@ -37,6 +37,7 @@ from rlhf_lit.stages.ppo.loss import ppo_loss
 from rlhf_lit.stages.ppo.metrics import RolloutTimer, logged_metrics, reduce_over_ranks, rollout_statistics, text_statistics
 from rlhf_lit.stages.ppo.reward_sources import RewardSources
 from rlhf_lit.stages.ppo.rollout import Rollout, nonfinite_rollout_parts
+from rlhf_lit.stages.ppo.ranks import sum_over_ranks
 from rlhf_lit.stages.ppo.seeding import stream_generator
 from rlhf_lit.stages.ppo.update import cycle, rank_token_weight, train_on_rollout
 from rlhf_lit.stages.resume import check_module_resume
@@ -54,6 +55,18 @@ def reward_model_unused(arg: str, init_args) -> bool:
     reward = reward.as_dict() if hasattr(reward, "as_dict") else dict(reward or {})
     sources = reward.get("sources") or [{"function": None}]  # the default source is the reward model
     return all(dict(source).get("function") is not None for source in sources)
+
+
+def fill_whiten_scope(checkpoint: dict) -> None:
+    """Give a checkpoint written before ``ppo.whiten_scope`` existed the scope it was trained with.
+
+    Those versions whitened each process's rows: ``rank``; on one process that is the ``global``
+    statistic too. So a resume compares like with like: an older single-process run continues
+    under the default, an older multi-process one is refused until ``ppo.whiten_scope: rank`` is set.
+    """
+    ppo = checkpoint.get("hyper_parameters", {}).get("ppo")
+    if isinstance(ppo, MutableMapping) and "whiten_scope" not in ppo:
+        ppo["whiten_scope"] = "rank" if checkpoint.get("ppo", {}).get("world_size", 1) > 1 else "global"
 
 
 def freeze(model: torch.nn.Module) -> torch.nn.Module:
@@ -285,7 +298,7 @@ class PPOModule(StageModule):
         check_rollout_rows(rows, self.ppo, self.sampling.samples_per_prompt)  # before any work
         timer = RolloutTimer(self.device)
         rollout, experience = self.make_rollout(batch, timer)  # generate, score, shape, advantages
-        bad = nonfinite_rollout_parts(rollout, lambda t: self.trainer.strategy.reduce(t, reduce_op="sum"))
+        bad = nonfinite_rollout_parts(rollout, sum_over_ranks(self.trainer))
         if bad:  # no update on NaN: it would turn every weight into NaN
             self.nonfinite.skipped("rollout", f"rollout {self.rollout_index}: non-finite {', '.join(bad)}")
             self._end_rollout(rollout.batch_size, {"skipped/nonfinite_rollout": 1.0})
@@ -433,6 +446,7 @@ class PPOModule(StageModule):
         schedules = (self.optimizer_cfg, self.critic_optimizer_cfg or self.optimizer_cfg)
         if any(cfg.schedule != "constant" for cfg in schedules):
             safe = tuple(k for k in safe if k != "max_rollouts")  # it is the decaying schedule's length
+        fill_whiten_scope(checkpoint)
         check_module_resume(self, checkpoint, safe, extra)
         self.rollout_index = int(ppo_state["rollout_index"])
         if "nonfinite" in ppo_state:
