@@ -14,12 +14,14 @@ optimizers, which skip frozen parameters, train nothing else.
 from __future__ import annotations
 
 import copy
+import itertools
 import logging
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+import torch
 from torch import nn
 from transformers import PreTrainedModel
 from transformers.pytorch_utils import Conv1D
@@ -204,6 +206,57 @@ def exportable(model: nn.Module) -> nn.Module:
     if handle.export == "adapter":
         return handle.peft_model
     # A copy: merging in place would change the model a running fit (or a caller) still uses.
-    merged = copy.deepcopy(handle.peft_model).merge_and_unload()
+    return _merged(copy.deepcopy(handle.peft_model))
+
+
+def export_parts(model: nn.Module, weights: dict[str, torch.Tensor] | None) -> tuple[nn.Module, dict | None]:
+    """What to ``save_pretrained`` and with which weights: ``(module, state_dict or None)``.
+
+    ``weights``: the gathered whole weights of a sharded ``model`` (FSDP, see
+    :func:`rlhf_lit.models.sharding.full_state_dict`), None for an unsharded one. A plain model is
+    written with them as they are. A LoRA model's merge or adapter needs peft's own layers holding
+    whole weights, so a sharded one is rebuilt unsharded around ``weights`` first
+    (:func:`_unsharded_copy`), then merged in place (the copy is ours) or written as the adapter.
+    """
+    handle = getattr(model, "__dict__", {}).get(_HANDLE)
+    if handle is None:
+        return model, weights
+    if weights is None:
+        return exportable(model), None
+    peft_model = _unsharded_copy(model, handle, weights)
+    return (peft_model if handle.export == "adapter" else _merged(peft_model)), None
+
+
+def _merged(peft_model: nn.Module) -> nn.Module:
+    """``peft_model``'s adapters folded into its base weights (in place): a plain Hugging Face model."""
+    merged = peft_model.merge_and_unload()
     merged.__dict__.pop(_HANDLE, None)
     return merged
+
+
+def _unsharded_copy(model: nn.Module, handle: _LoRAHandle, weights: dict[str, torch.Tensor]) -> nn.Module:
+    """A new, unsharded peft model like ``handle.peft_model`` holding ``weights`` (``model``'s state dict).
+
+    FSDP forbids deep copies of a sharded model, so the copy is built again: the Hugging Face class
+    (the one FSDP2 subclassed) from ``model``'s config and the adapters from the same peft config,
+    on the meta device (no memory, no random init); ``weights``' tensors then become its parameters
+    (``assign``: no second copy) and the live model's buffers its buffers (the non-persistent ones,
+    such as rotary frequencies, are in no state dict; FSDP leaves buffers whole).
+    """
+    from peft import get_peft_model
+    from torch.distributed.fsdp import FSDPModule
+
+    hf_class = next(c for c in type(model).__mro__ if not issubclass(c, FSDPModule))
+    peft_config = copy.deepcopy(handle.peft_model.peft_config["default"])
+    with torch.device("meta"):
+        peft_model = get_peft_model(hf_class(copy.deepcopy(model.config)), peft_config)
+    base = peft_model.get_base_model()
+    base.load_state_dict(weights, assign=True)
+    for name, buffer in model.named_buffers():
+        owner, _, leaf = name.rpartition(".")
+        base.get_submodule(owner)._buffers[leaf] = buffer
+    base.tie_weights()  # assign=True replaced tied parameters one by one
+    left = [n for n, t in itertools.chain(base.named_parameters(), base.named_buffers()) if t.is_meta]
+    if left:
+        raise RuntimeError(f"the unsharded copy of {hf_class.__name__} lacks {len(left)} weights ({', '.join(left[:3])})")
+    return peft_model

@@ -70,15 +70,6 @@ def shard_models(lightning_module, models: dict[str, nn.Module | None]) -> None:
     mesh = getattr(lightning_module, "_device_mesh", None)
     if mesh is None:
         return
-    from rlhf_lit.models.lora import peft_model_of
-
-    lora = [name for name, model in models.items()
-            if model is not None and any(peft_model_of(m) is not None for m in model.modules())]
-    if lora:
-        raise ValueError(
-            f"LoRA under FSDP is not supported yet ({', '.join(lora)}): use --trainer.strategy ddp (LoRA's frozen "
-            "base needs no gradient all-reduce, and its optimizer state is the adapters')"
-        )
     dp_mesh = mesh["data_parallel"] if mesh.mesh_dim_names else mesh
     for name, model in models.items():
         if model is None or is_sharded(model) or not any(True for _ in model.parameters()):
