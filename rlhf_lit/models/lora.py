@@ -189,12 +189,22 @@ def adapter_disabled(model: nn.Module):
 
     ``model`` must carry adapters (:func:`with_lora`); a plain model raises ValueError, so a
     reference can never silently be the trained policy itself.
+
+    peft freezes the adapters on entry and unfreezes them on exit, each time on the parameters
+    ``model`` holds at that moment. Under FSDP2 these are the shards or the gathered copies, by
+    the unit's state (a root unit keeps its weights gathered after a no-grad pass), so the shards
+    frozen on entry could stay frozen; the trainable parameters held on entry are unfrozen again here.
     """
     peft_model = peft_model_of(model)
     if peft_model is None:
         raise ValueError(f"{type(model).__name__} has no LoRA adapter to disable")
-    with peft_model.disable_adapter():
-        yield model
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    try:
+        with peft_model.disable_adapter():
+            yield model
+    finally:
+        for param in trainable:
+            param.requires_grad_(True)
 
 
 def exportable(model: nn.Module) -> nn.Module:
@@ -240,8 +250,8 @@ def _unsharded_copy(model: nn.Module, handle: _LoRAHandle, weights: dict[str, to
     FSDP forbids deep copies of a sharded model, so the copy is built again: the Hugging Face class
     (the one FSDP2 subclassed) from ``model``'s config and the adapters from the same peft config,
     on the meta device (no memory, no random init); ``weights``' tensors then become its parameters
-    (``assign``: no second copy) and the live model's buffers its buffers (the non-persistent ones,
-    such as rotary frequencies, are in no state dict; FSDP leaves buffers whole).
+    and persistent buffers (``assign``: no second copy), and the live model's non-persistent buffers
+    (rotary frequencies: in no state dict, and never sharded) are copied to the CPU beside them.
     """
     from peft import get_peft_model
     from torch.distributed.fsdp import FSDPModule
@@ -253,9 +263,10 @@ def _unsharded_copy(model: nn.Module, handle: _LoRAHandle, weights: dict[str, to
     base = peft_model.get_base_model()
     base.load_state_dict(weights, assign=True)
     for name, buffer in model.named_buffers():
-        owner, _, leaf = name.rpartition(".")
-        base.get_submodule(owner)._buffers[leaf] = buffer
-    base.tie_weights()  # assign=True replaced tied parameters one by one
+        if name not in weights:
+            owner, _, leaf = name.rpartition(".")
+            base.get_submodule(owner)._buffers[leaf] = buffer.detach().cpu()  # keeps the copy's persistence flag
+    base.tie_weights()  # assign=True replaced tied parameters one by one: tie them again, as in the live model
     left = [n for n, t in itertools.chain(base.named_parameters(), base.named_buffers()) if t.is_meta]
     if left:
         raise RuntimeError(f"the unsharded copy of {hf_class.__name__} lacks {len(left)} weights ({', '.join(left[:3])})")

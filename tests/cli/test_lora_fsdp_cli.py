@@ -4,12 +4,12 @@ Each run is ``rlhf-lit fit`` in a subprocess (2 processes over gloo). FSDP2 shar
 transformer block with its frozen base weights and its trainable adapters in one unit; the
 optimizer holds the adapters only (and a reward model's head); the export gathers the shards on
 rank 0 and merges or writes the adapter from an unsharded copy; PPO's reference is the sharded
-policy with its adapters disabled. The exports and checkpoints must equal ddp's to float32
-rounding: measured bit-identical for DPO and the reward model, within 1.2e-7 of the largest weight
-for PPO with LoRA on policy and critic and gradient checkpointing (FSDP2 divides the gradients
-before and after its reduce-scatter). The tolerance below, 1e-6, is about 8 float32 ulps at 1;
-the adapters moved the weights by more than 1e-4. SFT shares DPO's stage path (``PretrainedStage``:
-sharding, optimizer, export).
+policy with its adapters disabled. Exports and checkpoints must equal ddp's to float32 rounding.
+Measured: DPO and the reward model bit-identical; PPO (LoRA on policy and critic, an embedding
+adapter, gradient checkpointing) within 9.5e-7 of a tensor's largest value (the embedding adapter:
+tiny gradients, Adam's eps 1e-5; the other weights within 1.2e-7). Tolerance: 1e-6 of each value
+plus 2e-6 of the tensor's largest value (about 16 float32 ulps); training moved the weights by
+more than 1e-4. SFT shares DPO's stage path (``PretrainedStage``: sharding, optimizer, export).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from cli_helpers import HH_RLHF, STORIES, TINYSTORIES, ppo_config, rlhf_lit, sft
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
-RTOL, ATOL = 1e-6, 1e-6
-"""float32 rounding between ddp's all-reduce and FSDP2's reduce-scatter (see the module docstring)."""
+RTOL, ATOL = 1e-6, 2e-6
+"""float32 rounding: relative to each value, plus ``ATOL`` times the tensor's largest value (see the module docstring)."""
 
 
 def _fit(root, config: dict, *flags: str) -> None:
@@ -52,11 +52,16 @@ def _preference_config(root, stage: str, strategy: str) -> dict:
     return config
 
 
-def _assert_close_and_moved(fsdp2: dict, ddp: dict, start: dict) -> None:
-    """fsdp2's tensors equal ddp's to float32 rounding, and training moved those in ``start`` far beyond it."""
+def _assert_close(fsdp2: dict, ddp: dict, atol: float = ATOL) -> None:
+    """fsdp2's tensors equal ddp's to float32 rounding (:data:`RTOL`, ``atol`` of each tensor's largest value)."""
     assert fsdp2.keys() == ddp.keys()
     for name, value in ddp.items():
-        torch.testing.assert_close(fsdp2[name], value, rtol=RTOL, atol=ATOL, msg=name)
+        torch.testing.assert_close(fsdp2[name], value, rtol=RTOL, atol=atol * float(value.abs().max()), msg=name)
+
+
+def _assert_close_and_moved(fsdp2: dict, ddp: dict, start: dict) -> None:
+    """fsdp2's tensors equal ddp's, and training moved those named in ``start`` far beyond the tolerance."""
+    _assert_close(fsdp2, ddp)
     moved = max(float((ddp[n] - start[n]).abs().max()) for n in start)
     assert moved > 1e-4, moved
 
@@ -100,9 +105,15 @@ def _kl_by_rollout(root) -> dict[int, float]:
 def test_ppo_with_lora_under_fsdp2_resumes_to_the_ddp_run(tmp_path, stories_rm):
     # LoRA on the policy (its reference: the same sharded policy, adapters off) and on a separate
     # critic, gradient checkpointing on both; a constant schedule, so a resume may raise max_rollouts.
+    # The embedding's adapter sits in the root unit, which a no-grad pass leaves gathered; with old
+    # logprobs from sampling the reference pass follows generation, so peft freezes that adapter's
+    # shards on entry and unfreezes the gathered copies on exit: unless adapter_disabled unfreezes
+    # the shards too, the adapter stops training after the first minibatch.
     def config(root, strategy: str, rollouts: int) -> dict:
-        model = {"lora": {"r": 4}, "critic_lora": {"r": 4}, "memory": {"gradient_checkpointing": True}}
+        model = {"lora": {"r": 4, "target_modules": ["q_proj", "v_proj", "down_proj", "embed_tokens"]},
+                 "critic_lora": {"r": 4}, "memory": {"gradient_checkpointing": True}}  # fmt: skip
         config = ppo_config(root, STORIES, stories_rm, max_rollouts=rollouts, **model)
+        config["model"]["init_args"]["ppo"]["old_logprobs"] = "sampling"
         config["model"]["init_args"]["optimizer"]["schedule"] = "constant"
         config["trainer"].update(strategy=strategy, devices=2)
         return config
@@ -113,12 +124,14 @@ def test_ppo_with_lora_under_fsdp2_resumes_to_the_ddp_run(tmp_path, stories_rm):
     _fit(fsdp2, config(fsdp2, "fsdp2", 1), "--model.init_args.max_rollouts", "2", "--model.init_args.export_existing",
          "replace", "--ckpt_path", str(fsdp2 / "ckpt" / "last.ckpt"))  # fmt: skip
 
-    # The reference is the base: KL 0 before any update, not 0 once the adapters moved (a reference
-    # that were the policy itself would give 0 at every rollout).
+    # The reference is the base: KL 0 before any update (to the rounding between the sampling pass's
+    # logits and the reference's full pass), far from 0 once the adapters moved (a reference that
+    # were the policy itself would stay at 0).
     kl = {name: _kl_by_rollout(root) for name, root in (("ddp", ddp), ("fsdp2", fsdp2))}
-    assert kl["ddp"][0] == kl["fsdp2"][0] == 0.0
+    assert abs(kl["ddp"][0]) < 1e-5 and abs(kl["fsdp2"][0]) < 1e-5
     assert abs(kl["ddp"][1]) > 1e-3
-    assert kl["fsdp2"][1] == pytest.approx(kl["ddp"][1], rel=1e-5)
+    # A mean of logprob differences: float32 rounding of the logprobs (measured 4.3e-6) in absolute terms.
+    assert kl["fsdp2"][1] == pytest.approx(kl["ddp"][1], abs=1e-5)
 
     start = AutoModelForCausalLM.from_pretrained(STORIES).state_dict()
     exports = [AutoModelForCausalLM.from_pretrained(root / "export").state_dict() for root in (fsdp2, ddp)]
@@ -127,9 +140,11 @@ def test_ppo_with_lora_under_fsdp2_resumes_to_the_ddp_run(tmp_path, stories_rm):
     # over the trainable tensors only (policy adapters; critic adapters and head), in one layout.
     ckpts = [torch.load(root / "ckpt" / "last.ckpt", weights_only=True, map_location="cpu") for root in (fsdp2, ddp)]
     weights = [c["state_dict"] for c in ckpts]
-    assert weights[0].keys() == weights[1].keys()
-    for name, value in weights[1].items():
-        torch.testing.assert_close(weights[0][name], value, rtol=RTOL, atol=ATOL, msg=name)
-    lora = sum("lora_" in n for n in weights[1] if n.startswith("policy."))
-    assert [len(o["state"]) for o in ckpts[0]["optimizer_states"]] == [lora, lora + 1]
-    assert [len(o["state"]) for o in ckpts[1]["optimizer_states"]] == [lora, lora + 1]
+    frozen = [n for n in weights[1] if "lora_" not in n and not n.endswith("score.weight")]
+    assert all(torch.equal(weights[0][n], weights[1][n]) for n in frozen)  # the base weights never change
+    # An adapter is a sum of small Adam steps (B starts at 0): rounding in the gradients' reductions
+    # shows at 9.2e-6 of its largest value (measured); merged into the base weights, within 1e-7 of theirs.
+    _assert_close(weights[0], weights[1], atol=2e-5)
+    trainable = [sum("lora_" in n for n in weights[1] if n.startswith(m)) for m in ("policy.", "critic.")]
+    for ckpt in ckpts:
+        assert [len(o["state"]) for o in ckpt["optimizer_states"]] == [trainable[0], trainable[1] + 1]  # + score
