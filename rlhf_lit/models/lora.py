@@ -9,6 +9,10 @@ and scoring helper works unchanged; the ``peft`` wrapper stays reachable through
 
 Only the adapter weights (and a reward model's ``score`` head) require gradients, so the stages'
 optimizers, which skip frozen parameters, train nothing else.
+
+Under FSDP2 (:mod:`rlhf_lit.models.sharding`) the adapted model is sharded like any other; the
+export then starts from its gathered weights (:func:`export_parts`), and :func:`adapter_disabled`
+keeps the shards' ``requires_grad`` as it was.
 """
 
 from __future__ import annotations

@@ -7,7 +7,10 @@ Trainer's strategy gives the module a data-parallel device mesh (``fsdp`` / ``fs
 forward pass gathers one block's weights at a time. Frozen models are sharded too: that is where
 PPO's memory goes (policy, reference, reward model and critic). Every trained parameter must be
 under some unit, or its gradients would not be averaged over the ranks; a module with parameters
-and no blocks (a value head) is one unit.
+and no blocks (a value head) is one unit. A LoRA model is sharded the same way: FSDP2 keeps each
+parameter's ``requires_grad``, so a block's frozen base weights and trainable adapters share its
+unit, and only the adapters' gradients are reduced (see :mod:`rlhf_lit.models.lora` for the
+reference with adapters disabled and the export from gathered weights).
 
 Under FSDP every forward pass is a collective: all ranks must make the same calls in the same
 order. Generation keeps the ranks stepping together (``synced_gpus``, :func:`is_sharded`), and
