@@ -6,10 +6,13 @@ optimizer holds the adapters only (and a reward model's head); the export gather
 rank 0 and merges or writes the adapter from an unsharded copy; PPO's reference is the sharded
 policy with its adapters disabled. Exports and checkpoints must equal ddp's to float32 rounding.
 Measured: DPO and the reward model bit-identical; PPO (LoRA on policy and critic, an embedding
-adapter, gradient checkpointing) within 9.5e-7 of a tensor's largest value (the embedding adapter:
-tiny gradients, Adam's eps 1e-5; the other weights within 1.2e-7). Tolerance: 1e-6 of each value
-plus 2e-6 of the tensor's largest value (about 16 float32 ulps); training moved the weights by
-more than 1e-4. SFT shares DPO's stage path (``PretrainedStage``: sharding, optimizer, export).
+adapter, gradient checkpointing) merged export within 9.5e-7 of a tensor's largest value (the
+embedding; every other weight within 1.2e-7), its checkpoint's adapters within 9.2e-6 of theirs
+(1.5e-5 under ``ATEN_CPU_CAPABILITY=default``: an adapter is a sum of small Adam steps, whose
+size follows the rounding of the gradients' reductions). Tolerance: 1e-6 of each value plus 2e-6
+of the tensor's largest value (about 16 float32 ulps; 1e-4 for the checkpoint's adapters, whose
+product the merged export checks at the tighter one); training moved the weights by more than
+1e-4. SFT shares DPO's stage path (``PretrainedStage``: sharding, optimizer, export).
 """
 
 from __future__ import annotations
@@ -142,9 +145,9 @@ def test_ppo_with_lora_under_fsdp2_resumes_to_the_ddp_run(tmp_path, stories_rm):
     weights = [c["state_dict"] for c in ckpts]
     frozen = [n for n in weights[1] if "lora_" not in n and not n.endswith("score.weight")]
     assert all(torch.equal(weights[0][n], weights[1][n]) for n in frozen)  # the base weights never change
-    # An adapter is a sum of small Adam steps (B starts at 0): rounding in the gradients' reductions
-    # shows at 9.2e-6 of its largest value (measured); merged into the base weights, within 1e-7 of theirs.
-    _assert_close(weights[0], weights[1], atol=2e-5)
+    # An adapter is a sum of small Adam steps (B starts at 0): the gradients' rounding shows at up to
+    # 1.5e-5 of its largest value (measured; see the module docstring).
+    _assert_close(weights[0], weights[1], atol=1e-4)
     trainable = [sum("lora_" in n for n in weights[1] if n.startswith(m)) for m in ("policy.", "critic.")]
     for ckpt in ckpts:
         assert [len(o["state"]) for o in ckpt["optimizer_states"]] == [trainable[0], trainable[1] + 1]  # + score
