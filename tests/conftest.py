@@ -54,6 +54,7 @@ MULTIPROCESS_MODULES = (
     "tests/cli/test_resume_cli.py",
     "tests/cli/test_strategies_cli.py",
     "tests/cli/test_multinode_cli.py",
+    "tests/cli/test_lora_fsdp_cli.py",
     "tests/ppo/test_ddp.py",
     "tests/ppo/test_groups_ddp.py",
     "tests/ppo/test_strategies.py",

@@ -9,17 +9,23 @@ and scoring helper works unchanged; the ``peft`` wrapper stays reachable through
 
 Only the adapter weights (and a reward model's ``score`` head) require gradients, so the stages'
 optimizers, which skip frozen parameters, train nothing else.
+
+Under FSDP2 (:mod:`rlhf_lit.models.sharding`) the adapted model is sharded like any other; the
+export then starts from its gathered weights (:func:`export_parts`), and :func:`adapter_disabled`
+keeps the shards' ``requires_grad`` as it was.
 """
 
 from __future__ import annotations
 
 import copy
+import itertools
 import logging
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+import torch
 from torch import nn
 from transformers import PreTrainedModel
 from transformers.pytorch_utils import Conv1D
@@ -187,12 +193,22 @@ def adapter_disabled(model: nn.Module):
 
     ``model`` must carry adapters (:func:`with_lora`); a plain model raises ValueError, so a
     reference can never silently be the trained policy itself.
+
+    peft freezes the adapters on entry and unfreezes them on exit, each time on the parameters
+    ``model`` holds at that moment. Under FSDP2 these are the shards or the gathered copies, by
+    the unit's state (a root unit keeps its weights gathered after a no-grad pass), so the shards
+    frozen on entry could stay frozen; the trainable parameters held on entry are unfrozen again here.
     """
     peft_model = peft_model_of(model)
     if peft_model is None:
         raise ValueError(f"{type(model).__name__} has no LoRA adapter to disable")
-    with peft_model.disable_adapter():
-        yield model
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    try:
+        with peft_model.disable_adapter():
+            yield model
+    finally:
+        for param in trainable:
+            param.requires_grad_(True)
 
 
 def exportable(model: nn.Module) -> nn.Module:
@@ -204,6 +220,58 @@ def exportable(model: nn.Module) -> nn.Module:
     if handle.export == "adapter":
         return handle.peft_model
     # A copy: merging in place would change the model a running fit (or a caller) still uses.
-    merged = copy.deepcopy(handle.peft_model).merge_and_unload()
+    return _merged(copy.deepcopy(handle.peft_model))
+
+
+def export_parts(model: nn.Module, weights: dict[str, torch.Tensor] | None) -> tuple[nn.Module, dict | None]:
+    """What to ``save_pretrained`` and with which weights: ``(module, state_dict or None)``.
+
+    ``weights``: the gathered whole weights of a sharded ``model`` (FSDP, see
+    :func:`rlhf_lit.models.sharding.full_state_dict`), None for an unsharded one. A plain model is
+    written with them as they are. A LoRA model's merge or adapter needs peft's own layers holding
+    whole weights, so a sharded one is rebuilt unsharded around ``weights`` first
+    (:func:`_unsharded_copy`), then merged in place (the copy is ours) or written as the adapter.
+    """
+    handle = getattr(model, "__dict__", {}).get(_HANDLE)
+    if handle is None:
+        return model, weights
+    if weights is None:
+        return exportable(model), None
+    peft_model = _unsharded_copy(model, handle, weights)
+    return (peft_model if handle.export == "adapter" else _merged(peft_model)), None
+
+
+def _merged(peft_model: nn.Module) -> nn.Module:
+    """``peft_model``'s adapters folded into its base weights (in place): a plain Hugging Face model."""
+    merged = peft_model.merge_and_unload()
     merged.__dict__.pop(_HANDLE, None)
     return merged
+
+
+def _unsharded_copy(model: nn.Module, handle: _LoRAHandle, weights: dict[str, torch.Tensor]) -> nn.Module:
+    """A new, unsharded peft model like ``handle.peft_model`` holding ``weights`` (``model``'s state dict).
+
+    FSDP forbids deep copies of a sharded model, so the copy is built again: the Hugging Face class
+    (the one FSDP2 subclassed) from ``model``'s config and the adapters from the same peft config,
+    on the meta device (no memory, no random init); ``weights``' tensors then become its parameters
+    and persistent buffers (``assign``: no second copy), and the live model's non-persistent buffers
+    (rotary frequencies: in no state dict, and never sharded) are copied to the CPU beside them.
+    """
+    from peft import get_peft_model
+    from torch.distributed.fsdp import FSDPModule
+
+    hf_class = next(c for c in type(model).__mro__ if not issubclass(c, FSDPModule))
+    peft_config = copy.deepcopy(handle.peft_model.peft_config["default"])
+    with torch.device("meta"):
+        peft_model = get_peft_model(hf_class(copy.deepcopy(model.config)), peft_config)
+    base = peft_model.get_base_model()
+    base.load_state_dict(weights, assign=True)
+    for name, buffer in model.named_buffers():
+        if name not in weights:
+            owner, _, leaf = name.rpartition(".")
+            base.get_submodule(owner)._buffers[leaf] = buffer.detach().cpu()  # keeps the copy's persistence flag
+    base.tie_weights()  # assign=True replaced tied parameters one by one: tie them again, as in the live model
+    left = [n for n, t in itertools.chain(base.named_parameters(), base.named_buffers()) if t.is_meta]
+    if left:
+        raise RuntimeError(f"the unsharded copy of {hf_class.__name__} lacks {len(left)} weights ({', '.join(left[:3])})")
+    return peft_model

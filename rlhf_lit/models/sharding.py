@@ -7,7 +7,10 @@ Trainer's strategy gives the module a data-parallel device mesh (``fsdp`` / ``fs
 forward pass gathers one block's weights at a time. Frozen models are sharded too: that is where
 PPO's memory goes (policy, reference, reward model and critic). Every trained parameter must be
 under some unit, or its gradients would not be averaged over the ranks; a module with parameters
-and no blocks (a value head) is one unit.
+and no blocks (a value head) is one unit. A LoRA model is sharded the same way: FSDP2 keeps each
+parameter's ``requires_grad``, so a block's frozen base weights and trainable adapters share its
+unit, and only the adapters' gradients are reduced (see :mod:`rlhf_lit.models.lora` for the
+reference with adapters disabled and the export from gathered weights).
 
 Under FSDP every forward pass is a collective: all ranks must make the same calls in the same
 order. Generation keeps the ranks stepping together (``synced_gpus``, :func:`is_sharded`), and
@@ -70,15 +73,6 @@ def shard_models(lightning_module, models: dict[str, nn.Module | None]) -> None:
     mesh = getattr(lightning_module, "_device_mesh", None)
     if mesh is None:
         return
-    from rlhf_lit.models.lora import peft_model_of
-
-    lora = [name for name, model in models.items()
-            if model is not None and any(peft_model_of(m) is not None for m in model.modules())]
-    if lora:
-        raise ValueError(
-            f"LoRA under FSDP is not supported yet ({', '.join(lora)}): use --trainer.strategy ddp (LoRA's frozen "
-            "base needs no gradient all-reduce, and its optimizer state is the adapters')"
-        )
     dp_mesh = mesh["data_parallel"] if mesh.mesh_dim_names else mesh
     for name, model in models.items():
         if model is None or is_sharded(model) or not any(True for _ in model.parameters()):

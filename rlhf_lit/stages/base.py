@@ -7,7 +7,8 @@ final model goes, the non-finite guard), loads its tokenizer with :func:`stage_t
 
 - ``on_fit_start``: the export target checked before any training step, the precision warning,
   then the stage's own :meth:`StageModule.check_before_fit`;
-- ``on_fit_end``: the export of :meth:`StageModule.exported_model` (every rank calls it);
+- ``on_fit_end``: the export of :meth:`StageModule.trained_model` (every rank calls it; LoRA
+  models merged or as their adapter, :func:`rlhf_lit.models.lora.export_parts`);
 - the non-finite guard: an optimizer step with NaN or inf gradients is skipped and counted;
   non-finite weights are never saved;
 - checkpoints: the resume check against the checkpoint's settings (all but :attr:`SAFE_ON_RESUME`
@@ -32,7 +33,7 @@ import torch
 from lightning.pytorch.accelerators import CPUAccelerator
 
 from rlhf_lit.models.loading import DType
-from rlhf_lit.models.lora import LoRAConfig, exportable, with_lora
+from rlhf_lit.models.lora import LoRAConfig, with_lora
 from rlhf_lit.models.memory import enable_gradient_checkpointing
 from rlhf_lit.models.sharding import shard_models
 from rlhf_lit.stages.amp import has_gradient_scaler
@@ -182,10 +183,6 @@ class StageModule(pl.LightningModule):
         """The model whose weights must stay finite (``self.model`` unless a stage says otherwise)."""
         return self.model
 
-    def exported_model(self) -> torch.nn.Module:
-        """What the export writes: the trained model (merged, or peft's adapter, under LoRA)."""
-        return exportable(self.trained_model())
-
     # ----- fit ----------------------------------------------------------------------------------
 
     def configure_model(self) -> None:
@@ -208,9 +205,9 @@ class StageModule(pl.LightningModule):
         self.check_before_fit()
 
     def on_fit_end(self) -> None:
-        """Export :meth:`exported_model` and the tokenizer in Hugging Face format (rank 0 writes)."""
+        """Export :meth:`trained_model` and the tokenizer in Hugging Face format (rank 0 writes)."""
         self.exported_path = export_at_fit_end(
-            self.trainer, self.exported_model(), self.tokenizer, self.export_dir, self.EXPORT_WHAT, self.export_existing
+            self.trainer, self.trained_model(), self.tokenizer, self.export_dir, self.EXPORT_WHAT, self.export_existing
         )
 
     def on_before_optimizer_step(self, optimizer) -> None:

@@ -23,6 +23,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from rlhf_lit.artifacts import EXPORT_MARKER, TargetChanged, directory_state, write_directory_atomically
+from rlhf_lit.models.lora import export_parts
 from rlhf_lit.models.sharding import full_state_dict
 from rlhf_lit.stages.nonfinite import assert_finite
 
@@ -124,7 +125,8 @@ def export_at_fit_end(
 
     Args:
         trainer: The trainer that just finished fitting (its log dir gives the default place).
-        model: The Hugging Face model to write (on CPU after fit; Lightning moves it there).
+        model: The trained Hugging Face model (on CPU after fit; Lightning moves it there); a LoRA
+            model is written merged or as its adapter (:func:`~rlhf_lit.models.lora.export_parts`).
         tokenizer: The run's tokenizer, written next to the model.
         export_dir: Where to write; None means :func:`default_export_dir`.
         what: Words for the message, e.g. ``"SFT model"``.
@@ -134,7 +136,8 @@ def export_at_fit_end(
     weights = full_state_dict(model)  # collective when sharded (FSDP): the whole model on rank 0
     path = None
     if trainer.is_global_zero:
-        path = save_pretrained_atomically(model, tokenizer, target, what, existing, state_dict=weights)
+        written, weights = export_parts(model, weights)
+        path = save_pretrained_atomically(written, tokenizer, target, what, existing, state_dict=weights)
         print(f"[rlhf-lit] exported {what} to {path}")
         log.debug("exported %s to %s", what, path)  # printed above: once is enough on the console
     trainer.strategy.barrier("rlhf_lit_export")

@@ -120,6 +120,19 @@ def test_adapter_disabled_is_exactly_the_base_model(tokenizer):
     assert not torch.allclose(_logits(policy, ids, mask), expected)  # back on after the block
 
 
+def test_adapter_disabled_unfreezes_the_parameters_it_froze_when_fsdp_swapped_them(tokenizer):
+    # peft freezes the adapters on entry and unfreezes, on exit, the parameters a layer holds then.
+    # FSDP2 swaps a unit's registered parameters between its shards and a gathered copy (a root unit
+    # stays gathered after a no-grad pass): the shards frozen on entry must train again after.
+    policy = with_lora(load_causal_lm(STORIES, tokenizer), LoRAConfig(r=2), "causal_lm")
+    adapter = policy.model.layers[0].self_attn.q_proj.lora_A["default"]
+    shard = adapter.weight
+    with adapter_disabled(policy):
+        assert not shard.requires_grad
+        adapter.weight = torch.nn.Parameter(shard.detach().clone(), requires_grad=False)  # the gathered copy
+    assert adapter.weight.requires_grad and shard.requires_grad
+
+
 # ------------------------------------------------------------------ exports
 def test_merged_export_loads_in_plain_transformers_with_the_live_logits(tmp_path, tokenizer):
     policy = with_lora(load_causal_lm(STORIES, tokenizer), LoRAConfig(), "causal_lm")

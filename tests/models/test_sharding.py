@@ -1,4 +1,5 @@
-"""Single-process checks of the sharding helpers; the 2-process runs are in tests/ppo/test_strategies.py."""
+"""Single-process checks of the sharding helpers; the 2-process runs are in tests/ppo/test_strategies.py
+(and, with LoRA, tests/cli/test_lora_fsdp_cli.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ from transformers import AutoModelForSequenceClassification
 
 from assets_paths import STORIES260K
 
-from rlhf_lit.models.lora import LoRAConfig, with_lora
 from rlhf_lit.models.scoring import position_ids_from_mask, token_scores
 from rlhf_lit.models.sharding import is_sharded, shard_models
 from rlhf_lit.stages.resume import check_loaded_keys
@@ -39,14 +39,10 @@ def test_without_a_device_mesh_nothing_is_sharded(rm):
     assert not is_sharded(rm)
 
 
-def test_lightning_fsdp1_and_lora_under_fsdp_are_refused_in_one_message(rm):
+def test_lightning_fsdp1_is_refused_in_one_message_naming_fsdp(rm):
     fsdp1 = SimpleNamespace(_device_mesh=None, _trainer=SimpleNamespace(strategy=FSDPStrategy()))
     with pytest.raises(ValueError, match=r"FSDPStrategy \(FSDP1.*use --trainer.strategy fsdp"):
         shard_models(fsdp1, {"rm": rm})
-    lora = with_lora(AutoModelForSequenceClassification.from_pretrained(STORIES, num_labels=1), LoRAConfig(r=2), "reward")
-    sharded = SimpleNamespace(_device_mesh=object(), _trainer=SimpleNamespace(strategy=object()))
-    with pytest.raises(ValueError, match=r"LoRA under FSDP is not supported yet \(critic\).*--trainer.strategy ddp"):
-        shard_models(sharded, {"critic": torch.nn.ModuleDict({"model": lora})})
 
 
 def test_a_checkpoint_may_lack_the_frozen_models_only():
