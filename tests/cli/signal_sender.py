@@ -17,13 +17,15 @@ class SendSignal(Callback):
 
     Args:
         signal: ``SIGTERM`` or ``SIGUSR1``.
-        hook: ``on_train_batch_start`` (before a batch's training step) or
-            ``on_before_optimizer_step`` (in the middle of an update: PPO calls it for every minibatch
-            step of every PPO epoch, for each optimizer).
+        hook: ``on_train_batch_start`` (before a batch's training step), ``on_before_optimizer_step``
+            (in the middle of an update: PPO calls it for every minibatch step of every PPO epoch,
+            for each optimizer) or ``on_validation_batch_start`` (also during the sanity check
+            before training).
         at: which call of ``hook`` sends it.
     """
 
-    def __init__(self, signal: Literal["SIGTERM", "SIGUSR1"], hook: Literal["on_train_batch_start", "on_before_optimizer_step"],
+    def __init__(self, signal: Literal["SIGTERM", "SIGUSR1"],
+                 hook: Literal["on_train_batch_start", "on_before_optimizer_step", "on_validation_batch_start"],
                  at: int) -> None:  # fmt: skip
         self.signal, self.hook, self.at, self.calls = signal, hook, at, 0
 
@@ -40,3 +42,7 @@ class SendSignal(Callback):
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
         """Counts for ``hook="on_before_optimizer_step"``."""
         self._count("on_before_optimizer_step")
+
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:
+        """Counts for ``hook="on_validation_batch_start"``."""
+        self._count("on_validation_batch_start")

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from cli_helpers import CLI, STORIES, TINYSTORIES, ppo_config, run_main, sft_config, write_yaml
+from cli_helpers import CLI, STORIES, TINYSTORIES, ppo_config, rlhf_lit, run_main, sft_config, write_yaml
 
 ROLLOUTS = 8
 STEPS = 24  # SFT optimizer steps of 2 batches each (accumulate_grad_batches: 2), 6 epochs of 4 steps
@@ -28,9 +28,11 @@ STOP_LINE = re.compile(r"^\[rlhf-lit\] stopped by (SIG\w+) after (rollout|step) 
 EXPORT_MARKER = "rlhf_lit_export.json"  # what and when: its time differs between two runs
 
 
-def _ppo(root: Path, rm: str, *callbacks: dict) -> Path:
-    config = ppo_config(root, STORIES, rm, max_rollouts=ROLLOUTS)
+def _ppo(root: Path, rm: str, *callbacks: dict, processes: int = 1, rollouts: int = ROLLOUTS) -> Path:
+    config = ppo_config(root, STORIES, rm, max_rollouts=rollouts)
     config["trainer"]["callbacks"] += list(callbacks)
+    if processes > 1:
+        config["trainer"].update(strategy="ddp", devices=processes)
     return write_yaml(root / "ppo.yaml", config)
 
 
@@ -89,11 +91,12 @@ def _checked_stop(stderr: str, root: Path, config: str, name: str, unit: str) ->
     return count, torch.load(checkpoint, map_location="cpu", weights_only=True), command
 
 
-def _resume(root: Path, command: str) -> None:
-    """Run the logged command (``rlhf-lit`` and its arguments, through the console script's entry)."""
+def _resume(root: Path, command: str, processes: int = 1) -> None:
+    """Run the logged command (``rlhf-lit`` and its arguments): through the console script's entry in
+    this process, or the console script itself under ddp (its launcher starts the other rank)."""
     program, *args = shlex.split(command)
     assert program == "rlhf-lit"
-    result = run_main(*args, cwd=root)
+    result = run_main(*args, cwd=root) if processes == 1 else rlhf_lit(*args, cwd=root)
     assert result.returncode == 0, result.stderr[-3000:]
 
 
@@ -189,3 +192,38 @@ def test_sigterm_between_two_batches_of_gradient_accumulation_stops_after_the_st
     _sft(tmp_path)  # the same config without the sender
     _resume(tmp_path, command)
     _assert_same_export(straight_sft / "export", tmp_path / "export")
+
+
+def test_a_sigterm_before_training_begins_exits_143_in_one_line_with_nothing_saved(tmp_path):
+    # During the sanity check Lightning's own handler is still in place: it stops the run without a
+    # step taken, which rlhf-lit reports as a stop, not as a finished run (Lightning exits with 0).
+    config = sft_config(tmp_path, TINYSTORIES, data={"val_fraction": 0.25})
+    config["trainer"]["callbacks"].append(_send("SIGTERM", "on_validation_batch_start", at=1))
+    write_yaml(tmp_path / "sft.yaml", config)
+    result = run_main("fit", "--config", "sft.yaml", cwd=tmp_path)
+    assert result.returncode == 128 + signal.SIGTERM
+    lines = [line for line in result.stderr.splitlines() if line.startswith("rlhf-lit: stopped by SIGTERM")]
+    assert lines == ["rlhf-lit: stopped by SIGTERM before training began; nothing new to save, run the same command again"]
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "ckpt" / "last.ckpt").exists() and not (tmp_path / "export").exists()
+
+
+@pytest.mark.slow
+def test_under_ddp_a_sigterm_to_rank_0_alone_stops_both_ranks_after_the_same_rollout(tmp_path_factory, stories_rm):
+    """As Kubernetes does (only the container's main process is signalled): rank 1 learns of the stop
+    from rank 0 at the end of the rollout, both write their part of the checkpoint and exit."""
+    straight, stopped = tmp_path_factory.mktemp("straight-ddp"), tmp_path_factory.mktemp("stopped-ddp")
+    _ppo(straight, stories_rm, processes=2, rollouts=4)  # after the first, 3 rollouts to be signalled in
+    done = rlhf_lit("fit", "--config", "ppo.yaml", cwd=straight)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    _ppo(stopped, stories_rm, processes=2, rollouts=4)
+    proc, log = _start(stopped, "ppo.yaml")
+    # rank 0 is the process started here; rank 1 is its child and gets no signal (a hang would time out)
+    assert _signal_after_first_checkpoint(proc, stopped, signal.SIGTERM) == 128 + signal.SIGTERM
+    rollouts, checkpoint, command = _checked_stop(log.read_text(), stopped, "ppo.yaml", "SIGTERM", "rollout")
+    assert 1 <= rollouts <= 4 and checkpoint["ppo"]["rollout_index"] == rollouts
+    assert checkpoint["ppo"]["world_size"] == 2
+
+    _resume(stopped, command, processes=2)
+    _assert_same_export(straight / "export", stopped / "export")
