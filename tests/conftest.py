@@ -50,8 +50,8 @@ another module still works (the build is shared under a file lock); it may wait 
 
 
 MULTIPROCESS_GROUP = "two-process-runs"
-MULTIPROCESS_MODULES = ("tests/cli/test_resume_cli.py", "tests/cli/test_strategies_cli.py", "tests/ppo/test_ddp.py",
-                        "tests/ppo/test_groups_ddp.py", "tests/ppo/test_strategies.py")  # fmt: skip
+MULTIPROCESS_MODULES = ("tests/cli/test_resume_cli.py", "tests/cli/test_preemption_cli.py", "tests/cli/test_strategies_cli.py",
+                        "tests/ppo/test_ddp.py", "tests/ppo/test_groups_ddp.py", "tests/ppo/test_strategies.py")  # fmt: skip
 """The modules that launch runs of two processes (ddp, fsdp2 over gloo): one xdist scope, so at most
 one such run shares the 2 cores with the other worker's test. Two of them at once (four processes
 on two cores) once lost a rank in the fsdp2 kill-and-resume test."""

@@ -2,8 +2,8 @@
 
 The reference for the order is the loader these modules used before their position was saved: a
 ``DataLoader(shuffle=True, generator=torch.Generator().manual_seed(seed))``, as Lightning's
-training loop iterated it epoch after epoch. A resume from any checkpoint, in the middle of an epoch or at its end, sees exactly the
-batches an uninterrupted run sees after that point.
+training loop iterated it epoch after epoch. A resume from any checkpoint, in the middle of an
+epoch or at its end, sees exactly the batches an uninterrupted run sees after that point.
 """
 
 import glob
