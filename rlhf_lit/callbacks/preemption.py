@@ -141,9 +141,12 @@ class Preemption(Callback):
         if now == self._progress:
             return  # not the end of a unit: a batch of gradient accumulation, PPO's final no-op step
         self._progress = now
-        # every process reaches this point at the same unit, so the reduction pairs up across ranks
-        mine = torch.tensor(self.received or 0, device=trainer.strategy.root_device)
-        signum = int(trainer.strategy.reduce(mine, reduce_op="max").item())
+        signum = self.received or 0
+        if trainer.world_size > 1:
+            # every process reaches this point at the same unit, so the reduction pairs up across
+            # ranks: one scalar per unit (Lightning's loop broadcasts one per batch under ddp anyway)
+            mine = torch.tensor(signum, device=trainer.strategy.root_device)
+            signum = int(trainer.strategy.reduce(mine, reduce_op="max").item())
         if signum:
             self.stop(trainer, signal.Signals(signum), now)
 

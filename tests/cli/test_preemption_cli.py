@@ -169,8 +169,10 @@ def test_sigusr1_in_the_middle_of_a_ppo_update_stops_after_that_rollout(straight
     # Rollout 2 makes optimizer steps 9 to 16 (2 PPO epochs x 2 minibatches x policy and critic):
     # the signal comes at its 3rd, after the policy and the critic have both stepped once.
     _ppo(tmp_path, stories_rm, _send("SIGUSR1", "on_before_optimizer_step", at=11))
+    before = signal.getsignal(signal.SIGUSR1)
     result = run_main("fit", "--config", "ppo.yaml", cwd=tmp_path)
     assert result.returncode == 128 + signal.SIGUSR1
+    assert signal.getsignal(signal.SIGUSR1) == before  # the process's own handler is back
     rollouts, checkpoint, command = _checked_stop(result.stderr, tmp_path, "ppo.yaml", "SIGUSR1", "rollout")
     assert rollouts == checkpoint["ppo"]["rollout_index"] == 2  # the rollout was finished, not abandoned
     assert checkpoint["global_step"] == 16
