@@ -52,6 +52,22 @@ def check_sft_source(
             raise ValueError(f"{name}_max_records={max_records} is set but {name}_path is not")
 
 
+class PositionedLoader(DataLoader):
+    """A training DataLoader whose position its data module keeps (:meth:`TextDataModule.state_dict`).
+
+    It has no state of its own; its ``state_dict`` / ``load_state_dict`` tell Lightning that it is
+    resumable, so a resume in the middle of an epoch is not reported as unreliable (Lightning's
+    warning looks at the loader only).
+    """
+
+    def state_dict(self) -> dict[str, Any]:
+        """Nothing: the position is in the data module's state, saved beside it."""
+        return {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Nothing to restore here (see :meth:`state_dict`)."""
+
+
 class TextDataModule(L.LightningDataModule):
     """Base class; subclasses set ``kind``, store their own options, and implement
     ``_encode`` and the dataloaders (the training one with :attr:`sampler`)."""
@@ -222,10 +238,11 @@ class TextDataModule(L.LightningDataModule):
         dataset: list[dict[str, Any]],
         collate_fn: Any,
         batch_size: int | None = None,
+        loader: type[DataLoader] = DataLoader,
         **kwargs: Any,
     ) -> DataLoader:
-        """A DataLoader with the module's workers; ``batch_size`` defaults to the module's."""
-        return DataLoader(
+        """A DataLoader (of class ``loader``) with the module's workers; ``batch_size`` defaults to the module's."""
+        return loader(
             dataset,  # type: ignore[arg-type]
             batch_size=batch_size or self.batch_size,
             collate_fn=collate_fn,
@@ -234,13 +251,15 @@ class TextDataModule(L.LightningDataModule):
             **kwargs,
         )
 
-    def _shuffled_train_loader(self, collate_fn: Any) -> DataLoader:
-        """The training loader of SFT, RM and DPO: :attr:`sampler`'s order, all examples (the
-        last batch of an epoch may be smaller)."""
+    def _train_loader(self, collate_fn: Any, **kwargs: Any) -> DataLoader:
+        """The training loader: :attr:`sampler`'s order, its position kept by this module."""
         dataset = self._require_setup()
+        return self._loader(dataset, collate_fn, loader=PositionedLoader, sampler=self.sampler, **kwargs)
+
+    def _shuffled_train_loader(self, collate_fn: Any) -> DataLoader:
+        """The training loader of SFT, RM and DPO: all examples (the last batch of an epoch may be smaller)."""
         # The generator only seeds the iterator (worker seeds): the global RNG stays untouched.
-        g = torch.Generator().manual_seed(self.seed)
-        return self._loader(dataset, collate_fn, sampler=self.sampler, generator=g)
+        return self._train_loader(collate_fn, generator=torch.Generator().manual_seed(self.seed))
 
     def _val_loader(self, collate_fn: Any) -> DataLoader | list:
         """The validation loader, or ``[]`` (no validation) when there is no validation data."""

@@ -155,11 +155,7 @@ class PromptDataModule(TextDataModule):
         return items
 
     def train_dataloader(self) -> DataLoader:
-        dataset = self._require_setup()
-        return self._loader(
-            dataset, PromptCollator(self.pad_token_id), sampler=self.sampler,
-            drop_last=self.drop_last,
-        )  # fmt: skip
+        return self._train_loader(PromptCollator(self.pad_token_id), drop_last=self.drop_last)
 
     def val_dataloader(self) -> DataLoader | list:
         return self._val_loader(PromptCollator(self.pad_token_id))
