@@ -55,6 +55,7 @@ MULTIPROCESS_MODULES = (
     "tests/cli/test_strategies_cli.py",
     "tests/cli/test_multinode_cli.py",
     "tests/cli/test_lora_fsdp_cli.py",
+    "tests/cli/test_preemption_cli.py",
     "tests/ppo/test_ddp.py",
     "tests/ppo/test_groups_ddp.py",
     "tests/ppo/test_strategies.py",

@@ -2,6 +2,7 @@
 
 from rlhf_lit.callbacks.checkpoint import Checkpoint, RolloutCheckpoint
 from rlhf_lit.callbacks.online_generation import OnlineGeneration, load_judge
+from rlhf_lit.callbacks.preemption import Preemption
 from rlhf_lit.callbacks.progress import RunProgressBar
 
-__all__ = ["Checkpoint", "OnlineGeneration", "RolloutCheckpoint", "RunProgressBar", "load_judge"]
+__all__ = ["Checkpoint", "OnlineGeneration", "Preemption", "RolloutCheckpoint", "RunProgressBar", "load_judge"]

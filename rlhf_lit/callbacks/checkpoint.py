@@ -60,6 +60,23 @@ def replace(src: str, dst: str) -> None:
     replace_path(src, dst, OLD_SUFFIX)
 
 
+def save_atomically(trainer: Trainer, filepath: str, weights_only: bool = False) -> None:
+    """Save the trainer's checkpoint to ``filepath`` whole: written to ``.<name>.tmp`` (by every rank,
+    for sharded strategies), then renamed (by rank 0). Every rank calls it. A remote path is
+    written as Lightning writes it (object stores commit whole objects)."""
+    if not _is_local_file_protocol(filepath):
+        trainer.save_checkpoint(filepath, weights_only)
+        return
+    tmp = temporary_path(filepath)
+    if trainer.is_global_zero:
+        remove_path(tmp)  # a leftover of a crashed write: never mix old shards into a new save
+    trainer.strategy.barrier("rlhf_lit.Checkpoint.clean")
+    trainer.save_checkpoint(tmp, weights_only)  # returns after a barrier
+    if trainer.is_global_zero:
+        replace(tmp, filepath)
+    trainer.strategy.barrier("rlhf_lit.Checkpoint.replace")
+
+
 class Checkpoint(ModelCheckpoint):
     """Lightning's ``ModelCheckpoint``, written atomically, whose ``last.ckpt`` is the end-of-fit state.
 
@@ -102,14 +119,7 @@ class Checkpoint(ModelCheckpoint):
         if not _is_local_file_protocol(filepath):
             super()._save_checkpoint(trainer, filepath)
             return
-        tmp = temporary_path(filepath)
-        if trainer.is_global_zero:
-            remove_path(tmp)  # a leftover of a crashed write: never mix old shards into a new save
-        trainer.strategy.barrier("rlhf_lit.Checkpoint.clean")
-        trainer.save_checkpoint(tmp, self.save_weights_only)  # returns after a barrier
-        if trainer.is_global_zero:
-            replace(tmp, filepath)
-        trainer.strategy.barrier("rlhf_lit.Checkpoint.replace")
+        save_atomically(trainer, filepath, self.save_weights_only)
         # what ModelCheckpoint._save_checkpoint records after its write
         self._last_global_step_saved = trainer.global_step
         self._last_checkpoint_saved = filepath

@@ -31,6 +31,9 @@ What the command offers beyond LightningCLI's defaults:
 - Every value a config file can hold can be typed as an option (``--model.init_args.reward.missing_eos_penalty
   null``, lists and mappings too), and a YAML syntax error names its file, line and column
   (:mod:`rlhf_lit.cli.jsonargparse_fixes`).
+- Every fit stops cleanly on SIGTERM / SIGUSR1 (:class:`~rlhf_lit.callbacks.Preemption`): at the end
+  of the current step or rollout, with ``last.ckpt`` written and the resume command logged, exit
+  status ``128 + signal``.
 - Expected, harmless warnings are silenced in one place (:mod:`rlhf_lit.expected_warnings`); TensorBoard gets
   no placeholder ``hp_metric``.
 """
@@ -42,6 +45,7 @@ import importlib
 import inspect
 import logging
 import os
+import signal
 import sys
 from collections.abc import Sequence
 from urllib.parse import urlparse
@@ -51,10 +55,12 @@ from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch import LightningDataModule, LightningModule, Trainer
 from lightning.pytorch.callbacks.progress import ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from rlhf_lit.commands import COMMANDS, commands_help, run_command
 import rlhf_lit.data  # noqa: F401  (the data modules: known subclasses, so --data takes short names)
 import rlhf_lit.stages  # noqa: F401  (the stages, likewise for --model)
+from rlhf_lit.callbacks.preemption import Preemption, exit_status
 from rlhf_lit.callbacks.progress import RunProgressBar
 from rlhf_lit.cli import jsonargparse_fixes
 from rlhf_lit.cli.option_names import class_options, parser_options
@@ -170,9 +176,29 @@ def default_progress_bar(trainer_config: dict) -> ProgressBar | None:
     return None if any(isinstance(c, ProgressBar) for c in callbacks) else RunProgressBar()
 
 
+def added_callbacks(trainer_config: dict, command: Sequence[str] | None) -> list:
+    """The callbacks rlhf-lit adds to the config's: :class:`RunProgressBar` (see
+    :func:`default_progress_bar`) and :class:`Preemption`, unless the config lists one."""
+    callbacks = trainer_config.get("callbacks") or []
+    callbacks = callbacks if isinstance(callbacks, list) else [callbacks]
+    bar = default_progress_bar(trainer_config)
+    added = [] if bar is None else [bar]
+    if not any(isinstance(c, Preemption) for c in callbacks):
+        added.append(Preemption(command))
+    return added
+
+
 class RLHFCLI(LightningCLI):
     """LightningCLI that links each stage's tokenizer into its data module, refuses ``max_steps`` for
-    PPO and installs :class:`RunProgressBar`."""
+    PPO and installs :class:`RunProgressBar` and :class:`Preemption`.
+
+    ``command`` is the command line the run was started with (``rlhf-lit`` and its arguments): the
+    preemption message turns it into the resume command. The other arguments are LightningCLI's.
+    """
+
+    def __init__(self, *args, command: Sequence[str] | None = None, **kwargs) -> None:
+        self.command = command  # before LightningCLI's __init__, which runs everything
+        super().__init__(*args, **kwargs)
 
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
         """Parse, keeping the command line on the parser and its subcommands' (``fit`` parses the config
@@ -200,12 +226,12 @@ class RLHFCLI(LightningCLI):
         apply_run_dir(self.config[subcommand] if subcommand else self.config, self.trainer_defaults, subcommand)
 
     def instantiate_trainer(self, **kwargs) -> Trainer:
-        """The Trainer, with :class:`RunProgressBar` added to the config's callbacks when it wants a bar."""
+        """The Trainer, with :func:`added_callbacks` after the config's callbacks."""
         trainer_config = self._get(self.config_init, "trainer", default={})
-        bar = default_progress_bar(trainer_config)
-        if bar is not None and "callbacks" not in kwargs:
+        added = added_callbacks(trainer_config, self.command)
+        if added and "callbacks" not in kwargs:
             callbacks = trainer_config.get("callbacks") or []
-            kwargs["callbacks"] = [*(callbacks if isinstance(callbacks, list) else [callbacks]), bar]
+            kwargs["callbacks"] = [*(callbacks if isinstance(callbacks, list) else [callbacks]), *added]
         return super().instantiate_trainer(**kwargs)
 
     def _parse_ckpt_path(self) -> None:
@@ -297,7 +323,16 @@ def main(args: list[str] | None = None) -> None:
             # A fixed default seed: two runs of one config sample the same prompts and responses.
             seed_everything_default=1234,
             args=args and argv,
+            command=["rlhf-lit", *argv],
         )
+    except SIGTERMException as stop:
+        if stop.code not in (None, 0):
+            raise  # Preemption's stop: checkpoint written, message logged, status 128 + signal
+        # Lightning's own stop: the signal came while Lightning's handler was still in place (the
+        # sanity check before training), so no step was taken and nothing is lost; status as if killed.
+        sys.stderr.write("rlhf-lit: stopped by SIGTERM before training began; nothing new to save, run the same "
+                         "command again\n")
+        sys.exit(exit_status(signal.SIGTERM))
     except EXPECTED_ERRORS as error:
         if debug:
             raise

@@ -1,5 +1,12 @@
 """What the three data modules share: argument checks, reading and adapting the train and
-validation sources, and tokenizing once in ``setup``."""
+validation sources, tokenizing once in ``setup``, and the training order, exactly resumable.
+
+Exact resume: every training loader draws from a :class:`~rlhf_lit.data.sampler.ResumableSampler`.
+The stage that trains on the batches reports the examples it has taken with
+:meth:`TextDataModule.mark_consumed` (the DataLoader prefetches, so the sampler cannot count this
+itself); :meth:`TextDataModule.state_dict` / :meth:`TextDataModule.load_state_dict` (saved into
+Lightning checkpoints) carry the epoch and that count, and a resumed run skips exactly those
+examples, also in the middle of an epoch."""
 
 from __future__ import annotations
 
@@ -17,6 +24,7 @@ from rlhf_lit.data.adapters import AdapterOptions, Example, Fields, Kind, adapt,
 from rlhf_lit.data.collate import require_pad_id
 from rlhf_lit.data.encoding import TextEncoder, require_tokenizer
 from rlhf_lit.data.records import is_text_file, read_rows
+from rlhf_lit.data.sampler import ResumableSampler, ShuffleOrder
 from rlhf_lit.data.splits import split_by_fraction
 
 TRUNCATION_MESSAGES = {
@@ -44,11 +52,31 @@ def check_sft_source(
             raise ValueError(f"{name}_max_records={max_records} is set but {name}_path is not")
 
 
+class PositionedLoader(DataLoader):
+    """A training DataLoader whose position its data module keeps (:meth:`TextDataModule.state_dict`).
+
+    It has no state of its own; its ``state_dict`` / ``load_state_dict`` tell Lightning that it is
+    resumable, so a resume in the middle of an epoch is not reported as unreliable (Lightning's
+    warning looks at the loader only).
+    """
+
+    def state_dict(self) -> dict[str, Any]:
+        """Nothing: the position is in the data module's state, saved beside it."""
+        return {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Nothing to restore here (see :meth:`state_dict`)."""
+
+
 class TextDataModule(L.LightningDataModule):
     """Base class; subclasses set ``kind``, store their own options, and implement
-    ``_encode`` and the dataloaders."""
+    ``_encode`` and the dataloaders (the training one with :attr:`sampler`)."""
 
     kind: ClassVar[Kind]
+    shuffle_order: ClassVar[ShuffleOrder] = "dataloader"
+    """How the training examples are permuted each epoch (:data:`~rlhf_lit.data.sampler.ShuffleOrder`):
+    by default the order a seeded shuffling DataLoader gives, which these modules used before
+    their position was saved in checkpoints."""
 
     def _init_common(
         self,
@@ -93,6 +121,9 @@ class TextDataModule(L.LightningDataModule):
         self.skip_invalid, self.prompt_words = skip_invalid, prompt_words
         self.apply_chat_template = apply_chat_template
         self.batch_size, self.num_workers = batch_size, num_workers
+        self.shuffle = True  # PromptDataModule makes it an option
+        self.sampler: ResumableSampler | None = None  # the training order, built in setup
+        self._pending_state: dict[str, Any] | None = None  # a checkpoint's position, loaded before setup
         self.pad_token_id: int | None = None  # from the tokenizer, in setup
         self.train_dataset: list[dict[str, Any]] | None = None
         self.val_dataset: list[dict[str, Any]] | None = None
@@ -155,6 +186,11 @@ class TextDataModule(L.LightningDataModule):
         self._setup_extra(encoder)
         # assigned last: a failed setup (e.g. a missing extra source) is retried whole
         self.train_dataset, self.val_dataset = train_items, val_items
+        self.sampler = ResumableSampler(len(train_items), shuffle=self.shuffle, seed=self.seed, order=self.shuffle_order,
+                                        batch_size=self.batch_size)  # fmt: skip
+        if self._pending_state is not None:
+            self.sampler.load_state_dict(self._pending_state)
+            self._pending_state = None
 
     def _setup_extra(self, encoder: TextEncoder) -> None:
         """Read and encode a subclass's extra source (reference set, ptx data); called once."""
@@ -202,10 +238,11 @@ class TextDataModule(L.LightningDataModule):
         dataset: list[dict[str, Any]],
         collate_fn: Any,
         batch_size: int | None = None,
+        loader: type[DataLoader] = DataLoader,
         **kwargs: Any,
     ) -> DataLoader:
-        """A DataLoader with the module's workers; ``batch_size`` defaults to the module's."""
-        return DataLoader(
+        """A DataLoader (of class ``loader``) with the module's workers; ``batch_size`` defaults to the module's."""
+        return loader(
             dataset,  # type: ignore[arg-type]
             batch_size=batch_size or self.batch_size,
             collate_fn=collate_fn,
@@ -214,12 +251,41 @@ class TextDataModule(L.LightningDataModule):
             **kwargs,
         )
 
-    def _shuffled_train_loader(self, collate_fn: Any) -> DataLoader:
+    def _train_loader(self, collate_fn: Any, **kwargs: Any) -> DataLoader:
+        """The training loader: :attr:`sampler`'s order, its position kept by this module."""
         dataset = self._require_setup()
-        g = torch.Generator().manual_seed(self.seed)
-        return self._loader(dataset, collate_fn, shuffle=True, generator=g)
+        return self._loader(dataset, collate_fn, loader=PositionedLoader, sampler=self.sampler, **kwargs)
+
+    def _shuffled_train_loader(self, collate_fn: Any) -> DataLoader:
+        """The training loader of SFT, RM and DPO: all examples (the last batch of an epoch may be smaller)."""
+        # The generator only seeds the iterator (worker seeds): the global RNG stays untouched.
+        return self._train_loader(collate_fn, generator=torch.Generator().manual_seed(self.seed))
 
     def _val_loader(self, collate_fn: Any) -> DataLoader | list:
         """The validation loader, or ``[]`` (no validation) when there is no validation data."""
         self._require_setup()
         return self._loader(self.val_dataset, collate_fn) if self.val_dataset else []
+
+    # ------------------------------------------------------------------------------ resuming
+    def mark_consumed(self, n: int) -> None:
+        """Report that training took ``n`` more training examples (of all processes together);
+        this is what a resumed run skips."""
+        if self.sampler is None:
+            raise RuntimeError(f"{type(self).__name__}.setup() has not been called")
+        self.sampler.mark_consumed(n)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The data position (epoch and examples consumed), saved into Lightning checkpoints."""
+        if self.sampler is not None:
+            return {"sampler": self.sampler.state_dict()}
+        return {"sampler": self._pending_state} if self._pending_state is not None else {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Continue from a checkpoint's data position (applied in ``setup`` when called before it)."""
+        state = state_dict.get("sampler")
+        if state is None:
+            return
+        if self.sampler is not None:
+            self.sampler.load_state_dict(state)
+        else:
+            self._pending_state = dict(state)

@@ -13,7 +13,7 @@ from rlhf_lit.data.adapters import Example, Fields
 from rlhf_lit.data.base import TextDataModule, check_sft_source
 from rlhf_lit.data.collate import PromptCollator, SFTCollator
 from rlhf_lit.data.encoding import TextEncoder, encode_sft, truncate_prompt
-from rlhf_lit.data.sampler import PassSampler, ResumableSampler
+from rlhf_lit.data.sampler import PassSampler
 
 
 class PromptDataModule(TextDataModule):
@@ -82,6 +82,7 @@ class PromptDataModule(TextDataModule):
     """
 
     kind = "prompt"
+    shuffle_order = "seed_per_epoch"
 
     def __init__(
         self,
@@ -139,8 +140,6 @@ class PromptDataModule(TextDataModule):
         if len(set(self.extra_fields)) != len(self.extra_fields):
             raise ValueError(f"extra_fields must not repeat a name, got {self.extra_fields}")
         self.ptx_dataset: list[dict[str, Any]] | None = None
-        self.sampler: ResumableSampler | None = None
-        self._pending_state: dict[str, Any] | None = None
         self.save_hyperparameters(ignore=["tokenizer", "fields"])
         self._fields_hparam()
 
@@ -155,23 +154,8 @@ class PromptDataModule(TextDataModule):
                 item["extras"] = example.extras
         return items
 
-    def setup(self, stage: str | None = None) -> None:
-        super().setup(stage)
-        if self.sampler is None:
-            assert self.train_dataset is not None
-            self.sampler = ResumableSampler(
-                len(self.train_dataset), shuffle=self.shuffle, seed=self.seed
-            )
-            if self._pending_state is not None:
-                self.sampler.load_state_dict(self._pending_state)
-                self._pending_state = None
-
     def train_dataloader(self) -> DataLoader:
-        dataset = self._require_setup()
-        return self._loader(
-            dataset, PromptCollator(self.pad_token_id), sampler=self.sampler,
-            drop_last=self.drop_last,
-        )  # fmt: skip
+        return self._train_loader(PromptCollator(self.pad_token_id), drop_last=self.drop_last)
 
     def val_dataloader(self) -> DataLoader | list:
         return self._val_loader(PromptCollator(self.pad_token_id))
@@ -211,25 +195,3 @@ class PromptDataModule(TextDataModule):
             self.ptx_dataset, SFTCollator(self.pad_token_id), batch_size=self.ptx_batch_size,
             sampler=sampler,
         )  # fmt: skip
-
-    # ------------------------------------------------------------------------------ resuming
-    def mark_consumed(self, n: int) -> None:
-        """Report that training used ``n`` more training prompts (call once per rollout with
-        the number of prompts in the batch); this is what a resumed run skips."""
-        if self.sampler is None:
-            raise RuntimeError("PromptDataModule.setup() has not been called")
-        self.sampler.mark_consumed(n)
-
-    def state_dict(self) -> dict[str, Any]:
-        if self.sampler is not None:
-            return {"sampler": self.sampler.state_dict()}
-        return {"sampler": self._pending_state} if self._pending_state is not None else {}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        state = state_dict.get("sampler")
-        if state is None:
-            return
-        if self.sampler is not None:
-            self.sampler.load_state_dict(state)
-        else:
-            self._pending_state = dict(state)  # applied in setup, once the data is known

@@ -1,11 +1,14 @@
-"""Samplers: a deterministic, resumable sampler for the PPO prompt loader, and a per-pass
+"""Samplers: a deterministic, resumable sampler for the training loaders, and a per-pass
 shuffling sampler for the PPO-ptx loader (:class:`PassSampler`).
 
-:class:`ResumableSampler`: each epoch is a permutation of ``range(dataset_size)`` seeded with
-``seed + epoch`` (or the identity when ``shuffle=False``). The sampler keeps how many samples of
-the current epoch were *consumed*; an iteration yields the permutation from that point, so a run
-restored from ``state_dict()`` continues with exactly the samples it had not used, in the same
-order.
+:class:`ResumableSampler`: each epoch is a permutation of ``range(dataset_size)`` (or the identity
+when ``shuffle=False``), drawn as its ``order`` (:data:`ShuffleOrder`) says: ``seed_per_epoch``
+(seeded with ``seed + epoch``; the PPO prompts) or ``dataloader`` (the order Lightning took from
+a ``DataLoader(shuffle=True, generator=torch.Generator().manual_seed(seed))`` in one process; SFT,
+reward model and DPO, whose runs kept that order when they became resumable). The sampler
+keeps how many samples of the current epoch were *consumed*; an iteration yields the permutation
+from that point, so a run restored from ``state_dict()`` continues with exactly the samples it had
+not used, in the same order.
 
 Consumption is reported by the consumer through :meth:`ResumableSampler.mark_consumed` (the
 prompt data module's ``mark_consumed``), not counted by the sampler as it yields: the DataLoader
@@ -24,13 +27,50 @@ the same epoch (a run resumed mid-epoch) keeps it.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
 from torch.utils.data import Sampler
 from torch.utils.data.distributed import DistributedSampler
+
+
+ShuffleOrder = Literal["seed_per_epoch", "dataloader"]
+"""How :class:`ResumableSampler` permutes an epoch: :func:`seed_per_epoch_order` or :func:`dataloader_order`."""
+
+
+def seed_per_epoch_order(size: int, seed: int, epoch: int, batch_size: int) -> list[int]:
+    """``randperm(size)`` seeded with ``seed + epoch`` (``batch_size`` plays no part)."""
+    return torch.randperm(size, generator=torch.Generator().manual_seed(seed + epoch)).tolist()
+
+
+def dataloader_order(size: int, seed: int, epoch: int, batch_size: int) -> list[int]:
+    """The order of epoch ``epoch`` that Lightning's training loop took from
+    ``DataLoader(dataset, batch_size, shuffle=True, generator=g)`` with ``g`` seeded with ``seed``,
+    in one process without workers.
+
+    Such a loader draws everything from ``g``, one epoch after the other: the iterator's base seed
+    (one int64), then RandomSampler's permutation, then, only when the batch sampler reads the
+    sampler to its end (to fill a last, smaller batch: Lightning asks for no batch past the
+    loader's length), a second permutation of which RandomSampler keeps nothing. Replayed here
+    from the seed, so the order of any epoch is known without iterating the ones before it.
+    """
+    g = torch.Generator().manual_seed(seed)
+    order: list[int] = []
+    for _ in range(epoch + 1):
+        torch.empty((), dtype=torch.int64).random_(generator=g)  # the DataLoader iterator's base seed
+        order = torch.randperm(size, generator=g).tolist()
+        if size % batch_size:
+            torch.randperm(size, generator=g)  # RandomSampler's trailing draw, of which it keeps nothing
+    return order
+
+
+ORDERS: dict[ShuffleOrder, Callable[[int, int, int, int], list[int]]] = {
+    "seed_per_epoch": seed_per_epoch_order,
+    "dataloader": dataloader_order,
+}
+"""The function behind each :data:`ShuffleOrder`: ``(size, seed, epoch, batch_size) -> permutation``."""
 
 
 def _world() -> tuple[int, int]:
@@ -45,7 +85,10 @@ class ResumableSampler(DistributedSampler):
     Args:
         dataset_size: the dataset length.
         shuffle: permute each epoch (else the dataset order).
-        seed: the permutation of epoch ``e`` is seeded with ``seed + e``.
+        seed: the seed of the permutations.
+        order: how epoch ``e`` is permuted (:data:`ShuffleOrder`): ``seed_per_epoch`` (seeded with
+            ``seed + e``) or ``dataloader`` (the order of a seeded shuffling ``DataLoader``).
+        batch_size: the loader's batch size (the ``dataloader`` order depends on it).
         num_replicas: number of ranks (default: the process group's world size, else 1).
         rank: this rank (default: the process group's rank, else 0).
     """
@@ -56,9 +99,13 @@ class ResumableSampler(DistributedSampler):
         *,
         shuffle: bool = True,
         seed: int = 0,
+        order: ShuffleOrder = "seed_per_epoch",
+        batch_size: int = 1,
         num_replicas: int | None = None,
         rank: int | None = None,
     ):
+        if order not in ORDERS:
+            raise ValueError(f"order must be one of {sorted(ORDERS)}, got {order!r}")
         if dataset_size < 1:
             raise ValueError(f"dataset_size must be >= 1, got {dataset_size}")
         world, this_rank = _world()
@@ -68,15 +115,14 @@ class ResumableSampler(DistributedSampler):
             range(dataset_size),  # type: ignore[arg-type]
             num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed, drop_last=True,
         )  # fmt: skip
-        self.dataset_size = dataset_size
+        self.dataset_size, self.shuffle_order, self.batch_size = dataset_size, order, batch_size
         self.consumed = 0
 
     def order(self, epoch: int) -> list[int]:
         """All indices of ``epoch`` in the order they are drawn (over all ranks)."""
         if not self.shuffle:
             return list(range(self.dataset_size))
-        g = torch.Generator().manual_seed(self.seed + epoch)
-        return torch.randperm(self.dataset_size, generator=g).tolist()
+        return ORDERS[self.shuffle_order](self.dataset_size, self.seed, epoch, self.batch_size)
 
     def __iter__(self) -> Iterator[int]:
         remaining = self.order(self.epoch)[self.consumed :]

@@ -303,6 +303,14 @@ class PretrainedStage(StageModule):
             "gradient_checkpointing": gradient_checkpointing,
         }  # fmt: skip
 
+    def on_train_batch_start(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        """Report the batch's examples (of every process) to the data module, whose position goes
+        into checkpoints: a resumed run, even one stopped mid-epoch, skips exactly what was trained."""
+        datamodule = getattr(self.trainer, "datamodule", None)
+        if hasattr(datamodule, "mark_consumed"):
+            examples = next(iter(batch.values())).shape[0]  # every batch tensor is (B, ...)
+            datamodule.mark_consumed(examples * self.trainer.world_size)
+
     def load_tokenizer(self, model: str, padding_side: str):
         """The run's tokenizer: ``tokenizer`` when given, else ``model``'s (:func:`stage_tokenizer`)."""
         return stage_tokenizer(self.tokenizer_name, model, padding_side, self.missing_pad, self.revision,

@@ -1,6 +1,6 @@
 """SFT and the reward model on 2 CPU processes from the command line, under ddp and under fsdp2.
 
-Both strategies shard the data the same way (Lightning's distributed sampler over 2 ranks) and
+Both strategies shard the data the same way (rlhf-lit's resumable sampler over 2 ranks) and
 average the gradients, so their exports agree to float32 rounding; both moved away from the start.
 ``fsdp`` itself needs GPUs and is refused on CPU with one line naming ``fsdp2``.
 """
