@@ -89,6 +89,6 @@ def test_whiten_scope_defaults_to_global_and_takes_rank_or_nothing_else():
     bad = _cli("fit", "--config", ppo, "--model.init_args.ppo.whiten_scope", "all", "--print_config")
     assert bad.returncode == 2
     lines = [line for line in bad.stderr.splitlines() if line.startswith("rlhf-lit: error:")]
-    assert lines == ["rlhf-lit: error: option model.ppo.whiten_scope: Expected a typing.Literal['global', 'rank']. "
-                     "Got value: all"]
+    assert lines == ["rlhf-lit: error: option --model.init_args.ppo.whiten_scope: expected one of 'global', 'rank', "
+                     "got all"]
     assert "Traceback" not in bad.stderr

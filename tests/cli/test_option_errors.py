@@ -123,7 +123,7 @@ def test_a_class_that_does_not_exist_is_named_with_the_valid_choices(tmp_path):
     assert _refused(_parse("--config", str(OFFLINE / "ppo.yaml"), "--config", callback)) == (
         f"{callback}, line 3: trainer.callbacks[0].class_path: no class rlhf_lit.callbacks.RolloutCheckpont; did you "
         "mean rlhf_lit.callbacks.RolloutCheckpoint? (choices: rlhf_lit.callbacks.Checkpoint, "
-        "rlhf_lit.callbacks.OnlineGeneration, rlhf_lit.callbacks.RolloutCheckpoint, rlhf_lit.callbacks.RunProgressBar)")
+        "rlhf_lit.callbacks.OnlineGeneration, rlhf_lit.callbacks.Preemption, rlhf_lit.callbacks.RolloutCheckpoint, rlhf_lit.callbacks.RunProgressBar)")
 
 
 def test_a_value_of_the_wrong_type_names_the_option_and_the_type(tmp_path):
