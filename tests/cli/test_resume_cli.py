@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from cli_helpers import CLI, STORIES, error_line, ppo_config, rlhf_lit, run_main, write_yaml
+from suite_env import subprocess_env
 
 ROLLOUTS = 6
 CONSTANT_LR = {"lr": 3.0e-4, "eps": 1.0e-5}  # a constant schedule: max_rollouts may grow on resume
@@ -70,9 +71,8 @@ def test_killed_mid_rollout_and_resumed_with_the_readme_command_equals_a_straigh
     assert done.returncode == 0, done.stderr[-3000:]
     assert len(list((straight / "logs").rglob("metrics.csv"))) == 1  # one log run, written by rank 0
 
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     # Its own session: the kill reaches rank 1 too (Lightning's launcher starts it from rank 0).
-    proc = subprocess.Popen([str(CLI), "fit", "--config", str(killed / "ppo.yaml")], cwd=killed, env=env,
+    proc = subprocess.Popen([str(CLI), "fit", "--config", str(killed / "ppo.yaml")], cwd=killed, env=subprocess_env(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
     deadline = time.monotonic() + 300
     third, last = killed / "ckpt" / "rollout=3.ckpt", killed / "ckpt" / "last.ckpt"
