@@ -70,6 +70,12 @@ def ppo_config(root: Path, sft: Path, rm: Path, **model_overrides) -> dict:
     }  # fmt: skip
 
 
+def unseeded(config: dict) -> dict:
+    """A :func:`ppo_config` with ``rollout_seed`` and ``data.seed`` unset: they follow ``seed_everything``."""
+    del config["model"]["init_args"]["rollout_seed"], config["data"]["init_args"]["seed"]
+    return config
+
+
 def sft_config(root: Path, train_path: Path | str, **overrides) -> dict:
     """An SFT run of a few steps on stories260K."""
     model = {"model": str(STORIES), "optimizer": {"lr": 1.0e-3}, "export_dir": str(root / "export")}
