@@ -11,8 +11,9 @@ final model goes, the non-finite guard), loads its tokenizer with :func:`stage_t
 - the non-finite guard: an optimizer step with NaN or inf gradients is skipped and counted;
   non-finite weights are never saved;
 - checkpoints: the resume check against the checkpoint's settings (all but :attr:`SAFE_ON_RESUME`
-  must match, and the Trainer settings of :meth:`StageModule.kept_run_facts`), the frozen models (:attr:`FROZEN_PREFIXES`) left out of checkpoints and reloaded
-  from their paths, every other weight required on load.
+  must match, and the Trainer settings of :meth:`StageModule.kept_run_facts`), the frozen models
+  (:attr:`FROZEN_PREFIXES`) left out of checkpoints and reloaded from their paths, every other
+  weight required on load.
 
 :class:`RunLayout` is how a stage declares its place in a run directory (``--run_dir``; the CLI
 reads it).
@@ -35,7 +36,7 @@ from rlhf_lit.models.loading import DType
 from rlhf_lit.models.lora import LoRAConfig, exportable, with_lora
 from rlhf_lit.models.memory import enable_gradient_checkpointing
 from rlhf_lit.models.sharding import shard_models
-from rlhf_lit.stages.amp import has_gradient_scaler
+from rlhf_lit.stages.amp import has_gradient_scaler, loss_scale
 from rlhf_lit.stages.export import ExportExisting, check_export_at_fit_start, export_at_fit_end
 from rlhf_lit.stages.optim import lightning_optimizers
 from rlhf_lit.stages.nonfinite import NonFiniteGuard, assert_finite
@@ -217,10 +218,21 @@ class StageModule(pl.LightningModule):
             self.trainer, self.exported_model(), self.tokenizer, self.export_dir, self.EXPORT_WHAT, self.export_existing
         )
 
+    def on_before_backward(self, loss: torch.Tensor) -> None:
+        """Under fp16, note whether the loss is finite: a step the GradScaler skips counts as
+        non-finite when its loss was not (:mod:`rlhf_lit.stages.nonfinite`)."""
+        if has_gradient_scaler(self.trainer):
+            self.nonfinite.note_loss(loss)
+
     def on_before_optimizer_step(self, optimizer) -> None:
-        """Drop non-finite gradients (the step then changes nothing) and count the skip."""
-        scaler = has_gradient_scaler(self.trainer)
-        self.nonfinite.check_optimizer(optimizer, "the optimizer", scaler, f"step {self.global_step}")
+        """Drop non-finite gradients (the step then changes nothing) and count the skip; under fp16
+        count the steps the GradScaler skips (Lightning has unscaled the gradients by now)."""
+        self.nonfinite.check_optimizer(optimizer, "the optimizer", f"step {self.global_step}",
+                                       loss_scale(self.trainer), self.any_rank)  # fmt: skip
+
+    def any_rank(self, flag: bool) -> bool:
+        """``flag`` OR-ed over the processes (a collective under ddp / fsdp: every rank must call it)."""
+        return self.trainer.strategy.reduce_boolean_decision(flag, all=False)
 
     # ----- checkpoints ----------------------------------------------------------------------------
 

@@ -24,7 +24,7 @@ from rlhf_lit.models.sharding import shard_models
 from rlhf_lit.models.value import CriticKind, build_critic
 from rlhf_lit.run_seed import seed_or_run_seed
 from rlhf_lit.sources import source_fingerprint
-from rlhf_lit.stages.amp import has_gradient_scaler
+from rlhf_lit.stages.amp import loss_scale
 from rlhf_lit.stages.base import RunLayout, StageModule, as_config, require_input
 from rlhf_lit.stages.export import ExportExisting
 from rlhf_lit.stages.nonfinite import assert_finite
@@ -375,8 +375,8 @@ class PPOModule(StageModule):
         if self.hparams.critic == "shared_trunk":
             kind = "the policy and value head"
         where = f"rollout {self.rollout_index}, optimizer step {self.global_step}"
-        if not self.nonfinite.check_optimizer(optimizer, kind, has_gradient_scaler(self.trainer), where):
-            return  # gradients dropped: this optimizer's step changes nothing
+        if not self.nonfinite.check_optimizer(optimizer, kind, where, loss_scale(self.trainer), self.any_rank):
+            return  # gradients dropped, or fp16: the GradScaler skips this optimizer's step
         if self.ppo.max_grad_norm is not None:
             self.clip_gradients(optimizer, gradient_clip_val=self.ppo.max_grad_norm, gradient_clip_algorithm="norm")
 
