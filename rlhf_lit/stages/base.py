@@ -146,8 +146,8 @@ class StageModule(pl.LightningModule):
     NaN or inf; see :mod:`rlhf_lit.stages.nonfinite`).
 
     Class attributes a stage sets: :attr:`EXPORT_WHAT` (words for the export message),
-    :attr:`run_layout`, and where they differ from the defaults :attr:`SAFE_ON_RESUME` and
-    :attr:`FROZEN_PREFIXES`.
+    :attr:`run_layout`, and where they differ from the defaults :attr:`SAFE_ON_RESUME`,
+    :attr:`SEED_OPTIONS` and :attr:`FROZEN_PREFIXES`.
     """
 
     SAFE_ON_RESUME: tuple[str, ...] = ("export_dir", "export_existing", "max_skipped_updates")
