@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from suite_env import subprocess_env
 
 _LOGGERS = ("rlhf_lit", "lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero",
             "transformers.modeling_utils", "lightning.pytorch", "lightning.fabric")  # fmt: skip
@@ -32,15 +33,18 @@ _LOGGERS = ("rlhf_lit", "lightning.pytorch.utilities.rank_zero", "lightning.fabr
 
 @contextlib.contextmanager
 def isolated_main_state(cwd: Path, env: dict[str, str] | None = None) -> Iterator[None]:
-    """Run the body in ``cwd`` with ``env`` added to the environment (``RLHF_LIT_DEBUG`` removed unless
-    given), then put back everything ``rlhf_lit.cli.main`` may change in the process: the working
-    directory, ``os.environ`` (the debug switch, Lightning's ``PL_GLOBAL_SEED``), ``sys.argv``, the
-    warnings filters, the handlers / filters / levels of the loggers it configures, the CLI's debug
-    flag, transformers' progress-bar switch, torch's thread count and default dtype, and the random
-    states of torch, numpy and ``random`` (``seed_everything`` reseeds them all)."""
+    """Run the body in ``cwd`` in the suite's environment plus ``env`` (:func:`suite_env.subprocess_env`:
+    what a subprocess of the test would get), then put back everything ``rlhf_lit.cli.main`` may
+    change in the process: the working directory, ``os.environ`` (the debug switch, Lightning's
+    ``PL_GLOBAL_SEED``), ``sys.argv``, the warnings filters, the handlers / filters / levels of the
+    loggers it configures, the CLI's debug flag, transformers' progress-bar switch, torch's thread
+    count and default dtype, the random states of torch, numpy and ``random`` (``seed_everything``
+    reseeds them all), and the hub probe's answer (``rlhf_lit.sources`` asks once per process: a run
+    with another ``HF_ENDPOINT`` asks again)."""
     from transformers.utils import logging as hf_logging
 
     import rlhf_lit.cli
+    from rlhf_lit.sources import _hub_reachable
 
     saved_env, saved_argv, saved_cwd = dict(os.environ), list(sys.argv), os.getcwd()
     saved_loggers = {}
@@ -53,8 +57,10 @@ def isolated_main_state(cwd: Path, env: dict[str, str] | None = None) -> Iterato
     saved_debug, saved_bar = rlhf_lit.cli._debug, hf_logging.is_progress_bar_enabled()
     saved_threads, saved_dtype = torch.get_num_threads(), torch.get_default_dtype()
     saved_rng = (torch.random.get_rng_state(), np.random.get_state(), random.getstate())
-    os.environ.pop("RLHF_LIT_DEBUG", None)
-    os.environ.update({"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", **(env or {})})
+    run_env = subprocess_env(env)
+    os.environ.clear()
+    os.environ.update(run_env)
+    _hub_reachable.cache_clear()
     sys.argv = ["rlhf-lit"]
     os.chdir(cwd)
     try:
@@ -65,6 +71,7 @@ def isolated_main_state(cwd: Path, env: dict[str, str] | None = None) -> Iterato
         sys.argv = saved_argv
         os.environ.clear()
         os.environ.update(saved_env)
+        _hub_reachable.cache_clear()
         for name, (handlers, filters, level, propagate) in saved_loggers.items():
             logger = logging.getLogger(name)
             logger.handlers, logger.filters, logger.propagate = handlers, filters, propagate

@@ -2,9 +2,12 @@
 
 import os
 
-# One thread per process: two threads on 2 cores under load were measured 10-50x slower.
-os.environ.setdefault("OMP_NUM_THREADS", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+from suite_env import control_this_process
+
+# The suite's own environment, whatever the caller exported (one thread per process, no debug
+# switch, no Hugging Face offline flags, an empty cache: tests/suite_env.py), set before the
+# Hugging Face libraries are imported: they read their switches once, at import.
+control_this_process()
 
 import shutil  # noqa: E402
 

@@ -14,7 +14,6 @@ again, resumes a checkpoint) copies it first with :meth:`OfflineChain.copy_to`.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -22,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from assets_paths import HH_RLHF, STORIES260K, TINYSTORIES
+from suite_env import subprocess_env
 
 QUIET = ("--trainer.accelerator", "cpu", "--trainer.enable_progress_bar", "false",
          "--trainer.enable_model_summary", "false")  # fmt: skip
@@ -47,10 +47,9 @@ CLI = Path(sys.executable).parent / "rlhf-lit"
 
 
 def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    """``rlhf-lit <args>`` in a subprocess in ``cwd``: one thread, no inherited debug switch."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    env.pop("RLHF_LIT_DEBUG", None)
-    return subprocess.run([str(CLI), *args], cwd=cwd, capture_output=True, text=True, timeout=600, env=env)
+    """``rlhf-lit <args>`` in a subprocess in ``cwd``, in the suite's environment (tests/suite_env.py)."""
+    return subprocess.run([str(CLI), *args], cwd=cwd, capture_output=True, text=True, timeout=600,
+                          env=subprocess_env())  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from rlhf_lit.data.encoding import TextEncoder, require_tokenizer
 from rlhf_lit.data.records import is_text_file, read_rows
 from rlhf_lit.data.sampler import ResumableSampler, ShuffleOrder
 from rlhf_lit.data.splits import split_by_fraction
+from rlhf_lit.run_seed import seed_or_run_seed
 
 TRUNCATION_MESSAGES = {
     "prompt": "were longer than max_prompt_length: their start was cut",
@@ -85,7 +86,7 @@ class TextDataModule(L.LightningDataModule):
         train_path: str,
         val_path: str | None,
         val_fraction: float,
-        seed: int,
+        seed: int | None,
         format: str,
         fields: Fields | Mapping[str, Any],
         split: str,
@@ -112,9 +113,10 @@ class TextDataModule(L.LightningDataModule):
         if max_records is not None and max_records < 1:
             raise ValueError(f"max_records must be >= 1 or None, got {max_records}")
         self.tokenizer = tokenizer
-        self.train_path, self.val_path, self.val_fraction, self.seed = (
-            train_path, val_path, val_fraction, seed,
-        )
+        # Resolved now (LightningCLI has called seed_everything by the time it builds the module);
+        # the hyperparameters keep the option as given (None), the checkpoint the run seed.
+        self.seed = seed_or_run_seed(seed)
+        self.train_path, self.val_path, self.val_fraction = train_path, val_path, val_fraction
         self.format = format
         self.fields = Fields(**fields) if isinstance(fields, Mapping) else fields
         self.split, self.subset, self.max_records = split, subset, max_records

@@ -47,7 +47,9 @@ class PreferenceDataModule(TextDataModule):
         val_path: validation data from a separate source (same rules as ``train_path``).
         val_fraction: else hold out this fraction of the training pairs (seeded by ``seed``);
             0 means no validation. Giving it together with ``val_path`` is an error.
-        seed: seed of the validation split and of the training shuffle.
+        seed: seed of the validation split and of the training shuffle; None: the run's
+            ``seed_everything`` (:mod:`rlhf_lit.run_seed`), so another run seed holds out other
+            examples and shuffles them in another order.
         format: record format: ``fields`` (prompt/chosen/rejected[/margin] columns named by
             ``fields``) or ``hh_rlhf`` (transcripts split at the last ``\\n\\nAssistant:``; pairs
             that do not share the prompt are skipped and counted).
@@ -81,7 +83,7 @@ class PreferenceDataModule(TextDataModule):
         train_path: str,
         val_path: str | None = None,
         val_fraction: float = 0.0,
-        seed: int = 0,
+        seed: int | None = None,
         format: Literal["fields", "hh_rlhf"] = "fields",
         fields: Fields = Fields(),
         split: str = "train",

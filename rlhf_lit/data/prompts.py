@@ -47,7 +47,9 @@ class PromptDataModule(TextDataModule):
         val_path: validation prompts from a separate source (same rules as ``train_path``).
         val_fraction: else hold out this fraction of the prompts (seeded by ``seed``); 0 means
             no validation. Giving it together with ``val_path`` is an error.
-        seed: seed of the validation split and of the per-epoch permutation.
+        seed: seed of the validation split, of the per-epoch permutation and of the ptx order;
+            None: the run's ``seed_everything`` (:mod:`rlhf_lit.run_seed`), so another run seed
+            draws the prompts in another order.
         format: record format: ``fields`` (the ``fields.prompt`` column), ``hh_rlhf`` (the
             dialogue up to and including the last ``\\n\\nAssistant:`` of ``chosen``), ``alpaca``
             (the instruction prompt template), ``paragraphs`` (first ``prompt_words`` words).
@@ -91,7 +93,7 @@ class PromptDataModule(TextDataModule):
         train_path: str,
         val_path: str | None = None,
         val_fraction: float = 0.0,
-        seed: int = 0,
+        seed: int | None = None,
         format: Literal["fields", "hh_rlhf", "alpaca", "paragraphs"] = "fields",
         fields: Fields = Fields(),
         split: str = "train",

@@ -37,7 +37,9 @@ class SFTDataModule(TextDataModule):
         val_path: validation data from a separate source (same rules as ``train_path``).
         val_fraction: else hold out this fraction of the training examples (seeded by ``seed``);
             0 means no validation. Giving it together with ``val_path`` is an error.
-        seed: seed of the validation split and of the training shuffle.
+        seed: seed of the validation split and of the training shuffle; None: the run's
+            ``seed_everything`` (:mod:`rlhf_lit.run_seed`), so another run seed holds out other
+            examples and shuffles them in another order.
         format: record format: ``fields`` (column names from ``fields``), ``hh_rlhf`` (prompt +
             chosen of HH-RLHF transcripts), ``alpaca`` (instruction/input/output, status ok),
             ``paragraphs`` (first ``prompt_words`` words -> rest).
@@ -66,7 +68,7 @@ class SFTDataModule(TextDataModule):
         train_path: str,
         val_path: str | None = None,
         val_fraction: float = 0.0,
-        seed: int = 0,
+        seed: int | None = None,
         format: Literal["fields", "hh_rlhf", "alpaca", "paragraphs"] = "fields",
         fields: Fields = Fields(),
         split: str = "train",

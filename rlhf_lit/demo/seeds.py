@@ -12,7 +12,7 @@ reward model and data, once per seed, and measures every policy the way the demo
 What a seed varies: PPO's ``model.rollout_seed`` (sampling and minibatch shuffles) and
 ``data.seed`` (prompt order), which decide a PPO run, plus ``seed_everything``; DPO's
 ``data.seed`` (pair order and its held-out split) and ``seed_everything``. Seed 0 is the demo's
-own run (its configs leave both at 0).
+own run (its configs set both to 0).
 
 Written under ``--out`` (a folder this command creates, marked by :data:`MARKER`; a finished run
 is reused by a rerun, nothing is deleted):

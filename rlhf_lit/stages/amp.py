@@ -1,4 +1,6 @@
-"""One loss-scale update per optimizer step of PPO's two optimizers (fp16 with a separate critic).
+"""fp16's GradScaler as the stages see it: whether there is one, its scale (:func:`loss_scale`, read
+by the non-finite guard), and one loss-scale update per optimizer step of PPO's two optimizers
+(fp16 with a separate critic).
 
 Lightning's ``MixedPrecision`` plugin calls ``scaler.step(optimizer)`` and then ``scaler.update()``
 inside every ``optimizer.step()``. PPO with a separate critic steps two optimizers on gradients
@@ -21,6 +23,13 @@ from lightning.pytorch import Trainer
 def has_gradient_scaler(trainer: Trainer) -> bool:
     """Whether the trainer's precision plugin scales the loss (fp16 ``16-mixed``)."""
     return getattr(trainer.precision_plugin, "scaler", None) is not None
+
+
+def loss_scale(trainer: Trainer) -> float | None:
+    """The GradScaler's current scale (fp16 ``16-mixed``): what the loss of this step was multiplied
+    by, until ``scaler.update()`` after the optimizer steps; None without a scaler (fp32, bf16)."""
+    scaler = getattr(trainer.precision_plugin, "scaler", None)
+    return None if scaler is None else float(scaler.get_scale())
 
 
 @contextmanager

@@ -12,8 +12,9 @@ final model goes, the non-finite guard), loads its tokenizer with :func:`stage_t
 - the non-finite guard: an optimizer step with NaN or inf gradients is skipped and counted;
   non-finite weights are never saved;
 - checkpoints: the resume check against the checkpoint's settings (all but :attr:`SAFE_ON_RESUME`
-  must match), the frozen models (:attr:`FROZEN_PREFIXES`) left out of checkpoints and reloaded
-  from their paths, every other weight required on load.
+  must match, and the Trainer settings of :meth:`StageModule.kept_run_facts`), the frozen models
+  (:attr:`FROZEN_PREFIXES`) left out of checkpoints and reloaded from their paths, every other
+  weight required on load.
 
 :class:`RunLayout` is how a stage declares its place in a run directory (``--run_dir``; the CLI
 reads it).
@@ -36,11 +37,13 @@ from rlhf_lit.models.loading import DType
 from rlhf_lit.models.lora import LoRAConfig, with_lora
 from rlhf_lit.models.memory import enable_gradient_checkpointing
 from rlhf_lit.models.sharding import shard_models
-from rlhf_lit.stages.amp import has_gradient_scaler
+from rlhf_lit.stages.amp import has_gradient_scaler, loss_scale
 from rlhf_lit.stages.export import ExportExisting, check_export_at_fit_start, export_at_fit_end
 from rlhf_lit.stages.optim import lightning_optimizers
 from rlhf_lit.stages.nonfinite import NonFiniteGuard, assert_finite
-from rlhf_lit.stages.resume import check_loaded_keys, check_module_resume
+from rlhf_lit.stages.resume import (
+    RUN_FACTS, check_loaded_keys, check_module_resume, run_fact_changes, run_facts, unset_seeds,
+)  # fmt: skip
 from rlhf_lit.tokenizer import MissingPad, load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -144,12 +147,14 @@ class StageModule(pl.LightningModule):
     NaN or inf; see :mod:`rlhf_lit.stages.nonfinite`).
 
     Class attributes a stage sets: :attr:`EXPORT_WHAT` (words for the export message),
-    :attr:`run_layout`, and where they differ from the defaults :attr:`SAFE_ON_RESUME` and
-    :attr:`FROZEN_PREFIXES`.
+    :attr:`run_layout`, and where they differ from the defaults :attr:`SAFE_ON_RESUME`,
+    :attr:`SEED_OPTIONS` and :attr:`FROZEN_PREFIXES`.
     """
 
     SAFE_ON_RESUME: tuple[str, ...] = ("export_dir", "export_existing", "max_skipped_updates")
     """Settings a resume may change: where the export goes, how many skips stop the run."""
+    SEED_OPTIONS: tuple[str, ...] = ()
+    """The stage's seed options that follow ``seed_everything`` when None (PPO: ``rollout_seed``)."""
     FROZEN_PREFIXES: tuple[str, ...] = ()
     """State-dict prefixes of frozen models: never written to checkpoints, reloaded from their paths."""
     EXPORT_WHAT: str = "model"
@@ -210,18 +215,52 @@ class StageModule(pl.LightningModule):
             self.trainer, self.trained_model(), self.tokenizer, self.export_dir, self.EXPORT_WHAT, self.export_existing
         )
 
+    def on_before_backward(self, loss: torch.Tensor) -> None:
+        """Under fp16, note whether the loss is finite: a step the GradScaler skips counts as
+        non-finite when its loss was not (:mod:`rlhf_lit.stages.nonfinite`)."""
+        if has_gradient_scaler(self.trainer):
+            self.nonfinite.note_loss(loss)
+
     def on_before_optimizer_step(self, optimizer) -> None:
-        """Drop non-finite gradients (the step then changes nothing) and count the skip."""
-        scaler = has_gradient_scaler(self.trainer)
-        self.nonfinite.check_optimizer(optimizer, "the optimizer", scaler, f"step {self.global_step}")
+        """Drop non-finite gradients (the step then changes nothing) and count the skip; under fp16
+        count the steps the GradScaler skips (Lightning has unscaled the gradients by now)."""
+        self.nonfinite.check_optimizer(optimizer, "the optimizer", f"step {self.global_step}",
+                                       loss_scale(self.trainer), self.any_rank)  # fmt: skip
+
+    def any_rank(self, flag: bool) -> bool:
+        """``flag`` OR-ed over the processes (a collective under ddp / fsdp: every rank must call it)."""
+        return self.trainer.strategy.reduce_boolean_decision(flag, all=False)
 
     # ----- checkpoints ----------------------------------------------------------------------------
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        """Refuse to save non-finite weights; keep the skip counters; leave the frozen models out."""
+        """Refuse to save non-finite weights; keep the skip counters and the run's Trainer settings and
+        seed (:func:`~rlhf_lit.stages.resume.run_facts`); leave the frozen models out."""
         assert_finite(self.trained_model(), type(self).__name__)
         checkpoint["nonfinite"] = self.nonfinite.state_dict()
+        checkpoint[RUN_FACTS] = run_facts(self.trainer)
         self.drop_frozen(checkpoint)
+
+    def kept_run_facts(self) -> list[str]:
+        """The :func:`~rlhf_lit.stages.resume.run_facts` a resume must keep.
+
+        Precision, gradient accumulation and the number of processes change what every step
+        computes. ``max_steps`` and ``max_epochs`` set a decaying schedule's length
+        (``estimated_stepping_batches``): a resume rebuilds the schedule with the new length, so
+        the LR would jump; with ``schedule: constant`` they only say how far the run goes.
+        """
+        kept = ["trainer.precision", "trainer.accumulate_grad_batches", "trainer.world_size"]
+        if self.optimizer_config.schedule != "constant":
+            kept += ["trainer.max_steps", "trainer.max_epochs"]
+        return kept
+
+    def run_changes(self, checkpoint: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
+        """The differences from the checkpoint's Trainer settings and run seed that a resume refuses
+        (:meth:`kept_run_facts`; the run seed when a seed option follows it); {} unless resuming a fit."""
+        if self._trainer is None or getattr(self._trainer.state, "fn", None) != "fit":
+            return {}
+        return run_fact_changes(checkpoint.get(RUN_FACTS, {}), run_facts(self.trainer), self.kept_run_facts(),
+                                unset_seeds(self, self.SEED_OPTIONS))  # fmt: skip
 
     def drop_frozen(self, checkpoint: dict) -> None:
         """Remove the :attr:`FROZEN_PREFIXES` weights from ``checkpoint`` (reloaded from paths on resume)."""
@@ -230,8 +269,9 @@ class StageModule(pl.LightningModule):
             checkpoint["state_dict"] = {k: v for k, v in state.items() if not k.startswith(self.FROZEN_PREFIXES)}
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        """Check the configuration against the checkpoint's; restore the skip counters."""
-        check_module_resume(self, checkpoint, self.SAFE_ON_RESUME)
+        """Check the configuration, Trainer settings and run seed against the checkpoint's; restore the
+        skip counters."""
+        check_module_resume(self, checkpoint, self.SAFE_ON_RESUME, self.run_changes(checkpoint))
         if "nonfinite" in checkpoint:
             self.nonfinite.load_state_dict(checkpoint["nonfinite"])
 

@@ -4,18 +4,27 @@ One NaN reward turns every weight into NaN in a single update; the next checkpoi
 them and the run dies later somewhere that never mentions the reward. Here each optimizer step
 first checks its gradients (one device-to-host read per step; a NaN loss gives NaN gradients, so
 this covers losses too) and drops them when any is NaN or inf: AdamW skips parameters without a
-gradient, so the step changes nothing, its moments included. With fp16 (a gradient scaler) the
-scaler already skips such steps as part of its loss scaling and nothing is counted here. PPO also
-checks each rollout's scores, logprobs and values before updating on them. After
-``max_skipped_updates`` skips in a row the run stops with :class:`NonFiniteError`, and no
-checkpoint or export is ever written with non-finite weights (:func:`assert_finite`).
+gradient, so the step changes nothing, its moments included. PPO also checks each rollout's
+scores, logprobs and values before updating on them. After ``max_skipped_updates`` skips in a row
+the run stops with :class:`NonFiniteError`, and no checkpoint or export is ever written with
+non-finite weights (:func:`assert_finite`).
+
+fp16 (``16-mixed``: a GradScaler multiplies the loss by its scale) differs in one way. The scaler
+itself skips a step whose gradients overflow and halves its scale; PyTorch's documentation expects
+this "for the first few iterations as its value calibrates" (the scale starts at 2^16). Such a
+skip is logged and counted in the total, but does not count toward ``max_skipped_updates`` while
+it can be the calibration: the losses of the step were finite and the scale above 1. A skip whose
+loss was NaN or inf (as a NaN reward or a diverged model gives), or that overflowed at a scale of
+1 or below (the gradients themselves do not fit in fp16), counts as a non-finite update does in
+32-bit, so the run stops after ``max_skipped_updates`` of them. The scaler's own skip is kept: the
+gradients are not dropped (it has already seen their overflow).
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
@@ -91,6 +100,11 @@ class NonFiniteGuard:
         self.limit, self.option = limit, option
         self.consecutive: dict[str, int] = {}
         self.total = 0
+        # fp16 only: whether every loss backpropagated into the gradients about to be stepped was
+        # finite (a device tensor: no host read unless a step is skipped), and whether an optimizer
+        # has been checked since the last loss (the next loss then starts a new step's record).
+        self._losses_finite: torch.Tensor | None = None
+        self._checked_since_loss = True
 
     def skipped(self, kind: str, what: str) -> None:
         """Record a skipped update of ``kind`` (``what`` says which and why); raise after ``limit`` in a row."""
@@ -108,15 +122,48 @@ class NonFiniteGuard:
         """Record a finite update of ``kind``: its run of skips is over."""
         self.consecutive[kind] = 0
 
-    def check_optimizer(self, optimizer: torch.optim.Optimizer, kind: str, has_scaler: bool, where: str) -> bool:
-        """Drop ``optimizer``'s gradients and count a skip when any is not finite; True when they are."""
-        if has_scaler:  # fp16: the GradScaler skips inf steps itself, as part of finding its scale
-            return True
+    def note_loss(self, loss: torch.Tensor) -> None:
+        """Record whether ``loss``, about to be backpropagated, is finite (fp16 steps read it; see the
+        module docstring). The losses of one step (gradient accumulation) are AND-ed; the first loss
+        after an optimizer check starts the next step's record."""
+        finite = torch.isfinite(loss.detach()).all()  # () bool, on the loss's device
+        if self._checked_since_loss or self._losses_finite is None:
+            self._losses_finite, self._checked_since_loss = finite, False
+        else:
+            self._losses_finite = self._losses_finite & finite
+
+    def check_optimizer(
+        self, optimizer: torch.optim.Optimizer, kind: str, where: str, loss_scale: float | None = None,
+        any_rank: Callable[[bool], bool] = lambda flag: flag,
+    ) -> bool:
+        """Whether ``optimizer``'s gradients are finite; when not, the step is skipped and counted.
+
+        Args:
+            optimizer: checked after its gradients are complete (and unscaled, under fp16).
+            kind: what it trains, for counting and messages (e.g. ``"the critic"``).
+            where: the step, for messages.
+            loss_scale: the GradScaler's scale the gradients were computed with (fp16); None without
+                one: then non-finite gradients are dropped, so the step changes nothing.
+            any_rank: ``flag`` OR-ed over the processes (a collective; called on every rank, only
+                when the gradients, which every rank shares, are not finite).
+        """
+        self._checked_since_loss = True
         if gradients_finite(optimizer):
             self.passed(kind)
             return True
-        drop_gradients(optimizer)
-        self.skipped(kind, f"non-finite gradients of {kind} at {where}")
+        if loss_scale is None:
+            drop_gradients(optimizer)
+            self.skipped(kind, f"non-finite gradients of {kind} at {where}")
+            return False
+        # fp16: the scaler found the overflow while unscaling and skips the step itself.
+        losses_finite = not any_rank(self._losses_finite is not None and not bool(self._losses_finite))
+        what = f"non-finite gradients of {kind} at {where}, skipped by the fp16 GradScaler at loss scale {loss_scale:g}"
+        if losses_finite and loss_scale > 1:  # the scaler's calibration (module docstring)
+            self.total += 1
+            log.info("skipped an update: %s; not counted toward %s (a finite loss, a scale above 1: the scaler "
+                     "lowers it) (%d in all)", what, self.option, self.total)  # fmt: skip
+            return False
+        self.skipped(kind, what if losses_finite else f"{what}; the loss was not finite")
         return False
 
     def state_dict(self) -> dict[str, Any]:

@@ -7,6 +7,13 @@ position means, a different learning rate never takes effect (the scheduler rest
 differences are refused, all listed in one message. Differences that only change how far the run
 goes or where its outputs go (the stage lists them, e.g. ``max_rollouts``, ``export_dir``) are
 applied and logged.
+
+Beside the hyperparameters a checkpoint records :func:`run_facts` (under :data:`RUN_FACTS`): the
+Trainer settings that change what every step computes (precision, gradient accumulation, the
+number of processes), the run's length (a decaying schedule is rebuilt with the new length on
+resume) and the run seed that unset seed options follow (:mod:`rlhf_lit.run_seed`). A stage names
+the ones that must match (:func:`run_fact_changes`); a checkpoint written before they were recorded
+is not checked for them.
 """
 
 from __future__ import annotations
@@ -16,12 +23,20 @@ import os
 from collections.abc import Collection, Mapping
 from typing import Any
 
+from rlhf_lit.run_seed import run_seed
+
 log = logging.getLogger(__name__)
 
 INTERNAL_KEYS = ("_class_path", "_instantiator")
 """Keys LightningCLI adds to the hyperparameters; not settings."""
 SAFE_DATA_KEYS = frozenset({"num_workers"})
 """Data-module settings that may change on resume (everything else moves the data position)."""
+
+
+RUN_FACTS = "run_facts"
+"""The checkpoint key of :func:`run_facts`."""
+RUN_SEED = "seed_everything"
+"""The run seed's name among :func:`run_facts`."""
 
 
 class ResumeMismatch(ValueError):
@@ -117,6 +132,62 @@ def check_resume(
             f"the run:\n{lines}\nresume with the checkpoint's settings (only {', '.join(sorted(safe_model_keys))} "
             "may change), or start a new run without --ckpt_path"
         )
+
+
+def run_facts(trainer: Any) -> dict[str, Any]:
+    """What a checkpoint records of the run beside the hyperparameters (see the module docstring).
+
+    ``trainer.world_size`` is ``devices x num_nodes``; the precision is Lightning's normalised name
+    (``32`` and ``32-true`` are one). ``seed_everything`` is None when the run was not seeded.
+    """
+    return {
+        "trainer.precision": str(trainer.precision),
+        "trainer.accumulate_grad_batches": int(trainer.accumulate_grad_batches),
+        "trainer.world_size": int(trainer.world_size),
+        "trainer.max_steps": int(trainer.max_steps),
+        "trainer.max_epochs": trainer.max_epochs,
+        RUN_SEED: run_seed(),
+    }
+
+
+def unset_seeds(module: Any, seed_options: Collection[str]) -> list[str]:
+    """The seed options left at None, which follow the run seed: the stage's (``seed_options``, e.g.
+    PPO's ``rollout_seed``) as ``model.<name>``, and its data module's ``seed`` as ``data.seed``."""
+    unset = [f"model.{name}" for name in seed_options if name in module.hparams and module.hparams[name] is None]
+    trainer = getattr(module, "_trainer", None)
+    data_hparams = getattr(getattr(trainer, "datamodule", None), "hparams", {})
+    if "seed" in data_hparams and data_hparams["seed"] is None:
+        unset.append("data.seed")
+    return unset
+
+
+def run_fact_changes(
+    saved: Mapping[str, Any], now: Mapping[str, Any], kept: Collection[str], seeds_following: Collection[str]
+) -> dict[str, tuple[Any, Any]]:
+    """``{name: (checkpoint value, current value)}`` of the :func:`run_facts` a resume must keep that differ.
+
+    Args:
+        saved: the checkpoint's facts (``{}`` for a checkpoint written before they were recorded).
+        now: this run's.
+        kept: the names that must match (the stage's choice).
+        seeds_following: the seed options left unset (e.g. ``data.seed``): when there are any the run
+            seed must match too, and its name in the message says which options follow it.
+
+    Other differences are allowed, and logged.
+    """
+    compared = {name: name for name in kept}
+    if seeds_following:
+        verb = "follow" if len(seeds_following) > 1 else "follows"
+        compared[RUN_SEED] = f"{RUN_SEED} ({' and '.join(seeds_following)} {verb} it)"
+    changed = {}
+    for name in saved.keys() & now.keys():
+        if saved[name] == now[name]:
+            continue
+        if name in compared:
+            changed[compared[name]] = (saved[name], now[name])
+        else:
+            log.info("resuming with %s changed: %s -> %s", name, _describe(saved[name]), _describe(now[name]))
+    return dict(sorted(changed.items()))
 
 
 def check_loaded_keys(

@@ -4,12 +4,12 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
 import pytest
 from assets_paths import ROOT, STORIES260K
+from suite_env import subprocess_env
 
 from rlhf_lit.tokenizer import load_tokenizer
 
@@ -29,7 +29,7 @@ def test_benchmark_runs_a_workload_from_the_harness_environment(tmp_path, old_lo
     workload = dict(POLICY=STORIES, REWARD=STORIES, TOKENIZER=STORIES, BATCH=4, PROMPT_LEN=6, RESP_LEN=5, EPOCHS=1,
                     MINIBATCHES=2, ITERS=2, THREADS=1, TEMPERATURE=0.7, KL_COEF=0.05, SEED=0, LR=1e-5,
                     WORKLOAD="smoke", PROMPT_IDS=prompt_file, JSON=tmp_path / "out.json")  # fmt: skip
-    env = {**os.environ, **{f"PEERBENCH_{k}": str(v) for k, v in workload.items()}, "OMP_NUM_THREADS": "1"}
+    env = subprocess_env({f"PEERBENCH_{k}": str(v) for k, v in workload.items()})
     options = [] if old_logprobs == "rescore" else ["--old-logprobs", "sampling"]  # rescore is the default
     result = subprocess.run([sys.executable, str(ROOT / "bench" / "ppo_throughput.py"), *options], env=env, cwd=tmp_path,
                             capture_output=True, text=True, timeout=300)  # fmt: skip

@@ -15,7 +15,6 @@ Two ways, one result type (:class:`subprocess.CompletedProcess`: ``returncode``,
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -24,16 +23,17 @@ import yaml
 from assets_paths import ASSETS, HH_RLHF, ROOT, TINYSTORIES  # noqa: F401  (re-exported for the CLI tests)
 from assets_paths import STORIES260K as STORIES
 from cli_in_process import isolated_main_state, run_main  # noqa: F401  (re-exported)
+from suite_env import subprocess_env
 
 CLI = Path(sys.executable).parent / "rlhf-lit"
 """The console script of this environment: what a user types."""
 
 
 def rlhf_lit(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
-    """``rlhf-lit <args>`` in a subprocess in ``cwd``; one thread, no inherited debug switch."""
-    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", **(env or {})}
-    full_env.pop("RLHF_LIT_DEBUG", None) if "RLHF_LIT_DEBUG" not in (env or {}) else None
-    return subprocess.run([str(CLI), *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=full_env)
+    """``rlhf-lit <args>`` in a subprocess in ``cwd``, in the suite's environment (one thread, no debug
+    switch, no Hugging Face offline flags: :func:`suite_env.subprocess_env`) plus ``env``."""
+    return subprocess.run([str(CLI), *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                          env=subprocess_env(env))  # fmt: skip
 
 
 def write_yaml(path: Path, config: dict) -> Path:
@@ -68,6 +68,12 @@ def ppo_config(root: Path, sft: Path, rm: Path, **model_overrides) -> dict:
             "train_path": str(TINYSTORIES), "format": "paragraphs", "prompt_words": 6, "max_records": 64,
             "batch_size": 4, "seed": 5}},
     }  # fmt: skip
+
+
+def unseeded(config: dict) -> dict:
+    """A :func:`ppo_config` with ``rollout_seed`` and ``data.seed`` unset: they follow ``seed_everything``."""
+    del config["model"]["init_args"]["rollout_seed"], config["data"]["init_args"]["seed"]
+    return config
 
 
 def sft_config(root: Path, train_path: Path | str, **overrides) -> dict:

@@ -8,6 +8,7 @@ import pytest
 from assets_paths import CONFIGS as CONFIG_DIR
 from assets_paths import ROOT
 from cli_in_process import run_main
+from suite_env import subprocess_env
 
 CONFIGS = sorted(CONFIG_DIR.rglob("*.yaml"))
 
@@ -29,7 +30,7 @@ def test_fit_help_lists_trainer_model_and_data_options():
 def test_console_script_exits_zero_on_help():
     # `sys.exit(main())` in the generated script must see None, not a CLI object (exit 1).
     script = Path(sys.executable).parent / "rlhf-lit"
-    result = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=300)
+    result = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=300, env=subprocess_env())
     assert result.returncode == 0, result.stderr
     assert "fit" in result.stdout
 

@@ -88,6 +88,29 @@ def test_a_nan_reward_is_skipped_and_stops_the_run_without_nan_weights_on_disk(t
         assert all(torch.isfinite(v).all() for v in state.values() if v.is_floating_point()), ckpt
 
 
+FP16_PLUGIN = {"class_path": "lightning.pytorch.plugins.precision.MixedPrecision", "init_args": {
+    "precision": "16-mixed", "device": "cpu",
+    "scaler": {"class_path": "torch.amp.GradScaler", "init_args": {"device": "cpu"}}}}  # fmt: skip
+"""fp16 with a GradScaler on a CPU (``--trainer.precision 16-mixed`` is turned into bf16-mixed there)."""
+
+
+def test_a_diverged_fp16_run_stops_instead_of_skipping_every_step_silently(tmp_path):
+    # lr 1e4: the first step sends the weights so far that every later loss is NaN. The GradScaler
+    # skips those steps by itself; the guard counts them as it counts NaN gradients in 32-bit.
+    data = tmp_path / "paragraphs.txt"
+    data.write_text(TINYSTORIES.read_text(encoding="utf-8")[:20000], encoding="utf-8")
+    config = sft_config(tmp_path, data, max_steps=6, model={"optimizer": {"lr": 1.0e4}, "max_skipped_updates": 2})
+    config["trainer"]["plugins"] = [FP16_PLUGIN]
+    write_yaml(tmp_path / "sft.yaml", config)
+    result = run_main("fit", "--config", "sft.yaml", cwd=tmp_path)
+    assert result.returncode == 1
+    assert error_line(result).startswith("rlhf-lit: error: stopping: 2 updates in a row skipped for non-finite values; "
+                                         "the last: non-finite gradients of the optimizer at step 2, skipped by the "
+                                         "fp16 GradScaler at loss scale 32768; the loss was not finite")  # fmt: skip
+    assert result.stderr.count("skipped an update:") == 2
+    assert not (tmp_path / "export").exists()
+
+
 def test_a_reward_model_with_another_vocabulary_is_refused(tmp_path, gpt2_rm):
     write_yaml(tmp_path / "ppo.yaml", ppo_config(tmp_path, STORIES, gpt2_rm))
     result = run_main("fit", "--config", str(tmp_path / "ppo.yaml"), cwd=tmp_path)

@@ -14,7 +14,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from cli_helpers import CLI, STORIES, error_line, ppo_config, rlhf_lit, run_main, write_yaml
+from cli_helpers import (
+    CLI, STORIES, TINYSTORIES, error_line, ppo_config, rlhf_lit, run_main, sft_config, unseeded, write_yaml,
+)  # fmt: skip
+from suite_env import subprocess_env
 
 ROLLOUTS = 6
 CONSTANT_LR = {"lr": 3.0e-4, "eps": 1.0e-5}  # a constant schedule: max_rollouts may grow on resume
@@ -70,9 +73,8 @@ def test_killed_mid_rollout_and_resumed_with_the_readme_command_equals_a_straigh
     assert done.returncode == 0, done.stderr[-3000:]
     assert len(list((straight / "logs").rglob("metrics.csv"))) == 1  # one log run, written by rank 0
 
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     # Its own session: the kill reaches rank 1 too (Lightning's launcher starts it from rank 0).
-    proc = subprocess.Popen([str(CLI), "fit", "--config", str(killed / "ppo.yaml")], cwd=killed, env=env,
+    proc = subprocess.Popen([str(CLI), "fit", "--config", str(killed / "ppo.yaml")], cwd=killed, env=subprocess_env(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
     deadline = time.monotonic() + 300
     third, last = killed / "ckpt" / "rollout=3.ckpt", killed / "ckpt" / "last.ckpt"
@@ -125,18 +127,19 @@ def test_a_checkpoint_resumes_under_another_strategy_exactly(tmp_path, stories_r
 
 def test_grpo_with_several_samples_per_prompt_resumes_exactly(tmp_path, stories_rm):
     """k = 2 samples per prompt, no critic (one optimizer): 1 rollout + resume = 2 straight rollouts,
-    the data position counted in prompts, not rows."""
+    the data position counted in prompts, not rows; sampling, shuffles and prompt order seeded by
+    ``seed_everything`` alone (``rollout_seed`` and ``data.seed`` unset)."""
     finals = {}
     for name in ("straight", "resumed"):
         root = tmp_path / name
         grpo = {"optimizer": CONSTANT_LR, "ppo": {"epochs": 2, "minibatch_size": 4, "estimator": "grpo"},
                 "sampling": {"max_new_tokens": 12, "temperature": 1.0, "samples_per_prompt": 2}}  # fmt: skip
-        config = ppo_config(root, STORIES, stories_rm, max_rollouts=2 if name == "straight" else 1, **grpo)
+        config = unseeded(ppo_config(root, STORIES, stories_rm, max_rollouts=2 if name == "straight" else 1, **grpo))
         write_yaml(root / "first.yaml", config)
         result = run_main("fit", "--config", str(root / "first.yaml"), cwd=root)
         assert result.returncode == 0, result.stderr[-3000:]
         if name == "resumed":
-            config = ppo_config(root, STORIES, stories_rm, max_rollouts=2, export_existing="replace", **grpo)
+            config = unseeded(ppo_config(root, STORIES, stories_rm, max_rollouts=2, export_existing="replace", **grpo))
             write_yaml(root / "then.yaml", config)
             result = run_main("fit", "--config", str(root / "then.yaml"), "--ckpt_path", str(root / "ckpt" / "last.ckpt"),
                               cwd=root)  # fmt: skip
@@ -167,11 +170,12 @@ def finished_run(finished_config):
 
 
 def test_resume_with_a_changed_model_or_batch_is_refused_listing_every_difference(finished_run, stories_rm, tmp_path):
-    # A different SFT model (the RM's directory), batch size and KL target; more rollouts, which is
-    # refused here because the linear schedule's length is max_rollouts.
+    # A different SFT model (the RM's directory), batch size, KL target and precision; more rollouts,
+    # which is refused here because the linear schedule's length is max_rollouts.
     config = ppo_config(finished_run, stories_rm, stories_rm, max_rollouts=3, export_existing="replace")
     config["data"]["init_args"]["batch_size"] = 8
     config["model"]["init_args"]["kl"]["target"] = 3.0
+    config["trainer"]["precision"] = "bf16-mixed"
     write_yaml(tmp_path / "changed.yaml", config)
     before = _load(finished_run / "ckpt" / "last.ckpt")
     result = run_main("fit", "--config", str(tmp_path / "changed.yaml"), "--ckpt_path",
@@ -181,7 +185,8 @@ def test_resume_with_a_changed_model_or_batch_is_refused_listing_every_differenc
     for line in (f"model.sft_model: checkpoint '{STORIES}', now '{stories_rm}'",
                  "model.kl.target: checkpoint 1.0, now 3.0",
                  "data.batch_size: checkpoint 4, now 8", "model.max_rollouts: checkpoint 2, now 3",
-                 "model.optimizer.schedule: checkpoint 'constant', now 'linear'"):  # fmt: skip
+                 "model.optimizer.schedule: checkpoint 'constant', now 'linear'",
+                 "trainer.precision: checkpoint '32-true', now 'bf16-mixed'"):  # fmt: skip
         assert line in result.stderr, result.stderr[-2000:]
     # Nothing was trained or written: the checkpoint is as it was.
     assert _load(finished_run / "ckpt" / "last.ckpt")["global_step"] == before["global_step"]
@@ -205,3 +210,31 @@ def test_a_remote_checkpoint_is_refused(finished_config, tmp_path):
                       cwd=tmp_path)  # fmt: skip
     assert result.returncode == 1
     assert "remote checkpoints are not loaded" in error_line(result)
+
+
+def test_an_sft_resume_with_other_trainer_settings_is_refused_and_an_unchanged_one_continues(tmp_path):
+    """Precision, gradient accumulation and (with a decaying schedule) max_steps change what the
+    resumed steps compute: refused, each named with both values; the same settings resume."""
+    data = tmp_path / "paragraphs.txt"
+    data.write_text(TINYSTORIES.read_text(encoding="utf-8")[:20000], encoding="utf-8")
+    config = sft_config(tmp_path, data, max_steps=4, model={"optimizer": {"lr": 1.0e-3, "schedule": "linear"}})
+    config["trainer"]["callbacks"][0]["init_args"]["save_top_k"] = -1  # keep the step-2 checkpoint
+    write_yaml(tmp_path / "sft.yaml", config)
+    first = run_main("fit", "--config", "sft.yaml", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    step2 = next((tmp_path / "ckpt").glob("*step=2.ckpt"))
+    assert _load(step2)["run_facts"]["trainer.precision"] == "32-true"
+
+    changed = rlhf_lit("fit", "--config", "sft.yaml", "--ckpt_path", str(step2), "--trainer.precision", "bf16-mixed",
+                       "--trainer.accumulate_grad_batches", "2", "--trainer.max_steps", "6",
+                       "--model.init_args.export_existing", "replace", cwd=tmp_path)  # fmt: skip
+    assert changed.returncode == 1
+    assert error_line(changed).startswith("rlhf-lit: error: cannot resume: the configuration differs")
+    differences = [line.strip() for line in changed.stderr.splitlines() if line.startswith("  ")]
+    assert differences == ["trainer.accumulate_grad_batches: checkpoint 1, now 2", "trainer.max_steps: checkpoint 4, now 6",
+                           "trainer.precision: checkpoint '32-true', now 'bf16-mixed'"]  # fmt: skip
+
+    same = run_main("fit", "--config", "sft.yaml", "--ckpt_path", str(step2), "--model.init_args.export_existing",
+                    "replace", cwd=tmp_path)  # fmt: skip
+    assert same.returncode == 0, same.stderr[-3000:]
+    assert _load(tmp_path / "ckpt" / "last.ckpt")["global_step"] == 4

@@ -3,6 +3,8 @@
 import subprocess
 import sys
 
+from suite_env import subprocess_env
+
 CODE = """
 import sys
 import rlhf_lit.data
@@ -14,5 +16,6 @@ print(bad)
 
 
 def test_data_imports_one_way():
-    out = subprocess.run([sys.executable, "-c", CODE], capture_output=True, text=True, check=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", CODE], capture_output=True, text=True, check=True, timeout=120,
+                         env=subprocess_env())
     assert out.stdout.strip() == "[]", out.stdout + out.stderr

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from suite_env import subprocess_env
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
 from rlhf_lit.demo.frontier import load_checkpoint_policy
@@ -24,7 +25,7 @@ def _pipeline(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     # Run from tmp_path, not the project root: the pipeline must find its configs and assets itself.
     return subprocess.run(
         [sys.executable, "-m", "rlhf_lit.demo.pipeline", *args],
-        cwd=tmp_path, capture_output=True, text=True, timeout=600,
+        cwd=tmp_path, capture_output=True, text=True, timeout=600, env=subprocess_env(),
     )
 
 
@@ -96,7 +97,7 @@ def test_tiny_pipeline_runs_every_stage_and_leaves_models_evals_and_report(tmp_p
          "--reference", str(out / "sft" / "model"), "--reward-model", str(out / "reward_model" / "model"),
          "--judge", "rlhf_lit.evaluation.judges:vader", "--prompts", str(prompts), "--max-new-tokens", "16",
          "--out", str(tmp_path / "evaluate.json")],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+        cwd=tmp_path, capture_output=True, text=True, timeout=300, env=subprocess_env(),
     )  # fmt: skip
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     metrics = json.loads((tmp_path / "evaluate.json").read_text())["metrics"]

@@ -9,6 +9,7 @@ import sys
 
 import pytest
 from cli_in_process import run_entry
+from suite_env import subprocess_env
 
 from rlhf_lit.demo.seeds import MARKER, RUN_MARKER, Evaluation, Job, claim, parse_variant, plan, run_job, seed_overrides
 from rlhf_lit.demo.seeds_report import dpo_at, interpolate, markdown, mean_se, summarise
@@ -132,7 +133,7 @@ def test_an_unfinished_run_folder_is_cleared_only_when_this_command_started_it(t
 def _seeds(*args: str, cwd) -> subprocess.CompletedProcess:
     """``python -m rlhf_lit.demo seeds <args>`` in a subprocess, as a user runs it."""
     return subprocess.run([sys.executable, "-m", "rlhf_lit.demo", "seeds", *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=300)  # fmt: skip
+                          text=True, timeout=300, env=subprocess_env())  # fmt: skip
 
 
 def _seeds_in_process(*args: str, cwd) -> subprocess.CompletedProcess:

@@ -3,6 +3,8 @@
 import subprocess
 import sys
 
+from suite_env import subprocess_env
+
 CODE = """
 import sys
 import rlhf_lit.functional
@@ -15,5 +17,6 @@ print(heavy, ours)
 
 
 def test_functional_imports_torch_only():
-    out = subprocess.run([sys.executable, "-c", CODE], capture_output=True, text=True, check=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", CODE], capture_output=True, text=True, check=True, timeout=120,
+                         env=subprocess_env())
     assert out.stdout.strip() == "[] []", out.stdout + out.stderr

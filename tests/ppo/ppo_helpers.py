@@ -130,7 +130,10 @@ def dot_count_reward(batch, *, token: int) -> list[float]:
 
 def worker_env() -> dict[str, str]:
     """The environment of a worker script started outside pytest (``python tests/ppo/<x>_worker.py``):
-    one thread, and ``PYTHONPATH`` holding tests/ppo (``ppo_helpers``) and tests/ (``assets_paths``)."""
+    the suite's (tests/suite_env.py), with ``PYTHONPATH`` holding tests/ppo (``ppo_helpers``) and
+    tests/ (``assets_paths``)."""
+    from suite_env import subprocess_env
+
     here = Path(__file__).resolve().parent
     path = os.pathsep.join([str(here), str(here.parent), os.environ.get("PYTHONPATH", "")])
-    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
+    return subprocess_env({"PYTHONPATH": path})

@@ -10,6 +10,7 @@ import sys
 
 import pytest
 import torch
+from suite_env import subprocess_env
 from torch.testing import assert_close
 
 from rlhf_lit.rewards import (
@@ -272,5 +273,6 @@ print(heavy, ours)
 
 
 def test_rewards_imports_torch_and_stdlib_only():
-    out = subprocess.run([sys.executable, "-c", CODE], capture_output=True, text=True, check=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", CODE], capture_output=True, text=True, check=True, timeout=120,
+                         env=subprocess_env())
     assert out.stdout.strip() == "[] []", out.stdout + out.stderr

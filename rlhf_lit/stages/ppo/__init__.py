@@ -45,7 +45,8 @@ al. 2022 blog; N+ = "The N+ Implementation Details of RLHF with PPO", Huang et a
   every value, as the reward does, so its last-token value starts equal to the reward.
 - Adam eps configurable (N #15: PyTorch placement; default 1e-5 as in cleanrl / N+).
 - Per-process seeds ``seed + rank * 100003`` (N #14), folded with the rollout index and a stream
-  id into fresh generators, so sampling and shuffling are reproducible and resume exactly.
+  id into fresh generators, so sampling and shuffling are reproducible and resume exactly. The
+  seed is ``rollout_seed``, or the run's ``seed_everything`` when it is unset (the default).
 - Optional entropy bonus (cleanrl) and PPO-ptx (Ouyang et al. 2022, eq. 2).
 - ``ppo.estimator`` (:mod:`rlhf_lit.stages.ppo.estimator`, the one place it is read): ``gae`` above,
   or critic-free GRPO (Shao et al. 2024), Dr. GRPO (Liu et al. 2025), RLOO (Ahmadian et al.

@@ -22,8 +22,9 @@ from rlhf_lit.models.memory import MemoryConfig, attach_frozen, enable_gradient_
 from rlhf_lit.models.reference import build_reference
 from rlhf_lit.models.sharding import shard_models
 from rlhf_lit.models.value import CriticKind, build_critic
+from rlhf_lit.run_seed import seed_or_run_seed
 from rlhf_lit.sources import source_fingerprint
-from rlhf_lit.stages.amp import has_gradient_scaler
+from rlhf_lit.stages.amp import loss_scale
 from rlhf_lit.stages.base import RunLayout, StageModule, as_config, require_input
 from rlhf_lit.stages.export import ExportExisting
 from rlhf_lit.stages.nonfinite import assert_finite
@@ -40,7 +41,7 @@ from rlhf_lit.stages.ppo.rollout import Rollout, nonfinite_rollout_parts
 from rlhf_lit.stages.ppo.ranks import sum_over_ranks
 from rlhf_lit.stages.ppo.seeding import stream_generator
 from rlhf_lit.stages.ppo.update import cycle, rank_token_weight, train_on_rollout
-from rlhf_lit.stages.resume import check_module_resume
+from rlhf_lit.stages.resume import RUN_FACTS, check_module_resume, run_facts
 from rlhf_lit.tokenizer import MissingPad, check_same_vocabulary, load_tokenizer
 
 SAFE_ON_RESUME = ("max_rollouts", "judge", "export_dir", "export_existing", "max_skipped_updates")
@@ -104,7 +105,9 @@ class PPOModule(StageModule):
         critic_optimizer: AdamW of the separate critic; None = same as ``optimizer``. Must be
             None with ``shared_trunk`` (one optimizer).
         max_rollouts: rollouts to run; training stops after this many (also the schedule length).
-        rollout_seed: base of the per-rank sampling and shuffling seeds (``seed + rank * 100003``).
+        rollout_seed: base of the per-rank sampling and shuffling seeds (``seed + rank * 100003``);
+            None: the run's ``seed_everything`` (:mod:`rlhf_lit.run_seed`), so another run seed
+            samples other responses and shuffles other minibatches.
         judge: optional gold scorer ``"module:function"`` of a list of response texts (e.g.
             ``rlhf_lit.evaluation.judges:vader``), loaded with
             :func:`rlhf_lit.evaluation.load_judge`. It reads the response only, decoded without
@@ -128,6 +131,7 @@ class PPOModule(StageModule):
     """
 
     SAFE_ON_RESUME = SAFE_ON_RESUME
+    SEED_OPTIONS = ("rollout_seed",)
     FROZEN_PREFIXES = ("ref_policy.", "reward_model.")
     """State-dict prefixes of the frozen models: never written to checkpoints, reloaded from paths."""
     EXPORT_WHAT = "PPO policy"
@@ -151,7 +155,7 @@ class PPOModule(StageModule):
         optimizer: OptimizerConfig = OptimizerConfig(lr=1e-5, eps=1e-5),
         critic_optimizer: OptimizerConfig | None = None,
         max_rollouts: int = 1000,
-        rollout_seed: int = 0,
+        rollout_seed: int | None = None,
         judge: str | None = None,
         export_dir: str | None = None,
         export_existing: ExportExisting = "refuse",
@@ -183,7 +187,8 @@ class PPOModule(StageModule):
         )  # fmt: skip
         if not self.estimator.uses_critic:
             check_critic_free(self.ppo, critic, value_model, critic_lora, critic_optimizer is not None)
-        self.max_rollouts, self.rollout_seed = max_rollouts, rollout_seed
+        # Resolved now: LightningCLI has called seed_everything before it builds the stage.
+        self.max_rollouts, self.rollout_seed = max_rollouts, seed_or_run_seed(rollout_seed)
         self.keep_settings(
             sampling=self.sampling, ppo=self.ppo, reward=self.reward_cfg, kl=self.kl_cfg, optimizer=self.optimizer_cfg,
             critic_optimizer=self.critic_optimizer_cfg, lora=self.lora_cfg, critic_lora=self.critic_lora_cfg,
@@ -383,8 +388,8 @@ class PPOModule(StageModule):
         if self.hparams.critic == "shared_trunk":
             kind = "the policy and value head"
         where = f"rollout {self.rollout_index}, optimizer step {self.global_step}"
-        if not self.nonfinite.check_optimizer(optimizer, kind, has_gradient_scaler(self.trainer), where):
-            return  # gradients dropped: this optimizer's step changes nothing
+        if not self.nonfinite.check_optimizer(optimizer, kind, where, loss_scale(self.trainer), self.any_rank):
+            return  # gradients dropped, or fp16: the GradScaler skips this optimizer's step
         if self.ppo.max_grad_norm is not None:
             self.clip_gradients(optimizer, gradient_clip_val=self.ppo.max_grad_norm, gradient_clip_algorithm="norm")
 
@@ -416,6 +421,7 @@ class PPOModule(StageModule):
         if self.critic is not None:
             assert_finite(self.critic, "the critic")
         self.drop_frozen(checkpoint)
+        checkpoint[RUN_FACTS] = run_facts(self.trainer)
         checkpoint["ppo"] = {
             "rollout_index": self.rollout_index,
             "kl_controller": self.kl_ctl.state_dict(),
@@ -432,11 +438,18 @@ class PPOModule(StageModule):
                  "value_model": self.hparams.value_model}  # fmt: skip
         return {what: source_fingerprint(path) for what, path in paths.items() if path is not None}
 
+    def kept_run_facts(self) -> list[str]:
+        """The precision and the number of processes (also compared from ``checkpoint["ppo"]``, which
+        older checkpoints hold too). ``accumulate_grad_batches`` is 1 under manual optimisation and
+        ``max_steps`` is refused: the run's length is ``max_rollouts``, a hyperparameter."""
+        return ["trainer.precision", "trainer.world_size"]
+
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        """Check the configuration against the checkpoint's (:mod:`rlhf_lit.stages.resume`) and
-        restore the PPO state. The frozen models are not in checkpoints (:meth:`load_state_dict`)."""
+        """Check the configuration, Trainer settings and run seed against the checkpoint's
+        (:mod:`rlhf_lit.stages.resume`) and restore the PPO state. The frozen models are not in
+        checkpoints (:meth:`load_state_dict`)."""
         ppo_state = checkpoint["ppo"]
-        extra = {}
+        extra = self.run_changes(checkpoint)
         if self._trainer is not None:
             extra["trainer.world_size"] = (ppo_state.get("world_size", self.trainer.world_size), self.trainer.world_size)
         now = self._source_fingerprints()

@@ -3,6 +3,8 @@
 Per-process seeds are ``rollout_seed + rank * 100003`` (N details #14), folded with the rollout
 index and a stream id into a fresh generator per use. The seed is a function of (seed, rank,
 rollout, stream) only, so a resumed run draws the same numbers as an uninterrupted one.
+``rollout_seed`` is the stage's option, or the run's ``seed_everything`` when the option is unset
+(:mod:`rlhf_lit.run_seed`; a resume checks that the run seed is the checkpoint's).
 """
 
 from __future__ import annotations

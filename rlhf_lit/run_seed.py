@@ -1,0 +1,34 @@
+"""The run's seed (``seed_everything``), from which every seed option left unset takes its value.
+
+``rlhf-lit fit`` (LightningCLI) calls Lightning's ``seed_everything(<--seed_everything>)`` before it
+builds the stage and the data module; Lightning keeps the value in the ``PL_GLOBAL_SEED``
+environment variable, which the processes it starts (DDP ranks) inherit. A seed option left at
+None (PPO's ``rollout_seed``; a data module's ``seed``) takes that value when its module is built,
+so a changed ``--seed_everything`` changes the sampling, the minibatch shuffles and the data order;
+an option set explicitly keeps its value whatever the run's seed. Without a ``seed_everything``
+(``--seed_everything false``, or a module built in Python without calling it) the value is
+:data:`UNSEEDED_DEFAULT`.
+"""
+
+from __future__ import annotations
+
+import os
+
+SEED_ENV = "PL_GLOBAL_SEED"
+"""Where Lightning's ``seed_everything`` keeps the seed it set (read by Lightning itself in new processes)."""
+UNSEEDED_DEFAULT = 0
+"""A seed option's value when it is unset and nothing called ``seed_everything``."""
+
+
+def run_seed() -> int | None:
+    """The seed ``seed_everything`` set for this run (``PL_GLOBAL_SEED``), or None when it was not called."""
+    value = os.environ.get(SEED_ENV, "").strip()
+    return int(value) if value else None
+
+
+def seed_or_run_seed(seed: int | None) -> int:
+    """``seed`` when it is set, else :func:`run_seed` (else :data:`UNSEEDED_DEFAULT`)."""
+    if seed is not None:
+        return seed
+    run = run_seed()
+    return UNSEEDED_DEFAULT if run is None else run
