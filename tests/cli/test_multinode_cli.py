@@ -12,7 +12,6 @@ in the same order), and a checkpoint written by one layout resumes in the other 
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
 import sys
@@ -21,6 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 from cli_helpers import CLI, STORIES, ppo_config, rlhf_lit, write_yaml
+from suite_env import subprocess_env
 
 TORCHRUN = Path(sys.executable).parent / "torchrun"
 CONSTANT_LR = {"lr": 3.0e-4, "eps": 1.0e-5}  # a constant schedule: a resumed run may extend max_rollouts
@@ -33,15 +33,6 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def node_env() -> dict[str, str]:
-    """The environment of one node's process: one thread (the float32 results depend on it: the
-    one-node launcher gives each of its two processes one of the two cores), no debug switch."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RLHF_LIT_", "SLURM_", "TORCHELASTIC_"))}
-    for key in ("LOCAL_RANK", "NODE_RANK", "GROUP_RANK", "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(key, None)
-    return {**env, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-
-
 def node_command(launcher: str, node_rank: int, port: int, args: list[str]) -> tuple[list[str], dict[str, str]]:
     """The command line and environment of node ``node_rank`` of 2 (one process per node).
 
@@ -50,7 +41,7 @@ def node_command(launcher: str, node_rank: int, port: int, args: list[str]) -> t
     ``lightning``: ``rlhf-lit`` itself with ``NODE_RANK`` / ``MASTER_ADDR`` / ``MASTER_PORT`` (Lightning's
     LightningEnvironment; SLURM's variables take the same path through its SLURMEnvironment).
     """
-    env = node_env()
+    env = subprocess_env()  # one thread per process: the one-node launcher gives each process one core
     if launcher == "torchrun":
         command = [str(TORCHRUN), "--nnodes", "2", "--nproc-per-node", "1", "--node-rank", str(node_rank),
                    "--master-addr", "127.0.0.1", "--master-port", str(port), "-m", "rlhf_lit.cli", *args]  # fmt: skip
@@ -84,8 +75,7 @@ def fit_on_two_nodes(launcher: str, *args: str, cwd: Path, timeout: int = 600) -
 
 def fit_on_one_node(*args: str, cwd: Path) -> None:
     """``rlhf-lit fit <args> --trainer.devices 2``: Lightning's launcher starts the second process."""
-    result = rlhf_lit("fit", *args, "--trainer.num_nodes", "1", "--trainer.devices", "2", cwd=cwd,
-                      env={"OMP_NUM_THREADS": "1"})  # fmt: skip
+    result = rlhf_lit("fit", *args, "--trainer.num_nodes", "1", "--trainer.devices", "2", cwd=cwd)
     assert result.returncode == 0, result.stderr[-3000:]
 
 
