@@ -113,6 +113,15 @@ def pytest_collection_modifyitems(config, items):
 from assets_paths import GPT2_TOKENIZER, STORIES260K, TINYSTORIES  # noqa: E402
 
 
+@pytest.fixture(autouse=True)
+def no_run_seed_left_over():
+    """Each test starts without a run seed: ``seed_everything`` in an earlier test of this worker set
+    ``PL_GLOBAL_SEED``, which the seed options left unset would follow (:mod:`rlhf_lit.run_seed`)."""
+    os.environ.pop("PL_GLOBAL_SEED", None)
+    yield
+    os.environ.pop("PL_GLOBAL_SEED", None)
+
+
 @pytest.fixture(scope="session")
 def stories_path() -> str:
     """The real 260K-parameter Llama (vocab 512, pad 0 = <unk>, bos 1, eos 2)."""

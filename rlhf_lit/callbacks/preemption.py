@@ -31,8 +31,8 @@ loops then stop after any batch, also in the middle of gradient accumulation, wi
 its SLURM requeue handler saves an HPC checkpoint from inside the handler, in the middle of a step
 or rollout. The handlers are installed when training starts (:meth:`Preemption.on_train_start`)
 and Lightning restores the process's earlier ones when fit ends. Before training starts (models
-loading) a signal acts as it would without rlhf-lit; after the last unit the run finishes (its
-``last.ckpt`` is already the final state).
+loading) a signal acts as it would without rlhf-lit; a signal during the run's last unit (or after
+it) lets the run finish and export as it would have (:func:`run_is_over`), with status 0.
 """
 
 from __future__ import annotations
@@ -81,6 +81,19 @@ def progress(trainer: Trainer, module: LightningModule) -> tuple[str, int]:
     ``rollout_index``, PPO) or optimizer steps (``global_step``: SFT, reward model, DPO)."""
     rollouts = getattr(module, ROLLOUT_ATTRIBUTE, None)
     return ("rollout", rollouts) if isinstance(rollouts, int) else ("step", trainer.global_step)
+
+
+def run_is_over(trainer: Trainer, module: LightningModule, batch_idx: int) -> bool:
+    """Whether the unit that just ended was the run's last: PPO's ``max_rollouts`` reached, the
+    Trainer's ``max_steps`` reached or its stop requested, the last batch of the last epoch.
+    The same on every process (counters all ranks share), so no collective is needed to agree."""
+    rollouts, limit = getattr(module, ROLLOUT_ATTRIBUTE, None), getattr(module, "max_rollouts", None)
+    if isinstance(rollouts, int) and isinstance(limit, int):
+        return rollouts >= limit
+    if trainer.should_stop or (trainer.max_steps not in (None, -1) and trainer.global_step >= trainer.max_steps):
+        return True
+    last_epoch = trainer.max_epochs not in (None, -1) and trainer.current_epoch + 1 >= trainer.max_epochs
+    return last_epoch and batch_idx + 1 >= trainer.num_training_batches
 
 
 def checkpoint_path(trainer: Trainer) -> str:
@@ -141,6 +154,8 @@ class Preemption(Callback):
         if now == self._progress:
             return  # not the end of a unit: a batch of gradient accumulation, PPO's final no-op step
         self._progress = now
+        if run_is_over(trainer, pl_module, batch_idx):
+            return  # the run finishes and exports as it would have; nothing is lost to a signal now
         signum = self.received or 0
         if trainer.world_size > 1:
             # every process reaches this point at the same unit, so the reduction pairs up across

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 from cli_helpers import CLI, STORIES, TINYSTORIES, ppo_config, rlhf_lit, run_main, sft_config, write_yaml
+from suite_env import subprocess_env
 
 ROLLOUTS = 8
 STEPS = 24  # SFT optimizer steps of 2 batches each (accumulate_grad_batches: 2), 6 epochs of 4 steps
@@ -110,8 +111,7 @@ def _assert_same_export(straight: Path, resumed: Path) -> None:
 
 def _start(root: Path, config: str) -> tuple[subprocess.Popen, Path]:
     """``rlhf-lit fit --config <config>`` in a process of its own session; stderr goes to a file."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    env.pop("RLHF_LIT_DEBUG", None)
+    env = subprocess_env()
     log = root / "stderr.txt"
     with open(log, "w") as stderr:
         proc = subprocess.Popen([str(CLI), "fit", "--config", config], cwd=root, env=env, stdout=subprocess.DEVNULL,
@@ -194,6 +194,23 @@ def test_sigterm_between_two_batches_of_gradient_accumulation_stops_after_the_st
     _sft(tmp_path)  # the same config without the sender
     _resume(tmp_path, command)
     _assert_same_export(straight_sft / "export", tmp_path / "export")
+
+
+def test_a_signal_during_the_last_rollout_or_step_lets_the_run_finish_and_export(straight_ppo, straight_sft, stories_rm,
+                                                                                  tmp_path):  # fmt: skip
+    # PPO's last rollout makes optimizer steps 57 to 64; SFT's last step takes batches 47 and 48.
+    for root, config, sender, straight in (
+        (tmp_path / "ppo", "ppo.yaml", _send("SIGUSR1", "on_before_optimizer_step", at=8 * ROLLOUTS - 5), straight_ppo),
+        (tmp_path / "sft", "sft.yaml", _send("SIGTERM", "on_train_batch_start", at=2 * STEPS - 1), straight_sft),
+    ):
+        if config == "ppo.yaml":
+            _ppo(root, stories_rm, sender)
+        else:
+            _sft(root, sender)
+        result = run_main("fit", "--config", config, cwd=root)
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert "stopped by" not in result.stderr
+        _assert_same_export(straight / "export", root / "export")
 
 
 def test_a_sigterm_before_training_begins_exits_143_in_one_line_with_nothing_saved(tmp_path):

@@ -125,6 +125,7 @@ def test_a_one_process_checkpoint_is_refused_on_two_processes(one_rollout):
     from rlhf_lit.stages.resume import ResumeMismatch
 
     resumed = tiny_module(max_rollouts=2, reward_model=STORIES)
-    resumed._trainer = SimpleNamespace(world_size=2, state=SimpleNamespace(fn="fit"), datamodule=None)
+    resumed._trainer = SimpleNamespace(world_size=2, state=SimpleNamespace(fn="fit"), datamodule=None, precision="32-true",
+                                       accumulate_grad_batches=1, max_steps=-1, max_epochs=-1)  # fmt: skip
     with pytest.raises(ResumeMismatch, match=r"\n  trainer.world_size: checkpoint 1, now 2\n"):
         resumed.on_load_checkpoint(torch.load(one_rollout, weights_only=False))
