@@ -67,6 +67,7 @@ from rlhf_lit.cli.option_names import class_options, parser_options
 from rlhf_lit.cli.parser_errors import condense_parser_error
 from rlhf_lit.cli.run_dir import add_run_dir_argument, apply_run_dir, with_run_dir_hint
 from rlhf_lit.expected_warnings import silence_expected_noise
+from rlhf_lit.run_seed import run_seed
 from rlhf_lit.stages.nonfinite import NonFiniteError
 from rlhf_lit.strategies import check_strategy_choice  # also registers the fsdp / fsdp2 names
 
@@ -176,6 +177,16 @@ def default_progress_bar(trainer_config: dict) -> ProgressBar | None:
     return None if any(isinstance(c, ProgressBar) for c in callbacks) else RunProgressBar()
 
 
+def launched_processes() -> int:
+    """How many processes an outside launcher started for this run (torchrun's ``WORLD_SIZE``, SLURM's
+    ``SLURM_NTASKS``); 1 when the run is launched by Lightning or by hand."""
+    for name in ("WORLD_SIZE", "SLURM_NTASKS"):
+        value = os.environ.get(name, "").strip()
+        if value.isdigit():
+            return int(value)
+    return 1
+
+
 def added_callbacks(trainer_config: dict, command: Sequence[str] | None) -> list:
     """The callbacks rlhf-lit adds to the config's: :class:`RunProgressBar` (see
     :func:`default_progress_bar`) and :class:`Preemption`, unless the config lists one."""
@@ -224,6 +235,25 @@ class RLHFCLI(LightningCLI):
             self.parser.error(refusal)  # an option error: one line, exit 2, before any model is built
         # --run_dir: fill unset outputs and inputs, refuse contradicting ones (rlhf_lit.cli.run_dir)
         apply_run_dir(self.config[subcommand] if subcommand else self.config, self.trainer_defaults, subcommand)
+
+    def _set_seed(self) -> None:
+        """Lightning's ``seed_everything``, refusing ``--seed_everything true`` in a run whose processes a
+        launcher started one by one (torchrun, ``srun``): ``true`` leaves the seed to each process
+        (Lightning 2.4 and earlier draw it at random, later versions take 0), and the data order and
+        split follow it (:mod:`rlhf_lit.run_seed`), so the ranks could read overlapping data. Under
+        Lightning's own launcher the processes inherit rank 0's seed. The seed ``true`` chose is added
+        to the resume command the preemption stop logs, so the resumed run draws the same data."""
+        subcommand = self.config.get("subcommand")
+        config = self.config[subcommand] if subcommand else self.config
+        drawn = config.get("seed_everything") is True
+        if drawn and run_seed() is None and launched_processes() > 1:
+            self.parser.error(
+                f"--seed_everything true leaves the seed to each of the {launched_processes()} processes the launcher "
+                "started, and the data order follows it; give the seed as a number (--seed_everything 1234)"
+            )
+        super()._set_seed()
+        if drawn and self.command is not None:
+            self.command = [*self.command, "--seed_everything", str(config.get("seed_everything"))]
 
     def instantiate_trainer(self, **kwargs) -> Trainer:
         """The Trainer, with :func:`added_callbacks` after the config's callbacks."""

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from cli_helpers import CLI, STORIES, TINYSTORIES, ppo_config, rlhf_lit, run_main, sft_config, write_yaml
+from cli_helpers import CLI, STORIES, TINYSTORIES, error_line, ppo_config, rlhf_lit, run_main, sft_config, write_yaml
 from suite_env import subprocess_env
 
 ROLLOUTS = 8
@@ -211,6 +211,25 @@ def test_a_signal_during_the_last_rollout_or_step_lets_the_run_finish_and_export
         assert result.returncode == 0, result.stderr[-3000:]
         assert "stopped by" not in result.stderr
         _assert_same_export(straight / "export", root / "export")
+
+
+def test_a_random_run_seed_is_in_the_logged_resume_command(tmp_path):
+    # --seed_everything true lets Lightning choose a seed the data order follows: the resume must use that one
+    _sft(tmp_path, _send("SIGTERM", "on_train_batch_start", at=3))
+    result = run_main("fit", "--config", "sft.yaml", "--seed_everything", "true", cwd=tmp_path)
+    assert result.returncode == 128 + signal.SIGTERM
+    *_, command = _stop_line(result.stderr)
+    drawn = re.search(r" --seed_everything true --seed_everything (\d+) --ckpt_path ", command)
+    assert drawn, command
+    _sft(tmp_path)  # the same config without the sender
+    _resume(tmp_path, command)
+
+
+def test_a_random_run_seed_is_refused_when_a_launcher_started_the_processes(tmp_path):
+    _sft(tmp_path)
+    result = run_main("fit", "--config", "sft.yaml", "--seed_everything", "true", cwd=tmp_path, env={"WORLD_SIZE": "2"})
+    assert result.returncode == 2
+    assert "--seed_everything true leaves the seed to each of the 2 processes" in error_line(result)
 
 
 def test_a_sigterm_before_training_begins_exits_143_in_one_line_with_nothing_saved(tmp_path):
