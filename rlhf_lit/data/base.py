@@ -286,6 +286,10 @@ class TextDataModule(L.LightningDataModule):
         """Continue from a checkpoint's data position (applied in ``setup`` when called before it)."""
         state = state_dict.get("sampler")
         if state is None:
+            # A checkpoint from before the position was saved: the epoch restarts from its first batch
+            # (Lightning's own counter is restored, so a mid-epoch resume repeats some examples).
+            log.warning("the checkpoint holds no data position (written by an older rlhf-lit): a resume in the "
+                        "middle of an epoch starts that epoch's data from its first batch")
             return
         if self.sampler is not None:
             self.sampler.load_state_dict(state)

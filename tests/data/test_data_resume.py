@@ -7,6 +7,7 @@ epoch or at its end, sees exactly the batches an uninterrupted run sees after th
 """
 
 import glob
+import logging
 import warnings
 
 import lightning as L
@@ -67,6 +68,22 @@ def test_a_module_position_loaded_before_setup_is_applied_in_setup(stories_tok):
     fresh.setup()
     assert [b["input_ids"].tolist() for b in fresh.train_dataloader()] == first[1:]
     assert isinstance(fresh.sampler, ResumableSampler)
+
+
+def test_a_checkpoint_without_a_data_position_says_the_epoch_restarts(stories_tok, caplog, monkeypatch):
+    # caplog's handler on the logger itself: the CLI's logging setup stops propagation above it
+    monkeypatch.setattr(logging.getLogger("rlhf_lit.data"), "handlers", [caplog.handler])
+    dm = SFTDataModule(tokenizer=stories_tok, train_path=str(TINYSTORIES), format="paragraphs", max_records=10,
+                       batch_size=4, max_length=32, max_prompt_length=8)  # fmt: skip
+    with caplog.at_level("WARNING", logger="rlhf_lit.data"):
+        dm.load_state_dict({})  # what an SFT checkpoint of an older rlhf-lit holds
+    assert [r.getMessage() for r in caplog.records] == [
+        "the checkpoint holds no data position (written by an older rlhf-lit): a resume in the middle of an epoch "
+        "starts that epoch's data from its first batch"]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="rlhf_lit.data"):
+        dm.load_state_dict({"sampler": {"epoch": 0, "consumed": 4, "dataset_size": 10, "shuffle": True, "seed": 0}})
+    assert caplog.records == []
 
 
 class _Trainee(L.LightningModule):
