@@ -71,8 +71,8 @@ def test_a_module_position_loaded_before_setup_is_applied_in_setup(stories_tok):
 
 
 def test_a_checkpoint_without_a_data_position_says_the_epoch_restarts(stories_tok, caplog, monkeypatch):
-    # caplog's handler on the logger itself: the CLI's logging setup stops propagation above it
-    monkeypatch.setattr(logging.getLogger("rlhf_lit.data"), "handlers", [caplog.handler])
+    # to caplog's handler on the root logger: the CLI's logging setup may have stopped propagation
+    monkeypatch.setattr(logging.getLogger("rlhf_lit"), "propagate", True)
     dm = SFTDataModule(tokenizer=stories_tok, train_path=str(TINYSTORIES), format="paragraphs", max_records=10,
                        batch_size=4, max_length=32, max_prompt_length=8)  # fmt: skip
     with caplog.at_level("WARNING", logger="rlhf_lit.data"):
