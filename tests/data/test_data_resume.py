@@ -70,20 +70,33 @@ def test_a_module_position_loaded_before_setup_is_applied_in_setup(stories_tok):
     assert isinstance(fresh.sampler, ResumableSampler)
 
 
-def test_a_checkpoint_without_a_data_position_says_the_epoch_restarts(stories_tok, caplog, monkeypatch):
-    # to caplog's handler on the root logger: the CLI's logging setup may have stopped propagation
-    monkeypatch.setattr(logging.getLogger("rlhf_lit"), "propagate", True)
+class _Messages(logging.Handler):
+    """Collects the messages of the logger it is added to (not caplog: the CLI's logging setup and
+    other tests' handlers decide what reaches the root logger)."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+def test_a_checkpoint_without_a_data_position_says_the_epoch_restarts(stories_tok):
     dm = SFTDataModule(tokenizer=stories_tok, train_path=str(TINYSTORIES), format="paragraphs", max_records=10,
                        batch_size=4, max_length=32, max_prompt_length=8)  # fmt: skip
-    with caplog.at_level("WARNING", logger="rlhf_lit.data"):
+    logger, said = logging.getLogger("rlhf_lit.data"), _Messages()
+    logger.addHandler(said)
+    try:
         dm.load_state_dict({})  # what an SFT checkpoint of an older rlhf-lit holds
-    assert [r.getMessage() for r in caplog.records] == [
-        "the checkpoint holds no data position (written by an older rlhf-lit): a resume in the middle of an epoch "
-        "starts that epoch's data from its first batch"]
-    caplog.clear()
-    with caplog.at_level("WARNING", logger="rlhf_lit.data"):
+        assert said.messages == [
+            "the checkpoint holds no data position (written by an older rlhf-lit): a resume in the middle of an "
+            "epoch starts that epoch's data from its first batch"]
+        said.messages.clear()
         dm.load_state_dict({"sampler": {"epoch": 0, "consumed": 4, "dataset_size": 10, "shuffle": True, "seed": 0}})
-    assert caplog.records == []
+        assert said.messages == []
+    finally:
+        logger.removeHandler(said)
 
 
 class _Trainee(L.LightningModule):
