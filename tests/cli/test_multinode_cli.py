@@ -7,7 +7,7 @@ what a Kubernetes job or an ``srun torchrun`` line sets), or Lightning's own (``
 Lightning reads the same way). Both are exercised here with PPO, under ``ddp`` and ``fsdp2``, on
 the loopback interface: two nodes of one process train exactly what one node of two processes
 trains (the same global ranks, the same global batch; bit for bit, as the same float32 kernels run
-in the same order), and a checkpoint written by one layout resumes in the other to the same end.
+in the same order), and (under fsdp2) a checkpoint written by one layout resumes in the other to the same end.
 """
 
 from __future__ import annotations
@@ -108,20 +108,17 @@ def assert_same_run(a: Path, b: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("strategy", "launcher"), [("ddp", "torchrun"), ("fsdp2", "lightning")])
-def test_two_nodes_train_what_one_node_of_two_processes_trains_and_resume_across_layouts(
-    tmp_path, stories_rm, strategy, launcher
-):
-    """1 node x 2 processes == 2 nodes x 1 process; 1 rollout on one layout + 1 resumed on the other == 2 straight."""
+def test_two_nodes_train_what_one_node_of_two_processes_trains(tmp_path, stories_rm, strategy, launcher):
+    """1 node x 2 processes == 2 nodes x 1 process, bit for bit; under fsdp2 also a run stopped after one
+    rollout on one node and resumed on two ends where the straight one-node run ends."""
     one, two, moved = tmp_path / "one-node", tmp_path / "two-nodes", tmp_path / "moved"
     fit_on_one_node("--config", str(run_config(one, stories_rm, strategy, 2)), cwd=one)
     fit_on_two_nodes(launcher, "--config", str(run_config(two, stories_rm, strategy, 2)), cwd=two)
     assert_same_run(one, two)
     assert (one / "export" / "model.safetensors").read_bytes() != Path(STORIES, "model.safetensors").read_bytes()
-
-    # Stopped after one rollout on one layout, resumed on the other (ddp: two nodes first).
-    layouts = ("two", "one") if strategy == "ddp" else ("one", "two")
-    fit = {"one": lambda *a: fit_on_one_node(*a, cwd=moved), "two": lambda *a: fit_on_two_nodes(launcher, *a, cwd=moved)}
-    fit[layouts[0]]("--config", str(run_config(moved, stories_rm, strategy, 1)))
-    fit[layouts[1]]("--config", str(run_config(moved, stories_rm, strategy, 2, export_existing="replace")),
-                    "--ckpt_path", str(moved / "ckpt" / "last.ckpt"))  # fmt: skip
+    if strategy == "ddp":
+        return  # (a ddp resume is exact in test_preemption_cli.py; across layouts, fsdp2's here)
+    fit_on_one_node("--config", str(run_config(moved, stories_rm, strategy, 1)), cwd=moved)
+    fit_on_two_nodes(launcher, "--config", str(run_config(moved, stories_rm, strategy, 2, export_existing="replace")),
+                     "--ckpt_path", str(moved / "ckpt" / "last.ckpt"), cwd=moved)  # fmt: skip
     assert_same_run(one, moved)

@@ -213,6 +213,7 @@ def test_a_signal_during_the_last_rollout_or_step_lets_the_run_finish_and_export
         _assert_same_export(straight / "export", root / "export")
 
 
+@pytest.mark.filterwarnings("ignore:No seed found, seed set to")  # Lightning's choice for `true`, said on purpose
 def test_a_random_run_seed_is_in_the_logged_resume_command(tmp_path):
     # --seed_everything true lets Lightning choose a seed the data order follows: the resume must use that one
     _sft(tmp_path, _send("SIGTERM", "on_train_batch_start", at=3))

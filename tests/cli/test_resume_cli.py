@@ -59,9 +59,10 @@ def _fit(strategy: str | None, *args: str, cwd: Path) -> subprocess.CompletedPro
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy", [None, "ddp", "fsdp2"])
+@pytest.mark.parametrize("strategy", [None, "fsdp2"])
 def test_killed_mid_rollout_and_resumed_with_the_readme_command_equals_a_straight_run(tmp_path, stories_rm, strategy):
-    """One process, and two under ddp and fsdp2 (each rank samples its own prompts)."""
+    """One process, and two under fsdp2 (each rank samples its own prompts). Two under ddp: stopped by
+    SIGTERM in test_preemption_cli.py, resumed across layouts in test_multinode_cli.py."""
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     for root in (straight, killed):
         config = ppo_config(root, STORIES, stories_rm, max_rollouts=ROLLOUTS,
