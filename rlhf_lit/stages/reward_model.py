@@ -119,14 +119,23 @@ class RewardModelModule(PretrainedStage):
         """The normalised reward ``gain * raw + bias``, ``(B,)``."""
         return self.reward_gain * self.raw_scores(input_ids, attention_mask) + self.reward_bias  # (B,)
 
-    def pair_scores(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Raw scores of the chosen and rejected sequences from ONE forward pass, each ``(B,)``."""
+    def batch_sequences(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every sequence of a preference batch as one ``(N, T)`` batch: the chosen rows then the
+        rejected rows (``N = 2B``), so each response goes through the model once, in one forward."""
         # Padding values never matter: scores are read through the attention mask.
-        input_ids, attention_mask = concat_pairs(
+        return concat_pairs(
             batch["chosen_input_ids"], batch["chosen_attention_mask"], batch["rejected_input_ids"],
             batch["rejected_attention_mask"], self.tokenizer.pad_token_id,
         )  # (2B, T) x2
-        scores = self.raw_scores(input_ids, attention_mask)  # (2B,)
+
+    def preference_loss(self, scores: torch.Tensor, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(loss, pair accuracy)`` of the scores of :meth:`batch_sequences`' rows, ``(N,)``."""
+        B = batch["chosen_input_ids"].shape[0]
+        return pairwise_reward_loss(scores[:B], scores[B:], batch.get("margin"))  # (), ()
+
+    def pair_scores(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Raw scores of the chosen and rejected sequences from ONE forward pass, each ``(B,)``."""
+        scores = self.raw_scores(*self.batch_sequences(batch))  # (2B,)
         B = batch["chosen_input_ids"].shape[0]
         return scores[:B], scores[B:]  # (B,), (B,)
 
@@ -135,9 +144,9 @@ class RewardModelModule(PretrainedStage):
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         """Bradley-Terry loss on the raw scores (the bias cancels; the gain is 1 while training)."""
         with train_mode(self.model):  # what activates gradient checkpointing (dropout is off)
-            chosen, rejected = self.pair_scores(batch)  # (B,), (B,)
-        loss, accuracy = pairwise_reward_loss(chosen, rejected, batch.get("margin"))  # (), ()
-        B = chosen.shape[0]
+            scores = self.raw_scores(*self.batch_sequences(batch))  # (N,)
+        loss, accuracy = self.preference_loss(scores, batch)  # (), ()
+        B = batch["chosen_input_ids"].shape[0]
         self.log("train/loss", loss, prog_bar=True, batch_size=B)
         self.log("train/accuracy", accuracy, batch_size=B)
         self.log("lr", self.optimizers().param_groups[0]["lr"], batch_size=B)
@@ -213,7 +222,7 @@ class RewardModelModule(PretrainedStage):
         for batch in reference_batches:
             batch = {k: v.to(self.device) for k, v in batch.items() if isinstance(v, torch.Tensor)}
             if "chosen_input_ids" in batch:
-                scores = torch.cat(self.pair_scores(batch))  # (2B,)
+                scores = self.raw_scores(*self.batch_sequences(batch))  # (2B,)
             else:
                 scores = self.raw_scores(batch["input_ids"], batch["attention_mask"])  # (B,)
             scores = scores.double()  # (N,)
