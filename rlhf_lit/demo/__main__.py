@@ -1,4 +1,4 @@
-"""``python -m rlhf_lit.demo {split,preferences,evaluate,report,pipeline,seeds}``: the offline demo's commands."""
+"""``python -m rlhf_lit.demo {split,preferences,evaluate,report,pipeline,seeds,rm-study}``: the offline demo's commands."""
 
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out-dir", required=True, help="directory for the .txt files")
 
     p = sub.add_parser("preferences", formatter_class=fmt,
-                       help="sample K completions per prompt, judge-labelled pairs to JSONL")
+                       help="sample K completions per prompt, judge-labelled pairs or rankings to JSONL")
     p.add_argument("--model", required=True, help="SFT model directory to sample from")
     p.add_argument("--out", required=True, help="preference JSONL to write")
     _add_prompt_args(p, "reward_model")
@@ -61,7 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--labeler", choices=get_args(Labeler), default="argmax",
                    help="argmax: higher score wins, ties dropped; bradley_terry: noisy labels")
     p.add_argument("--pairing", choices=get_args(Pairing), default="best_worst",
-                   help="pairs of the K samples: best vs worst, or all K(K-1)/2 pairs")
+                   help="what the K samples of a prompt become: one best-vs-worst pair, all K(K-1)/2 "
+                        "pairs, or one ranking record of all K (read with format: rankings)")
     p.add_argument("--bt-temperature", type=float, default=None,
                    help="Bradley-Terry temperature, bradley_terry only (None there means 0.25)")
 
@@ -90,6 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("seeds", add_help=False,
                    help="rerun PPO variants and the DPO sweep of a finished demo on several seeds "
                         "(options: python -m rlhf_lit.demo seeds --help)")
+    sub.add_parser("rm-study", add_help=False,
+                   help="RM held-out accuracy from best-vs-worst pairs, rankings and all pairs of the same "
+                        "judged samples, on several seeds (options: python -m rlhf_lit.demo rm-study --help)")
     return parser
 
 
@@ -105,6 +109,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from rlhf_lit.demo.seeds import main as seeds_main
 
         return seeds_main(argv[1:])
+    if argv[:1] == ["rm-study"]:
+        from rlhf_lit.demo.rm_study import main as rm_study_main
+
+        return rm_study_main(argv[1:])
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if args.command == "split":

@@ -1,9 +1,12 @@
-"""Synthetic preference data: sample K completions per prompt, let a judge label pairs.
+"""Synthetic preference data: sample K completions per prompt, let a judge label pairs or rank them.
 
-Output: a JSONL file, one pair per line,
+Output: a JSONL file. Pairings ``best_worst`` and ``all_pairs`` write one pair per line,
 ``{"prompt", "chosen", "rejected", "chosen_score", "rejected_score", "paragraph"}``, read by the
-preference data module with ``format: fields`` (``paragraph`` is the source paragraph's index, for
-checking that ranges stay disjoint). ``prompt`` is the prompt string as given and a response is
+preference data module with ``format: fields``; ``ranking`` writes one prompt per line,
+``{"prompt", "responses": [best, ..., worst], "ranks", "scores", "paragraph"}`` (``ranks``: lower
+is better, equal is a tie; ``scores``: the judge's, in the same order), read with
+``format: rankings``. ``paragraph`` is the source paragraph's index, for checking that ranges stay
+disjoint. ``prompt`` is the prompt string as given and a response is
 decoded by :func:`rlhf_lit.evaluation.response_texts`, so ``prompt + chosen`` is the sampled text
 whenever the tokenizer decodes the encoded prompt back to itself (true of every TinyStories prompt
 with the demo's tokenizer).
@@ -19,7 +22,7 @@ import time
 from collections.abc import Sequence
 
 from rlhf_lit.demo.batching import sample_batches
-from rlhf_lit.demo.labeling import Labeler, Pairing, candidate_pairs, prefer_first
+from rlhf_lit.demo.labeling import Labeler, Pairing, candidate_pairs, prefer_first, rank_samples
 from rlhf_lit.demo.story_prompts import RANGES, load_prompts
 from rlhf_lit.evaluation import response_texts
 from rlhf_lit.evaluation.judges import DEFAULT_JUDGE, load_judge
@@ -87,6 +90,51 @@ def label_pairs(
     return records, ties, empty
 
 
+def label_rankings(
+    paragraphs: Sequence[int],
+    prompts: Sequence[str],
+    responses: Sequence[str],
+    scores: Sequence[float],
+    samples_per_prompt: int,
+    labeler: Labeler,
+    temperature: float,
+    rng: random.Random,
+) -> tuple[list[dict], int, int]:
+    """Turn judged samples into ranking records, one per prompt (:func:`rank_samples` orders them).
+
+    Arguments as :func:`label_pairs`. Empty responses (EOS sampled at once) leave the ranking first,
+    and the others are ranked; ``bradley_terry`` draws ``k - 1`` numbers for a prompt with ``k``
+    responses left, and none for a dropped prompt.
+
+    Returns:
+        ``(records, ties, empty)``: the records in prompt order, the number of prompts dropped
+        because all their responses tie (``argmax``: no comparison left), and the number dropped
+        because fewer than 2 non-empty responses are left.
+    """
+    k = samples_per_prompt
+    if not len(prompts) == len(responses) == len(scores) == len(paragraphs) * k:
+        raise ValueError("prompts, responses and scores need K entries per paragraph")
+    records, ties, empty = [], 0, 0
+    for n, paragraph in enumerate(paragraphs):
+        kept = [i for i in range(n * k, (n + 1) * k) if responses[i].strip()]
+        if len(kept) < 2:
+            empty += 1
+            continue
+        if labeler == "argmax" and len({scores[i] for i in kept}) == 1:
+            ties += 1
+            continue
+        order, ranks = rank_samples([scores[i] for i in kept], labeler, temperature, rng)
+        ordered = [kept[i] for i in order]
+        records.append({
+            "prompt": prompts[kept[0]],
+            "responses": [responses[i] for i in ordered],
+            "ranks": ranks,
+            "scores": [scores[i] for i in ordered],
+            "paragraph": paragraph,
+        })
+    return records, ties, empty
+
+
 def make_preferences(
     model: str,
     paragraphs: str,
@@ -116,7 +164,8 @@ def make_preferences(
         num_words: words of each paragraph used as the prompt.
         samples_per_prompt: K >= 2 completions per prompt.
         labeler: ``argmax`` (higher judge score wins, ties dropped) or ``bradley_terry``.
-        pairing: ``best_worst`` (one pair per prompt) or ``all_pairs`` (K (K - 1) / 2 pairs).
+        pairing: ``best_worst`` (one pair per prompt), ``all_pairs`` (K (K - 1) / 2 pairs) or
+            ``ranking`` (one ranking record of the K samples per prompt).
         bt_temperature: Bradley-Terry temperature in judge-score units, ``bradley_terry`` only
             (None there means :data:`DEFAULT_BT_TEMPERATURE`): a score gap of ``bt_temperature``
             is preferred with probability sigmoid(1) = 0.73.
@@ -129,7 +178,9 @@ def make_preferences(
         device: torch device.
 
     Returns:
-        Counts and timings: prompts, samples, pairs, ties, judge_mean, seconds.
+        Counts and timings: prompts, samples, records (pairs or rankings written), pairs (the
+        comparisons they hold, ties excluded), ties, empty (see :func:`label_pairs` and
+        :func:`label_rankings`), judge_mean, seconds.
     """
     if samples_per_prompt < 2:
         raise ValueError(f"samples_per_prompt must be >= 2 to form pairs, got {samples_per_prompt}")
@@ -139,6 +190,35 @@ def make_preferences(
         )
     temperature = DEFAULT_BT_TEMPERATURE if bt_temperature is None else bt_temperature
     t0 = time.perf_counter()
+    samples = sample_and_judge(model, paragraphs, start=start, count=count, num_words=num_words,
+                               samples_per_prompt=samples_per_prompt, judge=judge, sampling=sampling,
+                               batch_size=batch_size, seed=seed, tokenizer=tokenizer, device=device)
+    records, ties, empty = label(samples, samples_per_prompt, labeler, pairing, temperature, random.Random(seed))
+    write_jsonl(out, records)
+    scores = samples["scores"]
+    stats = {
+        "prompts": len(samples["paragraphs"]),
+        "samples": len(scores),
+        "records": len(records),
+        "pairs": sum(count_pairs(r) for r in records),
+        "ties": ties,
+        "empty": empty,
+        "judge_mean": sum(scores) / len(scores),
+        "seconds": time.perf_counter() - t0,
+    }
+    log.info("wrote %d records to %s (%s)", len(records), out, stats)
+    return stats
+
+
+def sample_and_judge(
+    model: str, paragraphs: str, *, start: int, count: int, num_words: int, samples_per_prompt: int,
+    judge: str, sampling: SamplingConfig, batch_size: int, seed: int, tokenizer: str | None, device: str,
+) -> dict[str, list]:
+    """Sample K completions of each prompt and judge each once (arguments as :func:`make_preferences`).
+
+    Returns ``{"paragraphs": (N,), "prompts", "responses", "scores": (N * K,) grouped by prompt}``,
+    what :func:`label` takes.
+    """
     judge_fn = load_judge(judge)
     indices, prompts = load_prompts(paragraphs, start, count, num_words)
     tok = load_tokenizer(tokenizer or model, padding_side="left")
@@ -147,25 +227,33 @@ def make_preferences(
     responses = []
     for gen in sample_batches(lm, tok, repeated, sampling, batch_size=batch_size, seed=seed):
         responses += response_texts(tok, gen.query_responses, gen.attention_mask, gen.response_mask, gen.ended)
-    scores = judge_fn(responses)
-    records, ties, empty = label_pairs(
-        indices, repeated, responses, scores, samples_per_prompt, labeler, pairing,
-        temperature, random.Random(seed),
-    )
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    tmp = f"{out}.tmp"
+    return {"paragraphs": indices, "prompts": repeated, "responses": responses, "scores": list(judge_fn(responses))}
+
+
+def label(
+    samples: dict[str, list], samples_per_prompt: int, labeler: Labeler, pairing: Pairing, temperature: float,
+    rng: random.Random,
+) -> tuple[list[dict], int, int]:
+    """:func:`label_rankings` for ``pairing="ranking"``, else :func:`label_pairs`, of :func:`sample_and_judge`'s output."""
+    args = (samples["paragraphs"], samples["prompts"], samples["responses"], samples["scores"], samples_per_prompt)
+    if pairing == "ranking":
+        return label_rankings(*args, labeler, temperature, rng)
+    return label_pairs(*args, labeler, pairing, temperature, rng)
+
+
+def count_pairs(record: dict) -> int:
+    """Comparisons a record holds: 1 for a pair, the untied pairs of a ranking's ``ranks``."""
+    ranks = record.get("ranks")
+    if ranks is None:
+        return 1
+    return sum(a != b for n, a in enumerate(ranks) for b in ranks[n + 1:])
+
+
+def write_jsonl(path: str, records: Sequence[dict]) -> None:
+    """Write ``records`` one JSON object per line, atomically (parent directories are created)."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f"{path}.tmp"
     with open(tmp, "w", encoding="utf-8") as f:
         for record in records:
             f.write(json.dumps(record, ensure_ascii=False) + "\n")
-    os.replace(tmp, out)  # a crashed run leaves no half-written file under the real name
-    stats = {
-        "prompts": len(prompts),
-        "samples": len(responses),
-        "pairs": len(records),
-        "ties": ties,
-        "empty": empty,
-        "judge_mean": sum(scores) / len(scores),
-        "seconds": time.perf_counter() - t0,
-    }
-    log.info("wrote %d pairs to %s (%s)", len(records), out, stats)
-    return stats
+    os.replace(tmp, path)  # a crashed run leaves no half-written file under the real name

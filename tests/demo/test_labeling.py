@@ -1,12 +1,20 @@
-"""Labelling: pairings, the Bradley-Terry probability and the seeded noisy labeller."""
+"""Labelling: pairings, rankings, the Bradley-Terry probability and the seeded noisy labellers."""
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
 
-from rlhf_lit.demo.labeling import bradley_terry_probability, candidate_pairs, prefer_first
+from rlhf_lit.demo.labeling import (
+    bradley_terry_probability,
+    candidate_pairs,
+    plackett_luce_order,
+    prefer_first,
+    rank_samples,
+    score_ranks,
+)
 
 
 def test_all_pairs_of_three():
@@ -89,3 +97,93 @@ def test_bradley_terry_equal_scores_is_a_fair_coin():
     # 484 = how many of the first 1000 random.Random(1234).random() draws are below 0.5
     # (Python's Mersenne Twister stream is stable across versions); about half, as a fair coin.
     assert wins == 484
+
+
+def test_argmax_ranking_by_hand_with_a_tie():
+    # scores by sample: 0.2, 0.9, -0.4, 0.2 -> order 1 (0.9), 0 and 3 (0.2, tied, sample order kept), 2 (-0.4).
+    rng = random.Random(0)
+    state = rng.getstate()
+    assert rank_samples([0.2, 0.9, -0.4, 0.2], "argmax", 1.0, rng) == ([1, 0, 3, 2], [0, 1, 1, 2])
+    assert rng.getstate() == state  # argmax draws nothing
+
+
+def test_score_ranks_are_dense_and_need_sorted_scores():
+    assert score_ranks([0.5, 0.5, 0.5]) == [0, 0, 0]
+    assert score_ranks([0.9, 0.1, 0.1, -0.2, -0.2]) == [0, 1, 1, 2, 2]
+    with pytest.raises(ValueError, match="sorted best first"):
+        score_ranks([0.1, 0.3])
+
+
+def _plackett_luce_by_hand(scores, temperature, draws):
+    """An independent re-implementation: place by place, inverse-CDF of exp(s / T) over the samples left."""
+    left, order = list(range(len(scores))), []
+    for u in draws:
+        weights = [math.exp(scores[i] / temperature) for i in left]
+        total, acc = sum(weights), 0.0
+        for n, w in enumerate(weights):
+            acc += w / total
+            if u < acc:
+                break
+        order.append(left.pop(n))
+    return order + left
+
+
+def test_plackett_luce_known_draws_and_their_count():
+    # random.Random(7) draws 0.3238..., 0.1508..., 0.6509...: K = 4 takes exactly K - 1 = 3 of them.
+    scores, temperature = [0.1, 0.5, -0.3, 0.2], 0.25
+    rng = random.Random(7)
+    order = plackett_luce_order(scores, temperature, rng)
+    after = random.Random(7)
+    draws = [after.random() for _ in range(3)]
+    assert rng.random() == after.random()  # the next number of both streams: 3 draws were used, no more
+    assert order == _plackett_luce_by_hand(scores, temperature, draws)
+    # By hand: weights e^0.4, e^2, e^-1.2, e^0.8 = 1.49, 7.39, 0.30, 2.23 (sum 11.41): first place
+    # 0.3238 * 11.41 = 3.69 falls past sample 0 (1.49) into sample 1 (up to 8.88); then among 0, 2, 3
+    # (sum 4.02), 0.1508 * 4.02 = 0.61 < 1.49 picks sample 0.
+    assert order[:2] == [1, 0]
+
+
+def test_plackett_luce_is_reproducible_per_seed():
+    scores = [0.3, -0.1, 0.2, 0.25, 0.0]
+    orders = lambda seed: [plackett_luce_order(scores, 0.25, r) for r in [random.Random(seed)] for _ in range(40)]
+    assert orders(3) == orders(3)
+    assert orders(3) != orders(4)
+
+
+def test_plackett_luce_small_temperature_is_the_score_order():
+    scores = [0.2, 0.9, -0.4, 0.21, 0.5]  # distinct scores, gaps >= 0.01 >> T = 1e-4
+    for seed in range(20):
+        assert plackett_luce_order(scores, 1e-4, random.Random(seed)) == [1, 4, 3, 0, 2]
+
+
+def test_plackett_luce_of_two_is_the_bradley_terry_labeller():
+    # K = 2: the first place goes to sample 0 with probability sigmoid((a - b) / T), on the same draw.
+    for seed in range(50):
+        a, b = random.Random(seed).uniform(-1, 1), random.Random(seed + 100).uniform(-1, 1)
+        first = plackett_luce_order([a, b], 0.25, random.Random(seed)) == [0, 1]
+        assert first == prefer_first(a, b, "bradley_terry", 0.25, random.Random(seed))
+
+
+def test_plackett_luce_first_place_frequencies():
+    # P(sample i first) = exp(s_i / T) / sum_j exp(s_j / T); 4000 seeded draws within 4 standard errors.
+    scores, temperature, n = [0.0, 0.25, 0.5], 0.25, 4000
+    weights = [math.exp(s / temperature) for s in scores]
+    rng = random.Random(11)
+    firsts = [plackett_luce_order(scores, temperature, rng)[0] for _ in range(n)]
+    for i, w in enumerate(weights):
+        p = w / sum(weights)
+        assert abs(firsts.count(i) / n - p) < 4 * math.sqrt(p * (1 - p) / n)
+
+
+def test_bradley_terry_ranking_is_a_strict_order():
+    order, ranks = rank_samples([0.3, 0.3, 0.1], "bradley_terry", 0.25, random.Random(0))
+    assert sorted(order) == [0, 1, 2] and ranks == [0, 1, 2]
+
+
+def test_ranking_needs_two_samples_and_a_positive_temperature():
+    with pytest.raises(ValueError, match="at least 2 samples"):
+        rank_samples([0.5], "argmax", 1.0, random.Random(0))
+    with pytest.raises(ValueError, match="temperature must be > 0"):
+        plackett_luce_order([0.5, 0.1], 0.0, random.Random(0))
+    with pytest.raises(ValueError, match="to make pairs"):
+        candidate_pairs([0.5, 0.1], "ranking")

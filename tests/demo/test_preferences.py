@@ -9,7 +9,7 @@ import pytest
 
 from rlhf_lit.data.preference import PreferenceDataModule
 from rlhf_lit.demo.__main__ import main
-from rlhf_lit.demo.preferences import label_pairs, make_preferences
+from rlhf_lit.demo.preferences import count_pairs, label_pairs, label_rankings, make_preferences
 from rlhf_lit.tokenizer import load_tokenizer
 
 
@@ -95,3 +95,34 @@ def test_label_pairs_drops_pairs_with_an_empty_response():
                                        random.Random(0))
     assert (ties, empty) == (0, 1)
     assert [(r["chosen"], r["rejected"]) for r in records] == [("good", "fine")]
+
+
+def test_label_rankings_argmax_by_hand():
+    # Prompt p (paragraph 7): "a" 0.2, "b" 0.9, "" (empty, leaves), "d" 0.2 -> b, then a and d tied.
+    # Prompt q (paragraph 8): all three non-empty responses score 0.5 -> no comparison: dropped as a tie.
+    # Prompt r (paragraph 9): one non-empty response -> dropped as empty.
+    prompts = ["p"] * 4 + ["q"] * 4 + ["r"] * 4
+    responses = ["a", "b", " ", "d", "e", "f", "g", "", "h", "", "", ""]
+    scores = [0.2, 0.9, 0.7, 0.2, 0.5, 0.5, 0.5, 0.1, 0.3, 0.0, 0.0, 0.0]
+    records, ties, empty = label_rankings([7, 8, 9], prompts, responses, scores, 4, "argmax", 1.0,
+                                          random.Random(0))
+    assert (ties, empty) == (1, 1)
+    assert records == [{"prompt": "p", "responses": ["b", "a", "d"], "ranks": [0, 1, 1],
+                        "scores": [0.9, 0.2, 0.2], "paragraph": 7}]
+    assert count_pairs(records[0]) == 2  # b > a, b > d; a = d is no pair
+
+
+def test_label_rankings_bradley_terry_draws_k_minus_one_per_kept_prompt():
+    prompts = ["p"] * 3 + ["q"] * 3
+    responses = ["a", "b", "c", "", "", "x"]  # q keeps one response: dropped before any draw
+    scores = [0.1, 0.5, -0.2, 0.0, 0.0, 0.3]
+    rng = random.Random(5)
+    records, ties, empty = label_rankings([0, 1], prompts, responses, scores, 3, "bradley_terry", 0.25, rng)
+    twin = random.Random(5)
+    [twin.random() for _ in range(2)]  # K - 1 = 2 draws for prompt p, none for q
+    assert rng.random() == twin.random()
+    assert (ties, empty) == (0, 1)
+    assert len(records) == 1 and sorted(records[0]["responses"]) == ["a", "b", "c"]
+    assert records[0]["ranks"] == [0, 1, 2]
+    by_response = dict(zip(responses[:3], scores[:3]))
+    assert records[0]["scores"] == [by_response[r] for r in records[0]["responses"]]
