@@ -65,6 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "pairs, or one ranking record of all K (read with format: rankings)")
     p.add_argument("--bt-temperature", type=float, default=None,
                    help="Bradley-Terry temperature, bradley_terry only (None there means 0.25)")
+    p.add_argument("--rankings-out", default=None,
+                   help="also write one ranking record per prompt of the same samples here (format: rankings)")
 
     p = sub.add_parser("evaluate", formatter_class=fmt,
                        help="judge score, KL to the reference, distinct-n, length")
@@ -129,7 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             num_words=args.num_words, samples_per_prompt=args.samples_per_prompt,
             labeler=args.labeler, pairing=args.pairing, bt_temperature=args.bt_temperature,
             judge=args.judge, sampling=_sampling(args), batch_size=args.batch_size, seed=args.seed,
-            tokenizer=args.tokenizer, device=args.device,
+            tokenizer=args.tokenizer, device=args.device, rankings_out=args.rankings_out,
         )
         print(json.dumps(stats, indent=1))
     elif args.command == "evaluate":

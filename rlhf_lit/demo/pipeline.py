@@ -6,7 +6,9 @@ task of Ziegler et al. 2019) with VADER standing in for the human labeller, on 2
 1. split     TinyStories paragraphs into disjoint SFT / RM / PPO / eval ranges (``<out>/data``);
 2. sft       ``rlhf-lit fit --config configs/demo/sft.yaml``            -> ``<out>/sft/model``;
 3. prefs     ``python -m rlhf_lit.demo preferences`` (K samples per prompt, the judge labels)
-             -> ``<out>/prefs/preferences.jsonl``;
+             -> ``<out>/prefs/preferences.jsonl`` (best-vs-worst pairs, DPO's data) and, when the
+             RM config reads ``format: rankings``, ``<out>/prefs/rankings.jsonl`` (the whole
+             ranking of each prompt's samples, the RM's data);
 4. reward_model ``rlhf-lit fit --config configs/demo/reward_model.yaml`` -> ``<out>/reward_model/model``;
 5. ppo       ``rlhf-lit fit --config configs/demo/ppo.yaml``            -> ``<out>/ppo/model``
              (and ``RolloutCheckpoint`` files along training, ``<out>/ppo/checkpoints``),
@@ -62,6 +64,7 @@ from rlhf_lit.demo.plan import (
     ppo_rollouts,
     ppo_sampling,
     ppo_unfinished,
+    reward_model_format,
 )
 from rlhf_lit.demo.runner import Running, StageFailed, Timings, run_stages, say, start_stages, stop_stages, wait_stages
 from rlhf_lit.demo.summary import format_value, last_scalar, results_table, write_summary
@@ -146,6 +149,11 @@ def train(args: argparse.Namespace, budget: Budget, paths: Paths, timings: Timin
     ]  # fmt: skip
     if args.bt_temperature is not None:
         pref_cmd += ["--bt-temperature", str(args.bt_temperature)]
+    # The RM reads what its config's data format reads: pairs, or the rankings of the same samples.
+    rm_data = preferences
+    if reward_model_format(configs / "reward_model.yaml") == "rankings":
+        rm_data = paths.dir("prefs") / "rankings.jsonl"
+        pref_cmd += ["--rankings-out", str(rm_data)]
     if budget.pref_prompts is not None:
         pref_cmd += ["--count", str(budget.pref_prompts)]
     if args.seed is not None:
@@ -163,14 +171,14 @@ def train(args: argparse.Namespace, budget: Budget, paths: Paths, timings: Timin
     }  # fmt: skip
     background = start_stages(dpo_runs, paths)
     try:
-        return _train_rm_and_ppo(args, budget, paths, timings, splits, preferences, background)
+        return _train_rm_and_ppo(args, budget, paths, timings, splits, preferences, rm_data, background)
     finally:
         stop_stages(background)  # a no-op unless a stage failed: every run was waited for
 
 
 def _train_rm_and_ppo(args: argparse.Namespace, budget: Budget, paths: Paths, timings: Timings,
-                      splits: dict[str, str], preferences: Path, background: Running) -> dict:
-    """The RM, then PPO (and best-of-N) in parallel with the DPO runs of ``background``; waits for all."""
+                      splits: dict[str, str], preferences: Path, rm_data: Path, background: Running) -> dict:
+    """The RM (trained on ``rm_data``), then PPO (and best-of-N) in parallel with the DPO runs of ``background``; waits for all."""
     dpo_stages = list(background)  # wait_stages removes the stages it reaps from `background`
     configs = Path(args.config_dir)
     seed_args = [] if args.seed is None else ["--seed_everything", str(args.seed)]
@@ -180,12 +188,14 @@ def _train_rm_and_ppo(args: argparse.Namespace, budget: Budget, paths: Paths, ti
     wait_stages(start_stages({"reward_model": fit_command(configs / "reward_model.yaml", [
         *logger_root, *seed_args, "--model.init_args.model", str(paths.model("sft")),
         "--model.init_args.export_dir", str(paths.model("reward_model")),
-        "--data.init_args.train_path", str(preferences), *budget.reward_model,
+        "--data.init_args.train_path", str(rm_data), *budget.reward_model,
     ])}, paths), timings, background)  # fmt: skip
     rm_accuracy = last_scalar(paths.run("reward_model"), "val/accuracy")
     with open(preferences, encoding="utf-8") as f:
         num_pairs = sum(1 for _ in f)
-    say(f"reward_model: {num_pairs} judge-labelled pairs, held-out pair accuracy {format_value(rm_accuracy)}")
+    with open(rm_data, encoding="utf-8") as f:
+        rm_records = f"{sum(1 for _ in f)} judge-labelled {'rankings' if rm_data != preferences else 'pairs'}"
+    say(f"reward_model: {rm_records}, held-out pair accuracy {format_value(rm_accuracy)}")
 
     ppo_args = [
         *logger_root, *seed_args, "--model.init_args.sft_model", str(paths.model("sft")),
@@ -216,7 +226,7 @@ def _train_rm_and_ppo(args: argparse.Namespace, budget: Budget, paths: Paths, ti
     wait_stages({**start_stages({**ppo_runs, **others}, paths), **background}, timings)
     return {"policies": list(ppo_runs), "dpo": dpo_stages, "rm_accuracy": rm_accuracy,
             "ppo_rollouts": ppo_rollouts(configs / "ppo.yaml", budget),
-            "num_pairs": num_pairs, "temperature": temperature, "max_new_tokens": max_new_tokens}
+            "num_pairs": num_pairs, "rm_records": rm_records, "temperature": temperature, "max_new_tokens": max_new_tokens}
 
 
 def _best_of_n_command(args: argparse.Namespace, budget: Budget, paths: Paths, temperature: float,
@@ -341,7 +351,7 @@ def run(args: argparse.Namespace) -> dict:
     results, report, frontier = measure(args, budget, paths, trained, timings)
     wall = time.perf_counter() - t_start
     timings["total"] = wall
-    summary = write_summary(paths, results, trained["rm_accuracy"], trained["num_pairs"], report, timings, frontier)
+    summary = write_summary(paths, results, trained["rm_accuracy"], trained["rm_records"], report, timings, frontier)
 
     models = {name: str(paths.model(name)) for name in ("sft", "reward_model", *trained["policies"], *trained["dpo"])}
     outcome = {
@@ -356,7 +366,7 @@ def run(args: argparse.Namespace) -> dict:
         print(*frontier[1], "", sep="\n")
     for name, path in models.items():
         print(f"[demo] {name} model: {path}")
-    print(f"[demo] RM held-out pair accuracy: {format_value(trained['rm_accuracy'])} (of {trained['num_pairs']} pairs)")
+    print(f"[demo] RM held-out pair accuracy: {format_value(trained['rm_accuracy'])} (of {trained['rm_records']})")
     print(f"[demo] report: {report} and {summary}")
     print(f"[demo] TensorBoard: tensorboard --logdir {paths.root}")
     print(f"[demo] wall time: {wall:.1f} s ({wall / 60:.1f} min); CPU time of the stages: "

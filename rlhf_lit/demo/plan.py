@@ -107,6 +107,15 @@ def fit_command(config: Path, overrides: Sequence[str]) -> list[str]:
     return [sys.executable, "-m", "rlhf_lit.cli", "fit", "--config", str(config), *overrides]
 
 
+def reward_model_format(config: Path) -> str:
+    """``data.init_args.format`` of the RM config: ``rankings`` makes the preference stage also write
+    ranking records of its samples, the RM's training data (DPO keeps the pairs)."""
+    import yaml
+
+    with open(config, encoding="utf-8") as f:
+        return str(yaml.safe_load(f)["data"]["init_args"].get("format", "fields"))
+
+
 def ppo_init_args(config: Path) -> dict:
     """``model.init_args`` of the PPO config: the settings the demo's other stages must match."""
     import yaml

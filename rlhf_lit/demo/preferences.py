@@ -153,6 +153,7 @@ def make_preferences(
     seed: int = 0,
     tokenizer: str | None = None,
     device: str = "cpu",
+    rankings_out: str | None = None,
 ) -> dict:
     """Sample, judge and label; write the preference JSONL to ``out``.
 
@@ -176,11 +177,15 @@ def make_preferences(
             labeller.
         tokenizer: tokenizer location when not beside the model.
         device: torch device.
+        rankings_out: also write the ranking records of the same samples and judge scores here
+            (the same labeller, seeded as ``out``'s): pairs for DPO and rankings for the RM from
+            one labelling cost.
 
     Returns:
         Counts and timings: prompts, samples, records (pairs or rankings written), pairs (the
         comparisons they hold, ties excluded), ties, empty (see :func:`label_pairs` and
-        :func:`label_rankings`), judge_mean, seconds.
+        :func:`label_rankings`), judge_mean, seconds; with ``rankings_out`` also ``rankings``
+        (ranking records written there).
     """
     if samples_per_prompt < 2:
         raise ValueError(f"samples_per_prompt must be >= 2 to form pairs, got {samples_per_prompt}")
@@ -195,6 +200,10 @@ def make_preferences(
                                batch_size=batch_size, seed=seed, tokenizer=tokenizer, device=device)
     records, ties, empty = label(samples, samples_per_prompt, labeler, pairing, temperature, random.Random(seed))
     write_jsonl(out, records)
+    rankings = None
+    if rankings_out is not None:
+        rankings, _, _ = label(samples, samples_per_prompt, labeler, "ranking", temperature, random.Random(seed))
+        write_jsonl(rankings_out, rankings)
     scores = samples["scores"]
     stats = {
         "prompts": len(samples["paragraphs"]),
@@ -205,6 +214,7 @@ def make_preferences(
         "empty": empty,
         "judge_mean": sum(scores) / len(scores),
         "seconds": time.perf_counter() - t0,
+        **({} if rankings is None else {"rankings": len(rankings)}),
     }
     log.info("wrote %d records to %s (%s)", len(records), out, stats)
     return stats

@@ -49,14 +49,17 @@ def _samples_table(results: dict[str, dict], num_examples: int) -> list[str]:
     return lines
 
 
-def write_summary(paths: Paths, results: dict[str, dict], rm_accuracy: float | None, num_pairs: int,
+def write_summary(paths: Paths, results: dict[str, dict], rm_accuracy: float | None, rm_records: str,
                   report: str, timings: Timings, frontier: tuple[str, list[str]] | None = None,
                   num_examples: int = 6) -> Path:
-    """``<out>/report/summary.md``: the results table, the frontier, RM accuracy, timings and samples."""
+    """``<out>/report/summary.md``: the results table, the frontier, RM accuracy, timings and samples.
+
+    ``rm_records`` says what the RM trained on, e.g. ``"1478 judge-labelled pairs"``.
+    """
     md = ["# Demo summary", "", "Held-out prompts (TinyStories paragraphs 3000-3255), one sample each at the "
           "temperature PPO samples with; KL = sum over response tokens of log pi - log pi_SFT.", "",
           *results_table(results), "",
-          f"Reward model held-out pair accuracy: {format_value(rm_accuracy)} ({num_pairs} judge-labelled pairs "
+          f"Reward model held-out pair accuracy: {format_value(rm_accuracy)} ({rm_records} "
           "written; the RM config holds out a seeded fraction)", "",
           "Wall time per stage (s): " + ", ".join(f"{k} {v:.1f}" for k, v in timings.items()), "",
           "CPU time per subprocess stage (s): " + ", ".join(f"{k} {v:.1f}" for k, v in timings.cpu.items()), "",

@@ -60,14 +60,16 @@ def test_incompatible_settings_raise(stories_path, tinystories, tmp_path):
 
 def test_preferences_end_to_end(stories_path, tinystories, tmp_path, capsys):
     out = tmp_path / "prefs" / "pairs.jsonl"
+    rankings_out = tmp_path / "prefs" / "rankings.jsonl"
     status = main([
         "preferences", "--model", stories_path, "--paragraphs", tinystories, "--out", str(out),
         "--start", "1000", "--count", "4", "--samples-per-prompt", "2", "--max-new-tokens", "8",
-        "--labeler", "bradley_terry", "--seed", "1",
+        "--labeler", "bradley_terry", "--seed", "1", "--rankings-out", str(rankings_out),
     ])
     assert status == 0
     stats = json.loads(capsys.readouterr().out)
     assert stats["prompts"] == 4 and stats["samples"] == 8 and stats["ties"] == 0
+    assert stats["rankings"] == 4
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(records) == stats["pairs"] == 4  # bradley_terry keeps every best-worst pair
     assert [r["paragraph"] for r in records] == [1000, 1001, 1002, 1003]
@@ -77,6 +79,15 @@ def test_preferences_end_to_end(stories_path, tinystories, tmp_path, capsys):
         assert -1.0 <= r["chosen_score"] <= 1.0 and -1.0 <= r["rejected_score"] <= 1.0
         assert r["chosen"] and r["rejected"]
     assert records[0]["prompt"] == "Tommy learned something new. He learned that rolling"
+
+    # The rankings of the same samples and judge scores: with K = 2 each holds its prompt's pair,
+    # in a Plackett-Luce order of its own (the draw is the same, the probability is sample 0's).
+    rankings = [json.loads(line) for line in rankings_out.read_text().splitlines()]
+    assert [(r["prompt"], r["paragraph"], r["ranks"]) for r in rankings] == [
+        (p["prompt"], p["paragraph"], [0, 1]) for p in records]
+    for r, p in zip(rankings, records):
+        scored = {p["chosen"]: p["chosen_score"], p["rejected"]: p["rejected_score"]}
+        assert dict(zip(r["responses"], r["scores"])) == scored
 
     # The preference data module reads the file as format "fields".
     data = PreferenceDataModule(tokenizer=load_tokenizer(stories_path), train_path=str(out),
