@@ -102,21 +102,27 @@ def label_rankings(
 ) -> tuple[list[dict], int, int]:
     """Turn judged samples into ranking records, one per prompt (:func:`rank_samples` orders them).
 
-    Arguments as :func:`label_pairs`. Empty responses (EOS sampled at once) leave the ranking first,
-    and the others are ranked; ``bradley_terry`` draws ``k - 1`` numbers for a prompt with ``k``
-    responses left, and none for a dropped prompt.
+    Arguments as :func:`label_pairs`. Empty responses (EOS sampled at once) and repeats of an
+    earlier sample's text leave the ranking first (a ranking's responses must differ), and the
+    others are ranked; ``bradley_terry`` draws ``k - 1`` numbers for a prompt with ``k`` responses
+    left, and none for a dropped prompt.
 
     Returns:
         ``(records, ties, empty)``: the records in prompt order, the number of prompts dropped
         because all their responses tie (``argmax``: no comparison left), and the number dropped
-        because fewer than 2 non-empty responses are left.
+        because fewer than 2 distinct non-empty responses are left.
     """
     k = samples_per_prompt
     if not len(prompts) == len(responses) == len(scores) == len(paragraphs) * k:
         raise ValueError("prompts, responses and scores need K entries per paragraph")
     records, ties, empty = [], 0, 0
     for n, paragraph in enumerate(paragraphs):
-        kept = [i for i in range(n * k, (n + 1) * k) if responses[i].strip()]
+        kept, seen = [], set()
+        for i in range(n * k, (n + 1) * k):
+            # A repeat is the same text, scored alike by the judge: it adds no comparison.
+            if responses[i].strip() and responses[i] not in seen:
+                kept.append(i)
+                seen.add(responses[i])
         if len(kept) < 2:
             empty += 1
             continue

@@ -112,12 +112,13 @@ def test_label_rankings_argmax_by_hand():
     # Prompt p (paragraph 7): "a" 0.2, "b" 0.9, "" (empty, leaves), "d" 0.2 -> b, then a and d tied.
     # Prompt q (paragraph 8): all three non-empty responses score 0.5 -> no comparison: dropped as a tie.
     # Prompt r (paragraph 9): one non-empty response -> dropped as empty.
-    prompts = ["p"] * 4 + ["q"] * 4 + ["r"] * 4
-    responses = ["a", "b", " ", "d", "e", "f", "g", "", "h", "", "", ""]
-    scores = [0.2, 0.9, 0.7, 0.2, 0.5, 0.5, 0.5, 0.1, 0.3, 0.0, 0.0, 0.0]
-    records, ties, empty = label_rankings([7, 8, 9], prompts, responses, scores, 4, "argmax", 1.0,
+    # Prompt s (paragraph 10): "i" twice (a repeat leaves) and empty twice -> one response: dropped as empty.
+    prompts = ["p"] * 4 + ["q"] * 4 + ["r"] * 4 + ["s"] * 4
+    responses = ["a", "b", " ", "d", "e", "f", "g", "", "h", "", "", "", "i", "", "i", ""]
+    scores = [0.2, 0.9, 0.7, 0.2, 0.5, 0.5, 0.5, 0.1, 0.3, 0.0, 0.0, 0.0, 0.4, 0.0, 0.4, 0.0]
+    records, ties, empty = label_rankings([7, 8, 9, 10], prompts, responses, scores, 4, "argmax", 1.0,
                                           random.Random(0))
-    assert (ties, empty) == (1, 1)
+    assert (ties, empty) == (1, 2)
     assert records == [{"prompt": "p", "responses": ["b", "a", "d"], "ranks": [0, 1, 1],
                         "scores": [0.9, 0.2, 0.2], "paragraph": 7}]
     assert count_pairs(records[0]) == 2  # b > a, b > d; a = d is no pair
