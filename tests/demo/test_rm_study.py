@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
+from suite_env import subprocess_env
 
 from rlhf_lit.demo.rm_study import MARKER, RUN_MARKER, Run, claim, fit_command, heldout_sets, run_one, train_records
 from rlhf_lit.demo.rm_study_report import markdown, summarise
@@ -106,3 +109,47 @@ def test_folder_rules(tmp_path):
         run_one(run, JUDGED, 3, "no-sft", {}, [])
     assert [p.name for p in run.dir.iterdir()] == ["notes.txt"]
     assert RUN_MARKER not in {p.name for p in run.dir.iterdir()}
+
+
+def _study(*args: str, cwd) -> subprocess.CompletedProcess:
+    """``python -m rlhf_lit.demo rm-study <args>`` in a subprocess, as a user runs it."""
+    return subprocess.run([sys.executable, "-m", "rlhf_lit.demo", "rm-study", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=600, env=subprocess_env())  # fmt: skip
+
+
+@pytest.mark.slow
+def test_tiny_study_end_to_end_and_resumed(stories_path, tinystories, tmp_path):
+    out = tmp_path / "study"
+    args = ["--sft", stories_path, "--paragraphs", tinystories, "--out", str(out), "--seeds", "0",
+            "--variants", "best_worst", "ranking", "--count", "12", "--heldout-count", "6", "--max-new-tokens", "8",
+            "--jobs", "1", "--rm-overrides",
+            "--trainer.max_epochs 1 --data.init_args.batch_size 2 --model.init_args.optimizer.warmup_steps 0"]  # fmt: skip
+    first = _study(*args, cwd=tmp_path)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    study = json.loads((out / "study.json").read_text())
+    assert list(study["summary"]) == ["best_worst", "ranking"]
+    assert study["setup"]["judge_calls_per_seed"] == 12 * 4 and study["setup"]["heldout_paragraphs"] == [3256, 3262]
+    held = [json.loads(line) for line in (out / "heldout" / "pairs.jsonl").read_text().splitlines()]
+    assert held and all(3256 <= p["paragraph"] < 3262 and p["chosen_score"] > p["rejected_score"] for p in held)
+    assert study["setup"]["heldout_pairs"] == len(held)
+    for run in study["runs"]:  # each RM was validated on the held-out set: one val/accuracy per epoch
+        assert len(run["val"]["val/accuracy"]) == 1 and 0.0 <= run["val"]["val/accuracy"][0] <= 1.0
+    rankings = [json.loads(line) for line in (out / "seed_0" / "ranking" / "train.jsonl").read_text().splitlines()]
+    assert all(1000 <= r["paragraph"] < 1012 and r["scores"] == sorted(r["scores"], reverse=True) for r in rankings)
+    assert "| ranking | 1 |" in (out / "study.md").read_text()
+
+    # A rerun finds every run finished: nothing is trained again, the report is the same.
+    finished = (out / "seed_0" / "ranking" / "result.json").stat().st_mtime_ns
+    again = _study(*args, cwd=tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert (out / "seed_0" / "ranking" / "result.json").stat().st_mtime_ns == finished
+    assert json.loads((out / "study.json").read_text())["runs"] == study["runs"]
+
+    # A folder it did not write is refused with one line, and left as it was.
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("keep")
+    refused = _study("--sft", stories_path, "--out", str(foreign), cwd=tmp_path)
+    assert refused.returncode == 2 and refused.stderr.strip().splitlines() == [
+        f"error: --out {foreign} is not empty and was not written by `python -m rlhf_lit.demo rm-study`"]
+    assert [p.name for p in foreign.iterdir()] == ["notes.txt"]
