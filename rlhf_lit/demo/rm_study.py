@@ -146,7 +146,8 @@ class Run:
 
 def fit_command(run: Run, sft: str, train: Path, heldout: dict[str, Path], overrides: Sequence[str]) -> list[str]:
     """``rlhf-lit fit`` of the demo RM config on ``train``, validated on the held-out set."""
-    ranks = ["--data.init_args.fields.ranks", "ranks"] if run.format == "rankings" else []
+    # Set either way: the config may read rankings (and ties) by default.
+    ranks = ["--data.init_args.fields.ranks", "ranks" if run.format == "rankings" else "null"]
     return [
         sys.executable, "-m", "rlhf_lit.cli", "fit", "--config", str(CONFIG),
         "--model.init_args.model", sft, "--model.init_args.export_dir", str(run.dir / "model"),

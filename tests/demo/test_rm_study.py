@@ -56,7 +56,7 @@ def test_fit_command_validates_every_run_on_the_held_out_set_in_its_format(tmp_p
         assert option(cmd, "--data.init_args.val_path") == str(heldout[fmt])
         assert option(cmd, "--data.init_args.val_fraction") == "0"  # every prompt trains
         assert option(cmd, "--seed_everything") == "2" and option(cmd, "--data.init_args.seed") == "2"
-        assert ("--data.init_args.fields.ranks" in cmd) == (fmt == "rankings")
+        assert option(cmd, "--data.init_args.fields.ranks") == ("ranks" if fmt == "rankings" else "null")
         assert cmd[-2:] == ["--trainer.max_epochs", "1"]  # overrides last: they win
 
 
