@@ -84,6 +84,10 @@ def test_k3_by_hand():
     loss, accuracy = loss_of([([0.0, 1.0, -2.0], [0, 1, 2])])
     assert_close(loss, torch.tensor((nll(-1.0) + nll(2.0) + nll(3.0)) / 3))
     assert_close(accuracy, torch.tensor(2 / 3))
+    # equal scores on a ranked pair count as wrong (strict, as pairwise_reward_loss): differences 0, 2, 2
+    loss, accuracy = loss_of([([1.0, 1.0, -1.0], [0, 1, 2])])
+    assert_close(loss, torch.tensor((nll(0.0) + nll(2.0) + nll(2.0)) / 3))
+    assert_close(accuracy, torch.tensor(2 / 3))
 
 
 def test_k4_by_hand():
