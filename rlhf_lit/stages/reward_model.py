@@ -263,8 +263,9 @@ class RewardModelModule(PretrainedStage):
     ) -> tuple[float, float]:
         """Set ``reward_gain`` / ``reward_bias`` so the reference sequences score mean 0 (and std 1).
 
-        Scores every sequence of ``reference_batches`` (``input_ids`` / ``attention_mask`` batches, or
-        preference batches whose chosen and rejected sequences are pooled) with the raw model. Under a
+        Scores every sequence of ``reference_batches`` (``input_ids`` / ``attention_mask`` batches, such
+        as ranking batches, whose responses are pooled, or pair batches, whose chosen and rejected
+        sequences are pooled) with the raw model. Under a
         distributed trainer the moments are summed over processes, so sharded and replicated loaders
         both give the pooled statistics. The std is the population std. One host sync at the end.
 

@@ -208,3 +208,43 @@ def test_learns_a_known_ranking_rule(stories_path, helpers, tmp_path):
     assert after["val/accuracy"] > 0.9  # chance 0.5; measured 0.99
     assert after["val/kendall_tau"] > 0.8  # chance 0; measured 0.98
     assert after["val/ranking_exact"] > 0.5  # chance 1/24; measured 0.94
+
+
+def test_preference_loss_passes_the_prompt_weight(stories_path, helpers):
+    module = fresh_module(stories_path)
+    batch = ranking_batch(helpers, module.tokenizer, [("Tom", [" ran.", " sat.", " slept."]), ("Lily", [" sang.", " cried."])])
+    scores = torch.tensor([0.3, -0.2, 1.0, 0.4, -0.5])  # rows: Tom 1st, Lily 1st, Tom 2nd, Lily 2nd, Tom 3rd
+    weight = torch.tensor([3.0, 1.0])
+    loss, accuracy = module.preference_loss(scores, batch, weight=weight)
+    tom = (nll(0.3 - 1.0) + nll(0.3 + 0.5) + nll(1.0 + 0.5)) / 3
+    lily = nll(-0.2 - 0.4)
+    assert_close = torch.testing.assert_close
+    assert_close(loss, torch.tensor((3 * tom + lily) / 4))
+    assert_close(accuracy, torch.tensor(2 / 4))
+    assert_close(module.preference_loss(scores, batch)[0], torch.tensor((tom + lily) / 2))
+
+
+class _MeanBeforeFold(pl.Callback):
+    """The normalised scores of every row of the validation batches, before the export folds them."""
+
+    def __init__(self, batches):
+        self.batches, self.scores = batches, None
+
+    def on_fit_end(self, trainer, module):
+        with torch.no_grad():
+            self.scores = torch.cat([module(b["input_ids"], b["attention_mask"]) for b in self.batches])
+
+
+def test_normalisation_pools_every_response_of_ranking_batches(stories_path, helpers, tmp_path):
+    module = fresh_module(stories_path)
+    module.normalization = "gain_bias"
+    tok = module.tokenizer
+    val = [ranking_batch(helpers, tok, [("Tom went out.", [" He was happy.", " He was sad.", " He slept."]),
+                                        ("The dog", [" wagged its tail.", " bit."])]),
+           ranking_batch(helpers, tok, [("Lily", [" smiled.", " frowned.", " sang a song.", " left."])])]
+    capture = _MeanBeforeFold(val)
+    trainer = helpers.cpu_trainer(tmp_path, max_steps=1, callbacks=[capture], check_val_every_n_epoch=100)
+    trainer.fit(module, datamodule=helpers.BatchListDataModule(train=val[:1], val=val))
+    assert capture.scores.shape == (9,)  # 5 + 4 responses
+    assert abs(float(capture.scores.mean())) < 1e-5
+    assert float(capture.scores.std(unbiased=False)) == pytest.approx(1.0, abs=1e-5)
