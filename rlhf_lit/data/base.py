@@ -20,7 +20,7 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader
 
-from rlhf_lit.data.adapters import AdapterOptions, Example, Fields, Kind, adapt, check_format
+from rlhf_lit.data.adapters import AdapterOptions, Example, Fields, Kind, adapt, check_fields, check_format
 from rlhf_lit.data.collate import require_pad_id
 from rlhf_lit.data.encoding import TextEncoder, require_tokenizer
 from rlhf_lit.data.records import is_text_file, read_rows
@@ -119,6 +119,7 @@ class TextDataModule(L.LightningDataModule):
         self.train_path, self.val_path, self.val_fraction = train_path, val_path, val_fraction
         self.format = format
         self.fields = Fields(**fields) if isinstance(fields, Mapping) else fields
+        check_fields(format, self.fields)
         self.split, self.subset, self.max_records = split, subset, max_records
         self.skip_invalid, self.prompt_words = skip_invalid, prompt_words
         self.apply_chat_template = apply_chat_template
