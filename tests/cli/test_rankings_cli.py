@@ -65,3 +65,21 @@ def test_dpo_refuses_ranking_data_before_training(tmp_path):
         "responses per prompt): give DPO pair data (format fields or hh_rlhf, e.g. the best and the worst response of "
         "each ranking as chosen and rejected), or train a reward model on the rankings (RewardModelModule)")
     assert not (tmp_path / "ckpt").exists() and not (tmp_path / "export").exists()
+
+
+# AT MERGE (lead): un-comment once rank-rm's branch is merged. RewardModelModule trains on ranking batches only
+# with rank-rm's ranking loss, so on the rank-data branch alone this test fails (KeyError 'chosen_input_ids').
+# from cli_helpers import ROOT
+# from transformers import AutoModelForSequenceClassification
+#
+# def test_offline_rankings_config_trains_and_exports(tmp_path):
+#     # The shipped config, shortened, in its own run directory: stories260K stands in for the offline SFT export.
+#     result = run_main(
+#         "fit", "--config", "configs/offline/reward_model_rankings.yaml", "--run_dir", str(tmp_path / "run"),
+#         "--model.init_args.model", str(STORIES), "--trainer.max_epochs", "1", "--trainer.max_steps", "3",
+#         "--trainer.val_check_interval", "3", "--data.init_args.reference_max_records", "16",
+#         cwd=ROOT,
+#     )  # fmt: skip
+#     assert result.returncode == 0, result.stderr[-3000:]
+#     model = AutoModelForSequenceClassification.from_pretrained(tmp_path / "run" / "reward_model" / "model", num_labels=1)
+#     assert model.config.num_labels == 1

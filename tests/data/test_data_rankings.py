@@ -1,11 +1,15 @@
 """Ranking records (``format: rankings``): the ranking batch of docs/CONTRACTS.md, K = 2 equal to the
 pair batch, the truncation and drop rules, and one-message errors for bad records."""
 
+import importlib.util
 import logging
+import sys
 from pathlib import Path
 
 import pytest
 import torch
+import yaml
+from assets_paths import CONFIGS, ROOT
 from data_assets import TINYSTORIES, write_jsonl
 
 from rlhf_lit.data import Fields, PreferenceCollator, PreferenceDataModule, PromptDataModule, RankingCollator, SFTDataModule
@@ -196,3 +200,30 @@ def test_sft_reads_the_first_best_response_and_prompts_the_prompt(stories_tok, t
     prompts = PromptDataModule(tokenizer=stories_tok, train_path=path, format="rankings")
     prompts.setup()
     assert [x["input_ids"] for x in prompts.train_dataset] == [ONCE, HI]
+
+
+RANKINGS = Path(TINYSTORIES).parent / "rankings.jsonl"
+
+
+def test_the_shipped_sample_is_read_with_the_offline_config(stories_tok):
+    config = yaml.safe_load((CONFIGS / "offline" / "reward_model_rankings.yaml").read_text(encoding="utf-8"))
+    options = config["data"]["init_args"]
+    assert options["train_path"] == "assets/data/tinystories/rankings.jsonl" and options["format"] == "rankings"
+    options = {**options, "train_path": str(ROOT / options["train_path"]), "reference_path": str(ROOT / options["reference_path"])}
+    dm = PreferenceDataModule(tokenizer=stories_tok, **options)
+    dm.setup("fit")
+    assert dm.stats["train_records"] + dm.stats["val_records"] == 320  # nothing skipped or invalid
+    assert dm.stats["train_dropped"] == dm.stats["val_dropped"] == 0
+    batch = next(iter(dm.train_dataloader()))
+    assert set(batch["responses_per_prompt"].tolist()) == {3, 4}
+    ties = [item["rank"] for item in dm.train_dataset if len(set(item["rank"])) < len(item["rank"])]
+    assert ties and all(r == sorted(r) and r[0] == 0 for r in ties)
+
+
+def test_the_shipped_sample_is_what_its_script_writes(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)  # no __pycache__ among the shipped assets (tests/test_assets.py)
+    spec = importlib.util.spec_from_file_location("make_rankings", RANKINGS.parent / "make_rankings.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.write(tmp_path / "rankings.jsonl") == 320
+    assert (tmp_path / "rankings.jsonl").read_bytes() == RANKINGS.read_bytes()
