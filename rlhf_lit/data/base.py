@@ -38,6 +38,9 @@ TRUNCATION_MESSAGES = {
 
 log = logging.getLogger("rlhf_lit.data")
 
+RANKING_COLUMNS = ("responses", "ranks")
+"""The :class:`Fields` columns only ``format: rankings`` reads."""
+
 
 def check_sft_source(
     name: str, path: str | None, format: str, max_records: int | None
@@ -136,8 +139,16 @@ class TextDataModule(L.LightningDataModule):
 
     def _fields_hparam(self) -> None:
         """Store ``fields`` in hparams as a dict (call after ``save_hyperparameters(ignore=[
-        "tokenizer", "fields"])``): a dataclass instance would break weights_only loading."""
-        self.hparams["fields"] = dataclasses.asdict(self.fields)
+        "tokenizer", "fields"])``): a dataclass instance would break weights_only loading.
+
+        The columns added for rankings (``responses``, ``ranks``) are stored only when set to
+        something other than their default, so the hparams of every other run are as before and a
+        checkpoint written before rankings existed still resumes (the resume check compares them)."""
+        defaults = Fields()
+        self.hparams["fields"] = {
+            name: value for name, value in dataclasses.asdict(self.fields).items()
+            if name not in RANKING_COLUMNS or value != getattr(defaults, name)
+        }  # fmt: skip
 
     # ---------------------------------------------------------------------------------- setup
     def _examples(

@@ -227,3 +227,12 @@ def test_the_shipped_sample_is_what_its_script_writes(tmp_path, monkeypatch):
     spec.loader.exec_module(script)
     assert script.write(tmp_path / "rankings.jsonl") == 320
     assert (tmp_path / "rankings.jsonl").read_bytes() == RANKINGS.read_bytes()
+
+
+def test_hparams_of_other_runs_keep_their_keys_and_rankings_columns_are_stored_when_set(stories_tok, tmp_path):
+    pairs = PreferenceDataModule(tokenizer=stories_tok, train_path="x.jsonl")
+    assert set(pairs.hparams["fields"]) == {"prompt", "response", "chosen", "rejected", "margin", "text"}
+    dm = PreferenceDataModule(tokenizer=stories_tok, train_path="x.jsonl", format="rankings",
+                              fields=Fields(responses="rs", ranks="r"))  # fmt: skip
+    assert dm.hparams["fields"]["responses"] == "rs" and dm.hparams["fields"]["ranks"] == "r"
+    assert Fields(**dm.hparams["fields"]) == dm.fields  # what a checkpoint's hparams rebuild
