@@ -250,7 +250,9 @@ def read_ranking(row: Row, f: Fields) -> tuple[list[str], list[int]]:
         if not text.strip():
             raise InvalidRecord(f"{row.where}: field '{name}[{i}]' is empty")
         if text in first:
-            raise InvalidRecord(f"{row.where}: field '{name}[{i}]' repeats '{name}[{first[text]}]' (responses must differ)")
+            raise InvalidRecord(
+                f"{row.where}: field '{name}[{i}]' repeats '{name}[{first[text]}]' (responses must differ)"
+            )
         first[text] = i
     ranks = _ranks(row, f.ranks, len(responses)) if f.ranks is not None else list(range(len(responses)))
     if max(ranks) == 0:
@@ -297,7 +299,9 @@ def check_fields(format: str, fields: Fields) -> None:
             "orders its responses (ties through fields.ranks); unset fields.margin"
         )
     if format != "rankings" and fields.ranks is not None:
-        raise ValueError(f"fields.ranks is set ({fields.ranks!r}) but only format 'rankings' reads it (format is {format!r})")
+        raise ValueError(
+            f"fields.ranks is set ({fields.ranks!r}) but only format 'rankings' reads it (format is {format!r})"
+        )
 
 
 @dataclass

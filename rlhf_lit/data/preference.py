@@ -160,8 +160,10 @@ class PreferenceDataModule(TextDataModule):
         """Ranking items ``{"input_ids": [one list per response], "rank", "prompt_length"}``: each
         response by the pair rule; responses that keep no token dropped (counted in
         ``self.ranked``), the rest renumbered densely; a ranking left without 2 ranks dropped."""
+        # One (prompt, response) per response, tokenized exactly as a pair's chosen or rejected is.
         flat_prompts = [e.prompt for e in examples for _ in e.responses or ()]
-        flat_prompt_ids, flat_response_ids = encoder.encode_pairs(flat_prompts, [r for e in examples for r in e.responses or ()])
+        flat_responses = [r for e in examples for r in e.responses or ()]
+        flat_prompt_ids, flat_response_ids = encoder.encode_pairs(flat_prompts, flat_responses)
         eos, items, start = encoder.eos_token_id, [], 0
         for e in examples:
             K = len(e.responses or ())
@@ -182,13 +184,16 @@ class PreferenceDataModule(TextDataModule):
                           "prompt_length": len(p)})  # fmt: skip
         return items
 
-    def _encode_split(self, encoder: TextEncoder, examples: list[Example], name: str, encode: Any = None) -> list[dict[str, Any]]:
+    def _encode_split(
+        self, encoder: TextEncoder, examples: list[Example], name: str, encode: Any = None
+    ) -> list[dict[str, Any]]:
         """The base class's encoding and counts, plus the ranked responses cut and dropped."""
         self.ranked: Counter[str] = Counter()  # responses, response (cut), dropped: filled by _encode_rankings
         items = super()._encode_split(encoder, examples, name, encode)
         total, cut, dropped = self.ranked["responses"], self.ranked["response"], self.ranked["dropped"]
         if cut:
-            log.info("%s: %d of %d ranked responses did not fit in max_length: cut at the end, without EOS", name, cut, total)
+            log.info("%s: %d of %d ranked responses did not fit in max_length: cut at the end, without EOS",
+                     name, cut, total)  # fmt: skip
             self.stats[f"{name}_truncated_ranked_response"] = cut
         if dropped:
             log.info("%s: dropped %d of %d ranked responses that keep no token after truncation "

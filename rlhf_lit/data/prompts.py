@@ -74,7 +74,8 @@ class PromptDataModule(TextDataModule):
             paragraphs); same source rules as ``train_path``. None: no ptx data.
         ptx_format: record format of ``ptx_path``, read as SFT examples: ``fields``
             (``fields.prompt`` / ``fields.response``), ``hh_rlhf`` (prompt + chosen), ``alpaca``,
-            or ``paragraphs`` (first ``prompt_words`` words -> rest; labels on the rest).
+            ``paragraphs`` (first ``prompt_words`` words -> rest; labels on the rest) or
+            ``rankings`` (prompt + the first best response).
         ptx_max_records: read at most this many ptx records (None: all).
         ptx_batch_size: ptx examples per PPO minibatch, per process; None: ``batch_size``.
         ptx_max_length: the most tokens of a ptx prompt + response + EOS (its prompt is cut to

@@ -3,6 +3,7 @@ split's ranking batches are pooled, every response of every prompt counted once.
 
 import json
 
+import lightning.pytorch as pl
 import pytest
 import torch
 
@@ -40,3 +41,19 @@ def test_normalisation_falls_back_to_every_response_of_the_validation_rankings(s
     assert len(scores) == sum(len(item["input_ids"]) for item in dm.val_dataset) > 6
     mean, std = float(scores.mean()), float(scores.std(unbiased=False))
     assert gain == pytest.approx(1 / std, rel=1e-5) and bias == pytest.approx(-mean / std, rel=1e-5)
+
+
+def test_a_ranking_batch_marks_its_prompts_consumed(stories_path, tmp_path):
+    # The data position counts examples (prompts), not rows: a resumed run skips exactly what was trained.
+    module = RewardModelModule(stories_path, normalize="none")
+    path = tmp_path / "r.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in RECORDS), encoding="utf-8")
+    dm = PreferenceDataModule(tokenizer=module.tokenizer, train_path=str(path), format="rankings", batch_size=4)
+    dm.setup("fit")
+    batch = next(iter(dm.train_dataloader()))
+    assert batch["input_ids"].shape[0] > 8  # 4 prompts, 2 to 4 responses each
+    trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False)
+    trainer.datamodule = dm
+    module.trainer = trainer
+    module.on_train_batch_start(batch, 0)
+    assert dm.state_dict()["sampler"]["consumed"] == 4
