@@ -77,7 +77,7 @@ def test_dpo_refuses_ranking_data_before_training(tmp_path):
 #     result = run_main(
 #         "fit", "--config", "configs/offline/reward_model_rankings.yaml", "--run_dir", str(tmp_path / "run"),
 #         "--model.init_args.model", str(STORIES), "--trainer.max_epochs", "1", "--trainer.max_steps", "3",
-#         "--trainer.val_check_interval", "3", "--data.init_args.reference_max_records", "16",
+#         "--trainer.val_check_interval", "3",
 #         cwd=ROOT,
 #     )  # fmt: skip
 #     assert result.returncode == 0, result.stderr[-3000:]

@@ -209,7 +209,7 @@ def test_the_shipped_sample_is_read_with_the_offline_config(stories_tok):
     config = yaml.safe_load((CONFIGS / "offline" / "reward_model_rankings.yaml").read_text(encoding="utf-8"))
     options = config["data"]["init_args"]
     assert options["train_path"] == "assets/data/tinystories/rankings.jsonl" and options["format"] == "rankings"
-    options = {**options, "train_path": str(ROOT / options["train_path"]), "reference_path": str(ROOT / options["reference_path"])}
+    options = {**options, "train_path": str(ROOT / options["train_path"])}
     dm = PreferenceDataModule(tokenizer=stories_tok, **options)
     dm.setup("fit")
     assert dm.stats["train_records"] + dm.stats["val_records"] == 320  # nothing skipped or invalid
