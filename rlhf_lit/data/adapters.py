@@ -205,10 +205,10 @@ def fields(row: Row, kind: Kind, opt: AdapterOptions) -> Example:
 
 def _ranks(row: Row, field: str, k: int) -> list[int]:
     """The ``ranks`` column of a ranking record as dense ranks (0 = best); see :func:`read_ranking`."""
-    value = row.data.get(field)
     if field not in row.data:
         keys = ", ".join(map(str, row.data)) or "none"
         raise InvalidRecord(f"{row.where}: field {field!r} missing (record keys: {keys})")
+    value = row.data[field]
     if not isinstance(value, list) or len(value) != k:
         got = f"{len(value)} values" if isinstance(value, list) else type(value).__name__
         raise InvalidRecord(f"{row.where}: field {field!r} must be a list of {k} ints (one per response), got {got}")
@@ -261,6 +261,8 @@ def read_ranking(row: Row, f: Fields) -> tuple[list[str], list[int]]:
 
 
 def rankings(row: Row, kind: Kind, opt: AdapterOptions) -> Example:
+    """A ranking record as a preference example (every response and its rank), an SFT example (the
+    prompt and the first response, a best one) or a prompt (the responses are not read)."""
     prompt = get_text(row, opt.fields.prompt)
     if kind == "prompt":
         return Example(row.where, prompt)
