@@ -1,19 +1,21 @@
 """LightningDataModules for the three shapes of RLHF data (batch formats: docs/CONTRACTS.md).
 
 - :class:`SFTDataModule`: (prompt, response) demonstrations, labels on the response only.
-- :class:`PreferenceDataModule`: (prompt, chosen, rejected[, margin]) for the reward model, and
+- :class:`PreferenceDataModule`: (prompt, chosen, rejected[, margin]) pairs or (prompt, K ranked
+  responses) rankings for the reward model, and
   an optional reference set of demonstrations for reward normalisation.
 - :class:`PromptDataModule`: left padded prompts for PPO, with an exactly resumable sampler, and
   an optional second source of SFT batches for PPO-ptx.
 
 Sources are local files (.jsonl, .json, .txt paragraphs, optionally .gz) or hub dataset names;
-formats (``fields``, ``hh_rlhf``, ``alpaca``, ``paragraphs``) are in :mod:`.adapters`.
+formats (``fields``, ``hh_rlhf``, ``alpaca``, ``paragraphs``, ``rankings``) are in :mod:`.adapters`.
 """
 
 from rlhf_lit.data.adapters import ALPACA_PROMPT, ALPACA_PROMPT_NO_INPUT, Fields, Format
 from rlhf_lit.data.collate import (
     PreferenceCollator,
     PromptCollator,
+    RankingCollator,
     SequenceCollator,
     SFTCollator,
     pad,
@@ -37,6 +39,7 @@ __all__ = [
     "PromptCollator",
     "PromptDataModule",
     "PassSampler",
+    "RankingCollator",
     "ResumableSampler",
     "SequenceCollator",
     "SFTCollator",

@@ -22,6 +22,10 @@ Formats:
 - ``"paragraphs"``: plain text (``.txt`` paragraphs, or the ``text`` column): the prompt is the
   first ``prompt_words`` words (original spacing kept), the response the rest starting with the
   whitespace that follows. Paragraphs with at most ``prompt_words`` words are skipped and counted.
+- ``"rankings"``: ``{"prompt", "responses": [best, ..., worst]}`` (column names from
+  :class:`Fields`), K >= 2 distinct non-empty strings per record, optionally with ties in a
+  ``ranks`` column (:func:`read_ranking`). Preference examples carry every response and its rank;
+  SFT examples are the prompt and the first best response; prompts are the prompt.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from rlhf_lit.data.records import InvalidRecord, Row, get_number, get_text
 
 log = logging.getLogger("rlhf_lit.data")
 
-Format = Literal["fields", "hh_rlhf", "alpaca", "paragraphs"]
+Format = Literal["fields", "hh_rlhf", "alpaca", "paragraphs", "rankings"]
 """The record formats known to the data modules."""
 Kind = Literal["sft", "preference", "prompt"]
 """The shape of example a data module needs."""
@@ -53,7 +57,8 @@ class Fields:
     """Column names of the records. The ``fields`` format reads ``prompt`` with ``response``
     (SFT), ``chosen``/``rejected`` (preference) or nothing else (prompts); ``hh_rlhf`` reads
     ``chosen``/``rejected``; ``paragraphs`` reads ``text`` from JSON records; ``alpaca`` uses its
-    own fixed names (instruction, input, output, status).
+    own fixed names (instruction, input, output, status); ``rankings`` reads ``prompt``,
+    ``responses`` and, when set, ``ranks``.
 
     Args:
         prompt: column holding the prompt.
@@ -64,6 +69,9 @@ class Fields:
         margin: optional column holding a numeric preference margin; when set, every record
             must have it and preference batches carry ``margin``.
         text: column holding plain text for the ``paragraphs`` format (``.txt`` files give it).
+        responses: column holding the ranked responses, best first (``rankings`` format).
+        ranks: optional column holding one int per response, lower = better, equal = tie
+            (``rankings`` format); None: every response has its own rank, in list order.
     """
 
     prompt: str = "prompt"
@@ -72,12 +80,15 @@ class Fields:
     rejected: str = "rejected"
     margin: str | None = None
     text: str = "text"
+    responses: str = "responses"
+    ranks: str | None = None
 
 
 @dataclass(frozen=True)
 class Example:
-    """One text example. SFT sets ``response``; preference sets ``chosen``, ``rejected`` (and
-    ``margin`` when the data has one); prompts set ``prompt`` only."""
+    """One text example. SFT sets ``response``; preference pairs set ``chosen``, ``rejected`` (and
+    ``margin`` when the data has one), rankings ``responses`` (best first) and their ``ranks``
+    (0 = best, dense, equal = tie); prompts set ``prompt`` only."""
 
     where: str
     prompt: str
@@ -85,6 +96,8 @@ class Example:
     chosen: str | None = None
     rejected: str | None = None
     margin: float | None = None
+    responses: tuple[str, ...] | None = None
+    ranks: tuple[int, ...] | None = None
     extras: dict[str, Any] = field(default_factory=dict)
 
 
@@ -190,11 +203,81 @@ def fields(row: Row, kind: Kind, opt: AdapterOptions) -> Example:
     )
 
 
+def _ranks(row: Row, field: str, k: int) -> list[int]:
+    """The ``ranks`` column of a ranking record as dense ranks (0 = best); see :func:`read_ranking`."""
+    if field not in row.data:
+        keys = ", ".join(map(str, row.data)) or "none"
+        raise InvalidRecord(f"{row.where}: field {field!r} missing (record keys: {keys})")
+    value = row.data[field]
+    if not isinstance(value, list) or len(value) != k:
+        got = f"{len(value)} values" if isinstance(value, list) else type(value).__name__
+        raise InvalidRecord(f"{row.where}: field {field!r} must be a list of {k} ints (one per response), got {got}")
+    for i, r in enumerate(value):
+        if isinstance(r, bool) or not isinstance(r, int):
+            raise InvalidRecord(f"{row.where}: field '{field}[{i}]' must be an int, got {type(r).__name__}")
+    for i in range(1, k):
+        if value[i] < value[i - 1]:
+            raise InvalidRecord(
+                f"{row.where}: field '{field}[{i}]' is {value[i]}, below '{field}[{i - 1}]' ({value[i - 1]}): "
+                "responses are listed best first and a lower rank is better, so ranks never decrease"
+            )
+    dense = {r: d for d, r in enumerate(sorted(set(value)))}
+    return [dense[r] for r in value]
+
+
+def read_ranking(row: Row, f: Fields) -> tuple[list[str], list[int]]:
+    """The responses (best first) and their dense ranks (0 = best) of a ranking record.
+
+    ``responses`` must be a list of at least 2 distinct, non-empty strings. With ``f.ranks`` set,
+    the ``ranks`` column must be a list of as many ints, never decreasing along the list (lower =
+    better, equal = tie; any ints, renumbered 0, 1, ...); without it the i-th response has rank i.
+    Raises ``InvalidRecord`` naming the place and field (e.g. ``responses[2]``); a record whose
+    responses all tie has no pair to learn from and is skipped (counted).
+    """
+    name = f.responses
+    if name not in row.data:
+        keys = ", ".join(map(str, row.data)) or "none"
+        raise InvalidRecord(f"{row.where}: field {name!r} missing (record keys: {keys})")
+    responses = row.data[name]
+    if not isinstance(responses, list):
+        raise InvalidRecord(f"{row.where}: field {name!r} must be a list of strings, got {type(responses).__name__}")
+    if len(responses) < 2:
+        raise InvalidRecord(f"{row.where}: field {name!r} must hold at least 2 responses, got {len(responses)}")
+    first: dict[str, int] = {}
+    for i, text in enumerate(responses):
+        if not isinstance(text, str):
+            raise InvalidRecord(f"{row.where}: field '{name}[{i}]' must be a string, got {type(text).__name__}")
+        if not text.strip():
+            raise InvalidRecord(f"{row.where}: field '{name}[{i}]' is empty")
+        if text in first:
+            raise InvalidRecord(
+                f"{row.where}: field '{name}[{i}]' repeats '{name}[{first[text]}]' (responses must differ)"
+            )
+        first[text] = i
+    ranks = _ranks(row, f.ranks, len(responses)) if f.ranks is not None else list(range(len(responses)))
+    if max(ranks) == 0:
+        raise Skip("all responses tie (no pair to learn from)")
+    return responses, ranks
+
+
+def rankings(row: Row, kind: Kind, opt: AdapterOptions) -> Example:
+    """A ranking record as a preference example (every response and its rank), an SFT example (the
+    prompt and the first response, a best one) or a prompt (the responses are not read)."""
+    prompt = get_text(row, opt.fields.prompt)
+    if kind == "prompt":
+        return Example(row.where, prompt)
+    responses, ranks = read_ranking(row, opt.fields)
+    if kind == "sft":
+        return Example(row.where, prompt, response=responses[0])  # ranks never decrease: the first is a best
+    return Example(row.where, prompt, responses=tuple(responses), ranks=tuple(ranks))
+
+
 ADAPTERS: dict[str, tuple[Adapter, tuple[str, ...]]] = {
     "fields": (fields, ("sft", "preference", "prompt")),
     "hh_rlhf": (hh_rlhf, ("sft", "preference", "prompt")),
     "alpaca": (alpaca, ("sft", "prompt")),
     "paragraphs": (paragraphs, ("sft", "prompt")),
+    "rankings": (rankings, ("sft", "preference", "prompt")),
 }
 
 
@@ -207,6 +290,19 @@ def check_format(format: str, kind: Kind) -> None:
         raise ValueError(
             f"format {format!r} has no {kind} examples; for {kind} data use one of "
             f"{', '.join(supported)}"
+        )
+
+
+def check_fields(format: str, fields: Fields) -> None:
+    """Refuse columns the format cannot use: a margin for rankings, ranks for anything else."""
+    if format == "rankings" and fields.margin is not None:
+        raise ValueError(
+            f"fields.margin is set ({fields.margin!r}) but format 'rankings' has no margin: a ranking only "
+            "orders its responses (ties through fields.ranks); unset fields.margin"
+        )
+    if format != "rankings" and fields.ranks is not None:
+        raise ValueError(
+            f"fields.ranks is set ({fields.ranks!r}) but only format 'rankings' reads it (format is {format!r})"
         )
 
 

@@ -20,7 +20,7 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader
 
-from rlhf_lit.data.adapters import AdapterOptions, Example, Fields, Kind, adapt, check_format
+from rlhf_lit.data.adapters import AdapterOptions, Example, Fields, Kind, adapt, check_fields, check_format
 from rlhf_lit.data.collate import require_pad_id
 from rlhf_lit.data.encoding import TextEncoder, require_tokenizer
 from rlhf_lit.data.records import is_text_file, read_rows
@@ -37,6 +37,9 @@ TRUNCATION_MESSAGES = {
 """How each kind of cut is reported (counted by the truncation rule, :mod:`rlhf_lit.data.encoding`)."""
 
 log = logging.getLogger("rlhf_lit.data")
+
+RANKING_COLUMNS = ("responses", "ranks")
+"""The :class:`Fields` columns only ``format: rankings`` reads."""
 
 
 def check_sft_source(
@@ -119,6 +122,7 @@ class TextDataModule(L.LightningDataModule):
         self.train_path, self.val_path, self.val_fraction = train_path, val_path, val_fraction
         self.format = format
         self.fields = Fields(**fields) if isinstance(fields, Mapping) else fields
+        check_fields(format, self.fields)
         self.split, self.subset, self.max_records = split, subset, max_records
         self.skip_invalid, self.prompt_words = skip_invalid, prompt_words
         self.apply_chat_template = apply_chat_template
@@ -135,8 +139,16 @@ class TextDataModule(L.LightningDataModule):
 
     def _fields_hparam(self) -> None:
         """Store ``fields`` in hparams as a dict (call after ``save_hyperparameters(ignore=[
-        "tokenizer", "fields"])``): a dataclass instance would break weights_only loading."""
-        self.hparams["fields"] = dataclasses.asdict(self.fields)
+        "tokenizer", "fields"])``): a dataclass instance would break weights_only loading.
+
+        The columns added for rankings (``responses``, ``ranks``) are stored only when set to
+        something other than their default, so the hparams of every other run are as before and a
+        checkpoint written before rankings existed still resumes (the resume check compares them)."""
+        defaults = Fields()
+        self.hparams["fields"] = {
+            name: value for name, value in dataclasses.asdict(self.fields).items()
+            if name not in RANKING_COLUMNS or value != getattr(defaults, name)
+        }  # fmt: skip
 
     # ---------------------------------------------------------------------------------- setup
     def _examples(

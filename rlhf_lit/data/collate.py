@@ -1,6 +1,6 @@
 """Padding and collate functions (batch formats in docs/CONTRACTS.md).
 
-SFT and preference batches are right padded, prompt batches left padded (generation appends on
+SFT, preference and ranking batches are right padded, prompt batches left padded (generation appends on
 the right). Padding uses the tokenizer's ``pad_token_id``; which positions are real is carried by
 ``attention_mask`` (never recomputed from ``input_ids != pad_token_id``: the pad may equal EOS).
 """
@@ -98,6 +98,36 @@ class PreferenceCollator:
         if "margin" in items[0]:
             batch["margin"] = torch.tensor([x["margin"] for x in items], dtype=torch.float)  # (B,)
         return batch
+
+
+@dataclass(frozen=True)
+class RankingCollator:
+    """Ranking items ``{"input_ids": [K_b lists], "rank": [K_b ints], "prompt_length"}`` -> one
+    right padded batch of every response (docs/CONTRACTS.md, "Ranking batch"):
+
+    - ``input_ids``, ``attention_mask`` ``(N, T)``, ``N = sum K_b``, T the longest row; rows
+      POSITION-MAJOR: the first response of every prompt (in prompt order), then the second of every
+      prompt that has one, and so on. For K = 2 these are the pair batch's chosen rows then its
+      rejected rows (``concat_pairs``), so pair results carry over bit for bit.
+    - ``group (N,)``: the row's prompt, 0..B-1; ``rank (N,)``: its rank in that prompt (0 = best,
+      equal = tie); ``prompt_length (N,)``: its prompt tokens.
+    - ``responses_per_prompt (B,)``: K_b of each prompt.
+    """
+
+    pad_token_id: int
+
+    def __call__(self, items: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        K = [len(x["input_ids"]) for x in items]
+        rows = [(b, k) for k in range(max(K)) for b in range(len(items)) if k < K[b]]  # position-major
+        input_ids, attention_mask = pad([items[b]["input_ids"][k] for b, k in rows], self.pad_token_id, "right")
+        return {
+            "input_ids": input_ids,  # (N, T)
+            "attention_mask": attention_mask,  # (N, T)
+            "group": torch.tensor([b for b, _ in rows], dtype=torch.long),  # (N,)
+            "rank": torch.tensor([items[b]["rank"][k] for b, k in rows], dtype=torch.long),  # (N,)
+            "responses_per_prompt": torch.tensor(K, dtype=torch.long),  # (B,)
+            "prompt_length": torch.tensor([items[b]["prompt_length"] for b, _ in rows], dtype=torch.long),  # (N,)
+        }
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,10 @@
 """Preference data: (prompt, chosen, rejected[, margin]) -> right padded chosen and rejected
-sequences for the reward model, and an optional reference set of demonstrations on which the
-trained reward is normalised."""
+sequences, or (prompt, K ranked responses) -> ranking batches, for the reward model; and an
+optional reference set of demonstrations on which the trained reward is normalised."""
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from collections.abc import Callable
 from typing import Any, Literal
@@ -12,22 +13,31 @@ from torch.utils.data import DataLoader
 
 from rlhf_lit.data.adapters import Example, Fields
 from rlhf_lit.data.base import TextDataModule, check_sft_source
-from rlhf_lit.data.collate import PreferenceCollator, SequenceCollator
+from rlhf_lit.data.collate import PreferenceCollator, RankingCollator, SequenceCollator
 from rlhf_lit.data.encoding import TextEncoder, encode_sft, truncate_prompt, truncate_response
+
+log = logging.getLogger("rlhf_lit.data")
 
 
 class PreferenceDataModule(TextDataModule):
-    """Pairwise preferences for reward-model training.
+    """Pairwise preferences or K-way rankings for reward-model training.
 
-    Batches (right padded, chosen and rejected to one common T): ``chosen_input_ids``,
+    Pair batches (right padded, chosen and rejected to one common T): ``chosen_input_ids``,
     ``chosen_attention_mask``, ``rejected_input_ids``, ``rejected_attention_mask`` ``(B, T)``,
     ``prompt_length (B,)`` long, the number of (truncated) prompt tokens both sequences start
     with (DPO scores the tokens after it), and ``margin (B,)`` float when ``fields.margin`` is set.
 
+    Ranking batches (``format: rankings``; :class:`~rlhf_lit.data.collate.RankingCollator`): every
+    response of the batch's B prompts as one right padded ``input_ids`` / ``attention_mask``
+    ``(N, T)``, rows position-major, with ``group``, ``rank``, ``prompt_length`` ``(N,)`` and
+    ``responses_per_prompt (B,)`` (docs/CONTRACTS.md).
+
     Each sequence is prompt + response + EOS with the SFT truncation rule: the shared prompt is
     truncated from the LEFT to ``max_prompt_length``, each response from the right so that the
     sequence has at most ``max_length`` tokens; a cut response gets no EOS. A pair where either
-    response keeps no token is dropped, counted and logged once.
+    response keeps no token is dropped, counted and logged once. In a ranking, a response that
+    keeps no token is dropped (counted) and the others keep their order (ranks renumbered 0, 1,
+    ...); a ranking left with fewer than 2 distinct ranks is dropped, counted and logged once.
 
     Reward normalisation reference set (InstructGPT shifts the trained reward so that
     demonstrations score 0 on average): with ``reference_path``, ``reference_dataloader()`` gives
@@ -51,9 +61,11 @@ class PreferenceDataModule(TextDataModule):
             ``seed_everything`` (:mod:`rlhf_lit.run_seed`), so another run seed holds out other
             examples and shuffles them in another order.
         format: record format: ``fields`` (prompt/chosen/rejected[/margin] columns named by
-            ``fields``) or ``hh_rlhf`` (transcripts split at the last ``\\n\\nAssistant:``; pairs
-            that do not share the prompt are skipped and counted).
-        fields: column names (``fields`` format; ``hh_rlhf`` reads ``chosen``/``rejected``).
+            ``fields``), ``hh_rlhf`` (transcripts split at the last ``\\n\\nAssistant:``; pairs
+            that do not share the prompt are skipped and counted) or ``rankings`` (prompt and a
+            list of K >= 2 responses, best first, optional ties in ``fields.ranks``; no margin).
+        fields: column names (``fields`` and ``rankings`` formats; ``hh_rlhf`` reads
+            ``chosen``/``rejected``).
         split: hub split to read.
         subset: hub dataset configuration (subset) name.
         max_records: read at most this many records per source (None: all).
@@ -63,14 +75,15 @@ class PreferenceDataModule(TextDataModule):
             assistant turn with the tokenizer's chat template; an error if it has none.
         max_length: the most tokens of prompt + response + EOS, per sequence.
         max_prompt_length: the most prompt tokens (must be below ``max_length``).
-        batch_size: pairs per batch (and reference sequences per reference batch).
+        batch_size: pairs (or rankings) per batch (and reference sequences per reference batch).
         num_workers: DataLoader worker processes.
         reference_path: demonstrations (prompt + response, e.g. the SFT training data) on which
             the trained reward is normalised; same source rules as ``train_path``. None: the
             reward model normalises on the validation pairs.
         reference_format: record format of ``reference_path``, read as SFT examples: ``fields``
             (``fields.prompt`` / ``fields.response`` columns), ``hh_rlhf`` (prompt + chosen),
-            ``alpaca``, or ``paragraphs`` (each whole paragraph, cut to ``max_length``).
+            ``alpaca``, ``paragraphs`` (each whole paragraph, cut to ``max_length``) or
+            ``rankings`` (prompt + the first best response).
         reference_max_records: read at most this many reference records (None: all).
     """
 
@@ -84,7 +97,7 @@ class PreferenceDataModule(TextDataModule):
         val_path: str | None = None,
         val_fraction: float = 0.0,
         seed: int | None = None,
-        format: Literal["fields", "hh_rlhf"] = "fields",
+        format: Literal["fields", "hh_rlhf", "rankings"] = "fields",
         fields: Fields = Fields(),
         split: str = "train",
         subset: str | None = None,
@@ -96,7 +109,7 @@ class PreferenceDataModule(TextDataModule):
         batch_size: int = 8,
         num_workers: int = 0,
         reference_path: str | None = None,
-        reference_format: Literal["fields", "hh_rlhf", "alpaca", "paragraphs"] = "fields",
+        reference_format: Literal["fields", "hh_rlhf", "alpaca", "paragraphs", "rankings"] = "fields",
         reference_max_records: int | None = None,
     ):
         super().__init__()
@@ -121,6 +134,8 @@ class PreferenceDataModule(TextDataModule):
         self._fields_hparam()
 
     def _encode(self, encoder: TextEncoder, examples: list[Example]) -> list[dict[str, Any]]:
+        if self.format == "rankings":
+            return self._encode_rankings(encoder, examples)
         prompts = [e.prompt for e in examples]
         prompt_ids, chosen_ids = encoder.encode_pairs(prompts, [e.chosen or "" for e in examples])
         _, rejected_ids = encoder.encode_pairs(prompts, [e.rejected or "" for e in examples])
@@ -141,11 +156,62 @@ class PreferenceDataModule(TextDataModule):
                                "rejected response": rejected_cut["response"]})
         return items
 
+    def _encode_rankings(self, encoder: TextEncoder, examples: list[Example]) -> list[dict[str, Any]]:
+        """Ranking items ``{"input_ids": [one list per response], "rank", "prompt_length"}``: each
+        response by the pair rule; responses that keep no token dropped (counted in
+        ``self.ranked``), the rest renumbered densely; a ranking left without 2 ranks dropped."""
+        # One (prompt, response) per response, tokenized exactly as a pair's chosen or rejected is.
+        flat_prompts = [e.prompt for e in examples for _ in e.responses or ()]
+        flat_responses = [r for e in examples for r in e.responses or ()]
+        flat_prompt_ids, flat_response_ids = encoder.encode_pairs(flat_prompts, flat_responses)
+        eos, items, start = encoder.eos_token_id, [], 0
+        for e in examples:
+            K = len(e.responses or ())
+            p = truncate_prompt(flat_prompt_ids[start], encoder.prefix, self.max_prompt_length, self.truncated)
+            kept: list[tuple[list[int], int]] = []
+            for r, rank in zip(flat_response_ids[start : start + K], e.ranks or ()):
+                ids = truncate_response(p, r, eos, self.max_length, self.ranked)
+                if ids is not None:
+                    kept.append((p + ids, rank))
+            start += K
+            self.ranked["responses"] += K
+            self.ranked["dropped"] += K - len(kept)
+            distinct = sorted({rank for _, rank in kept})
+            if len(distinct) < 2:
+                continue
+            dense = {rank: i for i, rank in enumerate(distinct)}
+            items.append({"input_ids": [ids for ids, _ in kept], "rank": [dense[rank] for _, rank in kept],
+                          "prompt_length": len(p)})  # fmt: skip
+        return items
+
+    def _encode_split(
+        self, encoder: TextEncoder, examples: list[Example], name: str, encode: Any = None
+    ) -> list[dict[str, Any]]:
+        """The base class's encoding and counts, plus the ranked responses cut and dropped."""
+        self.ranked: Counter[str] = Counter()  # responses, response (cut), dropped: filled by _encode_rankings
+        items = super()._encode_split(encoder, examples, name, encode)
+        total, cut, dropped = self.ranked["responses"], self.ranked["response"], self.ranked["dropped"]
+        if cut:
+            log.info("%s: %d of %d ranked responses did not fit in max_length: cut at the end, without EOS",
+                     name, cut, total)  # fmt: skip
+            self.stats[f"{name}_truncated_ranked_response"] = cut
+        if dropped:
+            log.info("%s: dropped %d of %d ranked responses that keep no token after truncation "
+                     "(a ranking left with fewer than 2 ranks is dropped whole)", name, dropped, total)  # fmt: skip
+            self.stats[f"{name}_dropped_responses"] = dropped
+        return items
+
+    def _collator(self) -> PreferenceCollator | RankingCollator:
+        """The batch format of ``format``: ranking batches for rankings, pair batches otherwise."""
+        if self.format == "rankings":
+            return RankingCollator(self.pad_token_id)
+        return PreferenceCollator(self.pad_token_id)
+
     def train_dataloader(self) -> DataLoader:
-        return self._shuffled_train_loader(PreferenceCollator(self.pad_token_id))
+        return self._shuffled_train_loader(self._collator())
 
     def val_dataloader(self) -> DataLoader | list:
-        return self._val_loader(PreferenceCollator(self.pad_token_id))
+        return self._val_loader(self._collator())
 
     # ------------------------------------------------------------------------ reference set
     def _setup_extra(self, encoder: TextEncoder) -> None:

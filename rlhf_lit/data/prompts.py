@@ -52,8 +52,10 @@ class PromptDataModule(TextDataModule):
             draws the prompts in another order.
         format: record format: ``fields`` (the ``fields.prompt`` column), ``hh_rlhf`` (the
             dialogue up to and including the last ``\\n\\nAssistant:`` of ``chosen``), ``alpaca``
-            (the instruction prompt template), ``paragraphs`` (first ``prompt_words`` words).
-        fields: column names for the ``fields`` format (and ``text`` for ``paragraphs``).
+            (the instruction prompt template), ``paragraphs`` (first ``prompt_words`` words),
+            ``rankings`` (the ``fields.prompt`` column; the responses are not read).
+        fields: column names for the ``fields`` and ``rankings`` formats (and ``text`` for
+            ``paragraphs``).
         split: hub split to read.
         subset: hub dataset configuration (subset) name.
         max_records: read at most this many records per source (None: all).
@@ -72,7 +74,8 @@ class PromptDataModule(TextDataModule):
             paragraphs); same source rules as ``train_path``. None: no ptx data.
         ptx_format: record format of ``ptx_path``, read as SFT examples: ``fields``
             (``fields.prompt`` / ``fields.response``), ``hh_rlhf`` (prompt + chosen), ``alpaca``,
-            or ``paragraphs`` (first ``prompt_words`` words -> rest; labels on the rest).
+            ``paragraphs`` (first ``prompt_words`` words -> rest; labels on the rest) or
+            ``rankings`` (prompt + the first best response).
         ptx_max_records: read at most this many ptx records (None: all).
         ptx_batch_size: ptx examples per PPO minibatch, per process; None: ``batch_size``.
         ptx_max_length: the most tokens of a ptx prompt + response + EOS (its prompt is cut to
@@ -94,7 +97,7 @@ class PromptDataModule(TextDataModule):
         val_path: str | None = None,
         val_fraction: float = 0.0,
         seed: int | None = None,
-        format: Literal["fields", "hh_rlhf", "alpaca", "paragraphs"] = "fields",
+        format: Literal["fields", "hh_rlhf", "alpaca", "paragraphs", "rankings"] = "fields",
         fields: Fields = Fields(),
         split: str = "train",
         subset: str | None = None,
@@ -108,7 +111,7 @@ class PromptDataModule(TextDataModule):
         drop_last: bool = True,
         num_workers: int = 0,
         ptx_path: str | None = None,
-        ptx_format: Literal["fields", "hh_rlhf", "alpaca", "paragraphs"] = "fields",
+        ptx_format: Literal["fields", "hh_rlhf", "alpaca", "paragraphs", "rankings"] = "fields",
         ptx_max_records: int | None = None,
         ptx_batch_size: int | None = None,
         ptx_max_length: int = 512,

@@ -42,8 +42,10 @@ class SFTDataModule(TextDataModule):
             examples and shuffles them in another order.
         format: record format: ``fields`` (column names from ``fields``), ``hh_rlhf`` (prompt +
             chosen of HH-RLHF transcripts), ``alpaca`` (instruction/input/output, status ok),
-            ``paragraphs`` (first ``prompt_words`` words -> rest).
-        fields: column names for the ``fields`` format (and ``text`` for ``paragraphs``).
+            ``paragraphs`` (first ``prompt_words`` words -> rest), ``rankings`` (prompt + the
+            first best of the ranked responses).
+        fields: column names for the ``fields`` and ``rankings`` formats (and ``text`` for
+            ``paragraphs``).
         split: hub split to read.
         subset: hub dataset configuration (subset) name.
         max_records: read at most this many records per source (None: all).
@@ -69,7 +71,7 @@ class SFTDataModule(TextDataModule):
         val_path: str | None = None,
         val_fraction: float = 0.0,
         seed: int | None = None,
-        format: Literal["fields", "hh_rlhf", "alpaca", "paragraphs"] = "fields",
+        format: Literal["fields", "hh_rlhf", "alpaca", "paragraphs", "rankings"] = "fields",
         fields: Fields = Fields(),
         split: str = "train",
         subset: str | None = None,

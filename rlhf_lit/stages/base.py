@@ -348,7 +348,10 @@ class PretrainedStage(StageModule):
         into checkpoints: a resumed run, even one stopped mid-epoch, skips exactly what was trained."""
         datamodule = getattr(self.trainer, "datamodule", None)
         if hasattr(datamodule, "mark_consumed"):
-            examples = next(iter(batch.values())).shape[0]  # every batch tensor is (B, ...)
+            # A ranking batch has N >= 2B rows but B examples (prompts): its responses_per_prompt is (B,).
+            # In every other batch every tensor is (B, ...).
+            ranking = "responses_per_prompt" in batch
+            examples = (batch["responses_per_prompt"] if ranking else next(iter(batch.values()))).shape[0]
             datamodule.mark_consumed(examples * self.trainer.world_size)
 
     def load_tokenizer(self, model: str, padding_side: str):

@@ -239,7 +239,14 @@ class DPOModule(PretrainedStage):
         shard_models(self, {"model": self.model, "reference": self._modules.get("ref_model")})
 
     def check_before_fit(self) -> None:
-        """Refuse ``precompute_ref`` without a data module, before any training step."""
+        """Refuse ranking data and ``precompute_ref`` without a data module, before any training step."""
+        # Duck-typed (stages never import data): PreferenceDataModule keeps its record format here.
+        if getattr(self.trainer.datamodule, "format", None) == "rankings":
+            raise ValueError(
+                "DPO trains on preference pairs, but the data module reads format 'rankings' (K ranked responses per "
+                "prompt): give DPO pair data (format fields or hh_rlhf, e.g. the best and the worst response of each "
+                "ranking as chosen and rejected), or train a reward model on the rankings (RewardModelModule)"
+            )
         if self.precompute_ref and self.trainer.datamodule is None:
             raise ValueError("precompute_ref needs a data module (fit with datamodule=...), or set precompute_ref: false")
 

@@ -13,7 +13,9 @@ Stage 2 of InstructGPT. Details followed ("The N(+) implementation details of RL
   exported weights (see :mod:`rlhf_lit.models.reward_norm`).
 
 Chosen and rejected sequences go through the model in one forward pass (concatenated along the
-batch), which halves the number of calls.
+batch), which halves the number of calls. A ranking batch (K ranked responses per prompt, marked by
+its ``group`` key, docs/CONTRACTS.md) goes through in one forward too, each response once, and is
+trained with InstructGPT's loss: the mean over prompts of the mean over each prompt's C(K, 2) pairs.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from lightning.pytorch.utilities.model_helpers import is_overridden
 from torchmetrics import MeanMetric
 from transformers import AutoConfig
 
-from rlhf_lit.functional import concat_pairs, pairwise_reward_loss
+from rlhf_lit.functional import concat_pairs, pairwise_reward_loss, ranking_loss, ranking_metrics, ranking_pair_mask
 from rlhf_lit.models import init_reward_head, load_reward_model, score_head, sequence_scores
 from rlhf_lit.models.memory import train_mode
 from rlhf_lit.models.reward_norm import Normalize, fold_normalization, gain_and_bias, record_normalization
@@ -46,12 +48,29 @@ def has_trained_score_head(name_or_path: str, revision: str | None = None, trust
     return any(a.endswith("ForSequenceClassification") for a in (config.architectures or []))
 
 
+def is_ranking_batch(batch: dict[str, torch.Tensor]) -> bool:
+    """True for a ranking batch (K responses per prompt, docs/CONTRACTS.md), False for a pair batch."""
+    return "group" in batch
+
+
+def num_prompts(batch: dict[str, torch.Tensor]) -> int:
+    """The prompts of a pair or ranking batch (read from shapes: no host sync)."""
+    if is_ranking_batch(batch):
+        return batch["responses_per_prompt"].shape[0]
+    return batch["chosen_input_ids"].shape[0]
+
+
 class RewardModelModule(PretrainedStage):
-    """Trains a Bradley-Terry reward model on (chosen, rejected) pairs and exports it normalised.
+    """Trains a Bradley-Terry reward model on (chosen, rejected) pairs or on rankings of K responses
+    per prompt, and exports it normalised.
 
     Logs ``train/loss``, ``train/accuracy`` and ``lr`` every step; ``val/loss``, ``val/accuracy``
     (fraction of pairs with chosen > rejected) and ``val/margin`` (mean chosen - rejected) per
-    validation run. Validation reads the normalised scores (what the exported model gives).
+    validation run. Validation reads the normalised scores (what the exported model gives). On
+    ranking batches the loss is :func:`~rlhf_lit.functional.ranking_loss` (averaged per prompt, then
+    over prompts), accuracy and margin are over all pairs of the rankings, and validation also logs
+    ``val/ranking_exact`` (fraction of prompts whose responses the scores order exactly) and
+    ``val/kendall_tau`` (mean over prompts; see :func:`~rlhf_lit.functional.ranking_metrics`).
 
     The normalisation reference set is the datamodule's ``reference_dataloader()`` when it has one
     (batches with ``input_ids`` / ``attention_mask``, or preference batches), else its
@@ -108,6 +127,8 @@ class RewardModelModule(PretrainedStage):
         self.val_loss = MeanMetric()
         self.val_accuracy = MeanMetric()
         self.val_margin = MeanMetric()
+        self.val_ranking_exact = MeanMetric()  # ranking batches only
+        self.val_kendall_tau = MeanMetric()  # ranking batches only
 
     # ----- scoring -----------------------------------------------------------------------------
 
@@ -121,15 +142,28 @@ class RewardModelModule(PretrainedStage):
 
     def batch_sequences(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """Every sequence of a preference batch as one ``(N, T)`` batch: the chosen rows then the
-        rejected rows (``N = 2B``), so each response goes through the model once, in one forward."""
+        rejected rows (``N = 2B``), so each response goes through the model once, in one forward.
+        A ranking batch is already one: its ``input_ids`` and ``attention_mask`` as they are."""
+        if is_ranking_batch(batch):
+            return batch["input_ids"], batch["attention_mask"]  # (N, T) x2
         # Padding values never matter: scores are read through the attention mask.
         return concat_pairs(
             batch["chosen_input_ids"], batch["chosen_attention_mask"], batch["rejected_input_ids"],
             batch["rejected_attention_mask"], self.tokenizer.pad_token_id,
         )  # (2B, T) x2
 
-    def preference_loss(self, scores: torch.Tensor, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(loss, pair accuracy)`` of the scores of :meth:`batch_sequences`' rows, ``(N,)``."""
+    def preference_loss(
+        self, scores: torch.Tensor, batch: dict[str, torch.Tensor], weight: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(loss, pair accuracy)`` of the scores of :meth:`batch_sequences`' rows, ``(N,)``.
+
+        ``weight`` (``(B,)``, one per prompt) weighs the prompts of a ranking batch; None is the
+        plain mean. Pair batches take no weight yet.
+        """
+        if is_ranking_batch(batch):
+            return ranking_loss(scores, batch["group"], batch["rank"], batch["responses_per_prompt"], weight)
+        if weight is not None:
+            raise NotImplementedError("preference_loss: a weight on pair batches is not supported")
         B = batch["chosen_input_ids"].shape[0]
         return pairwise_reward_loss(scores[:B], scores[B:], batch.get("margin"))  # (), ()
 
@@ -146,7 +180,7 @@ class RewardModelModule(PretrainedStage):
         with train_mode(self.model):  # what activates gradient checkpointing (dropout is off)
             scores = self.raw_scores(*self.batch_sequences(batch))  # (N,)
         loss, accuracy = self.preference_loss(scores, batch)  # (), ()
-        B = batch["chosen_input_ids"].shape[0]
+        B = num_prompts(batch)
         self.log("train/loss", loss, prog_bar=True, batch_size=B)
         self.log("train/accuracy", accuracy, batch_size=B)
         self.log("lr", self.optimizers().param_groups[0]["lr"], batch_size=B)
@@ -154,6 +188,9 @@ class RewardModelModule(PretrainedStage):
 
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
         """Pair-weighted loss, accuracy and margin of the normalised scores."""
+        if is_ranking_batch(batch):
+            self._validate_rankings(batch)
+            return
         chosen, rejected = self.pair_scores(batch)  # (B,), (B,)
         chosen = self.reward_gain * chosen + self.reward_bias  # (B,)
         rejected = self.reward_gain * rejected + self.reward_bias  # (B,)
@@ -165,6 +202,28 @@ class RewardModelModule(PretrainedStage):
         self.log("val/loss", self.val_loss, prog_bar=True, batch_size=B)
         self.log("val/accuracy", self.val_accuracy, prog_bar=True, batch_size=B)
         self.log("val/margin", self.val_margin, batch_size=B)
+
+    def _validate_rankings(self, batch: dict[str, torch.Tensor]) -> None:
+        """A ranking batch's loss (weighted by its prompts), accuracy and margin (by its pairs) and
+        ranking metrics (by its prompts), of the normalised scores, pooled over the validation run."""
+        scores = self.reward_gain * self.raw_scores(*self.batch_sequences(batch)) + self.reward_bias  # (N,)
+        group, rank, per_prompt = batch["group"], batch["rank"], batch["responses_per_prompt"]
+        loss, _ = ranking_loss(scores, group, rank, per_prompt)  # ()
+        ranking = ranking_metrics(scores, group, rank, per_prompt)  # (B,) x3
+        prompts = ranking.has_pairs.to(scores.dtype)  # (B,) prompts with a pair weigh 1
+        pairs = ranking_pair_mask(group, rank).to(scores.dtype)  # (N, N) pairs weigh 1
+        diff = scores[:, None] - scores[None, :]  # (N, N) better - worse at [better, worse]
+        self.val_loss.update(loss, weight=prompts.sum())
+        self.val_accuracy.update((diff > 0).to(scores.dtype), weight=pairs)  # pooled over pairs
+        self.val_margin.update(torch.where(pairs > 0, diff, 0), weight=pairs)
+        self.val_ranking_exact.update(ranking.exact, weight=prompts)
+        self.val_kendall_tau.update(ranking.kendall_tau, weight=prompts)
+        B = num_prompts(batch)
+        self.log("val/loss", self.val_loss, prog_bar=True, batch_size=B)
+        self.log("val/accuracy", self.val_accuracy, prog_bar=True, batch_size=B)
+        self.log("val/margin", self.val_margin, batch_size=B)
+        self.log("val/ranking_exact", self.val_ranking_exact, batch_size=B)
+        self.log("val/kendall_tau", self.val_kendall_tau, batch_size=B)
 
     # ----- normalisation and export --------------------------------------------------------------
 
@@ -204,8 +263,9 @@ class RewardModelModule(PretrainedStage):
     ) -> tuple[float, float]:
         """Set ``reward_gain`` / ``reward_bias`` so the reference sequences score mean 0 (and std 1).
 
-        Scores every sequence of ``reference_batches`` (``input_ids`` / ``attention_mask`` batches, or
-        preference batches whose chosen and rejected sequences are pooled) with the raw model. Under a
+        Scores every sequence of ``reference_batches`` (``input_ids`` / ``attention_mask`` batches, such
+        as ranking batches, whose responses are pooled, or pair batches, whose chosen and rejected
+        sequences are pooled) with the raw model. Under a
         distributed trainer the moments are summed over processes, so sharded and replicated loaders
         both give the pooled statistics. The std is the population std. One host sync at the end.
 

@@ -24,6 +24,7 @@ from assets_paths import ROOT
 
 from rlhf_lit.commands.best_of_n_command import build_parser as best_of_n_parser
 from rlhf_lit.commands.evaluate_command import build_parser as evaluate_parser
+from rlhf_lit.data import Fields
 from rlhf_lit.functional import grpo_advantages, kl_loss, reinforce_pp_advantages
 from rlhf_lit.models.lora import LoRAConfig
 from rlhf_lit.rewards.shaping import regex_format
@@ -98,6 +99,7 @@ QUOTED: list[Quoted] = [
     *(Quoted("docs/reliability.md", "`max_skipped_updates` in a row (default 3)", stage, "max_skipped_updates", 3)
       for stage in STAGES),
     *(Quoted("docs/data.md", "`missing_pad` policy (`add` by default", stage, "missing_pad", "add") for stage in STAGES),
+    Quoted("docs/data.md", "`fields.responses`, default `responses`", Fields, "responses", "responses"),
     # LoRA.
     Quoted("docs/lora.md", "`lora.export: merged` (default)", LoRAConfig, "export", "merged"),
     Quoted("docs/lora.md", "target_modules: null = default for the architecture", LoRAConfig, "target_modules", None),
