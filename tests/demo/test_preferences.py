@@ -7,6 +7,7 @@ import random
 
 import pytest
 
+from rlhf_lit.data.adapters import Fields
 from rlhf_lit.data.preference import PreferenceDataModule
 from rlhf_lit.demo.__main__ import main
 from rlhf_lit.demo.preferences import count_pairs, label_pairs, label_rankings, make_preferences
@@ -88,6 +89,15 @@ def test_preferences_end_to_end(stories_path, tinystories, tmp_path, capsys):
     for r, p in zip(rankings, records):
         scored = {p["chosen"]: p["chosen_score"], p["rejected"]: p["rejected_score"]}
         assert dict(zip(r["responses"], r["scores"])) == scored
+
+    # The data module reads the rankings with format "rankings" (ties through fields.ranks): one
+    # batch element per prompt, its 2 responses, the best first.
+    ranked = PreferenceDataModule(tokenizer=load_tokenizer(stories_path), train_path=str(rankings_out),
+                                  format="rankings", fields=Fields(ranks="ranks"), batch_size=4)
+    ranked.setup("fit")
+    batch = next(iter(ranked.train_dataloader()))
+    assert batch["responses_per_prompt"].tolist() == [2, 2, 2, 2]
+    assert batch["rank"].tolist() == [0, 0, 0, 0, 1, 1, 1, 1]  # position-major: every best, then every second
 
     # The preference data module reads the file as format "fields".
     data = PreferenceDataModule(tokenizer=load_tokenizer(stories_path), train_path=str(out),
