@@ -97,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bt-temperature", type=float, default=None,
                    help="Bradley-Terry temperature in judge units (bradley_terry only; default 0.25)")
     p.add_argument("--samples-per-prompt", type=int, default=None,
-                   help="K completions per preference prompt, best vs worst is the pair (default 4)")
+                   help="K completions per preference prompt (default 4): DPO pairs the best with the worst, the RM reads their ranking")
     p.add_argument("--seed", type=int, default=None,
                    help="seed of every stage (seed_everything, PPO rollout_seed, preference sampling); "
                         "default: the configs' seeds. The evaluation keeps its own fixed seed")

@@ -49,6 +49,12 @@ def test_tiny_pipeline_runs_every_stage_and_leaves_models_evals_and_report(tmp_p
     pairs = [json.loads(line) for line in (out / "prefs" / "preferences.jsonl").read_text().splitlines()]
     assert pairs and all(1000 <= p["paragraph"] < 1032 for p in pairs)
     assert all(p["chosen_score"] > p["rejected_score"] for p in pairs)  # argmax labels
+    # The RM config reads rankings: the judge's order of the same samples, best first.
+    rankings = [json.loads(line) for line in (out / "prefs" / "rankings.jsonl").read_text().splitlines()]
+    assert rankings and all(1000 <= r["paragraph"] < 1032 for r in rankings)
+    assert all(r["scores"] == sorted(r["scores"], reverse=True) and len(r["ranks"]) == len(r["responses"]) >= 2
+               for r in rankings)  # fmt: skip
+    assert f"reward_model: {len(rankings)} judge-labelled rankings" in result.stdout
 
     # Evaluations on the held-out range, same prompts for every model.
     names = ("sft", "ppo", "ppo_kl0", "ppo_rollout1", *(d.replace("/", "_") for d in dpo))
