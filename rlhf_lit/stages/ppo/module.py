@@ -203,6 +203,9 @@ class PPOModule(StageModule):
             self.kl_ctl = FixedKLController(self.kl_cfg.init_coef)
         self.experience = ExperienceMaker(self)
         self.rollout_index = 0  # rollouts completed; the step of every logged metric
+        # The last rollout's logged metrics (averaged over ranks, the same on every rank): what
+        # callbacks that act on them read (rlhf_lit.callbacks.OverOptimisationGuard).
+        self.last_rollout_metrics: dict[str, float] = {}
         self._ptx_batches: Iterator[dict[str, torch.Tensor]] | None = None
 
     def _build_models(self, sft_model, reward_model, value_model, tokenizer_path, missing_pad, critic, dtype) -> None:
@@ -320,6 +323,7 @@ class PPOModule(StageModule):
 
     def _end_rollout(self, rows: int, metrics: dict[str, float]) -> None:
         """Log the rollout, count it, advance the data position and the schedules, stop at the end."""
+        self.last_rollout_metrics = metrics
         for logger in self.loggers:  # step = rollout index, not global_step (which counts opt steps)
             logger.log_metrics(metrics, step=self.rollout_index)
         self.rollout_index += 1
