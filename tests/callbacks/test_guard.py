@@ -20,7 +20,10 @@ class Logger:
     def __init__(self) -> None:
         self.metrics: dict[int, dict[str, float]] = {}
         self.texts: list[tuple[str, str, int]] = []
-        self.experiment = SimpleNamespace(add_text=lambda tag, text, global_step: self.texts.append((tag, text, global_step)))
+        self.experiment = SimpleNamespace(add_text=self.add_text)
+
+    def add_text(self, tag: str, text: str, global_step: int) -> None:
+        self.texts.append((tag, text, global_step))
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         self.metrics.setdefault(step, {}).update(metrics)

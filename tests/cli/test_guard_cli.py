@@ -72,7 +72,7 @@ def test_stop_ends_the_run_after_the_rollout_its_rule_trips_and_exports(tmp_path
     metrics = _metrics(tmp_path)
     assert sorted(metrics["objective/kl"]) == [0, 1, 2]  # three rollouts ran, of eight
     assert metrics["guard/kl/acted"] == {0: 0.0, 1: 0.0, 2: 1.0}
-    assert (tmp_path / "export" / "model.safetensors").is_file() and (tmp_path / "export" / "rlhf_lit_export.json").is_file()
+    assert {"model.safetensors", "rlhf_lit_export.json"} <= {p.name for p in (tmp_path / "export").iterdir()}
     state = _guard_state(tmp_path / "ckpt" / "last.ckpt")
     assert state["stopped_at"] == 3 and state["rollouts"] == 3
 
@@ -126,7 +126,8 @@ def test_the_guard_resumes_exactly_after_a_kill(guarded, tmp_path, stories_rm):
     logged, whole_logged = _metrics(tmp_path), _metrics(straight)
     guard_keys = [k for k in whole_logged if k.startswith("guard/")]
     assert guard_keys and all({s: v for s, v in whole_logged[k].items() if s >= 3} == logged[k] for k in guard_keys)
-    assert (tmp_path / "export" / "model.safetensors").read_bytes() == (straight / "export" / "model.safetensors").read_bytes()
+    exported = (tmp_path / "export" / "model.safetensors").read_bytes()
+    assert exported == (straight / "export" / "model.safetensors").read_bytes()
 
 
 def test_a_setting_no_run_can_use_is_one_error_line(tmp_path, stories_rm):

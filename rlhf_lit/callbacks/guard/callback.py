@@ -161,13 +161,14 @@ class OverOptimisationGuard(Callback):
             return
         kept, value = self.best
         if kept == self.rollouts:
-            log.warning("over-optimisation guard: the last policy (after rollout %d) is the best (%s = %.6g); "
-                        "exporting it", kept, self.keep_best.metric, value)  # fmt: skip
+            log.warning("over-optimisation guard: the last policy (after rollout %d) is the best "
+                        "(%s = %.6g); exporting it", kept, self.keep_best.metric, value)  # fmt: skip
             return
         restore_weights(pl_module.policy, self.best_weights)
         if trainer.is_global_zero:
             log.warning("over-optimisation guard: exporting the policy after rollout %d (the best: %s = %.6g), "
-                        "not the last (after rollout %d)", kept, self.keep_best.metric, value, self.rollouts)  # fmt: skip
+                        "not the last (after rollout %d)", kept, self.keep_best.metric, value,
+                        self.rollouts)  # fmt: skip
 
     # ------------------------------------------------------------------ one rollout
     def observe(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -248,7 +249,8 @@ class OverOptimisationGuard(Callback):
         if self.keep_best.held_out:
             if evaluation is None:
                 return
-            value = self.keep_best.value({**metrics, HELD_OUT_SCORE: evaluation.score, HELD_OUT_JUDGE: evaluation.judge})
+            held_out = {HELD_OUT_SCORE: evaluation.score, HELD_OUT_JUDGE: evaluation.judge}
+            value = self.keep_best.value({**metrics, **held_out})
             policy_rollouts, weights = n, None  # copied below only when it is the best
         else:
             value = self.keep_best.value(metrics)

@@ -74,7 +74,8 @@ def above(values: Sequence[float | None], ceiling: float, what: str) -> Verdict 
     if not values or values[-1] is None or math.isnan(values[-1]):
         return None
     value = values[-1]
-    return Verdict(value > ceiling, value, ceiling, f"{what} {value:.4g} {'>' if value > ceiling else '<='} ceiling {ceiling:.4g}")
+    holds = value > ceiling
+    return Verdict(holds, value, ceiling, f"{what} {value:.4g} {'>' if holds else '<='} ceiling {ceiling:.4g}")
 
 
 def rate_above(values: Sequence[float | None], window: int, max_rate: float, what: str) -> Verdict | None:
@@ -96,7 +97,9 @@ def line_change(ys: Sequence[float], xs: Sequence[float] | None = None) -> tuple
     return slope * (xs[-1] - xs[0]), t
 
 
-def falling(values: Sequence[float | None], window: int, min_drop: float, min_t: float, what: str) -> Verdict | None:
+def falling(
+    values: Sequence[float | None], window: int, min_drop: float, min_t: float, what: str
+) -> Verdict | None:
     """Holds when the line through the last ``window`` logged values falls by at least ``min_drop``
     across the window with a t-statistic of at most ``-min_t`` (a fall larger than its noise)."""
     logged = present(values)
@@ -133,8 +136,8 @@ def drift(
 
 
 def proxy_without_gold(
-    rollouts: Sequence[int], proxy: Sequence[float], gold: Sequence[float], window: int, min_proxy_rise: float,
-    max_gold_rise: float,
+    rollouts: Sequence[int], proxy: Sequence[float], gold: Sequence[float], window: int,
+    min_proxy_rise: float, max_gold_rise: float,
 ) -> Verdict | None:
     """Holds when, over the last ``window`` evaluations (at ``rollouts``), the least-squares line of
     the proxy (the RM score) rises by at least ``min_proxy_rise`` while the gold's (the held-out
@@ -145,9 +148,9 @@ def proxy_without_gold(
     proxy_rise, _ = line_change(proxy[-window:], xs)
     gold_rise, _ = line_change(gold[-window:], xs)
     holds = proxy_rise >= min_proxy_rise and gold_rise <= max_gold_rise
-    return Verdict(holds, gold_rise, max_gold_rise,
-                   f"proxy (RM score) rose {proxy_rise:+.4g} (threshold >= {min_proxy_rise:.4g}) while the judge "
-                   f"rose {gold_rise:+.4g} (threshold <= {max_gold_rise:.4g}) over the last {window} evaluations")  # fmt: skip
+    text = (f"proxy (RM score) rose {proxy_rise:+.4g} (threshold >= {min_proxy_rise:.4g}) while the judge rose "
+            f"{gold_rise:+.4g} (threshold <= {max_gold_rise:.4g}) over the last {window} evaluations")
+    return Verdict(holds, gold_rise, max_gold_rise, text)
 
 
 def persistent(streak: int, holds: bool) -> int:
