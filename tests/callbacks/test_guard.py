@@ -153,11 +153,34 @@ def test_a_run_without_the_metric_gets_one_warning_and_no_alarm(caplog):
     guard = OverOptimisationGuard(disagreement=DisagreementSignal(action="stop", baseline=1, window=1, patience=1))
     trainer, module = _trainer(), _module()
     with caplog.at_level(logging.WARNING, "rlhf_lit"):
-        _feed(guard, trainer, module, [{"objective/kl": 0.0}] * 4)
+        _feed(guard, trainer, module, [{"objective/kl": 0.0, "objective/scores": 0.0}] * 4)
     assert not trainer.should_stop
     assert [r.getMessage() for r in caplog.records] == [
         "over-optimisation guard: disagreement is not available: this run does not log reward/reward_model/std"
     ]
+
+
+def test_a_skipped_rollout_is_no_evidence_of_a_missing_metric(caplog):
+    from rlhf_lit.callbacks.guard import LengthSignal
+
+    guard = OverOptimisationGuard(length=LengthSignal(action="warn"))
+    trainer, module = _trainer(), _module()
+    with caplog.at_level(logging.WARNING, "rlhf_lit"):  # a non-finite rollout logs only its skip
+        _feed(guard, trainer, module, [{"skipped/nonfinite_rollout": 1.0}])
+        _feed(guard, trainer, module, [{"objective/scores": 0.0, "response/length": 9.0}])
+    assert not caplog.records and guard.history["response/length"] == [None, 9.0]
+
+
+def test_a_signal_the_run_cannot_produce_is_refused_before_training():
+    guard = OverOptimisationGuard(proxy_gold={"action": "warn", "source": "rollout"})
+    trainer = _trainer()
+    trainer.callbacks, trainer.strategy = [guard], SimpleNamespace()
+    module = _module()
+    module.judge = None
+    with pytest.raises(ValueError, match=r"proxy_gold \(source: rollout\) reads objective/judge"):
+        guard.on_fit_start(trainer, module)
+    module.judge = len  # any judge: the run logs objective/judge
+    guard.on_fit_start(trainer, module)
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [

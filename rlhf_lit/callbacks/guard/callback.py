@@ -113,6 +113,8 @@ class OverOptimisationGuard(Callback):
             return None
         if not self.held_out.prompts:
             raise ValueError("guard held_out.prompts is empty: give the held-out prompts, or drop held_out")
+        if self.held_out.every_n_rollouts < 1:
+            raise ValueError(f"guard held_out.every_n_rollouts must be >= 1, got {self.held_out.every_n_rollouts}")
         return OnlineGeneration(self.held_out.prompts, self.held_out.every_n_rollouts, self.held_out.sampling,
                                 self.held_out.seed, self.held_out.judge)  # fmt: skip
 
@@ -138,6 +140,9 @@ class OverOptimisationGuard(Callback):
         if preemption and preemption[0] < callbacks.index(self):
             raise ValueError("list OverOptimisationGuard before Preemption in trainer.callbacks (a preemption "
                              "checkpoint must hold the guard's state of the rollout it stops after)")  # fmt: skip
+        if self.proxy_gold.action is not None and self.proxy_gold.source == "rollout" and pl_module.judge is None:
+            raise ValueError("guard proxy_gold (source: rollout) reads objective/judge: set the model's judge "
+                             "(model.init_args.judge), or use source: held_out")  # fmt: skip
         reward_cfg = getattr(pl_module, "reward_cfg", None)
         if (self.disagreement.action is not None and self.disagreement.metric.startswith("reward/reward_model/")
                 and reward_cfg is not None and not reward_cfg.uses_reward_model):  # fmt: skip
@@ -230,8 +235,8 @@ class OverOptimisationGuard(Callback):
     def _report_unavailable(self, trainer: Trainer, name: str, metrics: dict) -> None:
         """Once per signal: a drift signal whose metric the run does not log (e.g. no ensemble)."""
         metric = getattr(self.signal(name), "metric", None)
-        if metric is None or name in self.unavailable or not metrics or metric in metrics:
-            return
+        if metric is None or name in self.unavailable or metric in metrics or "objective/scores" not in metrics:
+            return  # a skipped rollout (non-finite) logs no metrics: that says nothing about the run
         self.unavailable.add(name)
         if trainer.is_global_zero:
             log.warning("over-optimisation guard: %s is not available: this run does not log %s", name, metric)
