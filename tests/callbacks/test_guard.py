@@ -183,6 +183,38 @@ def test_a_signal_the_run_cannot_produce_is_refused_before_training():
     guard.on_fit_start(trainer, module)
 
 
+def _refused_at_fit_start(guard, trainer=None, module=None) -> str:
+    trainer = trainer or _trainer()
+    trainer.callbacks = trainer.callbacks or [guard]
+    module = module or _module()
+    module.judge = None
+    with pytest.raises(ValueError) as refused:
+        guard.on_fit_start(trainer, module)
+    return str(refused.value)
+
+
+def test_a_strategy_order_or_reward_source_the_guard_cannot_serve_is_refused_before_training():
+    from lightning.pytorch.strategies import ModelParallelStrategy
+
+    from rlhf_lit.callbacks import Preemption
+    from rlhf_lit.callbacks.guard import DisagreementSignal
+
+    keeps = OverOptimisationGuard(kl=KLSignal(action="keep_best", ceiling=1.0), keep_best=KeepBest("objective/scores"))
+    sharded = _trainer()
+    sharded.strategy = ModelParallelStrategy.__new__(ModelParallelStrategy)  # fsdp2's base class
+    assert "single-device and ddp runs only, not fsdp" in _refused_at_fit_start(keeps, sharded)
+    late = _trainer()
+    late.callbacks = [Preemption(["rlhf-lit"]), keeps]
+    assert "list OverOptimisationGuard before Preemption" in _refused_at_fit_start(keeps, late)
+    no_rm = _module()
+    no_rm.reward_cfg = SimpleNamespace(uses_reward_model=False)
+    ensemble = OverOptimisationGuard(disagreement=DisagreementSignal(action="warn"))
+    assert "reads reward/reward_model/std, but this run has no reward model source" in _refused_at_fit_start(
+        ensemble, module=no_rm)
+    with pytest.raises(ValueError, match="PPO runs"):
+        ensemble.on_fit_start(_trainer(), SimpleNamespace())  # an SFT module: no rollout counter
+
+
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"kl": KLSignal(action="keep_best", ceiling=1.0)}, "keep_best.metric guard/held_out/judge needs held_out"),
     ({"proxy_gold": {"action": "warn"}}, r"proxy_gold \(source: held_out\) needs held_out with prompts and a judge"),
