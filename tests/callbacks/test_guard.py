@@ -93,6 +93,18 @@ def test_keep_best_exports_the_policy_that_sampled_the_best_rollout():
     assert trainer.loggers[0].metrics[3]["guard/best/rollout"] == 1.0
 
 
+def test_keep_best_without_a_value_of_its_metric_exports_the_last_and_says_so(caplog):
+    guard = OverOptimisationGuard(kl=KLSignal(action="keep_best", ceiling=-1.0),
+                                  keep_best=KeepBest(metric="objective/judge"))  # a run without a judge
+    trainer, module = _trainer(), _module()
+    _feed(guard, trainer, module, [{"objective/kl": 0.0, "objective/scores": 1.0}] * 2)
+    with caplog.at_level(logging.WARNING, "rlhf_lit"):
+        guard.on_fit_end(trainer, module)
+    assert module.policy.weight.flatten().tolist() == [2.0, 2.0]
+    assert caplog.records[-1].getMessage() == ("over-optimisation guard: keep_best acted but no policy had a value "
+                                               "of objective/judge: exporting the last policy")
+
+
 def test_keep_best_changes_nothing_unless_a_keep_best_signal_fired():
     guard = OverOptimisationGuard(kl=KLSignal(action="keep_best", ceiling=10.0),
                                   keep_best=KeepBest(metric="objective/scores"))  # fmt: skip
@@ -217,6 +229,8 @@ def test_a_strategy_order_or_reward_source_the_guard_cannot_serve_is_refused_bef
 
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"kl": KLSignal(action="keep_best", ceiling=1.0)}, "keep_best.metric guard/held_out/judge needs held_out"),
+    ({"kl": KLSignal(action="keep_best", ceiling=1.0), "held_out": {"prompts": ["a"]},
+      "keep_best": {"metric": "guard/held_out/jugde"}}, "the held-out evaluation logs guard/held_out/score and"),
     ({"proxy_gold": {"action": "warn"}}, r"proxy_gold \(source: held_out\) needs held_out with prompts and a judge"),
 ])  # fmt: skip
 def test_settings_that_read_a_missing_evaluation_are_refused(kwargs, message):

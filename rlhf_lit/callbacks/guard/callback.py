@@ -124,6 +124,9 @@ class OverOptimisationGuard(Callback):
         if self.proxy_gold.action is not None and self.proxy_gold.source == "held_out" and not judge:
             raise ValueError("guard proxy_gold (source: held_out) needs held_out with prompts and a judge")
         if self.keeps_best and self.keep_best.held_out:
+            if self.keep_best.metric not in (HELD_OUT_SCORE, HELD_OUT_JUDGE):
+                raise ValueError(f"guard keep_best.metric {self.keep_best.metric}: the held-out evaluation logs "
+                                 f"{HELD_OUT_SCORE} and {HELD_OUT_JUDGE} only")  # fmt: skip
             if self.held_out is None or (self.keep_best.metric == HELD_OUT_JUDGE and not judge):
                 raise ValueError(f"guard keep_best.metric {self.keep_best.metric} needs held_out"
                                  + (" with a judge" if self.keep_best.metric == HELD_OUT_JUDGE else ""))  # fmt: skip
@@ -140,7 +143,8 @@ class OverOptimisationGuard(Callback):
         if preemption and preemption[0] < callbacks.index(self):
             raise ValueError("list OverOptimisationGuard before Preemption in trainer.callbacks (a preemption "
                              "checkpoint must hold the guard's state of the rollout it stops after)")  # fmt: skip
-        if self.proxy_gold.action is not None and self.proxy_gold.source == "rollout" and pl_module.judge is None:
+        no_judge = getattr(pl_module, "judge", None) is None
+        if self.proxy_gold.action is not None and self.proxy_gold.source == "rollout" and no_judge:
             raise ValueError("guard proxy_gold (source: rollout) reads objective/judge: set the model's judge "
                              "(model.init_args.judge), or use source: held_out")  # fmt: skip
         reward_cfg = getattr(pl_module, "reward_cfg", None)
@@ -162,7 +166,12 @@ class OverOptimisationGuard(Callback):
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """With a ``keep_best`` signal fired, put the best policy back before the module exports
         (Lightning calls the callbacks' ``on_fit_end`` before the module's, which exports)."""
-        if self.keep_best_from is None or self.best is None or self.best_weights is None:
+        if self.keep_best_from is None:
+            return
+        if self.best is None or self.best_weights is None:
+            if trainer.is_global_zero:
+                log.warning("over-optimisation guard: keep_best acted but no policy had a value of %s: exporting the "
+                            "last policy", self.keep_best.metric)  # fmt: skip
             return
         kept, value = self.best
         if kept == self.rollouts:
