@@ -175,8 +175,9 @@ class OverOptimisationGuard(Callback):
             return
         kept, value = self.best
         if kept == self.rollouts:
-            log.warning("over-optimisation guard: the last policy (after rollout %d) is the best "
-                        "(%s = %.6g); exporting it", kept, self.keep_best.metric, value)  # fmt: skip
+            if trainer.is_global_zero:
+                log.warning("over-optimisation guard: the last policy (after rollout %d) is the best "
+                            "(%s = %.6g); exporting it", kept, self.keep_best.metric, value)  # fmt: skip
             return
         restore_weights(pl_module.policy, self.best_weights)
         if trainer.is_global_zero:
