@@ -30,11 +30,14 @@ from transformers import AutoConfig
 from rlhf_lit.functional import concat_pairs, pairwise_reward_loss
 from rlhf_lit.models import init_reward_head, load_reward_model, score_head, sequence_scores
 from rlhf_lit.models.memory import train_mode
+from rlhf_lit.models.reward_ensemble import RewardEnsemble
 from rlhf_lit.models.reward_norm import Normalize, fold_normalization, gain_and_bias, record_normalization
 from rlhf_lit.models.sharding import reshard
 from rlhf_lit.sources import from_pretrained
 from rlhf_lit.stages.base import PretrainedStage, RunLayout, as_config, require_input
+from rlhf_lit.stages import reward_ensemble
 from rlhf_lit.stages.optim import OptimizerConfig
+from rlhf_lit.stages.reward_ensemble import EnsembleConfig
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +66,10 @@ class RewardModelModule(PretrainedStage):
             Required; with ``--run_dir`` it defaults to the run's SFT export (``RUN_DIR/sft/model``).
         optimizer: AdamW and learning-rate schedule; by default annealed linearly to 0 over the run.
         normalize: After training, shift the reward so the reference set scores mean 0 (``bias``),
-            also scale it to std 1 (``gain_bias``), or leave it (``none``).
+            also scale it to std 1 (``gain_bias``), or leave it (``none``); per member in an ensemble.
+        ensemble: train M reward models in one run and export them as an ensemble directory
+            (:class:`~rlhf_lit.stages.reward_ensemble.EnsembleConfig`); ``members: 1`` (the default)
+            is the single reward model.
         stage_args: the loading, LoRA and export arguments of :class:`~rlhf_lit.stages.base.PretrainedStage`
             (``tokenizer``, ``missing_pad``, ``dtype``, ``export_dir``, ``export_existing``,
             ``max_skipped_updates``, ``revision``, ``trust_remote_code``, ``lora``,
@@ -80,6 +86,7 @@ class RewardModelModule(PretrainedStage):
         model: str | None = None,
         optimizer: OptimizerConfig = OptimizerConfig(lr=1e-5, schedule="linear", min_lr_ratio=0.0),
         normalize: Normalize = "bias",
+        ensemble: EnsembleConfig = EnsembleConfig(),
         **stage_args: Any,
     ) -> None:
         super().__init__(**stage_args)
@@ -92,7 +99,8 @@ class RewardModelModule(PretrainedStage):
                 "base weights an adapter would not carry); set lora.export: merged"
             )
         self.optimizer_config = as_config(OptimizerConfig, optimizer)
-        self.keep_settings(optimizer=self.optimizer_config)
+        self.ensemble: EnsembleConfig = as_config(EnsembleConfig, ensemble)
+        self.keep_settings(optimizer=self.optimizer_config, ensemble=self.ensemble)
         self.normalization: Normalize = normalize
         self.reference_name = "none"
         self.tokenizer = self.load_tokenizer(model, "right")  # preference batches are right padded (docs/CONTRACTS.md)
@@ -101,10 +109,15 @@ class RewardModelModule(PretrainedStage):
         if new_head:
             # Hugging Face initialised the missing head N(0, 0.02); use the RM init instead.
             init_reward_head(score_head(self.model))
-        self.model = self.adapted(self.model, "reward")  # after the head init: the head trains in full
-        # The normalised reward is gain * raw + bias; buffers, so checkpoints carry them.
-        self.register_buffer("reward_gain", torch.ones(()))
-        self.register_buffer("reward_bias", torch.zeros(()))
+        if self.ensemble.members > 1:  # M members, each head from its seed (stages/reward_ensemble.py)
+            self.model = reward_ensemble.build_ensemble(self.model, new_head, self.ensemble, lambda m: self.adapted(m, "reward"))
+            self.val_ensemble = reward_ensemble.ValidationMetrics(self.ensemble.members)
+        else:
+            self.model = self.adapted(self.model, "reward")  # after the head init: the head trains in full
+        # The normalised reward is gain * raw + bias (one per member); buffers, so checkpoints carry them.
+        shape = (self.ensemble.members,) if self.ensemble.members > 1 else ()
+        self.register_buffer("reward_gain", torch.ones(shape))
+        self.register_buffer("reward_bias", torch.zeros(shape))
         self.val_loss = MeanMetric()
         self.val_accuracy = MeanMetric()
         self.val_margin = MeanMetric()
@@ -112,11 +125,13 @@ class RewardModelModule(PretrainedStage):
     # ----- scoring -----------------------------------------------------------------------------
 
     def raw_scores(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """The head read at the last real token, before normalisation, ``(B,)``."""
+        """The head read at the last real token, before normalisation, ``(B,)`` (an ensemble: ``(B, M)``)."""
+        if isinstance(self.model, RewardEnsemble):
+            return self.model.raw_scores(input_ids, attention_mask)  # (B, M)
         return sequence_scores(self.model, input_ids, attention_mask)  # (B,)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """The normalised reward ``gain * raw + bias``, ``(B,)``."""
+        """The normalised reward ``gain * raw + bias``, ``(B,)`` (an ensemble: ``(B, M)``, per member)."""
         return self.reward_gain * self.raw_scores(input_ids, attention_mask) + self.reward_bias  # (B,)
 
     def batch_sequences(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -128,10 +143,15 @@ class RewardModelModule(PretrainedStage):
             batch["rejected_attention_mask"], self.tokenizer.pad_token_id,
         )  # (2B, T) x2
 
-    def preference_loss(self, scores: torch.Tensor, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(loss, pair accuracy)`` of the scores of :meth:`batch_sequences`' rows, ``(N,)``."""
+    def preference_loss(
+        self, scores: torch.Tensor, batch: dict[str, torch.Tensor], weight: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(loss, pair accuracy)`` of the scores of :meth:`batch_sequences`' rows, ``(N,)``;
+        ``weight (B,)`` per pair (an ensemble member's bootstrap counts), None = the plain mean."""
         B = batch["chosen_input_ids"].shape[0]
-        return pairwise_reward_loss(scores[:B], scores[B:], batch.get("margin"))  # (), ()
+        if weight is None:
+            return pairwise_reward_loss(scores[:B], scores[B:], batch.get("margin"))  # (), ()
+        return pairwise_reward_loss(scores[:B], scores[B:], batch.get("margin"), weight)  # (), ()
 
     def pair_scores(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """Raw scores of the chosen and rejected sequences from ONE forward pass, each ``(B,)``."""
@@ -144,7 +164,9 @@ class RewardModelModule(PretrainedStage):
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         """Bradley-Terry loss on the raw scores (the bias cancels; the gain is 1 while training)."""
         with train_mode(self.model):  # what activates gradient checkpointing (dropout is off)
-            scores = self.raw_scores(*self.batch_sequences(batch))  # (N,)
+            scores = self.raw_scores(*self.batch_sequences(batch))  # (N,) or, an ensemble, (N, M)
+        if isinstance(self.model, RewardEnsemble):
+            return reward_ensemble.training_step(self, scores, batch, batch_idx)
         loss, accuracy = self.preference_loss(scores, batch)  # (), ()
         B = batch["chosen_input_ids"].shape[0]
         self.log("train/loss", loss, prog_bar=True, batch_size=B)
@@ -153,7 +175,10 @@ class RewardModelModule(PretrainedStage):
         return loss
 
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
-        """Pair-weighted loss, accuracy and margin of the normalised scores."""
+        """Pair-weighted loss, accuracy and margin of the normalised scores (an ensemble:
+        :class:`~rlhf_lit.stages.reward_ensemble.ValidationMetrics`)."""
+        if isinstance(self.model, RewardEnsemble):
+            return self.val_ensemble.step(self, batch)
         chosen, rejected = self.pair_scores(batch)  # (B,), (B,)
         chosen = self.reward_gain * chosen + self.reward_bias  # (B,)
         rejected = self.reward_gain * rejected + self.reward_bias  # (B,)
@@ -165,6 +190,12 @@ class RewardModelModule(PretrainedStage):
         self.log("val/loss", self.val_loss, prog_bar=True, batch_size=B)
         self.log("val/accuracy", self.val_accuracy, prog_bar=True, batch_size=B)
         self.log("val/margin", self.val_margin, batch_size=B)
+
+    def configure_model(self) -> None:
+        """Shard the model under FSDP; an ensemble is refused there (one clear line, before any step)."""
+        if isinstance(self.model, RewardEnsemble):
+            reward_ensemble.refuse_sharding(self)
+        super().configure_model()
 
     # ----- normalisation and export --------------------------------------------------------------
 
@@ -216,8 +247,10 @@ class RewardModelModule(PretrainedStage):
                 module's ``normalize`` setting.
 
         Returns:
-            ``(gain, bias)`` as floats (also stored in the buffers).
+            ``(gain, bias)`` as floats (also stored in the buffers); an ensemble: lists, one per member.
         """
+        if isinstance(self.model, RewardEnsemble):
+            return reward_ensemble.normalize(self, reference_batches, reference, kind or self.normalization)
         moments = torch.zeros(3, dtype=torch.float64, device=self.device)  # count, sum, sum of squares
         for batch in reference_batches:
             batch = {k: v.to(self.device) for k, v in batch.items() if isinstance(v, torch.Tensor)}
@@ -251,6 +284,9 @@ class RewardModelModule(PretrainedStage):
 
     def on_fit_end(self) -> None:
         """Fold the normalisation into the weights (every rank) and export the model (rank 0)."""
+        if isinstance(self.model, RewardEnsemble):  # per member; exported as an ensemble directory
+            reward_ensemble.fold(self)
+            return super().on_fit_end()
         gain, bias = float(self.reward_gain), float(self.reward_bias)
         reshard(self.model)  # under FSDP the fold must change the shards, not a gathered copy
         folded = fold_normalization(self.model, gain, bias)
