@@ -136,3 +136,18 @@ def load_reward_ensemble(
     manifest = read_manifest(path)
     members = [load_reward_model(p, tokenizer, dtype=dtype) for p in member_paths(path)]
     return RewardEnsemble(members, manifest.get("design", "separate"), [m.get("seed") for m in manifest["members"]])
+
+
+def load_any_reward_model(path: str, tokenizer: PreTrainedTokenizerBase | None = None, dtype: DType = "float32") -> nn.Module:
+    """An ensemble directory as :class:`RewardEnsemble`, anything else as one reward model (:func:`load_reward_model`)."""
+    if is_reward_ensemble(path):
+        return load_reward_ensemble(path, tokenizer, dtype)
+    return load_reward_model(path, tokenizer, dtype=dtype)
+
+
+def reward_scores(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """One normalised reward per row, ``(B,)`` float32: a reward model's logit plus its unfolded offset,
+    or an ensemble's mean over members (what ``rlhf-lit evaluate`` and ``best-of-n`` read)."""
+    if isinstance(model, RewardEnsemble):
+        return model(input_ids, attention_mask).float().mean(dim=1)  # (B,)
+    return sequence_scores(model, input_ids, attention_mask).float() + reward_offset(model.config)  # (B,)
