@@ -15,7 +15,10 @@ Designs:
 - ``separate``: M full copies of the start model, each with its own head init (seed) and, with
   ``bootstrap``, its own Poisson(1) weight per pair and step (online bagging, Oza & Russell 2001);
 - ``shared_trunk``: one trunk with an M-dim score head (row m = member m), each row initialised
-  N(0, 1/sqrt(d + 1)) from its own seed, the loss the mean of the members' (weighted) pair losses.
+  N(0, 1/sqrt(d + 1)) from its own seed, the loss the sum of the members' (weighted) pair losses.
+
+Separate members are trained as the stage trains them: the loss is the sum of the members' losses
+and each member's gradient norm is clipped on its own, so member m is the single RM its seed gives.
 
 Every member sees the same batches in the same order (as in one training run). Normalisation is
 per member (gain and bias so the held-out responses score mean 0, std 1: ``normalize: gain_bias``).
@@ -96,10 +99,13 @@ def train(models: list, head_of: list[tuple[int, int]], loader, epochs: int, boo
                 s = outs[model_index][:, row]  # (2B,)
                 weight = torch.poisson(torch.ones(B), generator=gen) if bootstrap else None
                 losses.append(pair_loss(s[:B] - s[B:], weight))
-            loss = torch.stack(losses).mean()
+            # The sum: each separate member gets exactly its own loss's gradient (as the stage trains
+            # them); shared heads share the trunk's gradient.
+            loss = torch.stack(losses).sum()
             opt.zero_grad()
             loss.backward()
-            torch.nn.utils.clip_grad_norm_([p for _, p in params], 1.0)
+            for model in models:  # the stage clips each separate member alone, a shared trunk as one model
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
             sched.step()
     for model in models:

@@ -35,9 +35,9 @@ from rlhf_lit.models.reward_norm import Normalize, fold_normalization, gain_and_
 from rlhf_lit.models.sharding import reshard
 from rlhf_lit.sources import from_pretrained
 from rlhf_lit.stages.base import PretrainedStage, RunLayout, as_config, require_input
-from rlhf_lit.stages import reward_ensemble
+from rlhf_lit.stages import ensemble_training
 from rlhf_lit.stages.optim import OptimizerConfig
-from rlhf_lit.stages.reward_ensemble import EnsembleConfig
+from rlhf_lit.stages.ensemble_training import EnsembleConfig
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ class RewardModelModule(PretrainedStage):
         normalize: After training, shift the reward so the reference set scores mean 0 (``bias``),
             also scale it to std 1 (``gain_bias``), or leave it (``none``); per member in an ensemble.
         ensemble: train M reward models in one run and export them as an ensemble directory
-            (:class:`~rlhf_lit.stages.reward_ensemble.EnsembleConfig`); ``members: 1`` (the default)
+            (:class:`~rlhf_lit.stages.ensemble_training.EnsembleConfig`); ``members: 1`` (the default)
             is the single reward model.
         stage_args: the loading, LoRA and export arguments of :class:`~rlhf_lit.stages.base.PretrainedStage`
             (``tokenizer``, ``missing_pad``, ``dtype``, ``export_dir``, ``export_existing``,
@@ -109,9 +109,9 @@ class RewardModelModule(PretrainedStage):
         if new_head:
             # Hugging Face initialised the missing head N(0, 0.02); use the RM init instead.
             init_reward_head(score_head(self.model))
-        if self.ensemble.members > 1:  # M members, each head from its seed (stages/reward_ensemble.py)
-            self.model = reward_ensemble.build_ensemble(self.model, new_head, self.ensemble, lambda m: self.adapted(m, "reward"))
-            self.val_ensemble = reward_ensemble.ValidationMetrics(self.ensemble.members)
+        if self.ensemble.members > 1:  # M members, each head from its seed (stages/ensemble_training.py)
+            self.model = ensemble_training.build_ensemble(self.model, new_head, self.ensemble, lambda m: self.adapted(m, "reward"))
+            self.val_ensemble = ensemble_training.ValidationMetrics(self.ensemble.members)
         else:
             self.model = self.adapted(self.model, "reward")  # after the head init: the head trains in full
         # The normalised reward is gain * raw + bias (one per member); buffers, so checkpoints carry them.
@@ -166,7 +166,7 @@ class RewardModelModule(PretrainedStage):
         with train_mode(self.model):  # what activates gradient checkpointing (dropout is off)
             scores = self.raw_scores(*self.batch_sequences(batch))  # (N,) or, an ensemble, (N, M)
         if isinstance(self.model, RewardEnsemble):
-            return reward_ensemble.training_step(self, scores, batch, batch_idx)
+            return ensemble_training.training_step(self, scores, batch, batch_idx)
         loss, accuracy = self.preference_loss(scores, batch)  # (), ()
         B = batch["chosen_input_ids"].shape[0]
         self.log("train/loss", loss, prog_bar=True, batch_size=B)
@@ -176,7 +176,7 @@ class RewardModelModule(PretrainedStage):
 
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
         """Pair-weighted loss, accuracy and margin of the normalised scores (an ensemble:
-        :class:`~rlhf_lit.stages.reward_ensemble.ValidationMetrics`)."""
+        :class:`~rlhf_lit.stages.ensemble_training.ValidationMetrics`)."""
         if isinstance(self.model, RewardEnsemble):
             return self.val_ensemble.step(self, batch)
         chosen, rejected = self.pair_scores(batch)  # (B,), (B,)
@@ -194,8 +194,14 @@ class RewardModelModule(PretrainedStage):
     def configure_model(self) -> None:
         """Shard the model under FSDP; an ensemble is refused there (one clear line, before any step)."""
         if isinstance(self.model, RewardEnsemble):
-            reward_ensemble.refuse_sharding(self)
+            ensemble_training.refuse_sharding(self)
         super().configure_model()
+
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
+        """``trainer.gradient_clip_val``; an ensemble clips each member on its own (as M single runs would)."""
+        if isinstance(self.model, RewardEnsemble):
+            return ensemble_training.clip_each_member(self.model, gradient_clip_val, gradient_clip_algorithm)
+        super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     # ----- normalisation and export --------------------------------------------------------------
 
@@ -250,7 +256,7 @@ class RewardModelModule(PretrainedStage):
             ``(gain, bias)`` as floats (also stored in the buffers); an ensemble: lists, one per member.
         """
         if isinstance(self.model, RewardEnsemble):
-            return reward_ensemble.normalize(self, reference_batches, reference, kind or self.normalization)
+            return ensemble_training.normalize(self, reference_batches, reference, kind or self.normalization)
         moments = torch.zeros(3, dtype=torch.float64, device=self.device)  # count, sum, sum of squares
         for batch in reference_batches:
             batch = {k: v.to(self.device) for k, v in batch.items() if isinstance(v, torch.Tensor)}
@@ -285,7 +291,7 @@ class RewardModelModule(PretrainedStage):
     def on_fit_end(self) -> None:
         """Fold the normalisation into the weights (every rank) and export the model (rank 0)."""
         if isinstance(self.model, RewardEnsemble):  # per member; exported as an ensemble directory
-            reward_ensemble.fold(self)
+            ensemble_training.fold(self)
             return super().on_fit_end()
         gain, bias = float(self.reward_gain), float(self.reward_bias)
         reshard(self.model)  # under FSDP the fold must change the shards, not a gathered copy

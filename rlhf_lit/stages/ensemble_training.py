@@ -4,9 +4,10 @@ With ``ensemble.members: M > 1`` the stage trains M separate reward models (``de
 each a full copy of the start model with its own score-head initialisation (its seed) and, with
 ``data_weights: bootstrap``, its own Poisson(1) weight on every pair (ranking: every prompt) of
 every batch: online bagging (Oza & Russell 2001), so each member sees its own resample of the data.
-All members see the same batches in one forward pass each; the loss is the mean of the members'
-losses (the members share no parameter, so each gets the gradient of its own loss, divided by M:
-Adam is invariant to that scale; gradient clipping sees the norm of all members together).
+All members see the same batches, in one forward pass each. The loss that is differentiated is the
+SUM of the members' losses and ``trainer.gradient_clip_val`` clips each member's gradient norm on its
+own (:func:`clip_each_member`): the members share no parameter, so member m takes exactly the steps
+the single reward model with its seed (and weights) would take. ``train/loss`` logs the members' mean.
 
 Why separate members and not M heads on one shared trunk: measured on the demo's data
 (docs/reward_model.md, "Ensembles"; ``bench/reward_ensemble_design.py``).
@@ -91,15 +92,13 @@ def build_ensemble(first: nn.Module, new_head: bool, config: EnsembleConfig, ada
     when the start model had none (a sequence-classification start keeps its head in every member,
     so then only the bootstrap weights tell members apart), then ``adapt`` (LoRA, checkpointing)."""
     seeds = config.member_seeds()
-    members = []
-    for m, seed in enumerate(seeds):
-        member = first if m == 0 else copy.deepcopy(first)
+    members = [first] + [copy.deepcopy(first) for _ in seeds[1:]]  # all copied before any is adapted
+    for member, seed in zip(members, seeds):
         if new_head:
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(seed)
                 init_reward_head(score_head(member))
-        members.append(adapt(member))
-    return RewardEnsemble(members, config.design, seeds)
+    return RewardEnsemble([adapt(member) for member in members], config.design, seeds)
 
 
 def prompts_in(batch: dict[str, torch.Tensor]) -> int:
@@ -134,8 +133,8 @@ def member_losses(module: RewardModelModule, scores: torch.Tensor, batch: dict[s
 
 def training_step(module: RewardModelModule, scores: torch.Tensor, batch: dict[str, torch.Tensor],
                   batch_idx: int) -> torch.Tensor:
-    """The mean of the members' losses on raw scores ``(N, M)``; logs it, the accuracy of the
-    members' mean score and each member's accuracy."""
+    """The sum of the members' losses on raw scores ``(N, M)`` (each member gets its own loss's
+    gradient); logs their mean, the accuracy of the members' mean score and each member's accuracy."""
     config = module.ensemble
     B = prompts_in(batch)
     if config.data_weights == "bootstrap":
@@ -144,14 +143,25 @@ def training_step(module: RewardModelModule, scores: torch.Tensor, batch: dict[s
     else:
         weights = [None] * module.model.size
     losses, accuracies = member_losses(module, scores, batch, weights)
-    loss = torch.stack(losses).mean()  # ()
+    loss = torch.stack(losses)  # (M,)
     _, accuracy = module.preference_loss(scores.detach().mean(dim=1), batch)  # (): the ensemble mean's
-    module.log("train/loss", loss, prog_bar=True, batch_size=B)
+    module.log("train/loss", loss.detach().mean(), prog_bar=True, batch_size=B)
     module.log("train/accuracy", accuracy, batch_size=B)
     for m, member_accuracy in enumerate(accuracies):
         module.log(f"train/member_{m}/accuracy", member_accuracy, batch_size=B)
     module.log("lr", module.optimizers().param_groups[0]["lr"], batch_size=B)
-    return loss
+    return loss.sum()  # ()
+
+
+def clip_each_member(ensemble: RewardEnsemble, clip_val: float | None, algorithm: str | None) -> None:
+    """``trainer.gradient_clip_val`` applied to each member's gradients on its own (norm or value)."""
+    if clip_val is None or clip_val == 0:
+        return
+    for member in ensemble.members:
+        if algorithm == "value":
+            torch.nn.utils.clip_grad_value_(member.parameters(), clip_val)
+        else:
+            torch.nn.utils.clip_grad_norm_(member.parameters(), clip_val)
 
 
 class ValidationMetrics(nn.Module):
