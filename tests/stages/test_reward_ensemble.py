@@ -147,6 +147,34 @@ def test_a_checkpoint_holds_every_member(stories_path, helpers, tmp_path):
     assert restored.reward_gain.shape == (2,)
 
 
+def test_a_resumed_ensemble_ends_where_an_uninterrupted_run_ends(stories_path, helpers, tmp_path):
+    """Resume from a checkpoint after epoch 0 (of 2): every member, its optimizer state and its bootstrap
+    draws continue as if the run had not stopped."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    config = EnsembleConfig(members=2, seeds=[3, 4], data_weights="bootstrap")
+
+    def module():
+        return RewardModelModule(stories_path, optimizer=OPT, normalize="none", ensemble=config)
+
+    def data(tok):
+        return helpers.BatchListDataModule(train=_train(helpers, tok))
+
+    whole = module()
+    helpers.cpu_trainer(tmp_path / "whole", max_steps=4).fit(whole, datamodule=data(whole.tokenizer))
+    first = module()
+    saver = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=2, save_top_k=-1)
+    stopped = helpers.cpu_trainer(tmp_path / "first", max_steps=4, enable_checkpointing=True, callbacks=[saver])
+    stopped.fit(first, datamodule=data(first.tokenizer))
+    (after_epoch_0,) = [p for p in (tmp_path / "ckpt").glob("*.ckpt") if "step=2" in p.name]
+    resumed = module()
+    trainer = helpers.cpu_trainer(tmp_path / "resumed", max_steps=4)
+    trainer.fit(resumed, datamodule=data(resumed.tokenizer), ckpt_path=after_epoch_0)
+    assert trainer.global_step == 4
+    for (name, got), want in zip(resumed.model.named_parameters(), whole.model.parameters()):
+        assert torch.equal(got, want), name
+
+
 def test_bootstrap_weights_are_poisson_counts_fixed_by_seed_and_batch():
     a = bootstrap_weight(7, 1000, 0, 3, 0, "cpu")
     assert torch.equal(a, bootstrap_weight(7, 1000, 0, 3, 0, "cpu"))  # a resumed run draws the same
