@@ -75,3 +75,31 @@ def test_bad_aggregate_settings_are_one_error_line(tmp_path):
         f"rlhf-lit: error: reward source 'reward_model': aggregate worst_case needs a reward-model ensemble; "
         f"model.reward_model {STORIES260K} is a single reward model (no ensemble.json)"
     )
+
+
+def test_evaluate_scores_with_the_members_mean(tmp_path, stories_rm):
+    """`rlhf-lit evaluate --reward-model <ensemble>` reads the mean of the members' scores: members A and
+    3A (A's head times 3) score 2A, on the same samples (same seed) as A alone."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from rlhf_lit.models.reward_ensemble import RewardEnsemble
+
+    a = AutoModelForSequenceClassification.from_pretrained(stories_rm)
+    b = AutoModelForSequenceClassification.from_pretrained(stories_rm)
+    with torch.no_grad():
+        b.score.weight.mul_(3.0)
+    RewardEnsemble([a, b]).save_pretrained(tmp_path / "ens")
+    AutoTokenizer.from_pretrained(stories_rm).save_pretrained(tmp_path / "ens")
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("Once upon a time\nThe dog ran\n")
+    scores = {}
+    for name, rm in (("single", stories_rm), ("ensemble", str(tmp_path / "ens"))):
+        out = tmp_path / f"{name}.json"
+        result = run_main("evaluate", "--policy", str(STORIES260K), "--reward-model", rm, "--prompts", str(prompts),
+                          "--samples-per-prompt", "2", "--max-new-tokens", "6", "--seed", "2", "--out", str(out),
+                          cwd=tmp_path)  # fmt: skip
+        assert result.returncode == 0, result.stderr[-3000:]
+        scores[name] = [s["rm"] for s in json.loads(out.read_text())["samples"]]
+    assert len(scores["single"]) == 4
+    for single, ensemble in zip(scores["single"], scores["ensemble"]):
+        assert abs(ensemble - 2 * single) <= 1e-5 * max(1.0, abs(single))
