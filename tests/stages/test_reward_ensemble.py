@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 
+import lightning.pytorch as pl
 import pytest
 import torch
 from torch.testing import assert_close
@@ -57,10 +58,21 @@ def test_each_member_takes_the_steps_of_the_single_rm_with_its_seed(stories_path
             single.model.score.weight.copy_(head)
         singles.append(single)
     tok = ensemble.tokenizer
+    grads = []  # the first step's score-head gradients, before clipping (Lightning clips after this hook)
+
+    class FirstGradients(pl.Callback):
+        def on_before_optimizer_step(self, trainer, module, optimizer):
+            if trainer.global_step == 0:
+                models = module.model.members if isinstance(module.model, RewardEnsemble) else [module.model]
+                grads.append([m.score.weight.grad.clone() for m in models])
+
     # gradient_clip_val 0.05 is below these gradients' norms: clipping is active on every step.
     for i, module in enumerate((ensemble, *singles)):
         dm = helpers.BatchListDataModule(train=_train(helpers, tok))
-        helpers.cpu_trainer(tmp_path / str(i), max_steps=2, gradient_clip_val=0.05).fit(module, datamodule=dm)
+        trainer = helpers.cpu_trainer(tmp_path / str(i), max_steps=2, gradient_clip_val=0.05, callbacks=[FirstGradients()])
+        trainer.fit(module, datamodule=dm)
+    for m in range(2):  # each member's gradient is its own loss's, not a share of the members' mean
+        assert_close(grads[0][m], grads[1 + m][0])
     for member, single in zip(ensemble.model.members, singles):
         for (name, got), (_, want) in zip(member.named_parameters(), single.model.named_parameters()):
             assert_close(got, want, msg=name)
