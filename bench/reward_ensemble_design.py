@@ -146,8 +146,8 @@ def evaluate(models, head_of, loader, pad) -> dict:
     }
 
 
-def run(design: str, bootstrap: bool, M: int, sft: str, tokenizer, dm, pad) -> dict:
-    seeds = [1000 + m for m in range(M)]
+def run(design: str, bootstrap: bool, M: int, sft: str, tokenizer, dm, pad, seed_base: int = 1000) -> dict:
+    seeds = [seed_base + m for m in range(M)]
     start = time.perf_counter()
     if design == "separate":
         models = [load_scorer(sft, tokenizer, 1, [s]) for s in seeds]
@@ -159,7 +159,7 @@ def run(design: str, bootstrap: bool, M: int, sft: str, tokenizer, dm, pad) -> d
     train(models, head_of, dm.train_dataloader(), 2, bootstrap, 7, pad)
     seconds = time.perf_counter() - start
     result = evaluate(models, head_of, dm.val_dataloader(), pad)
-    result.update(design=design, bootstrap=bootstrap, members=M, train_s=round(seconds, 1),
+    result.update(design=design, bootstrap=bootstrap, members=M, seed_base=seed_base, train_s=round(seconds, 1),
                   parameters=sum(p.numel() for model in models for p in model.parameters()))
     return result
 
@@ -169,6 +169,9 @@ def main() -> None:
     parser.add_argument("--demo", default="logs/demo", help="a finished demo (its sft/model and prefs/)")
     parser.add_argument("--members", type=int, default=4)
     parser.add_argument("--out", default="bench/results/reward_ensemble_design.json")
+    parser.add_argument("--seed-base", type=int, default=1000, help="member m's seed is seed-base + m")
+    parser.add_argument("--variants", default="all", choices=["all", "uniform"],
+                        help="all: the single RM and both designs with and without bootstrap; uniform: both designs without")
     args = parser.parse_args()
     torch.set_num_threads(1)
     sft = f"{args.demo}/sft/model"
@@ -178,18 +181,20 @@ def main() -> None:
     dm.setup("fit")
     pad = tokenizer.pad_token_id
     rows = []
-    variants = [("separate", False), ("separate", True), ("shared_trunk", False), ("shared_trunk", True)]
-    rows.append(run("separate", False, 1, sft, tokenizer, dm, pad))  # the single RM, for scale
-    print(json.dumps(rows[-1]), flush=True)
-    for design, bootstrap in variants:
-        rows.append(run(design, bootstrap, args.members, sft, tokenizer, dm, pad))
+    variants = [("separate", False), ("shared_trunk", False)]
+    if args.variants == "all":
+        variants = [("separate", False), ("separate", True), ("shared_trunk", False), ("shared_trunk", True)]
+        rows.append(run("separate", False, 1, sft, tokenizer, dm, pad, args.seed_base))  # the single RM, for scale
         print(json.dumps(rows[-1]), flush=True)
-    print("| design | bootstrap | M | member acc (each) | mean acc | std right | std wrong | AUROC(std->wrong) "
+    for design, bootstrap in variants:
+        rows.append(run(design, bootstrap, args.members, sft, tokenizer, dm, pad, args.seed_base))
+        print(json.dumps(rows[-1]), flush=True)
+    print("| design | bootstrap | M | seeds | member acc (each) | mean acc | std right | std wrong | AUROC(std->wrong) "
           "| member corr | train s | parameters |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         each = " / ".join(f"{a:.3f}" for a in r["member_accuracy"])
-        print(f"| {r['design']} | {r['bootstrap']} | {r['members']} | {each} | {r['mean_accuracy']:.3f} "
+        print(f"| {r['design']} | {r['bootstrap']} | {r['members']} | {r['seed_base']}+m | {each} | {r['mean_accuracy']:.3f} "
               f"| {r['std_right']:.3f} | {r['std_wrong']:.3f} | {r['auroc_std_wrong']:.2f} "
               f"| {r['member_correlation']:.3f} | {r['train_s']} | {r['parameters']:,} |")
     with open(args.out, "w", encoding="utf-8") as f:

@@ -42,7 +42,9 @@ class RewardEnsemble(nn.Module):
         seeds: each member's seed (recorded), or None.
     """
 
-    def __init__(self, members: list[PreTrainedModel], design: str = "separate", seeds: list[int] | None = None) -> None:
+    def __init__(
+        self, members: list[PreTrainedModel], design: str = "separate", seeds: list[int] | None = None
+    ) -> None:
         super().__init__()
         if not members:
             raise ValueError("a reward ensemble needs at least one member")
@@ -138,8 +140,11 @@ def load_reward_ensemble(
     return RewardEnsemble(members, manifest.get("design", "separate"), [m.get("seed") for m in manifest["members"]])
 
 
-def load_any_reward_model(path: str, tokenizer: PreTrainedTokenizerBase | None = None, dtype: DType = "float32") -> nn.Module:
-    """An ensemble directory as :class:`RewardEnsemble`, anything else as one reward model (:func:`load_reward_model`)."""
+def load_any_reward_model(
+    path: str, tokenizer: PreTrainedTokenizerBase | None = None, dtype: DType = "float32"
+) -> nn.Module:
+    """An ensemble directory as :class:`RewardEnsemble`, anything else as one reward model
+    (:func:`load_reward_model`)."""
     if is_reward_ensemble(path):
         return load_reward_ensemble(path, tokenizer, dtype)
     return load_reward_model(path, tokenizer, dtype=dtype)

@@ -18,6 +18,7 @@ batch), which halves the number of calls.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Iterable
 from typing import Any
@@ -110,7 +111,8 @@ class RewardModelModule(PretrainedStage):
             # Hugging Face initialised the missing head N(0, 0.02); use the RM init instead.
             init_reward_head(score_head(self.model))
         if self.ensemble.members > 1:  # M members, each head from its seed (stages/ensemble_training.py)
-            self.model = ensemble_training.build_ensemble(self.model, new_head, self.ensemble, lambda m: self.adapted(m, "reward"))
+            adapt = functools.partial(self.adapted, kind="reward")  # LoRA and checkpointing, per member
+            self.model = ensemble_training.build_ensemble(self.model, new_head, self.ensemble, adapt)
             self.val_ensemble = ensemble_training.ValidationMetrics(self.ensemble.members)
         else:
             self.model = self.adapted(self.model, "reward")  # after the head init: the head trains in full

@@ -1,5 +1,6 @@
-"""A reward-model ensemble through `rlhf-lit fit` with the shipped configs: train 4 members in one run, export them as the run's reward model, and run PPO on it with the uncertainty-weighted
-aggregate; bad aggregate settings are one `rlhf-lit: error:` line."""
+"""A reward-model ensemble through `rlhf-lit fit` with the shipped configs: train 4 members in one run,
+export them as the run's reward model, and run PPO on it with the uncertainty-weighted aggregate; bad
+aggregate settings are one `rlhf-lit: error:` line; `rlhf-lit evaluate` reads an ensemble's mean."""
 
 from __future__ import annotations
 

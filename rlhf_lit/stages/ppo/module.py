@@ -263,7 +263,8 @@ class PPOModule(StageModule):
         kept on the CPU (``memory.frozen_device: cpu``) stay whole there. A reward-model ensemble is
         refused under FSDP (one clear line, before any rollout).
         """
-        if getattr(self, "_device_mesh", None) is not None and isinstance(getattr(self, "reward_model", None), RewardEnsemble):
+        sharded = getattr(self, "_device_mesh", None) is not None
+        if sharded and isinstance(getattr(self, "reward_model", None), RewardEnsemble):
             raise ValueError("a reward-model ensemble (model.reward_model with ensemble.json) is not supported under "
                              "fsdp / fsdp2; use one device or --trainer.strategy ddp")
         shard_models(self, {"policy": self.policy, "critic": self.critic, "reference": self._modules.get("ref_policy"),

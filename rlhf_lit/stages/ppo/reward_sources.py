@@ -63,7 +63,8 @@ class RewardSources:
                 score = rm_scores  # (B,)
                 if rm_scores.dim() == 2:  # an ensemble: (B, M) normalised member scores
                     score = aggregate_scores(rm_scores, source.aggregate, source.lam or 0.0)  # (B,)
-                    parts.update({f"reward/{source.name}/member_{m}": rm_scores[:, m] for m in range(rm_scores.shape[1])})
+                    members = {f"reward/{source.name}/member_{m}": rm_scores[:, m] for m in range(rm_scores.shape[1])}
+                    parts.update(members)
                     parts[f"reward/{source.name}/std"] = member_std(rm_scores)  # (B,)
             else:
                 assert batch is not None
