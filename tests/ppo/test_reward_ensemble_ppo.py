@@ -108,3 +108,10 @@ def test_ppo_with_an_ensemble_logs_members_and_std_and_keeps_the_per_response_st
     members = (metrics["reward/rm/member_0"] + metrics["reward/rm/member_1"]) / 2
     assert metrics["reward/rm"] == pytest.approx(members - 0.5 * metrics["reward/rm/std"], rel=1e-5, abs=1e-6)
     assert_close(rollout.raw_scores.mean(), torch.tensor(metrics["reward/rm"]), rtol=1e-5, atol=1e-6)
+
+
+def test_an_ensemble_reward_model_is_refused_under_fsdp(ensemble_dir):
+    module = tiny_module(reward_model=str(ensemble_dir), max_rollouts=1)
+    module._device_mesh = object()  # what the fsdp / fsdp2 strategy gives the module
+    with pytest.raises(ValueError, match="a reward-model ensemble .* is not supported under fsdp / fsdp2"):
+        module.configure_model()

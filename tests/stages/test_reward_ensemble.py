@@ -217,3 +217,11 @@ def test_a_copy_of_an_ensemble_scores_like_it(stories_path, helpers):
     ref = _reference(helpers, module.tokenizer)[0]
     with torch.no_grad():
         assert torch.equal(ens(ref["input_ids"], ref["attention_mask"]), module(ref["input_ids"], ref["attention_mask"]))
+
+
+def test_an_ensemble_is_refused_under_fsdp_before_any_step(stories_path):
+    """configure_model (the first thing a fit does with the model) refuses a device mesh in one line."""
+    module = RewardModelModule(stories_path, normalize="none", ensemble=EnsembleConfig(members=2))
+    module._device_mesh = object()  # what the fsdp / fsdp2 strategy gives the module
+    with pytest.raises(ValueError, match=r"^ensemble.members > 1 is not supported under fsdp / fsdp2 .*ddp$"):
+        module.configure_model()
