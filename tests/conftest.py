@@ -59,6 +59,7 @@ MULTIPROCESS_MODULES = (
     "tests/cli/test_multinode_cli.py",
     "tests/cli/test_lora_fsdp_cli.py",
     "tests/cli/test_preemption_cli.py",
+    "tests/cli/test_guard_ddp_cli.py",
     "tests/ppo/test_ddp.py",
     "tests/ppo/test_groups_ddp.py",
     "tests/ppo/test_strategies.py",

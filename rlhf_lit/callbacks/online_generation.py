@@ -16,6 +16,7 @@ from lightning.pytorch.utilities import rank_zero_only
 
 # The project's one judge loader; re-exported here for ``rlhf_lit.callbacks.load_judge``.
 from rlhf_lit.evaluation import load_judge, response_texts
+from rlhf_lit.functional import member_std
 from rlhf_lit.models.generation import SamplingConfig, generate_responses
 
 __all__ = ["OnlineGeneration", "load_judge", "markdown_table"]
@@ -86,11 +87,14 @@ class OnlineGeneration(Callback):
             eos_token_id=getattr(pl_module, "stop_ids", tokenizer.eos_token_id), pad_token_id=tokenizer.pad_token_id,
             generator=torch.Generator().manual_seed(self.seed),
         )  # fmt: skip
-        scores = pl_module.score(generated.query_responses, generated.attention_mask)  # (B,)
+        scores = pl_module.score(generated.query_responses, generated.attention_mask).float()  # (B,) or (B, M)
         responses = response_texts(
             tokenizer, generated.query_responses, generated.attention_mask, generated.response_mask, generated.ended
         )  # decoded as the PPO stage's and the demo's judges read them
-        columns = {"score": scores.float().cpu().tolist()}
+        if scores.dim() == 2:  # a reward-model ensemble: the members' mean and their std
+            columns = {"score": scores.mean(dim=1).cpu().tolist(), "std": member_std(scores).cpu().tolist()}
+        else:
+            columns = {"score": scores.cpu().tolist()}
         if self.judge is not None:
             texts = responses if self.judge_reads == "response" else [p + r for p, r in zip(self.prompts, responses)]
             columns["judge"] = self.judge(texts)  # checked list[float], one per text

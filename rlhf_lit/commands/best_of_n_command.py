@@ -60,7 +60,8 @@ def build_parser() -> CommandParser:
         "and report the pick's judge score, RM score and length with the analytic KL log N - (N-1)/N.",
     )  # fmt: skip
     parser.add_argument("--policy", required=True, metavar="DIR", help="the model to sample from")
-    parser.add_argument("--reward-model", required=True, metavar="DIR", help="the reward model that picks the best")
+    parser.add_argument("--reward-model", required=True, metavar="DIR",
+                        help="the reward model that picks the best (an ensemble directory: its members' mean)")
     add_unfinished_option(parser)
     which = parser.add_mutually_exclusive_group()
     which.add_argument("--n-max", type=int, default=64, help="sweep N = 1, 2, 4, ... up to this")

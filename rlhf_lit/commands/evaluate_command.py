@@ -47,7 +47,8 @@ def build_parser() -> CommandParser:
     )  # fmt: skip
     parser.add_argument("--policy", required=True, metavar="DIR", help="the model to evaluate (an export directory)")
     parser.add_argument("--reference", default=None, metavar="DIR", help="reference model for the KL (none: no KL)")
-    parser.add_argument("--reward-model", default=None, metavar="DIR", help="reward model to score responses (none: no RM score)")
+    parser.add_argument("--reward-model", default=None, metavar="DIR",
+                        help="reward model to score responses, or an ensemble directory (its members' mean; none: no RM score)")
     add_unfinished_option(parser)
     parser.add_argument("--samples-per-prompt", type=int, default=1, help="responses per prompt")
     add_common_options(parser, max_new_tokens=48, batch_size=64)

@@ -67,8 +67,15 @@ def check_reward_model(path: str) -> None:
     """Refuse a ``--reward-model`` saved as another kind of model (a causal LM has no trained score head).
 
     Loading one as a reward model would give it a fresh random head: scores that mean nothing.
+    A reward-model ensemble (:mod:`rlhf_lit.models.reward_ensemble`) is read through its manifest.
     """
     from transformers import AutoConfig
+
+    from rlhf_lit.models.reward_ensemble import is_reward_ensemble, read_manifest
+
+    if is_reward_ensemble(path):
+        read_manifest(path)  # a broken manifest is refused here, naming the file
+        return
 
     architectures = getattr(AutoConfig.from_pretrained(path), "architectures", None) or []
     if architectures and not any(a.endswith("ForSequenceClassification") for a in architectures):
@@ -101,7 +108,8 @@ def load_models(
     The reference must share the policy's vocabulary (KL compares the same token ids) and so must
     the reward model (it reads the policy's ids as they are); both are refused otherwise.
     """
-    from rlhf_lit.models import load_causal_lm, load_reward_model
+    from rlhf_lit.models import load_causal_lm
+    from rlhf_lit.models.reward_ensemble import load_any_reward_model
     from rlhf_lit.tokenizer import check_same_vocabulary, load_tokenizer
 
     tok = load_tokenizer(tokenizer or policy, padding_side="left", what="--tokenizer" if tokenizer else "--policy")
@@ -112,7 +120,7 @@ def load_models(
     if reward_model is not None:
         check_reward_model(reward_model)
         check_same_vocabulary(tok, reward_model, "--reward-model", models.policy.config.vocab_size)
-        models.reward_model = load_reward_model(reward_model, tok).to(device).eval()
+        models.reward_model = load_any_reward_model(reward_model, tok).to(device).eval()
     return models
 
 
@@ -146,9 +154,8 @@ def sample_and_measure(
     import time
 
     from rlhf_lit.evaluation import response_texts
-    from rlhf_lit.models import sequence_scores
     from rlhf_lit.models.generation import response_logprobs, sample_batches, stop_token_ids
-    from rlhf_lit.models.reward_norm import reward_offset
+    from rlhf_lit.models.reward_ensemble import reward_scores
     from rlhf_lit.models.scoring import reward_model_rows
 
     eos_id = stop_token_ids(models.policy, models.tokenizer)[0]  # appended to cut responses for the RM (with_eos)
@@ -168,8 +175,7 @@ def sample_and_measure(
             if out.rm_scores is not None:
                 rows = reward_model_rows(gen.query_responses, gen.attention_mask, gen.ended, unfinished, eos_id,
                                          models.tokenizer.pad_token_id)  # fmt: skip
-                rm = sequence_scores(models.reward_model, *rows)  # (B,)
-                out.rm_scores += (rm.float() + reward_offset(models.reward_model.config)).tolist()
+                out.rm_scores += reward_scores(models.reward_model, *rows).tolist()  # an ensemble: the members' mean
         out.lengths += gen.response_mask.sum(-1).tolist()
         out.ended += gen.ended.tolist()
         out.responses += response_texts(

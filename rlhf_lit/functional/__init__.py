@@ -13,6 +13,7 @@ from rlhf_lit.functional.advantages import (
     reinforce_pp_advantages,
     rloo_advantages,
 )
+from rlhf_lit.functional.ensemble import AGGREGATES, Aggregate, aggregate_scores, member_std
 from rlhf_lit.functional.kl import KLKind, kl_loss, kl_penalized_rewards, kl_penalty
 from rlhf_lit.functional.kl_control import AdaptiveKLController, FixedKLController, KLController
 from rlhf_lit.functional.logprobs import entropy_from_logits, sequence_logprobs, token_logprobs
@@ -31,6 +32,8 @@ from rlhf_lit.functional.score_shaping import ScoreWhitening, shape_scores
 from rlhf_lit.functional.masks import append_eos_to_unfinished, last_true_index, response_mask_from_eos, response_mask_from_prompt_length
 
 __all__ = [
+    "AGGREGATES",
+    "Aggregate",
     "AdaptiveKLController",
     "DPOLossKind",
     "EstimatorKind",
@@ -40,6 +43,7 @@ __all__ = [
     "RankingMetrics",
     "Reducer",
     "ScoreWhitening",
+    "aggregate_scores",
     "append_eos_to_unfinished",
     "averages_over_tokens",
     "check_dpo_settings",
@@ -58,6 +62,7 @@ __all__ = [
     "masked_mean_var",
     "masked_var",
     "masked_whiten",
+    "member_std",
     "needs_critic",
     "needs_groups",
     "pad_right",

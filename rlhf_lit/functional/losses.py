@@ -91,7 +91,10 @@ def clipped_value_loss(
 
 
 def pairwise_reward_loss(
-    chosen_scores: torch.Tensor, rejected_scores: torch.Tensor, margin: torch.Tensor | None = None
+    chosen_scores: torch.Tensor,
+    rejected_scores: torch.Tensor,
+    margin: torch.Tensor | None = None,
+    weight: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Bradley-Terry preference loss ``-log sigmoid(chosen - rejected - margin)``, mean over pairs.
 
@@ -101,6 +104,8 @@ def pairwise_reward_loss(
         chosen_scores: ``(B,)`` reward-model scores of the preferred responses.
         rejected_scores: ``(B,)`` scores of the other responses.
         margin: ``(B,)`` or None.
+        weight: ``(B,)`` or None: the loss is then the mean over pairs of ``weight * loss`` (not
+            divided by the weights' sum: a bootstrap weight k counts a pair k times, 0 leaves it out).
 
     Returns:
         ``(loss, accuracy)``: 0-dim tensors; accuracy is the detached fraction of pairs with
@@ -110,7 +115,10 @@ def pairwise_reward_loss(
     if margin is not None:
         diff = diff - margin  # (B,)
     # logsigmoid is the stable form of log(1 / (1 + exp(-diff))).
-    loss = -F.logsigmoid(diff).mean()  # ()
+    if weight is None:
+        loss = -F.logsigmoid(diff).mean()  # ()
+    else:
+        loss = -(weight * F.logsigmoid(diff)).mean()  # ()
     accuracy = (chosen_scores > rejected_scores).to(chosen_scores.dtype).mean().detach()  # ()
     return loss, accuracy
 

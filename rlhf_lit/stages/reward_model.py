@@ -20,6 +20,7 @@ trained with InstructGPT's loss: the mean over prompts of the mean over each pro
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Iterable
 from typing import Any
@@ -32,11 +33,14 @@ from transformers import AutoConfig
 from rlhf_lit.functional import concat_pairs, pairwise_reward_loss, ranking_loss, ranking_metrics, ranking_pair_mask
 from rlhf_lit.models import init_reward_head, load_reward_model, score_head, sequence_scores
 from rlhf_lit.models.memory import train_mode
+from rlhf_lit.models.reward_ensemble import RewardEnsemble
 from rlhf_lit.models.reward_norm import Normalize, fold_normalization, gain_and_bias, record_normalization
 from rlhf_lit.models.sharding import reshard
 from rlhf_lit.sources import from_pretrained
 from rlhf_lit.stages.base import PretrainedStage, RunLayout, as_config, require_input
+from rlhf_lit.stages import ensemble_training
 from rlhf_lit.stages.optim import OptimizerConfig
+from rlhf_lit.stages.ensemble_training import EnsembleConfig
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +86,10 @@ class RewardModelModule(PretrainedStage):
             Required; with ``--run_dir`` it defaults to the run's SFT export (``RUN_DIR/sft/model``).
         optimizer: AdamW and learning-rate schedule; by default annealed linearly to 0 over the run.
         normalize: After training, shift the reward so the reference set scores mean 0 (``bias``),
-            also scale it to std 1 (``gain_bias``), or leave it (``none``).
+            also scale it to std 1 (``gain_bias``), or leave it (``none``); per member in an ensemble.
+        ensemble: train M reward models in one run and export them as an ensemble directory
+            (:class:`~rlhf_lit.stages.ensemble_training.EnsembleConfig`); ``members: 1`` (the default)
+            is the single reward model.
         stage_args: the loading, LoRA and export arguments of :class:`~rlhf_lit.stages.base.PretrainedStage`
             (``tokenizer``, ``missing_pad``, ``dtype``, ``export_dir``, ``export_existing``,
             ``max_skipped_updates``, ``revision``, ``trust_remote_code``, ``lora``,
@@ -99,6 +106,7 @@ class RewardModelModule(PretrainedStage):
         model: str | None = None,
         optimizer: OptimizerConfig = OptimizerConfig(lr=1e-5, schedule="linear", min_lr_ratio=0.0),
         normalize: Normalize = "bias",
+        ensemble: EnsembleConfig = EnsembleConfig(),
         **stage_args: Any,
     ) -> None:
         super().__init__(**stage_args)
@@ -111,7 +119,8 @@ class RewardModelModule(PretrainedStage):
                 "base weights an adapter would not carry); set lora.export: merged"
             )
         self.optimizer_config = as_config(OptimizerConfig, optimizer)
-        self.keep_settings(optimizer=self.optimizer_config)
+        self.ensemble: EnsembleConfig = as_config(EnsembleConfig, ensemble)
+        self.keep_settings(optimizer=self.optimizer_config, ensemble=self.ensemble)
         self.normalization: Normalize = normalize
         self.reference_name = "none"
         self.tokenizer = self.load_tokenizer(model, "right")  # preference batches are right padded (docs/CONTRACTS.md)
@@ -120,10 +129,16 @@ class RewardModelModule(PretrainedStage):
         if new_head:
             # Hugging Face initialised the missing head N(0, 0.02); use the RM init instead.
             init_reward_head(score_head(self.model))
-        self.model = self.adapted(self.model, "reward")  # after the head init: the head trains in full
-        # The normalised reward is gain * raw + bias; buffers, so checkpoints carry them.
-        self.register_buffer("reward_gain", torch.ones(()))
-        self.register_buffer("reward_bias", torch.zeros(()))
+        if self.ensemble.members > 1:  # M members, each head from its seed (stages/ensemble_training.py)
+            adapt = functools.partial(self.adapted, kind="reward")  # LoRA and checkpointing, per member
+            self.model = ensemble_training.build_ensemble(self.model, new_head, self.ensemble, adapt)
+            self.val_ensemble = ensemble_training.ValidationMetrics(self.ensemble.members)
+        else:
+            self.model = self.adapted(self.model, "reward")  # after the head init: the head trains in full
+        # The normalised reward is gain * raw + bias (one per member); buffers, so checkpoints carry them.
+        shape = (self.ensemble.members,) if self.ensemble.members > 1 else ()
+        self.register_buffer("reward_gain", torch.ones(shape))
+        self.register_buffer("reward_bias", torch.zeros(shape))
         self.val_loss = MeanMetric()
         self.val_accuracy = MeanMetric()
         self.val_margin = MeanMetric()
@@ -133,11 +148,13 @@ class RewardModelModule(PretrainedStage):
     # ----- scoring -----------------------------------------------------------------------------
 
     def raw_scores(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """The head read at the last real token, before normalisation, ``(B,)``."""
+        """The head read at the last real token, before normalisation, ``(B,)`` (an ensemble: ``(B, M)``)."""
+        if isinstance(self.model, RewardEnsemble):
+            return self.model.raw_scores(input_ids, attention_mask)  # (B, M)
         return sequence_scores(self.model, input_ids, attention_mask)  # (B,)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """The normalised reward ``gain * raw + bias``, ``(B,)``."""
+        """The normalised reward ``gain * raw + bias``, ``(B,)`` (an ensemble: ``(B, M)``, per member)."""
         return self.reward_gain * self.raw_scores(input_ids, attention_mask) + self.reward_bias  # (B,)
 
     def batch_sequences(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -157,15 +174,15 @@ class RewardModelModule(PretrainedStage):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(loss, pair accuracy)`` of the scores of :meth:`batch_sequences`' rows, ``(N,)``.
 
-        ``weight`` (``(B,)``, one per prompt) weighs the prompts of a ranking batch; None is the
-        plain mean. Pair batches take no weight yet.
+        ``weight`` weighs the batch's examples (an ensemble member's bootstrap counts): ``(B,)`` one per
+        prompt of a ranking batch, one per pair of a pair batch; None is the plain mean.
         """
         if is_ranking_batch(batch):
             return ranking_loss(scores, batch["group"], batch["rank"], batch["responses_per_prompt"], weight)
-        if weight is not None:
-            raise NotImplementedError("preference_loss: a weight on pair batches is not supported")
         B = batch["chosen_input_ids"].shape[0]
-        return pairwise_reward_loss(scores[:B], scores[B:], batch.get("margin"))  # (), ()
+        if weight is None:
+            return pairwise_reward_loss(scores[:B], scores[B:], batch.get("margin"))  # (), ()
+        return pairwise_reward_loss(scores[:B], scores[B:], batch.get("margin"), weight)  # (), ()
 
     def pair_scores(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """Raw scores of the chosen and rejected sequences from ONE forward pass, each ``(B,)``."""
@@ -178,7 +195,9 @@ class RewardModelModule(PretrainedStage):
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         """Bradley-Terry loss on the raw scores (the bias cancels; the gain is 1 while training)."""
         with train_mode(self.model):  # what activates gradient checkpointing (dropout is off)
-            scores = self.raw_scores(*self.batch_sequences(batch))  # (N,)
+            scores = self.raw_scores(*self.batch_sequences(batch))  # (N,) or, an ensemble, (N, M)
+        if isinstance(self.model, RewardEnsemble):
+            return ensemble_training.training_step(self, scores, batch, batch_idx)
         loss, accuracy = self.preference_loss(scores, batch)  # (), ()
         B = num_prompts(batch)
         self.log("train/loss", loss, prog_bar=True, batch_size=B)
@@ -187,7 +206,10 @@ class RewardModelModule(PretrainedStage):
         return loss
 
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
-        """Pair-weighted loss, accuracy and margin of the normalised scores."""
+        """Pair-weighted loss, accuracy and margin of the normalised scores (a ranking batch: also the
+        ranking metrics; an ensemble: :class:`~rlhf_lit.stages.ensemble_training.ValidationMetrics`)."""
+        if isinstance(self.model, RewardEnsemble):
+            return self.val_ensemble.step(self, batch)
         if is_ranking_batch(batch):
             self._validate_rankings(batch)
             return
@@ -224,6 +246,18 @@ class RewardModelModule(PretrainedStage):
         self.log("val/margin", self.val_margin, batch_size=B)
         self.log("val/ranking_exact", self.val_ranking_exact, batch_size=B)
         self.log("val/kendall_tau", self.val_kendall_tau, batch_size=B)
+
+    def configure_model(self) -> None:
+        """Shard the model under FSDP; an ensemble is refused there (one clear line, before any step)."""
+        if isinstance(self.model, RewardEnsemble):
+            ensemble_training.refuse_sharding(self)
+        super().configure_model()
+
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
+        """``trainer.gradient_clip_val``; an ensemble clips each member on its own (as M single runs would)."""
+        if isinstance(self.model, RewardEnsemble):
+            return ensemble_training.clip_each_member(self.model, gradient_clip_val, gradient_clip_algorithm)
+        super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     # ----- normalisation and export --------------------------------------------------------------
 
@@ -276,8 +310,10 @@ class RewardModelModule(PretrainedStage):
                 module's ``normalize`` setting.
 
         Returns:
-            ``(gain, bias)`` as floats (also stored in the buffers).
+            ``(gain, bias)`` as floats (also stored in the buffers); an ensemble: lists, one per member.
         """
+        if isinstance(self.model, RewardEnsemble):
+            return ensemble_training.normalize(self, reference_batches, reference, kind or self.normalization)
         moments = torch.zeros(3, dtype=torch.float64, device=self.device)  # count, sum, sum of squares
         for batch in reference_batches:
             batch = {k: v.to(self.device) for k, v in batch.items() if isinstance(v, torch.Tensor)}
@@ -311,6 +347,9 @@ class RewardModelModule(PretrainedStage):
 
     def on_fit_end(self) -> None:
         """Fold the normalisation into the weights (every rank) and export the model (rank 0)."""
+        if isinstance(self.model, RewardEnsemble):  # per member; exported as an ensemble directory
+            ensemble_training.fold(self)
+            return super().on_fit_end()
         gain, bias = float(self.reward_gain), float(self.reward_bias)
         reshard(self.model)  # under FSDP the fold must change the shards, not a gathered copy
         folded = fold_normalization(self.model, gain, bias)

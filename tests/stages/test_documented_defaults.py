@@ -100,6 +100,12 @@ QUOTED: list[Quoted] = [
       for stage in STAGES),
     *(Quoted("docs/data.md", "`missing_pad` policy (`add` by default", stage, "missing_pad", "add") for stage in STAGES),
     Quoted("docs/data.md", "`fields.responses`, default `responses`", Fields, "responses", "responses"),
+    # Reward-model ensembles.
+    Quoted("docs/reward_model.md", "`members: 1` (the default) is the single reward model", RewardModelModule,
+           "ensemble.members", 1),  # fmt: skip
+    Quoted("docs/reward_model.md", "`data_weights: uniform` is the default", RewardModelModule,
+           "ensemble.data_weights", "uniform"),  # fmt: skip
+    Quoted("docs/ppo.md", "| `mean` (default) | the members' mean |", RewardSource, "aggregate", "mean"),
     # LoRA.
     Quoted("docs/lora.md", "`lora.export: merged` (default)", LoRAConfig, "export", "merged"),
     Quoted("docs/lora.md", "target_modules: null = default for the architecture", LoRAConfig, "target_modules", None),

@@ -43,6 +43,11 @@ al. 2022 blog; N+ = "The N+ Implementation Details of RLHF with PPO", Huang et a
   RM (N+ #16) with a zeroed head when new (N #4), or a zeroed head on the policy's trunk. A
   critic from an RM whose normalisation bias lives in ``config.reward_bias`` (Llama) adds it to
   every value, as the reward does, so its last-token value starts equal to the reward.
+- A reward-model ensemble as the RM (Coste et al. 2023): the members' scores, each normalised on
+  its own by the RM stage, become the score by the source's ``aggregate`` (``mean``,
+  ``uncertainty_weighted``: mean - lam * population std, ``worst_case``: the minimum;
+  :func:`rlhf_lit.functional.aggregate_scores`), before bias, whitening and clipping; a separate
+  critic without ``value_model`` starts from member 0.
 - Adam eps configurable (N #15: PyTorch placement; default 1e-5 as in cleanrl / N+).
 - Per-process seeds ``seed + rank * 100003`` (N #14), folded with the rollout index and a stream
   id into fresh generators, so sampling and shuffling are reproducible and resume exactly. The

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from rlhf_lit.models.generation import SamplingConfig
 from rlhf_lit.models.lora import LoRAConfig
+from rlhf_lit.models.reward_ensemble import is_reward_ensemble
 from rlhf_lit.stages.ppo.config import PPOConfig, RewardConfig
 
 
@@ -18,6 +19,12 @@ def check_reward_settings(sampling: SamplingConfig, reward: RewardConfig, reward
                          "every one; leave it null")
     if reward.uses_reward_model and reward_model is None:
         raise ValueError("reward.sources uses the reward model (a source with function: null); set model.reward_model")
+    for source in reward.sources:
+        if source.reward_model_source and source.aggregate != "mean" and not is_reward_ensemble(reward_model):
+            raise ValueError(
+                f"reward source {source.name!r}: aggregate {source.aggregate} needs a reward-model ensemble; "
+                f"model.reward_model {reward_model} is a single reward model (no ensemble.json)"
+            )
 
 
 def check_model_settings(

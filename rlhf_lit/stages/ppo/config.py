@@ -11,7 +11,7 @@ from typing import Any, Literal, get_args
 
 import torch
 
-from rlhf_lit.functional import KLKind, Reducer, ScoreWhitening, shape_scores
+from rlhf_lit.functional import AGGREGATES, Aggregate, KLKind, Reducer, ScoreWhitening, shape_scores
 from rlhf_lit.models.scoring import UnfinishedScoring
 from rlhf_lit.functional.advantages import EstimatorKind
 
@@ -133,18 +133,41 @@ class RewardSource:
             :class:`~rlhf_lit.rewards.RewardBatch`; null = the learned reward model
             (``model.reward_model``).
         kwargs: keyword parameters of the function (null function: must be empty).
+        aggregate: when ``model.reward_model`` is a reward-model ensemble, how its members' normalised
+            scores become this source's score (:data:`~rlhf_lit.functional.Aggregate`): ``mean``,
+            ``uncertainty_weighted`` (mean - ``lam`` * the members' population std) or ``worst_case``
+            (the members' minimum). The reward model only; a single reward model takes ``mean``.
+        lam: the std's weight lambda of ``uncertainty_weighted`` (>= 0; required there, unset otherwise).
     """
 
     name: str
     weight: float = 1.0
     function: str | None = None
     kwargs: dict[str, Any] = field(default_factory=dict)
+    aggregate: Aggregate = "mean"
+    lam: float | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name or "/" in self.name:
             raise ValueError(f"reward.sources: a name must be a non-empty string without '/', got {self.name!r}")
         if self.function is None and self.kwargs:
             raise ValueError(f"reward source {self.name!r} is the reward model (function: null); it takes no kwargs")
+        where = f"reward source {self.name!r}"
+        if self.aggregate not in AGGREGATES:
+            raise ValueError(f"{where}: aggregate must be one of {', '.join(AGGREGATES)}; got {self.aggregate!r}")
+        if self.function is not None and (self.aggregate != "mean" or self.lam is not None):
+            raise ValueError(f"{where} is a reward function; aggregate and lam apply to the reward model (function: null)")
+        if self.lam is not None and not self.lam >= 0:
+            raise ValueError(f"{where}: lam must be >= 0, got {self.lam}")
+        if self.aggregate == "uncertainty_weighted" and self.lam is None:
+            raise ValueError(f"{where}: aggregate uncertainty_weighted needs lam (the weight of the members' std), e.g. lam: 0.5")
+        if self.aggregate != "uncertainty_weighted" and self.lam is not None:
+            raise ValueError(f"{where}: lam applies to aggregate uncertainty_weighted only (aggregate is {self.aggregate})")
+
+    @property
+    def reward_model_source(self) -> bool:
+        """Whether this source is the learned reward model."""
+        return self.function is None
 
 
 def _default_sources() -> list[RewardSource]:

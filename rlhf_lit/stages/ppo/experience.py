@@ -16,8 +16,11 @@ from typing import TYPE_CHECKING
 import torch
 
 from rlhf_lit.evaluation import response_texts
-from rlhf_lit.functional import entropy_from_logits, kl_penalized_rewards, masked_mean, masked_whiten, token_logprobs
+from rlhf_lit.functional import (
+    entropy_from_logits, kl_penalized_rewards, masked_mean, masked_whiten, member_std, token_logprobs,
+)
 from rlhf_lit.models import sequence_scores
+from rlhf_lit.models.reward_ensemble import RewardEnsemble
 from rlhf_lit.models.generation import Generated, generate_responses
 from rlhf_lit.models.memory import call_on_own_device
 from rlhf_lit.models.reward_norm import reward_offset
@@ -44,7 +47,7 @@ class Scored:
     ref_logprobs: torch.Tensor
     old_values: torch.Tensor  # zeros without a critic (never read by a loss)
     entropy: torch.Tensor
-    rm_scores: torch.Tensor | None  # (B,) the reward model's scores; None when no source is the reward model
+    rm_scores: torch.Tensor | None  # (B,) the reward model's scores, (B, M) an ensemble's; None when no source is the RM
 
     @staticmethod
     def cat(parts: list[Scored]) -> Scored:
@@ -64,6 +67,7 @@ class Experience:
     entropy: torch.Tensor  # () masked mean entropy of the policy at rollout time
     reward_parts: dict[str, torch.Tensor]  # reward/<source> -> (B,) each source's unweighted score
     texts: list[str] | None = None  # the responses as a judge reads them
+    reward_std: torch.Tensor | None = None  # (B,) population std of a reward-model ensemble's member scores per response
 
 
 class ExperienceMaker:
@@ -104,8 +108,11 @@ class ExperienceMaker:
 
         Adds the normalisation bias an exported RM could not fold into its weights (stored in its
         config; 0 when folded), so the score is the normalised reward for every architecture.
+        An ensemble gives each member's normalised score, ``(B, M)``.
         """
         reward_model = self.module.reward_model
+        if isinstance(reward_model, RewardEnsemble):
+            return call_on_own_device(RewardEnsemble.__call__, reward_model, query_responses, attention_mask)  # (B, M)
         raw = call_on_own_device(sequence_scores, reward_model, query_responses, attention_mask)  # (B,)
         return raw + reward_offset(reward_model.config)  # (B,)
 
@@ -185,7 +192,9 @@ class ExperienceMaker:
             rewards=rewards, advantages=advantages, returns=returns,
         )  # fmt: skip
         entropy = masked_mean(scored.entropy, mask)  # ()
-        return rollout, Experience(entropy, {k: v.mean() for k, v in reward_parts.items()}, texts)
+        ensemble = scored.rm_scores is not None and scored.rm_scores.dim() == 2
+        reward_std = member_std(scored.rm_scores) if ensemble else None  # (B,): for a watchdog reading disagreement
+        return rollout, Experience(entropy, {k: v.mean() for k, v in reward_parts.items()}, texts, reward_std)
 
     def texts(self, rollout: Rollout, experience: Experience) -> list[str]:
         """The responses as a judge reads them, decoded now unless the reward functions did already."""

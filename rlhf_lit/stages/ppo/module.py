@@ -20,6 +20,7 @@ from rlhf_lit.models.loading import DType
 from rlhf_lit.models.lora import LoRAConfig, with_lora
 from rlhf_lit.models.memory import MemoryConfig, attach_frozen, enable_gradient_checkpointing, train_mode
 from rlhf_lit.models.reference import build_reference
+from rlhf_lit.models.reward_ensemble import RewardEnsemble, is_reward_ensemble, load_reward_ensemble, member_paths
 from rlhf_lit.models.sharding import shard_models
 from rlhf_lit.models.value import CriticKind, build_critic
 from rlhf_lit.run_seed import seed_or_run_seed
@@ -86,11 +87,14 @@ class PPOModule(StageModule):
         sft_model: the SFT model (hub name or directory): the policy's start and the reference.
             Required; with ``--run_dir`` it defaults to the run's SFT export (``RUN_DIR/sft/model``).
         reward_model: the reward model (an ``AutoModelForSequenceClassification`` with one label,
-            e.g. the RM stage's export). Frozen; reloaded from this path on resume. Loaded only
+            e.g. the RM stage's export), or a reward-model ensemble directory (the RM stage's export
+            with ``ensemble.members > 1``; its source's ``aggregate`` combines the members). Frozen;
+            reloaded from this path on resume. Loaded only
             when a ``reward.sources`` entry is the reward model (the default); null otherwise
             (it may still be where a separate critic starts). With ``--run_dir`` and a source
             that is the reward model it defaults to the run's RM export (``RUN_DIR/reward_model/model``).
-        value_model: where a separate critic starts; None = the reward model (N+ #16).
+        value_model: where a separate critic starts; None = the reward model (N+ #16); for an
+            ensemble, its member 0.
         tokenizer_path: the tokenizer; None = the SFT model's. The RM must share it.
         missing_pad: what to do if the tokenizer has no pad token (see ``load_tokenizer``).
         critic: ``separate`` value model or ``shared_trunk`` value head on the policy.
@@ -203,6 +207,9 @@ class PPOModule(StageModule):
             self.kl_ctl = FixedKLController(self.kl_cfg.init_coef)
         self.experience = ExperienceMaker(self)
         self.rollout_index = 0  # rollouts completed; the step of every logged metric
+        # The last rollout's logged metrics (averaged over ranks, the same on every rank): what
+        # callbacks that act on them read (rlhf_lit.callbacks.OverOptimisationGuard).
+        self.last_rollout_metrics: dict[str, float] = {}
         self._ptx_batches: Iterator[dict[str, torch.Tensor]] | None = None
 
     def _build_models(self, sft_model, reward_model, value_model, tokenizer_path, missing_pad, critic, dtype) -> None:
@@ -226,13 +233,17 @@ class PPOModule(StageModule):
             return self.ref_policy
 
         self.reference = build_reference(self.policy, frozen_sft_copy)
+        ensemble = is_reward_ensemble(reward_model)
         if self.reward_cfg.uses_reward_model:
-            rm = freeze(load_reward_model(reward_model, self.tokenizer, dtype=frozen_dtype))
+            load = load_reward_ensemble if ensemble else load_reward_model
+            rm = freeze(load(reward_model, self.tokenizer, dtype=frozen_dtype))
             attach_frozen(self, "reward_model", rm, frozen_device)
         if self.estimator.uses_critic and critic == "separate" and (value_model or reward_model) is None:
             raise ValueError("a separate critic starts from value_model or reward_model; set one of them")
+        # A critic from an ensemble starts from its member 0 (a whole reward model, normalised like the others).
+        critic_start = value_model or (member_paths(reward_model)[0] if ensemble else reward_model)
         self.critic = (
-            build_critic(critic, self.policy, value_model or reward_model, self.tokenizer, dtype, self.critic_lora_cfg)
+            build_critic(critic, self.policy, critic_start, self.tokenizer, dtype, self.critic_lora_cfg)
             if self.estimator.uses_critic else None
         )  # fmt: skip
         if self.memory.gradient_checkpointing:
@@ -252,8 +263,13 @@ class PPOModule(StageModule):
         """Shard policy, critic, reference and reward model under FSDP (no-op otherwise).
 
         Only registered submodules: a LoRA policy's reference is the policy itself, and frozen models
-        kept on the CPU (``memory.frozen_device: cpu``) stay whole there.
+        kept on the CPU (``memory.frozen_device: cpu``) stay whole there. A reward-model ensemble is
+        refused under FSDP (one clear line, before any rollout).
         """
+        sharded = getattr(self, "_device_mesh", None) is not None
+        if sharded and isinstance(getattr(self, "reward_model", None), RewardEnsemble):
+            raise ValueError("a reward-model ensemble (model.reward_model with ensemble.json) is not supported under "
+                             "fsdp / fsdp2; use one device or --trainer.strategy ddp")
         shard_models(self, {"policy": self.policy, "critic": self.critic, "reference": self._modules.get("ref_policy"),
                             "reward model": self._modules.get("reward_model")})  # fmt: skip
 
@@ -320,6 +336,7 @@ class PPOModule(StageModule):
 
     def _end_rollout(self, rows: int, metrics: dict[str, float]) -> None:
         """Log the rollout, count it, advance the data position and the schedules, stop at the end."""
+        self.last_rollout_metrics = metrics
         for logger in self.loggers:  # step = rollout index, not global_step (which counts opt steps)
             logger.log_metrics(metrics, step=self.rollout_index)
         self.rollout_index += 1
@@ -343,7 +360,8 @@ class PPOModule(StageModule):
         return self.experience.generate(batch)
 
     def score(self, query_responses: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """The reward model's normalised score ``(B,)`` (:meth:`ExperienceMaker.score`)."""
+        """The reward model's normalised score ``(B,)``, an ensemble's member scores ``(B, M)``
+        (:meth:`ExperienceMaker.score`)."""
         return self.experience.score(query_responses, attention_mask)
 
     def score_rollout(self, gen: Generated) -> Scored:

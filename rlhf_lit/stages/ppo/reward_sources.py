@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from rlhf_lit.evaluation import response_texts
+from rlhf_lit.functional import aggregate_scores, member_std
 from rlhf_lit.models.generation import Generated
 from rlhf_lit.rewards import RewardBatch, load_reward_function
 from rlhf_lit.stages.ppo.config import RewardSource
@@ -45,8 +46,13 @@ class RewardSources:
         """``(raw_scores (B,), parts)``: ``sum(weight * source score)`` and, for logging, each source's
         unweighted score (``reward/<name>``) and each dict component (``reward/<name>/<key>``).
 
+        A reward-model ensemble's ``(B, M)`` member scores become the source's score by its
+        ``aggregate``; each member's score is logged as ``reward/<name>/member_<m>`` and the members'
+        population std as ``reward/<name>/std``.
+
         Args:
-            rm_scores: ``(B,)`` reward-model scores (None when no source is the reward model).
+            rm_scores: ``(B,)`` reward-model scores, ``(B, M)`` for an ensemble (None when no source
+                is the reward model).
             batch: the decoded batch for the reward functions (None when there are none).
         """
         total: torch.Tensor | None = None
@@ -55,6 +61,11 @@ class RewardSources:
             if source.function is None:
                 assert rm_scores is not None
                 score = rm_scores  # (B,)
+                if rm_scores.dim() == 2:  # an ensemble: (B, M) normalised member scores
+                    score = aggregate_scores(rm_scores, source.aggregate, source.lam or 0.0)  # (B,)
+                    members = {f"reward/{source.name}/member_{m}": rm_scores[:, m] for m in range(rm_scores.shape[1])}
+                    parts.update(members)
+                    parts[f"reward/{source.name}/std"] = member_std(rm_scores)  # (B,)
             else:
                 assert batch is not None
                 components = self.functions[source.name](batch)  # {name[/key]: (B,)} checked, CPU
