@@ -1,4 +1,4 @@
-"""``python -m rlhf_lit.demo {split,preferences,evaluate,report,pipeline,seeds}``: the offline demo's commands."""
+"""``python -m rlhf_lit.demo {split,preferences,evaluate,report,pipeline,seeds,guard}``: the offline demo's commands."""
 
 from __future__ import annotations
 
@@ -90,6 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("seeds", add_help=False,
                    help="rerun PPO variants and the DPO sweep of a finished demo on several seeds "
                         "(options: python -m rlhf_lit.demo seeds --help)")
+    sub.add_parser("guard", add_help=False,
+                   help="over-optimisation of a weaker proxy RM, watched by the over-optimisation guard "
+                        "(options: python -m rlhf_lit.demo guard --help)")
     return parser
 
 
@@ -105,6 +108,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from rlhf_lit.demo.seeds import main as seeds_main
 
         return seeds_main(argv[1:])
+    if argv[:1] == ["guard"]:
+        from rlhf_lit.demo.guard_study import main as guard_main
+
+        return guard_main(argv[1:])
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if args.command == "split":
