@@ -88,7 +88,7 @@ def draw(results: Sequence[Mapping], path: str) -> str:
     from matplotlib.figure import Figure
 
     results = sorted(results, key=lambda r: r["seed"])
-    fig = Figure(figsize=(4.2 * len(results), 6.0), dpi=100)
+    fig = Figure(figsize=(max(4.2 * len(results), 7.0), 6.0), dpi=100)
     FigureCanvasAgg(fig)
     axes = fig.subplots(2, len(results), squeeze=False, sharex=True)
     styles = {"proxy_gold": ("C3", "-"), "kl": ("C1", "--"), "distinct": ("C4", ":"), "length": ("C5", "-."),
