@@ -157,7 +157,7 @@ def fit_command(args: argparse.Namespace, config: Path, demo: Path, proxy: Path,
             "--model.init_args.sft_model", str(demo / "sft" / "model"), "--model.init_args.reward_model", str(proxy),
             "--data.init_args.train_path", str(demo / "data" / "ppo.txt"),
             "--model.init_args.kl.kind", "fixed", "--model.init_args.kl.init_coef", f"{args.kl_coef:g}",
-            "--model.init_args.max_rollouts", str(args.rollouts), "--model.init_args.reward.unfinished", args.unfinished,
+            "--model.init_args.max_rollouts", str(args.rollouts),
             "--trainer.enable_checkpointing", "true", "--trainer.callbacks+=rlhf_lit.callbacks.RolloutCheckpoint",
             "--trainer.callbacks.every_n_rollouts", str(args.rollouts),
             "--trainer.callbacks.dirpath", str(folder / "checkpoints"), "--trainer.callbacks.save_weights_only", "true",
@@ -270,9 +270,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Bradley-Terry temperature (judge units) of the proxy's labels")
     p.add_argument("--proxy-seed", type=int, default=0, help="seed of the pairs' draw and of their labels")
     p.add_argument("--kl-coef", type=float, default=0.0, help="PPO's fixed KL coefficient")
-    p.add_argument("--unfinished", choices=("with_eos", "as_sampled"), default="with_eos",
-                   help="how the proxy reads a cut response (PPO's reward.unfinished): as_sampled, without the EOS "
-                        "every response it was trained on ends with, is a flaw the policy can exploit by ending early")
     p.add_argument("--rollouts", type=_positive(int), default=100, help="PPO rollouts per run")
     p.add_argument("--held-out-every", type=_positive(int), default=5, help="rollouts between the guard's held-out evaluations")
     p.add_argument("--held-out-prompts", type=_positive(int), default=None,
