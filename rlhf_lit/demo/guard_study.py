@@ -12,6 +12,10 @@ prompts of their own (:data:`GUARD_PROMPTS`), ``proxy_gold`` and the other signa
 
     python -m rlhf_lit.demo guard --demo logs/demo --out logs/guard --seeds 0 1 2
 
+The defaults (32 pairs, temperature 1.0, KL coefficient 0, 70 rollouts) are the setting of
+docs/DEMO.md: with stronger proxies the judge did not fall within the run (200 pairs at 0.25: 0.97
+by rollout 25 and level; 64 pairs at 0.5: still rising at rollout 80; one seed each).
+
 The same run without ``keep_best`` would export its last policy: training is the same rollout for
 rollout (``keep_best`` on a held-out metric only copies weights; the held-out sampling has its own
 generator), so the last policy is read from the run's final ``RolloutCheckpoint``. Both policies
@@ -265,12 +269,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--demo", required=True, help="a finished `make demo` folder (its sft, prefs and data)")
     p.add_argument("--out", required=True, help="folder for the proxy, the runs and the report")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds of the PPO runs")
-    p.add_argument("--proxy-pairs", type=_positive(int), default=200, help="demo preference pairs the proxy RM learns from")
-    p.add_argument("--bt-temperature", type=_positive(float), default=0.25,
+    p.add_argument("--proxy-pairs", type=_positive(int), default=32, help="demo preference pairs the proxy RM learns from")
+    p.add_argument("--bt-temperature", type=_positive(float), default=1.0,
                    help="Bradley-Terry temperature (judge units) of the proxy's labels")
     p.add_argument("--proxy-seed", type=int, default=0, help="seed of the pairs' draw and of their labels")
     p.add_argument("--kl-coef", type=float, default=0.0, help="PPO's fixed KL coefficient")
-    p.add_argument("--rollouts", type=_positive(int), default=100, help="PPO rollouts per run")
+    p.add_argument("--rollouts", type=_positive(int), default=70, help="PPO rollouts per run")
     p.add_argument("--held-out-every", type=_positive(int), default=5, help="rollouts between the guard's held-out evaluations")
     p.add_argument("--held-out-prompts", type=_positive(int), default=None,
                    help=f"the guard's held-out prompts (default {GUARD_PROMPTS[1]}, from paragraph {GUARD_PROMPTS[0]})")
