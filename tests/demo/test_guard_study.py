@@ -118,6 +118,16 @@ def test_a_tiny_study_trains_the_proxy_runs_the_guarded_ppo_and_reports_and_a_re
     assert set(result["fired"]) == {"proxy_gold", "kl", "length", "distinct", "objective"}
     for policy in ("exported", "last"):
         assert result[policy]["num_samples"] == 8
+    # "last" is the policy of the final rollout's checkpoint, weight for weight (what the run exports without keep_best).
+    import torch
+    from safetensors.torch import load_file
+
+    state = torch.load(study / "seed_0" / "checkpoints" / "rollout=4.ckpt", map_location="cpu", weights_only=False)
+    policy = {k.removeprefix("policy."): v for k, v in state["state_dict"].items() if k.startswith("policy.")}
+    last = load_file(study / "seed_0" / "last" / "model.safetensors")
+    assert policy.keys() >= last.keys() and last
+    assert all(torch.equal(last[k], policy[k]) for k in last)
+    assert json.loads((study / "seed_0" / "eval_last.json").read_text())["config"]["policy"].endswith("last")
     log = (study / "seed_0" / "log.txt").read_text()
     assert "OverOptimisationGuard" in (study / "ppo_guard.yaml").read_text() and "--model.init_args.kl.init_coef 0" in log
     summary = json.loads((study / "study.json").read_text())
