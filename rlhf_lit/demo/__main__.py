@@ -1,4 +1,4 @@
-"""``python -m rlhf_lit.demo {split,preferences,evaluate,report,pipeline,seeds,rm-study}``: the offline demo's commands."""
+"""``python -m rlhf_lit.demo {split,preferences,evaluate,report,pipeline,seeds,rm-study,guard}``: the offline demo's commands."""
 
 from __future__ import annotations
 
@@ -96,6 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("rm-study", add_help=False,
                    help="RM held-out accuracy from best-vs-worst pairs, rankings and all pairs of the same "
                         "judged samples, on several seeds (options: python -m rlhf_lit.demo rm-study --help)")
+    sub.add_parser("guard", add_help=False,
+                   help="over-optimisation of a weaker proxy RM, watched by the over-optimisation guard "
+                        "(options: python -m rlhf_lit.demo guard --help)")
     return parser
 
 
@@ -115,6 +118,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from rlhf_lit.demo.rm_study import main as rm_study_main
 
         return rm_study_main(argv[1:])
+    if argv[:1] == ["guard"]:
+        from rlhf_lit.demo.guard_study import main as guard_main
+
+        return guard_main(argv[1:])
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if args.command == "split":

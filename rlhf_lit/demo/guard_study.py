@@ -1,0 +1,319 @@
+"""Over-optimisation made to happen, and the guard watching it: ``python -m rlhf_lit.demo guard``.
+
+From a finished ``make demo`` folder this trains a *weaker proxy* reward model (a fraction of the
+demo's preference pairs, relabelled by the noisy ``bradley_terry`` labeller from the judge scores
+the pairs carry) and runs PPO against it with a low or zero KL coefficient for long enough that
+the proxy keeps rising while the gold judge (VADER) rises, then stalls or falls (Gao et al. 2022).
+Each PPO run carries :class:`~rlhf_lit.callbacks.OverOptimisationGuard` (settings:
+:func:`guard_callback`): a held-out evaluation with the judge every ``--held-out-every`` rollouts on
+prompts of their own (:data:`GUARD_PROMPTS`), ``proxy_gold`` and the other signals, and
+``keep_best`` on the held-out judge, so the run *exports* the best held-out policy once a
+``keep_best`` signal fired:
+
+    python -m rlhf_lit.demo guard --demo logs/demo --out logs/guard --seeds 0 1 2
+
+The defaults (32 pairs, temperature 1.0, KL coefficient 0, 70 rollouts) are the setting of
+docs/DEMO.md: with stronger proxies the judge did not fall within the run (200 pairs at 0.25: 0.97
+by rollout 25 and level; 64 pairs at 0.5: still rising at rollout 80; one seed each).
+
+The same run without ``keep_best`` would export its last policy: training is the same rollout for
+rollout (``keep_best`` on a held-out metric only copies weights; the held-out sampling has its own
+generator), so the last policy is read from the run's final ``RolloutCheckpoint``. Both policies
+are measured with the demo's evaluation (:func:`rlhf_lit.demo.held_out_eval.evaluate`: 256
+held-out prompts, judge score and KL to SFT).
+
+Written under ``--out`` (created by this command and marked by :data:`MARKER`; a rerun reuses what
+is finished and deletes nothing it did not write):
+
+- ``proxy/``: ``preferences.jsonl`` (the relabelled pairs), the proxy RM's export ``model/``;
+- ``ppo_guard.yaml``: the demo PPO config with the guard, the run's config;
+- ``seed_<s>/``: TensorBoard logs, ``model/`` (the export: with ``keep_best``), ``last/`` (the last
+  policy), their evaluations, ``result.json`` (per-rollout curves, held-out evaluations, the
+  rollouts where each signal fired, the kept rollout);
+- ``study.json``, ``study.md`` and ``guard.png`` (:mod:`rlhf_lit.demo.guard_report`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import shlex
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from rlhf_lit.artifacts import NotOwned, claim_directory, directory_state, remove_owned_directory, write_text_atomically
+from rlhf_lit.demo.plan import ASSETS, ROOT
+from rlhf_lit.demo.runner import THREAD_ENV
+
+MARKER = ".rlhf-lit-guard-study.json"
+"""Written into ``--out`` when this command creates it; a non-empty folder without it is refused."""
+RUN_MARKER = ".rlhf-lit-guard-run"
+"""Written first into each run's folder: only a folder holding it is cleared to start an unfinished run again."""
+GUARD_PROMPTS = (3300, 64)
+"""``(first paragraph, count)`` of the guard's held-out prompts: in the demo's spare range, disjoint from
+the SFT, preference, PPO and evaluation prompts, so the policy ``keep_best`` picks is measured on prompts
+that did not pick it."""
+JUDGE = "rlhf_lit.evaluation.judges:vader"
+CURVE_TAGS = ("objective/scores", "objective/judge", "objective/kl", "response/length")
+"""Per-rollout scalars kept from each run (``objective/scores`` is the proxy's score)."""
+SIGNALS = ("proxy_gold", "kl", "length", "distinct", "objective")
+"""The guard's signals this study turns on (no ensemble: no ``disagreement``)."""
+TINY_PPO = ("--data.init_args.batch_size", "8", "--model.init_args.ppo.minibatch_size", "4",
+            "--model.init_args.ppo.epochs", "1", "--model.init_args.sampling.max_new_tokens", "16")  # fmt: skip
+TINY_RM = ("--trainer.max_epochs", "1", "--data.init_args.batch_size", "8", "--model.init_args.optimizer.warmup_steps", "1")
+
+
+# ------------------------------------------------------------------ the weaker proxy
+def relabel(pairs: Sequence[dict], count: int, temperature: float, seed: int) -> list[dict]:
+    """``count`` of ``pairs`` (a seeded draw) relabelled by the Bradley-Terry labeller.
+
+    Each pair keeps its two responses; which one is chosen is drawn again from the judge scores it
+    carries (``chosen_score``, ``rejected_score``): the first stays chosen with probability
+    ``sigmoid((chosen_score - rejected_score) / temperature)``
+    (:func:`rlhf_lit.demo.labeling.prefer_first`, one draw per pair).
+    """
+    from rlhf_lit.demo.labeling import prefer_first
+
+    if not 1 <= count <= len(pairs):
+        raise ValueError(f"--proxy-pairs {count}: the demo has {len(pairs)} pairs")
+    rng = random.Random(seed)
+    picked = rng.sample(list(pairs), count)
+    out = []
+    for pair in picked:
+        if prefer_first(pair["chosen_score"], pair["rejected_score"], "bradley_terry", temperature, rng):
+            out.append(dict(pair))
+        else:
+            out.append({**pair, "chosen": pair["rejected"], "rejected": pair["chosen"],
+                        "chosen_score": pair["rejected_score"], "rejected_score": pair["chosen_score"]})  # fmt: skip
+    return out
+
+
+def train_proxy(args: argparse.Namespace, demo: Path, out: Path) -> Path:
+    """The proxy RM under ``out/proxy`` (trained unless finished); its export folder."""
+    folder = out / "proxy"
+    model = folder / "model"
+    if (folder / "done.json").exists():
+        return model
+    _fresh(folder, "proxy")
+    with open(demo / "prefs" / "preferences.jsonl", encoding="utf-8") as f:
+        pairs = [json.loads(line) for line in f if line.strip()]
+    chosen = relabel(pairs, args.proxy_pairs, args.bt_temperature, args.proxy_seed)
+    write_text_atomically(folder / "preferences.jsonl", "".join(json.dumps(p) + "\n" for p in chosen))
+    cmd = [sys.executable, "-m", "rlhf_lit.cli", "fit", "--config", str(ROOT / "configs" / "demo" / "reward_model.yaml"),
+           "--model.init_args.model", str(demo / "sft" / "model"), "--model.init_args.export_dir", str(model),
+           "--data.init_args.train_path", str(folder / "preferences.jsonl"),
+           "--trainer.logger.init_args.save_dir", str(folder), "--trainer.logger.init_args.name", "tb",
+           "--trainer.logger.init_args.version", "0",
+           # The config's 10 warmup steps are more than a few dozen pairs make: a tenth of the steps.
+           "--model.init_args.optimizer.warmup_steps", str(max(1, rm_steps(len(chosen)) // 10)),
+           *(TINY_RM if args.tiny else ())]  # fmt: skip
+    _run(cmd, folder / "log.txt", "the proxy reward model")
+    flips = sum(a["chosen"] != b["chosen"] for a, b in zip(chosen, _picked(pairs, args)))
+    write_text_atomically(folder / "done.json", json.dumps({"pairs": len(chosen), "flipped": flips}) + "\n")
+    return model
+
+
+def rm_steps(pairs: int, val_fraction: float = 0.1, batch_size: int = 16, epochs: int = 2) -> int:
+    """Optimizer steps of the demo RM config on ``pairs`` pairs (its held-out tenth not trained on)."""
+    return math.ceil((pairs - math.ceil(pairs * val_fraction)) / batch_size) * epochs
+
+
+def _picked(pairs: Sequence[dict], args: argparse.Namespace) -> list[dict]:
+    return random.Random(args.proxy_seed).sample(list(pairs), args.proxy_pairs)
+
+
+# ------------------------------------------------------------------ the guarded PPO runs
+def guard_callback(prompts: Sequence[str], every: int, kl_rate: float) -> dict:
+    """The guard of every run: ``proxy_gold`` on the held-out judge acts with ``keep_best`` (the export is
+    the best held-out judge's policy), the other signals warn."""
+    return {"class_path": "rlhf_lit.callbacks.OverOptimisationGuard", "init_args": {
+        "proxy_gold": {"action": "keep_best"},
+        "kl": {"action": "warn", "max_rate": kl_rate},
+        "length": {"action": "warn"}, "distinct": {"action": "warn"}, "objective": {"action": "warn"},
+        "held_out": {"prompts": list(prompts), "every_n_rollouts": every, "judge": JUDGE},
+        "keep_best": {"metric": "guard/held_out/judge"},
+    }}  # fmt: skip
+
+
+def write_config(args: argparse.Namespace, out: Path) -> Path:
+    """``out/ppo_guard.yaml``: the demo PPO config with the guard added to its callbacks."""
+    import yaml
+
+    from rlhf_lit.demo.story_prompts import load_prompts
+
+    with open(ROOT / "configs" / "demo" / "ppo.yaml", encoding="utf-8") as f:
+        config = yaml.safe_load(f)
+    start, count = GUARD_PROMPTS
+    _, prompts = load_prompts(args.paragraphs, start, args.held_out_prompts or count, 8)
+    config["trainer"]["callbacks"].append(guard_callback(prompts, args.held_out_every, args.kl_rate))
+    path = out / "ppo_guard.yaml"
+    write_text_atomically(path, yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def fit_command(args: argparse.Namespace, config: Path, demo: Path, proxy: Path, seed: int, folder: Path) -> list[str]:
+    """``rlhf-lit fit`` of one seed: the proxy as reward, ``--kl-coef``, ``--rollouts``, a checkpoint at the end."""
+    return [sys.executable, "-m", "rlhf_lit.cli", "fit", "--config", str(config),
+            "--model.init_args.sft_model", str(demo / "sft" / "model"), "--model.init_args.reward_model", str(proxy),
+            "--data.init_args.train_path", str(demo / "data" / "ppo.txt"),
+            "--model.init_args.kl.kind", "fixed", "--model.init_args.kl.init_coef", f"{args.kl_coef:g}",
+            "--model.init_args.max_rollouts", str(args.rollouts),
+            "--trainer.enable_checkpointing", "true", "--trainer.callbacks+=rlhf_lit.callbacks.RolloutCheckpoint",
+            "--trainer.callbacks.every_n_rollouts", str(args.rollouts),
+            "--trainer.callbacks.dirpath", str(folder / "checkpoints"), "--trainer.callbacks.save_weights_only", "true",
+            "--trainer.logger.init_args.save_dir", str(folder), "--trainer.logger.init_args.name", "tb",
+            "--trainer.logger.init_args.version", "0", "--model.init_args.export_dir", str(folder / "model"),
+            "--seed_everything", str(seed), "--data.init_args.seed", str(seed), "--model.init_args.rollout_seed", str(seed),
+            *(TINY_PPO if args.tiny else ())]  # fmt: skip
+
+
+def fired(scalars: dict, signal: str) -> list[int]:
+    """The rollouts after which ``signal`` acted (``guard/<signal>/acted`` is logged at step rollout - 1)."""
+    steps, values = scalars.get(f"guard/{signal}/acted", ([], []))
+    return [int(step) + 1 for step, value in zip(steps, values) if value > 0]
+
+
+def run_seed(args: argparse.Namespace, config: Path, demo: Path, proxy: Path, seed: int, out: Path) -> dict:
+    """Train one seed (unless finished), measure the export and the last policy; ``result.json``."""
+    folder = out / f"seed_{seed}"
+    result_path = folder / "result.json"
+    if result_path.exists():
+        with open(result_path, encoding="utf-8") as f:
+            return json.load(f)
+    from rlhf_lit.demo.frontier import export_checkpoint_policy, rollout_checkpoints
+    from rlhf_lit.demo.report import read_scalars
+
+    _fresh(folder, f"seed {seed}")
+    log = _run(fit_command(args, config, demo, proxy, seed, folder), folder / "log.txt", f"seed {seed}")
+    scalars = read_scalars(str(folder / "tb" / "version_0"))
+    checkpoint = rollout_checkpoints(str(folder / "checkpoints"))[args.rollouts]
+    last = export_checkpoint_policy(checkpoint, str(demo / "sft" / "model"), str(folder / "last"))
+    held_steps, held_judge = scalars.get("guard/held_out/judge", ([], []))
+    _, best = scalars.get("guard/best/rollout", ([], []))
+    result = {
+        "seed": seed,
+        "curves": {tag: scalars[tag][1] for tag in CURVE_TAGS if tag in scalars},
+        "held_out": {"rollouts": [int(s) + 1 for s in held_steps], "judge": held_judge,
+                     "score": scalars.get("guard/held_out/score", ([], []))[1]},
+        "fired": {signal: fired(scalars, signal) for signal in SIGNALS},
+        "kept_rollout": int(best[-1]) if best and fired(scalars, "proxy_gold") else None,
+        "exported": _evaluate(args, folder / "model", demo, folder / "eval_export.json"),
+        "last": _evaluate(args, Path(last), demo, folder / "eval_last.json"),
+        "log": log,
+    }  # fmt: skip
+    write_text_atomically(result_path, json.dumps(result, indent=1))  # written last: the run is finished
+    return result
+
+
+def _evaluate(args: argparse.Namespace, policy: Path, demo: Path, out: Path) -> dict:
+    """The demo's held-out evaluation of ``policy`` in a subprocess (one thread); its metrics."""
+    if not out.exists():
+        cmd = [sys.executable, "-m", "rlhf_lit.demo", "evaluate", "--policy", str(policy),
+               "--reference", str(demo / "sft" / "model"), "--paragraphs", args.paragraphs,
+               "--count", str(args.eval_count), "--max-new-tokens", str(16 if args.tiny else 48), "--out", str(out)]
+        _run(cmd, out.with_suffix(".log"), f"the evaluation of {policy}")
+    with open(out, encoding="utf-8") as f:
+        return json.load(f)["metrics"]
+
+
+def _run(cmd: list[str], log_path: Path, what: str) -> str:
+    """Run ``cmd`` with one thread, its output in ``log_path``; RuntimeError naming the log on failure."""
+    import os
+
+    with open(log_path, "w", encoding="utf-8") as log:
+        log.write(shlex.join(cmd) + "\n")
+        log.flush()
+        done = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **THREAD_ENV})
+    if done.returncode != 0:
+        raise RuntimeError(f"{what} failed (exit {done.returncode}); log: {log_path}")
+    return str(log_path)
+
+
+def _fresh(folder: Path, what: str) -> None:
+    """An empty ``folder`` marked by :data:`RUN_MARKER`; an unfinished one of ours is cleared, another refused."""
+    if folder.exists():
+        try:
+            remove_owned_directory(folder, RUN_MARKER)
+        except NotOwned:
+            raise FileExistsError(f"{folder} was not started by `python -m rlhf_lit.demo guard`: move it away") from None
+    folder.mkdir(parents=True)
+    write_text_atomically(folder / RUN_MARKER, f"{what}\n")
+
+
+def claim(out: Path) -> None:
+    """Create ``out`` with :data:`MARKER`, or accept it when it has the marker; refuse any other non-empty folder."""
+    if directory_state(out, MARKER, follow_symlinks=True) in ("not_a_directory", "foreign"):
+        raise FileExistsError(f"--out {out} is not empty and was not written by `python -m rlhf_lit.demo guard`")
+    claim_directory(out, MARKER, json.dumps({"written_by": "python -m rlhf_lit.demo guard"}) + "\n")
+
+
+# ------------------------------------------------------------------ the command
+def _positive(kind):
+    def parse(text: str):
+        value = kind(text)
+        if not value > 0 or (isinstance(value, float) and math.isinf(value)):
+            raise argparse.ArgumentTypeError(f"{text!r}: must be > 0")
+        return value
+
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Options of ``python -m rlhf_lit.demo guard``."""
+    p = argparse.ArgumentParser(prog="python -m rlhf_lit.demo guard", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)  # fmt: skip
+    p.add_argument("--demo", required=True, help="a finished `make demo` folder (its sft, prefs and data)")
+    p.add_argument("--out", required=True, help="folder for the proxy, the runs and the report")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds of the PPO runs")
+    p.add_argument("--proxy-pairs", type=_positive(int), default=32, help="demo preference pairs the proxy RM learns from")
+    p.add_argument("--bt-temperature", type=_positive(float), default=1.0,
+                   help="Bradley-Terry temperature (judge units) of the proxy's labels")
+    p.add_argument("--proxy-seed", type=int, default=0, help="seed of the pairs' draw and of their labels")
+    p.add_argument("--kl-coef", type=float, default=0.0, help="PPO's fixed KL coefficient")
+    p.add_argument("--rollouts", type=_positive(int), default=70, help="PPO rollouts per run")
+    p.add_argument("--held-out-every", type=_positive(int), default=5, help="rollouts between the guard's held-out evaluations")
+    p.add_argument("--held-out-prompts", type=_positive(int), default=None,
+                   help=f"the guard's held-out prompts (default {GUARD_PROMPTS[1]}, from paragraph {GUARD_PROMPTS[0]})")
+    p.add_argument("--kl-rate", type=_positive(float), default=0.5, help="the guard's kl.max_rate (nats per rollout)")
+    p.add_argument("--paragraphs", default=str(ASSETS / "data" / "tinystories" / "val.txt"), help="the TinyStories stories")
+    p.add_argument("--eval-count", type=_positive(int), default=256, help="held-out prompts of the final evaluation")
+    p.add_argument("--tiny", action="store_true", help="tiny budgets (a smoke test, not a result)")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the study; exit status 2 on a refused folder or a demo folder without what it needs, 1 on a failed stage."""
+    from transformers.utils import logging as hf_logging
+
+    from rlhf_lit.demo.guard_report import write_study
+
+    args = build_parser().parse_args(argv)
+    hf_logging.disable_progress_bar()
+    demo, out = Path(args.demo), Path(args.out)
+    for need in ("sft/model", "data/ppo.txt", "prefs/preferences.jsonl"):
+        if not (demo / need).exists():
+            print(f"error: --demo {demo} has no {need}: run `make demo` (or the pipeline with --out {demo}) first",
+                  file=sys.stderr)  # fmt: skip
+            return 2
+    try:
+        claim(out)
+        proxy = train_proxy(args, demo, out)
+        print(f"[guard] proxy reward model: {proxy}", flush=True)
+        config = write_config(args, out)
+        results = []
+        for seed in args.seeds:  # one at a time: each run is one thread
+            results.append(run_seed(args, config, demo, proxy, seed, out))
+            print(f"[guard] seed {seed}: done", flush=True)
+    except FileExistsError as e:  # a folder this command did not write: nothing in it was touched
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except RuntimeError as e:  # a stage failed: its log says why
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    report = write_study(results, vars(args) | {"config": str(config)}, str(out))
+    print(f"[guard] report: {report}", flush=True)
+    return 0
