@@ -1,7 +1,9 @@
 """Online generation: sample from a fixed prompt set every N rollouts and log a text table.
 
 The callback works with any module that has ``policy``, ``tokenizer``, ``sampling``,
-``rollout_index`` and ``score(query_responses, attention_mask) -> (B,)`` (the PPO stage).
+``rollout_index`` and ``score(query_responses, attention_mask) -> (B,)`` (the PPO stage); when the
+module also has ``reward_model_inputs(generated)`` (PPO), the score reads the rows it returns, as the
+rollout's reward does (``reward.unfinished``).
 It samples with its own seed through :func:`generate_responses`, which never touches the
 global RNG, so the training stream is the same with and without the callback.
 """
@@ -87,7 +89,11 @@ class OnlineGeneration(Callback):
             eos_token_id=getattr(pl_module, "stop_ids", tokenizer.eos_token_id), pad_token_id=tokenizer.pad_token_id,
             generator=torch.Generator().manual_seed(self.seed),
         )  # fmt: skip
-        scores = pl_module.score(generated.query_responses, generated.attention_mask).float()  # (B,) or (B, M)
+        # The rows PPO's reward reads (reward.unfinished: a cut response with EOS appended, or as sampled),
+        # so the logged score is the proxy PPO optimises; a module without that method reads them as sampled.
+        rows = getattr(pl_module, "reward_model_inputs", None)
+        rows = rows(generated) if rows is not None else (generated.query_responses, generated.attention_mask)
+        scores = pl_module.score(*rows).float()  # (B,) or (B, M)
         responses = response_texts(
             tokenizer, generated.query_responses, generated.attention_mask, generated.response_mask, generated.ended
         )  # decoded as the PPO stage's and the demo's judges read them

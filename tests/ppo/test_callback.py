@@ -12,6 +12,7 @@ import rlhf_lit.callbacks
 from rlhf_lit.callbacks import OnlineGeneration
 from rlhf_lit.callbacks.online_generation import markdown_table
 from rlhf_lit.evaluation import load_judge
+from rlhf_lit.stages.ppo import RewardConfig
 
 PROMPTS = ["Once upon a time", "The", "Tom had a red", "A big dog"]
 
@@ -69,3 +70,25 @@ def test_callback_uses_the_project_judge_loader():
     assert load_judge("ppo_helpers:length_judge")(["abc"]) == [3.0]
     with pytest.raises(ValueError, match="module:function"):
         OnlineGeneration(["x"], judge="ppo_helpers.length_judge")
+
+
+@pytest.mark.parametrize("unfinished", ["as_sampled", "with_eos"])
+def test_the_held_out_score_reads_responses_as_the_reward_does(unfinished):
+    """The logged score is the proxy PPO optimises: with reward.unfinished=with_eos a cut response is
+    scored with EOS appended after its last token, as sampled otherwise."""
+    module = tiny_module(reward=RewardConfig(unfinished=unfinished))
+    callback = OnlineGeneration(PROMPTS, every_n_rollouts=1)
+    generated, scored = [], []
+    rows_of, score = module.reward_model_inputs, module.score
+    module.reward_model_inputs = lambda gen: generated.append(gen) or rows_of(gen)
+    module.score = lambda ids, mask: scored.append((ids, mask)) or score(ids, mask)
+    _, columns = callback.sample(module)
+    (gen,), ((ids, mask),) = generated, scored
+    eos = module.tokenizer.eos_token_id
+    assert not gen.ended.all()  # 8 new tokens: some responses are cut (the case under test)
+    for row in range(len(PROMPTS)):
+        sampled = gen.query_responses[row][gen.attention_mask[row].bool()].tolist()
+        read = ids[row][mask[row].bool()].tolist()
+        cut = not gen.ended[row]
+        assert read == (sampled + [eos] if unfinished == "with_eos" and cut else sampled), row
+    assert columns["score"] == pytest.approx(score(ids, mask).tolist(), rel=1e-6)

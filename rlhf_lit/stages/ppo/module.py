@@ -364,6 +364,11 @@ class PPOModule(StageModule):
         (:meth:`ExperienceMaker.score`)."""
         return self.experience.score(query_responses, attention_mask)
 
+    def reward_model_inputs(self, gen: Generated) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rows the reward model reads of a generated batch, as the rollout's reward reads them
+        (``reward.unfinished``; :meth:`ExperienceMaker.reward_model_inputs`)."""
+        return self.experience.reward_model_inputs(gen)
+
     def score_rollout(self, gen: Generated) -> Scored:
         """The no-grad scoring passes over a generated batch (:meth:`ExperienceMaker.score_rollout`)."""
         return self.experience.score_rollout(gen)
