@@ -294,6 +294,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "heldout_seed": HELDOUT_SEED, "heldout_pairs": heldout_pairs,
         "judge_calls_per_seed": judged[args.seeds[0]]["judge_calls"],
         "sampling_seconds": {str(s): judged[s]["seconds"] for s in args.seeds},
+        "heldout_sampling_seconds": held["seconds"],
         "wall_seconds": time.perf_counter() - t0,
     }  # fmt: skip
     report = write_study(results, setup, str(out))
