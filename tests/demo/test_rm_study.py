@@ -146,6 +146,13 @@ def test_tiny_study_end_to_end_and_resumed(stories_path, tinystories, tmp_path):
     assert (out / "seed_0" / "ranking" / "result.json").stat().st_mtime_ns == finished
     assert json.loads((out / "study.json").read_text())["runs"] == study["runs"]
 
+    # --report-only trains nothing: an unfinished variant is left out, and said.
+    partial = _study(*args, "--report-only", "--variants", "ranking", "all_pairs", cwd=tmp_path)
+    assert partial.returncode == 0, partial.stderr[-3000:]
+    assert "[rm-study] all_pairs seed 0: not finished, left out" in partial.stdout
+    assert not (out / "seed_0" / "all_pairs").exists()
+    assert list(json.loads((out / "study.json").read_text())["summary"]) == ["ranking"]
+
     # A folder it did not write is refused with one line, and left as it was.
     foreign = tmp_path / "foreign"
     foreign.mkdir()
