@@ -105,7 +105,9 @@ def train_proxy(args: argparse.Namespace, demo: Path, out: Path) -> Path:
     write_text_atomically(folder / "preferences.jsonl", "".join(json.dumps(p) + "\n" for p in chosen))
     cmd = [sys.executable, "-m", "rlhf_lit.cli", "fit", "--config", str(ROOT / "configs" / "demo" / "reward_model.yaml"),
            "--model.init_args.model", str(demo / "sft" / "model"), "--model.init_args.export_dir", str(model),
+           # The demo RM config reads rankings; the proxy's labels are pairs (the weaker signal).
            "--data.init_args.train_path", str(folder / "preferences.jsonl"),
+           "--data.init_args.format", "fields", "--data.init_args.fields.ranks", "null",
            "--trainer.logger.init_args.save_dir", str(folder), "--trainer.logger.init_args.name", "tb",
            "--trainer.logger.init_args.version", "0",
            # The config's 10 warmup steps are more than a few dozen pairs make: a tenth of the steps.

@@ -243,6 +243,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--paragraphs", default=str(ASSETS / "data" / "tinystories" / "val.txt"), help="TinyStories paragraphs")
     p.add_argument("--max-new-tokens", type=int, default=None, help="most tokens per sample (default: PPO's)")
     p.add_argument("--jobs", type=int, default=2, help="RM trainings at a time (one thread each)")
+    p.add_argument("--report-only", action="store_true",
+                   help="train and sample nothing: write the report of the runs already finished")
     p.add_argument("--rm-overrides", type=shlex.split, default=[],
                    help="extra rlhf-lit fit options of every RM run, shell-quoted (e.g. '--trainer.max_epochs 1')")
     return p
@@ -270,12 +272,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     sampling = Sampling(args.sft, args.paragraphs, args.samples_per_prompt, args.count, temperature,
                         args.max_new_tokens or max_new_tokens)  # fmt: skip
     k = sampling.samples_per_prompt
+    if args.report_only and not (out / "heldout" / "samples.json").exists():
+        print(f"error: --report-only: --out {out} holds no held-out samples yet", file=sys.stderr)
+        return 2
     held = samples(sampling, out / "heldout" / "samples.json", HELDOUT_RANGE[0], args.heldout_count, HELDOUT_SEED)
     heldout = heldout_sets(held, k, out / "heldout")
+    seeds = [s for s in args.seeds if not args.report_only or (out / f"seed_{s}" / "samples.json").exists()]
     judged = {s: samples(sampling, out / f"seed_{s}" / "samples.json", RANGES["reward_model"][0], sampling.count, s)
-              for s in args.seeds}  # fmt: skip
+              for s in seeds}  # fmt: skip
     print(f"[rm-study] samples ready ({time.perf_counter() - t0:.0f} s)", flush=True)
-    runs = [Run(v, s, out / f"seed_{s}" / v) for s in args.seeds for v in args.variants]
+    runs = [Run(v, s, out / f"seed_{s}" / v) for s in seeds for v in args.variants]
+    if args.report_only:  # what is not finished is left out of the report, and said
+        for run in runs:
+            if not (run.dir / "result.json").exists():
+                print(f"[rm-study] {run.variant} seed {run.seed}: not finished, left out", flush=True)
+        runs = [run for run in runs if (run.dir / "result.json").exists()]
+        if not runs:
+            print(f"error: no finished run under --out {out}", file=sys.stderr)
+            return 2
 
     def one(run: Run) -> dict:
         result = run_one(run, judged[run.seed], k, args.sft, heldout, args.rm_overrides)
@@ -292,8 +306,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "train_paragraphs": [RANGES["reward_model"][0], RANGES["reward_model"][0] + sampling.count],
         "heldout_paragraphs": [HELDOUT_RANGE[0], HELDOUT_RANGE[0] + args.heldout_count],
         "heldout_seed": HELDOUT_SEED, "heldout_pairs": heldout_pairs,
-        "judge_calls_per_seed": judged[args.seeds[0]]["judge_calls"],
-        "sampling_seconds": {str(s): judged[s]["seconds"] for s in args.seeds},
+        "judge_calls_per_seed": judged[seeds[0]]["judge_calls"],
+        "sampling_seconds": {str(s): judged[s]["seconds"] for s in seeds},
+        "heldout_sampling_seconds": held["seconds"],
         "wall_seconds": time.perf_counter() - t0,
     }  # fmt: skip
     report = write_study(results, setup, str(out))

@@ -56,7 +56,9 @@ def markdown(results: Sequence[Mapping], summary: Mapping[str, Mapping], setup: 
         f"{setup['judge_calls_per_seed']} judge calls, shared by every variant. Held-out set: "
         f"{setup['heldout_pairs']} judge-labelled pairs (all untied pairs of K samples, sampling seed "
         f"{setup['heldout_seed']}) of paragraphs {lo}-{hi - 1}, the same for every run. "
-        f"Wall time of this invocation: {setup['wall_seconds']:.0f} s.", "",
+        f"Sampling and judging took {_seconds(setup['sampling_seconds'].values())} s per seed (wall) and "
+        f"{setup['heldout_sampling_seconds']:.0f} s for the held-out set; every RM fit's wall time is in "
+        f"the tables; this invocation (finished runs reused) took {setup['wall_seconds']:.0f} s.", "",
         "Mean ± standard error over seeds (accuracy and loss on the held-out pairs after the last epoch):", "",
         "| variant | seeds | records | comparisons | sequences / epoch | accuracy | accuracy by epoch | loss | fit wall s |",
         "|---|---|---|---|---|---|---|---|---|",
@@ -75,6 +77,10 @@ def markdown(results: Sequence[Mapping], summary: Mapping[str, Mapping], setup: 
         lines.append(f"| {r['variant']} | {r['seed']} | {r['counts']['records']} | {r['counts']['comparisons']} | "
                      f"{by_epoch} | {r['val']['val/loss'][-1]:.4f} | {r['fit_seconds']:.0f} |")  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+def _seconds(values) -> str:
+    return " / ".join(f"{v:.0f}" for v in values)
 
 
 def _fmt(mean_and_se: tuple[float, float | None]) -> str:

@@ -35,6 +35,7 @@ import re
 import shlex
 import subprocess
 import sys
+import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -52,6 +53,9 @@ _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 CURVE_TAGS = ("objective/rlhf_reward", "objective/scores", "objective/kl")
 """The per-rollout scalars kept from each PPO run."""
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs" / "demo"
+_EXPORT_LOCK = threading.Lock()
+"""One checkpoint export at a time: ``from_pretrained`` builds models under a process-wide device context
+(meta tensors), so two threads loading at once can leave one with meta weights ("Cannot copy out of meta tensor")."""
 
 
 @dataclass(frozen=True)
@@ -168,7 +172,9 @@ def run_job(job: Job, demo: Path, evaluation: Evaluation, checkpoint_every: int)
             final = len(curves["objective/kl"])
             for rollout, path in sorted(rollout_checkpoints(str(job.dir / "checkpoints")).items()):
                 if rollout != final:  # the final checkpoint holds the export's weights
-                    policy = Path(export_checkpoint_policy(path, str(demo / "sft" / "model"), str(job.dir / f"rollout_{rollout}")))
+                    with _EXPORT_LOCK:
+                        policy = Path(export_checkpoint_policy(path, str(demo / "sft" / "model"),
+                                                               str(job.dir / f"rollout_{rollout}")))
                     evaluations[rollout] = _evaluate(policy, demo, job.dir / f"eval_rollout_{rollout}.json", evaluation, log)
             evaluations[final] = _evaluate(job.dir / "model", demo, job.dir / "eval.json", evaluation, log)
         else:

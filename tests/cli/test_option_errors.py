@@ -123,7 +123,8 @@ def test_a_class_that_does_not_exist_is_named_with_the_valid_choices(tmp_path):
     assert _refused(_parse("--config", str(OFFLINE / "ppo.yaml"), "--config", callback)) == (
         f"{callback}, line 3: trainer.callbacks[0].class_path: no class rlhf_lit.callbacks.RolloutCheckpont; did you "
         "mean rlhf_lit.callbacks.RolloutCheckpoint? (choices: rlhf_lit.callbacks.Checkpoint, "
-        "rlhf_lit.callbacks.OnlineGeneration, rlhf_lit.callbacks.Preemption, rlhf_lit.callbacks.RolloutCheckpoint, rlhf_lit.callbacks.RunProgressBar)")
+        "rlhf_lit.callbacks.OnlineGeneration, rlhf_lit.callbacks.OverOptimisationGuard, rlhf_lit.callbacks.Preemption, "
+        "rlhf_lit.callbacks.RolloutCheckpoint, rlhf_lit.callbacks.RunProgressBar)")
 
 
 def test_a_value_of_the_wrong_type_names_the_option_and_the_type(tmp_path):
@@ -220,5 +221,6 @@ def test_null_mappings_and_lists_on_the_command_line_replace_the_config_values()
     assert model["reward"]["missing_eos_penalty"] is None and model["reward"]["clip"] is None
     assert model["reward"]["unfinished"] == "as_sampled" and model["ppo"]["max_grad_norm"] is None
     assert model["reward"]["sources"] == [
-        {"name": "rm", "weight": 1.0, "function": None, "kwargs": {}},
-        {"name": "len", "weight": 0.01, "function": "rlhf_lit.rewards.shaping:length_target", "kwargs": {"target": 3}}]
+        {"name": "rm", "weight": 1.0, "function": None, "kwargs": {}, "aggregate": "mean", "lam": None},
+        {"name": "len", "weight": 0.01, "function": "rlhf_lit.rewards.shaping:length_target", "kwargs": {"target": 3},
+         "aggregate": "mean", "lam": None}]

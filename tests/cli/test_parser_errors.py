@@ -163,7 +163,8 @@ def test_class_choices_are_the_exported_concrete_subclasses_of_the_package_named
               "rlhf_lit.stages.SFTModule"]  # fmt: skip
     assert known_subclasses("lightning.pytorch.core.module.LightningModule", "PPOModul") == stages  # no base classes
     callbacks = known_subclasses("lightning.pytorch.callbacks.callback.Callback", "rlhf_lit.callbacks.OnlineGen")
-    assert callbacks == ["rlhf_lit.callbacks.Checkpoint", "rlhf_lit.callbacks.OnlineGeneration", "rlhf_lit.callbacks.Preemption",
+    assert callbacks == ["rlhf_lit.callbacks.Checkpoint", "rlhf_lit.callbacks.OnlineGeneration",
+                         "rlhf_lit.callbacks.OverOptimisationGuard", "rlhf_lit.callbacks.Preemption",
                          "rlhf_lit.callbacks.RolloutCheckpoint", "rlhf_lit.callbacks.RunProgressBar"]  # fmt: skip
 
 

@@ -84,11 +84,12 @@ def test_summary_over_seeds_by_hand():
     assert summary["ranking"]["accuracy"] == (0.91, None)  # one seed: no standard error
     setup = {"command": "python -m rlhf_lit.demo rm-study", "machine": "m", "train_prompts": 100,
              "train_paragraphs": [1000, 1100], "samples_per_prompt": 4, "judge_calls_per_seed": 400,
-             "heldout_pairs": 50, "heldout_seed": 12345, "heldout_paragraphs": [3256, 3266], "wall_seconds": 60.0}
+             "heldout_pairs": 50, "heldout_seed": 12345, "heldout_paragraphs": [3256, 3266], "wall_seconds": 60.0,
+             "sampling_seconds": {"0": 40.0, "1": 42.4}, "heldout_sampling_seconds": 12.0}
     text = markdown(results, summary, setup)
     assert "| best_worst | 2 | 100 | 600 | 400 | 0.860 ± 0.020 | 0.810 / 0.860 | 0.340 ± 0.040 | 12 |" in text
     assert "| ranking | 1 | 100 | 600 | 400 | 0.910 | 0.900 / 0.910 | 0.190 | 30 |" in text
-    assert "paragraphs 3256-3265" in text
+    assert "paragraphs 3256-3265" in text and "took 40 / 42 s per seed (wall) and 12 s for the held-out set" in text
 
 
 def test_folder_rules(tmp_path):
@@ -144,6 +145,13 @@ def test_tiny_study_end_to_end_and_resumed(stories_path, tinystories, tmp_path):
     assert again.returncode == 0, again.stderr[-3000:]
     assert (out / "seed_0" / "ranking" / "result.json").stat().st_mtime_ns == finished
     assert json.loads((out / "study.json").read_text())["runs"] == study["runs"]
+
+    # --report-only trains nothing: an unfinished variant is left out, and said.
+    partial = _study(*args, "--report-only", "--variants", "ranking", "all_pairs", cwd=tmp_path)
+    assert partial.returncode == 0, partial.stderr[-3000:]
+    assert "[rm-study] all_pairs seed 0: not finished, left out" in partial.stdout
+    assert not (out / "seed_0" / "all_pairs").exists()
+    assert list(json.loads((out / "study.json").read_text())["summary"]) == ["ranking"]
 
     # A folder it did not write is refused with one line, and left as it was.
     foreign = tmp_path / "foreign"
