@@ -81,6 +81,40 @@ def _base_vocabulary(tokenizer: PreTrainedTokenizerBase) -> dict[str, int]:
     return {token: i for token, i in tokenizer.get_vocab().items() if i < tokenizer.vocab_size}
 
 
+def _saved_tokenizer(model_path: str, what: str) -> PreTrainedTokenizerBase | None:
+    """The tokenizer saved with a model (a local directory with tokenizer files, or a hub name), or None."""
+    local = os.path.isdir(os.path.expanduser(model_path))
+    if local and not any(os.path.exists(os.path.join(os.path.expanduser(model_path), f)) for f in TOKENIZER_FILES):
+        return None
+    try:
+        return from_pretrained(AutoTokenizer.from_pretrained, model_path, what, "tokenizer")
+    except (OSError, ValueError, SourceError):
+        return None
+
+
+def check_same_chat_template(tokenizer: PreTrainedTokenizerBase, model_path: str, what: str) -> None:
+    """Refuse a reward model that was not trained on conversations rendered as the policy's are.
+
+    When the prompts are rendered with the policy tokenizer's chat template, the reward model reads
+    the policy's token ids as they are: the rendered conversation, generation prompt and markup
+    included. It scores them the way it was trained only if its own tokenizer (saved with it, as
+    every rlhf-lit export is) renders with the same template. A model saved without a tokenizer
+    cannot be checked and passes.
+
+    Raises:
+        ValueError: the templates differ, or the reward model's tokenizer has none.
+    """
+    theirs = _saved_tokenizer(model_path, what)
+    if theirs is None or theirs.chat_template == tokenizer.chat_template:
+        return
+    how = "has no chat template" if not theirs.chat_template else "has a chat template other than the policy's"
+    raise ValueError(
+        f"{what} {model_path}: its tokenizer {how}, and the prompts are rendered with the policy's template: it "
+        "would score conversations rendered otherwise than it was trained on. Train it from the SFT export (same "
+        "tokenizer and template) on conversational pairs"
+    )
+
+
 def check_same_vocabulary(tokenizer: PreTrainedTokenizerBase, model_path: str, what: str, model_vocab: int) -> None:
     """Refuse a model (reward model, value model) that does not read the run's token ids as its own.
 
@@ -93,13 +127,7 @@ def check_same_vocabulary(tokenizer: PreTrainedTokenizerBase, model_path: str, w
     Raises:
         ValueError: the vocabularies differ, naming both sizes.
     """
-    local = os.path.isdir(os.path.expanduser(model_path))
-    theirs = None
-    if not local or any(os.path.exists(os.path.join(os.path.expanduser(model_path), f)) for f in TOKENIZER_FILES):
-        try:
-            theirs = from_pretrained(AutoTokenizer.from_pretrained, model_path, what, "tokenizer")
-        except (OSError, ValueError, SourceError):
-            theirs = None
+    theirs = _saved_tokenizer(model_path, what)
     if theirs is not None:
         if _base_vocabulary(theirs) == _base_vocabulary(tokenizer):
             return

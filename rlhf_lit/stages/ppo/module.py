@@ -43,7 +43,7 @@ from rlhf_lit.stages.ppo.ranks import sum_over_ranks
 from rlhf_lit.stages.ppo.seeding import stream_generator
 from rlhf_lit.stages.ppo.update import cycle, rank_token_weight, train_on_rollout
 from rlhf_lit.stages.resume import RUN_FACTS, check_module_resume, run_facts
-from rlhf_lit.tokenizer import MissingPad, check_same_vocabulary, load_tokenizer
+from rlhf_lit.tokenizer import MissingPad, check_same_chat_template, check_same_vocabulary, load_tokenizer
 
 SAFE_ON_RESUME = ("max_rollouts", "judge", "export_dir", "export_existing", "max_skipped_updates")
 """Settings a resume may change: how far the run goes, what is logged beside it, where it exports."""
@@ -304,6 +304,10 @@ class PPOModule(StageModule):
             check_rollout_rows(batch_size * self.sampling.samples_per_prompt, self.ppo, self.sampling.samples_per_prompt)
         if self.ppo.ptx_coef > 0 and not hasattr(self.trainer.datamodule, "ptx_dataloader"):
             raise ValueError("ppo.ptx_coef > 0 needs a data module with ptx_dataloader() (SFT-style batches)")
+        rm = self.hparams.reward_model
+        if getattr(self.trainer.datamodule, "chat_rendered", False) and self.reward_cfg.uses_reward_model and rm:
+            # The RM reads the rendered conversation's ids as they are: it must have learned that rendering.
+            check_same_chat_template(self.tokenizer, member_paths(rm)[0] if is_reward_ensemble(rm) else rm, "reward_model")
 
     def stream_generator(self, stream: int) -> torch.Generator:
         """A generator for (seed, rank, rollout, stream) (:mod:`~rlhf_lit.stages.ppo.seeding`)."""
