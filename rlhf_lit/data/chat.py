@@ -201,10 +201,10 @@ def _truncate(
     prompt = truncate_prompt(ids[:first], prefix, max_prompt_length, counts)
     ids = prompt + ids[first:]
     trained = [False] * len(prompt) + trained[first:]
-    if len(ids) > max_length:
-        if counts is not None:
-            counts["conversation"] += 1
-        ids, trained = ids[:max_length], trained[:max_length]
+    cut = len(ids) > max_length
+    ids, trained = ids[:max_length], trained[:max_length]
     if not any(trained):
-        return None
+        return None  # a dropped example is counted by the caller, not as a cut (as encode_sft does)
+    if cut and counts is not None:
+        counts["conversation"] += 1
     return {"input_ids": ids, "labels": [t if keep else IGNORE_INDEX for t, keep in zip(ids, trained)]}
