@@ -76,7 +76,7 @@ def encode_conversations(
     convs = [[{"role": m["role"], "content": m["content"]} for m in c] for c in conversations]
     if not convs:
         return []
-    _require_offsets(tokenizer)
+    _require_chat_tokenizer(tokenizer)
     texts = [tokenizer.apply_chat_template(c, tokenize=False) for c in convs]
     enc = tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True, verbose=False)
     template_turns = _generation_turns(tokenizer, convs, enc["input_ids"])
@@ -97,7 +97,9 @@ def encode_conversations(
 
 
 # ------------------------------------------------------------------------- rule 1: the template's
-def _generation_turns(tokenizer: Any, convs: list[list[dict[str, str]]], ids: list[list[int]]) -> list[Turns | None] | None:
+def _generation_turns(
+    tokenizer: Any, convs: list[list[dict[str, str]]], ids: list[list[int]]
+) -> list[Turns | None] | None:
     """The trained positions per assistant turn from transformers' ``assistant_masks``, per
     conversation; None for all when the template has no generation block, None for one
     conversation whose mask cannot be used as it is (it then takes the prefix rule)."""
@@ -147,19 +149,19 @@ def _prefix_turns(
     found: Turns = []
     for i in indices:
         start, end = _assistant_span(tokenizer, conv, text, i)
-        # Overlap of [s, e) with [start, end); a zero-width token counts as one character wide.
-        found.append([p for p, (s, e) in enumerate(offsets) if s < end and max(e, s + 1) > start])
+        # Tokens whose characters [s, e) overlap the turn's [start, end): a token straddling the
+        # start (e.g. '▁He' when the header ends with a space) carries the response's first
+        # characters and is trained.
+        found.append([p for p, (s, e) in enumerate(offsets) if s < end and e > start])
     return found
 
 
 def _assistant_span(tokenizer: Any, conv: list[dict[str, str]], text: str, i: int) -> tuple[int, int]:
     """The characters of ``text`` (the whole conversation rendered) that assistant message ``i``
     adds after the generation prompt, trailing whitespace excluded."""
-    name = getattr(tokenizer, "name_or_path", None) or type(tokenizer).__name__
-
     def cannot_split(why: str) -> ValueError:
         return ValueError(
-            f"the chat template of tokenizer {name!r} cannot be split into turns: {why}; the "
+            f"the chat template of tokenizer {_name(tokenizer)!r} cannot be split into turns: {why}; the "
             "assistant's tokens are found by rendering the conversation up to each assistant "
             "message, so use a template that renders turns as continuations, or one that marks "
             "the assistant's text with {% generation %} blocks"
@@ -179,14 +181,24 @@ def _assistant_span(tokenizer: Any, conv: list[dict[str, str]], text: str, i: in
     return len(before), len(upto.rstrip())
 
 
-def _require_offsets(tokenizer: Any) -> None:
-    """Both rules read character offsets, which only fast (Rust) tokenizers give."""
-    if not getattr(tokenizer, "is_fast", False):
-        name = getattr(tokenizer, "name_or_path", None) or type(tokenizer).__name__
+def _require_chat_tokenizer(tokenizer: Any) -> None:
+    """A chat template to render with, and character offsets (only fast tokenizers give them),
+    which both rules read."""
+    if not getattr(tokenizer, "chat_template", None):
         raise ValueError(
-            f"tokenizer {name!r} is not a fast tokenizer: multi-turn SFT finds the assistant's "
-            "tokens from character offsets, which only fast tokenizers give"
+            f"the data is conversational but the tokenizer {_name(tokenizer)!r} has no chat "
+            "template; conversations are rendered with the tokenizer's own template, so use a "
+            "tokenizer that has one"
         )
+    if not getattr(tokenizer, "is_fast", False):
+        raise ValueError(
+            f"tokenizer {_name(tokenizer)!r} is not a fast tokenizer: multi-turn SFT finds the "
+            "assistant's tokens from character offsets, which only fast tokenizers give"
+        )
+
+
+def _name(tokenizer: Any) -> str:
+    return getattr(tokenizer, "name_or_path", None) or type(tokenizer).__name__
 
 
 # ------------------------------------------------------------------------------- truncation

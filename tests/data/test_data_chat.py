@@ -135,6 +135,20 @@ def test_prefix_rule_gives_the_generation_mask_on_the_chat_template(prefix_tok):
     assert trained_positions(item) == FIRST_TURN + LAST_TURN
 
 
+def test_prefix_rule_trains_a_token_straddling_the_start_of_the_turn(chat_tok):
+    # The same rendering, but the header is 'Assistant: ' (trailing space) and the turn adds
+    # 'Hello.</s>' (characters 40-50) and 'Bye.</s>' (74-82): '▁He' (39-42) and '▁B' (73-75) hold
+    # the header's space and the response's first letters; they are trained.
+    template = chat_tok.chat_template.replace(
+        "{{ 'Assistant:' }}{% generation %}{{ ' ' + message['content'] + eos_token }}{% endgeneration %}",
+        "{{ 'Assistant: ' + message['content'] + eos_token }}",
+    ).replace("{{ 'Assistant:' }}{% endif %}", "{{ 'Assistant: ' }}{% endif %}")
+    assert "{% generation %}" not in template and template.count("'Assistant: '") == 2
+    [item] = encode(load_chat_tok(template), [CONV])
+    assert item["input_ids"] == IDS
+    assert trained_positions(item) == FIRST_TURN + LAST_TURN
+
+
 def test_prefix_rule_trains_the_end_marker_and_not_the_trailing_newline():
     tok = load_chat_tok(END_MARKER_TEMPLATE)
     [item] = encode(tok, [CONV])
@@ -253,3 +267,28 @@ def test_conversation_opening_with_the_assistant_needs_the_template_mask(chat_to
     assert trained_positions(item) == [10, 11, 12, 13, 14]
     with pytest.raises(ValueError, match="starts with an assistant message"):
         encode(prefix_tok, [conv])
+
+
+def test_template_that_renders_a_turn_differently_when_it_is_not_the_last_is_refused():
+    # ' [done]' closes the conversation: messages[:3] end with it, the whole conversation does not
+    # have it there, so the first turn's characters cannot be placed in the whole rendering.
+    closing = (
+        "{% for m in messages %}{{ m['role'] + ': ' + m['content'] + '\\n' }}{% endfor %}"
+        "{% if add_generation_prompt %}{{ 'assistant: ' }}{% else %}{{ ' [done]' }}{% endif %}"
+    )
+    with pytest.raises(ValueError, match=r"whole conversation does not start with the rendering of messages\[:3\]"):
+        encode(load_chat_tok(closing), [CONV])
+
+
+def test_tokenizer_without_chat_template_is_refused():
+    tok = load_chat_tok()
+    tok.chat_template = None
+    with pytest.raises(ValueError, match="conversational but the tokenizer .*stories260K-chat' has no chat template"):
+        encode(tok, [CONV])
+
+
+def test_tokenizer_without_character_offsets_is_refused(monkeypatch):
+    tok = load_chat_tok()
+    monkeypatch.setattr(type(tok), "is_fast", property(lambda self: False))  # as a Python tokenizer
+    with pytest.raises(ValueError, match="stories260K-chat' is not a fast tokenizer: .*character offsets"):
+        encode(tok, [CONV])
