@@ -9,7 +9,9 @@ the assistant's turns, found in one of two ways:
    ``{% generation %} ... {% endgeneration %}`` blocks, the trained tokens are transformers'
    ``assistant_masks`` (``return_assistant_tokens_mask=True``): every token that holds a character
    written inside a block. Whatever the template puts inside the block (the end-of-turn token,
-   e.g. ``</s>``) is trained, what it puts outside (role headers, newlines) is not.
+   e.g. ``</s>``) is trained, what it puts outside (role headers, newlines) is not. A
+   conversation whose mask cannot be used as it is (transformers tokenized other ids, or the mask
+   does not hold one run of tokens per assistant message) takes rule 2.
 2. The rendering-by-prefix rule, for templates without generation blocks. For assistant message
    ``i`` the template renders ``messages[:i]`` with ``add_generation_prompt=True`` (the context
    and the assistant header) and ``messages[:i + 1]``; the second must start with the first, and
