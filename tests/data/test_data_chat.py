@@ -1,0 +1,255 @@
+"""Multi-turn SFT (rlhf_lit.data.chat): which tokens of a conversation are trained, and truncation.
+
+The expected tokens and trained positions are written out by hand from the rendered strings and
+their tokens (listed in the comments), never computed with the function under test.
+"""
+
+from collections import Counter
+
+import pytest
+from data_assets import ASSETS
+from transformers import AutoTokenizer
+
+from rlhf_lit.data import chat
+from rlhf_lit.data.chat import encode_conversations
+from rlhf_lit.data.encoding import TextEncoder
+
+CHAT_MODEL = ASSETS / "models" / "stories260K-chat"
+
+CONV = [
+    {"role": "system", "content": "Be kind."},
+    {"role": "user", "content": "Hi"},
+    {"role": "assistant", "content": "Hello."},
+    {"role": "user", "content": "More?"},
+    {"role": "assistant", "content": "Bye."},
+]
+
+# stories260K-chat renders CONV as
+#   '<s>System: Be kind.\nUser: Hi\nAssistant: Hello.</s>\nUser: More?\nAssistant: Bye.</s>\n'
+# with ' ' + content + '</s>' of each assistant turn inside the template's generation block.
+# Its 60 tokens (sentencepiece writes a '▁' after '</s>', at the offsets of the '\n' that follows):
+TOKENS = [
+    "<s>", "▁S", "y", "st", "e", "m", ":", "▁B", "e", "▁k", "i", "nd", ".", "<0x0A>",  # 0-13
+    "U", "s", "er", ":", "▁H", "i", "<0x0A>",  # 14-20
+    "A", "s", "s", "is", "t", "an", "t", ":",  # 21-28
+    "▁He", "ll", "o", ".", "</s>",  # 29-33: ' Hello.</s>', trained
+    "▁", "<0x0A>",  # 34-35
+    "U", "s", "er", ":", "▁M", "o", "re", "?", "<0x0A>",  # 36-44
+    "A", "s", "s", "is", "t", "an", "t", ":",  # 45-52
+    "▁B", "y", "e", ".", "</s>",  # 53-57: ' Bye.</s>', trained
+    "▁", "<0x0A>",  # 58-59
+]
+IDS = [
+    1, 301, 422, 356, 411, 423, 467, 368, 411, 409, 417, 264, 426, 13,
+    471, 419, 285, 467, 320, 417, 13,
+    447, 419, 419, 293, 413, 303, 413, 467,
+    346, 306, 414, 426, 2,
+    410, 13,
+    471, 419, 285, 467, 392, 414, 276, 450, 13,
+    447, 419, 419, 293, 413, 303, 413, 467,
+    368, 422, 411, 426, 2,
+    410, 13,
+]
+FIRST_TURN = [29, 30, 31, 32, 33]
+LAST_TURN = [53, 54, 55, 56, 57]
+
+# A template without generation blocks that writes ' [end]' after the assistant's content and a
+# newline after every message. It renders CONV as
+#   '<|system|>\nBe kind.\n<|user|>\nHi\n<|assistant|>\nHello. [end]\n<|user|>\nMore?\n<|assistant|>\nBye. [end]\n'
+# The generation prompt '<|assistant|>\n' ends at character 46 (first turn) and 88 (second turn);
+# the turns add 'Hello. [end]' (characters 46-58) and 'Bye. [end]' (88-98), each before a '\n'.
+END_MARKER_TEMPLATE = (
+    "{% for m in messages %}{{ '<|' + m['role'] + '|>\\n' + m['content'] }}"
+    "{% if m['role'] == 'assistant' %}{{ ' [end]' }}{% endif %}{{ '\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}"
+)
+END_MARKER_TOKENS = [
+    "▁", "<", "|", "s", "y", "st", "e", "m", "|", ">", "<0x0A>",  # 0-10
+    "B", "e", "▁k", "i", "nd", ".", "<0x0A>",  # 11-17
+    "<", "|", "u", "s", "er", "|", ">", "<0x0A>", "H", "i", "<0x0A>",  # 18-28
+    "<", "|", "a", "s", "s", "is", "t", "an", "t", "|", ">", "<0x0A>",  # 29-40
+    "H", "e", "ll", "o", ".", "▁", "[", "end", "]",  # 41-49: 'Hello. [end]', trained
+    "<0x0A>",  # 50: the trailing newline, not trained
+    "<", "|", "u", "s", "er", "|", ">", "<0x0A>", "M", "o", "re", "?", "<0x0A>",  # 51-63
+    "<", "|", "a", "s", "s", "is", "t", "an", "t", "|", ">", "<0x0A>",  # 64-75
+    "B", "y", "e", ".", "▁", "[", "end", "]",  # 76-83: 'Bye. [end]', trained
+    "<0x0A>",  # 84
+]
+
+
+def load_chat_tok(chat_template=None):
+    """A fresh stories260K-chat tokenizer, with another chat template when given."""
+    tok = AutoTokenizer.from_pretrained(str(CHAT_MODEL))
+    if chat_template is not None:
+        tok.chat_template = chat_template
+    return tok
+
+
+@pytest.fixture(scope="module")
+def chat_tok():
+    return load_chat_tok()
+
+
+@pytest.fixture(scope="module")
+def prefix_tok(chat_tok):
+    """The chat model's template with its generation block removed: the prefix rule decides."""
+    template = chat_tok.chat_template
+    assert "{% generation %}" in template and "{% endgeneration %}" in template
+    return load_chat_tok(template.replace("{% generation %}", "").replace("{% endgeneration %}", ""))
+
+
+def encode(tok, convs, turns="all", max_prompt_length=100, max_length=100, counts=None, **encoder_kw):
+    return encode_conversations(
+        TextEncoder(tok, **encoder_kw), convs, turns=turns, max_prompt_length=max_prompt_length,
+        max_length=max_length, counts=counts,
+    )
+
+
+def trained_positions(item):
+    return [p for p, label in enumerate(item["labels"]) if label != -100]
+
+
+def labels_at(ids, positions):
+    return [t if p in positions else -100 for p, t in enumerate(ids)]
+
+
+def test_generation_block_mask_by_hand(chat_tok, monkeypatch):
+    # The template's own mask decides: the prefix rule must not even run.
+    monkeypatch.setattr(chat, "_prefix_turns", lambda *a: pytest.fail("prefix rule used"))
+    counts = Counter()
+    [item] = encode(chat_tok, [CONV], counts=counts)
+    assert chat_tok.convert_ids_to_tokens(item["input_ids"]) == TOKENS
+    assert item["input_ids"] == IDS
+    assert trained_positions(item) == FIRST_TURN + LAST_TURN
+    assert item["labels"] == labels_at(IDS, FIRST_TURN + LAST_TURN)
+    assert counts == Counter()
+
+
+def test_prefix_rule_gives_the_generation_mask_on_the_chat_template(prefix_tok):
+    # The span a turn adds is ' Hello.</s>\n' minus the trailing '\n': the same tokens as the
+    # generation block ' ' + content + '</s>'; the '▁' after '</s>' sits on the '\n' (50-51), so it
+    # is outside the span as well.
+    assert not chat.GENERATION_BLOCK.search(prefix_tok.chat_template)
+    [item] = encode(prefix_tok, [CONV])
+    assert item["input_ids"] == IDS
+    assert trained_positions(item) == FIRST_TURN + LAST_TURN
+
+
+def test_prefix_rule_trains_the_end_marker_and_not_the_trailing_newline():
+    tok = load_chat_tok(END_MARKER_TEMPLATE)
+    [item] = encode(tok, [CONV])
+    assert tok.convert_ids_to_tokens(item["input_ids"]) == END_MARKER_TOKENS
+    trained = [41, 42, 43, 44, 45, 46, 47, 48, 49, 76, 77, 78, 79, 80, 81, 82, 83]
+    assert trained_positions(item) == trained
+    assert item["labels"] == labels_at(item["input_ids"], trained)
+
+
+@pytest.mark.parametrize("path", ["generation", "prefix"])
+def test_last_turn_only(chat_tok, prefix_tok, path):
+    [item] = encode(chat_tok if path == "generation" else prefix_tok, [CONV], turns="last")
+    assert item["input_ids"] == IDS
+    assert trained_positions(item) == LAST_TURN
+
+
+def test_last_turn_only_with_the_end_marker():
+    [item] = encode(load_chat_tok(END_MARKER_TEMPLATE), [CONV], turns="last")
+    assert trained_positions(item) == [76, 77, 78, 79, 80, 81, 82, 83]
+
+
+@pytest.mark.parametrize("broken", ["other ids", "one run for two turns"])
+def test_unusable_template_mask_falls_back_to_the_prefix_rule(monkeypatch, broken):
+    tok = load_chat_tok()
+    original = tok.apply_chat_template
+
+    def wrong_mask(conversation, **kw):
+        out = original(conversation, **kw)
+        if kw.get("return_assistant_tokens_mask"):
+            if broken == "other ids":  # transformers tokenized differently: its mask is shifted
+                out["input_ids"] = [[0] + ids for ids in out["input_ids"]]
+                out["assistant_masks"] = [[0] + m for m in out["assistant_masks"]]
+            else:  # one run from the first trained token to the end
+                out["assistant_masks"] = [[int(p >= m.index(1)) for p in range(len(m))] for m in out["assistant_masks"]]
+        return out
+
+    monkeypatch.setattr(tok, "apply_chat_template", wrong_mask)
+    [item] = encode(tok, [CONV])
+    assert item["input_ids"] == IDS
+    assert trained_positions(item) == FIRST_TURN + LAST_TURN
+
+
+def test_prompt_cut_from_the_left_specials_kept(chat_tok):
+    # The prompt is tokens 0-28 (before ' Hello'); 5 tokens: the encoder's '<s>' + tokens 25-28.
+    counts = Counter()
+    [item] = encode(chat_tok, [CONV], max_prompt_length=5, counts=counts)
+    assert item["input_ids"] == [1, 413, 303, 413, 467] + IDS[29:]
+    assert trained_positions(item) == [5, 6, 7, 8, 9, 29, 30, 31, 32, 33]
+    assert counts == Counter(prompt=1)
+
+
+def test_prompt_cut_from_the_left_without_specials(chat_tok):
+    # With the chat-template encoder nothing is kept in front: the last 5 prompt tokens, 24-28.
+    counts = Counter()
+    [item] = encode(chat_tok, [CONV], max_prompt_length=5, counts=counts, apply_chat_template=True)
+    assert item["input_ids"] == [293, 413, 303, 413, 467] + IDS[29:]
+    assert trained_positions(item) == [5, 6, 7, 8, 9, 29, 30, 31, 32, 33]
+    assert counts == Counter(prompt=1)
+
+
+def test_conversation_cut_at_the_right(chat_tok):
+    # 56 tokens keep ' B', 'y', 'e' of the last turn; '.', '</s>' and the newline are cut.
+    counts = Counter()
+    [item] = encode(chat_tok, [CONV], max_length=56, counts=counts)
+    assert item["input_ids"] == IDS[:56]
+    assert trained_positions(item) == FIRST_TURN + [53, 54, 55]
+    assert counts == Counter(conversation=1)
+
+
+def test_both_cuts(chat_tok):
+    counts = Counter()
+    [item] = encode(chat_tok, [CONV], max_prompt_length=5, max_length=8, counts=counts)
+    assert item["input_ids"] == [1, 413, 303, 413, 467, 346, 306, 414]
+    assert item["labels"] == [-100, -100, -100, -100, -100, 346, 306, 414]
+    assert counts == Counter(prompt=1, conversation=1)
+
+
+def test_example_whose_trained_tokens_are_all_cut_is_dropped(chat_tok):
+    short = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Bye."}]
+    # 'all': the first turn starts at 29, so max_length=40 keeps it. 'last': the prompt runs to
+    # token 52 and 40 tokens keep nothing of the last turn: CONV is dropped, `short` stays.
+    counts = Counter()
+    items = encode(chat_tok, [CONV, short], turns="last", max_length=40, counts=counts)
+    # `short`: '<s>User: Hi\nAssistant: Bye.</s>\n' ('▁U' is not in the vocabulary: '▁', 'U')
+    assert [chat_tok.convert_ids_to_tokens(i["input_ids"]) for i in items] == [
+        ["<s>", "▁", "U", "s", "er", ":", "▁H", "i", "<0x0A>", "A", "s", "s", "is", "t", "an", "t", ":",
+         "▁B", "y", "e", ".", "</s>", "▁", "<0x0A>"]
+    ]
+    assert trained_positions(items[0]) == [17, 18, 19, 20, 21]
+    assert counts == Counter()  # a dropped example is not counted as a cut
+    [kept] = encode(chat_tok, [CONV], turns="all", max_length=40)
+    assert trained_positions(kept) == FIRST_TURN
+    assert encode(chat_tok, [CONV], max_prompt_length=5, max_length=5, counts=counts) == []
+    assert counts == Counter(prompt=1)
+
+
+def test_template_that_does_not_continue_the_generation_prompt_is_refused():
+    bot = (
+        "{% for m in messages %}{% if m['role'] == 'assistant' %}{{ 'Bot: ' + m['content'] + '\\n' }}"
+        "{% else %}{{ 'User: ' + m['content'] + '\\n' }}{% endif %}{% endfor %}"
+        "{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}"
+    )
+    with pytest.raises(ValueError) as e:
+        encode(load_chat_tok(bot), [CONV])
+    message = str(e.value)
+    assert "stories260K-chat" in message
+    assert "cannot be split into turns" in message
+    assert "messages[:3]" in message and "add_generation_prompt=True" in message
+
+
+def test_conversation_opening_with_the_assistant_needs_the_template_mask(chat_tok, prefix_tok):
+    conv = [{"role": "assistant", "content": "Hello."}]
+    # '<s>Assistant: Hello.</s>\n' is '<s>', '▁', 'A', 's', 's', 'is', 't', 'an', 't', ':', then the
+    # generation block ' Hello.</s>' as tokens 10-14 ('▁He', 'll', 'o', '.', '</s>').
+    [item] = encode(chat_tok, [conv])
+    assert trained_positions(item) == [10, 11, 12, 13, 14]
+    with pytest.raises(ValueError, match="starts with an assistant message"):
+        encode(prefix_tok, [conv])
