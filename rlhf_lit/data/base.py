@@ -22,8 +22,9 @@ from torch.utils.data import DataLoader
 
 from rlhf_lit.data.adapters import AUTO, AdapterOptions, Example, Fields, Kind, adapt, check_fields, check_format
 from rlhf_lit.data.collate import require_pad_id
+from rlhf_lit.data.chat import AssistantTurns, encode_conversations
 from rlhf_lit.data.detect import resolve_format
-from rlhf_lit.data.encoding import TextEncoder, require_tokenizer
+from rlhf_lit.data.encoding import TextEncoder, encode_sft, require_tokenizer
 from rlhf_lit.data.records import is_text_file, read_rows
 from rlhf_lit.data.sampler import ResumableSampler, ShuffleOrder
 from rlhf_lit.data.splits import split_by_fraction
@@ -59,6 +60,26 @@ def check_sft_source(
             raise ValueError(f"{name}_max_records must be >= 1 or None, got {max_records}")
         if path is None:
             raise ValueError(f"{name}_max_records={max_records} is set but {name}_path is not")
+
+
+def encode_demonstrations(
+    encoder: TextEncoder, examples: list[Example], *, turns: AssistantTurns, max_prompt_length: int,
+    max_length: int, counts: Counter | None = None,
+) -> list[dict[str, list[int]]]:
+    """SFT items ``{"input_ids", "labels"}`` of one source's SFT examples: whole conversations
+    (``messages``) with the loss on their assistant turns (``turns``:
+    :func:`~rlhf_lit.data.chat.encode_conversations`), else prompt + response pairs
+    (:func:`~rlhf_lit.data.encoding.encode_sft`). Shared by SFT data, the reward-normalisation
+    reference set and the PPO-ptx source. A source has one format, so its examples are all of one kind."""
+    if examples and examples[0].messages is not None:
+        return encode_conversations(
+            encoder, [e.messages or () for e in examples], turns=turns, max_prompt_length=max_prompt_length,
+            max_length=max_length, counts=counts,
+        )  # fmt: skip
+    return encode_sft(
+        encoder, [e.prompt for e in examples], [e.response or "" for e in examples],
+        max_prompt_length=max_prompt_length, max_length=max_length, counts=counts,
+    )  # fmt: skip
 
 
 class PositionedLoader(DataLoader):

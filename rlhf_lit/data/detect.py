@@ -7,12 +7,12 @@ by default the names shown):
 first record has                              format                examples it gives
 ============================================  ====================  ======================
 ``messages``                                  ``messages``          SFT, prompts
-``responses``                                 ``rankings``          preference, prompts
 ``chosen`` + ``rejected`` + ``prompt``        ``fields``            preference, prompts
 ``chosen`` + ``rejected``, chosen a string    ``hh_rlhf``           preference, prompts
 starting ``\\n\\nHuman:`` or holding
 ``\\n\\nAssistant:``
 ``chosen`` + ``rejected``, otherwise          ``implicit_prompt``   preference, prompts
+``responses``                                 ``rankings``          preference, prompts
 ``prompt`` + ``completion``                   ``prompt_completion`` SFT, prompts
 ``prompt`` + ``response``                     ``fields``            SFT, prompts
 ``instruction`` + ``output``                  ``alpaca``            SFT, prompts
@@ -22,7 +22,8 @@ starting ``\\n\\nHuman:`` or holding
 ``prompt``                                    ``fields``            prompts
 ============================================  ====================  ======================
 
-A plain-text source (``.txt``) is read as ``paragraphs``. Pairs and rankings give no SFT examples
+A record with both pairs and ``responses`` is read as pairs (``fields`` was the default before
+``auto``). A plain-text source (``.txt``) is read as ``paragraphs``. Pairs and rankings give no SFT examples
 under ``auto`` (as TRL's SFT reads none): set ``format`` to train on their prompt and chosen
 response. One INFO line names the source, the format picked and the keys seen; a record that
 matches no rule, or matches one that gives no examples of the kind needed, is one ``ValueError``
@@ -50,14 +51,14 @@ def _match(data: dict, f: Fields, kind: Kind) -> tuple[str, tuple[Kind, ...]] | 
     has = data.__contains__
     if has(f.messages):
         return "messages", SFT_KINDS
-    if has(f.responses):
-        return "rankings", PAIR_KINDS
-    if has(f.chosen) and has(f.rejected):
+    if has(f.chosen) and has(f.rejected):  # before responses: pairs were the default before auto
         if has(f.prompt):
             return "fields", PAIR_KINDS
         chosen = data[f.chosen]
         hh = isinstance(chosen, str) and (chosen.startswith(HH_HUMAN) or HH_ASSISTANT in chosen)
         return ("hh_rlhf" if hh else "implicit_prompt"), PAIR_KINDS
+    if has(f.responses):
+        return "rankings", PAIR_KINDS
     if has(f.prompt) and has(f.completion):
         return "prompt_completion", SFT_KINDS
     if has(f.prompt) and has(f.response):
