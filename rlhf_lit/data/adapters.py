@@ -252,7 +252,7 @@ def conversational(example: Example) -> Example:
 
 
 def _an(role: str) -> str:
-    return f"an {role}" if role[0] in "aeiou" else f"a {role}"
+    return "an assistant" if role == "assistant" else f"a {role}"
 
 
 def get_prompt(row: Row, field: str) -> TextOrConversation:

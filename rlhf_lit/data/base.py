@@ -72,6 +72,7 @@ def encode_demonstrations(
     (:func:`~rlhf_lit.data.encoding.encode_sft`). Shared by SFT data, the reward-normalisation
     reference set and the PPO-ptx source. A source has one format, so its examples are all of one kind."""
     if examples and examples[0].messages is not None:
+        encoder.require_chat_template()
         return encode_conversations(
             encoder, [e.messages or () for e in examples], turns=turns, max_prompt_length=max_prompt_length,
             max_length=max_length, counts=counts,

@@ -73,11 +73,12 @@ def _match(data: dict, f: Fields, kind: Kind) -> tuple[str, tuple[Kind, ...]] | 
 
 
 def _hint(format: str, kinds: tuple[Kind, ...], kind: Kind, f: Fields, readers: str) -> str:
-    """What to do about a record that ``auto`` reads as no ``kind`` examples."""
-    if format == "fields" and kind == "sft" and kinds == PAIR_KINDS:
-        return f"set format: fields and fields.response: {f.chosen} to train on the chosen responses"
-    if kind in ADAPTERS[format][1] and kinds != ("prompt",):
-        return f"set format: {format} to read it as {kind} examples anyway"
+    """What to do about a record that ``auto`` reads as no ``kind`` examples: pairs and rankings
+    give SFT examples when their format is set; other shapes need other data."""
+    if kind == "sft" and kinds == PAIR_KINDS:
+        if format == "fields":
+            return f"set format: fields and fields.response: {f.chosen} to train on the chosen responses"
+        return f"set format: {format} to train on the prompt and the chosen (best) response"
     return f"{kind} data needs one of the formats {readers}"
 
 

@@ -89,14 +89,18 @@ class TextEncoder:
         return int(eos)
 
     # ------------------------------------------------------------------------------- rendering
-    def _chat(self, messages: Conversation, *, add_generation_prompt: bool = False) -> str:
-        """``messages`` rendered by the tokenizer's chat template; an error when it has none."""
+    def require_chat_template(self) -> None:
+        """Raise the one error for conversational data on a tokenizer without a chat template."""
         if not getattr(self.tokenizer, "chat_template", None):
             name = getattr(self.tokenizer, "name_or_path", type(self.tokenizer).__name__)
             raise ValueError(
                 f"the data is conversational (lists of messages) but the tokenizer {name!r} has no chat template "
                 "to render them; use a tokenizer that has one, or data with string prompts and responses"
             )
+
+    def _chat(self, messages: Conversation, *, add_generation_prompt: bool = False) -> str:
+        """``messages`` rendered by the tokenizer's chat template; an error when it has none."""
+        self.require_chat_template()
         return self.tokenizer.apply_chat_template(
             list(messages), tokenize=False, add_generation_prompt=add_generation_prompt
         )
