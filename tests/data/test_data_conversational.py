@@ -272,3 +272,13 @@ def test_no_chat_template_is_one_error(stories_tok, tmp_path):
         with pytest.raises(ValueError) as e:
             module(tokenizer=stories_tok, train_path=write_jsonl(tmp_path / "d.jsonl", [record])).setup()
         assert str(e.value) == message
+
+
+def test_no_specials_are_put_before_a_prompt_the_template_rendered(tmp_path):
+    tok = AutoTokenizer.from_pretrained(str(CHAT_MODEL))
+    tok.chat_template = tok.chat_template.replace("{{ bos_token }}", "")  # a template that writes no BOS
+    path = write_jsonl(tmp_path / "d.jsonl", [{"prompt": [user("Hi")]}, {"prompt": "Hi"}])
+    dm = PromptDataModule(tokenizer=tok, train_path=path, format="fields")
+    dm.setup()
+    # the conversation: as the template writes it; the string: BOS in front, as always
+    assert [x["input_ids"] for x in dm.train_dataset] == [ids(tok, "User: Hi\nAssistant:"), [1] + ids(tok, "Hi")]
