@@ -37,14 +37,17 @@ of each source: :mod:`rlhf_lit.data.detect`):
   first ``prompt_words`` words (original spacing kept), the response the rest starting with the
   whitespace that follows. Paragraphs with at most ``prompt_words`` words are skipped and counted.
 - ``"rankings"``: ``{"prompt", "responses": [best, ..., worst]}`` (column names from
-  :class:`Fields`), K >= 2 distinct non-empty strings per record, optionally with ties in a
-  ``ranks`` column (:func:`read_ranking`). Preference examples carry every response and its rank;
+  :class:`Fields`), K >= 2 distinct non-empty responses per record (strings or conversations;
+  the prompt may be a conversation too), optionally with ties in a ``ranks`` column
+  (:func:`read_ranking`). Preference examples carry every response and its rank;
   SFT examples are the prompt and the first best response; prompts are the prompt.
 
-Conversations: when any prompt or response of an example is a conversation, its strings become
-messages too (a string prompt one user message, a string response one assistant message), so that
-every response of a pair or a ranking follows one rendering of the prompt. A conversational pair
-whose chosen and rejected are then equal is refused (string pairs are read as they always were).
+Conversations: a conversational prompt must end on the user's turn and a conversational response
+start with the assistant's message. When any prompt or response of an example is a conversation,
+its strings become messages too (a string prompt one user message, a string response one
+assistant message), so that every response of a pair or a ranking follows one rendering of the
+prompt. A conversational pair whose chosen and rejected are then equal is refused (string pairs
+are read as they always were).
 """
 
 from __future__ import annotations
