@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader
 from rlhf_lit.data.adapters import AUTO, AdapterOptions, Example, Fields, Kind, adapt, check_fields, check_format
 from rlhf_lit.data.collate import require_pad_id
 from rlhf_lit.data.chat import AssistantTurns, encode_conversations
+from rlhf_lit.data.conversation import is_conversation
 from rlhf_lit.data.detect import resolve_format
 from rlhf_lit.data.encoding import TextEncoder, encode_sft, require_tokenizer
 from rlhf_lit.data.records import is_text_file, read_rows
@@ -160,6 +161,10 @@ class TextDataModule(L.LightningDataModule):
         self.pad_token_id: int | None = None  # from the tokenizer, in setup
         self.train_dataset: list[dict[str, Any]] | None = None
         self.val_dataset: list[dict[str, Any]] | None = None
+        self.chat_rendered = apply_chat_template
+        """Whether the prompts are rendered with the tokenizer's chat template: with
+        ``apply_chat_template``, and after ``setup`` when the training or validation prompts are
+        conversations (PPO then checks that the reward model's tokenizer has the same template)."""
         self.stats: dict[str, int] = {}
         """Counts from ``setup``: ``{split}_records``, ``{split}_examples``, ``{split}_dropped``
         for ``train``, ``val`` and a subclass's extra source (``reference``, ``ptx``)."""
@@ -243,6 +248,7 @@ class TextDataModule(L.LightningDataModule):
             val, _ = self._examples(self.val_path, format=self.format, kind=self.kind, max_records=self.max_records)
         elif self.val_fraction > 0:
             train, val = split_by_fraction(train, self.val_fraction, self.seed)
+        self.chat_rendered = self.apply_chat_template or any(is_conversation(e.prompt) for e in (*train, *val))
         train_items = self._encode_split(encoder, train, "train")
         val_items = self._encode_split(encoder, val, "val") if val else []
         self._setup_extra(encoder)

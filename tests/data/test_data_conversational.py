@@ -217,6 +217,7 @@ def test_conversational_prompts_end_with_the_generation_prompt(chat_tok, tmp_pat
         dm.setup()
         out.append(dm.train_dataset[0]["input_ids"])
     assert out == [ids(chat_tok, "<s>System: S\nUser: Hi\nAssistant:"), ids(chat_tok, "<s>User: Tell me a story\nAssistant:")]
+    assert dm.chat_rendered  # PPO checks the reward model's template then
     for prompt in out:
         # "\nAssistant:" as the tokenizer splits it, read off by hand
         assert chat_tok.convert_ids_to_tokens(prompt[-9:]) == ["<0x0A>", "A", "s", "s", "is", "t", "an", "t", ":"]
@@ -282,3 +283,11 @@ def test_no_specials_are_put_before_a_prompt_the_template_rendered(tmp_path):
     dm.setup()
     # the conversation: as the template writes it; the string: BOS in front, as always
     assert [x["input_ids"] for x in dm.train_dataset] == [ids(tok, "User: Hi\nAssistant:"), [1] + ids(tok, "Hi")]
+
+
+def test_string_prompts_are_not_chat_rendered_unless_asked(chat_tok, tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "Hi"}])
+    for apply_chat_template in (False, True):
+        dm = PromptDataModule(tokenizer=chat_tok, train_path=path, apply_chat_template=apply_chat_template)
+        dm.setup()
+        assert dm.chat_rendered is apply_chat_template
