@@ -8,7 +8,9 @@
   an optional second source of SFT batches for PPO-ptx.
 
 Sources are local files (.jsonl, .json, .txt paragraphs, optionally .gz) or hub dataset names;
-formats (``fields``, ``hh_rlhf``, ``alpaca``, ``paragraphs``, ``rankings``) are in :mod:`.adapters`.
+formats (``messages``, ``prompt_completion``, ``fields``, ``implicit_prompt``, ``text``,
+``hh_rlhf``, ``alpaca``, ``paragraphs``, ``rankings``) are in :mod:`.adapters`, ``auto`` (the
+default) in :mod:`.detect`, conversations in :mod:`.conversation`.
 """
 
 from rlhf_lit.data.adapters import ALPACA_PROMPT, ALPACA_PROMPT_NO_INPUT, Fields, Format

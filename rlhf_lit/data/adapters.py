@@ -6,9 +6,23 @@ an :class:`Example`, raises :class:`Skip` for a record the format filters out on
 and logged once per reason), or raises ``InvalidRecord`` for bad data (an error naming the file,
 line and field, unless ``skip_invalid`` is set).
 
-Formats:
+Formats (``"auto"``, the default of every data module, picks one of these from the first record
+of each source: :mod:`rlhf_lit.data.detect`):
 
-- ``"fields"``: generic records; column names from :class:`Fields`.
+- ``"fields"``: generic records; column names from :class:`Fields`. ``prompt``, ``response``,
+  ``chosen`` and ``rejected`` may each be a string or a conversation (a list of messages,
+  :mod:`rlhf_lit.data.conversation`).
+- ``"messages"``: ``{"messages": [...]}``, a whole conversation. SFT examples train its
+  assistant turns (it must end on one); prompts are the conversation without its last assistant
+  turn (what is left must end on a user turn). No preference examples.
+- ``"prompt_completion"``: ``{"prompt", "completion"}``, strings or conversations (the completion
+  then holds the assistant's message). SFT examples (loss on the completion) and prompts.
+- ``"implicit_prompt"``: ``{"chosen", "rejected"}`` only, the prompt being what both share at
+  their start: for conversations their longest shared run of whole messages (each rest must start
+  with an assistant message); for strings their longest common prefix, moved back to just after
+  its last whitespace so that no word is split. SFT examples are prompt + chosen.
+- ``"text"``: language modelling: SFT examples train the whole ``text`` column (the prompt is
+  empty: only the tokenizer's special prefix, e.g. BOS). No prompts (use ``paragraphs``).
 - ``"hh_rlhf"``: Anthropic HH-RLHF transcripts ``{"chosen", "rejected"}``, each a full
   ``\\n\\nHuman: ... \\n\\nAssistant: ...`` dialogue. Split at the LAST ``\\n\\nAssistant:``: the
   prompt is everything up to and including that marker, the response what follows it. For
@@ -23,9 +37,17 @@ Formats:
   first ``prompt_words`` words (original spacing kept), the response the rest starting with the
   whitespace that follows. Paragraphs with at most ``prompt_words`` words are skipped and counted.
 - ``"rankings"``: ``{"prompt", "responses": [best, ..., worst]}`` (column names from
-  :class:`Fields`), K >= 2 distinct non-empty strings per record, optionally with ties in a
-  ``ranks`` column (:func:`read_ranking`). Preference examples carry every response and its rank;
+  :class:`Fields`), K >= 2 distinct non-empty responses per record (strings or conversations;
+  the prompt may be a conversation too), optionally with ties in a ``ranks`` column
+  (:func:`read_ranking`). Preference examples carry every response and its rank;
   SFT examples are the prompt and the first best response; prompts are the prompt.
+
+Conversations: a conversational prompt must end on the user's turn and a conversational response
+start with the assistant's message. When any prompt or response of an example is a conversation,
+its strings become messages too (a string prompt one user message, a string response one
+assistant message), so that every response of a pair or a ranking follows one rendering of the
+prompt. A conversational pair whose chosen and rejected are then equal is refused (string pairs
+are read as they always were).
 """
 
 from __future__ import annotations
@@ -37,12 +59,30 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+from rlhf_lit.data.conversation import (
+    Conversation,
+    TextOrConversation,
+    as_prompt,
+    as_response,
+    get_conversation,
+    get_text_or_conversation,
+    is_conversation,
+    require_prompt_end,
+    require_response_start,
+    shared_turns,
+    shared_words,
+    text_or_conversation,
+)
 from rlhf_lit.data.records import InvalidRecord, Row, get_number, get_text
 
 log = logging.getLogger("rlhf_lit.data")
 
-Format = Literal["fields", "hh_rlhf", "alpaca", "paragraphs", "rankings"]
-"""The record formats known to the data modules."""
+Format = Literal[
+    "auto", "fields", "messages", "prompt_completion", "implicit_prompt", "text", "hh_rlhf", "alpaca", "paragraphs",
+    "rankings",
+]
+"""The record formats known to the data modules; ``auto`` detects one from a source's first record."""
+AUTO = "auto"
 Kind = Literal["sft", "preference", "prompt"]
 """The shape of example a data module needs."""
 
@@ -55,10 +95,12 @@ ALPACA_NO_INPUT = {"", "<noinput>"}
 @dataclass(frozen=True)
 class Fields:
     """Column names of the records. The ``fields`` format reads ``prompt`` with ``response``
-    (SFT), ``chosen``/``rejected`` (preference) or nothing else (prompts); ``hh_rlhf`` reads
-    ``chosen``/``rejected``; ``paragraphs`` reads ``text`` from JSON records; ``alpaca`` uses its
-    own fixed names (instruction, input, output, status); ``rankings`` reads ``prompt``,
-    ``responses`` and, when set, ``ranks``.
+    (SFT), ``chosen``/``rejected`` (preference) or nothing else (prompts); ``hh_rlhf`` and
+    ``implicit_prompt`` read ``chosen``/``rejected``; ``prompt_completion`` reads ``prompt`` and
+    ``completion``; ``messages`` reads ``messages``; ``paragraphs`` and ``text`` read ``text`` from
+    JSON records; ``alpaca`` uses its own fixed names (instruction, input, output, status);
+    ``rankings`` reads ``prompt``, ``responses`` and, when set, ``ranks``. Format ``auto`` looks
+    for these names in the first record.
 
     Args:
         prompt: column holding the prompt.
@@ -72,6 +114,8 @@ class Fields:
         responses: column holding the ranked responses, best first (``rankings`` format).
         ranks: optional column holding one int per response, lower = better, equal = tie
             (``rankings`` format); None: every response has its own rank, in list order.
+        completion: column holding the completion (``prompt_completion`` format).
+        messages: column holding a whole conversation (``messages`` format).
     """
 
     prompt: str = "prompt"
@@ -82,23 +126,29 @@ class Fields:
     text: str = "text"
     responses: str = "responses"
     ranks: str | None = None
+    completion: str = "completion"
+    messages: str = "messages"
 
 
 @dataclass(frozen=True)
 class Example:
-    """One text example. SFT sets ``response``; preference pairs set ``chosen``, ``rejected`` (and
-    ``margin`` when the data has one), rankings ``responses`` (best first) and their ``ranks``
-    (0 = best, dense, equal = tie); prompts set ``prompt`` only."""
+    """One example. SFT sets ``response``, or ``messages`` for a whole conversation whose assistant
+    turns are trained (then ``prompt`` is its turns before the first assistant message); preference
+    pairs set ``chosen``, ``rejected`` (and ``margin`` when the data has one), rankings
+    ``responses`` (best first) and their ``ranks`` (0 = best, dense, equal = tie); prompts set
+    ``prompt`` only. Prompts and responses are strings, or conversations rendered by the
+    tokenizer's chat template (all of an example's, or none: see the module docstring)."""
 
     where: str
-    prompt: str
-    response: str | None = None
-    chosen: str | None = None
-    rejected: str | None = None
+    prompt: TextOrConversation
+    response: TextOrConversation | None = None
+    chosen: TextOrConversation | None = None
+    rejected: TextOrConversation | None = None
     margin: float | None = None
-    responses: tuple[str, ...] | None = None
+    responses: tuple[TextOrConversation, ...] | None = None
     ranks: tuple[int, ...] | None = None
     extras: dict[str, Any] = field(default_factory=dict)
+    messages: Conversation | None = None
 
 
 class Skip(Exception):
@@ -186,21 +236,153 @@ def paragraphs(row: Row, kind: Kind, opt: AdapterOptions) -> Example:
     return Example(row.where, text[:cut], response=text[cut:])
 
 
+def conversational(example: Example) -> Example:
+    """``example`` with its strings as messages when any of its prompt and responses is a conversation
+    (a string prompt becomes one user message, a string response one assistant message), so that
+    its responses all follow one rendering of the prompt; else ``example`` itself."""
+    responses = [example.response, example.chosen, example.rejected, *(example.responses or ())]
+    if not any(is_conversation(x) for x in [example.prompt, *responses]):
+        return example
+
+    def response(x: TextOrConversation | None) -> Conversation | None:
+        return None if x is None else as_response(x)
+
+    return replace(
+        example, prompt=as_prompt(example.prompt), response=response(example.response),
+        chosen=response(example.chosen), rejected=response(example.rejected),
+        responses=None if example.responses is None else tuple(as_response(r) for r in example.responses),
+    )  # fmt: skip
+
+
+def _an(role: str) -> str:
+    return "an assistant" if role == "assistant" else f"a {role}"
+
+
+def get_prompt(row: Row, field: str) -> TextOrConversation:
+    """The prompt in ``row.data[field]``: a string, or a conversation ending on the user's turn."""
+    prompt = get_text_or_conversation(row, field)
+    if is_conversation(prompt):
+        require_prompt_end(row, field, prompt)  # type: ignore[arg-type]
+    return prompt
+
+
+def get_response(row: Row, field: str) -> TextOrConversation:
+    """A response in ``row.data[field]``: a string, or a conversation opening on the assistant's message."""
+    response = get_text_or_conversation(row, field)
+    if is_conversation(response):
+        require_response_start(row, field, response)  # type: ignore[arg-type]
+    return response
+
+
+def _pair(row: Row, f: Fields, prompt: TextOrConversation, chosen: TextOrConversation, rejected: TextOrConversation
+          ) -> Example:  # fmt: skip
+    """A preference example (with the margin when ``f.margin`` is set); a conversational pair must differ."""
+    margin = get_number(row, f.margin) if f.margin is not None else None
+    example = conversational(Example(row.where, prompt, chosen=chosen, rejected=rejected, margin=margin))
+    if is_conversation(example.prompt) and example.chosen == example.rejected:
+        raise InvalidRecord(f"{row.where}: fields {f.chosen!r} and {f.rejected!r} are the same; a pair must differ")
+    return example
+
+
 def fields(row: Row, kind: Kind, opt: AdapterOptions) -> Example:
     f = opt.fields
-    prompt = get_text(row, f.prompt)
+    prompt = get_prompt(row, f.prompt)
     if kind == "prompt":
         return Example(row.where, prompt)
     if kind == "sft":
-        return Example(row.where, prompt, response=get_text(row, f.response))
-    margin = get_number(row, f.margin) if f.margin is not None else None
-    return Example(
-        row.where,
-        prompt,
-        chosen=get_text(row, f.chosen),
-        rejected=get_text(row, f.rejected),
-        margin=margin,
-    )
+        return conversational(Example(row.where, prompt, response=get_response(row, f.response)))
+    return _pair(row, f, prompt, get_response(row, f.chosen), get_response(row, f.rejected))
+
+
+def messages(row: Row, kind: Kind, opt: AdapterOptions) -> Example:
+    """A whole conversation: for SFT all of it (it must end on an assistant turn), as a prompt the
+    conversation without its last assistant turn (which must leave a conversation ending on a user turn)."""
+    name = opt.fields.messages
+    conversation = get_conversation(row, name)
+    last = conversation[-1]["role"]
+    if kind == "sft":
+        if last != "assistant":
+            raise InvalidRecord(
+                f"{row.where}: field '{name}[{len(conversation) - 1}]' ends the conversation on {_an(last)} turn; SFT "
+                "needs a conversation that ends with the assistant's response"
+            )
+        first = next(i for i, m in enumerate(conversation) if m["role"] == "assistant")
+        return Example(row.where, conversation[:first], messages=conversation)
+    prompt = conversation[:-1] if last == "assistant" else conversation
+    if not prompt:
+        raise InvalidRecord(f"{row.where}: field {name!r} holds only an assistant turn; a prompt needs the user's turn")
+    require_prompt_end(row, name, prompt)
+    return Example(row.where, prompt)
+
+
+def prompt_completion(row: Row, kind: Kind, opt: AdapterOptions) -> Example:
+    f = opt.fields
+    prompt = get_prompt(row, f.prompt)
+    if kind == "prompt":
+        return Example(row.where, prompt)
+    return conversational(Example(row.where, prompt, response=get_response(row, f.completion)))
+
+
+def _implicit_conversations(row: Row, f: Fields, chosen: Conversation, rejected: Conversation
+                            ) -> tuple[Conversation, Conversation, Conversation]:  # fmt: skip
+    """(prompt, chosen, rejected): the prompt is the whole messages both share at their start."""
+    n = shared_turns(chosen, rejected)
+    if n == 0:
+        raise InvalidRecord(
+            f"{row.where}: fields {f.chosen!r} and {f.rejected!r} share no first turn; an implicit prompt is the "
+            "messages both start with"
+        )
+    for name, conversation in ((f.chosen, chosen), (f.rejected, rejected)):
+        if len(conversation) == n:
+            raise InvalidRecord(
+                f"{row.where}: field {name!r} has no message after the {n} it shares with the other; a response "
+                "must follow the shared prompt"
+            )
+        require_response_start(row, name, conversation[n:], offset=n)
+    require_prompt_end(row, f.chosen, chosen[:n])
+    return chosen[:n], chosen[n:], rejected[n:]
+
+
+def _implicit_strings(row: Row, f: Fields, chosen: str, rejected: str) -> tuple[str, str, str]:
+    """(prompt, chosen, rejected): the prompt is the common prefix up to its last whitespace."""
+    n = shared_words(chosen, rejected)
+    if n == 0 or not chosen[:n].strip():
+        raise InvalidRecord(
+            f"{row.where}: fields {f.chosen!r} and {f.rejected!r} share no whole word at their start; an implicit "
+            "prompt is the text both start with"
+        )
+    for name, text in ((f.chosen, chosen), (f.rejected, rejected)):
+        if not text[n:].strip():
+            raise InvalidRecord(
+                f"{row.where}: field {name!r} has nothing after the prompt both share ({chosen[:n]!r}); a response "
+                "must follow it"
+            )
+    return chosen[:n], chosen[n:], rejected[n:]
+
+
+def implicit_prompt(row: Row, kind: Kind, opt: AdapterOptions) -> Example:
+    """``chosen`` and ``rejected`` only; the prompt is what both start with (see the module docstring)."""
+    f = opt.fields
+    chosen, rejected = get_text_or_conversation(row, f.chosen), get_text_or_conversation(row, f.rejected)
+    if is_conversation(chosen) != is_conversation(rejected):
+        raise InvalidRecord(
+            f"{row.where}: fields {f.chosen!r} and {f.rejected!r} must both be strings or both conversations to "
+            "share an implicit prompt"
+        )
+    if chosen == rejected:
+        raise InvalidRecord(f"{row.where}: fields {f.chosen!r} and {f.rejected!r} are the same; a pair must differ")
+    split = _implicit_conversations if is_conversation(chosen) else _implicit_strings
+    prompt, chosen, rejected = split(row, f, chosen, rejected)  # type: ignore[arg-type]
+    if kind == "prompt":
+        return Example(row.where, prompt)
+    if kind == "sft":
+        return Example(row.where, prompt, response=chosen)
+    return _pair(row, f, prompt, chosen, rejected)
+
+
+def text(row: Row, kind: Kind, opt: AdapterOptions) -> Example:
+    """Language modelling: the whole text is the response; the prompt is empty (only the specials)."""
+    return Example(row.where, "", response=get_text(row, opt.fields.text))
 
 
 def _ranks(row: Row, field: str, k: int) -> list[int]:
@@ -225,35 +407,41 @@ def _ranks(row: Row, field: str, k: int) -> list[int]:
     return [dense[r] for r in value]
 
 
-def read_ranking(row: Row, f: Fields) -> tuple[list[str], list[int]]:
+def read_ranking(row: Row, f: Fields) -> tuple[list[TextOrConversation], list[int]]:
     """The responses (best first) and their dense ranks (0 = best) of a ranking record.
 
-    ``responses`` must be a list of at least 2 distinct, non-empty strings. With ``f.ranks`` set,
-    the ``ranks`` column must be a list of as many ints, never decreasing along the list (lower =
-    better, equal = tie; any ints, renumbered 0, 1, ...); without it the i-th response has rank i.
-    Raises ``InvalidRecord`` naming the place and field (e.g. ``responses[2]``); a record whose
-    responses all tie has no pair to learn from and is skipped (counted).
+    ``responses`` must be a list of at least 2 distinct, non-empty strings or conversations (each
+    opening on the assistant's message; a string and a conversation of one assistant message with
+    the same text are the same response). With ``f.ranks`` set, the ``ranks`` column must be a
+    list of as many ints, never decreasing along the list (lower = better, equal = tie; any ints,
+    renumbered 0, 1, ...); without it the i-th response has rank i. Raises ``InvalidRecord`` naming
+    the place and field (e.g. ``responses[2]``); a record whose responses all tie has no pair to
+    learn from and is skipped (counted).
     """
     name = f.responses
     if name not in row.data:
         keys = ", ".join(map(str, row.data)) or "none"
         raise InvalidRecord(f"{row.where}: field {name!r} missing (record keys: {keys})")
-    responses = row.data[name]
-    if not isinstance(responses, list):
-        raise InvalidRecord(f"{row.where}: field {name!r} must be a list of strings, got {type(responses).__name__}")
-    if len(responses) < 2:
-        raise InvalidRecord(f"{row.where}: field {name!r} must hold at least 2 responses, got {len(responses)}")
-    first: dict[str, int] = {}
-    for i, text in enumerate(responses):
-        if not isinstance(text, str):
-            raise InvalidRecord(f"{row.where}: field '{name}[{i}]' must be a string, got {type(text).__name__}")
-        if not text.strip():
-            raise InvalidRecord(f"{row.where}: field '{name}[{i}]' is empty")
-        if text in first:
+    values = row.data[name]
+    if not isinstance(values, list):
+        raise InvalidRecord(f"{row.where}: field {name!r} must be a list of strings, got {type(values).__name__}")
+    if len(values) < 2:
+        raise InvalidRecord(f"{row.where}: field {name!r} must hold at least 2 responses, got {len(values)}")
+    responses = []
+    for i, value in enumerate(values):
+        response = text_or_conversation(row, f"{name}[{i}]", value)
+        if is_conversation(response):
+            require_response_start(row, f"{name}[{i}]", response)  # type: ignore[arg-type]
+        responses.append(response)
+    chat = any(is_conversation(r) for r in responses)
+    first: dict[Any, int] = {}
+    for i, response in enumerate(responses):
+        key = tuple((m["role"], m["content"]) for m in as_response(response)) if chat else response
+        if key in first:
             raise InvalidRecord(
-                f"{row.where}: field '{name}[{i}]' repeats '{name}[{first[text]}]' (responses must differ)"
+                f"{row.where}: field '{name}[{i}]' repeats '{name}[{first[key]}]' (responses must differ)"
             )
-        first[text] = i
+        first[key] = i
     ranks = _ranks(row, f.ranks, len(responses)) if f.ranks is not None else list(range(len(responses)))
     if max(ranks) == 0:
         raise Skip("all responses tie (no pair to learn from)")
@@ -263,13 +451,13 @@ def read_ranking(row: Row, f: Fields) -> tuple[list[str], list[int]]:
 def rankings(row: Row, kind: Kind, opt: AdapterOptions) -> Example:
     """A ranking record as a preference example (every response and its rank), an SFT example (the
     prompt and the first response, a best one) or a prompt (the responses are not read)."""
-    prompt = get_text(row, opt.fields.prompt)
+    prompt = get_prompt(row, opt.fields.prompt)
     if kind == "prompt":
         return Example(row.where, prompt)
     responses, ranks = read_ranking(row, opt.fields)
-    if kind == "sft":
-        return Example(row.where, prompt, response=responses[0])  # ranks never decrease: the first is a best
-    return Example(row.where, prompt, responses=tuple(responses), ranks=tuple(ranks))
+    if kind == "sft":  # ranks never decrease: the first is a best
+        return conversational(Example(row.where, prompt, response=responses[0]))
+    return conversational(Example(row.where, prompt, responses=tuple(responses), ranks=tuple(ranks)))
 
 
 ADAPTERS: dict[str, tuple[Adapter, tuple[str, ...]]] = {
@@ -278,13 +466,20 @@ ADAPTERS: dict[str, tuple[Adapter, tuple[str, ...]]] = {
     "alpaca": (alpaca, ("sft", "prompt")),
     "paragraphs": (paragraphs, ("sft", "prompt")),
     "rankings": (rankings, ("sft", "preference", "prompt")),
+    "messages": (messages, ("sft", "prompt")),
+    "prompt_completion": (prompt_completion, ("sft", "prompt")),
+    "implicit_prompt": (implicit_prompt, ("sft", "preference", "prompt")),
+    "text": (text, ("sft",)),
 }
 
 
 def check_format(format: str, kind: Kind) -> None:
-    """Raise a clear error for an unknown format or one that cannot give ``kind`` examples."""
+    """Raise a clear error for an unknown format or one that cannot give ``kind`` examples
+    (``auto`` is checked once it has picked a format, on the data)."""
+    if format == AUTO:
+        return
     if format not in ADAPTERS:
-        raise ValueError(f"unknown format {format!r}; choose one of {', '.join(ADAPTERS)}")
+        raise ValueError(f"unknown format {format!r}; choose one of {AUTO}, {', '.join(ADAPTERS)}")
     if kind not in ADAPTERS[format][1]:
         supported = [f for f, (_, kinds) in ADAPTERS.items() if kind in kinds]
         raise ValueError(
@@ -294,7 +489,10 @@ def check_format(format: str, kind: Kind) -> None:
 
 
 def check_fields(format: str, fields: Fields) -> None:
-    """Refuse columns the format cannot use: a margin for rankings, ranks for anything else."""
+    """Refuse columns the format cannot use: a margin for rankings, ranks for anything else
+    (``auto`` is checked once it has picked a format)."""
+    if format == AUTO:
+        return
     if format == "rankings" and fields.margin is not None:
         raise ValueError(
             f"fields.margin is set ({fields.margin!r}) but format 'rankings' has no margin: a ranking only "
@@ -324,7 +522,10 @@ def adapt(
     skip_invalid: bool = False,
     source: str = "",
 ) -> Adapted:
-    """Turn rows into examples with the adapter of ``format``; log skip counts once per reason."""
+    """Turn rows into examples with the adapter of ``format``; log skip counts once per reason.
+    ``format`` is a resolved one (:func:`rlhf_lit.data.detect.resolve_format` picks it for ``auto``)."""
+    if format == AUTO:
+        raise ValueError("adapt() needs a resolved format: resolve 'auto' with rlhf_lit.data.detect.resolve_format")
     check_format(format, kind)
     adapter = ADAPTERS[format][0]
     out = Adapted([], Counter())

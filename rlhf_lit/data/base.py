@@ -20,9 +20,12 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader
 
-from rlhf_lit.data.adapters import AdapterOptions, Example, Fields, Kind, adapt, check_fields, check_format
+from rlhf_lit.data.adapters import AUTO, AdapterOptions, Example, Fields, Kind, adapt, check_fields, check_format
 from rlhf_lit.data.collate import require_pad_id
-from rlhf_lit.data.encoding import TextEncoder, require_tokenizer
+from rlhf_lit.data.chat import AssistantTurns, encode_conversations
+from rlhf_lit.data.conversation import is_conversation
+from rlhf_lit.data.detect import resolve_format
+from rlhf_lit.data.encoding import TextEncoder, encode_sft, require_tokenizer
 from rlhf_lit.data.records import is_text_file, read_rows
 from rlhf_lit.data.sampler import ResumableSampler, ShuffleOrder
 from rlhf_lit.data.splits import split_by_fraction
@@ -33,13 +36,17 @@ TRUNCATION_MESSAGES = {
     "response": "did not fit in max_length: cut at the end, without EOS",
     "chosen response": "did not fit in max_length: cut at the end, without EOS",
     "rejected response": "did not fit in max_length: cut at the end, without EOS",
+    "conversation": "did not fit in max_length: cut at the end",
 }
 """How each kind of cut is reported (counted by the truncation rule, :mod:`rlhf_lit.data.encoding`)."""
 
 log = logging.getLogger("rlhf_lit.data")
 
-RANKING_COLUMNS = ("responses", "ranks")
-"""The :class:`Fields` columns only ``format: rankings`` reads."""
+LATER_COLUMNS = ("responses", "ranks", "completion", "messages")
+"""The :class:`Fields` columns added after checkpoints were first written (for rankings, prompt /
+completion and conversations): stored in the hyperparameters only when set (:meth:`TextDataModule._fields_hparam`)."""
+LEGACY_FORMAT = "fields"
+"""The default of every ``format`` option before ``auto``: what older checkpoints hold for an unused source."""
 
 
 def check_sft_source(
@@ -54,6 +61,27 @@ def check_sft_source(
             raise ValueError(f"{name}_max_records must be >= 1 or None, got {max_records}")
         if path is None:
             raise ValueError(f"{name}_max_records={max_records} is set but {name}_path is not")
+
+
+def encode_demonstrations(
+    encoder: TextEncoder, examples: list[Example], *, turns: AssistantTurns, max_prompt_length: int,
+    max_length: int, counts: Counter | None = None,
+) -> list[dict[str, list[int]]]:
+    """SFT items ``{"input_ids", "labels"}`` of one source's SFT examples: whole conversations
+    (``messages``) with the loss on their assistant turns (``turns``:
+    :func:`~rlhf_lit.data.chat.encode_conversations`), else prompt + response pairs
+    (:func:`~rlhf_lit.data.encoding.encode_sft`). Shared by SFT data, the reward-normalisation
+    reference set and the PPO-ptx source. A source has one format, so its examples are all of one kind."""
+    if examples and examples[0].messages is not None:
+        encoder.require_chat_template()
+        return encode_conversations(
+            encoder, [e.messages or () for e in examples], turns=turns, max_prompt_length=max_prompt_length,
+            max_length=max_length, counts=counts,
+        )  # fmt: skip
+    return encode_sft(
+        encoder, [e.prompt for e in examples], [e.response or "" for e in examples],
+        max_prompt_length=max_prompt_length, max_length=max_length, counts=counts,
+    )  # fmt: skip
 
 
 class PositionedLoader(DataLoader):
@@ -133,6 +161,10 @@ class TextDataModule(L.LightningDataModule):
         self.pad_token_id: int | None = None  # from the tokenizer, in setup
         self.train_dataset: list[dict[str, Any]] | None = None
         self.val_dataset: list[dict[str, Any]] | None = None
+        self.chat_rendered = apply_chat_template
+        """Whether the prompts are rendered with the tokenizer's chat template: with
+        ``apply_chat_template``, and after ``setup`` when the training or validation prompts are
+        conversations (PPO then checks that the reward model's tokenizer has the same template)."""
         self.stats: dict[str, int] = {}
         """Counts from ``setup``: ``{split}_records``, ``{split}_examples``, ``{split}_dropped``
         for ``train``, ``val`` and a subclass's extra source (``reference``, ``ptx``)."""
@@ -141,23 +173,39 @@ class TextDataModule(L.LightningDataModule):
         """Store ``fields`` in hparams as a dict (call after ``save_hyperparameters(ignore=[
         "tokenizer", "fields"])``): a dataclass instance would break weights_only loading.
 
-        The columns added for rankings (``responses``, ``ranks``) are stored only when set to
-        something other than their default, so the hparams of every other run are as before and a
-        checkpoint written before rankings existed still resumes (the resume check compares them)."""
+        The columns added later (:data:`LATER_COLUMNS`: rankings, prompt / completion, messages)
+        are stored only when set to something other than their default, so the hparams of every
+        other run are as before and a checkpoint written before they existed still resumes (the
+        resume check compares them)."""
         defaults = Fields()
         self.hparams["fields"] = {
             name: value for name, value in dataclasses.asdict(self.fields).items()
-            if name not in RANKING_COLUMNS or value != getattr(defaults, name)
+            if name not in LATER_COLUMNS or value != getattr(defaults, name)
         }  # fmt: skip
+
+    def _record_format(self, option: str, format: str | None) -> None:
+        """Keep the format a source was read in as the option ``option`` (``format``,
+        ``reference_format``, ``ptx_format``) and in the hyperparameters, when it was ``auto``.
+
+        The resume check compares the hyperparameters: a checkpoint records the format its data was
+        read in, so an older checkpoint (``format: fields``, the default then) resumes under the
+        default ``auto`` exactly when ``auto`` reads the data as ``fields``. ``format`` None: the
+        option's source is not given; ``auto`` is then recorded as the older default."""
+        if getattr(self, option) != AUTO:
+            return
+        format = format or LEGACY_FORMAT
+        setattr(self, option, format)
+        self.hparams[option] = format
 
     # ---------------------------------------------------------------------------------- setup
     def _examples(
         self, source: str, *, format: str, kind: Kind, max_records: int | None
-    ) -> list[Example]:
+    ) -> tuple[list[Example], str]:
         """The ``kind`` examples of ``source`` read in ``format`` (at most ``max_records``
-        records); the train and validation sources pass the module's own settings, a second
-        source (reference or ptx set) its own."""
-        if is_text_file(source) and format != "paragraphs":
+        records), and that format (``auto`` resolved on the source); the train and validation
+        sources pass the module's own settings, a second source (reference or ptx set) its own."""
+        text_file = is_text_file(source)
+        if text_file and format not in ("paragraphs", AUTO):
             raise ValueError(
                 f"{source} is plain text, which only the 'paragraphs' format reads "
                 f"(format is {format!r})"
@@ -169,6 +217,11 @@ class TextDataModule(L.LightningDataModule):
             max_records=max_records,
             skip_invalid=self.skip_invalid,
         )
+        if not rows:
+            raise ValueError(f"{source}: no usable {kind} examples in 0 records")
+        format = resolve_format(format, rows, kind=kind, fields=self.fields, source=source, text_file=text_file)
+        check_format(format, kind)
+        check_fields(format, self.fields)
         adapted = adapt(
             rows,
             format=format,  # type: ignore[arg-type]
@@ -179,7 +232,7 @@ class TextDataModule(L.LightningDataModule):
         )
         if not adapted.examples:
             raise ValueError(f"{source}: no usable {kind} examples in {len(rows)} records")
-        return adapted.examples
+        return adapted.examples, format
 
     def setup(self, stage: str | None = None) -> None:
         """Read, adapt, split and tokenize both splits (once; later calls do nothing)."""
@@ -188,13 +241,14 @@ class TextDataModule(L.LightningDataModule):
         tokenizer = require_tokenizer(self.tokenizer, type(self).__name__)
         self.pad_token_id = require_pad_id(tokenizer)
         encoder = TextEncoder(tokenizer, apply_chat_template=self.apply_chat_template)
-        own = {"format": self.format, "kind": self.kind, "max_records": self.max_records}
-        train = self._examples(self.train_path, **own)
+        train, format = self._examples(self.train_path, format=self.format, kind=self.kind, max_records=self.max_records)
+        self._record_format("format", format)
         val: list[Example] = []
-        if self.val_path is not None:
-            val = self._examples(self.val_path, **own)
+        if self.val_path is not None:  # read in the format of the training data
+            val, _ = self._examples(self.val_path, format=self.format, kind=self.kind, max_records=self.max_records)
         elif self.val_fraction > 0:
             train, val = split_by_fraction(train, self.val_fraction, self.seed)
+        self.chat_rendered = self.apply_chat_template or any(is_conversation(e.prompt) for e in (*train, *val))
         train_items = self._encode_split(encoder, train, "train")
         val_items = self._encode_split(encoder, val, "val") if val else []
         self._setup_extra(encoder)

@@ -19,10 +19,14 @@ joint ids after the prompt ids when those are a prefix of the joint ids (the usu
 the spurious leading-space token that tokenizing ``" time"`` alone gives with sentencepiece), else
 the response is tokenized on its own.
 
-Chat template (``apply_chat_template=True``): the prompt is rendered as a user turn with
-``add_generation_prompt=True`` and the response is what the template writes after that for an
-assistant turn (trailing whitespace and a trailing EOS string removed, since the EOS id is
-appended by rule 2). The template writes its own special tokens, so none are added in front.
+Chat template: a conversation prompt (:mod:`rlhf_lit.data.conversation`) is rendered by the
+tokenizer's chat template with ``add_generation_prompt=True``, and a response after it is what the
+template writes for prompt + response messages after that rendered prompt (trailing whitespace and
+a trailing EOS string removed, since the EOS id is appended by rule 2); a string response is one
+assistant message, a string prompt before a conversation response one user message. With
+``apply_chat_template=True`` string prompts and responses are rendered so too, as one user turn and
+one assistant turn. The template writes its own special tokens, so none are added in front of a
+rendered prompt. A tokenizer without a chat template cannot render conversations: one error.
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
+
+from rlhf_lit.data.conversation import Conversation, TextOrConversation, as_prompt, as_response, is_conversation
 
 IGNORE_INDEX = -100
 """Label of positions that do not count in the loss (prompt and padding)."""
@@ -83,20 +89,39 @@ class TextEncoder:
         return int(eos)
 
     # ------------------------------------------------------------------------------- rendering
-    def render_prompt(self, prompt: str) -> str:
-        if not self.apply_chat_template:
-            return prompt
+    def require_chat_template(self) -> None:
+        """Raise the one error for conversational data on a tokenizer without a chat template."""
+        if not getattr(self.tokenizer, "chat_template", None):
+            name = getattr(self.tokenizer, "name_or_path", type(self.tokenizer).__name__)
+            raise ValueError(
+                f"the data is conversational (lists of messages) but the tokenizer {name!r} has no chat template "
+                "to render them; use a tokenizer that has one, or data with string prompts and responses"
+            )
+
+    def _chat(self, messages: Conversation, *, add_generation_prompt: bool = False) -> str:
+        """``messages`` rendered by the tokenizer's chat template; an error when it has none."""
+        self.require_chat_template()
         return self.tokenizer.apply_chat_template(
-            [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+            list(messages), tokenize=False, add_generation_prompt=add_generation_prompt
         )
 
-    def render_response(self, prompt: str, rendered_prompt: str, response: str) -> str:
-        if not self.apply_chat_template:
-            return response
-        full = self.tokenizer.apply_chat_template(
-            [{"role": "user", "content": prompt}, {"role": "assistant", "content": response}],
-            tokenize=False,
-        )
+    def _as_chat(self, prompt: TextOrConversation, response: TextOrConversation | None = None) -> bool:
+        """Whether the prompt (and its response) are rendered by the chat template."""
+        return self.apply_chat_template or is_conversation(prompt) or is_conversation(response)
+
+    def render_prompt(self, prompt: TextOrConversation, response: TextOrConversation | None = None) -> str:
+        """The prompt's text: itself, or rendered with the generation prompt (a conversation, or
+        any prompt with ``apply_chat_template`` or before a conversation ``response``)."""
+        if not self._as_chat(prompt, response):
+            return prompt  # type: ignore[return-value]
+        return self._chat(as_prompt(prompt), add_generation_prompt=True)
+
+    def render_response(self, prompt: TextOrConversation, rendered_prompt: str, response: TextOrConversation) -> str:
+        """The response's text: itself, or the template's rendering of prompt + response with
+        ``rendered_prompt`` removed from its front (see the module docstring)."""
+        if not self._as_chat(prompt, response):
+            return response  # type: ignore[return-value]
+        full = self._chat(as_prompt(prompt) + as_response(response))
         if not full.startswith(rendered_prompt):
             raise ValueError(
                 "the chat template does not render the assistant turn as a continuation of the "
@@ -117,15 +142,20 @@ class TextEncoder:
         n = len(self.prefix)
         return ids if ids[:n] == self.prefix else self.prefix + ids
 
-    def encode_prompts(self, prompts: Sequence[str]) -> list[list[int]]:
+    def _prefixed(self, ids: list[int], chat: bool) -> list[int]:
+        """Prompt ids with the specials in front, unless the chat template rendered them (it writes its own)."""
+        return ids if chat else self.add_prefix(ids)
+
+    def encode_prompts(self, prompts: Sequence[TextOrConversation]) -> list[list[int]]:
         """Prompt ids (specials in front, not truncated)."""
-        return [self.add_prefix(ids) for ids in self._ids([self.render_prompt(p) for p in prompts])]
+        ids = self._ids([self.render_prompt(p) for p in prompts])
+        return [self._prefixed(x, is_conversation(p)) for p, x in zip(prompts, ids)]
 
     def encode_pairs(
-        self, prompts: Sequence[str], responses: Sequence[str]
+        self, prompts: Sequence[TextOrConversation], responses: Sequence[TextOrConversation]
     ) -> tuple[list[list[int]], list[list[int]]]:
         """(prompt ids with specials, response ids), not truncated; see "Boundary" above."""
-        rendered = [self.render_prompt(p) for p in prompts]
+        rendered = [self.render_prompt(p, r) for p, r in zip(prompts, responses)]
         texts = [self.render_response(p, rp, r) for p, rp, r in zip(prompts, rendered, responses)]
         prompt_ids = self._ids(rendered)
         joint_ids = self._ids([rp + t for rp, t in zip(rendered, texts)])
@@ -139,7 +169,8 @@ class TextEncoder:
                 alone.append(i)
         for i, ids in zip(alone, self._ids([texts[i] for i in alone])):
             response_ids[i] = ids
-        return [self.add_prefix(p) for p in prompt_ids], response_ids  # type: ignore[return-value]
+        chat = [is_conversation(p) or is_conversation(r) for p, r in zip(prompts, responses)]
+        return [self._prefixed(p, c) for p, c in zip(prompt_ids, chat)], response_ids  # type: ignore[return-value]
 
 
 def truncate_prompt(
@@ -180,8 +211,8 @@ def truncate_response(
 
 def encode_sft(
     encoder: TextEncoder,
-    prompts: Sequence[str],
-    responses: Sequence[str],
+    prompts: Sequence[TextOrConversation],
+    responses: Sequence[TextOrConversation],
     *,
     max_prompt_length: int,
     max_length: int,

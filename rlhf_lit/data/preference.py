@@ -12,9 +12,9 @@ from typing import Any, Literal
 from torch.utils.data import DataLoader
 
 from rlhf_lit.data.adapters import Example, Fields
-from rlhf_lit.data.base import TextDataModule, check_sft_source
+from rlhf_lit.data.base import TextDataModule, check_sft_source, encode_demonstrations
 from rlhf_lit.data.collate import PreferenceCollator, RankingCollator, SequenceCollator
-from rlhf_lit.data.encoding import TextEncoder, encode_sft, truncate_prompt, truncate_response
+from rlhf_lit.data.encoding import TextEncoder, truncate_prompt, truncate_response
 
 log = logging.getLogger("rlhf_lit.data")
 
@@ -60,19 +60,25 @@ class PreferenceDataModule(TextDataModule):
         seed: seed of the validation split and of the training shuffle; None: the run's
             ``seed_everything`` (:mod:`rlhf_lit.run_seed`), so another run seed holds out other
             examples and shuffles them in another order.
-        format: record format: ``fields`` (prompt/chosen/rejected[/margin] columns named by
-            ``fields``), ``hh_rlhf`` (transcripts split at the last ``\\n\\nAssistant:``; pairs
-            that do not share the prompt are skipped and counted) or ``rankings`` (prompt and a
-            list of K >= 2 responses, best first, optional ties in ``fields.ranks``; no margin).
-        fields: column names (``fields`` and ``rankings`` formats; ``hh_rlhf`` reads
-            ``chosen``/``rejected``).
+        format: record format: ``auto`` (picked from the first record's keys: ``responses``,
+            ``prompt``/``chosen``/``rejected``, or ``chosen``/``rejected`` alone, HH-RLHF
+            transcripts or an implicit prompt), ``fields`` (prompt/chosen/rejected[/margin]
+            columns named by ``fields``, each a string or a list of messages), ``implicit_prompt``
+            (``chosen``/``rejected`` only, the prompt being what both start with),
+            ``hh_rlhf`` (transcripts split at the last ``\\n\\nAssistant:``; pairs that do not
+            share the prompt are skipped and counted) or ``rankings`` (prompt and a list of K >= 2
+            responses, best first, strings or lists of messages, optional ties in
+            ``fields.ranks``; no margin). ``val_path`` is read in the format of ``train_path``;
+            after ``setup`` this attribute holds the format ``auto`` picked.
+        fields: column names of the records.
         split: hub split to read.
         subset: hub dataset configuration (subset) name.
         max_records: read at most this many records per source (None: all).
         skip_invalid: skip (and count, log once) lines that do not parse and records with a
             missing, non-string or empty field, instead of raising.
-        apply_chat_template: render the prompt as a user turn and each response as the
+        apply_chat_template: render string prompts as a user turn and string responses as the
             assistant turn with the tokenizer's chat template; an error if it has none.
+            Conversations are always rendered with it.
         max_length: the most tokens of prompt + response + EOS, per sequence.
         max_prompt_length: the most prompt tokens (must be below ``max_length``).
         batch_size: pairs (or rankings) per batch (and reference sequences per reference batch).
@@ -80,10 +86,12 @@ class PreferenceDataModule(TextDataModule):
         reference_path: demonstrations (prompt + response, e.g. the SFT training data) on which
             the trained reward is normalised; same source rules as ``train_path``. None: the
             reward model normalises on the validation pairs.
-        reference_format: record format of ``reference_path``, read as SFT examples: ``fields``
-            (``fields.prompt`` / ``fields.response`` columns), ``hh_rlhf`` (prompt + chosen),
-            ``alpaca``, ``paragraphs`` (each whole paragraph, cut to ``max_length``) or
-            ``rankings`` (prompt + the first best response).
+        reference_format: record format of ``reference_path``, read as SFT examples: ``auto``
+            (picked from its first record as ``SFTDataModule`` picks it), ``messages`` (whole
+            conversations), ``prompt_completion``, ``fields`` (``fields.prompt`` /
+            ``fields.response`` columns), ``text``, ``hh_rlhf`` (prompt + chosen), ``alpaca``,
+            ``paragraphs`` (each whole paragraph, cut to ``max_length``), ``rankings`` (prompt +
+            the first best response) or ``implicit_prompt`` (prompt + chosen).
         reference_max_records: read at most this many reference records (None: all).
     """
 
@@ -97,7 +105,7 @@ class PreferenceDataModule(TextDataModule):
         val_path: str | None = None,
         val_fraction: float = 0.0,
         seed: int | None = None,
-        format: Literal["fields", "hh_rlhf", "rankings"] = "fields",
+        format: Literal["auto", "fields", "implicit_prompt", "hh_rlhf", "rankings"] = "auto",
         fields: Fields = Fields(),
         split: str = "train",
         subset: str | None = None,
@@ -109,7 +117,10 @@ class PreferenceDataModule(TextDataModule):
         batch_size: int = 8,
         num_workers: int = 0,
         reference_path: str | None = None,
-        reference_format: Literal["fields", "hh_rlhf", "alpaca", "paragraphs", "rankings"] = "fields",
+        reference_format: Literal[
+            "auto", "messages", "prompt_completion", "fields", "text", "hh_rlhf", "alpaca", "paragraphs", "rankings",
+            "implicit_prompt",
+        ] = "auto",
         reference_max_records: int | None = None,
     ):
         super().__init__()
@@ -132,6 +143,8 @@ class PreferenceDataModule(TextDataModule):
         self.reference_dataset: list[dict[str, Any]] | None = None
         self.save_hyperparameters(ignore=["tokenizer", "fields"])
         self._fields_hparam()
+        if reference_path is None:
+            self._record_format("reference_format", None)
 
     def _encode(self, encoder: TextEncoder, examples: list[Example]) -> list[dict[str, Any]]:
         if self.format == "rankings":
@@ -217,16 +230,17 @@ class PreferenceDataModule(TextDataModule):
     def _setup_extra(self, encoder: TextEncoder) -> None:
         if self.reference_path is None:
             return
-        examples = self._examples(
+        examples, format = self._examples(
             self.reference_path, format=self.reference_format, kind="sft",
             max_records=self.reference_max_records,
         )  # fmt: skip
+        self._record_format("reference_format", format)
         self.reference_dataset = self._encode_split(encoder, examples, "reference", self._encode_sft)
 
     def _encode_sft(self, encoder: TextEncoder, examples: list[Example]) -> list[dict[str, Any]]:
-        return encode_sft(
-            encoder, [e.prompt for e in examples], [e.response or "" for e in examples],
-            max_prompt_length=self.max_prompt_length, max_length=self.max_length, counts=self.truncated,
+        return encode_demonstrations(
+            encoder, examples, turns="all", max_prompt_length=self.max_prompt_length, max_length=self.max_length,
+            counts=self.truncated,
         )  # fmt: skip
 
     @property

@@ -10,9 +10,9 @@ from typing import Any, Literal
 from torch.utils.data import DataLoader
 
 from rlhf_lit.data.adapters import Example, Fields
-from rlhf_lit.data.base import TextDataModule, check_sft_source
+from rlhf_lit.data.base import TextDataModule, check_sft_source, encode_demonstrations
 from rlhf_lit.data.collate import PromptCollator, SFTCollator
-from rlhf_lit.data.encoding import TextEncoder, encode_sft, truncate_prompt
+from rlhf_lit.data.encoding import TextEncoder, truncate_prompt
 from rlhf_lit.data.sampler import PassSampler
 
 
@@ -21,7 +21,9 @@ class PromptDataModule(TextDataModule):
 
     Batches (left padded, so generation appends on the right): ``input_ids (B, P)``,
     ``attention_mask (B, P)``, ``index (B,)`` (row of the prompt in its dataset). Prompts are
-    truncated from the LEFT to ``max_prompt_length`` tokens (BOS-like specials stay in front).
+    truncated from the LEFT to ``max_prompt_length`` tokens (BOS-like specials stay in front). A
+    conversational prompt (a list of messages) is rendered by the tokenizer's chat template with
+    the generation prompt, so its ids end with the template's assistant header.
 
     Exact resume: the training loader draws from a :class:`ResumableSampler` (a permutation per
     epoch seeded with ``seed + epoch``). The consumer (the PPO stage) reports the prompts it has
@@ -50,20 +52,25 @@ class PromptDataModule(TextDataModule):
         seed: seed of the validation split, of the per-epoch permutation and of the ptx order;
             None: the run's ``seed_everything`` (:mod:`rlhf_lit.run_seed`), so another run seed
             draws the prompts in another order.
-        format: record format: ``fields`` (the ``fields.prompt`` column), ``hh_rlhf`` (the
-            dialogue up to and including the last ``\\n\\nAssistant:`` of ``chosen``), ``alpaca``
-            (the instruction prompt template), ``paragraphs`` (first ``prompt_words`` words),
-            ``rankings`` (the ``fields.prompt`` column; the responses are not read).
-        fields: column names for the ``fields`` and ``rankings`` formats (and ``text`` for
-            ``paragraphs``).
+        format: record format: ``auto`` (picked from the first record's keys, as the other data
+            modules pick it; a ``text`` column or a ``.txt`` file is ``paragraphs``), ``fields``
+            (the ``fields.prompt`` column, a string or a list of messages), ``messages`` (the
+            conversation without its last assistant turn), ``prompt_completion`` (the prompt),
+            ``implicit_prompt`` (what chosen and rejected start with), ``hh_rlhf`` (the dialogue
+            up to and including the last ``\\n\\nAssistant:`` of ``chosen``), ``alpaca`` (the
+            instruction prompt template), ``paragraphs`` (first ``prompt_words`` words),
+            ``rankings`` (the ``fields.prompt`` column; the responses are not read). ``val_path``
+            is read in the format of ``train_path``.
+        fields: column names of the records.
         split: hub split to read.
         subset: hub dataset configuration (subset) name.
         max_records: read at most this many records per source (None: all).
         skip_invalid: skip (and count, log once) lines that do not parse and records with a
             missing, non-string or empty field, instead of raising.
         prompt_words: words in the prompt for the ``paragraphs`` format.
-        apply_chat_template: render each prompt as a user turn with the generation prompt, with
-            the tokenizer's chat template; an error if it has none.
+        apply_chat_template: render each string prompt as a user turn with the generation
+            prompt, with the tokenizer's chat template; an error if it has none. Conversations are
+            always rendered with it.
         max_prompt_length: the most tokens of a prompt.
         batch_size: prompts per batch (per rollout).
         shuffle: draw the training prompts in a seeded random order per epoch (else in order).
@@ -72,10 +79,13 @@ class PromptDataModule(TextDataModule):
         num_workers: DataLoader worker processes.
         ptx_path: SFT-style data for PPO-ptx (prompt + response; e.g. the SFT data or plain text
             paragraphs); same source rules as ``train_path``. None: no ptx data.
-        ptx_format: record format of ``ptx_path``, read as SFT examples: ``fields``
-            (``fields.prompt`` / ``fields.response``), ``hh_rlhf`` (prompt + chosen), ``alpaca``,
-            ``paragraphs`` (first ``prompt_words`` words -> rest; labels on the rest) or
-            ``rankings`` (prompt + the first best response).
+        ptx_format: record format of ``ptx_path``, read as SFT examples: ``auto`` (picked from
+            its first record as ``SFTDataModule`` picks it; a ``.txt`` file is ``paragraphs``, a
+            ``text`` column ``text``), ``messages`` (labels on the assistant turns),
+            ``prompt_completion``, ``fields`` (``fields.prompt`` / ``fields.response``), ``text``
+            (labels on the whole text), ``hh_rlhf`` (prompt + chosen), ``alpaca``, ``paragraphs``
+            (first ``prompt_words`` words -> rest; labels on the rest), ``rankings`` (prompt + the
+            first best response) or ``implicit_prompt`` (prompt + chosen).
         ptx_max_records: read at most this many ptx records (None: all).
         ptx_batch_size: ptx examples per PPO minibatch, per process; None: ``batch_size``.
         ptx_max_length: the most tokens of a ptx prompt + response + EOS (its prompt is cut to
@@ -97,7 +107,10 @@ class PromptDataModule(TextDataModule):
         val_path: str | None = None,
         val_fraction: float = 0.0,
         seed: int | None = None,
-        format: Literal["fields", "hh_rlhf", "alpaca", "paragraphs", "rankings"] = "fields",
+        format: Literal[
+            "auto", "messages", "prompt_completion", "fields", "implicit_prompt", "hh_rlhf", "alpaca", "paragraphs",
+            "rankings",
+        ] = "auto",
         fields: Fields = Fields(),
         split: str = "train",
         subset: str | None = None,
@@ -111,7 +124,10 @@ class PromptDataModule(TextDataModule):
         drop_last: bool = True,
         num_workers: int = 0,
         ptx_path: str | None = None,
-        ptx_format: Literal["fields", "hh_rlhf", "alpaca", "paragraphs", "rankings"] = "fields",
+        ptx_format: Literal[
+            "auto", "messages", "prompt_completion", "fields", "text", "hh_rlhf", "alpaca", "paragraphs", "rankings",
+            "implicit_prompt",
+        ] = "auto",
         ptx_max_records: int | None = None,
         ptx_batch_size: int | None = None,
         ptx_max_length: int = 512,
@@ -147,6 +163,8 @@ class PromptDataModule(TextDataModule):
         self.ptx_dataset: list[dict[str, Any]] | None = None
         self.save_hyperparameters(ignore=["tokenizer", "fields"])
         self._fields_hparam()
+        if ptx_path is None:
+            self._record_format("ptx_format", None)
 
     def _encode(self, encoder: TextEncoder, examples: list[Example]) -> list[dict[str, Any]]:
         ids = encoder.encode_prompts([e.prompt for e in examples])
@@ -169,15 +187,16 @@ class PromptDataModule(TextDataModule):
     def _setup_extra(self, encoder: TextEncoder) -> None:
         if self.ptx_path is None:
             return
-        examples = self._examples(
+        examples, format = self._examples(
             self.ptx_path, format=self.ptx_format, kind="sft", max_records=self.ptx_max_records
         )
+        self._record_format("ptx_format", format)
         self.ptx_dataset = self._encode_split(encoder, examples, "ptx", self._encode_sft)
 
     def _encode_sft(self, encoder: TextEncoder, examples: list[Example]) -> list[dict[str, Any]]:
-        return encode_sft(
-            encoder, [e.prompt for e in examples], [e.response or "" for e in examples],
-            max_prompt_length=self.max_prompt_length, max_length=self.ptx_max_length, counts=self.truncated,
+        return encode_demonstrations(
+            encoder, examples, turns="all", max_prompt_length=self.max_prompt_length, max_length=self.ptx_max_length,
+            counts=self.truncated,
         )  # fmt: skip
 
     @property

@@ -1,5 +1,6 @@
 """Supervised fine-tuning data: (prompt, response) pairs -> right padded batches whose labels
-count only the response tokens and the EOS that ends them."""
+count only the response tokens and the EOS that ends them; whole conversations -> labels on the
+assistant's turns."""
 
 from __future__ import annotations
 
@@ -8,17 +9,21 @@ from typing import Any, Literal
 from torch.utils.data import DataLoader
 
 from rlhf_lit.data.adapters import Example, Fields
-from rlhf_lit.data.base import TextDataModule
+from rlhf_lit.data.base import TextDataModule, encode_demonstrations
+from rlhf_lit.data.chat import AssistantTurns
 from rlhf_lit.data.collate import SFTCollator
-from rlhf_lit.data.encoding import TextEncoder, encode_sft
+from rlhf_lit.data.encoding import TextEncoder
 
 
 class SFTDataModule(TextDataModule):
-    """(prompt, response) demonstrations for supervised fine-tuning.
+    """(prompt, response) demonstrations, or whole conversations, for supervised fine-tuning.
 
     Batches (right padded): ``input_ids``, ``attention_mask``, ``labels``, each ``(B, T)``;
     ``labels`` is -100 on prompt and padding positions and the token id on response positions,
-    including the EOS that ends a response.
+    including the EOS that ends a response. A conversation (``messages`` records) is rendered
+    whole with the tokenizer's chat template; its labels count the assistant's turns
+    (``assistant_turns``) and the end of turn the template writes in them, -100 elsewhere
+    (:mod:`rlhf_lit.data.chat`).
 
     Truncation: the prompt is truncated from the LEFT to ``max_prompt_length`` tokens (keeping
     its end, nearest to the response; BOS-like specials stay in front); the response is truncated
@@ -40,23 +45,32 @@ class SFTDataModule(TextDataModule):
         seed: seed of the validation split and of the training shuffle; None: the run's
             ``seed_everything`` (:mod:`rlhf_lit.run_seed`), so another run seed holds out other
             examples and shuffles them in another order.
-        format: record format: ``fields`` (column names from ``fields``), ``hh_rlhf`` (prompt +
-            chosen of HH-RLHF transcripts), ``alpaca`` (instruction/input/output, status ok),
-            ``paragraphs`` (first ``prompt_words`` words -> rest), ``rankings`` (prompt + the
-            first best of the ranked responses).
-        fields: column names for the ``fields`` and ``rankings`` formats (and ``text`` for
-            ``paragraphs``).
+        format: record format: ``auto`` (picked from the first record's keys: ``messages``,
+            ``prompt``/``completion``, ``prompt``/``response``, ``instruction``/``output``,
+            ``text``; a ``.txt`` file is ``paragraphs``; pairs and rankings are refused: set their
+            format), ``messages`` (whole conversations, loss on the assistant turns),
+            ``prompt_completion`` (loss on the completion), ``fields`` (column names from
+            ``fields``; prompt and response strings or lists of messages), ``text`` (the whole
+            text trained), ``hh_rlhf`` (prompt + chosen of HH-RLHF transcripts), ``alpaca``
+            (instruction/input/output, status ok), ``paragraphs`` (first ``prompt_words`` words ->
+            rest), ``rankings`` (prompt + the first best of the ranked responses),
+            ``implicit_prompt`` (the prompt chosen and rejected share + chosen).
+            ``val_path`` is read in the format of ``train_path``.
+        fields: column names of the records (every format but ``alpaca``).
         split: hub split to read.
         subset: hub dataset configuration (subset) name.
         max_records: read at most this many records per source (None: all).
         skip_invalid: skip (and count, log once) lines that do not parse and records with a
             missing, non-string or empty field, instead of raising.
         prompt_words: words in the prompt for the ``paragraphs`` format.
-        apply_chat_template: render the prompt as a user turn (with the generation prompt) and
-            the response as the assistant turn with the tokenizer's chat template; an error if
-            the tokenizer has none.
-        max_length: the most tokens of prompt + response + EOS.
-        max_prompt_length: the most prompt tokens (must be below ``max_length``).
+        apply_chat_template: render string prompts as a user turn (with the generation prompt)
+            and string responses as the assistant turn with the tokenizer's chat template; an
+            error if the tokenizer has none. Conversations are always rendered with it.
+        assistant_turns: which assistant turns of a conversation (``messages``) are trained:
+            ``all`` of them, or the ``last`` one only (the earlier ones are context).
+        max_length: the most tokens of prompt + response + EOS (of a whole conversation).
+        max_prompt_length: the most prompt tokens (must be below ``max_length``); for a
+            conversation, the tokens before its first trained token.
         batch_size: examples per batch.
         num_workers: DataLoader worker processes.
     """
@@ -71,7 +85,10 @@ class SFTDataModule(TextDataModule):
         val_path: str | None = None,
         val_fraction: float = 0.0,
         seed: int | None = None,
-        format: Literal["fields", "hh_rlhf", "alpaca", "paragraphs", "rankings"] = "fields",
+        format: Literal[
+            "auto", "messages", "prompt_completion", "fields", "text", "hh_rlhf", "alpaca", "paragraphs", "rankings",
+            "implicit_prompt",
+        ] = "auto",
         fields: Fields = Fields(),
         split: str = "train",
         subset: str | None = None,
@@ -79,6 +96,7 @@ class SFTDataModule(TextDataModule):
         skip_invalid: bool = False,
         prompt_words: int = 8,
         apply_chat_template: bool = False,
+        assistant_turns: AssistantTurns = "all",
         max_length: int = 512,
         max_prompt_length: int = 256,
         batch_size: int = 8,
@@ -97,14 +115,20 @@ class SFTDataModule(TextDataModule):
             prompt_words=prompt_words, apply_chat_template=apply_chat_template,
             batch_size=batch_size, num_workers=num_workers,
         )  # fmt: skip
+        if assistant_turns not in ("all", "last"):
+            raise ValueError(f"assistant_turns must be 'all' or 'last', got {assistant_turns!r}")
         self.max_length, self.max_prompt_length = max_length, max_prompt_length
+        self.assistant_turns = assistant_turns
         self.save_hyperparameters(ignore=["tokenizer", "fields"])
         self._fields_hparam()
+        if assistant_turns == "all":
+            # stored only when set, so that a checkpoint written before the option resumes (its check compares them)
+            del self.hparams["assistant_turns"]
 
     def _encode(self, encoder: TextEncoder, examples: list[Example]) -> list[dict[str, Any]]:
-        return encode_sft(
-            encoder, [e.prompt for e in examples], [e.response or "" for e in examples],
-            max_prompt_length=self.max_prompt_length, max_length=self.max_length, counts=self.truncated,
+        return encode_demonstrations(
+            encoder, examples, turns=self.assistant_turns, max_prompt_length=self.max_prompt_length,
+            max_length=self.max_length, counts=self.truncated,
         )  # fmt: skip
 
     def train_dataloader(self) -> DataLoader:

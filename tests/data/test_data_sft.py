@@ -143,7 +143,7 @@ def test_incompatible_settings_raise(stories_tok, tmp_path):
     with pytest.raises(ValueError, match="tokenizer is None. It is set by the CLI"):
         SFTDataModule(train_path=path).setup("fit")
     with pytest.raises(ValueError, match="only the 'paragraphs' format reads"):
-        SFTDataModule(tokenizer=stories_tok, train_path=str(TINYSTORIES)).setup("fit")
+        SFTDataModule(tokenizer=stories_tok, train_path=str(TINYSTORIES), format="fields").setup("fit")
 
 
 def test_errors_name_file_line_field(stories_tok, tmp_path):
