@@ -1,0 +1,72 @@
+"""The conversational configs that ship (configs/offline/chat/) run as a user runs them: SFT on
+``messages`` records, the reward model on conversational pairs, DPO on implicit-prompt pairs and PPO
+on conversational prompts, each ``rlhf-lit fit --config ...`` in a subprocess with the format left
+to detection; and PPO refuses a reward model that never saw the chat template."""
+
+from __future__ import annotations
+
+import pytest
+from assets_paths import STORIES260K_CHAT
+from cli_helpers import ROOT, rlhf_lit, run_main
+from transformers import AutoTokenizer
+
+CHAT = ROOT / "configs" / "offline" / "chat"
+TINY = {
+    "sft": ("--trainer.max_steps", "3", "--trainer.val_check_interval", "3", "--data.init_args.max_records", "40",
+            "--model.init_args.optimizer.warmup_steps", "1"),
+    "reward_model": ("--trainer.max_steps", "3", "--data.init_args.max_records", "40"),
+    "dpo": ("--trainer.max_steps", "2", "--data.init_args.max_records", "30", "--model.init_args.optimizer.warmup_steps", "1"),
+    "ppo": ("--model.init_args.max_rollouts", "2", "--model.init_args.sampling.max_new_tokens", "8",
+            "--model.init_args.ppo.epochs", "1", "--data.init_args.batch_size", "8",
+            "--model.init_args.ppo.minibatch_size", "4", "--data.init_args.max_records", "16"),
+}  # fmt: skip
+QUIET = ("--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false")
+
+
+def _fit(stage: str, run_dir, *extra: str):
+    """``rlhf-lit fit --config configs/offline/chat/<stage>.yaml --run_dir <run_dir>`` with a tiny budget."""
+    return rlhf_lit("fit", "--config", str(CHAT / f"{stage}.yaml"), "--run_dir", str(run_dir), *TINY[stage], *QUIET,
+                    *extra, cwd=ROOT)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def chat_run(tmp_path_factory):
+    """SFT -> RM -> DPO -> PPO through the shipped chat configs into one run directory."""
+    run_dir = tmp_path_factory.mktemp("chat") / "run"
+    results = {}
+    for stage in ("sft", "reward_model", "dpo", "ppo"):
+        results[stage] = _fit(stage, run_dir)
+        assert results[stage].returncode == 0, (stage, results[stage].stderr[-3000:])
+    return run_dir, results
+
+
+@pytest.mark.slow
+def test_the_chat_configs_train_every_stage_from_conversational_files(chat_run):
+    run_dir, results = chat_run
+    template = AutoTokenizer.from_pretrained(STORIES260K_CHAT).chat_template
+    assert "{% generation %}" in template
+    for stage in ("sft", "reward_model", "dpo", "ppo"):
+        export = run_dir / stage / "model"
+        assert (export / "model.safetensors").exists(), stage
+        # Every export keeps the chat template: the next stage renders conversations as this one did.
+        assert AutoTokenizer.from_pretrained(export).chat_template == template, stage
+    detected = {stage: results[stage].stderr for stage in results}
+    assert "sft.jsonl: format auto read as messages" in detected["sft"]
+    assert "preferences.jsonl: format auto read as fields" in detected["reward_model"]
+    assert "preferences_implicit.jsonl: format auto read as implicit_prompt" in detected["dpo"]
+    assert "prompts.jsonl: format auto read as fields" in detected["ppo"]
+
+
+@pytest.mark.slow
+def test_ppo_refuses_a_reward_model_trained_without_the_chat_template(chat_run, offline_chain, tmp_path):
+    run_dir, _ = chat_run
+    plain_rm = offline_chain.export("reward_model")  # the offline chain's RM: stories260K, no chat template
+    result = run_main("fit", "--config", str(CHAT / "ppo.yaml"), "--run_dir", str(tmp_path / "run"),
+                      "--model.init_args.sft_model", str(run_dir / "sft" / "model"),
+                      "--model.init_args.reward_model", str(plain_rm), *TINY["ppo"], *QUIET, cwd=ROOT)  # fmt: skip
+    assert result.returncode != 0
+    assert result.stderr.strip().splitlines()[-2] == (
+        f"rlhf-lit: error: reward_model {plain_rm}: its tokenizer has no chat template, and the prompts are rendered "
+        "with the policy's template: it would score conversations rendered otherwise than it was trained on. Train "
+        "it from the SFT export (same tokenizer and template) on conversational pairs"
+    )
