@@ -266,11 +266,18 @@ def get_prompt(row: Row, field: str) -> TextOrConversation:
     return prompt
 
 
-def get_response(row: Row, field: str) -> TextOrConversation:
-    """A response in ``row.data[field]``: a string, or a conversation opening on the assistant's message."""
+def get_response(row: Row, field: str, prompt: TextOrConversation | None = None) -> TextOrConversation:
+    """A response in ``row.data[field]``: a string, or a conversation opening on the assistant's message.
+
+    A conversation that repeats the record's ``prompt`` (as messages) at its start is read without it:
+    some Hub pair sets (e.g. HuggingFaceH4/ultrafeedback_binarized) store ``prompt`` as a string and
+    ``chosen`` / ``rejected`` as the whole conversation, the user's turn included."""
     response = get_text_or_conversation(row, field)
     if is_conversation(response):
-        require_response_start(row, field, response)  # type: ignore[arg-type]
+        asked = as_prompt(prompt) if prompt is not None else ()
+        offset = len(asked) if len(response) > len(asked) and response[: len(asked)] == asked else 0  # type: ignore[index]
+        response = response[offset:]  # type: ignore[index]
+        require_response_start(row, field, response, offset)  # type: ignore[arg-type]
     return response
 
 
@@ -290,8 +297,8 @@ def fields(row: Row, kind: Kind, opt: AdapterOptions) -> Example:
     if kind == "prompt":
         return Example(row.where, prompt)
     if kind == "sft":
-        return conversational(Example(row.where, prompt, response=get_response(row, f.response)))
-    return _pair(row, f, prompt, get_response(row, f.chosen), get_response(row, f.rejected))
+        return conversational(Example(row.where, prompt, response=get_response(row, f.response, prompt)))
+    return _pair(row, f, prompt, get_response(row, f.chosen, prompt), get_response(row, f.rejected, prompt))
 
 
 def messages(row: Row, kind: Kind, opt: AdapterOptions) -> Example:

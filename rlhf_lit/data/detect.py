@@ -6,7 +6,8 @@ by default the names shown):
 ============================================  ====================  ======================
 first record has                              format                examples it gives
 ============================================  ====================  ======================
-``messages``                                  ``messages``          SFT, prompts
+``messages`` (for pairs: without ``chosen``   ``messages``          SFT, prompts
++ ``rejected``)
 ``chosen`` + ``rejected`` + ``prompt``        ``fields``            preference, prompts
 ``chosen`` + ``rejected``, chosen a string    ``hh_rlhf``           preference, prompts
 starting ``\\n\\nHuman:`` or holding
@@ -49,7 +50,8 @@ SFT_KINDS: tuple[Kind, ...] = ("sft", "prompt")
 def _match(data: dict, f: Fields, kind: Kind) -> tuple[str, tuple[Kind, ...]] | None:
     """(format, the kinds ``auto`` reads it as) for the keys of ``data``; None when no rule matches."""
     has = data.__contains__
-    if has(f.messages):
+    # A pair set may carry a messages column too (HuggingFaceH4/ultrafeedback_binarized): pairs, for pairs.
+    if has(f.messages) and not (kind == "preference" and has(f.chosen) and has(f.rejected)):
         return "messages", SFT_KINDS
     if has(f.chosen) and has(f.rejected):  # before responses: pairs were the default before auto
         if has(f.prompt):

@@ -78,6 +78,22 @@ def test_fields_pairs_with_conversations_turn_their_strings_into_messages():
     )
 
 
+def test_pairs_that_repeat_the_prompt_in_their_conversations_are_read_without_it():
+    # HuggingFaceH4/ultrafeedback_binarized: prompt a string, chosen / rejected the whole conversation.
+    record = {"prompt": "Hi", "chosen": [user("Hi"), bot("Hello")], "rejected": [user("Hi"), bot("Go away")]}
+    assert read(record, "fields", "preference") == Example(
+        WHERE, (user("Hi"),), chosen=(bot("Hello"),), rejected=(bot("Go away"),)
+    )
+    # a first turn that is not the prompt is not stripped: the response must open with the assistant
+    other = {"prompt": "Hi", "chosen": [user("Hey"), bot("Hello")], "rejected": [bot("Go away")]}
+    with pytest.raises(InvalidRecord, match=r"field 'chosen\[0\]' is a user turn"):
+        read(other, "fields", "preference")
+    # the message named counts the prompt's turns: the turn after the repeated prompt is chosen[1]
+    repeated = {"prompt": "Hi", "chosen": [user("Hi"), user("Hi")], "rejected": [bot("Go away")]}
+    with pytest.raises(InvalidRecord, match=r"field 'chosen\[1\]' is a user turn"):
+        read(repeated, "fields", "preference")
+
+
 def test_implicit_prompt_of_strings_stops_after_the_last_whitespace():
     # common prefix "The sky is bl": moved back to after the space, so "blue"/"black" stay whole
     record = {"chosen": "The sky is blue today.", "rejected": "The sky is black."}

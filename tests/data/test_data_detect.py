@@ -35,6 +35,12 @@ PICKS = [
     ({"prompt": "p"}, "prompt", "fields"),
     # a record with pairs and rankings is read as pairs, as the format "fields" read it before auto
     ({"prompt": "p", "chosen": "a", "rejected": "b", "responses": ["a", "b"]}, "preference", "fields"),
+    # HuggingFaceH4/ultrafeedback_binarized's train_prefs: pairs with a messages column, read as pairs for
+    # pairs and as the conversation for SFT
+    ({"prompt": "p", "chosen": [USER, ASSISTANT], "rejected": [USER, ASSISTANT], "messages": [USER, ASSISTANT]},
+     "preference", "fields"),
+    ({"prompt": "p", "chosen": [USER, ASSISTANT], "rejected": [USER, ASSISTANT], "messages": [USER, ASSISTANT]},
+     "sft", "messages"),
 ]  # fmt: skip
 
 
