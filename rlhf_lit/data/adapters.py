@@ -73,7 +73,7 @@ from rlhf_lit.data.conversation import (
     shared_words,
     text_or_conversation,
 )
-from rlhf_lit.data.records import InvalidRecord, Row, get_number, get_text
+from rlhf_lit.data.records import InvalidRecord, Row, get_list, get_number, get_text, missing_field
 
 log = logging.getLogger("rlhf_lit.data")
 
@@ -395,8 +395,7 @@ def text(row: Row, kind: Kind, opt: AdapterOptions) -> Example:
 def _ranks(row: Row, field: str, k: int) -> list[int]:
     """The ``ranks`` column of a ranking record as dense ranks (0 = best); see :func:`read_ranking`."""
     if field not in row.data:
-        keys = ", ".join(map(str, row.data)) or "none"
-        raise InvalidRecord(f"{row.where}: field {field!r} missing (record keys: {keys})")
+        raise missing_field(row, field)
     value = row.data[field]
     if not isinstance(value, list) or len(value) != k:
         got = f"{len(value)} values" if isinstance(value, list) else type(value).__name__
@@ -426,12 +425,7 @@ def read_ranking(row: Row, f: Fields) -> tuple[list[TextOrConversation], list[in
     learn from and is skipped (counted).
     """
     name = f.responses
-    if name not in row.data:
-        keys = ", ".join(map(str, row.data)) or "none"
-        raise InvalidRecord(f"{row.where}: field {name!r} missing (record keys: {keys})")
-    values = row.data[name]
-    if not isinstance(values, list):
-        raise InvalidRecord(f"{row.where}: field {name!r} must be a list of strings, got {type(values).__name__}")
+    values = get_list(row, name, "strings")
     if len(values) < 2:
         raise InvalidRecord(f"{row.where}: field {name!r} must hold at least 2 responses, got {len(values)}")
     responses = []

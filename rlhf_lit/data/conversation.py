@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Union
 
-from rlhf_lit.data.records import InvalidRecord, Row, get_text
+from rlhf_lit.data.records import InvalidRecord, Row, get_list, get_text
 
 ROLES = ("system", "user", "assistant")
 """The roles a message may have."""
@@ -80,13 +80,7 @@ def messages_of(row: Row, field: str, value: list) -> Conversation:
 
 def get_conversation(row: Row, field: str) -> Conversation:
     """The conversation in ``row.data[field]``: present, a list, every message valid, not empty."""
-    if field not in row.data:
-        keys = ", ".join(map(str, row.data)) or "none"
-        raise InvalidRecord(f"{row.where}: field {field!r} missing (record keys: {keys})")
-    value = row.data[field]
-    if not isinstance(value, list):
-        raise InvalidRecord(f"{row.where}: field {field!r} must be a list of messages, got {type(value).__name__}")
-    return messages_of(row, field, value)
+    return messages_of(row, field, get_list(row, field, "messages"))
 
 
 def text_or_conversation(row: Row, field: str, value: Any) -> TextOrConversation:

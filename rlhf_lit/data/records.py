@@ -217,6 +217,22 @@ def _read_hub(name: str, *, split: str, subset: str | None) -> Iterator[Row]:
 # ------------------------------------------------------------------------------------ validation
 
 
+def missing_field(row: Row, field: str) -> InvalidRecord:
+    """The error for a record without ``field``, listing the keys it has."""
+    keys = ", ".join(map(str, row.data)) or "none"
+    return InvalidRecord(f"{row.where}: field {field!r} missing (record keys: {keys})")
+
+
+def get_list(row: Row, field: str, of: str) -> list:
+    """The list in ``row.data[field]``; ``of`` names its items in the error (``"strings"``, ``"messages"``)."""
+    if field not in row.data:
+        raise missing_field(row, field)
+    value = row.data[field]
+    if not isinstance(value, list):
+        raise InvalidRecord(f"{row.where}: field {field!r} must be a list of {of}, got {type(value).__name__}")
+    return value
+
+
 def get_text(row: Row, field: str, *, required: bool = True) -> str:
     """The string in ``row.data[field]``; raises ``InvalidRecord`` naming the place and field.
 
@@ -227,8 +243,7 @@ def get_text(row: Row, field: str, *, required: bool = True) -> str:
     if field not in data or (not required and data[field] is None):
         if not required:
             return ""
-        keys = ", ".join(map(str, data)) or "none"
-        raise InvalidRecord(f"{row.where}: field {field!r} missing (record keys: {keys})")
+        raise missing_field(row, field)
     value = data[field]
     if not isinstance(value, str):
         raise InvalidRecord(
@@ -243,8 +258,7 @@ def get_number(row: Row, field: str) -> float:
     """The number in ``row.data[field]`` as a float (bools are rejected)."""
     data = row.data
     if field not in data:
-        keys = ", ".join(map(str, data)) or "none"
-        raise InvalidRecord(f"{row.where}: field {field!r} missing (record keys: {keys})")
+        raise missing_field(row, field)
     value = data[field]
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise InvalidRecord(
