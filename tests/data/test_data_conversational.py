@@ -94,17 +94,22 @@ def test_pairs_that_repeat_the_prompt_in_their_conversations_are_read_without_it
         read(repeated, "fields", "preference")
 
 
-def test_implicit_prompt_of_strings_stops_after_the_last_whitespace():
-    # common prefix "The sky is bl": moved back to after the space, so "blue"/"black" stay whole
+def test_implicit_prompt_of_strings_stops_before_the_last_whitespace():
+    # common prefix "The sky is bl": moved back to the space, so "blue"/"black" stay whole and the
+    # responses start with the space (TRL's extract_prompt does the same), as paragraphs responses do
     record = {"chosen": "The sky is blue today.", "rejected": "The sky is black."}
     assert read(record, "implicit_prompt", "preference") == Example(
-        WHERE, "The sky is ", chosen="blue today.", rejected="black."
+        WHERE, "The sky is", chosen=" blue today.", rejected=" black."
     )
-    assert read(record, "implicit_prompt", "sft") == Example(WHERE, "The sky is ", response="blue today.")
-    assert read(record, "implicit_prompt", "prompt") == Example(WHERE, "The sky is ")
-    # one a prefix of the other: "a b" / "a b c" share "a b", moved back to "a "
+    assert read(record, "implicit_prompt", "sft") == Example(WHERE, "The sky is", response=" blue today.")
+    assert read(record, "implicit_prompt", "prompt") == Example(WHERE, "The sky is")
+    # one a prefix of the other: "a b" / "a b c" share "a b", moved back to "a"
     assert read({"chosen": "a b", "rejected": "a b c"}, "implicit_prompt", "preference") == Example(
-        WHERE, "a ", chosen="b", rejected="b c"
+        WHERE, "a", chosen=" b", rejected=" b c"
+    )
+    # a run of whitespace goes to the responses whole
+    assert read({"chosen": "Q:\n\nyes", "rejected": "Q:\n\nno"}, "implicit_prompt", "preference") == Example(
+        WHERE, "Q:", chosen="\n\nyes", rejected="\n\nno"
     )
 
 
@@ -172,7 +177,7 @@ BAD = [
      "fields 'chosen' and 'rejected' share no whole word at their start; an implicit prompt is the text both "
      "start with"),
     ({"chosen": "It is ", "rejected": "It is now"}, "implicit_prompt", "preference",
-     "field 'chosen' has nothing after the prompt both share ('It is '); a response must follow it"),
+     "field 'chosen' has nothing after the prompt both share ('It is'); a response must follow it"),
     ({"chosen": "A b", "rejected": [user("A b")]}, "implicit_prompt", "preference",
      "fields 'chosen' and 'rejected' must both be strings or both conversations to share an implicit prompt"),
     ({"prompt": "Hi", "responses": ["Yes", [bot("Yes")]]}, "rankings", "preference",
@@ -307,3 +312,21 @@ def test_string_prompts_are_not_chat_rendered_unless_asked(chat_tok, tmp_path):
         dm = PromptDataModule(tokenizer=chat_tok, train_path=path, apply_chat_template=apply_chat_template)
         dm.setup()
         assert dm.chat_rendered is apply_chat_template
+
+
+def test_an_implicit_string_pair_is_tokenized_as_its_whole_text(chat_tok, tmp_path):
+    # The pair reads as the text itself: no lone space token between prompt and response (a prompt
+    # ending in a space tokenizes to a trailing '▁', and a response tokenized after it gets its own
+    # '▁' again: "The sky is  blue."), and PPO's prompts end where the pair's prompt does.
+    record = {"chosen": "The sky is blue.", "rejected": "The sky is red."}
+    path = write_jsonl(tmp_path / "i.jsonl", [record])
+    dm = PreferenceDataModule(tokenizer=chat_tok, train_path=path)
+    dm.setup()
+    (item,) = dm.train_dataset
+    p = [1] + ids(chat_tok, "The sky is")
+    assert item == {"chosen_input_ids": [1] + ids(chat_tok, "The sky is blue.") + [2],
+                    "rejected_input_ids": [1] + ids(chat_tok, "The sky is red.") + [2], "prompt_length": len(p)}
+    assert chat_tok.decode(item["chosen_input_ids"], skip_special_tokens=True) == "The sky is blue."
+    prompts = PromptDataModule(tokenizer=chat_tok, train_path=path)
+    prompts.setup()
+    assert prompts.train_dataset[0]["input_ids"] == p
