@@ -26,7 +26,8 @@ a trailing EOS string removed, since the EOS id is appended by rule 2); a string
 assistant message, a string prompt before a conversation response one user message. With
 ``apply_chat_template=True`` string prompts and responses are rendered so too, as one user turn and
 one assistant turn. The template writes its own special tokens, so none are added in front of a
-rendered prompt. A tokenizer without a chat template cannot render conversations: one error.
+rendered prompt; when it starts with the ones rule 1 puts in front (its BOS), a left cut keeps them
+there as rule 1 does. A tokenizer without a chat template cannot render conversations: one error.
 """
 
 from __future__ import annotations
@@ -79,7 +80,9 @@ class TextEncoder:
             )
         self.tokenizer = tokenizer
         self.apply_chat_template = apply_chat_template
-        self.prefix: list[int] = [] if apply_chat_template else special_prefix(tokenizer)
+        # Put in front of plain-text prompts; a prompt the chat template rendered carries its own (the
+        # template writes its BOS), and a left cut keeps them in front either way (truncate_prompt).
+        self.prefix: list[int] = special_prefix(tokenizer)
 
     @property
     def eos_token_id(self) -> int:
@@ -149,7 +152,7 @@ class TextEncoder:
     def encode_prompts(self, prompts: Sequence[TextOrConversation]) -> list[list[int]]:
         """Prompt ids (specials in front, not truncated)."""
         ids = self._ids([self.render_prompt(p) for p in prompts])
-        return [self._prefixed(x, is_conversation(p)) for p, x in zip(prompts, ids)]
+        return [self._prefixed(x, self._as_chat(p)) for p, x in zip(prompts, ids)]
 
     def encode_pairs(
         self, prompts: Sequence[TextOrConversation], responses: Sequence[TextOrConversation]
@@ -169,7 +172,7 @@ class TextEncoder:
                 alone.append(i)
         for i, ids in zip(alone, self._ids([texts[i] for i in alone])):
             response_ids[i] = ids
-        chat = [is_conversation(p) or is_conversation(r) for p, r in zip(prompts, responses)]
+        chat = [self._as_chat(p, r) for p, r in zip(prompts, responses)]
         return [self._prefixed(p, c) for p, c in zip(prompt_ids, chat)], response_ids  # type: ignore[return-value]
 
 

@@ -330,3 +330,27 @@ def test_an_implicit_string_pair_is_tokenized_as_its_whole_text(chat_tok, tmp_pa
     prompts = PromptDataModule(tokenizer=chat_tok, train_path=path)
     prompts.setup()
     assert prompts.train_dataset[0]["input_ids"] == p
+
+
+@pytest.mark.parametrize("apply_chat_template", [False, True])
+def test_a_prompt_cut_from_the_left_keeps_the_template_bos(chat_tok, tmp_path, apply_chat_template):
+    # '<s>System: <long>\nUser: Hi\nAssistant:' cut to 6 tokens: the template's '<s>' stays in front of
+    # the last 5 ('is', 't', 'an', 't', ':' of 'Assistant:', read off by hand), in SFT
+    # pairs, preference pairs and PPO prompts alike, with or without apply_chat_template.
+    prompt = [sys_("Be kind and tell long stories about cats and dogs."), user("Hi")]
+    p = ids(chat_tok, "<s>System: Be kind and tell long stories about cats and dogs.\nUser: Hi\nAssistant:")
+    cut = [1] + p[-5:]
+    assert chat_tok.convert_ids_to_tokens(cut) == ["<s>", "is", "t", "an", "t", ":"]
+    hello = ids(chat_tok, "<s>User: Hi\nAssistant: Hello")[len(ids(chat_tok, "<s>User: Hi\nAssistant:")) :]
+    common = {"tokenizer": chat_tok, "apply_chat_template": apply_chat_template, "max_prompt_length": 6}
+    sft = SFTDataModule(train_path=write_jsonl(tmp_path / "s.jsonl", [{"prompt": prompt, "completion": "Hello"}]),
+                        **common)  # fmt: skip
+    pairs = PreferenceDataModule(
+        train_path=write_jsonl(tmp_path / "p.jsonl", [{"prompt": prompt, "chosen": "Hello", "rejected": "No"}]), **common
+    )
+    prompts = PromptDataModule(train_path=write_jsonl(tmp_path / "q.jsonl", [{"prompt": prompt}]), **common)
+    for dm in (sft, pairs, prompts):
+        dm.setup()
+    assert sft.train_dataset[0]["input_ids"] == cut + hello + [2]
+    assert pairs.train_dataset[0]["chosen_input_ids"] == cut + hello + [2]
+    assert prompts.train_dataset[0]["input_ids"] == cut
