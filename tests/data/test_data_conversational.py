@@ -354,3 +354,19 @@ def test_a_prompt_cut_from_the_left_keeps_the_template_bos(chat_tok, tmp_path, a
     assert sft.train_dataset[0]["input_ids"] == cut + hello + [2]
     assert pairs.train_dataset[0]["chosen_input_ids"] == cut + hello + [2]
     assert prompts.train_dataset[0]["input_ids"] == cut
+
+
+def test_a_conversation_the_prefix_rule_cannot_split_is_named_by_its_record(tmp_path):
+    # Without {% generation %} blocks the turns are found by rendering up to each assistant message,
+    # which a conversation opening with the assistant cannot be: the error names that record.
+    tok = AutoTokenizer.from_pretrained(str(CHAT_MODEL))
+    tok.chat_template = tok.chat_template.replace("{% generation %}", "").replace("{% endgeneration %}", "")
+    records = [{"messages": [user("Hi"), bot("Hello")]}, {"messages": [bot("Hello"), user("Hi"), bot("Bye")]}]
+    path = write_jsonl(tmp_path / "m.jsonl", records)
+    dm = SFTDataModule(tokenizer=tok, train_path=path)
+    with pytest.raises(ValueError) as error:
+        dm.setup()
+    assert str(error.value).startswith(
+        f"{path} line 2: the chat template of tokenizer '{CHAT_MODEL}' cannot be split into turns: the conversation "
+        "starts with an assistant message"
+    )
