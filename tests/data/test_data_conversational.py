@@ -370,3 +370,45 @@ def test_a_conversation_the_prefix_rule_cannot_split_is_named_by_its_record(tmp_
         f"{path} line 2: the chat template of tokenizer '{CHAT_MODEL}' cannot be split into turns: the conversation "
         "starts with an assistant message"
     )
+
+
+@pytest.fixture
+def end_of_turn_tok():
+    """The chat model's tokenizer with a template that ends the assistant's turn with its own special
+    token '<|end|>' (id 512), not the EOS '</s>': as Gemma's '<end_of_turn>' or Phi-3's '<|end|>'."""
+    tok = AutoTokenizer.from_pretrained(str(CHAT_MODEL))
+    tok.add_special_tokens({"additional_special_tokens": ["<|end|>"]})
+    assert tok.chat_template.count("+ eos_token") == 1
+    tok.chat_template = tok.chat_template.replace("+ eos_token", "+ '<|end|>'")
+    assert tok.convert_tokens_to_ids("<|end|>") == 512
+    return tok
+
+
+def test_a_response_ends_with_the_template_end_of_turn_and_no_eos_after_it(end_of_turn_tok, tmp_path):
+    # PPO stops at the end of turn (a stop id) and its reward model reads that token last, so the
+    # reward model's pairs end on it too; prompt / completion SFT and DPO train it as multi-turn SFT
+    # does, without an EOS after it that generation never writes.
+    tok = end_of_turn_tok
+    p = ids(tok, "<s>User: Hi\nAssistant:")
+    hello = ids(tok, "<s>User: Hi\nAssistant: Hello")[len(p) :]
+    no = ids(tok, "<s>User: Hi\nAssistant: No")[len(p) :]
+    pair = {"prompt": [user("Hi")], "chosen": [bot("Hello")], "rejected": "No"}
+    pairs = PreferenceDataModule(tokenizer=tok, train_path=write_jsonl(tmp_path / "p.jsonl", [pair]))
+    ranking = {"prompt": [user("Hi")], "responses": ["Hello", "No"]}
+    rankings = PreferenceDataModule(tokenizer=tok, train_path=write_jsonl(tmp_path / "r.jsonl", [ranking]))
+    completion = SFTDataModule(
+        tokenizer=tok, train_path=write_jsonl(tmp_path / "c.jsonl", [{"prompt": [user("Hi")], "completion": "Hello"}])
+    )
+    conversation = {"messages": [user("Hi"), bot("Hello")]}
+    messages = SFTDataModule(tokenizer=tok, train_path=write_jsonl(tmp_path / "m.jsonl", [conversation]))
+    for dm in (pairs, rankings, completion, messages):
+        dm.setup()
+    assert pairs.train_dataset == [{"chosen_input_ids": p + hello + [512], "rejected_input_ids": p + no + [512],
+                                    "prompt_length": len(p)}]  # fmt: skip
+    assert rankings.train_dataset[0]["input_ids"] == [p + hello + [512], p + no + [512]]
+    sft = {"input_ids": p + hello + [512], "labels": [-100] * len(p) + hello + [512]}
+    assert completion.train_dataset == [sft]
+    # multi-turn SFT: the same tokens, then the template's newline after the turn, not trained
+    (item,) = messages.train_dataset
+    assert {k: v[: len(p) + len(hello) + 1] for k, v in item.items()} == sft
+    assert set(item["labels"][len(p) + len(hello) + 1 :]) == {-100}
