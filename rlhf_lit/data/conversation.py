@@ -120,8 +120,9 @@ def require_prompt_end(row: Row, field: str, prompt: Conversation, offset: int =
     ``offset`` is the index of ``prompt[0]`` in the record's field (for the message named)."""
     last = prompt[-1]["role"]
     if last != "user":
+        article = "an" if last == "assistant" else "a"
         raise InvalidRecord(
-            f"{row.where}: field '{field}[{offset + len(prompt) - 1}]' ends the prompt on a {last} turn; "
+            f"{row.where}: field '{field}[{offset + len(prompt) - 1}]' ends the prompt on {article} {last} turn; "
             "a prompt must end with the user's turn"
         )
 

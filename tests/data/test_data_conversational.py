@@ -156,6 +156,8 @@ BAD = [
      "field 'messages[0]' ends the prompt on a system turn; a prompt must end with the user's turn"),
     ({"messages": [bot("Hello")]}, "messages", "prompt",
      "field 'messages' holds only an assistant turn; a prompt needs the user's turn"),
+    ({"prompt": [user("Hi"), bot("Hello")], "completion": "x"}, "prompt_completion", "sft",
+     "field 'prompt[1]' ends the prompt on an assistant turn; a prompt must end with the user's turn"),
     ({"prompt": ["Hi"], "completion": "x"}, "prompt_completion", "sft",
      "field 'prompt' must be a string, got list of str; a conversation is a list of messages (objects with role "
      "and content)"),
