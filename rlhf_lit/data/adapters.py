@@ -19,8 +19,9 @@ of each source: :mod:`rlhf_lit.data.detect`):
   then holds the assistant's message). SFT examples (loss on the completion) and prompts.
 - ``"implicit_prompt"``: ``{"chosen", "rejected"}`` only, the prompt being what both share at
   their start: for conversations their longest shared run of whole messages (each rest must start
-  with an assistant message); for strings their longest common prefix, moved back to just after
-  its last whitespace so that no word is split. SFT examples are prompt + chosen.
+  with an assistant message); for strings their longest common prefix, moved back to the start of
+  its last whitespace so that no word is split (the responses start with that whitespace, as TRL
+  splits them). SFT examples are prompt + chosen.
 - ``"text"``: language modelling: SFT examples train the whole ``text`` column (the prompt is
   empty: only the tokenizer's special prefix, e.g. BOS). No prompts (use ``paragraphs``).
 - ``"hh_rlhf"``: Anthropic HH-RLHF transcripts ``{"chosen", "rejected"}``, each a full
@@ -351,7 +352,8 @@ def _implicit_conversations(row: Row, f: Fields, chosen: Conversation, rejected:
 
 
 def _implicit_strings(row: Row, f: Fields, chosen: str, rejected: str) -> tuple[str, str, str]:
-    """(prompt, chosen, rejected): the prompt is the common prefix up to its last whitespace."""
+    """(prompt, chosen, rejected): the prompt is the common prefix up to its last whitespace, which
+    starts the responses."""
     n = shared_words(chosen, rejected)
     if n == 0 or not chosen[:n].strip():
         raise InvalidRecord(

@@ -78,7 +78,7 @@ def encode_conversations(
     convs = [[{"role": m["role"], "content": m["content"]} for m in c] for c in conversations]
     if not convs:
         return []
-    _require_chat_tokenizer(tokenizer)
+    require_chat_tokenizer(tokenizer)
     texts = [tokenizer.apply_chat_template(c, tokenize=False) for c in convs]
     enc = tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True, verbose=False)
     template_turns = _generation_turns(tokenizer, convs, enc["input_ids"])
@@ -183,7 +183,7 @@ def _assistant_span(tokenizer: Any, conv: list[dict[str, str]], text: str, i: in
     return len(before), len(upto.rstrip())
 
 
-def _require_chat_tokenizer(tokenizer: Any) -> None:
+def require_chat_tokenizer(tokenizer: Any) -> None:
     """A chat template to render with, and character offsets (only fast tokenizers give them),
     which both rules read."""
     if not getattr(tokenizer, "chat_template", None):

@@ -114,8 +114,9 @@ def require_prompt_end(row: Row, field: str, prompt: Conversation, offset: int =
     ``offset`` is the index of ``prompt[0]`` in the record's field (for the message named)."""
     last = prompt[-1]["role"]
     if last != "user":
+        article = "an" if last == "assistant" else "a"
         raise InvalidRecord(
-            f"{row.where}: field '{field}[{offset + len(prompt) - 1}]' ends the prompt on a {last} turn; "
+            f"{row.where}: field '{field}[{offset + len(prompt) - 1}]' ends the prompt on {article} {last} turn; "
             "a prompt must end with the user's turn"
         )
 
@@ -141,11 +142,15 @@ def shared_turns(a: Conversation, b: Conversation) -> int:
 
 
 def shared_words(a: str, b: str) -> int:
-    """The length of the longest common prefix of ``a`` and ``b``, moved back to just after its last
-    whitespace so that no word is split between the prompt and a response (0 when it has none)."""
+    """The length of the longest common prefix of ``a`` and ``b``, moved back to the start of its last
+    whitespace so that no word is split between the prompt and a response and the responses start
+    with the whitespace (0 when it has none). A prompt ending in a space would tokenize to a lone
+    space token that the response, tokenized after it, repeats (sentencepiece: ``is▁`` + ``▁blue``)."""
     n = 0
     while n < min(len(a), len(b)) and a[n] == b[n]:
         n += 1
     while n > 0 and not a[n - 1].isspace():
+        n -= 1
+    while n > 0 and a[n - 1].isspace():
         n -= 1
     return n

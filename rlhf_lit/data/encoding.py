@@ -21,12 +21,16 @@ the response is tokenized on its own.
 
 Chat template: a conversation prompt (:mod:`rlhf_lit.data.conversation`) is rendered by the
 tokenizer's chat template with ``add_generation_prompt=True``, and a response after it is what the
-template writes for prompt + response messages after that rendered prompt (trailing whitespace and
-a trailing EOS string removed, since the EOS id is appended by rule 2); a string response is one
+template writes for prompt + response messages after that rendered prompt, trailing whitespace and
+the end of turn removed: a trailing EOS string, since the EOS id is appended by rule 2, or the
+template's own end-of-turn special token (``<|im_end|>``, Gemma's ``<end_of_turn>``), whose id rule 2
+then appends in the EOS's place, so that a response ends as multi-turn SFT trains it and as PPO,
+which stops at that token, hands it to the reward model (no EOS after it); a string response is one
 assistant message, a string prompt before a conversation response one user message. With
 ``apply_chat_template=True`` string prompts and responses are rendered so too, as one user turn and
 one assistant turn. The template writes its own special tokens, so none are added in front of a
-rendered prompt. A tokenizer without a chat template cannot render conversations: one error.
+rendered prompt; when it starts with the ones rule 1 puts in front (its BOS), a left cut keeps them
+there as rule 1 does. A tokenizer without a chat template cannot render conversations: one error.
 """
 
 from __future__ import annotations
@@ -79,7 +83,9 @@ class TextEncoder:
             )
         self.tokenizer = tokenizer
         self.apply_chat_template = apply_chat_template
-        self.prefix: list[int] = [] if apply_chat_template else special_prefix(tokenizer)
+        # Put in front of plain-text prompts; a prompt the chat template rendered carries its own (the
+        # template writes its BOS), and a left cut keeps them in front either way (truncate_prompt).
+        self.prefix: list[int] = special_prefix(tokenizer)
 
     @property
     def eos_token_id(self) -> int:
@@ -118,9 +124,15 @@ class TextEncoder:
 
     def render_response(self, prompt: TextOrConversation, rendered_prompt: str, response: TextOrConversation) -> str:
         """The response's text: itself, or the template's rendering of prompt + response with
-        ``rendered_prompt`` removed from its front (see the module docstring)."""
+        ``rendered_prompt`` removed from its front and its end of turn from its end (see the module docstring)."""
+        return self._response_and_end(prompt, rendered_prompt, response)[0]
+
+    def _response_and_end(
+        self, prompt: TextOrConversation, rendered_prompt: str, response: TextOrConversation
+    ) -> tuple[str, str]:
+        """(:meth:`render_response`, the end-of-turn token removed from its end, ``""`` for none)."""
         if not self._as_chat(prompt, response):
-            return response  # type: ignore[return-value]
+            return response, ""  # type: ignore[return-value]
         full = self._chat(as_prompt(prompt) + as_response(response))
         if not full.startswith(rendered_prompt):
             raise ValueError(
@@ -128,8 +140,25 @@ class TextEncoder:
                 "generation prompt (add_generation_prompt=True); cannot split prompt and response"
             )
         text = full[len(rendered_prompt) :].rstrip()
+        end = self._end_of_turn(text)
+        return text[: len(text) - len(end)], end
+
+    def _end_of_turn(self, text: str) -> str:
+        """The special token the template ended the rendered response ``text`` with: the EOS, or its
+        own end of turn (``<|im_end|>``, ``<end_of_turn>``, ``<|end|>``); ``""`` when none."""
         eos = self.tokenizer.eos_token
-        return text[: -len(eos)] if eos and text.endswith(eos) else text
+        if eos and text.endswith(eos):
+            return eos
+        added = getattr(self.tokenizer, "added_tokens_decoder", {}).values()
+        specials = {*getattr(self.tokenizer, "all_special_tokens", ()), *(t.content for t in added if t.special)}
+        return max((t for t in specials if t and text.endswith(t)), key=len, default="")
+
+    def _end_id(self, end: str) -> int:
+        """The id that ends a response whose rendering ended with ``end`` (:meth:`_end_of_turn`): the
+        template's own end of turn, else the EOS (rule 2)."""
+        if end and end != self.tokenizer.eos_token:
+            return int(self.tokenizer.convert_tokens_to_ids(end))
+        return self.eos_token_id
 
     # ------------------------------------------------------------------------------ tokenizing
     def _ids(self, texts: Sequence[str]) -> list[list[int]]:
@@ -149,14 +178,20 @@ class TextEncoder:
     def encode_prompts(self, prompts: Sequence[TextOrConversation]) -> list[list[int]]:
         """Prompt ids (specials in front, not truncated)."""
         ids = self._ids([self.render_prompt(p) for p in prompts])
-        return [self._prefixed(x, is_conversation(p)) for p, x in zip(prompts, ids)]
+        return [self._prefixed(x, self._as_chat(p)) for p, x in zip(prompts, ids)]
 
     def encode_pairs(
         self, prompts: Sequence[TextOrConversation], responses: Sequence[TextOrConversation]
-    ) -> tuple[list[list[int]], list[list[int]]]:
-        """(prompt ids with specials, response ids), not truncated; see "Boundary" above."""
+    ) -> tuple[list[list[int]], list[list[int]], list[int]]:
+        """(prompt ids with specials, response ids, the id that ends each response), not truncated;
+        see "Boundary" above. The end id is the EOS, or the chat template's own end of turn when it
+        ends the assistant's turn with another special token (see "Chat template" above)."""
         rendered = [self.render_prompt(p, r) for p, r in zip(prompts, responses)]
-        texts = [self.render_response(p, rp, r) for p, rp, r in zip(prompts, rendered, responses)]
+        texts, ends = [], []
+        for p, rp, r in zip(prompts, rendered, responses):
+            text, end = self._response_and_end(p, rp, r)
+            texts.append(text)
+            ends.append(self._end_id(end))
         prompt_ids = self._ids(rendered)
         joint_ids = self._ids([rp + t for rp, t in zip(rendered, texts)])
         response_ids: list[list[int] | None] = []
@@ -169,8 +204,8 @@ class TextEncoder:
                 alone.append(i)
         for i, ids in zip(alone, self._ids([texts[i] for i in alone])):
             response_ids[i] = ids
-        chat = [is_conversation(p) or is_conversation(r) for p, r in zip(prompts, responses)]
-        return [self._prefixed(p, c) for p, c in zip(prompt_ids, chat)], response_ids  # type: ignore[return-value]
+        chat = [self._as_chat(p, r) for p, r in zip(prompts, responses)]
+        return [self._prefixed(p, c) for p, c in zip(prompt_ids, chat)], response_ids, ends  # type: ignore[return-value]
 
 
 def truncate_prompt(
@@ -222,11 +257,11 @@ def encode_sft(
     above; examples whose response keeps no token are left out (the caller counts them). Shared
     by SFT data, the reward-normalisation reference set and the PPO-ptx source, so all three build
     prompt + response (+ EOS) identically. Cut prompts and responses are counted in ``counts``."""
-    prompt_ids, response_ids = encoder.encode_pairs(prompts, responses)
+    prompt_ids, response_ids, end_ids = encoder.encode_pairs(prompts, responses)
     items = []
-    for p, r in zip(prompt_ids, response_ids):
+    for p, r, end in zip(prompt_ids, response_ids, end_ids):
         p = truncate_prompt(p, encoder.prefix, max_prompt_length, counts)
-        kept = truncate_response(p, r, encoder.eos_token_id, max_length, counts)
+        kept = truncate_response(p, r, end, max_length, counts)
         if kept is not None:
             items.append({"input_ids": p + kept, "labels": [IGNORE_INDEX] * len(p) + kept})
     return items

@@ -150,15 +150,14 @@ class PreferenceDataModule(TextDataModule):
         if self.format == "rankings":
             return self._encode_rankings(encoder, examples)
         prompts = [e.prompt for e in examples]
-        prompt_ids, chosen_ids = encoder.encode_pairs(prompts, [e.chosen or "" for e in examples])
-        _, rejected_ids = encoder.encode_pairs(prompts, [e.rejected or "" for e in examples])
-        eos = encoder.eos_token_id
+        prompt_ids, chosen_ids, chosen_ends = encoder.encode_pairs(prompts, [e.chosen or "" for e in examples])
+        _, rejected_ids, rejected_ends = encoder.encode_pairs(prompts, [e.rejected or "" for e in examples])
         items = []
         chosen_cut, rejected_cut = Counter(), Counter()  # counted apart: each is one of len(examples)
-        for e, p, c, r in zip(examples, prompt_ids, chosen_ids, rejected_ids):
+        for e, p, c, r, c_end, r_end in zip(examples, prompt_ids, chosen_ids, rejected_ids, chosen_ends, rejected_ends):
             p = truncate_prompt(p, encoder.prefix, self.max_prompt_length, self.truncated)
-            c = truncate_response(p, c, eos, self.max_length, chosen_cut)
-            r = truncate_response(p, r, eos, self.max_length, rejected_cut)
+            c = truncate_response(p, c, c_end, self.max_length, chosen_cut)
+            r = truncate_response(p, r, r_end, self.max_length, rejected_cut)
             if c is None or r is None:
                 continue
             item: dict[str, Any] = {"chosen_input_ids": p + c, "rejected_input_ids": p + r, "prompt_length": len(p)}
@@ -176,14 +175,14 @@ class PreferenceDataModule(TextDataModule):
         # One (prompt, response) per response, tokenized exactly as a pair's chosen or rejected is.
         flat_prompts = [e.prompt for e in examples for _ in e.responses or ()]
         flat_responses = [r for e in examples for r in e.responses or ()]
-        flat_prompt_ids, flat_response_ids = encoder.encode_pairs(flat_prompts, flat_responses)
-        eos, items, start = encoder.eos_token_id, [], 0
+        flat_prompt_ids, flat_response_ids, flat_ends = encoder.encode_pairs(flat_prompts, flat_responses)
+        items, start = [], 0
         for e in examples:
             K = len(e.responses or ())
             p = truncate_prompt(flat_prompt_ids[start], encoder.prefix, self.max_prompt_length, self.truncated)
             kept: list[tuple[list[int], int]] = []
-            for r, rank in zip(flat_response_ids[start : start + K], e.ranks or ()):
-                ids = truncate_response(p, r, eos, self.max_length, self.ranked)
+            for r, end, rank in zip(flat_response_ids[start : start + K], flat_ends[start : start + K], e.ranks or ()):
+                ids = truncate_response(p, r, end, self.max_length, self.ranked)
                 if ids is not None:
                     kept.append((p + ids, rank))
             start += K

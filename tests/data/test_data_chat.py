@@ -200,11 +200,12 @@ def test_prompt_cut_from_the_left_specials_kept(chat_tok):
     assert counts == Counter(prompt=1)
 
 
-def test_prompt_cut_from_the_left_without_specials(chat_tok):
-    # With the chat-template encoder nothing is kept in front: the last 5 prompt tokens, 24-28.
+def test_prompt_cut_from_the_left_keeps_the_template_bos_with_apply_chat_template(chat_tok):
+    # The chat-template encoder adds no specials in front (the template writes '<s>'), but a left cut
+    # keeps that '<s>' in front all the same: '<s>' + tokens 25-28, as without apply_chat_template.
     counts = Counter()
     [item] = encode(chat_tok, [CONV], max_prompt_length=5, counts=counts, apply_chat_template=True)
-    assert item["input_ids"] == [293, 413, 303, 413, 467] + IDS[29:]
+    assert item["input_ids"] == [1, 413, 303, 413, 467] + IDS[29:]
     assert trained_positions(item) == [5, 6, 7, 8, 9, 29, 30, 31, 32, 33]
     assert counts == Counter(prompt=1)
 

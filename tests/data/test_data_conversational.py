@@ -94,17 +94,22 @@ def test_pairs_that_repeat_the_prompt_in_their_conversations_are_read_without_it
         read(repeated, "fields", "preference")
 
 
-def test_implicit_prompt_of_strings_stops_after_the_last_whitespace():
-    # common prefix "The sky is bl": moved back to after the space, so "blue"/"black" stay whole
+def test_implicit_prompt_of_strings_stops_before_the_last_whitespace():
+    # common prefix "The sky is bl": moved back to the space, so "blue"/"black" stay whole and the
+    # responses start with the space (TRL's extract_prompt does the same), as paragraphs responses do
     record = {"chosen": "The sky is blue today.", "rejected": "The sky is black."}
     assert read(record, "implicit_prompt", "preference") == Example(
-        WHERE, "The sky is ", chosen="blue today.", rejected="black."
+        WHERE, "The sky is", chosen=" blue today.", rejected=" black."
     )
-    assert read(record, "implicit_prompt", "sft") == Example(WHERE, "The sky is ", response="blue today.")
-    assert read(record, "implicit_prompt", "prompt") == Example(WHERE, "The sky is ")
-    # one a prefix of the other: "a b" / "a b c" share "a b", moved back to "a "
+    assert read(record, "implicit_prompt", "sft") == Example(WHERE, "The sky is", response=" blue today.")
+    assert read(record, "implicit_prompt", "prompt") == Example(WHERE, "The sky is")
+    # one a prefix of the other: "a b" / "a b c" share "a b", moved back to "a"
     assert read({"chosen": "a b", "rejected": "a b c"}, "implicit_prompt", "preference") == Example(
-        WHERE, "a ", chosen="b", rejected="b c"
+        WHERE, "a", chosen=" b", rejected=" b c"
+    )
+    # a run of whitespace goes to the responses whole
+    assert read({"chosen": "Q:\n\nyes", "rejected": "Q:\n\nno"}, "implicit_prompt", "preference") == Example(
+        WHERE, "Q:", chosen="\n\nyes", rejected="\n\nno"
     )
 
 
@@ -151,6 +156,8 @@ BAD = [
      "field 'messages[0]' ends the prompt on a system turn; a prompt must end with the user's turn"),
     ({"messages": [bot("Hello")]}, "messages", "prompt",
      "field 'messages' holds only an assistant turn; a prompt needs the user's turn"),
+    ({"prompt": [user("Hi"), bot("Hello")], "completion": "x"}, "prompt_completion", "sft",
+     "field 'prompt[1]' ends the prompt on an assistant turn; a prompt must end with the user's turn"),
     ({"prompt": ["Hi"], "completion": "x"}, "prompt_completion", "sft",
      "field 'prompt' must be a string, got list of str; a conversation is a list of messages (objects with role "
      "and content)"),
@@ -172,7 +179,7 @@ BAD = [
      "fields 'chosen' and 'rejected' share no whole word at their start; an implicit prompt is the text both "
      "start with"),
     ({"chosen": "It is ", "rejected": "It is now"}, "implicit_prompt", "preference",
-     "field 'chosen' has nothing after the prompt both share ('It is '); a response must follow it"),
+     "field 'chosen' has nothing after the prompt both share ('It is'); a response must follow it"),
     ({"chosen": "A b", "rejected": [user("A b")]}, "implicit_prompt", "preference",
      "fields 'chosen' and 'rejected' must both be strings or both conversations to share an implicit prompt"),
     ({"prompt": "Hi", "responses": ["Yes", [bot("Yes")]]}, "rankings", "preference",
@@ -307,3 +314,103 @@ def test_string_prompts_are_not_chat_rendered_unless_asked(chat_tok, tmp_path):
         dm = PromptDataModule(tokenizer=chat_tok, train_path=path, apply_chat_template=apply_chat_template)
         dm.setup()
         assert dm.chat_rendered is apply_chat_template
+
+
+def test_an_implicit_string_pair_is_tokenized_as_its_whole_text(chat_tok, tmp_path):
+    # The pair reads as the text itself: no lone space token between prompt and response (a prompt
+    # ending in a space tokenizes to a trailing '▁', and a response tokenized after it gets its own
+    # '▁' again: "The sky is  blue."), and PPO's prompts end where the pair's prompt does.
+    record = {"chosen": "The sky is blue.", "rejected": "The sky is red."}
+    path = write_jsonl(tmp_path / "i.jsonl", [record])
+    dm = PreferenceDataModule(tokenizer=chat_tok, train_path=path)
+    dm.setup()
+    (item,) = dm.train_dataset
+    p = [1] + ids(chat_tok, "The sky is")
+    assert item == {"chosen_input_ids": [1] + ids(chat_tok, "The sky is blue.") + [2],
+                    "rejected_input_ids": [1] + ids(chat_tok, "The sky is red.") + [2], "prompt_length": len(p)}
+    assert chat_tok.decode(item["chosen_input_ids"], skip_special_tokens=True) == "The sky is blue."
+    prompts = PromptDataModule(tokenizer=chat_tok, train_path=path)
+    prompts.setup()
+    assert prompts.train_dataset[0]["input_ids"] == p
+
+
+@pytest.mark.parametrize("apply_chat_template", [False, True])
+def test_a_prompt_cut_from_the_left_keeps_the_template_bos(chat_tok, tmp_path, apply_chat_template):
+    # '<s>System: <long>\nUser: Hi\nAssistant:' cut to 6 tokens: the template's '<s>' stays in front of
+    # the last 5 ('is', 't', 'an', 't', ':' of 'Assistant:', read off by hand), in SFT
+    # pairs, preference pairs and PPO prompts alike, with or without apply_chat_template.
+    prompt = [sys_("Be kind and tell long stories about cats and dogs."), user("Hi")]
+    p = ids(chat_tok, "<s>System: Be kind and tell long stories about cats and dogs.\nUser: Hi\nAssistant:")
+    cut = [1] + p[-5:]
+    assert chat_tok.convert_ids_to_tokens(cut) == ["<s>", "is", "t", "an", "t", ":"]
+    hello = ids(chat_tok, "<s>User: Hi\nAssistant: Hello")[len(ids(chat_tok, "<s>User: Hi\nAssistant:")) :]
+    common = {"tokenizer": chat_tok, "apply_chat_template": apply_chat_template, "max_prompt_length": 6}
+    sft = SFTDataModule(train_path=write_jsonl(tmp_path / "s.jsonl", [{"prompt": prompt, "completion": "Hello"}]),
+                        **common)  # fmt: skip
+    pairs = PreferenceDataModule(
+        train_path=write_jsonl(tmp_path / "p.jsonl", [{"prompt": prompt, "chosen": "Hello", "rejected": "No"}]), **common
+    )
+    prompts = PromptDataModule(train_path=write_jsonl(tmp_path / "q.jsonl", [{"prompt": prompt}]), **common)
+    for dm in (sft, pairs, prompts):
+        dm.setup()
+    assert sft.train_dataset[0]["input_ids"] == cut + hello + [2]
+    assert pairs.train_dataset[0]["chosen_input_ids"] == cut + hello + [2]
+    assert prompts.train_dataset[0]["input_ids"] == cut
+
+
+def test_a_conversation_the_prefix_rule_cannot_split_is_named_by_its_record(tmp_path):
+    # Without {% generation %} blocks the turns are found by rendering up to each assistant message,
+    # which a conversation opening with the assistant cannot be: the error names that record.
+    tok = AutoTokenizer.from_pretrained(str(CHAT_MODEL))
+    tok.chat_template = tok.chat_template.replace("{% generation %}", "").replace("{% endgeneration %}", "")
+    records = [{"messages": [user("Hi"), bot("Hello")]}, {"messages": [bot("Hello"), user("Hi"), bot("Bye")]}]
+    path = write_jsonl(tmp_path / "m.jsonl", records)
+    dm = SFTDataModule(tokenizer=tok, train_path=path)
+    with pytest.raises(ValueError) as error:
+        dm.setup()
+    assert str(error.value).startswith(
+        f"{path} line 2: the chat template of tokenizer '{CHAT_MODEL}' cannot be split into turns: the conversation "
+        "starts with an assistant message"
+    )
+
+
+@pytest.fixture
+def end_of_turn_tok():
+    """The chat model's tokenizer with a template that ends the assistant's turn with its own special
+    token '<|end|>' (id 512), not the EOS '</s>': as Gemma's '<end_of_turn>' or Phi-3's '<|end|>'."""
+    tok = AutoTokenizer.from_pretrained(str(CHAT_MODEL))
+    tok.add_special_tokens({"additional_special_tokens": ["<|end|>"]})
+    assert tok.chat_template.count("+ eos_token") == 1
+    tok.chat_template = tok.chat_template.replace("+ eos_token", "+ '<|end|>'")
+    assert tok.convert_tokens_to_ids("<|end|>") == 512
+    return tok
+
+
+def test_a_response_ends_with_the_template_end_of_turn_and_no_eos_after_it(end_of_turn_tok, tmp_path):
+    # PPO stops at the end of turn (a stop id) and its reward model reads that token last, so the
+    # reward model's pairs end on it too; prompt / completion SFT and DPO train it as multi-turn SFT
+    # does, without an EOS after it that generation never writes.
+    tok = end_of_turn_tok
+    p = ids(tok, "<s>User: Hi\nAssistant:")
+    hello = ids(tok, "<s>User: Hi\nAssistant: Hello")[len(p) :]
+    no = ids(tok, "<s>User: Hi\nAssistant: No")[len(p) :]
+    pair = {"prompt": [user("Hi")], "chosen": [bot("Hello")], "rejected": "No"}
+    pairs = PreferenceDataModule(tokenizer=tok, train_path=write_jsonl(tmp_path / "p.jsonl", [pair]))
+    ranking = {"prompt": [user("Hi")], "responses": ["Hello", "No"]}
+    rankings = PreferenceDataModule(tokenizer=tok, train_path=write_jsonl(tmp_path / "r.jsonl", [ranking]))
+    completion = SFTDataModule(
+        tokenizer=tok, train_path=write_jsonl(tmp_path / "c.jsonl", [{"prompt": [user("Hi")], "completion": "Hello"}])
+    )
+    conversation = {"messages": [user("Hi"), bot("Hello")]}
+    messages = SFTDataModule(tokenizer=tok, train_path=write_jsonl(tmp_path / "m.jsonl", [conversation]))
+    for dm in (pairs, rankings, completion, messages):
+        dm.setup()
+    assert pairs.train_dataset == [{"chosen_input_ids": p + hello + [512], "rejected_input_ids": p + no + [512],
+                                    "prompt_length": len(p)}]  # fmt: skip
+    assert rankings.train_dataset[0]["input_ids"] == [p + hello + [512], p + no + [512]]
+    sft = {"input_ids": p + hello + [512], "labels": [-100] * len(p) + hello + [512]}
+    assert completion.train_dataset == [sft]
+    # multi-turn SFT: the same tokens, then the template's newline after the turn, not trained
+    (item,) = messages.train_dataset
+    assert {k: v[: len(p) + len(hello) + 1] for k, v in item.items()} == sft
+    assert set(item["labels"][len(p) + len(hello) + 1 :]) == {-100}

@@ -4,6 +4,7 @@
 setup, before any training step."""
 
 import json
+import shutil
 
 import pytest
 import yaml
@@ -50,3 +51,22 @@ def test_bad_conversational_data_is_one_error_line(tmp_path, records, model, mes
     assert line == "rlhf-lit: error: " + message.format(path=path)
     if "messages" in records[0]:
         assert f"{path}: format auto read as messages (record 1 keys: messages)" in stderr
+
+
+def test_a_conversation_the_chat_template_refuses_is_one_error_line_naming_the_record(tmp_path):
+    # Some templates raise on what they do not render (Gemma: a system message; Llama 2: roles that
+    # do not alternate): a copy of the chat model whose template refuses system messages so.
+    model = tmp_path / "strict"
+    shutil.copytree(CHAT_MODEL, model)
+    config = json.loads((model / "tokenizer_config.json").read_text(encoding="utf-8"))
+    config["chat_template"] = (
+        "{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}"
+        + config["chat_template"]
+    )
+    (model / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
+    records = [{"messages": TURNS}, {"messages": [{"role": "system", "content": "Be kind."}, *TURNS]}]
+    line, _ = _fit(tmp_path, records, model)
+    assert line == (
+        f"rlhf-lit: error: {tmp_path / 'd.jsonl'} line 2: the chat template of tokenizer '{model}' cannot render "
+        "this conversation: System role not supported"
+    )

@@ -107,7 +107,7 @@ class _StubEncoder:
     IDS = {"a": [7], "b": [8], "c": [9], "": []}
 
     def encode_pairs(self, prompts, responses):
-        return [[1, 5] for _ in prompts], [list(self.IDS[r]) for r in responses]
+        return [[1, 5] for _ in prompts], [list(self.IDS[r]) for r in responses], [self.eos_token_id for _ in responses]
 
 
 def test_responses_without_tokens_are_dropped_and_counted(stories_tok, caplog):

@@ -200,7 +200,7 @@ class _StubEncoder:
     eos_token_id = 2
 
     def encode_pairs(self, prompts, responses):
-        return [[1, 5], [1, 6]], [[7], []]
+        return [[1, 5], [1, 6]], [[7], []], [2, 2]
 
 
 def test_examples_with_no_response_token_are_dropped_and_counted(stories_tok, tmp_path, caplog):
