@@ -95,7 +95,8 @@ def test_ppo_bar_counts_rollouts_and_the_run_prints_no_warning(tmp_path, stories
     assert counts and {total for _, total in counts} == {"3"}, counts  # max_rollouts, not the loader's 16 batches
     assert counts[-1][0] == 3
     assert "/-2" not in result.stderr and "Epoch" not in result.stderr
-    assert re.search(r"rollout 3/3 100%.*rollout/s, score=\S+, kl=\S+\]", result.stderr)  # rate and metrics
+    # the rate (tqdm writes s/rollout below one rollout per second, as on a loaded machine) and the metrics
+    assert re.search(r"rollout 3/3 100%.*(rollout/s|s/rollout), score=\S+, kl=\S+\]", result.stderr)
     assert unexpected_lines(result.stderr) == []
     assert_no_hp_metric(tmp_path)
 
