@@ -160,6 +160,14 @@ class TextEncoder:
             return int(self.tokenizer.convert_tokens_to_ids(end))
         return self.eos_token_id
 
+    def end_of_turn_id(self) -> int | None:
+        """The id the chat template ends an assistant turn with (its own end-of-turn token, else the
+        EOS), read from the rendering of a one-exchange conversation; None when it ends with neither."""
+        self.require_chat_template()
+        prompt = ({"role": "user", "content": "x"},)
+        _, end = self._response_and_end(prompt, self._chat(prompt, add_generation_prompt=True), "y")
+        return self._end_id(end) if end else None
+
     # ------------------------------------------------------------------------------ tokenizing
     def _ids(self, texts: Sequence[str]) -> list[list[int]]:
         if not texts:

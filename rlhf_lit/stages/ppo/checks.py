@@ -6,6 +6,8 @@ several groups or constructor arguments is checked here, in one place, with one 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from rlhf_lit.models.generation import SamplingConfig
 from rlhf_lit.models.lora import LoRAConfig
 from rlhf_lit.models.reward_ensemble import is_reward_ensemble
@@ -79,3 +81,23 @@ def check_whitening_rows(rows: int, world_size: int, ppo: PPOConfig, reward: Rew
     if ppo.whiten_scope == "rank" and rows < 2:
         raise ValueError("whitening (ppo.whiten_advantages or reward.whiten) needs >= 2 prompts per rank "
                          "(ppo.whiten_scope: rank)")
+
+
+def check_end_of_turn_stops(end_of_turn: int | None, stop_ids: Sequence[int], token: str) -> None:
+    """Refuse conversational prompts whose chat template ends the assistant's turn with a token that
+    does not stop generation: the policy would write past the end of its turn, and the reward model,
+    trained on turns ending with that token, would score sequences unlike its training data.
+
+    Args:
+        end_of_turn: the template's end-of-turn id (:meth:`~rlhf_lit.data.encoding.TextEncoder.end_of_turn_id`);
+            None: the template ends turns with no special token, nothing to check.
+        stop_ids: the ids that end a response in sampling (:func:`~rlhf_lit.models.generation.stop_token_ids`).
+        token: the end-of-turn token's text, for the message.
+    """
+    if end_of_turn is None or end_of_turn in stop_ids:
+        return
+    raise ValueError(
+        f"the chat template ends the assistant's turn with {token!r} (id {end_of_turn}), which does not stop "
+        f"generation (stop ids {list(stop_ids)}): the policy would write past its turn. Make it the tokenizer's "
+        "eos_token or list it in the model's generation_config.json eos_token_id"
+    )

@@ -12,6 +12,7 @@ from collections.abc import Iterator, MutableMapping
 
 import torch
 
+from rlhf_lit.data.encoding import TextEncoder
 from rlhf_lit.evaluation import load_judge
 from rlhf_lit.functional import AdaptiveKLController, FixedKLController, sft_loss
 from rlhf_lit.models import load_causal_lm, load_reward_model
@@ -30,7 +31,13 @@ from rlhf_lit.stages.base import RunLayout, StageModule, as_config, require_inpu
 from rlhf_lit.stages.export import ExportExisting
 from rlhf_lit.stages.nonfinite import assert_finite
 from rlhf_lit.stages.optim import OptimizerConfig, build_optimizer, fused_adamw_supported
-from rlhf_lit.stages.ppo.checks import check_critic_free, check_model_settings, check_reward_settings, check_rollout_rows
+from rlhf_lit.stages.ppo.checks import (
+    check_critic_free,
+    check_end_of_turn_stops,
+    check_model_settings,
+    check_reward_settings,
+    check_rollout_rows,
+)
 from rlhf_lit.stages.ppo.config import KLConfig, PPOConfig, RewardConfig
 from rlhf_lit.stages.ppo.estimator import AdvantageEstimator
 from rlhf_lit.stages.ppo.experience import Experience, ExperienceMaker, Scored
@@ -298,15 +305,24 @@ class PPOModule(StageModule):
 
     def check_before_fit(self) -> None:
         """Refuse, before any work is done: PPO-ptx without a second data source, a prompt batch the
-        minibatches cannot divide."""
+        minibatches cannot divide, prompts rendered with a chat template that generation or the
+        reward model would not follow (:meth:`check_chat_rendering`)."""
         batch_size = getattr(self.trainer.datamodule, "batch_size", None)
         if isinstance(batch_size, int):
             check_rollout_rows(batch_size * self.sampling.samples_per_prompt, self.ppo, self.sampling.samples_per_prompt)
         if self.ppo.ptx_coef > 0 and not hasattr(self.trainer.datamodule, "ptx_dataloader"):
             raise ValueError("ppo.ptx_coef > 0 needs a data module with ptx_dataloader() (SFT-style batches)")
+        if getattr(self.trainer.datamodule, "chat_rendered", False):
+            self.check_chat_rendering()
+
+    def check_chat_rendering(self) -> None:
+        """For prompts rendered with the chat template: the template's end of turn must stop
+        generation, and the reward model must have been trained on the same rendering (it reads the
+        rendered conversation's ids as they are)."""
+        end = TextEncoder(self.tokenizer, apply_chat_template=True).end_of_turn_id()
+        check_end_of_turn_stops(end, self.stop_ids, self.tokenizer.convert_ids_to_tokens(end) if end is not None else "")
         rm = self.hparams.reward_model
-        if getattr(self.trainer.datamodule, "chat_rendered", False) and self.reward_cfg.uses_reward_model and rm:
-            # The RM reads the rendered conversation's ids as they are: it must have learned that rendering.
+        if self.reward_cfg.uses_reward_model and rm:
             check_same_chat_template(self.tokenizer, member_paths(rm)[0] if is_reward_ensemble(rm) else rm, "reward_model")
 
     def stream_generator(self, stream: int) -> torch.Generator:
