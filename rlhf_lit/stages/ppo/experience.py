@@ -93,7 +93,7 @@ class ExperienceMaker:
             return generate_responses(
                 m.policy, batch["input_ids"], batch["attention_mask"], m.sampling,
                 eos_token_id=m.stop_ids, pad_token_id=m.tokenizer.pad_token_id, generator=generator,
-                synced_gpus=synced, return_logits=self.old_logprobs_from_sampling,
+                synced_gpus=synced, return_logprobs=True,  # (B, R): the old logprobs or the mismatch metric
             )  # fmt: skip
 
     @property
@@ -102,6 +102,12 @@ class ExperienceMaker:
         m = self.module
         shared = m.critic is not None and m.critic.needs_policy_hidden
         return m.ppo.old_logprobs == "sampling" and not shared
+
+    def uses_sampled_logprobs(self, gen: Generated) -> bool:
+        """The rollout's old logprobs (and entropy) are the ones recorded while sampling: ppo.old_logprobs
+        sampling (:attr:`old_logprobs_from_sampling`) and a generation that recorded them (a
+        ``generate`` replaced by a script records none: then the policy rescores)."""
+        return self.old_logprobs_from_sampling and gen.logprobs is not None
 
     def score(self, query_responses: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """The reward model's score ``(B,)`` at the last attended token (the last response token).
@@ -132,17 +138,18 @@ class ExperienceMaker:
         m = self.module
         temperature = m.sampling.temperature
         ids, mask = gen.query_responses, gen.attention_mask
-        if gen.logits is not None:  # ppo.old_logprobs "sampling": the logits generate sampled from
-            logits = gen.logits  # (B, R, V)
+        if self.uses_sampled_logprobs(gen):  # ppo.old_logprobs "sampling": recorded while generate sampled
+            old_logprobs, entropy = gen.logprobs, gen.entropy  # (B, R) x2
             values = None if m.critic is None else m.critic(ids, mask, None)[:, prompt_length - 1 : -1]  # (B, R)
         else:
             logits, values = policy_and_values(m.policy, m.critic, ids, mask, prompt_length)  # (B, R, V), (B, R)
-        old_logprobs = token_logprobs(logits, gen.response_ids, temperature)  # (B, R)
+            old_logprobs = token_logprobs(logits, gen.response_ids, temperature)  # (B, R)
+            entropy = entropy_from_logits(logits, temperature)  # (B, R)
         return Scored(
             old_logprobs=old_logprobs,
             ref_logprobs=m.reference.logprobs(gen, temperature),  # (B, R)
             old_values=torch.zeros_like(old_logprobs) if values is None else values.float(),  # (B, R)
-            entropy=entropy_from_logits(logits, temperature),  # (B, R)
+            entropy=entropy,  # (B, R)
             rm_scores=m.score(*self.reward_model_inputs(gen)).float() if m.reward_cfg.uses_reward_model else None,
         )
 
