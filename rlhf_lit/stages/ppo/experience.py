@@ -68,6 +68,12 @@ class Experience:
     reward_parts: dict[str, torch.Tensor]  # reward/<source> -> (B,) each source's unweighted score
     texts: list[str] | None = None  # the responses as a judge reads them
     reward_std: torch.Tensor | None = None  # (B,) population std of a reward-model ensemble's member scores per response
+    # The old logprobs are the ones recorded while sampling (ppo.old_logprobs: sampling): then the
+    # update's first forward measures policy/logprob_gen_train_diff, not the rollout.
+    old_logprobs_sampled: bool = False
+    # () policy/logprob_gen_train_diff of a rescored rollout: mean |recorded - rescored| over response
+    # tokens; None when the old logprobs are the recorded ones or nothing was recorded.
+    gen_train_diff: torch.Tensor | None = None
 
 
 class ExperienceMaker:
@@ -201,7 +207,13 @@ class ExperienceMaker:
         entropy = masked_mean(scored.entropy, mask)  # ()
         ensemble = scored.rm_scores is not None and scored.rm_scores.dim() == 2
         reward_std = member_std(scored.rm_scores) if ensemble else None  # (B,): for a watchdog reading disagreement
-        return rollout, Experience(entropy, {k: v.mean() for k, v in reward_parts.items()}, texts, reward_std)
+        sampled = self.uses_sampled_logprobs(gen)
+        gen_train_diff = None
+        if gen.logprobs is not None and not sampled:  # rescored: the rescore is the training pass's forward
+            gen_train_diff = masked_mean((gen.logprobs - scored.old_logprobs).abs(), mask)  # ()
+        return rollout, Experience(
+            entropy, {k: v.mean() for k, v in reward_parts.items()}, texts, reward_std, sampled, gen_train_diff
+        )
 
     def texts(self, rollout: Rollout, experience: Experience) -> list[str]:
         """The responses as a judge reads them, decoded now unless the reward functions did already."""
