@@ -22,10 +22,11 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel, PreTrainedTokenizerBase
 
 from rlhf_lit.functional import response_mask_from_eos, token_logprobs
 from rlhf_lit.models.scoring import model_attention_mask, position_ids_from_mask
+from rlhf_lit.models.step_logprobs import StepLogprobs
 
 
 @dataclass(frozen=True)
@@ -104,8 +105,11 @@ class Generated:
         response_ids: ``(B, R)`` long, the response part (pad after the first EOS).
         response_mask: ``(B, R)`` bool, True up to and including the first EOS.
         ended: ``(B,)`` bool, the response contains EOS.
-        logits: ``(B, R, V)`` the logits each response token was sampled from (before temperature
-            and top-k / top-p), when :func:`generate_responses` was asked for them; else None.
+        logprobs: ``(B, R)`` float32, the logprob of each response token under ``softmax(logits /
+            temperature)`` of the logits it was sampled from (before top-k / top-p), recorded while
+            sampling (:class:`~rlhf_lit.models.step_logprobs.StepLogprobs`), when
+            :func:`generate_responses` was asked for them; else None. Pad positions hold the pad's logprob.
+        entropy: ``(B, R)`` float32, the entropy of that distribution at each step, with ``logprobs``.
     """
 
     query_responses: torch.Tensor
@@ -113,12 +117,14 @@ class Generated:
     response_ids: torch.Tensor
     response_mask: torch.Tensor
     ended: torch.Tensor
-    logits: torch.Tensor | None = None
+    logprobs: torch.Tensor | None = None
+    entropy: torch.Tensor | None = None
 
     def rows(self, start: int, stop: int) -> Generated:
         """Rows ``start:stop`` of every field."""
         return Generated(*(None if t is None else t[start:stop] for t in (
-            self.query_responses, self.attention_mask, self.response_ids, self.response_mask, self.ended, self.logits)))
+            self.query_responses, self.attention_mask, self.response_ids, self.response_mask, self.ended, self.logprobs,
+            self.entropy)))
 
 
 def complete_generation(
@@ -157,7 +163,7 @@ def generate_responses(
     pad_token_id: int,
     generator: torch.Generator | None = None,
     synced_gpus: bool = False,
-    return_logits: bool = False,
+    return_logprobs: bool = False,
 ) -> Generated:
     """Sample one response per left-padded prompt with the KV cache, stopping each row at EOS.
 
@@ -175,7 +181,9 @@ def generate_responses(
             global RNG as ``generate`` does.
         synced_gpus: keep all ranks stepping until every rank is done (needed under FSDP, where
             each forward pass is a collective).
-        return_logits: keep the logits of every sampling step in ``Generated.logits``.
+        return_logprobs: record each sampled token's logprob and each step's entropy in
+            ``Generated.logprobs`` / ``Generated.entropy`` (:class:`StepLogprobs`: ``(B, R)`` each,
+            never the ``(B, R, V)`` logits).
     """
     config = GenerationConfig(
         max_new_tokens=sampling.max_new_tokens,
@@ -187,9 +195,9 @@ def generate_responses(
         eos_token_id=None if sampling.ignore_eos else eos_token_id if isinstance(eos_token_id, int) else list(eos_token_id),
         pad_token_id=pad_token_id,
         use_cache=True,
-        output_logits=return_logits,
-        return_dict_in_generate=return_logits,
     )
+    recorder = StepLogprobs(sampling.temperature) if return_logprobs else None
+    processors = LogitsProcessorList([] if recorder is None else [recorder])
     device = input_ids.device
     # generate would fill what `config` leaves unset from the model's generation_config (see the
     # module docstring): hide it, so the samples follow softmax(logits / temperature) as the logprobs do.
@@ -198,7 +206,8 @@ def generate_responses(
     try:
         if generator is None:
             sequences = policy.generate(
-                input_ids=input_ids, attention_mask=attention_mask, generation_config=config, synced_gpus=synced_gpus
+                input_ids=input_ids, attention_mask=attention_mask, generation_config=config, synced_gpus=synced_gpus,
+                logits_processor=processors,
             )  # (B, P + R)
         else:
             seed = int(torch.randint(0, 2**62, (1,), generator=generator))
@@ -207,15 +216,13 @@ def generate_responses(
                 torch.manual_seed(seed)
                 sequences = policy.generate(
                     input_ids=input_ids, attention_mask=attention_mask, generation_config=config,
-                    synced_gpus=synced_gpus,
+                    synced_gpus=synced_gpus, logits_processor=processors,
                 )  # (B, P + R)
     finally:
         policy.generation_config = model_defaults
-    logits = None
-    if return_logits:  # a GenerateOutput: the raw logits of each step, (B, V) each
-        sequences, logits = sequences.sequences, torch.stack(sequences.logits, dim=1)  # (B, P + R), (B, R, V)
     generated = complete_generation(sequences, attention_mask, () if sampling.ignore_eos else eos_token_id, pad_token_id)
-    generated.logits = logits
+    if recorder is not None:  # the tokens as drawn (generate writes pad after EOS itself)
+        generated.logprobs, generated.entropy = recorder.finish(sequences[:, input_ids.shape[1] :])  # (B, R) x2
     return generated
 
 

@@ -181,31 +181,34 @@ def test_fused_adamw_takes_the_same_steps():
 # ---------------------------------------------------------------- old logprobs from sampling
 @pytest.mark.parametrize("critic", ["separate", "shared_trunk"])
 def test_old_logprobs_from_sampling_equal_the_rescore(critic, tokenizer):
-    """fp32 on the CPU: the logits generate sampled from give the rescore's old logprobs up to float
+    """fp32 on the CPU: the logprobs recorded while sampling are the rescore's old logprobs up to float
     rounding (the KV-cache steps multiply in another order: measured <= 8e-6), the same values and
-    samples; with a shared trunk the forward runs anyway (no logits kept). A one-position shift
-    differs by whole nats."""
+    samples; with a shared trunk the forward runs anyway (the rollout's old logprobs are the
+    rescore's). A one-position shift differs by whole nats."""
     from ppo_helpers import tiny_module
 
     from rlhf_lit.stages.ppo.config import PPOConfig
     from rlhf_lit.stages.ppo.metrics import RolloutTimer
 
     batch = prompt_batch(tokenizer, PROMPTS * 2)
-    rollouts, kept = {}, {}
+    rollouts, experiences, kept = {}, {}, {}
     for source in ("rescore", "sampling"):
         module = tiny_module(critic=critic, sampling=SamplingConfig(max_new_tokens=6, temperature=0.7),
                              ppo=PPOConfig(epochs=1, minibatch_size=4, old_logprobs=source))
         generate = module.generate
         module.generate = lambda b, generate=generate, source=source: kept.setdefault(source, generate(b))
-        rollouts[source], _ = module.make_rollout(batch, RolloutTimer(torch.device("cpu")))
-    assert (kept["sampling"].logits is not None) == (critic == "separate")
-    assert kept["rescore"].logits is None
+        rollouts[source], experiences[source] = module.make_rollout(batch, RolloutTimer(torch.device("cpu")))
     a, b = rollouts["rescore"], rollouts["sampling"]
+    # Both modes record (for policy/logprob_gen_train_diff); only sampling with its own critic uses them.
+    assert torch.equal(b.old_logprobs, kept["sampling"].logprobs) == (critic == "separate")
+    assert not torch.equal(a.old_logprobs, kept["rescore"].logprobs)
     assert torch.equal(a.query_responses, b.query_responses)
     mask = a.response_mask
     torch.testing.assert_close(b.old_logprobs[mask], a.old_logprobs[mask], rtol=0, atol=5e-5)
     torch.testing.assert_close(b.old_values, a.old_values, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(b.advantages, a.advantages, rtol=0, atol=1e-3)
+    # objective/entropy: the recorded per-step entropies are the rescore's (~1 nat; measured <= 2e-6).
+    torch.testing.assert_close(experiences["sampling"].entropy, experiences["rescore"].entropy, rtol=0, atol=5e-5)
 
 
 def test_old_logprobs_choice_is_checked():

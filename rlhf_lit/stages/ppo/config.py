@@ -65,12 +65,13 @@ class PPOConfig:
             nothing; the first four must be left at their defaults).
         old_logprobs: where the rollout's old logprobs (and its entropy) come from: ``rescore``, a
             no-grad forward pass of the policy over the rollout, so the ratio is exactly 1 before
-            the first update on any hardware; or ``sampling``, the logits ``generate`` computed while
-            sampling (TRL's way): one policy forward less per rollout, equal to the rescore up to
-            float rounding (the KV-cache steps multiply in another order: measured <= 1e-5 in fp32
-            on a CPU, ~2e-3 in bf16), but it holds ``(B, R, vocabulary)``
-            float logits for the whole batch (``score_chunk_size`` does not bound it). With
-            ``critic: shared_trunk`` the policy forward runs anyway for the values.
+            the first update on any hardware; or ``sampling``, the logprobs of the sampled tokens
+            (and the entropies) recorded from the logits ``generate`` drew them from, step by step
+            (TRL's way, without keeping the logits: ``(B, R)`` floats, not ``(B, R, vocabulary)``):
+            one policy forward less per rollout, equal to the rescore up to float rounding (the
+            KV-cache steps multiply in another order: measured <= 1e-5 in fp32 on a CPU, ~2e-3 in
+            bf16; logged each rollout as ``policy/logprob_gen_train_diff``). With ``critic:
+            shared_trunk`` the policy forward runs anyway for the values.
     """
 
     epochs: int = 4

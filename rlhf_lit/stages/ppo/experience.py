@@ -68,6 +68,12 @@ class Experience:
     reward_parts: dict[str, torch.Tensor]  # reward/<source> -> (B,) each source's unweighted score
     texts: list[str] | None = None  # the responses as a judge reads them
     reward_std: torch.Tensor | None = None  # (B,) population std of a reward-model ensemble's member scores per response
+    # The old logprobs are the ones recorded while sampling (ppo.old_logprobs: sampling): then the
+    # update's first forward measures policy/logprob_gen_train_diff, not the rollout.
+    old_logprobs_sampled: bool = False
+    # () policy/logprob_gen_train_diff of a rescored rollout: mean |recorded - rescored| over response
+    # tokens; None when the old logprobs are the recorded ones or nothing was recorded.
+    gen_train_diff: torch.Tensor | None = None
 
 
 class ExperienceMaker:
@@ -93,7 +99,7 @@ class ExperienceMaker:
             return generate_responses(
                 m.policy, batch["input_ids"], batch["attention_mask"], m.sampling,
                 eos_token_id=m.stop_ids, pad_token_id=m.tokenizer.pad_token_id, generator=generator,
-                synced_gpus=synced, return_logits=self.old_logprobs_from_sampling,
+                synced_gpus=synced, return_logprobs=True,  # (B, R): the old logprobs or the mismatch metric
             )  # fmt: skip
 
     @property
@@ -102,6 +108,12 @@ class ExperienceMaker:
         m = self.module
         shared = m.critic is not None and m.critic.needs_policy_hidden
         return m.ppo.old_logprobs == "sampling" and not shared
+
+    def uses_sampled_logprobs(self, gen: Generated) -> bool:
+        """The rollout's old logprobs (and entropy) are the ones recorded while sampling: ppo.old_logprobs
+        sampling (:attr:`old_logprobs_from_sampling`) and a generation that recorded them (a
+        ``generate`` replaced by a script records none: then the policy rescores)."""
+        return self.old_logprobs_from_sampling and gen.logprobs is not None
 
     def score(self, query_responses: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """The reward model's score ``(B,)`` at the last attended token (the last response token).
@@ -132,17 +144,18 @@ class ExperienceMaker:
         m = self.module
         temperature = m.sampling.temperature
         ids, mask = gen.query_responses, gen.attention_mask
-        if gen.logits is not None:  # ppo.old_logprobs "sampling": the logits generate sampled from
-            logits = gen.logits  # (B, R, V)
+        if self.uses_sampled_logprobs(gen):  # ppo.old_logprobs "sampling": recorded while generate sampled
+            old_logprobs, entropy = gen.logprobs, gen.entropy  # (B, R) x2
             values = None if m.critic is None else m.critic(ids, mask, None)[:, prompt_length - 1 : -1]  # (B, R)
         else:
             logits, values = policy_and_values(m.policy, m.critic, ids, mask, prompt_length)  # (B, R, V), (B, R)
-        old_logprobs = token_logprobs(logits, gen.response_ids, temperature)  # (B, R)
+            old_logprobs = token_logprobs(logits, gen.response_ids, temperature)  # (B, R)
+            entropy = entropy_from_logits(logits, temperature)  # (B, R)
         return Scored(
             old_logprobs=old_logprobs,
             ref_logprobs=m.reference.logprobs(gen, temperature),  # (B, R)
             old_values=torch.zeros_like(old_logprobs) if values is None else values.float(),  # (B, R)
-            entropy=entropy_from_logits(logits, temperature),  # (B, R)
+            entropy=entropy,  # (B, R)
             rm_scores=m.score(*self.reward_model_inputs(gen)).float() if m.reward_cfg.uses_reward_model else None,
         )
 
@@ -194,7 +207,13 @@ class ExperienceMaker:
         entropy = masked_mean(scored.entropy, mask)  # ()
         ensemble = scored.rm_scores is not None and scored.rm_scores.dim() == 2
         reward_std = member_std(scored.rm_scores) if ensemble else None  # (B,): for a watchdog reading disagreement
-        return rollout, Experience(entropy, {k: v.mean() for k, v in reward_parts.items()}, texts, reward_std)
+        sampled = self.uses_sampled_logprobs(gen)
+        gen_train_diff = None
+        if gen.logprobs is not None and not sampled:  # rescored: the rescore is the training pass's forward
+            gen_train_diff = masked_mean((gen.logprobs - scored.old_logprobs).abs(), mask)  # ()
+        return rollout, Experience(
+            entropy, {k: v.mean() for k, v in reward_parts.items()}, texts, reward_std, sampled, gen_train_diff
+        )
 
     def texts(self, rollout: Rollout, experience: Experience) -> list[str]:
         """The responses as a judge reads them, decoded now unless the reward functions did already."""

@@ -15,6 +15,11 @@ from rlhf_lit.functional import (
 from rlhf_lit.stages.ppo.config import KLConfig, PPOConfig
 from rlhf_lit.stages.ppo.rollout import Rollout
 
+OLD_LOGPROB_DIFF = "policy/old_logprob_diff"
+"""The stat of :func:`ppo_loss` holding the token mean of ``|logprobs - old_logprobs|``; not logged as
+such: :func:`~rlhf_lit.stages.ppo.update.train_on_rollout` keeps it only before the first optimizer
+step, where it measures the old logprobs against the training pass."""
+
 
 def ppo_loss(
     mb: Rollout,
@@ -38,7 +43,8 @@ def ppo_loss(
         kl_coef: beta of this rollout (the controller updates after the update).
 
     Returns:
-        ``(loss (), stats)``: the stats are detached ``()`` tensors named as they are logged.
+        ``(loss (), stats)``: the stats are detached ``()`` tensors named as they are logged, and
+        :data:`OLD_LOGPROB_DIFF`.
     """
     mask = mb.response_mask  # (B, R)
     zero = torch.zeros((), device=mask.device)
@@ -56,6 +62,7 @@ def ppo_loss(
         "policy/entropy": entropy.detach(), "policy/clipfrac": policy_stats["clipfrac"],
         "policy/approxkl": policy_stats["approx_kl"], "policy/ratio": policy_stats["ratio_mean"],
         "value/clipfrac": value_stats["clipfrac"],
+        OLD_LOGPROB_DIFF: masked_mean((logprobs.detach() - mb.old_logprobs).abs(), mask),
     }  # fmt: skip
     if kl.mode == "loss":
         kl_term = kl_loss(logprobs, mb.ref_logprobs, mask, kl.estimator)  # ()

@@ -17,6 +17,7 @@ from lightning.pytorch.strategies import Strategy
 
 from rlhf_lit.evaluation import Judge, distinct_n
 from rlhf_lit.functional import explained_variance
+from rlhf_lit.stages.ppo.loss import OLD_LOGPROB_DIFF
 from rlhf_lit.stages.ppo.rollout import Rollout
 
 
@@ -38,18 +39,26 @@ class RolloutTimer:
         self.times[name], self._last = now - self._last, now
 
 
+LOGPROB_GEN_TRAIN_DIFF = "policy/logprob_gen_train_diff"
+"""Mean over response tokens of ``|logprob recorded while sampling - logprob of the training pass|``
+of the same tokens, under the same weights: the generation / training mismatch (docs/monitoring.md)."""
+
+
 def rollout_statistics(
     rollout: Rollout, entropy: torch.Tensor, train_stats: dict[str, torch.Tensor], kl_coef: float,
-    has_critic: bool = True,
+    has_critic: bool = True, gen_train_diff: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
     """This rank's rollout and update statistics, as 0-dim tensors on the device (no host sync).
 
     Args:
         rollout: the rollout just trained on.
         entropy: ``()`` masked mean entropy of the policy at rollout time.
-        train_stats: ``()`` tensors averaged over the minibatches of the update.
+        train_stats: ``()`` tensors averaged over the minibatches of the update (from
+            :func:`~rlhf_lit.stages.ppo.update.train_on_rollout`; its ``OLD_LOGPROB_DIFF`` is left out).
         kl_coef: the coefficient the rollout's rewards were shaped with.
         has_critic: log the critic's statistics (``value/*``); False for critic-free estimators.
+        gen_train_diff: ``()`` logged as :data:`LOGPROB_GEN_TRAIN_DIFF`; None: not logged (nothing
+            was recorded while sampling).
     """
     mask = rollout.response_mask  # (B, R)
     kl_per_response = rollout.kl.sum(1)  # (B,) nats per response
@@ -65,8 +74,10 @@ def rollout_statistics(
         "value/explained_variance": explained_variance(rollout.old_values, rollout.returns, mask),
         "response/length": mask.sum(1).float().mean(),
         "response/ended_fraction": rollout.ended.float().mean(),
-        **train_stats,
+        **{k: v for k, v in train_stats.items() if k != OLD_LOGPROB_DIFF},
     }
+    if gen_train_diff is not None:
+        stats[LOGPROB_GEN_TRAIN_DIFF] = gen_train_diff
     if not has_critic:  # no values: explained variance, value loss and value clipping mean nothing
         for key in ("value/explained_variance", "loss/value", "value/clipfrac"):
             stats.pop(key, None)

@@ -42,7 +42,7 @@ from rlhf_lit.stages.ppo.config import KLConfig, PPOConfig, RewardConfig
 from rlhf_lit.stages.ppo.estimator import AdvantageEstimator
 from rlhf_lit.stages.ppo.experience import Experience, ExperienceMaker, Scored
 from rlhf_lit.stages.ppo.forward import policy_and_values
-from rlhf_lit.stages.ppo.loss import ppo_loss
+from rlhf_lit.stages.ppo.loss import OLD_LOGPROB_DIFF, ppo_loss
 from rlhf_lit.stages.ppo.metrics import RolloutTimer, logged_metrics, reduce_over_ranks, rollout_statistics, text_statistics
 from rlhf_lit.stages.ppo.reward_sources import RewardSources
 from rlhf_lit.stages.ppo.rollout import Rollout, nonfinite_rollout_parts
@@ -446,7 +446,11 @@ class PPOModule(StageModule):
         Distinct-n always and the judge when set read the responses, decoded once per rollout.
         ``kl_coef`` is the coefficient the rollout's rewards were shaped with.
         """
-        local = rollout_statistics(rollout, experience.entropy, train_stats, kl_coef, self.critic is not None)  # no sync
+        # The generation / training mismatch: a rescored rollout measured it against the rescore;
+        # with the recorded old logprobs, the update's forward before its first step measured it.
+        gen_train_diff = train_stats[OLD_LOGPROB_DIFF] if experience.old_logprobs_sampled else experience.gen_train_diff
+        local = rollout_statistics(rollout, experience.entropy, train_stats, kl_coef, self.critic is not None,
+                                   gen_train_diff)  # no sync  fmt: skip
         local.update(experience.reward_parts)  # each source
         local.update(text_statistics(self.experience.texts(rollout, experience), self.judge))
         timer.mark("text")

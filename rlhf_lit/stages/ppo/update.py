@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from rlhf_lit.stages.amp import one_scaler_update
+from rlhf_lit.stages.ppo.loss import OLD_LOGPROB_DIFF
 from rlhf_lit.stages.ppo.rollout import Rollout, minibatches
 from rlhf_lit.stages.ppo.seeding import STREAM_SHUFFLE
 
@@ -19,16 +20,23 @@ if TYPE_CHECKING:
 def train_on_rollout(module: PPOModule, rollout: Rollout) -> dict[str, torch.Tensor]:
     """K epochs of shuffled minibatches; an optimizer step every ``grad_accum`` minibatches.
 
-    Returns each statistic of :meth:`PPOModule.minibatch_loss` averaged over every minibatch.
+    Returns each statistic of :meth:`PPOModule.minibatch_loss` averaged over every minibatch, but
+    :data:`~rlhf_lit.stages.ppo.loss.OLD_LOGPROB_DIFF`: its token mean over the minibatches trained
+    before the first optimizer step (the first ``grad_accum`` of the first epoch), whose forward
+    scores the rollout's tokens with the weights that sampled them.
     """
     cfg = module.ppo
     optimizers = module.optimizer_list()
     generator = module.stream_generator(STREAM_SHUFFLE)
     history: list[dict[str, torch.Tensor]] = []
-    for _ in range(cfg.epochs):
+    before_update: list[tuple[torch.Tensor, torch.Tensor]] = []  # (token mean, tokens) per minibatch
+    for epoch in range(cfg.epochs):
         for i, mb in enumerate(minibatches(rollout, cfg.minibatch_size, generator)):
             loss, stats = module.minibatch_loss(mb)
             module.manual_backward(loss / cfg.grad_accum)  # once, on the sum: DDP sees every parameter
+            diff = stats.pop(OLD_LOGPROB_DIFF)  # ()
+            if epoch == 0 and i < cfg.grad_accum:
+                before_update.append((diff, mb.response_mask.sum()))
             history.append(stats)
             if (i + 1) % cfg.grad_accum == 0:
                 with one_scaler_update(module.trainer):  # fp16: both optimizers see one loss scale
@@ -36,7 +44,10 @@ def train_on_rollout(module: PPOModule, rollout: Rollout) -> dict[str, torch.Ten
                         opt.step()  # clips in on_before_optimizer_step
                 for opt in optimizers:
                     opt.zero_grad(set_to_none=True)
-    return {k: torch.stack([h[k] for h in history]).mean() for k in history[0]}
+    averaged = {k: torch.stack([h[k] for h in history]).mean() for k in history[0]}
+    tokens = torch.stack([n for _, n in before_update]).sum()  # ()
+    averaged[OLD_LOGPROB_DIFF] = torch.stack([d * n for d, n in before_update]).sum() / tokens  # ()
+    return averaged
 
 
 def rank_token_weight(mask: torch.Tensor, trainer) -> torch.Tensor:
