@@ -169,7 +169,7 @@ def clip_each_member(ensemble: RewardEnsemble, clip_val: float | None, algorithm
 
 class ValidationMetrics(nn.Module):
     """The ensemble's validation metrics: each member's loss and accuracy, the mean score's
-    accuracy, and the members' std."""
+    accuracy (and on ranking batches its ``val/ranking_exact`` and ``val/kendall_tau``), and the members' std."""
 
     def __init__(self, members: int) -> None:
         super().__init__()
@@ -191,6 +191,10 @@ class ValidationMetrics(nn.Module):
         for m, (metric, member_accuracy) in enumerate(zip(self.member_accuracy, accuracies)):
             metric.update(member_accuracy, weight=B)
             module.log(f"val/member_{m}/accuracy", metric, batch_size=B)
+        from rlhf_lit.stages.reward_model import is_ranking_batch  # deferred: reward_model imports this module
+
+        if is_ranking_batch(batch):  # how well the members' mean orders each prompt's responses
+            module.log_ranking_metrics(scores.mean(dim=1), batch)
 
 
 @torch.no_grad()

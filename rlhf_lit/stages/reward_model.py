@@ -231,21 +231,29 @@ class RewardModelModule(PretrainedStage):
         scores = self.reward_gain * self.raw_scores(*self.batch_sequences(batch)) + self.reward_bias  # (N,)
         group, rank, per_prompt = batch["group"], batch["rank"], batch["responses_per_prompt"]
         loss, _ = ranking_loss(scores, group, rank, per_prompt)  # ()
-        ranking = ranking_metrics(scores, group, rank, per_prompt)  # (B,) x3
-        prompts = ranking.has_pairs.to(scores.dtype)  # (B,) prompts with a pair weigh 1
+        prompts = self.log_ranking_metrics(scores, batch)  # (B,) prompts with a pair weigh 1
         pairs = ranking_pair_mask(group, rank).to(scores.dtype)  # (N, N) pairs weigh 1
         diff = scores[:, None] - scores[None, :]  # (N, N) better - worse at [better, worse]
         self.val_loss.update(loss, weight=prompts.sum())
         self.val_accuracy.update((diff > 0).to(scores.dtype), weight=pairs)  # pooled over pairs
         self.val_margin.update(torch.where(pairs > 0, diff, 0), weight=pairs)
-        self.val_ranking_exact.update(ranking.exact, weight=prompts)
-        self.val_kendall_tau.update(ranking.kendall_tau, weight=prompts)
         B = num_prompts(batch)
         self.log("val/loss", self.val_loss, prog_bar=True, batch_size=B)
         self.log("val/accuracy", self.val_accuracy, prog_bar=True, batch_size=B)
         self.log("val/margin", self.val_margin, batch_size=B)
+
+    def log_ranking_metrics(self, scores: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Update and log ``val/ranking_exact`` and ``val/kendall_tau`` of a ranking batch's ``scores``
+        ``(N,)`` (a single RM's, or an ensemble's mean), pooled over the prompts that hold a pair;
+        returns those prompts' weights ``(B,)``."""
+        ranking = ranking_metrics(scores, batch["group"], batch["rank"], batch["responses_per_prompt"])  # (B,) x3
+        prompts = ranking.has_pairs.to(scores.dtype)  # (B,)
+        self.val_ranking_exact.update(ranking.exact, weight=prompts)
+        self.val_kendall_tau.update(ranking.kendall_tau, weight=prompts)
+        B = num_prompts(batch)
         self.log("val/ranking_exact", self.val_ranking_exact, batch_size=B)
         self.log("val/kendall_tau", self.val_kendall_tau, batch_size=B)
+        return prompts
 
     def configure_model(self) -> None:
         """Shard the model under FSDP; an ensemble is refused there (one clear line, before any step)."""
@@ -267,7 +275,8 @@ class RewardModelModule(PretrainedStage):
         if dm is not None and callable(getattr(dm, "reference_dataloader", None)):
             return dm.reference_dataloader(), f"{type(dm).__name__}.reference_dataloader()"
         if dm is not None and is_overridden("val_dataloader", dm):
-            return dm.val_dataloader(), f"{type(dm).__name__}.val_dataloader() chosen + rejected"
+            responses = "every ranked response" if getattr(dm, "format", None) == "rankings" else "chosen + rejected"
+            return dm.val_dataloader(), f"{type(dm).__name__}.val_dataloader() {responses}"
         raise ValueError(
             f"normalize={self.normalization!r} needs reference data: fit with a datamodule that has "
             "reference_dataloader() or val_dataloader(), or set normalize='none'"

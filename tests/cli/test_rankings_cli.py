@@ -82,5 +82,8 @@ def test_offline_rankings_config_trains_and_exports(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     model = AutoModelForSequenceClassification.from_pretrained(run / "reward_model" / "model")
     assert model.config.num_labels == 1
+    # normalised on the validation rankings: every ranked response, which the record says
+    assert model.config.rlhf_lit_reward_normalization["reference"] == (
+        "PreferenceDataModule.val_dataloader() every ranked response")
     events = EventAccumulator(str(next((run / "reward_model").glob("version_*")))).Reload()
     assert {"val/accuracy", "val/ranking_exact", "val/kendall_tau", "train/loss"} <= set(events.Tags()["scalars"])

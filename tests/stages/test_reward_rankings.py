@@ -248,3 +248,30 @@ def test_normalisation_pools_every_response_of_ranking_batches(stories_path, hel
     assert capture.scores.shape == (9,)  # 5 + 4 responses
     assert abs(float(capture.scores.mean())) < 1e-5
     assert float(capture.scores.std(unbiased=False)) == pytest.approx(1.0, abs=1e-5)
+
+
+def test_an_ensemble_logs_the_ranking_metrics_of_its_members_mean(stories_path, helpers, tmp_path):
+    from rlhf_lit.models import sequence_scores
+    from rlhf_lit.stages.ensemble_training import EnsembleConfig
+
+    module = fresh_module(stories_path, ensemble=EnsembleConfig(members=2, seeds=[5, 6]))
+    tok = module.tokenizer
+    val = [ranking_batch(helpers, tok, [("Lily", [" smiled.", " frowned.", " sang a song.", " left."], [0, 1, 1, 2]),
+                                        ("A cat", [" purred.", " hissed at me.", " ran off fast.", " sat."])])]
+    trainer = helpers.cpu_trainer(tmp_path, max_steps=1)
+    trainer.validate(module, datamodule=helpers.BatchListDataModule(train=[], val=val), verbose=False)
+    logged = {k: float(v) for k, v in trainer.callback_metrics.items()}
+    # By hand: the mean of the two members' scores, loops over each prompt's labelled pairs.
+    with torch.no_grad():  # normalize="none": the members' raw scores
+        per_member = [sequence_scores(m, val[0]["input_ids"], val[0]["attention_mask"]) for m in module.model.members]
+    scores = ((per_member[0] + per_member[1]) / 2).tolist()
+    taus, exact = [], []
+    for b in range(2):
+        rows = [i for i in range(len(scores)) if int(val[0]["group"][i]) == b]
+        s, r = [scores[i] for i in rows], [int(val[0]["rank"][i]) for i in rows]
+        pairs = [(i, j) for i in range(len(s)) for j in range(len(s)) if r[i] < r[j]]
+        taus.append(sum((s[i] > s[j]) - (s[i] < s[j]) for i, j in pairs) / len(pairs))
+        exact.append(all(s[i] > s[j] for i, j in pairs))
+    assert logged["val/kendall_tau"] == pytest.approx(sum(taus) / 2, rel=1e-6, abs=1e-7)
+    assert logged["val/ranking_exact"] == pytest.approx(sum(exact) / 2, abs=1e-7)
+    assert len(set(taus)) > 1 and 0 < sum(exact) < 2  # untrained heads: not a vacuous all-right or all-wrong
