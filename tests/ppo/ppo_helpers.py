@@ -87,6 +87,19 @@ class EosBias(torch.nn.Module):
         return logits + self.bias * torch.nn.functional.one_hot(torch.tensor(EOS), logits.shape[-1])
 
 
+STORY_PROMPTS = ["Once upon a time there was", "The cat", "Lily and Tom went to the park to", "A"]
+"""Prompts of different lengths (left padding differs per row)."""
+
+
+def eos_biased_policy(tokenizer, bias: float = 24.0) -> torch.nn.Module:
+    """stories260K in eval mode with ``bias`` added to the EOS logit, so rows end at varied steps."""
+    from rlhf_lit.models import load_causal_lm
+
+    model = load_causal_lm(STORIES, tokenizer)
+    model.lm_head = EosBias(model.lm_head, bias)
+    return model.eval()
+
+
 def length_judge(texts: list[str]) -> list[float]:
     """A judge for the callback tests: the number of characters."""
     return [float(len(t)) for t in texts]

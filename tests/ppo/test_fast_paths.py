@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import types
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 import torch
-from ppo_helpers import EOS, PAD, STORIES, EosBias, prompt_batch
+from ppo_helpers import EOS, PAD, STORIES, STORY_PROMPTS, prompt_batch
 
 from rlhf_lit.models import load_causal_lm
 from rlhf_lit.models.generation import (
@@ -21,21 +20,8 @@ from rlhf_lit.models.generation import (
 )
 from rlhf_lit.models.scoring import model_attention_mask, position_ids_from_mask, self_attending_causal_mask
 from rlhf_lit.stages.optim import OptimizerConfig, build_optimizer, fused_adamw_supported
-from rlhf_lit.tokenizer import load_tokenizer
 
-PROMPTS = ["Once upon a time there was", "The cat", "Lily and Tom went to the park to", "A"]
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return load_tokenizer(STORIES, padding_side="left")
-
-
-@pytest.fixture(scope="module")
-def policy(tokenizer):
-    model = load_causal_lm(STORIES, tokenizer)
-    model.lm_head = EosBias(model.lm_head, 24.0)  # EOS sampled at varied steps
-    return model.eval()
+PROMPTS = STORY_PROMPTS
 
 
 # ---------------------------------------------------------------- ignore_eos

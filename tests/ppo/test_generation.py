@@ -7,7 +7,7 @@ import shutil
 import pytest
 import torch
 from assets_paths import GPT2_TOKENIZER
-from ppo_helpers import EOS, PAD, STORIES, EosBias, prompt_batch
+from ppo_helpers import EOS, PAD, STORY_PROMPTS, prompt_batch
 from transformers import GenerationConfig
 
 from rlhf_lit.functional import token_logprobs
@@ -21,19 +21,7 @@ from rlhf_lit.models.generation import (
 )
 from rlhf_lit.tokenizer import load_tokenizer
 
-PROMPTS = ["Once upon a time there was", "The cat", "Lily and Tom went to the park to", "A"]
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return load_tokenizer(STORIES, padding_side="left")
-
-
-@pytest.fixture(scope="module")
-def policy(tokenizer):
-    model = load_causal_lm(STORIES, tokenizer)
-    model.lm_head = EosBias(model.lm_head, 24.0)  # EOS (logit ~ -16) at varied steps (checked below)
-    return model.eval()
+PROMPTS = STORY_PROMPTS
 
 
 def test_complete_generation_masks_and_pads_after_first_eos():

@@ -7,28 +7,14 @@ import math
 
 import pytest
 import torch
-from ppo_helpers import EOS, PAD, STORIES, EosBias, prompt_batch
+from ppo_helpers import EOS, PAD, STORY_PROMPTS, prompt_batch
 from transformers import GenerationConfig, LogitsProcessorList
 
 from rlhf_lit.functional import entropy_from_logits, token_logprobs
-from rlhf_lit.models import load_causal_lm
 from rlhf_lit.models.generation import SamplingConfig, generate_responses, response_logprobs
 from rlhf_lit.models.step_logprobs import StepLogprobs
-from rlhf_lit.tokenizer import load_tokenizer
 
-PROMPTS = ["Once upon a time there was", "The cat", "Lily and Tom went to the park to", "A"]
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return load_tokenizer(STORIES, padding_side="left")
-
-
-@pytest.fixture(scope="module")
-def policy(tokenizer):
-    model = load_causal_lm(STORIES, tokenizer)
-    model.lm_head = EosBias(model.lm_head, 24.0)  # EOS at varied steps: rows end at different lengths
-    return model.eval()
+PROMPTS = STORY_PROMPTS
 
 
 def test_step_logprobs_by_hand():
