@@ -37,6 +37,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
+from functools import cached_property
 from typing import Any
 
 from rlhf_lit.data.conversation import Conversation, TextOrConversation, as_prompt, as_response, is_conversation
@@ -149,9 +150,14 @@ class TextEncoder:
         eos = self.tokenizer.eos_token
         if eos and text.endswith(eos):
             return eos
+        return max((t for t in self._special_tokens if text.endswith(t)), key=len, default="")
+
+    @cached_property
+    def _special_tokens(self) -> frozenset[str]:
+        """The tokenizer's special tokens (named and added), built once: read for every rendered response."""
         added = getattr(self.tokenizer, "added_tokens_decoder", {}).values()
-        specials = {*getattr(self.tokenizer, "all_special_tokens", ()), *(t.content for t in added if t.special)}
-        return max((t for t in specials if t and text.endswith(t)), key=len, default="")
+        named = getattr(self.tokenizer, "all_special_tokens", ())
+        return frozenset(t for t in (*named, *(a.content for a in added if a.special)) if t)
 
     def _end_id(self, end: str) -> int:
         """The id that ends a response whose rendering ended with ``end`` (:meth:`_end_of_turn`): the
