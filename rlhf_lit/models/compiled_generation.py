@@ -24,6 +24,7 @@ per decode step instead of one per kernel).
 
 from __future__ import annotations
 
+import os
 import time
 
 from contextlib import contextmanager
@@ -53,11 +54,29 @@ def compiled_generate_settings(model: PreTrainedModel, prompt_length: int, max_n
     # transformers compiles only on accelerators unless told otherwise; on CPU inductor's C++
     # kernels still remove most of the per-op dispatch that dominates a small model's decode step.
     compile_config._compile_all_devices = True
+    separate_cache_per_cpu_capability()
     return {
         "cache_implementation": "static",
         "max_cache_len": cache_length(prompt_length, max_new_tokens),
         "compile_config": compile_config,
     }
+
+
+def separate_cache_per_cpu_capability() -> None:
+    """Gives a process run under ``ATEN_CPU_CAPABILITY`` its own inductor cache directory (unless
+    the user set ``TORCHINDUCTOR_CACHE_DIR``).
+
+    torch 2.13's inductor cache does not key on ``ATEN_CPU_CAPABILITY``: a kernel cached by a native
+    run (AVX2 ``at::vec`` code) is rebuilt under ``ATEN_CPU_CAPABILITY=default`` with the headers of
+    no vector ISA and fails to compile (``'at::vec' has not been declared``).
+    """
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir  # noqa: PLC0415
+
+    capability = os.environ.get("ATEN_CPU_CAPABILITY")
+    # importing transformers already wrote the default into TORCHINDUCTOR_CACHE_DIR: only a
+    # directory the user chose is kept.
+    if capability and os.environ.get("TORCHINDUCTOR_CACHE_DIR", default_cache_dir()) == default_cache_dir():
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = f"{default_cache_dir()}_{capability}"
 
 
 @dataclass
