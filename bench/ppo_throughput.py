@@ -87,7 +87,7 @@ def prompt_batches(w: dict, tokenizer) -> list[dict]:
     ]
 
 
-def build_module(w: dict, iters: int, export_dir: str, old_logprobs: str = "rescore"):
+def build_module(w: dict, iters: int, export_dir: str, old_logprobs: str = "rescore", decode: str = "eager"):
     """``PPOModule`` with the harness's settings (see the module docstring)."""
     from rlhf_lit.models.generation import SamplingConfig
     from rlhf_lit.stages import PPOModule
@@ -97,7 +97,8 @@ def build_module(w: dict, iters: int, export_dir: str, old_logprobs: str = "resc
     return PPOModule(
         sft_model=w["policy"], reward_model=w["reward"], tokenizer_path=w["tokenizer"], missing_pad="error",
         critic="separate",
-        sampling=SamplingConfig(max_new_tokens=w["resp_len"], temperature=w["temperature"], ignore_eos=True),
+        sampling=SamplingConfig(max_new_tokens=w["resp_len"], temperature=w["temperature"], ignore_eos=True,
+                                decode=decode),
         ppo=PPOConfig(epochs=w["epochs"], minibatch_size=w["batch"] // w["minibatches"], vf_coef=0.1,
                       clip_range=0.2, value_clip_range=0.2, gamma=1.0, lam=0.95, whiten_advantages=True,
                       max_grad_norm=None, old_logprobs=old_logprobs),
@@ -108,7 +109,8 @@ def build_module(w: dict, iters: int, export_dir: str, old_logprobs: str = "resc
     )  # fmt: skip
 
 
-def run(w: dict, iters: int, accelerator: str, precision: str, out_dir: str, old_logprobs: str = "rescore") -> dict:
+def run(w: dict, iters: int, accelerator: str, precision: str, out_dir: str, old_logprobs: str = "rescore",
+        decode: str = "eager") -> dict:
     """Fit ``iters`` rollouts; per-iteration wall time and the module's phase timers."""
     import lightning.pytorch as pl
     import torch
@@ -157,7 +159,8 @@ def run(w: dict, iters: int, accelerator: str, precision: str, out_dir: str, old
             self.cpu_times.append(time.process_time() - self._cpu_start)
 
     pl.seed_everything(w["seed"], verbose=False)
-    module = build_module(w, iters, export_dir=os.path.join(out_dir, "model"), old_logprobs=old_logprobs)
+    module = build_module(w, iters, export_dir=os.path.join(out_dir, "model"), old_logprobs=old_logprobs,
+                          decode=decode)
     batches = prompt_batches(w, module.tokenizer)
     loader = DataLoader(batches * (iters // len(batches) + 1), batch_size=None, shuffle=False)
     capture, clock = Capture(), IterationClock()
@@ -201,6 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--precision", default="32-true", help="the Trainer's precision, e.g. bf16-mixed on a GPU")
     parser.add_argument("--old-logprobs", choices=("rescore", "sampling"), default="rescore",
                         help="ppo.old_logprobs: rescore (the default, an exact ratio of 1) or sampling (TRL's way)")
+    parser.add_argument("--decode", choices=("eager", "compiled"), default="eager",
+                        help="sampling.decode: eager (the default) or compiled (static KV cache, compiled decode step)")
     args = parser.parse_args(argv)
 
     w = workload_from_env() or workload_from_harness(args.workload)
@@ -209,19 +214,26 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(int(w["threads"]))
     with tempfile.TemporaryDirectory(prefix="rlhf-lit-bench-") as out_dir:  # the export at the end of fit
-        result = run(w, iters, args.accelerator, args.precision, out_dir, args.old_logprobs)
+        result = run(w, iters, args.accelerator, args.precision, out_dir, args.old_logprobs, args.decode)
     out = summarize(result, w)
+    from rlhf_lit.models.compiled_generation import compile_stats
+
+    stats = compile_stats()  # all zero on the eager path
+    out.update({"decode": args.decode, "compile_graphs": stats.graphs, "compile_calls_s": stats.compile_calls_s})
     out.update({"workload": w["workload"], "iters": iters, "accelerator": args.accelerator, "precision": args.precision,
                 "old_logprobs": args.old_logprobs,
                 "torch": torch.__version__, "threads": torch.get_num_threads()})  # fmt: skip
     print(f"rlhf-lit PPOModule, workload {w['workload']}, {iters} iterations ({args.accelerator}, {args.precision}, "
-          f"old logprobs: {args.old_logprobs}):")
+          f"old logprobs: {args.old_logprobs}, decode: {args.decode}):")
     print(f"  iteration {out['iter_median_s']:.3f} s [{out['iter_min_s']:.3f} .. {out['iter_max_s']:.3f}]"
           f"  (first {out['first_iter_s']:.3f} s; CPU time {out['iter_cpu_median_s']:.3f} s)")
     print(f"  generate {out['gen_s']:.3f} s  scoring {out['rollout_s']:.3f} s  training {out['train_s']:.3f} s"
           f"  text {out['text_s']:.3f} s  other {out['other_s']:.3f} s")
     print(f"  {out['tokens_per_s']:.0f} generated tokens/s per iteration ({out['gen_tokens_per_s']:.0f} while generating)"
           f"  peak RSS {out['peak_rss_mib']:.0f} MiB")
+    if args.decode == "compiled":
+        print(f"  compiled decode: {stats.graphs} graph(s) compiled in calls of {stats.compile_calls_s:.1f} s in all"
+              f" (the first iteration; {stats.compile_calls_s / iters:.3f} s per iteration over these {iters})")
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
     return 0

@@ -18,15 +18,22 @@ from __future__ import annotations
 import inspect
 
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch import nn
 from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel, PreTrainedTokenizerBase
 
 from rlhf_lit.functional import response_mask_from_eos, token_logprobs
+from rlhf_lit.models.compiled_generation import compiled_generate_settings, counting_compiles
 from rlhf_lit.models.scoring import model_attention_mask, position_ids_from_mask
 from rlhf_lit.models.step_logprobs import StepLogprobs
+
+
+Decode = Literal["eager", "compiled"]
+"""How ``generate`` runs each decode step (``SamplingConfig.decode``)."""
 
 
 @dataclass(frozen=True)
@@ -53,6 +60,11 @@ class SamplingConfig:
             of the response and no response counts as ended. For benchmarks with a fixed amount
             of work per rollout; the logits are not changed (unlike ``min_new_tokens``, which
             masks EOS and so samples from another distribution than the logprobs score).
+        decode: ``eager`` runs ``generate`` as Hugging Face ships it (a growing KV cache, each
+            step op by op); ``compiled`` decodes with a static KV cache and a ``torch.compile``d
+            step (:mod:`rlhf_lit.models.compiled_generation`; CUDA graphs on GPU): the same tokens
+            under greedy decoding and the same logprobs within float32 rounding, after a one-off
+            compile per batch size and cache-length bucket (tens of seconds on CPU).
     """
 
     max_new_tokens: int = 64
@@ -62,6 +74,7 @@ class SamplingConfig:
     do_sample: bool = True
     samples_per_prompt: int = 1
     ignore_eos: bool = False
+    decode: Decode = "eager"
 
     def __post_init__(self) -> None:
         if self.samples_per_prompt < 1:
@@ -74,6 +87,17 @@ class SamplingConfig:
             raise ValueError(f"sampling.top_k must be >= 0 and top_p in (0, 1]; got {self.top_k}, {self.top_p}")
         if not self.do_sample and (self.temperature != 1.0 or self.top_k or self.top_p != 1.0):
             raise ValueError("sampling.do_sample=False decodes greedily: leave temperature=1, top_k=0, top_p=1")
+        if self.decode not in ("eager", "compiled"):
+            raise ValueError(f"sampling.decode must be 'eager' or 'compiled', got {self.decode!r}")
+
+
+def decode_settings(sampling: SamplingConfig, model: PreTrainedModel, prompt_length: int) -> dict:
+    """The ``GenerationConfig`` fields that ``sampling.decode`` picks: none for ``eager`` (a
+    dynamic cache, transformers' default), the static cache and compile settings for ``compiled``
+    (:func:`~rlhf_lit.models.compiled_generation.compiled_generate_settings`)."""
+    if sampling.decode == "compiled":
+        return compiled_generate_settings(model, prompt_length, sampling.max_new_tokens)
+    return {}
 
 
 def stop_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> tuple[int, ...]:
@@ -195,6 +219,7 @@ def generate_responses(
         eos_token_id=None if sampling.ignore_eos else eos_token_id if isinstance(eos_token_id, int) else list(eos_token_id),
         pad_token_id=pad_token_id,
         use_cache=True,
+        **decode_settings(sampling, policy, input_ids.shape[1]),
     )
     recorder = StepLogprobs(sampling.temperature) if return_logprobs else None
     processors = LogitsProcessorList([] if recorder is None else [recorder])
@@ -203,21 +228,24 @@ def generate_responses(
     # module docstring): hide it, so the samples follow softmax(logits / temperature) as the logprobs do.
     model_defaults = policy.generation_config
     policy.generation_config = GenerationConfig()
+    # the compiled path counts the graphs its calls compile (compiled_generation.compile_stats)
+    counting = counting_compiles() if sampling.decode == "compiled" else nullcontext()
     try:
-        if generator is None:
-            sequences = policy.generate(
-                input_ids=input_ids, attention_mask=attention_mask, generation_config=config, synced_gpus=synced_gpus,
-                logits_processor=processors,
-            )  # (B, P + R)
-        else:
-            seed = int(torch.randint(0, 2**62, (1,), generator=generator))
-            # fork_rng restores the global CPU (and this CUDA device's) RNG afterwards.
-            with torch.random.fork_rng(devices=[device] if device.type == "cuda" else [], device_type=device.type):
-                torch.manual_seed(seed)
+        with counting:
+            if generator is None:
                 sequences = policy.generate(
                     input_ids=input_ids, attention_mask=attention_mask, generation_config=config,
                     synced_gpus=synced_gpus, logits_processor=processors,
                 )  # (B, P + R)
+            else:
+                seed = int(torch.randint(0, 2**62, (1,), generator=generator))
+                # fork_rng restores the global CPU (and this CUDA device's) RNG afterwards.
+                with torch.random.fork_rng(devices=[device] if device.type == "cuda" else [], device_type=device.type):
+                    torch.manual_seed(seed)
+                    sequences = policy.generate(
+                        input_ids=input_ids, attention_mask=attention_mask, generation_config=config,
+                        synced_gpus=synced_gpus, logits_processor=processors,
+                    )  # (B, P + R)
     finally:
         policy.generation_config = model_defaults
     generated = complete_generation(sequences, attention_mask, () if sampling.ignore_eos else eos_token_id, pad_token_id)

@@ -16,8 +16,11 @@ from rlhf_lit.tokenizer import load_tokenizer
 STORIES = STORIES260K
 
 
-@pytest.mark.parametrize("old_logprobs", ["rescore", "sampling"])
-def test_benchmark_runs_a_workload_from_the_harness_environment(tmp_path, old_logprobs):
+@pytest.mark.parametrize("old_logprobs,decode", [
+    ("rescore", "eager"), ("sampling", "eager"),
+    pytest.param("sampling", "compiled", marks=pytest.mark.slow),  # compiles the decode step: 5-50 s
+])  # fmt: skip
+def test_benchmark_runs_a_workload_from_the_harness_environment(tmp_path, old_logprobs, decode):
     tokenizer = load_tokenizer(str(STORIES), padding_side="left")
     rows, masks = [], []
     for text in ["Once upon a time", "The little dog ran", "Tom", "She saw a big red"]:
@@ -31,12 +34,16 @@ def test_benchmark_runs_a_workload_from_the_harness_environment(tmp_path, old_lo
                     WORKLOAD="smoke", PROMPT_IDS=prompt_file, JSON=tmp_path / "out.json")  # fmt: skip
     env = subprocess_env({f"PEERBENCH_{k}": str(v) for k, v in workload.items()})
     options = [] if old_logprobs == "rescore" else ["--old-logprobs", "sampling"]  # rescore is the default
+    options += [] if decode == "eager" else ["--decode", decode]  # eager is the default
     result = subprocess.run([sys.executable, str(ROOT / "bench" / "ppo_throughput.py"), *options], env=env, cwd=tmp_path,
                             capture_output=True, text=True, timeout=300)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     out = json.loads((tmp_path / "out.json").read_text())
     assert out["workload"] == "smoke" and out["iters"] == 2 and len(out["iters_s"]) == 2
     assert out["old_logprobs"] == old_logprobs and f"old logprobs: {old_logprobs}" in result.stdout
+    assert out["decode"] == decode and f"decode: {decode})" in result.stdout  # which generation path ran
+    assert (out["compile_graphs"] == 1) == (decode == "compiled")  # one batch size, one cache bucket
+    assert ("compiled decode: 1 graph(s)" in result.stdout) == (decode == "compiled")
     for key in ("iter_median_s", "gen_s", "rollout_s", "train_s", "tokens_per_s", "peak_rss_mib"):
         assert out[key] > 0, key
     # Full-length responses (ignore_eos): 4 prompts x 5 tokens per iteration.

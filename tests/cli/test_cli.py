@@ -93,3 +93,18 @@ def test_whiten_scope_defaults_to_global_and_takes_rank_or_nothing_else():
     assert lines == ["rlhf-lit: error: option --model.init_args.ppo.whiten_scope: expected one of 'global', 'rank', "
                      "got all"]
     assert "Traceback" not in bad.stderr
+
+
+def test_sampling_decode_defaults_to_eager_and_takes_compiled_or_nothing_else():
+    ppo = str(ROOT / "configs/offline/ppo.yaml")
+    default = _cli("fit", "--config", ppo, "--print_config")
+    assert default.returncode == 0, default.stderr[-3000:]
+    assert "decode: eager\n" in default.stdout
+    compiled = _cli("fit", "--config", ppo, "--model.init_args.sampling.decode", "compiled", "--print_config")
+    assert compiled.returncode == 0 and "decode: compiled\n" in compiled.stdout
+    bad = _cli("fit", "--config", ppo, "--model.init_args.sampling.decode", "fast", "--print_config")
+    assert bad.returncode == 2
+    lines = [line for line in bad.stderr.splitlines() if line.startswith("rlhf-lit: error:")]
+    assert lines == ["rlhf-lit: error: option --model.init_args.sampling.decode: expected one of 'eager', 'compiled', "
+                     "got fast"]
+    assert "Traceback" not in bad.stderr

@@ -78,6 +78,9 @@ QUOTED: list[Quoted] = [
     Quoted("docs/rewards.md", "gae (default, critic)", PPOModule, "ppo.estimator", "gae"),
     Quoted("docs/ppo.md", "(the default `as_sampled` reads it as it is)", PPOModule, "reward.unfinished", "as_sampled"),
     Quoted("docs/ppo.md", "(`ppo.whiten_scope: global`, the default", PPOModule, "ppo.whiten_scope", "global"),
+    Quoted("docs/ppo.md", "(`sampling.decode`): `eager` (the default)", PPOModule, "sampling.decode", "eager"),
+    Quoted("docs/performance.md", "`sampling.decode: compiled` (off by default)", PPOModule, "sampling.decode",
+           "eager"),  # fmt: skip
     Quoted(PPO_DOC, "(``ppo.whiten_scope: global``, the default", PPOModule, "ppo.whiten_scope", "global"),
     Quoted("docs/rewards.md", "`as_sampled` (the default) or `with_eos`", RewardConfig, "unfinished", "as_sampled"),
     Quoted("docs/DEMO.md", "the library default stays `as_sampled`", RewardConfig, "unfinished", "as_sampled"),

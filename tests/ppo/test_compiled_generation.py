@@ -1,0 +1,114 @@
+"""``sampling.decode: compiled`` (static KV cache, ``torch.compile``d decode step) against the eager
+path on stories260K: the same tokens and, within float32 rounding, the same logprobs and entropies.
+
+The compiled tests share one compiled graph (one batch size, one cache-length bucket): the first
+call compiles it (~50 s on 2 shared cores with a cold inductor cache, ~6 s warm), so they are
+``slow``. Tolerance for the recorded logprobs / entropies: ``atol = rtol = 1e-5`` (measured at most
+7.6e-6 absolute): the compiled kernels sum in another order, over a cache longer than the sequence
+(the masked tail adds exact zeros, but changes the blocking of the reductions).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from ppo_helpers import EOS, PAD, STORY_PROMPTS, prompt_batch
+
+from rlhf_lit.models.compiled_generation import cache_length, compile_stats
+from rlhf_lit.models.generation import SamplingConfig, decode_settings, generate_responses
+
+TOL = {"atol": 1e-5, "rtol": 1e-5}
+R = 12
+
+
+def test_cache_length_buckets_by_hand():
+    """P + R rounded up to a power of two, at least 64."""
+    assert cache_length(13, 12) == 64
+    assert cache_length(52, 12) == 64
+    assert cache_length(53, 12) == 128
+    assert cache_length(100, 28) == 128
+    assert cache_length(100, 29) == 256
+
+
+def test_decode_option_is_checked_and_eager_adds_no_settings(policy):
+    with pytest.raises(ValueError, match="sampling.decode must be 'eager' or 'compiled'"):
+        SamplingConfig(decode="fast")  # type: ignore[arg-type]
+    assert decode_settings(SamplingConfig(), policy, 13) == {}
+    compiled = decode_settings(SamplingConfig(max_new_tokens=R, decode="compiled"), policy, 13)
+    assert compiled["cache_implementation"] == "static" and compiled["max_cache_len"] == 64
+    assert compiled["compile_config"].mode == "default" and compiled["compile_config"].dynamic is False  # CPU
+
+
+def generate(policy, batch, decode, seed=3, **options):
+    """One ``generate_responses`` call with the recorder on, seeded by ``seed``."""
+    sampling = SamplingConfig(max_new_tokens=R, decode=decode, **options)
+    return generate_responses(policy, batch["input_ids"], batch["attention_mask"], sampling, EOS, PAD,
+                              generator=torch.Generator().manual_seed(seed), return_logprobs=True)
+
+
+def assert_same(eager, compiled):
+    """Identical tokens and masks; logprobs and entropies within ``TOL``."""
+    assert torch.equal(compiled.query_responses, eager.query_responses)
+    assert torch.equal(compiled.response_mask, eager.response_mask)
+    assert torch.equal(compiled.ended, eager.ended)
+    torch.testing.assert_close(compiled.logprobs, eager.logprobs, **TOL)
+    torch.testing.assert_close(compiled.entropy, eager.entropy, **TOL)
+
+
+@pytest.mark.slow
+def test_greedy_stops_at_eos_with_the_eager_tokens(policy, tokenizer):
+    """Greedy, EOS stops each row: rows end at different steps and some run to R."""
+    batch = prompt_batch(tokenizer, STORY_PROMPTS * 2)
+    eager, compiled = (generate(policy, batch, d, do_sample=False) for d in ("eager", "compiled"))
+    lengths = eager.response_mask.sum(1)
+    assert eager.ended.any() and not eager.ended.all() and len(set(lengths.tolist())) >= 2
+    assert_same(eager, compiled)
+    assert compile_stats().graphs >= 1
+
+
+@pytest.mark.slow
+def test_greedy_ignore_eos_runs_past_eos_with_the_eager_tokens(policy, tokenizer):
+    batch = prompt_batch(tokenizer, STORY_PROMPTS * 2)
+    eager, compiled = (generate(policy, batch, d, do_sample=False, ignore_eos=True) for d in ("eager", "compiled"))
+    assert (eager.response_ids[:, :-1] == EOS).any()  # an EOS the rows went on after
+    assert compiled.response_mask.all() and not compiled.ended.any()
+    assert_same(eager, compiled)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("options", [{"temperature": 0.7}, {"temperature": 0.7, "top_k": 5, "top_p": 0.9}])
+def test_sampling_with_one_generator_draws_the_eager_tokens_at_two_prompt_lengths(policy, tokenizer, options):
+    """Left padding with rows of different lengths, two batches of different prompt lengths (13 and
+    16 columns, one cache bucket): the same seed draws the same tokens and records the same logprobs
+    within ``TOL``, and the second prompt length compiles nothing new."""
+    short = prompt_batch(tokenizer, STORY_PROMPTS * 2)
+    long = prompt_batch(tokenizer, [p + " and then" for p in STORY_PROMPTS] * 2)
+    assert short["input_ids"].shape[1] != long["input_ids"].shape[1]
+    assert not short["attention_mask"][:, 0].all()  # really left padded
+    assert_same(generate(policy, short, "eager", **options), generate(policy, short, "compiled", **options))
+    graphs = compile_stats().graphs
+    eager, compiled = generate(policy, long, "eager", **options), generate(policy, long, "compiled", **options)
+    assert_same(eager, compiled)
+    assert eager.ended.any() and not torch.equal(eager.response_mask, torch.ones_like(eager.response_mask))
+    assert compile_stats().graphs == graphs  # same batch size and cache bucket: no recompile
+
+
+@pytest.mark.slow
+def test_compiled_step_sees_weight_updates_without_recompiling(policy, tokenizer):
+    """PPO updates the weights in place between rollouts: the compiled step must read the new values
+    (not constants baked in at compile time) and compile nothing new."""
+    batch = prompt_batch(tokenizer, STORY_PROMPTS * 2)
+    before = generate(policy, batch, "compiled", do_sample=False)
+    graphs = compile_stats().graphs
+    weight = policy.model.layers[0].mlp.down_proj.weight
+    saved = weight.detach().clone()
+    try:
+        with torch.no_grad():
+            weight.mul_(-3.0)
+        eager, compiled = (generate(policy, batch, d, do_sample=False) for d in ("eager", "compiled"))
+    finally:
+        with torch.no_grad():
+            weight.copy_(saved)
+    assert (eager.logprobs - before.logprobs).abs().max() > 1e-2  # the update changed the distribution
+    assert_same(eager, compiled)
+    assert compile_stats().graphs == graphs
