@@ -107,17 +107,19 @@ def compile_stats() -> CompileStats:
 
 
 @contextmanager
-def counting_compiles():
-    """Counts the graphs compiled inside the block into :data:`COMPILE_STATS`."""
+def counting_compiles(stats: CompileStats | None = None):
+    """Counts the graphs compiled inside the block into ``stats`` (default :data:`COMPILE_STATS`,
+    the decode path's)."""
     from torch._dynamo.utils import counters  # noqa: PLC0415 (dynamo is imported only on this path)
 
+    stats = COMPILE_STATS if stats is None else stats
     before = counters["stats"]["unique_graphs"]
     start = time.perf_counter()
     try:
         yield
     finally:
         new = counters["stats"]["unique_graphs"] - before
-        COMPILE_STATS.calls += 1
+        stats.calls += 1
         if new:
-            COMPILE_STATS.graphs += new
-            COMPILE_STATS.compile_calls_s += time.perf_counter() - start
+            stats.graphs += new
+            stats.compile_calls_s += time.perf_counter() - start

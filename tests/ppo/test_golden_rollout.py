@@ -21,6 +21,8 @@ to ~1e-6 relative. Every planted wiring bug moves them by 1e-2 or more.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from lightning.pytorch import LightningDataModule
@@ -107,13 +109,15 @@ def _named(module: torch.nn.Module) -> dict[int, str]:
     return {id(p): name for name, p in module.named_parameters()}
 
 
-@pytest.fixture(scope="module")
-def golden(reward_model_dir, tmp_path_factory):
-    """Run one rollout through Trainer.fit and record everything the module produced."""
+@pytest.fixture(scope="module", params=["eager", pytest.param("compiled", marks=pytest.mark.slow)])
+def golden(request, reward_model_dir, tmp_path_factory):
+    """Run one rollout through Trainer.fit and record everything the module produced, with the
+    scoring and minibatch passes eager or compiled (``ppo.forward``): both must match the loop
+    reference within the same float32 tolerances."""
     module = tiny_module(
         reward_model=reward_model_dir,
         sampling=SamplingConfig(max_new_tokens=len(RESPONSES[0]), temperature=TEMPERATURE),
-        ppo=PPO,
+        ppo=replace(PPO, forward=request.param),
         reward=RewardConfig(bias=SCORE_BIAS, missing_eos_penalty=MISSING_EOS),
         kl=KLConfig(kind="adaptive", init_coef=BETA, target=KL_TARGET, horizon=100),
         optimizer=OptimizerConfig(lr=3e-3, eps=1e-5),
@@ -341,3 +345,15 @@ def _assert_grads_close(got: dict[str, torch.Tensor], wanted: dict[str, torch.Te
     for name in got:
         torch.testing.assert_close(got[name], wanted[name], rtol=1e-4, atol=1e-5 * scale,
                                    msg=lambda m, name=name: f"{what} {name}: {m}")  # fmt: skip
+
+
+def test_the_passes_ran_as_configured_with_one_graph_per_shape_and_grad_mode(golden):
+    module, _, _, _, metrics = golden
+    stats = module.forward_passes.stats
+    if module.ppo.forward == "eager":
+        assert (stats.graphs, stats.calls) == (0, 0) and "compile/forward_graphs" not in metrics
+        return
+    # Scoring: 4 rows without grad; the update: 1-row minibatches with grad, whose dropped padding
+    # changes their length (1 to 6 prompt columns, 6 response columns) inside one bucket (16 + 16).
+    assert stats.graphs == 2 and stats.calls == 1 + 8
+    assert metrics["compile/forward_graphs"] == 2 and metrics["compile/forward_s"] > 0

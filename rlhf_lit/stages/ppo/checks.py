@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 from rlhf_lit.models.generation import SamplingConfig
 from rlhf_lit.models.lora import LoRAConfig
+from rlhf_lit.models.memory import MemoryConfig
 from rlhf_lit.models.reward_ensemble import is_reward_ensemble
 from rlhf_lit.stages.ppo.config import PPOConfig, RewardConfig
 
@@ -27,6 +28,16 @@ def check_reward_settings(sampling: SamplingConfig, reward: RewardConfig, reward
                 f"reward source {source.name!r}: aggregate {source.aggregate} needs a reward-model ensemble; "
                 f"model.reward_model {reward_model} is a single reward model (no ensemble.json)"
             )
+
+
+def check_compiled_passes(ppo: PPOConfig, memory: MemoryConfig, lora: LoRAConfig | None,
+                          critic_lora: LoRAConfig | None) -> None:
+    """``ppo.forward: compiled`` with settings its graph cannot hold."""
+    if ppo.forward == "compiled" and memory.gradient_checkpointing and (lora is not None or critic_lora is not None):
+        # Gradient checkpointing over frozen base weights makes the embeddings' output require grad
+        # through a hook (transformers' enable_input_require_grads), which torch.compile refuses.
+        raise ValueError("ppo.forward: compiled does not run with memory.gradient_checkpointing and LoRA together; "
+                         "leave ppo.forward eager, or turn off one of them")
 
 
 def check_model_settings(

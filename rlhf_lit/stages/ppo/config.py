@@ -12,6 +12,7 @@ from typing import Any, Literal, get_args
 import torch
 
 from rlhf_lit.functional import AGGREGATES, Aggregate, KLKind, Reducer, ScoreWhitening, shape_scores
+from rlhf_lit.models.compiled_passes import ForwardPasses
 from rlhf_lit.models.scoring import UnfinishedScoring
 from rlhf_lit.functional.advantages import EstimatorKind
 
@@ -72,6 +73,13 @@ class PPOConfig:
             KV-cache steps multiply in another order: measured <= 1e-5 in fp32 on a CPU, ~2e-3 in
             bf16; logged each rollout as ``policy/logprob_gen_train_diff``). With ``critic:
             shared_trunk`` the policy forward runs anyway for the values.
+        forward: how the policy and critic forward passes of the scoring and minibatch passes
+            run (:data:`~rlhf_lit.models.compiled_passes.ForwardPasses`): ``eager``, op by op; or
+            ``compiled``, through ``torch.compile`` on rows padded to a few lengths
+            (:class:`~rlhf_lit.models.compiled_passes.BucketedCompile`; the same losses and
+            gradients within float32 rounding, graphs counted and logged as ``compile/forward_*``).
+            Refused under FSDP. The default stays ``eager``: see docs/performance.md for what
+            compiling bought on the machines measured.
     """
 
     epochs: int = 4
@@ -90,8 +98,11 @@ class PPOConfig:
     score_chunk_size: int | None = None
     estimator: EstimatorKind = "gae"
     old_logprobs: OldLogprobs = "rescore"
+    forward: ForwardPasses = "eager"
 
     def __post_init__(self) -> None:
+        if self.forward not in get_args(ForwardPasses):
+            raise ValueError(f"ppo.forward must be one of {', '.join(get_args(ForwardPasses))}; got {self.forward!r}")
         if self.old_logprobs not in get_args(OldLogprobs):
             raise ValueError(f"ppo.old_logprobs must be one of {', '.join(get_args(OldLogprobs))}; got {self.old_logprobs!r}")
         if self.whiten_scope not in get_args(WhitenScope):

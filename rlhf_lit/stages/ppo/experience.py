@@ -28,7 +28,6 @@ from rlhf_lit.models.scoring import reward_model_rows
 from rlhf_lit.models.sharding import gathered_for_generation, is_sharded, reshard
 from rlhf_lit.stages.ppo.checks import check_whitening_rows
 from rlhf_lit.stages.ppo.estimator import repeat_prompts
-from rlhf_lit.stages.ppo.forward import policy_and_values
 from rlhf_lit.stages.ppo.ranks import whitening_reducer
 from rlhf_lit.stages.ppo.reward_sources import reward_batch
 from rlhf_lit.stages.ppo.rollout import Rollout
@@ -146,9 +145,9 @@ class ExperienceMaker:
         ids, mask = gen.query_responses, gen.attention_mask
         if self.uses_sampled_logprobs(gen):  # ppo.old_logprobs "sampling": recorded while generate sampled
             old_logprobs, entropy = gen.logprobs, gen.entropy  # (B, R) x2
-            values = None if m.critic is None else m.critic(ids, mask, None)[:, prompt_length - 1 : -1]  # (B, R)
+            values = None if m.critic is None else m.forward_passes.critic_values(m.critic, ids, mask, prompt_length)  # (B, R)
         else:
-            logits, values = policy_and_values(m.policy, m.critic, ids, mask, prompt_length)  # (B, R, V), (B, R)
+            logits, values = m.forward_passes.policy_and_values(m.policy, m.critic, ids, mask, prompt_length)  # (B, R, V), (B, R)
             old_logprobs = token_logprobs(logits, gen.response_ids, temperature)  # (B, R)
             entropy = entropy_from_logits(logits, temperature)  # (B, R)
         return Scored(

@@ -1,9 +1,14 @@
-"""The policy and critic forward pass that rollout scoring and the update share."""
+"""The policy and critic forward pass that rollout scoring and the update share, run eagerly or
+compiled (``ppo.forward``, :func:`forward_passes`)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 
+from rlhf_lit.models.compiled_generation import CompileStats
+from rlhf_lit.models.compiled_passes import BucketedCompile, ForwardPasses
 from rlhf_lit.models.generation import forward_response_logits
 
 
@@ -28,3 +33,48 @@ def policy_and_values(
     hidden = out.hidden_states[-1] if needs_hidden else None  # (B, T, D)
     values = critic(query_responses, attention_mask, hidden)  # (B, T)
     return logits, values[:, prompt_length - 1 : -1]  # (B, R, V), (B, R)
+
+
+def critic_values(
+    critic: torch.nn.Module, query_responses: torch.Tensor, attention_mask: torch.Tensor, prompt_length: int
+) -> tuple[torch.Tensor]:
+    """A separate critic's values ``(B, R)`` alone (when the old logprobs come from sampling), as a
+    one-tuple like :func:`policy_and_values`'s outputs."""
+    return (critic(query_responses, attention_mask, None)[:, prompt_length - 1 : -1],)  # (B, R)
+
+
+@dataclass
+class ForwardPassRunner:
+    """The policy-and-critic pass and the critic-only pass as ``ppo.forward`` runs them.
+
+    Attributes:
+        kind: ``eager`` or ``compiled`` (:data:`~rlhf_lit.models.compiled_passes.ForwardPasses`).
+        stats: the graphs compiled and the seconds of the calls that compiled (zeros when eager).
+    """
+
+    kind: ForwardPasses = "eager"
+    stats: CompileStats = field(default_factory=CompileStats)
+
+    def __post_init__(self) -> None:
+        if self.kind == "compiled":
+            self._both = BucketedCompile(policy_and_values, self.stats)
+            self._critic = BucketedCompile(critic_values, self.stats)
+
+    def policy_and_values(
+        self, policy: torch.nn.Module, critic: torch.nn.Module | None, query_responses: torch.Tensor,
+        attention_mask: torch.Tensor, prompt_length: int,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """:func:`policy_and_values`, eager or compiled."""
+        if self.kind == "eager":
+            return policy_and_values(policy, critic, query_responses, attention_mask, prompt_length)
+        logits, values = self._both(policy, critic, ids=query_responses, attention_mask=attention_mask,
+                                    prompt_length=prompt_length)  # fmt: skip
+        return logits, values
+
+    def critic_values(
+        self, critic: torch.nn.Module, query_responses: torch.Tensor, attention_mask: torch.Tensor, prompt_length: int
+    ) -> torch.Tensor:
+        """:func:`critic_values`, eager or compiled: ``(B, R)``."""
+        if self.kind == "eager":
+            return critic_values(critic, query_responses, attention_mask, prompt_length)[0]
+        return self._critic(critic, ids=query_responses, attention_mask=attention_mask, prompt_length=prompt_length)[0]

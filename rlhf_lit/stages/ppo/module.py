@@ -32,6 +32,7 @@ from rlhf_lit.stages.export import ExportExisting
 from rlhf_lit.stages.nonfinite import assert_finite
 from rlhf_lit.stages.optim import OptimizerConfig, build_optimizer, fused_adamw_supported
 from rlhf_lit.stages.ppo.checks import (
+    check_compiled_passes,
     check_critic_free,
     check_end_of_turn_stops,
     check_model_settings,
@@ -41,7 +42,7 @@ from rlhf_lit.stages.ppo.checks import (
 from rlhf_lit.stages.ppo.config import KLConfig, PPOConfig, RewardConfig
 from rlhf_lit.stages.ppo.estimator import AdvantageEstimator
 from rlhf_lit.stages.ppo.experience import Experience, ExperienceMaker, Scored
-from rlhf_lit.stages.ppo.forward import policy_and_values
+from rlhf_lit.stages.ppo.forward import ForwardPassRunner
 from rlhf_lit.stages.ppo.loss import OLD_LOGPROB_DIFF, ppo_loss
 from rlhf_lit.stages.ppo.metrics import RolloutTimer, logged_metrics, reduce_over_ranks, rollout_statistics, text_statistics
 from rlhf_lit.stages.ppo.reward_sources import RewardSources
@@ -191,6 +192,7 @@ class PPOModule(StageModule):
         self.critic_lora_cfg = as_config(LoRAConfig, critic_lora)
         self.memory: MemoryConfig = as_config(MemoryConfig, memory)
         check_model_settings(self.lora_cfg, self.critic_lora_cfg, critic, critic_optimizer is not None, max_rollouts)
+        check_compiled_passes(self.ppo, self.memory, self.lora_cfg, self.critic_lora_cfg)
         # The one place the estimator is chosen: it decides whether a critic exists at all.
         self.estimator = AdvantageEstimator(
             self.ppo.estimator, self.sampling.samples_per_prompt, self.ppo.gamma, self.ppo.lam,
@@ -213,6 +215,7 @@ class PPOModule(StageModule):
         else:
             self.kl_ctl = FixedKLController(self.kl_cfg.init_coef)
         self.experience = ExperienceMaker(self)
+        self.forward_passes = ForwardPassRunner(self.ppo.forward)  # ppo.forward: eager or compiled
         self.rollout_index = 0  # rollouts completed; the step of every logged metric
         # The last rollout's logged metrics (averaged over ranks, the same on every rank): what
         # callbacks that act on them read (rlhf_lit.callbacks.OverOptimisationGuard).
@@ -277,6 +280,11 @@ class PPOModule(StageModule):
         if sharded and isinstance(getattr(self, "reward_model", None), RewardEnsemble):
             raise ValueError("a reward-model ensemble (model.reward_model with ensemble.json) is not supported under "
                              "fsdp / fsdp2; use one device or --trainer.strategy ddp")
+        if sharded and self.ppo.forward == "compiled":
+            # The critic's values are read through a hook that sharded weights need (models/scoring.py)
+            # and a compiled graph cannot hold; compiling sharded passes is untested here.
+            raise ValueError("ppo.forward: compiled is not supported under fsdp / fsdp2; leave ppo.forward eager "
+                             "or use one device or --trainer.strategy ddp")
         shard_models(self, {"policy": self.policy, "critic": self.critic, "reference": self._modules.get("ref_policy"),
                             "reward model": self._modules.get("reward_model")})  # fmt: skip
 
@@ -401,8 +409,9 @@ class PPOModule(StageModule):
     def minibatch_loss(self, mb: Rollout) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """:func:`~rlhf_lit.stages.ppo.loss.ppo_loss` of the policy (and critic) now, as this rank's share
         of the token mean over all ranks, plus ``ptx_coef`` * the SFT loss of a second-source batch."""
-        logits, values = policy_and_values(self.policy, self.critic, mb.query_responses, mb.attention_mask,
-                                           mb.prompt_length)  # (B, R, V), (B, R) or None  fmt: skip
+        logits, values = self.forward_passes.policy_and_values(
+            self.policy, self.critic, mb.query_responses, mb.attention_mask, mb.prompt_length
+        )  # (B, R, V), (B, R) or None  fmt: skip
         # beta is the rollout's: the controller updates after the update
         loss, stats = ppo_loss(mb, logits, values, self.ppo, self.sampling.temperature, self.kl_cfg, self.kl_ctl.value)
         loss = loss * rank_token_weight(mb.response_mask, self._trainer)  # (): a token mean over every rank's minibatch
@@ -456,7 +465,11 @@ class PPOModule(StageModule):
         timer.mark("text")
         reduced = reduce_over_ranks(self.trainer.strategy, local, self.device)
         learning_rates = [opt.param_groups[0]["lr"] for opt in self.optimizer_list()]
-        return logged_metrics(reduced, timer, learning_rates, kl_coef, rollout.batch_size * self.trainer.world_size)
+        metrics = logged_metrics(reduced, timer, learning_rates, kl_coef, rollout.batch_size * self.trainer.world_size)
+        if self.ppo.forward == "compiled":  # this process's running totals (the compile cost, apart)
+            metrics["compile/forward_graphs"] = float(self.forward_passes.stats.graphs)
+            metrics["compile/forward_s"] = self.forward_passes.stats.compile_calls_s
+        return metrics
 
     # ------------------------------------------------------------------ checkpoints
     def on_save_checkpoint(self, checkpoint: dict) -> None:

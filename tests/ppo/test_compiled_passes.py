@@ -1,0 +1,107 @@
+"""``ppo.forward: compiled``: the buckets and their padding by hand, and the compiled pass against
+the eager one (outputs and gradients) for the critic kinds, the sampled-logprobs critic pass, LoRA
+and gradient checkpointing. The whole PPO iteration, compiled, is checked against the independent
+loop reference in ``test_golden_rollout.py`` (its ``[compiled]`` cases)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from ppo_helpers import tiny_module
+
+from rlhf_lit.models.compiled_passes import bucket_length, pad_to_buckets
+from rlhf_lit.models.lora import LoRAConfig
+from rlhf_lit.models.memory import MemoryConfig, train_mode
+from rlhf_lit.stages.ppo.config import PPOConfig
+from rlhf_lit.stages.ppo.forward import ForwardPassRunner
+
+
+@pytest.mark.parametrize("n,bucket", [
+    (1, 16), (16, 16), (17, 20), (20, 20), (21, 24), (31, 32), (32, 32), (33, 40), (47, 48), (49, 56),
+    (64, 64), (65, 80), (100, 112), (129, 160), (1000, 1024),
+])  # fmt: skip
+def test_bucket_length_by_hand(n, bucket):
+    assert bucket_length(n) == bucket
+
+
+def test_padding_puts_prompt_columns_left_and_response_columns_right_unattended():
+    ids = torch.tensor([[0, 5, 6, 7, 8, 9], [4, 5, 6, 7, 8, 0]])  # P = 3, R = 3
+    mask = torch.tensor([[0, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 0]])
+    padded_ids, padded_mask, prompt_length = pad_to_buckets(ids, mask, 3)
+    assert padded_ids.shape == padded_mask.shape == (2, 32) and prompt_length == 16
+    assert torch.equal(padded_ids[:, 13:19], ids) and torch.equal(padded_mask[:, 13:19], mask)
+    assert not padded_mask[:, :13].any() and not padded_mask[:, 19:].any()
+    # the response part keeps its offset from the (padded) prompt length: position P' + t holds token P + t
+    assert torch.equal(padded_ids[:, prompt_length : prompt_length + 3], ids[:, 3:])
+    same = pad_to_buckets(torch.ones(1, 32, dtype=torch.long), torch.ones(1, 32, dtype=torch.long), 16)
+    assert same[0].shape == (1, 32) and same[2] == 16  # already on a bucket: untouched
+
+
+def test_the_option_takes_eager_or_compiled_and_names_itself_otherwise():
+    assert PPOConfig().forward == "eager"
+    with pytest.raises(ValueError, match=r"ppo.forward must be one of eager, compiled; got 'fast'"):
+        PPOConfig(forward="fast")
+
+
+def _pass(runner: ForwardPassRunner, module, ids, mask, prompt_length, critic_only: bool):
+    """Outputs and a scalar of them (every output position weighted differently, so a shifted or
+    dropped position changes the gradient)."""
+    weights = torch.linspace(0.5, 1.5, ids.shape[1] - prompt_length)  # (R,)
+    if critic_only:
+        values = runner.critic_values(module.critic, ids, mask, prompt_length)  # (B, R)
+        return (values,), (values * weights).square().sum()
+    logits, values = runner.policy_and_values(module.policy, module.critic, ids, mask, prompt_length)
+    loss = (logits.logsumexp(-1) * weights).sum() + (values * weights).square().sum()
+    return (logits, values), loss
+
+
+VARIANTS = {
+    "separate critic": dict(),
+    "shared-trunk critic": dict(critic="shared_trunk"),
+    "critic alone (old logprobs from sampling)": dict(),
+    "LoRA policy and critic": dict(
+        lora=LoRAConfig(r=4, alpha=8, target_modules=["q_proj", "v_proj"]),
+        critic_lora=LoRAConfig(r=4, alpha=8, target_modules=["q_proj", "v_proj"]),
+    ),
+    "gradient checkpointing": dict(memory=MemoryConfig(gradient_checkpointing=True)),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_compiled_pass_gives_the_eager_outputs_and_gradients(variant):
+    module = tiny_module(**VARIANTS[variant])
+    critic_only = variant.startswith("critic alone")
+    torch.manual_seed(3)
+    ids = torch.randint(3, 500, (3, 5 + 7))  # P = 5, R = 7; left padding of 2 and 4 columns
+    mask = torch.ones_like(ids)
+    mask[1, :2] = 0
+    mask[2, :4] = 0
+    eager, compiled = ForwardPassRunner("eager"), ForwardPassRunner("compiled")
+    trained = [p for p in (module.critic if critic_only else module).parameters() if p.requires_grad]
+    results = []
+    for runner in (eager, compiled, compiled):  # the second compiled call: no new graph
+        with train_mode(module.policy, module.critic):
+            outputs, loss = _pass(runner, module, ids, mask, 5, critic_only)
+            loss.backward()
+        results.append(([o.detach() for o in outputs], [p.grad.clone() for p in trained]))
+        module.zero_grad(set_to_none=True)
+    with torch.no_grad():  # the scoring passes: another graph, the same values
+        no_grad_outputs, _ = _pass(compiled, module, ids, mask, 5, critic_only)
+    (eager_out, eager_grads), (compiled_out, compiled_grads), (again_out, _) = results
+    for got, wanted in zip([*compiled_out, *no_grad_outputs], [*eager_out, *eager_out]):
+        assert got.shape == wanted.shape
+        torch.testing.assert_close(got, wanted, rtol=1e-5, atol=1e-5 * float(wanted.abs().max()))
+    assert all(torch.equal(a, b) for a, b in zip(again_out, compiled_out))
+    assert len(compiled_grads) == len(eager_grads) > 0
+    for got, wanted in zip(compiled_grads, eager_grads):
+        torch.testing.assert_close(got, wanted, rtol=1e-4, atol=1e-5 * float(wanted.abs().max()))
+    assert compiled.stats.graphs == 2 and eager.stats.graphs == 0  # grad and no-grad, one shape
+
+
+def test_lora_with_gradient_checkpointing_is_refused_before_any_model_loads():
+    lora = LoRAConfig(r=4, alpha=8, target_modules=["q_proj"])
+    with pytest.raises(ValueError, match=r"^ppo.forward: compiled does not run with memory.gradient_checkpointing "
+                                         r"and LoRA together"):  # fmt: skip
+        tiny_module(sft_model="/nonexistent", ppo=PPOConfig(forward="compiled"), lora=lora,
+                    memory=MemoryConfig(gradient_checkpointing=True))  # fmt: skip
