@@ -87,7 +87,8 @@ def prompt_batches(w: dict, tokenizer) -> list[dict]:
     ]
 
 
-def build_module(w: dict, iters: int, export_dir: str, old_logprobs: str = "rescore", decode: str = "eager"):
+def build_module(w: dict, iters: int, export_dir: str, old_logprobs: str = "rescore", decode: str = "eager",
+                 forward: str = "eager"):
     """``PPOModule`` with the harness's settings (see the module docstring)."""
     from rlhf_lit.models.generation import SamplingConfig
     from rlhf_lit.stages import PPOModule
@@ -101,7 +102,7 @@ def build_module(w: dict, iters: int, export_dir: str, old_logprobs: str = "resc
                                 decode=decode),
         ppo=PPOConfig(epochs=w["epochs"], minibatch_size=w["batch"] // w["minibatches"], vf_coef=0.1,
                       clip_range=0.2, value_clip_range=0.2, gamma=1.0, lam=0.95, whiten_advantages=True,
-                      max_grad_norm=None, old_logprobs=old_logprobs),
+                      max_grad_norm=None, old_logprobs=old_logprobs, forward=forward),
         reward=RewardConfig(missing_eos_penalty=None),
         kl=KLConfig(kind="fixed", init_coef=w["kl_coef"], estimator="k1"),
         optimizer=OptimizerConfig(lr=w["lr"], eps=1e-8, schedule="linear"),
@@ -110,7 +111,7 @@ def build_module(w: dict, iters: int, export_dir: str, old_logprobs: str = "resc
 
 
 def run(w: dict, iters: int, accelerator: str, precision: str, out_dir: str, old_logprobs: str = "rescore",
-        decode: str = "eager") -> dict:
+        decode: str = "eager", forward: str = "eager") -> dict:
     """Fit ``iters`` rollouts; per-iteration wall time and the module's phase timers."""
     import lightning.pytorch as pl
     import torch
@@ -160,7 +161,7 @@ def run(w: dict, iters: int, accelerator: str, precision: str, out_dir: str, old
 
     pl.seed_everything(w["seed"], verbose=False)
     module = build_module(w, iters, export_dir=os.path.join(out_dir, "model"), old_logprobs=old_logprobs,
-                          decode=decode)
+                          decode=decode, forward=forward)
     batches = prompt_batches(w, module.tokenizer)
     loader = DataLoader(batches * (iters // len(batches) + 1), batch_size=None, shuffle=False)
     capture, clock = Capture(), IterationClock()
@@ -170,7 +171,8 @@ def run(w: dict, iters: int, accelerator: str, precision: str, out_dir: str, old
         default_root_dir=out_dir,
     )  # fmt: skip
     trainer.fit(module, train_dataloaders=loader)
-    return {"iter_s": clock.times, "cpu_s": clock.cpu_times, "metrics": capture.rows}
+    return {"iter_s": clock.times, "cpu_s": clock.cpu_times, "metrics": capture.rows,
+            "forward_stats": module.forward_passes.stats}
 
 
 def summarize(result: dict, w: dict) -> dict:
@@ -206,6 +208,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="ppo.old_logprobs: rescore (the default, an exact ratio of 1) or sampling (TRL's way)")
     parser.add_argument("--decode", choices=("eager", "compiled"), default="eager",
                         help="sampling.decode: eager (the default) or compiled (static KV cache, compiled decode step)")
+    parser.add_argument("--forward", choices=("eager", "compiled"), default="eager",
+                        help="ppo.forward: eager (the default) or compiled (the scoring and training passes compiled)")
     args = parser.parse_args(argv)
 
     w = workload_from_env() or workload_from_harness(args.workload)
@@ -214,17 +218,21 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(int(w["threads"]))
     with tempfile.TemporaryDirectory(prefix="rlhf-lit-bench-") as out_dir:  # the export at the end of fit
-        result = run(w, iters, args.accelerator, args.precision, out_dir, args.old_logprobs, args.decode)
+        result = run(w, iters, args.accelerator, args.precision, out_dir, args.old_logprobs, args.decode,
+                     args.forward)
     out = summarize(result, w)
     from rlhf_lit.models.compiled_generation import compile_stats
 
     stats = compile_stats()  # all zero on the eager path
-    out.update({"decode": args.decode, "compile_graphs": stats.graphs, "compile_calls_s": stats.compile_calls_s})
+    forward_stats = result["forward_stats"]  # all zero on the eager path
+    out.update({"decode": args.decode, "compile_graphs": stats.graphs, "compile_calls_s": stats.compile_calls_s,
+                "forward": args.forward, "forward_compile_graphs": forward_stats.graphs,
+                "forward_compile_calls_s": forward_stats.compile_calls_s})
     out.update({"workload": w["workload"], "iters": iters, "accelerator": args.accelerator, "precision": args.precision,
                 "old_logprobs": args.old_logprobs,
                 "torch": torch.__version__, "threads": torch.get_num_threads()})  # fmt: skip
     print(f"rlhf-lit PPOModule, workload {w['workload']}, {iters} iterations ({args.accelerator}, {args.precision}, "
-          f"old logprobs: {args.old_logprobs}, decode: {args.decode}):")
+          f"old logprobs: {args.old_logprobs}, decode: {args.decode}, forward: {args.forward}):")
     print(f"  iteration {out['iter_median_s']:.3f} s [{out['iter_min_s']:.3f} .. {out['iter_max_s']:.3f}]"
           f"  (first {out['first_iter_s']:.3f} s; CPU time {out['iter_cpu_median_s']:.3f} s)")
     print(f"  generate {out['gen_s']:.3f} s  scoring {out['rollout_s']:.3f} s  training {out['train_s']:.3f} s"
@@ -234,6 +242,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.decode == "compiled":
         print(f"  compiled decode: {stats.graphs} graph(s) compiled in calls of {stats.compile_calls_s:.1f} s in all"
               f" (the first iteration; {stats.compile_calls_s / iters:.3f} s per iteration over these {iters})")
+    if args.forward == "compiled":
+        print(f"  compiled passes: {forward_stats.graphs} graph(s) compiled in calls of "
+              f"{forward_stats.compile_calls_s:.1f} s in all ({forward_stats.calls} calls)")
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
     return 0
