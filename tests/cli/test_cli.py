@@ -108,3 +108,21 @@ def test_sampling_decode_defaults_to_eager_and_takes_compiled_or_nothing_else():
     assert lines == ["rlhf-lit: error: option --model.init_args.sampling.decode: expected one of 'eager', 'compiled', "
                      "got fast"]
     assert "Traceback" not in bad.stderr
+
+
+def test_ppo_forward_takes_compiled_and_refuses_lora_with_gradient_checkpointing_in_one_line():
+    ppo = str(ROOT / "configs/offline/ppo.yaml")
+    compiled = _cli("fit", "--config", ppo, "--model.init_args.ppo.forward", "compiled", "--print_config")
+    assert compiled.returncode == 0 and "forward: compiled\n" in compiled.stdout
+    bad = _cli("fit", "--config", ppo, "--model.init_args.ppo.forward", "jit", "--print_config")
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    lines = [line for line in bad.stderr.splitlines() if line.startswith("rlhf-lit: error:")]
+    assert lines == ["rlhf-lit: error: option --model.init_args.ppo.forward: expected one of 'eager', 'compiled', got jit"]
+    refused = _cli("fit", "--config", ppo, "--model.init_args.ppo.forward", "compiled",
+                   "--model.init_args.memory.gradient_checkpointing", "true", "--model.init_args.lora.r", "4",
+                   "--model.init_args.sft_model", str(ROOT / "assets/models/stories260K"),
+                   "--model.init_args.reward_model", str(ROOT / "assets/models/stories260K"))  # fmt: skip
+    assert refused.returncode != 0 and "Traceback" not in refused.stderr
+    lines = [line for line in refused.stderr.splitlines() if line.startswith("rlhf-lit: error:")]
+    assert lines == ["rlhf-lit: error: ppo.forward: compiled does not run with memory.gradient_checkpointing and LoRA "
+                     "together; leave ppo.forward eager, or turn off one of them"], refused.stderr[-2000:]

@@ -105,3 +105,11 @@ def test_lora_with_gradient_checkpointing_is_refused_before_any_model_loads():
                                          r"and LoRA together"):  # fmt: skip
         tiny_module(sft_model="/nonexistent", ppo=PPOConfig(forward="compiled"), lora=lora,
                     memory=MemoryConfig(gradient_checkpointing=True))  # fmt: skip
+
+
+def test_compiled_passes_are_refused_under_fsdp_and_taken_without_it():
+    module = tiny_module(ppo=PPOConfig(forward="compiled"), max_rollouts=1)
+    module.configure_model()  # one device: nothing to refuse
+    module._device_mesh = object()  # what the fsdp / fsdp2 strategy gives the module
+    with pytest.raises(ValueError, match=r"^ppo.forward: compiled is not supported under fsdp / fsdp2"):
+        module.configure_model()
