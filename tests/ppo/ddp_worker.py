@@ -5,7 +5,8 @@ sees the SAME prompts (no distributed sampler). The run is REINFORCE++ with rewa
 two whitenings per rollout are taken over the rows of both ranks. Each rank writes to
 ``<out>/rank<r>.pt`` what it sampled in the first rollout, what its KL controller was fed, each
 rollout's rewards before and after whitening, returns, advantages, raw scores and response mask,
-the data positions it reported, the metrics it logged, and its final policy parameters.
+the data positions it reported, the metrics it logged, and its final policy parameters. A second
+argument ``compiled`` runs the scoring and update passes compiled (``ppo.forward``).
 """
 
 from __future__ import annotations
@@ -39,10 +40,10 @@ class SamePrompts(LightningDataModule):
         self.consumed.append(n)
 
 
-def main(out: str) -> None:
+def main(out: str, forward: str = "eager") -> None:
     torch.set_num_threads(1)
-    module = tiny_module(max_rollouts=3, ppo=PPOConfig(epochs=2, minibatch_size=2, estimator="reinforce_pp"),
-                         reward=RewardConfig(whiten="rewards"))  # fmt: skip
+    ppo = PPOConfig(epochs=2, minibatch_size=2, estimator="reinforce_pp", forward=forward)
+    module = tiny_module(max_rollouts=3, ppo=ppo, reward=RewardConfig(whiten="rewards"))
     sampled, shaped, rollouts = [], [], []
     generate = module.generate
 
@@ -94,10 +95,11 @@ def main(out: str) -> None:
             "logged": trainer.logger.history,
             "policy": {k: v.detach().clone() for k, v in module.policy.state_dict().items()},
             "initial": {k: v for k, v in tiny_module().policy.state_dict().items()},
+            "compile_graphs": module.forward_passes.stats.graphs,
         },
         f"{out}/rank{trainer.global_rank}.pt",
     )
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(*sys.argv[1:])  # <out> [eager|compiled]: ppo.forward

@@ -15,15 +15,18 @@ from ppo_helpers import worker_env
 HERE = Path(__file__).resolve().parent
 
 
-@pytest.fixture(scope="module")
-def ranks(tmp_path_factory):
-    out = tmp_path_factory.mktemp("ddp")
+def _run_worker(out: Path, forward: str) -> list[dict]:
     result = subprocess.run(
-        [sys.executable, str(HERE / "ddp_worker.py"), str(out)],
-        capture_output=True, text=True, timeout=600, env=worker_env(), cwd=out,
+        [sys.executable, str(HERE / "ddp_worker.py"), str(out), forward],
+        capture_output=True, text=True, timeout=900, env=worker_env(), cwd=out,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-4000:]
     return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    return _run_worker(tmp_path_factory.mktemp("ddp"), "eager")
 
 
 def _whitened_over_both(parts: list[torch.Tensor], masks: list[torch.Tensor], keep_mean: bool) -> list[torch.Tensor]:
@@ -103,3 +106,20 @@ def test_data_position_and_logged_metrics_count_both_ranks(ranks):
             assert metrics["time/tokens_per_s"] == pytest.approx(metrics["response/length"] * 8 / seconds, rel=1e-6)
         assert {n: v for n, v in logged[0].items() if not n.startswith("time/")} == {
             n: v for n, v in logged[1].items() if not n.startswith("time/")}  # one reduced value on both ranks
+
+
+@pytest.mark.slow
+def test_ddp_with_compiled_passes_stays_in_sync_and_scores_as_eager(ranks, tmp_path):
+    compiled = _run_worker(tmp_path, "compiled")
+    for rank in (0, 1):
+        assert compiled[rank]["compile_graphs"] >= 2 and ranks[rank]["compile_graphs"] == 0  # it ran compiled
+        # The same seeds and eager generation: the first rollout samples the same tokens, and its
+        # scoring (compiled, no grad) gives the eager rollout's KL and scores within float rounding.
+        assert torch.equal(compiled[rank]["first_responses"], ranks[rank]["first_responses"])
+        first, eager_first = compiled[rank]["logged"][0], ranks[rank]["logged"][0]
+        for key in ("objective/kl", "objective/scores", "loss/policy"):
+            assert first[key] == pytest.approx(eager_first[key], rel=1e-4, abs=1e-6), key
+    for name, value in compiled[0]["policy"].items():  # DDP's averaged gradients: identical ranks
+        torch.testing.assert_close(value, compiled[1]["policy"][name], rtol=0, atol=0, msg=name)
+    moved = sum(float((compiled[0]["policy"][k] - compiled[0]["initial"][k]).abs().sum()) for k in compiled[0]["policy"])
+    assert moved > 0
