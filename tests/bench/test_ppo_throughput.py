@@ -16,11 +16,11 @@ from rlhf_lit.tokenizer import load_tokenizer
 STORIES = STORIES260K
 
 
-@pytest.mark.parametrize("old_logprobs,decode", [
-    ("rescore", "eager"), ("sampling", "eager"),
-    pytest.param("sampling", "compiled", marks=pytest.mark.slow),  # compiles the decode step: 5-50 s
+@pytest.mark.parametrize("old_logprobs,decode,forward", [
+    ("rescore", "eager", "eager"), ("sampling", "eager", "eager"),
+    pytest.param("sampling", "compiled", "compiled", marks=pytest.mark.slow),  # compiles: 10-90 s
 ])  # fmt: skip
-def test_benchmark_runs_a_workload_from_the_harness_environment(tmp_path, old_logprobs, decode):
+def test_benchmark_runs_a_workload_from_the_harness_environment(tmp_path, old_logprobs, decode, forward):
     tokenizer = load_tokenizer(str(STORIES), padding_side="left")
     rows, masks = [], []
     for text in ["Once upon a time", "The little dog ran", "Tom", "She saw a big red"]:
@@ -35,13 +35,18 @@ def test_benchmark_runs_a_workload_from_the_harness_environment(tmp_path, old_lo
     env = subprocess_env({f"PEERBENCH_{k}": str(v) for k, v in workload.items()})
     options = [] if old_logprobs == "rescore" else ["--old-logprobs", "sampling"]  # rescore is the default
     options += [] if decode == "eager" else ["--decode", decode]  # eager is the default
+    options += [] if forward == "eager" else ["--forward", forward]
     result = subprocess.run([sys.executable, str(ROOT / "bench" / "ppo_throughput.py"), *options], env=env, cwd=tmp_path,
                             capture_output=True, text=True, timeout=300)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     out = json.loads((tmp_path / "out.json").read_text())
     assert out["workload"] == "smoke" and out["iters"] == 2 and len(out["iters_s"]) == 2
     assert out["old_logprobs"] == old_logprobs and f"old logprobs: {old_logprobs}" in result.stdout
-    assert out["decode"] == decode and f"decode: {decode})" in result.stdout  # which generation path ran
+    assert out["decode"] == decode and f"decode: {decode}," in result.stdout  # which generation path ran
+    assert out["forward"] == forward and f"forward: {forward})" in result.stdout  # which passes ran
+    # sampling: the critic-only pass scores (no grad); the update: policy and critic (grad)
+    assert out["forward_compile_graphs"] == (2 if forward == "compiled" else 0)
+    assert ("compiled passes: 2 graph(s)" in result.stdout) == (forward == "compiled")
     assert (out["compile_graphs"] == 1) == (decode == "compiled")  # one batch size, one cache bucket
     assert ("compiled decode: 1 graph(s)" in result.stdout) == (decode == "compiled")
     for key in ("iter_median_s", "gen_s", "rollout_s", "train_s", "tokens_per_s", "peak_rss_mib"):
