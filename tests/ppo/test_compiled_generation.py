@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from ppo_helpers import EOS, PAD, STORY_PROMPTS, prompt_batch
+from ppo_helpers import EOS, PAD, STORY_PROMPTS, eos_biased_policy, prompt_batch
 
 from rlhf_lit.models.compiled_generation import cache_length, compile_stats
-from rlhf_lit.models.generation import SamplingConfig, decode_settings, generate_responses
+from rlhf_lit.models.generation import SamplingConfig, decode_settings, generate_responses, response_logprobs
+from rlhf_lit.models.lora import LoRAConfig, adapter_disabled, with_lora
 
 TOL = {"atol": 1e-5, "rtol": 1e-5}
 R = 12
@@ -110,5 +111,35 @@ def test_compiled_step_sees_weight_updates_without_recompiling(policy, tokenizer
         with torch.no_grad():
             weight.copy_(saved)
     assert (eager.logprobs - before.logprobs).abs().max() > 1e-2  # the update changed the distribution
+    assert_same(eager, compiled)
+    assert compile_stats().graphs == graphs
+
+
+@pytest.mark.slow
+def test_lora_policy_compiles_with_its_adapters_and_the_reference_pass_between_rollouts(tokenizer):
+    """A LoRA policy (PPO's ``lora``): the compiled step runs the adapters (their weights as inputs, so
+    an update needs no recompile), and the reference's pass with the adapters disabled between two
+    rollouts (``AdapterDisabledReference``, eager) leaves the next compiled call the adapted policy's."""
+    lora = with_lora(eos_biased_policy(tokenizer), LoRAConfig(r=4), "causal_lm")
+    adapters = [p for n, p in lora.named_parameters() if "lora_B" in n]
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for b in adapters:  # B starts at 0 (the adapted policy equals the base): give it a trained-like value
+            b.normal_(0.0, 0.05)
+    batch = prompt_batch(tokenizer, STORY_PROMPTS * 2)
+    with adapter_disabled(lora):
+        base = generate(lora, batch, "eager", do_sample=False)
+    eager, compiled = (generate(lora, batch, d, do_sample=False) for d in ("eager", "compiled"))
+    assert not torch.equal(eager.query_responses, base.query_responses)  # the adapters change the tokens
+    assert_same(eager, compiled)
+    graphs = compile_stats().graphs
+    with torch.no_grad(), adapter_disabled(lora):  # the reference's logprobs, as PPO scores a rollout
+        response_logprobs(lora, compiled, 1.0)
+    with torch.no_grad():
+        for b in adapters:  # an optimizer step on the adapters, in place
+            b.mul_(-1.0)
+    before = eager
+    eager, compiled = (generate(lora, batch, d, do_sample=False) for d in ("eager", "compiled"))
+    assert not torch.equal(eager.query_responses, before.query_responses)  # the update changed the tokens
     assert_same(eager, compiled)
     assert compile_stats().graphs == graphs
