@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from ppo_helpers import EOS, PAD, STORY_PROMPTS, eos_biased_policy, prompt_batch
+from ppo_helpers import EOS, PAD, STORY_PROMPTS, eos_biased_policy, prompt_batch, tiny_module
 
 from rlhf_lit.models.compiled_generation import cache_length, compile_stats
 from rlhf_lit.models.generation import SamplingConfig, decode_settings, generate_responses, response_logprobs
@@ -54,6 +54,28 @@ def assert_same(eager, compiled):
     assert torch.equal(compiled.ended, eager.ended)
     torch.testing.assert_close(compiled.logprobs, eager.logprobs, **TOL)
     torch.testing.assert_close(compiled.entropy, eager.entropy, **TOL)
+
+
+def test_compiled_decoding_is_refused_when_the_strategy_shards_the_models():
+    """PPOModule's own check, for a Trainer built in code (the CLI refuses ``fsdp`` / ``fsdp2`` before
+    anything is built: tests/cli/test_compiled_decode_cli.py)."""
+    module = tiny_module(sampling=SamplingConfig(max_new_tokens=R, decode="compiled"), max_rollouts=1)
+    module._device_mesh = object()  # what the fsdp / fsdp2 strategy gives the module
+    with pytest.raises(ValueError, match="^sampling.decode compiled is not supported under fsdp / fsdp2"):
+        module.configure_model()
+
+
+def test_padding_a_batch_would_change_the_real_rows_samples(policy, tokenizer):
+    """Why a smaller last batch is not padded up to the batch size of the graph already compiled:
+    ``generate`` draws each step's tokens with one ``torch.multinomial`` over the whole batch, so a row
+    added after the real ones shifts the real rows' draws from the second step on, and they would no
+    longer be the tokens the eager path samples for the same seed."""
+    real = prompt_batch(tokenizer, STORY_PROMPTS)
+    padded = prompt_batch(tokenizer, [*STORY_PROMPTS, STORY_PROMPTS[0]])  # a copy of a real row after them
+    assert torch.equal(padded["input_ids"][:4], real["input_ids"])
+    alone, with_copy = (generate(policy, b, "eager", temperature=0.7, ignore_eos=True) for b in (real, padded))
+    assert torch.equal(alone.response_ids[:, 0], with_copy.response_ids[:4, 0])  # the first step draws alike
+    assert not torch.equal(alone.response_ids, with_copy.response_ids[:4])  # later steps do not
 
 
 @pytest.mark.slow
