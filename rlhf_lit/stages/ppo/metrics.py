@@ -113,9 +113,9 @@ def decode_compile_statistics(decode: Decode) -> dict[str, float]:
     key says nothing was compiled for decoding, a zero would say the compiled path compiled nothing).
 
     Running totals of the process since it started (a resumed run counts from 0 again), over every
-    compiled ``generate`` call in it: the rollouts' and an ``OnlineGeneration`` callback's sharing
-    ``sampling``. A rise after the first rollout is a recompile (a new batch size, a prompt past the
-    cache bucket; docs/performance.md).
+    compiled ``generate`` call in it (the rollouts', and an ``OnlineGeneration`` callback's when it
+    decodes compiled too); averaged over ranks with the other metrics. A rise after the first rollout
+    is a recompile (a new batch size, a prompt past the cache bucket; docs/performance.md).
     """
     if decode != "compiled":
         return {}
