@@ -22,10 +22,12 @@ a checkpoint resumes under another strategy, and the atomic writes of
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 from typing import Any
 
 import torch
+from jsonargparse import Namespace
 from lightning.fabric.strategies.model_parallel import _is_sharded_checkpoint
 from lightning.pytorch.core.optimizer import LightningOptimizer
 from lightning.pytorch.strategies import ModelParallelStrategy, StrategyRegistry
@@ -143,6 +145,26 @@ def check_strategy_choice(strategy: object, accelerator: object) -> None:
             f"--trainer.strategy fsdp needs CUDA GPUs (as Lightning's FSDP does), and the accelerator is "
             f"{accelerator!r}; on CPUs use --trainer.strategy {CPU_FSDP} (the same FSDP2 sharding, over gloo)"
         )
+
+
+def shards_models(strategy: object) -> bool:
+    """Whether ``--trainer.strategy`` as given (a registered name, a ``class_path`` config or a strategy
+    object) shards the models with FSDP (``fsdp``, ``fsdp2``, Lightning's ``ModelParallelStrategy``
+    or ``FSDPStrategy``)."""
+    from lightning.pytorch.strategies import FSDPStrategy
+
+    if isinstance(strategy, str):
+        entry = StrategyRegistry[strategy.lower()] if strategy.lower() in StrategyRegistry else None
+        cls = entry["strategy"] if entry else None
+    elif isinstance(strategy, (dict, Namespace)) and strategy.get("class_path"):
+        module, _, name = str(strategy.get("class_path")).rpartition(".")
+        try:
+            cls = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError, ValueError):
+            cls = None  # not ours to report: instantiation names the bad class
+    else:
+        cls = type(strategy)
+    return isinstance(cls, type) and issubclass(cls, (ModelParallelStrategy, FSDPStrategy))
 
 
 def register_strategies() -> None:

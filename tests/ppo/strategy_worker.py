@@ -10,10 +10,15 @@ responses, its rollout's raw and whitened scores and advantages, every minibatch
 token count, every optimizer step's (reduced, gathered) gradients, the final policy (gathered) and
 the size of its own policy shards; rank 0 also exports the policy. Lightning's subprocess launcher
 re-runs this file for rank 1.
+
+``python strategy_worker.py OUT ddp compiled`` decodes with ``sampling.decode: compiled`` and also
+records, in the same process, the eager path's responses to the same prompts (``eager_responses``),
+the process's compile totals (``compile_stats``) and the rollout's logged metrics (``metrics``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 import torch
@@ -23,6 +28,7 @@ from torch.utils.data import DataLoader
 
 import rlhf_lit.strategies  # noqa: F401  (registers fsdp2)
 from ppo_helpers import prompt_batch, tiny_module, tiny_trainer
+from rlhf_lit.models.compiled_generation import compile_stats
 from rlhf_lit.models.generation import SamplingConfig, generate_responses
 from rlhf_lit.models.sharding import full_state_dict
 from rlhf_lit.stages.ppo.config import KLConfig, PPOConfig, RewardConfig
@@ -53,11 +59,11 @@ class RankPrompts(LightningDataModule):
         self.consumed.append(n)
 
 
-def main(out: str, mode: str) -> None:
+def main(out: str, mode: str, decode: str = "eager") -> None:
     torch.set_num_threads(1)
     world = 1 if mode == "single" else 2
     module = tiny_module(
-        sampling=SamplingConfig(max_new_tokens=10, do_sample=False),
+        sampling=SamplingConfig(max_new_tokens=10, do_sample=False, decode=decode),
         # max_grad_norm small enough that both optimizers' gradients are clipped
         # the default whitening (advantages, over all processes) and score whitening with it
         ppo=PPOConfig(epochs=1, minibatch_size=8 // world, max_grad_norm=0.02), reward=RewardConfig(whiten="scores"),
@@ -67,11 +73,13 @@ def main(out: str, mode: str) -> None:
     module.stop_ids = (*module.stop_ids, module.tokenizer.convert_tokens_to_ids("."))
     batch = prompt_batch(module.tokenizer, PROMPTS)
     with torch.no_grad():
-        pre = generate_responses(module.policy, batch["input_ids"], batch["attention_mask"], module.sampling,
-                                 module.stop_ids, module.tokenizer.pad_token_id)  # fmt: skip
+        eager = dataclasses.replace(module.sampling, decode="eager")  # compiles nothing before the run
+        pre = generate_responses(module.policy, batch["input_ids"], batch["attention_mask"], eager, module.stop_ids,
+                                 module.tokenizer.pad_token_id)  # fmt: skip
     order = torch.argsort(pre.response_mask.sum(1), stable=True)  # shortest responses first (rank 0)
 
-    record: dict = {"responses": [], "minibatches": [], "grads": [], "clipped": [], "lengths": pre.response_mask.sum(1)[order]}
+    record: dict = {"responses": [], "eager_responses": [], "minibatches": [], "grads": [], "clipped": [],
+                    "lengths": pre.response_mask.sum(1)[order]}  # fmt: skip
     generate, minibatch_loss, before_step = module.generate, module.minibatch_loss, module.on_before_optimizer_step
     make_rollout = module.make_rollout
 
@@ -83,6 +91,10 @@ def main(out: str, mode: str) -> None:
     def recording_generate(b):
         gen = generate(b)
         record["responses"].append(gen.response_ids.clone())
+        if decode == "compiled":  # the eager path on the same prompts, in this process (greedy: no RNG)
+            compiled, module.sampling = module.sampling, eager
+            record["eager_responses"].append(generate(b).response_ids.clone())
+            module.sampling = compiled
         return gen
 
     def recording_minibatch_loss(mb):
@@ -105,6 +117,8 @@ def main(out: str, mode: str) -> None:
     trainer = tiny_trainer(out, strategy=strategy, devices=world, use_distributed_sampler=False)
     trainer.fit(module, datamodule=RankPrompts(batch, order, world))
 
+    record["compile_stats"] = dataclasses.asdict(compile_stats())
+    record["metrics"] = module.last_rollout_metrics
     gathered = full_state_dict(module.policy)  # collective under FSDP
     record["policy"] = gathered if gathered is not None else {k: full(v) for k, v in module.policy.state_dict().items()}
     record["own_numel"] = sum(
@@ -119,4 +133,4 @@ def main(out: str, mode: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(*sys.argv[1:])

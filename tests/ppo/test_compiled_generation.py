@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from ppo_helpers import EOS, PAD, STORY_PROMPTS, prompt_batch
+from ppo_helpers import EOS, PAD, STORY_PROMPTS, eos_biased_policy, prompt_batch, tiny_module
 
 from rlhf_lit.models.compiled_generation import cache_length, compile_stats
-from rlhf_lit.models.generation import SamplingConfig, decode_settings, generate_responses
+from rlhf_lit.models.generation import SamplingConfig, decode_settings, generate_responses, response_logprobs
+from rlhf_lit.models.lora import LoRAConfig, adapter_disabled, with_lora
 
 TOL = {"atol": 1e-5, "rtol": 1e-5}
 R = 12
@@ -53,6 +54,28 @@ def assert_same(eager, compiled):
     assert torch.equal(compiled.ended, eager.ended)
     torch.testing.assert_close(compiled.logprobs, eager.logprobs, **TOL)
     torch.testing.assert_close(compiled.entropy, eager.entropy, **TOL)
+
+
+def test_compiled_decoding_is_refused_when_the_strategy_shards_the_models():
+    """PPOModule's own check, for a Trainer built in code (the CLI refuses ``fsdp`` / ``fsdp2`` before
+    anything is built: tests/cli/test_compiled_decode_cli.py)."""
+    module = tiny_module(sampling=SamplingConfig(max_new_tokens=R, decode="compiled"), max_rollouts=1)
+    module._device_mesh = object()  # what the fsdp / fsdp2 strategy gives the module
+    with pytest.raises(ValueError, match="^sampling.decode compiled is not supported under fsdp / fsdp2"):
+        module.configure_model()
+
+
+def test_padding_a_batch_would_change_the_real_rows_samples(policy, tokenizer):
+    """Why a smaller last batch is not padded up to the batch size of the graph already compiled:
+    ``generate`` draws each step's tokens with one ``torch.multinomial`` over the whole batch, so a row
+    added after the real ones shifts the real rows' draws from the second step on, and they would no
+    longer be the tokens the eager path samples for the same seed."""
+    real = prompt_batch(tokenizer, STORY_PROMPTS)
+    padded = prompt_batch(tokenizer, [*STORY_PROMPTS, STORY_PROMPTS[0]])  # a copy of a real row after them
+    assert torch.equal(padded["input_ids"][:4], real["input_ids"])
+    alone, with_copy = (generate(policy, b, "eager", temperature=0.7, ignore_eos=True) for b in (real, padded))
+    assert torch.equal(alone.response_ids[:, 0], with_copy.response_ids[:4, 0])  # the first step draws alike
+    assert not torch.equal(alone.response_ids, with_copy.response_ids[:4])  # later steps do not
 
 
 @pytest.mark.slow
@@ -110,5 +133,35 @@ def test_compiled_step_sees_weight_updates_without_recompiling(policy, tokenizer
         with torch.no_grad():
             weight.copy_(saved)
     assert (eager.logprobs - before.logprobs).abs().max() > 1e-2  # the update changed the distribution
+    assert_same(eager, compiled)
+    assert compile_stats().graphs == graphs
+
+
+@pytest.mark.slow
+def test_lora_policy_compiles_with_its_adapters_and_the_reference_pass_between_rollouts(tokenizer):
+    """A LoRA policy (PPO's ``lora``): the compiled step runs the adapters (their weights as inputs, so
+    an update needs no recompile), and the reference's pass with the adapters disabled between two
+    rollouts (``AdapterDisabledReference``, eager) leaves the next compiled call the adapted policy's."""
+    lora = with_lora(eos_biased_policy(tokenizer), LoRAConfig(r=4), "causal_lm")
+    adapters = [p for n, p in lora.named_parameters() if "lora_B" in n]
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for b in adapters:  # B starts at 0 (the adapted policy equals the base): give it a trained-like value
+            b.normal_(0.0, 0.05)
+    batch = prompt_batch(tokenizer, STORY_PROMPTS * 2)
+    with adapter_disabled(lora):
+        base = generate(lora, batch, "eager", do_sample=False)
+    eager, compiled = (generate(lora, batch, d, do_sample=False) for d in ("eager", "compiled"))
+    assert not torch.equal(eager.query_responses, base.query_responses)  # the adapters change the tokens
+    assert_same(eager, compiled)
+    graphs = compile_stats().graphs
+    with torch.no_grad(), adapter_disabled(lora):  # the reference's logprobs, as PPO scores a rollout
+        response_logprobs(lora, compiled, 1.0)
+    with torch.no_grad():
+        for b in adapters:  # an optimizer step on the adapters, in place
+            b.mul_(-1.0)
+    before = eager
+    eager, compiled = (generate(lora, batch, d, do_sample=False) for d in ("eager", "compiled"))
+    assert not torch.equal(eager.query_responses, before.query_responses)  # the update changed the tokens
     assert_same(eager, compiled)
     assert compile_stats().graphs == graphs

@@ -85,12 +85,13 @@ def test_judge_and_diversity_logged_every_rollout(tmp_path, monkeypatch):
         assert "time/text_s" in history[step]
 
 
-def test_without_judge_diversity_is_logged_and_judge_is_not(tmp_path):
+def test_without_judge_diversity_is_logged_and_judge_and_compile_cost_are_not(tmp_path):
     module = tiny_module(max_rollouts=1)
     trainer = tiny_trainer(tmp_path)
     trainer.fit(module, _loader(module, copies=1))
     logged = trainer.logger.history[0]
     assert "objective/judge" not in logged
+    assert not [k for k in logged if k.startswith("compile/")]  # the eager decode path logs no compile cost
     assert 0.0 < logged["diversity/distinct_1"] <= 1.0 and 0.0 < logged["diversity/distinct_2"] <= 1.0
 
 

@@ -6,7 +6,8 @@ rank 1's run to the full 10 (the ranks stop generating at different steps and ho
 numbers of tokens: under FSDP every forward pass is a collective, so this would hang if a rank
 stopped stepping early). The update must be the single process's: scores and advantages are
 whitened over the rows of both ranks (``ppo.whiten_scope: global``) and the loss is the token mean
-over the minibatch of all ranks, so the reduced gradients equal the single run's.
+over the minibatch of all ranks, so the reduced gradients equal the single run's. Under ddp the
+compiled decode path (``sampling.decode: compiled``) draws the eager tokens on each rank.
 """
 
 from __future__ import annotations
@@ -25,11 +26,11 @@ from transformers import AutoModelForCausalLM
 HERE = Path(__file__).resolve().parent
 
 
-def _run(out: Path, mode: str) -> dict[int, dict]:
+def _run(out: Path, mode: str, decode: str = "eager") -> dict[int, dict]:
     out.mkdir(parents=True, exist_ok=True)
     env = worker_env()
     # Its own session, so a hung run's rank-1 process (started by rank 0) is killed with it.
-    proc = subprocess.Popen([sys.executable, str(HERE / "strategy_worker.py"), str(out), mode], cwd=out, env=env,
+    proc = subprocess.Popen([sys.executable, str(HERE / "strategy_worker.py"), str(out), mode, decode], cwd=out, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
     try:
         _, stderr = proc.communicate(timeout=300)  # ~15 s when it works
@@ -110,3 +111,22 @@ def test_two_processes_make_the_single_process_update(mode, single, tmp_path):
     exported = AutoModelForCausalLM.from_pretrained(tmp_path / mode / "export").state_dict()
     for name, value in policy.items():
         assert torch.equal(exported[name], value), name
+
+
+@pytest.mark.slow
+def test_compiled_decoding_under_ddp_draws_the_eager_tokens_on_each_rank(single, tmp_path):
+    """``sampling.decode: compiled`` under ddp: each process compiles its own decode step (one graph,
+    the rollout's batch size), draws the tokens the eager path draws in the same process, and the
+    logged ``compile/decode_graphs`` says so (mean over the ranks). (fsdp2 is refused:
+    tests/cli/test_compiled_decode_cli.py.)"""
+    ranks = _run(tmp_path / "ddp-compiled", "ddp", "compiled")
+    for rank, record in ranks.items():
+        (compiled,), (eager,) = record["responses"], record["eager_responses"]
+        assert torch.equal(compiled, eager), rank
+        assert record["compile_stats"]["graphs"] == 1 and record["compile_stats"]["calls"] == 1, rank
+        assert record["metrics"]["compile/decode_graphs"] == 1.0
+        assert record["metrics"]["compile/decode_s"] > 0
+    # and the eager single process's responses: rank 0 the 4 shortest, rank 1 the rest
+    width0 = ranks[0]["responses"][0].shape[1]
+    assert torch.equal(ranks[0]["responses"][0], single["responses"][0][:4, :width0])
+    assert torch.equal(ranks[1]["responses"][0], single["responses"][0][4:])

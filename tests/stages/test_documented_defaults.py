@@ -24,7 +24,7 @@ from assets_paths import ROOT
 
 from rlhf_lit.commands.best_of_n_command import build_parser as best_of_n_parser
 from rlhf_lit.commands.evaluate_command import build_parser as evaluate_parser
-from rlhf_lit.data import Fields
+from rlhf_lit.data import Fields, PromptDataModule
 from rlhf_lit.functional import grpo_advantages, kl_loss, reinforce_pp_advantages
 from rlhf_lit.models.lora import LoRAConfig
 from rlhf_lit.rewards.shaping import regex_format
@@ -84,6 +84,7 @@ QUOTED: list[Quoted] = [
     Quoted(PPO_DOC, "(``ppo.whiten_scope: global``, the default", PPOModule, "ppo.whiten_scope", "global"),
     Quoted("docs/rewards.md", "`as_sampled` (the default) or `with_eos`", RewardConfig, "unfinished", "as_sampled"),
     Quoted("docs/DEMO.md", "the library default stays `as_sampled`", RewardConfig, "unfinished", "as_sampled"),
+    Quoted("docs/performance.md", "by default (`data.drop_last: true`)", PromptDataModule, "drop_last", True),
     Quoted("docs/performance.md", "(off by default): the old logprobs from the logits", PPOConfig, "old_logprobs",
            "rescore"),  # fmt: skip
     Quoted("docs/performance.md", "so the default stays the exact rescore", PPOModule, "ppo.old_logprobs", "rescore"),

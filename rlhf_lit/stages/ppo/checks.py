@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from rlhf_lit.models.generation import SamplingConfig
+from rlhf_lit.models.generation import Decode, SamplingConfig
 from rlhf_lit.models.lora import LoRAConfig
 from rlhf_lit.models.memory import MemoryConfig
 from rlhf_lit.models.reward_ensemble import is_reward_ensemble
@@ -92,6 +92,23 @@ def check_whitening_rows(rows: int, world_size: int, ppo: PPOConfig, reward: Rew
     if ppo.whiten_scope == "rank" and rows < 2:
         raise ValueError("whitening (ppo.whiten_advantages or reward.whiten) needs >= 2 prompts per rank "
                          "(ppo.whiten_scope: rank)")
+
+
+def check_decode_strategy(decode: Decode, sharded: bool) -> None:
+    """Refuse ``sampling.decode: compiled`` on FSDP2-sharded models (``fsdp`` / ``fsdp2``).
+
+    FSDP2 gathers each block's weights in forward hooks that ``torch.compile`` does not trace
+    (``torch._dynamo.disable``): the decode step breaks into pieces, which the compiled path's
+    ``fullgraph=True`` refuses mid-rollout. One device and ``ddp`` compile it (each process holds
+    the whole policy); LoRA adapters compile with it. Checked by the CLI before anything is built
+    (:func:`rlhf_lit.cli.check_sharded_decode`) and again in ``PPOModule.configure_model``.
+    """
+    if sharded and decode == "compiled":
+        raise ValueError(
+            "sampling.decode compiled is not supported under fsdp / fsdp2: torch.compile cannot trace FSDP2's "
+            "weight-gathering hooks into the decode step's one graph; use sampling.decode eager, or "
+            "--trainer.strategy ddp (or one device)"
+        )
 
 
 def check_end_of_turn_stops(end_of_turn: int | None, stop_ids: Sequence[int], token: str) -> None:

@@ -1,4 +1,5 @@
-"""Per-rollout metrics of the PPO stage: phase timing, rollout statistics, text metrics, assembly.
+"""Per-rollout metrics of the PPO stage: phase timing, rollout statistics, text metrics, the compiled
+decode path's compile cost (``compile/decode_*``), assembly.
 
 Everything here runs once per rollout, after the update, never inside the minibatch loop. The
 statistics stay tensors on the device until :func:`reduce_over_ranks`, which averages them over
@@ -17,6 +18,8 @@ from lightning.pytorch.strategies import Strategy
 
 from rlhf_lit.evaluation import Judge, distinct_n
 from rlhf_lit.functional import explained_variance
+from rlhf_lit.models.compiled_generation import compile_stats
+from rlhf_lit.models.generation import Decode
 from rlhf_lit.stages.ppo.loss import OLD_LOGPROB_DIFF
 from rlhf_lit.stages.ppo.rollout import Rollout
 
@@ -96,6 +99,28 @@ def text_statistics(texts: Sequence[str], judge: Judge | None) -> dict[str, floa
         scores = judge(list(texts))
         stats["objective/judge"] = sum(scores) / len(scores)
     return stats
+
+
+DECODE_GRAPHS = "compile/decode_graphs"
+"""Graphs compiled so far by this process's compiled ``generate`` calls (``sampling.decode: compiled``)."""
+DECODE_COMPILE_S = "compile/decode_s"
+"""Wall seconds, so far in this process, of the compiled ``generate`` calls that compiled a graph."""
+
+
+def decode_compile_statistics(decode: Decode) -> dict[str, float]:
+    """:data:`DECODE_GRAPHS` and :data:`DECODE_COMPILE_S` when ``sampling.decode`` is ``compiled``
+    (:func:`~rlhf_lit.models.compiled_generation.compile_stats`); no keys on the eager path (an absent
+    key says nothing was compiled for decoding, a zero would say the compiled path compiled nothing).
+
+    Running totals of the process since it started (a resumed run counts from 0 again), over every
+    compiled ``generate`` call in it (the rollouts', and an ``OnlineGeneration`` callback's when it
+    decodes compiled too); averaged over ranks with the other metrics. A rise after the first rollout
+    is a recompile (a new batch size, a prompt past the cache bucket; docs/performance.md).
+    """
+    if decode != "compiled":
+        return {}
+    stats = compile_stats()
+    return {DECODE_GRAPHS: float(stats.graphs), DECODE_COMPILE_S: stats.compile_calls_s}
 
 
 def reduce_over_ranks(

@@ -34,6 +34,7 @@ from rlhf_lit.stages.optim import OptimizerConfig, build_optimizer, fused_adamw_
 from rlhf_lit.stages.ppo.checks import (
     check_compiled_passes,
     check_critic_free,
+    check_decode_strategy,
     check_end_of_turn_stops,
     check_model_settings,
     check_reward_settings,
@@ -44,7 +45,9 @@ from rlhf_lit.stages.ppo.estimator import AdvantageEstimator
 from rlhf_lit.stages.ppo.experience import Experience, ExperienceMaker, Scored
 from rlhf_lit.stages.ppo.forward import ForwardPassRunner
 from rlhf_lit.stages.ppo.loss import OLD_LOGPROB_DIFF, ppo_loss
-from rlhf_lit.stages.ppo.metrics import RolloutTimer, logged_metrics, reduce_over_ranks, rollout_statistics, text_statistics
+from rlhf_lit.stages.ppo.metrics import (
+    RolloutTimer, decode_compile_statistics, logged_metrics, reduce_over_ranks, rollout_statistics, text_statistics,
+)
 from rlhf_lit.stages.ppo.reward_sources import RewardSources
 from rlhf_lit.stages.ppo.rollout import Rollout, nonfinite_rollout_parts
 from rlhf_lit.stages.ppo.ranks import sum_over_ranks
@@ -274,9 +277,11 @@ class PPOModule(StageModule):
 
         Only registered submodules: a LoRA policy's reference is the policy itself, and frozen models
         kept on the CPU (``memory.frozen_device: cpu``) stay whole there. A reward-model ensemble is
-        refused under FSDP (one clear line, before any rollout).
+        refused under FSDP (one clear line, before any rollout), and so is ``sampling.decode: compiled``
+        (:func:`~rlhf_lit.stages.ppo.checks.check_decode_strategy`).
         """
         sharded = getattr(self, "_device_mesh", None) is not None
+        check_decode_strategy(self.sampling.decode, sharded)
         if sharded and isinstance(getattr(self, "reward_model", None), RewardEnsemble):
             raise ValueError("a reward-model ensemble (model.reward_model with ensemble.json) is not supported under "
                              "fsdp / fsdp2; use one device or --trainer.strategy ddp")
@@ -462,6 +467,7 @@ class PPOModule(StageModule):
                                    gen_train_diff)  # no sync  fmt: skip
         local.update(experience.reward_parts)  # each source
         local.update(text_statistics(self.experience.texts(rollout, experience), self.judge))
+        local.update(decode_compile_statistics(self.sampling.decode))  # compile/decode_*: none when eager
         timer.mark("text")
         reduced = reduce_over_ranks(self.trainer.strategy, local, self.device)
         learning_rates = [opt.param_groups[0]["lr"] for opt in self.optimizer_list()]

@@ -1,0 +1,59 @@
+"""``--model.init_args.sampling.decode compiled`` from the command line.
+
+A PPO fit on stories260K logs the compile cost of its decode path per rollout
+(``compile/decode_graphs``, ``compile/decode_s``); its prompt loader keeps a smaller last batch
+(``drop_last: false``), which compiles a second graph (a batch is not padded up to the configured
+size: the padding rows would change the real rows' samples, tests/ppo/test_compiled_generation.py).
+Under fsdp / fsdp2 the option is refused in one line before any model is loaded or any process is
+started.
+"""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+from cli_helpers import STORIES, error_line, ppo_config, rlhf_lit, run_main, write_yaml
+
+COMPILED = ("--model.init_args.sampling.decode", "compiled")
+
+
+@pytest.mark.slow
+def test_ppo_fit_logs_the_decode_compile_cost_and_a_smaller_last_batch_compiles_once_more(tmp_path, stories_rm):
+    # 6 prompts in batches of 4 with the last batch kept: rollout 0 samples 4 rows, rollout 1 samples 2.
+    config = ppo_config(tmp_path, STORIES, stories_rm, max_rollouts=2)
+    config["data"]["init_args"].update(max_records=6, drop_last=False)
+    write_yaml(tmp_path / "ppo.yaml", config)
+    result = rlhf_lit("fit", "--config", str(tmp_path / "ppo.yaml"), *COMPILED, cwd=tmp_path)  # ~25 s, ~70 s cold
+    assert result.returncode == 0, result.stderr[-3000:]
+    (path,) = (tmp_path / "logs").rglob("metrics.csv")
+    rows = {int(r["step"]): r for r in csv.DictReader(path.open()) if r.get("objective/kl")}
+    assert sorted(rows) == [0, 1]
+    # one graph for the batch of 4, one more for the batch of 2 (running totals of the process)
+    assert [float(rows[i]["compile/decode_graphs"]) for i in (0, 1)] == [1.0, 2.0]
+    seconds = [float(rows[i]["compile/decode_s"]) for i in (0, 1)]
+    assert 0.0 < seconds[0] < seconds[1]  # each compiling call adds its wall time
+    assert seconds[1] <= sum(float(rows[i]["time/generate_s"]) for i in (0, 1))  # part of the generate phases
+
+
+def test_compiled_decoding_under_fsdp2_is_refused_in_one_line_before_anything_is_built(tmp_path):
+    config = ppo_config(tmp_path, STORIES, tmp_path / "no-reward-model-is-loaded")
+    config["trainer"].update(strategy="fsdp2", devices=2)
+    write_yaml(tmp_path / "ppo.yaml", config)
+    result = rlhf_lit("fit", "--config", str(tmp_path / "ppo.yaml"), *COMPILED, cwd=tmp_path)
+    assert result.returncode == 2
+    line = error_line(result)
+    assert line.startswith("rlhf-lit: error: sampling.decode compiled is not supported under fsdp / fsdp2")
+    assert "sampling.decode eager" in line and "--trainer.strategy ddp" in line
+    assert "Initializing distributed" not in result.stderr  # refused before the second process started
+    assert not (tmp_path / "logs").exists() and not (tmp_path / "export").exists()
+
+
+def test_the_fsdp2_strategy_given_by_class_path_is_refused_too(tmp_path):
+    config = ppo_config(tmp_path, STORIES, tmp_path / "no-reward-model-is-loaded")
+    config["trainer"].update(strategy={"class_path": "rlhf_lit.strategies.FSDP2Strategy"}, devices=2)
+    config["model"]["init_args"]["sampling"]["decode"] = "compiled"
+    write_yaml(tmp_path / "ppo.yaml", config)
+    result = run_main("fit", "--config", str(tmp_path / "ppo.yaml"), cwd=tmp_path)
+    assert result.returncode == 2
+    assert "sampling.decode compiled is not supported under fsdp / fsdp2" in error_line(result)
