@@ -26,7 +26,7 @@ What the command offers beyond LightningCLI's defaults:
   ``optimizer`` option); LightningCLI's would crash PPO or silently replace AdamW.
 - ``--trainer.max_steps`` is refused for a rollout stage (PPO): it counts optimizer steps there
   (epochs x minibatches per rollout); ``--model.init_args.max_rollouts`` sets the run's length.
-  So is PPO's ``sampling.decode compiled`` under ``fsdp`` / ``fsdp2`` (:func:`check_sharded_decode`),
+  So is PPO's ``sampling.decode compiled`` or ``ppo.forward compiled`` under ``fsdp`` / ``fsdp2`` (:func:`check_sharded_compile`),
   before the other processes start.
 - The progress bar is :class:`~rlhf_lit.callbacks.RunProgressBar` (rollouts out of
   ``max_rollouts``, or steps out of the real total) unless the config disables the bar or lists its own.
@@ -71,7 +71,7 @@ from rlhf_lit.cli.run_dir import add_run_dir_argument, apply_run_dir, with_run_d
 from rlhf_lit.expected_warnings import silence_expected_noise
 from rlhf_lit.run_seed import run_seed
 from rlhf_lit.stages.nonfinite import NonFiniteError
-from rlhf_lit.stages.ppo.checks import check_decode_strategy
+from rlhf_lit.stages.ppo.checks import check_sharded_compile as check_compile_strategy
 from rlhf_lit.strategies import check_strategy_choice, shards_models  # also registers the fsdp / fsdp2 names
 
 DEFAULT_LOGGER = {
@@ -171,17 +171,20 @@ def check_run_length(model_class_path: str | None, max_steps: int | None) -> str
     )
 
 
-def check_sharded_decode(model: dict | None, strategy: object) -> str | None:
-    """The error message for a PPO stage's ``sampling.decode: compiled`` under an FSDP strategy, or None.
+def check_sharded_compile(model: dict | None, strategy: object) -> str | None:
+    """The error message for a PPO stage's ``sampling.decode: compiled`` or ``ppo.forward: compiled``
+    under an FSDP strategy, or None.
 
     Refused here, before the launcher starts the other processes (each would print it) and before
     any model is loaded; ``PPOModule.configure_model`` refuses the same for a Trainer built in code
-    (:func:`~rlhf_lit.stages.ppo.checks.check_decode_strategy`).
+    (:func:`~rlhf_lit.stages.ppo.checks.check_sharded_compile`).
     """
     sampling = ((model or {}).get("init_args") or {}).get("sampling") or {}
+    ppo = ((model or {}).get("init_args") or {}).get("ppo") or {}
     decode = sampling.get("decode") if hasattr(sampling, "get") else getattr(sampling, "decode", None)
+    forward = ppo.get("forward") if hasattr(ppo, "get") else getattr(ppo, "forward", None)
     try:
-        check_decode_strategy(decode, shards_models(strategy))
+        check_compile_strategy(decode, forward, shards_models(strategy))
     except ValueError as refusal:
         return str(refusal)
     return None
@@ -245,13 +248,13 @@ class RLHFCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         """Refuse ``--trainer.strategy fsdp`` without GPUs (names ``fsdp2``), ``--trainer.max_steps`` for PPO and
-        PPO's compiled decoding under FSDP before anything is built."""
+        PPO's compiled decoding or passes under FSDP before anything is built."""
         subcommand = self.config.get("subcommand")
         trainer = self.config[subcommand].get("trainer", {}) if subcommand else self.config.get("trainer", {})
         check_strategy_choice(trainer.get("strategy"), trainer.get("accelerator", "auto"))
         model = self.config[subcommand].get("model") if subcommand else self.config.get("model")
         refusal = check_run_length(model.get("class_path") if model else None, trainer.get("max_steps"))
-        refusal = refusal or check_sharded_decode(model, trainer.get("strategy"))
+        refusal = refusal or check_sharded_compile(model, trainer.get("strategy"))
         if refusal:
             self.parser.error(refusal)  # an option error: one line, exit 2, before any model is built
         # --run_dir: fill unset outputs and inputs, refuse contradicting ones (rlhf_lit.cli.run_dir)

@@ -57,3 +57,15 @@ def test_the_fsdp2_strategy_given_by_class_path_is_refused_too(tmp_path):
     result = run_main("fit", "--config", str(tmp_path / "ppo.yaml"), cwd=tmp_path)
     assert result.returncode == 2
     assert "sampling.decode compiled is not supported under fsdp / fsdp2" in error_line(result)
+
+
+def test_compiled_scoring_and_training_passes_under_fsdp2_are_refused_too(tmp_path):
+    config = ppo_config(tmp_path, STORIES, tmp_path / "no-reward-model-is-loaded")
+    config["trainer"].update(strategy="fsdp2", devices=2)
+    config["model"]["init_args"]["ppo"] = {**config["model"]["init_args"].get("ppo", {}), "forward": "compiled"}
+    write_yaml(tmp_path / "ppo.yaml", config)
+    result = run_main("fit", "--config", str(tmp_path / "ppo.yaml"), cwd=tmp_path)
+    assert result.returncode == 2
+    assert error_line(result) == ("rlhf-lit: error: ppo.forward compiled is not supported under fsdp / fsdp2; use "
+                                  "ppo.forward eager, or --trainer.strategy ddp (or one device)")
+    assert not (tmp_path / "logs").exists()

@@ -111,5 +111,5 @@ def test_compiled_passes_are_refused_under_fsdp_and_taken_without_it():
     module = tiny_module(ppo=PPOConfig(forward="compiled"), max_rollouts=1)
     module.configure_model()  # one device: nothing to refuse
     module._device_mesh = object()  # what the fsdp / fsdp2 strategy gives the module
-    with pytest.raises(ValueError, match=r"^ppo.forward: compiled is not supported under fsdp / fsdp2"):
+    with pytest.raises(ValueError, match=r"^ppo.forward compiled is not supported under fsdp / fsdp2; use ppo.forward eager"):
         module.configure_model()

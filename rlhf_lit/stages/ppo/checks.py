@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from rlhf_lit.models.compiled_passes import ForwardPasses
 from rlhf_lit.models.generation import Decode, SamplingConfig
 from rlhf_lit.models.lora import LoRAConfig
 from rlhf_lit.models.memory import MemoryConfig
@@ -94,14 +95,17 @@ def check_whitening_rows(rows: int, world_size: int, ppo: PPOConfig, reward: Rew
                          "(ppo.whiten_scope: rank)")
 
 
-def check_decode_strategy(decode: Decode, sharded: bool) -> None:
-    """Refuse ``sampling.decode: compiled`` on FSDP2-sharded models (``fsdp`` / ``fsdp2``).
+def check_sharded_compile(decode: Decode, forward: ForwardPasses, sharded: bool) -> None:
+    """Refuse ``sampling.decode: compiled`` and ``ppo.forward: compiled`` on FSDP2-sharded models
+    (``fsdp`` / ``fsdp2``).
 
     FSDP2 gathers each block's weights in forward hooks that ``torch.compile`` does not trace
     (``torch._dynamo.disable``): the decode step breaks into pieces, which the compiled path's
     ``fullgraph=True`` refuses mid-rollout. One device and ``ddp`` compile it (each process holds
     the whole policy); LoRA adapters compile with it. Checked by the CLI before anything is built
-    (:func:`rlhf_lit.cli.check_sharded_decode`) and again in ``PPOModule.configure_model``.
+    (:func:`rlhf_lit.cli.check_sharded_compile`) and again in ``PPOModule.configure_model``.
+    The compiled scoring and training passes read the critic's values through a hook that sharded
+    weights need and a compiled graph cannot hold (``models/scoring.py``).
     """
     if sharded and decode == "compiled":
         raise ValueError(
@@ -109,6 +113,9 @@ def check_decode_strategy(decode: Decode, sharded: bool) -> None:
             "weight-gathering hooks into the decode step's one graph; use sampling.decode eager, or "
             "--trainer.strategy ddp (or one device)"
         )
+    if sharded and forward == "compiled":
+        raise ValueError("ppo.forward compiled is not supported under fsdp / fsdp2; use ppo.forward eager, or "
+                         "--trainer.strategy ddp (or one device)")
 
 
 def check_end_of_turn_stops(end_of_turn: int | None, stop_ids: Sequence[int], token: str) -> None:

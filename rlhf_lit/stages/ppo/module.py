@@ -34,7 +34,7 @@ from rlhf_lit.stages.optim import OptimizerConfig, build_optimizer, fused_adamw_
 from rlhf_lit.stages.ppo.checks import (
     check_compiled_passes,
     check_critic_free,
-    check_decode_strategy,
+    check_sharded_compile,
     check_end_of_turn_stops,
     check_model_settings,
     check_reward_settings,
@@ -278,18 +278,13 @@ class PPOModule(StageModule):
         Only registered submodules: a LoRA policy's reference is the policy itself, and frozen models
         kept on the CPU (``memory.frozen_device: cpu``) stay whole there. A reward-model ensemble is
         refused under FSDP (one clear line, before any rollout), and so is ``sampling.decode: compiled``
-        (:func:`~rlhf_lit.stages.ppo.checks.check_decode_strategy`).
+        (:func:`~rlhf_lit.stages.ppo.checks.check_sharded_compile`), and ``ppo.forward: compiled``.
         """
         sharded = getattr(self, "_device_mesh", None) is not None
-        check_decode_strategy(self.sampling.decode, sharded)
+        check_sharded_compile(self.sampling.decode, self.ppo.forward, sharded)
         if sharded and isinstance(getattr(self, "reward_model", None), RewardEnsemble):
             raise ValueError("a reward-model ensemble (model.reward_model with ensemble.json) is not supported under "
                              "fsdp / fsdp2; use one device or --trainer.strategy ddp")
-        if sharded and self.ppo.forward == "compiled":
-            # The critic's values are read through a hook that sharded weights need (models/scoring.py)
-            # and a compiled graph cannot hold; compiling sharded passes is untested here.
-            raise ValueError("ppo.forward: compiled is not supported under fsdp / fsdp2; leave ppo.forward eager "
-                             "or use one device or --trainer.strategy ddp")
         shard_models(self, {"policy": self.policy, "critic": self.critic, "reference": self._modules.get("ref_policy"),
                             "reward model": self._modules.get("reward_model")})  # fmt: skip
 
