@@ -154,8 +154,9 @@ def release_frozen(owner: nn.Module, name: str) -> None:
     parameters and buffers go to the meta device (shapes, dtypes and ``config`` kept, no storage)
     and calling it raises :class:`ReleasedError`. It stays ``owner.<name>`` as a plain attribute, not
     a submodule: outside ``owner``'s state dict, and never copied by the Trainer (a meta tensor has
-    no data to copy). Under FSDP2 each rank releases its own shards' parameters (FSDP itself may
-    keep the local shards until the model is collected; Lightning moves nothing to the host there).
+    no data to copy). Every rank releases its own copy (no collective). Under FSDP2 the parameters go
+    to meta too, but FSDP's own records still hold each rank's local shard; Lightning's
+    FSDP2 teardown copies nothing to the host, so only accelerator memory after fit is concerned.
     """
     model = getattr(owner, name, None)
     if not isinstance(model, nn.Module) or is_released(model):
