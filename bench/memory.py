@@ -9,6 +9,12 @@ exist, else stories260K with a reward model built from it (same architecture and
 s/rollout is the wall time between the end of the first and of the last rollout over
 ``rollouts - 1`` (model loading and the first rollout excluded).
 
+"to host at teardown" is what Lightning's ``Strategy.teardown`` (after training, before the export)
+copies to host memory on an accelerator: the LightningModule's registered weights and the optimizer
+states (``rlhf_lit.models.memory.teardown_bytes``), counted when it runs. On a CPU run nothing is
+copied, so the RSS column does not show it; on a GPU it adds to the host RSS at the end of the run.
+The variant ``released nothing at fit end (before #28)`` skips ``StageModule.release_after_fit``.
+
 Command (from the project root; one torch thread):
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/memory.py --rollouts 4
@@ -48,7 +54,12 @@ VARIANTS: dict[str, list[str]] = {
         "--model.init_args.lora.r", "8", "--model.init_args.memory.gradient_checkpointing", "true",
         "--model.init_args.memory.frozen_dtype", "bfloat16", "--model.init_args.ppo.score_chunk_size", "8"],
     "bf16-mixed precision": ["--trainer.precision", "bf16-mixed"],
+    "released nothing at fit end (before #28)": ["KEEP_AFTER_FIT"],
 }  # fmt: skip
+
+KEEP_AFTER_FIT = "KEEP_AFTER_FIT"
+"""Not a CLI flag: the variant whose run skips ``release_after_fit`` (the frozen models and the
+optimizer states reach the teardown, as before issue #28)."""
 
 
 def _scaled_model(work: Path, scale: str) -> str:
@@ -104,7 +115,14 @@ def run_variant(args: argparse.Namespace) -> None:
         original(self, *a, callbacks=[*(callbacks or []), Stamps()], **k)
 
     pl.Trainer.__init__ = init
+    teardown: dict[str, int] = {}
+    spy_on_teardown(teardown)
     flags = json.loads(args.flags)
+    if KEEP_AFTER_FIT in flags:
+        from rlhf_lit.stages.base import StageModule
+
+        flags.remove(KEEP_AFTER_FIT)
+        StageModule.release_after_fit = lambda self: None
     out = Path(args.work)
     cli.main([
         "fit", "--config", str(ROOT / "configs/offline/ppo.yaml"), "--run_dir", "null",  # outputs set below
@@ -116,7 +134,24 @@ def run_variant(args: argparse.Namespace) -> None:
     ])  # fmt: skip
     rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
     per = (stamps[-1] - stamps[0]) / (len(stamps) - 1) if len(stamps) > 1 else float("nan")
-    print(json.dumps({"rss_mib": rss_mib, "s_per_rollout": per}))
+    print(json.dumps({"rss_mib": rss_mib, "s_per_rollout": per, "teardown": teardown}))
+
+
+def spy_on_teardown(into: dict[str, int]) -> None:
+    """Record into ``into`` the bytes Lightning's ``Strategy.teardown`` copies to the host
+    (:func:`rlhf_lit.models.memory.teardown_bytes`), counted when it runs."""
+    from lightning.pytorch.strategies import Strategy
+
+    from rlhf_lit.models.memory import teardown_bytes
+
+    original = Strategy.teardown
+
+    def teardown(strategy) -> None:
+        if strategy.lightning_module is not None:
+            into.update(teardown_bytes(strategy.lightning_module, strategy.optimizers))
+        original(strategy)
+
+    Strategy.teardown = teardown
 
 
 def main() -> None:
@@ -137,7 +172,8 @@ def main() -> None:
         sft, rm = _models(Path(tmp), args.scale)
         sft, rm = args.sft or sft, args.rm or rm
         print(f"sft {sft}, rm {rm}, scale {args.scale}, {args.rollouts} rollouts, torch threads {os.environ.get('OMP_NUM_THREADS')}")
-        print("| variant | peak RSS MiB | s/rollout |\n| --- | --- | --- |")
+        print("| variant | peak RSS MiB | s/rollout | to host at teardown MiB: weights + optimizer states |\n"
+              "| --- | --- | --- | --- |")
         for i, (name, flags) in enumerate(VARIANTS.items()):
             if args.only and name not in args.only:
                 continue
@@ -147,10 +183,13 @@ def main() -> None:
                    "--flags", json.dumps(flags), "--work", str(Path(tmp) / f"v{i}")]  # fmt: skip
             done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
             if done.returncode != 0:
-                print(f"| {name} | failed: {done.stderr.strip().splitlines()[-1:]} | |")
+                print(f"| {name} | failed: {done.stderr.strip().splitlines()[-1:]} | | |")
                 continue
             result = json.loads(done.stdout.strip().splitlines()[-1])
-            print(f"| {name} | {result['rss_mib']:.0f} | {result['s_per_rollout']:.2f} |", flush=True)
+            moved = result["teardown"]
+            weights, states = moved.get("module", 0) / 2**20, moved.get("optimizer_states", 0) / 2**20
+            print(f"| {name} | {result['rss_mib']:.0f} | {result['s_per_rollout']:.2f} | "
+                  f"{weights + states:.1f} = {weights:.1f} + {states:.1f} |", flush=True)
 
 
 if __name__ == "__main__":

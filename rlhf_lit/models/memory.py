@@ -11,11 +11,18 @@
   and/or on the CPU while the trained models sit on an accelerator. A model on the CPU is kept out
   of the LightningModule's submodules (so the Trainer never moves it) and is called through
   :func:`call_on_own_device`, which moves the inputs there and the results back.
+- :func:`release_frozen` and :func:`release_optimizer_states`: at the end of fit, what nobody reads
+  afterwards is freed before Lightning's teardown (``Strategy.teardown``: the optimizer states, then
+  ``lightning_module.cpu()``) copies it to host memory. A released frozen model keeps its structure
+  with its weights on the meta device; calling it raises :class:`ReleasedError`.
+  :func:`teardown_bytes` counts what that teardown copies.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import itertools
+import weakref
+from collections.abc import Callable, Iterable
 from contextlib import contextmanager
 from dataclasses import dataclass, fields, is_dataclass, replace
 from typing import Any, Literal, TypeVar
@@ -126,3 +133,76 @@ def call_on_own_device(fn: Callable[..., T], model: nn.Module, *args: Any) -> T:
     there = next(model.parameters()).device
     result = fn(model, *(_moved(a, there) for a in args))
     return result.to(home) if isinstance(result, torch.Tensor) and home is not None else result
+
+
+class ReleasedError(RuntimeError):
+    """A frozen model released at the end of fit (:func:`release_frozen`) was called."""
+
+
+_released: weakref.WeakSet[nn.Module] = weakref.WeakSet()
+
+
+def is_released(model: nn.Module) -> bool:
+    """Whether :func:`release_frozen` released ``model``."""
+    return model in _released
+
+
+def release_frozen(owner: nn.Module, name: str) -> None:
+    """Free the weights of the frozen model ``owner.<name>`` (if it has one) when fit no longer needs it.
+
+    In place, so every holder of the model (a reference object, the user) sees the same state: its
+    parameters and buffers go to the meta device (shapes, dtypes and ``config`` kept, no storage)
+    and calling it raises :class:`ReleasedError`. It stays ``owner.<name>`` as a plain attribute, not
+    a submodule: outside ``owner``'s state dict, and never copied by the Trainer (a meta tensor has
+    no data to copy). Every rank releases its own copy (no collective). Under FSDP2 the parameters go
+    to meta too, but FSDP's own records still hold each rank's local shard; Lightning's
+    FSDP2 teardown copies nothing to the host, so only accelerator memory after fit is concerned.
+    """
+    model = getattr(owner, name, None)
+    if not isinstance(model, nn.Module) or is_released(model):
+        return
+    owner._modules.pop(name, None)
+    object.__setattr__(owner, name, model)
+
+    def refuse(module: nn.Module, args: Any) -> None:
+        raise ReleasedError(
+            f"{type(owner).__name__}.{name} was released at the end of fit to free memory (its weights are on "
+            f"the meta device); to use it after fit (trainer.validate, scoring), load the module again: "
+            f"{type(owner).__name__}.load_from_checkpoint(<a checkpoint of the run>) reloads it from its path"
+        )
+
+    model.register_forward_pre_hook(refuse, prepend=True)  # before FSDP's hooks, which would gather meta shards
+    model.to("meta")
+    _released.add(model)
+
+
+def release_optimizer_states(optimizers: Iterable[torch.optim.Optimizer]) -> None:
+    """Empty each optimizer's per-parameter state (Adam's moments and step counts); its parameter
+    groups and hyperparameters stay. A step after this starts the moments afresh."""
+    for optimizer in optimizers:
+        optimizer.state.clear()
+
+
+def _storage_bytes(tensors: Iterable[torch.Tensor], seen: set[tuple[str, int]]) -> int:
+    total = 0
+    for t in tensors:
+        if t.is_meta:
+            continue
+        local = t.to_local() if hasattr(t, "to_local") else t  # a DTensor: this rank's shard
+        storage = local.untyped_storage()
+        key = (str(local.device), storage.data_ptr())
+        if key not in seen and storage.nbytes() > 0:
+            seen.add(key)
+            total += storage.nbytes()
+    return total
+
+
+def teardown_bytes(module: nn.Module, optimizers: Iterable[torch.optim.Optimizer]) -> dict[str, int]:
+    """The bytes Lightning's ``Strategy.teardown`` copies to the host on an accelerator: ``module``'s
+    registered parameters and buffers (``module.cpu()``), each storage once, and every tensor in the
+    optimizers' states. ``{"module": ..., "optimizer_states": ...}``; this rank's shards under FSDP."""
+    seen: set[tuple[str, int]] = set()
+    module_bytes = _storage_bytes(itertools.chain(module.parameters(), module.buffers()), seen)
+    states = (v for opt in optimizers for state in opt.state.values() for v in state.values())
+    optimizer_bytes = _storage_bytes((v for v in states if isinstance(v, torch.Tensor)), seen)
+    return {"module": module_bytes, "optimizer_states": optimizer_bytes}

@@ -14,7 +14,10 @@ final model goes, the non-finite guard), loads its tokenizer with :func:`stage_t
 - checkpoints: the resume check against the checkpoint's settings (all but :attr:`SAFE_ON_RESUME`
   must match, and the Trainer settings of :meth:`StageModule.kept_run_facts`), the frozen models
   (:attr:`FROZEN_PREFIXES`) left out of checkpoints and reloaded from their paths, every other
-  weight required on load.
+  weight required on load;
+- :meth:`StageModule.release_after_fit`: a stage with frozen models (PPO, DPO) calls it in
+  ``on_train_end`` to free them and the optimizer states before Lightning's teardown copies them
+  to host memory.
 
 :class:`RunLayout` is how a stage declares its place in a run directory (``--run_dir``; the CLI
 reads it).
@@ -35,7 +38,7 @@ from lightning.pytorch.accelerators import CPUAccelerator
 
 from rlhf_lit.models.loading import DType
 from rlhf_lit.models.lora import LoRAConfig, with_lora
-from rlhf_lit.models.memory import enable_gradient_checkpointing
+from rlhf_lit.models.memory import enable_gradient_checkpointing, release_frozen, release_optimizer_states
 from rlhf_lit.models.sharding import shard_models
 from rlhf_lit.stages.amp import has_gradient_scaler, loss_scale
 from rlhf_lit.stages.export import ExportExisting, check_export_at_fit_start, export_at_fit_end
@@ -161,6 +164,8 @@ class StageModule(pl.LightningModule):
     """What the export is, in the message that says where it went (e.g. ``"SFT model"``)."""
     run_layout: RunLayout | None = None
     """The stage's place in a run directory (``--run_dir``); None: it takes no part."""
+    released_after_fit: bool = False
+    """True once :meth:`release_after_fit` has freed the frozen models and the optimizer states."""
 
     def keep_settings(self, **configs: Any) -> None:
         """Save the calling constructor's arguments as hyperparameters, with ``configs`` (config
@@ -215,6 +220,24 @@ class StageModule(pl.LightningModule):
             self.trainer, self.trained_model(), self.tokenizer, self.export_dir, self.EXPORT_WHAT, self.export_existing
         )
 
+    def release_after_fit(self) -> None:
+        """Free the frozen models (:attr:`FROZEN_PREFIXES`) and the optimizer states: nothing reads them
+        after training, yet Lightning's teardown (``Strategy.teardown``, which runs before ``on_fit_end``)
+        would copy them to host memory (PPO on a GPU: four models and two optimizers' moments, where a
+        user reads the policy and the critic).
+
+        Call it in ``on_train_end``: after the callbacks' ``on_train_end`` (``last.ckpt`` is written
+        there, optimizer states included) and before the teardown and the export. On every rank; no
+        collective. A released frozen model keeps its structure on the meta device and raises
+        :class:`~rlhf_lit.models.memory.ReleasedError` when called, so ``trainer.validate`` or another
+        ``fit`` of this module needs a fresh module (``load_from_checkpoint``). A checkpoint saved
+        afterwards holds no optimizer states (:meth:`drop_released`).
+        """
+        for prefix in self.FROZEN_PREFIXES:
+            release_frozen(self, prefix.rstrip("."))
+        release_optimizer_states(self.trainer.optimizers)
+        self.released_after_fit = True
+
     def on_before_backward(self, loss: torch.Tensor) -> None:
         """Under fp16, note whether the loss is finite: a step the GradScaler skips counts as
         non-finite when its loss was not (:mod:`rlhf_lit.stages.nonfinite`)."""
@@ -240,6 +263,7 @@ class StageModule(pl.LightningModule):
         checkpoint["nonfinite"] = self.nonfinite.state_dict()
         checkpoint[RUN_FACTS] = run_facts(self.trainer)
         self.drop_frozen(checkpoint)
+        self.drop_released(checkpoint)
 
     def kept_run_facts(self) -> list[str]:
         """The :func:`~rlhf_lit.stages.resume.run_facts` a resume must keep.
@@ -267,6 +291,14 @@ class StageModule(pl.LightningModule):
         if self.FROZEN_PREFIXES:
             state = checkpoint["state_dict"]  # {} on ranks > 0 under FSDP (gathered on rank 0)
             checkpoint["state_dict"] = {k: v for k, v in state.items() if not k.startswith(self.FROZEN_PREFIXES)}
+
+    def drop_released(self, checkpoint: dict) -> None:
+        """After :meth:`release_after_fit`, leave the emptied optimizer states out of ``checkpoint``: it
+        is then a weights-only checkpoint (as Lightning's ``weights_only=True`` writes), which
+        ``load_from_checkpoint`` reads and a resume refuses, rather than one that resumes with Adam's
+        moments silently reset."""
+        if self.released_after_fit:
+            checkpoint.pop("optimizer_states", None)
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         """Check the configuration, Trainer settings and run seed against the checkpoint's; restore the

@@ -19,7 +19,9 @@ reads the same preference batches as the reward model (``PreferenceDataModule``)
 By default the reference logprobs are computed per batch (one no-grad forward pass per step).
 With ``precompute_ref`` they are computed once over the training and validation pairs when
 training starts and looked up by content afterwards (any order, any shuffle); a pair not in the
-table is computed as usual. The reference stays loaded either way (a cheaper step, not less memory).
+table is computed as usual. The reference stays loaded either way (a cheaper step, not less memory)
+until training ends: then it is released with the optimizer state
+(:meth:`~rlhf_lit.stages.base.StageModule.release_after_fit`).
 """
 
 from __future__ import annotations
@@ -249,6 +251,11 @@ class DPOModule(PretrainedStage):
             )
         if self.precompute_ref and self.trainer.datamodule is None:
             raise ValueError("precompute_ref needs a data module (fit with datamodule=...), or set precompute_ref: false")
+
+    def on_train_end(self) -> None:
+        """Free the frozen reference and the optimizer states before Lightning's teardown copies them
+        to host memory (:meth:`~rlhf_lit.stages.base.StageModule.release_after_fit`); the policy stays."""
+        self.release_after_fit()
 
     def on_train_start(self) -> None:
         """With ``precompute_ref``: the reference logprobs of every training and validation pair, once."""

@@ -77,11 +77,18 @@ def check_module_resume(
     """:func:`check_resume` for a LightningModule resuming a fit (its trainer's data module too).
 
     Only a resumed ``fit`` is checked: ``load_from_checkpoint`` with overrides, or validating a
-    checkpoint on other data, continues nothing.
+    checkpoint on other data, continues nothing. A checkpoint without optimizer states cannot be
+    resumed (:meth:`rlhf_lit.stages.base.StageModule.drop_released`).
     """
     trainer = getattr(module, "_trainer", None)
     if trainer is None or getattr(trainer.state, "fn", None) != "fit":
         return
+    if "optimizer_states" not in checkpoint:  # before Lightning's KeyError, which names save_weights_only only
+        raise ResumeMismatch(
+            "cannot resume: the checkpoint holds no optimizer states (written with weights_only, or saved after "
+            "fit ended, when rlhf-lit had released them); resume from a checkpoint written during fit (last.ckpt), "
+            "or load its weights with load_from_checkpoint and start a new run"
+        )
     datamodule = getattr(trainer, "datamodule", None) if trainer is not None else None
     data_hparams = getattr(datamodule, "hparams", None) if datamodule is not None else None
     check_resume(checkpoint, module.hparams, data_hparams, safe_model_keys, extra)

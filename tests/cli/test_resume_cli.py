@@ -1,7 +1,8 @@
 """Resume through the command line, as the README says: killed mid-rollout, resumed, identical to a straight run.
 
 Also: a resume whose configuration differs where it would break the run is refused with every
-difference listed, and a safe change (more rollouts) is accepted.
+difference listed, and a safe change (more rollouts) is accepted; a checkpoint without optimizer
+states is refused.
 """
 
 from __future__ import annotations
@@ -203,6 +204,22 @@ def test_resume_with_more_rollouts_continues(finished_run, stories_rm, tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "resuming with model.max_rollouts changed: 2 -> 3" in result.stderr
     assert _load(tmp_path / "ckpt" / "last.ckpt")["ppo"]["rollout_index"] == 3
+
+
+def test_a_checkpoint_without_optimizer_states_is_refused_in_one_line(finished_run, tmp_path):
+    # What PPO saves after fit (its optimizer states released) or Lightning's weights_only writes.
+    checkpoint = _load(finished_run / "ckpt" / "last.ckpt")
+    assert checkpoint["optimizer_states"][0]["state"]  # last.ckpt was written before the release
+    del checkpoint["optimizer_states"]
+    torch.save(checkpoint, tmp_path / "weights.ckpt")
+    result = run_main("fit", "--config", str(finished_run / "ppo.yaml"), "--ckpt_path", str(tmp_path / "weights.ckpt"),
+                      "--model.init_args.export_dir", str(tmp_path / "export"), cwd=tmp_path)  # fmt: skip
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert error_line(result) == (
+        "rlhf-lit: error: cannot resume: the checkpoint holds no optimizer states (written with weights_only, or "
+        "saved after fit ended, when rlhf-lit had released them); resume from a checkpoint written during fit "
+        "(last.ckpt), or load its weights with load_from_checkpoint and start a new run"
+    )
 
 
 def test_a_remote_checkpoint_is_refused(finished_config, tmp_path):

@@ -9,6 +9,7 @@ from lightning.pytorch.plugins.precision import MixedPrecision
 from ppo_helpers import STORIES, prompt_batch, tiny_module, tiny_trainer
 from torch.utils.data import DataLoader
 
+from rlhf_lit.callbacks import Checkpoint
 from rlhf_lit.models import load_reward_model, sequence_scores
 from rlhf_lit.models.value import SeparateCritic, ValueHead, build_critic
 from rlhf_lit.stages.optim import OptimizerConfig
@@ -50,9 +51,9 @@ def test_shared_trunk_head_trains_with_the_policy_in_one_optimizer(tmp_path):
 
 def test_checkpoint_leaves_out_frozen_models_and_keeps_ppo_state(tmp_path):
     module = tiny_module(max_rollouts=1)
-    trainer = tiny_trainer(tmp_path)
+    # last.ckpt as runs write it (at the end of training; a checkpoint saved after fit has no optimizer states).
+    trainer = tiny_trainer(tmp_path, enable_checkpointing=True, callbacks=[Checkpoint(dirpath=tmp_path, save_last=True)])
     trainer.fit(module, train_dataloaders=DataLoader([prompt_batch(module.tokenizer, PROMPTS)], batch_size=None))
-    trainer.save_checkpoint(tmp_path / "last.ckpt")
     checkpoint = torch.load(tmp_path / "last.ckpt", weights_only=True)
     keys = checkpoint["state_dict"].keys()
     assert not any(k.startswith(("ref_policy.", "reward_model.")) for k in keys)

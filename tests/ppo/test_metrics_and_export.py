@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from lightning.pytorch.loggers import TensorBoardLogger
-from ppo_helpers import JUDGED, prompt_batch, tiny_module, tiny_trainer
+from ppo_helpers import JUDGED, STORIES, prompt_batch, tiny_module, tiny_trainer
 from torch.utils.data import DataLoader
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -123,8 +123,9 @@ def test_export_reloads_the_trained_policy(tmp_path, capsys, family, gpt2_dir):
         assert torch.equal(forward_with_positions(ours, ids, mask).logits, expected)
         plain = forward_with_positions(exported, ids, mask).logits
         torch.testing.assert_close(plain, expected, rtol=1e-5, atol=1e-5 * float(expected.abs().max()))
-        # ... and it is the trained policy, not the starting SFT model.
-        assert not torch.allclose(forward_with_positions(module.ref_policy, ids, mask).logits, expected)
+        # ... and it is the trained policy, not the starting SFT model (the reference, released after fit).
+        start = load_causal_lm(models.get("sft_model", STORIES), module.tokenizer).eval()
+        assert not torch.allclose(forward_with_positions(start, ids, mask).logits, expected)
 
 
 def test_export_defaults_to_the_log_dir(tmp_path):

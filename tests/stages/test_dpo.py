@@ -11,6 +11,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from rlhf_lit.models.lora import LoRAConfig
+from rlhf_lit.models.memory import ReleasedError
 from rlhf_lit.models.reference import AdapterDisabledReference, FrozenModelReference
 from rlhf_lit.stages import DPOModule
 from rlhf_lit.stages.optim import OptimizerConfig
@@ -67,17 +68,29 @@ def test_reference_is_frozen_and_never_receives_gradients(stories_path, helpers,
     before = {k: v.clone() for k, v in module.ref_model.state_dict().items()}
     policy_before = {k: v.clone() for k, v in module.model.state_dict().items()}
     batches = [helpers.preference_batch(module.tokenizer, PAIRS)] * 3
-    trainer = helpers.cpu_trainer(tmp_path, max_steps=3)
+    seen = {}
+
+    class AtTrainEnd(pl.Callback):  # callbacks' on_train_end runs before the module's, which releases the reference
+        def on_train_end(self, trainer, pl_module):
+            ref = pl_module.ref_model
+            seen["frozen"] = all(not p.requires_grad and p.grad is None for p in ref.parameters())
+            seen["eval"] = not any(m.training for m in ref.modules())  # Lightning's model.train() left it in eval
+            seen["unchanged"] = [k for k, v in ref.state_dict().items() if not torch.equal(v, before[k])] == []
+            optimised = {id(p) for g in trainer.optimizers[0].param_groups for p in g["params"]}
+            seen["not optimised"] = not optimised & {id(p) for p in ref.parameters()}
+            seen["moments"] = len(trainer.optimizers[0].state) > 0
+
+    trainer = helpers.cpu_trainer(tmp_path, max_steps=3, callbacks=[AtTrainEnd()])
     trainer.fit(module, datamodule=helpers.BatchListDataModule(train=batches))
-    assert all(not p.requires_grad and p.grad is None for p in module.ref_model.parameters())
-    assert not any(m.training for m in module.ref_model.modules())  # Lightning's model.train() left it in eval
-    for k, v in module.ref_model.state_dict().items():
-        assert torch.equal(v, before[k]), k
+    assert seen == {"frozen": True, "eval": True, "unchanged": True, "not optimised": True, "moments": True}
     changed = [k for k, v in module.model.state_dict().items() if not torch.equal(v, policy_before[k])]
     assert changed  # the policy did train
-    # The reference's weights are not optimised (not in the optimizer) and not in checkpoints.
-    optimised = {id(p) for g in trainer.optimizers[0].param_groups for p in g["params"]}
-    assert not optimised & {id(p) for p in module.ref_model.parameters()}
+    # After fit the reference and the optimizer state are released (StageModule.release_after_fit).
+    assert "ref_model" not in module._modules and all(p.is_meta for p in module.ref_model.parameters())
+    assert len(trainer.optimizers[0].state) == 0
+    with pytest.raises(ReleasedError, match=r"DPOModule\.ref_model was released at the end of fit"):
+        trainer.validate(module, datamodule=helpers.BatchListDataModule(train=batches, val=batches[:1]), verbose=False)
+    # The reference's weights are not in checkpoints; a module loaded from one has it back, from `model`.
     ckpt = tmp_path / "dpo.ckpt"
     trainer.save_checkpoint(ckpt)
     saved = torch.load(ckpt, weights_only=True)["state_dict"]
@@ -154,7 +167,9 @@ def test_learns_a_known_preference_rule(stories_path, helpers, tmp_path, loss):
     # policy == reference: every implicit reward is 0, a tie, which counts as wrong
     assert float(trainer.callback_metrics["val/reward_accuracy"]) == 0.0
     trainer.fit(module, datamodule=dm)
-    trainer.validate(module, datamodule=dm, verbose=False)
+    # fit released the frozen reference: validate the trained policy as a module loaded from a checkpoint.
+    trainer.save_checkpoint(tmp_path / "trained.ckpt")
+    trainer.validate(DPOModule.load_from_checkpoint(tmp_path / "trained.ckpt"), datamodule=dm, verbose=False)
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
     print(f"{loss}: held-out metrics of the happy/sad rule after 12 steps: {metrics}")
     assert metrics["val/reward_accuracy"] > 0.9

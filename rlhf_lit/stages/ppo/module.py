@@ -472,9 +472,16 @@ class PPOModule(StageModule):
             metrics["compile/forward_s"] = self.forward_passes.stats.compile_calls_s
         return metrics
 
+    def on_train_end(self) -> None:
+        """Free the reference, the reward model and the optimizer states before Lightning's teardown
+        copies them to host memory (:meth:`~rlhf_lit.stages.base.StageModule.release_after_fit`); the
+        policy and the critic stay."""
+        self.release_after_fit()
+
     # ------------------------------------------------------------------ checkpoints
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        """Drop the frozen models; add the rollout counter, KL controller and global RNG state.
+        """Drop the frozen models (and after fit the released optimizer states); add the rollout counter,
+        KL controller and global RNG state.
 
         Refuses (:class:`~rlhf_lit.stages.nonfinite.NonFiniteError`) to save non-finite weights.
         """
@@ -482,6 +489,7 @@ class PPOModule(StageModule):
         if self.critic is not None:
             assert_finite(self.critic, "the critic")
         self.drop_frozen(checkpoint)
+        self.drop_released(checkpoint)
         checkpoint[RUN_FACTS] = run_facts(self.trainer)
         checkpoint["ppo"] = {
             "rollout_index": self.rollout_index,
