@@ -67,15 +67,20 @@ def test_metric_by_hand_on_a_constructed_batch(tmp_path, old_logprobs):
     assert logged[KEY] == pytest.approx(EXPECTED, rel=0, abs=2e-6)
 
 
-@pytest.mark.parametrize("old_logprobs", ["rescore", "sampling"])
-def test_real_rollout_generation_and_training_agree_in_fp32(tmp_path, old_logprobs):
-    """stories260K, fp32 eager on the CPU, real sampling of 8 left-padded rows with EOS at varied
-    steps: the logprobs recorded while sampling and the training pass's differ by float rounding
-    only (measured ~1e-6; the bound 1e-3); a one-position shift of either differs by nats, a pad
-    counted by its logprob."""
+@pytest.mark.parametrize("old_logprobs,path", [
+    ("rescore", "eager"), ("sampling", "eager"),
+    pytest.param("rescore", "compiled", marks=pytest.mark.slow),  # compiles decode and passes: ~1 min cold
+    pytest.param("sampling", "compiled", marks=pytest.mark.slow),
+])  # fmt: skip
+def test_real_rollout_generation_and_training_agree_in_fp32(tmp_path, old_logprobs, path):
+    """stories260K, fp32 on the CPU, real sampling of 8 left-padded rows with EOS at varied steps:
+    the logprobs recorded while sampling and the training pass's differ by float rounding only
+    (measured ~1e-6; the bound 1e-3); a one-position shift of either differs by nats, a pad counted
+    by its logprob. ``path`` compiled: the decode step (``sampling.decode``) and the scoring and
+    training passes (``ppo.forward``) both compiled."""
     tokenizer = load_tokenizer(STORIES, padding_side="left")
-    module = tiny_module(sampling=SamplingConfig(max_new_tokens=10, temperature=0.9), max_rollouts=1,
-                         ppo=PPOConfig(epochs=1, minibatch_size=8, old_logprobs=old_logprobs))
+    module = tiny_module(sampling=SamplingConfig(max_new_tokens=10, temperature=0.9, decode=path), max_rollouts=1,
+                         ppo=PPOConfig(epochs=1, minibatch_size=8, old_logprobs=old_logprobs, forward=path))
     for model in (module.policy, module.ref_policy):
         model.lm_head = EosBias(model.lm_head, 24.0)  # EOS at varied steps: pads after it
     module.on_fit_end = lambda: None  # no export: the wrapped head is not a transformers module
@@ -92,3 +97,4 @@ def test_real_rollout_generation_and_training_agree_in_fp32(tmp_path, old_logpro
     trainer.fit(module, DataLoader([prompt_batch(tokenizer, PROMPTS * 2)], batch_size=None))
     assert len(set(lengths)) >= 3 and min(lengths) < 10  # rows end at different steps
     assert 0.0 <= trainer.logger.history[0][KEY] <= 1e-3
+    assert ("compile/forward_graphs" in trainer.logger.history[0]) == (path == "compiled")  # the path that ran
