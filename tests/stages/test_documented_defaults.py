@@ -84,6 +84,8 @@ QUOTED: list[Quoted] = [
     Quoted(PPO_DOC, "(``ppo.whiten_scope: global``, the default", PPOModule, "ppo.whiten_scope", "global"),
     Quoted("docs/rewards.md", "`as_sampled` (the default) or `with_eos`", RewardConfig, "unfinished", "as_sampled"),
     Quoted("docs/DEMO.md", "the library default stays `as_sampled`", RewardConfig, "unfinished", "as_sampled"),
+    Quoted("docs/ppo.md", "(`ppo.forward`): `eager` (the default)", PPOModule, "ppo.forward", "eager"),
+    Quoted("docs/performance.md", "`ppo.forward: compiled` (off by default)", PPOConfig, "forward", "eager"),
     Quoted("docs/performance.md", "by default (`data.drop_last: true`)", PromptDataModule, "drop_last", True),
     Quoted("docs/performance.md", "(off by default): the old logprobs from the logits", PPOConfig, "old_logprobs",
            "rescore"),  # fmt: skip
