@@ -80,44 +80,30 @@ def test_each_estimator_overlay_on_the_verifiable_task_parses(estimator):
     assert "function: rlhf_lit.rewards.rules:mentions_ground_truth" in result.stdout  # the task's reward
 
 
-def test_whiten_scope_defaults_to_global_and_takes_rank_or_nothing_else():
+@pytest.mark.parametrize("option,default,other,bad,choices", [
+    ("ppo.whiten_scope", "global", "rank", "all", "'global', 'rank'"),
+    ("sampling.decode", "eager", "compiled", "fast", "'eager', 'compiled'"),
+    ("ppo.forward", "eager", "compiled", "jit", "'eager', 'compiled'"),
+])  # fmt: skip
+def test_a_choice_option_shows_its_default_takes_its_other_value_and_names_itself_otherwise(
+    option, default, other, bad, choices
+):
     ppo = str(ROOT / "configs/offline/ppo.yaml")
-    default = _cli("fit", "--config", ppo, "--print_config")
-    assert default.returncode == 0, default.stderr[-3000:]
-    assert "whiten_scope: global\n" in default.stdout
-    per_rank = _cli("fit", "--config", ppo, "--model.init_args.ppo.whiten_scope", "rank", "--print_config")
-    assert per_rank.returncode == 0 and "whiten_scope: rank\n" in per_rank.stdout
-    bad = _cli("fit", "--config", ppo, "--model.init_args.ppo.whiten_scope", "all", "--print_config")
-    assert bad.returncode == 2
-    lines = [line for line in bad.stderr.splitlines() if line.startswith("rlhf-lit: error:")]
-    assert lines == ["rlhf-lit: error: option --model.init_args.ppo.whiten_scope: expected one of 'global', 'rank', "
-                     "got all"]
-    assert "Traceback" not in bad.stderr
+    field = option.split(".")[-1]
+    shown = _cli("fit", "--config", ppo, "--print_config")
+    assert shown.returncode == 0, shown.stderr[-3000:]
+    assert f"{field}: {default}\n" in shown.stdout
+    taken = _cli("fit", "--config", ppo, f"--model.init_args.{option}", other, "--print_config")
+    assert taken.returncode == 0 and f"{field}: {other}\n" in taken.stdout
+    refused = _cli("fit", "--config", ppo, f"--model.init_args.{option}", bad, "--print_config")
+    assert refused.returncode == 2
+    lines = [line for line in refused.stderr.splitlines() if line.startswith("rlhf-lit: error:")]
+    assert lines == [f"rlhf-lit: error: option --model.init_args.{option}: expected one of {choices}, got {bad}"]
+    assert "Traceback" not in refused.stderr
 
 
-def test_sampling_decode_defaults_to_eager_and_takes_compiled_or_nothing_else():
+def test_compiled_passes_refuse_lora_with_gradient_checkpointing_in_one_line():
     ppo = str(ROOT / "configs/offline/ppo.yaml")
-    default = _cli("fit", "--config", ppo, "--print_config")
-    assert default.returncode == 0, default.stderr[-3000:]
-    assert "decode: eager\n" in default.stdout
-    compiled = _cli("fit", "--config", ppo, "--model.init_args.sampling.decode", "compiled", "--print_config")
-    assert compiled.returncode == 0 and "decode: compiled\n" in compiled.stdout
-    bad = _cli("fit", "--config", ppo, "--model.init_args.sampling.decode", "fast", "--print_config")
-    assert bad.returncode == 2
-    lines = [line for line in bad.stderr.splitlines() if line.startswith("rlhf-lit: error:")]
-    assert lines == ["rlhf-lit: error: option --model.init_args.sampling.decode: expected one of 'eager', 'compiled', "
-                     "got fast"]
-    assert "Traceback" not in bad.stderr
-
-
-def test_ppo_forward_takes_compiled_and_refuses_lora_with_gradient_checkpointing_in_one_line():
-    ppo = str(ROOT / "configs/offline/ppo.yaml")
-    compiled = _cli("fit", "--config", ppo, "--model.init_args.ppo.forward", "compiled", "--print_config")
-    assert compiled.returncode == 0 and "forward: compiled\n" in compiled.stdout
-    bad = _cli("fit", "--config", ppo, "--model.init_args.ppo.forward", "jit", "--print_config")
-    assert bad.returncode == 2 and "Traceback" not in bad.stderr
-    lines = [line for line in bad.stderr.splitlines() if line.startswith("rlhf-lit: error:")]
-    assert lines == ["rlhf-lit: error: option --model.init_args.ppo.forward: expected one of 'eager', 'compiled', got jit"]
     refused = _cli("fit", "--config", ppo, "--model.init_args.ppo.forward", "compiled",
                    "--model.init_args.memory.gradient_checkpointing", "true", "--model.init_args.lora.r", "4",
                    "--model.init_args.sft_model", str(ROOT / "assets/models/stories260K"),
