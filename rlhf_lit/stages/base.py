@@ -15,8 +15,8 @@ final model goes, the non-finite guard), loads its tokenizer with :func:`stage_t
   must match, and the Trainer settings of :meth:`StageModule.kept_run_facts`), the frozen models
   (:attr:`FROZEN_PREFIXES`) left out of checkpoints and reloaded from their paths, every other
   weight required on load;
-- :meth:`StageModule.release_after_fit`: a stage with frozen models (PPO, DPO) calls it in
-  ``on_train_end`` to free them and the optimizer states before Lightning's teardown copies them
+- :meth:`StageModule.release_after_fit`: every stage calls it in ``on_train_end`` to free the
+  frozen models (PPO, DPO) and the optimizer states before Lightning's teardown copies them
   to host memory.
 
 :class:`RunLayout` is how a stage declares its place in a run directory (``--run_dir``; the CLI
@@ -237,6 +237,12 @@ class StageModule(pl.LightningModule):
             release_frozen(self, prefix.rstrip("."))
         release_optimizer_states(self.trainer.optimizers)
         self.released_after_fit = True
+
+    def on_train_end(self) -> None:
+        """Free what nobody reads after training before Lightning's teardown copies it to host memory
+        (:meth:`release_after_fit`: the frozen models and the optimizer states; the trained model stays).
+        A stage with its own end-of-training work does it first and then calls this."""
+        self.release_after_fit()
 
     def on_before_backward(self, loss: torch.Tensor) -> None:
         """Under fp16, note whether the loss is finite: a step the GradScaler skips counts as

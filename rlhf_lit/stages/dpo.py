@@ -252,11 +252,6 @@ class DPOModule(PretrainedStage):
         if self.precompute_ref and self.trainer.datamodule is None:
             raise ValueError("precompute_ref needs a data module (fit with datamodule=...), or set precompute_ref: false")
 
-    def on_train_end(self) -> None:
-        """Free the frozen reference and the optimizer states before Lightning's teardown copies them
-        to host memory (:meth:`~rlhf_lit.stages.base.StageModule.release_after_fit`); the policy stays."""
-        self.release_after_fit()
-
     def on_train_start(self) -> None:
         """With ``precompute_ref``: the reference logprobs of every training and validation pair, once."""
         if self.precompute_ref and self._ref_table is None:

@@ -349,10 +349,12 @@ class RewardModelModule(PretrainedStage):
         return gain, bias
 
     def on_train_end(self) -> None:
-        """Normalise with the final weights, while the model is still on its device and processes are up."""
+        """Normalise with the final weights, while the model is still on its device and processes are up;
+        then free the optimizer states (:meth:`~rlhf_lit.stages.base.StageModule.release_after_fit`)."""
         if self.normalization != "none":
             batches, reference = self._reference_source()
             self.normalize(batches, reference)
+        super().on_train_end()
 
     def on_fit_end(self) -> None:
         """Fold the normalisation into the weights (every rank) and export the model (rank 0)."""

@@ -103,3 +103,14 @@ def error_line(result: subprocess.CompletedProcess) -> str:
     assert len(lines) == 1, result.stderr[-3000:]
     assert "Traceback" not in result.stderr, result.stderr[-3000:]
     return lines[0]
+
+
+def failure_tail(stderr: str, chars: int = 3000) -> str:
+    """The end of a failed multi-process run's stderr, after the last lines each rank wrote
+    (``[rankN]:`` prefixes): the rank that failed first is often not the one whose error ends the log."""
+    ranks: dict[str, list[str]] = {}
+    for line in stderr.splitlines():
+        if line.startswith("[rank") and "]:" in line:
+            ranks.setdefault(line[: line.index("]:") + 2], []).append(line)
+    heads = [f"--- last lines of {rank}\n" + "\n".join(lines[-8:]) for rank, lines in sorted(ranks.items())]
+    return "\n".join([*heads, "--- end of stderr", stderr[-chars:]])

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 from cli_helpers import (
-    CLI, STORIES, TINYSTORIES, error_line, ppo_config, rlhf_lit, run_main, sft_config, unseeded, write_yaml,
+    CLI, STORIES, TINYSTORIES, error_line, failure_tail, ppo_config, rlhf_lit, run_main, sft_config, unseeded,
+    write_yaml,
 )  # fmt: skip
 from suite_env import subprocess_env
 
@@ -72,7 +73,7 @@ def test_killed_mid_rollout_and_resumed_with_the_readme_command_equals_a_straigh
             config["trainer"].update(strategy=strategy, devices=2)
         write_yaml(root / "ppo.yaml", config)
     done = _fit(strategy, "--config", str(straight / "ppo.yaml"), cwd=straight)
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, failure_tail(done.stderr)
     assert len(list((straight / "logs").rglob("metrics.csv"))) == 1  # one log run, written by rank 0
 
     # Its own session: the kill reaches rank 1 too (Lightning's launcher starts it from rank 0).
@@ -93,7 +94,7 @@ def test_killed_mid_rollout_and_resumed_with_the_readme_command_equals_a_straigh
     # The README's resume command.
     resumed = _fit(strategy, "--config", str(killed / "ppo.yaml"), "--ckpt_path", str(killed / "ckpt" / "last.ckpt"),
                    cwd=killed)  # fmt: skip
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert resumed.returncode == 0, failure_tail(resumed.stderr)
     assert "exported PPO policy to" in resumed.stdout
     _assert_same_state(_load(straight / "ckpt" / "last.ckpt"), _load(killed / "ckpt" / "last.ckpt"))
     exported = [p.name for p in (killed / "export").iterdir()]

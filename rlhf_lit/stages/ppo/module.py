@@ -472,12 +472,6 @@ class PPOModule(StageModule):
             metrics["compile/forward_s"] = self.forward_passes.stats.compile_calls_s
         return metrics
 
-    def on_train_end(self) -> None:
-        """Free the reference, the reward model and the optimizer states before Lightning's teardown
-        copies them to host memory (:meth:`~rlhf_lit.stages.base.StageModule.release_after_fit`); the
-        policy and the critic stay."""
-        self.release_after_fit()
-
     # ------------------------------------------------------------------ checkpoints
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         """Drop the frozen models (and after fit the released optimizer states); add the rollout counter,
