@@ -2,7 +2,7 @@
 
 import os
 
-from suite_env import control_this_process
+from suite_env import FIXED, control_this_process
 
 # The suite's own environment, whatever the caller exported (one thread per process, no debug
 # switch, no Hugging Face offline flags, an empty cache: tests/suite_env.py), set before the
@@ -121,6 +121,15 @@ def no_run_seed_left_over():
     os.environ.pop("PL_GLOBAL_SEED", None)
     yield
     os.environ.pop("PL_GLOBAL_SEED", None)
+
+
+@pytest.fixture(autouse=True)
+def suite_switches_kept():
+    """After each test, the suite's fixed switches (:data:`suite_env.FIXED`) as set at the start: a
+    library may change one in this process (transformers' compiled ``generate`` sets
+    ``TOKENIZERS_PARALLELISM=0``), which later tests of this worker would otherwise inherit."""
+    yield
+    os.environ.update(FIXED)
 
 
 @pytest.fixture(scope="session")
