@@ -179,8 +179,8 @@ def check_sharded_compile(model: dict | None, strategy: object) -> str | None:
     any model is loaded; ``PPOModule.configure_model`` refuses the same for a Trainer built in code
     (:func:`~rlhf_lit.stages.ppo.checks.check_sharded_compile`).
     """
-    sampling = ((model or {}).get("init_args") or {}).get("sampling") or {}
-    ppo = ((model or {}).get("init_args") or {}).get("ppo") or {}
+    init_args = (model or {}).get("init_args") or {}
+    sampling, ppo = init_args.get("sampling") or {}, init_args.get("ppo") or {}
     decode = sampling.get("decode") if hasattr(sampling, "get") else getattr(sampling, "decode", None)
     forward = ppo.get("forward") if hasattr(ppo, "get") else getattr(ppo, "forward", None)
     try:

@@ -104,25 +104,16 @@ def token_scores(model: PreTrainedModel, input_ids: torch.Tensor, attention_mask
     forward pass (:mod:`rlhf_lit.models.sharding`).
     """
     head = score_head(model)
+    inputs = dict(input_ids=input_ids, attention_mask=model_attention_mask(model, attention_mask),
+                  position_ids=position_ids_from_mask(attention_mask), use_cache=False)  # fmt: skip
     if torch.compiler.is_compiling():
         # A hook cannot be registered inside a compiled graph; compiled passes are refused under
         # FSDP (the reason for the hook), so the trunk and the head are called apart.
-        hidden = backbone(model)(
-            input_ids=input_ids,
-            attention_mask=model_attention_mask(model, attention_mask),
-            position_ids=position_ids_from_mask(attention_mask),
-            use_cache=False,
-        ).last_hidden_state  # (B, T, D)
-        return head(hidden).squeeze(-1)  # (B, T)
+        return head(backbone(model)(**inputs).last_hidden_state).squeeze(-1)  # (B, T, D) -> (B, T)
     captured: list[torch.Tensor] = []
     handle = head.register_forward_hook(lambda module, args, output: captured.append(output))
     try:
-        model(
-            input_ids=input_ids,
-            attention_mask=model_attention_mask(model, attention_mask),
-            position_ids=position_ids_from_mask(attention_mask),
-            use_cache=False,
-        )
+        model(**inputs)
     finally:
         handle.remove()
     if len(captured) != 1 or captured[0].shape[:2] != input_ids.shape:

@@ -1,5 +1,5 @@
 """The policy and critic forward pass that rollout scoring and the update share, run eagerly or
-compiled (``ppo.forward``, :func:`forward_passes`)."""
+compiled (``ppo.forward``, :class:`ForwardPassRunner`)."""
 
 from __future__ import annotations
 
@@ -67,9 +67,7 @@ class ForwardPassRunner:
         """:func:`policy_and_values`, eager or compiled."""
         if self.kind == "eager":
             return policy_and_values(policy, critic, query_responses, attention_mask, prompt_length)
-        logits, values = self._both(policy, critic, ids=query_responses, attention_mask=attention_mask,
-                                    prompt_length=prompt_length)  # fmt: skip
-        return logits, values
+        return self._both(policy, critic, ids=query_responses, attention_mask=attention_mask, prompt_length=prompt_length)
 
     def critic_values(
         self, critic: torch.nn.Module, query_responses: torch.Tensor, attention_mask: torch.Tensor, prompt_length: int

@@ -1,5 +1,5 @@
 """Per-rollout metrics of the PPO stage: phase timing, rollout statistics, text metrics, the compiled
-decode path's compile cost (``compile/decode_*``), assembly.
+paths' compile cost (``compile/decode_*``, ``compile/forward_*``), assembly.
 
 Everything here runs once per rollout, after the update, never inside the minibatch loop. The
 statistics stay tensors on the device until :func:`reduce_over_ranks`, which averages them over
@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from typing import Literal
 
 import torch
 from lightning.pytorch.strategies import Strategy
 
 from rlhf_lit.evaluation import Judge, distinct_n
 from rlhf_lit.functional import explained_variance
-from rlhf_lit.models.compiled_generation import compile_stats
-from rlhf_lit.models.generation import Decode
+from rlhf_lit.models.compiled_generation import CompileStats
 from rlhf_lit.stages.ppo.loss import OLD_LOGPROB_DIFF
 from rlhf_lit.stages.ppo.rollout import Rollout
 
@@ -101,26 +101,25 @@ def text_statistics(texts: Sequence[str], judge: Judge | None) -> dict[str, floa
     return stats
 
 
-DECODE_GRAPHS = "compile/decode_graphs"
-"""Graphs compiled so far by this process's compiled ``generate`` calls (``sampling.decode: compiled``)."""
-DECODE_COMPILE_S = "compile/decode_s"
-"""Wall seconds, so far in this process, of the compiled ``generate`` calls that compiled a graph."""
+CompiledPath = Literal["decode", "forward"]
+"""The compiled paths whose cost is logged: ``sampling.decode`` and ``ppo.forward``."""
 
 
-def decode_compile_statistics(decode: Decode) -> dict[str, float]:
-    """:data:`DECODE_GRAPHS` and :data:`DECODE_COMPILE_S` when ``sampling.decode`` is ``compiled``
-    (:func:`~rlhf_lit.models.compiled_generation.compile_stats`); no keys on the eager path (an absent
-    key says nothing was compiled for decoding, a zero would say the compiled path compiled nothing).
+def compile_statistics(path: CompiledPath, kind: str, stats: CompileStats) -> dict[str, float]:
+    """``compile/<path>_graphs`` (graphs compiled so far) and ``compile/<path>_s`` (wall seconds of the
+    calls that compiled one) when the path's option ``kind`` is ``compiled``; no keys on the eager path
+    (an absent key says nothing was compiled there, a zero would say the compiled path compiled nothing).
 
-    Running totals of the process since it started (a resumed run counts from 0 again), over every
-    compiled ``generate`` call in it (the rollouts', and an ``OnlineGeneration`` callback's when it
-    decodes compiled too); averaged over ranks with the other metrics. A rise after the first rollout
-    is a recompile (a new batch size, a prompt past the cache bucket; docs/performance.md).
+    Running totals of this process since it started (a resumed run counts from 0 again): for
+    ``decode`` over every compiled ``generate`` call in it (the rollouts', and an
+    ``OnlineGeneration`` callback's when it decodes compiled too,
+    :func:`~rlhf_lit.models.compiled_generation.compile_stats`), for ``forward`` over the module's
+    scoring and minibatch passes. Averaged over ranks with the other metrics. A rise after the first
+    rollout is a recompile (a new batch size, a length past a bucket; docs/performance.md).
     """
-    if decode != "compiled":
+    if kind != "compiled":
         return {}
-    stats = compile_stats()
-    return {DECODE_GRAPHS: float(stats.graphs), DECODE_COMPILE_S: stats.compile_calls_s}
+    return {f"compile/{path}_graphs": float(stats.graphs), f"compile/{path}_s": stats.compile_calls_s}
 
 
 def reduce_over_ranks(

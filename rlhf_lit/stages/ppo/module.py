@@ -16,6 +16,7 @@ from rlhf_lit.data.encoding import TextEncoder
 from rlhf_lit.evaluation import load_judge
 from rlhf_lit.functional import AdaptiveKLController, FixedKLController, sft_loss
 from rlhf_lit.models import load_causal_lm, load_reward_model
+from rlhf_lit.models.compiled_generation import compile_stats
 from rlhf_lit.models.generation import Generated, SamplingConfig, forward_with_positions, stop_token_ids
 from rlhf_lit.models.loading import DType
 from rlhf_lit.models.lora import LoRAConfig, with_lora
@@ -46,7 +47,7 @@ from rlhf_lit.stages.ppo.experience import Experience, ExperienceMaker, Scored
 from rlhf_lit.stages.ppo.forward import ForwardPassRunner
 from rlhf_lit.stages.ppo.loss import OLD_LOGPROB_DIFF, ppo_loss
 from rlhf_lit.stages.ppo.metrics import (
-    RolloutTimer, decode_compile_statistics, logged_metrics, reduce_over_ranks, rollout_statistics, text_statistics,
+    RolloutTimer, compile_statistics, logged_metrics, reduce_over_ranks, rollout_statistics, text_statistics,
 )
 from rlhf_lit.stages.ppo.reward_sources import RewardSources
 from rlhf_lit.stages.ppo.rollout import Rollout, nonfinite_rollout_parts
@@ -462,15 +463,12 @@ class PPOModule(StageModule):
                                    gen_train_diff)  # no sync  fmt: skip
         local.update(experience.reward_parts)  # each source
         local.update(text_statistics(self.experience.texts(rollout, experience), self.judge))
-        local.update(decode_compile_statistics(self.sampling.decode))  # compile/decode_*: none when eager
+        local.update(compile_statistics("decode", self.sampling.decode, compile_stats()))  # none when eager
+        local.update(compile_statistics("forward", self.ppo.forward, self.forward_passes.stats))
         timer.mark("text")
         reduced = reduce_over_ranks(self.trainer.strategy, local, self.device)
         learning_rates = [opt.param_groups[0]["lr"] for opt in self.optimizer_list()]
-        metrics = logged_metrics(reduced, timer, learning_rates, kl_coef, rollout.batch_size * self.trainer.world_size)
-        if self.ppo.forward == "compiled":  # this process's running totals (the compile cost, apart)
-            metrics["compile/forward_graphs"] = float(self.forward_passes.stats.graphs)
-            metrics["compile/forward_s"] = self.forward_passes.stats.compile_calls_s
-        return metrics
+        return logged_metrics(reduced, timer, learning_rates, kl_coef, rollout.batch_size * self.trainer.world_size)
 
     # ------------------------------------------------------------------ checkpoints
     def on_save_checkpoint(self, checkpoint: dict) -> None:
