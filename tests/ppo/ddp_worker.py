@@ -21,7 +21,10 @@ from ppo_helpers import prompt_batch, tiny_module, tiny_trainer
 import rlhf_lit.stages.ppo.experience as experience
 from rlhf_lit.stages.ppo.config import PPOConfig, RewardConfig
 
-ROLLOUT_FIELDS = ("rewards", "returns", "advantages", "raw_scores", "response_mask")
+ROLLOUT_FIELDS = (
+    "rewards", "returns", "advantages", "raw_scores", "response_mask", "query_responses", "attention_mask",
+    "old_logprobs", "kl",
+)
 
 
 class SamePrompts(LightningDataModule):
