@@ -9,7 +9,8 @@
 
 Sources are local files (.jsonl, .json, .txt paragraphs, optionally .gz) or hub dataset names;
 formats (``messages``, ``prompt_completion``, ``fields``, ``implicit_prompt``, ``text``,
-``hh_rlhf``, ``alpaca``, ``paragraphs``, ``rankings``) are in :mod:`.adapters`, ``auto`` (the
+``hh_rlhf``, ``alpaca``, ``paragraphs``, ``rankings``) are in :mod:`.adapters` (HH-RLHF
+transcripts in :mod:`.hh`, rendered as ``hh_render`` says: :mod:`.rendering`), ``auto`` (the
 default) in :mod:`.detect`, conversations in :mod:`.conversation`.
 """
 

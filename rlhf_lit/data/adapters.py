@@ -25,10 +25,9 @@ of each source: :mod:`rlhf_lit.data.detect`):
 - ``"text"``: language modelling: SFT examples train the whole ``text`` column (the prompt is
   empty: only the tokenizer's special prefix, e.g. BOS). No prompts (use ``paragraphs``).
 - ``"hh_rlhf"``: Anthropic HH-RLHF transcripts ``{"chosen", "rejected"}``, each a full
-  ``\\n\\nHuman: ... \\n\\nAssistant: ...`` dialogue. Split at the LAST ``\\n\\nAssistant:``: the
-  prompt is everything up to and including that marker, the response what follows it. For
-  preference pairs, records whose chosen and rejected differ before their last marker are
-  skipped and counted. SFT examples are prompt + chosen and prompts are the prompt of the chosen
+  ``\\n\\nHuman: ... \\n\\nAssistant: ...`` dialogue, read by :mod:`rlhf_lit.data.hh`: as the
+  conversation its turns spell (``AdapterOptions.hh_conversations``) or as strings split at the last
+  ``\\n\\nAssistant:``. SFT examples are prompt + chosen and prompts are the prompt of the chosen
   transcript (the rejected transcript is not read for these).
 - ``"alpaca"``: ``{"instruction", "input", "output"}``; when a record has a ``status`` field only
   ``status == "ok"`` is kept. The prompt is :data:`ALPACA_PROMPT` (or
@@ -56,8 +55,8 @@ from __future__ import annotations
 import logging
 import re
 from collections import Counter
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from rlhf_lit.data.conversation import (
@@ -74,6 +73,8 @@ from rlhf_lit.data.conversation import (
     shared_words,
     text_or_conversation,
 )
+from rlhf_lit.data.example import Adapter, AdapterOptions, Example, Fields, Kind, Skip
+from rlhf_lit.data.hh import hh_rlhf
 from rlhf_lit.data.records import InvalidRecord, Row, get_list, get_number, get_text, missing_field
 
 log = logging.getLogger("rlhf_lit.data")
@@ -84,125 +85,9 @@ Format = Literal[
 ]
 """The record formats known to the data modules; ``auto`` detects one from a source's first record."""
 AUTO = "auto"
-Kind = Literal["sft", "preference", "prompt"]
-"""The shape of example a data module needs."""
-
-HH_ASSISTANT = "\n\nAssistant:"
 ALPACA_PROMPT = "{instruction}\n\nInput:\n{input}\n\nResponse:\n"
 ALPACA_PROMPT_NO_INPUT = "{instruction}\n\nResponse:\n"
 ALPACA_NO_INPUT = {"", "<noinput>"}
-
-
-@dataclass(frozen=True)
-class Fields:
-    """Column names of the records. The ``fields`` format reads ``prompt`` with ``response``
-    (SFT), ``chosen``/``rejected`` (preference) or nothing else (prompts); ``hh_rlhf`` and
-    ``implicit_prompt`` read ``chosen``/``rejected``; ``prompt_completion`` reads ``prompt`` and
-    ``completion``; ``messages`` reads ``messages``; ``paragraphs`` and ``text`` read ``text`` from
-    JSON records; ``alpaca`` uses its own fixed names (instruction, input, output, status);
-    ``rankings`` reads ``prompt``, ``responses`` and, when set, ``ranks``. Format ``auto`` looks
-    for these names in the first record.
-
-    Args:
-        prompt: column holding the prompt.
-        response: column holding the demonstration (SFT).
-        chosen: column holding the preferred response (the full transcript for ``hh_rlhf``).
-        rejected: column holding the dispreferred response (the full transcript for
-            ``hh_rlhf``).
-        margin: optional column holding a numeric preference margin; when set, every record
-            must have it and preference batches carry ``margin``.
-        text: column holding plain text for the ``paragraphs`` format (``.txt`` files give it).
-        responses: column holding the ranked responses, best first (``rankings`` format).
-        ranks: optional column holding one int per response, lower = better, equal = tie
-            (``rankings`` format); None: every response has its own rank, in list order.
-        completion: column holding the completion (``prompt_completion`` format).
-        messages: column holding a whole conversation (``messages`` format).
-    """
-
-    prompt: str = "prompt"
-    response: str = "response"
-    chosen: str = "chosen"
-    rejected: str = "rejected"
-    margin: str | None = None
-    text: str = "text"
-    responses: str = "responses"
-    ranks: str | None = None
-    completion: str = "completion"
-    messages: str = "messages"
-
-
-@dataclass(frozen=True)
-class Example:
-    """One example. SFT sets ``response``, or ``messages`` for a whole conversation whose assistant
-    turns are trained (then ``prompt`` is its turns before the first assistant message); preference
-    pairs set ``chosen``, ``rejected`` (and ``margin`` when the data has one), rankings
-    ``responses`` (best first) and their ``ranks`` (0 = best, dense, equal = tie); prompts set
-    ``prompt`` only. Prompts and responses are strings, or conversations rendered by the
-    tokenizer's chat template (all of an example's, or none: see the module docstring)."""
-
-    where: str
-    prompt: TextOrConversation
-    response: TextOrConversation | None = None
-    chosen: TextOrConversation | None = None
-    rejected: TextOrConversation | None = None
-    margin: float | None = None
-    responses: tuple[TextOrConversation, ...] | None = None
-    ranks: tuple[int, ...] | None = None
-    extras: dict[str, Any] = field(default_factory=dict)
-    messages: Conversation | None = None
-
-
-class Skip(Exception):
-    """A record filtered out on purpose by its format; the message is the reason (counted)."""
-
-
-@dataclass(frozen=True)
-class AdapterOptions:
-    """What an adapter may need besides the row."""
-
-    fields: Fields
-    prompt_words: int
-    extra_fields: tuple[str, ...] = ()
-    """Columns copied unchanged into ``Example.extras`` (e.g. ``ground_truth`` for a reward function)."""
-
-
-Adapter = Callable[[Row, Kind, AdapterOptions], Example]
-
-
-def _require_response(text: str, name: str) -> str:
-    if not text.strip():
-        raise Skip(f"empty {name} after the last {HH_ASSISTANT!r}")
-    return text
-
-
-def split_hh(transcript: str) -> tuple[str, str] | None:
-    """(prompt including the last ``\\n\\nAssistant:``, response after it), or None if absent."""
-    cut = transcript.rfind(HH_ASSISTANT)
-    if cut < 0:
-        return None
-    cut += len(HH_ASSISTANT)
-    return transcript[:cut], transcript[cut:]
-
-
-def hh_rlhf(row: Row, kind: Kind, opt: AdapterOptions) -> Example:
-    chosen = get_text(row, opt.fields.chosen)
-    parts = split_hh(chosen)
-    if parts is None:
-        raise Skip(f"no {HH_ASSISTANT!r} in chosen")
-    prompt, chosen_response = parts
-    if kind == "prompt":
-        return Example(row.where, prompt)
-    if kind == "sft":
-        return Example(row.where, prompt, response=_require_response(chosen_response, "chosen"))
-    rejected_parts = split_hh(get_text(row, opt.fields.rejected))
-    if rejected_parts is None or rejected_parts[0] != prompt:
-        raise Skip(f"chosen and rejected do not share the prompt up to the last {HH_ASSISTANT!r}")
-    return Example(
-        row.where,
-        prompt,
-        chosen=_require_response(chosen_response, "chosen"),
-        rejected=_require_response(rejected_parts[1], "rejected"),
-    )
 
 
 def alpaca_prompt(instruction: str, input: str = "") -> str:

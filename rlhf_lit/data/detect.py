@@ -36,12 +36,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from rlhf_lit.data.adapters import ADAPTERS, AUTO, HH_ASSISTANT, Fields, Kind
+from rlhf_lit.data.adapters import ADAPTERS, AUTO, Fields, Kind
+from rlhf_lit.data.hh import HH_ASSISTANT, HH_HUMAN
 from rlhf_lit.data.records import Row
 
 log = logging.getLogger("rlhf_lit.data")
-
-HH_HUMAN = "\n\nHuman:"
 
 PAIR_KINDS: tuple[Kind, ...] = ("preference", "prompt")
 SFT_KINDS: tuple[Kind, ...] = ("sft", "prompt")

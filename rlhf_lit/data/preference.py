@@ -15,6 +15,7 @@ from rlhf_lit.data.adapters import Example, Fields
 from rlhf_lit.data.base import TextDataModule, check_sft_source, encode_demonstrations
 from rlhf_lit.data.collate import PreferenceCollator, RankingCollator, SequenceCollator
 from rlhf_lit.data.encoding import TextEncoder, truncate_prompt, truncate_response
+from rlhf_lit.data.rendering import HHRender
 
 log = logging.getLogger("rlhf_lit.data")
 
@@ -65,8 +66,8 @@ class PreferenceDataModule(TextDataModule):
             transcripts or an implicit prompt), ``fields`` (prompt/chosen/rejected[/margin]
             columns named by ``fields``, each a string or a list of messages), ``implicit_prompt``
             (``chosen``/``rejected`` only, the prompt being what both start with),
-            ``hh_rlhf`` (transcripts split at the last ``\\n\\nAssistant:``; pairs that do not
-            share the prompt are skipped and counted) or ``rankings`` (prompt and a list of K >= 2
+            ``hh_rlhf`` (transcripts, prompt = the turns before the last assistant turn, rendered as
+            ``hh_render`` says; pairs that do not share the prompt are skipped and counted) or ``rankings`` (prompt and a list of K >= 2
             responses, best first, strings or lists of messages, optional ties in
             ``fields.ranks``; no margin). ``val_path`` is read in the format of ``train_path``;
             after ``setup`` this attribute holds the format ``auto`` picked.
@@ -79,6 +80,12 @@ class PreferenceDataModule(TextDataModule):
         apply_chat_template: render string prompts as a user turn and string responses as the
             assistant turn with the tokenizer's chat template; an error if it has none.
             Conversations are always rendered with it.
+        hh_render: how ``hh_rlhf`` transcripts are rendered (:mod:`rlhf_lit.data.rendering`):
+            ``auto`` reads them as conversations rendered with the tokenizer's chat template when it
+            has one and keeps them as raw strings otherwise (GPT-2), ``chat_template`` always reads
+            them as conversations (an error for a tokenizer without a template), ``raw`` keeps the
+            strings split at the last ``\\n\\nAssistant:``. Applies to every source of the module
+            read as ``hh_rlhf`` (``reference_path`` too). One INFO line says which was used and why.
         max_length: the most tokens of prompt + response + EOS, per sequence.
         max_prompt_length: the most prompt tokens (must be below ``max_length``).
         batch_size: pairs (or rankings) per batch (and reference sequences per reference batch).
@@ -112,6 +119,7 @@ class PreferenceDataModule(TextDataModule):
         max_records: int | None = None,
         skip_invalid: bool = False,
         apply_chat_template: bool = False,
+        hh_render: HHRender = "auto",
         max_length: int = 512,
         max_prompt_length: int = 256,
         batch_size: int = 8,
@@ -133,7 +141,7 @@ class PreferenceDataModule(TextDataModule):
             tokenizer=tokenizer, train_path=train_path, val_path=val_path,
             val_fraction=val_fraction, seed=seed, format=format, fields=fields, split=split,
             subset=subset, max_records=max_records, skip_invalid=skip_invalid, prompt_words=1,
-            apply_chat_template=apply_chat_template, batch_size=batch_size,
+            apply_chat_template=apply_chat_template, hh_render=hh_render, batch_size=batch_size,
             num_workers=num_workers,
         )  # fmt: skip
         check_sft_source("reference", reference_path, reference_format, reference_max_records)
@@ -143,6 +151,7 @@ class PreferenceDataModule(TextDataModule):
         self.reference_dataset: list[dict[str, Any]] | None = None
         self.save_hyperparameters(ignore=["tokenizer", "fields"])
         self._fields_hparam()
+        self._hh_render_hparam()
         if reference_path is None:
             self._record_format("reference_format", None)
 

@@ -13,6 +13,7 @@ from rlhf_lit.data.adapters import Example, Fields
 from rlhf_lit.data.base import TextDataModule, check_sft_source, encode_demonstrations
 from rlhf_lit.data.collate import PromptCollator, SFTCollator
 from rlhf_lit.data.encoding import TextEncoder, truncate_prompt
+from rlhf_lit.data.rendering import HHRender
 from rlhf_lit.data.sampler import PassSampler
 
 
@@ -57,7 +58,7 @@ class PromptDataModule(TextDataModule):
             (the ``fields.prompt`` column, a string or a list of messages), ``messages`` (the
             conversation without its last assistant turn), ``prompt_completion`` (the prompt),
             ``implicit_prompt`` (what chosen and rejected start with), ``hh_rlhf`` (the dialogue
-            up to and including the last ``\\n\\nAssistant:`` of ``chosen``), ``alpaca`` (the
+            of ``chosen`` before its last assistant turn, rendered as ``hh_render`` says), ``alpaca`` (the
             instruction prompt template), ``paragraphs`` (first ``prompt_words`` words),
             ``rankings`` (the ``fields.prompt`` column; the responses are not read). ``val_path``
             is read in the format of ``train_path``.
@@ -71,6 +72,12 @@ class PromptDataModule(TextDataModule):
         apply_chat_template: render each string prompt as a user turn with the generation
             prompt, with the tokenizer's chat template; an error if it has none. Conversations are
             always rendered with it.
+        hh_render: how ``hh_rlhf`` transcripts are rendered (:mod:`rlhf_lit.data.rendering`):
+            ``auto`` reads them as conversations rendered with the tokenizer's chat template when it
+            has one and keeps them as raw strings otherwise (GPT-2), ``chat_template`` always reads
+            them as conversations (an error for a tokenizer without a template), ``raw`` keeps the
+            strings split at the last ``\\n\\nAssistant:``. Applies to every source of the module
+            read as ``hh_rlhf`` (``ptx_path`` too). One INFO line says which was used and why.
         max_prompt_length: the most tokens of a prompt.
         batch_size: prompts per batch (per rollout).
         shuffle: draw the training prompts in a seeded random order per epoch (else in order).
@@ -118,6 +125,7 @@ class PromptDataModule(TextDataModule):
         skip_invalid: bool = False,
         prompt_words: int = 8,
         apply_chat_template: bool = False,
+        hh_render: HHRender = "auto",
         max_prompt_length: int = 256,
         batch_size: int = 8,
         shuffle: bool = True,
@@ -140,7 +148,7 @@ class PromptDataModule(TextDataModule):
             tokenizer=tokenizer, train_path=train_path, val_path=val_path,
             val_fraction=val_fraction, seed=seed, format=format, fields=fields, split=split,
             subset=subset, max_records=max_records, skip_invalid=skip_invalid,
-            prompt_words=prompt_words, apply_chat_template=apply_chat_template,
+            prompt_words=prompt_words, apply_chat_template=apply_chat_template, hh_render=hh_render,
             batch_size=batch_size, num_workers=num_workers,
         )  # fmt: skip
         check_sft_source("ptx", ptx_path, ptx_format, ptx_max_records)
@@ -163,6 +171,7 @@ class PromptDataModule(TextDataModule):
         self.ptx_dataset: list[dict[str, Any]] | None = None
         self.save_hyperparameters(ignore=["tokenizer", "fields"])
         self._fields_hparam()
+        self._hh_render_hparam()
         if ptx_path is None:
             self._record_format("ptx_format", None)
 

@@ -13,6 +13,7 @@ from rlhf_lit.data.base import TextDataModule, encode_demonstrations
 from rlhf_lit.data.chat import AssistantTurns
 from rlhf_lit.data.collate import SFTCollator
 from rlhf_lit.data.encoding import TextEncoder
+from rlhf_lit.data.rendering import HHRender
 
 
 class SFTDataModule(TextDataModule):
@@ -66,6 +67,12 @@ class SFTDataModule(TextDataModule):
         apply_chat_template: render string prompts as a user turn (with the generation prompt)
             and string responses as the assistant turn with the tokenizer's chat template; an
             error if the tokenizer has none. Conversations are always rendered with it.
+        hh_render: how ``hh_rlhf`` transcripts are rendered (:mod:`rlhf_lit.data.rendering`):
+            ``auto`` reads them as conversations rendered with the tokenizer's chat template when it
+            has one and keeps them as raw strings otherwise (GPT-2), ``chat_template`` always reads
+            them as conversations (an error for a tokenizer without a template), ``raw`` keeps the
+            strings split at the last ``\\n\\nAssistant:``. Applies to every source of the module
+            read as ``hh_rlhf``. One INFO line says which was used and why.
         assistant_turns: which assistant turns of a conversation (``messages``) are trained:
             ``all`` of them, or the ``last`` one only (the earlier ones are context).
         max_length: the most tokens of prompt + response + EOS (of a whole conversation).
@@ -96,6 +103,7 @@ class SFTDataModule(TextDataModule):
         skip_invalid: bool = False,
         prompt_words: int = 8,
         apply_chat_template: bool = False,
+        hh_render: HHRender = "auto",
         assistant_turns: AssistantTurns = "all",
         max_length: int = 512,
         max_prompt_length: int = 256,
@@ -112,7 +120,7 @@ class SFTDataModule(TextDataModule):
             tokenizer=tokenizer, train_path=train_path, val_path=val_path,
             val_fraction=val_fraction, seed=seed, format=format, fields=fields, split=split,
             subset=subset, max_records=max_records, skip_invalid=skip_invalid,
-            prompt_words=prompt_words, apply_chat_template=apply_chat_template,
+            prompt_words=prompt_words, apply_chat_template=apply_chat_template, hh_render=hh_render,
             batch_size=batch_size, num_workers=num_workers,
         )  # fmt: skip
         if assistant_turns not in ("all", "last"):
@@ -121,6 +129,7 @@ class SFTDataModule(TextDataModule):
         self.assistant_turns = assistant_turns
         self.save_hyperparameters(ignore=["tokenizer", "fields"])
         self._fields_hparam()
+        self._hh_render_hparam()
         if assistant_turns == "all":
             # stored only when set, so that a checkpoint written before the option resumes (its check compares them)
             del self.hparams["assistant_turns"]

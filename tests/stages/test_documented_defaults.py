@@ -24,7 +24,7 @@ from assets_paths import ROOT
 
 from rlhf_lit.commands.best_of_n_command import build_parser as best_of_n_parser
 from rlhf_lit.commands.evaluate_command import build_parser as evaluate_parser
-from rlhf_lit.data import Fields, PromptDataModule
+from rlhf_lit.data import Fields, PreferenceDataModule, PromptDataModule, SFTDataModule
 from rlhf_lit.functional import grpo_advantages, kl_loss, reinforce_pp_advantages
 from rlhf_lit.models.lora import LoRAConfig
 from rlhf_lit.rewards.shaping import regex_format
@@ -106,6 +106,8 @@ QUOTED: list[Quoted] = [
       for stage in STAGES),
     *(Quoted("docs/data.md", "`missing_pad` policy (`add` by default", stage, "missing_pad", "add") for stage in STAGES),
     Quoted("docs/data.md", "`fields.responses`, default `responses`", Fields, "responses", "responses"),
+    *(Quoted("docs/data.md", "`auto` (default) | `chat_template` when the tokenizer has a chat template", data,
+             "hh_render", "auto") for data in (SFTDataModule, PreferenceDataModule, PromptDataModule)),
     # Reward-model ensembles.
     Quoted("docs/reward_model.md", "`members: 1` (the default) is the single reward model", RewardModelModule,
            "ensemble.members", 1),  # fmt: skip
