@@ -93,8 +93,8 @@ def masked_mean_var(
 
     Raises:
         ValueError: the mask selects nothing, or ``unbiased`` with a single selected element
-        (counted over every process, so every process raises together). The check reads the
-        count on the host: call this once per rollout, not per token.
+            (counted over every process, so every process raises together). The check reads the
+            count on the host: call this once per rollout, not per token.
     """
     zero = torch.zeros((), dtype=x.dtype, device=x.device)  # ()
     # torch.where rather than x * mask: garbage (inf / nan) in padding must not leak into the sum.

@@ -322,3 +322,21 @@ def test_with_eos_and_a_missing_eos_penalty_are_refused_together():
         RewardConfig(unfinished="with_eos", missing_eos_penalty=-1.0)
     with pytest.raises(ValueError, match="reward.unfinished must be one of as_sampled, with_eos"):
         RewardConfig(unfinished="eos")
+
+
+def test_a_positive_missing_eos_penalty_is_refused_because_it_replaces_the_score():
+    # TRL subtracts a positive missing_eos_penalty; here the value replaces the score, so a ported
+    # 1.0 would pay unfinished responses above the normalised RM's mean of 0.
+    with pytest.raises(ValueError) as refused:
+        RewardConfig(missing_eos_penalty=1.0)
+    assert str(refused.value) == (
+        "reward.missing_eos_penalty=1.0 is positive: it REPLACES the score of a response without EOS (TRL's "
+        "missing_eos_penalty is subtracted from it instead), so a positive value pays unfinished responses; give the "
+        "score they get instead, e.g. -1.0, or null")
+    with pytest.raises(ValueError, match=r"missing_eos_penalty=1e-06 is positive"):
+        RewardConfig(missing_eos_penalty=1e-6)
+    # Zero and below are scores an unfinished response may be given: they replace its score.
+    raw, ended = torch.tensor([2.0, 3.0]), torch.tensor([True, False])
+    for penalty in (0.0, -1.0):
+        shaped = RewardConfig(missing_eos_penalty=penalty).shape(raw, ended)
+        assert shaped.tolist() == [2.0, penalty]

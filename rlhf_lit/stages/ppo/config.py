@@ -205,7 +205,9 @@ class RewardConfig:
         clip: clip the (biased, whitened) score to ``[-clip, clip]``; None = no clipping.
         missing_eos_penalty: when set, a response that never produced EOS gets this score
             INSTEAD of its RM score (replace, as in N+ details #9, not add: a truncated response
-            is not a response the RM was trained to judge). None = no penalty.
+            is not a response the RM was trained to judge). None = no penalty. Must be <= 0:
+            TRL's option of the same name is a positive amount subtracted from the score, so a
+            ported ``1.0`` here would pay every unfinished response +1 (docs/from-trl.md).
         unfinished: how the reward model reads a response without EOS
             (:data:`~rlhf_lit.models.scoring.UnfinishedScoring`):
             ``as_sampled`` or ``with_eos``. Only ``as_sampled`` goes with a ``missing_eos_penalty``,
@@ -258,6 +260,14 @@ class RewardConfig:
             raise ValueError(f"reward.clip must be > 0 or null, got {self.clip}")
         if self.unfinished not in get_args(UnfinishedScoring):
             raise ValueError(f"reward.unfinished must be one of {', '.join(get_args(UnfinishedScoring))}; got {self.unfinished!r}")
+        if self.missing_eos_penalty is not None and self.missing_eos_penalty > 0:
+            # Refused, not warned: the sign is the whole meaning of the setting, and a positive
+            # score is above the normalised RM's mean of 0, a reward for running out of tokens.
+            raise ValueError(
+                f"reward.missing_eos_penalty={self.missing_eos_penalty!r} is positive: it REPLACES the score of a "
+                "response without EOS (TRL's missing_eos_penalty is subtracted from it instead), so a positive value "
+                "pays unfinished responses; give the score they get instead, e.g. -1.0, or null"
+            )
         if self.unfinished == "with_eos" and self.missing_eos_penalty is not None:
             raise ValueError(
                 "reward.unfinished='with_eos' scores responses without EOS, and reward.missing_eos_penalty replaces "
