@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:  # annotations only: importing this module loads no model code
+    from rlhf_lit.data.conversation import TextOrConversation
+    from rlhf_lit.data.prompt_rendering import ChatTemplate, RenderedPrompts
     from rlhf_lit.models.generation import SamplingConfig
     from rlhf_lit.models.scoring import UnfinishedScoring
 
@@ -124,9 +126,23 @@ def load_models(
     return models
 
 
+def policy_prompts(
+    tokenizer, prompts: Sequence[TextOrConversation], chat_template: ChatTemplate, repeat: int = 1
+) -> RenderedPrompts:
+    """``prompts`` as the policy reads them (:mod:`rlhf_lit.data.prompt_rendering`, ``--chat-template``),
+    each repeated ``repeat`` times as consecutive rows; logs the one line saying how they were rendered."""
+    from rlhf_lit.data.prompt_rendering import RenderedPrompts, render_prompts, rendering_line, resolve_chat_template
+
+    rendering = resolve_chat_template(chat_template, tokenizer, "--chat-template")
+    log.info("%s", rendering_line("--prompts", rendering, prompts))
+    texts, ids = render_prompts(tokenizer, prompts, rendering)
+    return RenderedPrompts([t for t in texts for _ in range(repeat)], [x for x in ids for _ in range(repeat)])
+
+
 @dataclass
 class Samples:
-    """Per-response measurements, row ``i`` answering ``prompts[i]`` (KL and RM only with those models)."""
+    """Per-response measurements, row ``i`` answering ``prompts[i]`` (the prompt's text as the policy read
+    it; KL and RM only with those models)."""
 
     prompts: list[str]
     responses: list[str] = field(default_factory=list)
@@ -138,14 +154,15 @@ class Samples:
 
 def sample_and_measure(
     models: Models,
-    prompts: Sequence[str],
+    prompts: RenderedPrompts,
     sampling: SamplingConfig,
     *,
     batch_size: int,
     seed: int,
     unfinished: UnfinishedScoring = "as_sampled",
 ) -> tuple[Samples, float]:
-    """Sample one response per entry of ``prompts`` and measure it; returns ``(samples, seconds sampling)``.
+    """Sample one response per row of ``prompts`` (:func:`policy_prompts`: the policy reads its ids) and
+    measure it; returns ``(samples, seconds sampling)``.
 
     Lengths count response tokens, EOS included. KL needs ``models.reference``, RM scores
     ``models.reward_model`` (non-finite scores are refused), which reads a response without EOS
@@ -160,9 +177,9 @@ def sample_and_measure(
 
     eos_id = stop_token_ids(models.policy, models.tokenizer)[0]  # appended to cut responses for the RM (with_eos)
     t0 = time.perf_counter()
-    batches = sample_batches(models.policy, models.tokenizer, prompts, sampling, batch_size=batch_size, seed=seed)
+    batches = sample_batches(models.policy, models.tokenizer, prompts.ids, sampling, batch_size=batch_size, seed=seed)
     seconds = time.perf_counter() - t0
-    out = Samples(list(prompts))
+    out = Samples(list(prompts.texts))
     out.kls = [] if models.reference is not None else None
     out.rm_scores = [] if models.reward_model is not None else None
     for gen in batches:
