@@ -128,7 +128,8 @@ class OnlineGeneration(Callback):
         else:
             columns = {"score": scores.cpu().tolist()}
         if self.judge is not None:
-            columns["judge"] = self.judge(judge_texts(prompts.texts, responses, self.judge_reads))  # checked list[float]
+            texts = judge_texts(prompts.texts, responses, self.judge_reads)  # the rendered prompt, when it reads one
+            columns["judge"] = self.judge(texts)  # checked list[float], one per text
         return responses, columns
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx) -> None:

@@ -74,7 +74,9 @@ def rendering_line(where: str, rendering: PromptRendering, prompts: Sequence[Tex
     return f"{where}: " + "; ".join(parts)
 
 
-def render_prompts(tokenizer: Any, prompts: Sequence[TextOrConversation], rendering: PromptRendering) -> RenderedPrompts:
+def render_prompts(
+    tokenizer: Any, prompts: Sequence[TextOrConversation], rendering: PromptRendering
+) -> RenderedPrompts:
     """``prompts`` rendered and tokenized by the rule of the module docstring (a conversation with a
     tokenizer that has no template: the data modules' one error)."""
     encoder = TextEncoder(tokenizer, apply_chat_template=rendering.chat)

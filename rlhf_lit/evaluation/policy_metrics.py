@@ -67,8 +67,8 @@ def evaluate_policy(
         judge), ``rm_mean``/``rm_std`` (with an RM), ``kl_mean``/``kl_std`` (with a reference),
         ``distinct_1``, ``distinct_2``, ``length_mean`` (response tokens, EOS included),
         ``ended_fraction``, ``num_samples``; stds are population stds over responses. Each
-        sample: ``prompt_index``, ``prompt`` (as given), ``prompt_text`` (as the policy read it), ``response``, ``judge``, ``rm``, ``kl`` (those
-        measured), ``length``, ``ended``.
+        sample: ``prompt_index``, ``prompt`` (as given), ``prompt_text`` (as the policy read it),
+        ``response``, ``judge``, ``rm``, ``kl`` (those measured), ``length``, ``ended``.
     """
     from rlhf_lit.evaluation.diversity import distinct_n
     from rlhf_lit.models.generation import SamplingConfig

@@ -49,7 +49,9 @@ def read_prompts(path: str, fmt: PromptFormat = "auto", field_name: str = "promp
                 prompts.append(_conversation(path, number, field_name, prompt))
                 continue
             if not isinstance(prompt, str) or not prompt.strip():
-                raise ValueError(f"{path} line {number}: {field_name!r} is not a non-empty string or a list of messages")
+                raise ValueError(
+                    f"{path} line {number}: {field_name!r} is not a non-empty string or a list of messages"
+                )
             prompts.append(prompt)
     if not prompts:
         raise ValueError(f"{path}: no prompts in the file")

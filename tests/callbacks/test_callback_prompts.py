@@ -38,8 +38,8 @@ def stand_in(path) -> SimpleNamespace:
         fed.extend(row[m.bool()].tolist() for row, m in zip(ids, mask))  # the rows the reward model reads
         return torch.zeros(ids.shape[0])
 
-    return SimpleNamespace(policy=load_causal_lm(str(path), tokenizer).eval(), tokenizer=tokenizer, fed=fed,
-                           sampling=SamplingConfig(max_new_tokens=3), device=torch.device("cpu"), score=score)  # fmt: skip
+    return SimpleNamespace(policy=load_causal_lm(str(path), tokenizer).eval(), tokenizer=tokenizer, fed=fed, score=score,
+                           sampling=SamplingConfig(max_new_tokens=3), device=torch.device("cpu"))  # fmt: skip
 
 
 def ids_of(tokenizer, text: str) -> list[int]:
@@ -63,8 +63,9 @@ def test_online_generation_renders_its_prompts_and_its_judge_reads_them(caplog):
 @pytest.mark.parametrize("path", [STORIES260K_CHAT, STORIES260K], ids=["never", "no template"])
 def test_online_generation_keeps_plain_strings_with_never_or_without_a_template(path):
     module = stand_in(path)
+    option = "never" if path == STORIES260K_CHAT else "auto"
     callback = OnlineGeneration(["Once upon a time"], judge="test_callback_prompts:characters",
-                                judge_reads="query_response", chat_template="never" if path == STORIES260K_CHAT else "auto")  # fmt: skip
+                                judge_reads="query_response", chat_template=option)  # fmt: skip
     responses, columns = callback.sample(module)
     prompt = ids_of(module.tokenizer, "Once upon a time")
     assert module.fed[0][: len(prompt)] == prompt
@@ -74,8 +75,9 @@ def test_online_generation_keeps_plain_strings_with_never_or_without_a_template(
 def test_the_guard_held_out_prompts_follow_the_same_rule():
     module = stand_in(STORIES260K_CHAT)
     rendered = ids_of(module.tokenizer, "User: Once upon a time\nAssistant:")
-    guard = OverOptimisationGuard(held_out=HeldOut(prompts=["Once upon a time"], judge="test_callback_prompts:characters",
-                                                   judge_reads="query_response"))  # fmt: skip
+    held_out = HeldOut(prompts=["Once upon a time"], judge="test_callback_prompts:characters",
+                       judge_reads="query_response")  # fmt: skip
+    guard = OverOptimisationGuard(held_out=held_out)
     responses, columns = guard.sampler.sample(module)
     assert module.fed[0][: len(rendered)] == rendered
     assert columns["judge"] == [float(len(RENDERED + responses[0]))]

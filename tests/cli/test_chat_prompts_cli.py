@@ -119,7 +119,8 @@ def test_best_of_n_with_never_keeps_plain_strings(tmp_path, fed, stories_rm):
     (tmp_path / "p.txt").write_text("The cat\n", encoding="utf-8")
     out = tmp_path / "bon.json"
     result = run_main("best-of-n", "--policy", CHAT, "--reward-model", stories_rm, "--prompts", str(tmp_path / "p.txt"),
-                      "--n", "1", "--max-new-tokens", "4", "--chat-template", "never", "--out", str(out), cwd=tmp_path)  # fmt: skip
+                      "--n", "1", "--max-new-tokens", "4", "--chat-template", "never", "--out", str(out),
+                      cwd=tmp_path)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert fed == [ids_of("The cat")]
     assert json.loads(out.read_text())["prompt_texts"] == ["The cat"]
