@@ -10,7 +10,9 @@ for every sample of a prompt, and the policy cannot change it), unless told to r
 response (:data:`JudgeReads`, ``--judge-reads`` of the commands, ``judge_reads`` of the
 callbacks): a judge that needs the prompt, such as a held-out reward model wrapped as a function,
 then reads the prompt as the policy read it (rendered with its chat template when it was,
-:mod:`rlhf_lit.data.prompt_rendering`) followed by the response, the text the reward model scored.
+:mod:`rlhf_lit.data.prompt_rendering`) followed by the response, the text the reward model scored:
+the template's special tokens are in it as text, so a judge that tokenizes it passes
+``add_special_tokens=False``.
 """
 
 from __future__ import annotations

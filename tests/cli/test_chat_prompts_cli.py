@@ -25,6 +25,16 @@ def characters(texts: list[str]) -> list[float]:
     return [float(len(t)) for t in texts]
 
 
+TOKENIZED: list[list[int]] = []
+
+
+def reward_model_like(texts: list[str]) -> list[float]:
+    """A judge that tokenizes what it reads as a reward model would (``add_special_tokens=False``: the
+    template's specials are in the text) and keeps the ids in :data:`TOKENIZED`."""
+    TOKENIZED.extend(load_tokenizer(CHAT)(t, add_special_tokens=False)["input_ids"] for t in texts)
+    return [0.0] * len(texts)
+
+
 @pytest.fixture
 def fed(monkeypatch) -> list[list[int]]:
     """The prompt ids (left padding removed) of every row the library hands to ``generate``."""
@@ -67,6 +77,15 @@ def test_evaluate_renders_string_prompts_with_the_chat_template_by_default(tmp_p
     assert data["config"]["chat_template"] == "auto"
     assert (f"--prompts: 2 string prompt(s) rendered as one user turn with the chat template (--chat-template auto, "
             f"and the tokenizer '{CHAT}' has a chat template)") in stderr  # fmt: skip
+
+
+def test_a_judge_reading_the_prompt_gets_the_ids_the_policy_read(tmp_path, fed):
+    TOKENIZED.clear()
+    evaluate(tmp_path, CHAT, '{"prompt": [{"role": "system", "content": "Be kind."}, {"role": "user", "content": '
+             '"Tell a story"}]}\n', "--judge", "test_chat_prompts_cli:reward_model_like", "--judge-reads",
+             "query_response")  # fmt: skip
+    assert fed == [ids_of("System: Be kind.\nUser: Tell a story\nAssistant:")]
+    assert TOKENIZED[0][: len(fed[0])] == fed[0]  # the rendered prompt, its <s> once, then the response
 
 
 def test_chat_template_never_keeps_plain_strings(tmp_path, fed):
