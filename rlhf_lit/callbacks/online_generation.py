@@ -21,6 +21,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from rlhf_lit.data.prompt_rendering import (
     ChatTemplate,
     RenderedPrompts,
+    check_chat_template,
     render_prompts,
     rendering_line,
     resolve_chat_template,
@@ -59,7 +60,8 @@ class OnlineGeneration(Callback):
     All ranks generate (so a sharded policy keeps its collectives in step); rank 0 logs.
 
     Args:
-        prompts: the fixed prompts (plain text, encoded with the module's tokenizer).
+        prompts: the fixed prompts (plain text, rendered and encoded with the module's tokenizer as
+            ``chat_template`` says).
         every_n_rollouts: how often, in rollouts (after rollout n when ``n % every_n_rollouts == 0``).
         sampling: sampling settings; None = the module's.
         seed: seed of this callback's own generator (the same samples each time for a fixed policy).
@@ -89,6 +91,7 @@ class OnlineGeneration(Callback):
         if every_n_rollouts < 1:
             raise ValueError(f"every_n_rollouts must be >= 1, got {every_n_rollouts}")
         judge_texts([], [], judge_reads)  # an unknown judge_reads: the one message, at construction
+        check_chat_template(chat_template, f"{type(self).__name__} chat_template")  # before fit, not at rollout n
         self.prompts, self.every_n_rollouts, self.sampling = list(prompts), every_n_rollouts, sampling
         self.seed, self.judge_reads, self.tag, self.chat_template = seed, judge_reads, tag, chat_template
         self.judge = load_judge(judge) if judge else None

@@ -42,12 +42,17 @@ class RenderedPrompts(NamedTuple):
     ids: list[list[int]]
 
 
+def check_chat_template(option: str, name: str = "chat_template") -> None:
+    """Refuse a value that is not a :data:`ChatTemplate` (``ValueError`` naming the option ``name``)."""
+    if option not in CHAT_TEMPLATE_CHOICES:
+        raise ValueError(f"{name} must be one of {', '.join(CHAT_TEMPLATE_CHOICES)}; got {option!r}")
+
+
 def resolve_chat_template(option: ChatTemplate, tokenizer: Any, name: str = "chat_template") -> PromptRendering:
     """``option`` (given as ``name``, e.g. ``--chat-template``) for ``tokenizer``; ``ValueError`` naming
     ``name`` for an unknown value, or ``always`` with a tokenizer that has no chat template."""
+    check_chat_template(option, name)
     template, tok = has_chat_template(tokenizer), tokenizer_name(tokenizer)
-    if option not in CHAT_TEMPLATE_CHOICES:
-        raise ValueError(f"{name} must be one of {', '.join(CHAT_TEMPLATE_CHOICES)}; got {option!r}")
     if option == "never":
         return PromptRendering(False, f"{name} never")
     if option == "always":

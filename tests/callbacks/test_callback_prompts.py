@@ -88,9 +88,11 @@ def test_the_guard_held_out_prompts_follow_the_same_rule():
     assert module.fed[0][: len(prompt)] == prompt
 
 
-def test_always_without_a_template_names_the_option():
+def test_bad_options_name_the_option():
     callback = OnlineGeneration(["Once upon a time"], chat_template="always")
     with pytest.raises(ValueError, match="OnlineGeneration chat_template always, but the tokenizer"):
         callback.sample(stand_in(STORIES260K))
     with pytest.raises(ValueError, match="judge_reads must be one of response, query_response"):
         OnlineGeneration(["x"], judge_reads="prompt")
+    with pytest.raises(ValueError, match="OnlineGeneration chat_template must be one of auto, always, never; got 'yes'"):
+        OnlineGeneration(["x"], chat_template="yes")  # at construction, before any rollout
