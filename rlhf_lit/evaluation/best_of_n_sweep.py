@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from rlhf_lit.evaluation.judges import Judge, JudgeReads, judge_texts
-from rlhf_lit.evaluation.samples import check_positive, load_models, policy_prompts, sample_and_measure
+from rlhf_lit.evaluation.samples import check_positive, load_models, sample_and_measure
 from rlhf_lit.functional.best_of_n import BestOfNEstimator, best_of_n_kl, best_of_n_weights
 
 if TYPE_CHECKING:  # annotations only: importing this module loads no model code
@@ -134,10 +134,10 @@ def best_of_n(
         raise ValueError("no prompts to sample from")
     sampling = sampling or SamplingConfig(max_new_tokens=48)
     t0 = time.perf_counter()
-    models = load_models(policy, reward_model=reward_model, tokenizer=tokenizer, device=device)
+    models = load_models(policy, reward_model=reward_model, tokenizer=tokenizer, device=device, prompts=prompts,
+                         chat_template=chat_template, repeat=m)  # prompt p's samples: rows [p*M, (p+1)*M)
     t_loaded = time.perf_counter()
-    repeated = policy_prompts(models.tokenizer, prompts, chat_template, m)  # prompt p's samples: rows [p*M, (p+1)*M)
-    samples, t_generate = sample_and_measure(models, repeated, sampling, batch_size=batch_size, seed=seed,
+    samples, t_generate = sample_and_measure(models, models.prompts, sampling, batch_size=batch_size, seed=seed,
                                              unfinished=unfinished)  # fmt: skip
     t_scored = time.perf_counter()
     judge_list = judge(judge_texts(samples.prompts, samples.responses, judge_reads)) if judge is not None else None

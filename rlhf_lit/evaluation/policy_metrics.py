@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from rlhf_lit.evaluation.judges import Judge, JudgeReads, judge_texts
-from rlhf_lit.evaluation.samples import check_positive, load_models, mean_std, policy_prompts, sample_and_measure
+from rlhf_lit.evaluation.samples import check_positive, load_models, mean_std, sample_and_measure
 
 if TYPE_CHECKING:  # annotations only: importing this module loads no model code
     from rlhf_lit.data.conversation import TextOrConversation
@@ -78,12 +78,12 @@ def evaluate_policy(
         raise ValueError("no prompts to evaluate")
     sampling = sampling or SamplingConfig(max_new_tokens=48)
     t0 = time.perf_counter()
-    models = load_models(policy, reference=reference, reward_model=reward_model, tokenizer=tokenizer, device=device)
+    models = load_models(policy, reference=reference, reward_model=reward_model, tokenizer=tokenizer, device=device,
+                         prompts=prompts, chat_template=chat_template, repeat=samples_per_prompt)  # fmt: skip
     t_loaded = time.perf_counter()
 
     repeated = [p for p in prompts for _ in range(samples_per_prompt)]
-    rendered = policy_prompts(models.tokenizer, prompts, chat_template, samples_per_prompt)
-    samples, t_generate = sample_and_measure(models, rendered, sampling, batch_size=batch_size, seed=seed,
+    samples, t_generate = sample_and_measure(models, models.prompts, sampling, batch_size=batch_size, seed=seed,
                                              unfinished=unfinished)  # fmt: skip
     t_scored = time.perf_counter()
     judge_scores = judge(judge_texts(samples.prompts, samples.responses, judge_reads)) if judge is not None else None

@@ -89,12 +89,14 @@ def check_reward_model(path: str) -> None:
 
 @dataclass
 class Models:
-    """The models of an evaluation, loaded once: the policy, its tokenizer, optional reference and RM."""
+    """The models of an evaluation, loaded once: the policy, its tokenizer, optional reference and RM, and
+    the prompts as the policy reads them (:func:`policy_prompts`; None when none were given)."""
 
     tokenizer: object
     policy: torch.nn.Module
     reference: torch.nn.Module | None = None
     reward_model: torch.nn.Module | None = None
+    prompts: RenderedPrompts | None = None
 
 
 def load_models(
@@ -104,18 +106,24 @@ def load_models(
     reward_model: str | None = None,
     tokenizer: str | None = None,
     device: str = "cpu",
+    prompts: Sequence[TextOrConversation] | None = None,
+    chat_template: ChatTemplate = "auto",
+    repeat: int = 1,
 ) -> Models:
     """Load the policy (with its tokenizer, left padding), and the reference and RM when given.
 
     The reference must share the policy's vocabulary (KL compares the same token ids) and so must
     the reward model (it reads the policy's ids as they are); both are refused otherwise.
+    ``prompts`` are rendered with the tokenizer before any weights load (:func:`policy_prompts`, each
+    ``repeat`` times), so a prompt or ``chat_template`` the tokenizer cannot serve is refused first.
     """
     from rlhf_lit.models import load_causal_lm
     from rlhf_lit.models.reward_ensemble import load_any_reward_model
     from rlhf_lit.tokenizer import check_same_vocabulary, load_tokenizer
 
     tok = load_tokenizer(tokenizer or policy, padding_side="left", what="--tokenizer" if tokenizer else "--policy")
-    models = Models(tok, load_causal_lm(policy, tok).to(device).eval())
+    rendered = None if prompts is None else policy_prompts(tok, prompts, chat_template, repeat)
+    models = Models(tok, load_causal_lm(policy, tok).to(device).eval(), prompts=rendered)
     if reference is not None:
         check_same_tokenizer(tok, reference)
         models.reference = load_causal_lm(reference, tok).to(device).eval()

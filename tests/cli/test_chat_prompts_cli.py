@@ -105,7 +105,13 @@ def test_a_policy_without_a_template_is_unchanged(tmp_path, fed, gpt2_dir):
     assert fed == [[7454, 2402, 257, 640]]  # GPT-2's ids of "Once upon a time", no specials
 
 
-def test_always_without_a_template_and_messages_without_one_are_refused(tmp_path):
+def test_always_without_a_template_and_messages_without_one_are_refused_before_any_weights(tmp_path, monkeypatch):
+    import rlhf_lit.models
+
+    def no_weights(*args, **kwargs):
+        raise AssertionError("weights were loaded before the prompts were rendered")
+
+    monkeypatch.setattr(rlhf_lit.models, "load_causal_lm", no_weights)
     (tmp_path / "p.txt").write_text("Once upon a time\n", encoding="utf-8")
     result = run_main("evaluate", "--policy", STORIES, "--prompts", str(tmp_path / "p.txt"),
                       "--chat-template", "always", cwd=tmp_path)  # fmt: skip
