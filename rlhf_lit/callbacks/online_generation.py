@@ -5,21 +5,35 @@ The callback works with any module that has ``policy``, ``tokenizer``, ``samplin
 module also has ``reward_model_inputs(generated)`` (PPO), the score reads the rows it returns, as the
 rollout's reward does (``reward.unfinished``).
 It samples with its own seed through :func:`generate_responses`, which never touches the
-global RNG, so the training stream is the same with and without the callback.
+global RNG, so the training stream is the same with and without the callback. Its prompts reach the
+policy by the rule of :mod:`rlhf_lit.data.prompt_rendering` (``chat_template``: rendered as one user
+turn with the tokenizer's chat template when it has one, by default), logged once.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+import logging
 
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
-from lightning.pytorch.utilities import rank_zero_only
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
+
+from rlhf_lit.data.prompt_rendering import (
+    ChatTemplate,
+    RenderedPrompts,
+    check_chat_template,
+    render_prompts,
+    rendering_line,
+    resolve_chat_template,
+)
 
 # The project's one judge loader; re-exported here for ``rlhf_lit.callbacks.load_judge``.
 from rlhf_lit.evaluation import load_judge, response_texts
+from rlhf_lit.evaluation.judges import JudgeReads, judge_texts
 from rlhf_lit.functional import member_std
-from rlhf_lit.models.generation import SamplingConfig, generate_responses
+from rlhf_lit.models.generation import SamplingConfig, generate_responses, left_padded
+
+log = logging.getLogger(__name__)
 
 __all__ = ["OnlineGeneration", "load_judge", "markdown_table"]
 
@@ -46,15 +60,19 @@ class OnlineGeneration(Callback):
     All ranks generate (so a sharded policy keeps its collectives in step); rank 0 logs.
 
     Args:
-        prompts: the fixed prompts (plain text, encoded with the module's tokenizer).
+        prompts: the fixed prompts (plain text, rendered and encoded with the module's tokenizer as
+            ``chat_template`` says).
         every_n_rollouts: how often, in rollouts (after rollout n when ``n % every_n_rollouts == 0``).
         sampling: sampling settings; None = the module's.
         seed: seed of this callback's own generator (the same samples each time for a fixed policy).
         judge: optional extra scorer ``"module:function"`` taking a list of texts, returning floats
             (loaded with :func:`rlhf_lit.evaluation.load_judge`, e.g.
             ``rlhf_lit.evaluation.judges:vader``).
-        judge_reads: what the judge reads: the response alone or prompt + response.
+        judge_reads: what the judge reads: the response alone or prompt (as the policy read it,
+            rendered when it was) + response (:data:`~rlhf_lit.evaluation.judges.JudgeReads`).
         tag: TensorBoard tag of the text table (scalars go under ``{tag}/``).
+        chat_template: whether the prompts are rendered as one user turn with the module tokenizer's chat
+            template (:data:`~rlhf_lit.data.prompt_rendering.ChatTemplate`): ``auto`` when it has one.
     """
 
     def __init__(
@@ -64,28 +82,39 @@ class OnlineGeneration(Callback):
         sampling: SamplingConfig | None = None,
         seed: int = 1234,
         judge: str | None = None,
-        judge_reads: Literal["response", "query_response"] = "response",
+        judge_reads: JudgeReads = "response",
         tag: str = "samples",
+        chat_template: ChatTemplate = "auto",
     ) -> None:
         if not prompts:
             raise ValueError("OnlineGeneration needs at least one prompt")
         if every_n_rollouts < 1:
             raise ValueError(f"every_n_rollouts must be >= 1, got {every_n_rollouts}")
-        if judge_reads not in ("response", "query_response"):
-            raise ValueError(f"judge_reads must be 'response' or 'query_response', got {judge_reads!r}")
+        judge_texts([], [], judge_reads)  # an unknown judge_reads: the one message, at construction
+        check_chat_template(chat_template, f"{type(self).__name__} chat_template")  # before fit, not at rollout n
         self.prompts, self.every_n_rollouts, self.sampling = list(prompts), every_n_rollouts, sampling
-        self.seed, self.judge_reads, self.tag = seed, judge_reads, tag
+        self.seed, self.judge_reads, self.tag, self.chat_template = seed, judge_reads, tag, chat_template
         self.judge = load_judge(judge) if judge else None
         self.last_table: str | None = None
+        self._rendered: RenderedPrompts | None = None
+
+    def rendered(self, tokenizer) -> RenderedPrompts:
+        """The prompts as the policy reads them, rendered once (the tokenizer is the module's, known at fit)."""
+        if self._rendered is None:
+            rendering = resolve_chat_template(self.chat_template, tokenizer, f"{type(self).__name__} chat_template")
+            rank_zero_info(rendering_line(f"{type(self).__name__} ({self.tag})", rendering, self.prompts))
+            self._rendered = render_prompts(tokenizer, self.prompts, rendering)
+        return self._rendered
 
     @torch.no_grad()
     def sample(self, pl_module: LightningModule) -> tuple[list[str], dict[str, list[float]]]:
         """Responses to the fixed prompts and their scores (RM, and the judge when set)."""
         tokenizer = pl_module.tokenizer
-        encoded = tokenizer(self.prompts, return_tensors="pt", padding=True)  # left padded by the module
+        prompts = self.rendered(tokenizer)
+        input_ids, attention_mask = left_padded(prompts.ids, tokenizer.pad_token_id)
         generated = generate_responses(
-            pl_module.policy, encoded["input_ids"].to(pl_module.device),
-            encoded["attention_mask"].to(pl_module.device), self.sampling or pl_module.sampling,
+            pl_module.policy, input_ids.to(pl_module.device),
+            attention_mask.to(pl_module.device), self.sampling or pl_module.sampling,
             eos_token_id=getattr(pl_module, "stop_ids", tokenizer.eos_token_id), pad_token_id=tokenizer.pad_token_id,
             generator=torch.Generator().manual_seed(self.seed),
         )  # fmt: skip
@@ -102,7 +131,7 @@ class OnlineGeneration(Callback):
         else:
             columns = {"score": scores.cpu().tolist()}
         if self.judge is not None:
-            texts = responses if self.judge_reads == "response" else [p + r for p, r in zip(self.prompts, responses)]
+            texts = judge_texts(prompts.texts, responses, self.judge_reads)  # the rendered prompt, when it reads one
             columns["judge"] = self.judge(texts)  # checked list[float], one per text
         return responses, columns
 

@@ -87,14 +87,14 @@ def main(argv: Sequence[str]) -> int:
     result = best_of_n(
         args.policy, args.reward_model, prompts, ns, num_samples=m, judge=judge, estimator=args.estimator,
         sampling=sampling, batch_size=args.batch_size, seed=args.seed, tokenizer=args.tokenizer, device=args.device,
-        unfinished=args.unfinished,
+        unfinished=args.unfinished, judge_reads=args.judge_reads, chat_template=args.chat_template,
     )  # fmt: skip
     result = {
         WRITTEN_BY_KEY: "rlhf-lit best-of-n",
         "config": {
             "policy": args.policy, "reward_model": args.reward_model, "judge": args.judge, "prompts": args.prompts,
             "num_prompts": len(prompts), "ns": ns, "num_samples": m, "estimator": args.estimator,
-            "unfinished": args.unfinished,
+            "unfinished": args.unfinished, "judge_reads": args.judge_reads, "chat_template": args.chat_template,
             "tie_break": "equal RM scores: the sample drawn first wins", "sampling": dataclasses.asdict(sampling),
             "batch_size": args.batch_size, "seed": args.seed, "tokenizer": args.tokenizer, "device": args.device,
         },  # fmt: skip

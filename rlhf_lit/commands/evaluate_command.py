@@ -65,7 +65,8 @@ def main(argv: Sequence[str]) -> int:
     result = evaluate_policy(
         args.policy, prompts, reference=args.reference, reward_model=args.reward_model, judge=judge,
         samples_per_prompt=args.samples_per_prompt, sampling=sampling, batch_size=args.batch_size, seed=args.seed,
-        tokenizer=args.tokenizer, device=args.device, unfinished=args.unfinished,
+        tokenizer=args.tokenizer, device=args.device, unfinished=args.unfinished, judge_reads=args.judge_reads,
+        chat_template=args.chat_template,
     )  # fmt: skip
     result = {
         WRITTEN_BY_KEY: "rlhf-lit evaluate",
@@ -73,7 +74,7 @@ def main(argv: Sequence[str]) -> int:
             "policy": args.policy, "reference": args.reference, "reward_model": args.reward_model,
             "judge": args.judge, "prompts": args.prompts, "num_prompts": len(prompts),
             "samples_per_prompt": args.samples_per_prompt, "sampling": dataclasses.asdict(sampling),
-            "unfinished": args.unfinished,
+            "unfinished": args.unfinished, "judge_reads": args.judge_reads, "chat_template": args.chat_template,
             "batch_size": args.batch_size, "seed": args.seed, "tokenizer": args.tokenizer, "device": args.device,
         },  # fmt: skip
         **result,

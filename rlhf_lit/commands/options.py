@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from typing import get_args
 
 from rlhf_lit.artifacts import WRITTEN_BY_KEY, json_file_state, write_json_atomically  # noqa: F401 (WRITTEN_BY_KEY: the commands stamp their JSON with it)
 from rlhf_lit.evaluation import samples
@@ -49,14 +50,24 @@ def add_common_options(parser: argparse.ArgumentParser, *, max_new_tokens: int, 
     """Options both commands take: prompts, tokenizer, sampling, seed, device, output."""
     from rlhf_lit.evaluation.judges import DEFAULT_JUDGE
 
+    from rlhf_lit.data.prompt_rendering import CHAT_TEMPLATE_CHOICES
+    from rlhf_lit.evaluation.judges import JudgeReads
+
     parser.add_argument("--prompts", required=True, metavar="FILE",
-                        help="prompts: one per line, or JSONL (*.jsonl) with the prompt in --prompt-field")
+                        help="prompts: one per line, or JSONL (*.jsonl) with the prompt in --prompt-field (a string, "
+                        "or a list of messages ending with the user's turn)")
+    parser.add_argument("--chat-template", choices=CHAT_TEMPLATE_CHOICES, default="auto",
+                        help="render string prompts as one user turn with the policy's chat template: auto (when its "
+                        "tokenizer has one, as the data's hh_render), always, never; conversations always are")
     parser.add_argument("--prompt-field", default="prompt", help="JSONL field holding the prompt")
     parser.add_argument("--prompt-format", choices=["auto", "lines", "jsonl"], default="auto",
                         help="auto: *.jsonl is JSONL, anything else one prompt per line")
     parser.add_argument("--max-prompts", type=int, default=None, metavar="K", help="use only the first K prompts")
     parser.add_argument("--judge", default=None, metavar="MODULE:FUNCTION",
                         help=f"judge scoring each response text, higher is better (e.g. {DEFAULT_JUDGE}); none by default")
+    parser.add_argument("--judge-reads", choices=get_args(JudgeReads), default="response",
+                        help="what --judge reads: the response, or the prompt as the policy read it (rendered) + "
+                        "the response, e.g. for a held-out reward model")
     parser.add_argument("--tokenizer", default=None, metavar="DIR", help="tokenizer when not beside the policy")
     parser.add_argument("--max-new-tokens", type=int, default=max_new_tokens, help="most tokens per response")
     parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (KL logprobs use it too)")

@@ -11,7 +11,8 @@ Sources are local files (.jsonl, .json, .txt paragraphs, optionally .gz) or hub 
 formats (``messages``, ``prompt_completion``, ``fields``, ``implicit_prompt``, ``text``,
 ``hh_rlhf``, ``alpaca``, ``paragraphs``, ``rankings``) are in :mod:`.adapters` (HH-RLHF
 transcripts in :mod:`.hh`, rendered as ``hh_render`` says: :mod:`.rendering`), ``auto`` (the
-default) in :mod:`.detect`, conversations in :mod:`.conversation`.
+default) in :mod:`.detect`, conversations in :mod:`.conversation`. Prompts given to a policy outside
+these modules (``rlhf-lit evaluate``, ``best-of-n``, the callbacks) are rendered by :mod:`.prompt_rendering`.
 """
 
 from rlhf_lit.data.adapters import ALPACA_PROMPT, ALPACA_PROMPT_NO_INPUT, Fields, Format

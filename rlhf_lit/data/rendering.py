@@ -5,7 +5,8 @@ A model with a chat template (an instruction model, ``assets/models/stories260K-
 inside its template; trained or sampled on prompts written outside it, it learns to write both
 sides of a dialogue. Conversations are always rendered with the template
 (:mod:`rlhf_lit.data.encoding`); strings are not, unless a data module's ``apply_chat_template`` or,
-for ``hh_rlhf`` transcripts, ``hh_render`` says so.
+for ``hh_rlhf`` transcripts, ``hh_render`` says so. Prompts that reach a policy outside the data
+modules (the commands, the callbacks) follow :mod:`rlhf_lit.data.prompt_rendering`.
 """
 
 from __future__ import annotations

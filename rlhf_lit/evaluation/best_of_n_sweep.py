@@ -22,11 +22,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from rlhf_lit.evaluation.judges import Judge
+from rlhf_lit.evaluation.judges import Judge, JudgeReads, judge_texts
 from rlhf_lit.evaluation.samples import check_positive, load_models, sample_and_measure
 from rlhf_lit.functional.best_of_n import BestOfNEstimator, best_of_n_kl, best_of_n_weights
 
 if TYPE_CHECKING:  # annotations only: importing this module loads no model code
+    from rlhf_lit.data.conversation import TextOrConversation
+    from rlhf_lit.data.prompt_rendering import ChatTemplate
     from rlhf_lit.models.generation import SamplingConfig
     from rlhf_lit.models.scoring import UnfinishedScoring
 
@@ -81,11 +83,13 @@ def sweep(
 def best_of_n(
     policy: str,
     reward_model: str,
-    prompts: Sequence[str],
+    prompts: Sequence[TextOrConversation],
     ns: Sequence[int],
     *,
     num_samples: int | None = None,
     judge: Judge | None = None,
+    judge_reads: JudgeReads = "response",
+    chat_template: ChatTemplate = "auto",
     estimator: BestOfNEstimator = "subsets",
     sampling: SamplingConfig | None = None,
     batch_size: int = 64,
@@ -99,10 +103,13 @@ def best_of_n(
     Args:
         policy: the model to sample from.
         reward_model: the reward model that picks the best response.
-        prompts: prompt texts.
+        prompts: prompt texts or conversations (:func:`rlhf_lit.evaluation.prompt_files.read_prompts`).
         ns: the N values of the sweep.
         num_samples: M, responses sampled per prompt (>= max(ns)).
         judge: a judge (``texts -> scores``) for the gold score of the pick, or None.
+        judge_reads: what the judge reads (:data:`~rlhf_lit.evaluation.judges.JudgeReads`).
+        chat_template: whether string prompts are rendered with the policy's chat template
+            (:data:`~rlhf_lit.data.prompt_rendering.ChatTemplate`).
         estimator: ``subsets`` (exact expectation over N-subsets) or ``first_n`` (nested prefixes).
         sampling, batch_size, seed, tokenizer, device: as in
             :func:`rlhf_lit.evaluation.policy_metrics.evaluate_policy`.
@@ -111,7 +118,8 @@ def best_of_n(
             to pick with the reward PPO optimises.
 
     Returns:
-        ``{"rows", "timing_s", "samples"}``: ``rows`` one dict per N (:data:`ROW_KEYS`), samples
+        ``{"rows", "timing_s", "prompt_texts", "samples"}``: ``rows`` one dict per N (:data:`ROW_KEYS`),
+        ``prompt_texts`` each prompt as the policy read it, samples
         one per response with ``prompt_index``, ``sample_index``, ``response``, ``rm``, ``judge``,
         ``length``, ``ended``.
     """
@@ -126,13 +134,13 @@ def best_of_n(
         raise ValueError("no prompts to sample from")
     sampling = sampling or SamplingConfig(max_new_tokens=48)
     t0 = time.perf_counter()
-    models = load_models(policy, reward_model=reward_model, tokenizer=tokenizer, device=device)
+    models = load_models(policy, reward_model=reward_model, tokenizer=tokenizer, device=device, prompts=prompts,
+                         chat_template=chat_template, repeat=m)  # prompt p's samples: rows [p*M, (p+1)*M)
     t_loaded = time.perf_counter()
-    repeated = [p for p in prompts for _ in range(m)]  # prompt p's samples are rows [p*M, (p+1)*M)
-    samples, t_generate = sample_and_measure(models, repeated, sampling, batch_size=batch_size, seed=seed,
+    samples, t_generate = sample_and_measure(models, models.prompts, sampling, batch_size=batch_size, seed=seed,
                                              unfinished=unfinished)  # fmt: skip
     t_scored = time.perf_counter()
-    judge_list = judge(samples.responses) if judge is not None else None
+    judge_list = judge(judge_texts(samples.prompts, samples.responses, judge_reads)) if judge is not None else None
     t_judged = time.perf_counter()
 
     def grid(values) -> torch.Tensor:
@@ -148,11 +156,12 @@ def best_of_n(
             "load": t_loaded - t0, "generate": t_generate, "score": t_scored - t_loaded - t_generate,
             "judge": t_judged - t_scored, "total": time.perf_counter() - t0,
         },  # fmt: skip
+        "prompt_texts": samples.prompts[::m],
         "samples": [
             {"prompt_index": i // m, "sample_index": i % m, "response": samples.responses[i],
              "rm": samples.rm_scores[i], "judge": None if judge_list is None else judge_list[i],
              "length": samples.lengths[i], "ended": samples.ended[i]}
-            for i in range(len(repeated))
+            for i in range(len(samples.responses))
         ],  # fmt: skip
     }
 

@@ -5,8 +5,14 @@ user swaps the gold judge (of the demo, of ``PPOModule(judge=...)``, of the onli
 callback) without touching rlhf-lit. This is the project's one judge loader. The built-in judge is
 ``rlhf_lit.evaluation.judges:vader``: the VADER sentiment ``compound`` score, in ``[-1, 1]``.
 
-Judges see the response text only (the completion, without the prompt): the prompt is the same
-for every sample of a prompt, and the policy cannot change it.
+Judges see the response text only (the completion, without the prompt: the prompt is the same
+for every sample of a prompt, and the policy cannot change it), unless told to read prompt +
+response (:data:`JudgeReads`, ``--judge-reads`` of the commands, ``judge_reads`` of the
+callbacks): a judge that needs the prompt, such as a held-out reward model wrapped as a function,
+then reads the prompt as the policy read it (rendered with its chat template when it was,
+:mod:`rlhf_lit.data.prompt_rendering`) followed by the response, the text the reward model scored:
+the template's special tokens are in it as text, so a judge that tokenizes it passes
+``add_special_tokens=False``.
 """
 
 from __future__ import annotations
@@ -14,8 +20,12 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Sequence
+from typing import Literal, get_args
 
 from rlhf_lit.callable_specs import resolve_callable
+
+JudgeReads = Literal["response", "query_response"]
+"""What a judge reads: the response alone, or the prompt as the policy read it + the response."""
 
 Judge = Callable[[list[str]], list[float]]
 """A judge: ``texts -> scores``, one float per text, higher is better."""
@@ -68,6 +78,13 @@ class CheckedJudge:
 
     def __repr__(self) -> str:
         return f"CheckedJudge({self.spec!r})"
+
+
+def judge_texts(prompts: Sequence[str], responses: Sequence[str], reads: JudgeReads) -> list[str]:
+    """The texts a judge reads (:data:`JudgeReads`): ``responses``, or each rendered prompt + its response."""
+    if reads not in get_args(JudgeReads):
+        raise ValueError(f"judge_reads must be one of {', '.join(get_args(JudgeReads))}; got {reads!r}")
+    return list(responses) if reads == "response" else [p + r for p, r in zip(prompts, responses, strict=True)]
 
 
 def load_judge(spec: str) -> CheckedJudge:

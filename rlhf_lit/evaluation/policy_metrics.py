@@ -15,21 +15,25 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from rlhf_lit.evaluation.judges import Judge
+from rlhf_lit.evaluation.judges import Judge, JudgeReads, judge_texts
 from rlhf_lit.evaluation.samples import check_positive, load_models, mean_std, sample_and_measure
 
 if TYPE_CHECKING:  # annotations only: importing this module loads no model code
+    from rlhf_lit.data.conversation import TextOrConversation
+    from rlhf_lit.data.prompt_rendering import ChatTemplate
     from rlhf_lit.models.generation import SamplingConfig
     from rlhf_lit.models.scoring import UnfinishedScoring
 
 
 def evaluate_policy(
     policy: str,
-    prompts: Sequence[str],
+    prompts: Sequence[TextOrConversation],
     *,
     reference: str | None = None,
     reward_model: str | None = None,
     judge: Judge | None = None,
+    judge_reads: JudgeReads = "response",
+    chat_template: ChatTemplate = "auto",
     samples_per_prompt: int = 1,
     sampling: SamplingConfig | None = None,
     batch_size: int = 64,
@@ -42,10 +46,13 @@ def evaluate_policy(
 
     Args:
         policy: the model directory (or hub name) to evaluate.
-        prompts: prompt texts.
+        prompts: prompt texts or conversations (:func:`rlhf_lit.evaluation.prompt_files.read_prompts`).
         reference: the reference model for the KL (none: no KL).
         reward_model: a reward model for the RM score (none: no RM score).
         judge: a judge (``texts -> scores``, e.g. :func:`rlhf_lit.evaluation.load_judge`) or None.
+        judge_reads: what the judge reads (:data:`~rlhf_lit.evaluation.judges.JudgeReads`).
+        chat_template: whether string prompts are rendered with the policy's chat template
+            (:data:`~rlhf_lit.data.prompt_rendering.ChatTemplate`).
         samples_per_prompt: responses per prompt, as consecutive rows.
         sampling: :class:`~rlhf_lit.models.generation.SamplingConfig` (default: 48 new tokens, T = 1).
         batch_size: responses per ``generate`` call (changing it changes the samples of a seed).
@@ -60,8 +67,8 @@ def evaluate_policy(
         judge), ``rm_mean``/``rm_std`` (with an RM), ``kl_mean``/``kl_std`` (with a reference),
         ``distinct_1``, ``distinct_2``, ``length_mean`` (response tokens, EOS included),
         ``ended_fraction``, ``num_samples``; stds are population stds over responses. Each
-        sample: ``prompt_index``, ``prompt``, ``response``, ``judge``, ``rm``, ``kl`` (those
-        measured), ``length``, ``ended``.
+        sample: ``prompt_index``, ``prompt`` (as given), ``prompt_text`` (as the policy read it),
+        ``response``, ``judge``, ``rm``, ``kl`` (those measured), ``length``, ``ended``.
     """
     from rlhf_lit.evaluation.diversity import distinct_n
     from rlhf_lit.models.generation import SamplingConfig
@@ -71,14 +78,15 @@ def evaluate_policy(
         raise ValueError("no prompts to evaluate")
     sampling = sampling or SamplingConfig(max_new_tokens=48)
     t0 = time.perf_counter()
-    models = load_models(policy, reference=reference, reward_model=reward_model, tokenizer=tokenizer, device=device)
+    models = load_models(policy, reference=reference, reward_model=reward_model, tokenizer=tokenizer, device=device,
+                         prompts=prompts, chat_template=chat_template, repeat=samples_per_prompt)  # fmt: skip
     t_loaded = time.perf_counter()
 
     repeated = [p for p in prompts for _ in range(samples_per_prompt)]
-    samples, t_generate = sample_and_measure(models, repeated, sampling, batch_size=batch_size, seed=seed,
+    samples, t_generate = sample_and_measure(models, models.prompts, sampling, batch_size=batch_size, seed=seed,
                                              unfinished=unfinished)  # fmt: skip
     t_scored = time.perf_counter()
-    judge_scores = judge(samples.responses) if judge is not None else None
+    judge_scores = judge(judge_texts(samples.prompts, samples.responses, judge_reads)) if judge is not None else None
     t_judged = time.perf_counter()
 
     metrics: dict = {}
@@ -92,7 +100,8 @@ def evaluate_policy(
     })  # fmt: skip
     rows = []
     for i in range(n):
-        row = {"prompt_index": i // samples_per_prompt, "prompt": repeated[i], "response": samples.responses[i]}
+        row = {"prompt_index": i // samples_per_prompt, "prompt": repeated[i], "prompt_text": samples.prompts[i],
+               "response": samples.responses[i]}  # fmt: skip
         for name, values in (("judge", judge_scores), ("rm", samples.rm_scores), ("kl", samples.kls)):
             if values is not None:
                 row[name] = values[i]

@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:  # annotations only: importing this module loads no model code
+    from rlhf_lit.data.conversation import TextOrConversation
+    from rlhf_lit.data.prompt_rendering import ChatTemplate, RenderedPrompts
     from rlhf_lit.models.generation import SamplingConfig
     from rlhf_lit.models.scoring import UnfinishedScoring
 
@@ -87,12 +89,14 @@ def check_reward_model(path: str) -> None:
 
 @dataclass
 class Models:
-    """The models of an evaluation, loaded once: the policy, its tokenizer, optional reference and RM."""
+    """The models of an evaluation, loaded once: the policy, its tokenizer, optional reference and RM, and
+    the prompts as the policy reads them (:func:`policy_prompts`; None when none were given)."""
 
     tokenizer: object
     policy: torch.nn.Module
     reference: torch.nn.Module | None = None
     reward_model: torch.nn.Module | None = None
+    prompts: RenderedPrompts | None = None
 
 
 def load_models(
@@ -102,18 +106,24 @@ def load_models(
     reward_model: str | None = None,
     tokenizer: str | None = None,
     device: str = "cpu",
+    prompts: Sequence[TextOrConversation] | None = None,
+    chat_template: ChatTemplate = "auto",
+    repeat: int = 1,
 ) -> Models:
     """Load the policy (with its tokenizer, left padding), and the reference and RM when given.
 
     The reference must share the policy's vocabulary (KL compares the same token ids) and so must
     the reward model (it reads the policy's ids as they are); both are refused otherwise.
+    ``prompts`` are rendered with the tokenizer before any weights load (:func:`policy_prompts`, each
+    ``repeat`` times), so a prompt or ``chat_template`` the tokenizer cannot serve is refused first.
     """
     from rlhf_lit.models import load_causal_lm
     from rlhf_lit.models.reward_ensemble import load_any_reward_model
     from rlhf_lit.tokenizer import check_same_vocabulary, load_tokenizer
 
     tok = load_tokenizer(tokenizer or policy, padding_side="left", what="--tokenizer" if tokenizer else "--policy")
-    models = Models(tok, load_causal_lm(policy, tok).to(device).eval())
+    rendered = None if prompts is None else policy_prompts(tok, prompts, chat_template, repeat)
+    models = Models(tok, load_causal_lm(policy, tok).to(device).eval(), prompts=rendered)
     if reference is not None:
         check_same_tokenizer(tok, reference)
         models.reference = load_causal_lm(reference, tok).to(device).eval()
@@ -124,9 +134,23 @@ def load_models(
     return models
 
 
+def policy_prompts(
+    tokenizer, prompts: Sequence[TextOrConversation], chat_template: ChatTemplate, repeat: int = 1
+) -> RenderedPrompts:
+    """``prompts`` as the policy reads them (:mod:`rlhf_lit.data.prompt_rendering`, ``--chat-template``),
+    each repeated ``repeat`` times as consecutive rows; logs the one line saying how they were rendered."""
+    from rlhf_lit.data.prompt_rendering import RenderedPrompts, render_prompts, rendering_line, resolve_chat_template
+
+    rendering = resolve_chat_template(chat_template, tokenizer, "--chat-template")
+    log.info("%s", rendering_line("--prompts", rendering, prompts))
+    texts, ids = render_prompts(tokenizer, prompts, rendering)
+    return RenderedPrompts([t for t in texts for _ in range(repeat)], [x for x in ids for _ in range(repeat)])
+
+
 @dataclass
 class Samples:
-    """Per-response measurements, row ``i`` answering ``prompts[i]`` (KL and RM only with those models)."""
+    """Per-response measurements, row ``i`` answering ``prompts[i]`` (the prompt's text as the policy read
+    it; KL and RM only with those models)."""
 
     prompts: list[str]
     responses: list[str] = field(default_factory=list)
@@ -138,14 +162,15 @@ class Samples:
 
 def sample_and_measure(
     models: Models,
-    prompts: Sequence[str],
+    prompts: RenderedPrompts,
     sampling: SamplingConfig,
     *,
     batch_size: int,
     seed: int,
     unfinished: UnfinishedScoring = "as_sampled",
 ) -> tuple[Samples, float]:
-    """Sample one response per entry of ``prompts`` and measure it; returns ``(samples, seconds sampling)``.
+    """Sample one response per row of ``prompts`` (:func:`policy_prompts`: the policy reads its ids) and
+    measure it; returns ``(samples, seconds sampling)``.
 
     Lengths count response tokens, EOS included. KL needs ``models.reference``, RM scores
     ``models.reward_model`` (non-finite scores are refused), which reads a response without EOS
@@ -160,9 +185,9 @@ def sample_and_measure(
 
     eos_id = stop_token_ids(models.policy, models.tokenizer)[0]  # appended to cut responses for the RM (with_eos)
     t0 = time.perf_counter()
-    batches = sample_batches(models.policy, models.tokenizer, prompts, sampling, batch_size=batch_size, seed=seed)
+    batches = sample_batches(models.policy, models.tokenizer, prompts.ids, sampling, batch_size=batch_size, seed=seed)
     seconds = time.perf_counter() - t0
-    out = Samples(list(prompts))
+    out = Samples(list(prompts.texts))
     out.kls = [] if models.reference is not None else None
     out.rm_scores = [] if models.reward_model is not None else None
     for gen in batches:

@@ -332,10 +332,23 @@ def response_logprobs(model: nn.Module, generated: Generated, temperature: float
     return token_logprobs(logits, generated.response_ids, temperature)  # (B, R)
 
 
+def left_padded(rows: Sequence[Sequence[int]], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token id rows as ``(input_ids (B, P), attention_mask (B, P))``, padded on the left: generate
+    continues the last column."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, row in enumerate(rows):
+        if row:
+            ids[i, width - len(row) :] = torch.tensor(list(row), dtype=torch.long)
+            mask[i, width - len(row) :] = 1
+    return ids, mask
+
+
 def sample_batches(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
-    prompts: Sequence[str],
+    prompts: Sequence[str] | Sequence[Sequence[int]],
     sampling: SamplingConfig,
     *,
     batch_size: int,
@@ -350,7 +363,9 @@ def sample_batches(
     Args:
         model: causal LM in eval mode.
         tokenizer: its tokenizer, padding on the left (``load_tokenizer(..., padding_side="left")``).
-        prompts: prompt texts; row ``i`` of the concatenated batches answers ``prompts[i]``.
+        prompts: prompt texts (tokenized with the tokenizer's specials), or prompt token ids as they
+            are (rendered by :mod:`rlhf_lit.data.prompt_rendering`); row ``i`` of the concatenated
+            batches answers ``prompts[i]``.
         sampling: the library's sampling settings.
         batch_size: prompts per ``generate`` call (>= 1).
         seed: seed of the generator.
@@ -363,9 +378,14 @@ def sample_batches(
     stop_ids = stop_token_ids(model, tokenizer)
     batches = []
     for start in range(0, len(prompts), batch_size):
-        encoded = tokenizer(list(prompts[start : start + batch_size]), return_tensors="pt", padding=True)
+        chunk = list(prompts[start : start + batch_size])
+        if chunk and isinstance(chunk[0], str):
+            encoded = tokenizer(chunk, return_tensors="pt", padding=True)
+            ids, mask = encoded["input_ids"], encoded["attention_mask"]
+        else:
+            ids, mask = left_padded(chunk, tokenizer.pad_token_id)
         batches.append(generate_responses(
-            model, encoded["input_ids"].to(model.device), encoded["attention_mask"].to(model.device), sampling,
+            model, ids.to(model.device), mask.to(model.device), sampling,
             eos_token_id=stop_ids, pad_token_id=tokenizer.pad_token_id, generator=generator,
         ))  # fmt: skip
     return batches

@@ -139,3 +139,17 @@ def test_rlhf_lit_help_lists_the_commands(capsys):
     assert exit_info.value.code == 0
     out = capsys.readouterr().out
     assert all(name in out for name in COMMANDS) and "fit" in out  # ours, then LightningCLI's help
+
+
+def test_prompts_jsonl_reads_conversations_as_the_data_modules_do(tmp_path):
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"prompt": [{"role": "system", "content": "Be kind."}, {"role": "user", "content": "Hi"}]}\n'
+                    '{"prompt": "The cat"}\n', encoding="utf-8")  # fmt: skip
+    assert read_prompts(str(path)) == [
+        ({"role": "system", "content": "Be kind."}, {"role": "user", "content": "Hi"}), "The cat"]  # fmt: skip
+    path.write_text('{"prompt": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}]}\n')
+    with pytest.raises(ValueError, match=r"p.jsonl line 1: field 'prompt\[1\]' ends the prompt on an assistant turn"):
+        read_prompts(str(path))
+    path.write_text('{"prompt": [{"role": "bot", "content": "Hi"}]}\n', encoding="utf-8")
+    with pytest.raises(ValueError, match=r"p.jsonl line 1: field 'prompt\[0\]' has role 'bot'"):
+        read_prompts(str(path))

@@ -22,6 +22,8 @@ from typing import Any, NamedTuple
 import pytest
 from assets_paths import ROOT
 
+from rlhf_lit.callbacks import OnlineGeneration
+from rlhf_lit.callbacks.guard import HeldOut
 from rlhf_lit.commands.best_of_n_command import build_parser as best_of_n_parser
 from rlhf_lit.commands.evaluate_command import build_parser as evaluate_parser
 from rlhf_lit.data import Fields, PreferenceDataModule, PromptDataModule, SFTDataModule
@@ -126,6 +128,16 @@ QUOTED: list[Quoted] = [
            "as_sampled"),  # fmt: skip
     Quoted("docs/cli.md", "(default `as_sampled`; the demo passes its PPO config's)", best_of_n_parser, "--unfinished",
            "as_sampled"),  # fmt: skip
+    # Prompts outside the data modules: one default for the commands, the callback and the guard.
+    *(Quoted("docs/cli.md", "as `--chat-template` says: `auto` (default)", parser, "--chat-template", "auto")
+      for parser in (evaluate_parser, best_of_n_parser)),
+    *(Quoted("docs/data.md", "| a string, `chat_template: auto` (default) |", owner, "chat_template", "auto")
+      for owner in (OnlineGeneration, HeldOut)),
+    Quoted("docs/monitoring.md", "`chat_template: auto` (default)", OnlineGeneration, "chat_template", "auto"),
+    Quoted("docs/monitoring.md", "(`held_out.chat_template: auto | always | never`, default `auto`)", HeldOut,
+           "chat_template", "auto"),  # fmt: skip
+    *(Quoted("docs/data.md", "Every data module takes `apply_chat_template` (default `false`)", data,
+             "apply_chat_template", False) for data in (SFTDataModule, PreferenceDataModule, PromptDataModule)),
     # The estimators' and shaping functions' signatures as the contracts write them.
     Quoted("docs/CONTRACTS.md", "`grpo_advantages(scores, mask, k, scale_by_std=True, eps=1e-4)`", grpo_advantages,
            "scale_by_std", True),  # fmt: skip

@@ -116,7 +116,8 @@ class OverOptimisationGuard(Callback):
         if self.held_out.every_n_rollouts < 1:
             raise ValueError(f"guard held_out.every_n_rollouts must be >= 1, got {self.held_out.every_n_rollouts}")
         return OnlineGeneration(self.held_out.prompts, self.held_out.every_n_rollouts, self.held_out.sampling,
-                                self.held_out.seed, self.held_out.judge)  # fmt: skip
+                                self.held_out.seed, self.held_out.judge, self.held_out.judge_reads,
+                                chat_template=self.held_out.chat_template)  # fmt: skip
 
     def _check_sources(self) -> None:
         """Refuse a signal or keep_best that reads a held-out evaluation the settings do not make."""

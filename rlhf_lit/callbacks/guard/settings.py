@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from rlhf_lit.callbacks.guard.signals import Direction, Verdict, above, drift, falling, proxy_without_gold, rate_above
+from rlhf_lit.data.prompt_rendering import ChatTemplate
+from rlhf_lit.evaluation.judges import JudgeReads
 from rlhf_lit.models.generation import SamplingConfig
 
 Action = Literal["warn", "stop", "keep_best"]
@@ -214,13 +216,18 @@ class HeldOut:
     (its own seed: the same draws each time, the training stream untouched), the reward model scores
     the answers and ``judge`` (``"module:function"`` of response texts, e.g.
     ``rlhf_lit.evaluation.judges:vader``) judges them. Logged as ``guard/held_out/score`` and
-    ``guard/held_out/judge``; read by ``proxy_gold`` (``source: held_out``) and ``keep_best``."""
+    ``guard/held_out/judge``; read by ``proxy_gold`` (``source: held_out``) and ``keep_best``. The
+    prompts reach the policy as ``OnlineGeneration``'s do (``chat_template``: rendered with the
+    tokenizer's chat template when it has one, by default; :mod:`rlhf_lit.data.prompt_rendering`), and
+    ``judge_reads: query_response`` gives the judge that rendered prompt + the response."""
 
     prompts: list[str] = field(default_factory=list)
     every_n_rollouts: int = 5
     judge: str | None = None
     seed: int = 1234
     sampling: SamplingConfig | None = None
+    chat_template: ChatTemplate = "auto"
+    judge_reads: JudgeReads = "response"
 
 
 @dataclass

@@ -1,0 +1,98 @@
+"""OnlineGeneration and the guard's held-out evaluation give a chat policy its prompts inside its
+template, by the rule of ``rlhf_lit.data.prompt_rendering`` (``chat_template``), and their judge reads
+the rendered prompt + response with ``judge_reads: query_response``.
+
+Expected prompts are hand-written from the template of ``assets/models/stories260K-chat``
+(assets/README.md: ``<s>``, ``User: ...\\n``, generation prompt ``Assistant:``).
+"""
+
+from __future__ import annotations
+
+import logging
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from assets_paths import STORIES260K, STORIES260K_CHAT
+from rlhf_lit.callbacks import OnlineGeneration
+from rlhf_lit.callbacks.guard import HeldOut, OverOptimisationGuard
+from rlhf_lit.models import load_causal_lm
+from rlhf_lit.models.generation import SamplingConfig
+from rlhf_lit.tokenizer import load_tokenizer
+
+RENDERED = "<s>User: Once upon a time\nAssistant:"
+
+
+def characters(texts: list[str]) -> list[float]:
+    """A judge that shows what it read: the number of characters of each text."""
+    return [float(len(t)) for t in texts]
+
+
+def stand_in(path) -> SimpleNamespace:
+    """What the callback reads of a PPO module: policy, tokenizer, sampling, device and a score."""
+    tokenizer = load_tokenizer(str(path), padding_side="left")
+    fed: list[list[int]] = []
+
+    def score(ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        fed.extend(row[m.bool()].tolist() for row, m in zip(ids, mask))  # the rows the reward model reads
+        return torch.zeros(ids.shape[0])
+
+    return SimpleNamespace(policy=load_causal_lm(str(path), tokenizer).eval(), tokenizer=tokenizer, fed=fed, score=score,
+                           sampling=SamplingConfig(max_new_tokens=3), device=torch.device("cpu"))  # fmt: skip
+
+
+def ids_of(tokenizer, text: str) -> list[int]:
+    """``<s>`` (the llama BOS, id 1) and the hand-written ``text`` tokenized without specials."""
+    return [1, *tokenizer(text, add_special_tokens=False)["input_ids"]]
+
+
+def test_online_generation_renders_its_prompts_and_its_judge_reads_them(caplog):
+    module = stand_in(STORIES260K_CHAT)
+    callback = OnlineGeneration(["Once upon a time"], judge="test_callback_prompts:characters",
+                                judge_reads="query_response")  # fmt: skip
+    with caplog.at_level(logging.INFO):
+        responses, columns = callback.sample(module)
+    rendered = ids_of(module.tokenizer, "User: Once upon a time\nAssistant:")
+    assert module.fed[0][: len(rendered)] == rendered  # the prompt the policy (and the RM) read
+    assert columns["judge"] == [float(len(RENDERED + responses[0]))]
+    assert "1 string prompt(s) rendered as one user turn with the chat template (OnlineGeneration chat_template " \
+           "auto, and the tokenizer" in caplog.text  # fmt: skip
+
+
+@pytest.mark.parametrize("path", [STORIES260K_CHAT, STORIES260K], ids=["never", "no template"])
+def test_online_generation_keeps_plain_strings_with_never_or_without_a_template(path):
+    module = stand_in(path)
+    option = "never" if path == STORIES260K_CHAT else "auto"
+    callback = OnlineGeneration(["Once upon a time"], judge="test_callback_prompts:characters",
+                                judge_reads="query_response", chat_template=option)  # fmt: skip
+    responses, columns = callback.sample(module)
+    prompt = ids_of(module.tokenizer, "Once upon a time")
+    assert module.fed[0][: len(prompt)] == prompt
+    assert columns["judge"] == [float(len("Once upon a time" + responses[0]))]
+
+
+def test_the_guard_held_out_prompts_follow_the_same_rule():
+    module = stand_in(STORIES260K_CHAT)
+    rendered = ids_of(module.tokenizer, "User: Once upon a time\nAssistant:")
+    held_out = HeldOut(prompts=["Once upon a time"], judge="test_callback_prompts:characters",
+                       judge_reads="query_response")  # fmt: skip
+    guard = OverOptimisationGuard(held_out=held_out)
+    responses, columns = guard.sampler.sample(module)
+    assert module.fed[0][: len(rendered)] == rendered
+    assert columns["judge"] == [float(len(RENDERED + responses[0]))]
+    plain = OverOptimisationGuard(held_out=HeldOut(prompts=["Once upon a time"], chat_template="never"))
+    module.fed.clear()
+    plain.sampler.sample(module)
+    prompt = ids_of(module.tokenizer, "Once upon a time")
+    assert module.fed[0][: len(prompt)] == prompt
+
+
+def test_bad_options_name_the_option():
+    callback = OnlineGeneration(["Once upon a time"], chat_template="always")
+    with pytest.raises(ValueError, match="OnlineGeneration chat_template always, but the tokenizer"):
+        callback.sample(stand_in(STORIES260K))
+    with pytest.raises(ValueError, match="judge_reads must be one of response, query_response"):
+        OnlineGeneration(["x"], judge_reads="prompt")
+    with pytest.raises(ValueError, match="OnlineGeneration chat_template must be one of auto, always, never; got 'yes'"):
+        OnlineGeneration(["x"], chat_template="yes")  # at construction, before any rollout
