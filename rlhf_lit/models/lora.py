@@ -124,6 +124,7 @@ def resolve_target_modules(model: PreTrainedModel, config: LoRAConfig) -> list[s
     if config.target_modules is None:
         return default_target_modules(model)
     modules = dict(model.named_modules())
+    tied = _tied_embedding_layers(model)
     for target in config.target_modules:
         matched = [m for name, m in modules.items() if name == target or name.endswith("." + target)]
         if not matched:
@@ -138,7 +139,27 @@ def resolve_target_modules(model: PreTrainedModel, config: LoRAConfig) -> list[s
                 f"lora.target_modules: {target!r} names a {wrong[0]} in {type(model).__name__}; "
                 "LoRA adapts linear (or embedding) layers only"
             )
+        if any(id(m) in tied for m in matched):
+            raise ValueError(
+                f"lora.target_modules: {target!r} names a layer whose weight {type(model).__name__} shares "
+                "between its input embedding and its LM head (tie_word_embeddings): its adapter would "
+                "change one of them only, and the merged export, which shares the merged weight again, "
+                "would not be the trained model. Leave it out of lora.target_modules"
+            )
     return list(config.target_modules)
+
+
+def _tied_embedding_layers(model: PreTrainedModel) -> set[int]:
+    """``id``\ s of the input embedding and the LM head when they share one weight (tied embeddings).
+
+    peft adapts the module it is given, not its twin: an adapter on either changes what that module
+    computes while the other keeps the base weight, and merging writes the change into the shared
+    weight, which both then read. The live model and its merged export would disagree.
+    """
+    inputs, outputs = model.get_input_embeddings(), model.get_output_embeddings()
+    if inputs is None or outputs is None or getattr(outputs, "weight", None) is not getattr(inputs, "weight", None):
+        return set()
+    return {id(inputs), id(outputs)}
 
 
 def with_lora(model: PreTrainedModel, config: LoRAConfig | None, task: LoRATask) -> PreTrainedModel:

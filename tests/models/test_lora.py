@@ -87,6 +87,25 @@ def test_unknown_target_names_the_option_and_the_layers(tokenizer):
         with_lora(model, LoRAConfig(target_modules=["input_layernorm"]), "causal_lm")
 
 
+def test_an_adapter_on_a_tied_embedding_is_refused_and_an_untied_one_is_not():
+    """A tied input embedding / LM head (SmolLM2, GPT-2) is one weight under two modules: an adapter on
+    either would change one of them only, and the merged export would not be the trained model (#37;
+    tests/realmodel/test_smollm2_lora.py on SmolLM2 itself)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    def tiny(tied: bool) -> LlamaForCausalLM:
+        config = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                             num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=tied)  # fmt: skip
+        return LlamaForCausalLM(config)
+
+    for target in ("embed_tokens", "lm_head"):
+        with pytest.raises(ValueError, match=rf"^lora.target_modules: '{target}' names a layer whose weight "
+                                             "LlamaForCausalLM shares between its input embedding and its LM head"):  # fmt: skip
+            with_lora(tiny(tied=True), LoRAConfig(target_modules=[target]), "causal_lm")
+        untied = with_lora(tiny(tied=False), LoRAConfig(target_modules=[target]), "causal_lm")  # two weights: allowed
+        assert any("lora_" in name for name, _ in untied.named_parameters())
+
+
 def test_none_leaves_the_model_untouched(tokenizer):
     model = load_causal_lm(STORIES, tokenizer)
     assert with_lora(model, None, "causal_lm") is model
