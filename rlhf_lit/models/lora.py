@@ -124,7 +124,6 @@ def resolve_target_modules(model: PreTrainedModel, config: LoRAConfig) -> list[s
     if config.target_modules is None:
         return default_target_modules(model)
     modules = dict(model.named_modules())
-    tied = _tied_embedding_layers(model)
     for target in config.target_modules:
         matched = [m for name, m in modules.items() if name == target or name.endswith("." + target)]
         if not matched:
@@ -139,27 +138,7 @@ def resolve_target_modules(model: PreTrainedModel, config: LoRAConfig) -> list[s
                 f"lora.target_modules: {target!r} names a {wrong[0]} in {type(model).__name__}; "
                 "LoRA adapts linear (or embedding) layers only"
             )
-        if any(id(m) in tied for m in matched):
-            raise ValueError(
-                f"lora.target_modules: {target!r} names a layer whose weight {type(model).__name__} shares "
-                "between its input embedding and its LM head (tie_word_embeddings): its adapter would "
-                "change one of them only, and the merged export, which shares the merged weight again, "
-                "would not be the trained model. Leave it out of lora.target_modules"
-            )
     return list(config.target_modules)
-
-
-def _tied_embedding_layers(model: PreTrainedModel) -> set[int]:
-    """``id``\ s of the input embedding and the LM head when they share one weight (tied embeddings).
-
-    peft adapts the module it is given, not its twin: an adapter on either changes what that module
-    computes while the other keeps the base weight, and merging writes the change into the shared
-    weight, which both then read. The live model and its merged export would disagree.
-    """
-    inputs, outputs = model.get_input_embeddings(), model.get_output_embeddings()
-    if inputs is None or outputs is None or getattr(outputs, "weight", None) is not getattr(inputs, "weight", None):
-        return set()
-    return {id(inputs), id(outputs)}
 
 
 def with_lora(model: PreTrainedModel, config: LoRAConfig | None, task: LoRATask) -> PreTrainedModel:
@@ -263,10 +242,38 @@ def export_parts(model: nn.Module, weights: dict[str, torch.Tensor] | None) -> t
 
 
 def _merged(peft_model: nn.Module) -> nn.Module:
-    """``peft_model``'s adapters folded into its base weights (in place): a plain Hugging Face model."""
+    """``peft_model``'s adapters folded into its base weights (in place): a plain Hugging Face model.
+
+    A tied input embedding / LM head with an adapter on either is untied first (:func:`_untie_adapted`).
+    """
+    _untie_adapted(peft_model.get_base_model())
     merged = peft_model.merge_and_unload()
     merged.__dict__.pop(_HANDLE, None)
     return merged
+
+
+def _untie_adapted(model: PreTrainedModel) -> None:
+    """Give the LM head its own copy of the weight it shares with the input embedding, when an adapter
+    sits on either of the two (in place; ``config.tie_word_embeddings`` set False to match).
+
+    Tied embeddings are one weight under two modules; peft adapts the module it is given, not its
+    twin, so the trained model already computes the two apart (one with its adapter, one with the base
+    weight). Merging into the shared weight would put the adapter into both, and the export would not
+    be the trained model (SmolLM2, small adapters: 0.26 of a logit apart). Untied, each keeps what it
+    computed. Without an adapter on either (the default targets) the model stays tied.
+    """
+    inputs, outputs = model.get_input_embeddings(), model.get_output_embeddings()
+    if inputs is None or outputs is None:
+        return
+    raw_in, raw_out = getattr(inputs, "base_layer", inputs), getattr(outputs, "base_layer", outputs)
+    adapted = raw_in is not inputs or raw_out is not outputs  # peft's LoRA layers wrap a base_layer
+    if not adapted or raw_out.weight is not raw_in.weight:
+        return
+    raw_out.weight = nn.Parameter(raw_out.weight.detach().clone(), requires_grad=raw_out.weight.requires_grad)
+    model.config.tie_word_embeddings = False
+    text_config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else None
+    if text_config is not None:
+        text_config.tie_word_embeddings = False
 
 
 def _unsharded_copy(model: nn.Module, handle: _LoRAHandle, weights: dict[str, torch.Tensor]) -> nn.Module:

@@ -87,23 +87,31 @@ def test_unknown_target_names_the_option_and_the_layers(tokenizer):
         with_lora(model, LoRAConfig(target_modules=["input_layernorm"]), "causal_lm")
 
 
-def test_an_adapter_on_a_tied_embedding_is_refused_and_an_untied_one_is_not():
-    """A tied input embedding / LM head (SmolLM2, GPT-2) is one weight under two modules: an adapter on
-    either would change one of them only, and the merged export would not be the trained model (#37;
-    tests/realmodel/test_smollm2_lora.py on SmolLM2 itself)."""
+def test_an_adapter_on_a_tied_embedding_or_head_is_merged_into_an_untied_copy():
+    """A tied input embedding / LM head is one weight under two modules; peft adapts only the one named,
+    so the merged export must untie them to be the trained model (#37; SmolLM2 itself in
+    tests/realmodel/test_smollm2_lora.py). Default targets keep the export tied."""
+    from float32_bounds import output_bound
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    def tiny(tied: bool) -> LlamaForCausalLM:
-        config = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                             num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=tied)  # fmt: skip
-        return LlamaForCausalLM(config)
-
-    for target in ("embed_tokens", "lm_head"):
-        with pytest.raises(ValueError, match=rf"^lora.target_modules: '{target}' names a layer whose weight "
-                                             "LlamaForCausalLM shares between its input embedding and its LM head"):  # fmt: skip
-            with_lora(tiny(tied=True), LoRAConfig(target_modules=[target]), "causal_lm")
-        untied = with_lora(tiny(tied=False), LoRAConfig(target_modules=[target]), "causal_lm")  # two weights: allowed
-        assert any("lora_" in name for name, _ in untied.named_parameters())
+    config = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True)  # fmt: skip
+    ids = torch.tensor([[1, 5, 9, 33, 63, 2]])
+    for targets, tied in ((["embed_tokens"], False), (["lm_head"], False), (None, True)):
+        torch.manual_seed(0)
+        model = with_lora(LlamaForCausalLM(config), LoRAConfig(target_modules=targets), "causal_lm").eval()
+        for name, param in model.named_parameters():
+            if "lora_" in name:
+                torch.nn.init.normal_(param, std=0.5)  # far from the identity start
+        merged = exportable(model)
+        assert merged.config.tie_word_embeddings == tied
+        assert (merged.lm_head.weight is merged.get_input_embeddings().weight) == tied
+        with torch.no_grad():
+            live = model(input_ids=ids).logits
+            # x W + s (x A) B against x (W + s B A): another order of the same sums (tests/float32_bounds.py)
+            bound = output_bound(config, float(live.abs().max()))
+            torch.testing.assert_close(merged(input_ids=ids).logits, live, rtol=0, atol=bound)
+        assert model.lm_head.weight is model.get_input_embeddings().weight  # the live model is left tied
 
 
 def test_none_leaves_the_model_untouched(tokenizer):

@@ -1,4 +1,5 @@
-"""LoRA on SmolLM2, whose LM head is its input embedding (tied): the merged export stays tied and is the trained model.
+"""LoRA on SmolLM2, whose LM head is its input embedding (tied): the merged export is the trained model, tied
+unless an adapter sits on the embedding or the head (then the trained model computes the two apart).
 
 The export is the stages' own path (``export_parts`` then ``save_pretrained_atomically``, as
 ``export_at_fit_end`` calls them on one device), reloaded the way a user loads it: plain
@@ -65,10 +66,28 @@ def test_a_merged_export_reloads_tied_and_gives_the_lora_models_logits(smollm2_p
 
 
 @pytest.mark.parametrize("target", ["embed_tokens", "lm_head"])
-def test_an_adapter_on_the_shared_embedding_is_refused(smollm2_path, tokenizer, target):
-    # peft would adapt the named module only, not its tied twin; the merge then writes the change into
-    # the one shared weight, so the export would not be the model trained (0.26 of a logit apart with
-    # adapters this small, measured before the refusal existed).
-    with pytest.raises(ValueError, match=rf"^lora.target_modules: '{target}' names a layer whose weight "
-                                         r"LlamaForCausalLM shares between its input embedding and its LM head"):  # fmt: skip
-        lora_policy(smollm2_path, tokenizer, targets=[target, "q_proj"])
+def test_an_adapter_on_the_shared_embedding_is_exported_untied_as_the_model_trained(smollm2_path, tokenizer, tmp_path,
+                                                                                      target):  # fmt: skip
+    # peft adapts the named module only, not its tied twin: the trained model computes the two apart.
+    # A merge into the one shared weight would move both (0.26 of a logit apart with adapters this
+    # small, measured before the export untied them); the export must hold two weights.
+    model = lora_policy(smollm2_path, tokenizer, targets=[target, "q_proj"])
+    for name, param in model.named_parameters():
+        if "lora_embedding" in name:  # peft starts an embedding's A at 0 (not its B): move both
+            torch.nn.init.normal_(param, std=0.02)
+    ids = torch.tensor([tokenizer("<|im_start|>user\nHi there, who are you?<|im_end|>\n")["input_ids"]])
+    with torch.no_grad():
+        live = model(input_ids=ids).logits
+    written, weights = export_parts(model, None)
+    path = save_pretrained_atomically(written, tokenizer, tmp_path / "sft", "SFT model", state_dict=weights)
+    reloaded = AutoModelForCausalLM.from_pretrained(path).eval()
+    assert not reloaded.config.tie_word_embeddings
+    assert reloaded.lm_head.weight is not reloaded.get_input_embeddings().weight
+    assert model.lm_head.weight is model.get_input_embeddings().weight  # the live model: still one weight
+    with torch.no_grad():
+        merged = reloaded(input_ids=ids).logits
+        with peft_model_of(model).disable_adapter():
+            base = model(input_ids=ids).logits
+    bound = output_bound(reloaded.config, float(live.abs().max()))
+    torch.testing.assert_close(merged, live, rtol=0, atol=bound)
+    assert float((base - live).abs().max()) > 10 * bound
