@@ -1,4 +1,5 @@
-"""Grouped-query attention (9 query heads, 3 key / value heads) under ``ppo.forward: compiled`` on SmolLM2.
+"""Grouped-query attention (9 query heads, 3 key / value heads) under ``ppo.forward: compiled`` and
+``sampling.decode: compiled`` on SmolLM2.
 
 The compiled pass pads the rows to buckets (prompt columns left, response columns right, unattended)
 and runs the 30 layers through inductor; its logits must be the eager pass's up to the float32
@@ -11,9 +12,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from float32_bounds import output_bound
+from float32_bounds import entropy_bound, largest_logit, logprob_bound, output_bound
 from rlhf_lit.data.encoding import TextEncoder
 from rlhf_lit.models import load_causal_lm
+from rlhf_lit.models.generation import SamplingConfig, generate_responses, stop_token_ids
 from rlhf_lit.stages.ppo.forward import ForwardPassRunner
 from rlhf_lit.tokenizer import load_tokenizer
 
@@ -53,3 +55,34 @@ def test_compiled_forward_gives_the_eager_logits_with_grouped_query_attention(sm
         n = len(a)  # the response positions the mask counts; the rest predict from a pad and are never read
         torch.testing.assert_close(compiled[b, :n], eager[b, :n], rtol=0, atol=bound)
         torch.testing.assert_close(eager[b, :n], alone[b], rtol=0, atol=bound)
+
+
+def test_compiled_greedy_decoding_writes_the_eager_tokens_and_stops_at_the_end_of_turn(smollm2_path):
+    tokenizer = load_tokenizer(str(smollm2_path), padding_side="left")
+    policy = load_causal_lm(str(smollm2_path), tokenizer).eval()
+    prompts = TextEncoder(tokenizer, apply_chat_template=True).encode_prompts(["What is the capital of France?", "Hi!"])
+    batch = tokenizer.pad({"input_ids": prompts}, return_tensors="pt")
+    out = {}
+    for decode in ("eager", "compiled"):
+        sampling = SamplingConfig(max_new_tokens=12, do_sample=False, decode=decode)
+        out[decode] = generate_responses(policy, batch["input_ids"], batch["attention_mask"], sampling,
+                                         stop_token_ids(policy, tokenizer), tokenizer.pad_token_id,
+                                         return_logprobs=True)  # fmt: skip
+    eager, compiled = out["eager"], out["compiled"]
+    config = policy.config
+    magnitude = largest_logit(policy, eager.query_responses, eager.attention_mask)
+    # Identical greedy tokens follow from the bound only where eager's best logit leads the second by
+    # more than twice the bound (each may move by it): check that first, so equality is derived, not luck.
+    with torch.no_grad():
+        positions = (eager.attention_mask.cumsum(1) - 1).clamp(min=0)
+        logits = policy(input_ids=eager.query_responses, attention_mask=eager.attention_mask,
+                        position_ids=positions).logits[:, batch["input_ids"].shape[1] - 1 : -1]  # (B, R, V)  fmt: skip
+    top2 = logits.topk(2, dim=-1).values
+    margins = (top2[..., 0] - top2[..., 1])[eager.response_mask]
+    assert float(margins.min()) > 2 * output_bound(config, magnitude)
+    assert eager.ended.all() and len(set(eager.response_mask.sum(1).tolist())) == 2  # two lengths, pad after one
+    assert torch.equal(compiled.query_responses, eager.query_responses)
+    assert torch.equal(compiled.response_mask, eager.response_mask)
+    torch.testing.assert_close(compiled.logprobs, eager.logprobs, rtol=0, atol=logprob_bound(config, magnitude))
+    torch.testing.assert_close(compiled.entropy, eager.entropy, rtol=0,
+                               atol=entropy_bound(config, magnitude, float(eager.entropy.max())))  # fmt: skip
