@@ -276,6 +276,19 @@ def _untie_adapted(model: PreTrainedModel) -> None:
         text_config.tie_word_embeddings = False
 
 
+def _tie_again(model: PreTrainedModel) -> None:
+    """``model.tie_weights()``, or, when peft wraps the input embedding or the LM head, the same tie made
+    between the wrapped base layers: transformers' own tie assigns ``weight`` on the wrapper, where it
+    is a read-only property (KeyError "attribute 'weight' already exists")."""
+    inputs, outputs = model.get_input_embeddings(), model.get_output_embeddings()
+    raw_in = getattr(inputs, "base_layer", inputs)
+    raw_out = getattr(outputs, "base_layer", outputs)
+    if inputs is None or outputs is None or (raw_in is inputs and raw_out is outputs):
+        model.tie_weights()
+    elif getattr(model.config.get_text_config(), "tie_word_embeddings", False):
+        raw_out.weight = raw_in.weight
+
+
 def _unsharded_copy(model: nn.Module, handle: _LoRAHandle, weights: dict[str, torch.Tensor]) -> nn.Module:
     """A new, unsharded peft model like ``handle.peft_model`` holding ``weights`` (``model``'s state dict).
 
@@ -298,7 +311,7 @@ def _unsharded_copy(model: nn.Module, handle: _LoRAHandle, weights: dict[str, to
         if name not in weights:
             owner, _, leaf = name.rpartition(".")
             base.get_submodule(owner)._buffers[leaf] = buffer.detach().cpu()  # keeps the copy's persistence flag
-    base.tie_weights()  # assign=True replaced tied parameters one by one: tie them again, as in the live model
+    _tie_again(base)  # assign=True replaced tied parameters one by one: tie them again, as in the live model
     left = [n for n, t in itertools.chain(base.named_parameters(), base.named_buffers()) if t.is_meta]
     if left:
         raise RuntimeError(f"the unsharded copy of {hf_class.__name__} lacks {len(left)} weights ({', '.join(left[:3])})")

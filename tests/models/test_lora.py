@@ -18,7 +18,7 @@ from assets_paths import STORIES260K
 
 from rlhf_lit.models import load_causal_lm, load_reward_model, sequence_scores
 from rlhf_lit.models.generation import forward_with_positions
-from rlhf_lit.models.lora import LoRAConfig, adapter_disabled, default_target_modules, exportable, with_lora
+from rlhf_lit.models.lora import LoRAConfig, adapter_disabled, default_target_modules, export_parts, exportable, with_lora
 from rlhf_lit.models.memory import MemoryConfig, attach_frozen, call_on_own_device, enable_gradient_checkpointing, train_mode
 from rlhf_lit.stages.export import MARKER, save_pretrained_atomically
 from rlhf_lit.tokenizer import load_tokenizer
@@ -103,14 +103,17 @@ def test_an_adapter_on_a_tied_embedding_or_head_is_merged_into_an_untied_copy():
         for name, param in model.named_parameters():
             if "lora_" in name:
                 torch.nn.init.normal_(param, std=0.5)  # far from the identity start
-        merged = exportable(model)
-        assert merged.config.tie_word_embeddings == tied
-        assert (merged.lm_head.weight is merged.get_input_embeddings().weight) == tied
         with torch.no_grad():
             live = model(input_ids=ids).logits
-            # x W + s (x A) B against x (W + s B A): another order of the same sums (tests/float32_bounds.py)
-            bound = output_bound(config, float(live.abs().max()))
-            torch.testing.assert_close(merged(input_ids=ids).logits, live, rtol=0, atol=bound)
+        # x W + s (x A) B against x (W + s B A): another order of the same sums (tests/float32_bounds.py)
+        bound = output_bound(config, float(live.abs().max()))
+        # The unsharded export and the sharded one's path (rebuilt around gathered weights, then merged)
+        gathered = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        for merged in (exportable(model), export_parts(model, gathered)[0]):
+            assert merged.config.tie_word_embeddings == tied
+            assert (merged.lm_head.weight is merged.get_input_embeddings().weight) == tied
+            with torch.no_grad():
+                torch.testing.assert_close(merged(input_ids=ids).logits, live, rtol=0, atol=bound)
         assert model.lm_head.weight is model.get_input_embeddings().weight  # the live model is left tied
 
 
