@@ -242,10 +242,51 @@ def export_parts(model: nn.Module, weights: dict[str, torch.Tensor] | None) -> t
 
 
 def _merged(peft_model: nn.Module) -> nn.Module:
-    """``peft_model``'s adapters folded into its base weights (in place): a plain Hugging Face model."""
+    """``peft_model``'s adapters folded into its base weights (in place): a plain Hugging Face model.
+
+    A tied input embedding / LM head with an adapter on either is untied first (:func:`_untie_adapted`).
+    """
+    _untie_adapted(peft_model.get_base_model())
     merged = peft_model.merge_and_unload()
     merged.__dict__.pop(_HANDLE, None)
     return merged
+
+
+def _untie_adapted(model: PreTrainedModel) -> None:
+    """Give the LM head its own copy of the weight it shares with the input embedding, when an adapter
+    sits on either of the two (in place; ``config.tie_word_embeddings`` set False to match).
+
+    Tied embeddings are one weight under two modules; peft adapts the module it is given, not its
+    twin, so the trained model already computes the two apart (one with its adapter, one with the base
+    weight). Merging into the shared weight would put the adapter into both, and the export would not
+    be the trained model (SmolLM2, small adapters: 0.26 of a logit apart). Untied, each keeps what it
+    computed. Without an adapter on either (the default targets) the model stays tied.
+    """
+    inputs, outputs = model.get_input_embeddings(), model.get_output_embeddings()
+    if inputs is None or outputs is None:
+        return
+    raw_in, raw_out = getattr(inputs, "base_layer", inputs), getattr(outputs, "base_layer", outputs)
+    adapted = raw_in is not inputs or raw_out is not outputs  # peft's LoRA layers wrap a base_layer
+    if not adapted or raw_out.weight is not raw_in.weight:
+        return
+    raw_out.weight = nn.Parameter(raw_out.weight.detach().clone(), requires_grad=raw_out.weight.requires_grad)
+    model.config.tie_word_embeddings = False
+    text_config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else None
+    if text_config is not None:
+        text_config.tie_word_embeddings = False
+
+
+def _tie_again(model: PreTrainedModel) -> None:
+    """``model.tie_weights()``, or, when peft wraps the input embedding or the LM head, the same tie made
+    between the wrapped base layers: transformers' own tie assigns ``weight`` on the wrapper, where it
+    is a read-only property (KeyError "attribute 'weight' already exists")."""
+    inputs, outputs = model.get_input_embeddings(), model.get_output_embeddings()
+    raw_in = getattr(inputs, "base_layer", inputs)
+    raw_out = getattr(outputs, "base_layer", outputs)
+    if inputs is None or outputs is None or (raw_in is inputs and raw_out is outputs):
+        model.tie_weights()
+    elif getattr(model.config.get_text_config(), "tie_word_embeddings", False):
+        raw_out.weight = raw_in.weight
 
 
 def _unsharded_copy(model: nn.Module, handle: _LoRAHandle, weights: dict[str, torch.Tensor]) -> nn.Module:
@@ -270,7 +311,7 @@ def _unsharded_copy(model: nn.Module, handle: _LoRAHandle, weights: dict[str, to
         if name not in weights:
             owner, _, leaf = name.rpartition(".")
             base.get_submodule(owner)._buffers[leaf] = buffer.detach().cpu()  # keeps the copy's persistence flag
-    base.tie_weights()  # assign=True replaced tied parameters one by one: tie them again, as in the live model
+    _tie_again(base)  # assign=True replaced tied parameters one by one: tie them again, as in the live model
     left = [n for n, t in itertools.chain(base.named_parameters(), base.named_buffers()) if t.is_meta]
     if left:
         raise RuntimeError(f"the unsharded copy of {hf_class.__name__} lacks {len(left)} weights ({', '.join(left[:3])})")

@@ -18,7 +18,7 @@ from assets_paths import STORIES260K
 
 from rlhf_lit.models import load_causal_lm, load_reward_model, sequence_scores
 from rlhf_lit.models.generation import forward_with_positions
-from rlhf_lit.models.lora import LoRAConfig, adapter_disabled, default_target_modules, exportable, with_lora
+from rlhf_lit.models.lora import LoRAConfig, adapter_disabled, default_target_modules, export_parts, exportable, with_lora
 from rlhf_lit.models.memory import MemoryConfig, attach_frozen, call_on_own_device, enable_gradient_checkpointing, train_mode
 from rlhf_lit.stages.export import MARKER, save_pretrained_atomically
 from rlhf_lit.tokenizer import load_tokenizer
@@ -85,6 +85,36 @@ def test_unknown_target_names_the_option_and_the_layers(tokenizer):
         with_lora(model, LoRAConfig(target_modules=["q_proj", "c_attn"]), "causal_lm")
     with pytest.raises(ValueError, match="lora.target_modules: 'input_layernorm' names a LlamaRMSNorm"):
         with_lora(model, LoRAConfig(target_modules=["input_layernorm"]), "causal_lm")
+
+
+def test_an_adapter_on_a_tied_embedding_or_head_is_merged_into_an_untied_copy():
+    """A tied input embedding / LM head is one weight under two modules; peft adapts only the one named,
+    so the merged export must untie them to be the trained model (#37; SmolLM2 itself in
+    tests/realmodel/test_smollm2_lora.py). Default targets keep the export tied."""
+    from float32_bounds import output_bound
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True)  # fmt: skip
+    ids = torch.tensor([[1, 5, 9, 33, 63, 2]])
+    for targets, tied in ((["embed_tokens"], False), (["lm_head"], False), (None, True)):
+        torch.manual_seed(0)
+        model = with_lora(LlamaForCausalLM(config), LoRAConfig(target_modules=targets), "causal_lm").eval()
+        for name, param in model.named_parameters():
+            if "lora_" in name:
+                torch.nn.init.normal_(param, std=0.5)  # far from the identity start
+        with torch.no_grad():
+            live = model(input_ids=ids).logits
+        # x W + s (x A) B against x (W + s B A): another order of the same sums (tests/float32_bounds.py)
+        bound = output_bound(config, float(live.abs().max()))
+        # The unsharded export and the sharded one's path (rebuilt around gathered weights, then merged)
+        gathered = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        for merged in (exportable(model), export_parts(model, gathered)[0]):
+            assert merged.config.tie_word_embeddings == tied
+            assert (merged.lm_head.weight is merged.get_input_embeddings().weight) == tied
+            with torch.no_grad():
+                torch.testing.assert_close(merged(input_ids=ids).logits, live, rtol=0, atol=bound)
+        assert model.lm_head.weight is model.get_input_embeddings().weight  # the live model is left tied
 
 
 def test_none_leaves_the_model_untouched(tokenizer):
