@@ -203,6 +203,7 @@ def test_two_processes_make_the_single_process_update(mode, single, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.kernels
 def test_compiled_decoding_under_ddp_draws_the_eager_tokens_on_each_rank(single, tmp_path):
     """``sampling.decode: compiled`` under ddp: each process compiles its own decode step (one graph,
     the rollout's batch size), draws the tokens the eager path draws in the same process, and the
