@@ -15,7 +15,7 @@ export OMP_NUM_THREADS ?= 1
 export MKL_NUM_THREADS ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: install test test-fast test-portable demo docs smollm2 clean
+.PHONY: install test test-fast test-portable test-kernels demo docs smollm2 clean
 
 install: $(STAMP)
 
@@ -36,9 +36,17 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow" $(XDIST) $(PYTEST_ARGS)
 
-# The fast tests on the portable CPU kernels (no AVX): results must not depend on the kernels.
+# The fast tests, and the slow ones that compare summation orders (marker `kernels`: compiled against
+# eager), on the portable CPU kernels (no AVX): results must not depend on the kernels.
 test-portable: $(STAMP)
-	ATEN_CPU_CAPABILITY=default $(PY) -m pytest -q -m "not slow" $(XDIST) $(PYTEST_ARGS)
+	ATEN_CPU_CAPABILITY=default $(PY) -m pytest -q -m "not slow or kernels" $(XDIST) $(PYTEST_ARGS)
+
+# The `kernels` tests under each CPU kernel: natively (AVX-512 where the CPU has it), AVX2, portable.
+# Run before submitting a change to a compiled path or a float32 bound (~10 minutes on 2 cores).
+test-kernels: $(STAMP)
+	$(PY) -m pytest -q -m kernels $(XDIST) $(PYTEST_ARGS)
+	ATEN_CPU_CAPABILITY=avx2 $(PY) -m pytest -q -m kernels $(XDIST) $(PYTEST_ARGS)
+	ATEN_CPU_CAPABILITY=default $(PY) -m pytest -q -m kernels $(XDIST) $(PYTEST_ARGS)
 
 demo: $(STAMP)
 	$(PY) -m rlhf_lit.demo.pipeline $(DEMO_ARGS)

@@ -85,7 +85,9 @@ def main(out: str, mode: str, decode: str = "eager") -> None:
 
     def recording_make_rollout(b, timer):
         rollout, experience = make_rollout(b, timer)
-        record["rollout"] = {k: getattr(rollout, k).clone() for k in ("raw_scores", "scores", "advantages", "response_mask")}
+        fields = ("raw_scores", "scores", "advantages", "response_mask", "response_ids", "query_responses",
+                  "attention_mask", "old_values", "returns")  # fmt: skip
+        record["rollout"] = {k: getattr(rollout, k).clone() for k in fields}
         return rollout, experience
 
     def recording_generate(b):

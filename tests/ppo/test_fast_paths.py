@@ -168,9 +168,11 @@ def test_fused_adamw_takes_the_same_steps():
 @pytest.mark.parametrize("critic", ["separate", "shared_trunk"])
 def test_old_logprobs_from_sampling_equal_the_rescore(critic, tokenizer):
     """fp32 on the CPU: the logprobs recorded while sampling are the rescore's old logprobs up to float
-    rounding (the KV-cache steps multiply in another order: measured <= 8e-6), the same values and
-    samples; with a shared trunk the forward runs anyway (the rollout's old logprobs are the
-    rescore's). A one-position shift differs by whole nats."""
+    rounding (the KV-cache steps sum in another order: within tests/float32_bounds.py's logprob
+    bound at the rows' largest logit / temperature, ~4e-4 nats here), the same values and samples;
+    with a shared trunk the forward runs anyway (the rollout's old logprobs are the rescore's). A
+    one-position shift differs by whole nats."""
+    from float32_bounds import entropy_bound, largest_logit, logprob_bound, output_bound, summed_bound, whitened_bound
     from ppo_helpers import tiny_module
 
     from rlhf_lit.stages.ppo.config import PPOConfig
@@ -190,11 +192,23 @@ def test_old_logprobs_from_sampling_equal_the_rescore(critic, tokenizer):
     assert not torch.equal(a.old_logprobs, kept["rescore"].logprobs)
     assert torch.equal(a.query_responses, b.query_responses)
     mask = a.response_mask
-    torch.testing.assert_close(b.old_logprobs[mask], a.old_logprobs[mask], rtol=0, atol=5e-5)
-    torch.testing.assert_close(b.old_values, a.old_values, rtol=1e-6, atol=1e-6)
-    torch.testing.assert_close(b.advantages, a.advantages, rtol=0, atol=1e-3)
-    # objective/entropy: the recorded per-step entropies are the rescore's (~1 nat; measured <= 2e-6).
-    torch.testing.assert_close(experiences["sampling"].entropy, experiences["rescore"].entropy, rtol=0, atol=5e-5)
+    config, positions = module.policy.config, a.query_responses.shape[1]
+    magnitude = largest_logit(module.ref_policy, a.query_responses, a.attention_mask, 0.7)  # the unchanged policy
+    per_token = logprob_bound(config, magnitude, positions)
+    torch.testing.assert_close(b.old_logprobs[mask], a.old_logprobs[mask], rtol=0, atol=per_token)
+    # The critic's pass is the same computation in both modes (alone, or beside the policy's).
+    values = output_bound(config, float(a.old_values.abs().max()), positions)
+    torch.testing.assert_close(b.old_values, a.old_values, rtol=0, atol=values)
+    # Advantages: the KL (old - ref logprob) moves by the logprob bound per token, the shaped reward
+    # by beta (0.1) times it, GAE (gamma 1, lambda 0.95) sums at most R of those and of the values'
+    # moves (twice: V_t and V_(t+1)), then the whitening over the rollout's tokens.
+    length = int(mask.sum(1).max())
+    raw = (a.returns - a.old_values)[mask]
+    advantage = summed_bound(0.1 * per_token + 2 * values, length)
+    torch.testing.assert_close(b.advantages, a.advantages, rtol=0, atol=whitened_bound(raw, advantage))
+    # objective/entropy: the recorded per-step entropies are the rescore's (a token mean of entropies).
+    entropy = entropy_bound(config, magnitude, float(experiences["rescore"].entropy.max()), positions)
+    torch.testing.assert_close(experiences["sampling"].entropy, experiences["rescore"].entropy, rtol=0, atol=entropy)
 
 
 def test_old_logprobs_choice_is_checked():
