@@ -20,7 +20,7 @@ from rlhf_lit.stages.ppo.forward import ForwardPassRunner
 from rlhf_lit.tokenizer import load_tokenizer
 
 # Slow: inductor compiles the 30-layer graph on the CPU (minutes on 2 cores).
-pytestmark = [pytest.mark.realmodel, pytest.mark.slow]
+pytestmark = [pytest.mark.realmodel, pytest.mark.slow, pytest.mark.kernels]
 
 PROMPTS = ("What is the capital of France?", "Hi!", "Name two colours, please.")
 ANSWERS = ("Paris.", "Hello! How can I help?", "Red and")  # the last one unfinished: no end of turn
