@@ -3,6 +3,7 @@
 import shutil
 
 import pytest
+from assets_paths import STORIES260K_CHAT
 from data_assets import GPT2_TOKENIZER, STORIES260K
 from transformers import AutoTokenizer, GPT2TokenizerFast
 
@@ -20,3 +21,9 @@ def gpt2_tok(tmp_path_factory):
     for name in ("vocab.json", "merges.txt"):
         shutil.copy(GPT2_TOKENIZER / name, d / name)
     return GPT2TokenizerFast.from_pretrained(str(d))
+
+
+@pytest.fixture(scope="module")
+def chat_tok():
+    """stories260K with a chat template (assets/README.md): ``<s>``, ``User: ...\n``, ``Assistant: ...</s>\n``."""
+    return AutoTokenizer.from_pretrained(str(STORIES260K_CHAT))

@@ -1,4 +1,4 @@
-"""Paths of the shipped data assets (assets/, see assets/README.md) and a small file-writing helper for the data tests."""
+"""Paths of the shipped data assets (assets/, see assets/README.md), a small file-writing helper and chat messages for the data tests."""
 
 import json
 from pathlib import Path
@@ -13,3 +13,18 @@ def write_jsonl(path: Path, records) -> str:
         for r in records:
             f.write((r if isinstance(r, str) else json.dumps(r)) + "\n")
     return str(path)
+
+
+def system(text: str) -> dict[str, str]:
+    """A system message."""
+    return {"role": "system", "content": text}
+
+
+def user(text: str) -> dict[str, str]:
+    """A user message."""
+    return {"role": "user", "content": text}
+
+
+def bot(text: str) -> dict[str, str]:
+    """An assistant message."""
+    return {"role": "assistant", "content": text}

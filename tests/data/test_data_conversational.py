@@ -5,7 +5,8 @@ generation prompt)."""
 
 import pytest
 from assets_paths import ASSETS
-from data_assets import write_jsonl
+from data_assets import bot, user, write_jsonl
+from data_assets import system as sys_
 from transformers import AutoTokenizer
 
 from rlhf_lit.data import InvalidRecord, PreferenceDataModule, PromptDataModule, RankingCollator, SFTDataModule
@@ -15,23 +16,6 @@ from rlhf_lit.data.records import Row
 CHAT_MODEL = ASSETS / "models" / "stories260K-chat"
 OPT = AdapterOptions(Fields(), prompt_words=3)
 WHERE = "data.jsonl line 3"
-
-
-def sys_(text):
-    return {"role": "system", "content": text}
-
-
-def user(text):
-    return {"role": "user", "content": text}
-
-
-def bot(text):
-    return {"role": "assistant", "content": text}
-
-
-@pytest.fixture(scope="module")
-def chat_tok():
-    return AutoTokenizer.from_pretrained(str(CHAT_MODEL))
 
 
 def read(record, format, kind):

@@ -5,9 +5,7 @@ import copy
 import logging
 
 import pytest
-from assets_paths import STORIES260K_CHAT
-from data_assets import HH, write_jsonl
-from transformers import AutoTokenizer
+from data_assets import HH, bot, user, write_jsonl
 
 from rlhf_lit.data import PreferenceDataModule, PromptDataModule, SFTDataModule
 from rlhf_lit.data.adapters import AdapterOptions, Example, Fields, adapt
@@ -25,19 +23,6 @@ CHAT_REJECTED = CHAT_PROMPT + " No.</s>"
 # today's strings: the prompt up to and including the last "\n\nAssistant:", the response after it, then EOS
 RAW_PROMPT = "\n\nHuman: Hi\n\nAssistant: Hello!\n\nHuman: Help me?\n\nAssistant:"
 CONVERSATIONS = AdapterOptions(Fields(), prompt_words=8, hh_conversations=True)
-
-
-def user(text):
-    return {"role": "user", "content": text}
-
-
-def bot(text):
-    return {"role": "assistant", "content": text}
-
-
-@pytest.fixture(scope="module")
-def chat_tok():
-    return AutoTokenizer.from_pretrained(str(STORIES260K_CHAT))
 
 
 @pytest.fixture
