@@ -127,7 +127,9 @@ def weighted_abs_grads(model, outputs_and_weights) -> dict[str, torch.Tensor]:
     return total
 
 
-def clipped_bound(grads: dict[str, torch.Tensor], bounds: dict[str, torch.Tensor], max_norm: float) -> dict[str, torch.Tensor]:
+def clipped_bound(
+    grads: dict[str, torch.Tensor], bounds: dict[str, torch.Tensor], max_norm: float
+) -> dict[str, torch.Tensor]:
     """Gradients clipped to ``max_norm`` (``g * c``, ``c = max_norm / (||g|| + 1e-6)``) when each
     entry of ``g`` moves by at most ``bounds``: ``||g||`` moves by at most ``||bounds||`` (the
     triangle inequality), so ``c`` by ``c * ||bounds|| / ||g||`` to first order (x 1.01), and an entry

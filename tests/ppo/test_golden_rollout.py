@@ -16,7 +16,7 @@ from the formulas, without ``rlhf_lit``; this file compares:
 - the adaptive controller after the rollout, and the logged KL.
 
 Tolerances: quantities are float32 computed two ways (a padded batch, eager or compiled, against
-unpadded rows): each comparison's bound is derived in ``rollout_bounds`` / ``_loss_bounds`` from the
+unpadded rows): each comparison's bound is derived in golden_bounds.py from the
 float32 error of another summation order (tests/float32_bounds.py) at the magnitudes of this batch,
 carried through the formulas (KL, shaped rewards, GAE, whitening, the losses). They come to ~1e-3
 of the logprobs' nats; every planted wiring bug moves them by 1e-2 or more.
@@ -28,16 +28,13 @@ from dataclasses import replace
 
 import pytest
 import torch
-from float32_bounds import (
-    EPS, entropy_bound, gradient_bound, largest_logit, logprob_bound, output_bound, weighted_abs_grads, whitened_bound,
-)
 from lightning.pytorch import LightningDataModule
 from ppo_helpers import EOS, PAD, STORIES, prompt_batch, tiny_module, tiny_trainer
 from torch.utils.data import DataLoader
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
+import golden_bounds
 import golden_reference as ref
-from rlhf_lit.models.compiled_passes import bucket_length
 from rlhf_lit.models.generation import SamplingConfig, complete_generation
 from rlhf_lit.stages.optim import OptimizerConfig
 from rlhf_lit.stages.ppo import PPOModule
@@ -207,50 +204,12 @@ def expected(golden, reward_model_dir):
 
 @pytest.fixture(scope="module")
 def rollout_bounds(golden, expected) -> dict[str, float]:
-    """How far each rollout quantity may be from the loop reference (another summation order, no
-    bug), carried through the formulas from the models' outputs (tests/float32_bounds.py), on rows
-    of :func:`_positions` tokens:
-
-    - logprobs: the per-token bound at the largest |logit| / temperature of the policy (ref_logprobs:
-      of the reference) on these rows; values, scores: the output bound at their largest |value|;
-    - kl = logprob - ref_logprob: the two bounds added; rewards = -beta * kl (+ the score): beta
-      times that, plus the score's bound;
-    - GAE: delta_t = r_t + gamma V_(t+1) - V_t moves by at most r + (1 + gamma) v, and the advantage
-      sums (gamma lambda)^k of at most R = 6 of them; returns add v;
-    - the advantages whitened over all 16 tokens (:func:`whitened_bound` of the raw ones).
-    Each also gets 8 eps of its own magnitude for the float32 arithmetic after the networks."""
+    """:func:`golden_bounds.rollout_bounds` at the rollout's models (the perturbed policy, the SFT reference)."""
     _, _, record, initial_policy, _ = golden
-    rollout = record["rollouts"][0]
-    ids, mask = rollout.query_responses, rollout.attention_mask
     policy = AutoModelForCausalLM.from_pretrained(STORIES).eval()
     policy.load_state_dict(initial_policy)
     reference = AutoModelForCausalLM.from_pretrained(STORIES).eval()
-    config, positions = policy.config, _positions(rollout)  # the reward model is the same stories260K trunk
-    lp = logprob_bound(config, largest_logit(policy, ids, mask, TEMPERATURE), positions)
-    ref_lp = logprob_bound(config, largest_logit(reference, ids, mask, TEMPERATURE), positions)
-    value = output_bound(config, max(abs(v) for v in _flat(expected["values"])), positions)
-    score = output_bound(config, max(abs(s) for s in expected["raw_scores"]), positions)
-    kl = lp + ref_lp
-    rewards = BETA * kl + score
-    discount = sum((PPO.gamma * PPO.lam) ** k for k in range(len(RESPONSES[0])))
-    advantage = (rewards + (1 + PPO.gamma) * value) * discount
-    raw_advantages = torch.tensor([r - v for r, v in zip(_flat(expected["returns"]), _flat(expected["values"]))])
-    bounds = {
-        "logprobs": lp, "ref_logprobs": ref_lp, "values": value, "raw_scores": score, "scores": score, "kl": kl,
-        "rewards": rewards, "returns": advantage + value, "adv": whitened_bound(raw_advantages, advantage),
-    }  # fmt: skip
-    for key in bounds:
-        values = expected[key] if key in ("raw_scores", "scores") else _flat(expected[key])
-        bounds[key] += 8 * EPS * max(abs(x) for x in values)
-    return bounds
-
-
-def _positions(rollout) -> int:
-    """The longest rows the module's passes sum over: the rollout's prompt and response columns,
-    each padded to its bucket when the passes are compiled (16 + 16 here; more than eager's width)."""
-    response_length = rollout.response_ids.shape[1]
-    prompt_length = rollout.query_responses.shape[1] - response_length
-    return bucket_length(prompt_length) + bucket_length(response_length)
+    return golden_bounds.rollout_bounds(policy, reference, record["rollouts"][0], expected, BETA, PPO, TEMPERATURE)
 
 
 def _on_mask(tensor: torch.Tensor, rows) -> list[list[float]]:
@@ -258,7 +217,7 @@ def _on_mask(tensor: torch.Tensor, rows) -> list[list[float]]:
 
 
 def _close(actual, wanted, bound: float, what=""):
-    """Every value within ``bound`` (absolute, derived: ``rollout_bounds``, ``_loss_bounds``)."""
+    """Every value within ``bound`` (absolute, derived in golden_bounds.py)."""
     torch.testing.assert_close(torch.tensor(actual, dtype=torch.float64), torch.tensor(wanted, dtype=torch.float64),
                                rtol=0, atol=bound, msg=lambda m: f"{what}: {m}")  # fmt: skip
 
@@ -312,7 +271,7 @@ def test_controller_gets_the_summed_kl_per_response_and_the_sample_count(golden,
 
 def _expected_minibatch(policy, critic, row, ptx_batch, expected, reference_grad=False):
     """Losses of a one-row minibatch from the formulas (with graph when ``reference_grad``), and per
-    token what their bounds need (:func:`_loss_bounds`)."""
+    token what their bounds need (:func:`golden_bounds.loss_bounds`)."""
     prompt, response, _ = expected["rows"][row]
     logprobs, entropies = ref.response_logprobs_and_entropy(policy, prompt, response, TEMPERATURE)
     values = ref.token_values(critic, prompt, response, REWARD_OFFSET)
@@ -338,77 +297,6 @@ def _expected_minibatch(policy, critic, row, ptx_batch, expected, reference_grad
     total = policy_loss + PPO.vf_coef * value_loss - PPO.entropy_coef * entropy + PPO.ptx_coef * ptx
     parts = {"loss/policy": policy_loss, "loss/value": value_loss, "policy/entropy": entropy, "loss/ptx": ptx}
     return total, parts, (tokens, float(torch.stack(entropies).detach().max()))
-
-
-def _policy_term_bound(token: dict, d_log_ratio: float, d_advantage: float) -> float:
-    """How far ``max(-A r, -A clip(r))`` moves when ``log r`` moves by ``d_log_ratio`` and ``A`` by
-    ``d_advantage``: ``-A r`` by ``|A| dr + r dA`` (``dr = r d_log_ratio``, x 1.01 for the second
-    order); ``-A clip(r)`` by ``clip(r) dA``, plus ``|A| dr`` if ``r`` is within ``dr`` of the clip
-    range (outside it the clipped term does not move with ``r``). The larger term's move, unless the
-    other can overtake it (then the larger move of the two)."""
-    a, r, eps = token["advantage"], token["ratio"], PPO.clip_range
-    dr = r * d_log_ratio * 1.01
-    clipped = min(max(r, 1 - eps), 1 + eps)
-    unclipped_term, clipped_term = -a * r, -a * clipped
-    d_unclipped = abs(a) * dr + r * d_advantage
-    d_clipped = clipped * d_advantage + (abs(a) * dr if 1 - eps - dr < r < 1 + eps + dr else 0.0)
-    if abs(unclipped_term - clipped_term) > d_unclipped + d_clipped:  # the max keeps its branch
-        return d_unclipped if unclipped_term > clipped_term else d_clipped
-    return max(d_unclipped, d_clipped)
-
-
-def _policy_weight_error(token: dict, d_log_ratio: float, d_advantage: float) -> float:
-    """How far the weight of ``grad logprob`` in the policy term's gradient (``-A r`` while the
-    unclipped branch is taken or ``r`` is inside the clip range, else 0) moves:
-    ``r (|A| d_log_ratio x 1.01 + dA)`` where the gradient is not 0 (or may stop being 0)."""
-    a, r, eps = token["advantage"], token["ratio"], PPO.clip_range
-    dr = r * d_log_ratio * 1.01
-    clipped = min(max(r, 1 - eps), 1 + eps)
-    unclipped_taken = -a * r >= -a * clipped - (abs(a) * dr + 2 * r * d_advantage)
-    inside = 1 - eps - dr < r < 1 + eps + dr
-    return r * (abs(a) * d_log_ratio * 1.01 + d_advantage) if unclipped_taken or inside else 0.0
-
-
-def _weight_errors(policy, critic, per_token, rollout_bounds, d_log_ratio, value_bound):
-    """What the loop's gradient would move by if the loss weights it takes from the rollout moved
-    within their bounds (the advantages, old logprobs, returns, old values) and the current
-    logprobs and values within theirs: for the policy, :func:`_policy_weight_error` per token on
-    ``|grad logprob_t|``; for the critic, ``|v - R|``'s move ``dv + dR`` (+ the old value's for the
-    clipped branch) on ``|grad v_t|``; each times the loss's own factor (the token mean, vf_coef,
-    1 / grad_accum). The move of the summation order itself is :func:`gradient_bound`'s."""
-    tokens, _ = per_token
-    scale = 1.0 / (len(tokens) * PPO.grad_accum)
-    policy_weights = [(t["logprob_out"], scale * _policy_weight_error(t, d_log_ratio, rollout_bounds["adv"]))
-                      for t in tokens]  # fmt: skip
-    d_value = value_bound + rollout_bounds["returns"] + rollout_bounds["values"]
-    critic_weights = [(t["value_out"], scale * PPO.vf_coef * d_value) for t in tokens]
-    return weighted_abs_grads(policy, policy_weights), weighted_abs_grads(critic, critic_weights)
-
-
-def _loss_bounds(policy, rollout, ptx_batch, per_token, rollout_bounds) -> dict[str, float]:
-    """How far a minibatch's losses may be from the loop's (another summation order), each a mean
-    over tokens of its term's move (:func:`_policy_term_bound`; the value term
-    ``0.5 max((v - R)^2, (v_clip - R)^2)`` by ``|v - R| (dv + dR)`` per branch, ``dv`` the value's
-    bound at this step's weights plus the old value's for the clipped one), the entropy by
-    :func:`entropy_bound`, PPO-ptx by the logprob bound of its own rows (temperature 1), and the total
-    by the sum of those times their coefficients."""
-    tokens, largest_entropy = per_token
-    config, positions = policy.config, _positions(rollout)
-    magnitude = largest_logit(policy, rollout.query_responses, rollout.attention_mask, TEMPERATURE)
-    d_log_ratio = logprob_bound(config, magnitude, positions) + rollout_bounds["logprobs"]
-    policy_bound = sum(_policy_term_bound(t, d_log_ratio, rollout_bounds["adv"]) for t in tokens) / len(tokens)
-    value = output_bound(config, max(abs(t["value"]) for t in tokens) + abs(REWARD_OFFSET), positions)
-    d_return = rollout_bounds["returns"]
-    value_bound = sum(max(abs(t["value"] - t["return"]) * (value + d_return),
-                          abs(t["value_clipped"] - t["return"]) * (value + rollout_bounds["values"] + d_return))
-                      for t in tokens) / len(tokens)  # fmt: skip
-    entropy = entropy_bound(config, magnitude, largest_entropy, positions)
-    ptx_magnitude = largest_logit(policy, ptx_batch["input_ids"], ptx_batch["attention_mask"])
-    ptx = logprob_bound(config, ptx_magnitude, ptx_batch["input_ids"].shape[1])
-    bounds = {"loss/policy": policy_bound, "loss/value": value_bound, "policy/entropy": entropy, "loss/ptx": ptx}
-    bounds["loss"] = policy_bound + PPO.vf_coef * value_bound + PPO.entropy_coef * entropy + PPO.ptx_coef * ptx
-    bounds["d_log_ratio"], bounds["d_value"] = d_log_ratio, value  # for the gradients' bounds
-    return bounds
 
 
 def _minibatch_rows(golden) -> list[int]:
@@ -452,39 +340,26 @@ def test_each_step_gradient_and_minibatch_losses_match_the_reference(golden, exp
             # The stage applies the LM head to the response positions only and drops the padding
             # columns none of the minibatch's rows attends: other summation orders than this per-row
             # loop, within the derived bounds (planted bugs move these by 1e-2 and more).
-            bounds = _loss_bounds(policy, golden[2]["rollouts"][0], data.drawn[j], per_token, rollout_bounds)
-            _close(recorded_loss, float(loss.detach()), bounds["loss"], what=f"minibatch {j} loss")
+            rollout = golden[2]["rollouts"][0]
+            limits = golden_bounds.loss_bounds(policy, rollout, data.drawn[j], per_token, rollout_bounds, PPO,
+                                               TEMPERATURE, REWARD_OFFSET)  # fmt: skip
+            _close(recorded_loss, float(loss.detach()), limits["loss"], what=f"minibatch {j} loss")
             for name, value in parts.items():
-                _close(stats[name], float(value.detach()), bounds[name], what=f"minibatch {j} {name}")
-            moves.append(_weight_errors(policy, critic, per_token, rollout_bounds, bounds["d_log_ratio"],
-                                        bounds["d_value"]))  # fmt: skip
+                _close(stats[name], float(value.detach()), limits[name], what=f"minibatch {j} {name}")
+            moves.append(golden_bounds.weight_errors(policy, critic, per_token, rollout_bounds,
+                                                     limits["d_log_ratio"], limits["d_value"], PPO))  # fmt: skip
             total = total + loss / PPO.grad_accum
         total.backward()
         grads = {n: p.grad for n, p in policy.named_parameters() if p.grad is not None}
         got = {n: g for n, (_, g) in policy_steps[step].items()}
-        positions = 2 * _positions(golden[2]["rollouts"][0])  # the step's two one-row minibatches
+        positions = 2 * golden_bounds.positions_of(golden[2]["rollouts"][0])  # the step's two one-row minibatches
         policy_moves = {n: moves[0][0][n] + moves[1][0][n] for n in grads}
-        _assert_grads_close(got, grads, policy_moves, policy.config, positions, f"policy step {step}")
+        golden_bounds.assert_grads_close(got, grads, policy_moves, policy.config, positions, f"policy step {step}")
         critic_grads = {"model." + n: p.grad for n, p in critic.named_parameters() if p.grad is not None}
         critic_moves = {"model." + n: moves[0][1][n] + moves[1][1][n] for n in moves[0][1]}
         got = {n: g for n, (_, g) in critic_steps[step].items()}
-        _assert_grads_close(got, critic_grads, critic_moves, policy.config, positions, f"critic step {step}")
-
-
-def _assert_grads_close(got: dict[str, torch.Tensor], wanted: dict[str, torch.Tensor],
-                        moves: dict[str, torch.Tensor], config, positions: int, what: str) -> None:  # fmt: skip
-    """Every gradient entry within :func:`gradient_bound` at the largest gradient entry of the model
-    (the backward's own summation order) plus ``moves`` (its loss weights' bounds, :func:`_weight_errors`)."""
-    assert set(got) == set(wanted), (what, set(got) ^ set(wanted))
-    scale = max(float(g.abs().max()) for g in wanted.values())
-    assert scale > 0
-    for name in got:
-        bound = gradient_bound(config, scale, positions) + moves[name]
-        difference = (got[name] - wanted[name]).abs()
-        worst = int((difference - bound).argmax())
-        assert (difference <= bound).all(), (
-            f"{what} {name}: |difference| {float(difference.flatten()[worst]):.3g} over its bound "
-            f"{float(bound.flatten()[worst]):.3g} at flat index {worst}")
+        golden_bounds.assert_grads_close(got, critic_grads, critic_moves, policy.config, positions,
+                                         f"critic step {step}")  # fmt: skip
 
 
 def test_the_passes_ran_as_configured_with_one_graph_per_shape_and_grad_mode(golden):
