@@ -63,7 +63,7 @@ smollm2: $(STAMP)
 docs: $(STAMP)
 	@if [ -e site ] && [ ! -f site/.rlhf-lit-docs ]; then echo "make docs: site/ was not built by make docs; move it away first" >&2; exit 1; fi
 	tmp=$$(mktemp -d .site.XXXXXX) && \
-	  { NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet --site-dir $$tmp || { rm -rf $$tmp; exit 1; }; } && \
+	  { NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir $$tmp || { rm -rf $$tmp; exit 1; }; } && \
 	  touch $$tmp/.rlhf-lit-docs && rm -rf site && mv $$tmp site
 
 clean:
