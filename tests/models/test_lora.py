@@ -106,7 +106,7 @@ def test_an_adapter_on_a_tied_embedding_or_head_is_merged_into_an_untied_copy():
         with torch.no_grad():
             live = model(input_ids=ids).logits
         # x W + s (x A) B against x (W + s B A): another order of the same sums (tests/float32_bounds.py)
-        bound = output_bound(config, float(live.abs().max()))
+        bound = output_bound(config, float(live.abs().max()), ids.shape[1])
         # The unsharded export and the sharded one's path (rebuilt around gathered weights, then merged)
         gathered = {k: v.detach().clone() for k, v in model.state_dict().items()}
         for merged in (exportable(model), export_parts(model, gathered)[0]):

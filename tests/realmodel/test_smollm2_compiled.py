@@ -15,6 +15,8 @@ import torch
 from float32_bounds import entropy_bound, largest_logit, logprob_bound, output_bound
 from rlhf_lit.data.encoding import TextEncoder
 from rlhf_lit.models import load_causal_lm
+from rlhf_lit.models.compiled_generation import cache_length
+from rlhf_lit.models.compiled_passes import bucket_length
 from rlhf_lit.models.generation import SamplingConfig, generate_responses, stop_token_ids
 from rlhf_lit.stages.ppo.forward import ForwardPassRunner
 from rlhf_lit.tokenizer import load_tokenizer
@@ -50,7 +52,8 @@ def test_compiled_forward_gives_the_eager_logits_with_grouped_query_attention(sm
                  for p, a in zip(prompts, answers)]  # fmt: skip
     assert runner.stats.graphs == 1
     assert compiled.shape == eager.shape == (3, width_r, config.vocab_size)
-    bound = output_bound(config, float(eager.abs().max()))
+    positions = bucket_length(width_p) + bucket_length(width_r)  # the compiled pass's padded rows
+    bound = output_bound(config, float(eager.abs().max()), positions)
     for b, a in enumerate(answers):
         n = len(a)  # the response positions the mask counts; the rest predict from a pad and are never read
         torch.testing.assert_close(compiled[b, :n], eager[b, :n], rtol=0, atol=bound)
@@ -71,6 +74,7 @@ def test_compiled_greedy_decoding_writes_the_eager_tokens_and_stops_at_the_end_o
     eager, compiled = out["eager"], out["compiled"]
     config = policy.config
     magnitude = largest_logit(policy, eager.query_responses, eager.attention_mask)
+    longest = cache_length(batch["input_ids"].shape[1], 12)  # the static cache the compiled step attends over
     # Identical greedy tokens follow from the bound only where eager's best logit leads the second by
     # more than twice the bound (each may move by it): check that first, so equality is derived, not luck.
     with torch.no_grad():
@@ -79,10 +83,10 @@ def test_compiled_greedy_decoding_writes_the_eager_tokens_and_stops_at_the_end_o
                         position_ids=positions).logits[:, batch["input_ids"].shape[1] - 1 : -1]  # (B, R, V)  fmt: skip
     top2 = logits.topk(2, dim=-1).values
     margins = (top2[..., 0] - top2[..., 1])[eager.response_mask]
-    assert float(margins.min()) > 2 * output_bound(config, magnitude)
+    assert float(margins.min()) > 2 * output_bound(config, magnitude, longest)
     assert eager.ended.all() and len(set(eager.response_mask.sum(1).tolist())) == 2  # two lengths, pad after one
     assert torch.equal(compiled.query_responses, eager.query_responses)
     assert torch.equal(compiled.response_mask, eager.response_mask)
-    torch.testing.assert_close(compiled.logprobs, eager.logprobs, rtol=0, atol=logprob_bound(config, magnitude))
+    torch.testing.assert_close(compiled.logprobs, eager.logprobs, rtol=0, atol=logprob_bound(config, magnitude, longest))
     torch.testing.assert_close(compiled.entropy, eager.entropy, rtol=0,
-                               atol=entropy_bound(config, magnitude, float(eager.entropy.max())))  # fmt: skip
+                               atol=entropy_bound(config, magnitude, float(eager.entropy.max()), longest))  # fmt: skip

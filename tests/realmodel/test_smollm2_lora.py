@@ -57,7 +57,7 @@ def test_a_merged_export_reloads_tied_and_gives_the_lora_models_logits(smollm2_p
         merged = reloaded(input_ids=ids).logits
     # x W + s (x A) B against x (W + s B A): the same sums in another order and grouping (float32_bounds),
     # the merged weight's own rounding (eps * |W| per entry) included in the per-reduction eps.
-    bound = output_bound(reloaded.config, float(live.abs().max()))
+    bound = output_bound(reloaded.config, float(live.abs().max()), ids.shape[1])
     torch.testing.assert_close(merged, live, rtol=0, atol=bound)
     # The adapters moved the logits far past the bound, so an export without them could not pass.
     with torch.no_grad(), peft_model_of(model).disable_adapter():
@@ -88,6 +88,6 @@ def test_an_adapter_on_the_shared_embedding_is_exported_untied_as_the_model_trai
         merged = reloaded(input_ids=ids).logits
         with peft_model_of(model).disable_adapter():
             base = model(input_ids=ids).logits
-    bound = output_bound(reloaded.config, float(live.abs().max()))
+    bound = output_bound(reloaded.config, float(live.abs().max()), ids.shape[1])
     torch.testing.assert_close(merged, live, rtol=0, atol=bound)
     assert float((base - live).abs().max()) > 10 * bound

@@ -88,7 +88,7 @@ def test_the_reward_model_reads_the_end_of_turn_and_the_score_lands_on_it(rollou
             for p, r, m in zip(prompts, rows, masks)
         ])  # fmt: skip
     # Padded batch against rows alone: one network output in two summation orders (float32_bounds).
-    bound = output_bound(rm.config, float(alone.abs().max()))
+    bound = output_bound(rm.config, float(alone.abs().max()), rollout.query_responses.shape[1])
     torch.testing.assert_close(rollout.raw_scores, alone, rtol=0, atol=bound)
     assert torch.equal(rollout.scores, rollout.raw_scores)  # no bias, whitening, clipping or penalty configured
     last = masks.long().cumsum(1).argmax(1)  # the last counted position: 2, 0, 5, 5
