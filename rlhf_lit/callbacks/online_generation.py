@@ -30,8 +30,8 @@ from rlhf_lit.data.prompt_rendering import (
 # The project's one judge loader; re-exported here for ``rlhf_lit.callbacks.load_judge``.
 from rlhf_lit.evaluation import load_judge, response_texts
 from rlhf_lit.evaluation.judges import JudgeReads, judge_texts
-from rlhf_lit.functional import member_std
-from rlhf_lit.models.generation import SamplingConfig, generate_responses, left_padded
+from rlhf_lit.functional import member_std, pad_ids
+from rlhf_lit.models.generation import SamplingConfig, generate_responses
 
 log = logging.getLogger(__name__)
 
@@ -98,10 +98,12 @@ class OnlineGeneration(Callback):
         self.last_table: str | None = None
         self._rendered: RenderedPrompts | None = None
 
-    def rendered(self, tokenizer) -> RenderedPrompts:
-        """The prompts as the policy reads them, rendered once (the tokenizer is the module's, known at fit)."""
+    def rendered(self, tokenizer, training: bool | None = None) -> RenderedPrompts:
+        """The prompts as the policy reads them, rendered once (the tokenizer is the module's, known at fit);
+        ``auto`` follows ``training``, whether the training prompts were rendered, when known."""
         if self._rendered is None:
-            rendering = resolve_chat_template(self.chat_template, tokenizer, f"{type(self).__name__} chat_template")
+            name = f"{type(self).__name__} chat_template"
+            rendering = resolve_chat_template(self.chat_template, tokenizer, name, training)
             rank_zero_info(rendering_line(f"{type(self).__name__} ({self.tag})", rendering, self.prompts))
             self._rendered = render_prompts(tokenizer, self.prompts, rendering)
         return self._rendered
@@ -110,8 +112,10 @@ class OnlineGeneration(Callback):
     def sample(self, pl_module: LightningModule) -> tuple[list[str], dict[str, list[float]]]:
         """Responses to the fixed prompts and their scores (RM, and the judge when set)."""
         tokenizer = pl_module.tokenizer
-        prompts = self.rendered(tokenizer)
-        input_ids, attention_mask = left_padded(prompts.ids, tokenizer.pad_token_id)
+        trainer = getattr(pl_module, "_trainer", None)  # None outside fit
+        datamodule = getattr(trainer, "datamodule", None) if trainer is not None else None
+        prompts = self.rendered(tokenizer, getattr(datamodule, "chat_rendered", None))
+        input_ids, attention_mask = pad_ids(prompts.ids, tokenizer.pad_token_id, "left")
         generated = generate_responses(
             pl_module.policy, input_ids.to(pl_module.device),
             attention_mask.to(pl_module.device), self.sampling or pl_module.sampling,

@@ -14,27 +14,7 @@ from typing import Any, Literal
 import torch
 
 from rlhf_lit.data.encoding import IGNORE_INDEX
-
-
-def pad(
-    seqs: Sequence[Sequence[int]],
-    value: int,
-    side: Literal["right", "left"],
-    length: int | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pad lists of ids to one length (the longest, or ``length``).
-
-    Returns:
-        ``(ids, attention_mask)``, both ``(B, T)`` long; the mask is 1 on the given tokens.
-    """
-    length = max(len(s) for s in seqs) if length is None else length
-    ids = torch.full((len(seqs), length), value, dtype=torch.long)  # (B, T)
-    mask = torch.zeros((len(seqs), length), dtype=torch.long)  # (B, T)
-    for i, s in enumerate(seqs):
-        cols = slice(0, len(s)) if side == "right" else slice(length - len(s), length)
-        ids[i, cols] = torch.as_tensor(s, dtype=torch.long)
-        mask[i, cols] = 1
-    return ids, mask
+from rlhf_lit.functional.pairs import pad_ids as pad
 
 
 def require_pad_id(tokenizer: Any) -> int:

@@ -80,12 +80,9 @@ class PreferenceDataModule(TextDataModule):
         apply_chat_template: render string prompts as a user turn and string responses as the
             assistant turn with the tokenizer's chat template; an error if it has none.
             Conversations are always rendered with it.
-        hh_render: how ``hh_rlhf`` transcripts are rendered (:mod:`rlhf_lit.data.rendering`):
-            ``auto`` reads them as conversations rendered with the tokenizer's chat template when it
-            has one and keeps them as raw strings otherwise (GPT-2), ``chat_template`` always reads
-            them as conversations (an error for a tokenizer without a template), ``raw`` keeps the
-            strings split at the last ``\\n\\nAssistant:``. Applies to every source of the module
-            read as ``hh_rlhf`` (``reference_path`` too). One INFO line says which was used and why.
+        hh_render: how ``hh_rlhf`` transcripts are rendered (:data:`rlhf_lit.data.rendering.HHRender`;
+            ``auto``: with the chat template when the tokenizer has one), for every source read as
+            ``hh_rlhf`` (``reference_path`` too). One INFO line says which was used and why.
         max_length: the most tokens of prompt + response + EOS, per sequence.
         max_prompt_length: the most prompt tokens (must be below ``max_length``).
         batch_size: pairs (or rankings) per batch (and reference sequences per reference batch).

@@ -48,9 +48,16 @@ def check_chat_template(option: str, name: str = "chat_template") -> None:
         raise ValueError(f"{name} must be one of {', '.join(CHAT_TEMPLATE_CHOICES)}; got {option!r}")
 
 
-def resolve_chat_template(option: ChatTemplate, tokenizer: Any, name: str = "chat_template") -> PromptRendering:
+def resolve_chat_template(
+    option: ChatTemplate, tokenizer: Any, name: str = "chat_template", training: bool | None = None
+) -> PromptRendering:
     """``option`` (given as ``name``, e.g. ``--chat-template``) for ``tokenizer``; ``ValueError`` naming
-    ``name`` for an unknown value, or ``always`` with a tokenizer that has no chat template."""
+    ``name`` for an unknown value, or ``always`` with a tokenizer that has no chat template.
+
+    ``training``: whether the run's training prompts were rendered with the template (a data
+    module's ``chat_rendered``), when known. ``auto`` then follows it, so prompts sampled beside
+    training (the callbacks, the guard's held-out set) read as the training prompts did, and the
+    reward model scores the rendering it is trained against."""
     check_chat_template(option, name)
     template, tok = has_chat_template(tokenizer), tokenizer_name(tokenizer)
     if option == "never":
@@ -62,6 +69,10 @@ def resolve_chat_template(option: ChatTemplate, tokenizer: Any, name: str = "cha
                 f"use {name} auto (or never) to keep them as plain strings, or a tokenizer that has one"
             )
         return PromptRendering(True, f"{name} always")
+    if training is not None:
+        how = "rendered with" if training else "kept outside"
+        why = f"{name} auto, and the training prompts are {how} the chat template"
+        return PromptRendering(training and template, why)
     has = "has a" if template else "has no"
     return PromptRendering(template, f"{name} auto, and the tokenizer {tok!r} {has} chat template")
 

@@ -72,12 +72,9 @@ class PromptDataModule(TextDataModule):
         apply_chat_template: render each string prompt as a user turn with the generation
             prompt, with the tokenizer's chat template; an error if it has none. Conversations are
             always rendered with it.
-        hh_render: how ``hh_rlhf`` transcripts are rendered (:mod:`rlhf_lit.data.rendering`):
-            ``auto`` reads them as conversations rendered with the tokenizer's chat template when it
-            has one and keeps them as raw strings otherwise (GPT-2), ``chat_template`` always reads
-            them as conversations (an error for a tokenizer without a template), ``raw`` keeps the
-            strings split at the last ``\\n\\nAssistant:``. Applies to every source of the module
-            read as ``hh_rlhf`` (``ptx_path`` too). One INFO line says which was used and why.
+        hh_render: how ``hh_rlhf`` transcripts are rendered (:data:`rlhf_lit.data.rendering.HHRender`;
+            ``auto``: with the chat template when the tokenizer has one), for every source read as
+            ``hh_rlhf`` (``ptx_path`` too). One INFO line says which was used and why.
         max_prompt_length: the most tokens of a prompt.
         batch_size: prompts per batch (per rollout).
         shuffle: draw the training prompts in a seeded random order per epoch (else in order).

@@ -67,12 +67,9 @@ class SFTDataModule(TextDataModule):
         apply_chat_template: render string prompts as a user turn (with the generation prompt)
             and string responses as the assistant turn with the tokenizer's chat template; an
             error if the tokenizer has none. Conversations are always rendered with it.
-        hh_render: how ``hh_rlhf`` transcripts are rendered (:mod:`rlhf_lit.data.rendering`):
-            ``auto`` reads them as conversations rendered with the tokenizer's chat template when it
-            has one and keeps them as raw strings otherwise (GPT-2), ``chat_template`` always reads
-            them as conversations (an error for a tokenizer without a template), ``raw`` keeps the
-            strings split at the last ``\\n\\nAssistant:``. Applies to every source of the module
-            read as ``hh_rlhf``. One INFO line says which was used and why.
+        hh_render: how ``hh_rlhf`` transcripts are rendered (:data:`rlhf_lit.data.rendering.HHRender`;
+            ``auto``: with the chat template when the tokenizer has one), for every source read as
+            ``hh_rlhf``. One INFO line says which was used and why.
         assistant_turns: which assistant turns of a conversation (``messages``) are trained:
             ``all`` of them, or the ``last`` one only (the earlier ones are context).
         max_length: the most tokens of prompt + response + EOS (of a whole conversation).

@@ -26,7 +26,7 @@ from rlhf_lit.functional.masked_stats import (
     masked_var,
     masked_whiten,
 )
-from rlhf_lit.functional.pairs import concat_pairs, pad_right
+from rlhf_lit.functional.pairs import concat_pairs, pad_ids, pad_right
 from rlhf_lit.functional.ranking import RankingMetrics, ranking_loss, ranking_metrics, ranking_pair_mask, ranking_pairs
 from rlhf_lit.functional.score_shaping import ScoreWhitening, shape_scores
 from rlhf_lit.functional.masks import append_eos_to_unfinished, last_true_index, response_mask_from_eos, response_mask_from_prompt_length
@@ -65,6 +65,7 @@ __all__ = [
     "member_std",
     "needs_critic",
     "needs_groups",
+    "pad_ids",
     "pad_right",
     "pairwise_reward_loss",
     "ppo_policy_loss",

@@ -2,10 +2,34 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Literal
+
 import torch
 import torch.nn.functional as F
 
-__all__ = ["concat_pairs", "pad_right"]
+__all__ = ["concat_pairs", "pad_ids", "pad_right"]
+
+
+def pad_ids(
+    seqs: Sequence[Sequence[int]],
+    value: int,
+    side: Literal["right", "left"],
+    length: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pad lists of ids to one length (the longest, or ``length``), on the right or the left.
+
+    Returns:
+        ``(ids, attention_mask)``, both ``(B, T)`` long; the mask is 1 on the given tokens.
+    """
+    length = max(len(s) for s in seqs) if length is None else length
+    ids = torch.full((len(seqs), length), value, dtype=torch.long)  # (B, T)
+    mask = torch.zeros((len(seqs), length), dtype=torch.long)  # (B, T)
+    for i, s in enumerate(seqs):
+        cols = slice(0, len(s)) if side == "right" else slice(length - len(s), length)
+        ids[i, cols] = torch.as_tensor(s, dtype=torch.long)
+        mask[i, cols] = 1
+    return ids, mask
 
 
 def pad_right(x: torch.Tensor, length: int, value: int) -> torch.Tensor:

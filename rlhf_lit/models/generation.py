@@ -26,7 +26,7 @@ import torch
 from torch import nn
 from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel, PreTrainedTokenizerBase
 
-from rlhf_lit.functional import response_mask_from_eos, token_logprobs
+from rlhf_lit.functional import pad_ids, response_mask_from_eos, token_logprobs
 from rlhf_lit.models.compiled_generation import compiled_generate_settings, counting_compiles
 from rlhf_lit.models.scoring import model_attention_mask, position_ids_from_mask
 from rlhf_lit.models.step_logprobs import StepLogprobs
@@ -332,19 +332,6 @@ def response_logprobs(model: nn.Module, generated: Generated, temperature: float
     return token_logprobs(logits, generated.response_ids, temperature)  # (B, R)
 
 
-def left_padded(rows: Sequence[Sequence[int]], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token id rows as ``(input_ids (B, P), attention_mask (B, P))``, padded on the left: generate
-    continues the last column."""
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad_token_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, row in enumerate(rows):
-        if row:
-            ids[i, width - len(row) :] = torch.tensor(list(row), dtype=torch.long)
-            mask[i, width - len(row) :] = 1
-    return ids, mask
-
-
 def sample_batches(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
@@ -383,7 +370,7 @@ def sample_batches(
             encoded = tokenizer(chunk, return_tensors="pt", padding=True)
             ids, mask = encoded["input_ids"], encoded["attention_mask"]
         else:
-            ids, mask = left_padded(chunk, tokenizer.pad_token_id)
+            ids, mask = pad_ids(chunk, tokenizer.pad_token_id, "left")  # generate continues the last column
         batches.append(generate_responses(
             model, ids.to(model.device), mask.to(model.device), sampling,
             eos_token_id=stop_ids, pad_token_id=tokenizer.pad_token_id, generator=generator,

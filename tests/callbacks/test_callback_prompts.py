@@ -72,6 +72,22 @@ def test_online_generation_keeps_plain_strings_with_never_or_without_a_template(
     assert columns["judge"] == [float(len("Once upon a time" + responses[0]))]
 
 
+@pytest.mark.parametrize("trained_rendered", [False, True])
+def test_auto_follows_how_the_training_prompts_were_rendered(trained_rendered, caplog):
+    """A chat tokenizer trained on plain strings (a data module's ``chat_rendered`` False): ``auto``
+    samples the fixed prompts as plain strings too, so the reward model scores the rendering PPO
+    trains on; trained on rendered prompts, it renders them."""
+    module = stand_in(STORIES260K_CHAT)
+    module._trainer = SimpleNamespace(datamodule=SimpleNamespace(chat_rendered=trained_rendered))
+    with caplog.at_level(logging.INFO):
+        OnlineGeneration(["Once upon a time"]).sample(module)
+    text = "User: Once upon a time\nAssistant:" if trained_rendered else "Once upon a time"
+    prompt = ids_of(module.tokenizer, text)
+    assert module.fed[0][: len(prompt)] == prompt
+    how = "rendered with" if trained_rendered else "kept outside"
+    assert f"auto, and the training prompts are {how} the chat template" in caplog.text
+
+
 def test_the_guard_held_out_prompts_follow_the_same_rule():
     module = stand_in(STORIES260K_CHAT)
     rendered = ids_of(module.tokenizer, "User: Once upon a time\nAssistant:")

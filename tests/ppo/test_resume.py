@@ -100,7 +100,7 @@ def one_rollout(tmp_path_factory):
 def test_a_checkpoint_from_before_whiten_scope_resumes_with_the_scope_it_was_trained_with(one_rollout, tmp_path):
     from ppo_helpers import STORIES
 
-    from rlhf_lit.stages.ppo.module import fill_whiten_scope
+    from rlhf_lit.stages.ppo.checkpointing import fill_whiten_scope
 
     checkpoint = torch.load(one_rollout, weights_only=False)
     del checkpoint["hyper_parameters"]["ppo"]["whiten_scope"]  # as an older version wrote it

@@ -8,7 +8,7 @@ update loop (:mod:`~rlhf_lit.stages.ppo.update`).
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator, MutableMapping
+from collections.abc import Iterator
 
 import torch
 
@@ -26,12 +26,11 @@ from rlhf_lit.models.reward_ensemble import RewardEnsemble, is_reward_ensemble, 
 from rlhf_lit.models.sharding import shard_models
 from rlhf_lit.models.value import CriticKind, build_critic
 from rlhf_lit.run_seed import seed_or_run_seed
-from rlhf_lit.sources import source_fingerprint
 from rlhf_lit.stages.amp import loss_scale
 from rlhf_lit.stages.base import RunLayout, StageModule, as_config, require_input
 from rlhf_lit.stages.export import ExportExisting
-from rlhf_lit.stages.nonfinite import assert_finite
 from rlhf_lit.stages.optim import OptimizerConfig, build_optimizer, fused_adamw_supported
+from rlhf_lit.stages.ppo.checkpointing import SAFE_ON_RESUME, PPOCheckpoints
 from rlhf_lit.stages.ppo.checks import (
     check_compiled_passes,
     check_critic_free,
@@ -54,12 +53,7 @@ from rlhf_lit.stages.ppo.rollout import Rollout, nonfinite_rollout_parts
 from rlhf_lit.stages.ppo.ranks import sum_over_ranks
 from rlhf_lit.stages.ppo.seeding import stream_generator
 from rlhf_lit.stages.ppo.update import cycle, rank_token_weight, train_on_rollout
-from rlhf_lit.stages.resume import RUN_FACTS, check_module_resume, run_facts
 from rlhf_lit.tokenizer import MissingPad, check_same_chat_template, check_same_vocabulary, load_tokenizer
-
-SAFE_ON_RESUME = ("max_rollouts", "judge", "export_dir", "export_existing", "max_skipped_updates")
-"""Settings a resume may change: how far the run goes, what is logged beside it, where it exports."""
-
 
 def reward_model_unused(arg: str, init_args) -> bool:
     """``--run_dir`` leaves ``reward_model`` unset when no ``reward.sources`` entry is the reward model."""
@@ -71,25 +65,7 @@ def reward_model_unused(arg: str, init_args) -> bool:
     return all(dict(source).get("function") is not None for source in sources)
 
 
-def fill_whiten_scope(checkpoint: dict) -> None:
-    """Give a checkpoint written before ``ppo.whiten_scope`` existed the scope it was trained with.
-
-    Those versions whitened each process's rows: ``rank``; on one process that is the ``global``
-    statistic too. So a resume compares like with like: an older single-process run continues
-    under the default, an older multi-process one is refused until ``ppo.whiten_scope: rank`` is set.
-    """
-    ppo = checkpoint.get("hyper_parameters", {}).get("ppo")
-    if isinstance(ppo, MutableMapping) and "whiten_scope" not in ppo:
-        ppo["whiten_scope"] = "rank" if checkpoint.get("ppo", {}).get("world_size", 1) > 1 else "global"
-
-
-def freeze(model: torch.nn.Module) -> torch.nn.Module:
-    """No gradients, eval mode: for the reference and the reward model."""
-    model.requires_grad_(False)
-    return model.eval()
-
-
-class PPOModule(StageModule):
+class PPOModule(PPOCheckpoints, StageModule):
     """PPO on a policy initialised from the SFT model, with a KL penalty to a frozen copy of it.
 
     Strategies: single device, ``ddp`` and ``fsdp`` / ``fsdp2`` (:mod:`rlhf_lit.strategies`: the
@@ -243,14 +219,15 @@ class PPOModule(StageModule):
         frozen_dtype, frozen_device = self.memory.frozen_dtype or dtype, self.memory.frozen_device
 
         def frozen_sft_copy() -> torch.nn.Module:  # only without LoRA: see build_reference
-            attach_frozen(self, "ref_policy", freeze(load_causal_lm(sft_model, self.tokenizer, dtype=frozen_dtype)), frozen_device)
+            reference = load_causal_lm(sft_model, self.tokenizer, dtype=frozen_dtype).requires_grad_(False).eval()
+            attach_frozen(self, "ref_policy", reference, frozen_device)
             return self.ref_policy
 
         self.reference = build_reference(self.policy, frozen_sft_copy)
         ensemble = is_reward_ensemble(reward_model)
         if self.reward_cfg.uses_reward_model:
             load = load_reward_ensemble if ensemble else load_reward_model
-            rm = freeze(load(reward_model, self.tokenizer, dtype=frozen_dtype))
+            rm = load(reward_model, self.tokenizer, dtype=frozen_dtype).requires_grad_(False).eval()  # frozen
             attach_frozen(self, "reward_model", rm, frozen_device)
         if self.estimator.uses_critic and critic == "separate" and (value_model or reward_model) is None:
             raise ValueError("a separate critic starts from value_model or reward_model; set one of them")
@@ -469,61 +446,3 @@ class PPOModule(StageModule):
         reduced = reduce_over_ranks(self.trainer.strategy, local, self.device)
         learning_rates = [opt.param_groups[0]["lr"] for opt in self.optimizer_list()]
         return logged_metrics(reduced, timer, learning_rates, kl_coef, rollout.batch_size * self.trainer.world_size)
-
-    # ------------------------------------------------------------------ checkpoints
-    def on_save_checkpoint(self, checkpoint: dict) -> None:
-        """Drop the frozen models (and after fit the released optimizer states); add the rollout counter,
-        KL controller and global RNG state.
-
-        Refuses (:class:`~rlhf_lit.stages.nonfinite.NonFiniteError`) to save non-finite weights.
-        """
-        assert_finite(self.policy, "the policy")
-        if self.critic is not None:
-            assert_finite(self.critic, "the critic")
-        self.drop_frozen(checkpoint)
-        self.drop_released(checkpoint)
-        checkpoint[RUN_FACTS] = run_facts(self.trainer)
-        checkpoint["ppo"] = {
-            "rollout_index": self.rollout_index,
-            "kl_controller": self.kl_ctl.state_dict(),
-            # Sampling and shuffling use folded seeds, not this; kept for user code that draws from it.
-            "torch_rng_state": torch.get_rng_state(),
-            "nonfinite": self.nonfinite.state_dict(),
-            "world_size": self.trainer.world_size,
-            "sources": self._source_fingerprints(),
-        }
-
-    def _source_fingerprints(self) -> dict[str, str]:
-        """The models the run reads by path, as they are on disk now (see :func:`source_fingerprint`)."""
-        paths = {"sft_model": self.hparams.sft_model, "reward_model": self.hparams.reward_model,
-                 "value_model": self.hparams.value_model}  # fmt: skip
-        return {what: source_fingerprint(path) for what, path in paths.items() if path is not None}
-
-    def kept_run_facts(self) -> list[str]:
-        """The precision and the number of processes (also compared from ``checkpoint["ppo"]``, which
-        older checkpoints hold too). ``accumulate_grad_batches`` is 1 under manual optimisation and
-        ``max_steps`` is refused: the run's length is ``max_rollouts``, a hyperparameter."""
-        return ["trainer.precision", "trainer.world_size"]
-
-    def on_load_checkpoint(self, checkpoint: dict) -> None:
-        """Check the configuration, Trainer settings and run seed against the checkpoint's
-        (:mod:`rlhf_lit.stages.resume`) and restore the PPO state. The frozen models are not in
-        checkpoints (:meth:`load_state_dict`)."""
-        ppo_state = checkpoint["ppo"]
-        extra = self.run_changes(checkpoint)
-        if self._trainer is not None:
-            extra["trainer.world_size"] = (ppo_state.get("world_size", self.trainer.world_size), self.trainer.world_size)
-        now = self._source_fingerprints()
-        for what, saved in ppo_state.get("sources", {}).items():  # a model directory replaced in place
-            extra[f"model.{what} (its files)"] = (saved, now.get(what))
-        safe = SAFE_ON_RESUME
-        schedules = (self.optimizer_cfg, self.critic_optimizer_cfg or self.optimizer_cfg)
-        if any(cfg.schedule != "constant" for cfg in schedules):
-            safe = tuple(k for k in safe if k != "max_rollouts")  # it is the decaying schedule's length
-        fill_whiten_scope(checkpoint)
-        check_module_resume(self, checkpoint, safe, extra)
-        self.rollout_index = int(ppo_state["rollout_index"])
-        if "nonfinite" in ppo_state:
-            self.nonfinite.load_state_dict(ppo_state["nonfinite"])
-        self.kl_ctl.load_state_dict(ppo_state["kl_controller"])
-        torch.set_rng_state(ppo_state["torch_rng_state"])
