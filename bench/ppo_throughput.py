@@ -88,7 +88,7 @@ def prompt_batches(w: dict, tokenizer) -> list[dict]:
 
 
 def build_module(w: dict, iters: int, export_dir: str, old_logprobs: str = "rescore", decode: str = "eager",
-                 forward: str = "eager"):
+                 forward: str = "eager", remove_padding: bool = True):
     """``PPOModule`` with the harness's settings (see the module docstring)."""
     from rlhf_lit.models.generation import SamplingConfig
     from rlhf_lit.stages import PPOModule
@@ -102,7 +102,7 @@ def build_module(w: dict, iters: int, export_dir: str, old_logprobs: str = "resc
                                 decode=decode),
         ppo=PPOConfig(epochs=w["epochs"], minibatch_size=w["batch"] // w["minibatches"], vf_coef=0.1,
                       clip_range=0.2, value_clip_range=0.2, gamma=1.0, lam=0.95, whiten_advantages=True,
-                      max_grad_norm=None, old_logprobs=old_logprobs, forward=forward),
+                      max_grad_norm=None, old_logprobs=old_logprobs, forward=forward, remove_padding=remove_padding),
         reward=RewardConfig(missing_eos_penalty=None),
         kl=KLConfig(kind="fixed", init_coef=w["kl_coef"], estimator="k1"),
         optimizer=OptimizerConfig(lr=w["lr"], eps=1e-8, schedule="linear"),
@@ -111,7 +111,7 @@ def build_module(w: dict, iters: int, export_dir: str, old_logprobs: str = "resc
 
 
 def run(w: dict, iters: int, accelerator: str, precision: str, out_dir: str, old_logprobs: str = "rescore",
-        decode: str = "eager", forward: str = "eager") -> dict:
+        decode: str = "eager", forward: str = "eager", remove_padding: bool = True) -> dict:
     """Fit ``iters`` rollouts; per-iteration wall time and the module's phase timers."""
     import lightning.pytorch as pl
     import torch
@@ -161,7 +161,7 @@ def run(w: dict, iters: int, accelerator: str, precision: str, out_dir: str, old
 
     pl.seed_everything(w["seed"], verbose=False)
     module = build_module(w, iters, export_dir=os.path.join(out_dir, "model"), old_logprobs=old_logprobs,
-                          decode=decode, forward=forward)
+                          decode=decode, forward=forward, remove_padding=remove_padding)
     batches = prompt_batches(w, module.tokenizer)
     loader = DataLoader(batches * (iters // len(batches) + 1), batch_size=None, shuffle=False)
     capture, clock = Capture(), IterationClock()
@@ -198,7 +198,7 @@ def summarize(result: dict, w: dict) -> dict:
 def main(argv: list[str] | None = None) -> int:
     """Parse options, run, print the table, write the JSON."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--workload", choices=("tiny", "gpt2-small"), default="tiny",
+    parser.add_argument("--workload", choices=("tiny", "gpt2-small", "smollm2-135m"), default="tiny",
                         help="the harness's workload (ignored under run_all.sh, which sets PEERBENCH_*)")
     parser.add_argument("--iters", type=int, default=None, help="PPO iterations (default: the workload's)")
     parser.add_argument("--json", default=os.environ.get("PEERBENCH_JSON"), help="write the results here")
@@ -210,6 +210,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="sampling.decode: eager (the default) or compiled (static KV cache, compiled decode step)")
     parser.add_argument("--forward", choices=("eager", "compiled"), default="eager",
                         help="ppo.forward: eager (the default) or compiled (the scoring and training passes compiled)")
+    parser.add_argument("--remove-padding", choices=("on", "off"), default="on",
+                        help="ppo.remove_padding: on (the default, packed passes) or off (padded rows)")
     args = parser.parse_args(argv)
 
     w = workload_from_env() or workload_from_harness(args.workload)
@@ -219,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(int(w["threads"]))
     with tempfile.TemporaryDirectory(prefix="rlhf-lit-bench-") as out_dir:  # the export at the end of fit
         result = run(w, iters, args.accelerator, args.precision, out_dir, args.old_logprobs, args.decode,
-                     args.forward)
+                     args.forward, args.remove_padding == "on")
     out = summarize(result, w)
     from rlhf_lit.models.compiled_generation import compile_stats
 
@@ -229,10 +231,11 @@ def main(argv: list[str] | None = None) -> int:
                 "forward": args.forward, "forward_compile_graphs": forward_stats.graphs,
                 "forward_compile_calls_s": forward_stats.compile_calls_s})
     out.update({"workload": w["workload"], "iters": iters, "accelerator": args.accelerator, "precision": args.precision,
-                "old_logprobs": args.old_logprobs,
+                "old_logprobs": args.old_logprobs, "remove_padding": args.remove_padding,
                 "torch": torch.__version__, "threads": torch.get_num_threads()})  # fmt: skip
     print(f"rlhf-lit PPOModule, workload {w['workload']}, {iters} iterations ({args.accelerator}, {args.precision}, "
-          f"old logprobs: {args.old_logprobs}, decode: {args.decode}, forward: {args.forward}):")
+          f"old logprobs: {args.old_logprobs}, decode: {args.decode}, forward: {args.forward}, "
+          f"remove padding: {args.remove_padding}):")
     print(f"  iteration {out['iter_median_s']:.3f} s [{out['iter_min_s']:.3f} .. {out['iter_max_s']:.3f}]"
           f"  (first {out['first_iter_s']:.3f} s; CPU time {out['iter_cpu_median_s']:.3f} s)")
     print(f"  generate {out['gen_s']:.3f} s  scoring {out['rollout_s']:.3f} s  training {out['train_s']:.3f} s"

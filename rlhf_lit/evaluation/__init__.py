@@ -19,6 +19,6 @@ Its modules beside that are the library under ``rlhf-lit evaluate`` and ``rlhf-l
 
 from rlhf_lit.evaluation.diversity import distinct_n, ngrams
 from rlhf_lit.evaluation.judges import DEFAULT_JUDGE, Judge, load_judge, vader
-from rlhf_lit.evaluation.texts import response_texts
+from rlhf_lit.evaluation.texts import prompt_texts, response_texts
 
-__all__ = ["DEFAULT_JUDGE", "Judge", "distinct_n", "load_judge", "ngrams", "response_texts", "vader"]
+__all__ = ["DEFAULT_JUDGE", "Judge", "distinct_n", "load_judge", "ngrams", "prompt_texts", "response_texts", "vader"]

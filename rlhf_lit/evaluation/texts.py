@@ -53,3 +53,21 @@ def response_texts(
         else:
             texts.append(tokenizer.decode(response_ids, skip_special_tokens=True))
     return texts
+
+
+def prompt_texts(
+    tokenizer: PreTrainedTokenizerBase, query_responses: torch.Tensor, attention_mask: torch.Tensor, prompt_length: int
+) -> list[str]:
+    """Each row's prompt as the policy read it: its attended prompt tokens decoded with the special
+    tokens kept as text (a chat template's role markers and generation prompt, a BOS), the text a
+    judge reading prompt + response gets (``judge_reads: query_response``).
+
+    Args:
+        tokenizer: the run's tokenizer.
+        query_responses: ``(B, P + R)`` prompt (left padded) then response.
+        attention_mask: ``(B, P + R)``; only its prompt part ``[:, :P]`` is read.
+        prompt_length: P.
+    """
+    ids = query_responses[:, :prompt_length].cpu()  # (B, P)
+    real = attention_mask[:, :prompt_length].bool().cpu()  # (B, P)
+    return [tokenizer.decode(row[keep].tolist(), skip_special_tokens=False) for row, keep in zip(ids, real)]

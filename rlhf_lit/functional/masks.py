@@ -6,7 +6,10 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["response_mask_from_eos", "last_true_index", "response_mask_from_prompt_length", "append_eos_to_unfinished"]
+__all__ = [
+    "response_mask_from_eos", "last_true_index", "response_mask_from_prompt_length", "append_eos_to_unfinished",
+    "attended_span",
+]
 
 
 def response_mask_from_eos(
@@ -96,3 +99,26 @@ def append_eos_to_unfinished(
     ids = torch.cat([input_ids, column_ids.unsqueeze(1)], dim=1)  # (B, T + 1)
     mask = torch.cat([attention_mask, column_mask.unsqueeze(1)], dim=1)  # (B, T + 1)
     return ids, mask
+
+
+def attended_span(attention_mask: torch.Tensor, prompt_length: int) -> tuple[int, int]:
+    """The columns some row attends, ``[first, stop)``: what is left of a left-padded prompt + response
+    batch once the padding no row needs is cut (one host read).
+
+    ``first`` is the first column any row attends, at most ``prompt_length - 1`` (the last prompt
+    column predicts the first response token, so one is always kept); ``stop`` is one past the last
+    column any row attends, at least ``prompt_length + 1`` (one response column is kept). Cutting
+    the other columns changes no output on the kept ones beyond the order of float sums: padding
+    keys are masked out, and positions come from the mask, not the column index.
+
+    Args:
+        attention_mask: ``(B, T)``, 1 (True) on real tokens; prompt in columns ``< prompt_length``.
+        prompt_length: P, the prompt columns.
+    """
+    attended = attention_mask.bool().any(dim=0)  # (T,)
+    columns = torch.nonzero(attended).flatten().tolist()  # the one host read
+    if not columns:
+        return prompt_length - 1, min(prompt_length + 1, attention_mask.shape[1])
+    first = min(columns[0], prompt_length - 1)
+    stop = max(columns[-1] + 1, min(prompt_length + 1, attention_mask.shape[1]))
+    return first, stop

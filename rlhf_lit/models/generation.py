@@ -26,8 +26,9 @@ import torch
 from torch import nn
 from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel, PreTrainedTokenizerBase
 
-from rlhf_lit.functional import pad_ids, response_mask_from_eos, token_logprobs
+from rlhf_lit.functional import attended_span, pad_ids, response_mask_from_eos, token_logprobs
 from rlhf_lit.models.compiled_generation import compiled_generate_settings, counting_compiles
+from rlhf_lit.models.packing import gather_rows, pack_rows, packing_applies
 from rlhf_lit.models.scoring import model_attention_mask, position_ids_from_mask
 from rlhf_lit.models.step_logprobs import StepLogprobs
 
@@ -144,11 +145,29 @@ class Generated:
     logprobs: torch.Tensor | None = None
     entropy: torch.Tensor | None = None
 
-    def rows(self, start: int, stop: int) -> Generated:
-        """Rows ``start:stop`` of every field."""
-        return Generated(*(None if t is None else t[start:stop] for t in (
+    def rows(self, start: int | torch.Tensor, stop: int | None = None) -> Generated:
+        """Rows ``start:stop`` of every field, or the rows a ``(M,)`` index tensor ``start`` names."""
+        index = start if stop is None else slice(start, stop)
+        return Generated(*(None if t is None else t[index] for t in (
             self.query_responses, self.attention_mask, self.response_ids, self.response_mask, self.ended, self.logprobs,
             self.entropy)))
+
+    def trimmed(self) -> Generated:
+        """These rows without the columns none of them attends (:func:`~rlhf_lit.functional.attended_span`):
+        the left padding in front of the longest prompt and the padding after the longest response.
+
+        Every pass over the trimmed rows gives the kept positions' outputs of the full rows (up to
+        the order of float sums) for less work; its per-token fields have ``R'`` <= R columns, the
+        first ``R'`` response positions.
+        """
+        prompt_length = self.query_responses.shape[1] - self.response_ids.shape[1]
+        first, stop = attended_span(self.attention_mask, prompt_length)
+        kept = stop - prompt_length  # R'
+        return Generated(
+            self.query_responses[:, first:stop], self.attention_mask[:, first:stop], self.response_ids[:, :kept],
+            self.response_mask[:, :kept], self.ended,
+            *(None if t is None else t[:, :kept] for t in (self.logprobs, self.entropy)),
+        )  # fmt: skip
 
 
 def complete_generation(
@@ -293,6 +312,8 @@ def forward_response_logits(
     forward pass. A model that ignores ``logits_to_keep`` returns every position; then the
     response positions are sliced out (:func:`response_logits`), with the same result.
     """
+    if packing_applies(model, attention_mask):
+        return _packed_response_logits(model, query_responses, attention_mask, prompt_length, output_hidden_states)
     total = query_responses.shape[1]
     kwargs = {}
     if _accepts_logits_to_keep(model):
@@ -304,6 +325,28 @@ def forward_response_logits(
     )  # fmt: skip
     logits = out.logits if out.logits.shape[1] == total - prompt_length else response_logits(out.logits, prompt_length)
     return logits, out  # (B, R, V)
+
+
+def _packed_response_logits(
+    model: nn.Module, query_responses: torch.Tensor, attention_mask: torch.Tensor, prompt_length: int,
+    output_hidden_states: bool,
+):
+    """:func:`forward_response_logits` over the rows packed (:mod:`rlhf_lit.models.packing`): the
+    same ``(B, R, V)`` logits (zeros where the predicting position is padding: after a response
+    ended, never read), and an output whose ``hidden_states[-1]`` is unpacked to ``(B, T, D)``."""
+    rows = pack_rows(query_responses, attention_mask)
+    predicting = rows.index[:, prompt_length - 1 : -1]  # (B, R): the packed place of the logits of token t
+    keep = predicting[predicting >= 0]  # (K,)
+    kwargs = {"logits_to_keep": keep} if _accepts_logits_to_keep(model) else {}
+    out = model(input_ids=rows.input_ids, position_ids=rows.position_ids, output_hidden_states=output_hidden_states,
+                use_cache=False, **kwargs)  # fmt: skip
+    kept = out.logits[0] if kwargs else out.logits[0, keep]  # (K, V)
+    # the kept rows back in (B, R) order: ``keep`` lists them in that order, so the i-th kept is i
+    order = torch.where(predicting >= 0, (predicting >= 0).flatten().long().cumsum(0).view_as(predicting) - 1, -1)
+    logits = gather_rows(kept, order)  # (B, R, V)
+    if output_hidden_states:
+        out.hidden_states = (*out.hidden_states[:-1], rows.unpack(out.hidden_states[-1]))  # last: (B, T, D)
+    return logits, out
 
 
 def response_logits(logits: torch.Tensor, prompt_length: int) -> torch.Tensor:

@@ -9,6 +9,7 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from rlhf_lit.functional import append_eos_to_unfinished, last_true_index, sequence_logprobs
+from rlhf_lit.models.packing import pack_rows, packing_applies
 
 UnfinishedScoring = Literal["as_sampled", "with_eos"]
 """How a reward model reads a response that reached ``max_new_tokens`` without EOS: ``as_sampled``
@@ -104,8 +105,12 @@ def token_scores(model: PreTrainedModel, input_ids: torch.Tensor, attention_mask
     forward pass (:mod:`rlhf_lit.models.sharding`).
     """
     head = score_head(model)
-    inputs = dict(input_ids=input_ids, attention_mask=model_attention_mask(model, attention_mask),
-                  position_ids=position_ids_from_mask(attention_mask), use_cache=False)  # fmt: skip
+    rows = pack_rows(input_ids, attention_mask) if packing_applies(model, attention_mask) else None
+    if rows is not None:  # padding-free (rlhf_lit.models.packing): the real tokens as one sequence
+        inputs = dict(input_ids=rows.input_ids, position_ids=rows.position_ids, use_cache=False)
+    else:
+        inputs = dict(input_ids=input_ids, attention_mask=model_attention_mask(model, attention_mask),
+                      position_ids=position_ids_from_mask(attention_mask), use_cache=False)  # fmt: skip
     if torch.compiler.is_compiling():
         # A hook cannot be registered inside a compiled graph; compiled passes are refused under
         # FSDP (the reason for the hook), so the trunk and the head are called apart.
@@ -116,12 +121,13 @@ def token_scores(model: PreTrainedModel, input_ids: torch.Tensor, attention_mask
         model(**inputs)
     finally:
         handle.remove()
-    if len(captured) != 1 or captured[0].shape[:2] != input_ids.shape:
+    if len(captured) != 1 or captured[0].shape[:2] != inputs["input_ids"].shape:
         raise ValueError(
             f"{type(model).__name__} does not apply its score head once at every position; rlhf-lit reads "
             "per-token scores (use a causal-LM family model)"
         )
-    return captured[0].squeeze(-1)  # (B, T)
+    scores = captured[0].squeeze(-1)  # (B, T), or (1, N) packed
+    return scores if rows is None else rows.unpack(scores)  # (B, T), zeros on padding when packed
 
 
 def sequence_scores(model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:

@@ -344,3 +344,42 @@ def test_dropping_padding_columns_trains_the_same_weights(tmp_path, monkeypatch)
         torch.testing.assert_close(v, weights[False][k], rtol=1e-5, atol=1e-7, msg=k)
         moved += not torch.equal(v, start[k])
     assert moved > 0
+
+
+def test_packed_passes_train_the_same_weights(tmp_path, monkeypatch):
+    """PPO with ``ppo.remove_padding`` on and off, from one seed, on prompts of very different
+    lengths: the packed passes ran (scoring and minibatches) and trained the same weights up to
+    float rounding."""
+    from ppo_helpers import tiny_module, tiny_trainer
+    from torch.utils.data import DataLoader
+
+    import rlhf_lit.models.generation as generation
+    import rlhf_lit.models.packing as packing
+    import rlhf_lit.models.scoring as scoring
+    from rlhf_lit.stages.ppo.config import PPOConfig
+
+    texts = ["Once upon a time there was a little girl named", "The", "Tom", "A big dog ran to the park and"]
+    weights, packed_rows = {}, []
+    def recording(ids, mask):
+        packed_rows.append(ids.shape)
+        return packing.pack_rows(ids, mask)
+
+    for where in (generation, scoring):  # the logits passes (policy, reference) and the score heads (critic, RM)
+        monkeypatch.setattr(where, "pack_rows", recording)
+    for remove in (True, False):
+        torch.manual_seed(0)
+        module = tiny_module(max_rollouts=2, sampling=SamplingConfig(max_new_tokens=5, temperature=0.9),
+                             ppo=PPOConfig(epochs=2, minibatch_size=2, remove_padding=remove))
+        batch = prompt_batch(module.tokenizer, texts)
+        tiny_trainer(tmp_path / str(remove)).fit(module, train_dataloaders=DataLoader([batch, batch], batch_size=None))
+        weights[remove] = {k: v.clone() for k, v in module.policy.state_dict().items()}
+        if remove:  # per rollout: policy, reference, critic, RM; 2 epochs x 2 minibatches x (policy, critic)
+            assert len(packed_rows) == 2 * (4 + 8), packed_rows
+            calls = len(packed_rows)
+    assert len(packed_rows) == calls  # remove_padding off: no pass packed
+    start = load_causal_lm(STORIES).state_dict()
+    moved = 0
+    for k, v in weights[True].items():
+        torch.testing.assert_close(v, weights[False][k], rtol=1e-5, atol=1e-7, msg=k)
+        moved += not torch.equal(v, start[k])
+    assert moved > 0

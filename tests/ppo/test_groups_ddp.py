@@ -28,8 +28,9 @@ def test_each_group_is_whole_on_the_rank_of_its_prompt(tmp_path):
         for g in range(2):
             prompt = 2 * rank + g  # the global prompt this group belongs to
             for row in (2 * g, 2 * g + 1):  # its k rows are consecutive, on this rank
-                assert torch.equal(record["prompts"][row], batch["input_ids"][prompt])
-                assert torch.equal(record["prompt_mask"][row], batch["attention_mask"][prompt])
+                # the prompt's real tokens (the rollout drops the padding columns no prompt of the rank attends)
+                real, wanted = record["prompt_mask"][row].bool(), batch["attention_mask"][prompt].bool()
+                assert torch.equal(record["prompts"][row][real], batch["input_ids"][prompt][wanted])
             # GRPO within the group: (score - group mean) / (group std + 1e-4) on every response token.
             scores = record["scores"][2 * g : 2 * g + 2]
             expected = (scores - scores.mean()) / (scores.std() + 1e-4)

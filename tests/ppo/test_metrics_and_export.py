@@ -85,6 +85,22 @@ def test_judge_and_diversity_logged_every_rollout(tmp_path, monkeypatch):
         assert "time/text_s" in history[step]
 
 
+def test_a_judge_reading_query_response_gets_each_prompt_as_the_policy_read_it_then_its_response(tmp_path):
+    module = tiny_module(max_rollouts=1, judge="ppo_helpers:index_judge", judge_reads="query_response")
+    rollouts, make_rollout = [], module.make_rollout
+    module.make_rollout = lambda batch, timer: rollouts.append(make_rollout(batch, timer)) or rollouts[-1]
+    JUDGED.clear()
+    tiny_trainer(tmp_path).fit(module, _loader(module, copies=1))
+    r = rollouts[0][0]
+    responses = response_texts(module.tokenizer, r.query_responses, r.attention_mask, r.response_mask, r.ended)
+    # by hand: the prompts as tokenized (BOS first: stories260K's tokenizer adds one), then the response
+    prompts = [module.tokenizer.decode(module.tokenizer(p)["input_ids"]) for p in PROMPTS]
+    assert prompts[0].startswith(module.tokenizer.bos_token)
+    assert JUDGED == [[p + t for p, t in zip(prompts, responses, strict=True)]]
+    with pytest.raises(ValueError, match="judge_reads must be one of response, query_response; got 'prompt'"):
+        tiny_module(judge_reads="prompt")
+
+
 def test_without_judge_diversity_is_logged_and_judge_and_compile_cost_are_not(tmp_path):
     module = tiny_module(max_rollouts=1)
     trainer = tiny_trainer(tmp_path)

@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader
 import golden_reference as ref
 from rlhf_lit.models import load_causal_lm, load_reward_model, sequence_scores
 from rlhf_lit.models.generation import Generated, SamplingConfig, complete_generation
+from rlhf_lit.models.packing import padding_free
 from rlhf_lit.models.reward_norm import fold_normalization, record_normalization
 from rlhf_lit.stages.optim import OptimizerConfig
 from rlhf_lit.stages.ppo.config import KLConfig, PPOConfig, RewardConfig
@@ -84,8 +85,9 @@ def _one_row(gen: Generated, row: int, prompt_length: int) -> Generated:
     )  # fmt: skip
 
 
+@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
 @pytest.mark.parametrize("critic", ["separate", "shared_trunk"])
-def test_left_padded_rows_score_as_they_do_alone_on_gpt2(gpt2_dir, gpt2_rm_dir, critic):
+def test_left_padded_rows_score_as_they_do_alone_on_gpt2(gpt2_dir, gpt2_rm_dir, critic, packed):
     # GPT-2 has absolute position embeddings: a forward pass without position_ids = cumsum(mask) - 1
     # moves a left-padded row's logprobs, values and score (Llama's rotary positions would hide it).
     module = tiny_module(sft_model=gpt2_dir, reward_model=gpt2_rm_dir, critic=critic)
@@ -97,7 +99,8 @@ def test_left_padded_rows_score_as_they_do_alone_on_gpt2(gpt2_dir, gpt2_rm_dir, 
                               module.stop_ids, module.tokenizer.pad_token_id)  # fmt: skip
     assert batch["attention_mask"].sum(1).tolist() == [7, 1, 3, 4]  # left padding of 0 to 6 tokens
     P = batch["input_ids"].shape[1]
-    padded = module.score_rollout(gen)
+    with padding_free(packed):  # ppo.remove_padding: the rows' real tokens as one sequence
+        padded = module.score_rollout(gen)
     for row in range(4):
         alone = module.score_rollout(_one_row(gen, row, P))
         mask = gen.response_mask[row]

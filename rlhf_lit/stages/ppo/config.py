@@ -56,7 +56,10 @@ class PPOConfig:
         ptx_coef: weight of the pretraining / SFT loss on batches from a second data source
             (InstructGPT's PPO-ptx; 0 = off). Needs a data module with ``ptx_dataloader()``.
         score_chunk_size: rows per no-grad forward pass when scoring a rollout (old logprobs,
-            reference logprobs, values, reward); None = the whole batch at once. Bounds memory.
+            reference logprobs, values, reward); None = the whole batch at once. Bounds memory,
+            and can save work: chunks take rows of similar prompt length, and each pass skips the
+            padding none of a chunk's rows attends (left of the longest prompt, right of the
+            longest response).
         estimator: the advantage estimator (:data:`~rlhf_lit.functional.advantages.EstimatorKind`):
             ``gae`` (critic + GAE, the InstructGPT path), ``grpo`` / ``dr_grpo`` / ``rloo``
             (group baselines over ``sampling.samples_per_prompt`` >= 2 responses per prompt) or
@@ -80,6 +83,12 @@ class PPOConfig:
             gradients within float32 rounding, graphs counted and logged as ``compile/forward_*``).
             Refused under FSDP. The default stays ``eager``: see docs/performance.md for what
             compiling bought on the machines measured.
+        remove_padding: run the eager teacher-forced passes of a rollout (scoring: policy,
+            reference, critic, reward model; the minibatch updates: policy and critic) over the
+            rows' real tokens packed into one sequence, not over padded rows
+            (:mod:`rlhf_lit.models.packing`): the same outputs up to the order of float sums, for
+            the work of the real tokens. A model whose attention cannot be packed (checked once
+            per model, on the model) keeps its padded passes, with a warning.
     """
 
     epochs: int = 4
@@ -99,6 +108,7 @@ class PPOConfig:
     estimator: EstimatorKind = "gae"
     old_logprobs: OldLogprobs = "rescore"
     forward: ForwardPasses = "eager"
+    remove_padding: bool = True
 
     def __post_init__(self) -> None:
         if self.forward not in get_args(ForwardPasses):

@@ -15,9 +15,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from rlhf_lit.evaluation import response_texts
+from rlhf_lit.evaluation import prompt_texts, response_texts
+from rlhf_lit.evaluation.judges import JudgeReads, judge_texts
 from rlhf_lit.functional import (
-    entropy_from_logits, kl_penalized_rewards, masked_mean, masked_whiten, member_std, token_logprobs,
+    attended_span, entropy_from_logits, kl_penalized_rewards, masked_mean, masked_whiten, member_std, token_logprobs,
 )
 from rlhf_lit.models import sequence_scores
 from rlhf_lit.models.reward_ensemble import RewardEnsemble
@@ -56,6 +57,21 @@ class Scored:
             values = [getattr(p, f.name) for p in parts]
             joined[f.name] = None if values[0] is None else torch.cat(values)
         return Scored(**joined)
+
+    def rows(self, index: torch.Tensor) -> Scored:
+        """The rows a ``(M,)`` index tensor names, of every field."""
+        return Scored(**{f.name: None if getattr(self, f.name) is None else getattr(self, f.name)[index]
+                         for f in fields(Scored)})  # fmt: skip
+
+    def padded_to(self, response_length: int) -> Scored:
+        """The per-token fields right-padded with zeros to ``response_length`` columns (positions a
+        trimmed chunk did not score: after every one of its responses ended, masked everywhere)."""
+        extra = response_length - self.old_logprobs.shape[1]
+        if extra == 0:
+            return self
+        pad = lambda t: torch.nn.functional.pad(t, (0, extra))  # noqa: E731
+        return Scored(pad(self.old_logprobs), pad(self.ref_logprobs), pad(self.old_values), pad(self.entropy),
+                      self.rm_scores)  # fmt: skip
 
 
 @dataclass
@@ -137,9 +153,16 @@ class ExperienceMaker:
         )  # (B, T) or (B, T + 1), x2
 
     @torch.no_grad()
-    def score_chunk(self, gen: Generated, prompt_length: int) -> Scored:
+    def score_chunk(self, gen: Generated) -> Scored:
         """Old logprobs, reference logprobs, values, entropy and the reward model's scores (when
-        it is a source; the reward functions are called once per rollout in :meth:`make`) of a few rows."""
+        it is a source; the reward functions are called once per rollout in :meth:`make`) of a few rows.
+
+        The passes run over the rows without the padding none of them attends (:meth:`Generated.trimmed`);
+        the per-token fields come back at the full response length, zero where nothing was scored.
+        """
+        response_length = gen.response_ids.shape[1]
+        gen = gen.trimmed()
+        prompt_length = gen.query_responses.shape[1] - gen.response_ids.shape[1]
         m = self.module
         temperature = m.sampling.temperature
         ids, mask = gen.query_responses, gen.attention_mask
@@ -156,14 +179,25 @@ class ExperienceMaker:
             old_values=torch.zeros_like(old_logprobs) if values is None else values.float(),  # (B, R)
             entropy=entropy,  # (B, R)
             rm_scores=m.score(*self.reward_model_inputs(gen)).float() if m.reward_cfg.uses_reward_model else None,
-        )
+        ).padded_to(response_length)
 
     def score_rollout(self, gen: Generated) -> Scored:
-        """:meth:`score_chunk` over the batch in chunks of ``ppo.score_chunk_size`` rows."""
-        prompt_length = gen.query_responses.shape[1] - gen.response_ids.shape[1]
+        """:meth:`score_chunk` over the batch in chunks of ``ppo.score_chunk_size`` rows.
+
+        Chunks take the rows in order of their prompt's length, so that the rows that share a chunk
+        share its padding and each chunk cuts the most (:meth:`Generated.trimmed`); the scores
+        come back in the rollout's row order.
+        """
         rows = gen.response_ids.shape[0]
         size = self.module.ppo.score_chunk_size or rows
-        return Scored.cat([self.score_chunk(gen.rows(i, i + size), prompt_length) for i in range(0, rows, size)])
+        if size >= rows:
+            return self.score_chunk(gen)
+        prompt_length = gen.query_responses.shape[1] - gen.response_ids.shape[1]
+        # stable: rows of equal length keep their order; the sort needs no host read
+        order = torch.argsort(gen.attention_mask[:, :prompt_length].sum(dim=1), stable=True)  # (B,)
+        by_length = gen.rows(order)
+        scored = Scored.cat([self.score_chunk(by_length.rows(i, i + size)) for i in range(0, rows, size)])
+        return scored.rows(torch.argsort(order))  # back to the rollout's order
 
     def make(self, batch: dict[str, torch.Tensor], timer: RolloutTimer | None) -> tuple[Rollout, Experience]:
         """Generate, score, shape rewards and compute advantages (the module docstring's steps)."""
@@ -171,6 +205,7 @@ class ExperienceMaker:
         world_size = m._trainer.world_size if m._trainer is not None else 1
         check_whitening_rows(batch["input_ids"].shape[0], world_size, m.ppo, m.reward_cfg)  # before any work
         batch = repeat_prompts(batch, m.sampling.samples_per_prompt)  # k consecutive rows per prompt
+        batch = without_common_padding(batch)  # nothing of the rollout reads a column no prompt attends
         gen = m.generate(batch)
         _mark(timer, "generate")
         scored = m.score_rollout(gen)
@@ -222,6 +257,26 @@ class ExperienceMaker:
                 rollout.ended,
             )  # fmt: skip
         return experience.texts
+
+
+def judged_texts(maker: ExperienceMaker, rollout: Rollout, experience: Experience, reads: JudgeReads) -> list[str]:
+    """What a judge reads of a rollout (:data:`~rlhf_lit.evaluation.judges.JudgeReads`): the responses,
+    or each prompt as the policy read it (:func:`~rlhf_lit.evaluation.texts.prompt_texts`) + its response."""
+    texts = maker.texts(rollout, experience)
+    if reads == "response":
+        return texts
+    prompts = prompt_texts(maker.module.tokenizer, rollout.query_responses, rollout.attention_mask, rollout.prompt_length)
+    return judge_texts(prompts, texts, reads)
+
+
+def without_common_padding(batch: dict) -> dict:
+    """The prompt batch without its leading columns that no row attends (a batch padded to a fixed
+    length): generation's prefill and every pass after it skip them, with the same outputs up to
+    the order of float sums (:func:`~rlhf_lit.functional.attended_span`)."""
+    first, _ = attended_span(batch["attention_mask"], batch["attention_mask"].shape[1])
+    if first == 0:
+        return batch
+    return {**batch, "input_ids": batch["input_ids"][:, first:], "attention_mask": batch["attention_mask"][:, first:]}
 
 
 def _mark(timer: RolloutTimer | None, phase: str) -> None:

@@ -87,8 +87,9 @@ def rollout_statistics(
     return stats
 
 
-def text_statistics(texts: Sequence[str], judge: Judge | None) -> dict[str, float]:
-    """``diversity/distinct_1``, ``diversity/distinct_2`` of ``texts`` and, with a judge, ``objective/judge``.
+def text_statistics(texts: Sequence[str], judge: Judge | None, judged: Sequence[str] | None = None) -> dict[str, float]:
+    """``diversity/distinct_1``, ``diversity/distinct_2`` of ``texts`` and, with a judge, ``objective/judge``
+    of ``judged`` (what the judge reads, ``judge_reads``; default: ``texts``).
 
     Distinct-n is pooled over this rank's responses; across ranks the per-rank values are
     averaged (equal to the pooled value only with one rank). The judge mean over ranks is the
@@ -96,7 +97,7 @@ def text_statistics(texts: Sequence[str], judge: Judge | None) -> dict[str, floa
     """
     stats = {"diversity/distinct_1": distinct_n(texts, 1), "diversity/distinct_2": distinct_n(texts, 2)}
     if judge is not None:
-        scores = judge(list(texts))
+        scores = judge(list(texts if judged is None else judged))
         stats["objective/judge"] = sum(scores) / len(scores)
     return stats
 

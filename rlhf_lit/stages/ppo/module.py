@@ -14,6 +14,7 @@ import torch
 
 from rlhf_lit.data.encoding import TextEncoder
 from rlhf_lit.evaluation import load_judge
+from rlhf_lit.evaluation.judges import JudgeReads, judge_texts
 from rlhf_lit.functional import AdaptiveKLController, FixedKLController, sft_loss
 from rlhf_lit.models import load_causal_lm, load_reward_model
 from rlhf_lit.models.compiled_generation import compile_stats
@@ -21,6 +22,7 @@ from rlhf_lit.models.generation import Generated, SamplingConfig, forward_with_p
 from rlhf_lit.models.loading import DType
 from rlhf_lit.models.lora import LoRAConfig, with_lora
 from rlhf_lit.models.memory import MemoryConfig, attach_frozen, enable_gradient_checkpointing, train_mode
+from rlhf_lit.models.packing import padding_free
 from rlhf_lit.models.reference import build_reference
 from rlhf_lit.models.reward_ensemble import RewardEnsemble, is_reward_ensemble, load_reward_ensemble, member_paths
 from rlhf_lit.models.sharding import shard_models
@@ -42,27 +44,18 @@ from rlhf_lit.stages.ppo.checks import (
 )
 from rlhf_lit.stages.ppo.config import KLConfig, PPOConfig, RewardConfig
 from rlhf_lit.stages.ppo.estimator import AdvantageEstimator
-from rlhf_lit.stages.ppo.experience import Experience, ExperienceMaker, Scored
+from rlhf_lit.stages.ppo.experience import Experience, ExperienceMaker, Scored, judged_texts
 from rlhf_lit.stages.ppo.forward import ForwardPassRunner
 from rlhf_lit.stages.ppo.loss import OLD_LOGPROB_DIFF, ppo_loss
 from rlhf_lit.stages.ppo.metrics import (
     RolloutTimer, compile_statistics, logged_metrics, reduce_over_ranks, rollout_statistics, text_statistics,
 )
-from rlhf_lit.stages.ppo.reward_sources import RewardSources
+from rlhf_lit.stages.ppo.reward_sources import RewardSources, reward_model_unused
 from rlhf_lit.stages.ppo.rollout import Rollout, nonfinite_rollout_parts
 from rlhf_lit.stages.ppo.ranks import sum_over_ranks
 from rlhf_lit.stages.ppo.seeding import stream_generator
 from rlhf_lit.stages.ppo.update import cycle, rank_token_weight, train_on_rollout
 from rlhf_lit.tokenizer import MissingPad, check_same_chat_template, check_same_vocabulary, load_tokenizer
-
-def reward_model_unused(arg: str, init_args) -> bool:
-    """``--run_dir`` leaves ``reward_model`` unset when no ``reward.sources`` entry is the reward model."""
-    if arg != "reward_model":
-        return False
-    reward = init_args.get("reward")
-    reward = reward.as_dict() if hasattr(reward, "as_dict") else dict(reward or {})
-    sources = reward.get("sources") or [{"function": None}]  # the default source is the reward model
-    return all(dict(source).get("function") is not None for source in sources)
 
 
 class PPOModule(PPOCheckpoints, StageModule):
@@ -100,11 +93,10 @@ class PPOModule(PPOCheckpoints, StageModule):
         rollout_seed: base of the per-rank sampling and shuffling seeds (``seed + rank * 100003``);
             None: the run's ``seed_everything`` (:mod:`rlhf_lit.run_seed`), so another run seed
             samples other responses and shuffles other minibatches.
-        judge: optional gold scorer ``"module:function"`` of a list of response texts (e.g.
-            ``rlhf_lit.evaluation.judges:vader``), loaded with
-            :func:`rlhf_lit.evaluation.load_judge`. It reads the response only, decoded without
-            special tokens as ``rlhf_lit.demo.held_out_eval`` does; its mean over the rollout batch is
-            logged as ``objective/judge``. Never used as a reward.
+        judge: optional gold scorer ``"module:function"`` of a list of texts (e.g.
+            ``rlhf_lit.evaluation.judges:vader``; :func:`rlhf_lit.evaluation.load_judge`): the responses,
+            or with ``judge_reads: query_response`` each prompt as the policy read it + its response (a
+            held-out reward model as judge). Its batch mean is ``objective/judge``; never a reward.
         export_dir: where the trained policy and its tokenizer go at the end of fit, in Hugging Face
             format; None: ``<log dir>/model``.
         max_skipped_updates: updates in a row skipped for NaN or inf (a rollout with non-finite scores,
@@ -149,6 +141,7 @@ class PPOModule(PPOCheckpoints, StageModule):
         max_rollouts: int = 1000,
         rollout_seed: int | None = None,
         judge: str | None = None,
+        judge_reads: JudgeReads = "response",
         export_dir: str | None = None,
         export_existing: ExportExisting = "refuse",
         max_skipped_updates: int = 3,
@@ -160,6 +153,8 @@ class PPOModule(PPOCheckpoints, StageModule):
         sft_model = require_input(sft_model, "sft_model", "the SFT model")
         # Loaded first: a bad spec fails before any model is.
         self.judge = None if judge is None else load_judge(judge)
+        judge_texts([], [], judge_reads)  # an unknown judge_reads fails here, before any model loads
+        self.judge_reads = judge_reads
         self.sampling: SamplingConfig = as_config(SamplingConfig, sampling)
         self.ppo: PPOConfig = as_config(PPOConfig, ppo)
         self.reward_cfg: RewardConfig = as_config(RewardConfig, reward)
@@ -324,14 +319,15 @@ class PPOModule(PPOCheckpoints, StageModule):
         rows = batch["input_ids"].shape[0] * self.sampling.samples_per_prompt
         check_rollout_rows(rows, self.ppo, self.sampling.samples_per_prompt)  # before any work
         timer = RolloutTimer(self.device)
-        rollout, experience = self.make_rollout(batch, timer)  # generate, score, shape, advantages
+        with padding_free(self.ppo.remove_padding):  # the teacher-forced passes over real tokens only
+            rollout, experience = self.make_rollout(batch, timer)  # generate, score, shape, advantages
         bad = nonfinite_rollout_parts(rollout, sum_over_ranks(self.trainer))
         if bad:  # no update on NaN: it would turn every weight into NaN
             self.nonfinite.skipped("rollout", f"rollout {self.rollout_index}: non-finite {', '.join(bad)}")
             self._end_rollout(rollout.batch_size, {"skipped/nonfinite_rollout": 1.0})
             return
-        with train_mode(*self.trained_models):  # what activates gradient checkpointing (dropout is off)
-            train_stats = self.train_on_rollout(rollout)  # K epochs of minibatch steps
+        with train_mode(*self.trained_models), padding_free(self.ppo.remove_padding):  # (train mode: what
+            train_stats = self.train_on_rollout(rollout)  # activates gradient checkpointing; dropout is off)
         timer.mark("train")
         kl_coef = self.kl_ctl.value
         metrics = self.rollout_metrics(rollout, experience, train_stats, kl_coef, timer)
@@ -366,13 +362,11 @@ class PPOModule(PPOCheckpoints, StageModule):
         return self.experience.generate(batch)
 
     def score(self, query_responses: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """The reward model's normalised score ``(B,)``, an ensemble's member scores ``(B, M)``
-        (:meth:`ExperienceMaker.score`)."""
+        """The RM's normalised score ``(B,)``, an ensemble's ``(B, M)`` (:meth:`ExperienceMaker.score`)."""
         return self.experience.score(query_responses, attention_mask)
 
     def reward_model_inputs(self, gen: Generated) -> tuple[torch.Tensor, torch.Tensor]:
-        """The rows the reward model reads of a generated batch, as the rollout's reward reads them
-        (``reward.unfinished``; :meth:`ExperienceMaker.reward_model_inputs`)."""
+        """The rows the reward model reads of a generated batch (:meth:`ExperienceMaker.reward_model_inputs`)."""
         return self.experience.reward_model_inputs(gen)
 
     def score_rollout(self, gen: Generated) -> Scored:
@@ -430,7 +424,7 @@ class PPOModule(PPOCheckpoints, StageModule):
     ) -> dict[str, float]:
         """Everything logged for a rollout, averaged over ranks (see :mod:`rlhf_lit.stages.ppo.metrics`).
 
-        Distinct-n always and the judge when set read the responses, decoded once per rollout.
+        Distinct-n reads the responses, decoded once per rollout; the judge what ``judge_reads`` says.
         ``kl_coef`` is the coefficient the rollout's rewards were shaped with.
         """
         # The generation / training mismatch: a rescored rollout measured it against the rescore;
@@ -439,7 +433,8 @@ class PPOModule(PPOCheckpoints, StageModule):
         local = rollout_statistics(rollout, experience.entropy, train_stats, kl_coef, self.critic is not None,
                                    gen_train_diff)  # no sync  fmt: skip
         local.update(experience.reward_parts)  # each source
-        local.update(text_statistics(self.experience.texts(rollout, experience), self.judge))
+        judged = None if self.judge is None else judged_texts(self.experience, rollout, experience, self.judge_reads)
+        local.update(text_statistics(self.experience.texts(rollout, experience), self.judge, judged))
         local.update(compile_statistics("decode", self.sampling.decode, compile_stats()))  # none when eager
         local.update(compile_statistics("forward", self.ppo.forward, self.forward_passes.stats))
         timer.mark("text")

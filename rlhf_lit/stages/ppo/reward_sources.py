@@ -92,3 +92,13 @@ def reward_batch(tokenizer: Any, batch: dict[str, Any], gen: Generated) -> Rewar
     response_ids = [ids[m].tolist() for ids, m in zip(gen.response_ids.cpu(), gen.response_mask.cpu())]
     extras = {name: list(column) for name, column in batch.get("extras", {}).items()}
     return RewardBatch(prompts, responses, response_ids, gen.ended.tolist(), extras)
+
+
+def reward_model_unused(arg: str, init_args) -> bool:
+    """``--run_dir`` leaves ``reward_model`` unset when no ``reward.sources`` entry is the reward model."""
+    if arg != "reward_model":
+        return False
+    reward = init_args.get("reward")
+    reward = reward.as_dict() if hasattr(reward, "as_dict") else dict(reward or {})
+    sources = reward.get("sources") or [{"function": None}]  # the default source is the reward model
+    return all(dict(source).get("function") is not None for source in sources)
