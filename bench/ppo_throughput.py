@@ -88,7 +88,7 @@ def prompt_batches(w: dict, tokenizer) -> list[dict]:
 
 
 def build_module(w: dict, iters: int, export_dir: str, old_logprobs: str = "rescore", decode: str = "eager",
-                 forward: str = "eager", remove_padding: bool = True):
+                 forward: str = "eager", remove_padding: bool = False):
     """``PPOModule`` with the harness's settings (see the module docstring)."""
     from rlhf_lit.models.generation import SamplingConfig
     from rlhf_lit.stages import PPOModule
@@ -111,7 +111,7 @@ def build_module(w: dict, iters: int, export_dir: str, old_logprobs: str = "resc
 
 
 def run(w: dict, iters: int, accelerator: str, precision: str, out_dir: str, old_logprobs: str = "rescore",
-        decode: str = "eager", forward: str = "eager", remove_padding: bool = True) -> dict:
+        decode: str = "eager", forward: str = "eager", remove_padding: bool = False) -> dict:
     """Fit ``iters`` rollouts; per-iteration wall time and the module's phase timers."""
     import lightning.pytorch as pl
     import torch
@@ -210,8 +210,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="sampling.decode: eager (the default) or compiled (static KV cache, compiled decode step)")
     parser.add_argument("--forward", choices=("eager", "compiled"), default="eager",
                         help="ppo.forward: eager (the default) or compiled (the scoring and training passes compiled)")
-    parser.add_argument("--remove-padding", choices=("on", "off"), default="on",
-                        help="ppo.remove_padding: on (the default, packed passes) or off (padded rows)")
+    parser.add_argument("--remove-padding", choices=("on", "off"), default="off",
+                        help="ppo.remove_padding: off (the default, padded rows) or on (packed passes)")
     args = parser.parse_args(argv)
 
     w = workload_from_env() or workload_from_harness(args.workload)

@@ -88,7 +88,10 @@ class PPOConfig:
             rows' real tokens packed into one sequence, not over padded rows
             (:mod:`rlhf_lit.models.packing`): the same outputs up to the order of float sums, for
             the work of the real tokens. A model whose attention cannot be packed (checked once
-            per model, on the model) keeps its padded passes, with a warning.
+            per model, on the model) keeps its padded passes, with a warning. Off by default: with
+            SDPA the packed sequence's attention is one dense ``N x N`` masked product, which on
+            the CPU cost more than the padding saved (docs/performance.md); it pays where the
+            attention is variable-length (``flash_attention_2``) or rows differ far in length.
     """
 
     epochs: int = 4
@@ -108,7 +111,7 @@ class PPOConfig:
     estimator: EstimatorKind = "gae"
     old_logprobs: OldLogprobs = "rescore"
     forward: ForwardPasses = "eager"
-    remove_padding: bool = True
+    remove_padding: bool = False
 
     def __post_init__(self) -> None:
         if self.forward not in get_args(ForwardPasses):
