@@ -316,6 +316,16 @@ def test_minibatches_drop_only_the_padding_columns_no_row_attends():
     assert all(mb.prompt_length == 1 for mb in minibatches(all_pad, 2, generator))  # one column is kept
 
 
+def assert_same_trained_weights(weights: dict, other: dict) -> None:
+    """Two PPO runs' policy weights agree up to float rounding, and training moved some of them."""
+    start = load_causal_lm(STORIES).state_dict()
+    moved = 0
+    for k, v in weights.items():
+        torch.testing.assert_close(v, other[k], rtol=1e-5, atol=1e-7, msg=k)
+        moved += not torch.equal(v, start[k])
+    assert moved > 0
+
+
 def test_dropping_padding_columns_trains_the_same_weights(tmp_path, monkeypatch):
     """PPO with and without the column drop, from one seed, on prompts of very different lengths:
     the same weights up to float rounding."""
@@ -338,12 +348,7 @@ def test_dropping_padding_columns_trains_the_same_weights(tmp_path, monkeypatch)
         tiny_trainer(tmp_path / str(drop)).fit(module, train_dataloaders=DataLoader([batch, batch], batch_size=None))
         weights[drop] = {k: v.clone() for k, v in module.policy.state_dict().items()}
     assert max(dropped) > 0  # some minibatch had columns to drop
-    start = load_causal_lm(STORIES).state_dict()
-    moved = 0
-    for k, v in weights[True].items():
-        torch.testing.assert_close(v, weights[False][k], rtol=1e-5, atol=1e-7, msg=k)
-        moved += not torch.equal(v, start[k])
-    assert moved > 0
+    assert_same_trained_weights(weights[True], weights[False])
 
 
 def test_packed_passes_train_the_same_weights(tmp_path, monkeypatch):
@@ -377,12 +382,7 @@ def test_packed_passes_train_the_same_weights(tmp_path, monkeypatch):
             assert len(packed_rows) >= 2 * (4 + 8), packed_rows  # each once per length group
             calls = len(packed_rows)
     assert len(packed_rows) == calls  # remove_padding off: no pass packed
-    start = load_causal_lm(STORIES).state_dict()
-    moved = 0
-    for k, v in weights[True].items():
-        torch.testing.assert_close(v, weights[False][k], rtol=1e-5, atol=1e-7, msg=k)
-        moved += not torch.equal(v, start[k])
-    assert moved > 0
+    assert_same_trained_weights(weights[True], weights[False])
 
 
 def test_length_groups_train_the_same_weights(tmp_path, monkeypatch):
@@ -415,9 +415,4 @@ def test_length_groups_train_the_same_weights(tmp_path, monkeypatch):
         tiny_trainer(tmp_path / str(grouped)).fit(module, train_dataloaders=DataLoader([batch, batch], batch_size=None))
         weights[grouped] = {k: v.clone() for k, v in module.policy.state_dict().items()}
     assert 2 in formed  # the long prompt's row was passed apart from the others
-    start = load_causal_lm(STORIES).state_dict()
-    moved = 0
-    for k, v in weights[True].items():
-        torch.testing.assert_close(v, weights[False][k], rtol=1e-5, atol=1e-7, msg=k)
-        moved += not torch.equal(v, start[k])
-    assert moved > 0
+    assert_same_trained_weights(weights[True], weights[False])
