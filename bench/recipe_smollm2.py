@@ -419,6 +419,8 @@ def main() -> int:
         for seed in seeds:
             entry = result["runs"].setdefault(f"seed{seed}", {}).setdefault(stage, {})
             if not args.collect_only:
+                for stale in ("metrics", "metrics_error", "resolved_model_args"):
+                    entry.pop(stale, None)
                 entry["git"] = git_state()  # per run: the tree may change between seeds
                 entry["run"] = run_stage(stage, seed, root)
                 if entry["run"]["returncode"] != 0:
