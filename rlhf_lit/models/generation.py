@@ -28,7 +28,7 @@ from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel,
 
 from rlhf_lit.functional import attended_span, pad_ids, response_mask_from_eos, token_logprobs
 from rlhf_lit.models.compiled_generation import compiled_generate_settings, counting_compiles
-from rlhf_lit.models.packing import gather_rows, pack_rows, packing_applies
+from rlhf_lit.models.packing import pack_rows, packing_applies, place_rows
 from rlhf_lit.models.scoring import model_attention_mask, position_ids_from_mask
 from rlhf_lit.models.step_logprobs import StepLogprobs
 
@@ -340,10 +340,8 @@ def _packed_response_logits(
     kwargs = {"logits_to_keep": keep} if _accepts_logits_to_keep(model) else {}
     out = model(input_ids=rows.input_ids, position_ids=rows.position_ids, output_hidden_states=output_hidden_states,
                 use_cache=False, **kwargs)  # fmt: skip
-    kept = out.logits[0] if kwargs else out.logits[0, keep]  # (K, V)
-    # the kept rows back in (B, R) order: ``keep`` lists them in that order, so the i-th kept is i
-    order = torch.where(predicting >= 0, (predicting >= 0).flatten().long().cumsum(0).view_as(predicting) - 1, -1)
-    logits = gather_rows(kept, order)  # (B, R, V)
+    kept = out.logits[0] if kwargs else out.logits[0, keep]  # (K, V), in the (B, R) row-major order of ``keep``
+    logits = place_rows(kept, predicting >= 0)  # (B, R, V)
     if output_hidden_states:
         out.hidden_states = (*out.hidden_states[:-1], rows.unpack(out.hidden_states[-1]))  # last: (B, T, D)
     return logits, out

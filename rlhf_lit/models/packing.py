@@ -77,9 +77,15 @@ def gather_rows(packed: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """``packed (K, ...)`` placed at ``index (B, R)`` (a place in ``packed`` or -1): ``(B, R, ...)``,
     zeros where the index is -1. Differentiable in ``packed``."""
     valid = index >= 0  # (B, R)
-    out = packed.new_zeros((index.numel(), *packed.shape[1:]))  # (B*R, ...)
-    out = out.index_put((torch.nonzero(valid.flatten()).squeeze(1),), packed[index[valid]])
-    return out.view(*index.shape, *packed.shape[1:])
+    return place_rows(packed[index[valid]], valid)
+
+
+def place_rows(values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """``values (K, ...)``, one per True of ``valid (B, R)`` in row-major order, at those places of a
+    ``(B, R, ...)`` tensor of zeros. Differentiable in ``values``."""
+    out = values.new_zeros((valid.numel(), *values.shape[1:]))  # (B*R, ...)
+    out = out.index_put((torch.nonzero(valid.flatten()).squeeze(1),), values)
+    return out.view(*valid.shape, *values.shape[1:])
 
 
 def packing_applies(model: nn.Module, attention_mask: torch.Tensor) -> bool:
