@@ -88,7 +88,7 @@ def prompt_batches(w: dict, tokenizer) -> list[dict]:
 
 
 def build_module(w: dict, iters: int, export_dir: str, old_logprobs: str = "rescore", decode: str = "eager",
-                 forward: str = "eager", remove_padding: bool = False):
+                 forward: str = "eager", remove_padding: bool = False, reuse_first_forward: bool = True):
     """``PPOModule`` with the harness's settings (see the module docstring)."""
     from rlhf_lit.models.generation import SamplingConfig
     from rlhf_lit.stages import PPOModule
@@ -102,7 +102,8 @@ def build_module(w: dict, iters: int, export_dir: str, old_logprobs: str = "resc
                                 decode=decode),
         ppo=PPOConfig(epochs=w["epochs"], minibatch_size=w["batch"] // w["minibatches"], vf_coef=0.1,
                       clip_range=0.2, value_clip_range=0.2, gamma=1.0, lam=0.95, whiten_advantages=True,
-                      max_grad_norm=None, old_logprobs=old_logprobs, forward=forward, remove_padding=remove_padding),
+                      max_grad_norm=None, old_logprobs=old_logprobs, forward=forward, remove_padding=remove_padding,
+                      reuse_first_forward=reuse_first_forward),
         reward=RewardConfig(missing_eos_penalty=None),
         kl=KLConfig(kind="fixed", init_coef=w["kl_coef"], estimator="k1"),
         optimizer=OptimizerConfig(lr=w["lr"], eps=1e-8, schedule="linear"),
@@ -111,7 +112,8 @@ def build_module(w: dict, iters: int, export_dir: str, old_logprobs: str = "resc
 
 
 def run(w: dict, iters: int, accelerator: str, precision: str, out_dir: str, old_logprobs: str = "rescore",
-        decode: str = "eager", forward: str = "eager", remove_padding: bool = False) -> dict:
+        decode: str = "eager", forward: str = "eager", remove_padding: bool = False,
+        reuse_first_forward: bool = True) -> dict:
     """Fit ``iters`` rollouts; per-iteration wall time and the module's phase timers."""
     import lightning.pytorch as pl
     import torch
@@ -161,7 +163,8 @@ def run(w: dict, iters: int, accelerator: str, precision: str, out_dir: str, old
 
     pl.seed_everything(w["seed"], verbose=False)
     module = build_module(w, iters, export_dir=os.path.join(out_dir, "model"), old_logprobs=old_logprobs,
-                          decode=decode, forward=forward, remove_padding=remove_padding)
+                          decode=decode, forward=forward, remove_padding=remove_padding,
+                          reuse_first_forward=reuse_first_forward)
     batches = prompt_batches(w, module.tokenizer)
     loader = DataLoader(batches * (iters // len(batches) + 1), batch_size=None, shuffle=False)
     capture, clock = Capture(), IterationClock()
@@ -212,6 +215,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="ppo.forward: eager (the default) or compiled (the scoring and training passes compiled)")
     parser.add_argument("--remove-padding", choices=("on", "off"), default="off",
                         help="ppo.remove_padding: off (the default, padded rows) or on (packed passes)")
+    parser.add_argument("--reuse-first-forward", choices=("on", "off"), default="on",
+                        help="ppo.reuse_first_forward: on (the default: the update's first minibatch forward scores "
+                             "its rows) or off (a scoring pass over every row)")
     args = parser.parse_args(argv)
 
     w = workload_from_env() or workload_from_harness(args.workload)
@@ -221,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(int(w["threads"]))
     with tempfile.TemporaryDirectory(prefix="rlhf-lit-bench-") as out_dir:  # the export at the end of fit
         result = run(w, iters, args.accelerator, args.precision, out_dir, args.old_logprobs, args.decode,
-                     args.forward, args.remove_padding == "on")
+                     args.forward, args.remove_padding == "on", args.reuse_first_forward == "on")
     out = summarize(result, w)
     from rlhf_lit.models.compiled_generation import compile_stats
 
@@ -232,10 +238,11 @@ def main(argv: list[str] | None = None) -> int:
                 "forward_compile_calls_s": forward_stats.compile_calls_s})
     out.update({"workload": w["workload"], "iters": iters, "accelerator": args.accelerator, "precision": args.precision,
                 "old_logprobs": args.old_logprobs, "remove_padding": args.remove_padding,
+                "reuse_first_forward": args.reuse_first_forward,
                 "torch": torch.__version__, "threads": torch.get_num_threads()})  # fmt: skip
     print(f"rlhf-lit PPOModule, workload {w['workload']}, {iters} iterations ({args.accelerator}, {args.precision}, "
           f"old logprobs: {args.old_logprobs}, decode: {args.decode}, forward: {args.forward}, "
-          f"remove padding: {args.remove_padding}):")
+          f"remove padding: {args.remove_padding}, reuse first forward: {args.reuse_first_forward}):")
     print(f"  iteration {out['iter_median_s']:.3f} s [{out['iter_min_s']:.3f} .. {out['iter_max_s']:.3f}]"
           f"  (first {out['first_iter_s']:.3f} s; CPU time {out['iter_cpu_median_s']:.3f} s)")
     print(f"  generate {out['gen_s']:.3f} s  scoring {out['rollout_s']:.3f} s  training {out['train_s']:.3f} s"

@@ -44,7 +44,8 @@ def test_benchmark_runs_a_workload_from_the_harness_environment(tmp_path, old_lo
     assert out["old_logprobs"] == old_logprobs and f"old logprobs: {old_logprobs}" in result.stdout
     assert out["decode"] == decode and f"decode: {decode}," in result.stdout  # which generation path ran
     assert out["forward"] == forward and f"forward: {forward}," in result.stdout  # which passes ran
-    assert out["remove_padding"] == "off" and "remove padding: off)" in result.stdout  # the default: padded rows
+    assert out["remove_padding"] == "off" and "remove padding: off," in result.stdout  # the default: padded rows
+    assert out["reuse_first_forward"] == "on" and "reuse first forward: on)" in result.stdout  # the default
     # sampling: the critic-only pass scores (no grad); the update: policy and critic (grad)
     assert out["forward_compile_graphs"] == (2 if forward == "compiled" else 0)
     assert ("compiled passes: 2 graph(s)" in result.stdout) == (forward == "compiled")

@@ -75,8 +75,8 @@ def main(out: str, forward: str = "eager") -> None:
     module.kl_ctl.update = recording_update
     make_rollout = module.make_rollout
 
-    def recording_make_rollout(batch, timer):
-        rollout, entropy = make_rollout(batch, timer)
+    def recording_make_rollout(batch, timer, *args):
+        rollout, entropy = make_rollout(batch, timer, *args)
         local_kl.append(float(rollout.kl.sum(1).mean()))  # summed over tokens, mean over this rank's rows
         rollouts.append({k: getattr(rollout, k).clone() for k in ROLLOUT_FIELDS})
         return rollout, entropy

@@ -25,7 +25,7 @@ def main(out: str) -> None:
                          sampling=SamplingConfig(max_new_tokens=6, samples_per_prompt=2), max_rollouts=1)  # fmt: skip
     rollouts = []
     make_rollout = module.make_rollout
-    module.make_rollout = lambda batch, timer: rollouts.append(make_rollout(batch, timer)) or rollouts[-1]
+    module.make_rollout = lambda batch, timer, *args: rollouts.append(make_rollout(batch, timer, *args)) or rollouts[-1]
     batch = prompt_batch(module.tokenizer, PROMPTS)
     trainer = tiny_trainer(out, strategy="ddp", devices=2, use_distributed_sampler=False)
     data = RankPrompts(batch, torch.arange(4), 2)

@@ -83,8 +83,8 @@ def main(out: str, mode: str, decode: str = "eager") -> None:
     generate, minibatch_loss, before_step = module.generate, module.minibatch_loss, module.on_before_optimizer_step
     make_rollout = module.make_rollout
 
-    def recording_make_rollout(b, timer):
-        rollout, experience = make_rollout(b, timer)
+    def recording_make_rollout(b, timer, *args):
+        rollout, experience = make_rollout(b, timer, *args)
         fields = ("raw_scores", "scores", "advantages", "response_mask", "response_ids", "query_responses",
                   "attention_mask", "old_values", "returns")  # fmt: skip
         record["rollout"] = {k: getattr(rollout, k).clone() for k in fields}
@@ -99,8 +99,8 @@ def main(out: str, mode: str, decode: str = "eager") -> None:
             module.sampling = compiled
         return gen
 
-    def recording_minibatch_loss(mb):
-        loss, stats = minibatch_loss(mb)
+    def recording_minibatch_loss(mb, *args):
+        loss, stats = minibatch_loss(mb, *args)
         record["minibatches"].append({"policy": float(stats["loss/policy"]), "value": float(stats["loss/value"]),
                                       "tokens": int(mb.response_mask.sum())})  # fmt: skip
         return loss, stats

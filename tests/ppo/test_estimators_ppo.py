@@ -58,15 +58,15 @@ def run_one_rollout(tmp_path, perturb: float = 0.0, record: dict | None = None, 
     record["minibatches"] = []
     make_rollout, minibatch_loss = module.make_rollout, module.minibatch_loss
 
-    def recording_loss(mb):
-        loss, stats = minibatch_loss(mb)
+    def recording_loss(mb, *args):
+        loss, stats = minibatch_loss(mb, *args)
         record["minibatches"].append((float(loss.detach()), {k: float(v) for k, v in stats.items()}))
         return loss, stats
 
     module.minibatch_loss = recording_loss
 
-    def recording(batch, timer):
-        rollout, stats = make_rollout(batch, timer)
+    def recording(batch, timer, *args):
+        rollout, stats = make_rollout(batch, timer, *args)
         record["rollout"] = rollout
         return rollout, stats
 

@@ -97,8 +97,8 @@ def test_real_rollout_generation_and_training_agree_in_fp32(tmp_path, old_logpro
     make_rollout = module.make_rollout
     magnitudes, rows = [], []  # the largest |logit| / temperature of the policy that sampled; the rows' width
 
-    def recording(batch, timer):
-        rollout, experience = make_rollout(batch, timer)
+    def recording(batch, timer, *args):
+        rollout, experience = make_rollout(batch, timer, *args)
         lengths.extend(rollout.response_mask.sum(1).tolist())
         magnitudes.append(largest_logit(module.policy, rollout.query_responses, rollout.attention_mask, 0.9))
         rows.append(rollout.query_responses.shape[1])

@@ -135,16 +135,16 @@ def golden(request, reward_model_dir, tmp_path_factory):
 
     make_rollout = module.make_rollout
 
-    def recording_make_rollout(batch, timer):
-        rollout, entropy = make_rollout(batch, timer)
+    def recording_make_rollout(batch, timer, *args):
+        rollout, entropy = make_rollout(batch, timer, *args)
         record["rollouts"].append(rollout)
         record["kl_coef_at_rollout"] = module.kl_ctl.value
         return rollout, entropy
 
     minibatch_loss = module.minibatch_loss
 
-    def recording_minibatch_loss(mb):
-        loss, stats = minibatch_loss(mb)
+    def recording_minibatch_loss(mb, *args):
+        loss, stats = minibatch_loss(mb, *args)
         record["minibatches"].append((mb.query_responses.clone(), float(loss.detach()),
                                       {k: float(v) for k, v in stats.items()}))
         return loss, stats

@@ -18,6 +18,7 @@ the KL per response peaked at 3.4-7.2 nats. The assertions keep a margin of 2-3x
 from __future__ import annotations
 
 import pytest
+import torch
 import yaml
 from assets_paths import CONFIGS
 from ppo_helpers import EOS, TINYSTORIES, EosBias, tiny_module, tiny_trainer
@@ -32,18 +33,29 @@ ROLLOUTS = 40
 
 
 class CountingPPO(PPOModule):
-    """The reward is the number of times ``target`` appears in the response (EOS masking respected)."""
+    """The reward is the number of times ``target`` appears in the response (EOS masking respected).
+
+    Counted when the responses are generated and looked up by each row's real tokens when the
+    reward model is asked: the scoring passes read rows trimmed of padding and in another order
+    (length-sorted chunks, the update's first minibatch), so no fixed column marks where a response starts.
+    """
 
     target: int
 
     def generate(self, batch):
-        self._prompt_length = batch["input_ids"].shape[1]
-        return super().generate(batch)
+        gen = super().generate(batch)
+        counts = ((gen.response_ids == self.target) & gen.response_mask).sum(1).tolist()  # (B,)
+        rows = zip(gen.query_responses.tolist(), gen.attention_mask.tolist(), counts)
+        self._counts = {tuple(t for t, m in zip(ids, mask) if m): n for ids, mask, n in rows}
+        return gen
 
     def score(self, query_responses, attention_mask):
-        response = query_responses[:, self._prompt_length :]  # (B, R)
-        counted = attention_mask[:, self._prompt_length :].bool()  # (B, R)
-        return ((response == self.target) & counted).sum(1).float()  # (B,)
+        counts = []
+        for ids, mask in zip(query_responses.tolist(), attention_mask.tolist()):
+            real = tuple(t for t, m in zip(ids, mask) if m)
+            # reward.unfinished with_eos: an unfinished response is read with one EOS appended
+            counts.append(self._counts[real] if real in self._counts else self._counts[real[:-1]])
+        return torch.tensor(counts, dtype=torch.float32, device=query_responses.device)  # (B,)
 
 
 def fit_curves(module: PPOModule, tmp_path, seed: int, *, kind: type[CountingPPO], records: int, batch_size: int,

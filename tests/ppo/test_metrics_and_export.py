@@ -51,8 +51,8 @@ def test_judge_and_diversity_logged_every_rollout(tmp_path, monkeypatch):
     rollouts = []
     make_rollout = module.make_rollout
 
-    def recording_make_rollout(batch, timer):
-        rollout, entropy = make_rollout(batch, timer)
+    def recording_make_rollout(batch, timer, *args):
+        rollout, entropy = make_rollout(batch, timer, *args)
         rollouts.append(rollout)
         return rollout, entropy
 
@@ -88,7 +88,7 @@ def test_judge_and_diversity_logged_every_rollout(tmp_path, monkeypatch):
 def test_a_judge_reading_query_response_gets_each_prompt_as_the_policy_read_it_then_its_response(tmp_path):
     module = tiny_module(max_rollouts=1, judge="ppo_helpers:index_judge", judge_reads="query_response")
     rollouts, make_rollout = [], module.make_rollout
-    module.make_rollout = lambda batch, timer: rollouts.append(make_rollout(batch, timer)) or rollouts[-1]
+    module.make_rollout = lambda batch, timer, *args: rollouts.append(make_rollout(batch, timer, *args)) or rollouts[-1]
     JUDGED.clear()
     tiny_trainer(tmp_path).fit(module, _loader(module, copies=1))
     r = rollouts[0][0]

@@ -35,8 +35,8 @@ def test_under_fp16_a_nan_loss_stops_the_run_as_in_32_bit(tmp_path):
     before = {k: v.clone() for k, v in module.state_dict().items()}
     loss = module.minibatch_loss
 
-    def nan_loss(mb):
-        value, stats = loss(mb)
+    def nan_loss(mb, *args):
+        value, stats = loss(mb, *args)
         return value * float("nan"), stats
 
     module.minibatch_loss = nan_loss

@@ -88,8 +88,8 @@ def test_ppo_with_an_ensemble_logs_members_and_std_and_keeps_the_per_response_st
     experiences = []
     make_rollout = module.make_rollout
 
-    def recording(batch, timer):
-        out = make_rollout(batch, timer)
+    def recording(batch, timer, *args):
+        out = make_rollout(batch, timer, *args)
         experiences.append(out)
         return out
 

@@ -44,8 +44,8 @@ def fit(tmp_path, prompts_file, sources, k=2, max_rollouts=1, **overrides):
     record = []
     make_rollout = module.make_rollout
 
-    def recording(batch, timer):
-        out = make_rollout(batch, timer)
+    def recording(batch, timer, *args):
+        out = make_rollout(batch, timer, *args)
         record.append(out[0])
         return out
 
@@ -134,7 +134,7 @@ def test_reward_model_and_function_scores_are_placed_alike_on_eos_and_truncated_
     module.stop_ids = (*module.stop_ids, module.tokenizer.convert_tokens_to_ids("."))  # some rows end early
     rollouts = []
     make_rollout = module.make_rollout
-    module.make_rollout = lambda batch, timer: rollouts.append(make_rollout(batch, timer)) or rollouts[-1]
+    module.make_rollout = lambda batch, timer, *args: rollouts.append(make_rollout(batch, timer, *args)) or rollouts[-1]
     data = PromptDataModule(tokenizer=module.tokenizer, train_path=prompts_file, batch_size=4, seed=3,
                             extra_fields=["answer"])  # fmt: skip
     tiny_trainer(tmp_path).fit(module, data)

@@ -12,6 +12,7 @@ import rlhf_lit.stages.ppo.loss as ppo_stage
 from rlhf_lit.functional import kl_penalty
 from rlhf_lit.models import token_scores
 from rlhf_lit.models.generation import complete_generation, forward_with_positions
+from rlhf_lit.stages.ppo.config import PPOConfig
 from rlhf_lit.stages.ppo.rollout import minibatches
 from rlhf_lit.stages.ppo import PPOModule
 from rlhf_lit.stages.ppo.config import KLConfig, RewardConfig
@@ -110,7 +111,8 @@ def test_minibatches_cover_every_row_once_in_generator_order():
         next(minibatches(rollout, 3, torch.Generator()))
 
 
-def test_first_minibatch_has_ratio_one_and_no_clipping(tmp_path, monkeypatch):
+@pytest.mark.parametrize("reuse_first_forward", [False, True], ids=["rescored", "first-forward-reused"])
+def test_first_minibatch_has_ratio_one_and_no_clipping(tmp_path, monkeypatch, reuse_first_forward):
     calls = []
     original = ppo_stage.ppo_policy_loss
 
@@ -120,12 +122,12 @@ def test_first_minibatch_has_ratio_one_and_no_clipping(tmp_path, monkeypatch):
         return loss, stats
 
     monkeypatch.setattr(ppo_stage, "ppo_policy_loss", recording)
-    module = tiny_module(max_rollouts=1)
+    module = tiny_module(max_rollouts=1, ppo=PPOConfig(epochs=2, minibatch_size=2, reuse_first_forward=reuse_first_forward))
     batch = prompt_batch(module.tokenizer, ["Once upon a time", "The", "Tom had a red", "A big dog"])
     make_rollout, rows = module.make_rollout, []
 
-    def recording_rollout(batch, timer):
-        rollout, experience = make_rollout(batch, timer)
+    def recording_rollout(batch, timer, *args):
+        rollout, experience = make_rollout(batch, timer, *args)
         rows.append((rollout.query_responses, rollout.attention_mask))
         return rollout, experience
 
@@ -138,6 +140,8 @@ def test_first_minibatch_has_ratio_one_and_no_clipping(tmp_path, monkeypatch):
     magnitude = largest_logit(module.policy, ids, attention, module.sampling.temperature)
     bound = logprob_bound(module.policy.config, magnitude, ids.shape[1])
     torch.testing.assert_close(logprobs[mask], old_logprobs[mask], rtol=0, atol=bound)
+    if reuse_first_forward:  # the old logprobs of these rows are this very forward's
+        assert torch.equal(logprobs[mask], old_logprobs[mask])
     assert stats["clipfrac"].item() == 0.0
     assert stats["ratio_mean"].item() == pytest.approx(1.0, abs=bound)
     # (ratio - 1) - log ratio ~ 0.5 (log ratio)^2, plus the rounding of ratio - 1 near 1 (one eps)

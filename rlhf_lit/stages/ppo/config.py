@@ -92,6 +92,13 @@ class PPOConfig:
             SDPA the packed sequence's attention is one dense ``N x N`` masked product, which on
             the CPU cost more than the padding saved (docs/performance.md); it pays where the
             attention is variable-length (``flash_attention_2``) or rows differ far in length.
+        reuse_first_forward: run the update's first minibatch forward (policy and critic, with
+            gradients) while the rollout is scored, and take those rows' old logprobs, entropy and
+            values from it instead of a scoring pass (:mod:`~rlhf_lit.stages.ppo.first_forward`):
+            the weights have not changed yet, so it is the same pass (up to the order of float
+            sums), and one minibatch's policy and critic scoring is saved per rollout. It holds that
+            minibatch's graph while the other rows are scored: turn it off where memory is tight.
+            Off under FSDP.
     """
 
     epochs: int = 4
@@ -112,6 +119,7 @@ class PPOConfig:
     old_logprobs: OldLogprobs = "rescore"
     forward: ForwardPasses = "eager"
     remove_padding: bool = False
+    reuse_first_forward: bool = True
 
     def __post_init__(self) -> None:
         if self.forward not in get_args(ForwardPasses):

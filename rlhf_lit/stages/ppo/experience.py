@@ -29,6 +29,7 @@ from rlhf_lit.models.scoring import reward_model_rows
 from rlhf_lit.models.sharding import gathered_for_generation, is_sharded, reshard
 from rlhf_lit.stages.ppo.checks import check_whitening_rows
 from rlhf_lit.stages.ppo.estimator import repeat_prompts
+from rlhf_lit.stages.ppo.first_forward import FirstForward, first_forward
 from rlhf_lit.stages.ppo.ranks import whitening_reducer
 from rlhf_lit.stages.ppo.reward_sources import reward_batch
 from rlhf_lit.stages.ppo.rollout import Rollout
@@ -89,6 +90,8 @@ class Experience:
     # () policy/logprob_gen_train_diff of a rescored rollout: mean |recorded - rescored| over response
     # tokens; None when the old logprobs are the recorded ones or nothing was recorded.
     gen_train_diff: torch.Tensor | None = None
+    # The update's first minibatch forward, run while scoring (ppo.reuse_first_forward); None when not reused.
+    first_forward: FirstForward | None = None
 
 
 class ExperienceMaker:
@@ -153,12 +156,14 @@ class ExperienceMaker:
         )  # (B, T) or (B, T + 1), x2
 
     @torch.no_grad()
-    def score_chunk(self, gen: Generated) -> Scored:
+    def score_chunk(self, gen: Generated, first: FirstForward | None = None) -> Scored:
         """Old logprobs, reference logprobs, values, entropy and the reward model's scores (when
         it is a source; the reward functions are called once per rollout in :meth:`make`) of a few rows.
 
         The passes run over the rows without the padding none of them attends (:meth:`Generated.trimmed`);
         the per-token fields come back at the full response length, zero where nothing was scored.
+        ``first``: these rows are the update's first minibatch, whose forward gave their policy and
+        critic outputs already (:mod:`~rlhf_lit.stages.ppo.first_forward`); only the frozen models run.
         """
         response_length = gen.response_ids.shape[1]
         gen = gen.trimmed()
@@ -166,7 +171,12 @@ class ExperienceMaker:
         m = self.module
         temperature = m.sampling.temperature
         ids, mask = gen.query_responses, gen.attention_mask
-        if self.uses_sampled_logprobs(gen):  # ppo.old_logprobs "sampling": recorded while generate sampled
+        if first is not None:  # the first minibatch's forward, cut to the scored columns
+            kept = gen.response_ids.shape[1]
+            old_logprobs, entropy, values = (None if t is None else t[:, :kept] for t in first.scores(temperature))
+            if self.uses_sampled_logprobs(gen):
+                old_logprobs, entropy = gen.logprobs, gen.entropy  # (B, R) x2
+        elif self.uses_sampled_logprobs(gen):  # ppo.old_logprobs "sampling": recorded while generate sampled
             old_logprobs, entropy = gen.logprobs, gen.entropy  # (B, R) x2
             values = None if m.critic is None else m.forward_passes.critic_values(m.critic, ids, mask, prompt_length)  # (B, R)
         else:
@@ -181,13 +191,19 @@ class ExperienceMaker:
             rm_scores=m.score(*self.reward_model_inputs(gen)).float() if m.reward_cfg.uses_reward_model else None,
         ).padded_to(response_length)
 
-    def score_rollout(self, gen: Generated) -> Scored:
+    def score_rollout(self, gen: Generated, first: FirstForward | None = None) -> Scored:
         """:meth:`score_chunk` over the batch in chunks of ``ppo.score_chunk_size`` rows.
 
         Chunks take the rows in order of their prompt's length, so that the rows that share a chunk
         share its padding and each chunk cuts the most (:meth:`Generated.trimmed`); the scores
-        come back in the rollout's row order.
+        come back in the rollout's row order. With ``first``, its rows take their policy and critic
+        outputs from it and the other rows are scored in chunks.
         """
+        if first is not None:
+            parts = [self.score_chunk(gen.rows(first.rows), first)]
+            if first.others.numel() > 0:
+                parts.append(self.score_rollout(gen.rows(first.others)))
+            return Scored.cat(parts).rows(torch.argsort(torch.cat([first.rows, first.others])))
         rows = gen.response_ids.shape[0]
         size = self.module.ppo.score_chunk_size or rows
         if size >= rows:
@@ -199,8 +215,14 @@ class ExperienceMaker:
         scored = Scored.cat([self.score_chunk(by_length.rows(i, i + size)) for i in range(0, rows, size)])
         return scored.rows(torch.argsort(order))  # back to the rollout's order
 
-    def make(self, batch: dict[str, torch.Tensor], timer: RolloutTimer | None) -> tuple[Rollout, Experience]:
-        """Generate, score, shape rewards and compute advantages (the module docstring's steps)."""
+    def make(
+        self, batch: dict[str, torch.Tensor], timer: RolloutTimer | None, reuse_first_forward: bool = False
+    ) -> tuple[Rollout, Experience]:
+        """Generate, score, shape rewards and compute advantages (the module docstring's steps).
+
+        ``reuse_first_forward``: run the update's first minibatch forward now and score its rows
+        with it (:mod:`~rlhf_lit.stages.ppo.first_forward`); the :class:`Experience` carries it.
+        """
         m = self.module
         world_size = m._trainer.world_size if m._trainer is not None else 1
         check_whitening_rows(batch["input_ids"].shape[0], world_size, m.ppo, m.reward_cfg)  # before any work
@@ -208,7 +230,8 @@ class ExperienceMaker:
         batch = without_common_padding(batch)  # nothing of the rollout reads a column no prompt attends
         gen = m.generate(batch)
         _mark(timer, "generate")
-        scored = m.score_rollout(gen)
+        first = first_forward(m, gen) if reuse_first_forward else None
+        scored = m.score_rollout(gen, first)
         for frozen in (m._modules.get("ref_policy"), m._modules.get("reward_model")):
             if frozen is not None:  # under FSDP: free the root weights a no-grad pass leaves gathered
                 reshard(frozen)
@@ -246,7 +269,7 @@ class ExperienceMaker:
         if gen.logprobs is not None and not sampled:  # rescored: the rescore is the training pass's forward
             gen_train_diff = masked_mean((gen.logprobs - scored.old_logprobs).abs(), mask)  # ()
         return rollout, Experience(
-            entropy, {k: v.mean() for k, v in reward_parts.items()}, texts, reward_std, sampled, gen_train_diff
+            entropy, {k: v.mean() for k, v in reward_parts.items()}, texts, reward_std, sampled, gen_train_diff, first
         )
 
     def texts(self, rollout: Rollout, experience: Experience) -> list[str]:

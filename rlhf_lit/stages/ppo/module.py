@@ -45,6 +45,7 @@ from rlhf_lit.stages.ppo.checks import (
 from rlhf_lit.stages.ppo.config import KLConfig, PPOConfig, RewardConfig
 from rlhf_lit.stages.ppo.estimator import AdvantageEstimator
 from rlhf_lit.stages.ppo.experience import Experience, ExperienceMaker, Scored, judged_texts
+from rlhf_lit.stages.ppo.first_forward import FirstForward, reuses_first_forward
 from rlhf_lit.stages.ppo.forward import ForwardPassRunner
 from rlhf_lit.stages.ppo.loss import OLD_LOGPROB_DIFF, ppo_loss
 from rlhf_lit.stages.ppo.metrics import (
@@ -320,14 +321,16 @@ class PPOModule(PPOCheckpoints, StageModule):
         check_rollout_rows(rows, self.ppo, self.sampling.samples_per_prompt)  # before any work
         timer = RolloutTimer(self.device)
         with padding_free(self.ppo.remove_padding):  # the teacher-forced passes over real tokens only
-            rollout, experience = self.make_rollout(batch, timer)  # generate, score, shape, advantages
+            # generate, score (with the update's first forward: ppo.reuse_first_forward), advantages
+            rollout, experience = self.make_rollout(batch, timer, reuses_first_forward(self))
         bad = nonfinite_rollout_parts(rollout, sum_over_ranks(self.trainer))
         if bad:  # no update on NaN: it would turn every weight into NaN
             self.nonfinite.skipped("rollout", f"rollout {self.rollout_index}: non-finite {', '.join(bad)}")
             self._end_rollout(rollout.batch_size, {"skipped/nonfinite_rollout": 1.0})
             return
-        with train_mode(*self.trained_models), padding_free(self.ppo.remove_padding):  # (train mode: what
-            train_stats = self.train_on_rollout(rollout)  # activates gradient checkpointing; dropout is off)
+        # train mode activates gradient checkpointing; dropout is off
+        with train_mode(*self.trained_models), padding_free(self.ppo.remove_padding):
+            train_stats = self.train_on_rollout(rollout, experience.first_forward)
         timer.mark("train")
         kl_coef = self.kl_ctl.value
         metrics = self.rollout_metrics(rollout, experience, train_stats, kl_coef, timer)
@@ -353,9 +356,11 @@ class PPOModule(PPOCheckpoints, StageModule):
             self.trainer.should_stop = True
 
     # ------------------------------------------------------------------ rollout (ExperienceMaker)
-    def make_rollout(self, batch: dict[str, torch.Tensor], timer: RolloutTimer | None) -> tuple[Rollout, Experience]:
+    def make_rollout(
+        self, batch: dict[str, torch.Tensor], timer: RolloutTimer | None, reuse_first_forward: bool = False
+    ) -> tuple[Rollout, Experience]:
         """Generate, score, shape rewards and compute advantages (:meth:`ExperienceMaker.make`)."""
-        return self.experience.make(batch, timer)
+        return self.experience.make(batch, timer, reuse_first_forward)
 
     def generate(self, batch: dict[str, torch.Tensor]) -> Generated:
         """Sample responses to the prompts of ``batch`` (:meth:`ExperienceMaker.generate`)."""
@@ -369,19 +374,20 @@ class PPOModule(PPOCheckpoints, StageModule):
         """The rows the reward model reads of a generated batch (:meth:`ExperienceMaker.reward_model_inputs`)."""
         return self.experience.reward_model_inputs(gen)
 
-    def score_rollout(self, gen: Generated) -> Scored:
+    def score_rollout(self, gen: Generated, first: FirstForward | None = None) -> Scored:
         """The no-grad scoring passes over a generated batch (:meth:`ExperienceMaker.score_rollout`)."""
-        return self.experience.score_rollout(gen)
+        return self.experience.score_rollout(gen, first)
 
     # ------------------------------------------------------------------ update
-    def train_on_rollout(self, rollout: Rollout) -> dict[str, torch.Tensor]:
+    def train_on_rollout(self, rollout: Rollout, first: FirstForward | None = None) -> dict[str, torch.Tensor]:
         """K epochs of minibatch steps (:func:`~rlhf_lit.stages.ppo.update.train_on_rollout`)."""
-        return train_on_rollout(self, rollout)
+        return train_on_rollout(self, rollout, first)
 
-    def minibatch_loss(self, mb: Rollout) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def minibatch_loss(self, mb: Rollout, passes: tuple | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """:func:`~rlhf_lit.stages.ppo.loss.ppo_loss` of the policy (and critic) now, as this rank's share
-        of the token mean over all ranks, plus ``ptx_coef`` * the SFT loss of a second-source batch."""
-        logits, values = self.forward_passes.policy_and_values(
+        of the token mean over all ranks, plus ``ptx_coef`` * the SFT loss of a second-source batch.
+        ``passes``: the minibatch's ``(logits, values)`` computed already (a :class:`FirstForward`)."""
+        logits, values = passes or self.forward_passes.policy_and_values(
             self.policy, self.critic, mb.query_responses, mb.attention_mask, mb.prompt_length
         )  # (B, R, V), (B, R) or None  fmt: skip
         # beta is the rollout's: the controller updates after the update

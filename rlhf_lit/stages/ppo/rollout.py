@@ -70,21 +70,39 @@ def minibatches(rollout: Rollout, minibatch_size: int, generator: torch.Generato
         raise ValueError(
             f"the rollout has {rollout.batch_size} rows, not a multiple of the minibatch size {minibatch_size}"
         )
-    order = torch.randperm(rollout.batch_size, generator=generator)  # (B,)
+    order = shuffled_rows(rollout.batch_size, generator)  # (B,)
     first = first_attended_columns(rollout)  # (B,) on the CPU: one host sync per pass, none per minibatch
     device_order = order.to(rollout.response_ids.device)  # (B,)
     for start in range(0, rollout.batch_size, minibatch_size):
         rows = order[start : start + minibatch_size]  # (M,)
         mb = rollout.select(device_order[start : start + minibatch_size])
-        yield drop_columns(mb, min(int(first[rows].min()), rollout.prompt_length - 1))
+        yield drop_columns(mb, columns_to_drop(first[rows], rollout.prompt_length))
+
+
+def shuffled_rows(batch_size: int, generator: torch.Generator) -> torch.Tensor:
+    """``(B,)`` CPU long: one epoch's row order; minibatch ``i`` is rows ``i * M .. (i + 1) * M - 1`` of it.
+    The shuffle stream is stateless per rollout (:mod:`~rlhf_lit.stages.ppo.seeding`), so the scoring
+    can know the update's first minibatch before the update draws it (:mod:`~rlhf_lit.stages.ppo.first_forward`)."""
+    return torch.randperm(batch_size, generator=generator)  # (B,)
 
 
 def first_attended_columns(rollout: Rollout) -> torch.Tensor:
+    """``(B,)`` CPU long: each row's first attended prompt column (:func:`leading_padding`)."""
+    return leading_padding(rollout.attention_mask, rollout.prompt_length)
+
+
+def leading_padding(attention_mask: torch.Tensor, prompt_length: int) -> torch.Tensor:
     """``(B,)`` CPU long: each row's first attended prompt column (its left padding ends there; ``P``
     for a row whose prompt is all padding)."""
-    prompt_mask = rollout.attention_mask[:, : rollout.prompt_length].bool()  # (B, P)
+    prompt_mask = attention_mask[:, :prompt_length].bool()  # (B, P)
     padding = (~prompt_mask).cumprod(dim=1).sum(dim=1)  # (B,) leading pad columns
     return padding.cpu()
+
+
+def columns_to_drop(first: torch.Tensor, prompt_length: int) -> int:
+    """How many leading columns a minibatch whose rows start at ``first`` (``(M,)``) drops: the
+    padding all of them share, keeping at least one prompt column."""
+    return min(int(first.min()), prompt_length - 1)
 
 
 def drop_columns(rollout: Rollout, n: int) -> Rollout:

@@ -14,16 +14,20 @@ from rlhf_lit.stages.ppo.rollout import Rollout, minibatches
 from rlhf_lit.stages.ppo.seeding import STREAM_SHUFFLE
 
 if TYPE_CHECKING:
+    from rlhf_lit.stages.ppo.first_forward import FirstForward
     from rlhf_lit.stages.ppo.module import PPOModule
 
 
-def train_on_rollout(module: PPOModule, rollout: Rollout) -> dict[str, torch.Tensor]:
+def train_on_rollout(module: PPOModule, rollout: Rollout, first: FirstForward | None = None) -> dict[str, torch.Tensor]:
     """K epochs of shuffled minibatches; an optimizer step every ``grad_accum`` minibatches.
 
     Returns each statistic of :meth:`PPOModule.minibatch_loss` averaged over every minibatch, but
     :data:`~rlhf_lit.stages.ppo.loss.OLD_LOGPROB_DIFF`: its token mean over the minibatches trained
     before the first optimizer step (the first ``grad_accum`` of the first epoch), whose forward
     scores the rollout's tokens with the weights that sampled them.
+
+    ``first``: the first minibatch's forward ran while the rollout was scored
+    (:mod:`~rlhf_lit.stages.ppo.first_forward`); that minibatch's loss takes its outputs.
     """
     cfg = module.ppo
     optimizers = module.optimizer_list()
@@ -32,7 +36,8 @@ def train_on_rollout(module: PPOModule, rollout: Rollout) -> dict[str, torch.Ten
     before_update: list[tuple[torch.Tensor, torch.Tensor]] = []  # (token mean, tokens) per minibatch
     for epoch in range(cfg.epochs):
         for i, mb in enumerate(minibatches(rollout, cfg.minibatch_size, generator)):
-            loss, stats = module.minibatch_loss(mb)
+            passes = first.take(mb.response_ids) if first is not None and epoch == 0 and i == 0 else None
+            loss, stats = module.minibatch_loss(mb, passes)
             module.manual_backward(loss / cfg.grad_accum)  # once, on the sum: DDP sees every parameter
             diff = stats.pop(OLD_LOGPROB_DIFF)  # ()
             if epoch == 0 and i < cfg.grad_accum:
