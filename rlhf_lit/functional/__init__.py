@@ -30,7 +30,8 @@ from rlhf_lit.functional.pairs import concat_pairs, pad_ids, pad_right
 from rlhf_lit.functional.ranking import RankingMetrics, ranking_loss, ranking_metrics, ranking_pair_mask, ranking_pairs
 from rlhf_lit.functional.score_shaping import ScoreWhitening, shape_scores
 from rlhf_lit.functional.masks import (
-    append_eos_to_unfinished, attended_span, last_true_index, response_mask_from_eos, response_mask_from_prompt_length,
+    append_eos_to_unfinished, attended_span, last_true_index, length_groups, response_mask_from_eos,
+    response_mask_from_prompt_length,
 )
 
 __all__ = [
@@ -61,6 +62,7 @@ __all__ = [
     "kl_penalty",
     "last_true_index",
     "attended_span",
+    "length_groups",
     "masked_mean",
     "masked_mean_var",
     "masked_var",

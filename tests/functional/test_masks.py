@@ -1,11 +1,11 @@
-"""response_mask_from_eos, last_true_index and attended_span."""
+"""response_mask_from_eos, last_true_index, attended_span and length_groups."""
 
 import pytest
 import torch
 from torch.testing import assert_close
 
 from rlhf_lit.functional import (
-    append_eos_to_unfinished, attended_span, last_true_index, response_mask_from_eos,
+    append_eos_to_unfinished, attended_span, last_true_index, length_groups, response_mask_from_eos,
 )
 
 torch.set_num_threads(1)
@@ -71,8 +71,29 @@ def test_append_eos_to_unfinished_ends_only_the_rows_without_eos():
     assert new_ids.gather(1, last[:, None]).squeeze(1).tolist() == [eos] * 4
 
 
+def _left_padded(lengths: list[int], width: int) -> torch.Tensor:
+    mask = torch.zeros(len(lengths), width, dtype=torch.long)
+    for row, length in enumerate(lengths):
+        mask[row, width - length :] = 1
+    return mask
+
+
 def test_attended_span_keeps_a_prompt_and_a_response_column():
     mask = torch.tensor([[0, 0, 1, 1, 1, 0], [0, 0, 0, 1, 1, 0]])  # P = 4: prompts from column 2, responses end at 4
     assert attended_span(mask, 4) == (2, 5)
     nothing = torch.zeros(2, 6, dtype=torch.long)
     assert attended_span(nothing, 4) == (3, 5)  # the last prompt column and the first response column
+
+
+def test_length_groups_by_hand():
+    # Eight rows of 14..17 + 48 tokens and one of 48 + 48 in 64 + 48 columns: apart, 7 x 65 + 96 = 551
+    # positions against 8 x 96 = 768 (28% fewer); the split after the 7th shortest row is the best.
+    lengths = [13 + 48, 15 + 48, 13 + 48, 48 + 48, 14 + 48, 15 + 48, 14 + 48, 17 + 48]
+    groups = length_groups(_left_padded(lengths, 112))
+    assert [g.tolist() for g in groups] == [[0, 2, 4, 6, 1, 5, 7], [3]]
+    # Lengths 10, 11, 12, 13: apart at best 3 x 12 + 13 = 49 of 52 positions (6%): one group.
+    assert [g.tolist() for g in length_groups(_left_padded([10, 11, 12, 13], 20))] == [[0, 1, 2, 3]]
+    # Two short and two long rows: 2 x 5 + 2 x 20 = 50 of 80 (38%), split in the middle.
+    assert [g.tolist() for g in length_groups(_left_padded([20, 5, 20, 5], 20))] == [[1, 3], [0, 2]]
+    # The threshold: the same batch kept whole when 40% must be saved.
+    assert len(length_groups(_left_padded([20, 5, 20, 5], 20), min_saving=0.4)) == 1

@@ -379,7 +379,40 @@ def test_packed_passes_train_the_same_weights(tmp_path, monkeypatch):
         tiny_trainer(tmp_path / str(remove)).fit(module, train_dataloaders=DataLoader([batch, batch], batch_size=None))
         weights[remove] = {k: v.clone() for k, v in module.policy.state_dict().items()}
         if remove:  # per rollout: policy, reference, critic, RM; 2 epochs x 2 minibatches x (policy, critic),
-            assert len(packed_rows) >= 2 * (4 + 8), packed_rows  # (at least: once per chunk)
+            assert len(packed_rows) >= 2 * (4 + 8), packed_rows  # each once per length group
             calls = len(packed_rows)
     assert len(packed_rows) == calls  # remove_padding off: no pass packed
+    assert_same_trained_weights(weights[True], weights[False])
+
+
+def test_length_groups_train_the_same_weights(tmp_path, monkeypatch):
+    """PPO with the rows' passes in length groups (one long prompt among short ones) and with every
+    row in one padded pass, from one seed: groups were formed, and the same weights up to float rounding."""
+    from ppo_helpers import tiny_module, tiny_trainer
+    from torch.utils.data import DataLoader
+
+    import rlhf_lit.stages.ppo.experience as experience
+    import rlhf_lit.stages.ppo.forward as forward
+    from rlhf_lit.functional import length_groups
+    from rlhf_lit.stages.ppo.config import PPOConfig
+
+    texts = ["Once upon a time there was a little girl named Lily who loved to play", "The", "Tom", "A"]
+    weights, formed = {}, []
+
+    def recording(mask):
+        groups = length_groups(mask)
+        formed.append(len(groups))
+        return groups
+
+    for grouped in (True, False):
+        one_group = lambda mask: [torch.arange(mask.shape[0])]  # noqa: E731
+        for where in (experience, forward):  # the scoring chunks, the policy-and-critic passes
+            monkeypatch.setattr(where, "length_groups", recording if grouped else one_group)
+        torch.manual_seed(0)
+        module = tiny_module(max_rollouts=2, sampling=SamplingConfig(max_new_tokens=5, temperature=0.9),
+                             ppo=PPOConfig(epochs=2, minibatch_size=4))
+        batch = prompt_batch(module.tokenizer, texts)
+        tiny_trainer(tmp_path / str(grouped)).fit(module, train_dataloaders=DataLoader([batch, batch], batch_size=None))
+        weights[grouped] = {k: v.clone() for k, v in module.policy.state_dict().items()}
+    assert 2 in formed  # the long prompt's row was passed apart from the others
     assert_same_trained_weights(weights[True], weights[False])

@@ -18,7 +18,8 @@ import torch
 from rlhf_lit.evaluation import prompt_texts, response_texts
 from rlhf_lit.evaluation.judges import JudgeReads, judge_texts
 from rlhf_lit.functional import (
-    attended_span, entropy_from_logits, kl_penalized_rewards, masked_mean, masked_whiten, member_std, token_logprobs,
+    attended_span, entropy_from_logits, kl_penalized_rewards, length_groups, masked_mean, masked_whiten, member_std,
+    token_logprobs,
 )
 from rlhf_lit.models import sequence_scores
 from rlhf_lit.models.reward_ensemble import RewardEnsemble
@@ -192,7 +193,9 @@ class ExperienceMaker:
         ).padded_to(response_length)
 
     def score_rollout(self, gen: Generated, first: FirstForward | None = None) -> Scored:
-        """:meth:`score_chunk` over the batch in chunks of ``ppo.score_chunk_size`` rows.
+        """:meth:`score_chunk` over the batch in chunks of ``ppo.score_chunk_size`` rows, or (unset) in
+        its length groups (:func:`~rlhf_lit.functional.length_groups`: one chunk unless a long
+        prompt would pad the other rows).
 
         Chunks take the rows in order of their prompt's length, so that the rows that share a chunk
         share its padding and each chunk cuts the most (:meth:`Generated.trimmed`); the scores
@@ -206,8 +209,13 @@ class ExperienceMaker:
             return Scored.cat(parts).rows(torch.argsort(torch.cat([first.rows, first.others])))
         rows = gen.response_ids.shape[0]
         size = self.module.ppo.score_chunk_size or rows
-        if size >= rows:
-            return self.score_chunk(gen)
+        if size >= rows:  # one chunk, or the rows' length groups when a long prompt would pad the others
+            groups = [g.to(gen.response_ids.device) for g in length_groups(gen.attention_mask)]
+            if len(groups) == 1 or is_sharded(self.module.policy):
+                return self.score_chunk(gen)
+            order = torch.cat(groups)  # (B,)
+            scored = Scored.cat([self.score_chunk(gen.rows(g)) for g in groups])
+            return scored.rows(torch.argsort(order))  # back to the rollout's order
         prompt_length = gen.query_responses.shape[1] - gen.response_ids.shape[1]
         # stable: rows of equal length keep their order; the sort needs no host read
         order = torch.argsort(gen.attention_mask[:, :prompt_length].sum(dim=1), stable=True)  # (B,)

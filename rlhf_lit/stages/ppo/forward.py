@@ -7,9 +7,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+from rlhf_lit.functional import attended_span, length_groups
 from rlhf_lit.models.compiled_generation import CompileStats
 from rlhf_lit.models.compiled_passes import BucketedCompile, ForwardPasses
 from rlhf_lit.models.generation import forward_response_logits
+from rlhf_lit.models.sharding import is_sharded
 
 
 def policy_and_values(
@@ -33,6 +35,33 @@ def policy_and_values(
     hidden = out.hidden_states[-1] if needs_hidden else None  # (B, T, D)
     values = critic(query_responses, attention_mask, hidden)  # (B, T)
     return logits, values[:, prompt_length - 1 : -1]  # (B, R, V), (B, R)
+
+
+def grouped_policy_and_values(
+    policy: torch.nn.Module,
+    critic: torch.nn.Module | None,
+    query_responses: torch.Tensor,
+    attention_mask: torch.Tensor,
+    prompt_length: int,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`policy_and_values` over the rows in length groups (:func:`~rlhf_lit.functional.length_groups`),
+    each without the left padding none of its rows attends: one long prompt no longer pads every
+    other row to its length. The same outputs up to the order of float sums (positions come from
+    the mask), in the rows' order."""
+    groups = length_groups(attention_mask)
+    if len(groups) == 1:
+        return policy_and_values(policy, critic, query_responses, attention_mask, prompt_length)
+    device = query_responses.device
+    parts = []
+    for rows in groups:
+        rows = rows.to(device)
+        ids, mask = query_responses[rows], attention_mask[rows]  # (M, T) x2
+        first, _ = attended_span(mask, prompt_length)
+        parts.append(policy_and_values(policy, critic, ids[:, first:], mask[:, first:], prompt_length - first))
+    back = torch.argsort(torch.cat(groups)).to(device)  # (B,): row i's place in the groups' concatenation
+    logits = torch.cat([p[0] for p in parts])[back]  # (B, R, V)
+    values = None if critic is None else torch.cat([p[1] for p in parts])[back]  # (B, R)
+    return logits, values
 
 
 def critic_values(
@@ -66,7 +95,10 @@ class ForwardPassRunner:
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """:func:`policy_and_values`, eager or compiled."""
         if self.kind == "eager":
-            return policy_and_values(policy, critic, query_responses, attention_mask, prompt_length)
+            # Sharded (FSDP) models gather their weights per forward: one pass, not one per group.
+            grouped = not is_sharded(policy)
+            run = grouped_policy_and_values if grouped else policy_and_values
+            return run(policy, critic, query_responses, attention_mask, prompt_length)
         return self._both(policy, critic, ids=query_responses, attention_mask=attention_mask, prompt_length=prompt_length)
 
     def critic_values(
