@@ -124,8 +124,10 @@ def write_json(path: str, result: dict) -> None:
 
 
 def check_sources(**paths: str | None) -> None:
-    """Refuse a local model path that does not exist or is not a directory (``name=path``; hub names pass)."""
-    from rlhf_lit.sources import _looks_local
+    """Refuse a local model path that does not exist, is not a directory, or holds a damaged file
+    (``name=path``; hub names pass): before any model is loaded."""
+    from rlhf_lit.models.reward_ensemble import is_reward_ensemble, member_paths
+    from rlhf_lit.sources import _looks_local, check_source_files
 
     for name, path in paths.items():
         if path is None:
@@ -136,6 +138,12 @@ def check_sources(**paths: str | None) -> None:
             raise ValueError(f"{option} {path}: not a directory (give the model directory)")
         if not os.path.exists(expanded) and _looks_local(path):
             raise ValueError(f"{option} {path}: no such directory")
+        if os.path.isdir(expanded) and is_reward_ensemble(expanded):  # its manifest, then each member
+            for member in member_paths(expanded):
+                if os.path.isdir(member):  # a missing member is named where the ensemble is loaded
+                    check_source_files(member, f"{option} member")
+        elif os.path.isdir(expanded) and (name == "tokenizer" or os.path.isfile(os.path.join(expanded, "config.json"))):
+            check_source_files(path, option, "tokenizer" if name == "tokenizer" else "model")
 
 
 def prepare(args: argparse.Namespace, **sources: str | None) -> tuple[list[str], object, object | None]:

@@ -53,8 +53,12 @@ def check_same_tokenizer(tokenizer, reference: str) -> None:
     """
     from rlhf_lit.tokenizer import load_tokenizer
 
+    from rlhf_lit.sources import DamagedSource
+
     try:
         ref_tok = load_tokenizer(reference)
+    except DamagedSource:
+        raise  # damaged tokenizer files are not "no tokenizer": never assumed to be the policy's
     except (OSError, ValueError):
         log.info("no tokenizer in %s: assuming it uses the policy's", reference)
         return

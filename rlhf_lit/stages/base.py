@@ -47,6 +47,7 @@ from rlhf_lit.stages.nonfinite import NonFiniteGuard, assert_finite
 from rlhf_lit.stages.resume import (
     RUN_FACTS, check_loaded_keys, check_module_resume, run_fact_changes, run_facts, unset_seeds,
 )  # fmt: skip
+from rlhf_lit.sources import check_local_source
 from rlhf_lit.tokenizer import MissingPad, load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -97,8 +98,11 @@ def stage_tokenizer(
 ):
     """The stage's tokenizer: ``tokenizer`` when given, else the model's (at the model's ``revision``).
 
-    ``model_arg`` / ``tokenizer_arg`` are the constructor arguments an error names.
+    ``model_arg`` / ``tokenizer_arg`` are the constructor arguments an error names. The model's
+    files are checked first (:func:`~rlhf_lit.sources.check_local_source`): a damaged weight file is
+    named as the model's, before the tokenizer is loaded from beside it.
     """
+    check_local_source(model, model_arg)
     return load_tokenizer(
         tokenizer or model, padding_side=padding_side, missing_pad=missing_pad,
         revision=revision if tokenizer is None else None, trust_remote_code=trust_remote_code,

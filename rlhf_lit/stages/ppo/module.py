@@ -55,6 +55,7 @@ from rlhf_lit.stages.ppo.rollout import Rollout, nonfinite_rollout_parts
 from rlhf_lit.stages.ppo.ranks import sum_over_ranks
 from rlhf_lit.stages.ppo.seeding import stream_generator
 from rlhf_lit.stages.ppo.update import cycle, rank_token_weight, train_on_rollout
+from rlhf_lit.sources import check_local_source
 from rlhf_lit.tokenizer import MissingPad, check_same_chat_template, check_same_vocabulary, load_tokenizer
 
 
@@ -199,6 +200,8 @@ class PPOModule(PPOCheckpoints, StageModule):
 
     def _build_models(self, sft_model, reward_model, value_model, tokenizer_path, missing_pad, critic, dtype) -> None:
         """Tokenizer, policy, reference, reward model and critic, as the settings ask."""
+        for what, path in (("sft_model", sft_model), ("reward_model", reward_model), ("value_model", value_model)):
+            check_local_source(path, what)  # a damaged file of any of them: named before the first is loaded
         self.tokenizer = load_tokenizer(
             tokenizer_path or sft_model, padding_side="left", missing_pad=missing_pad,
             what="tokenizer_path" if tokenizer_path else "sft_model",
