@@ -127,7 +127,7 @@ def check_sources(**paths: str | None) -> None:
     """Refuse a local model path that does not exist, is not a directory, or holds a damaged file
     (``name=path``; hub names pass): before any model is loaded."""
     from rlhf_lit.models.reward_ensemble import is_reward_ensemble, member_paths
-    from rlhf_lit.sources import _looks_local, check_source_files
+    from rlhf_lit.sources import _looks_local, check_local_source, check_source_files
 
     for name, path in paths.items():
         if path is None:
@@ -139,6 +139,7 @@ def check_sources(**paths: str | None) -> None:
         if not os.path.exists(expanded) and _looks_local(path):
             raise ValueError(f"{option} {path}: no such directory")
         if os.path.isdir(expanded) and is_reward_ensemble(expanded):  # its manifest, then each member
+            check_local_source(path, option)
             for member in member_paths(expanded):
                 if os.path.isdir(member):  # a missing member is named where the ensemble is loaded
                     check_source_files(member, f"{option} member")
