@@ -30,6 +30,11 @@ ZIP_START = b"PK\x03\x04"
 """The first bytes of a zip archive (and so of every checkpoint ``torch.save`` writes)."""
 WEIGHT_NAMES = ("model.safetensors", "pytorch_model.bin", "adapter_model.safetensors", "adapter_model.bin")
 """The single-file weights a Hugging Face model directory (or a peft adapter) may hold."""
+JSON_NAMES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+              "special_tokens_map.json", "added_tokens.json", "vocab.json", "preprocessor_config.json",
+              "chat_template.json", "adapter_config.json", "rlhf_lit_export.json")  # fmt: skip
+"""The JSON files of a model directory that a loader (transformers, peft, rlhf-lit) reads: other JSON
+files beside them (a trainer's ``trainer_state.json``, results) are not the model's and not checked."""
 INDEX_NAMES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 """The index of a model saved in shards: it names every shard file."""
 SAFETENSORS_MAX_HEADER = 100_000_000
@@ -83,31 +88,46 @@ def check_json_file(path: str | os.PathLike, *, want_object: bool = True) -> obj
     return value
 
 
+_GLOBAL = object()
+"""Stands for a class a pickle pushes (the storage type of a tensor record)."""
+
+
 def _storage_keys(pickle_bytes: bytes) -> list[str]:
     """The tensor records a torch pickle refers to, read from its opcodes without running it.
 
     ``torch.save`` pickles each storage as the persistent id ``("storage", <type>, <key>, <device>,
-    <numel>)``: the key is the first string after the string ``"storage"``.
+    <numel>)``. The pickle's stack is followed just far enough to see the tuple each ``BINPERSID``
+    takes: strings and classes as themselves (memoised ones fetched back), anything else as None,
+    so a user's string "storage" elsewhere in the checkpoint is never taken for a record.
     """
     keys: list[str] = []
-    memo: dict[int, str] = {}
-    after_tag, last = False, None
+    memo: dict[int, object] = {}
+    stack: list[object] = []
+    frames: list[list[object]] = []  # the stacks below each MARK
     for opcode, arg, _ in pickletools.genops(pickle_bytes):
-        name = opcode.name
-        if name in ("BINPUT", "LONG_BINPUT", "PUT", "MEMOIZE"):  # a repeated string is fetched from the memo
-            if last is not None:
-                memo[len(memo) if name == "MEMOIZE" else int(arg)] = last
+        name, before, after = opcode.name, opcode.stack_before, opcode.stack_after
+        if name == "MARK":
+            frames.append(stack)
+            stack = []
             continue
-        text = memo.get(int(arg)) if name in ("BINGET", "LONG_BINGET", "GET") else (
-            arg if isinstance(arg, str) and "UNICODE" in name else None)  # fmt: skip
-        last = text
-        if text is None:
+        if name in ("PUT", "BINPUT", "LONG_BINPUT", "MEMOIZE"):  # the top is remembered, the stack unchanged
+            memo[len(memo) if name == "MEMOIZE" else int(arg)] = stack[-1] if stack else None
             continue
-        if after_tag:
-            keys.append(text)
-            after_tag = False
-        elif text == "storage":
-            after_tag = True
+        if name == "BINPERSID" and stack:
+            record = stack[-1]
+            if isinstance(record, tuple) and len(record) >= 3 and record[0] == "storage" and isinstance(record[2], str):
+                keys.append(record[2])
+            continue
+        if pickletools.markobject in before:  # TUPLE, LIST, DICT, APPENDS, SETITEMS, ...: the items since MARK
+            items, stack = stack, (frames.pop() if frames else [])
+            del stack[len(stack) - before.index(pickletools.markobject):]  # what lay below the mark (a list)
+            value: object = tuple(items) if name == "TUPLE" else None
+        else:
+            del stack[len(stack) - min(len(before), len(stack)):]
+            value = (memo.get(int(arg)) if name in ("GET", "BINGET", "LONG_BINGET")
+                     else _GLOBAL if name in ("GLOBAL", "STACK_GLOBAL")
+                     else arg if isinstance(arg, str) and "UNICODE" in name else None)  # fmt: skip
+        stack.extend([value, *[None] * (len(after) - 1)] if after else [])
     return keys
 
 
@@ -191,16 +211,17 @@ def _check_weights(path: str, name: str) -> None:
 
 def check_model_directory(path: str | os.PathLike, *, needs_weights: bool = True) -> None:
     """Check every file of a Hugging Face model directory (an rlhf-lit export, a saved model) that a
-    loader will read: its JSON files, its non-JSON tokenizer files (not empty), its weights (single
-    files, or the shards its index names, each present), and, with ``needs_weights``, that it holds
-    weights at all. Raises :class:`DamagedFile` for the first damaged file."""
+    loader will read: its JSON files (:data:`JSON_NAMES`, the shard indexes), its non-JSON tokenizer
+    files (not empty), its weights (single files, or the shards its index names, each present), and,
+    with ``needs_weights``, that it holds weights at all. Raises :class:`DamagedFile` for the first
+    damaged file."""
     path = str(path)
     names = set(os.listdir(path))
     for name in sorted(names):
         full = os.path.join(path, name)
         if not os.path.isfile(full):
             continue
-        if name.endswith(".json"):
+        if name in JSON_NAMES or name in INDEX_NAMES:
             check_json_file(full)
         elif name in PLAIN_FILES:
             _size(full)

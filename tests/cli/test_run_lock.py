@@ -26,7 +26,7 @@ def _sft_in_run_dir(cwd: Path, max_steps: int) -> Path:
     return write_yaml(cwd / f"sft-{max_steps}.yaml", config)
 
 
-def _wait_for_holder(lock: Path, process: subprocess.Popen, timeout_s: float = 120.0) -> dict:
+def _wait_for_holder(lock: Path, process: subprocess.Popen, timeout_s: float = 60.0) -> dict:
     """The lock file's record once ``process`` has written it (the run then holds the lock)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

@@ -1,0 +1,49 @@
+"""The cheap checks of files rlhf-lit reads back (rlhf_lit/integrity.py), on files written here; the
+same checks through `rlhf-lit` are tests/cli/test_damaged_files.py."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from assets_paths import STORIES260K
+from safetensors.torch import save_file
+
+from rlhf_lit.integrity import DamagedFile, check_checkpoint, check_model_directory, newest_intact_checkpoint
+
+
+def test_a_checkpoint_whose_storages_repeat_names_every_record_and_misses_none(tmp_path):
+    # Views share a storage and "storage" / "cpu" repeat: the pickle fetches them from its memo.
+    base = torch.arange(10.0)
+    torch.save({"a": base, "b": base[2:5], "c": {"d": torch.ones(3), "e": [torch.zeros(2)] * 2}}, tmp_path / "x.ckpt")
+    check_checkpoint(tmp_path / "x.ckpt")
+
+
+def test_a_sharded_model_names_a_missing_shard_and_other_json_files_are_not_the_models(tmp_path):
+    model = shutil.copytree(STORIES260K, tmp_path / "model")
+    (model / "trainer_state.json").write_text("[1, 2")  # not read by any loader: not checked
+    check_model_directory(model)
+    (model / "model.safetensors").unlink()
+    save_file({"w": torch.ones(4)}, model / "model-00001-of-00002.safetensors")
+    index = {"metadata": {}, "weight_map": {"w": "model-00001-of-00002.safetensors", "v": "model-00002-of-00002.safetensors"}}
+    (model / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(DamagedFile, match=r"model-00002-of-00002\.safetensors: missing \(named by model\.safetensors\.index\.json\)"):
+        check_model_directory(model)
+
+
+def test_the_newest_intact_checkpoint_skips_damaged_ones(tmp_path):
+    for step in (2, 4, 6):
+        torch.save({"step": torch.tensor(step)}, tmp_path / f"step={step}.ckpt")
+    (tmp_path / "step=6.ckpt").write_bytes(b"PK\x03\x04 cut")
+    torch.save({"step": torch.tensor(7)}, tmp_path / "last.ckpt")
+    (tmp_path / "last.ckpt").write_bytes(b"")
+    assert newest_intact_checkpoint(tmp_path / "last.ckpt") == str(tmp_path / "step=4.ckpt")
+
+
+@pytest.mark.parametrize("protocol", [2, 4])
+def test_the_records_are_read_from_the_persistent_ids_alone(tmp_path, protocol):
+    # A user's string "storage" before a class and a string is not a tensor record.
+    torch.save({"note": ["storage", torch.float32, "9"], "w": torch.ones(2)}, tmp_path / "x.ckpt", pickle_protocol=protocol)
+    check_checkpoint(tmp_path / "x.ckpt")
