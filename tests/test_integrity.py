@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import zipfile
 
 import pytest
 import torch
@@ -45,5 +46,19 @@ def test_the_newest_intact_checkpoint_skips_damaged_ones(tmp_path):
 @pytest.mark.parametrize("protocol", [2, 4])
 def test_the_records_are_read_from_the_persistent_ids_alone(tmp_path, protocol):
     # A user's string "storage" before a class and a string is not a tensor record.
-    torch.save({"note": ["storage", torch.float32, "9"], "w": torch.ones(2)}, tmp_path / "x.ckpt", pickle_protocol=protocol)
+    note = ("storage", torch.float32, "9", "cpu", 1)  # shaped like a record, but no persistent id
+    torch.save({"note": note, "w": torch.ones(2)}, tmp_path / "x.ckpt", pickle_protocol=protocol)
     check_checkpoint(tmp_path / "x.ckpt")
+
+
+@pytest.mark.parametrize("protocol", [2, 4])
+def test_a_record_missing_behind_memoised_names_is_found(tmp_path, protocol):
+    # After the first tensor, "storage" and the device come back from the pickle's memo.
+    torch.save({"a": torch.ones(2), "b": torch.zeros(3), "c": torch.full((4,), 2.0)}, tmp_path / "x.ckpt",
+               pickle_protocol=protocol)  # fmt: skip
+    with zipfile.ZipFile(tmp_path / "x.ckpt") as whole, zipfile.ZipFile(tmp_path / "y.ckpt", "w") as part:
+        for name in whole.namelist():
+            if not name.endswith("/data/2"):
+                part.writestr(name, whole.read(name))
+    with pytest.raises(DamagedFile, match=r"1 tensor record\(s\) missing \(x/data/2 "):
+        check_checkpoint(tmp_path / "y.ckpt")
