@@ -17,6 +17,7 @@ from typing import get_args
 from rlhf_lit.artifacts import WRITTEN_BY_KEY, json_file_state, write_json_atomically  # noqa: F401 (WRITTEN_BY_KEY: the commands stamp their JSON with it)
 from rlhf_lit.evaluation import samples
 from rlhf_lit.evaluation.prompt_files import read_prompts
+from rlhf_lit.integrity import DamagedFile, check_json_file
 
 
 OWNER_PREFIX = "rlhf-lit "
@@ -115,6 +116,11 @@ def check_out(path: str | None, overwrite: bool) -> None:
     if not overwrite:
         raise OptionError(f"--out {path} exists; pass --overwrite to replace it, or choose another file")
     if state != "owned":
+        try:
+            check_json_file(path)
+        except (DamagedFile, OSError) as damage:  # cut short, say, so its writer cannot be told: kept all the same
+            raise OptionError(f"--out {damage}, so it cannot be told as rlhf-lit's output; it is not replaced even "
+                              "with --overwrite: delete it or choose another file") from None  # fmt: skip
         raise OptionError(f"--out {path} exists and was not written by rlhf-lit; it is not replaced even with --overwrite")
 
 

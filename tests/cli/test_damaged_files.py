@@ -258,3 +258,15 @@ def test_a_disk_full_during_a_checkpoint_keeps_the_earlier_checkpoints_and_the_e
     from transformers import AutoModelForCausalLM
 
     AutoModelForCausalLM.from_pretrained(run / "export")  # the export still loads
+
+
+def test_a_cut_short_output_of_a_command_is_kept_and_named(tmp_path):
+    (tmp_path / "prompts.txt").write_text("Once upon a time\n")
+    out = tmp_path / "out.json"
+    out.write_text('{"written_by": "rlhf-lit evaluate", "metrics": {"judge_mean"')  # a copy cut short
+    result = run_main("evaluate", "--policy", str(STORIES), "--prompts", "prompts.txt", "--out", "out.json",
+                      "--overwrite", cwd=tmp_path)  # fmt: skip
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "--out out.json: cut short (line 1, column " in result.stderr
+    assert "so it cannot be told as rlhf-lit's output; it is not replaced even with --overwrite" in result.stderr
+    assert out.read_text().endswith('"judge_mean"')
