@@ -5,6 +5,7 @@ model, a checkpoint policy) with one line naming it and exit 1, never a tracebac
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 
 import pytest
@@ -29,7 +30,10 @@ def test_a_cut_short_cached_sample_file_of_the_rm_study_is_named(tmp_path, capsy
     assert "delete or restore it, then run the command again" in err
 
 
-def test_a_damaged_policy_is_named_by_the_demo_evaluation(tmp_path, capsys):
+def test_a_damaged_policy_is_named_by_the_demo_evaluation(tmp_path, capsys, monkeypatch):
+    # main() configures the root logger on the stream of the moment: this test's, and only for this test.
+    for name in ("", "rlhf_lit"):  # (an in-process `rlhf-lit` run of another test may have left one on its stream)
+        monkeypatch.setattr(logging.getLogger(name), "handlers", [])
     policy = shutil.copytree(STORIES260K, tmp_path / "policy")
     (policy / "model.safetensors").write_bytes((policy / "model.safetensors").read_bytes()[:1000])
     status = main(["evaluate", "--policy", str(policy), "--reference", str(STORIES260K), "--paragraphs", str(TINYSTORIES),
