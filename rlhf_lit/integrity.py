@@ -28,6 +28,9 @@ from typing import Optional
 
 ZIP_START = b"PK\x03\x04"
 """The first bytes of a zip archive (and so of every checkpoint ``torch.save`` writes)."""
+LEGACY_TORCH_START = b"\x80\x02\x8a\x0al\xfc\x9cF\xf9 j\xa8P\x19"
+"""The first bytes of a file ``torch.save`` wrote before torch 1.6 (a pickled magic number); torch
+still loads such files (an old ``pytorch_model.bin``), and they have no directory to check."""
 WEIGHT_NAMES = ("model.safetensors", "pytorch_model.bin", "adapter_model.safetensors", "adapter_model.bin")
 """The single-file weights a Hugging Face model directory (or a peft adapter) may hold."""
 JSON_NAMES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
@@ -139,8 +142,10 @@ def check_torch_file(path: str | os.PathLike) -> None:
     path = str(path)
     size = _size(path)
     with open(path, "rb") as f:
-        start = f.read(len(ZIP_START))
-    if start != ZIP_START:
+        start = f.read(len(LEGACY_TORCH_START))
+    if start == LEGACY_TORCH_START:
+        return  # the format before torch 1.6: readable, and nothing cheap to check in it
+    if not start.startswith(ZIP_START):
         raise DamagedFile(path, "not a PyTorch checkpoint (it does not start as a zip archive)")
     try:
         with zipfile.ZipFile(path) as archive:

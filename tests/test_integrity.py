@@ -62,3 +62,8 @@ def test_a_record_missing_behind_memoised_names_is_found(tmp_path, protocol):
                 part.writestr(name, whole.read(name))
     with pytest.raises(DamagedFile, match=r"1 tensor record\(s\) missing \(x/data/2 "):
         check_checkpoint(tmp_path / "y.ckpt")
+
+
+def test_a_file_in_torchs_format_before_1_6_is_accepted(tmp_path):
+    torch.save({"w": torch.ones(2)}, tmp_path / "pytorch_model.bin", _use_new_zipfile_serialization=False)
+    check_checkpoint(tmp_path / "pytorch_model.bin")
