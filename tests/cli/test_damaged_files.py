@@ -270,3 +270,27 @@ def test_a_cut_short_output_of_a_command_is_kept_and_named(tmp_path):
     assert "--out out.json: cut short (line 1, column " in result.stderr
     assert "so it cannot be told as rlhf-lit's output; it is not replaced even with --overwrite" in result.stderr
     assert out.read_text().endswith('"judge_mean"')
+
+
+def test_a_disk_full_during_the_export_keeps_the_earlier_export_and_the_checkpoints(sft_run, tmp_path, monkeypatch):
+    # The disk fills up while the new export's weights are written: the earlier export stays in place.
+    from transformers import AutoModelForCausalLM, PreTrainedModel
+
+    run = _run_copy(sft_run, tmp_path)
+    export = (run / "export" / "model.safetensors").read_bytes()
+
+    def full_disk(model, directory, **kwargs) -> None:
+        (Path(directory) / "model.safetensors").write_bytes(b"\0" * 64)  # what fitted
+        raise OSError(errno.ENOSPC, "No space left on device", str(Path(directory) / "model.safetensors"))
+
+    monkeypatch.setattr(PreTrainedModel, "save_pretrained", full_disk)
+    result = run_main("fit", "--config", "sft.yaml", "--ckpt_path", "ckpt/last.ckpt", "--trainer.max_steps", "5",
+                      "--model.init_args.export_existing", "replace", cwd=run)  # fmt: skip
+    assert result.returncode == 1
+    assert "No space left on device" in error_line(result)
+    assert (run / "export" / "model.safetensors").read_bytes() == export
+    assert not [p.name for p in run.iterdir() if p.name.startswith(".")]  # the half-written export is gone
+    monkeypatch.undo()
+    AutoModelForCausalLM.from_pretrained(run / "export")
+    for ckpt in (run / "ckpt").glob("*.ckpt"):  # last.ckpt now holds step 5, written before the export
+        check_checkpoint(ckpt)
