@@ -33,6 +33,9 @@ What the command offers beyond LightningCLI's defaults:
 - Every value a config file can hold can be typed as an option (``--model.init_args.reward.missing_eos_penalty
   null``, lists and mappings too), and a YAML syntax error names its file, line and column
   (:mod:`rlhf_lit.cli.jsonargparse_fixes`).
+- ``--ckpt_path`` is checked before anything is built: a missing or damaged checkpoint is one line,
+  and a damaged ``last.ckpt`` names the intact checkpoint to resume from (:mod:`rlhf_lit.cli.resume_check`);
+  with ``--run_dir`` a second ``fit`` of the same stage refuses while the first runs (:mod:`rlhf_lit.cli.run_lock`).
 - Every fit stops cleanly on SIGTERM / SIGUSR1 (:class:`~rlhf_lit.callbacks.Preemption`): at the end
   of the current step or rollout, with ``last.ckpt`` written and the resume command logged, exit
   status ``128 + signal``.
