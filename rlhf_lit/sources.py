@@ -130,8 +130,9 @@ def model_source(name_or_path: str, what: str, kind: SourceKind = "model") -> di
     """Check ``name_or_path`` before a ``from_pretrained``; returns extra keyword arguments for it.
 
     A local directory must exist and hold a Hugging Face ``config.json`` (or, for a tokenizer,
-    tokenizer files), and none of the files a loader reads may be damaged (:func:`check_source_files`); a missing path that is the export of a config under ``configs/`` (its
-    ``export_dir``; the CLI adds configs that set ``run_dir``) names the command that produces it. A hub name is loaded from the local cache only
+    tokenizer files), and none of the files a loader reads may be damaged (:func:`check_source_files`);
+    a missing path that is the export of a config under ``configs/`` (its ``export_dir``; the CLI
+    adds configs that set ``run_dir``) names the command that produces it. A hub name is loaded from the local cache only
     (``local_files_only=True``) when ``HF_HUB_OFFLINE`` is set or the hub's host does not answer
     within :data:`HUB_PROBE_TIMEOUT_S`.
 

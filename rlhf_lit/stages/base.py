@@ -40,6 +40,7 @@ from rlhf_lit.models.loading import DType
 from rlhf_lit.models.lora import LoRAConfig, with_lora
 from rlhf_lit.models.memory import enable_gradient_checkpointing, release_frozen, release_optimizer_states
 from rlhf_lit.models.sharding import shard_models
+from rlhf_lit.sources import check_local_source
 from rlhf_lit.stages.amp import has_gradient_scaler, loss_scale
 from rlhf_lit.stages.export import ExportExisting, check_export_at_fit_start, export_at_fit_end
 from rlhf_lit.stages.optim import lightning_optimizers
@@ -47,7 +48,6 @@ from rlhf_lit.stages.nonfinite import NonFiniteGuard, assert_finite
 from rlhf_lit.stages.resume import (
     RUN_FACTS, check_loaded_keys, check_module_resume, run_fact_changes, run_facts, unset_seeds,
 )  # fmt: skip
-from rlhf_lit.sources import check_local_source
 from rlhf_lit.tokenizer import MissingPad, load_tokenizer
 
 log = logging.getLogger(__name__)

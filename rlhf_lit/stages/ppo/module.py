@@ -28,6 +28,7 @@ from rlhf_lit.models.reward_ensemble import RewardEnsemble, is_reward_ensemble, 
 from rlhf_lit.models.sharding import shard_models
 from rlhf_lit.models.value import CriticKind, build_critic
 from rlhf_lit.run_seed import seed_or_run_seed
+from rlhf_lit.sources import check_local_source
 from rlhf_lit.stages.amp import loss_scale
 from rlhf_lit.stages.base import RunLayout, StageModule, as_config, require_input
 from rlhf_lit.stages.export import ExportExisting
@@ -55,7 +56,6 @@ from rlhf_lit.stages.ppo.rollout import Rollout, nonfinite_rollout_parts
 from rlhf_lit.stages.ppo.ranks import sum_over_ranks
 from rlhf_lit.stages.ppo.seeding import stream_generator
 from rlhf_lit.stages.ppo.update import cycle, rank_token_weight, train_on_rollout
-from rlhf_lit.sources import check_local_source
 from rlhf_lit.tokenizer import MissingPad, check_same_chat_template, check_same_vocabulary, load_tokenizer
 
 
