@@ -20,6 +20,7 @@ from typing import Literal, Optional, TypeVar
 from urllib.parse import urlparse
 
 from rlhf_lit.artifacts import EXPORT_MARKER
+from rlhf_lit.integrity import DamagedFile, check_json_file, check_model_directory
 
 T = TypeVar("T")
 
@@ -48,6 +49,13 @@ class MissingSource(SourceError):
 
     def __reduce__(self):  # pickled by its fields (ddp_spawn), not by the formatted message
         return type(self), (self.what, self.name_or_path, self.config)
+
+
+class DamagedSource(SourceError):
+    """A local model or tokenizer directory with a damaged file (cut short, empty, not its format).
+
+    Never a reason to fall back to something else: callers that try a source and go on without it
+    when it is absent re-raise this one."""
 
 
 def _looks_local(name: str) -> bool:
@@ -122,8 +130,9 @@ def model_source(name_or_path: str, what: str, kind: SourceKind = "model") -> di
     """Check ``name_or_path`` before a ``from_pretrained``; returns extra keyword arguments for it.
 
     A local directory must exist and hold a Hugging Face ``config.json`` (or, for a tokenizer,
-    tokenizer files); a missing path that is the export of a config under ``configs/`` (its
-    ``export_dir``; the CLI adds configs that set ``run_dir``) names the command that produces it. A hub name is loaded from the local cache only
+    tokenizer files), and none of the files a loader reads may be damaged (:func:`check_source_files`);
+    a missing path that is the export of a config under ``configs/`` (its ``export_dir``; the CLI
+    adds configs that set ``run_dir``) names the command that produces it. A hub name is loaded from the local cache only
     (``local_files_only=True``) when ``HF_HUB_OFFLINE`` is set or the hub's host does not answer
     within :data:`HUB_PROBE_TIMEOUT_S`.
 
@@ -133,7 +142,8 @@ def model_source(name_or_path: str, what: str, kind: SourceKind = "model") -> di
         kind: what the directory must hold (:data:`SourceKind`).
 
     Raises:
-        SourceError: a local path that does not exist (:class:`MissingSource`) or is not a model directory.
+        SourceError: a local path that does not exist (:class:`MissingSource`), is not a model directory,
+            or holds a damaged file (:class:`DamagedSource`).
     """
     path = os.path.expanduser(name_or_path)
     if os.path.exists(path):
@@ -145,12 +155,49 @@ def model_source(name_or_path: str, what: str, kind: SourceKind = "model") -> di
             raise SourceError(
                 f"{what} {name_or_path!r} is not a Hugging Face model directory (no config.json in it)"
             )
+        check_source_files(name_or_path, what, kind)
         return {}
     if _looks_local(name_or_path):
         raise MissingSource(what, name_or_path, producing_config(name_or_path))
     if _offline() or (not _behind_proxy() and not _hub_reachable()):
         return {"local_files_only": True}
     return {}
+
+
+def check_source_files(name_or_path: str, what: str, kind: SourceKind = "model") -> None:
+    """Check the files of the local directory ``name_or_path`` that a loader reads
+    (:func:`rlhf_lit.integrity.check_model_directory`; weights required for a ``model``).
+
+    Raises:
+        DamagedSource: naming ``what``, the damaged file and what is wrong with it.
+    """
+    try:
+        check_model_directory(os.path.expanduser(name_or_path), needs_weights=kind == "model")
+    except DamagedFile as error:
+        raise DamagedSource(f"{what} {name_or_path!r} cannot be loaded: {error}") from None
+
+
+def check_local_source(name_or_path: str | None, what: str) -> None:
+    """Check the files of a local model directory before anything is loaded from it (a no-op for None,
+    a hub name or a path that does not exist: the loader names those).
+
+    A reward-model ensemble (a directory with ``ensemble.json``) has its manifest checked; its
+    members are checked as they are loaded. Used where several models are loaded one after the
+    other, so that a damaged last one stops the run before the first is loaded.
+
+    Raises:
+        DamagedSource: naming ``what``, the damaged file and what is wrong with it.
+    """
+    path = os.path.expanduser(name_or_path) if name_or_path else ""
+    if not os.path.isdir(path):
+        return
+    if os.path.isfile(os.path.join(path, "ensemble.json")):
+        try:
+            check_json_file(os.path.join(path, "ensemble.json"))
+        except DamagedFile as error:
+            raise DamagedSource(f"{what} {name_or_path!r} cannot be loaded: {error}") from None
+    elif os.path.isfile(os.path.join(path, "config.json")):
+        check_source_files(name_or_path, what, "model")
 
 
 def source_fingerprint(name_or_path: str) -> str:

@@ -8,7 +8,7 @@ from typing import Literal
 
 from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerBase
 
-from rlhf_lit.sources import TOKENIZER_FILES, SourceError, from_pretrained
+from rlhf_lit.sources import TOKENIZER_FILES, DamagedSource, SourceError, from_pretrained
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +88,8 @@ def _saved_tokenizer(model_path: str, what: str) -> PreTrainedTokenizerBase | No
         return None
     try:
         return from_pretrained(AutoTokenizer.from_pretrained, model_path, what, "tokenizer")
+    except DamagedSource:
+        raise  # a damaged tokenizer is not "no tokenizer": never compared as if absent
     except (OSError, ValueError, SourceError):
         return None
 

@@ -15,7 +15,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "rlhf_lit"
 
 LAYERS: tuple[frozenset[str], ...] = (
-    frozenset({"", "functional", "artifacts", "callable_specs", "expected_warnings", "run_seed"}),
+    frozenset({"", "functional", "artifacts", "callable_specs", "expected_warnings", "integrity", "run_seed"}),
     frozenset({"sources"}),
     frozenset({"tokenizer"}),
     frozenset({"models", "data"}),

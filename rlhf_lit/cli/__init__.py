@@ -33,6 +33,9 @@ What the command offers beyond LightningCLI's defaults:
 - Every value a config file can hold can be typed as an option (``--model.init_args.reward.missing_eos_penalty
   null``, lists and mappings too), and a YAML syntax error names its file, line and column
   (:mod:`rlhf_lit.cli.jsonargparse_fixes`).
+- ``--ckpt_path`` is checked before anything is built: a missing or damaged checkpoint is one line,
+  and a damaged ``last.ckpt`` names the intact checkpoint to resume from (:mod:`rlhf_lit.cli.resume_check`);
+  with ``--run_dir`` a second ``fit`` of the same stage refuses while the first runs (:mod:`rlhf_lit.cli.run_lock`).
 - Every fit stops cleanly on SIGTERM / SIGUSR1 (:class:`~rlhf_lit.callbacks.Preemption`): at the end
   of the current step or rollout, with ``last.ckpt`` written and the resume command logged, exit
   status ``128 + signal``.
@@ -67,7 +70,10 @@ from rlhf_lit.callbacks.progress import RunProgressBar
 from rlhf_lit.cli import jsonargparse_fixes
 from rlhf_lit.cli.option_names import class_options, parser_options
 from rlhf_lit.cli.parser_errors import condense_parser_error
-from rlhf_lit.cli.run_dir import add_run_dir_argument, apply_run_dir, with_run_dir_hint
+from rlhf_lit.cli.resume_check import check_resume_checkpoint
+from rlhf_lit.cli.run_dir import (RUN_DIR_KEY, add_run_dir_argument, apply_run_dir, stage_dir, stage_layout,
+                                  stage_title, with_run_dir_hint)  # fmt: skip
+from rlhf_lit.cli.run_lock import lock_run, release_run_locks
 from rlhf_lit.expected_warnings import silence_expected_noise
 from rlhf_lit.run_seed import run_seed
 from rlhf_lit.stages.nonfinite import NonFiniteError
@@ -248,7 +254,8 @@ class RLHFCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         """Refuse ``--trainer.strategy fsdp`` without GPUs (names ``fsdp2``), ``--trainer.max_steps`` for PPO and
-        PPO's compiled decoding or passes under FSDP before anything is built."""
+        PPO's compiled decoding or passes under FSDP before anything is built; with ``--run_dir``, fill the
+        config from it and take the run directory's lock for the stage (:mod:`rlhf_lit.cli.run_lock`)."""
         subcommand = self.config.get("subcommand")
         trainer = self.config[subcommand].get("trainer", {}) if subcommand else self.config.get("trainer", {})
         check_strategy_choice(trainer.get("strategy"), trainer.get("accelerator", "auto"))
@@ -258,7 +265,12 @@ class RLHFCLI(LightningCLI):
         if refusal:
             self.parser.error(refusal)  # an option error: one line, exit 2, before any model is built
         # --run_dir: fill unset outputs and inputs, refuse contradicting ones (rlhf_lit.cli.run_dir)
-        apply_run_dir(self.config[subcommand] if subcommand else self.config, self.trainer_defaults, subcommand)
+        config = self.config[subcommand] if subcommand else self.config
+        apply_run_dir(config, self.trainer_defaults, subcommand)
+        if subcommand == "fit" and config.get(RUN_DIR_KEY):  # one fit per run directory and stage at once
+            stage = stage_layout(str(config["model"]["class_path"])).name
+            lock_run(stage_dir(config[RUN_DIR_KEY], stage),
+                     f"--run_dir {config[RUN_DIR_KEY]}: the {stage_title(stage)} stage", self.command)  # fmt: skip
 
     def _set_seed(self) -> None:
         """Lightning's ``seed_everything``, refusing ``--seed_everything true`` in a run whose processes a
@@ -293,7 +305,8 @@ class RLHFCLI(LightningCLI):
 
         LightningCLI would parse the checkpoint's hyperparameters over the given config, so a
         resume would silently ignore a changed option (and fails for a stage whose hyperparameters
-        it cannot parse). Here the given config rules, and each stage compares it with the
+        it cannot parse). A missing or damaged checkpoint is refused here, before any model is built
+        (:mod:`rlhf_lit.cli.resume_check`). Here the given config rules, and each stage compares it with the
         checkpoint when the checkpoint is loaded (:mod:`rlhf_lit.stages.resume`): differences that
         would break the run are refused, listed; safe ones (more rollouts, another export
         directory) are applied.
@@ -301,6 +314,8 @@ class RLHFCLI(LightningCLI):
         subcommand = self.config.get("subcommand")
         if subcommand:
             refuse_remote_checkpoint(self.config[subcommand].get("ckpt_path"))
+            # a checkpoint cut short by a crash or a full disk: one line now, not torch's traceback later
+            check_resume_checkpoint(self.config[subcommand].get("ckpt_path"), self.command)
 
 
 def _raised_in_jsonargparse(error: BaseException) -> bool:
@@ -363,6 +378,14 @@ def main(args: list[str] | None = None) -> None:
         return
     if not argv or argv[0] in ("-h", "--help"):
         print(commands_help() + "\n")
+    try:
+        _run_cli(args, argv, debug)
+    finally:
+        release_run_locks()  # the run directory's lock (--run_dir), however the run ended
+
+
+def _run_cli(args: list[str] | None, argv: list[str], debug: bool) -> None:
+    """The LightningCLI run of ``argv``, its user errors reported as one line (module docstring)."""
     try:
         RLHFCLI(
             LightningModule,

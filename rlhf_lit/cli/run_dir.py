@@ -23,6 +23,8 @@ Rules (rlhf-lit never silently rewrites a setting):
 - A fresh ``fit`` (no ``--ckpt_path``) whose export is already in DIR stops before any model is
   loaded (unless ``export_existing: replace``); a new experiment is a new DIR.
 - ``--ckpt_path`` inside ``DIR/<stage>/version_N/`` resumes logging into that same ``version_N``.
+- One ``fit`` of a stage in DIR at a time: a second one refuses, naming the first
+  (:mod:`rlhf_lit.cli.run_lock`, taken by the CLI after the config is filled).
 
 A stage takes part by declaring ``run_layout = RunLayout("<name>", inputs={...})``
 (:class:`rlhf_lit.stages.base.RunLayout`): one line.

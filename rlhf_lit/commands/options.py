@@ -17,6 +17,7 @@ from typing import get_args
 from rlhf_lit.artifacts import WRITTEN_BY_KEY, json_file_state, write_json_atomically  # noqa: F401 (WRITTEN_BY_KEY: the commands stamp their JSON with it)
 from rlhf_lit.evaluation import samples
 from rlhf_lit.evaluation.prompt_files import read_prompts
+from rlhf_lit.integrity import DamagedFile, check_json_file
 
 
 OWNER_PREFIX = "rlhf-lit "
@@ -115,6 +116,11 @@ def check_out(path: str | None, overwrite: bool) -> None:
     if not overwrite:
         raise OptionError(f"--out {path} exists; pass --overwrite to replace it, or choose another file")
     if state != "owned":
+        try:
+            check_json_file(path)
+        except (DamagedFile, OSError) as damage:  # cut short, say, so its writer cannot be told: kept all the same
+            raise OptionError(f"--out {damage}, so it cannot be told as rlhf-lit's output; it is not replaced even "
+                              "with --overwrite: delete it or choose another file") from None  # fmt: skip
         raise OptionError(f"--out {path} exists and was not written by rlhf-lit; it is not replaced even with --overwrite")
 
 
@@ -124,8 +130,10 @@ def write_json(path: str, result: dict) -> None:
 
 
 def check_sources(**paths: str | None) -> None:
-    """Refuse a local model path that does not exist or is not a directory (``name=path``; hub names pass)."""
-    from rlhf_lit.sources import _looks_local
+    """Refuse a local model path that does not exist, is not a directory, or holds a damaged file
+    (``name=path``; hub names pass): before any model is loaded."""
+    from rlhf_lit.models.reward_ensemble import is_reward_ensemble, member_paths
+    from rlhf_lit.sources import _looks_local, check_local_source, check_source_files
 
     for name, path in paths.items():
         if path is None:
@@ -136,6 +144,13 @@ def check_sources(**paths: str | None) -> None:
             raise ValueError(f"{option} {path}: not a directory (give the model directory)")
         if not os.path.exists(expanded) and _looks_local(path):
             raise ValueError(f"{option} {path}: no such directory")
+        if os.path.isdir(expanded) and is_reward_ensemble(expanded):  # its manifest, then each member
+            check_local_source(path, option)
+            for member in member_paths(expanded):
+                if os.path.isdir(member):  # a missing member is named where the ensemble is loaded
+                    check_source_files(member, f"{option} member")
+        elif os.path.isdir(expanded) and (name == "tokenizer" or os.path.isfile(os.path.join(expanded, "config.json"))):
+            check_source_files(path, option, "tokenizer" if name == "tokenizer" else "model")
 
 
 def prepare(args: argparse.Namespace, **sources: str | None) -> tuple[list[str], object, object | None]:

@@ -103,8 +103,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run one subcommand; returns the exit status."""
-    argv = sys.argv[1:] if argv is None else list(argv)
+    """Run one subcommand; returns the exit status. A damaged file it reads back (a model, a
+    checkpoint, a cached result of an earlier run) ends it with one line naming the file, exit 1."""
+    from rlhf_lit.integrity import DamagedFile
+    from rlhf_lit.sources import DamagedSource
+
+    try:
+        return _run(sys.argv[1:] if argv is None else list(argv))
+    except (DamagedFile, DamagedSource) as error:
+        print(f"error: {error} (delete or restore it, then run the command again)", file=sys.stderr)
+        return 1
+
+
+def _run(argv: list[str]) -> int:
+    """The subcommand ``argv[0]`` with its arguments (:func:`main`)."""
     if argv[:1] == ["pipeline"]:
         # Handed over before parsing: argparse cannot pass options such as --help through unparsed.
         from rlhf_lit.demo.pipeline import main as pipeline_main

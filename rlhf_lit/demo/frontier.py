@@ -78,6 +78,9 @@ def load_checkpoint_policy(checkpoint: str, base_model: str):
     import torch
     from transformers import AutoModelForCausalLM
 
+    from rlhf_lit.integrity import check_checkpoint
+
+    check_checkpoint(checkpoint)  # cut short or not a checkpoint: named, not torch's zip-reader traceback
     # weights_only=False: a full PPO checkpoint also holds RNG states and the KL controller (plain
     # Python objects); the files are the run's own, written by RolloutCheckpoint under --out.
     state = torch.load(checkpoint, map_location="cpu", weights_only=False)["state_dict"]

@@ -48,6 +48,7 @@ from pathlib import Path
 from rlhf_lit.artifacts import NotOwned, claim_directory, directory_state, remove_owned_directory, write_text_atomically
 from rlhf_lit.demo.plan import ASSETS, ROOT
 from rlhf_lit.demo.runner import THREAD_ENV
+from rlhf_lit.integrity import check_json_file
 
 MARKER = ".rlhf-lit-guard-study.json"
 """Written into ``--out`` when this command creates it; a non-empty folder without it is refused."""
@@ -184,8 +185,7 @@ def run_seed(args: argparse.Namespace, config: Path, demo: Path, proxy: Path, se
     folder = out / f"seed_{seed}"
     result_path = folder / "result.json"
     if result_path.exists():
-        with open(result_path, encoding="utf-8") as f:
-            return json.load(f)
+        return check_json_file(result_path, want_object=False)
     from rlhf_lit.demo.frontier import export_checkpoint_policy, rollout_checkpoints
     from rlhf_lit.demo.report import read_scalars
 
@@ -218,8 +218,7 @@ def _evaluate(args: argparse.Namespace, policy: Path, demo: Path, out: Path) -> 
                "--reference", str(demo / "sft" / "model"), "--paragraphs", args.paragraphs,
                "--count", str(args.eval_count), "--max-new-tokens", str(16 if args.tiny else 48), "--out", str(out)]
         _run(cmd, out.with_suffix(".log"), f"the evaluation of {policy}")
-    with open(out, encoding="utf-8") as f:
-        return json.load(f)["metrics"]
+    return check_json_file(out, want_object=False)["metrics"]
 
 
 def _run(cmd: list[str], log_path: Path, what: str) -> str:

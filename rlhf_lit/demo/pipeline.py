@@ -69,6 +69,8 @@ from rlhf_lit.demo.plan import (
 from rlhf_lit.demo.runner import Running, StageFailed, Timings, run_stages, say, start_stages, stop_stages, wait_stages
 from rlhf_lit.demo.summary import format_value, last_scalar, results_table, write_summary
 from rlhf_lit.evaluation.judges import DEFAULT_JUDGE
+from rlhf_lit.integrity import DamagedFile, check_json_file
+from rlhf_lit.sources import DamagedSource
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -116,6 +118,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except StageFailed as e:
         print(f"[demo] FAILED: {e}", file=sys.stderr, flush=True)
         return e.returncode or 1
+    except (DamagedFile, DamagedSource) as e:  # a file an earlier step wrote, damaged since
+        print(f"[demo] error: {e} (delete or restore it, then run the demo again)", file=sys.stderr, flush=True)
+        return 1
     return 0
 
 
@@ -333,8 +338,7 @@ def measure_frontier(paths: Paths, results: dict[str, dict], trained: dict, meas
     if "ppo_kl0" in results:
         points.append(point_from_evaluation(results["ppo_kl0"], "PPO, KL coef 0", f"rollout {final}"))
     points += [point_from_evaluation(results[name], "DPO", f"beta {name.rsplit('_', 1)[1]}") for name in trained["dpo"]]
-    with open(paths.dir("best_of_n") / "best_of_n.json", encoding="utf-8") as f:
-        points += points_from_best_of_n(json.load(f))
+    points += points_from_best_of_n(check_json_file(paths.dir("best_of_n") / "best_of_n.json", want_object=False))
     return write_frontier(points, str(paths.dir("report")))
 
 

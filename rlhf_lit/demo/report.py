@@ -19,9 +19,10 @@ their metrics, and a table of sample generations for the same prompts.
 from __future__ import annotations
 
 import glob
-import json
 import os
 from dataclasses import dataclass, field
+
+from rlhf_lit.integrity import check_json_file
 
 Series = tuple[list[int], list[float]]
 """``(steps, values)`` of one scalar tag, sorted by step."""
@@ -223,10 +224,8 @@ def write_report(
         md += ["Missing tags:", "", *skipped, ""]
     md += ["## First and last values", "", *curves_table(runs), ""]
     if before is not None:
-        with open(before, encoding="utf-8") as f:
-            before_result = json.load(f)
-        with open(after, encoding="utf-8") as f:
-            after_result = json.load(f)
+        before_result = check_json_file(before, want_object=False)
+        after_result = check_json_file(after, want_object=False)
         md += ["## Before and after PPO (held-out prompts)", "",
                f"before: `{before}`, after: `{after}`", "",
                *before_after_tables(before_result, after_result, num_examples), ""]

@@ -47,6 +47,7 @@ from rlhf_lit.demo.labeling import Pairing
 from rlhf_lit.demo.plan import ASSETS, ROOT, ppo_sampling, FULL
 from rlhf_lit.demo.runner import THREAD_ENV
 from rlhf_lit.demo.story_prompts import RANGES
+from rlhf_lit.integrity import check_json_file
 
 MARKER = ".rlhf-lit-rm-study.json"
 """Written into ``--out`` when this command creates it; a non-empty folder without it is refused."""
@@ -83,8 +84,7 @@ class Sampling:
 def samples(sampling: Sampling, path: Path, start: int, count: int, seed: int) -> dict:
     """The judged samples of ``count`` prompts from paragraph ``start`` (seed ``seed``), cached in ``path``."""
     if path.exists():
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
+        return check_json_file(path, want_object=False)
     import torch
 
     from rlhf_lit.demo.preferences import sample_and_judge
@@ -173,8 +173,7 @@ def run_one(run: Run, judged: dict, k: int, sft: str, heldout: dict[str, Path], 
     """Write the records, train the RM (unless finished), read its held-out metrics, write ``result.json``."""
     result_path = run.dir / "result.json"
     if result_path.exists():
-        with open(result_path, encoding="utf-8") as f:
-            return json.load(f)
+        return check_json_file(result_path, want_object=False)
     from rlhf_lit.demo.preferences import write_jsonl
     from rlhf_lit.demo.report import read_scalars
 

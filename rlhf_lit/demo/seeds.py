@@ -44,6 +44,7 @@ from pathlib import Path
 from rlhf_lit.artifacts import NotOwned, claim_directory, directory_state, remove_owned_directory, write_text_atomically
 from rlhf_lit.demo.plan import ASSETS, parse_betas
 from rlhf_lit.demo.runner import THREAD_ENV
+from rlhf_lit.integrity import check_json_file
 
 MARKER = ".rlhf-lit-seeds.json"
 """Written into ``--out`` when this command creates it; a non-empty folder without it is refused."""
@@ -139,15 +140,13 @@ def _evaluate(policy: Path, demo: Path, out: Path, evaluation: Evaluation, log) 
                "--reference", str(demo / "sft" / "model"), "--paragraphs", evaluation.paragraphs,
                "--count", str(evaluation.count), "--max-new-tokens", str(evaluation.max_new_tokens), "--out", str(out)]
         subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **THREAD_ENV}, check=True)
-    with open(out, encoding="utf-8") as f:
-        return json.load(f)["metrics"]
+    return check_json_file(out, want_object=False)["metrics"]
 
 
 def run_job(job: Job, demo: Path, evaluation: Evaluation, checkpoint_every: int) -> dict:
     """Train ``job`` (unless finished), evaluate its checkpoints and export, write ``result.json``."""
     if job.result_path.exists():
-        with open(job.result_path, encoding="utf-8") as f:
-            return json.load(f)
+        return check_json_file(job.result_path, want_object=False)
     from rlhf_lit.demo.frontier import export_checkpoint_policy, rollout_checkpoints
     from rlhf_lit.demo.report import read_scalars
 

@@ -23,6 +23,8 @@ import math
 import os
 from collections.abc import Mapping, Sequence
 
+from rlhf_lit.integrity import check_json_file
+
 WINDOW = 5
 """Rollouts averaged at each end of a run for the rise of the shaped objective."""
 METRICS = ("judge_mean", "kl_mean", "distinct_2", "length_mean", "ended_fraction")
@@ -243,8 +245,7 @@ def write_study(results: Sequence[Mapping], sft: Mapping, out_dir: str, best_of_
         figures.append(f"![curves]({os.path.basename(draw_curves(results, os.path.join(out_dir, 'curves.png'), order))})")
     bon = None
     if best_of_n is not None:
-        with open(best_of_n, encoding="utf-8") as f:
-            bon = json.load(f)
+        bon = check_json_file(best_of_n, want_object=False)
     png = draw_frontier(frontier_points(summary, bon), os.path.join(out_dir, "frontier.png"),
                         title="Judge score against KL to SFT (mean over seeds)")  # fmt: skip
     figures.append(f"![frontier]({os.path.basename(png)})")

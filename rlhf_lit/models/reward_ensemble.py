@@ -23,6 +23,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from rlhf_lit.integrity import DamagedFile, check_json_file
 from rlhf_lit.models.loading import DType, load_reward_model
 from rlhf_lit.models.lora import exportable
 from rlhf_lit.models.reward_norm import NORMALIZATION_KEY, reward_offset
@@ -102,9 +103,10 @@ def read_manifest(path: str | os.PathLike) -> dict[str, Any]:
     """The checked ``ensemble.json`` of an ensemble directory; ValueError naming the file and field."""
     file = os.path.join(os.path.expanduser(str(path)), ENSEMBLE_FILE)
     try:
-        with open(file, encoding="utf-8") as f:
-            manifest = json.load(f)
-    except (OSError, ValueError) as error:
+        manifest = check_json_file(file, want_object=False)
+    except DamagedFile as error:
+        raise ValueError(f"reward-model ensemble {error}") from None
+    except OSError as error:
         raise ValueError(f"{file}: not a readable reward-ensemble manifest ({error})") from None
     if not isinstance(manifest, dict) or manifest.get("format") != ENSEMBLE_FORMAT:
         raise ValueError(f"{file}: field 'format' must be {ENSEMBLE_FORMAT!r}")

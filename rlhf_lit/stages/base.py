@@ -40,6 +40,7 @@ from rlhf_lit.models.loading import DType
 from rlhf_lit.models.lora import LoRAConfig, with_lora
 from rlhf_lit.models.memory import enable_gradient_checkpointing, release_frozen, release_optimizer_states
 from rlhf_lit.models.sharding import shard_models
+from rlhf_lit.sources import check_local_source
 from rlhf_lit.stages.amp import has_gradient_scaler, loss_scale
 from rlhf_lit.stages.export import ExportExisting, check_export_at_fit_start, export_at_fit_end
 from rlhf_lit.stages.optim import lightning_optimizers
@@ -97,8 +98,11 @@ def stage_tokenizer(
 ):
     """The stage's tokenizer: ``tokenizer`` when given, else the model's (at the model's ``revision``).
 
-    ``model_arg`` / ``tokenizer_arg`` are the constructor arguments an error names.
+    ``model_arg`` / ``tokenizer_arg`` are the constructor arguments an error names. The model's
+    files are checked first (:func:`~rlhf_lit.sources.check_local_source`): a damaged weight file is
+    named as the model's, before the tokenizer is loaded from beside it.
     """
+    check_local_source(model, model_arg)
     return load_tokenizer(
         tokenizer or model, padding_side=padding_side, missing_pad=missing_pad,
         revision=revision if tokenizer is None else None, trust_remote_code=trust_remote_code,

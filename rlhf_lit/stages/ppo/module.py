@@ -28,6 +28,7 @@ from rlhf_lit.models.reward_ensemble import RewardEnsemble, is_reward_ensemble, 
 from rlhf_lit.models.sharding import shard_models
 from rlhf_lit.models.value import CriticKind, build_critic
 from rlhf_lit.run_seed import seed_or_run_seed
+from rlhf_lit.sources import check_local_source
 from rlhf_lit.stages.amp import loss_scale
 from rlhf_lit.stages.base import RunLayout, StageModule, as_config, require_input
 from rlhf_lit.stages.export import ExportExisting
@@ -200,6 +201,8 @@ class PPOModule(PPOCheckpoints, StageModule):
 
     def _build_models(self, sft_model, reward_model, value_model, tokenizer_path, missing_pad, critic, dtype) -> None:
         """Tokenizer, policy, reference, reward model and critic, as the settings ask."""
+        for what, path in (("sft_model", sft_model), ("reward_model", reward_model), ("value_model", value_model)):
+            check_local_source(path, what)  # a damaged file of any of them: named before the first is loaded
         self.tokenizer = load_tokenizer(
             tokenizer_path or sft_model, padding_side="left", missing_pad=missing_pad,
             what="tokenizer_path" if tokenizer_path else "sft_model",
@@ -320,16 +323,14 @@ class PPOModule(PPOCheckpoints, StageModule):
         rows = batch["input_ids"].shape[0] * self.sampling.samples_per_prompt
         check_rollout_rows(rows, self.ppo, self.sampling.samples_per_prompt)  # before any work
         timer = RolloutTimer(self.device)
-        with padding_free(self.ppo.remove_padding):  # the teacher-forced passes over real tokens only
-            # generate, score (with the update's first forward: ppo.reuse_first_forward), advantages
+        with padding_free(self.ppo.remove_padding):  # generate, score (+ the update's first forward), advantages
             rollout, experience = self.make_rollout(batch, timer, reuses_first_forward(self))
         bad = nonfinite_rollout_parts(rollout, sum_over_ranks(self.trainer))
         if bad:  # no update on NaN: it would turn every weight into NaN
             self.nonfinite.skipped("rollout", f"rollout {self.rollout_index}: non-finite {', '.join(bad)}")
             self._end_rollout(rollout.batch_size, {"skipped/nonfinite_rollout": 1.0})
             return
-        # train mode activates gradient checkpointing; dropout is off
-        with train_mode(*self.trained_models), padding_free(self.ppo.remove_padding):
+        with train_mode(*self.trained_models), padding_free(self.ppo.remove_padding):  # (checkpointing; no dropout)
             train_stats = self.train_on_rollout(rollout, experience.first_forward)
         timer.mark("train")
         kl_coef = self.kl_ctl.value
@@ -356,9 +357,7 @@ class PPOModule(PPOCheckpoints, StageModule):
             self.trainer.should_stop = True
 
     # ------------------------------------------------------------------ rollout (ExperienceMaker)
-    def make_rollout(
-        self, batch: dict[str, torch.Tensor], timer: RolloutTimer | None, reuse_first_forward: bool = False
-    ) -> tuple[Rollout, Experience]:
+    def make_rollout(self, batch: dict, timer: RolloutTimer | None, reuse_first_forward: bool = False) -> tuple[Rollout, Experience]:
         """Generate, score, shape rewards and compute advantages (:meth:`ExperienceMaker.make`)."""
         return self.experience.make(batch, timer, reuse_first_forward)
 
