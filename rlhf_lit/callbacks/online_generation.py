@@ -18,14 +18,8 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 
-from rlhf_lit.data.prompt_rendering import (
-    ChatTemplate,
-    RenderedPrompts,
-    check_chat_template,
-    render_prompts,
-    rendering_line,
-    resolve_chat_template,
-)
+from rlhf_lit.data.prompt_rendering import RenderedPrompts, render_prompts, rendering_line
+from rlhf_lit.data.rendering import TemplateOption, resolve_template, template_choice
 
 # The project's one judge loader; re-exported here for ``rlhf_lit.callbacks.load_judge``.
 from rlhf_lit.evaluation import load_judge, response_texts
@@ -72,7 +66,8 @@ class OnlineGeneration(Callback):
             rendered when it was) + response (:data:`~rlhf_lit.evaluation.judges.JudgeReads`).
         tag: TensorBoard tag of the text table (scalars go under ``{tag}/``).
         chat_template: whether the prompts are rendered as one user turn with the module tokenizer's chat
-            template (:data:`~rlhf_lit.data.prompt_rendering.ChatTemplate`): ``auto`` when it has one.
+            template (:data:`~rlhf_lit.data.rendering.TemplateChoice`): ``auto`` when it has one, ``always``,
+            ``never`` (the aliases ``chat_template`` and ``raw`` are ``always`` and ``never``).
     """
 
     def __init__(
@@ -84,14 +79,14 @@ class OnlineGeneration(Callback):
         judge: str | None = None,
         judge_reads: JudgeReads = "response",
         tag: str = "samples",
-        chat_template: ChatTemplate = "auto",
+        chat_template: TemplateOption = "auto",
     ) -> None:
         if not prompts:
             raise ValueError("OnlineGeneration needs at least one prompt")
         if every_n_rollouts < 1:
             raise ValueError(f"every_n_rollouts must be >= 1, got {every_n_rollouts}")
         judge_texts([], [], judge_reads)  # an unknown judge_reads: the one message, at construction
-        check_chat_template(chat_template, f"{type(self).__name__} chat_template")  # before fit, not at rollout n
+        template_choice(chat_template, f"{type(self).__name__} chat_template")  # before fit, not at rollout n
         self.prompts, self.every_n_rollouts, self.sampling = list(prompts), every_n_rollouts, sampling
         self.seed, self.judge_reads, self.tag, self.chat_template = seed, judge_reads, tag, chat_template
         self.judge = load_judge(judge) if judge else None
@@ -103,7 +98,7 @@ class OnlineGeneration(Callback):
         ``auto`` follows ``training``, whether the training prompts were rendered, when known."""
         if self._rendered is None:
             name = f"{type(self).__name__} chat_template"
-            rendering = resolve_chat_template(self.chat_template, tokenizer, name, training)
+            rendering = resolve_template(self.chat_template, tokenizer, name, training=training)
             rank_zero_info(rendering_line(f"{type(self).__name__} ({self.tag})", rendering, self.prompts))
             self._rendered = render_prompts(tokenizer, self.prompts, rendering)
         return self._rendered

@@ -51,15 +51,16 @@ def add_common_options(parser: argparse.ArgumentParser, *, max_new_tokens: int, 
     """Options both commands take: prompts, tokenizer, sampling, seed, device, output."""
     from rlhf_lit.evaluation.judges import DEFAULT_JUDGE
 
-    from rlhf_lit.data.prompt_rendering import CHAT_TEMPLATE_CHOICES
+    from rlhf_lit.data.rendering import TEMPLATE_CHOICES
     from rlhf_lit.evaluation.judges import JudgeReads
 
     parser.add_argument("--prompts", required=True, metavar="FILE",
                         help="prompts: one per line, or JSONL (*.jsonl) with the prompt in --prompt-field (a string, "
                         "or a list of messages ending with the user's turn)")
-    parser.add_argument("--chat-template", choices=CHAT_TEMPLATE_CHOICES, default="auto",
+    parser.add_argument("--chat-template", default="auto", metavar="{" + ",".join(TEMPLATE_CHOICES) + "}",
                         help="render string prompts as one user turn with the policy's chat template: auto (when its "
-                        "tokenizer has one, as the data's hh_render), always, never; conversations always are")
+                        "tokenizer has one, as the data's hh_render), always, never (the older chat_template, raw "
+                        "are aliases of always, never); conversations always are")
     parser.add_argument("--prompt-field", default="prompt", help="JSONL field holding the prompt")
     parser.add_argument("--prompt-format", choices=["auto", "lines", "jsonl"], default="auto",
                         help="auto: *.jsonl is JSONL, anything else one prompt per line")
@@ -153,11 +154,22 @@ def check_sources(**paths: str | None) -> None:
             check_source_files(path, option, "tokenizer" if name == "tokenizer" else "model")
 
 
+def chat_template_option(value: str) -> str:
+    """``--chat-template`` in its canonical spelling (an alias mapped); :class:`OptionError` naming it otherwise."""
+    from rlhf_lit.data.rendering import template_choice
+
+    try:
+        return template_choice(value, "--chat-template")
+    except ValueError as error:
+        raise OptionError(str(error)) from None
+
+
 def prepare(args: argparse.Namespace, **sources: str | None) -> tuple[list[str], object, object | None]:
     """Every check a command makes before loading a model: ``(prompts, sampling, judge or None)``."""
     from rlhf_lit.evaluation.judges import load_judge
 
     check_positive(batch_size=args.batch_size, max_prompts=args.max_prompts)
+    args.chat_template = chat_template_option(args.chat_template)
     sampling = sampling_from(args)
     check_out(args.out, args.overwrite)
     check_sources(**sources)

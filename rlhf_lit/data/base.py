@@ -27,7 +27,14 @@ from rlhf_lit.data.conversation import is_conversation
 from rlhf_lit.data.detect import resolve_format
 from rlhf_lit.data.encoding import TextEncoder, encode_sft, require_tokenizer
 from rlhf_lit.data.records import is_text_file, read_rows
-from rlhf_lit.data.rendering import HHRender, HHRendering, hh_rendering_line, raw_prompt_warning, resolve_hh_render
+from rlhf_lit.data.rendering import (
+    TemplateOption,
+    TemplateRendering,
+    hh_rendering_line,
+    raw_prompt_warning,
+    resolve_template,
+    template_choice,
+)
 from rlhf_lit.data.sampler import ResumableSampler, ShuffleOrder
 from rlhf_lit.data.splits import split_by_fraction
 from rlhf_lit.run_seed import seed_or_run_seed
@@ -177,13 +184,12 @@ class TextDataModule(L.LightningDataModule):
         skip_invalid: bool,
         prompt_words: int,
         apply_chat_template: bool,
-        hh_render: HHRender,
+        hh_render: TemplateOption,
         batch_size: int,
         num_workers: int,
     ) -> None:
         check_format(format, self.kind)
-        if hh_render not in ("auto", "chat_template", "raw"):
-            raise ValueError(f"hh_render must be one of auto, chat_template, raw; got {hh_render!r}")
+        template_choice(hh_render, "hh_render")  # a bad value refused here, not at setup; kept as given for the log
         if val_path is not None and val_fraction > 0:
             raise ValueError(
                 f"give either val_path ({val_path!r}) or val_fraction ({val_fraction}), not both"
@@ -208,7 +214,7 @@ class TextDataModule(L.LightningDataModule):
         self.split, self.subset, self.max_records = split, subset, max_records
         self.skip_invalid, self.prompt_words = skip_invalid, prompt_words
         self.apply_chat_template, self.hh_render = apply_chat_template, hh_render
-        self._hh: HHRendering | None = None  # hh_render for the tokenizer, resolved in setup
+        self._hh: TemplateRendering | None = None  # hh_render for the tokenizer, resolved in setup
         self.batch_size, self.num_workers = batch_size, num_workers
         self.shuffle = True  # PromptDataModule makes it an option
         self.sampler: ResumableSampler | None = None  # the training order, built in setup
@@ -240,9 +246,10 @@ class TextDataModule(L.LightningDataModule):
 
     def _hh_render_hparam(self) -> None:
         """Drop ``hh_render`` from the hyperparameters (call after ``save_hyperparameters``): ``setup``
-        stores ``chat_template`` there when HH transcripts were rendered with the chat template, and
-        nothing for raw strings, the only reading before the option existed, so a checkpoint written
-        before it resumes exactly when its data is read as it was (the resume check compares them)."""
+        stores ``always`` there when HH transcripts were rendered with the chat template (checkpoints
+        written before #37 unified the vocabulary say ``chat_template``, its alias, which the resume
+        check reads as ``always``), and nothing for raw strings, the only reading before the option
+        existed, so a checkpoint written before it resumes exactly when its data is read as it was."""
         self.hparams.pop("hh_render", None)
 
     def _record_format(self, option: str, format: str | None) -> None:
@@ -288,22 +295,22 @@ class TextDataModule(L.LightningDataModule):
         if format == "hh_rlhf":
             self._note_hh(source, self._hh)
         options = AdapterOptions(self.fields, self.prompt_words, tuple(getattr(self, "extra_fields", ())),
-                                 hh_conversations=self._hh.conversations)  # fmt: skip
+                                 hh_conversations=self._hh.chat)  # fmt: skip
         adapted = adapt(rows, format=format, kind=kind, options=options, skip_invalid=self.skip_invalid,  # type: ignore[arg-type]
                         source=source)  # fmt: skip
         if not adapted.examples:
             raise ValueError(f"{source}: no usable {kind} examples in {len(rows)} records")
         return adapted.examples, format
 
-    def _note_hh(self, source: str, rendering: HHRendering) -> None:
+    def _note_hh(self, source: str, rendering: TemplateRendering) -> None:
         """Log how HH transcripts are rendered, once per setup (the first HH source names it); record
         a chat-template rendering in the hyperparameters (:meth:`_hh_render_hparam`)."""
         if self._hh_noted:
             return
         self._hh_noted = True
         log.info(hh_rendering_line(source, rendering))
-        if rendering.conversations:
-            self.hparams["hh_render"] = "chat_template"
+        if rendering.chat:
+            self.hparams["hh_render"] = "always"
 
     def setup(self, stage: str | None = None) -> None:
         """Read, adapt, split and tokenize both splits (once; later calls do nothing)."""
@@ -311,7 +318,8 @@ class TextDataModule(L.LightningDataModule):
             return
         tokenizer = require_tokenizer(self.tokenizer, type(self).__name__)
         self.pad_token_id = require_pad_id(tokenizer)
-        self._hh, self._hh_noted = resolve_hh_render(self.hh_render, tokenizer), False
+        self._hh = resolve_template(self.hh_render, tokenizer, "hh_render", "HH-RLHF transcripts")
+        self._hh_noted = False
         encoder = TextEncoder(tokenizer, apply_chat_template=self.apply_chat_template)
         train, format = self._examples(self.train_path, format=self.format, kind=self.kind, max_records=self.max_records)
         self._record_format("format", format)

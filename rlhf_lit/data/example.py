@@ -92,7 +92,7 @@ class AdapterOptions:
     """Columns copied unchanged into ``Example.extras`` (e.g. ``ground_truth`` for a reward function)."""
     hh_conversations: bool = False
     """Read ``hh_rlhf`` transcripts as conversations (the data module's ``hh_render`` resolved to
-    ``chat_template``: :mod:`rlhf_lit.data.rendering`); False keeps them as the strings they are."""
+    chat: :mod:`rlhf_lit.data.rendering`); False keeps them as the strings they are."""
 
 
 Adapter = Callable[[Row, Kind, AdapterOptions], Example]

@@ -5,7 +5,7 @@ Two readings; the data module's ``hh_render`` picks one (:mod:`rlhf_lit.data.ren
 passes it as ``AdapterOptions.hh_conversations``:
 
 - **Conversations** (``hh_render: auto`` with a tokenizer that has a chat template, or
-  ``chat_template``): the transcript is split at its ``\\n\\nHuman:`` / ``\\n\\nAssistant:`` markers
+  ``always``): the transcript is split at its ``\\n\\nHuman:`` / ``\\n\\nAssistant:`` markers
   into user / assistant messages, each the text after its marker without the one space that follows
   it. The prompt is every turn before the last assistant turn (it ends on the user's turn), the
   response that last turn, one assistant message; the encoder renders both with the tokenizer's
@@ -13,7 +13,7 @@ passes it as ``AdapterOptions.hh_conversations``:
   ``Human:`` markers. A transcript whose turns are not Human, Assistant, Human, ..., Assistant (text
   before the first Human turn, two turns of one role in a row, an empty turn before the last, a last
   turn of the Human) is skipped and counted, as the strings' reading skips its malformed records.
-- **Strings** (``auto`` without a chat template, or ``raw``; the only reading before ``hh_render``
+- **Strings** (``auto`` without a chat template, or ``never``; the only reading before ``hh_render``
   existed): split at the LAST ``\\n\\nAssistant:``; the prompt is everything up to and including that
   marker, the response what follows it.
 

@@ -15,7 +15,7 @@ from rlhf_lit.data.adapters import Example, Fields
 from rlhf_lit.data.base import TextDataModule, check_sft_source, encode_demonstrations
 from rlhf_lit.data.collate import PreferenceCollator, RankingCollator, SequenceCollator
 from rlhf_lit.data.encoding import TextEncoder, truncate_prompt, truncate_response
-from rlhf_lit.data.rendering import HHRender
+from rlhf_lit.data.rendering import TemplateOption
 
 log = logging.getLogger("rlhf_lit.data")
 
@@ -80,8 +80,9 @@ class PreferenceDataModule(TextDataModule):
         apply_chat_template: render string prompts as a user turn and string responses as the
             assistant turn with the tokenizer's chat template; an error if it has none.
             Conversations are always rendered with it.
-        hh_render: how ``hh_rlhf`` transcripts are rendered (:data:`rlhf_lit.data.rendering.HHRender`;
-            ``auto``: with the chat template when the tokenizer has one), for every source read as
+        hh_render: how ``hh_rlhf`` transcripts are rendered (:data:`rlhf_lit.data.rendering.TemplateChoice`:
+            ``auto``, with the chat template when the tokenizer has one; ``always``; ``never``, kept as
+            strings; the older ``chat_template`` and ``raw`` are aliases of ``always`` and ``never``), for every source read as
             ``hh_rlhf`` (``reference_path`` too). One INFO line says which was used and why.
         max_length: the most tokens of prompt + response + EOS, per sequence.
         max_prompt_length: the most prompt tokens (must be below ``max_length``).
@@ -116,7 +117,7 @@ class PreferenceDataModule(TextDataModule):
         max_records: int | None = None,
         skip_invalid: bool = False,
         apply_chat_template: bool = False,
-        hh_render: HHRender = "auto",
+        hh_render: TemplateOption = "auto",
         max_length: int = 512,
         max_prompt_length: int = 256,
         batch_size: int = 8,

@@ -13,7 +13,7 @@ from rlhf_lit.data.adapters import Example, Fields
 from rlhf_lit.data.base import TextDataModule, check_sft_source, encode_demonstrations
 from rlhf_lit.data.collate import PromptCollator, SFTCollator
 from rlhf_lit.data.encoding import TextEncoder, truncate_prompt
-from rlhf_lit.data.rendering import HHRender
+from rlhf_lit.data.rendering import TemplateOption
 from rlhf_lit.data.sampler import PassSampler
 
 
@@ -72,8 +72,9 @@ class PromptDataModule(TextDataModule):
         apply_chat_template: render each string prompt as a user turn with the generation
             prompt, with the tokenizer's chat template; an error if it has none. Conversations are
             always rendered with it.
-        hh_render: how ``hh_rlhf`` transcripts are rendered (:data:`rlhf_lit.data.rendering.HHRender`;
-            ``auto``: with the chat template when the tokenizer has one), for every source read as
+        hh_render: how ``hh_rlhf`` transcripts are rendered (:data:`rlhf_lit.data.rendering.TemplateChoice`:
+            ``auto``, with the chat template when the tokenizer has one; ``always``; ``never``, kept as
+            strings; the older ``chat_template`` and ``raw`` are aliases of ``always`` and ``never``), for every source read as
             ``hh_rlhf`` (``ptx_path`` too). One INFO line says which was used and why.
         max_prompt_length: the most tokens of a prompt.
         batch_size: prompts per batch (per rollout).
@@ -122,7 +123,7 @@ class PromptDataModule(TextDataModule):
         skip_invalid: bool = False,
         prompt_words: int = 8,
         apply_chat_template: bool = False,
-        hh_render: HHRender = "auto",
+        hh_render: TemplateOption = "auto",
         max_prompt_length: int = 256,
         batch_size: int = 8,
         shuffle: bool = True,

@@ -1,33 +1,63 @@
-"""Whether string data meets the tokenizer's chat template: the ``hh_render`` choice for HH-RLHF
-transcripts, and the one warning for plain-string prompts given to a model that has a template.
+"""Whether string data meets the tokenizer's chat template: the one vocabulary every option that
+decides it speaks (:data:`TemplateChoice`, read by :func:`template_choice`, resolved by
+:func:`resolve_template`), and the one warning for plain-string prompts given to a model that has a
+template.
 
 A model with a chat template (an instruction model, ``assets/models/stories260K-chat``) answers
 inside its template; trained or sampled on prompts written outside it, it learns to write both
 sides of a dialogue. Conversations are always rendered with the template
-(:mod:`rlhf_lit.data.encoding`); strings are not, unless a data module's ``apply_chat_template`` or,
-for ``hh_rlhf`` transcripts, ``hh_render`` says so. Prompts that reach a policy outside the data
-modules (the commands, the callbacks) follow :mod:`rlhf_lit.data.prompt_rendering`.
+(:mod:`rlhf_lit.data.encoding`); strings are not, unless a data module's ``apply_chat_template`` or
+one of the options below says so:
+
+- ``hh_render`` (every data module): ``hh_rlhf`` transcripts;
+- ``chat_template`` (``OnlineGeneration``, the guard's ``held_out``, the evaluation functions) and
+  ``--chat-template`` (``rlhf-lit evaluate``, ``best-of-n``): string prompts outside the data modules
+  (:mod:`rlhf_lit.data.prompt_rendering`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, Literal, NamedTuple
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal, NamedTuple, get_args
 
 from rlhf_lit.data.conversation import is_conversation
 from rlhf_lit.data.example import Example
 
-HHRender = Literal["auto", "chat_template", "raw"]
-"""How ``hh_rlhf`` transcripts are rendered: ``chat_template`` reads them as conversations that the
-tokenizer's chat template renders (:mod:`rlhf_lit.data.hh`), ``raw`` keeps them as the strings they
-are, ``auto`` (the default) is ``chat_template`` when the tokenizer has a template, else ``raw``."""
+# Why these words: each option asks one yes/no question, "render these strings with the chat
+# template?", and auto | always | never answers it under any option name, as in `--color
+# auto|always|never` (git, ls, grep). The other spelling, auto | chat_template | raw, stutters under
+# the option that most needs it (`--chat-template chat_template`, `chat_template: chat_template`).
+TemplateChoice = Literal["auto", "always", "never"]
+"""Whether strings are rendered with the tokenizer's chat template: ``auto`` (the default) when the
+tokenizer has one, ``always`` (a tokenizer without one is refused), ``never`` (kept as written)."""
+
+TEMPLATE_CHOICES: tuple[str, ...] = get_args(TemplateChoice)
+"""The canonical values of :data:`TemplateChoice`, for option parsers and messages."""
+
+TEMPLATE_ALIASES: Mapping[str, TemplateChoice] = {"chat_template": "always", "raw": "never"}
+"""The older spelling of ``hh_render`` (``auto | chat_template | raw``), still accepted everywhere
+and mapped here, and only here, to the canonical value."""
+
+TemplateOption = TemplateChoice | str
+"""What an option's annotation accepts: a :data:`TemplateChoice`, or an alias (or a typo) that
+:func:`template_choice` maps or refuses with the option's own one-line message."""
 
 
-class HHRendering(NamedTuple):
-    """What ``hh_render`` resolved to for one tokenizer, and why (the data module logs it)."""
+class TemplateRendering(NamedTuple):
+    """What a :data:`TemplateChoice` option resolved to for one tokenizer, and why (logged once):
+    ``chat``, whether strings are rendered with the chat template."""
 
-    conversations: bool
+    chat: bool
     why: str
+
+
+def template_choice(value: Any, name: str) -> TemplateChoice:
+    """``value`` of the option ``name`` as its canonical :data:`TemplateChoice` (an alias mapped by
+    :data:`TEMPLATE_ALIASES`); ``ValueError`` naming ``name`` and the canonical choices otherwise."""
+    choice = TEMPLATE_ALIASES.get(value, value) if isinstance(value, str) else value
+    if choice not in TEMPLATE_CHOICES:
+        raise ValueError(f"{name} must be one of {', '.join(TEMPLATE_CHOICES)}; got {value!r}")
+    return choice
 
 
 def tokenizer_name(tokenizer: Any) -> str:
@@ -40,30 +70,44 @@ def has_chat_template(tokenizer: Any) -> bool:
     return bool(getattr(tokenizer, "chat_template", None))
 
 
-def resolve_hh_render(option: HHRender, tokenizer: Any) -> HHRendering:
-    """``option`` for ``tokenizer``: ``auto`` follows whether it has a chat template; ``chat_template``
-    without one is refused (``ValueError`` naming the option)."""
-    name, template = tokenizer_name(tokenizer), has_chat_template(tokenizer)
-    if option == "raw":
-        return HHRendering(False, "hh_render: raw")
-    if option == "chat_template":
+def said(name: str, value: str) -> str:
+    """The option as a user wrote it: ``key: value`` for a config key, ``--flag value`` otherwise."""
+    return f"{name}: {value}" if name.isidentifier() else f"{name} {value}"
+
+
+def resolve_template(
+    option: TemplateOption, tokenizer: Any, name: str, what: str = "the prompts", training: bool | None = None
+) -> TemplateRendering:
+    """``option`` (the option ``name``, e.g. ``hh_render`` or ``--chat-template``) for ``tokenizer``:
+    ``auto`` follows whether it has a chat template; ``ValueError`` naming ``name`` for an unknown
+    value, or ``always`` with a tokenizer that has none (``what``: the strings it would render).
+
+    ``training``: whether the run's training prompts were rendered with the template (a data
+    module's ``chat_rendered``), when known. ``auto`` then follows it, so prompts sampled beside
+    training (the callbacks, the guard's held-out set) read as the training prompts did, and the
+    reward model scores the rendering it is trained against."""
+    choice = template_choice(option, name)
+    template, tok = has_chat_template(tokenizer), tokenizer_name(tokenizer)
+    given = said(name, option)  # as written: an alias reads as the user wrote it
+    if choice == "never":
+        return TemplateRendering(False, given)
+    if choice == "always":
         if not template:
             raise ValueError(
-                f"hh_render: chat_template, but the tokenizer {name!r} has no chat template to render HH-RLHF "
-                "transcripts with; set hh_render: raw (or auto) to keep them as strings, or use a tokenizer that "
-                "has one"
+                f"{given}, but the tokenizer {tok!r} has no chat template to render {what} with; use "
+                f"{said(name, 'never')} (or auto) to keep them as strings, or a tokenizer that has one"
             )
-        return HHRendering(True, "hh_render: chat_template")
-    if option != "auto":
-        raise ValueError(f"hh_render must be one of auto, chat_template, raw; got {option!r}")
-    if template:
-        return HHRendering(True, f"hh_render: auto, and the tokenizer {name!r} has a chat template")
-    return HHRendering(False, f"hh_render: auto, and the tokenizer {name!r} has no chat template")
+        return TemplateRendering(True, given)
+    if training is not None:
+        how = "rendered with" if training else "kept outside"
+        return TemplateRendering(training and template, f"{given}, and the training prompts are {how} the chat template")
+    has = "has a" if template else "has no"
+    return TemplateRendering(template, f"{given}, and the tokenizer {tok!r} {has} chat template")
 
 
-def hh_rendering_line(source: str, rendering: HHRendering) -> str:
+def hh_rendering_line(source: str, rendering: TemplateRendering) -> str:
     """The one log line saying how a data module rendered the HH transcripts of ``source``, and why."""
-    how = ("read as conversations and rendered with the tokenizer's chat template" if rendering.conversations
+    how = ("read as conversations and rendered with the tokenizer's chat template" if rendering.chat
            else "kept as raw strings (split at the last '\\n\\nAssistant:')")  # fmt: skip
     return f"{source}: hh_rlhf transcripts {how} ({rendering.why})"
 
@@ -81,8 +125,8 @@ def raw_prompt_warning(tokenizer: Any, format: str, examples: Sequence[Example],
         return None
     head = f"the tokenizer {tokenizer_name(tokenizer)!r} has a chat template, but"
     if format == "hh_rlhf":
-        return (f"{head} the hh_rlhf transcripts are kept as raw strings (hh_render: raw): the model is trained and "
-                "sampled outside its template; set hh_render: auto (or chat_template) to render them with it")  # fmt: skip
+        return (f"{head} the hh_rlhf transcripts are kept as raw strings (hh_render: never): the model is trained and "
+                "sampled outside its template; set hh_render: auto (or always) to render them with it")  # fmt: skip
     if format == "text":
         return (f"{head} format text gives plain strings, which are not rendered with the chat template (language "
                 "modelling has no turns); to train inside the template, give conversational records (messages)")  # fmt: skip

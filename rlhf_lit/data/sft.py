@@ -13,7 +13,7 @@ from rlhf_lit.data.base import TextDataModule, encode_demonstrations
 from rlhf_lit.data.chat import AssistantTurns
 from rlhf_lit.data.collate import SFTCollator
 from rlhf_lit.data.encoding import TextEncoder
-from rlhf_lit.data.rendering import HHRender
+from rlhf_lit.data.rendering import TemplateOption
 
 
 class SFTDataModule(TextDataModule):
@@ -67,8 +67,9 @@ class SFTDataModule(TextDataModule):
         apply_chat_template: render string prompts as a user turn (with the generation prompt)
             and string responses as the assistant turn with the tokenizer's chat template; an
             error if the tokenizer has none. Conversations are always rendered with it.
-        hh_render: how ``hh_rlhf`` transcripts are rendered (:data:`rlhf_lit.data.rendering.HHRender`;
-            ``auto``: with the chat template when the tokenizer has one), for every source read as
+        hh_render: how ``hh_rlhf`` transcripts are rendered (:data:`rlhf_lit.data.rendering.TemplateChoice`:
+            ``auto``, with the chat template when the tokenizer has one; ``always``; ``never``, kept as
+            strings; the older ``chat_template`` and ``raw`` are aliases of ``always`` and ``never``), for every source read as
             ``hh_rlhf``. One INFO line says which was used and why.
         assistant_turns: which assistant turns of a conversation (``messages``) are trained:
             ``all`` of them, or the ``last`` one only (the earlier ones are context).
@@ -100,7 +101,7 @@ class SFTDataModule(TextDataModule):
         skip_invalid: bool = False,
         prompt_words: int = 8,
         apply_chat_template: bool = False,
-        hh_render: HHRender = "auto",
+        hh_render: TemplateOption = "auto",
         assistant_turns: AssistantTurns = "all",
         max_length: int = 512,
         max_prompt_length: int = 256,

@@ -28,7 +28,7 @@ from rlhf_lit.functional.best_of_n import BestOfNEstimator, best_of_n_kl, best_o
 
 if TYPE_CHECKING:  # annotations only: importing this module loads no model code
     from rlhf_lit.data.conversation import TextOrConversation
-    from rlhf_lit.data.prompt_rendering import ChatTemplate
+    from rlhf_lit.data.rendering import TemplateOption
     from rlhf_lit.models.generation import SamplingConfig
     from rlhf_lit.models.scoring import UnfinishedScoring
 
@@ -89,7 +89,7 @@ def best_of_n(
     num_samples: int | None = None,
     judge: Judge | None = None,
     judge_reads: JudgeReads = "response",
-    chat_template: ChatTemplate = "auto",
+    chat_template: TemplateOption = "auto",
     estimator: BestOfNEstimator = "subsets",
     sampling: SamplingConfig | None = None,
     batch_size: int = 64,
@@ -109,7 +109,7 @@ def best_of_n(
         judge: a judge (``texts -> scores``) for the gold score of the pick, or None.
         judge_reads: what the judge reads (:data:`~rlhf_lit.evaluation.judges.JudgeReads`).
         chat_template: whether string prompts are rendered with the policy's chat template
-            (:data:`~rlhf_lit.data.prompt_rendering.ChatTemplate`).
+            (:data:`~rlhf_lit.data.rendering.TemplateChoice`; the aliases ``chat_template`` and ``raw`` are ``always`` and ``never``).
         estimator: ``subsets`` (exact expectation over N-subsets) or ``first_n`` (nested prefixes).
         sampling, batch_size, seed, tokenizer, device: as in
             :func:`rlhf_lit.evaluation.policy_metrics.evaluate_policy`.

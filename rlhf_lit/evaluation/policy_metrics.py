@@ -20,7 +20,7 @@ from rlhf_lit.evaluation.samples import check_positive, load_models, mean_std, s
 
 if TYPE_CHECKING:  # annotations only: importing this module loads no model code
     from rlhf_lit.data.conversation import TextOrConversation
-    from rlhf_lit.data.prompt_rendering import ChatTemplate
+    from rlhf_lit.data.rendering import TemplateOption
     from rlhf_lit.models.generation import SamplingConfig
     from rlhf_lit.models.scoring import UnfinishedScoring
 
@@ -33,7 +33,7 @@ def evaluate_policy(
     reward_model: str | None = None,
     judge: Judge | None = None,
     judge_reads: JudgeReads = "response",
-    chat_template: ChatTemplate = "auto",
+    chat_template: TemplateOption = "auto",
     samples_per_prompt: int = 1,
     sampling: SamplingConfig | None = None,
     batch_size: int = 64,
@@ -52,7 +52,7 @@ def evaluate_policy(
         judge: a judge (``texts -> scores``, e.g. :func:`rlhf_lit.evaluation.load_judge`) or None.
         judge_reads: what the judge reads (:data:`~rlhf_lit.evaluation.judges.JudgeReads`).
         chat_template: whether string prompts are rendered with the policy's chat template
-            (:data:`~rlhf_lit.data.prompt_rendering.ChatTemplate`).
+            (:data:`~rlhf_lit.data.rendering.TemplateChoice`; the aliases ``chat_template`` and ``raw`` are ``always`` and ``never``).
         samples_per_prompt: responses per prompt, as consecutive rows.
         sampling: :class:`~rlhf_lit.models.generation.SamplingConfig` (default: 48 new tokens, T = 1).
         batch_size: responses per ``generate`` call (changing it changes the samples of a seed).

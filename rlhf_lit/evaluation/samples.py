@@ -21,7 +21,8 @@ import torch
 
 if TYPE_CHECKING:  # annotations only: importing this module loads no model code
     from rlhf_lit.data.conversation import TextOrConversation
-    from rlhf_lit.data.prompt_rendering import ChatTemplate, RenderedPrompts
+    from rlhf_lit.data.prompt_rendering import RenderedPrompts
+    from rlhf_lit.data.rendering import TemplateOption
     from rlhf_lit.models.generation import SamplingConfig
     from rlhf_lit.models.scoring import UnfinishedScoring
 
@@ -110,7 +111,7 @@ def load_models(
     tokenizer: str | None = None,
     device: str = "cpu",
     prompts: Sequence[TextOrConversation] | None = None,
-    chat_template: ChatTemplate = "auto",
+    chat_template: TemplateOption = "auto",
     repeat: int = 1,
 ) -> Models:
     """Load the policy (with its tokenizer, left padding), and the reference and RM when given.
@@ -138,13 +139,14 @@ def load_models(
 
 
 def policy_prompts(
-    tokenizer, prompts: Sequence[TextOrConversation], chat_template: ChatTemplate, repeat: int = 1
+    tokenizer, prompts: Sequence[TextOrConversation], chat_template: TemplateOption, repeat: int = 1
 ) -> RenderedPrompts:
     """``prompts`` as the policy reads them (:mod:`rlhf_lit.data.prompt_rendering`, ``--chat-template``),
     each repeated ``repeat`` times as consecutive rows; logs the one line saying how they were rendered."""
-    from rlhf_lit.data.prompt_rendering import RenderedPrompts, render_prompts, rendering_line, resolve_chat_template
+    from rlhf_lit.data.prompt_rendering import RenderedPrompts, render_prompts, rendering_line
+    from rlhf_lit.data.rendering import resolve_template
 
-    rendering = resolve_chat_template(chat_template, tokenizer, "--chat-template")
+    rendering = resolve_template(chat_template, tokenizer, "--chat-template")
     log.info("%s", rendering_line("--prompts", rendering, prompts))
     texts, ids = render_prompts(tokenizer, prompts, rendering)
     return RenderedPrompts([t for t in texts for _ in range(repeat)], [x for x in ids for _ in range(repeat)])

@@ -98,6 +98,16 @@ def _describe(value: Any) -> str:
     return "(not set)" if type(value) is object else repr(value)
 
 
+def _canonical(data_hparams: Mapping[str, Any]) -> Mapping[str, Any]:
+    """Data hyperparameters as the resume check compares them: ``hh_render`` in its canonical spelling
+    (a checkpoint written before #37 unified the vocabulary records ``chat_template`` for ``always``)."""
+    from rlhf_lit.data.rendering import template_choice
+
+    if isinstance(data_hparams.get("hh_render"), str):
+        return {**data_hparams, "hh_render": template_choice(data_hparams["hh_render"], "data.hh_render")}
+    return data_hparams
+
+
 def check_resume(
     checkpoint: Mapping[str, Any],
     model_hparams: Mapping[str, Any],
@@ -120,7 +130,7 @@ def check_resume(
     """
     changed = differences(checkpoint.get("hyper_parameters", {}), model_hparams, "model.")
     if datamodule_hparams is not None and "datamodule_hyper_parameters" in checkpoint:
-        changed.update(differences(checkpoint["datamodule_hyper_parameters"], datamodule_hparams, "data."))
+        changed.update(differences(_canonical(checkpoint["datamodule_hyper_parameters"]), _canonical(datamodule_hparams), "data."))
     changed.update({k: v for k, v in (extra or {}).items() if v[0] != v[1]})
 
     def is_safe(key: str) -> bool:

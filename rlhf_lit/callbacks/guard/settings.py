@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from rlhf_lit.callbacks.guard.signals import Direction, Verdict, above, drift, falling, proxy_without_gold, rate_above
-from rlhf_lit.data.prompt_rendering import ChatTemplate
+from rlhf_lit.data.rendering import TemplateOption, template_choice
 from rlhf_lit.evaluation.judges import JudgeReads
 from rlhf_lit.models.generation import SamplingConfig
 
@@ -226,8 +226,12 @@ class HeldOut:
     judge: str | None = None
     seed: int = 1234
     sampling: SamplingConfig | None = None
-    chat_template: ChatTemplate = "auto"
+    chat_template: TemplateOption = "auto"
     judge_reads: JudgeReads = "response"
+
+    def __post_init__(self) -> None:
+        """Refuse a bad ``chat_template`` now, naming it; keep its canonical value (an alias mapped)."""
+        self.chat_template = template_choice(self.chat_template, "guard held_out.chat_template")
 
 
 @dataclass
