@@ -173,7 +173,7 @@ def test_chat_template_without_a_template_is_refused_naming_the_option(gpt2, hh_
     dm = PreferenceDataModule(tokenizer=gpt2, train_path=hh_file, hh_render="chat_template")
     with pytest.raises(ValueError, match=r"^hh_render: chat_template, but the tokenizer '.*' has no chat template"):
         dm.setup()
-    with pytest.raises(ValueError, match="hh_render must be one of auto, chat_template, raw; got 'chat'"):
+    with pytest.raises(ValueError, match=r"^hh_render must be one of auto, always, never; got 'chat'$"):
         PreferenceDataModule(tokenizer=gpt2, train_path=hh_file, hh_render="chat")
 
 
@@ -202,7 +202,7 @@ def test_a_chat_rendering_is_recorded_for_the_resume_check_and_raw_is_not(chat_t
     chat = PreferenceDataModule(tokenizer=chat_tok, train_path=hh_file)
     assert "hh_render" not in chat.hparams
     chat.setup()
-    assert chat.hparams["hh_render"] == "chat_template"
+    assert chat.hparams["hh_render"] == "always"  # canonical; older checkpoints say chat_template (test_template_vocabulary)
     for dm in (PreferenceDataModule(tokenizer=gpt2, train_path=hh_file),
                PreferenceDataModule(tokenizer=chat_tok, train_path=hh_file, hh_render="raw")):  # fmt: skip
         dm.setup()
@@ -216,8 +216,8 @@ def test_raw_on_a_chat_model_keeps_the_strings_and_warns_naming_the_option(chat_
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert warnings == [
         f"{hh_file}: the tokenizer {chat_tok.name_or_path!r} has a chat template, but the hh_rlhf transcripts are "
-        "kept as raw strings (hh_render: raw): the model is trained and sampled outside its template; set "
-        "hh_render: auto (or chat_template) to render them with it"
+        "kept as raw strings (hh_render: never): the model is trained and sampled outside its template; set "
+        "hh_render: auto (or always) to render them with it"
     ]
 
 
