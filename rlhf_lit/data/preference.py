@@ -80,9 +80,10 @@ class PreferenceDataModule(TextDataModule):
         apply_chat_template: render string prompts as a user turn and string responses as the
             assistant turn with the tokenizer's chat template; an error if it has none.
             Conversations are always rendered with it.
-        hh_render: how ``hh_rlhf`` transcripts are rendered (:data:`rlhf_lit.data.rendering.TemplateChoice`:
-            ``auto``, with the chat template when the tokenizer has one; ``always``; ``never``, kept as
-            strings; the older ``chat_template`` and ``raw`` are aliases of ``always`` and ``never``), for every source read as
+        hh_render: how ``hh_rlhf`` transcripts are rendered
+            (:data:`rlhf_lit.data.rendering.TemplateChoice`: ``auto``, with the chat template when the
+            tokenizer has one; ``always``; ``never``, kept as strings; the older ``chat_template`` and
+            ``raw`` are aliases of ``always`` and ``never``), for every source read as
             ``hh_rlhf`` (``reference_path`` too). One INFO line says which was used and why.
         max_length: the most tokens of prompt + response + EOS, per sequence.
         max_prompt_length: the most prompt tokens (must be below ``max_length``).

@@ -72,9 +72,10 @@ class PromptDataModule(TextDataModule):
         apply_chat_template: render each string prompt as a user turn with the generation
             prompt, with the tokenizer's chat template; an error if it has none. Conversations are
             always rendered with it.
-        hh_render: how ``hh_rlhf`` transcripts are rendered (:data:`rlhf_lit.data.rendering.TemplateChoice`:
-            ``auto``, with the chat template when the tokenizer has one; ``always``; ``never``, kept as
-            strings; the older ``chat_template`` and ``raw`` are aliases of ``always`` and ``never``), for every source read as
+        hh_render: how ``hh_rlhf`` transcripts are rendered
+            (:data:`rlhf_lit.data.rendering.TemplateChoice`: ``auto``, with the chat template when the
+            tokenizer has one; ``always``; ``never``, kept as strings; the older ``chat_template`` and
+            ``raw`` are aliases of ``always`` and ``never``), for every source read as
             ``hh_rlhf`` (``ptx_path`` too). One INFO line says which was used and why.
         max_prompt_length: the most tokens of a prompt.
         batch_size: prompts per batch (per rollout).

@@ -100,7 +100,8 @@ def resolve_template(
         return TemplateRendering(True, given)
     if training is not None:
         how = "rendered with" if training else "kept outside"
-        return TemplateRendering(training and template, f"{given}, and the training prompts are {how} the chat template")
+        why = f"{given}, and the training prompts are {how} the chat template"
+        return TemplateRendering(training and template, why)
     has = "has a" if template else "has no"
     return TemplateRendering(template, f"{given}, and the tokenizer {tok!r} {has} chat template")
 

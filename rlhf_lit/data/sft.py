@@ -67,9 +67,10 @@ class SFTDataModule(TextDataModule):
         apply_chat_template: render string prompts as a user turn (with the generation prompt)
             and string responses as the assistant turn with the tokenizer's chat template; an
             error if the tokenizer has none. Conversations are always rendered with it.
-        hh_render: how ``hh_rlhf`` transcripts are rendered (:data:`rlhf_lit.data.rendering.TemplateChoice`:
-            ``auto``, with the chat template when the tokenizer has one; ``always``; ``never``, kept as
-            strings; the older ``chat_template`` and ``raw`` are aliases of ``always`` and ``never``), for every source read as
+        hh_render: how ``hh_rlhf`` transcripts are rendered
+            (:data:`rlhf_lit.data.rendering.TemplateChoice`: ``auto``, with the chat template when the
+            tokenizer has one; ``always``; ``never``, kept as strings; the older ``chat_template`` and
+            ``raw`` are aliases of ``always`` and ``never``), for every source read as
             ``hh_rlhf``. One INFO line says which was used and why.
         assistant_turns: which assistant turns of a conversation (``messages``) are trained:
             ``all`` of them, or the ``last`` one only (the earlier ones are context).

@@ -202,7 +202,7 @@ def test_a_chat_rendering_is_recorded_for_the_resume_check_and_raw_is_not(chat_t
     chat = PreferenceDataModule(tokenizer=chat_tok, train_path=hh_file)
     assert "hh_render" not in chat.hparams
     chat.setup()
-    assert chat.hparams["hh_render"] == "always"  # canonical; older checkpoints say chat_template (test_template_vocabulary)
+    assert chat.hparams["hh_render"] == "always"  # canonical (older checkpoints: chat_template, its alias)
     for dm in (PreferenceDataModule(tokenizer=gpt2, train_path=hh_file),
                PreferenceDataModule(tokenizer=chat_tok, train_path=hh_file, hh_render="raw")):  # fmt: skip
         dm.setup()
