@@ -73,8 +73,8 @@ def batches(dm):
 @pytest.mark.parametrize(("alias", "canonical"), PAIRS)
 @pytest.mark.parametrize("module", [SFTDataModule, PreferenceDataModule, PromptDataModule])
 def test_a_data_module_reads_hh_the_same_under_the_alias(module, alias, canonical, chat_tok, hh_file):
-    by_alias = module(tokenizer=chat_tok, train_path=hh_file, hh_render=alias, batch_size=1)
-    by_name = module(tokenizer=chat_tok, train_path=hh_file, hh_render=canonical, batch_size=1)
+    by_alias = module(tokenizer=chat_tok, train_path=hh_file, format="hh_rlhf", hh_render=alias, batch_size=1)
+    by_name = module(tokenizer=chat_tok, train_path=hh_file, format="hh_rlhf", hh_render=canonical, batch_size=1)
     assert batches(by_alias) == batches(by_name)
     assert by_alias.hparams.get("hh_render") == by_name.hparams.get("hh_render")  # the record is canonical
     assert by_alias.chat_rendered == by_name.chat_rendered
