@@ -53,6 +53,6 @@ def test_a_bad_value_is_one_line_naming_the_option_and_the_canonical_choices(tmp
     assert error_line(result) == "rlhf-lit: error: --chat-template must be one of auto, always, never; got 'yes'"
 
 
-def test_the_help_lists_the_canonical_choices():
-    result = run_main("evaluate", "--help")
+def test_the_help_lists_the_canonical_choices(tmp_path):
+    result = run_main("evaluate", "--help", cwd=tmp_path)
     assert "--chat-template {auto,always,never}" in result.stdout
