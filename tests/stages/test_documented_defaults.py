@@ -108,7 +108,7 @@ QUOTED: list[Quoted] = [
       for stage in STAGES),
     *(Quoted("docs/data.md", "`missing_pad` policy (`add` by default", stage, "missing_pad", "add") for stage in STAGES),
     Quoted("docs/data.md", "`fields.responses`, default `responses`", Fields, "responses", "responses"),
-    *(Quoted("docs/data.md", "`auto` (default) | `chat_template` when the tokenizer has a chat template", data,
+    *(Quoted("docs/data.md", "`auto` (default) | `always` when the tokenizer has a chat template", data,
              "hh_render", "auto") for data in (SFTDataModule, PreferenceDataModule, PromptDataModule)),
     # Reward-model ensembles.
     Quoted("docs/reward_model.md", "`members: 1` (the default) is the single reward model", RewardModelModule,
