@@ -9,7 +9,7 @@ import json
 import pytest
 from cli_helpers import error_line, run_main
 
-from assets_paths import STORIES260K_CHAT
+from assets_paths import ROOT, STORIES260K_CHAT
 
 CHAT = str(STORIES260K_CHAT)
 PAIRS = [("chat_template", "always"), ("raw", "never")]
@@ -56,3 +56,13 @@ def test_a_bad_value_is_one_line_naming_the_option_and_the_canonical_choices(tmp
 def test_the_help_lists_the_canonical_choices(tmp_path):
     result = run_main("evaluate", "--help", cwd=tmp_path)
     assert "--chat-template {auto,always,never}" in result.stdout
+
+
+@pytest.mark.parametrize("value", ["auto", "always", "never", "chat_template", "raw"])
+def test_a_fit_config_takes_hh_render_in_either_spelling(value):
+    # --print_config parses the options against the data module's signature (jsonargparse): an alias
+    # must pass as the canonical values do, to reach template_choice.
+    config = ROOT / "configs/classic_gpt2/reward_model.yaml"
+    result = run_main("fit", "--config", str(config), "--data.hh_render", value, "--print_config", cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"hh_render: {value}" in result.stdout
