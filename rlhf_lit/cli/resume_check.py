@@ -42,14 +42,13 @@ def resume_hint(path: str, command: Sequence[str] | None) -> str:
 
 
 def check_resume_checkpoint(ckpt_path: str | None, command: Sequence[str] | None = None,
-                            given: str | None = None) -> None:
+                            label: str | None = None) -> None:
     """Refuse a ``--ckpt_path`` that does not exist or is damaged, before any model is loaded.
 
     Args:
         ckpt_path: the path given (None, or one of :data:`LIGHTNING_SPECIAL`: nothing to check).
         command: the command line of the run (``rlhf-lit fit ...``), to write the resume command.
-        given: what the user gave when ``ckpt_path`` is what Lightning resolved it to (``last``,
-            ``best``; None: Lightning's own choice, the ``hpc`` checkpoint under SLURM).
+        label: how the message names the checkpoint (default ``--ckpt_path <ckpt_path>``).
 
     Raises:
         DamagedCheckpoint: one message naming the file, what is wrong and, for ``last.ckpt``, what to
@@ -58,7 +57,7 @@ def check_resume_checkpoint(ckpt_path: str | None, command: Sequence[str] | None
     if not ckpt_path or str(ckpt_path) in LIGHTNING_SPECIAL:
         return
     path = str(ckpt_path)
-    label = f"--ckpt_path {path}" if given in (None, path) else f"--ckpt_path {given} ({path})"
+    label = label or f"--ckpt_path {path}"
     if not os.path.exists(os.path.expanduser(path)):
         raise DamagedCheckpoint(f"{label}: no such file")
     try:
@@ -88,7 +87,9 @@ class CheckedCheckpointLoad:
         """Check ``checkpoint_path`` (a local one), then load it as the strategy does."""
         path = os.fspath(checkpoint_path)
         if "://" not in path:
-            check_resume_checkpoint(path, self.command, self.given)
+            label = (None if self.given == path else f"--ckpt_path {self.given} ({path})" if self.given
+                     else f"the checkpoint Lightning resumes from by itself ({path})")  # fmt: skip
+            check_resume_checkpoint(path, self.command, label)
         return type(self.strategy).load_checkpoint(self.strategy, checkpoint_path, *args, **kwargs)
 
 
