@@ -81,8 +81,23 @@ def _base_vocabulary(tokenizer: PreTrainedTokenizerBase) -> dict[str, int]:
     return {token: i for token, i in tokenizer.get_vocab().items() if i < tokenizer.vocab_size}
 
 
+def unloadable_tokenizer(model_path: str, what: str, error: BaseException) -> DamagedSource | None:
+    """The error to raise when loading the tokenizer saved with the local directory ``model_path``
+    failed although it holds tokenizer files (one of them missing or unreadable: a copy cut short),
+    naming them and the loader's first line; None when it holds none (it has no tokenizer)."""
+    path = os.path.expanduser(model_path)
+    present = [f for f in TOKENIZER_FILES if os.path.isfile(os.path.join(path, f))] if os.path.isdir(path) else []
+    if not present:
+        return None
+    first = next((line.strip() for line in str(error).splitlines() if line.strip()), type(error).__name__)
+    return DamagedSource(f"{what} {model_path!r} cannot be loaded: its tokenizer files ({', '.join(present)}) do not "
+                         f"load ({first}); restore them from the export")  # fmt: skip
+
+
 def _saved_tokenizer(model_path: str, what: str) -> PreTrainedTokenizerBase | None:
-    """The tokenizer saved with a model (a local directory with tokenizer files, or a hub name), or None."""
+    """The tokenizer saved with a model (a local directory with tokenizer files, or a hub name), or None.
+
+    Tokenizer files that are there and do not load raise :class:`DamagedSource` (never "no tokenizer")."""
     local = os.path.isdir(os.path.expanduser(model_path))
     if local and not any(os.path.exists(os.path.join(os.path.expanduser(model_path), f)) for f in TOKENIZER_FILES):
         return None
@@ -90,7 +105,10 @@ def _saved_tokenizer(model_path: str, what: str) -> PreTrainedTokenizerBase | No
         return from_pretrained(AutoTokenizer.from_pretrained, model_path, what, "tokenizer")
     except DamagedSource:
         raise  # a damaged tokenizer is not "no tokenizer": never compared as if absent
-    except (OSError, ValueError, SourceError):
+    except (OSError, ValueError, TypeError, SourceError) as error:
+        damaged = unloadable_tokenizer(model_path, what, error) if local else None
+        if damaged is not None:
+            raise damaged from None
         return None
 
 

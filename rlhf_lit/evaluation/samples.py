@@ -52,13 +52,16 @@ def check_same_tokenizer(tokenizer, reference: str) -> None:
     reference directory without tokenizer files is taken to use the policy's tokenizer.
     """
     from rlhf_lit.sources import DamagedSource
-    from rlhf_lit.tokenizer import load_tokenizer
+    from rlhf_lit.tokenizer import load_tokenizer, unloadable_tokenizer
 
     try:
         ref_tok = load_tokenizer(reference)
     except DamagedSource:
         raise  # damaged tokenizer files are not "no tokenizer": never assumed to be the policy's
-    except (OSError, ValueError):
+    except (OSError, ValueError, TypeError) as error:
+        damaged = unloadable_tokenizer(reference, "--reference", error)  # files there that do not load
+        if damaged is not None:
+            raise damaged from None
         log.info("no tokenizer in %s: assuming it uses the policy's", reference)
         return
     if ref_tok.get_vocab() != tokenizer.get_vocab():
