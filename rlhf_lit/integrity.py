@@ -43,8 +43,11 @@ INDEX_NAMES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 """The index of a model saved in shards: it names every shard file."""
 SAFETENSORS_MAX_HEADER = 100_000_000
 """The largest header the safetensors library reads: a longer one means the file is of another kind."""
-PLAIN_FILES = ("merges.txt", "tokenizer.model", "vocab.txt", "spiece.model", "sentencepiece.bpe.model")
-"""Tokenizer files that are not JSON: only checked for being empty."""
+PLAIN_FILES = ("merges.txt", "tokenizer.model", "vocab.txt", "spiece.model", "sentencepiece.bpe.model",
+               "chat_template.jinja")  # fmt: skip
+"""Tokenizer files that are not JSON: checked for being empty here (an empty ``chat_template.jinja``
+would load as no chat template at all); a chat template cut short is found by
+:func:`rlhf_lit.sources.check_source_files`, which may import jinja2."""
 
 
 class DamagedFile(ValueError):
