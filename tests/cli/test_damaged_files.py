@@ -107,6 +107,40 @@ def test_a_damaged_export_is_named_before_any_model_is_loaded(tmp_path, stories_
     assert not (tmp_path / "ckpt").exists() and not (tmp_path / "export").exists()
 
 
+def test_an_export_missing_its_tokenizer_json_is_not_taken_for_one_without_a_tokenizer(tmp_path, stories_rm):
+    # tokenizer_config.json is there, tokenizer.json is not (a copy cut short): the vocabulary and chat-template
+    # checks must not fall back to "saved without a tokenizer" and let the run go on unchecked.
+    rm = _export_copy(stories_rm, tmp_path / "rm")
+    _damage(rm / "tokenizer.json", "missing")
+    write_yaml(tmp_path / "ppo.yaml", ppo_config(tmp_path, _export_copy(STORIES, tmp_path / "sft"), rm))
+    result = run_main("fit", "--config", "ppo.yaml", cwd=tmp_path)
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert error_line(result).startswith(f"rlhf-lit: error: reward_model '{rm}' cannot be loaded: its tokenizer files "
+                                         "(tokenizer_config.json) do not load (")  # fmt: skip
+    assert not (tmp_path / "ckpt").exists() and not (tmp_path / "export").exists()
+
+
+CHAT_TEMPLATE = "{% for message in messages %}{{ message['role'] }}: {{ message['content'] }}\n{% endfor %}"
+
+
+@pytest.mark.parametrize(("text", "problem"), [(CHAT_TEMPLATE[:40], "cut short (line 1: "),
+                                               ("", "the file is empty (0 bytes)")], ids=["truncated", "empty"])
+def test_a_damaged_chat_template_file_is_named_not_taken_for_no_template(tmp_path, stories_rm, text, problem):
+    # transformers reads chat_template.jinja as it is: an empty one is "no chat template" (prompts rendered
+    # without one), a cut one fails only when the first prompt is rendered.
+    from rlhf_lit.sources import check_chat_templates
+
+    sft = _export_copy(STORIES, tmp_path / "sft")
+    (sft / "chat_template.jinja").write_text(CHAT_TEMPLATE + "{% generation %}{% endgeneration %}")
+    check_chat_templates(str(sft))  # whole (a tag only transformers knows included): accepted
+    (sft / "chat_template.jinja").write_text(text)
+    write_yaml(tmp_path / "ppo.yaml", ppo_config(tmp_path, sft, _export_copy(stories_rm, tmp_path / "rm")))
+    result = run_main("fit", "--config", "ppo.yaml", cwd=tmp_path)
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert error_line(result).startswith(f"rlhf-lit: error: sft_model '{sft}' cannot be loaded: "
+                                         f"{sft / 'chat_template.jinja'}: {problem}")  # fmt: skip
+
+
 @pytest.fixture
 def ensemble(tmp_path, stories_rm) -> Path:
     """A reward-model ensemble of one member (a copy of the stories RM), as the RM stage exports it."""
@@ -200,7 +234,8 @@ def test_a_damaged_checkpoint_is_named_before_any_model_is_loaded(sft_run, tmp_p
     assert result.returncode == 1
     problem = {"truncated": "cut short (", "empty": "the file is empty (0 bytes)",
                "not_the_format": "not a PyTorch checkpoint (it does not start as a zip archive)",
-               "missing_member": "incomplete checkpoint: 1 tensor record(s) missing", "missing": "no such file"}[damage]  # fmt: skip
+               "missing_member": "incomplete checkpoint: 1 tensor record(s) missing",
+               "missing": "no such file"}[damage]  # fmt: skip
     assert error_line(result).startswith(f"rlhf-lit: error: --ckpt_path ckpt/{step2.name}: {problem}")
     assert "the newest intact" not in result.stderr  # only last.ckpt points elsewhere
 
