@@ -261,6 +261,19 @@ def loading_error(name_or_path: str, what: str, error: Exception, hub_kwargs: di
     return SourceError(f"{what} {name_or_path!r} could not be loaded from the Hugging Face hub: {first}")
 
 
+def unloadable_tokenizer(model_path: str, what: str, error: BaseException) -> DamagedSource | None:
+    """The error to raise when loading the tokenizer saved with the local directory ``model_path``
+    failed although it holds tokenizer files (one of them missing or unreadable: a copy cut short),
+    naming them and the loader's first line; None when it holds none (it has no tokenizer)."""
+    path = os.path.expanduser(model_path)
+    present = [f for f in TOKENIZER_FILES if os.path.isfile(os.path.join(path, f))] if os.path.isdir(path) else []
+    if not present:
+        return None
+    first = next((line.strip() for line in str(error).splitlines() if line.strip()), type(error).__name__)
+    return DamagedSource(f"{what} {model_path!r} cannot be loaded: its tokenizer files ({', '.join(present)}) do not "
+                         f"load ({first}); restore them from the export")  # fmt: skip
+
+
 def from_pretrained(
     load: Callable[..., T], name_or_path: str, what: str, kind: SourceKind = "model", **kwargs
 ) -> T:
@@ -276,3 +289,8 @@ def from_pretrained(
         if os.path.exists(os.path.expanduser(name_or_path)):
             raise  # a local directory the loader could not read: its own message says which file
         raise loading_error(name_or_path, what, error, hub_kwargs) from error
+    except (ValueError, TypeError) as error:  # tokenizer files there that do not load: named, never a traceback
+        damaged = unloadable_tokenizer(name_or_path, what, error) if kind == "tokenizer" else None
+        if damaged is None:
+            raise
+        raise damaged from None

@@ -8,7 +8,7 @@ from typing import Literal
 
 from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerBase
 
-from rlhf_lit.sources import TOKENIZER_FILES, DamagedSource, SourceError, from_pretrained
+from rlhf_lit.sources import TOKENIZER_FILES, DamagedSource, SourceError, from_pretrained, unloadable_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -79,19 +79,6 @@ def load_tokenizer(
 def _base_vocabulary(tokenizer: PreTrainedTokenizerBase) -> dict[str, int]:
     """The tokenizer's own vocabulary, without tokens added on top (such as rlhf-lit's pad)."""
     return {token: i for token, i in tokenizer.get_vocab().items() if i < tokenizer.vocab_size}
-
-
-def unloadable_tokenizer(model_path: str, what: str, error: BaseException) -> DamagedSource | None:
-    """The error to raise when loading the tokenizer saved with the local directory ``model_path``
-    failed although it holds tokenizer files (one of them missing or unreadable: a copy cut short),
-    naming them and the loader's first line; None when it holds none (it has no tokenizer)."""
-    path = os.path.expanduser(model_path)
-    present = [f for f in TOKENIZER_FILES if os.path.isfile(os.path.join(path, f))] if os.path.isdir(path) else []
-    if not present:
-        return None
-    first = next((line.strip() for line in str(error).splitlines() if line.strip()), type(error).__name__)
-    return DamagedSource(f"{what} {model_path!r} cannot be loaded: its tokenizer files ({', '.join(present)}) do not "
-                         f"load ({first}); restore them from the export")  # fmt: skip
 
 
 def _saved_tokenizer(model_path: str, what: str) -> PreTrainedTokenizerBase | None:

@@ -51,8 +51,8 @@ def check_same_tokenizer(tokenizer, reference: str) -> None:
     KL compares logprobs of the same token ids, so both models must share one vocabulary. A
     reference directory without tokenizer files is taken to use the policy's tokenizer.
     """
-    from rlhf_lit.sources import DamagedSource
-    from rlhf_lit.tokenizer import load_tokenizer, unloadable_tokenizer
+    from rlhf_lit.sources import DamagedSource, unloadable_tokenizer
+    from rlhf_lit.tokenizer import load_tokenizer
 
     try:
         ref_tok = load_tokenizer(reference)
