@@ -107,16 +107,19 @@ def test_a_damaged_export_is_named_before_any_model_is_loaded(tmp_path, stories_
     assert not (tmp_path / "ckpt").exists() and not (tmp_path / "export").exists()
 
 
-def test_an_export_missing_its_tokenizer_json_is_not_taken_for_one_without_a_tokenizer(tmp_path, stories_rm):
-    # tokenizer_config.json is there, tokenizer.json is not (a copy cut short): the vocabulary and chat-template
-    # checks must not fall back to "saved without a tokenizer" and let the run go on unchecked.
-    rm = _export_copy(stories_rm, tmp_path / "rm")
-    _damage(rm / "tokenizer.json", "missing")
-    write_yaml(tmp_path / "ppo.yaml", ppo_config(tmp_path, _export_copy(STORIES, tmp_path / "sft"), rm))
+@pytest.mark.parametrize("option", ["sft_model", "reward_model"])
+def test_an_export_missing_its_tokenizer_json_is_not_taken_for_one_without_a_tokenizer(tmp_path, stories_rm, option):
+    # tokenizer_config.json is there, tokenizer.json is not (a copy cut short): the RM's vocabulary and chat-template
+    # checks must not fall back to "saved without a tokenizer" and let the run go on unchecked, and the policy's
+    # tokenizer is named, not "Couldn't instantiate the backend tokenizer".
+    sft, rm = _export_copy(STORIES, tmp_path / "sft"), _export_copy(stories_rm, tmp_path / "rm")
+    damaged = {"sft_model": sft, "reward_model": rm}[option]
+    _damage(damaged / "tokenizer.json", "missing")
+    write_yaml(tmp_path / "ppo.yaml", ppo_config(tmp_path, sft, rm))
     result = run_main("fit", "--config", "ppo.yaml", cwd=tmp_path)
     assert result.returncode == 1, result.stderr[-3000:]
-    assert error_line(result).startswith(f"rlhf-lit: error: reward_model '{rm}' cannot be loaded: its tokenizer files "
-                                         "(tokenizer_config.json) do not load (")  # fmt: skip
+    assert error_line(result).startswith(f"rlhf-lit: error: {option} '{damaged}' cannot be loaded: its tokenizer "
+                                         "files (tokenizer_config.json) do not load (")  # fmt: skip
     assert not (tmp_path / "ckpt").exists() and not (tmp_path / "export").exists()
 
 
