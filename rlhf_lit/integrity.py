@@ -10,6 +10,7 @@ reads only what tells a damaged file from an intact one, never the whole file:
 - a ``.safetensors`` file: the 8-byte header length, the JSON header, and the file's size against
   the end of the last tensor the header places;
 - a JSON file (``config.json``, tokenizer files, markers, ``ensemble.json``): parsed, and an object;
+- a JSON Lines file the demo wrote and reads back (``preferences.jsonl``): each line parsed;
 - a model directory: each of the above that it holds, and that it holds weights at all.
 
 Every check raises :class:`DamagedFile` (a ``ValueError``: the CLI prints it as one line) whose
@@ -42,8 +43,11 @@ INDEX_NAMES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 """The index of a model saved in shards: it names every shard file."""
 SAFETENSORS_MAX_HEADER = 100_000_000
 """The largest header the safetensors library reads: a longer one means the file is of another kind."""
-PLAIN_FILES = ("merges.txt", "tokenizer.model", "vocab.txt", "spiece.model", "sentencepiece.bpe.model")
-"""Tokenizer files that are not JSON: only checked for being empty."""
+PLAIN_FILES = ("merges.txt", "tokenizer.model", "vocab.txt", "spiece.model", "sentencepiece.bpe.model",
+               "chat_template.jinja")  # fmt: skip
+"""Tokenizer files that are not JSON: checked for being empty here (an empty ``chat_template.jinja``
+would load as no chat template at all); a chat template cut short is found by
+:func:`rlhf_lit.sources.check_source_files`, which may import jinja2."""
 
 
 class DamagedFile(ValueError):
@@ -89,6 +93,29 @@ def check_json_file(path: str | os.PathLike, *, want_object: bool = True) -> obj
     if want_object and not isinstance(value, dict):
         raise DamagedFile(path, f"expected a JSON object, found {type(value).__name__}")
     return value
+
+
+def check_jsonl_file(path: str | os.PathLike) -> list:
+    """The records of the JSON Lines file at ``path`` (blank lines skipped); :class:`DamagedFile` naming
+    the line when one does not parse (``cut short`` when it is the last line and the file does not end
+    with a line break: a write or a copy that stopped there)."""
+    path = str(path)
+    _size(path)
+    with open(path, "rb") as f:
+        data = f.read()
+    records = []
+    lines = data.split(b"\n")
+    for number, raw in enumerate(lines, start=1):
+        if not raw.strip():
+            continue
+        try:
+            records.append(json.loads(raw.decode("utf-8")))
+        except UnicodeDecodeError as error:
+            raise DamagedFile(path, f"line {number}: not UTF-8 text (byte 0x{raw[error.start]:02x})") from None
+        except json.JSONDecodeError as error:
+            why = "cut short" if number == len(lines) else "not valid JSON"
+            raise DamagedFile(path, f"line {number}: {why} (column {error.colno}: {error.msg})") from None
+    return records
 
 
 _GLOBAL = object()

@@ -173,8 +173,40 @@ def check_source_files(name_or_path: str, what: str, kind: SourceKind = "model")
     """
     try:
         check_model_directory(os.path.expanduser(name_or_path), needs_weights=kind == "model")
+        check_chat_templates(os.path.expanduser(name_or_path))
     except DamagedFile as error:
         raise DamagedSource(f"{what} {name_or_path!r} cannot be loaded: {error}") from None
+
+
+CHAT_TEMPLATE_FILE, CHAT_TEMPLATE_DIR = "chat_template.jinja", "additional_chat_templates"
+"""Where ``save_pretrained`` writes a tokenizer's chat template(s) as Jinja text (transformers 4.50 and later)."""
+
+
+def check_chat_templates(path: str) -> None:
+    """Raise :class:`DamagedFile` for a chat template file of the directory ``path`` that ends before its
+    template does (a block or expression left open: a copy cut short). The tokenizer would load it as
+    it is and fail only when a prompt is rendered; an unknown tag or any other complaint is left to
+    the renderer (never a refusal of a template jinja2 alone cannot judge)."""
+    files = [os.path.join(path, CHAT_TEMPLATE_FILE)]
+    folder = os.path.join(path, CHAT_TEMPLATE_DIR)
+    if os.path.isdir(folder):
+        files += sorted(os.path.join(folder, name) for name in os.listdir(folder) if name.endswith(".jinja"))
+    files = [f for f in files if os.path.isfile(f)]
+    if not files:
+        return
+    try:
+        import jinja2
+    except ImportError:  # no jinja2: no chat template can be rendered, and transformers says so
+        return
+    environment = jinja2.Environment(extensions=["jinja2.ext.loopcontrols"])
+    for file in files:
+        with open(file, encoding="utf-8", errors="replace") as f:
+            text = f.read()
+        try:
+            environment.parse(text)
+        except jinja2.TemplateSyntaxError as error:
+            if "end of template" in str(error).lower():
+                raise DamagedFile(file, f"cut short (line {error.lineno}: {error.message})") from None
 
 
 def check_local_source(name_or_path: str | None, what: str) -> None:
@@ -229,6 +261,19 @@ def loading_error(name_or_path: str, what: str, error: Exception, hub_kwargs: di
     return SourceError(f"{what} {name_or_path!r} could not be loaded from the Hugging Face hub: {first}")
 
 
+def unloadable_tokenizer(model_path: str, what: str, error: BaseException) -> DamagedSource | None:
+    """The error to raise when loading the tokenizer saved with the local directory ``model_path``
+    failed although it holds tokenizer files (one of them missing or unreadable: a copy cut short),
+    naming them and the loader's first line; None when it holds none (it has no tokenizer)."""
+    path = os.path.expanduser(model_path)
+    present = [f for f in TOKENIZER_FILES if os.path.isfile(os.path.join(path, f))] if os.path.isdir(path) else []
+    if not present:
+        return None
+    first = next((line.strip() for line in str(error).splitlines() if line.strip()), type(error).__name__)
+    return DamagedSource(f"{what} {model_path!r} cannot be loaded: its tokenizer files ({', '.join(present)}) do not "
+                         f"load ({first}); restore them from the export")  # fmt: skip
+
+
 def from_pretrained(
     load: Callable[..., T], name_or_path: str, what: str, kind: SourceKind = "model", **kwargs
 ) -> T:
@@ -244,3 +289,8 @@ def from_pretrained(
         if os.path.exists(os.path.expanduser(name_or_path)):
             raise  # a local directory the loader could not read: its own message says which file
         raise loading_error(name_or_path, what, error, hub_kwargs) from error
+    except (ValueError, TypeError) as error:  # tokenizer files there that do not load: named, never a traceback
+        damaged = unloadable_tokenizer(name_or_path, what, error) if kind == "tokenizer" else None
+        if damaged is None:
+            raise
+        raise damaged from None

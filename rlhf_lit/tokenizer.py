@@ -8,7 +8,7 @@ from typing import Literal
 
 from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerBase
 
-from rlhf_lit.sources import TOKENIZER_FILES, DamagedSource, SourceError, from_pretrained
+from rlhf_lit.sources import TOKENIZER_FILES, DamagedSource, SourceError, from_pretrained, unloadable_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +82,9 @@ def _base_vocabulary(tokenizer: PreTrainedTokenizerBase) -> dict[str, int]:
 
 
 def _saved_tokenizer(model_path: str, what: str) -> PreTrainedTokenizerBase | None:
-    """The tokenizer saved with a model (a local directory with tokenizer files, or a hub name), or None."""
+    """The tokenizer saved with a model (a local directory with tokenizer files, or a hub name), or None.
+
+    Tokenizer files that are there and do not load raise :class:`DamagedSource` (never "no tokenizer")."""
     local = os.path.isdir(os.path.expanduser(model_path))
     if local and not any(os.path.exists(os.path.join(os.path.expanduser(model_path), f)) for f in TOKENIZER_FILES):
         return None
@@ -90,7 +92,10 @@ def _saved_tokenizer(model_path: str, what: str) -> PreTrainedTokenizerBase | No
         return from_pretrained(AutoTokenizer.from_pretrained, model_path, what, "tokenizer")
     except DamagedSource:
         raise  # a damaged tokenizer is not "no tokenizer": never compared as if absent
-    except (OSError, ValueError, SourceError):
+    except (OSError, ValueError, TypeError, SourceError) as error:
+        damaged = unloadable_tokenizer(model_path, what, error) if local else None
+        if damaged is not None:
+            raise damaged from None
         return None
 
 

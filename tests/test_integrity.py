@@ -67,3 +67,20 @@ def test_a_record_missing_behind_memoised_names_is_found(tmp_path, protocol):
 def test_a_file_in_torchs_format_before_1_6_is_accepted(tmp_path):
     torch.save({"w": torch.ones(2)}, tmp_path / "pytorch_model.bin", _use_new_zipfile_serialization=False)
     check_checkpoint(tmp_path / "pytorch_model.bin")
+
+
+def test_a_jsonl_file_names_the_line_that_does_not_parse(tmp_path):
+    from rlhf_lit.integrity import check_jsonl_file
+
+    path = tmp_path / "prefs.jsonl"
+    path.write_text('{"a": 1}\n\n{"a": 2}\n')
+    assert check_jsonl_file(path) == [{"a": 1}, {"a": 2}]
+    path.write_text('{"a": 1}\n{"a": 2')  # the write stopped in the last line
+    with pytest.raises(DamagedFile, match=r"prefs\.jsonl: line 2: cut short \(column "):
+        check_jsonl_file(path)
+    path.write_text('{"a": 1}\n{"a" 2}\n{"a": 3}\n')
+    with pytest.raises(DamagedFile, match=r"line 2: not valid JSON \(column 6"):
+        check_jsonl_file(path)
+    path.write_bytes(b"")
+    with pytest.raises(DamagedFile, match=r"the file is empty"):
+        check_jsonl_file(path)

@@ -34,7 +34,8 @@ What the command offers beyond LightningCLI's defaults:
   null``, lists and mappings too), and a YAML syntax error names its file, line and column
   (:mod:`rlhf_lit.cli.jsonargparse_fixes`).
 - ``--ckpt_path`` is checked before anything is built: a missing or damaged checkpoint is one line,
-  and a damaged ``last.ckpt`` names the intact checkpoint to resume from (:mod:`rlhf_lit.cli.resume_check`);
+  and a damaged ``last.ckpt`` names the intact checkpoint to resume from (:mod:`rlhf_lit.cli.resume_check`;
+  ``--ckpt_path last`` / ``best``, which Lightning resolves in fit, are checked where they are loaded);
   with ``--run_dir`` a second ``fit`` of the same stage refuses while the first runs (:mod:`rlhf_lit.cli.run_lock`).
 - Every fit stops cleanly on SIGTERM / SIGUSR1 (:class:`~rlhf_lit.callbacks.Preemption`): at the end
   of the current step or rollout, with ``last.ckpt`` written and the resume command logged, exit
@@ -70,7 +71,7 @@ from rlhf_lit.callbacks.progress import RunProgressBar
 from rlhf_lit.cli import jsonargparse_fixes
 from rlhf_lit.cli.option_names import class_options, parser_options
 from rlhf_lit.cli.parser_errors import condense_parser_error
-from rlhf_lit.cli.resume_check import check_resume_checkpoint
+from rlhf_lit.cli.resume_check import check_checkpoints_when_loaded, check_resume_checkpoint
 from rlhf_lit.cli.run_dir import (RUN_DIR_KEY, add_run_dir_argument, apply_run_dir, stage_dir, stage_layout,
                                   stage_title, with_run_dir_hint)  # fmt: skip
 from rlhf_lit.cli.run_lock import lock_run, release_run_locks
@@ -292,13 +293,18 @@ class RLHFCLI(LightningCLI):
             self.command = [*self.command, "--seed_everything", str(config.get("seed_everything"))]
 
     def instantiate_trainer(self, **kwargs) -> Trainer:
-        """The Trainer, with :func:`added_callbacks` after the config's callbacks."""
+        """The Trainer, with :func:`added_callbacks` after the config's callbacks, and a strategy that checks a
+        checkpoint before loading it (:func:`~rlhf_lit.cli.resume_check.check_checkpoints_when_loaded`)."""
         trainer_config = self._get(self.config_init, "trainer", default={})
         added = added_callbacks(trainer_config, self.command)
         if added and "callbacks" not in kwargs:
             callbacks = trainer_config.get("callbacks") or []
             kwargs["callbacks"] = [*(callbacks if isinstance(callbacks, list) else [callbacks]), *added]
-        return super().instantiate_trainer(**kwargs)
+        trainer = super().instantiate_trainer(**kwargs)
+        subcommand = self.config.get("subcommand")  # --ckpt_path last / best: checked where Lightning loads it
+        given = self.config[subcommand].get("ckpt_path") if subcommand else None
+        check_checkpoints_when_loaded(trainer.strategy, self.command, None if given is None else str(given))
+        return trainer
 
     def _parse_ckpt_path(self) -> None:
         """Check ``--ckpt_path``; do NOT merge the checkpoint's hyperparameters into the config.

@@ -48,7 +48,7 @@ from pathlib import Path
 from rlhf_lit.artifacts import NotOwned, claim_directory, directory_state, remove_owned_directory, write_text_atomically
 from rlhf_lit.demo.plan import ASSETS, ROOT
 from rlhf_lit.demo.runner import THREAD_ENV
-from rlhf_lit.integrity import check_json_file
+from rlhf_lit.integrity import check_json_file, check_jsonl_file
 
 MARKER = ".rlhf-lit-guard-study.json"
 """Written into ``--out`` when this command creates it; a non-empty folder without it is refused."""
@@ -100,8 +100,7 @@ def train_proxy(args: argparse.Namespace, demo: Path, out: Path) -> Path:
     if (folder / "done.json").exists():
         return model
     _fresh(folder, "proxy")
-    with open(demo / "prefs" / "preferences.jsonl", encoding="utf-8") as f:
-        pairs = [json.loads(line) for line in f if line.strip()]
+    pairs = check_jsonl_file(demo / "prefs" / "preferences.jsonl")  # a copy cut short: named, not a traceback
     chosen = relabel(pairs, args.proxy_pairs, args.bt_temperature, args.proxy_seed)
     write_text_atomically(folder / "preferences.jsonl", "".join(json.dumps(p) + "\n" for p in chosen))
     cmd = [sys.executable, "-m", "rlhf_lit.cli", "fit", "--config", str(ROOT / "configs" / "demo" / "reward_model.yaml"),

@@ -52,14 +52,17 @@ def check_same_tokenizer(tokenizer, reference: str) -> None:
     KL compares logprobs of the same token ids, so both models must share one vocabulary. A
     reference directory without tokenizer files is taken to use the policy's tokenizer.
     """
-    from rlhf_lit.sources import DamagedSource
+    from rlhf_lit.sources import DamagedSource, unloadable_tokenizer
     from rlhf_lit.tokenizer import load_tokenizer
 
     try:
         ref_tok = load_tokenizer(reference)
     except DamagedSource:
         raise  # damaged tokenizer files are not "no tokenizer": never assumed to be the policy's
-    except (OSError, ValueError):
+    except (OSError, ValueError, TypeError) as error:
+        damaged = unloadable_tokenizer(reference, "--reference", error)  # files there that do not load
+        if damaged is not None:
+            raise damaged from None
         log.info("no tokenizer in %s: assuming it uses the policy's", reference)
         return
     if ref_tok.get_vocab() != tokenizer.get_vocab():

@@ -74,11 +74,15 @@ EXPORT_CASES = [
     ("sft_model", "tokenizer.json", "empty", "the file is empty (0 bytes)"),
     ("sft_model", "tokenizer_config.json", "not_the_format", "not valid JSON (line 1, column 1"),
     ("sft_model", MARKER, "unparsable", "not valid JSON (line 1, column 2"),
+    ("sft_model", "generation_config.json", "truncated", "cut short (line"),
+    ("sft_model", "config.json", "not_the_format", "not valid JSON (line 1, column 1"),
     ("reward_model", "model.safetensors", "truncated", "cut short ("),
     ("reward_model", "config.json", "truncated", "cut short (line"),
     ("reward_model", "config.json", "empty", "the file is empty (0 bytes)"),
     ("reward_model", "config.json", "unparsable", "not valid JSON (line 1, column 2"),
     ("reward_model", MARKER, "empty", "the file is empty (0 bytes)"),
+    ("reward_model", "model.safetensors", "empty", "the file is empty (0 bytes)"),
+    ("reward_model", "tokenizer.json", "unparsable", "not valid JSON (line 1, column 2"),
 ]
 
 
@@ -101,6 +105,43 @@ def test_a_damaged_export_is_named_before_any_model_is_loaded(tmp_path, stories_
     file = damaged if damage == "missing" else damaged / name
     assert error_line(result).startswith(f"rlhf-lit: error: {option} '{damaged}' cannot be loaded: {file}: {problem}")
     assert not (tmp_path / "ckpt").exists() and not (tmp_path / "export").exists()
+
+
+@pytest.mark.parametrize("option", ["sft_model", "reward_model"])
+def test_an_export_missing_its_tokenizer_json_is_not_taken_for_one_without_a_tokenizer(tmp_path, stories_rm, option):
+    # tokenizer_config.json is there, tokenizer.json is not (a copy cut short): the RM's vocabulary and chat-template
+    # checks must not fall back to "saved without a tokenizer" and let the run go on unchecked, and the policy's
+    # tokenizer is named, not "Couldn't instantiate the backend tokenizer".
+    sft, rm = _export_copy(STORIES, tmp_path / "sft"), _export_copy(stories_rm, tmp_path / "rm")
+    damaged = {"sft_model": sft, "reward_model": rm}[option]
+    _damage(damaged / "tokenizer.json", "missing")
+    write_yaml(tmp_path / "ppo.yaml", ppo_config(tmp_path, sft, rm))
+    result = run_main("fit", "--config", "ppo.yaml", cwd=tmp_path)
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert error_line(result).startswith(f"rlhf-lit: error: {option} '{damaged}' cannot be loaded: its tokenizer "
+                                         "files (tokenizer_config.json) do not load (")  # fmt: skip
+    assert not (tmp_path / "ckpt").exists() and not (tmp_path / "export").exists()
+
+
+CHAT_TEMPLATE = "{% for message in messages %}{{ message['role'] }}: {{ message['content'] }}\n{% endfor %}"
+
+
+@pytest.mark.parametrize(("text", "problem"), [(CHAT_TEMPLATE[:40], "cut short (line 1: "),
+                                               ("", "the file is empty (0 bytes)")], ids=["truncated", "empty"])
+def test_a_damaged_chat_template_file_is_named_not_taken_for_no_template(tmp_path, stories_rm, text, problem):
+    # transformers reads chat_template.jinja as it is: an empty one is "no chat template" (prompts rendered
+    # without one), a cut one fails only when the first prompt is rendered.
+    from rlhf_lit.sources import check_chat_templates
+
+    sft = _export_copy(STORIES, tmp_path / "sft")
+    (sft / "chat_template.jinja").write_text(CHAT_TEMPLATE + "{% generation %}{% endgeneration %}")
+    check_chat_templates(str(sft))  # whole (a tag only transformers knows included): accepted
+    (sft / "chat_template.jinja").write_text(text)
+    write_yaml(tmp_path / "ppo.yaml", ppo_config(tmp_path, sft, _export_copy(stories_rm, tmp_path / "rm")))
+    result = run_main("fit", "--config", "ppo.yaml", cwd=tmp_path)
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert error_line(result).startswith(f"rlhf-lit: error: sft_model '{sft}' cannot be loaded: "
+                                         f"{sft / 'chat_template.jinja'}: {problem}")  # fmt: skip
 
 
 @pytest.fixture
@@ -187,7 +228,7 @@ def _run_copy(sft_run: Path, tmp_path: Path) -> Path:
     return Path(shutil.copytree(sft_run, tmp_path / "run", copy_function=shutil.copy2))
 
 
-@pytest.mark.parametrize("damage", ["truncated", "empty", "not_the_format", "missing_member"])
+@pytest.mark.parametrize("damage", ["truncated", "empty", "not_the_format", "missing_member", "missing"])
 def test_a_damaged_checkpoint_is_named_before_any_model_is_loaded(sft_run, tmp_path, damage):
     run = _run_copy(sft_run, tmp_path)
     (step2,) = (run / "ckpt").glob("*step=2.ckpt")
@@ -196,7 +237,8 @@ def test_a_damaged_checkpoint_is_named_before_any_model_is_loaded(sft_run, tmp_p
     assert result.returncode == 1
     problem = {"truncated": "cut short (", "empty": "the file is empty (0 bytes)",
                "not_the_format": "not a PyTorch checkpoint (it does not start as a zip archive)",
-               "missing_member": "incomplete checkpoint: 1 tensor record(s) missing"}[damage]  # fmt: skip
+               "missing_member": "incomplete checkpoint: 1 tensor record(s) missing",
+               "missing": "no such file"}[damage]  # fmt: skip
     assert error_line(result).startswith(f"rlhf-lit: error: --ckpt_path ckpt/{step2.name}: {problem}")
     assert "the newest intact" not in result.stderr  # only last.ckpt points elsewhere
 
@@ -227,6 +269,24 @@ def test_a_damaged_last_checkpoint_alone_says_to_start_again(sft_run, tmp_path):
     assert result.returncode == 1
     assert error_line(result) == ("rlhf-lit: error: --ckpt_path ckpt/last.ckpt: the file is empty (0 bytes); no intact "
                                   "checkpoint beside it to resume from: start the run again without --ckpt_path")
+
+
+def test_ckpt_path_last_is_checked_where_lightning_resolves_and_loads_it(sft_run, tmp_path):
+    # `--ckpt_path last` names no file until Lightning resolves it inside fit: a damaged last.ckpt is
+    # named there, with what to resume from, not met with torch's zip-reader traceback.
+    run = _run_copy(sft_run, tmp_path)
+    (step4,) = (run / "ckpt").glob("*step=4.ckpt")
+    _damage(run / "ckpt" / "last.ckpt", "truncated")
+    before = {p.name: p.read_bytes() for p in (run / "ckpt").glob("*.ckpt")}
+    result = run_main("fit", "--config", "sft.yaml", "--ckpt_path", "last", "--trainer.max_steps", "5",
+                      "--model.init_args.export_existing", "replace", cwd=run)  # fmt: skip
+    assert result.returncode == 1
+    line = error_line(result)
+    assert line.startswith("rlhf-lit: error: --ckpt_path last (") and "last.ckpt): cut short (" in line, line
+    assert f"{step4.name}: resume from it with `" in line
+    command = shlex.split(line.split("`")[1])
+    assert command[:2] == ["rlhf-lit", "fit"] and command[-2] == "--ckpt_path" and command[-1].endswith(step4.name)
+    assert {p.name: p.read_bytes() for p in (run / "ckpt").glob("*.ckpt")} == before  # nothing written
 
 
 # ------------------------------------------------------------------------------------ a full disk

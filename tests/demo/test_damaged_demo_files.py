@@ -48,3 +48,17 @@ def test_a_damaged_checkpoint_policy_is_named(tmp_path):
     checkpoint.write_bytes(b"")
     with pytest.raises(DamagedFile, match=r"rollout=2\.ckpt: the file is empty \(0 bytes\)"):
         load_checkpoint_policy(str(checkpoint), str(STORIES260K))
+
+
+def test_a_cut_short_preference_file_is_named_by_the_guard_study(tmp_path, capsys):
+    demo = tmp_path / "demo"
+    for folder in ("sft/model", "data", "prefs"):
+        (demo / folder).mkdir(parents=True)
+    (demo / "data" / "ppo.txt").write_text("Once upon a time\n")
+    pair = json.dumps({"prompt": "a", "chosen": "b", "rejected": "c", "chosen_score": 1.0, "rejected_score": 0.0})
+    prefs = demo / "prefs" / "preferences.jsonl"
+    prefs.write_text(pair + "\n" + pair[:30])  # a copy cut short
+    status = main(["guard", "--demo", str(demo), "--out", str(tmp_path / "guard")])
+    err = capsys.readouterr().err
+    assert status == 1 and "Traceback" not in err
+    assert err.startswith(f"error: {prefs}: line 2: cut short (column "), err
