@@ -98,7 +98,6 @@ class PPOConfig:
             the weights have not changed yet, so it is the same pass (up to the order of float
             sums), and one minibatch's policy and critic scoring is saved per rollout. It holds that
             minibatch's graph while the other rows are scored: turn it off where memory is tight.
-            Off under FSDP.
     """
 
     epochs: int = 4

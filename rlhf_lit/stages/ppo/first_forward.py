@@ -13,8 +13,9 @@ is stateless per rollout (:func:`~rlhf_lit.stages.ppo.rollout.shuffled_rows`).
 It saves the policy's and the critic's scoring pass over one minibatch of rows per rollout (half of
 both passes with two minibatches). The price is memory: one minibatch's graph is held while the
 other rows, the reference and the reward model are scored (no-grad passes of
-``ppo.score_chunk_size`` rows), where before the two never coexisted. Off under FSDP, whose sharded
-passes would interleave the forward of one graph with the no-grad passes of another.
+``ppo.score_chunk_size`` rows), where before the two never coexisted. Under FSDP2 the
+backward of that graph gathers the weights again after the no-grad passes, as every backward does
+(a run moved between one process and ``fsdp2`` resumes bit for bit: tests/cli/test_resume_cli.py).
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ import torch
 
 from rlhf_lit.functional import entropy_from_logits, token_logprobs
 from rlhf_lit.models.memory import train_mode
-from rlhf_lit.models.sharding import is_sharded
 from rlhf_lit.stages.ppo.rollout import columns_to_drop, leading_padding, shuffled_rows
 from rlhf_lit.stages.ppo.seeding import STREAM_SHUFFLE
 
@@ -77,10 +77,10 @@ class FirstForward:
 
 
 def reuses_first_forward(module: PPOModule) -> bool:
-    """``ppo.reuse_first_forward``, where it saves a pass and the passes are not sharded."""
+    """``ppo.reuse_first_forward``, where it saves a pass."""
     m = module
     saves = m.ppo.old_logprobs == "rescore" or m.critic is not None  # else the scoring runs neither pass
-    return m.ppo.reuse_first_forward and saves and not is_sharded(m.policy)
+    return m.ppo.reuse_first_forward and saves
 
 
 def first_forward(module: PPOModule, gen: Generated) -> FirstForward:
