@@ -23,6 +23,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from rlhf_lit.artifacts import EXPORT_MARKER, TargetChanged, directory_state, write_directory_atomically
+from rlhf_lit.integrity import DamagedFile, check_json_file
 from rlhf_lit.models.lora import export_parts
 from rlhf_lit.models.sharding import full_state_dict
 from rlhf_lit.stages.nonfinite import assert_finite
@@ -60,10 +61,12 @@ def check_export_target(path: str | os.PathLike, existing: ExportExisting) -> No
         )
     if existing != "replace":
         try:
-            about = json.loads(marker.read_text(encoding="utf-8"))
+            about = check_json_file(marker)
             what = f" ({about.get('what', 'an export')}, written {about.get('written', '?')})"
-        except (OSError, ValueError):
-            what = ""
+        except DamagedFile as damaged:  # a crash or a cut-short copy: say so, not an empty description
+            what = f" (its marker is damaged: {damaged})"
+        except OSError as error:
+            what = f" (its marker cannot be read: {error})"
         raise ValueError(
             f"export_dir {target} holds an earlier rlhf-lit export{what}; set export_existing: replace "
             "(--model.init_args.export_existing replace) to replace it, or choose another export_dir"

@@ -50,6 +50,15 @@ def test_an_export_carries_the_marker_and_replaces_an_earlier_one_only_when_aske
     assert [p.name for p in target.parent.iterdir()] == ["model"]  # no .tmp- / .old- left
 
 
+def test_an_earlier_export_whose_marker_is_damaged_is_refused_naming_the_marker(tmp_path):
+    target = tmp_path / "model"
+    _earlier_export(target)
+    (target / MARKER).write_text('{"what": "SFT mo')  # a crash or a copy cut short
+    with pytest.raises(ValueError, match=f"its marker is damaged: {target / MARKER}: cut short .*export_existing: replace"):
+        save_pretrained_atomically(_FakeSaver("weights"), _FakeSaver("tokenizer.json"), target)
+    assert (target / "weights").read_text() == "old"
+
+
 @pytest.mark.parametrize("existing", ["refuse", "replace"])
 def test_a_directory_rlhf_lit_did_not_write_is_never_replaced(tmp_path, existing):
     target = tmp_path / "mine"
