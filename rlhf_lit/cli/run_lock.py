@@ -73,7 +73,7 @@ class RunLock:
         self.created_folder = not os.path.isdir(folder)
         os.makedirs(folder, exist_ok=True)
         while self.handle is None:
-            handle = open(self.path, "a+", encoding="utf-8")
+            handle = _open_lock_file(self.path, what)
             try:
                 fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -109,13 +109,26 @@ class RunLock:
         if self.handle is None:
             return
         try:
-            os.unlink(self.path)
+            # only the file this lock opened and wrote: never whatever was put at that name since
+            if os.path.samestat(os.fstat(self.handle.fileno()), os.lstat(self.path)):
+                os.unlink(self.path)
             if self.created_folder:
                 os.rmdir(self.folder)  # only when empty: a refused run leaves no trace
         except OSError:
             pass
         self.handle.close()  # closing drops the flock
         self.handle = None
+
+
+def _open_lock_file(path: str, what: str):
+    """``path`` opened for reading and appending, created when missing, never through a symbolic link:
+    the lock file is truncated and later removed, which must not reach a file rlhf-lit did not write."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    except OSError as error:
+        raise RunLocked(f"{what}: the lock file {path} cannot be opened as a plain file ({error.strerror}); "
+                        "remove what is at that name or give another --run_dir") from None  # fmt: skip
+    return os.fdopen(fd, "a+", encoding="utf-8")
 
 
 _held: list[RunLock] = []

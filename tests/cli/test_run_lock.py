@@ -87,3 +87,23 @@ def test_the_lock_is_released_by_a_run_that_fails_and_taken_over_from_a_removed_
                           RUN, cwd=tmp_path)  # fmt: skip
         assert result.returncode == 1 and "already running" not in result.stderr, result.stderr[-3000:]
     assert not (tmp_path / RUN / "sft" / LOCK_NAME).exists()
+
+
+def test_the_lock_never_writes_through_a_link_nor_removes_a_file_put_at_its_name(tmp_path):
+    """The lock file is truncated when taken and removed when released: neither may reach a user's file."""
+    folder = tmp_path / "stage"
+    folder.mkdir()
+    users = tmp_path / "notes.txt"
+    users.write_text("the user's notes\n")
+    (folder / LOCK_NAME).symlink_to(users)
+    try:
+        RunLock(str(folder), "the stage")
+        raise AssertionError("a lock through a symbolic link was granted")
+    except RunLocked as refusal:
+        assert f"the lock file {folder / LOCK_NAME} cannot be opened as a plain file" in str(refusal)
+    assert users.read_text() == "the user's notes\n" and (folder / LOCK_NAME).is_symlink()
+    (folder / LOCK_NAME).unlink()
+    held = RunLock(str(folder), "the stage")
+    os.replace(users, folder / LOCK_NAME)  # something else now stands at the lock's name
+    held.release()
+    assert (folder / LOCK_NAME).read_text() == "the user's notes\n"  # not removed: not the file the lock wrote

@@ -94,7 +94,7 @@ def first_forward(module: PPOModule, gen: Generated) -> FirstForward:
     mb = gen.rows(rows)
     prompt_length = mb.query_responses.shape[1] - mb.response_ids.shape[1]
     first = leading_padding(mb.attention_mask, prompt_length)  # (M,) on the CPU
-    n = max(columns_to_drop(first, prompt_length), 0)
+    n = columns_to_drop(first, prompt_length)  # as the update's minibatch drops them
     ids, mask = mb.query_responses[:, n:], mb.attention_mask[:, n:]  # (M, T - n) x2
     with train_mode(*m.trained_models), torch.enable_grad():
         logits, values = m.forward_passes.policy_and_values(m.policy, m.critic, ids, mask, prompt_length - n)
