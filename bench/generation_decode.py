@@ -1,5 +1,6 @@
 """Seconds per rollout's generation, ``sampling.decode`` eager against compiled, on a peer-bench
-workload's policy and prompts (``../shared/peer-bench/workloads.py``) or any causal LM.
+workload's policy and prompts (its ``workloads.py``; the harness is not part of this repository,
+``PEERBENCH_HARNESS`` names its folder) or any causal LM (``--model``, e.g. the shipped stories260K).
 
 One rollout's generation = one :func:`~rlhf_lit.models.generation.generate_responses` call on the
 workload's batch of left-padded prompts, ``resp_len`` tokens per row (``ignore_eos``, as the PPO

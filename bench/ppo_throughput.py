@@ -1,5 +1,7 @@
 """Seconds per PPO iteration of rlhf-lit's ``PPOModule``, driven by the Lightning Trainer, on the
-peer-bench workloads (``../shared/peer-bench``: Hugging Face TRL's PPO and the raw-PyTorch floor).
+workloads of the peer-bench harness (Hugging Face TRL's PPO and a raw-PyTorch floor; the harness is not
+part of this repository: ``PEERBENCH_HARNESS`` names its folder) or on any models and prompts given in
+``PEERBENCH_*`` variables (docs/performance.md runs it on the shipped stories260K).
 
 One iteration = one rollout: generate -> the no-grad scoring passes (old logprobs, reference,
 values, reward) -> advantages -> epochs x minibatches of updates -> metrics, exactly what
@@ -11,15 +13,16 @@ the full length (``sampling.ignore_eos``). The phases are the module's own timer
 also logged to TensorBoard in a real run): ``generate``, ``score`` (the scoring passes, rewards and
 advantages), ``train`` (every minibatch update) and ``text`` (decoding for text metrics).
 
-Standalone (the workload is read from the harness's ``workloads.py``)::
+Standalone with the harness (the workload is read from its ``workloads.py``)::
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/ppo_throughput.py --workload tiny
     OMP_NUM_THREADS=1 .venv/bin/python bench/ppo_throughput.py --workload gpt2-small --iters 3
 
-Side by side with TRL and the floor, alternating in one run (ratios from that one run only)::
+Side by side with TRL and the floor, alternating in one run (ratios from that one run only), from the
+harness's folder (``<checkout>`` is this repository)::
 
-    cd ../shared/peer-bench && bash run_all.sh --workload tiny --cycles 3 \\
-        --extra "$PWD/../../main/.venv/bin/python $PWD/../../main/bench/ppo_throughput.py --json {json}"
+    bash run_all.sh --workload tiny --cycles 3 \\
+        --extra "<checkout>/.venv/bin/python <checkout>/bench/ppo_throughput.py --json {json}"
 
 Under ``run_all.sh --extra`` the workload comes from the ``PEERBENCH_*`` environment (the padded
 prompt ids from ``PEERBENCH_PROMPT_IDS``). Prints the median [min .. max] of iterations 2..N (the

@@ -1,8 +1,9 @@
-"""mkdocs hook: the site's landing page is the README, so the two never disagree.
+"""mkdocs hook: the site's landing page is the README followed by the contents of the documentation.
 
-``docs/index.md`` holds only a pointer; this hook replaces its markdown with ``README.md``'s, with
-the README's links into ``docs/`` made relative to the site and its links to files outside the
-site (the assets' licences, the changelog) written as plain file names.
+``docs/index.md`` is the contents page (plain markdown that reads on GitHub too); on the site this hook
+serves ``README.md``'s markdown in front of it, so README and site never disagree. The README's links
+into ``docs/`` are made relative to the site and its links to files outside the site (the assets'
+licences, the changelog) written as plain file names; the contents' headings move one level down.
 """
 
 import re
@@ -18,8 +19,13 @@ def site_markdown(readme: str) -> str:
     return text.replace("](docs/", "](")
 
 
+def contents_markdown(index: str) -> str:
+    """``index`` (``docs/index.md``) with every heading one level down, to follow the README's title."""
+    return re.sub(r"^(#+) ", r"#\1 ", index, flags=re.MULTILINE)
+
+
 def on_page_markdown(markdown: str, page, config, files) -> str:
-    """Serve the README as the landing page."""
+    """Serve the README, then the contents, as the landing page."""
     if page.file.src_uri == "index.md":
-        return site_markdown(README.read_text(encoding="utf-8"))
+        return site_markdown(README.read_text(encoding="utf-8")) + "\n\n" + contents_markdown(markdown)
     return markdown

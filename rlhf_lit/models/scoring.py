@@ -97,7 +97,8 @@ def backbone(model: PreTrainedModel) -> nn.Module:
 
 
 def token_scores(model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """The score head applied at every position, ``(B, T)``; used for values (one per token).
+    """The score head applied at every position, ``(B, T)`` (a head of K > 1 rows: ``(B, T, K)``);
+    used for values (one per token).
 
     Read from the model's own forward pass (a hook on the head, which Hugging Face's
     causal-LM-family classifiers apply at every position before pooling the last one), not by
@@ -131,13 +132,17 @@ def token_scores(model: PreTrainedModel, input_ids: torch.Tensor, attention_mask
 
 
 def sequence_scores(model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """The reward: the score head read at the last real token of each row, ``(B,)``.
+    """The reward: the score head read at the last real token of each row, ``(B,)``; a head of K > 1
+    rows (a reward model training a length head, :mod:`rlhf_lit.stages.length_debias`) gives ``(B, K)``.
 
     Never relies on pad ids (the pad may equal EOS), only on the attention mask.
     """
-    scores = token_scores(model, input_ids, attention_mask)  # (B, T)
+    scores = token_scores(model, input_ids, attention_mask)  # (B, T) or (B, T, K)
     # -1 for a row with no real token: gather then fails loudly instead of reading position 0.
     last = last_true_index(attention_mask.bool())  # (B,)
+    if scores.dim() == 3:
+        index = last[:, None, None].expand(-1, 1, scores.shape[2])  # (B, 1, K)
+        return scores.gather(1, index).squeeze(1)  # (B, K)
     return scores.gather(1, last.unsqueeze(1)).squeeze(1)  # (B,)
 
 

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from torchmetrics import MeanMetric
+from torchmetrics.regression import PearsonCorrCoef
 from transformers import AutoConfig
 
 from rlhf_lit.functional import concat_pairs, pairwise_reward_loss, ranking_loss, ranking_metrics, ranking_pair_mask
@@ -38,9 +39,10 @@ from rlhf_lit.models.reward_norm import Normalize, fold_normalization, gain_and_
 from rlhf_lit.models.sharding import reshard
 from rlhf_lit.sources import from_pretrained
 from rlhf_lit.stages.base import PretrainedStage, RunLayout, as_config, require_input
-from rlhf_lit.stages import ensemble_training
+from rlhf_lit.stages import ensemble_training, length_debias as debias
 from rlhf_lit.stages.optim import OptimizerConfig
 from rlhf_lit.stages.ensemble_training import EnsembleConfig
+from rlhf_lit.stages.length_debias import LengthDebiasConfig
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +77,8 @@ class RewardModelModule(PretrainedStage):
     over prompts), accuracy and margin are over all pairs of the rankings, and validation also logs
     ``val/ranking_exact`` (fraction of prompts whose responses the scores order exactly) and
     ``val/kendall_tau`` (mean over prompts; see :func:`~rlhf_lit.functional.ranking_metrics`).
+    A single reward model also logs ``val/length_correlation``: Pearson's correlation of its score
+    with the response length in tokens over every validation response (batches with ``prompt_length``).
 
     The normalisation reference set is the datamodule's ``reference_dataloader()`` when it has one
     (batches with ``input_ids`` / ``attention_mask``, or preference batches), else its
@@ -90,6 +94,9 @@ class RewardModelModule(PretrainedStage):
         ensemble: train M reward models in one run and export them as an ensemble directory
             (:class:`~rlhf_lit.stages.ensemble_training.EnsembleConfig`); ``members: 1`` (the default)
             is the single reward model.
+        length_debias: ``method: odin`` trains a length head beside the reward (quality) head and
+            exports the quality head alone (:mod:`rlhf_lit.stages.length_debias`); ``none`` (the
+            default) is the plain reward model.
         stage_args: the loading, LoRA and export arguments of :class:`~rlhf_lit.stages.base.PretrainedStage`
             (``tokenizer``, ``missing_pad``, ``dtype``, ``export_dir``, ``export_existing``,
             ``max_skipped_updates``, ``revision``, ``trust_remote_code``, ``lora``,
@@ -107,6 +114,7 @@ class RewardModelModule(PretrainedStage):
         optimizer: OptimizerConfig = OptimizerConfig(lr=1e-5, schedule="linear", min_lr_ratio=0.0),
         normalize: Normalize = "bias",
         ensemble: EnsembleConfig = EnsembleConfig(),
+        length_debias: LengthDebiasConfig = LengthDebiasConfig(),
         **stage_args: Any,
     ) -> None:
         super().__init__(**stage_args)
@@ -120,7 +128,9 @@ class RewardModelModule(PretrainedStage):
             )
         self.optimizer_config = as_config(OptimizerConfig, optimizer)
         self.ensemble: EnsembleConfig = as_config(EnsembleConfig, ensemble)
-        self.keep_settings(optimizer=self.optimizer_config, ensemble=self.ensemble)
+        self.length_debias: LengthDebiasConfig = as_config(LengthDebiasConfig, length_debias)
+        debias.refuse_unsupported(self.length_debias, self.ensemble.members, self.lora_config is not None)
+        self.keep_settings(optimizer=self.optimizer_config, ensemble=self.ensemble, length_debias=self.length_debias)
         self.normalization: Normalize = normalize
         self.reference_name = "none"
         self.tokenizer = self.load_tokenizer(model, "right")  # preference batches are right padded (docs/CONTRACTS.md)
@@ -129,6 +139,8 @@ class RewardModelModule(PretrainedStage):
         if new_head:
             # Hugging Face initialised the missing head N(0, 0.02); use the RM init instead.
             init_reward_head(score_head(self.model))
+        if self.length_debias.enabled:  # a length head beside the quality head, dropped at export
+            debias.add_length_head(self.model)
         if self.ensemble.members > 1:  # M members, each head from its seed (stages/ensemble_training.py)
             adapt = functools.partial(self.adapted, kind="reward")  # LoRA and checkpointing, per member
             self.model = ensemble_training.build_ensemble(self.model, new_head, self.ensemble, adapt)
@@ -144,14 +156,17 @@ class RewardModelModule(PretrainedStage):
         self.val_margin = MeanMetric()
         self.val_ranking_exact = MeanMetric()  # ranking batches only
         self.val_kendall_tau = MeanMetric()  # ranking batches only
+        self.val_length_correlation = PearsonCorrCoef()  # score vs response tokens, batches with prompt_length
 
     # ----- scoring -----------------------------------------------------------------------------
 
     def raw_scores(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """The head read at the last real token, before normalisation, ``(B,)`` (an ensemble: ``(B, M)``)."""
+        """The head read at the last real token, before normalisation, ``(B,)`` (an ensemble: ``(B, M)``;
+        with a length head, the quality head's)."""
         if isinstance(self.model, RewardEnsemble):
             return self.model.raw_scores(input_ids, attention_mask)  # (B, M)
-        return sequence_scores(self.model, input_ids, attention_mask)  # (B,)
+        scores = sequence_scores(self.model, input_ids, attention_mask)  # (B,), or both heads' (B, 2)
+        return scores[:, debias.QUALITY] if scores.dim() == 2 else scores  # (B,)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """The normalised reward ``gain * raw + bias``, ``(B,)`` (an ensemble: ``(B, M)``, per member)."""
@@ -195,6 +210,8 @@ class RewardModelModule(PretrainedStage):
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         """Bradley-Terry loss on the raw scores (the bias cancels; the gain is 1 while training)."""
         with train_mode(self.model):  # what activates gradient checkpointing (dropout is off)
+            if self.length_debias.enabled:
+                return self._train_both_heads(sequence_scores(self.model, *self.batch_sequences(batch)), batch)
             scores = self.raw_scores(*self.batch_sequences(batch))  # (N,) or, an ensemble, (N, M)
         if isinstance(self.model, RewardEnsemble):
             return ensemble_training.training_step(self, scores, batch, batch_idx)
@@ -204,6 +221,26 @@ class RewardModelModule(PretrainedStage):
         self.log("train/accuracy", accuracy, batch_size=B)
         self.log("lr", self.optimizers().param_groups[0]["lr"], batch_size=B)
         return loss
+
+    def _train_both_heads(self, heads: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The quality and length heads' scores ``(N, 2)`` -> ODIN's loss (:func:`~rlhf_lit.stages.
+        length_debias.odin_loss`), logged with its parts."""
+        loss, stats = debias.odin_loss(self, heads, batch)
+        B = num_prompts(batch)
+        self.log("train/loss", loss.detach(), prog_bar=True, batch_size=B)
+        for name, value in stats.items():
+            self.log(f"train/{name}", value, batch_size=B)
+        self.log("lr", self.optimizers().param_groups[0]["lr"], batch_size=B)
+        return loss
+
+    def _log_length_correlation(self, scores: torch.Tensor, batch: dict[str, torch.Tensor]) -> None:
+        """Pool the normalised scores ``(N,)`` of :meth:`batch_sequences`' rows with their response
+        lengths into ``val/length_correlation`` (batches without ``prompt_length`` are left out)."""
+        if "prompt_length" not in batch:
+            return
+        lengths = debias.response_lengths(batch).to(scores.device)  # (N,)
+        self.val_length_correlation.update(scores.float(), lengths.float())
+        self.log("val/length_correlation", self.val_length_correlation, batch_size=num_prompts(batch))
 
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
         """Pair-weighted loss, accuracy and margin of the normalised scores (a ranking batch: also the
@@ -224,6 +261,7 @@ class RewardModelModule(PretrainedStage):
         self.log("val/loss", self.val_loss, prog_bar=True, batch_size=B)
         self.log("val/accuracy", self.val_accuracy, prog_bar=True, batch_size=B)
         self.log("val/margin", self.val_margin, batch_size=B)
+        self._log_length_correlation(torch.cat([chosen, rejected]), batch)
 
     def _validate_rankings(self, batch: dict[str, torch.Tensor]) -> None:
         """A ranking batch's loss (weighted by its prompts), accuracy and margin (by its pairs) and
@@ -241,6 +279,7 @@ class RewardModelModule(PretrainedStage):
         self.log("val/loss", self.val_loss, prog_bar=True, batch_size=B)
         self.log("val/accuracy", self.val_accuracy, prog_bar=True, batch_size=B)
         self.log("val/margin", self.val_margin, batch_size=B)
+        self._log_length_correlation(scores, batch)
 
     def log_ranking_metrics(self, scores: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Update and log ``val/ranking_exact`` and ``val/kendall_tau`` of a ranking batch's ``scores``
@@ -259,6 +298,7 @@ class RewardModelModule(PretrainedStage):
         """Shard the model under FSDP; an ensemble is refused there (one clear line, before any step)."""
         if isinstance(self.model, RewardEnsemble):
             ensemble_training.refuse_sharding(self)
+        debias.refuse_sharding(self)
         super().configure_model()
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
@@ -361,6 +401,7 @@ class RewardModelModule(PretrainedStage):
         if isinstance(self.model, RewardEnsemble):  # per member; exported as an ensemble directory
             ensemble_training.fold(self)
             return super().on_fit_end()
+        debias.drop_length_head(self.model)  # the export carries the quality head alone
         gain, bias = float(self.reward_gain), float(self.reward_bias)
         reshard(self.model)  # under FSDP the fold must change the shards, not a gathered copy
         folded = fold_normalization(self.model, gain, bias)
