@@ -46,6 +46,7 @@ prints one line per RM and writes the JSON (``{"config", "environment", "reward_
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import platform
@@ -114,9 +115,27 @@ def length_bias(chosen: np.ndarray, rejected: np.ndarray, chosen_len: np.ndarray
     }
 
 
-def held_out_pairs(tokenizer, args):
-    """The set-up :class:`~rlhf_lit.data.PreferenceDataModule` (the RM's tokenizer, the run's data options)."""
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+                   "vocab.json", "merges.txt", "tokenizer.model", "added_tokens.json")  # fmt: skip
+
+
+def tokenizer_key(path: str) -> str:
+    """A digest of the tokenizer files in ``path``: RMs with the same key read the same token ids."""
+    digest = hashlib.sha256()
+    for name in TOKENIZER_FILES:
+        file = Path(path) / name
+        if file.is_file():
+            digest.update(name.encode() + b"\0" + file.read_bytes())
+    return digest.hexdigest()
+
+
+def held_out_pairs(tokenizer, args, cache: dict | None = None, key: str | None = None):
+    """The set-up :class:`~rlhf_lit.data.PreferenceDataModule` (the RM's tokenizer, the run's data options);
+    one per tokenizer (``cache`` by ``key``): RMs with the same tokenizer files share the encoded pairs."""
     from rlhf_lit.data import PreferenceDataModule
+
+    if cache is not None and key in cache:
+        return cache[key]
 
     data = PreferenceDataModule(
         tokenizer=tokenizer, train_path=args.train_path, format=args.format, hh_render=args.hh_render,
@@ -126,18 +145,21 @@ def held_out_pairs(tokenizer, args):
     data.setup("fit")
     if not data.val_dataset:
         raise ValueError(f"{args.train_path}: no held-out pairs (val_fraction {args.val_fraction})")
+    if cache is not None:
+        cache[key] = data
     return data
 
 
 @torch.no_grad()
-def score_pairs(path: str, args, device: torch.device) -> tuple[dict, dict]:
-    """Score every held-out pair with the RM at ``path``: (raw per-pair lists, facts about the run)."""
+def score_pairs(path: str, args, device: torch.device, cache: dict | None = None) -> tuple[dict, dict]:
+    """Score every held-out pair with the RM at ``path``: (raw per-pair lists, facts about the run);
+    ``cache`` keeps the encoded pairs per tokenizer for the next RM."""
     from rlhf_lit.models.reward_ensemble import load_any_reward_model, reward_scores
     from rlhf_lit.tokenizer import load_tokenizer
 
     t0 = time.perf_counter()
     tokenizer = load_tokenizer(path, padding_side="right")  # preference batches are right padded
-    data = held_out_pairs(tokenizer, args)
+    data = held_out_pairs(tokenizer, args, cache, tokenizer_key(path))
     model = load_any_reward_model(path, tokenizer, dtype="float32").to(device).eval()
     t_loaded = time.perf_counter()
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if args.bf16 else nullcontext()
@@ -197,11 +219,12 @@ def main(argv=None) -> int:
         "python": platform.python_version(), "torch": torch.__version__,
         "cuda_device": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
     }, "reward_models": {}}  # fmt: skip
+    cache: dict = {}
     for spec in args.reward_models:
         name, path = named(spec)
         if name in result["reward_models"]:
             raise SystemExit(f"rm_length_bias: the name {name!r} is given twice")
-        pairs, facts = score_pairs(path, args, device)
+        pairs, facts = score_pairs(path, args, device, cache)
         figures = length_bias(**{k: np.asarray(v) for k, v in (
             ("chosen", pairs["chosen_score"]), ("rejected", pairs["rejected_score"]),
             ("chosen_len", pairs["chosen_length"]), ("rejected_len", pairs["rejected_length"]))})  # fmt: skip

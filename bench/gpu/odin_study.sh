@@ -27,7 +27,7 @@
 #
 # Knobs (environment): SCALE (gpu|tiny), OUT (required), BUDGET_S (whole-script deadline in seconds; the
 # PPO time is what is left after the fits minus EVAL_RESERVE_S), SEEDS, RM_PARALLEL, PPO_ROLLOUTS, PPO_LR,
-# PPO_EPOCHS, PPO_MINIBATCH, EVAL_BATCH, EVAL_TEMPERATURE, PYTHON, SITE, WHEELS_DIR, PART_A, PART_B, MODEL, RUNS, WORK,
+# PPO_EPOCHS, PPO_MINIBATCH, EVAL_PARALLEL, EVAL_BATCH, EVAL_TEMPERATURE, PYTHON, SITE, WHEELS_DIR, PART_A, PART_B, MODEL, RUNS, WORK,
 # ODIN_ARGS (the odin variant's options), BENCH_BF16 (1: score under bf16 autocast).
 set -u -o pipefail
 cd "$(dirname "$0")/../.." || exit 1
@@ -37,13 +37,14 @@ START=$(date +%s)
 mkdir -p "$OUT"
 SCALE=${SCALE:-gpu}
 case $SCALE in
-  gpu)  DEF_BUDGET=390; DEF_SEEDS="1 2 3"; DEF_PAR=3; DEF_INSTALL=1; DEVICE=cuda; DEF_NEW=128; DEF_EBATCH=128; DEF_RESERVE=95 ;;
-  tiny) DEF_BUDGET=3000; DEF_SEEDS="1"; DEF_PAR=1; DEF_INSTALL=0; DEVICE=cpu; DEF_NEW=8; DEF_EBATCH=8; DEF_RESERVE=300 ;;
+  gpu)  DEF_BUDGET=390; DEF_SEEDS="1 2 3"; DEF_PAR=3; DEF_EPAR=6; DEF_INSTALL=1; DEVICE=cuda; DEF_NEW=128; DEF_EBATCH=128; DEF_RESERVE=95 ;;
+  tiny) DEF_BUDGET=3000; DEF_SEEDS="1"; DEF_PAR=1; DEF_EPAR=2; DEF_INSTALL=0; DEVICE=cpu; DEF_NEW=8; DEF_EBATCH=8; DEF_RESERVE=300 ;;
   *) echo "SCALE must be gpu or tiny" >&2; exit 2 ;;
 esac
 BUDGET_S=${BUDGET_S:-$DEF_BUDGET}
 SEEDS=${SEEDS:-$DEF_SEEDS}
 RM_PARALLEL=${RM_PARALLEL:-$DEF_PAR}
+EVAL_PARALLEL=${EVAL_PARALLEL:-$DEF_EPAR}
 INSTALL_WHEELS=${INSTALL_WHEELS:-$DEF_INSTALL}
 EVAL_RESERVE_S=${EVAL_RESERVE_S:-$DEF_RESERVE}
 EVAL_BATCH=${EVAL_BATCH:-$DEF_EBATCH}
@@ -76,8 +77,12 @@ job() {
   ( s=$(now); timeout -s KILL "$limit" "$@" > "$WORK/logs/$name.log" 2>&1; rc=$?; echo $rc > "$WORK/logs/$name.rc"; phase "$name" "$s" "$rc" ) &
 }
 rc_of() { cat "$WORK/logs/$1.rc" 2>/dev/null || echo missing; }
+# pool_wait PREFIX STARTED MAX: wait until fewer than MAX of the STARTED jobs named PREFIX* are still running
+pool_wait() { while [ $(( $2 - $(ls "$WORK"/logs/"$1"*.rc 2>/dev/null | wc -l) )) -ge "$3" ]; do sleep 1; done; }
 
+FINISHED=0
 finish() {
+  FINISHED=1
   local s; s=$(now)
   log "collecting"
   for d in "$RUNS"/rm_*/reward_model "$RUNS"/ppo_*/ppo; do
@@ -92,7 +97,9 @@ finish() {
     --exclude='tokenizer.json' -C / "${WORK#/}" "${RUNS#/}" 2>> "$WORK/logs/collect.log"
   cp "$WORK/results/rm_length_bias.json" "$OUT/" 2>/dev/null
   ls -la "$OUT" >&2
+  cat "$OUT/summary.txt"
 }
+trap '[ "$FINISHED" = 1 ] || finish' EXIT  # a step that stops the script still leaves the summary and tarball
 
 # ---------------------------------------------------------------------------------------- 1. wheels
 s=$(now)
@@ -118,6 +125,7 @@ print('python', platform.python_version(), '| torch', torch.__version__, '| tran
       '| tokenizers', tokenizers.__version__, '| huggingface_hub', huggingface_hub.__version__, '| lightning', lightning.__version__,
       '| jsonargparse', jsonargparse.__version__, '| numpy', numpy.__version__)
 print('cuda', torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else '')
+import rlhf_lit; print('rlhf_lit', rlhf_lit.__version__, rlhf_lit.__file__)
 try:
     import gguf; print('gguf', gguf.__file__)
 except ImportError as e: print('gguf missing', e)
@@ -182,7 +190,7 @@ started=2
 for seed in $SEEDS; do
   [ "$seed" = "$first" ] && continue
   for v in plain odin; do
-    while [ $(( started - $(ls "$WORK"/logs/rm_*.rc 2>/dev/null | wc -l) )) -ge "$RM_PARALLEL" ]; do sleep 1; done
+    pool_wait rm_ "$started" "$RM_PARALLEL"
     rm_job "$v" "$seed"; started=$(( started + 1 ))
   done
 done
@@ -221,6 +229,7 @@ for p in start ppo_plain ppo_odin; do
   for r in plain odin; do
     rm=$RUNS/rm_${r}_s$first/reward_model/model
     [ -e "$rm/rlhf_lit_export.json" ] || continue
+    pool_wait eval_ "${#evals[@]}" "$EVAL_PARALLEL"
     job "eval_${p}__rm_$r" "$(( $(left) > 45 ? $(left) : 45 ))" "${CLI[@]}" evaluate --policy "$pol" --reference "$MODEL" \
       --reward-model "$rm" --prompts "$PROMPTS" --chat-template never --max-new-tokens "$DEF_NEW" \
       --temperature "$EVAL_TEMPERATURE" --batch-size "$EVAL_BATCH" --seed 0 --device "$DEVICE" \

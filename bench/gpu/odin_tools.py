@@ -40,7 +40,7 @@ SCALES = {
     # CPU smoke run of the whole script (minutes on 2 cores): tiny budgets, same code paths.
     "tiny": {
         "trainer": {"accelerator": "cpu", "precision": "32-true"},
-        "rm_trainer": {"max_steps": 2, "max_epochs": 1, "val_check_interval": 1.0, "limit_val_batches": 1.0,
+        "rm_trainer": {"max_steps": 2, "max_epochs": 1, "val_check_interval": 2, "limit_val_batches": 1.0,
                        "log_every_n_steps": 1},
         "data": {"max_records": 16, "val_fraction": 0.2, "seed": 0},
         "rm_data": {"max_length": 256, "max_prompt_length": 192, "batch_size": 4},
@@ -132,6 +132,11 @@ def write_events(run: Path, out: Path) -> None:
 
 
 # ------------------------------------------------------------------------------------------- summary
+RM_TRAIN_TAGS = ("train/accuracy", "train/quality_length_correlation", "train/length_head_correlation",
+                 "train/head_orthogonality")  # fmt: skip
+"""The training tags of an RM fit shown beside its val/* (the last three only with length_debias odin)."""
+
+
 def _fmt(v, digits: int = 3) -> str:
     return "n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.{digits}f}"
 
@@ -184,11 +189,11 @@ def summary(work: Path) -> str:
     else:
         add("(no results)")
 
-    add("\n== reward-model fits: last logged val/* (TensorBoard)")
+    add("\n== reward-model fits: last logged val/* and the length terms of train/* (TensorBoard)")
     for path in sorted((work / "results").glob("events_rm_*.json")):
         ev = _load(path) or {}
-        vals = {tag.split("/", 1)[1]: series[-1][1] for tag, series in ev.get("scalars", {}).items()
-                if tag.startswith("val/") and series}  # fmt: skip
+        vals = {tag: series[-1][1] for tag, series in ev.get("scalars", {}).items()
+                if series and (tag.startswith("val/") or tag in RM_TRAIN_TAGS)}  # fmt: skip
         add(f"{path.stem[len('events_'):]:<14}" + "  ".join(f"{k} {v:.4f}" for k, v in sorted(vals.items())))
 
     add("\n== PPO per rollout (TensorBoard): first -> last, and mean of the last 5")
