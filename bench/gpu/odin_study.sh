@@ -37,7 +37,7 @@ START=$(date +%s)
 mkdir -p "$OUT"
 SCALE=${SCALE:-gpu}
 case $SCALE in
-  gpu)  DEF_BUDGET=390; DEF_SEEDS="1 2 3"; DEF_PAR=3; DEF_EPAR=6; DEF_INSTALL=1; DEVICE=cuda; DEF_NEW=128; DEF_EBATCH=128; DEF_RESERVE=95 ;;
+  gpu)  DEF_BUDGET=390; DEF_SEEDS="1 2 3"; DEF_PAR=3; DEF_EPAR=6; DEF_INSTALL=1; DEVICE=cuda; DEF_NEW=128; DEF_EBATCH=64; DEF_RESERVE=95 ;;
   tiny) DEF_BUDGET=3000; DEF_SEEDS="1"; DEF_PAR=1; DEF_EPAR=2; DEF_INSTALL=0; DEVICE=cpu; DEF_NEW=8; DEF_EBATCH=8; DEF_RESERVE=300 ;;
   *) echo "SCALE must be gpu or tiny" >&2; exit 2 ;;
 esac
@@ -62,6 +62,8 @@ WORK=${WORK:-/tmp/odin_work}
 export RLHF_LIT_CACHE=${RLHF_LIT_CACHE:-/tmp/rlhf-lit-cache}
 export TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
 [ "$SCALE" = tiny ] && export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+# Six evaluations share the GPU at the end (each: 3 models, a KV cache and (B, 128, 49152) logits for the KL).
+[ "$SCALE" = gpu ] && export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
 rm -rf "$WORK" && mkdir -p "$WORK/logs" "$WORK/results" "$WORK/configs" "$RUNS"
 TIMINGS=$WORK/timings.tsv
 printf 'phase\tseconds\tstatus\tat_s\n' > "$TIMINGS"
