@@ -17,7 +17,13 @@ from rlhf_lit.functional.ensemble import AGGREGATES, Aggregate, aggregate_scores
 from rlhf_lit.functional.kl import KLKind, kl_loss, kl_penalized_rewards, kl_penalty
 from rlhf_lit.functional.kl_control import AdaptiveKLController, FixedKLController, KLController
 from rlhf_lit.functional.logprobs import entropy_from_logits, sequence_logprobs, token_logprobs
-from rlhf_lit.functional.losses import clipped_value_loss, pairwise_reward_loss, ppo_policy_loss, sft_loss
+from rlhf_lit.functional.losses import (
+    IGNORE_INDEX,
+    clipped_value_loss,
+    pairwise_reward_loss,
+    ppo_policy_loss,
+    sft_loss,
+)
 from rlhf_lit.functional.masked_stats import (
     Reducer,
     explained_variance,
@@ -36,6 +42,7 @@ from rlhf_lit.functional.masks import (
 
 __all__ = [
     "AGGREGATES",
+    "IGNORE_INDEX",
     "Aggregate",
     "AdaptiveKLController",
     "DPOLossKind",
