@@ -27,7 +27,8 @@ def _minus_100(tree: ast.AST) -> list[int]:
 
 def test_ignore_index_is_written_once():
     found = [f"{path}:{line}" for path, tree in _trees() for line in _minus_100(tree)]
-    assert found == ["rlhf_lit/functional/losses.py:12"], "import IGNORE_INDEX from rlhf_lit.functional instead"
+    assert [f.split(":")[0] for f in found] == ["rlhf_lit/functional/losses.py"], (
+        f"{found}: import IGNORE_INDEX from rlhf_lit.functional instead")
 
 
 def test_ignore_index_is_what_the_data_modules_write_and_the_loss_skips():
@@ -37,3 +38,50 @@ def test_ignore_index_is_what_the_data_modules_write_and_the_loss_skips():
     assert IGNORE_INDEX == data_ignore_index == encoding_ignore_index == -100
     logits = torch.zeros(1, 3, 4)
     assert torch.isnan(sft_loss(logits, torch.full((1, 3), IGNORE_INDEX)))  # no label counts
+
+
+RANKING_KEYS = frozenset({"group", "responses_per_prompt"})
+PENDING_RANKING_TESTS = [
+    "rlhf_lit/stages/length_debias.py tests 'group' in",
+    "rlhf_lit/stages/reward_model.py defines is_ranking_batch",
+    "rlhf_lit/stages/reward_model.py tests 'group' in",
+]
+"""Copies left in the two reward-model files another change is rewriting: they go (and leave this
+list) when those files import :func:`rlhf_lit.functional.is_ranking_batch`."""
+
+
+def _ranking_tests(path: str, tree: ast.AST) -> list[tuple[str, int]]:
+    """``("<path> tests 'group' in", line)`` for every membership test of a ranking key and every
+    definition of ``is_ranking_batch`` in ``tree``."""
+    found = []
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Compare) and any(isinstance(op, (ast.In, ast.NotIn)) for op in node.ops)
+                and isinstance(node.left, ast.Constant) and node.left.value in RANKING_KEYS):  # fmt: skip
+            found.append((f"{path} tests {node.left.value!r} in", node.lineno))
+        elif isinstance(node, ast.FunctionDef) and node.name == "is_ranking_batch":
+            found.append((f"{path} defines is_ranking_batch", node.lineno))
+    return found
+
+
+def test_the_ranking_batch_predicate_is_written_once():
+    found = sorted(f for path, tree in _trees() for f in _ranking_tests(path, tree))
+    assert [what for what, _ in found] == sorted([
+        "rlhf_lit/functional/ranking.py defines is_ranking_batch",
+        "rlhf_lit/functional/ranking.py tests 'group' in",
+        *PENDING_RANKING_TESTS,
+    ]), f"{found}: call rlhf_lit.functional.is_ranking_batch (or batch_examples) instead"  # fmt: skip
+
+
+def test_the_predicate_and_the_examples_of_each_batch_kind():
+    from rlhf_lit.data.collate import RankingCollator
+    from rlhf_lit.functional import batch_examples, is_ranking_batch
+
+    ids = [[5, 6], [5, 7, 8], [5, 9]]
+    items = [{"input_ids": ids, "rank": [0, 1, 1], "prompt_length": 1},
+             {"input_ids": ids[:2], "rank": [0, 1], "prompt_length": 1}]  # fmt: skip
+    ranking = RankingCollator(pad_token_id=0)(items)
+    assert is_ranking_batch(ranking) and batch_examples(ranking) == 2 and ranking["input_ids"].shape[0] == 5
+    pair = {"chosen_input_ids": torch.ones(3, 4), "rejected_input_ids": torch.ones(3, 5), "prompt_length": torch.ones(3)}
+    sft = {"input_ids": torch.ones(4, 6), "labels": torch.ones(4, 6)}
+    assert not is_ranking_batch(pair) and batch_examples(pair) == 3
+    assert not is_ranking_batch(sft) and batch_examples(sft) == 4

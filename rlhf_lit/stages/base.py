@@ -36,6 +36,7 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.accelerators import CPUAccelerator
 
+from rlhf_lit.functional.ranking import batch_examples
 from rlhf_lit.models.loading import DType
 from rlhf_lit.models.lora import LoRAConfig, with_lora
 from rlhf_lit.models.memory import enable_gradient_checkpointing, release_frozen, release_optimizer_states
@@ -390,11 +391,8 @@ class PretrainedStage(StageModule):
         into checkpoints: a resumed run, even one stopped mid-epoch, skips exactly what was trained."""
         datamodule = getattr(self.trainer, "datamodule", None)
         if hasattr(datamodule, "mark_consumed"):
-            # A ranking batch has N >= 2B rows but B examples (prompts): its responses_per_prompt is (B,).
-            # In every other batch every tensor is (B, ...).
-            ranking = "responses_per_prompt" in batch
-            examples = (batch["responses_per_prompt"] if ranking else next(iter(batch.values()))).shape[0]
-            datamodule.mark_consumed(examples * self.trainer.world_size)
+            # A ranking batch has N >= 2B rows but B examples (prompts): batch_examples reads B.
+            datamodule.mark_consumed(batch_examples(batch) * self.trainer.world_size)
 
     def load_tokenizer(self, model: str, padding_side: str):
         """The run's tokenizer: ``tokenizer`` when given, else ``model``'s (:func:`stage_tokenizer`)."""
