@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader
 from rlhf_lit.data.adapters import Example, Fields
 from rlhf_lit.data.base import TextDataModule, check_sft_source, encode_demonstrations
 from rlhf_lit.data.collate import PromptCollator, SFTCollator
-from rlhf_lit.data.encoding import TextEncoder, truncate_prompt
+from rlhf_lit.data.encoding import TextEncoder, require_tokenizer, truncate_prompt
 from rlhf_lit.data.rendering import TemplateOption
 from rlhf_lit.data.sampler import PassSampler
 
@@ -190,6 +190,14 @@ class PromptDataModule(TextDataModule):
 
     def val_dataloader(self) -> DataLoader | list:
         return self._val_loader(PromptCollator(self.pad_token_id))
+
+    def end_of_turn_id(self) -> int | None:
+        """The id the tokenizer's chat template ends an assistant turn with
+        (:meth:`~rlhf_lit.data.encoding.TextEncoder.end_of_turn_id`; None when it ends with no special
+        token). PPO asks it of a ``chat_rendered`` data module and refuses an end of turn that does not
+        stop generation: the stage reads it here because stages never import the data package."""
+        tokenizer = require_tokenizer(self.tokenizer, type(self).__name__)
+        return TextEncoder(tokenizer, apply_chat_template=True).end_of_turn_id()
 
     # ----------------------------------------------------------------------------------- ptx
     def _setup_extra(self, encoder: TextEncoder) -> None:

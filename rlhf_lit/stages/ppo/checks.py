@@ -124,7 +124,8 @@ def check_end_of_turn_stops(end_of_turn: int | None, stop_ids: Sequence[int], to
     trained on turns ending with that token, would score sequences unlike its training data.
 
     Args:
-        end_of_turn: the template's end-of-turn id (:meth:`~rlhf_lit.data.encoding.TextEncoder.end_of_turn_id`);
+        end_of_turn: the template's end-of-turn id (the data module's ``end_of_turn_id()``,
+            :meth:`~rlhf_lit.data.prompts.PromptDataModule.end_of_turn_id`);
             None: the template ends turns with no special token, nothing to check.
         stop_ids: the ids that end a response in sampling (:func:`~rlhf_lit.models.generation.stop_token_ids`).
         token: the end-of-turn token's text, for the message.

@@ -12,7 +12,6 @@ from collections.abc import Iterator
 
 import torch
 
-from rlhf_lit.data.encoding import TextEncoder
 from rlhf_lit.evaluation import load_judge
 from rlhf_lit.evaluation.judges import JudgeReads, judge_texts
 from rlhf_lit.functional import AdaptiveKLController, FixedKLController, sft_loss
@@ -304,7 +303,7 @@ class PPOModule(PPOCheckpoints, StageModule):
         """For prompts rendered with the chat template: the template's end of turn must stop
         generation, and the reward model must have been trained on the same rendering (it reads the
         rendered conversation's ids as they are)."""
-        end = TextEncoder(self.tokenizer, apply_chat_template=True).end_of_turn_id()
+        end = self.trainer.datamodule.end_of_turn_id()  # PromptDataModule.end_of_turn_id: no data import
         check_end_of_turn_stops(end, self.stop_ids, self.tokenizer.convert_ids_to_tokens(end) if end is not None else "")
         rm = self.hparams.reward_model
         if self.reward_cfg.uses_reward_model and rm:
