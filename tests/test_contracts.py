@@ -85,3 +85,24 @@ def test_the_predicate_and_the_examples_of_each_batch_kind():
     sft = {"input_ids": torch.ones(4, 6), "labels": torch.ones(4, 6)}
     assert not is_ranking_batch(pair) and batch_examples(pair) == 3
     assert not is_ranking_batch(sft) and batch_examples(sft) == 4
+
+
+def test_each_format_option_offers_the_registry_formats_of_its_kind():
+    """The data modules' format options take their choices from ``data.adapters.ADAPTERS``: auto and
+    every format that gives the examples the option reads (the CLI checks and lists these)."""
+    from typing import get_args, get_type_hints
+
+    from rlhf_lit.data import PreferenceDataModule, PromptDataModule, SFTDataModule
+    from rlhf_lit.data.adapters import ADAPTERS
+
+    def registry(kind):
+        return {"auto", *(name for name, (_, kinds) in ADAPTERS.items() if kind in kinds)}
+
+    options = {(SFTDataModule, "format"): "sft", (PreferenceDataModule, "format"): "preference",
+               (PreferenceDataModule, "reference_format"): "sft", (PromptDataModule, "format"): "prompt",
+               (PromptDataModule, "ptx_format"): "sft"}  # fmt: skip
+    for (module, option), kind in options.items():
+        choices = get_args(get_type_hints(module.__init__)[option])
+        assert len(choices) == len(set(choices)) and set(choices) == registry(kind), (module.__name__, option)
+    assert {option for module in (SFTDataModule, PreferenceDataModule, PromptDataModule)
+            for option in get_type_hints(module.__init__) if option.endswith("format")} == {o for _, o in options}  # fmt: skip

@@ -79,11 +79,6 @@ from rlhf_lit.data.records import InvalidRecord, Row, get_list, get_number, get_
 
 log = logging.getLogger("rlhf_lit.data")
 
-Format = Literal[
-    "auto", "fields", "messages", "prompt_completion", "implicit_prompt", "text", "hh_rlhf", "alpaca", "paragraphs",
-    "rankings",
-]
-"""The record formats known to the data modules; ``auto`` detects one from a source's first record."""
 AUTO = "auto"
 ALPACA_PROMPT = "{instruction}\n\nInput:\n{input}\n\nResponse:\n"
 ALPACA_PROMPT_NO_INPUT = "{instruction}\n\nResponse:\n"
@@ -359,6 +354,26 @@ ADAPTERS: dict[str, tuple[Adapter, tuple[str, ...]]] = {
     "implicit_prompt": (implicit_prompt, ("sft", "preference", "prompt")),
     "text": (text, ("sft",)),
 }
+"""Every record format: its adapter and the kinds of examples it gives. The one list: the data
+modules' ``format`` options take their choices from it (:data:`Format`, :data:`SFTFormat`, ...)."""
+
+
+def formats_for(kind: Kind | None = None) -> tuple[str, ...]:
+    """``auto`` and the formats of :data:`ADAPTERS` that give ``kind`` examples (every one for None),
+    in registry order: the choices of a data module's format option."""
+    return (AUTO, *(name for name, (_, kinds) in ADAPTERS.items() if kind is None or kind in kinds))
+
+
+# A Literal of a tuple is the Literal of its items: each option's choices are read off the registry
+# (jsonargparse checks values and lists choices from these), never written out again.
+Format = Literal[formats_for()]  # type: ignore[valid-type]
+"""The record formats known to the data modules; ``auto`` detects one from a source's first record."""
+SFTFormat = Literal[formats_for("sft")]  # type: ignore[valid-type]
+"""The formats with SFT examples (``SFTDataModule.format``, ``ptx_format``, ``reference_format``)."""
+PreferenceFormat = Literal[formats_for("preference")]  # type: ignore[valid-type]
+"""The formats with preference examples (``PreferenceDataModule.format``)."""
+PromptFormat = Literal[formats_for("prompt")]  # type: ignore[valid-type]
+"""The formats with prompts (``PromptDataModule.format``)."""
 
 
 def check_format(format: str, kind: Kind) -> None:

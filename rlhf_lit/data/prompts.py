@@ -5,11 +5,11 @@ the optional PPO-ptx source, SFT batches that PPO mixes into its loss."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any
 
 from torch.utils.data import DataLoader
 
-from rlhf_lit.data.adapters import Example, Fields
+from rlhf_lit.data.adapters import Example, Fields, PromptFormat, SFTFormat
 from rlhf_lit.data.base import TextDataModule, check_sft_source, encode_demonstrations
 from rlhf_lit.data.collate import PromptCollator, SFTCollator
 from rlhf_lit.data.encoding import TextEncoder, require_tokenizer, truncate_prompt
@@ -113,10 +113,7 @@ class PromptDataModule(TextDataModule):
         val_path: str | None = None,
         val_fraction: float = 0.0,
         seed: int | None = None,
-        format: Literal[
-            "auto", "messages", "prompt_completion", "fields", "implicit_prompt", "hh_rlhf", "alpaca", "paragraphs",
-            "rankings",
-        ] = "auto",
+        format: PromptFormat = "auto",
         fields: Fields = Fields(),
         split: str = "train",
         subset: str | None = None,
@@ -131,10 +128,7 @@ class PromptDataModule(TextDataModule):
         drop_last: bool = True,
         num_workers: int = 0,
         ptx_path: str | None = None,
-        ptx_format: Literal[
-            "auto", "messages", "prompt_completion", "fields", "text", "hh_rlhf", "alpaca", "paragraphs", "rankings",
-            "implicit_prompt",
-        ] = "auto",
+        ptx_format: SFTFormat = "auto",
         ptx_max_records: int | None = None,
         ptx_batch_size: int | None = None,
         ptx_max_length: int = 512,
