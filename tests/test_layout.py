@@ -189,3 +189,12 @@ def test_no_two_modules_share_a_file_name_for_different_things():
     shared = {name: sorted(str(p.relative_to(PACKAGE)) for p in _modules() if p.stem == name)
               for name, n in counts.items() if n > 1 and name not in SAME_CONCEPT_NAMES}  # fmt: skip
     assert shared == {}
+
+
+MAX_LINES = 450
+
+
+def test_no_source_file_is_over_450_lines():
+    """A file a reader takes in at one sitting: split a longer one by job (re-exporting what it held)."""
+    lines = {str(p.relative_to(PACKAGE)): len(p.read_text(encoding="utf-8").splitlines()) for p in _modules()}
+    assert {path: n for path, n in lines.items() if n > MAX_LINES} == {}
