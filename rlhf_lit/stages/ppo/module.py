@@ -41,6 +41,7 @@ from rlhf_lit.stages.ppo.checks import (
     check_model_settings,
     check_reward_settings,
     check_rollout_rows,
+    refusal_before_build,
 )
 from rlhf_lit.stages.ppo.config import KLConfig, PPOConfig, RewardConfig
 from rlhf_lit.stages.ppo.estimator import AdvantageEstimator
@@ -120,6 +121,7 @@ class PPOModule(PPOCheckpoints, StageModule):
     FROZEN_PREFIXES = ("ref_policy.", "reward_model.")
     """State-dict prefixes of the frozen models: never written to checkpoints, reloaded from paths."""
     EXPORT_WHAT = "PPO policy"
+    refusal_before_build = classmethod(refusal_before_build)  # max_steps; compiled passes under FSDP (checks.py)
     run_layout = RunLayout(  # --run_dir: RUN_DIR/ppo/, inputs from the run's sft and reward_model exports
         "ppo", inputs={"sft_model": "sft", "reward_model": "reward_model"}, skip_input=reward_model_unused
     )
