@@ -118,8 +118,7 @@ class PPOModule(PPOCheckpoints, StageModule):
 
     SAFE_ON_RESUME = SAFE_ON_RESUME
     SEED_OPTIONS = ("rollout_seed",)
-    FROZEN_PREFIXES = ("ref_policy.", "reward_model.")
-    """State-dict prefixes of the frozen models: never written to checkpoints, reloaded from paths."""
+    FROZEN_PREFIXES = ("ref_policy.", "reward_model.")  # the frozen models (StageModule.FROZEN_PREFIXES)
     EXPORT_WHAT = "PPO policy"
     refusal_before_build = classmethod(refusal_before_build)  # max_steps; compiled passes under FSDP (checks.py)
     run_layout = RunLayout(  # --run_dir: RUN_DIR/ppo/, inputs from the run's sft and reward_model exports
