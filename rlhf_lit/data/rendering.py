@@ -1,8 +1,8 @@
 """Whether string data meets the tokenizer's chat template: the one vocabulary every option that
 decides it speaks (:data:`TemplateChoice`, read by :func:`template_choice`: both defined in
 :mod:`rlhf_lit.tokenizer`, below the stages that compare them on resume, and re-exported here;
-resolved by :func:`resolve_template`), and the one warning for plain-string prompts given to a model that has a
-template.
+resolved by :func:`resolve_template`), and the one warning for plain-string prompts given to a model
+that has a template.
 
 A model with a chat template (an instruction model, ``assets/models/stories260K-chat``) answers
 inside its template; trained or sampled on prompts written outside it, it learns to write both
