@@ -41,13 +41,6 @@ def test_ignore_index_is_what_the_data_modules_write_and_the_loss_skips():
 
 
 RANKING_KEYS = frozenset({"group", "responses_per_prompt"})
-PENDING_RANKING_TESTS = [
-    "rlhf_lit/stages/length_debias.py tests 'group' in",
-    "rlhf_lit/stages/reward_model.py defines is_ranking_batch",
-    "rlhf_lit/stages/reward_model.py tests 'group' in",
-]
-"""Copies left in the two reward-model files another change is rewriting: they go (and leave this
-list) when those files import :func:`rlhf_lit.functional.is_ranking_batch`."""
 
 
 def _ranking_tests(path: str, tree: ast.AST) -> list[tuple[str, int]]:
@@ -68,7 +61,6 @@ def test_the_ranking_batch_predicate_is_written_once():
     assert [what for what, _ in found] == sorted([
         "rlhf_lit/functional/ranking.py defines is_ranking_batch",
         "rlhf_lit/functional/ranking.py tests 'group' in",
-        *PENDING_RANKING_TESTS,
     ]), f"{found}: call rlhf_lit.functional.is_ranking_batch (or batch_examples) instead"  # fmt: skip
 
 
