@@ -216,7 +216,8 @@ class StageModule(pl.LightningModule):
     def configure_optimizers(self) -> dict:
         """AdamW over the trained model with warmup and decay over the whole run
         (``self.optimizer_config``, :class:`~rlhf_lit.stages.optim.OptimizerConfig`)."""
-        return lightning_optimizers(self.trained_model(), self.optimizer_config, self.trainer.estimated_stepping_batches)
+        return lightning_optimizers(self.trained_model(), self.optimizer_config, self.trainer.estimated_stepping_batches,
+                                    self.trainer)  # fmt: skip
 
     def check_before_fit(self) -> None:
         """A stage's own refusals before any training step (the data module is set up by now)."""

@@ -87,7 +87,7 @@ def parameter_groups(params: Iterable[tuple[str, nn.Parameter]], weight_decay: f
     return [g for g in groups if g["params"]]
 
 
-def fused_adamw_supported(module: nn.Module) -> bool:
+def fused_adamw_supported(module: nn.Module, trainer=None) -> bool:
     """Whether AdamW may run as torch's fused kernel for ``module``'s trainable parameters.
 
     The fused kernel does the same AdamW update as the default (per-tensor loop on CPU, ``foreach``
@@ -97,9 +97,13 @@ def fused_adamw_supported(module: nn.Module) -> bool:
     strategies. It needs floating-point parameters on the CPU or a CUDA device, and no mixed
     precision (``bf16-mixed``, ``16-mixed``): a fused optimizer may unscale fp16 gradients inside
     its step, so Lightning's mixed-precision plugin refuses to clip its gradients at all (a
-    ``RuntimeError`` at the first clipped step, seen with ``bf16-mixed`` on an H100).
+    ``RuntimeError`` at the first clipped step, seen with ``bf16-mixed`` on an H100). The precision
+    is read from ``trainer``, else from ``module``'s own trainer (a LightningModule's): a stage that
+    optimizes a plain ``nn.Module`` (its Hugging Face model) must pass its trainer, or the check
+    cannot see the precision (the reward-model stage crashed so under ``bf16-mixed`` with
+    ``gradient_clip_val`` on an H100).
     """
-    trainer = getattr(module, "_trainer", None)
+    trainer = trainer if trainer is not None else getattr(module, "_trainer", None)
     if trainer is not None and "mixed" in str(trainer.precision):
         return False
     params = [p for p in module.parameters() if p.requires_grad]
@@ -144,7 +148,9 @@ def build_optimizer(
     return optimizer, scheduler
 
 
-def lightning_optimizers(module: nn.Module, config: OptimizerConfig, total_steps: int | float) -> dict:
-    """The ``configure_optimizers`` return value: the optimizer and a scheduler stepped every optimizer step."""
-    optimizer, scheduler = build_optimizer(module.named_parameters(), config, total_steps, fused_adamw_supported(module))
+def lightning_optimizers(module: nn.Module, config: OptimizerConfig, total_steps: int | float, trainer) -> dict:
+    """The ``configure_optimizers`` return value: the optimizer and a scheduler stepped every optimizer step
+    (``trainer``: the one fitting, whose precision decides whether AdamW may be fused)."""
+    fused = fused_adamw_supported(module, trainer)
+    optimizer, scheduler = build_optimizer(module.named_parameters(), config, total_steps, fused)
     return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1}}
