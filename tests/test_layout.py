@@ -22,7 +22,7 @@ LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"evaluation", "rewards"}),
     frozenset({"stages"}),
     frozenset({"callbacks", "strategies"}),
-    frozenset({"commands", "demo"}),
+    frozenset({"commands"}),
     frozenset({"cli"}),
 )
 """The part of the package each top-level module or subpackage (by name; ``""`` is

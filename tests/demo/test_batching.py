@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlhf_lit.demo.batching import sample_batches
+from demo.batching import sample_batches
 from rlhf_lit.models import load_causal_lm
 from rlhf_lit.models.generation import SamplingConfig
 from rlhf_lit.tokenizer import load_tokenizer

@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM
 
 from rlhf_lit.callbacks import RolloutCheckpoint
 from rlhf_lit.data import PromptDataModule
-from rlhf_lit.demo.frontier import (
+from demo.frontier import (
     FrontierPoint,
     export_checkpoint_policy,
     frontier_table,

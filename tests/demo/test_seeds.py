@@ -11,8 +11,8 @@ import pytest
 from cli_in_process import run_entry
 from suite_env import subprocess_env
 
-from rlhf_lit.demo.seeds import MARKER, RUN_MARKER, Evaluation, Job, claim, parse_variant, plan, run_job, seed_overrides
-from rlhf_lit.demo.seeds_report import dpo_at, interpolate, markdown, mean_se, summarise
+from demo.seeds import MARKER, RUN_MARKER, Evaluation, Job, claim, parse_variant, plan, run_job, seed_overrides
+from demo.seeds_report import dpo_at, interpolate, markdown, mean_se, summarise
 
 
 def test_mean_se_uses_the_sample_std_over_sqrt_n():
@@ -131,14 +131,14 @@ def test_an_unfinished_run_folder_is_cleared_only_when_this_command_started_it(t
 
 
 def _seeds(*args: str, cwd) -> subprocess.CompletedProcess:
-    """``python -m rlhf_lit.demo seeds <args>`` in a subprocess, as a user runs it."""
-    return subprocess.run([sys.executable, "-m", "rlhf_lit.demo", "seeds", *args], cwd=cwd, capture_output=True,
+    """``python -m demo seeds <args>`` in a subprocess, as a user runs it."""
+    return subprocess.run([sys.executable, "-m", "demo", "seeds", *args], cwd=cwd, capture_output=True,
                           text=True, timeout=300, env=subprocess_env())  # fmt: skip
 
 
 def _seeds_in_process(*args: str, cwd) -> subprocess.CompletedProcess:
     """The same command through its entry function in this process (output captured, state restored)."""
-    from rlhf_lit.demo.__main__ import main
+    from demo.__main__ import main
 
     return run_entry(main, "seeds", *args, cwd=cwd)
 
@@ -158,7 +158,7 @@ def test_the_command_refuses_a_missing_demo_and_a_foreign_out_folder_in_one_line
     (mine / "notes.txt").write_text("keep")
     result = _seeds_in_process("--demo", "demo", "--out", "mine", cwd=tmp_path)
     assert result.returncode == 2
-    assert result.stderr.strip() == "error: --out mine is not empty and was not written by `python -m rlhf_lit.demo seeds`"
+    assert result.stderr.strip() == "error: --out mine is not empty and was not written by `python -m demo seeds`"
     assert [p.name for p in mine.iterdir()] == ["notes.txt"]
     result = _seeds_in_process("--demo", "demo", "--out", "new", "--variant", "../up", cwd=tmp_path)
     assert result.returncode == 2 and "NAME must be" in result.stderr

@@ -1,4 +1,4 @@
-"""The offline verifiable-reward task: ``python -m rlhf_lit.demo.verifiable --out logs/verifiable``.
+"""The offline verifiable-reward task: ``python -m demo.verifiable --out logs/verifiable``.
 
 The rule (a reward the base model does not already satisfy): the story continuation must mention
 the character named in the prompt, as a whole word, at least ``--min-count`` times
@@ -21,19 +21,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from rlhf_lit.demo.story_prompts import read_paragraphs
+from demo.plan import ASSETS, ROOT
+from demo.runner import child_env
+from demo.story_prompts import read_paragraphs
 
-ROOT = Path(__file__).resolve().parents[2]
-ASSETS = ROOT / "assets"
 ESTIMATORS = ("gae", "grpo", "rloo")
-THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 _NAMED = re.compile(r"\bnamed ([A-Z][a-z]+)\b")
 _SENTENCE_END = re.compile(r"[.!?]")
@@ -77,7 +75,7 @@ def satisfaction(model_dir: str, records: list[dict], *, greedy: bool, max_new_t
     """Rule-satisfaction rate of ``model_dir`` on ``records`` (one response per prompt)."""
     import torch
 
-    from rlhf_lit.demo.batching import sample_batches
+    from demo.batching import sample_batches
     from rlhf_lit.evaluation import response_texts
     from rlhf_lit.models import load_causal_lm
     from rlhf_lit.models.generation import SamplingConfig
@@ -128,7 +126,7 @@ def _fit_command(config: Path, estimator: str, out: Path, train: Path, args: arg
 
 
 def _scalars(run: Path) -> dict[str, tuple[list[int], list[float]]]:
-    from rlhf_lit.demo.report import read_scalars
+    from demo.report import read_scalars
 
     return read_scalars(str(run))
 
@@ -191,7 +189,7 @@ def write_report(out: Path, results: dict, timings: dict, commands: dict, args: 
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m rlhf_lit.demo.verifiable", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m demo.verifiable", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="logs/verifiable")
     p.add_argument("--config", default=str(ROOT / "configs" / "offline" / "verifiable.yaml"))
@@ -231,7 +229,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     commands = {e: _fit_command(Path(args.config), e, out, train, args) for e in args.estimators}
     (out / "logs").mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, **THREAD_ENV}
+    env = child_env()
     t0, procs, timings = time.perf_counter(), {}, {}
     for est, cmd in commands.items():
         print(f"[verifiable] {est}: {' '.join(cmd)}", flush=True)

@@ -3,7 +3,7 @@
 Every method is measured on the held-out prompts against the same SFT reference:
 
 - SFT, PPO (checkpoints along training and the final export), PPO with KL coefficient 0 and DPO
-  (one policy per beta) are sampled once per prompt by :func:`rlhf_lit.demo.held_out_eval.evaluate`;
+  (one policy per beta) are sampled once per prompt by :func:`demo.held_out_eval.evaluate`;
   their KL is the Monte Carlo estimate of ``KL(policy || SFT)`` per response, their judge score
   the mean over completions, with its standard error ``std / sqrt(n)``;
 - best-of-N (``rlhf-lit best-of-n``) picks the RM's favourite of N SFT samples for N = 1, 2, 4, ...;
@@ -120,7 +120,7 @@ def _stderr(values: Sequence[float]) -> float:
 
 
 def point_from_evaluation(result: Mapping, method: str, setting: str) -> FrontierPoint:
-    """A frontier point from a :func:`rlhf_lit.demo.held_out_eval.evaluate` result (one sample per completion)."""
+    """A frontier point from a :func:`demo.held_out_eval.evaluate` result (one sample per completion)."""
     judges = [s["judge"] for s in result["samples"]]
     kls = [s["kl"] for s in result["samples"]]
     if not judges:

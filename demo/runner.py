@@ -14,8 +14,10 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from demo.plan import ROOT
+
 if TYPE_CHECKING:  # annotations only
-    from rlhf_lit.demo.plan import Paths
+    from demo.plan import Paths
 
 THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 """One thread per process: on tiny models two threads under load were measured 10-50x slower."""
@@ -37,8 +39,11 @@ def _tail(path: Path, lines: int) -> str:
         return ""
 
 
-def _env() -> dict[str, str]:
-    return {**os.environ, **THREAD_ENV}
+def child_env() -> dict[str, str]:
+    """The environment of every subprocess: this one's, :data:`THREAD_ENV`, and the checkout first on
+    ``PYTHONPATH`` (a ``python -m demo ...`` child finds the demo from whatever folder it starts in)."""
+    path = os.environ.get("PYTHONPATH")
+    return {**os.environ, **THREAD_ENV, "PYTHONPATH": str(ROOT) + (os.pathsep + path if path else "")}
 
 
 def say(message: str) -> None:
@@ -51,7 +56,7 @@ def _start(stage: str, cmd: list[str], paths: Paths) -> tuple[subprocess.Popen, 
     log_path = paths.dir("logs") / f"{stage.replace('/', '_')}.log"  # dpo/beta_0.1 -> dpo_beta_0.1.log
     say(f"{stage}: {shlex.join(cmd)}")
     with open(log_path, "w", encoding="utf-8") as f:  # the child keeps its own handle
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=_env())
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=child_env())
     return proc, log_path
 
 

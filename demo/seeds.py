@@ -4,9 +4,9 @@ A learning claim is a measurement on held-out prompts over several seeds, never 
 reruns the demo's PPO (``configs/demo/ppo.yaml``, optionally with overrides: a "variant") and
 DPO (``configs/demo/dpo.yaml``, one run per beta) from a finished ``make demo`` folder's SFT model,
 reward model and data, once per seed, and measures every policy the way the demo does
-(:func:`rlhf_lit.demo.held_out_eval.evaluate`):
+(:func:`demo.held_out_eval.evaluate`):
 
-    python -m rlhf_lit.demo seeds --demo logs/demo --out logs/seeds --seeds 0 1 2 \\
+    python -m demo seeds --demo logs/demo --out logs/seeds --seeds 0 1 2 \\
         --variant default --variant "before=--model.init_args.optimizer.lr 1e-4"
 
 What a seed varies: PPO's ``model.rollout_seed`` (sampling and minibatch shuffles) and
@@ -21,7 +21,7 @@ is reused by a rerun, nothing is deleted):
   ``result.json`` (the per-rollout curves of ``objective/rlhf_reward``, ``objective/scores`` and
   ``objective/kl``, and the held-out measurements at every checkpoint);
 - ``dpo/beta_<b>/seed_<s>/``: the same for DPO (held-out measurements only);
-- ``study.json`` and ``study.md`` (:mod:`rlhf_lit.demo.seeds_report`): means and standard errors
+- ``study.json`` and ``study.md`` (:mod:`demo.seeds_report`): means and standard errors
   over seeds, the shaped objective's first and last rollouts per seed, and each PPO seed's judge
   score against DPO's at the same KL; ``curves.png`` and ``frontier.png``.
 """
@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import shlex
 import subprocess
@@ -42,8 +41,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlhf_lit.artifacts import NotOwned, claim_directory, directory_state, remove_owned_directory, write_text_atomically
-from rlhf_lit.demo.plan import ASSETS, parse_betas
-from rlhf_lit.demo.runner import THREAD_ENV
+from demo.plan import ASSETS, ROOT, parse_betas
+from demo.runner import child_env
 from rlhf_lit.integrity import check_json_file
 
 MARKER = ".rlhf-lit-seeds.json"
@@ -53,7 +52,7 @@ RUN_MARKER = ".rlhf-lit-seeds-run"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 CURVE_TAGS = ("objective/rlhf_reward", "objective/scores", "objective/kl")
 """The per-rollout scalars kept from each PPO run."""
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs" / "demo"
+CONFIG_DIR = ROOT / "configs" / "demo"
 _EXPORT_LOCK = threading.Lock()
 """One checkpoint export at a time: ``from_pretrained`` builds models under a process-wide device context
 (meta tensors), so two threads loading at once can leave one with meta weights ("Cannot copy out of meta tensor")."""
@@ -136,10 +135,10 @@ class Evaluation:
 def _evaluate(policy: Path, demo: Path, out: Path, evaluation: Evaluation, log) -> dict:
     """The demo's held-out evaluation of ``policy`` in a subprocess (one thread); its metrics."""
     if not out.exists():
-        cmd = [sys.executable, "-m", "rlhf_lit.demo", "evaluate", "--policy", str(policy),
+        cmd = [sys.executable, "-m", "demo", "evaluate", "--policy", str(policy),
                "--reference", str(demo / "sft" / "model"), "--paragraphs", evaluation.paragraphs,
                "--count", str(evaluation.count), "--max-new-tokens", str(evaluation.max_new_tokens), "--out", str(out)]
-        subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **THREAD_ENV}, check=True)
+        subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=child_env(), check=True)
     return check_json_file(out, want_object=False)["metrics"]
 
 
@@ -147,21 +146,21 @@ def run_job(job: Job, demo: Path, evaluation: Evaluation, checkpoint_every: int)
     """Train ``job`` (unless finished), evaluate its checkpoints and export, write ``result.json``."""
     if job.result_path.exists():
         return check_json_file(job.result_path, want_object=False)
-    from rlhf_lit.demo.frontier import export_checkpoint_policy, rollout_checkpoints
-    from rlhf_lit.demo.report import read_scalars
+    from demo.frontier import export_checkpoint_policy, rollout_checkpoints
+    from demo.report import read_scalars
 
     if job.dir.exists():  # a run this command began and did not finish (killed): start it again from nothing
         try:
             remove_owned_directory(job.dir, RUN_MARKER)
         except NotOwned:
-            raise FileExistsError(f"{job.dir} was not started by `python -m rlhf_lit.demo seeds`: move it away") from None
+            raise FileExistsError(f"{job.dir} was not started by `python -m demo seeds`: move it away") from None
     job.dir.mkdir(parents=True)
     write_text_atomically(job.dir / RUN_MARKER, f"{job.method} {job.name} seed {job.seed}\n")
     with open(job.dir / "log.txt", "w", encoding="utf-8") as log:
         cmd = fit_command(job, demo, checkpoint_every)
         log.write(shlex.join(cmd) + "\n")
         log.flush()
-        fit = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **THREAD_ENV})
+        fit = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=child_env())
         if fit.returncode != 0:
             raise RuntimeError(f"{job.method} {job.name} seed {job.seed} failed (exit {fit.returncode}); log: {log.name}")
         evaluations = {}
@@ -188,8 +187,8 @@ def run_job(job: Job, demo: Path, evaluation: Evaluation, checkpoint_every: int)
 def claim(out: Path) -> None:
     """Create ``out`` with :data:`MARKER`, or accept it when it has the marker; refuse any other non-empty folder."""
     if directory_state(out, MARKER, follow_symlinks=True) in ("not_a_directory", "foreign"):
-        raise FileExistsError(f"--out {out} is not empty and was not written by `python -m rlhf_lit.demo seeds`")
-    claim_directory(out, MARKER, json.dumps({"written_by": "python -m rlhf_lit.demo seeds"}) + "\n")
+        raise FileExistsError(f"--out {out} is not empty and was not written by `python -m demo seeds`")
+    claim_directory(out, MARKER, json.dumps({"written_by": "python -m demo seeds"}) + "\n")
 
 
 def plan(out: Path, seeds: Sequence[int], variants: Sequence[tuple[str, tuple[str, ...]]],
@@ -204,8 +203,8 @@ def plan(out: Path, seeds: Sequence[int], variants: Sequence[tuple[str, tuple[st
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """Options of ``python -m rlhf_lit.demo seeds``."""
-    p = argparse.ArgumentParser(prog="python -m rlhf_lit.demo seeds", description=__doc__.split("\n\n")[0],
+    """Options of ``python -m demo seeds``."""
+    p = argparse.ArgumentParser(prog="python -m demo seeds", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)  # fmt: skip
     p.add_argument("--demo", required=True, help="a finished `make demo` folder (its sft, reward_model, data and prefs)")
     p.add_argument("--out", required=True, help="folder for the runs and the report")
@@ -230,7 +229,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the study; exit status 2 on a refused ``--out`` or a demo folder without its models."""
     from transformers.utils import logging as hf_logging
 
-    from rlhf_lit.demo.seeds_report import write_study
+    from demo.seeds_report import write_study
 
     args = build_parser().parse_args(argv)
     hf_logging.disable_progress_bar()  # a bar per exported checkpoint would bury the progress lines

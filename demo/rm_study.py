@@ -4,11 +4,11 @@ InstructGPT trained its reward model on K-way rankings, all C(K, 2) comparisons 
 one batch element, and warned that the same comparisons as separate pairs overfit (Ouyang et al.
 2022, section 3.5). This study measures it on the demo task, at equal labelling cost:
 
-    python -m rlhf_lit.demo rm-study --sft logs/demo/sft/model --out logs/rm_study --seeds 0 1 2
+    python -m demo rm-study --sft logs/demo/sft/model --out logs/rm_study --seeds 0 1 2
 
 Per seed ``s``, the SFT model samples K completions for every prompt of the RM paragraph range
 (sampling seed ``s``) and the judge scores each sample ONCE. From those same samples and scores,
-each variant (a :data:`~rlhf_lit.demo.labeling.Pairing`) writes its training records:
+each variant (a :data:`~demo.labeling.Pairing`) writes its training records:
 ``best_worst`` (one pair per prompt, the demo's old default), ``ranking`` (one record of all K,
 ``format: rankings``) and ``all_pairs`` (the C(K, 2) pairs as separate pair records). An RM is
 trained on each with ``configs/demo/reward_model.yaml`` (``seed_everything`` and ``data.seed``
@@ -22,7 +22,7 @@ Written under ``--out`` (a folder this command creates, marked by :data:`MARKER`
 what is finished and deletes nothing it did not write): ``heldout/`` (samples and the pair set in
 both formats), ``seed_<s>/samples.json``, ``seed_<s>/<variant>/`` (training records, the run's
 TensorBoard logs and export, ``log.txt``, ``result.json``), then ``study.json`` and ``study.md``
-(:mod:`rlhf_lit.demo.rm_study_report`).
+(:mod:`demo.rm_study_report`).
 """
 
 from __future__ import annotations
@@ -43,10 +43,10 @@ from pathlib import Path
 from typing import get_args
 
 from rlhf_lit.artifacts import NotOwned, claim_directory, directory_state, remove_owned_directory, write_text_atomically
-from rlhf_lit.demo.labeling import Pairing
-from rlhf_lit.demo.plan import ASSETS, ROOT, ppo_sampling, FULL
-from rlhf_lit.demo.runner import THREAD_ENV
-from rlhf_lit.demo.story_prompts import RANGES
+from demo.labeling import Pairing
+from demo.plan import ASSETS, ROOT, ppo_sampling, FULL
+from demo.runner import child_env
+from demo.story_prompts import RANGES
 from rlhf_lit.integrity import check_json_file
 
 MARKER = ".rlhf-lit-rm-study.json"
@@ -87,7 +87,7 @@ def samples(sampling: Sampling, path: Path, start: int, count: int, seed: int) -
         return check_json_file(path, want_object=False)
     import torch
 
-    from rlhf_lit.demo.preferences import sample_and_judge
+    from demo.preferences import sample_and_judge
     from rlhf_lit.evaluation.judges import DEFAULT_JUDGE
     from rlhf_lit.models.generation import SamplingConfig
 
@@ -112,7 +112,7 @@ def heldout_sets(judged: dict, k: int, folder: Path) -> dict[str, Path]:
     Every untied pair of every held-out prompt's K samples, the higher judge score chosen (pairs
     with an empty response dropped, as in training data).
     """
-    from rlhf_lit.demo.preferences import label_pairs, write_jsonl
+    from demo.preferences import label_pairs, write_jsonl
 
     pairs, _, _ = label_pairs(judged["paragraphs"], judged["prompts"], judged["responses"], judged["scores"], k,
                               "argmax", "all_pairs", 1.0, random.Random(0))  # fmt: skip
@@ -161,7 +161,7 @@ def fit_command(run: Run, sft: str, train: Path, heldout: dict[str, Path], overr
 
 def train_records(judged: dict, run: Run, k: int) -> tuple[list[dict], dict]:
     """The run's training records (argmax labels of the seed's samples) and their counts."""
-    from rlhf_lit.demo.preferences import count_pairs, label
+    from demo.preferences import count_pairs, label
 
     records, ties, empty = label(judged, k, "argmax", run.variant, 1.0, random.Random(run.seed))
     sequences = sum(len(r["responses"]) if "responses" in r else 2 for r in records)
@@ -174,14 +174,14 @@ def run_one(run: Run, judged: dict, k: int, sft: str, heldout: dict[str, Path], 
     result_path = run.dir / "result.json"
     if result_path.exists():
         return check_json_file(result_path, want_object=False)
-    from rlhf_lit.demo.preferences import write_jsonl
-    from rlhf_lit.demo.report import read_scalars
+    from demo.preferences import write_jsonl
+    from demo.report import read_scalars
 
     if run.dir.exists():  # begun and not finished (killed): start it again from nothing
         try:
             remove_owned_directory(run.dir, RUN_MARKER)
         except NotOwned:
-            raise FileExistsError(f"{run.dir} was not started by `python -m rlhf_lit.demo rm-study`: move it away") from None
+            raise FileExistsError(f"{run.dir} was not started by `python -m demo rm-study`: move it away") from None
     run.dir.mkdir(parents=True)
     write_text_atomically(run.dir / RUN_MARKER, f"{run.variant} seed {run.seed}\n")
     records, counts = train_records(judged, run, k)
@@ -192,7 +192,7 @@ def run_one(run: Run, judged: dict, k: int, sft: str, heldout: dict[str, Path], 
         log.write(shlex.join(cmd) + "\n")
         log.flush()
         t0 = time.perf_counter()
-        fit = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **THREAD_ENV})
+        fit = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=child_env())
         seconds = time.perf_counter() - t0
     if fit.returncode != 0:
         raise RuntimeError(f"{run.variant} seed {run.seed} failed (exit {fit.returncode}); log: {run.dir / 'log.txt'}")
@@ -207,8 +207,8 @@ def run_one(run: Run, judged: dict, k: int, sft: str, heldout: dict[str, Path], 
 def claim(out: Path) -> None:
     """Create ``out`` with :data:`MARKER`, or accept it when it has the marker; refuse any other non-empty folder."""
     if directory_state(out, MARKER, follow_symlinks=True) in ("not_a_directory", "foreign"):
-        raise FileExistsError(f"--out {out} is not empty and was not written by `python -m rlhf_lit.demo rm-study`")
-    claim_directory(out, MARKER, json.dumps({"written_by": "python -m rlhf_lit.demo rm-study"}) + "\n")
+        raise FileExistsError(f"--out {out} is not empty and was not written by `python -m demo rm-study`")
+    claim_directory(out, MARKER, json.dumps({"written_by": "python -m demo rm-study"}) + "\n")
 
 
 def machine() -> str:
@@ -226,8 +226,8 @@ def machine() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """Options of ``python -m rlhf_lit.demo rm-study``."""
-    p = argparse.ArgumentParser(prog="python -m rlhf_lit.demo rm-study", description=__doc__.split("\n\n")[0],
+    """Options of ``python -m demo rm-study``."""
+    p = argparse.ArgumentParser(prog="python -m demo rm-study", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)  # fmt: skip
     p.add_argument("--sft", required=True, help="the demo SFT model directory (read only)")
     p.add_argument("--out", required=True, help="folder for the samples, runs and the report")
@@ -253,7 +253,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the study; exit status 2 on a refused ``--out`` or a missing SFT model."""
     from transformers.utils import logging as hf_logging
 
-    from rlhf_lit.demo.rm_study_report import write_study
+    from demo.rm_study_report import write_study
 
     args = build_parser().parse_args(argv)
     hf_logging.disable_progress_bar()
@@ -300,7 +300,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with open(heldout["fields"], encoding="utf-8") as f:
         heldout_pairs = sum(1 for _ in f)
     setup = {
-        "command": "python -m rlhf_lit.demo rm-study " + shlex.join(argv if argv is not None else sys.argv[1:]),
+        "command": "python -m demo rm-study " + shlex.join(argv if argv is not None else sys.argv[1:]),
         "machine": machine(), "samples_per_prompt": k, "train_prompts": sampling.count,
         "train_paragraphs": [RANGES["reward_model"][0], RANGES["reward_model"][0] + sampling.count],
         "heldout_paragraphs": [HELDOUT_RANGE[0], HELDOUT_RANGE[0] + args.heldout_count],

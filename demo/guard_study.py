@@ -1,4 +1,4 @@
-"""Over-optimisation made to happen, and the guard watching it: ``python -m rlhf_lit.demo guard``.
+"""Over-optimisation made to happen, and the guard watching it: ``python -m demo guard``.
 
 From a finished ``make demo`` folder this trains a *weaker proxy* reward model (a fraction of the
 demo's preference pairs, relabelled by the noisy ``bradley_terry`` labeller from the judge scores
@@ -10,7 +10,7 @@ prompts of their own (:data:`GUARD_PROMPTS`), ``proxy_gold`` and the other signa
 ``keep_best`` on the held-out judge, so the run *exports* the best held-out policy once a
 ``keep_best`` signal fired:
 
-    python -m rlhf_lit.demo guard --demo logs/demo --out logs/guard --seeds 0 1 2
+    python -m demo guard --demo logs/demo --out logs/guard --seeds 0 1 2
 
 The defaults (32 pairs, temperature 1.0, KL coefficient 0, 70 rollouts) are the setting of
 docs/DEMO.md: with stronger proxies the judge did not fall within the run (200 pairs at 0.25: 0.97
@@ -19,7 +19,7 @@ by rollout 25 and level; 64 pairs at 0.5: still rising at rollout 80; one seed e
 The same run without ``keep_best`` would export its last policy: training is the same rollout for
 rollout (``keep_best`` on a held-out metric only copies weights; the held-out sampling has its own
 generator), so the last policy is read from the run's final ``RolloutCheckpoint``. Both policies
-are measured with the demo's evaluation (:func:`rlhf_lit.demo.held_out_eval.evaluate`: 256
+are measured with the demo's evaluation (:func:`demo.held_out_eval.evaluate`: 256
 held-out prompts, judge score and KL to SFT).
 
 Written under ``--out`` (created by this command and marked by :data:`MARKER`; a rerun reuses what
@@ -30,7 +30,7 @@ is finished and deletes nothing it did not write):
 - ``seed_<s>/``: TensorBoard logs, ``model/`` (the export: with ``keep_best``), ``last/`` (the last
   policy), their evaluations, ``result.json`` (per-rollout curves, held-out evaluations, the
   rollouts where each signal fired, the kept rollout);
-- ``study.json``, ``study.md`` and ``guard.png`` (:mod:`rlhf_lit.demo.guard_report`).
+- ``study.json``, ``study.md`` and ``guard.png`` (:mod:`demo.guard_report`).
 """
 
 from __future__ import annotations
@@ -46,8 +46,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from rlhf_lit.artifacts import NotOwned, claim_directory, directory_state, remove_owned_directory, write_text_atomically
-from rlhf_lit.demo.plan import ASSETS, ROOT
-from rlhf_lit.demo.runner import THREAD_ENV
+from demo.plan import ASSETS, ROOT
+from demo.runner import child_env
 from rlhf_lit.integrity import check_json_file, check_jsonl_file
 
 MARKER = ".rlhf-lit-guard-study.json"
@@ -75,9 +75,9 @@ def relabel(pairs: Sequence[dict], count: int, temperature: float, seed: int) ->
     Each pair keeps its two responses; which one is chosen is drawn again from the judge scores it
     carries (``chosen_score``, ``rejected_score``): the first stays chosen with probability
     ``sigmoid((chosen_score - rejected_score) / temperature)``
-    (:func:`rlhf_lit.demo.labeling.prefer_first`, one draw per pair).
+    (:func:`demo.labeling.prefer_first`, one draw per pair).
     """
-    from rlhf_lit.demo.labeling import prefer_first
+    from demo.labeling import prefer_first
 
     if not 1 <= count <= len(pairs):
         raise ValueError(f"--proxy-pairs {count}: the demo has {len(pairs)} pairs")
@@ -145,7 +145,7 @@ def write_config(args: argparse.Namespace, out: Path) -> Path:
     """``out/ppo_guard.yaml``: the demo PPO config with the guard added to its callbacks."""
     import yaml
 
-    from rlhf_lit.demo.story_prompts import load_prompts
+    from demo.story_prompts import load_prompts
 
     with open(ROOT / "configs" / "demo" / "ppo.yaml", encoding="utf-8") as f:
         config = yaml.safe_load(f)
@@ -185,8 +185,8 @@ def run_seed(args: argparse.Namespace, config: Path, demo: Path, proxy: Path, se
     result_path = folder / "result.json"
     if result_path.exists():
         return check_json_file(result_path, want_object=False)
-    from rlhf_lit.demo.frontier import export_checkpoint_policy, rollout_checkpoints
-    from rlhf_lit.demo.report import read_scalars
+    from demo.frontier import export_checkpoint_policy, rollout_checkpoints
+    from demo.report import read_scalars
 
     _fresh(folder, f"seed {seed}")
     log = _run(fit_command(args, config, demo, proxy, seed, folder), folder / "log.txt", f"seed {seed}")
@@ -213,7 +213,7 @@ def run_seed(args: argparse.Namespace, config: Path, demo: Path, proxy: Path, se
 def _evaluate(args: argparse.Namespace, policy: Path, demo: Path, out: Path) -> dict:
     """The demo's held-out evaluation of ``policy`` in a subprocess (one thread); its metrics."""
     if not out.exists():
-        cmd = [sys.executable, "-m", "rlhf_lit.demo", "evaluate", "--policy", str(policy),
+        cmd = [sys.executable, "-m", "demo", "evaluate", "--policy", str(policy),
                "--reference", str(demo / "sft" / "model"), "--paragraphs", args.paragraphs,
                "--count", str(args.eval_count), "--max-new-tokens", str(16 if args.tiny else 48), "--out", str(out)]
         _run(cmd, out.with_suffix(".log"), f"the evaluation of {policy}")
@@ -222,12 +222,10 @@ def _evaluate(args: argparse.Namespace, policy: Path, demo: Path, out: Path) -> 
 
 def _run(cmd: list[str], log_path: Path, what: str) -> str:
     """Run ``cmd`` with one thread, its output in ``log_path``; RuntimeError naming the log on failure."""
-    import os
-
     with open(log_path, "w", encoding="utf-8") as log:
         log.write(shlex.join(cmd) + "\n")
         log.flush()
-        done = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **THREAD_ENV})
+        done = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=child_env())
     if done.returncode != 0:
         raise RuntimeError(f"{what} failed (exit {done.returncode}); log: {log_path}")
     return str(log_path)
@@ -239,7 +237,7 @@ def _fresh(folder: Path, what: str) -> None:
         try:
             remove_owned_directory(folder, RUN_MARKER)
         except NotOwned:
-            raise FileExistsError(f"{folder} was not started by `python -m rlhf_lit.demo guard`: move it away") from None
+            raise FileExistsError(f"{folder} was not started by `python -m demo guard`: move it away") from None
     folder.mkdir(parents=True)
     write_text_atomically(folder / RUN_MARKER, f"{what}\n")
 
@@ -247,8 +245,8 @@ def _fresh(folder: Path, what: str) -> None:
 def claim(out: Path) -> None:
     """Create ``out`` with :data:`MARKER`, or accept it when it has the marker; refuse any other non-empty folder."""
     if directory_state(out, MARKER, follow_symlinks=True) in ("not_a_directory", "foreign"):
-        raise FileExistsError(f"--out {out} is not empty and was not written by `python -m rlhf_lit.demo guard`")
-    claim_directory(out, MARKER, json.dumps({"written_by": "python -m rlhf_lit.demo guard"}) + "\n")
+        raise FileExistsError(f"--out {out} is not empty and was not written by `python -m demo guard`")
+    claim_directory(out, MARKER, json.dumps({"written_by": "python -m demo guard"}) + "\n")
 
 
 # ------------------------------------------------------------------ the command
@@ -263,8 +261,8 @@ def _positive(kind):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """Options of ``python -m rlhf_lit.demo guard``."""
-    p = argparse.ArgumentParser(prog="python -m rlhf_lit.demo guard", description=__doc__.split("\n\n")[0],
+    """Options of ``python -m demo guard``."""
+    p = argparse.ArgumentParser(prog="python -m demo guard", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)  # fmt: skip
     p.add_argument("--demo", required=True, help="a finished `make demo` folder (its sft, prefs and data)")
     p.add_argument("--out", required=True, help="folder for the proxy, the runs and the report")
@@ -289,7 +287,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the study; exit status 2 on a refused folder or a demo folder without what it needs, 1 on a failed stage."""
     from transformers.utils import logging as hf_logging
 
-    from rlhf_lit.demo.guard_report import write_study
+    from demo.guard_report import write_study
 
     args = build_parser().parse_args(argv)
     hf_logging.disable_progress_bar()
