@@ -20,6 +20,7 @@ import json
 import math
 import os
 import re
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -27,6 +28,10 @@ POLICY_PREFIX = "policy."
 """Where ``PPOModule`` keeps the trained policy in its ``state_dict`` (``self.policy``)."""
 CHECKPOINT_NAME = re.compile(r"rollout=(\d+)\.ckpt$")
 """``RolloutCheckpoint``'s default file name: ``rollout=<n>.ckpt``."""
+_EXPORT_LOCK = threading.Lock()
+"""One checkpoint export at a time: ``from_pretrained`` builds models under a process-wide device context
+(meta tensors), so two threads loading at once can leave one with meta weights ("Cannot copy out of meta
+tensor"); the studies export from a pool of threads (:func:`demo.runner.run_pool`)."""
 
 
 @dataclass(frozen=True)
@@ -90,11 +95,15 @@ def load_checkpoint_policy(checkpoint: str, base_model: str):
 
 
 def export_checkpoint_policy(checkpoint: str, base_model: str, out_dir: str) -> str:
-    """Write the policy of ``checkpoint`` and ``base_model``'s tokenizer to ``out_dir``; returns ``out_dir``."""
+    """Write the policy of ``checkpoint`` and ``base_model``'s tokenizer to ``out_dir``; returns ``out_dir``.
+
+    Safe from several threads: one export at a time (:data:`_EXPORT_LOCK`).
+    """
     from transformers import AutoTokenizer
 
-    load_checkpoint_policy(checkpoint, base_model).save_pretrained(out_dir)
-    AutoTokenizer.from_pretrained(base_model).save_pretrained(out_dir)
+    with _EXPORT_LOCK:
+        load_checkpoint_policy(checkpoint, base_model).save_pretrained(out_dir)
+        AutoTokenizer.from_pretrained(base_model).save_pretrained(out_dir)
     return out_dir
 
 

@@ -39,16 +39,26 @@ import argparse
 import json
 import math
 import random
-import shlex
-import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from rlhf_lit.artifacts import NotOwned, claim_directory, directory_state, remove_owned_directory, write_text_atomically
 from demo.plan import ASSETS, ROOT
-from demo.runner import child_env
+from demo.runner import (
+    claim_study,
+    fit_command as rlhf_lit_fit,
+    fresh_run,
+    held_out_metrics,
+    rollout_checkpointing,
+    run_logged,
+    run_pool,
+    seed_overrides,
+    tb_logger,
+)
+from rlhf_lit.artifacts import write_text_atomically
 from rlhf_lit.integrity import check_json_file, check_jsonl_file
+
+COMMAND = "python -m demo guard"
 
 MARKER = ".rlhf-lit-guard-study.json"
 """Written into ``--out`` when this command creates it; a non-empty folder without it is refused."""
@@ -99,21 +109,19 @@ def train_proxy(args: argparse.Namespace, demo: Path, out: Path) -> Path:
     model = folder / "model"
     if (folder / "done.json").exists():
         return model
-    _fresh(folder, "proxy")
+    fresh_run(folder, RUN_MARKER, "proxy", COMMAND)
     pairs = check_jsonl_file(demo / "prefs" / "preferences.jsonl")  # a copy cut short: named, not a traceback
     chosen = relabel(pairs, args.proxy_pairs, args.bt_temperature, args.proxy_seed)
     write_text_atomically(folder / "preferences.jsonl", "".join(json.dumps(p) + "\n" for p in chosen))
-    cmd = [sys.executable, "-m", "rlhf_lit.cli", "fit", "--config", str(ROOT / "configs" / "demo" / "reward_model.yaml"),
-           "--model.init_args.model", str(demo / "sft" / "model"), "--model.init_args.export_dir", str(model),
-           # The demo RM config reads rankings; the proxy's labels are pairs (the weaker signal).
-           "--data.init_args.train_path", str(folder / "preferences.jsonl"),
-           "--data.init_args.format", "fields", "--data.init_args.fields.ranks", "null",
-           "--trainer.logger.init_args.save_dir", str(folder), "--trainer.logger.init_args.name", "tb",
-           "--trainer.logger.init_args.version", "0",
-           # The config's 10 warmup steps are more than a few dozen pairs make: a tenth of the steps.
-           "--model.init_args.optimizer.warmup_steps", str(max(1, rm_steps(len(chosen)) // 10)),
-           *(TINY_RM if args.tiny else ())]  # fmt: skip
-    _run(cmd, folder / "log.txt", "the proxy reward model")
+    cmd = rlhf_lit_fit(ROOT / "configs" / "demo" / "reward_model.yaml", [
+        "--model.init_args.model", str(demo / "sft" / "model"), "--model.init_args.export_dir", str(model),
+        # The demo RM config reads rankings; the proxy's labels are pairs (the weaker signal).
+        "--data.init_args.train_path", str(folder / "preferences.jsonl"),
+        "--data.init_args.format", "fields", "--data.init_args.fields.ranks", "null", *tb_logger(folder),
+        # The config's 10 warmup steps are more than a few dozen pairs make: a tenth of the steps.
+        "--model.init_args.optimizer.warmup_steps", str(max(1, rm_steps(len(chosen)) // 10)),
+        *(TINY_RM if args.tiny else ())])  # fmt: skip
+    run_logged(cmd, folder / "log.txt", "the proxy reward model")
     flips = sum(a["chosen"] != b["chosen"] for a, b in zip(chosen, _picked(pairs, args)))
     write_text_atomically(folder / "done.json", json.dumps({"pairs": len(chosen), "flipped": flips}) + "\n")
     return model
@@ -159,18 +167,14 @@ def write_config(args: argparse.Namespace, out: Path) -> Path:
 
 def fit_command(args: argparse.Namespace, config: Path, demo: Path, proxy: Path, seed: int, folder: Path) -> list[str]:
     """``rlhf-lit fit`` of one seed: the proxy as reward, ``--kl-coef``, ``--rollouts``, a checkpoint at the end."""
-    return [sys.executable, "-m", "rlhf_lit.cli", "fit", "--config", str(config),
-            "--model.init_args.sft_model", str(demo / "sft" / "model"), "--model.init_args.reward_model", str(proxy),
-            "--data.init_args.train_path", str(demo / "data" / "ppo.txt"),
-            "--model.init_args.kl.kind", "fixed", "--model.init_args.kl.init_coef", f"{args.kl_coef:g}",
-            "--model.init_args.max_rollouts", str(args.rollouts),
-            "--trainer.enable_checkpointing", "true", "--trainer.callbacks+=rlhf_lit.callbacks.RolloutCheckpoint",
-            "--trainer.callbacks.every_n_rollouts", str(args.rollouts),
-            "--trainer.callbacks.dirpath", str(folder / "checkpoints"), "--trainer.callbacks.save_weights_only", "true",
-            "--trainer.logger.init_args.save_dir", str(folder), "--trainer.logger.init_args.name", "tb",
-            "--trainer.logger.init_args.version", "0", "--model.init_args.export_dir", str(folder / "model"),
-            "--seed_everything", str(seed), "--data.init_args.seed", str(seed), "--model.init_args.rollout_seed", str(seed),
-            *(TINY_PPO if args.tiny else ())]  # fmt: skip
+    return rlhf_lit_fit(config, [
+        "--model.init_args.sft_model", str(demo / "sft" / "model"), "--model.init_args.reward_model", str(proxy),
+        "--data.init_args.train_path", str(demo / "data" / "ppo.txt"),
+        "--model.init_args.kl.kind", "fixed", "--model.init_args.kl.init_coef", f"{args.kl_coef:g}",
+        "--model.init_args.max_rollouts", str(args.rollouts),
+        *rollout_checkpointing(args.rollouts, folder / "checkpoints", keep_all=False),  # one checkpoint: the last
+        *tb_logger(folder), "--model.init_args.export_dir", str(folder / "model"),
+        *seed_overrides(seed, rollouts=True), *(TINY_PPO if args.tiny else ())])  # fmt: skip
 
 
 def fired(scalars: dict, signal: str) -> list[int]:
@@ -188,8 +192,9 @@ def run_seed(args: argparse.Namespace, config: Path, demo: Path, proxy: Path, se
     from demo.frontier import export_checkpoint_policy, rollout_checkpoints
     from demo.report import read_scalars
 
-    _fresh(folder, f"seed {seed}")
-    log = _run(fit_command(args, config, demo, proxy, seed, folder), folder / "log.txt", f"seed {seed}")
+    fresh_run(folder, RUN_MARKER, f"seed {seed}", COMMAND)
+    log = folder / "log.txt"
+    run_logged(fit_command(args, config, demo, proxy, seed, folder), log, f"seed {seed}")
     scalars = read_scalars(str(folder / "tb" / "version_0"))
     checkpoint = rollout_checkpoints(str(folder / "checkpoints"))[args.rollouts]
     last = export_checkpoint_policy(checkpoint, str(demo / "sft" / "model"), str(folder / "last"))
@@ -204,49 +209,22 @@ def run_seed(args: argparse.Namespace, config: Path, demo: Path, proxy: Path, se
         "kept_rollout": int(best[-1]) if best and fired(scalars, "proxy_gold") else None,
         "exported": _evaluate(args, folder / "model", demo, folder / "eval_export.json"),
         "last": _evaluate(args, Path(last), demo, folder / "eval_last.json"),
-        "log": log,
+        "log": str(log),
     }  # fmt: skip
     write_text_atomically(result_path, json.dumps(result, indent=1))  # written last: the run is finished
     return result
 
 
 def _evaluate(args: argparse.Namespace, policy: Path, demo: Path, out: Path) -> dict:
-    """The demo's held-out evaluation of ``policy`` in a subprocess (one thread); its metrics."""
-    if not out.exists():
-        cmd = [sys.executable, "-m", "demo", "evaluate", "--policy", str(policy),
-               "--reference", str(demo / "sft" / "model"), "--paragraphs", args.paragraphs,
-               "--count", str(args.eval_count), "--max-new-tokens", str(16 if args.tiny else 48), "--out", str(out)]
-        _run(cmd, out.with_suffix(".log"), f"the evaluation of {policy}")
-    return check_json_file(out, want_object=False)["metrics"]
-
-
-def _run(cmd: list[str], log_path: Path, what: str) -> str:
-    """Run ``cmd`` with one thread, its output in ``log_path``; RuntimeError naming the log on failure."""
-    with open(log_path, "w", encoding="utf-8") as log:
-        log.write(shlex.join(cmd) + "\n")
-        log.flush()
-        done = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=child_env())
-    if done.returncode != 0:
-        raise RuntimeError(f"{what} failed (exit {done.returncode}); log: {log_path}")
-    return str(log_path)
-
-
-def _fresh(folder: Path, what: str) -> None:
-    """An empty ``folder`` marked by :data:`RUN_MARKER`; an unfinished one of ours is cleared, another refused."""
-    if folder.exists():
-        try:
-            remove_owned_directory(folder, RUN_MARKER)
-        except NotOwned:
-            raise FileExistsError(f"{folder} was not started by `python -m demo guard`: move it away") from None
-    folder.mkdir(parents=True)
-    write_text_atomically(folder / RUN_MARKER, f"{what}\n")
+    """The demo's held-out evaluation of ``policy`` (:func:`demo.runner.held_out_metrics`, its log beside
+    ``out``); its metrics."""
+    return held_out_metrics(policy, demo / "sft" / "model", args.paragraphs, args.eval_count, 16 if args.tiny else 48,
+                            out, out.with_suffix(".log"))  # fmt: skip
 
 
 def claim(out: Path) -> None:
     """Create ``out`` with :data:`MARKER`, or accept it when it has the marker; refuse any other non-empty folder."""
-    if directory_state(out, MARKER, follow_symlinks=True) in ("not_a_directory", "foreign"):
-        raise FileExistsError(f"--out {out} is not empty and was not written by `python -m demo guard`")
-    claim_directory(out, MARKER, json.dumps({"written_by": "python -m demo guard"}) + "\n")
+    claim_study(out, MARKER, COMMAND)
 
 
 # ------------------------------------------------------------------ the command
@@ -302,10 +280,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         proxy = train_proxy(args, demo, out)
         print(f"[guard] proxy reward model: {proxy}", flush=True)
         config = write_config(args, out)
-        results = []
-        for seed in args.seeds:  # one at a time: each run is one thread
-            results.append(run_seed(args, config, demo, proxy, seed, out))
+
+        def one(seed: int) -> dict:
+            result = run_seed(args, config, demo, proxy, seed, out)
             print(f"[guard] seed {seed}: done", flush=True)
+            return result
+
+        results = run_pool(one, args.seeds, 1)  # one at a time: each run is one thread
     except FileExistsError as e:  # a folder this command did not write: nothing in it was touched
         print(f"error: {e}", file=sys.stderr)
         return 2

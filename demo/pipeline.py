@@ -59,14 +59,24 @@ from demo.plan import (
     Paths,
     claim_out,
     dpo_stage,
-    fit_command,
     parse_betas,
     ppo_rollouts,
     ppo_sampling,
     ppo_unfinished,
     reward_model_format,
 )
-from demo.runner import Running, StageFailed, Timings, run_stages, say, start_stages, stop_stages, wait_stages
+from demo.runner import (
+    Running,
+    StageFailed,
+    Timings,
+    fit_command,
+    rollout_checkpointing,
+    run_stages,
+    say,
+    start_stages,
+    stop_stages,
+    wait_stages,
+)
 from demo.summary import format_value, last_scalar, results_table, write_summary
 from rlhf_lit.evaluation.judges import DEFAULT_JUDGE
 from rlhf_lit.integrity import DamagedFile, check_json_file
@@ -142,7 +152,7 @@ def train(args: argparse.Namespace, budget: Budget, paths: Paths, timings: Timin
         *logger_root, *seed_args, "--model.init_args.model", args.base_model,
         "--model.init_args.export_dir", str(paths.model("sft")),
         "--data.init_args.train_path", splits["sft"], *budget.sft,
-    ])}, paths, timings)  # fmt: skip
+    ])}, paths.dir("logs"), timings)  # fmt: skip
 
     temperature, max_new_tokens = ppo_sampling(configs / "ppo.yaml", budget)
     preferences = paths.dir("prefs") / "preferences.jsonl"
@@ -163,7 +173,7 @@ def train(args: argparse.Namespace, budget: Budget, paths: Paths, timings: Timin
         pref_cmd += ["--count", str(budget.pref_prompts)]
     if args.seed is not None:
         pref_cmd += ["--seed", str(args.seed)]
-    run_stages({"preferences": pref_cmd}, paths, timings)
+    run_stages({"preferences": pref_cmd}, paths.dir("logs"), timings)
 
     # DPO needs only the SFT model and the pairs: it starts beside the RM and runs on while PPO trains.
     dpo_runs = {} if args.skip_frontier else {
@@ -174,7 +184,7 @@ def train(args: argparse.Namespace, budget: Budget, paths: Paths, timings: Timin
             "--data.init_args.train_path", str(preferences), *budget.dpo,
         ]) for beta in args.dpo_betas
     }  # fmt: skip
-    background = start_stages(dpo_runs, paths)
+    background = start_stages(dpo_runs, paths.dir("logs"))
     try:
         return _train_rm_and_ppo(args, budget, paths, timings, splits, preferences, rm_data, background)
     finally:
@@ -194,7 +204,7 @@ def _train_rm_and_ppo(args: argparse.Namespace, budget: Budget, paths: Paths, ti
         *logger_root, *seed_args, "--model.init_args.model", str(paths.model("sft")),
         "--model.init_args.export_dir", str(paths.model("reward_model")),
         "--data.init_args.train_path", str(rm_data), *budget.reward_model,
-    ])}, paths), timings, background)  # fmt: skip
+    ])}, paths.dir("logs")), timings, background)  # fmt: skip
     rm_accuracy = last_scalar(paths.run("reward_model"), "val/accuracy")
     with open(preferences, encoding="utf-8") as f:
         num_pairs = sum(1 for _ in f)
@@ -210,12 +220,7 @@ def _train_rm_and_ppo(args: argparse.Namespace, budget: Budget, paths: Paths, ti
         *([] if args.seed is None else ["--model.init_args.rollout_seed", str(args.seed)]),
     ]  # fmt: skip
     # The frontier's PPO points: the policy every `checkpoint_every` rollouts (weights only, atomic).
-    checkpointing = [] if args.skip_frontier else [
-        "--trainer.enable_checkpointing", "true", "--trainer.callbacks+=rlhf_lit.callbacks.RolloutCheckpoint",
-        "--trainer.callbacks.every_n_rollouts", str(budget.checkpoint_every),
-        "--trainer.callbacks.dirpath", str(paths.checkpoints), "--trainer.callbacks.save_top_k", "-1",
-        "--trainer.callbacks.save_weights_only", "true",
-    ]  # fmt: skip
+    checkpointing = [] if args.skip_frontier else rollout_checkpointing(budget.checkpoint_every, paths.checkpoints)
     ppo_runs = {"ppo": fit_command(configs / "ppo.yaml", [
         *ppo_args, *checkpointing, "--model.init_args.export_dir", str(paths.model("ppo"))])}
     if not args.skip_kl0:
@@ -228,7 +233,7 @@ def _train_rm_and_ppo(args: argparse.Namespace, budget: Budget, paths: Paths, ti
     if not args.skip_frontier:
         others["best_of_n"] = _best_of_n_command(args, budget, paths, temperature, max_new_tokens)
     # In parallel with each other and the DPO runs: one process and one thread each.
-    wait_stages({**start_stages({**ppo_runs, **others}, paths), **background}, timings)
+    wait_stages({**start_stages({**ppo_runs, **others}, paths.dir("logs")), **background}, timings)
     return {"policies": list(ppo_runs), "dpo": dpo_stages, "rm_accuracy": rm_accuracy,
             "ppo_rollouts": ppo_rollouts(configs / "ppo.yaml", budget),
             "num_pairs": num_pairs, "rm_records": rm_records, "temperature": temperature, "max_new_tokens": max_new_tokens}

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -101,11 +99,6 @@ class Paths:
     def run(self, stage: str) -> Path:
         """The TensorBoard run of ``stage`` (stage folders are cleared first, so it is version_0)."""
         return self.root / stage / "version_0"
-
-
-def fit_command(config: Path, overrides: Sequence[str]) -> list[str]:
-    """``rlhf-lit fit --config <config> <overrides>``, run with this interpreter (``python -m rlhf_lit.cli``)."""
-    return [sys.executable, "-m", "rlhf_lit.cli", "fit", "--config", str(config), *overrides]
 
 
 def reward_model_format(config: Path) -> str:

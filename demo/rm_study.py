@@ -33,20 +33,19 @@ import os
 import platform
 import random
 import shlex
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import get_args
 
-from rlhf_lit.artifacts import NotOwned, claim_directory, directory_state, remove_owned_directory, write_text_atomically
 from demo.labeling import Pairing
-from demo.plan import ASSETS, ROOT, ppo_sampling, FULL
-from demo.runner import child_env
+from demo.plan import ASSETS, FULL, ROOT, ppo_sampling
+from demo.runner import claim_study, fresh_run, run_logged, run_pool, seed_overrides, tb_logger
+from demo.runner import fit_command as rlhf_lit_fit
 from demo.story_prompts import RANGES
+from rlhf_lit.artifacts import write_text_atomically
 from rlhf_lit.integrity import check_json_file
 
 MARKER = ".rlhf-lit-rm-study.json"
@@ -59,6 +58,7 @@ HELDOUT_SEED = 12345
 """Sampling seed of the held-out set (fixed: the same pairs for every variant and seed)."""
 VARIANTS: tuple[Pairing, ...] = ("best_worst", "ranking", "all_pairs")
 CONFIG = ROOT / "configs" / "demo" / "reward_model.yaml"
+COMMAND = "python -m demo rm-study"
 
 
 @dataclass(frozen=True)
@@ -148,15 +148,12 @@ def fit_command(run: Run, sft: str, train: Path, heldout: dict[str, Path], overr
     """``rlhf-lit fit`` of the demo RM config on ``train``, validated on the held-out set."""
     # Set either way: the config may read rankings (and ties) by default.
     ranks = ["--data.init_args.fields.ranks", "ranks" if run.format == "rankings" else "null"]
-    return [
-        sys.executable, "-m", "rlhf_lit.cli", "fit", "--config", str(CONFIG),
+    return rlhf_lit_fit(CONFIG, [
         "--model.init_args.model", sft, "--model.init_args.export_dir", str(run.dir / "model"),
         "--data.init_args.train_path", str(train), "--data.init_args.val_path", str(heldout[run.format]),
         "--data.init_args.val_fraction", "0", "--data.init_args.format", run.format, *ranks,
-        "--seed_everything", str(run.seed), "--data.init_args.seed", str(run.seed),
-        "--trainer.logger.init_args.save_dir", str(run.dir), "--trainer.logger.init_args.name", "tb",
-        "--trainer.logger.init_args.version", "0", *overrides,
-    ]  # fmt: skip
+        *seed_overrides(run.seed, rollouts=False), *tb_logger(run.dir), *overrides,
+    ])  # fmt: skip
 
 
 def train_records(judged: dict, run: Run, k: int) -> tuple[list[dict], dict]:
@@ -177,25 +174,12 @@ def run_one(run: Run, judged: dict, k: int, sft: str, heldout: dict[str, Path], 
     from demo.preferences import write_jsonl
     from demo.report import read_scalars
 
-    if run.dir.exists():  # begun and not finished (killed): start it again from nothing
-        try:
-            remove_owned_directory(run.dir, RUN_MARKER)
-        except NotOwned:
-            raise FileExistsError(f"{run.dir} was not started by `python -m demo rm-study`: move it away") from None
-    run.dir.mkdir(parents=True)
-    write_text_atomically(run.dir / RUN_MARKER, f"{run.variant} seed {run.seed}\n")
+    fresh_run(run.dir, RUN_MARKER, f"{run.variant} seed {run.seed}", COMMAND)  # begun and not finished: anew
     records, counts = train_records(judged, run, k)
     train = run.dir / "train.jsonl"
     write_jsonl(str(train), records)
-    cmd = fit_command(run, sft, train, heldout, overrides)
-    with open(run.dir / "log.txt", "w", encoding="utf-8") as log:
-        log.write(shlex.join(cmd) + "\n")
-        log.flush()
-        t0 = time.perf_counter()
-        fit = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=child_env())
-        seconds = time.perf_counter() - t0
-    if fit.returncode != 0:
-        raise RuntimeError(f"{run.variant} seed {run.seed} failed (exit {fit.returncode}); log: {run.dir / 'log.txt'}")
+    seconds = run_logged(fit_command(run, sft, train, heldout, overrides), run.dir / "log.txt",
+                         f"{run.variant} seed {run.seed}")  # fmt: skip
     scalars = read_scalars(str(run.dir / "tb" / "version_0"))
     val = {tag: values for tag, (_, values) in scalars.items() if tag.startswith("val/")}
     result = {"variant": run.variant, "seed": run.seed, "counts": counts, "fit_seconds": seconds, "val": val,
@@ -206,9 +190,7 @@ def run_one(run: Run, judged: dict, k: int, sft: str, heldout: dict[str, Path], 
 
 def claim(out: Path) -> None:
     """Create ``out`` with :data:`MARKER`, or accept it when it has the marker; refuse any other non-empty folder."""
-    if directory_state(out, MARKER, follow_symlinks=True) in ("not_a_directory", "foreign"):
-        raise FileExistsError(f"--out {out} is not empty and was not written by `python -m demo rm-study`")
-    claim_directory(out, MARKER, json.dumps({"written_by": "python -m demo rm-study"}) + "\n")
+    claim_study(out, MARKER, COMMAND)
 
 
 def machine() -> str:
@@ -295,8 +277,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"[rm-study] {run.variant} seed {run.seed}: {result['fit_seconds']:.0f} s", flush=True)
         return result
 
-    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        results = list(pool.map(one, runs))
+    results = run_pool(one, runs, args.jobs)
     with open(heldout["fields"], encoding="utf-8") as f:
         heldout_pairs = sum(1 for _ in f)
     setup = {

@@ -23,12 +23,11 @@ import argparse
 import json
 import re
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
 from demo.plan import ASSETS, ROOT
-from demo.runner import child_env
+from demo.runner import StageFailed, Timings, fit_command, start_stages, wait_stages
 from demo.story_prompts import read_paragraphs
 
 ESTIMATORS = ("gae", "grpo", "rloo")
@@ -103,19 +102,19 @@ def satisfaction(model_dir: str, records: list[dict], *, greedy: bool, max_new_t
 
 def _fit_command(config: Path, estimator: str, out: Path, train: Path, args: argparse.Namespace) -> list[str]:
     spp = "1" if estimator == "gae" else str(args.samples_per_prompt)
-    cmd = [sys.executable, "-m", "rlhf_lit.cli", "fit", "--config", str(config),
-           "--model.init_args.sft_model", args.base_model,
-           "--model.init_args.ppo.estimator", estimator,
-           "--model.init_args.sampling.samples_per_prompt", spp,
-           "--model.init_args.sampling.max_new_tokens", str(args.max_new_tokens),
-           "--model.init_args.max_rollouts", str(args.rollouts),
-           "--model.init_args.export_dir", str(out / estimator / "model"),
-           "--model.init_args.reward.sources", json.dumps(
-               [{"name": "mentions", "function": "rlhf_lit.rewards.rules:mentions_ground_truth",
-                 "kwargs": {"min_count": args.min_count}}]),
-           "--trainer.logger.init_args.save_dir", str(out), "--trainer.logger.init_args.name", estimator,
-           "--trainer.logger.init_args.version", "0",
-           "--data.init_args.train_path", str(train)]
+    cmd = fit_command(config, [
+        "--model.init_args.sft_model", args.base_model,
+        "--model.init_args.ppo.estimator", estimator,
+        "--model.init_args.sampling.samples_per_prompt", spp,
+        "--model.init_args.sampling.max_new_tokens", str(args.max_new_tokens),
+        "--model.init_args.max_rollouts", str(args.rollouts),
+        "--model.init_args.export_dir", str(out / estimator / "model"),
+        "--model.init_args.reward.sources", json.dumps(
+            [{"name": "mentions", "function": "rlhf_lit.rewards.rules:mentions_ground_truth",
+              "kwargs": {"min_count": args.min_count}}]),
+        "--trainer.logger.init_args.save_dir", str(out), "--trainer.logger.init_args.name", estimator,
+        "--trainer.logger.init_args.version", "0",
+        "--data.init_args.train_path", str(train)])  # fmt: skip
     if estimator == "gae":
         cmd += ["--model.init_args.value_model", args.base_model]
         # k = 1: the same number of sampled responses per rollout as the group estimators
@@ -207,8 +206,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    import subprocess
-
     args = build_parser().parse_args(argv)
     out = Path(args.out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
@@ -229,20 +226,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     commands = {e: _fit_command(Path(args.config), e, out, train, args) for e in args.estimators}
     (out / "logs").mkdir(parents=True, exist_ok=True)
-    env = child_env()
-    t0, procs, timings = time.perf_counter(), {}, {}
-    for est, cmd in commands.items():
-        print(f"[verifiable] {est}: {' '.join(cmd)}", flush=True)
-        with open(out / "logs" / f"{est}.log", "w", encoding="utf-8") as f:
-            procs[est] = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
-    for est, proc in procs.items():
-        rc = proc.wait()
-        timings[est] = time.perf_counter() - t0
-        if rc != 0:
-            print((out / "logs" / f"{est}.log").read_text()[-3000:], file=sys.stderr)
-            print(f"[verifiable] {est} failed with exit status {rc}", file=sys.stderr)
-            return rc
-        print(f"[verifiable] {est}: done in {timings[est]:.0f} s", flush=True)
+    timings = Timings()  # each run's wall seconds, from its start to its own exit
+    try:  # in parallel, one thread each; a failing run stops the others
+        wait_stages(start_stages(commands, out / "logs"), timings)
+    except StageFailed as e:
+        print(f"[verifiable] FAILED: {e}", file=sys.stderr)
+        return e.returncode or 1
     for est in args.estimators:
         results[est] = evaluate(str(out / est / "model"))
         tags = _scalars(out / est / "version_0")
@@ -251,7 +240,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parts = [tags[t][1] for t in ("time/generate_s", "time/score_s", "time/train_s") if t in tags]
         results[est]["rollout_s"] = sum(sum(p) for p in parts) / len(parts[0]) if parts else None
     report = write_report(out, results, timings, commands, args)
-    (out / "results.json").write_text(json.dumps({"results": results, "timings": timings}, indent=1))
+    (out / "results.json").write_text(json.dumps({"results": results, "timings": dict(timings)}, indent=1))
     print(report.read_text(), flush=True)
     return 0
 

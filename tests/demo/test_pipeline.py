@@ -175,21 +175,21 @@ def test_wait_stages_times_each_stage_to_its_own_exit_and_stops_the_rest_on_a_fa
 
     timings = Timings()
     # The slow stage comes first: waiting in dict order would time the fast one at the slow one's exit.
-    wait_stages(start_stages({"slow": sleep(2.0), "fast": sleep(0.0)}, paths), timings)
+    wait_stages(start_stages({"slow": sleep(2.0), "fast": sleep(0.0)}, paths.dir("logs")), timings)
     assert list(timings) == ["fast", "slow"]
     assert timings["fast"] < 1.5 <= timings["slow"]
     assert set(timings.cpu) == {"fast", "slow"} and all(0 < v < 1.5 for v in timings.cpu.values())
 
     # A background stage that ends while a foreground one runs is timed to its exit and taken out.
     timings = Timings()
-    background = start_stages({"early": sleep(0.0), "late": sleep(3.0)}, paths)
-    wait_stages(start_stages({"fore": sleep(1.5)}, paths), timings, background)
+    background = start_stages({"early": sleep(0.0), "late": sleep(3.0)}, paths.dir("logs"))
+    wait_stages(start_stages({"fore": sleep(1.5)}, paths.dir("logs")), timings, background)
     assert list(timings) == ["early", "fore"] and timings["early"] < 1.0 and list(background) == ["late"]
     wait_stages(background, timings)
     assert list(timings) == ["early", "fore", "late"]
 
     started = time.perf_counter()
-    running = start_stages({"long": sleep(60), "bad": sleep(0.0, status=3)}, paths)
+    running = start_stages({"long": sleep(60), "bad": sleep(0.0, status=3)}, paths.dir("logs"))
     with pytest.raises(StageFailed, match="stage 'bad' failed with exit status 3") as failure:
         wait_stages(running, Timings())
     assert failure.value.returncode == 3

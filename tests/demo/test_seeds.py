@@ -11,7 +11,8 @@ import pytest
 from cli_in_process import run_entry
 from suite_env import subprocess_env
 
-from demo.seeds import MARKER, RUN_MARKER, Evaluation, Job, claim, parse_variant, plan, run_job, seed_overrides
+from demo.runner import seed_overrides
+from demo.seeds import MARKER, RUN_MARKER, Evaluation, Job, claim, parse_variant, plan, run_job
 from demo.seeds_report import dpo_at, interpolate, markdown, mean_se, summarise
 
 
@@ -96,9 +97,9 @@ def test_variants_seeds_and_the_folder_rule(tmp_path):
         with pytest.raises(argparse.ArgumentTypeError):
             parse_variant(bad)
     # PPO's run is decided by rollout_seed and data.seed, DPO's by data.seed.
-    assert seed_overrides("ppo", 3) == ["--seed_everything", "3", "--data.init_args.seed", "3",
+    assert seed_overrides(3, rollouts=True) == ["--seed_everything", "3", "--data.init_args.seed", "3",
                                         "--model.init_args.rollout_seed", "3"]  # fmt: skip
-    assert seed_overrides("dpo", 3) == ["--seed_everything", "3", "--data.init_args.seed", "3"]
+    assert seed_overrides(3, rollouts=False) == ["--seed_everything", "3", "--data.init_args.seed", "3"]
     jobs = plan(tmp_path, [0, 1], [("a", ())], [0.1])
     assert [(j.method, j.name, j.seed, j.dir.relative_to(tmp_path).as_posix()) for j in jobs] == [
         ("ppo", "a", 0, "a/seed_0"), ("ppo", "a", 1, "a/seed_1"),
