@@ -9,9 +9,9 @@ Every method is measured on the held-out prompts against the same SFT reference:
 - best-of-N (``rlhf-lit best-of-n``) picks the RM's favourite of N SFT samples for N = 1, 2, 4, ...;
   its KL is the analytic ``log N - (N - 1) / N`` and its standard error is over prompts.
 
-PPO checkpoints (``RolloutCheckpoint``) hold the whole ``PPOModule`` state; the policy's weights
-are the entries under ``policy.``, the same names a ``LlamaForCausalLM`` of the SFT export has.
-:func:`export_checkpoint_policy` writes them as a Hugging Face model the evaluation can load.
+PPO checkpoints (``RolloutCheckpoint``) hold the whole ``PPOModule`` state; the library reads the
+policy out of one (:mod:`rlhf_lit.models.checkpoint_policy`, also ``rlhf-lit export-policy``) and
+:func:`export_checkpoint_policy` writes it as a Hugging Face model the evaluation can load.
 """
 
 from __future__ import annotations
@@ -19,15 +19,12 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-POLICY_PREFIX = "policy."
-"""Where ``PPOModule`` keeps the trained policy in its ``state_dict`` (``self.policy``)."""
-CHECKPOINT_NAME = re.compile(r"rollout=(\d+)\.ckpt$")
-"""``RolloutCheckpoint``'s default file name: ``rollout=<n>.ckpt``."""
+from rlhf_lit.models.checkpoint_policy import load_checkpoint_policy
+
 _EXPORT_LOCK = threading.Lock()
 """One checkpoint export at a time: ``from_pretrained`` builds models under a process-wide device context
 (meta tensors), so two threads loading at once can leave one with meta weights ("Cannot copy out of meta
@@ -59,41 +56,6 @@ class FrontierPoint:
     note: str = ""
 
 
-def policy_state_dict(state_dict: Mapping[str, object], prefix: str = POLICY_PREFIX) -> dict[str, object]:
-    """The entries of a stage's ``state_dict`` under ``prefix``, with the prefix removed.
-
-    Raises ``KeyError`` when there is none (the checkpoint is not a PPO one, or the prefix is wrong):
-    loading an empty dict non-strictly would silently keep the SFT weights.
-    """
-    weights = {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
-    if not weights:
-        sample = ", ".join(list(state_dict)[:5])
-        raise KeyError(f"no weights under {prefix!r} in the checkpoint (its first keys: {sample})")
-    return weights
-
-
-def load_checkpoint_policy(checkpoint: str, base_model: str):
-    """The policy of a PPO checkpoint as a Hugging Face causal LM built like ``base_model``.
-
-    Args:
-        checkpoint: a ``.ckpt`` written by ``RolloutCheckpoint`` (weights only or full).
-        base_model: the Hugging Face directory the policy started from (the SFT export): it gives
-            the architecture; every one of its weights is replaced (strict loading).
-    """
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from rlhf_lit.integrity import check_checkpoint
-
-    check_checkpoint(checkpoint)  # cut short or not a checkpoint: named, not torch's zip-reader traceback
-    # weights_only=False: a full PPO checkpoint also holds RNG states and the KL controller (plain
-    # Python objects); the files are the run's own, written by RolloutCheckpoint under --out.
-    state = torch.load(checkpoint, map_location="cpu", weights_only=False)["state_dict"]
-    model = AutoModelForCausalLM.from_pretrained(base_model)
-    model.load_state_dict(policy_state_dict(state), strict=True)  # strict: a missing weight is an error
-    return model.eval()
-
-
 def export_checkpoint_policy(checkpoint: str, base_model: str, out_dir: str) -> str:
     """Write the policy of ``checkpoint`` and ``base_model``'s tokenizer to ``out_dir``; returns ``out_dir``.
 
@@ -105,18 +67,6 @@ def export_checkpoint_policy(checkpoint: str, base_model: str, out_dir: str) -> 
         load_checkpoint_policy(checkpoint, base_model).save_pretrained(out_dir)
         AutoTokenizer.from_pretrained(base_model).save_pretrained(out_dir)
     return out_dir
-
-
-def rollout_checkpoints(directory: str) -> dict[int, str]:
-    """``rollout -> path`` of the ``rollout=<n>.ckpt`` files in ``directory`` (none: empty)."""
-    if not os.path.isdir(directory):
-        return {}
-    found = {}
-    for name in os.listdir(directory):
-        match = CHECKPOINT_NAME.fullmatch(name)
-        if match:
-            found[int(match.group(1))] = os.path.join(directory, name)
-    return dict(sorted(found.items()))
 
 
 def _stderr(values: Sequence[float]) -> float:

@@ -189,7 +189,8 @@ def run_seed(args: argparse.Namespace, config: Path, demo: Path, proxy: Path, se
     result_path = folder / "result.json"
     if result_path.exists():
         return check_json_file(result_path, want_object=False)
-    from demo.frontier import export_checkpoint_policy, rollout_checkpoints
+    from demo.frontier import export_checkpoint_policy
+    from rlhf_lit.models.checkpoint_policy import rollout_checkpoints
     from demo.report import read_scalars
 
     fresh_run(folder, RUN_MARKER, f"seed {seed}", COMMAND)

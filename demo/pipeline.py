@@ -327,7 +327,8 @@ def measure_frontier(paths: Paths, results: dict[str, dict], trained: dict, meas
         ``(frontier.png path, markdown table rows)``.
     """
     from demo.frontier import export_checkpoint_policy, point_from_evaluation, points_from_best_of_n
-    from demo.frontier import rollout_checkpoints, write_frontier
+    from demo.frontier import write_frontier
+    from rlhf_lit.models.checkpoint_policy import rollout_checkpoints
 
     sft = str(paths.model("sft"))
     final = trained["ppo_rollouts"]

@@ -136,7 +136,8 @@ def run_job(job: Job, demo: Path, evaluation: Evaluation, checkpoint_every: int)
     """Train ``job`` (unless finished), evaluate its checkpoints and export, write ``result.json``."""
     if job.result_path.exists():
         return check_json_file(job.result_path, want_object=False)
-    from demo.frontier import export_checkpoint_policy, rollout_checkpoints
+    from demo.frontier import export_checkpoint_policy
+    from rlhf_lit.models.checkpoint_policy import rollout_checkpoints
     from demo.report import read_scalars
 
     fresh_run(job.dir, RUN_MARKER, f"{job.method} {job.name} seed {job.seed}", COMMAND)

@@ -12,7 +12,7 @@ import pytest
 from assets_paths import STORIES260K, TINYSTORIES
 
 from demo.__main__ import main
-from demo.frontier import load_checkpoint_policy
+from rlhf_lit.models.checkpoint_policy import load_checkpoint_policy
 from demo.rm_study import MARKER
 from rlhf_lit.integrity import DamagedFile
 

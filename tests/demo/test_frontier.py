@@ -1,4 +1,5 @@
-"""The demo's frontier: PPO checkpoint policies, points from evaluations and best-of-N, the table and plot."""
+"""The demo's frontier: PPO checkpoint policies (read by the library, :mod:`rlhf_lit.models.checkpoint_policy`),
+points from evaluations and best-of-N, the table and plot."""
 
 from __future__ import annotations
 
@@ -11,19 +12,17 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from rlhf_lit.callbacks import RolloutCheckpoint
-from rlhf_lit.data import PromptDataModule
 from demo.frontier import (
     FrontierPoint,
     export_checkpoint_policy,
     frontier_table,
-    load_checkpoint_policy,
     point_from_evaluation,
     points_from_best_of_n,
-    policy_state_dict,
-    rollout_checkpoints,
     write_frontier,
 )
+from rlhf_lit.callbacks import RolloutCheckpoint
+from rlhf_lit.data import PromptDataModule
+from rlhf_lit.models.checkpoint_policy import load_checkpoint_policy, policy_state_dict, rollout_checkpoints
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ppo"))
 from ppo_helpers import STORIES, TINYSTORIES, tiny_module, tiny_trainer  # noqa: E402

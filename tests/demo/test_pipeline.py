@@ -13,7 +13,7 @@ import torch
 from suite_env import subprocess_env
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
-from demo.frontier import load_checkpoint_policy
+from rlhf_lit.models.checkpoint_policy import load_checkpoint_policy
 from demo.plan import MARKER, STAGE_DIRS, claim_out
 from demo.report import read_scalars
 
