@@ -215,8 +215,8 @@ def frontier_points(summary: Mapping, best_of_n: Mapping | None):
 
     def point(method: str, setting: str, stats: Mapping) -> FrontierPoint:
         judge = stats["judge_mean"]
-        return FrontierPoint(method, setting, kl=stats["kl_mean"]["mean"], judge=judge["mean"],
-                             judge_se=judge["se"] or 0.0, n=judge["n"], note="mean over seeds")  # fmt: skip
+        return FrontierPoint(method, setting, kl=stats["kl_mean"]["mean"], score=judge["mean"],
+                             score_se=judge["se"] or 0.0, n=judge["n"], note="mean over seeds")  # fmt: skip
 
     points = [FrontierPoint("SFT", "-", 0.0, summary["sft"]["judge_mean"], 0.0, 1)]
     for name, v in summary["ppo"].items():
