@@ -7,7 +7,8 @@ Each ``--eval`` is ``[METHOD[:SETTING]=]FILE``, a result of ``rlhf-lit evaluate`
 ``--reference`` (and ``--judge`` or ``--reward-model`` for the score): one point, its mean KL and
 mean score with the standard error over responses. The points of one METHOD are joined in the order
 given (a run's checkpoints, ``rlhf-lit export-policy``); without METHOD a file is a method of its
-own, named by the file. ``--best-of-n`` adds the points of an ``rlhf-lit best-of-n`` sweep (analytic
+own, named by the file. A ``METHOD:SETTING`` given several times (one run on several seeds) is one
+point: the mean over its results, with the standard error over them. ``--best-of-n`` adds the points of an ``rlhf-lit best-of-n`` sweep (analytic
 KL). Compare only results measured on the same prompts, sampling settings and reference.
 
 This module is the argparse shell: it reads the results and calls :mod:`rlhf_lit.evaluation.frontier`;
@@ -33,7 +34,8 @@ def build_parser() -> CommandParser:
         "of an rlhf-lit best-of-n sweep): a markdown table, a PNG plot and a JSON of the points.",
     )  # fmt: skip
     parser.add_argument("--eval", dest="evals", nargs="+", action="extend", default=[], metavar="[METHOD[:SETTING]=]FILE",
-                        help="rlhf-lit evaluate results (with --reference); one METHOD's points are joined in this order")
+                        help="rlhf-lit evaluate results (with --reference); one METHOD's points are joined in this order, "
+                        "and one METHOD:SETTING given several times (seeds) is their mean")
     parser.add_argument("--best-of-n", default=None, metavar="FILE", help="an rlhf-lit best-of-n result")
     parser.add_argument("--score", choices=["judge", "rm"], default="judge",
                         help="the judge's score (evaluated with --judge) or the reward model's (--reward-model)")
@@ -66,6 +68,7 @@ def main(argv: Sequence[str]) -> int:
         SCORE_LABELS,
         draw_frontier,
         frontier_table,
+        mean_over_runs,
         point_from_evaluation,
         points_from_best_of_n,
     )
@@ -95,6 +98,7 @@ def main(argv: Sequence[str]) -> int:
             points += points_from_best_of_n(sweep, score=args.score)
         except ValueError as error:
             raise ValueError(f"--best-of-n {args.best_of_n}: {error}") from None
+    points = mean_over_runs(points)  # one setting given several times (seeds): their mean
     label = SCORE_LABELS[args.score]
     print("\n".join(frontier_table(points, label, args.reference_name)))
     if args.plot is not None:

@@ -12,6 +12,7 @@ evaluation results of each policy on one prompt file, against one reference:
 - a best-of-N sweep (``rlhf-lit best-of-n``; :func:`points_from_best_of_n`) gives one point per N:
   the analytic ``KL = log N - (N - 1) / N`` and the pick's mean score, its standard error over prompts.
 
+Several results of one setting (seeds) count as one point, their mean (:func:`mean_over_runs`).
 :func:`draw_frontier` draws the points of each method joined in the given order, error bars one
 standard error, on a KL axis linear up to 10 nats and logarithmic beyond; :func:`frontier_table`
 gives the same as markdown rows. Drawing needs matplotlib (``pip install matplotlib``).
@@ -102,6 +103,29 @@ def points_from_best_of_n(result: Mapping, method: str = "best-of-N", score: Sco
                                     score_se=row[f"{score}_stderr"], n=config["num_prompts"], kl_analytic=True,
                                     note=note))  # fmt: skip
     return points
+
+
+def mean_over_runs(points: Sequence[FrontierPoint]) -> list[FrontierPoint]:
+    """One point per ``(method, setting)``, in first-seen order: the mean over the points that share it.
+
+    Several results of one setting (the same run on several seeds) become their mean KL and mean
+    score, the standard error over the results (``s / sqrt(k)`` of the ``k`` per-result scores: the
+    spread between runs, not within one), ``n = k`` and the note ``mean over k runs``. A setting with
+    one result is kept as it is.
+    """
+    groups: dict[tuple[str, str], list[FrontierPoint]] = {}
+    for p in points:
+        groups.setdefault((p.method, p.setting), []).append(p)
+    out = []
+    for (method, setting), mine in groups.items():
+        if len(mine) == 1:
+            out.append(mine[0])
+            continue
+        scores = [p.score for p in mine]
+        out.append(FrontierPoint(method, setting, kl=sum(p.kl for p in mine) / len(mine), score=sum(scores) / len(scores),
+                                 score_se=standard_error(scores), n=len(mine),
+                                 kl_analytic=all(p.kl_analytic for p in mine), note=f"mean over {len(mine)} runs"))  # fmt: skip
+    return out
 
 
 def frontier_table(points: Iterable[FrontierPoint], score_label: str = "judge score",

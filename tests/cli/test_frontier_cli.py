@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 
+import pytest
 from cli_helpers import error_line, run_main
 
 
@@ -43,6 +44,19 @@ def test_the_frontier_of_checkpoints_and_best_of_n_table_plot_and_json(tmp_path)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[0] == "| method | setting | KL to the base model (nats) | RM score +- s.e. | n | note |"
     assert done.stdout.splitlines()[2] == "| r20 | - | 5.00 | 2.000 +- 0.000 | 2 |  |"
+
+
+def test_one_setting_on_several_seeds_is_their_mean_with_the_standard_error_over_seeds(tmp_path):
+    for seed, (judge, kl) in enumerate([(0.4, 2.0), (0.6, 4.0), (0.8, 3.0)]):
+        _evaluation(tmp_path / f"seed{seed}.json", [judge, judge], [kl, kl])
+    specs = [f"PPO:final=seed{s}.json" for s in range(3)]
+    done = run_main("frontier", "--eval", *specs, "--out", "f.json", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    # means 0.6 and 3.0; per-seed scores 0.4, 0.6, 0.8: sample std 0.2, s.e. 0.2 / sqrt(3)
+    (point,) = json.loads((tmp_path / "f.json").read_text())["points"]
+    assert (point["kl"], point["n"], point["note"]) == (3.0, 3, "mean over 3 runs")
+    assert point["score"] == pytest.approx(0.6) and point["score_se"] == pytest.approx(0.2 / math.sqrt(3))
+    assert "| PPO | final | 3.00 | 0.600 +- 0.115 | 3 | mean over 3 runs |" in done.stdout
 
 
 def test_refusals_name_the_file_and_write_nothing(tmp_path):
