@@ -21,13 +21,12 @@ import random
 import time
 from collections.abc import Sequence
 
-from demo.batching import sample_batches
 from demo.labeling import Labeler, Pairing, candidate_pairs, prefer_first, rank_samples
 from demo.story_prompts import RANGES, load_prompts
 from rlhf_lit.evaluation import response_texts
 from rlhf_lit.evaluation.judges import DEFAULT_JUDGE, load_judge
 from rlhf_lit.models import load_causal_lm
-from rlhf_lit.models.generation import SamplingConfig
+from rlhf_lit.models.generation import SamplingConfig, sample_batches
 from rlhf_lit.tokenizer import load_tokenizer
 
 log = logging.getLogger(__name__)

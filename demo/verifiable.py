@@ -74,10 +74,9 @@ def satisfaction(model_dir: str, records: list[dict], *, greedy: bool, max_new_t
     """Rule-satisfaction rate of ``model_dir`` on ``records`` (one response per prompt)."""
     import torch
 
-    from demo.batching import sample_batches
     from rlhf_lit.evaluation import response_texts
     from rlhf_lit.models import load_causal_lm
-    from rlhf_lit.models.generation import SamplingConfig
+    from rlhf_lit.models.generation import SamplingConfig, sample_batches
     from rlhf_lit.rewards import RewardBatch
     from rlhf_lit.rewards.rules import mentions_ground_truth
     from rlhf_lit.tokenizer import load_tokenizer
