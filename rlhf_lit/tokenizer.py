@@ -1,10 +1,13 @@
-"""Tokenizer loading with an explicit, logged policy for tokenizers that have no pad token."""
+"""Tokenizer loading with an explicit, logged policy for tokenizers that have no pad token, and the one
+vocabulary of "render strings with the chat template?" (:data:`TemplateChoice`; resolved for a
+tokenizer by :func:`rlhf_lit.data.rendering.resolve_template`)."""
 
 from __future__ import annotations
 
 import logging
 import os
-from typing import Literal
+from collections.abc import Mapping
+from typing import Any, Literal, get_args
 
 from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerBase
 
@@ -25,6 +28,35 @@ MissingPad = Literal["add", "eos", "unk", "error"]
 """
 
 ADDED_PAD_TOKEN = "<|pad|>"
+
+
+# Why these words: each option asks one yes/no question, "render these strings with the chat
+# template?", and auto | always | never answers it under any option name, as in `--color
+# auto|always|never` (git, ls, grep). The other spelling, auto | chat_template | raw, stutters under
+# the option that most needs it (`--chat-template chat_template`, `chat_template: chat_template`).
+TemplateChoice = Literal["auto", "always", "never"]
+"""Whether strings are rendered with the tokenizer's chat template: ``auto`` (the default) when the
+tokenizer has one, ``always`` (a tokenizer without one is refused), ``never`` (kept as written)."""
+
+TEMPLATE_CHOICES: tuple[str, ...] = get_args(TemplateChoice)
+"""The canonical values of :data:`TemplateChoice`, for option parsers and messages."""
+
+TEMPLATE_ALIASES: Mapping[str, TemplateChoice] = {"chat_template": "always", "raw": "never"}
+"""The older spelling of ``hh_render`` (``auto | chat_template | raw``), still accepted everywhere
+and mapped here, and only here, to the canonical value."""
+
+TemplateOption = TemplateChoice | str
+"""What an option's annotation accepts: a :data:`TemplateChoice`, or an alias (or a typo) that
+:func:`template_choice` maps or refuses with the option's own one-line message."""
+
+
+def template_choice(value: Any, name: str) -> TemplateChoice:
+    """``value`` of the option ``name`` as its canonical :data:`TemplateChoice` (an alias mapped by
+    :data:`TEMPLATE_ALIASES`); ``ValueError`` naming ``name`` and the canonical choices otherwise."""
+    choice = TEMPLATE_ALIASES.get(value, value) if isinstance(value, str) else value
+    if choice not in TEMPLATE_CHOICES:
+        raise ValueError(f"{name} must be one of {', '.join(TEMPLATE_CHOICES)}; got {value!r}")
+    return choice
 
 
 def load_tokenizer(

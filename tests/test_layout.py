@@ -1,5 +1,6 @@
-"""The house's layout rules, checked on the source: imports run one way through the layers, and no
-two modules share a file name for different things.
+"""The house's layout rules, checked on the source: imports run one way through the layers (the
+ladder as tight as the code, the parts that never import each other, both equal to docs/CONTRACTS.md's
+"Layers"), and no two modules share a file name for different things.
 
 ``tests/functional/test_imports.py`` holds the stricter rule of ``functional/`` (torch only).
 """
@@ -7,27 +8,39 @@ two modules share a file name for different things.
 from __future__ import annotations
 
 import ast
+import re
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "rlhf_lit"
+CONTRACTS = Path(__file__).resolve().parents[1] / "docs" / "CONTRACTS.md"
 
 LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"", "functional", "artifacts", "callable_specs", "expected_warnings", "integrity", "run_seed"}),
-    frozenset({"sources"}),
-    frozenset({"tokenizer"}),
-    frozenset({"models", "data"}),
-    frozenset({"evaluation", "rewards"}),
+    frozenset({"sources", "rewards"}),
+    frozenset({"tokenizer", "models"}),
+    frozenset({"data"}),
+    frozenset({"evaluation"}),
     frozenset({"stages"}),
-    frozenset({"callbacks", "strategies"}),
-    frozenset({"commands"}),
+    frozenset({"callbacks", "strategies", "commands"}),
     frozenset({"cli"}),
 )
 """The part of the package each top-level module or subpackage (by name; ``""`` is
 ``rlhf_lit/__init__.py``) belongs to, lowest first. A module may import from its own layer's
-packages only within the same package, and from lower layers freely: never upwards."""
+packages only within the same package, and from lower layers freely: never upwards. The ladder is
+as tight as the code: every part sits one rung above the highest part it imports
+(:func:`test_the_ladder_is_as_tight_as_the_code`), and docs/CONTRACTS.md's table is this one."""
+
+NEVER: dict[str, frozenset[str]] = {
+    "stages": frozenset({"data"}),
+    "data": frozenset({"models"}),
+}
+"""What a part never imports although the ladder alone would let it, or would let it after a part
+moved: the stages duck-type the data module; ``models`` and ``data`` know nothing of each other.
+docs/CONTRACTS.md lists the same. (The demo, outside the package, has its own rule:
+tests/demo/test_demo_imports.py.)"""
 
 SAME_CONCEPT_NAMES = frozenset({"__init__", "__main__", "base", "sft", "dpo"})
 """File names allowed in several packages because they hold one concept at different layers
@@ -74,7 +87,8 @@ def imports_of(path: Path) -> list[tuple[int, str]]:
 
 
 def layer_violations(package: Path = PACKAGE) -> list[str]:
-    """Every import in ``package`` that goes to a higher layer, or sideways into another package of the same layer."""
+    """Every import in ``package`` that goes to a higher layer, sideways into another package of the
+    same layer, or to a part its :data:`NEVER` entry names."""
     bad = []
     for path in sorted(package.rglob("*.py")):
         source = _component(_module_name(path, package))
@@ -82,9 +96,11 @@ def layer_violations(package: Path = PACKAGE) -> list[str]:
             to = _component(target)
             if to == source:
                 continue
-            if _layer(to) >= _layer(source):
-                bad.append(f"{path.relative_to(package.parent)}:{line} imports {target} "
-                           f"(layer {_layer(to)} from layer {_layer(source)})")  # fmt: skip
+            where = f"{path.relative_to(package.parent)}:{line} imports {target}"
+            if to in NEVER.get(source, ()):
+                bad.append(f"{where} (rlhf_lit.{source} never imports rlhf_lit.{to})")
+            elif _layer(to) >= _layer(source):
+                bad.append(f"{where} (layer {_layer(to)} from layer {_layer(source)})")
     return bad
 
 
@@ -92,19 +108,70 @@ def test_every_import_runs_down_the_layers():
     assert layer_violations() == []
 
 
-def test_the_layer_check_catches_an_upward_a_deferred_and_a_sideways_import(tmp_path):
+def test_the_layer_check_catches_an_upward_a_deferred_a_sideways_and_a_never_import(tmp_path):
     fake = tmp_path / "rlhf_lit"
     (fake / "models").mkdir(parents=True)
+    (fake / "stages").mkdir()
     (fake / "models" / "bad.py").write_text(
         "from rlhf_lit.functional import gae\n"
+        "import rlhf_lit.tokenizer\n"
         "def f():\n    from rlhf_lit.stages.ppo import PPOModule\n",
         encoding="utf-8",
     )
-    (fake / "evaluation.py").write_text("import rlhf_lit.rewards.functions\n", encoding="utf-8")
+    (fake / "stages" / "bad.py").write_text("import rlhf_lit.evaluation\nimport rlhf_lit.data\n", encoding="utf-8")
     assert layer_violations(fake) == [
-        "rlhf_lit/evaluation.py:1 imports rlhf_lit.rewards.functions (layer 4 from layer 4)",
-        "rlhf_lit/models/bad.py:3 imports rlhf_lit.stages.ppo (layer 5 from layer 3)",
+        "rlhf_lit/models/bad.py:2 imports rlhf_lit.tokenizer (layer 2 from layer 2)",
+        "rlhf_lit/models/bad.py:4 imports rlhf_lit.stages.ppo (layer 5 from layer 2)",
+        "rlhf_lit/stages/bad.py:2 imports rlhf_lit.data (rlhf_lit.stages never imports rlhf_lit.data)",
     ]
+
+
+def _imported_parts() -> dict[str, set[str]]:
+    """Each part of the package -> the other parts it imports."""
+    found: dict[str, set[str]] = {}
+    for path in _modules():
+        source = _component(_module_name(path))
+        found.setdefault(source, set()).update(_component(t) for _, t in imports_of(path))
+        found[source].discard(source)
+    return found
+
+
+def test_the_ladder_is_as_tight_as_the_code():
+    """No part could move a rung down: each sits one above the highest part it imports (layer 0 when
+    it imports none), so a rung left empty, or a part kept higher than its imports need, fails here."""
+    loose = {part: (_layer(part), 1 + max((_layer(t) for t in targets), default=-1))
+             for part, targets in _imported_parts().items()}  # fmt: skip
+    assert {part: (at, lowest) for part, (at, lowest) in loose.items() if at != lowest} == {}, "(layer, lowest possible)"
+    assert set().union(*LAYERS) == set(loose), "a part in LAYERS that no longer exists"
+
+
+def _documented_layers() -> tuple[frozenset[str], ...]:
+    """The "Layers" table of docs/CONTRACTS.md, its packages column as part names (``functional/`` and
+    ``artifacts.py`` -> ``functional``, ``artifacts``; ``__init__.py`` -> ``""``)."""
+    section = CONTRACTS.read_text(encoding="utf-8").split("## Layers", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split("|")[1:3] for line in section.splitlines() if re.match(r"\|\s*\d+\s*\|", line)]
+    layers = []
+    for i, (layer, packages) in enumerate(rows):
+        assert int(layer) == i, f"docs/CONTRACTS.md's layer table: row {i} is numbered {layer.strip()}"
+        names = re.findall(r"`([^`]+)`", packages)
+        layers.append(frozenset("" if n == "__init__.py" else n.removesuffix("/").removesuffix(".py") for n in names))
+    return tuple(layers)
+
+
+def _documented_never() -> dict[str, frozenset[str]]:
+    """The "never imports" lines of docs/CONTRACTS.md's "Layers" section: ``- `a` never imports `b`, `c` ...``."""
+    section = CONTRACTS.read_text(encoding="utf-8").split("## Layers", 1)[1].split("\n## ", 1)[0]
+    never = {}
+    for line in section.splitlines():
+        found = re.match(r"- `(\w+)/?` never imports ((?:`\w+/?`(?:, | or )?)+)", line)
+        if found:
+            never[found[1]] = frozenset(n.removesuffix("/") for n in re.findall(r"`(\w+/?)`", found[2]))
+    return never
+
+
+def test_the_documented_layers_are_the_enforced_ones():
+    assert _documented_layers() == LAYERS
+    assert _documented_never() == NEVER
 
 
 def test_every_package_part_is_in_a_layer():
@@ -122,3 +189,12 @@ def test_no_two_modules_share_a_file_name_for_different_things():
     shared = {name: sorted(str(p.relative_to(PACKAGE)) for p in _modules() if p.stem == name)
               for name, n in counts.items() if n > 1 and name not in SAME_CONCEPT_NAMES}  # fmt: skip
     assert shared == {}
+
+
+MAX_LINES = 450
+
+
+def test_no_source_file_is_over_450_lines():
+    """A file a reader takes in at one sitting: split a longer one by job (re-exporting what it held)."""
+    lines = {str(p.relative_to(PACKAGE)): len(p.read_text(encoding="utf-8").splitlines()) for p in _modules()}
+    assert {path: n for path, n in lines.items() if n > MAX_LINES} == {}

@@ -24,10 +24,10 @@ What the command offers beyond LightningCLI's defaults:
   so jsonargparse knows the subclasses (a new stage listed in ``rlhf_lit.stages`` appears by itself).
 - No ``--optimizer`` / ``--lr_scheduler``: each stage builds its own optimizers and schedule (from its
   ``optimizer`` option); LightningCLI's would crash PPO or silently replace AdamW.
-- ``--trainer.max_steps`` is refused for a rollout stage (PPO): it counts optimizer steps there
-  (epochs x minibatches per rollout); ``--model.init_args.max_rollouts`` sets the run's length.
-  So is PPO's ``sampling.decode compiled`` or ``ppo.forward compiled`` under ``fsdp`` / ``fsdp2`` (:func:`check_sharded_compile`),
-  before the other processes start.
+- A stage refuses a command line before anything is built and before the other processes start
+  (:func:`stage_refusal` asks its ``refusal_before_build``): PPO refuses ``--trainer.max_steps``, which
+  counts optimizer steps there (epochs x minibatches per rollout; ``--model.init_args.max_rollouts``
+  sets the run's length), and ``sampling.decode compiled`` or ``ppo.forward compiled`` under ``fsdp`` / ``fsdp2``.
 - The progress bar is :class:`~rlhf_lit.callbacks.RunProgressBar` (rollouts out of
   ``max_rollouts``, or steps out of the real total) unless the config disables the bar or lists its own.
 - Every value a config file can hold can be typed as an option (``--model.init_args.reward.missing_eos_penalty
@@ -48,12 +48,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import inspect
 import logging
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 from urllib.parse import urlparse
 
 from jsonargparse import ArgumentParser
@@ -78,7 +78,7 @@ from rlhf_lit.cli.run_lock import lock_run, release_run_locks
 from rlhf_lit.expected_warnings import silence_expected_noise
 from rlhf_lit.run_seed import run_seed
 from rlhf_lit.stages.nonfinite import NonFiniteError
-from rlhf_lit.stages.ppo.checks import check_sharded_compile as check_compile_strategy
+from rlhf_lit.stages.base import TrainerPlan
 from rlhf_lit.strategies import check_strategy_choice, shards_models  # also registers the fsdp / fsdp2 names
 
 DEFAULT_LOGGER = {
@@ -159,42 +159,15 @@ def _import_class(class_path: str) -> type | None:
         return None  # not ours to report: instantiation names the bad class
 
 
-def counts_rollouts(model_class: type | None) -> bool:
-    """Whether a stage's run length is ``max_rollouts`` (PPO and its kind), not optimizer steps."""
-    return model_class is not None and "max_rollouts" in inspect.signature(model_class.__init__).parameters
-
-
-def check_run_length(model_class_path: str | None, max_steps: int | None) -> str | None:
-    """The error message for ``--trainer.max_steps`` on a rollout stage, or None when the pair is fine.
-
-    Under manual optimization ``global_step`` counts every ``opt.step()`` (epochs x minibatches per
-    rollout, of every optimizer), so ``max_steps: 2`` would stop PPO inside its first rollout.
-    """
-    if max_steps is None or max_steps == -1 or not counts_rollouts(_import_class(model_class_path or "")):
+def stage_refusal(model: Mapping[str, Any] | None, trainer: Mapping[str, Any]) -> str | None:
+    """The refusal of the stage the config names (:meth:`~rlhf_lit.stages.base.StageModule.refusal_before_build`:
+    PPO's ``--trainer.max_steps``, its compiled passes under FSDP), or None. The CLI reads no stage's
+    option names: it hands the stage its parsed ``init_args`` and what it knows of the Trainer."""
+    ask = getattr(_import_class((model or {}).get("class_path") or ""), "refusal_before_build", None)
+    if ask is None:  # not a StageModule: nothing of ours to ask
         return None
-    return (
-        f"--trainer.max_steps {max_steps} counts optimizer steps, and a PPO rollout takes ppo.epochs x "
-        "minibatches of them; set the run's length in rollouts with --model.init_args.max_rollouts instead"
-    )
-
-
-def check_sharded_compile(model: dict | None, strategy: object) -> str | None:
-    """The error message for a PPO stage's ``sampling.decode: compiled`` or ``ppo.forward: compiled``
-    under an FSDP strategy, or None.
-
-    Refused here, before the launcher starts the other processes (each would print it) and before
-    any model is loaded; ``PPOModule.configure_model`` refuses the same for a Trainer built in code
-    (:func:`~rlhf_lit.stages.ppo.checks.check_sharded_compile`).
-    """
-    init_args = (model or {}).get("init_args") or {}
-    sampling, ppo = init_args.get("sampling") or {}, init_args.get("ppo") or {}
-    decode = sampling.get("decode") if hasattr(sampling, "get") else getattr(sampling, "decode", None)
-    forward = ppo.get("forward") if hasattr(ppo, "get") else getattr(ppo, "forward", None)
-    try:
-        check_compile_strategy(decode, forward, shards_models(strategy))
-    except ValueError as refusal:
-        return str(refusal)
-    return None
+    plan = TrainerPlan(max_steps=trainer.get("max_steps"), shards_models=shards_models(trainer.get("strategy")))
+    return ask((model or {}).get("init_args") or {}, plan)
 
 
 def default_progress_bar(trainer_config: dict) -> ProgressBar | None:
@@ -229,8 +202,9 @@ def added_callbacks(trainer_config: dict, command: Sequence[str] | None) -> list
 
 
 class RLHFCLI(LightningCLI):
-    """LightningCLI that links each stage's tokenizer into its data module, refuses ``max_steps`` for
-    PPO and installs :class:`RunProgressBar` and :class:`Preemption`.
+    """LightningCLI that links each stage's tokenizer into its data module, asks the stage to refuse a
+    command line before anything is built (:func:`stage_refusal`) and installs :class:`RunProgressBar`
+    and :class:`Preemption`.
 
     ``command`` is the command line the run was started with (``rlhf-lit`` and its arguments): the
     preemption message turns it into the resume command. The other arguments are LightningCLI's.
@@ -254,15 +228,14 @@ class RLHFCLI(LightningCLI):
         add_run_dir_argument(parser)  # --run_dir: one directory per experiment (rlhf_lit.cli.run_dir)
 
     def before_instantiate_classes(self) -> None:
-        """Refuse ``--trainer.strategy fsdp`` without GPUs (names ``fsdp2``), ``--trainer.max_steps`` for PPO and
-        PPO's compiled decoding or passes under FSDP before anything is built; with ``--run_dir``, fill the
-        config from it and take the run directory's lock for the stage (:mod:`rlhf_lit.cli.run_lock`)."""
+        """Refuse ``--trainer.strategy fsdp`` without GPUs (names ``fsdp2``), and what the stage refuses
+        (:func:`stage_refusal`), before anything is built; with ``--run_dir``, fill the config from it and
+        take the run directory's lock for the stage (:mod:`rlhf_lit.cli.run_lock`)."""
         subcommand = self.config.get("subcommand")
         trainer = self.config[subcommand].get("trainer", {}) if subcommand else self.config.get("trainer", {})
         check_strategy_choice(trainer.get("strategy"), trainer.get("accelerator", "auto"))
         model = self.config[subcommand].get("model") if subcommand else self.config.get("model")
-        refusal = check_run_length(model.get("class_path") if model else None, trainer.get("max_steps"))
-        refusal = refusal or check_sharded_compile(model, trainer.get("strategy"))
+        refusal = stage_refusal(model, trainer)
         if refusal:
             self.parser.error(refusal)  # an option error: one line, exit 2, before any model is built
         # --run_dir: fill unset outputs and inputs, refuse contradicting ones (rlhf_lit.cli.run_dir)

@@ -24,7 +24,7 @@ from rlhf_lit.data.collate import (
     SFTCollator,
     pad,
 )
-from rlhf_lit.data.encoding import IGNORE_INDEX
+from rlhf_lit.functional.losses import IGNORE_INDEX
 from rlhf_lit.data.preference import PreferenceDataModule
 from rlhf_lit.data.prompts import PromptDataModule
 from rlhf_lit.data.records import InvalidRecord, read_rows

@@ -38,7 +38,8 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from rlhf_lit.data.encoding import IGNORE_INDEX, TextEncoder, truncate_prompt
+from rlhf_lit.data.encoding import TextEncoder, truncate_prompt
+from rlhf_lit.functional.losses import IGNORE_INDEX
 
 AssistantTurns = Literal["all", "last"]
 """Which assistant turns of a conversation are trained: every one, or the last only."""

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 import torch
 
-from rlhf_lit.data.encoding import IGNORE_INDEX
+from rlhf_lit.functional.losses import IGNORE_INDEX
 from rlhf_lit.functional.pairs import pad_ids as pad
 
 

@@ -41,9 +41,7 @@ from functools import cached_property
 from typing import Any
 
 from rlhf_lit.data.conversation import Conversation, TextOrConversation, as_prompt, as_response, is_conversation
-
-IGNORE_INDEX = -100
-"""Label of positions that do not count in the loss (prompt and padding)."""
+from rlhf_lit.functional.losses import IGNORE_INDEX
 
 
 def require_tokenizer(tokenizer: Any, owner: str) -> Any:

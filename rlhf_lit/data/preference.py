@@ -7,11 +7,11 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any
 
 from torch.utils.data import DataLoader
 
-from rlhf_lit.data.adapters import Example, Fields
+from rlhf_lit.data.adapters import Example, Fields, PreferenceFormat, SFTFormat
 from rlhf_lit.data.base import TextDataModule, check_sft_source, encode_demonstrations
 from rlhf_lit.data.collate import PreferenceCollator, RankingCollator, SequenceCollator
 from rlhf_lit.data.encoding import TextEncoder, truncate_prompt, truncate_response
@@ -111,7 +111,7 @@ class PreferenceDataModule(TextDataModule):
         val_path: str | None = None,
         val_fraction: float = 0.0,
         seed: int | None = None,
-        format: Literal["auto", "fields", "implicit_prompt", "hh_rlhf", "rankings"] = "auto",
+        format: PreferenceFormat = "auto",
         fields: Fields = Fields(),
         split: str = "train",
         subset: str | None = None,
@@ -124,10 +124,7 @@ class PreferenceDataModule(TextDataModule):
         batch_size: int = 8,
         num_workers: int = 0,
         reference_path: str | None = None,
-        reference_format: Literal[
-            "auto", "messages", "prompt_completion", "fields", "text", "hh_rlhf", "alpaca", "paragraphs", "rankings",
-            "implicit_prompt",
-        ] = "auto",
+        reference_format: SFTFormat = "auto",
         reference_max_records: int | None = None,
     ):
         super().__init__()

@@ -5,14 +5,14 @@ the optional PPO-ptx source, SFT batches that PPO mixes into its loss."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any
 
 from torch.utils.data import DataLoader
 
-from rlhf_lit.data.adapters import Example, Fields
+from rlhf_lit.data.adapters import Example, Fields, PromptFormat, SFTFormat
 from rlhf_lit.data.base import TextDataModule, check_sft_source, encode_demonstrations
 from rlhf_lit.data.collate import PromptCollator, SFTCollator
-from rlhf_lit.data.encoding import TextEncoder, truncate_prompt
+from rlhf_lit.data.encoding import TextEncoder, require_tokenizer, truncate_prompt
 from rlhf_lit.data.rendering import TemplateOption
 from rlhf_lit.data.sampler import PassSampler
 
@@ -113,10 +113,7 @@ class PromptDataModule(TextDataModule):
         val_path: str | None = None,
         val_fraction: float = 0.0,
         seed: int | None = None,
-        format: Literal[
-            "auto", "messages", "prompt_completion", "fields", "implicit_prompt", "hh_rlhf", "alpaca", "paragraphs",
-            "rankings",
-        ] = "auto",
+        format: PromptFormat = "auto",
         fields: Fields = Fields(),
         split: str = "train",
         subset: str | None = None,
@@ -131,10 +128,7 @@ class PromptDataModule(TextDataModule):
         drop_last: bool = True,
         num_workers: int = 0,
         ptx_path: str | None = None,
-        ptx_format: Literal[
-            "auto", "messages", "prompt_completion", "fields", "text", "hh_rlhf", "alpaca", "paragraphs", "rankings",
-            "implicit_prompt",
-        ] = "auto",
+        ptx_format: SFTFormat = "auto",
         ptx_max_records: int | None = None,
         ptx_batch_size: int | None = None,
         ptx_max_length: int = 512,
@@ -190,6 +184,14 @@ class PromptDataModule(TextDataModule):
 
     def val_dataloader(self) -> DataLoader | list:
         return self._val_loader(PromptCollator(self.pad_token_id))
+
+    def end_of_turn_id(self) -> int | None:
+        """The id the tokenizer's chat template ends an assistant turn with
+        (:meth:`~rlhf_lit.data.encoding.TextEncoder.end_of_turn_id`; None when it ends with no special
+        token). PPO asks it of a ``chat_rendered`` data module and refuses an end of turn that does not
+        stop generation: the stage reads it here because stages never import the data package."""
+        tokenizer = require_tokenizer(self.tokenizer, type(self).__name__)
+        return TextEncoder(tokenizer, apply_chat_template=True).end_of_turn_id()
 
     # ----------------------------------------------------------------------------------- ptx
     def _setup_extra(self, encoder: TextEncoder) -> None:

@@ -1,7 +1,8 @@
 """Whether string data meets the tokenizer's chat template: the one vocabulary every option that
-decides it speaks (:data:`TemplateChoice`, read by :func:`template_choice`, resolved by
-:func:`resolve_template`), and the one warning for plain-string prompts given to a model that has a
-template.
+decides it speaks (:data:`TemplateChoice`, read by :func:`template_choice`: both defined in
+:mod:`rlhf_lit.tokenizer`, below the stages that compare them on resume, and re-exported here;
+resolved by :func:`resolve_template`), and the one warning for plain-string prompts given to a model
+that has a template.
 
 A model with a chat template (an instruction model, ``assets/models/stories260K-chat``) answers
 inside its template; trained or sampled on prompts written outside it, it learns to write both
@@ -18,30 +19,16 @@ one of the options below says so:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal, NamedTuple, get_args
+from typing import Any, NamedTuple
 
 from rlhf_lit.data.conversation import is_conversation
 from rlhf_lit.data.example import Example
+from rlhf_lit.tokenizer import TEMPLATE_ALIASES, TEMPLATE_CHOICES, TemplateChoice, TemplateOption, template_choice
 
-# Why these words: each option asks one yes/no question, "render these strings with the chat
-# template?", and auto | always | never answers it under any option name, as in `--color
-# auto|always|never` (git, ls, grep). The other spelling, auto | chat_template | raw, stutters under
-# the option that most needs it (`--chat-template chat_template`, `chat_template: chat_template`).
-TemplateChoice = Literal["auto", "always", "never"]
-"""Whether strings are rendered with the tokenizer's chat template: ``auto`` (the default) when the
-tokenizer has one, ``always`` (a tokenizer without one is refused), ``never`` (kept as written)."""
-
-TEMPLATE_CHOICES: tuple[str, ...] = get_args(TemplateChoice)
-"""The canonical values of :data:`TemplateChoice`, for option parsers and messages."""
-
-TEMPLATE_ALIASES: Mapping[str, TemplateChoice] = {"chat_template": "always", "raw": "never"}
-"""The older spelling of ``hh_render`` (``auto | chat_template | raw``), still accepted everywhere
-and mapped here, and only here, to the canonical value."""
-
-TemplateOption = TemplateChoice | str
-"""What an option's annotation accepts: a :data:`TemplateChoice`, or an alias (or a typo) that
-:func:`template_choice` maps or refuses with the option's own one-line message."""
-
+__all__ = [
+    "TEMPLATE_ALIASES", "TEMPLATE_CHOICES", "TemplateChoice", "TemplateOption", "TemplateRendering", "has_chat_template",
+    "hh_rendering_line", "raw_prompt_warning", "resolve_template", "template_choice", "tokenizer_name",
+]  # fmt: skip
 
 class TemplateRendering(NamedTuple):
     """What a :data:`TemplateChoice` option resolved to for one tokenizer, and why (logged once):
@@ -49,15 +36,6 @@ class TemplateRendering(NamedTuple):
 
     chat: bool
     why: str
-
-
-def template_choice(value: Any, name: str) -> TemplateChoice:
-    """``value`` of the option ``name`` as its canonical :data:`TemplateChoice` (an alias mapped by
-    :data:`TEMPLATE_ALIASES`); ``ValueError`` naming ``name`` and the canonical choices otherwise."""
-    choice = TEMPLATE_ALIASES.get(value, value) if isinstance(value, str) else value
-    if choice not in TEMPLATE_CHOICES:
-        raise ValueError(f"{name} must be one of {', '.join(TEMPLATE_CHOICES)}; got {value!r}")
-    return choice
 
 
 def tokenizer_name(tokenizer: Any) -> str:

@@ -4,11 +4,11 @@ assistant's turns."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from torch.utils.data import DataLoader
 
-from rlhf_lit.data.adapters import Example, Fields
+from rlhf_lit.data.adapters import Example, Fields, SFTFormat
 from rlhf_lit.data.base import TextDataModule, encode_demonstrations
 from rlhf_lit.data.chat import AssistantTurns
 from rlhf_lit.data.collate import SFTCollator
@@ -91,10 +91,7 @@ class SFTDataModule(TextDataModule):
         val_path: str | None = None,
         val_fraction: float = 0.0,
         seed: int | None = None,
-        format: Literal[
-            "auto", "messages", "prompt_completion", "fields", "text", "hh_rlhf", "alpaca", "paragraphs", "rankings",
-            "implicit_prompt",
-        ] = "auto",
+        format: SFTFormat = "auto",
         fields: Fields = Fields(),
         split: str = "train",
         subset: str | None = None,

@@ -17,7 +17,13 @@ from rlhf_lit.functional.ensemble import AGGREGATES, Aggregate, aggregate_scores
 from rlhf_lit.functional.kl import KLKind, kl_loss, kl_penalized_rewards, kl_penalty
 from rlhf_lit.functional.kl_control import AdaptiveKLController, FixedKLController, KLController
 from rlhf_lit.functional.logprobs import entropy_from_logits, sequence_logprobs, token_logprobs
-from rlhf_lit.functional.losses import clipped_value_loss, pairwise_reward_loss, ppo_policy_loss, sft_loss
+from rlhf_lit.functional.losses import (
+    IGNORE_INDEX,
+    clipped_value_loss,
+    pairwise_reward_loss,
+    ppo_policy_loss,
+    sft_loss,
+)
 from rlhf_lit.functional.masked_stats import (
     Reducer,
     explained_variance,
@@ -27,7 +33,15 @@ from rlhf_lit.functional.masked_stats import (
     masked_whiten,
 )
 from rlhf_lit.functional.pairs import concat_pairs, pad_ids, pad_right
-from rlhf_lit.functional.ranking import RankingMetrics, ranking_loss, ranking_metrics, ranking_pair_mask, ranking_pairs
+from rlhf_lit.functional.ranking import (
+    RankingMetrics,
+    batch_examples,
+    is_ranking_batch,
+    ranking_loss,
+    ranking_metrics,
+    ranking_pair_mask,
+    ranking_pairs,
+)
 from rlhf_lit.functional.score_shaping import ScoreWhitening, shape_scores
 from rlhf_lit.functional.masks import (
     append_eos_to_unfinished, attended_span, last_true_index, length_groups, response_mask_from_eos,
@@ -36,6 +50,7 @@ from rlhf_lit.functional.masks import (
 
 __all__ = [
     "AGGREGATES",
+    "IGNORE_INDEX",
     "Aggregate",
     "AdaptiveKLController",
     "DPOLossKind",
@@ -49,6 +64,7 @@ __all__ = [
     "aggregate_scores",
     "append_eos_to_unfinished",
     "averages_over_tokens",
+    "batch_examples",
     "check_dpo_settings",
     "clipped_value_loss",
     "concat_pairs",
@@ -56,6 +72,7 @@ __all__ = [
     "entropy_from_logits",
     "explained_variance",
     "gae",
+    "is_ranking_batch",
     "grpo_advantages",
     "kl_loss",
     "kl_penalized_rewards",

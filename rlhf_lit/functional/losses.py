@@ -7,7 +7,12 @@ import torch.nn.functional as F
 
 from rlhf_lit.functional.masked_stats import _masked_var, masked_mean
 
-__all__ = ["ppo_policy_loss", "clipped_value_loss", "pairwise_reward_loss", "sft_loss"]
+__all__ = ["IGNORE_INDEX", "ppo_policy_loss", "clipped_value_loss", "pairwise_reward_loss", "sft_loss"]
+
+IGNORE_INDEX = -100
+"""Label of positions that do not count in the SFT loss (prompt and padding): the one definition,
+which the data modules write and :func:`sft_loss` skips (``torch.nn.functional.cross_entropy``'s
+default ``ignore_index``)."""
 
 
 def _check_clip_range(clip_range: float) -> None:
@@ -123,7 +128,7 @@ def pairwise_reward_loss(
     return loss, accuracy
 
 
-def sft_loss(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
+def sft_loss(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int = IGNORE_INDEX) -> torch.Tensor:
     """Next-token cross-entropy: ``logits[:, t]`` predicts ``labels[:, t + 1]``.
 
     Args:

@@ -13,12 +13,31 @@ membership mask too (not ``index_add``), which keeps them deterministic on GPUs.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
-__all__ = ["RankingMetrics", "ranking_loss", "ranking_metrics", "ranking_pair_mask", "ranking_pairs"]
+__all__ = [
+    "RankingMetrics", "batch_examples", "is_ranking_batch", "ranking_loss", "ranking_metrics", "ranking_pair_mask",
+    "ranking_pairs",
+]  # fmt: skip
+
+
+def is_ranking_batch(batch: Mapping[str, object]) -> bool:
+    """True for a ranking batch (K responses per prompt, docs/CONTRACTS.md: it has ``group``), False
+    for every other batch (pairs, SFT, prompts). The one place the test is written."""
+    return "group" in batch
+
+
+def batch_examples(batch: Mapping[str, torch.Tensor]) -> int:
+    """B, the examples of a batch, read from shapes (no host sync): the prompts of a ranking batch
+    (its ``responses_per_prompt`` is ``(B,)``; its rows are ``N >= 2B``), else the rows of its first
+    tensor (every tensor of a pair, SFT or prompt batch is ``(B, ...)``)."""
+    if is_ranking_batch(batch):
+        return batch["responses_per_prompt"].shape[0]
+    return next(iter(batch.values())).shape[0]
 
 
 def ranking_pair_mask(group: torch.Tensor, rank: torch.Tensor) -> torch.Tensor:

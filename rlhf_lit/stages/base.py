@@ -20,7 +20,8 @@ final model goes, the non-finite guard), loads its tokenizer with :func:`stage_t
   to host memory.
 
 :class:`RunLayout` is how a stage declares its place in a run directory (``--run_dir``; the CLI
-reads it).
+reads it), and :meth:`StageModule.refusal_before_build` how it refuses a command line before anything
+is built (the CLI asks it, with a :class:`TrainerPlan`).
 """
 
 from __future__ import annotations
@@ -30,12 +31,13 @@ import logging
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.accelerators import CPUAccelerator
 
+from rlhf_lit.functional.ranking import batch_examples
 from rlhf_lit.models.loading import DType
 from rlhf_lit.models.lora import LoRAConfig, with_lora
 from rlhf_lit.models.memory import enable_gradient_checkpointing, release_frozen, release_optimizer_states
@@ -70,6 +72,14 @@ class RunLayout:
     name: str
     inputs: Mapping[str, str] = field(default_factory=dict)
     skip_input: Callable[[str, Mapping[str, Any]], bool] | None = None
+
+
+class TrainerPlan(NamedTuple):
+    """What the CLI knows of the Trainer before anything is built, for :meth:`StageModule.refusal_before_build`:
+    ``max_steps`` as given (None or -1: unset) and whether the strategy shards the models (FSDP)."""
+
+    max_steps: int | None
+    shards_models: bool
 
 
 def as_config(cls: type[T], value: T | dict | None) -> T | None:
@@ -210,6 +220,13 @@ class StageModule(pl.LightningModule):
 
     def check_before_fit(self) -> None:
         """A stage's own refusals before any training step (the data module is set up by now)."""
+
+    @classmethod
+    def refusal_before_build(cls, init_args: Mapping[str, Any], plan: TrainerPlan) -> str | None:
+        """A stage's own refusal of a command line, as one line, or None: the CLI asks it of the stage it
+        is about to build, before anything is built (``init_args``: the parsed ``--model.init_args``,
+        nested groups as mappings or config objects). The base refuses nothing."""
+        return None
 
     def on_fit_start(self) -> None:
         """Refuse an export target the end of fit could not write, warn about a slow precision, then
@@ -390,11 +407,8 @@ class PretrainedStage(StageModule):
         into checkpoints: a resumed run, even one stopped mid-epoch, skips exactly what was trained."""
         datamodule = getattr(self.trainer, "datamodule", None)
         if hasattr(datamodule, "mark_consumed"):
-            # A ranking batch has N >= 2B rows but B examples (prompts): its responses_per_prompt is (B,).
-            # In every other batch every tensor is (B, ...).
-            ranking = "responses_per_prompt" in batch
-            examples = (batch["responses_per_prompt"] if ranking else next(iter(batch.values()))).shape[0]
-            datamodule.mark_consumed(examples * self.trainer.world_size)
+            # A ranking batch has N >= 2B rows but B examples (prompts): batch_examples reads B.
+            datamodule.mark_consumed(batch_examples(batch) * self.trainer.world_size)
 
     def load_tokenizer(self, model: str, padding_side: str):
         """The run's tokenizer: ``tokenizer`` when given, else ``model``'s (:func:`stage_tokenizer`)."""

@@ -34,7 +34,7 @@ import torch
 from torch import nn
 from torchmetrics import MeanMetric
 
-from rlhf_lit.functional import member_std
+from rlhf_lit.functional import batch_examples, is_ranking_batch, member_std
 from rlhf_lit.models import init_reward_head, score_head
 from rlhf_lit.models.reward_ensemble import RewardEnsemble
 from rlhf_lit.models.reward_norm import Normalize, fold_normalization, gain_and_bias, record_normalization
@@ -104,13 +104,6 @@ def build_ensemble(first: nn.Module, new_head: bool, config: EnsembleConfig, ada
     return RewardEnsemble([adapt(member) for member in members], config.design, seeds)
 
 
-def prompts_in(batch: dict[str, torch.Tensor]) -> int:
-    """B, the prompts of a pair batch (one pair each) or a ranking batch (``responses_per_prompt``)."""
-    if "responses_per_prompt" in batch:
-        return batch["responses_per_prompt"].shape[0]
-    return batch["chosen_input_ids"].shape[0]
-
-
 def bootstrap_weight(seed: int, prompts: int, epoch: int, batch_idx: int, rank: int, device) -> torch.Tensor:
     """``(prompts,)`` Poisson(1) counts, a function of (member seed, epoch, batch, rank) alone: the
     same on a resumed run."""
@@ -139,7 +132,7 @@ def training_step(module: RewardModelModule, scores: torch.Tensor, batch: dict[s
     """The sum of the members' losses on raw scores ``(N, M)`` (each member gets its own loss's
     gradient); logs their mean, the accuracy of the members' mean score and each member's accuracy."""
     config = module.ensemble
-    B = prompts_in(batch)
+    B = batch_examples(batch)
     if config.data_weights == "bootstrap":
         weights = [bootstrap_weight(seed, B, module.current_epoch, batch_idx, module.global_rank, scores.device)
                    for seed in module.model.seeds]  # fmt: skip
@@ -179,7 +172,7 @@ class ValidationMetrics(nn.Module):
     def step(self, module: RewardModelModule, batch: dict[str, torch.Tensor]) -> None:
         """Update and log from one validation batch, on the normalised scores."""
         scores = module(*module.batch_sequences(batch))  # (N, M) normalised
-        B = prompts_in(batch)
+        B = batch_examples(batch)
         losses, accuracies = member_losses(module, scores, batch, [None] * scores.shape[1])
         _, accuracy = module.preference_loss(scores.mean(dim=1), batch)  # (): the ensemble mean's
         self.loss.update(torch.stack(losses).mean(), weight=B)
@@ -191,8 +184,6 @@ class ValidationMetrics(nn.Module):
         for m, (metric, member_accuracy) in enumerate(zip(self.member_accuracy, accuracies)):
             metric.update(member_accuracy, weight=B)
             module.log(f"val/member_{m}/accuracy", metric, batch_size=B)
-        from rlhf_lit.stages.reward_model import is_ranking_batch  # deferred: reward_model imports this module
-
         if is_ranking_batch(batch):  # how well the members' mean orders each prompt's responses
             module.log_ranking_metrics(scores.mean(dim=1), batch)
 
@@ -206,7 +197,7 @@ def normalize(module: RewardModelModule, batches: Iterable[dict[str, torch.Tenso
     moments = torch.zeros(3, M, dtype=torch.float64, device=module.device)  # count, sum, sum of squares
     for batch in batches:
         batch = {k: v.to(module.device) for k, v in batch.items() if isinstance(v, torch.Tensor)}
-        if "chosen_input_ids" in batch or "group" in batch:
+        if "chosen_input_ids" in batch or is_ranking_batch(batch):
             scores = module.raw_scores(*module.batch_sequences(batch))  # (N, M)
         else:
             scores = module.raw_scores(batch["input_ids"], batch["attention_mask"])  # (N, M)

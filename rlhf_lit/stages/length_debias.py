@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Literal, get_args
 import torch
 from torch import nn
 
+from rlhf_lit.functional import is_ranking_batch
 from rlhf_lit.functional.length_correlation import head_orthogonality, length_correlation_loss
 from rlhf_lit.models import init_reward_head, score_head
 
@@ -142,7 +143,7 @@ def response_lengths(batch: dict[str, torch.Tensor]) -> torch.Tensor:
             "length_debias.method odin needs each batch's prompt_length (the prompt tokens of every row) to "
             "measure response lengths; rlhf_lit.data.PreferenceDataModule provides it (docs/CONTRACTS.md)"
         )
-    if "group" in batch:  # a ranking batch: one prompt_length per row
+    if is_ranking_batch(batch):  # one prompt_length per row
         return batch["attention_mask"].sum(dim=1) - batch["prompt_length"]  # (N,)
     prompt = batch["prompt_length"]  # (B,)
     chosen = batch["chosen_attention_mask"].sum(dim=1) - prompt  # (B,)

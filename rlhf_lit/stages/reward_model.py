@@ -31,7 +31,9 @@ from torchmetrics import MeanMetric
 from torchmetrics.regression import PearsonCorrCoef
 from transformers import AutoConfig
 
-from rlhf_lit.functional import concat_pairs, pairwise_reward_loss, ranking_loss, ranking_metrics, ranking_pair_mask
+from rlhf_lit.functional import (
+    batch_examples, concat_pairs, is_ranking_batch, pairwise_reward_loss, ranking_loss, ranking_metrics, ranking_pair_mask,
+)
 from rlhf_lit.models import init_reward_head, load_reward_model, score_head, sequence_scores
 from rlhf_lit.models.memory import train_mode
 from rlhf_lit.models.reward_ensemble import RewardEnsemble
@@ -52,18 +54,6 @@ def has_trained_score_head(name_or_path: str, revision: str | None = None, trust
     config = from_pretrained(AutoConfig.from_pretrained, name_or_path, "model", revision=revision,
                              trust_remote_code=trust_remote_code)
     return any(a.endswith("ForSequenceClassification") for a in (config.architectures or []))
-
-
-def is_ranking_batch(batch: dict[str, torch.Tensor]) -> bool:
-    """True for a ranking batch (K responses per prompt, docs/CONTRACTS.md), False for a pair batch."""
-    return "group" in batch
-
-
-def num_prompts(batch: dict[str, torch.Tensor]) -> int:
-    """The prompts of a pair or ranking batch (read from shapes: no host sync)."""
-    if is_ranking_batch(batch):
-        return batch["responses_per_prompt"].shape[0]
-    return batch["chosen_input_ids"].shape[0]
 
 
 class RewardModelModule(PretrainedStage):
@@ -216,7 +206,7 @@ class RewardModelModule(PretrainedStage):
         if isinstance(self.model, RewardEnsemble):
             return ensemble_training.training_step(self, scores, batch, batch_idx)
         loss, accuracy = self.preference_loss(scores, batch)  # (), ()
-        B = num_prompts(batch)
+        B = batch_examples(batch)
         self.log("train/loss", loss, prog_bar=True, batch_size=B)
         self.log("train/accuracy", accuracy, batch_size=B)
         self.log("lr", self.optimizers().param_groups[0]["lr"], batch_size=B)
@@ -226,7 +216,7 @@ class RewardModelModule(PretrainedStage):
         """The quality and length heads' scores ``(N, 2)`` -> ODIN's loss (:func:`~rlhf_lit.stages.
         length_debias.odin_loss`), logged with its parts."""
         loss, stats = debias.odin_loss(self, heads, batch)
-        B = num_prompts(batch)
+        B = batch_examples(batch)
         self.log("train/loss", loss.detach(), prog_bar=True, batch_size=B)
         for name, value in stats.items():
             self.log(f"train/{name}", value, batch_size=B)
@@ -240,7 +230,7 @@ class RewardModelModule(PretrainedStage):
             return
         lengths = debias.response_lengths(batch).to(scores.device)  # (N,)
         self.val_length_correlation.update(scores.float(), lengths.float())
-        self.log("val/length_correlation", self.val_length_correlation, batch_size=num_prompts(batch))
+        self.log("val/length_correlation", self.val_length_correlation, batch_size=batch_examples(batch))
 
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
         """Pair-weighted loss, accuracy and margin of the normalised scores (a ranking batch: also the
@@ -275,7 +265,7 @@ class RewardModelModule(PretrainedStage):
         self.val_loss.update(loss, weight=prompts.sum())
         self.val_accuracy.update((diff > 0).to(scores.dtype), weight=pairs)  # pooled over pairs
         self.val_margin.update(torch.where(pairs > 0, diff, 0), weight=pairs)
-        B = num_prompts(batch)
+        B = batch_examples(batch)
         self.log("val/loss", self.val_loss, prog_bar=True, batch_size=B)
         self.log("val/accuracy", self.val_accuracy, prog_bar=True, batch_size=B)
         self.log("val/margin", self.val_margin, batch_size=B)
@@ -289,7 +279,7 @@ class RewardModelModule(PretrainedStage):
         prompts = ranking.has_pairs.to(scores.dtype)  # (B,)
         self.val_ranking_exact.update(ranking.exact, weight=prompts)
         self.val_kendall_tau.update(ranking.kendall_tau, weight=prompts)
-        B = num_prompts(batch)
+        B = batch_examples(batch)
         self.log("val/ranking_exact", self.val_ranking_exact, batch_size=B)
         self.log("val/kendall_tau", self.val_kendall_tau, batch_size=B)
         return prompts

@@ -13,13 +13,11 @@ from typing import Any
 import torch
 from torchmetrics import MeanMetric
 
-from rlhf_lit.functional import sft_loss
+from rlhf_lit.functional import IGNORE_INDEX, sft_loss
 from rlhf_lit.models import load_causal_lm, position_ids_from_mask
 from rlhf_lit.models.memory import train_mode
 from rlhf_lit.stages.base import PretrainedStage, RunLayout, as_config
 from rlhf_lit.stages.optim import OptimizerConfig
-
-IGNORE_INDEX = -100
 
 
 class SFTModule(PretrainedStage):
@@ -60,7 +58,7 @@ class SFTModule(PretrainedStage):
         ).logits  # (B, T, V)
 
     def loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """Mean next-token NLL over the response tokens of ``batch`` (labels != -100), ``()``."""
+        """Mean next-token NLL over the response tokens of ``batch`` (labels != IGNORE_INDEX), ``()``."""
         logits = self(batch["input_ids"], batch["attention_mask"])  # (B, T, V)
         return sft_loss(logits, batch["labels"], ignore_index=IGNORE_INDEX)  # ()
 

@@ -49,6 +49,20 @@ def test_max_steps_is_refused_for_ppo_before_any_rollout(tmp_path, stories_rm):
     assert not (tmp_path / "ckpt").exists() and not (tmp_path / "export").exists()
 
 
+def test_the_cli_asks_the_stage_it_builds_what_it_refuses():
+    # The CLI reads no stage's option names: the stage's refusal_before_build does (PPO's are in
+    # stages/ppo/checks.py); a stage without refusals, or a class that is no stage, is not refused.
+    from rlhf_lit.cli import stage_refusal
+
+    ppo = {"class_path": "rlhf_lit.stages.PPOModule", "init_args": {"sampling": {"decode": "compiled"}}}
+    assert "counts optimizer steps" in stage_refusal(ppo, {"max_steps": 2})
+    assert stage_refusal(ppo, {"max_steps": -1}) is None
+    assert stage_refusal(ppo, {"strategy": "fsdp2"}).startswith("sampling.decode compiled is not supported under fsdp")
+    assert stage_refusal({"class_path": "rlhf_lit.stages.SFTModule", "init_args": {}}, {"max_steps": 2}) is None
+    assert stage_refusal({"class_path": "collections.OrderedDict"}, {"max_steps": 2}) is None
+    assert stage_refusal(None, {}) is None
+
+
 # ------------------------------------------------------------------------------------ progress and noise
 
 EXPECTED_STDERR = (

@@ -398,3 +398,10 @@ def test_a_response_ends_with_the_template_end_of_turn_and_no_eos_after_it(end_o
     (item,) = messages.train_dataset
     assert {k: v[: len(p) + len(hello) + 1] for k, v in item.items()} == sft
     assert set(item["labels"][len(p) + len(hello) + 1 :]) == {-100}
+
+
+def test_a_prompt_module_names_the_end_of_turn_ppo_checks_stops_generation(end_of_turn_tok, chat_tok):
+    # PPO asks the data module (stages never import rlhf_lit.data) for the id its check_chat_rendering
+    # refuses when it does not stop generation: the template's own end of turn, else the EOS.
+    assert PromptDataModule(tokenizer=end_of_turn_tok, train_path="unused.jsonl").end_of_turn_id() == 512
+    assert PromptDataModule(tokenizer=chat_tok, train_path="unused.jsonl").end_of_turn_id() == chat_tok.eos_token_id

@@ -6,13 +6,15 @@ several groups or constructor arguments is checked here, in one place, with one 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from rlhf_lit.models.compiled_passes import ForwardPasses
 from rlhf_lit.models.generation import Decode, SamplingConfig
 from rlhf_lit.models.lora import LoRAConfig
 from rlhf_lit.models.memory import MemoryConfig
 from rlhf_lit.models.reward_ensemble import is_reward_ensemble
+from rlhf_lit.stages.base import TrainerPlan
 from rlhf_lit.stages.ppo.config import PPOConfig, RewardConfig
 
 
@@ -103,7 +105,7 @@ def check_sharded_compile(decode: Decode, forward: ForwardPasses, sharded: bool)
     (``torch._dynamo.disable``): the decode step breaks into pieces, which the compiled path's
     ``fullgraph=True`` refuses mid-rollout. One device and ``ddp`` compile it (each process holds
     the whole policy); LoRA adapters compile with it. Checked by the CLI before anything is built
-    (:func:`rlhf_lit.cli.check_sharded_compile`) and again in ``PPOModule.configure_model``.
+    (:func:`refusal_before_build`, asked by the CLI) and again in ``PPOModule.configure_model``.
     The compiled scoring and training passes read the critic's values through a hook that sharded
     weights need and a compiled graph cannot hold (``models/scoring.py``).
     """
@@ -124,7 +126,8 @@ def check_end_of_turn_stops(end_of_turn: int | None, stop_ids: Sequence[int], to
     trained on turns ending with that token, would score sequences unlike its training data.
 
     Args:
-        end_of_turn: the template's end-of-turn id (:meth:`~rlhf_lit.data.encoding.TextEncoder.end_of_turn_id`);
+        end_of_turn: the template's end-of-turn id (the data module's ``end_of_turn_id()``,
+            :meth:`~rlhf_lit.data.prompts.PromptDataModule.end_of_turn_id`);
             None: the template ends turns with no special token, nothing to check.
         stop_ids: the ids that end a response in sampling (:func:`~rlhf_lit.models.generation.stop_token_ids`).
         token: the end-of-turn token's text, for the message.
@@ -136,3 +139,30 @@ def check_end_of_turn_stops(end_of_turn: int | None, stop_ids: Sequence[int], to
         f"generation (stop ids {list(stop_ids)}): the policy would write past its turn. Make it the tokenizer's "
         "eos_token or list it in the model's generation_config.json eos_token_id"
     )
+
+
+def _option(group: Any, name: str) -> Any:
+    """``name`` of a parsed option group: a mapping (jsonargparse's Namespace) or a config object."""
+    return group.get(name) if hasattr(group, "get") else getattr(group, name, None)
+
+
+def refusal_before_build(cls: type, init_args: Mapping[str, Any], plan: TrainerPlan) -> str | None:
+    """``PPOModule.refusal_before_build`` (:meth:`~rlhf_lit.stages.base.StageModule.refusal_before_build`):
+    ``--trainer.max_steps``, and compiled decoding or passes under FSDP (:func:`check_sharded_compile`).
+
+    Under manual optimization ``global_step`` counts every ``opt.step()`` (epochs x minibatches per
+    rollout, of every optimizer), so ``max_steps: 2`` would stop PPO inside its first rollout. Refused
+    before the launcher starts the other processes (each would print it) and before any model is loaded.
+    """
+    if plan.max_steps not in (None, -1):
+        return (
+            f"--trainer.max_steps {plan.max_steps} counts optimizer steps, and a PPO rollout takes ppo.epochs x "
+            "minibatches of them; set the run's length in rollouts with --model.init_args.max_rollouts instead"
+        )
+    decode = _option(init_args.get("sampling") or {}, "decode")
+    forward = _option(init_args.get("ppo") or {}, "forward")
+    try:
+        check_sharded_compile(decode, forward, plan.shards_models)
+    except ValueError as refusal:
+        return str(refusal)
+    return None

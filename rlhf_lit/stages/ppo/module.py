@@ -12,7 +12,6 @@ from collections.abc import Iterator
 
 import torch
 
-from rlhf_lit.data.encoding import TextEncoder
 from rlhf_lit.evaluation import load_judge
 from rlhf_lit.evaluation.judges import JudgeReads, judge_texts
 from rlhf_lit.functional import AdaptiveKLController, FixedKLController, sft_loss
@@ -42,6 +41,7 @@ from rlhf_lit.stages.ppo.checks import (
     check_model_settings,
     check_reward_settings,
     check_rollout_rows,
+    refusal_before_build,
 )
 from rlhf_lit.stages.ppo.config import KLConfig, PPOConfig, RewardConfig
 from rlhf_lit.stages.ppo.estimator import AdvantageEstimator
@@ -118,9 +118,9 @@ class PPOModule(PPOCheckpoints, StageModule):
 
     SAFE_ON_RESUME = SAFE_ON_RESUME
     SEED_OPTIONS = ("rollout_seed",)
-    FROZEN_PREFIXES = ("ref_policy.", "reward_model.")
-    """State-dict prefixes of the frozen models: never written to checkpoints, reloaded from paths."""
+    FROZEN_PREFIXES = ("ref_policy.", "reward_model.")  # the frozen models (StageModule.FROZEN_PREFIXES)
     EXPORT_WHAT = "PPO policy"
+    refusal_before_build = classmethod(refusal_before_build)  # max_steps; compiled passes under FSDP (checks.py)
     run_layout = RunLayout(  # --run_dir: RUN_DIR/ppo/, inputs from the run's sft and reward_model exports
         "ppo", inputs={"sft_model": "sft", "reward_model": "reward_model"}, skip_input=reward_model_unused
     )
@@ -304,7 +304,7 @@ class PPOModule(PPOCheckpoints, StageModule):
         """For prompts rendered with the chat template: the template's end of turn must stop
         generation, and the reward model must have been trained on the same rendering (it reads the
         rendered conversation's ids as they are)."""
-        end = TextEncoder(self.tokenizer, apply_chat_template=True).end_of_turn_id()
+        end = self.trainer.datamodule.end_of_turn_id()  # PromptDataModule.end_of_turn_id: no data import
         check_end_of_turn_stops(end, self.stop_ids, self.tokenizer.convert_ids_to_tokens(end) if end is not None else "")
         rm = self.hparams.reward_model
         if self.reward_cfg.uses_reward_model and rm:

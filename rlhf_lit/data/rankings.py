@@ -1,0 +1,88 @@
+"""Format ``rankings``: ``{"prompt", "responses": [best, ..., worst]}``, optionally with ties in a
+``ranks`` column (:func:`read_ranking`): K >= 2 distinct responses per record, read as a preference
+example carrying every response and its dense rank, an SFT example (the first, a best response) or a
+prompt."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rlhf_lit.data.conversation import (
+    TextOrConversation,
+    as_response,
+    is_conversation,
+    require_response_start,
+    text_or_conversation,
+)
+from rlhf_lit.data.example import AdapterOptions, Example, Fields, Kind, Skip
+from rlhf_lit.data.record_parts import conversational, get_prompt
+from rlhf_lit.data.records import InvalidRecord, Row, get_list, missing_field
+
+
+def _ranks(row: Row, field: str, k: int) -> list[int]:
+    """The ``ranks`` column of a ranking record as dense ranks (0 = best); see :func:`read_ranking`."""
+    if field not in row.data:
+        raise missing_field(row, field)
+    value = row.data[field]
+    if not isinstance(value, list) or len(value) != k:
+        got = f"{len(value)} values" if isinstance(value, list) else type(value).__name__
+        raise InvalidRecord(f"{row.where}: field {field!r} must be a list of {k} ints (one per response), got {got}")
+    for i, r in enumerate(value):
+        if isinstance(r, bool) or not isinstance(r, int):
+            raise InvalidRecord(f"{row.where}: field '{field}[{i}]' must be an int, got {type(r).__name__}")
+    for i in range(1, k):
+        if value[i] < value[i - 1]:
+            raise InvalidRecord(
+                f"{row.where}: field '{field}[{i}]' is {value[i]}, below '{field}[{i - 1}]' ({value[i - 1]}): "
+                "responses are listed best first and a lower rank is better, so ranks never decrease"
+            )
+    dense = {r: d for d, r in enumerate(sorted(set(value)))}
+    return [dense[r] for r in value]
+
+
+def read_ranking(row: Row, f: Fields) -> tuple[list[TextOrConversation], list[int]]:
+    """The responses (best first) and their dense ranks (0 = best) of a ranking record.
+
+    ``responses`` must be a list of at least 2 distinct, non-empty strings or conversations (each
+    opening on the assistant's message; a string and a conversation of one assistant message with
+    the same text are the same response). With ``f.ranks`` set, the ``ranks`` column must be a
+    list of as many ints, never decreasing along the list (lower = better, equal = tie; any ints,
+    renumbered 0, 1, ...); without it the i-th response has rank i. Raises ``InvalidRecord`` naming
+    the place and field (e.g. ``responses[2]``); a record whose responses all tie has no pair to
+    learn from and is skipped (counted).
+    """
+    name = f.responses
+    values = get_list(row, name, "strings")
+    if len(values) < 2:
+        raise InvalidRecord(f"{row.where}: field {name!r} must hold at least 2 responses, got {len(values)}")
+    responses = []
+    for i, value in enumerate(values):
+        response = text_or_conversation(row, f"{name}[{i}]", value)
+        if is_conversation(response):
+            require_response_start(row, f"{name}[{i}]", response)  # type: ignore[arg-type]
+        responses.append(response)
+    chat = any(is_conversation(r) for r in responses)
+    first: dict[Any, int] = {}
+    for i, response in enumerate(responses):
+        key = tuple((m["role"], m["content"]) for m in as_response(response)) if chat else response
+        if key in first:
+            raise InvalidRecord(
+                f"{row.where}: field '{name}[{i}]' repeats '{name}[{first[key]}]' (responses must differ)"
+            )
+        first[key] = i
+    ranks = _ranks(row, f.ranks, len(responses)) if f.ranks is not None else list(range(len(responses)))
+    if max(ranks) == 0:
+        raise Skip("all responses tie (no pair to learn from)")
+    return responses, ranks
+
+
+def rankings(row: Row, kind: Kind, opt: AdapterOptions) -> Example:
+    """A ranking record as a preference example (every response and its rank), an SFT example (the
+    prompt and the first response, a best one) or a prompt (the responses are not read)."""
+    prompt = get_prompt(row, opt.fields.prompt)
+    if kind == "prompt":
+        return Example(row.where, prompt)
+    responses, ranks = read_ranking(row, opt.fields)
+    if kind == "sft":  # ranks never decrease: the first is a best
+        return conversational(Example(row.where, prompt, response=responses[0]))
+    return conversational(Example(row.where, prompt, responses=tuple(responses), ranks=tuple(ranks)))
