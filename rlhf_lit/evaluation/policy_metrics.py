@@ -1,7 +1,7 @@
 """Evaluating a policy on prompts: judge score, RM score, KL to a reference, distinct-n, length.
 
-:func:`evaluate_policy` is what ``rlhf-lit evaluate`` runs (and the demo's held-out evaluation,
-:func:`rlhf_lit.demo.held_out_eval.evaluate`). Every model is optional but the policy: without a
+:func:`evaluate_policy` is what ``rlhf-lit evaluate`` runs; any other evaluation of a policy on a
+prompt list (a held-out set of one's own) calls it the same way. Every model is optional but the policy: without a
 reference there is no KL, without a reward model no RM score, without a judge no judge score;
 length, the fraction of responses that end with EOS and distinct-1/2 are always measured. KL is the
 per-response sum over response tokens (EOS included) of ``logprob_policy - logprob_ref`` on the

@@ -1,6 +1,6 @@
 """Loading the models of an evaluation and sampling measured responses from the policy.
 
-What ``rlhf-lit evaluate``, ``rlhf-lit best-of-n`` and the demo share. Sampling is the library's
+What ``rlhf-lit evaluate`` and ``rlhf-lit best-of-n`` share. Sampling is the library's
 (:func:`rlhf_lit.models.generation.sample_batches`: one seeded generator, left-padded batches),
 KL is the per-response sum over response tokens (EOS included) of ``logprob_policy -
 logprob_ref`` at the sampling temperature (:func:`rlhf_lit.models.generation.response_logprobs`),
@@ -41,7 +41,7 @@ def check_positive(**values: int | None) -> None:
 
 
 def mean_std(xs: Sequence[float]) -> tuple[float, float]:
-    """Mean and population standard deviation (the demo's convention)."""
+    """Mean and population standard deviation (divided by ``len(xs)``, not ``len(xs) - 1``)."""
     mean = sum(xs) / len(xs)
     return mean, math.sqrt(sum((x - mean) ** 2 for x in xs) / len(xs))
 

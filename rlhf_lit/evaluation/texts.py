@@ -17,14 +17,15 @@ def response_texts(
     response_mask: torch.Tensor,
     ended: torch.Tensor,
 ) -> list[str]:
-    """The response texts of a batch, as judges read them (the PPO stage, the callback, the demo).
+    """The response texts of a batch, as judges read them: what the PPO stage, the online-generation
+    callback and :func:`rlhf_lit.evaluation.samples.sample_and_measure` (``rlhf-lit evaluate``) judge.
 
     A row's response is its tokens before the first EOS, chosen by position from
     ``response_mask`` and ``ended`` (never by pad id, which may equal a real token or EOS), decoded
     without special tokens. It is cut from the decoded prompt + response so that ``prompt +
     response`` is the text the model produced (decoding the response alone can drop a leading
     space with sentencepiece tokenizers); when the decoded prompt is not a prefix of the whole,
-    the response is decoded alone. This is how ``rlhf_lit.demo.held_out_eval`` reads responses.
+    the response is decoded alone.
 
     Args:
         tokenizer: the run's tokenizer.

@@ -3,7 +3,7 @@
 Each is a plain reward function ``fn(batch, *, params)`` (see :mod:`rlhf_lit.rewards.functions`)
 that reads an extra column of the prompt dataset from ``batch.extras`` (the prompt data module's
 ``extra_fields``, e.g. ``[ground_truth]``) and returns 1.0 for a response that satisfies the rule,
-else 0.0. Used by the offline verifiable-reward task (``python -m rlhf_lit.demo.verifiable``).
+else 0.0. ``configs/offline/verifiable.yaml`` trains with :func:`mentions_ground_truth` (docs/VERIFIABLE.md).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Batching prompt strings for the library's sampler: order, left padding, seeding, refusals.
+"""Batching prompt strings for the library's sampler (:func:`rlhf_lit.models.generation.sample_batches`, which the
+demo's preferences and evaluation use): order, left padding, seeding, refusals.
 
 Sampling itself, decoding and logprobs are the library's and tested there
 (``tests/ppo/test_generation.py``, ``tests/evaluation/test_texts.py``).
@@ -9,9 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlhf_lit.demo.batching import sample_batches
 from rlhf_lit.models import load_causal_lm
-from rlhf_lit.models.generation import SamplingConfig
+from rlhf_lit.models.generation import SamplingConfig, sample_batches
 from rlhf_lit.tokenizer import load_tokenizer
 
 PROMPTS = ["Once upon a time", "Tom had a big red", "The cat"]

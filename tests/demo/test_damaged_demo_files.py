@@ -1,6 +1,6 @@
 """The demo and its studies meet a damaged file they read back (a cached result of an earlier run, a
 model, a checkpoint policy) with one line naming it and exit 1, never a traceback
-(``python -m rlhf_lit.demo``; the stages they run are ``rlhf-lit fit``: tests/cli/test_damaged_files.py)."""
+(``python -m demo``; the stages they run are ``rlhf-lit fit``: tests/cli/test_damaged_files.py)."""
 
 from __future__ import annotations
 
@@ -11,16 +11,16 @@ import shutil
 import pytest
 from assets_paths import STORIES260K, TINYSTORIES
 
-from rlhf_lit.demo.__main__ import main
-from rlhf_lit.demo.frontier import load_checkpoint_policy
-from rlhf_lit.demo.rm_study import MARKER
+from demo.__main__ import main
+from rlhf_lit.models.checkpoint_policy import load_checkpoint_policy
+from demo.rm_study import MARKER
 from rlhf_lit.integrity import DamagedFile
 
 
 def test_a_cut_short_cached_sample_file_of_the_rm_study_is_named(tmp_path, capsys):
     out = tmp_path / "study"
     (out / "heldout").mkdir(parents=True)
-    (out / MARKER).write_text(json.dumps({"written_by": "python -m rlhf_lit.demo rm-study"}) + "\n")
+    (out / MARKER).write_text(json.dumps({"written_by": "python -m demo rm-study"}) + "\n")
     samples = out / "heldout" / "samples.json"
     samples.write_text(json.dumps({"paragraphs": [1, 2], "prompts": ["a", "b"]})[:20])  # a crash mid-write
     status = main(["rm-study", "--sft", str(STORIES260K), "--out", str(out), "--report-only"])

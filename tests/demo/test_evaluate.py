@@ -8,9 +8,9 @@ import math
 import pytest
 import torch
 
-from rlhf_lit.demo.__main__ import main
-from rlhf_lit.demo.held_out_eval import evaluate
-from rlhf_lit.demo.story_prompts import load_prompts
+from demo.__main__ import main
+from demo.held_out_eval import evaluate
+from demo.story_prompts import load_prompts
 from rlhf_lit.models import load_causal_lm
 from rlhf_lit.models.generation import SamplingConfig
 from rlhf_lit.tokenizer import load_tokenizer

@@ -1,4 +1,5 @@
-"""The demo's frontier: PPO checkpoint policies, points from evaluations and best-of-N, the table and plot."""
+"""The demo's frontier: PPO checkpoint policies (read by the library, :mod:`rlhf_lit.models.checkpoint_policy`),
+its table, plot and ``frontier.json`` (the points themselves: tests/evaluation/test_score_kl_frontier.py)."""
 
 from __future__ import annotations
 
@@ -11,19 +12,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from demo.frontier import export_checkpoint_policy, write_frontier
 from rlhf_lit.callbacks import RolloutCheckpoint
 from rlhf_lit.data import PromptDataModule
-from rlhf_lit.demo.frontier import (
-    FrontierPoint,
-    export_checkpoint_policy,
-    frontier_table,
-    load_checkpoint_policy,
-    point_from_evaluation,
-    points_from_best_of_n,
-    policy_state_dict,
-    rollout_checkpoints,
-    write_frontier,
-)
+from rlhf_lit.evaluation.frontier import FrontierPoint, frontier_table
+from rlhf_lit.models.checkpoint_policy import load_checkpoint_policy, policy_state_dict, rollout_checkpoints
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ppo"))
 from ppo_helpers import STORIES, TINYSTORIES, tiny_module, tiny_trainer  # noqa: E402
@@ -90,30 +83,6 @@ def test_rollout_checkpoints_reads_rollout_files_only(tmp_path):
     assert rollout_checkpoints(str(tmp_path / "missing")) == {}
 
 
-def test_point_from_evaluation_mean_kl_and_standard_error():
-    # judges 0, 1, 1, 0: mean 0.5; sample variance (4 x 0.25) / 3 = 1/3; s.e. = sqrt(1/3 / 4) = 0.288675...
-    # kls 2, 4, 0, 6: mean 3
-    samples = [{"judge": j, "kl": k} for j, k in ((0.0, 2.0), (1.0, 4.0), (1.0, 0.0), (0.0, 6.0))]
-    point = point_from_evaluation({"samples": samples}, "PPO", "rollout 10")
-    assert point == FrontierPoint("PPO", "rollout 10", kl=3.0, judge=0.5, judge_se=pytest.approx(math.sqrt(1 / 12)), n=4)
-    assert point.judge_se == pytest.approx(0.28867513459)
-    with pytest.raises(ValueError, match="no samples"):
-        point_from_evaluation({"samples": []}, "PPO", "x")
-
-
-def test_points_from_best_of_n_use_the_analytic_kl_and_the_prompt_count():
-    result = {"config": {"num_samples": 64, "num_prompts": 128},
-              "rows": [{"n": 1, "kl_analytic": 0.0, "judge_mean": 0.3, "judge_stderr": 0.02},
-                       {"n": 4, "kl_analytic": math.log(4) - 0.75, "judge_mean": 0.6, "judge_stderr": 0.01}]}  # fmt: skip
-    points = points_from_best_of_n(result)
-    assert [(p.setting, p.kl, p.judge, p.judge_se, p.n, p.kl_analytic) for p in points] == [
-        ("N 1", 0.0, 0.3, 0.02, 128, True), ("N 4", math.log(4) - 0.75, 0.6, 0.01, 128, True)]
-    assert "64 samples per prompt" in points[0].note
-    result["rows"][0]["judge_mean"] = None
-    with pytest.raises(ValueError, match="--judge"):
-        points_from_best_of_n(result)
-
-
 def test_frontier_table_and_plot(tmp_path):
     points = [FrontierPoint("SFT", "-", 0.0, 0.28, 0.03, 256),
               FrontierPoint("PPO", "rollout 10", 3.5, 0.5, 0.02, 256),
@@ -129,6 +98,8 @@ def test_frontier_table_and_plot(tmp_path):
     assert Path(png).name == "frontier.png" and Path(png).stat().st_size > 1000
     saved = json.loads((tmp_path / "frontier.json").read_text())
     assert [p["method"] for p in saved] == ["SFT", "PPO", "PPO", "PPO, KL coef 0", "best-of-N"]
+    assert list(saved[1]) == ["method", "setting", "kl", "judge", "judge_se", "n", "kl_analytic", "note"]
+    assert (saved[1]["judge"], saved[1]["judge_se"]) == (0.5, 0.02)
 
 
 @pytest.mark.slow

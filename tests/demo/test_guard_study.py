@@ -1,4 +1,4 @@
-"""``python -m rlhf_lit.demo guard``: the weaker proxy's labels, the study's arithmetic, its folder rules,
+"""``python -m demo guard``: the weaker proxy's labels, the study's arithmetic, its folder rules,
 and a tiny end-to-end run through the command as a user types it."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from assets_paths import STORIES260K, TINYSTORIES
 from cli_in_process import run_entry
 from suite_env import subprocess_env
 
-from rlhf_lit.demo.guard_report import markdown, summarise
-from rlhf_lit.demo.guard_study import MARKER, RUN_MARKER, fired, relabel, rm_steps
+from demo.guard_report import markdown, summarise
+from demo.guard_study import MARKER, RUN_MARKER, fired, relabel, rm_steps
 
 
 def _pair(i: int, chosen: float, rejected: float) -> dict:
@@ -98,8 +98,8 @@ TINY = ("--seeds", "0", "--rollouts", "4", "--held-out-every", "1", "--held-out-
 
 
 def _guard(*args: str, cwd) -> subprocess.CompletedProcess:
-    """``python -m rlhf_lit.demo guard <args>`` in a subprocess, as a user runs it."""
-    return subprocess.run([sys.executable, "-m", "rlhf_lit.demo", "guard", *args], cwd=cwd, capture_output=True,
+    """``python -m demo guard <args>`` in a subprocess, as a user runs it."""
+    return subprocess.run([sys.executable, "-m", "demo", "guard", *args], cwd=cwd, capture_output=True,
                           text=True, timeout=600, env=subprocess_env())  # fmt: skip
 
 
@@ -143,7 +143,7 @@ def test_a_tiny_study_trains_the_proxy_runs_the_guarded_ppo_and_reports_and_a_re
 
 
 def _main(argv):
-    from rlhf_lit.demo.__main__ import main
+    from demo.__main__ import main
 
     return main(argv)
 
@@ -160,7 +160,7 @@ def test_refusals_a_demo_without_its_models_a_foreign_out_and_a_foreign_run_fold
     (mine / "notes.txt").write_text("keep")
     result = run_entry(_main, "guard", "--demo", "demo", "--out", "mine", cwd=tmp_path)
     assert result.returncode == 2
-    assert result.stderr.strip() == "error: --out mine is not empty and was not written by `python -m rlhf_lit.demo guard`"
+    assert result.stderr.strip() == "error: --out mine is not empty and was not written by `python -m demo guard`"
     assert [p.name for p in mine.iterdir()] == ["notes.txt"]
     # A run folder under our --out that this command did not start is never cleared.
     ours = tmp_path / "ours"
@@ -170,7 +170,7 @@ def test_refusals_a_demo_without_its_models_a_foreign_out_and_a_foreign_run_fold
     (ours / "proxy" / "notes.txt").write_text("keep")
     result = run_entry(_main, "guard", "--demo", "demo", "--out", "ours", cwd=tmp_path)
     assert result.returncode == 2
-    assert result.stderr.strip().endswith("was not started by `python -m rlhf_lit.demo guard`: move it away")
+    assert result.stderr.strip().endswith("was not started by `python -m demo guard`: move it away")
     assert [p.name for p in (ours / "proxy").iterdir()] == ["notes.txt"]
     assert not (ours / "proxy" / RUN_MARKER).exists()
     result = run_entry(_main, "guard", "--demo", "demo", "--out", "new", "--rollouts", "0", cwd=tmp_path)

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from rlhf_lit.demo.labeling import (
+from demo.labeling import (
     bradley_terry_probability,
     candidate_pairs,
     plackett_luce_order,

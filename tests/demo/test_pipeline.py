@@ -1,4 +1,4 @@
-"""The offline demo pipeline end to end with tiny budgets (``python -m rlhf_lit.demo.pipeline --tiny``)."""
+"""The offline demo pipeline end to end with tiny budgets (``python -m demo.pipeline --tiny``)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import torch
 from suite_env import subprocess_env
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
-from rlhf_lit.demo.frontier import load_checkpoint_policy
-from rlhf_lit.demo.plan import MARKER, STAGE_DIRS, claim_out
-from rlhf_lit.demo.report import read_scalars
+from rlhf_lit.models.checkpoint_policy import load_checkpoint_policy
+from demo.plan import MARKER, STAGE_DIRS, claim_out
+from demo.report import read_scalars
 
 EVAL_METRICS = ("judge_mean", "judge_std", "kl_mean", "kl_std", "distinct_1", "distinct_2",
                 "length_mean", "ended_fraction", "num_samples")
@@ -24,7 +24,7 @@ EVAL_METRICS = ("judge_mean", "judge_std", "kl_mean", "kl_std", "distinct_1", "d
 def _pipeline(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     # Run from tmp_path, not the project root: the pipeline must find its configs and assets itself.
     return subprocess.run(
-        [sys.executable, "-m", "rlhf_lit.demo.pipeline", *args],
+        [sys.executable, "-m", "demo.pipeline", *args],
         cwd=tmp_path, capture_output=True, text=True, timeout=600, env=subprocess_env(),
     )
 
@@ -113,7 +113,7 @@ def test_tiny_pipeline_runs_every_stage_and_leaves_models_evals_and_report(tmp_p
     results = json.loads((out / "results.json").read_text())
     assert 0.0 <= results["rm_val_accuracy"] <= 1.0
     assert set(results["metrics"]) == {"sft", "ppo", "ppo_kl0", *dpo}
-    assert json.loads((out / MARKER).read_text())["written_by"] == "python -m rlhf_lit.demo.pipeline"
+    assert json.loads((out / MARKER).read_text())["written_by"] == "python -m demo.pipeline"
 
 
 def test_a_failing_stage_stops_the_pipeline_with_its_exit_status(tmp_path):
@@ -164,8 +164,8 @@ def test_claim_out_marks_a_new_folder_and_clears_only_stage_folders_of_a_marked_
 
 
 def test_wait_stages_times_each_stage_to_its_own_exit_and_stops_the_rest_on_a_failure(tmp_path):
-    from rlhf_lit.demo.plan import Paths
-    from rlhf_lit.demo.runner import StageFailed, Timings, start_stages, wait_stages
+    from demo.plan import Paths
+    from demo.runner import StageFailed, Timings, start_stages, wait_stages
 
     paths = Paths(tmp_path)
     paths.dir("logs").mkdir()
@@ -175,21 +175,21 @@ def test_wait_stages_times_each_stage_to_its_own_exit_and_stops_the_rest_on_a_fa
 
     timings = Timings()
     # The slow stage comes first: waiting in dict order would time the fast one at the slow one's exit.
-    wait_stages(start_stages({"slow": sleep(2.0), "fast": sleep(0.0)}, paths), timings)
+    wait_stages(start_stages({"slow": sleep(2.0), "fast": sleep(0.0)}, paths.dir("logs")), timings)
     assert list(timings) == ["fast", "slow"]
     assert timings["fast"] < 1.5 <= timings["slow"]
     assert set(timings.cpu) == {"fast", "slow"} and all(0 < v < 1.5 for v in timings.cpu.values())
 
     # A background stage that ends while a foreground one runs is timed to its exit and taken out.
     timings = Timings()
-    background = start_stages({"early": sleep(0.0), "late": sleep(3.0)}, paths)
-    wait_stages(start_stages({"fore": sleep(1.5)}, paths), timings, background)
+    background = start_stages({"early": sleep(0.0), "late": sleep(3.0)}, paths.dir("logs"))
+    wait_stages(start_stages({"fore": sleep(1.5)}, paths.dir("logs")), timings, background)
     assert list(timings) == ["early", "fore"] and timings["early"] < 1.0 and list(background) == ["late"]
     wait_stages(background, timings)
     assert list(timings) == ["early", "fore", "late"]
 
     started = time.perf_counter()
-    running = start_stages({"long": sleep(60), "bad": sleep(0.0, status=3)}, paths)
+    running = start_stages({"long": sleep(60), "bad": sleep(0.0, status=3)}, paths.dir("logs"))
     with pytest.raises(StageFailed, match="stage 'bad' failed with exit status 3") as failure:
         wait_stages(running, Timings())
     assert failure.value.returncode == 3

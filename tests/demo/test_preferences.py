@@ -9,8 +9,8 @@ import pytest
 
 from rlhf_lit.data.adapters import Fields
 from rlhf_lit.data.preference import PreferenceDataModule
-from rlhf_lit.demo.__main__ import main
-from rlhf_lit.demo.preferences import count_pairs, label_pairs, label_rankings, make_preferences
+from demo.__main__ import main
+from demo.preferences import count_pairs, label_pairs, label_rankings, make_preferences
 from rlhf_lit.tokenizer import load_tokenizer
 
 

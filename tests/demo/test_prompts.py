@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rlhf_lit.demo.story_prompts import RANGES, load_prompts, opening_words, read_paragraphs, write_splits
+from demo.story_prompts import RANGES, load_prompts, opening_words, read_paragraphs, write_splits
 
 
 @pytest.fixture
@@ -72,7 +72,7 @@ def test_write_splits_rejects_overlap(small_file, tmp_path):
 
 
 def test_split_command_writes_the_demo_ranges(tinystories, tmp_path, capsys):
-    from rlhf_lit.demo.__main__ import main
+    from demo.__main__ import main
 
     assert main(["split", "--paragraphs", tinystories, "--out-dir", str(tmp_path)]) == 0
     assert "eval: paragraphs [3000, 3256)" in capsys.readouterr().out

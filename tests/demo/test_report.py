@@ -7,8 +7,8 @@ import json
 import pytest
 from torch.utils.tensorboard import SummaryWriter
 
-from rlhf_lit.demo.__main__ import main
-from rlhf_lit.demo.report import read_scalars, write_report
+from demo.__main__ import main
+from demo.report import read_scalars, write_report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

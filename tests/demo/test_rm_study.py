@@ -9,8 +9,8 @@ import sys
 import pytest
 from suite_env import subprocess_env
 
-from rlhf_lit.demo.rm_study import MARKER, RUN_MARKER, Run, claim, fit_command, heldout_sets, run_one, train_records
-from rlhf_lit.demo.rm_study_report import markdown, summarise
+from demo.rm_study import MARKER, RUN_MARKER, Run, claim, fit_command, heldout_sets, run_one, train_records
+from demo.rm_study_report import markdown, summarise
 
 # Two prompts, K = 3: prompt "p" (paragraph 4) scores 0.5, 0.1, 0.5 (a tie at the top); prompt "q"
 # (paragraph 5) has an empty sample and scores 0.2, -0.3 for the others.
@@ -82,7 +82,7 @@ def test_summary_over_seeds_by_hand():
     assert bw["loss"][0] == pytest.approx(0.34) and bw["loss"][1] == pytest.approx(0.04)
     assert bw["fit_seconds"][0] == pytest.approx(12.0) and bw["records"][0] == pytest.approx(100.5)
     assert summary["ranking"]["accuracy"] == (0.91, None)  # one seed: no standard error
-    setup = {"command": "python -m rlhf_lit.demo rm-study", "machine": "m", "train_prompts": 100,
+    setup = {"command": "python -m demo rm-study", "machine": "m", "train_prompts": 100,
              "train_paragraphs": [1000, 1100], "samples_per_prompt": 4, "judge_calls_per_seed": 400,
              "heldout_pairs": 50, "heldout_seed": 12345, "heldout_paragraphs": [3256, 3266], "wall_seconds": 60.0,
              "sampling_seconds": {"0": 40.0, "1": 42.4}, "heldout_sampling_seconds": 12.0}
@@ -113,8 +113,8 @@ def test_folder_rules(tmp_path):
 
 
 def _study(*args: str, cwd) -> subprocess.CompletedProcess:
-    """``python -m rlhf_lit.demo rm-study <args>`` in a subprocess, as a user runs it."""
-    return subprocess.run([sys.executable, "-m", "rlhf_lit.demo", "rm-study", *args], cwd=cwd, capture_output=True,
+    """``python -m demo rm-study <args>`` in a subprocess, as a user runs it."""
+    return subprocess.run([sys.executable, "-m", "demo", "rm-study", *args], cwd=cwd, capture_output=True,
                           text=True, timeout=600, env=subprocess_env())  # fmt: skip
 
 
@@ -159,5 +159,5 @@ def test_tiny_study_end_to_end_and_resumed(stories_path, tinystories, tmp_path):
     (foreign / "notes.txt").write_text("keep")
     refused = _study("--sft", stories_path, "--out", str(foreign), cwd=tmp_path)
     assert refused.returncode == 2 and refused.stderr.strip().splitlines() == [
-        f"error: --out {foreign} is not empty and was not written by `python -m rlhf_lit.demo rm-study`"]
+        f"error: --out {foreign} is not empty and was not written by `python -m demo rm-study`"]
     assert [p.name for p in foreign.iterdir()] == ["notes.txt"]

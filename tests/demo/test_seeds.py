@@ -11,8 +11,9 @@ import pytest
 from cli_in_process import run_entry
 from suite_env import subprocess_env
 
-from rlhf_lit.demo.seeds import MARKER, RUN_MARKER, Evaluation, Job, claim, parse_variant, plan, run_job, seed_overrides
-from rlhf_lit.demo.seeds_report import dpo_at, interpolate, markdown, mean_se, summarise
+from demo.runner import seed_overrides
+from demo.seeds import MARKER, RUN_MARKER, Evaluation, Job, claim, parse_variant, plan, run_job
+from demo.seeds_report import dpo_at, interpolate, markdown, mean_se, summarise
 
 
 def test_mean_se_uses_the_sample_std_over_sqrt_n():
@@ -96,9 +97,9 @@ def test_variants_seeds_and_the_folder_rule(tmp_path):
         with pytest.raises(argparse.ArgumentTypeError):
             parse_variant(bad)
     # PPO's run is decided by rollout_seed and data.seed, DPO's by data.seed.
-    assert seed_overrides("ppo", 3) == ["--seed_everything", "3", "--data.init_args.seed", "3",
+    assert seed_overrides(3, rollouts=True) == ["--seed_everything", "3", "--data.init_args.seed", "3",
                                         "--model.init_args.rollout_seed", "3"]  # fmt: skip
-    assert seed_overrides("dpo", 3) == ["--seed_everything", "3", "--data.init_args.seed", "3"]
+    assert seed_overrides(3, rollouts=False) == ["--seed_everything", "3", "--data.init_args.seed", "3"]
     jobs = plan(tmp_path, [0, 1], [("a", ())], [0.1])
     assert [(j.method, j.name, j.seed, j.dir.relative_to(tmp_path).as_posix()) for j in jobs] == [
         ("ppo", "a", 0, "a/seed_0"), ("ppo", "a", 1, "a/seed_1"),
@@ -131,14 +132,14 @@ def test_an_unfinished_run_folder_is_cleared_only_when_this_command_started_it(t
 
 
 def _seeds(*args: str, cwd) -> subprocess.CompletedProcess:
-    """``python -m rlhf_lit.demo seeds <args>`` in a subprocess, as a user runs it."""
-    return subprocess.run([sys.executable, "-m", "rlhf_lit.demo", "seeds", *args], cwd=cwd, capture_output=True,
+    """``python -m demo seeds <args>`` in a subprocess, as a user runs it."""
+    return subprocess.run([sys.executable, "-m", "demo", "seeds", *args], cwd=cwd, capture_output=True,
                           text=True, timeout=300, env=subprocess_env())  # fmt: skip
 
 
 def _seeds_in_process(*args: str, cwd) -> subprocess.CompletedProcess:
     """The same command through its entry function in this process (output captured, state restored)."""
-    from rlhf_lit.demo.__main__ import main
+    from demo.__main__ import main
 
     return run_entry(main, "seeds", *args, cwd=cwd)
 
@@ -158,7 +159,7 @@ def test_the_command_refuses_a_missing_demo_and_a_foreign_out_folder_in_one_line
     (mine / "notes.txt").write_text("keep")
     result = _seeds_in_process("--demo", "demo", "--out", "mine", cwd=tmp_path)
     assert result.returncode == 2
-    assert result.stderr.strip() == "error: --out mine is not empty and was not written by `python -m rlhf_lit.demo seeds`"
+    assert result.stderr.strip() == "error: --out mine is not empty and was not written by `python -m demo seeds`"
     assert [p.name for p in mine.iterdir()] == ["notes.txt"]
     result = _seeds_in_process("--demo", "demo", "--out", "new", "--variant", "../up", cwd=tmp_path)
     assert result.returncode == 2 and "NAME must be" in result.stderr

@@ -10,7 +10,7 @@ import pytest
 from cli_in_process import run_main
 from suite_env import subprocess_env
 
-from rlhf_lit.demo.verifiable import ROOT, build_prompts, named_prompt, write_prompt_files
+from demo.verifiable import ROOT, build_prompts, named_prompt, write_prompt_files
 
 
 def test_named_prompt_cuts_after_the_naming_sentence():
@@ -58,7 +58,7 @@ def test_an_out_directory_that_holds_files_is_refused_and_left_untouched(tmp_pat
     import sys
 
     (tmp_path / "report.md").write_text("mine\n", encoding="utf-8")
-    result = subprocess.run([sys.executable, "-m", "rlhf_lit.demo.verifiable", "--out", str(tmp_path)],
+    result = subprocess.run([sys.executable, "-m", "demo.verifiable", "--out", str(tmp_path)],
                             capture_output=True, text=True, timeout=120, env=subprocess_env())  # fmt: skip
     assert result.returncode == 2
     assert "exists and is not empty; choose a new directory" in result.stderr

@@ -1,6 +1,6 @@
-"""The report of ``python -m rlhf_lit.demo seeds``: means and standard errors over seeds, plots.
+"""The report of ``python -m demo seeds``: means and standard errors over seeds, plots.
 
-Given the runs' ``result.json`` contents (:func:`rlhf_lit.demo.seeds.run_job`) and the SFT model's
+Given the runs' ``result.json`` contents (:func:`demo.seeds.run_job`) and the SFT model's
 held-out evaluation, :func:`write_study` writes into the study folder:
 
 - ``study.json``: :func:`summarise`'s numbers;
@@ -183,7 +183,7 @@ def draw_curves(results: Sequence[Mapping], path: str, order: Sequence[str]) -> 
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    from rlhf_lit.demo.seeds import CURVE_TAGS
+    from demo.seeds import CURVE_TAGS
 
     fig = Figure(figsize=(12, 3.6), dpi=100)
     FigureCanvasAgg(fig)
@@ -210,13 +210,13 @@ def draw_curves(results: Sequence[Mapping], path: str, order: Sequence[str]) -> 
 
 
 def frontier_points(summary: Mapping, best_of_n: Mapping | None):
-    """:class:`~rlhf_lit.demo.frontier.FrontierPoint` s of the seed means (best-of-N: its own run)."""
-    from rlhf_lit.demo.frontier import FrontierPoint, points_from_best_of_n
+    """:class:`~demo.frontier.FrontierPoint` s of the seed means (best-of-N: its own run)."""
+    from demo.frontier import FrontierPoint, points_from_best_of_n
 
     def point(method: str, setting: str, stats: Mapping) -> FrontierPoint:
         judge = stats["judge_mean"]
-        return FrontierPoint(method, setting, kl=stats["kl_mean"]["mean"], judge=judge["mean"],
-                             judge_se=judge["se"] or 0.0, n=judge["n"], note="mean over seeds")  # fmt: skip
+        return FrontierPoint(method, setting, kl=stats["kl_mean"]["mean"], score=judge["mean"],
+                             score_se=judge["se"] or 0.0, n=judge["n"], note="mean over seeds")  # fmt: skip
 
     points = [FrontierPoint("SFT", "-", 0.0, summary["sft"]["judge_mean"], 0.0, 1)]
     for name, v in summary["ppo"].items():
@@ -230,7 +230,7 @@ def frontier_points(summary: Mapping, best_of_n: Mapping | None):
 def write_study(results: Sequence[Mapping], sft: Mapping, out_dir: str, best_of_n: str | None = None,
                 baseline: str | None = None) -> str:
     """``study.json``, ``study.md``, ``curves.png`` and ``frontier.png`` in ``out_dir``; returns the ``.md`` path."""
-    from rlhf_lit.demo.frontier import draw_frontier
+    from demo.frontier import draw_frontier
 
     summary = summarise(results, sft)
     with open(os.path.join(out_dir, "study.json"), "w", encoding="utf-8") as f:

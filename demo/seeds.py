@@ -4,9 +4,9 @@ A learning claim is a measurement on held-out prompts over several seeds, never 
 reruns the demo's PPO (``configs/demo/ppo.yaml``, optionally with overrides: a "variant") and
 DPO (``configs/demo/dpo.yaml``, one run per beta) from a finished ``make demo`` folder's SFT model,
 reward model and data, once per seed, and measures every policy the way the demo does
-(:func:`rlhf_lit.demo.held_out_eval.evaluate`):
+(:func:`demo.held_out_eval.evaluate`):
 
-    python -m rlhf_lit.demo seeds --demo logs/demo --out logs/seeds --seeds 0 1 2 \\
+    python -m demo seeds --demo logs/demo --out logs/seeds --seeds 0 1 2 \\
         --variant default --variant "before=--model.init_args.optimizer.lr 1e-4"
 
 What a seed varies: PPO's ``model.rollout_seed`` (sampling and minibatch shuffles) and
@@ -21,7 +21,7 @@ is reused by a rerun, nothing is deleted):
   ``result.json`` (the per-rollout curves of ``objective/rlhf_reward``, ``objective/scores`` and
   ``objective/kl``, and the held-out measurements at every checkpoint);
 - ``dpo/beta_<b>/seed_<s>/``: the same for DPO (held-out measurements only);
-- ``study.json`` and ``study.md`` (:mod:`rlhf_lit.demo.seeds_report`): means and standard errors
+- ``study.json`` and ``study.md`` (:mod:`demo.seeds_report`): means and standard errors
   over seeds, the shaped objective's first and last rollouts per seed, and each PPO seed's judge
   score against DPO's at the same KL; ``curves.png`` and ``frontier.png``.
 """
@@ -30,20 +30,26 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import shlex
-import subprocess
 import sys
-import threading
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlhf_lit.artifacts import NotOwned, claim_directory, directory_state, remove_owned_directory, write_text_atomically
-from rlhf_lit.demo.plan import ASSETS, parse_betas
-from rlhf_lit.demo.runner import THREAD_ENV
+from demo.plan import ASSETS, ROOT, parse_betas
+from demo.runner import (
+    claim_study,
+    fit_command as rlhf_lit_fit,
+    fresh_run,
+    held_out_metrics,
+    rollout_checkpointing,
+    run_logged,
+    run_pool,
+    seed_overrides,
+    tb_logger,
+)
+from rlhf_lit.artifacts import write_text_atomically
 from rlhf_lit.integrity import check_json_file
 
 MARKER = ".rlhf-lit-seeds.json"
@@ -53,10 +59,8 @@ RUN_MARKER = ".rlhf-lit-seeds-run"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 CURVE_TAGS = ("objective/rlhf_reward", "objective/scores", "objective/kl")
 """The per-rollout scalars kept from each PPO run."""
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs" / "demo"
-_EXPORT_LOCK = threading.Lock()
-"""One checkpoint export at a time: ``from_pretrained`` builds models under a process-wide device context
-(meta tensors), so two threads loading at once can leave one with meta weights ("Cannot copy out of meta tensor")."""
+CONFIG_DIR = ROOT / "configs" / "demo"
+COMMAND = "python -m demo seeds"
 
 
 @dataclass(frozen=True)
@@ -92,16 +96,8 @@ def parse_variant(text: str) -> tuple[str, tuple[str, ...]]:
     return name, tuple(shlex.split(overrides))
 
 
-def seed_overrides(method: str, seed: int) -> list[str]:
-    """The options a seed sets (see the module docstring)."""
-    common = ["--seed_everything", str(seed), "--data.init_args.seed", str(seed)]
-    return common + (["--model.init_args.rollout_seed", str(seed)] if method == "ppo" else [])
-
-
 def fit_command(job: Job, demo: Path, checkpoint_every: int) -> list[str]:
-    """``rlhf-lit fit`` of ``job`` on the demo folder's models and data."""
-    logger = ["--trainer.logger.init_args.save_dir", str(job.dir), "--trainer.logger.init_args.name", "tb",
-              "--trainer.logger.init_args.version", "0", "--model.init_args.export_dir", str(job.dir / "model")]
+    """``rlhf-lit fit`` of ``job`` on the demo folder's models and data (the seed's options: the module docstring)."""
     if job.method == "dpo":
         inputs = ["--model.init_args.model", str(demo / "sft" / "model"),
                   "--data.init_args.train_path", str(demo / "prefs" / "preferences.jsonl")]
@@ -109,13 +105,10 @@ def fit_command(job: Job, demo: Path, checkpoint_every: int) -> list[str]:
         inputs = ["--model.init_args.sft_model", str(demo / "sft" / "model"),
                   "--model.init_args.reward_model", str(demo / "reward_model" / "model"),
                   "--data.init_args.train_path", str(demo / "data" / "ppo.txt"),
-                  "--trainer.enable_checkpointing", "true", "--trainer.callbacks+=rlhf_lit.callbacks.RolloutCheckpoint",
-                  "--trainer.callbacks.every_n_rollouts", str(checkpoint_every),
-                  "--trainer.callbacks.dirpath", str(job.dir / "checkpoints"), "--trainer.callbacks.save_top_k", "-1",
-                  "--trainer.callbacks.save_weights_only", "true"]  # fmt: skip
-    config = CONFIG_DIR / f"{job.method}.yaml"
-    return [sys.executable, "-m", "rlhf_lit.cli", "fit", "--config", str(config), *inputs, *logger,
-            *seed_overrides(job.method, job.seed), *job.overrides]  # fmt: skip
+                  *rollout_checkpointing(checkpoint_every, job.dir / "checkpoints")]  # fmt: skip
+    return rlhf_lit_fit(CONFIG_DIR / f"{job.method}.yaml", [
+        *inputs, *tb_logger(job.dir), "--model.init_args.export_dir", str(job.dir / "model"),
+        *seed_overrides(job.seed, rollouts=job.method == "ppo"), *job.overrides])  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -134,36 +127,22 @@ class Evaluation:
 
 
 def _evaluate(policy: Path, demo: Path, out: Path, evaluation: Evaluation, log) -> dict:
-    """The demo's held-out evaluation of ``policy`` in a subprocess (one thread); its metrics."""
-    if not out.exists():
-        cmd = [sys.executable, "-m", "rlhf_lit.demo", "evaluate", "--policy", str(policy),
-               "--reference", str(demo / "sft" / "model"), "--paragraphs", evaluation.paragraphs,
-               "--count", str(evaluation.count), "--max-new-tokens", str(evaluation.max_new_tokens), "--out", str(out)]
-        subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **THREAD_ENV}, check=True)
-    return check_json_file(out, want_object=False)["metrics"]
+    """The demo's held-out evaluation of ``policy`` (:func:`demo.runner.held_out_metrics`); its metrics."""
+    return held_out_metrics(policy, demo / "sft" / "model", evaluation.paragraphs, evaluation.count,
+                            evaluation.max_new_tokens, out, log)  # fmt: skip
 
 
 def run_job(job: Job, demo: Path, evaluation: Evaluation, checkpoint_every: int) -> dict:
     """Train ``job`` (unless finished), evaluate its checkpoints and export, write ``result.json``."""
     if job.result_path.exists():
         return check_json_file(job.result_path, want_object=False)
-    from rlhf_lit.demo.frontier import export_checkpoint_policy, rollout_checkpoints
-    from rlhf_lit.demo.report import read_scalars
+    from demo.frontier import export_checkpoint_policy
+    from rlhf_lit.models.checkpoint_policy import rollout_checkpoints
+    from demo.report import read_scalars
 
-    if job.dir.exists():  # a run this command began and did not finish (killed): start it again from nothing
-        try:
-            remove_owned_directory(job.dir, RUN_MARKER)
-        except NotOwned:
-            raise FileExistsError(f"{job.dir} was not started by `python -m rlhf_lit.demo seeds`: move it away") from None
-    job.dir.mkdir(parents=True)
-    write_text_atomically(job.dir / RUN_MARKER, f"{job.method} {job.name} seed {job.seed}\n")
+    fresh_run(job.dir, RUN_MARKER, f"{job.method} {job.name} seed {job.seed}", COMMAND)
     with open(job.dir / "log.txt", "w", encoding="utf-8") as log:
-        cmd = fit_command(job, demo, checkpoint_every)
-        log.write(shlex.join(cmd) + "\n")
-        log.flush()
-        fit = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **THREAD_ENV})
-        if fit.returncode != 0:
-            raise RuntimeError(f"{job.method} {job.name} seed {job.seed} failed (exit {fit.returncode}); log: {log.name}")
+        run_logged(fit_command(job, demo, checkpoint_every), log, f"{job.method} {job.name} seed {job.seed}")
         evaluations = {}
         if job.method == "ppo":
             scalars = read_scalars(str(job.dir / "tb" / "version_0"))
@@ -171,9 +150,8 @@ def run_job(job: Job, demo: Path, evaluation: Evaluation, checkpoint_every: int)
             final = len(curves["objective/kl"])
             for rollout, path in sorted(rollout_checkpoints(str(job.dir / "checkpoints")).items()):
                 if rollout != final:  # the final checkpoint holds the export's weights
-                    with _EXPORT_LOCK:
-                        policy = Path(export_checkpoint_policy(path, str(demo / "sft" / "model"),
-                                                               str(job.dir / f"rollout_{rollout}")))
+                    policy = Path(export_checkpoint_policy(path, str(demo / "sft" / "model"),
+                                                           str(job.dir / f"rollout_{rollout}")))
                     evaluations[rollout] = _evaluate(policy, demo, job.dir / f"eval_rollout_{rollout}.json", evaluation, log)
             evaluations[final] = _evaluate(job.dir / "model", demo, job.dir / "eval.json", evaluation, log)
         else:
@@ -187,9 +165,7 @@ def run_job(job: Job, demo: Path, evaluation: Evaluation, checkpoint_every: int)
 
 def claim(out: Path) -> None:
     """Create ``out`` with :data:`MARKER`, or accept it when it has the marker; refuse any other non-empty folder."""
-    if directory_state(out, MARKER, follow_symlinks=True) in ("not_a_directory", "foreign"):
-        raise FileExistsError(f"--out {out} is not empty and was not written by `python -m rlhf_lit.demo seeds`")
-    claim_directory(out, MARKER, json.dumps({"written_by": "python -m rlhf_lit.demo seeds"}) + "\n")
+    claim_study(out, MARKER, COMMAND)
 
 
 def plan(out: Path, seeds: Sequence[int], variants: Sequence[tuple[str, tuple[str, ...]]],
@@ -204,8 +180,8 @@ def plan(out: Path, seeds: Sequence[int], variants: Sequence[tuple[str, tuple[st
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """Options of ``python -m rlhf_lit.demo seeds``."""
-    p = argparse.ArgumentParser(prog="python -m rlhf_lit.demo seeds", description=__doc__.split("\n\n")[0],
+    """Options of ``python -m demo seeds``."""
+    p = argparse.ArgumentParser(prog="python -m demo seeds", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)  # fmt: skip
     p.add_argument("--demo", required=True, help="a finished `make demo` folder (its sft, reward_model, data and prefs)")
     p.add_argument("--out", required=True, help="folder for the runs and the report")
@@ -230,7 +206,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the study; exit status 2 on a refused ``--out`` or a demo folder without its models."""
     from transformers.utils import logging as hf_logging
 
-    from rlhf_lit.demo.seeds_report import write_study
+    from demo.seeds_report import write_study
 
     args = build_parser().parse_args(argv)
     hf_logging.disable_progress_bar()  # a bar per exported checkpoint would bury the progress lines
@@ -256,9 +232,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"[seeds] {job.method} {job.name} seed {job.seed}: done", flush=True)
         return result
 
-    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        results = list(pool.map(one, jobs))
-    sft = _evaluate(demo / "sft" / "model", demo, out / "eval_sft.json", evaluation, subprocess.DEVNULL)
+    results = run_pool(one, jobs, args.jobs)
+    sft = _evaluate(demo / "sft" / "model", demo, out / "eval_sft.json", evaluation, out / "eval_sft.log")
     best_of_n = demo / "best_of_n" / "best_of_n.json"
     report = write_study(results, sft, str(out), best_of_n=str(best_of_n) if best_of_n.exists() else None,
                          baseline=args.baseline)  # fmt: skip

@@ -1,6 +1,6 @@
-"""The report of ``python -m rlhf_lit.demo guard``: the export with and without ``keep_best``, and a plot.
+"""The report of ``python -m demo guard``: the export with and without ``keep_best``, and a plot.
 
-Given the runs' ``result.json`` contents (:func:`rlhf_lit.demo.guard_study.run_seed`),
+Given the runs' ``result.json`` contents (:func:`demo.guard_study.run_seed`),
 :func:`write_study` writes into the study folder:
 
 - ``study.json``: :func:`summarise`'s numbers: per seed the held-out judge score and KL to SFT of
@@ -19,7 +19,7 @@ import json
 import os
 from collections.abc import Mapping, Sequence
 
-from rlhf_lit.demo.seeds_report import mean_se
+from demo.seeds_report import mean_se
 
 MEASURED = ("judge_mean", "kl_mean", "distinct_2", "length_mean")
 """Held-out measurements of each policy shown in the tables."""

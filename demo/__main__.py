@@ -1,4 +1,4 @@
-"""``python -m rlhf_lit.demo {split,preferences,evaluate,report,pipeline,seeds,rm-study,guard}``: the offline demo's commands."""
+"""``python -m demo {split,preferences,evaluate,report,pipeline,seeds,rm-study,guard}``: the offline demo's commands."""
 
 from __future__ import annotations
 
@@ -9,11 +9,12 @@ import sys
 from collections.abc import Sequence
 from typing import get_args
 
-from rlhf_lit.demo.labeling import Labeler, Pairing
-from rlhf_lit.demo.story_prompts import RANGES
+from demo.labeling import Labeler, Pairing
+from demo.plan import ASSETS
+from demo.story_prompts import RANGES
 from rlhf_lit.evaluation.judges import DEFAULT_JUDGE
 
-DEFAULT_PARAGRAPHS = "assets/data/tinystories/val.txt"
+DEFAULT_PARAGRAPHS = str(ASSETS / "data" / "tinystories" / "val.txt")
 
 
 def _add_prompt_args(p: argparse.ArgumentParser, stage: str) -> None:
@@ -42,7 +43,7 @@ def _sampling(args: argparse.Namespace):
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of all subcommands."""
     fmt = argparse.ArgumentDefaultsHelpFormatter
-    parser = argparse.ArgumentParser(prog="python -m rlhf_lit.demo", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m demo", description=__doc__,
                                      formatter_class=fmt)
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -87,18 +88,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--after", default=None, help="evaluate JSON of the PPO policy")
     p.add_argument("--num-examples", type=int, default=8, help="sample generations in the table")
 
-    # Listed for --help only: main() hands `pipeline ...` to rlhf_lit.demo.pipeline before parsing.
+    # Listed for --help only: main() hands `pipeline ...` to demo.pipeline before parsing.
     sub.add_parser("pipeline", add_help=False,
-                   help="run every stage end to end (options: python -m rlhf_lit.demo.pipeline --help)")
+                   help="run every stage end to end (options: python -m demo.pipeline --help)")
     sub.add_parser("seeds", add_help=False,
                    help="rerun PPO variants and the DPO sweep of a finished demo on several seeds "
-                        "(options: python -m rlhf_lit.demo seeds --help)")
+                        "(options: python -m demo seeds --help)")
     sub.add_parser("rm-study", add_help=False,
                    help="RM held-out accuracy from best-vs-worst pairs, rankings and all pairs of the same "
-                        "judged samples, on several seeds (options: python -m rlhf_lit.demo rm-study --help)")
+                        "judged samples, on several seeds (options: python -m demo rm-study --help)")
     sub.add_parser("guard", add_help=False,
                    help="over-optimisation of a weaker proxy RM, watched by the over-optimisation guard "
-                        "(options: python -m rlhf_lit.demo guard --help)")
+                        "(options: python -m demo guard --help)")
     return parser
 
 
@@ -119,31 +120,31 @@ def _run(argv: list[str]) -> int:
     """The subcommand ``argv[0]`` with its arguments (:func:`main`)."""
     if argv[:1] == ["pipeline"]:
         # Handed over before parsing: argparse cannot pass options such as --help through unparsed.
-        from rlhf_lit.demo.pipeline import main as pipeline_main
+        from demo.pipeline import main as pipeline_main
 
         return pipeline_main(argv[1:])
     if argv[:1] == ["seeds"]:
-        from rlhf_lit.demo.seeds import main as seeds_main
+        from demo.seeds import main as seeds_main
 
         return seeds_main(argv[1:])
     if argv[:1] == ["rm-study"]:
-        from rlhf_lit.demo.rm_study import main as rm_study_main
+        from demo.rm_study import main as rm_study_main
 
         return rm_study_main(argv[1:])
     if argv[:1] == ["guard"]:
-        from rlhf_lit.demo.guard_study import main as guard_main
+        from demo.guard_study import main as guard_main
 
         return guard_main(argv[1:])
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if args.command == "split":
-        from rlhf_lit.demo.story_prompts import write_splits
+        from demo.story_prompts import write_splits
 
         for stage, path in write_splits(args.paragraphs, args.out_dir).items():
             start, count = RANGES[stage]
             print(f"{stage}: paragraphs [{start}, {start + count}) -> {path}")
     elif args.command == "preferences":
-        from rlhf_lit.demo.preferences import make_preferences
+        from demo.preferences import make_preferences
 
         stats = make_preferences(
             args.model, args.paragraphs, args.out, start=args.start, count=args.count,
@@ -154,7 +155,7 @@ def _run(argv: list[str]) -> int:
         )
         print(json.dumps(stats, indent=1))
     elif args.command == "evaluate":
-        from rlhf_lit.demo.held_out_eval import evaluate, format_table
+        from demo.held_out_eval import evaluate, format_table
 
         result = evaluate(
             args.policy, args.reference, args.paragraphs, start=args.start, count=args.count,
@@ -164,7 +165,7 @@ def _run(argv: list[str]) -> int:
         )
         print(format_table(result))
     elif args.command == "report":
-        from rlhf_lit.demo.report import write_report
+        from demo.report import write_report
 
         path = write_report(
             args.run, args.out_dir, label=args.label, compare=args.compare,

@@ -4,11 +4,11 @@ InstructGPT trained its reward model on K-way rankings, all C(K, 2) comparisons 
 one batch element, and warned that the same comparisons as separate pairs overfit (Ouyang et al.
 2022, section 3.5). This study measures it on the demo task, at equal labelling cost:
 
-    python -m rlhf_lit.demo rm-study --sft logs/demo/sft/model --out logs/rm_study --seeds 0 1 2
+    python -m demo rm-study --sft logs/demo/sft/model --out logs/rm_study --seeds 0 1 2
 
 Per seed ``s``, the SFT model samples K completions for every prompt of the RM paragraph range
 (sampling seed ``s``) and the judge scores each sample ONCE. From those same samples and scores,
-each variant (a :data:`~rlhf_lit.demo.labeling.Pairing`) writes its training records:
+each variant (a :data:`~demo.labeling.Pairing`) writes its training records:
 ``best_worst`` (one pair per prompt, the demo's old default), ``ranking`` (one record of all K,
 ``format: rankings``) and ``all_pairs`` (the C(K, 2) pairs as separate pair records). An RM is
 trained on each with ``configs/demo/reward_model.yaml`` (``seed_everything`` and ``data.seed``
@@ -22,7 +22,7 @@ Written under ``--out`` (a folder this command creates, marked by :data:`MARKER`
 what is finished and deletes nothing it did not write): ``heldout/`` (samples and the pair set in
 both formats), ``seed_<s>/samples.json``, ``seed_<s>/<variant>/`` (training records, the run's
 TensorBoard logs and export, ``log.txt``, ``result.json``), then ``study.json`` and ``study.md``
-(:mod:`rlhf_lit.demo.rm_study_report`).
+(:mod:`demo.rm_study_report`).
 """
 
 from __future__ import annotations
@@ -33,20 +33,19 @@ import os
 import platform
 import random
 import shlex
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import get_args
 
-from rlhf_lit.artifacts import NotOwned, claim_directory, directory_state, remove_owned_directory, write_text_atomically
-from rlhf_lit.demo.labeling import Pairing
-from rlhf_lit.demo.plan import ASSETS, ROOT, ppo_sampling, FULL
-from rlhf_lit.demo.runner import THREAD_ENV
-from rlhf_lit.demo.story_prompts import RANGES
+from demo.labeling import Pairing
+from demo.plan import ASSETS, FULL, ROOT, ppo_sampling
+from demo.runner import claim_study, fresh_run, run_logged, run_pool, seed_overrides, tb_logger
+from demo.runner import fit_command as rlhf_lit_fit
+from demo.story_prompts import RANGES
+from rlhf_lit.artifacts import write_text_atomically
 from rlhf_lit.integrity import check_json_file
 
 MARKER = ".rlhf-lit-rm-study.json"
@@ -59,6 +58,7 @@ HELDOUT_SEED = 12345
 """Sampling seed of the held-out set (fixed: the same pairs for every variant and seed)."""
 VARIANTS: tuple[Pairing, ...] = ("best_worst", "ranking", "all_pairs")
 CONFIG = ROOT / "configs" / "demo" / "reward_model.yaml"
+COMMAND = "python -m demo rm-study"
 
 
 @dataclass(frozen=True)
@@ -87,7 +87,7 @@ def samples(sampling: Sampling, path: Path, start: int, count: int, seed: int) -
         return check_json_file(path, want_object=False)
     import torch
 
-    from rlhf_lit.demo.preferences import sample_and_judge
+    from demo.preferences import sample_and_judge
     from rlhf_lit.evaluation.judges import DEFAULT_JUDGE
     from rlhf_lit.models.generation import SamplingConfig
 
@@ -112,7 +112,7 @@ def heldout_sets(judged: dict, k: int, folder: Path) -> dict[str, Path]:
     Every untied pair of every held-out prompt's K samples, the higher judge score chosen (pairs
     with an empty response dropped, as in training data).
     """
-    from rlhf_lit.demo.preferences import label_pairs, write_jsonl
+    from demo.preferences import label_pairs, write_jsonl
 
     pairs, _, _ = label_pairs(judged["paragraphs"], judged["prompts"], judged["responses"], judged["scores"], k,
                               "argmax", "all_pairs", 1.0, random.Random(0))  # fmt: skip
@@ -148,20 +148,17 @@ def fit_command(run: Run, sft: str, train: Path, heldout: dict[str, Path], overr
     """``rlhf-lit fit`` of the demo RM config on ``train``, validated on the held-out set."""
     # Set either way: the config may read rankings (and ties) by default.
     ranks = ["--data.init_args.fields.ranks", "ranks" if run.format == "rankings" else "null"]
-    return [
-        sys.executable, "-m", "rlhf_lit.cli", "fit", "--config", str(CONFIG),
+    return rlhf_lit_fit(CONFIG, [
         "--model.init_args.model", sft, "--model.init_args.export_dir", str(run.dir / "model"),
         "--data.init_args.train_path", str(train), "--data.init_args.val_path", str(heldout[run.format]),
         "--data.init_args.val_fraction", "0", "--data.init_args.format", run.format, *ranks,
-        "--seed_everything", str(run.seed), "--data.init_args.seed", str(run.seed),
-        "--trainer.logger.init_args.save_dir", str(run.dir), "--trainer.logger.init_args.name", "tb",
-        "--trainer.logger.init_args.version", "0", *overrides,
-    ]  # fmt: skip
+        *seed_overrides(run.seed, rollouts=False), *tb_logger(run.dir), *overrides,
+    ])  # fmt: skip
 
 
 def train_records(judged: dict, run: Run, k: int) -> tuple[list[dict], dict]:
     """The run's training records (argmax labels of the seed's samples) and their counts."""
-    from rlhf_lit.demo.preferences import count_pairs, label
+    from demo.preferences import count_pairs, label
 
     records, ties, empty = label(judged, k, "argmax", run.variant, 1.0, random.Random(run.seed))
     sequences = sum(len(r["responses"]) if "responses" in r else 2 for r in records)
@@ -174,28 +171,15 @@ def run_one(run: Run, judged: dict, k: int, sft: str, heldout: dict[str, Path], 
     result_path = run.dir / "result.json"
     if result_path.exists():
         return check_json_file(result_path, want_object=False)
-    from rlhf_lit.demo.preferences import write_jsonl
-    from rlhf_lit.demo.report import read_scalars
+    from demo.preferences import write_jsonl
+    from demo.report import read_scalars
 
-    if run.dir.exists():  # begun and not finished (killed): start it again from nothing
-        try:
-            remove_owned_directory(run.dir, RUN_MARKER)
-        except NotOwned:
-            raise FileExistsError(f"{run.dir} was not started by `python -m rlhf_lit.demo rm-study`: move it away") from None
-    run.dir.mkdir(parents=True)
-    write_text_atomically(run.dir / RUN_MARKER, f"{run.variant} seed {run.seed}\n")
+    fresh_run(run.dir, RUN_MARKER, f"{run.variant} seed {run.seed}", COMMAND)  # begun and not finished: anew
     records, counts = train_records(judged, run, k)
     train = run.dir / "train.jsonl"
     write_jsonl(str(train), records)
-    cmd = fit_command(run, sft, train, heldout, overrides)
-    with open(run.dir / "log.txt", "w", encoding="utf-8") as log:
-        log.write(shlex.join(cmd) + "\n")
-        log.flush()
-        t0 = time.perf_counter()
-        fit = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **THREAD_ENV})
-        seconds = time.perf_counter() - t0
-    if fit.returncode != 0:
-        raise RuntimeError(f"{run.variant} seed {run.seed} failed (exit {fit.returncode}); log: {run.dir / 'log.txt'}")
+    seconds = run_logged(fit_command(run, sft, train, heldout, overrides), run.dir / "log.txt",
+                         f"{run.variant} seed {run.seed}")  # fmt: skip
     scalars = read_scalars(str(run.dir / "tb" / "version_0"))
     val = {tag: values for tag, (_, values) in scalars.items() if tag.startswith("val/")}
     result = {"variant": run.variant, "seed": run.seed, "counts": counts, "fit_seconds": seconds, "val": val,
@@ -206,9 +190,7 @@ def run_one(run: Run, judged: dict, k: int, sft: str, heldout: dict[str, Path], 
 
 def claim(out: Path) -> None:
     """Create ``out`` with :data:`MARKER`, or accept it when it has the marker; refuse any other non-empty folder."""
-    if directory_state(out, MARKER, follow_symlinks=True) in ("not_a_directory", "foreign"):
-        raise FileExistsError(f"--out {out} is not empty and was not written by `python -m rlhf_lit.demo rm-study`")
-    claim_directory(out, MARKER, json.dumps({"written_by": "python -m rlhf_lit.demo rm-study"}) + "\n")
+    claim_study(out, MARKER, COMMAND)
 
 
 def machine() -> str:
@@ -226,8 +208,8 @@ def machine() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """Options of ``python -m rlhf_lit.demo rm-study``."""
-    p = argparse.ArgumentParser(prog="python -m rlhf_lit.demo rm-study", description=__doc__.split("\n\n")[0],
+    """Options of ``python -m demo rm-study``."""
+    p = argparse.ArgumentParser(prog="python -m demo rm-study", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)  # fmt: skip
     p.add_argument("--sft", required=True, help="the demo SFT model directory (read only)")
     p.add_argument("--out", required=True, help="folder for the samples, runs and the report")
@@ -253,7 +235,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the study; exit status 2 on a refused ``--out`` or a missing SFT model."""
     from transformers.utils import logging as hf_logging
 
-    from rlhf_lit.demo.rm_study_report import write_study
+    from demo.rm_study_report import write_study
 
     args = build_parser().parse_args(argv)
     hf_logging.disable_progress_bar()
@@ -295,12 +277,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"[rm-study] {run.variant} seed {run.seed}: {result['fit_seconds']:.0f} s", flush=True)
         return result
 
-    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        results = list(pool.map(one, runs))
+    results = run_pool(one, runs, args.jobs)
     with open(heldout["fields"], encoding="utf-8") as f:
         heldout_pairs = sum(1 for _ in f)
     setup = {
-        "command": "python -m rlhf_lit.demo rm-study " + shlex.join(argv if argv is not None else sys.argv[1:]),
+        "command": "python -m demo rm-study " + shlex.join(argv if argv is not None else sys.argv[1:]),
         "machine": machine(), "samples_per_prompt": k, "train_prompts": sampling.count,
         "train_paragraphs": [RANGES["reward_model"][0], RANGES["reward_model"][0] + sampling.count],
         "heldout_paragraphs": [HELDOUT_RANGE[0], HELDOUT_RANGE[0] + args.heldout_count],

@@ -7,12 +7,12 @@ Reads TensorBoard scalars logged per rollout (step = rollout index) with tensorb
 - ``judge_score.png``: ``objective/judge`` (gold judge score) over rollouts;
 - ``kl.png``: ``objective/kl`` (per-response KL to the reference) over rollouts;
 - ``training_frontier.png``: judge score against KL, one point per rollout (logged during training;
-  the pipeline's ``frontier.png`` compares methods on held-out prompts, :mod:`rlhf_lit.demo.frontier`);
+  the pipeline's ``frontier.png`` compares methods on held-out prompts, :mod:`demo.frontier`);
 - ``diversity.png`` (``diversity/distinct_1``, ``diversity/distinct_2``) and ``length.png``
   (``response/length``).
 
 A plot whose tag is missing from every run is skipped, with a note in the summary. The summary
-``report.md`` also compares :func:`rlhf_lit.demo.held_out_eval.evaluate` results before and after PPO:
+``report.md`` also compares :func:`demo.held_out_eval.evaluate` results before and after PPO:
 their metrics, and a table of sample generations for the same prompts.
 """
 

@@ -1,11 +1,11 @@
-"""The offline demo, end to end: ``python -m rlhf_lit.demo.pipeline`` (what ``make demo`` runs).
+"""The offline demo, end to end: ``python -m demo.pipeline`` (what ``make demo`` runs).
 
 Steers the pretrained 260K-parameter TinyStories Llama toward happier stories (the "sentiment"
 task of Ziegler et al. 2019) with VADER standing in for the human labeller, on 2 CPU cores:
 
 1. split     TinyStories paragraphs into disjoint SFT / RM / PPO / eval ranges (``<out>/data``);
 2. sft       ``rlhf-lit fit --config configs/demo/sft.yaml``            -> ``<out>/sft/model``;
-3. prefs     ``python -m rlhf_lit.demo preferences`` (K samples per prompt, the judge labels)
+3. prefs     ``python -m demo preferences`` (K samples per prompt, the judge labels)
              -> ``<out>/prefs/preferences.jsonl`` (best-vs-worst pairs, DPO's data) and, when the
              RM config reads ``format: rankings``, ``<out>/prefs/rankings.jsonl`` (the whole
              ranking of each prompt's samples, the RM's data);
@@ -46,8 +46,8 @@ from pathlib import Path
 from typing import get_args
 
 from rlhf_lit.artifacts import write_text_atomically
-from rlhf_lit.demo.labeling import Labeler
-from rlhf_lit.demo.plan import (
+from demo.labeling import Labeler
+from demo.plan import (
     ASSETS,
     DEFAULT_DPO_BETAS,
     FULL,
@@ -59,15 +59,25 @@ from rlhf_lit.demo.plan import (
     Paths,
     claim_out,
     dpo_stage,
-    fit_command,
     parse_betas,
     ppo_rollouts,
     ppo_sampling,
     ppo_unfinished,
     reward_model_format,
 )
-from rlhf_lit.demo.runner import Running, StageFailed, Timings, run_stages, say, start_stages, stop_stages, wait_stages
-from rlhf_lit.demo.summary import format_value, last_scalar, results_table, write_summary
+from demo.runner import (
+    Running,
+    StageFailed,
+    Timings,
+    fit_command,
+    rollout_checkpointing,
+    run_stages,
+    say,
+    start_stages,
+    stop_stages,
+    wait_stages,
+)
+from demo.summary import format_value, last_scalar, results_table, write_summary
 from rlhf_lit.evaluation.judges import DEFAULT_JUDGE
 from rlhf_lit.integrity import DamagedFile, check_json_file
 from rlhf_lit.sources import DamagedSource
@@ -75,7 +85,7 @@ from rlhf_lit.sources import DamagedSource
 
 def build_parser() -> argparse.ArgumentParser:
     """The pipeline's options."""
-    p = argparse.ArgumentParser(prog="python -m rlhf_lit.demo.pipeline", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m demo.pipeline", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="logs/demo", help="root of every output (default: %(default)s)")
     p.add_argument("--tiny", action="store_true",
@@ -126,7 +136,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def train(args: argparse.Namespace, budget: Budget, paths: Paths, timings: Timings) -> dict:
     """Split, SFT, preferences, then the RM and DPO, then PPO and best-of-N, each stage a subprocess; returns facts for the summary."""
-    from rlhf_lit.demo.story_prompts import RANGES, write_splits
+    from demo.story_prompts import RANGES, write_splits
 
     configs = Path(args.config_dir)
     seed_args = [] if args.seed is None else ["--seed_everything", str(args.seed)]
@@ -142,12 +152,12 @@ def train(args: argparse.Namespace, budget: Budget, paths: Paths, timings: Timin
         *logger_root, *seed_args, "--model.init_args.model", args.base_model,
         "--model.init_args.export_dir", str(paths.model("sft")),
         "--data.init_args.train_path", splits["sft"], *budget.sft,
-    ])}, paths, timings)  # fmt: skip
+    ])}, paths.dir("logs"), timings)  # fmt: skip
 
     temperature, max_new_tokens = ppo_sampling(configs / "ppo.yaml", budget)
     preferences = paths.dir("prefs") / "preferences.jsonl"
     pref_cmd = [
-        sys.executable, "-m", "rlhf_lit.demo", "preferences", "--model", str(paths.model("sft")),
+        sys.executable, "-m", "demo", "preferences", "--model", str(paths.model("sft")),
         "--out", str(preferences), "--paragraphs", args.paragraphs, "--judge", args.judge,
         "--samples-per-prompt", str(args.samples_per_prompt or budget.samples_per_prompt),
         "--labeler", args.labeler, "--temperature", str(temperature), "--max-new-tokens", str(max_new_tokens),
@@ -163,7 +173,7 @@ def train(args: argparse.Namespace, budget: Budget, paths: Paths, timings: Timin
         pref_cmd += ["--count", str(budget.pref_prompts)]
     if args.seed is not None:
         pref_cmd += ["--seed", str(args.seed)]
-    run_stages({"preferences": pref_cmd}, paths, timings)
+    run_stages({"preferences": pref_cmd}, paths.dir("logs"), timings)
 
     # DPO needs only the SFT model and the pairs: it starts beside the RM and runs on while PPO trains.
     dpo_runs = {} if args.skip_frontier else {
@@ -174,7 +184,7 @@ def train(args: argparse.Namespace, budget: Budget, paths: Paths, timings: Timin
             "--data.init_args.train_path", str(preferences), *budget.dpo,
         ]) for beta in args.dpo_betas
     }  # fmt: skip
-    background = start_stages(dpo_runs, paths)
+    background = start_stages(dpo_runs, paths.dir("logs"))
     try:
         return _train_rm_and_ppo(args, budget, paths, timings, splits, preferences, rm_data, background)
     finally:
@@ -194,7 +204,7 @@ def _train_rm_and_ppo(args: argparse.Namespace, budget: Budget, paths: Paths, ti
         *logger_root, *seed_args, "--model.init_args.model", str(paths.model("sft")),
         "--model.init_args.export_dir", str(paths.model("reward_model")),
         "--data.init_args.train_path", str(rm_data), *budget.reward_model,
-    ])}, paths), timings, background)  # fmt: skip
+    ])}, paths.dir("logs")), timings, background)  # fmt: skip
     rm_accuracy = last_scalar(paths.run("reward_model"), "val/accuracy")
     with open(preferences, encoding="utf-8") as f:
         num_pairs = sum(1 for _ in f)
@@ -210,12 +220,7 @@ def _train_rm_and_ppo(args: argparse.Namespace, budget: Budget, paths: Paths, ti
         *([] if args.seed is None else ["--model.init_args.rollout_seed", str(args.seed)]),
     ]  # fmt: skip
     # The frontier's PPO points: the policy every `checkpoint_every` rollouts (weights only, atomic).
-    checkpointing = [] if args.skip_frontier else [
-        "--trainer.enable_checkpointing", "true", "--trainer.callbacks+=rlhf_lit.callbacks.RolloutCheckpoint",
-        "--trainer.callbacks.every_n_rollouts", str(budget.checkpoint_every),
-        "--trainer.callbacks.dirpath", str(paths.checkpoints), "--trainer.callbacks.save_top_k", "-1",
-        "--trainer.callbacks.save_weights_only", "true",
-    ]  # fmt: skip
+    checkpointing = [] if args.skip_frontier else rollout_checkpointing(budget.checkpoint_every, paths.checkpoints)
     ppo_runs = {"ppo": fit_command(configs / "ppo.yaml", [
         *ppo_args, *checkpointing, "--model.init_args.export_dir", str(paths.model("ppo"))])}
     if not args.skip_kl0:
@@ -228,7 +233,7 @@ def _train_rm_and_ppo(args: argparse.Namespace, budget: Budget, paths: Paths, ti
     if not args.skip_frontier:
         others["best_of_n"] = _best_of_n_command(args, budget, paths, temperature, max_new_tokens)
     # In parallel with each other and the DPO runs: one process and one thread each.
-    wait_stages({**start_stages({**ppo_runs, **others}, paths), **background}, timings)
+    wait_stages({**start_stages({**ppo_runs, **others}, paths.dir("logs")), **background}, timings)
     return {"policies": list(ppo_runs), "dpo": dpo_stages, "rm_accuracy": rm_accuracy,
             "ppo_rollouts": ppo_rollouts(configs / "ppo.yaml", budget),
             "num_pairs": num_pairs, "rm_records": rm_records, "temperature": temperature, "max_new_tokens": max_new_tokens}
@@ -242,7 +247,7 @@ def _best_of_n_command(args: argparse.Namespace, budget: Budget, paths: Paths, t
     line break), the same openings the evaluation uses, sampled at the temperature and length PPO
     samples with; the RM reads cut responses as PPO's does (``reward.unfinished``).
     """
-    from rlhf_lit.demo.story_prompts import RANGES, load_prompts
+    from demo.story_prompts import RANGES, load_prompts
 
     start, count = RANGES["eval"]
     count = min(count, budget.bon_prompts or budget.eval_prompts or count)
@@ -269,9 +274,9 @@ def measure(
     import torch
     from transformers.utils import logging as hf_logging
 
-    from rlhf_lit.demo.held_out_eval import evaluate
-    from rlhf_lit.demo.story_prompts import RANGES
-    from rlhf_lit.demo.report import write_report
+    from demo.held_out_eval import evaluate
+    from demo.story_prompts import RANGES
+    from demo.report import write_report
     from rlhf_lit.models.generation import SamplingConfig
 
     torch.set_num_threads(1)
@@ -321,8 +326,9 @@ def measure_frontier(paths: Paths, results: dict[str, dict], trained: dict, meas
     Returns:
         ``(frontier.png path, markdown table rows)``.
     """
-    from rlhf_lit.demo.frontier import export_checkpoint_policy, point_from_evaluation, points_from_best_of_n
-    from rlhf_lit.demo.frontier import rollout_checkpoints, write_frontier
+    from demo.frontier import export_checkpoint_policy, point_from_evaluation, points_from_best_of_n
+    from demo.frontier import write_frontier
+    from rlhf_lit.models.checkpoint_policy import rollout_checkpoints
 
     sft = str(paths.model("sft"))
     final = trained["ppo_rollouts"]

@@ -15,7 +15,7 @@ import dataclasses
 import logging
 
 from rlhf_lit.artifacts import write_json_atomically
-from rlhf_lit.demo.story_prompts import RANGES, load_prompts
+from demo.story_prompts import RANGES, load_prompts
 from rlhf_lit.evaluation.judges import DEFAULT_JUDGE, load_judge
 from rlhf_lit.evaluation.policy_metrics import evaluate_policy, format_table  # noqa: F401 (format_table: the demo's CLI)
 from rlhf_lit.models.generation import SamplingConfig

@@ -21,13 +21,12 @@ import random
 import time
 from collections.abc import Sequence
 
-from rlhf_lit.demo.batching import sample_batches
-from rlhf_lit.demo.labeling import Labeler, Pairing, candidate_pairs, prefer_first, rank_samples
-from rlhf_lit.demo.story_prompts import RANGES, load_prompts
+from demo.labeling import Labeler, Pairing, candidate_pairs, prefer_first, rank_samples
+from demo.story_prompts import RANGES, load_prompts
 from rlhf_lit.evaluation import response_texts
 from rlhf_lit.evaluation.judges import DEFAULT_JUDGE, load_judge
 from rlhf_lit.models import load_causal_lm
-from rlhf_lit.models.generation import SamplingConfig
+from rlhf_lit.models.generation import SamplingConfig, sample_batches
 from rlhf_lit.tokenizer import load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -54,7 +53,7 @@ def label_pairs(
         prompts, responses, scores: one entry per sample, ``N * K`` entries grouped by prompt
             (the K samples of prompt ``n`` are entries ``n * K`` to ``n * K + K - 1``).
         samples_per_prompt: K.
-        labeler, pairing, temperature: see :mod:`rlhf_lit.demo.labeling`.
+        labeler, pairing, temperature: see :mod:`demo.labeling`.
         rng: the labeller's random source (``bradley_terry`` draws one number per pair).
 
     Returns:

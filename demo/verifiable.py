@@ -1,4 +1,4 @@
-"""The offline verifiable-reward task: ``python -m rlhf_lit.demo.verifiable --out logs/verifiable``.
+"""The offline verifiable-reward task: ``python -m demo.verifiable --out logs/verifiable``.
 
 The rule (a reward the base model does not already satisfy): the story continuation must mention
 the character named in the prompt, as a whole word, at least ``--min-count`` times
@@ -21,19 +21,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from rlhf_lit.demo.story_prompts import read_paragraphs
+from demo.plan import ASSETS, ROOT
+from demo.runner import StageFailed, Timings, fit_command, start_stages, wait_stages
+from demo.story_prompts import read_paragraphs
 
-ROOT = Path(__file__).resolve().parents[2]
-ASSETS = ROOT / "assets"
 ESTIMATORS = ("gae", "grpo", "rloo")
-THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 _NAMED = re.compile(r"\bnamed ([A-Z][a-z]+)\b")
 _SENTENCE_END = re.compile(r"[.!?]")
@@ -77,10 +74,9 @@ def satisfaction(model_dir: str, records: list[dict], *, greedy: bool, max_new_t
     """Rule-satisfaction rate of ``model_dir`` on ``records`` (one response per prompt)."""
     import torch
 
-    from rlhf_lit.demo.batching import sample_batches
     from rlhf_lit.evaluation import response_texts
     from rlhf_lit.models import load_causal_lm
-    from rlhf_lit.models.generation import SamplingConfig
+    from rlhf_lit.models.generation import SamplingConfig, sample_batches
     from rlhf_lit.rewards import RewardBatch
     from rlhf_lit.rewards.rules import mentions_ground_truth
     from rlhf_lit.tokenizer import load_tokenizer
@@ -105,19 +101,19 @@ def satisfaction(model_dir: str, records: list[dict], *, greedy: bool, max_new_t
 
 def _fit_command(config: Path, estimator: str, out: Path, train: Path, args: argparse.Namespace) -> list[str]:
     spp = "1" if estimator == "gae" else str(args.samples_per_prompt)
-    cmd = [sys.executable, "-m", "rlhf_lit.cli", "fit", "--config", str(config),
-           "--model.init_args.sft_model", args.base_model,
-           "--model.init_args.ppo.estimator", estimator,
-           "--model.init_args.sampling.samples_per_prompt", spp,
-           "--model.init_args.sampling.max_new_tokens", str(args.max_new_tokens),
-           "--model.init_args.max_rollouts", str(args.rollouts),
-           "--model.init_args.export_dir", str(out / estimator / "model"),
-           "--model.init_args.reward.sources", json.dumps(
-               [{"name": "mentions", "function": "rlhf_lit.rewards.rules:mentions_ground_truth",
-                 "kwargs": {"min_count": args.min_count}}]),
-           "--trainer.logger.init_args.save_dir", str(out), "--trainer.logger.init_args.name", estimator,
-           "--trainer.logger.init_args.version", "0",
-           "--data.init_args.train_path", str(train)]
+    cmd = fit_command(config, [
+        "--model.init_args.sft_model", args.base_model,
+        "--model.init_args.ppo.estimator", estimator,
+        "--model.init_args.sampling.samples_per_prompt", spp,
+        "--model.init_args.sampling.max_new_tokens", str(args.max_new_tokens),
+        "--model.init_args.max_rollouts", str(args.rollouts),
+        "--model.init_args.export_dir", str(out / estimator / "model"),
+        "--model.init_args.reward.sources", json.dumps(
+            [{"name": "mentions", "function": "rlhf_lit.rewards.rules:mentions_ground_truth",
+              "kwargs": {"min_count": args.min_count}}]),
+        "--trainer.logger.init_args.save_dir", str(out), "--trainer.logger.init_args.name", estimator,
+        "--trainer.logger.init_args.version", "0",
+        "--data.init_args.train_path", str(train)])  # fmt: skip
     if estimator == "gae":
         cmd += ["--model.init_args.value_model", args.base_model]
         # k = 1: the same number of sampled responses per rollout as the group estimators
@@ -128,7 +124,7 @@ def _fit_command(config: Path, estimator: str, out: Path, train: Path, args: arg
 
 
 def _scalars(run: Path) -> dict[str, tuple[list[int], list[float]]]:
-    from rlhf_lit.demo.report import read_scalars
+    from demo.report import read_scalars
 
     return read_scalars(str(run))
 
@@ -191,7 +187,7 @@ def write_report(out: Path, results: dict, timings: dict, commands: dict, args: 
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m rlhf_lit.demo.verifiable", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m demo.verifiable", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="logs/verifiable")
     p.add_argument("--config", default=str(ROOT / "configs" / "offline" / "verifiable.yaml"))
@@ -209,8 +205,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    import subprocess
-
     args = build_parser().parse_args(argv)
     out = Path(args.out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
@@ -231,20 +225,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     commands = {e: _fit_command(Path(args.config), e, out, train, args) for e in args.estimators}
     (out / "logs").mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, **THREAD_ENV}
-    t0, procs, timings = time.perf_counter(), {}, {}
-    for est, cmd in commands.items():
-        print(f"[verifiable] {est}: {' '.join(cmd)}", flush=True)
-        with open(out / "logs" / f"{est}.log", "w", encoding="utf-8") as f:
-            procs[est] = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
-    for est, proc in procs.items():
-        rc = proc.wait()
-        timings[est] = time.perf_counter() - t0
-        if rc != 0:
-            print((out / "logs" / f"{est}.log").read_text()[-3000:], file=sys.stderr)
-            print(f"[verifiable] {est} failed with exit status {rc}", file=sys.stderr)
-            return rc
-        print(f"[verifiable] {est}: done in {timings[est]:.0f} s", flush=True)
+    timings = Timings()  # each run's wall seconds, from its start to its own exit
+    try:  # in parallel, one thread each; a failing run stops the others
+        wait_stages(start_stages(commands, out / "logs"), timings)
+    except StageFailed as e:
+        print(f"[verifiable] FAILED: {e}", file=sys.stderr)
+        return e.returncode or 1
     for est in args.estimators:
         results[est] = evaluate(str(out / est / "model"))
         tags = _scalars(out / est / "version_0")
@@ -253,7 +239,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parts = [tags[t][1] for t in ("time/generate_s", "time/score_s", "time/train_s") if t in tags]
         results[est]["rollout_s"] = sum(sum(p) for p in parts) / len(parts[0]) if parts else None
     report = write_report(out, results, timings, commands, args)
-    (out / "results.json").write_text(json.dumps({"results": results, "timings": timings}, indent=1))
+    (out / "results.json").write_text(json.dumps({"results": results, "timings": dict(timings)}, indent=1))
     print(report.read_text(), flush=True)
     return 0
 

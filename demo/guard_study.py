@@ -1,4 +1,4 @@
-"""Over-optimisation made to happen, and the guard watching it: ``python -m rlhf_lit.demo guard``.
+"""Over-optimisation made to happen, and the guard watching it: ``python -m demo guard``.
 
 From a finished ``make demo`` folder this trains a *weaker proxy* reward model (a fraction of the
 demo's preference pairs, relabelled by the noisy ``bradley_terry`` labeller from the judge scores
@@ -10,7 +10,7 @@ prompts of their own (:data:`GUARD_PROMPTS`), ``proxy_gold`` and the other signa
 ``keep_best`` on the held-out judge, so the run *exports* the best held-out policy once a
 ``keep_best`` signal fired:
 
-    python -m rlhf_lit.demo guard --demo logs/demo --out logs/guard --seeds 0 1 2
+    python -m demo guard --demo logs/demo --out logs/guard --seeds 0 1 2
 
 The defaults (32 pairs, temperature 1.0, KL coefficient 0, 70 rollouts) are the setting of
 docs/DEMO.md: with stronger proxies the judge did not fall within the run (200 pairs at 0.25: 0.97
@@ -19,7 +19,7 @@ by rollout 25 and level; 64 pairs at 0.5: still rising at rollout 80; one seed e
 The same run without ``keep_best`` would export its last policy: training is the same rollout for
 rollout (``keep_best`` on a held-out metric only copies weights; the held-out sampling has its own
 generator), so the last policy is read from the run's final ``RolloutCheckpoint``. Both policies
-are measured with the demo's evaluation (:func:`rlhf_lit.demo.held_out_eval.evaluate`: 256
+are measured with the demo's evaluation (:func:`demo.held_out_eval.evaluate`: 256
 held-out prompts, judge score and KL to SFT).
 
 Written under ``--out`` (created by this command and marked by :data:`MARKER`; a rerun reuses what
@@ -30,7 +30,7 @@ is finished and deletes nothing it did not write):
 - ``seed_<s>/``: TensorBoard logs, ``model/`` (the export: with ``keep_best``), ``last/`` (the last
   policy), their evaluations, ``result.json`` (per-rollout curves, held-out evaluations, the
   rollouts where each signal fired, the kept rollout);
-- ``study.json``, ``study.md`` and ``guard.png`` (:mod:`rlhf_lit.demo.guard_report`).
+- ``study.json``, ``study.md`` and ``guard.png`` (:mod:`demo.guard_report`).
 """
 
 from __future__ import annotations
@@ -39,16 +39,26 @@ import argparse
 import json
 import math
 import random
-import shlex
-import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from rlhf_lit.artifacts import NotOwned, claim_directory, directory_state, remove_owned_directory, write_text_atomically
-from rlhf_lit.demo.plan import ASSETS, ROOT
-from rlhf_lit.demo.runner import THREAD_ENV
+from demo.plan import ASSETS, ROOT
+from demo.runner import (
+    claim_study,
+    fit_command as rlhf_lit_fit,
+    fresh_run,
+    held_out_metrics,
+    rollout_checkpointing,
+    run_logged,
+    run_pool,
+    seed_overrides,
+    tb_logger,
+)
+from rlhf_lit.artifacts import write_text_atomically
 from rlhf_lit.integrity import check_json_file, check_jsonl_file
+
+COMMAND = "python -m demo guard"
 
 MARKER = ".rlhf-lit-guard-study.json"
 """Written into ``--out`` when this command creates it; a non-empty folder without it is refused."""
@@ -75,9 +85,9 @@ def relabel(pairs: Sequence[dict], count: int, temperature: float, seed: int) ->
     Each pair keeps its two responses; which one is chosen is drawn again from the judge scores it
     carries (``chosen_score``, ``rejected_score``): the first stays chosen with probability
     ``sigmoid((chosen_score - rejected_score) / temperature)``
-    (:func:`rlhf_lit.demo.labeling.prefer_first`, one draw per pair).
+    (:func:`demo.labeling.prefer_first`, one draw per pair).
     """
-    from rlhf_lit.demo.labeling import prefer_first
+    from demo.labeling import prefer_first
 
     if not 1 <= count <= len(pairs):
         raise ValueError(f"--proxy-pairs {count}: the demo has {len(pairs)} pairs")
@@ -99,21 +109,19 @@ def train_proxy(args: argparse.Namespace, demo: Path, out: Path) -> Path:
     model = folder / "model"
     if (folder / "done.json").exists():
         return model
-    _fresh(folder, "proxy")
+    fresh_run(folder, RUN_MARKER, "proxy", COMMAND)
     pairs = check_jsonl_file(demo / "prefs" / "preferences.jsonl")  # a copy cut short: named, not a traceback
     chosen = relabel(pairs, args.proxy_pairs, args.bt_temperature, args.proxy_seed)
     write_text_atomically(folder / "preferences.jsonl", "".join(json.dumps(p) + "\n" for p in chosen))
-    cmd = [sys.executable, "-m", "rlhf_lit.cli", "fit", "--config", str(ROOT / "configs" / "demo" / "reward_model.yaml"),
-           "--model.init_args.model", str(demo / "sft" / "model"), "--model.init_args.export_dir", str(model),
-           # The demo RM config reads rankings; the proxy's labels are pairs (the weaker signal).
-           "--data.init_args.train_path", str(folder / "preferences.jsonl"),
-           "--data.init_args.format", "fields", "--data.init_args.fields.ranks", "null",
-           "--trainer.logger.init_args.save_dir", str(folder), "--trainer.logger.init_args.name", "tb",
-           "--trainer.logger.init_args.version", "0",
-           # The config's 10 warmup steps are more than a few dozen pairs make: a tenth of the steps.
-           "--model.init_args.optimizer.warmup_steps", str(max(1, rm_steps(len(chosen)) // 10)),
-           *(TINY_RM if args.tiny else ())]  # fmt: skip
-    _run(cmd, folder / "log.txt", "the proxy reward model")
+    cmd = rlhf_lit_fit(ROOT / "configs" / "demo" / "reward_model.yaml", [
+        "--model.init_args.model", str(demo / "sft" / "model"), "--model.init_args.export_dir", str(model),
+        # The demo RM config reads rankings; the proxy's labels are pairs (the weaker signal).
+        "--data.init_args.train_path", str(folder / "preferences.jsonl"),
+        "--data.init_args.format", "fields", "--data.init_args.fields.ranks", "null", *tb_logger(folder),
+        # The config's 10 warmup steps are more than a few dozen pairs make: a tenth of the steps.
+        "--model.init_args.optimizer.warmup_steps", str(max(1, rm_steps(len(chosen)) // 10)),
+        *(TINY_RM if args.tiny else ())])  # fmt: skip
+    run_logged(cmd, folder / "log.txt", "the proxy reward model")
     flips = sum(a["chosen"] != b["chosen"] for a, b in zip(chosen, _picked(pairs, args)))
     write_text_atomically(folder / "done.json", json.dumps({"pairs": len(chosen), "flipped": flips}) + "\n")
     return model
@@ -145,7 +153,7 @@ def write_config(args: argparse.Namespace, out: Path) -> Path:
     """``out/ppo_guard.yaml``: the demo PPO config with the guard added to its callbacks."""
     import yaml
 
-    from rlhf_lit.demo.story_prompts import load_prompts
+    from demo.story_prompts import load_prompts
 
     with open(ROOT / "configs" / "demo" / "ppo.yaml", encoding="utf-8") as f:
         config = yaml.safe_load(f)
@@ -159,18 +167,14 @@ def write_config(args: argparse.Namespace, out: Path) -> Path:
 
 def fit_command(args: argparse.Namespace, config: Path, demo: Path, proxy: Path, seed: int, folder: Path) -> list[str]:
     """``rlhf-lit fit`` of one seed: the proxy as reward, ``--kl-coef``, ``--rollouts``, a checkpoint at the end."""
-    return [sys.executable, "-m", "rlhf_lit.cli", "fit", "--config", str(config),
-            "--model.init_args.sft_model", str(demo / "sft" / "model"), "--model.init_args.reward_model", str(proxy),
-            "--data.init_args.train_path", str(demo / "data" / "ppo.txt"),
-            "--model.init_args.kl.kind", "fixed", "--model.init_args.kl.init_coef", f"{args.kl_coef:g}",
-            "--model.init_args.max_rollouts", str(args.rollouts),
-            "--trainer.enable_checkpointing", "true", "--trainer.callbacks+=rlhf_lit.callbacks.RolloutCheckpoint",
-            "--trainer.callbacks.every_n_rollouts", str(args.rollouts),
-            "--trainer.callbacks.dirpath", str(folder / "checkpoints"), "--trainer.callbacks.save_weights_only", "true",
-            "--trainer.logger.init_args.save_dir", str(folder), "--trainer.logger.init_args.name", "tb",
-            "--trainer.logger.init_args.version", "0", "--model.init_args.export_dir", str(folder / "model"),
-            "--seed_everything", str(seed), "--data.init_args.seed", str(seed), "--model.init_args.rollout_seed", str(seed),
-            *(TINY_PPO if args.tiny else ())]  # fmt: skip
+    return rlhf_lit_fit(config, [
+        "--model.init_args.sft_model", str(demo / "sft" / "model"), "--model.init_args.reward_model", str(proxy),
+        "--data.init_args.train_path", str(demo / "data" / "ppo.txt"),
+        "--model.init_args.kl.kind", "fixed", "--model.init_args.kl.init_coef", f"{args.kl_coef:g}",
+        "--model.init_args.max_rollouts", str(args.rollouts),
+        *rollout_checkpointing(args.rollouts, folder / "checkpoints", keep_all=False),  # one checkpoint: the last
+        *tb_logger(folder), "--model.init_args.export_dir", str(folder / "model"),
+        *seed_overrides(seed, rollouts=True), *(TINY_PPO if args.tiny else ())])  # fmt: skip
 
 
 def fired(scalars: dict, signal: str) -> list[int]:
@@ -185,11 +189,13 @@ def run_seed(args: argparse.Namespace, config: Path, demo: Path, proxy: Path, se
     result_path = folder / "result.json"
     if result_path.exists():
         return check_json_file(result_path, want_object=False)
-    from rlhf_lit.demo.frontier import export_checkpoint_policy, rollout_checkpoints
-    from rlhf_lit.demo.report import read_scalars
+    from demo.frontier import export_checkpoint_policy
+    from rlhf_lit.models.checkpoint_policy import rollout_checkpoints
+    from demo.report import read_scalars
 
-    _fresh(folder, f"seed {seed}")
-    log = _run(fit_command(args, config, demo, proxy, seed, folder), folder / "log.txt", f"seed {seed}")
+    fresh_run(folder, RUN_MARKER, f"seed {seed}", COMMAND)
+    log = folder / "log.txt"
+    run_logged(fit_command(args, config, demo, proxy, seed, folder), log, f"seed {seed}")
     scalars = read_scalars(str(folder / "tb" / "version_0"))
     checkpoint = rollout_checkpoints(str(folder / "checkpoints"))[args.rollouts]
     last = export_checkpoint_policy(checkpoint, str(demo / "sft" / "model"), str(folder / "last"))
@@ -204,51 +210,22 @@ def run_seed(args: argparse.Namespace, config: Path, demo: Path, proxy: Path, se
         "kept_rollout": int(best[-1]) if best and fired(scalars, "proxy_gold") else None,
         "exported": _evaluate(args, folder / "model", demo, folder / "eval_export.json"),
         "last": _evaluate(args, Path(last), demo, folder / "eval_last.json"),
-        "log": log,
+        "log": str(log),
     }  # fmt: skip
     write_text_atomically(result_path, json.dumps(result, indent=1))  # written last: the run is finished
     return result
 
 
 def _evaluate(args: argparse.Namespace, policy: Path, demo: Path, out: Path) -> dict:
-    """The demo's held-out evaluation of ``policy`` in a subprocess (one thread); its metrics."""
-    if not out.exists():
-        cmd = [sys.executable, "-m", "rlhf_lit.demo", "evaluate", "--policy", str(policy),
-               "--reference", str(demo / "sft" / "model"), "--paragraphs", args.paragraphs,
-               "--count", str(args.eval_count), "--max-new-tokens", str(16 if args.tiny else 48), "--out", str(out)]
-        _run(cmd, out.with_suffix(".log"), f"the evaluation of {policy}")
-    return check_json_file(out, want_object=False)["metrics"]
-
-
-def _run(cmd: list[str], log_path: Path, what: str) -> str:
-    """Run ``cmd`` with one thread, its output in ``log_path``; RuntimeError naming the log on failure."""
-    import os
-
-    with open(log_path, "w", encoding="utf-8") as log:
-        log.write(shlex.join(cmd) + "\n")
-        log.flush()
-        done = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **THREAD_ENV})
-    if done.returncode != 0:
-        raise RuntimeError(f"{what} failed (exit {done.returncode}); log: {log_path}")
-    return str(log_path)
-
-
-def _fresh(folder: Path, what: str) -> None:
-    """An empty ``folder`` marked by :data:`RUN_MARKER`; an unfinished one of ours is cleared, another refused."""
-    if folder.exists():
-        try:
-            remove_owned_directory(folder, RUN_MARKER)
-        except NotOwned:
-            raise FileExistsError(f"{folder} was not started by `python -m rlhf_lit.demo guard`: move it away") from None
-    folder.mkdir(parents=True)
-    write_text_atomically(folder / RUN_MARKER, f"{what}\n")
+    """The demo's held-out evaluation of ``policy`` (:func:`demo.runner.held_out_metrics`, its log beside
+    ``out``); its metrics."""
+    return held_out_metrics(policy, demo / "sft" / "model", args.paragraphs, args.eval_count, 16 if args.tiny else 48,
+                            out, out.with_suffix(".log"))  # fmt: skip
 
 
 def claim(out: Path) -> None:
     """Create ``out`` with :data:`MARKER`, or accept it when it has the marker; refuse any other non-empty folder."""
-    if directory_state(out, MARKER, follow_symlinks=True) in ("not_a_directory", "foreign"):
-        raise FileExistsError(f"--out {out} is not empty and was not written by `python -m rlhf_lit.demo guard`")
-    claim_directory(out, MARKER, json.dumps({"written_by": "python -m rlhf_lit.demo guard"}) + "\n")
+    claim_study(out, MARKER, COMMAND)
 
 
 # ------------------------------------------------------------------ the command
@@ -263,8 +240,8 @@ def _positive(kind):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """Options of ``python -m rlhf_lit.demo guard``."""
-    p = argparse.ArgumentParser(prog="python -m rlhf_lit.demo guard", description=__doc__.split("\n\n")[0],
+    """Options of ``python -m demo guard``."""
+    p = argparse.ArgumentParser(prog="python -m demo guard", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)  # fmt: skip
     p.add_argument("--demo", required=True, help="a finished `make demo` folder (its sft, prefs and data)")
     p.add_argument("--out", required=True, help="folder for the proxy, the runs and the report")
@@ -289,7 +266,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the study; exit status 2 on a refused folder or a demo folder without what it needs, 1 on a failed stage."""
     from transformers.utils import logging as hf_logging
 
-    from rlhf_lit.demo.guard_report import write_study
+    from demo.guard_report import write_study
 
     args = build_parser().parse_args(argv)
     hf_logging.disable_progress_bar()
@@ -304,10 +281,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         proxy = train_proxy(args, demo, out)
         print(f"[guard] proxy reward model: {proxy}", flush=True)
         config = write_config(args, out)
-        results = []
-        for seed in args.seeds:  # one at a time: each run is one thread
-            results.append(run_seed(args, config, demo, proxy, seed, out))
+
+        def one(seed: int) -> dict:
+            result = run_seed(args, config, demo, proxy, seed, out)
             print(f"[guard] seed {seed}: done", flush=True)
+            return result
+
+        results = run_pool(one, args.seeds, 1)  # one at a time: each run is one thread
     except FileExistsError as e:  # a folder this command did not write: nothing in it was touched
         print(f"error: {e}", file=sys.stderr)
         return 2

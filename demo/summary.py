@@ -5,13 +5,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from rlhf_lit.demo.plan import Paths
-from rlhf_lit.demo.runner import Timings
+from demo.plan import Paths
+from demo.runner import Timings
 
 
 def last_scalar(run: Path, tag: str) -> float | None:
     """The last value of ``tag`` logged in the TensorBoard run ``run`` (None when it was never logged)."""
-    from rlhf_lit.demo.report import read_scalars
+    from demo.report import read_scalars
 
     values = read_scalars(str(run)).get(tag, ([], []))[1]
     return values[-1] if values else None
@@ -38,7 +38,7 @@ def results_table(results: dict[str, dict]) -> list[str]:
 
 def _samples_table(results: dict[str, dict], num_examples: int) -> list[str]:
     """Markdown: the first ``num_examples`` held-out prompts and each model's completion (judge score)."""
-    from rlhf_lit.demo.report import _cell
+    from demo.report import _cell
 
     names = list(results)
     lines = ["| # | prompt | " + " | ".join(names) + " |", "|---" * (2 + len(names)) + "|"]

@@ -10,16 +10,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from rlhf_lit.artifacts import claim_directory, clear_owned_entries, directory_state
 
-ROOT = Path(__file__).resolve().parents[2]
-"""The project checkout: configs/ and the shipped offline assets (assets/, see assets/README.md) live here."""
+ROOT = Path(__file__).resolve().parents[1]
+"""The project checkout the demo runs from: ``demo/`` sits beside ``configs/`` and the offline assets
+(``assets/``, see assets/README.md), which no installed wheel carries."""
 ASSETS = ROOT / "assets"
 STAGE_DIRS = ("data", "logs", "sft", "prefs", "reward_model", "ppo", "ppo_kl0", "dpo", "best_of_n", "eval", "report")
 """The folders the pipeline writes under ``--out`` (and clears before a run; nothing else)."""
@@ -102,11 +101,6 @@ class Paths:
         return self.root / stage / "version_0"
 
 
-def fit_command(config: Path, overrides: Sequence[str]) -> list[str]:
-    """``rlhf-lit fit --config <config> <overrides>``, run with this interpreter (``python -m rlhf_lit.cli``)."""
-    return [sys.executable, "-m", "rlhf_lit.cli", "fit", "--config", str(config), *overrides]
-
-
 def reward_model_format(config: Path) -> str:
     """``data.init_args.format`` of the RM config: ``rankings`` makes the preference stage also write
     ranking records of its samples, the RM's training data (DPO keeps the pairs)."""
@@ -180,7 +174,7 @@ def claim_out(root: Path) -> None:
             f"refusing to clear --out {root}: it is not empty and has no {MARKER} (the demo did not create it); "
             "give a new or empty folder"
         )
-    claim_directory(root, MARKER, json.dumps({"written_by": "python -m rlhf_lit.demo.pipeline",
+    claim_directory(root, MARKER, json.dumps({"written_by": "python -m demo.pipeline",
                                               "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
                     + "\n")  # fmt: skip
     # a rerun replaces the previous run, and TensorBoard runs stay version_0

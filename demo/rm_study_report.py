@@ -1,10 +1,10 @@
-"""The report of ``python -m rlhf_lit.demo rm-study``: held-out RM accuracy per variant over seeds.
+"""The report of ``python -m demo rm-study``: held-out RM accuracy per variant over seeds.
 
-Given the runs' ``result.json`` contents (:func:`rlhf_lit.demo.rm_study.run_one`) and the study's
+Given the runs' ``result.json`` contents (:func:`demo.rm_study.run_one`) and the study's
 setup, :func:`write_study` writes ``study.json`` (:func:`summarise`'s numbers) and ``study.md``:
 per variant the training data's size, the held-out pair accuracy after the last epoch (and after
 each epoch), the held-out loss and the training wall time, as mean +- standard error over seeds
-(:func:`rlhf_lit.demo.seeds_report.mean_se`), then every seed's row.
+(:func:`demo.seeds_report.mean_se`), then every seed's row.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import json
 import os
 from collections.abc import Mapping, Sequence
 
-from rlhf_lit.demo.seeds_report import mean_se
+from demo.seeds_report import mean_se
 
 COUNTS = ("records", "comparisons", "sequences")
 """The training data's size per run: records written, the comparisons they hold, responses per epoch."""

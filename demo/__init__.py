@@ -1,11 +1,17 @@
 """Offline demo tooling: a gold judge, synthetic preferences, evaluation and a report.
 
+Not part of the installed package: ``demo/`` sits at the root of a clone beside the ``assets/`` and
+``configs/`` it reads (:data:`demo.plan.ROOT`), and its commands run from there (``python -m demo
+...``, ``make demo``). It uses the library and runs ``rlhf-lit`` as a user does; the library never
+imports it. :mod:`demo.runner` is the runner the pipeline and every study share.
+
 The demo replays the InstructGPT recipe on TinyStories with a sentiment judge (VADER) standing in
 for human labellers: sample completions from the SFT model, let the judge pick preferences, train
 the reward model on them, run PPO (and DPO on the same pairs, best-of-N against the same RM), then
-measure the judge score against the KL to the SFT model (:mod:`rlhf_lit.demo.frontier`).
+measure the judge score against the KL to the SFT model (:mod:`demo.frontier`).
 
-Subcommands (``python -m rlhf_lit.demo --help``):
+Subcommands (``python -m demo --help``; the pipeline and the studies: ``pipeline``, ``seeds``,
+``rm-study``, ``guard``):
 
 - ``split``: write the disjoint paragraph ranges below as ``sft.txt``, ``reward_model.txt``, ``ppo.txt``,
   ``eval.txt`` (input for the data modules' ``paragraphs`` format);
@@ -18,7 +24,7 @@ stage's judge logging should do the same so that its ``objective/judge`` matches
 
 Paragraph ranges of ``assets/data/tinystories/val.txt`` (4,302 paragraphs), half-open
 ``[start, start + count)``, disjoint so that no stage sees another's prompts
-(:data:`rlhf_lit.demo.story_prompts.RANGES`):
+(:data:`demo.story_prompts.RANGES`):
 
 ============ ============= ===== ==========================================================
 stage        paragraphs    count use

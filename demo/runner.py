@@ -1,0 +1,271 @@
+"""The one study runner the demo's pipeline and its studies share: ``rlhf-lit fit`` commands, runs as
+logged subprocesses (one at a time, a pool of them, or stages started together), the held-out
+evaluation of a policy, and the folders a study owns.
+
+Every training stage, the preference command and the evaluation run as the commands a user would
+type, one thread each (:data:`THREAD_ENV`), with the checkout on ``PYTHONPATH`` (:func:`child_env`);
+a failing run names its log (:class:`StageFailed` carries its tail).
+
+- commands: :func:`fit_command` (``rlhf-lit fit --config C ...``) and the option groups the studies
+  add to it: :func:`tb_logger`, :func:`rollout_checkpointing`, :func:`seed_overrides`;
+- runs: :func:`run_logged` (one run, its command line and output in a log), :func:`run_pool` (a
+  function over jobs, N at a time), :func:`start_stages` / :func:`wait_stages` / :func:`run_stages`
+  (commands started together, each timed to its own exit, the rest stopped on a failure);
+- evaluation: :func:`held_out_metrics` (``python -m demo evaluate`` of a policy, cached in its JSON);
+- folders: :func:`claim_study` (``--out`` marked by the study) and :func:`fresh_run` (a run's folder,
+  cleared only when the study started it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import IO, TypeVar
+
+from demo.plan import ROOT
+from rlhf_lit.artifacts import NotOwned, claim_directory, directory_state, remove_owned_directory, write_text_atomically
+from rlhf_lit.integrity import check_json_file
+
+THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+"""One thread per process: on tiny models two threads under load were measured 10-50x slower."""
+
+
+# ------------------------------------------------------------------ commands
+def child_env() -> dict[str, str]:
+    """The environment of every subprocess: this one's, :data:`THREAD_ENV`, and the checkout first on
+    ``PYTHONPATH`` (a ``python -m demo ...`` child finds the demo from whatever folder it starts in)."""
+    path = os.environ.get("PYTHONPATH")
+    return {**os.environ, **THREAD_ENV, "PYTHONPATH": str(ROOT) + (os.pathsep + path if path else "")}
+
+
+def fit_command(config: Path | str, overrides: Sequence[str]) -> list[str]:
+    """``rlhf-lit fit --config <config> <overrides>``, run with this interpreter (``python -m rlhf_lit.cli``)."""
+    return [sys.executable, "-m", "rlhf_lit.cli", "fit", "--config", str(config), *overrides]
+
+
+def tb_logger(folder: Path) -> list[str]:
+    """The run's TensorBoard logs in ``<folder>/tb/version_0`` (the demo configs' logger)."""
+    return ["--trainer.logger.init_args.save_dir", str(folder), "--trainer.logger.init_args.name", "tb",
+            "--trainer.logger.init_args.version", "0"]  # fmt: skip
+
+
+def rollout_checkpointing(every: int, dirpath: Path, keep_all: bool = True) -> list[str]:
+    """A ``RolloutCheckpoint`` (weights only) every ``every`` rollouts into ``dirpath``; ``keep_all``: every one kept."""
+    return ["--trainer.enable_checkpointing", "true", "--trainer.callbacks+=rlhf_lit.callbacks.RolloutCheckpoint",
+            "--trainer.callbacks.every_n_rollouts", str(every), "--trainer.callbacks.dirpath", str(dirpath),
+            *(["--trainer.callbacks.save_top_k", "-1"] if keep_all else []),
+            "--trainer.callbacks.save_weights_only", "true"]  # fmt: skip
+
+
+def seed_overrides(seed: int, rollouts: bool) -> list[str]:
+    """The options a study's seed sets: ``seed_everything`` and ``data.seed`` (the data order and its
+    held-out split), and with ``rollouts`` (PPO) ``model.rollout_seed`` (sampling and minibatch shuffles)."""
+    common = ["--seed_everything", str(seed), "--data.init_args.seed", str(seed)]
+    return common + (["--model.init_args.rollout_seed", str(seed)] if rollouts else [])
+
+
+def evaluate_command(policy: Path | str, reference: Path | str, paragraphs: str, count: int, max_new_tokens: int,
+                     out: Path) -> list[str]:  # fmt: skip
+    """``python -m demo evaluate`` of ``policy`` on the first ``count`` held-out prompts, KL to ``reference``."""
+    return [sys.executable, "-m", "demo", "evaluate", "--policy", str(policy), "--reference", str(reference),
+            "--paragraphs", paragraphs, "--count", str(count), "--max-new-tokens", str(max_new_tokens),
+            "--out", str(out)]  # fmt: skip
+
+
+# ------------------------------------------------------------------ one run, a pool of runs
+class StageFailed(RuntimeError):
+    """A stage's subprocess exited non-zero; ``returncode`` is its exit status."""
+
+    def __init__(self, stage: str, returncode: int, log_path: Path) -> None:
+        tail = log_tail(log_path, 40)
+        super().__init__(f"stage {stage!r} failed with exit status {returncode}; log: {log_path}\n{tail}")
+        self.returncode = returncode
+
+
+def log_tail(path: Path, lines: int) -> str:
+    """The last ``lines`` lines of the log ``path`` ("" when it cannot be read)."""
+    try:
+        return "".join(path.read_text(encoding="utf-8", errors="replace").splitlines(True)[-lines:])
+    except OSError:
+        return ""
+
+
+def say(message: str) -> None:
+    """Print ``[demo] <message>`` at once (the pipeline's progress lines)."""
+    print(f"[demo] {message}", flush=True)
+
+
+def run_logged(cmd: Sequence[str], log: Path | IO[str], what: str) -> float:
+    """Run ``cmd`` with one thread, its command line then its output in ``log``; returns its wall seconds.
+
+    ``log`` is a path (written anew) or an open text file (appended to: a study's log of one run).
+
+    Raises:
+        RuntimeError: ``cmd`` exited non-zero (``"<what> failed (exit N); log: <log>"``).
+    """
+    if not isinstance(log, Path):
+        log.write(shlex.join(cmd) + "\n")
+        log.flush()
+        t0 = time.perf_counter()
+        done = subprocess.run(list(cmd), stdout=log, stderr=subprocess.STDOUT, env=child_env())
+        seconds = time.perf_counter() - t0
+        if done.returncode != 0:
+            raise RuntimeError(f"{what} failed (exit {done.returncode}); log: {log.name}")
+        return seconds
+    with open(log, "w", encoding="utf-8") as f:
+        return run_logged(cmd, f, what)
+
+
+Job = TypeVar("Job")
+Result = TypeVar("Result")
+
+
+def run_pool(fn: Callable[[Job], Result], jobs: Iterable[Job], workers: int) -> list[Result]:
+    """``fn`` of every job, ``workers`` at a time in threads (each waits on its subprocesses); the results in order.
+
+    After a failure no further job starts; the failure is raised once the jobs already running end
+    (with ``workers=1`` this is a plain loop that stops at the failing job).
+    """
+    failed = threading.Event()
+
+    def guarded(job: Job) -> Result:
+        if failed.is_set():
+            raise _NotStarted
+        try:
+            return fn(job)
+        except BaseException:
+            failed.set()
+            raise
+
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        futures = [pool.submit(guarded, job) for job in jobs]
+    # A job is skipped only after an earlier-started one failed: in order, a real failure comes first.
+    return [future.result() for future in futures]
+
+
+class _NotStarted(Exception):
+    """A job :func:`run_pool` did not start because another one had failed."""
+
+
+# ------------------------------------------------------------------ stages started together (the pipeline)
+def _start(stage: str, cmd: list[str], logs: Path) -> tuple[subprocess.Popen, Path]:
+    """Start ``cmd`` with one thread, its output going to ``<logs>/<stage>.log``."""
+    log_path = logs / f"{stage.replace('/', '_')}.log"  # dpo/beta_0.1 -> dpo_beta_0.1.log
+    say(f"{stage}: {shlex.join(cmd)}")
+    with open(log_path, "w", encoding="utf-8") as f:  # the child keeps its own handle
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=child_env())
+    return proc, log_path
+
+
+Running = dict[str, tuple[subprocess.Popen, Path, float]]
+"""Started stages: name -> (process, log path, start time)."""
+
+
+def start_stages(stages: dict[str, list[str]], logs: Path) -> Running:
+    """Start the commands of ``stages`` in parallel (one process each, logs in the folder ``logs``) without waiting."""
+    return {name: (*_start(name, cmd, logs), time.perf_counter()) for name, cmd in stages.items()}
+
+
+def stop_stages(running: Running) -> None:
+    """Stop the stages of ``running`` still alive (their results would be discarded) and reap them."""
+    for proc, _, _ in running.values():
+        if proc.poll() is None:
+            proc.terminate()
+    for proc, _, _ in running.values():
+        proc.wait()
+
+
+class Timings(dict):
+    """Wall seconds per stage (the dict, in the order stages finish) and, in :attr:`cpu`, the CPU
+    seconds (user + system) of each subprocess stage: on a machine shared with other jobs the wall
+    time depends on their load, the CPU time much less."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cpu: dict[str, float] = {}
+
+
+POLL_S = 0.2
+"""How often :func:`wait_stages` looks for finished stages (a stage's wall time is this exact)."""
+
+
+def wait_stages(running: Running, timings: Timings, background: Running | None = None) -> None:
+    """Wait for every stage of ``running``; raise :class:`StageFailed` at the first failure.
+
+    Records each stage's wall time (from its own start to its exit, whichever order they finish
+    in) and its CPU time in ``timings``. Stages of ``background`` that end meanwhile are timed and
+    checked the same way and removed from it; the others keep running. When a stage fails, every
+    other one is stopped.
+    """
+    pending = dict(running)
+    background = {} if background is None else background
+    while pending:
+        for group in (pending, background):
+            for name, (proc, log_path, t0) in list(group.items()):
+                # wait4 instead of poll: the child's own resource usage comes with its exit status.
+                pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+                if pid == 0:
+                    continue
+                proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: tell Popen
+                del group[name]
+                timings[name] = time.perf_counter() - t0
+                timings.cpu[name] = usage.ru_utime + usage.ru_stime
+                if proc.returncode != 0:
+                    stop_stages(running)
+                    stop_stages(background)
+                    raise StageFailed(name, proc.returncode, log_path)
+                say(f"{name}: done in {timings[name]:.1f} s ({timings.cpu[name]:.1f} s CPU)")
+        if pending:
+            time.sleep(POLL_S)
+
+
+def run_stages(stages: dict[str, list[str]], logs: Path, timings: Timings) -> None:
+    """Run the commands of ``stages`` in parallel and wait for all; raise :class:`StageFailed` on any failure."""
+    wait_stages(start_stages(stages, logs), timings)
+
+
+# ------------------------------------------------------------------ the held-out evaluation
+def held_out_metrics(policy: Path | str, reference: Path | str, paragraphs: str, count: int, max_new_tokens: int,
+                     out: Path, log: Path | IO[str]) -> dict:  # fmt: skip
+    """The demo's held-out evaluation of ``policy`` (:func:`demo.held_out_eval.evaluate`, in a subprocess of
+    one thread, its output in ``log``), unless ``out`` holds it already; the ``metrics`` of ``out``."""
+    if not out.exists():
+        cmd = evaluate_command(policy, reference, paragraphs, count, max_new_tokens, out)
+        run_logged(cmd, log, f"the evaluation of {policy}")
+    return check_json_file(out, want_object=False)["metrics"]
+
+
+# ------------------------------------------------------------------ a study's folders
+def claim_study(out: Path, marker: str, command: str) -> None:
+    """Create ``out`` with ``marker``, or accept it when it has the marker; refuse any other non-empty folder.
+
+    Raises:
+        FileExistsError: ``out`` is a file, or a non-empty folder ``command`` did not write.
+    """
+    if directory_state(out, marker, follow_symlinks=True) in ("not_a_directory", "foreign"):
+        raise FileExistsError(f"--out {out} is not empty and was not written by `{command}`")
+    claim_directory(out, marker, json.dumps({"written_by": command}) + "\n")
+
+
+def fresh_run(folder: Path, marker: str, label: str, command: str) -> None:
+    """An empty ``folder`` marked by ``marker`` (its text ``label``): a run ``command`` began and did not
+    finish (killed) is cleared and starts again from nothing; a folder without the marker is refused.
+
+    Raises:
+        FileExistsError: ``folder`` exists and was not started by ``command``.
+    """
+    if folder.exists():
+        try:
+            remove_owned_directory(folder, marker)
+        except NotOwned:
+            raise FileExistsError(f"{folder} was not started by `{command}`: move it away") from None
+    folder.mkdir(parents=True)
+    write_text_atomically(folder / marker, f"{label}\n")
