@@ -144,3 +144,17 @@ def test_unsupported_settings_are_refused_in_one_line(stories_path):
         RewardModelModule(stories_path, length_debias=ODIN, ensemble={"members": 2})
     with pytest.raises(ValueError, match="not supported with lora"):
         RewardModelModule(stories_path, length_debias=ODIN, lora={"r": 4, "export": "merged"})
+
+
+@pytest.mark.parametrize("debias", [{"method": "none"}, ODIN])
+def test_mixed_precision_with_gradient_clipping_trains(stories_path, helpers, tmp_path, debias):
+    # The stage optimizes its Hugging Face model; fused AdamW must be ruled out from the fitting
+    # trainer's precision, or Lightning's mixed-precision plugin refuses to clip (RuntimeError at the
+    # first step: seen on an H100 under bf16-mixed, and the same on the CPU).
+    pl.seed_everything(0)
+    module = RewardModelModule(stories_path, normalize="none", length_debias=debias)
+    batch = helpers.preference_batch(module.tokenizer, TRIPLES)
+    trainer = helpers.cpu_trainer(tmp_path, max_steps=2, precision="bf16-mixed", gradient_clip_val=1.0)
+    trainer.fit(module, datamodule=helpers.BatchListDataModule(train=[batch]))
+    assert trainer.global_step == 2
+    assert not trainer.optimizers[0].defaults.get("fused")
