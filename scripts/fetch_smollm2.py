@@ -154,6 +154,12 @@ def convert(wheel: Path, out: Path) -> None:
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.load_state_dict(quantized.state_dict())
     del quantized
+    # The hub's files end a turn and pad with <|im_end|>. transformers >= 5.23 reads that from the GGUF
+    # file's metadata; 5.17 made <|im_start|> the EOS and set no pad: name them, whatever the version.
+    if tokenizer.eos_token != END_OF_TURN:
+        tokenizer.eos_token = END_OF_TURN
+    if tokenizer.pad_token != END_OF_TURN:
+        tokenizer.pad_token = END_OF_TURN
     end = tokenizer.convert_tokens_to_ids(END_OF_TURN)
     model.generation_config.eos_token_id = end
     model.generation_config.pad_token_id = tokenizer.pad_token_id
