@@ -48,7 +48,7 @@ from rlhf_lit.stages.ppo.estimator import AdvantageEstimator
 from rlhf_lit.stages.ppo.experience import Experience, ExperienceMaker, Scored, judged_texts
 from rlhf_lit.stages.ppo.first_forward import FirstForward, reuses_first_forward
 from rlhf_lit.stages.ppo.forward import ForwardPassRunner
-from rlhf_lit.stages.ppo.loss import OLD_LOGPROB_DIFF, ppo_loss
+from rlhf_lit.stages.ppo.loss import LossStats, ppo_loss
 from rlhf_lit.stages.ppo.metrics import (
     RolloutTimer, compile_statistics, logged_metrics, reduce_over_ranks, rollout_statistics, text_statistics,
 )
@@ -378,11 +378,11 @@ class PPOModule(PPOCheckpoints, StageModule):
         return self.experience.score_rollout(gen, first)
 
     # ------------------------------------------------------------------ update
-    def train_on_rollout(self, rollout: Rollout, first: FirstForward | None = None) -> dict[str, torch.Tensor]:
+    def train_on_rollout(self, rollout: Rollout, first: FirstForward | None = None) -> LossStats:
         """K epochs of minibatch steps (:func:`~rlhf_lit.stages.ppo.update.train_on_rollout`)."""
         return train_on_rollout(self, rollout, first)
 
-    def minibatch_loss(self, mb: Rollout, passes: tuple | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def minibatch_loss(self, mb: Rollout, passes: tuple | None = None) -> tuple[torch.Tensor, LossStats]:
         """:func:`~rlhf_lit.stages.ppo.loss.ppo_loss` of the policy (and critic) now, as this rank's share
         of the token mean over all ranks, plus ``ptx_coef`` * the SFT loss of a second-source batch.
         ``passes``: the minibatch's ``(logits, values)`` computed already (a :class:`FirstForward`)."""
@@ -398,7 +398,7 @@ class PPOModule(PPOCheckpoints, StageModule):
             ptx_logits = forward_with_positions(self.policy, batch["input_ids"], batch["attention_mask"]).logits
             ptx = sft_loss(ptx_logits, batch["labels"])  # ()
             loss = loss + self.ppo.ptx_coef * ptx  # ()
-        return loss, {**stats, "loss/ptx": ptx.detach()}
+        return loss, LossStats({**stats.logged, "loss/ptx": ptx.detach()}, stats.old_logprob_diff)
 
     def _next_ptx_batch(self) -> dict[str, torch.Tensor]:
         """The next SFT-style batch of the second data source, cycling through it."""
@@ -424,7 +424,7 @@ class PPOModule(PPOCheckpoints, StageModule):
 
     # ------------------------------------------------------------------ metrics
     def rollout_metrics(
-        self, rollout: Rollout, experience: Experience, train_stats: dict[str, torch.Tensor], kl_coef: float,
+        self, rollout: Rollout, experience: Experience, train_stats: LossStats, kl_coef: float,
         timer: RolloutTimer,
     ) -> dict[str, float]:
         """Everything logged for a rollout, averaged over ranks (see :mod:`rlhf_lit.stages.ppo.metrics`).
@@ -434,8 +434,8 @@ class PPOModule(PPOCheckpoints, StageModule):
         """
         # The generation / training mismatch: a rescored rollout measured it against the rescore;
         # with the recorded old logprobs, the update's forward before its first step measured it.
-        gen_train_diff = train_stats[OLD_LOGPROB_DIFF] if experience.old_logprobs_sampled else experience.gen_train_diff
-        local = rollout_statistics(rollout, experience.entropy, train_stats, kl_coef, self.critic is not None,
+        gen_train_diff = train_stats.old_logprob_diff if experience.old_logprobs_sampled else experience.gen_train_diff
+        local = rollout_statistics(rollout, experience.entropy, train_stats.logged, kl_coef, self.critic is not None,
                                    gen_train_diff)  # no sync  fmt: skip
         local.update(experience.reward_parts)  # each source
         judged = None if self.judge is None else judged_texts(self.experience, rollout, experience, self.judge_reads)
