@@ -7,31 +7,28 @@ update loop (:mod:`~rlhf_lit.stages.ppo.update`).
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterator
 
 import torch
 
 from rlhf_lit.evaluation import load_judge
 from rlhf_lit.evaluation.judges import JudgeReads, judge_texts
-from rlhf_lit.functional import AdaptiveKLController, FixedKLController, sft_loss
-from rlhf_lit.models import load_causal_lm, load_reward_model
+from rlhf_lit.functional import sft_loss
 from rlhf_lit.models.compiled_generation import compile_stats
-from rlhf_lit.models.generation import Generated, SamplingConfig, forward_with_positions, stop_token_ids
+from rlhf_lit.models.generation import Generated, SamplingConfig, forward_with_positions
 from rlhf_lit.models.loading import DType
-from rlhf_lit.models.lora import LoRAConfig, with_lora
-from rlhf_lit.models.memory import MemoryConfig, attach_frozen, enable_gradient_checkpointing, train_mode
+from rlhf_lit.models.lora import LoRAConfig
+from rlhf_lit.models.memory import MemoryConfig, train_mode
 from rlhf_lit.models.packing import padding_free
-from rlhf_lit.models.reference import build_reference
-from rlhf_lit.models.reward_ensemble import RewardEnsemble, is_reward_ensemble, load_reward_ensemble, member_paths
+from rlhf_lit.models.reward_ensemble import RewardEnsemble, is_reward_ensemble, member_paths
 from rlhf_lit.models.sharding import shard_models
-from rlhf_lit.models.value import CriticKind, build_critic
+from rlhf_lit.models.value import CriticKind
 from rlhf_lit.run_seed import seed_or_run_seed
-from rlhf_lit.sources import check_local_source
 from rlhf_lit.stages.amp import loss_scale
 from rlhf_lit.stages.base import RunLayout, StageModule, as_config, require_input
 from rlhf_lit.stages.export import ExportExisting
-from rlhf_lit.stages.optim import OptimizerConfig, build_optimizer, fused_adamw_supported
+from rlhf_lit.stages.optim import OptimizerConfig, fused_adamw_supported
+from rlhf_lit.stages.ppo.building import build_models, build_optimizers, kl_controller
 from rlhf_lit.stages.ppo.checkpointing import SAFE_ON_RESUME, PPOCheckpoints
 from rlhf_lit.stages.ppo.checks import (
     check_compiled_passes,
@@ -57,7 +54,7 @@ from rlhf_lit.stages.ppo.rollout import Rollout, nonfinite_rollout_parts
 from rlhf_lit.stages.ppo.ranks import sum_over_ranks
 from rlhf_lit.stages.ppo.seeding import stream_generator
 from rlhf_lit.stages.ppo.update import cycle, rank_token_weight, train_on_rollout
-from rlhf_lit.tokenizer import MissingPad, check_same_chat_template, check_same_vocabulary, load_tokenizer
+from rlhf_lit.tokenizer import MissingPad, check_same_chat_template
 
 
 class PPOModule(PPOCheckpoints, StageModule):
@@ -186,11 +183,8 @@ class PPOModule(PPOCheckpoints, StageModule):
         )  # fmt: skip
         self.keep_export(export_dir, export_existing, max_skipped_updates)
         self.automatic_optimization = False
-        self._build_models(sft_model, reward_model, value_model, tokenizer_path, missing_pad, critic, dtype)
-        if self.kl_cfg.kind == "adaptive":
-            self.kl_ctl = AdaptiveKLController(self.kl_cfg.init_coef, self.kl_cfg.target, self.kl_cfg.horizon)
-        else:
-            self.kl_ctl = FixedKLController(self.kl_cfg.init_coef)
+        build_models(self, sft_model, reward_model, value_model, tokenizer_path, missing_pad, critic, dtype)
+        self.kl_ctl = kl_controller(self.kl_cfg)
         self.experience = ExperienceMaker(self)
         self.forward_passes = ForwardPassRunner(self.ppo.forward)  # ppo.forward: eager or compiled
         self.rollout_index = 0  # rollouts completed; the step of every logged metric
@@ -198,46 +192,6 @@ class PPOModule(PPOCheckpoints, StageModule):
         # callbacks that act on them read (rlhf_lit.callbacks.OverOptimisationGuard).
         self.last_rollout_metrics: dict[str, float] = {}
         self._ptx_batches: Iterator[dict[str, torch.Tensor]] | None = None
-
-    def _build_models(self, sft_model, reward_model, value_model, tokenizer_path, missing_pad, critic, dtype) -> None:
-        """Tokenizer, policy, reference, reward model and critic, as the settings ask."""
-        for what, path in (("sft_model", sft_model), ("reward_model", reward_model), ("value_model", value_model)):
-            check_local_source(path, what)  # a damaged file of any of them: named before the first is loaded
-        self.tokenizer = load_tokenizer(
-            tokenizer_path or sft_model, padding_side="left", missing_pad=missing_pad,
-            what="tokenizer_path" if tokenizer_path else "sft_model",
-        )  # fmt: skip
-        self.policy = with_lora(load_causal_lm(sft_model, self.tokenizer, dtype=dtype), self.lora_cfg, "causal_lm")
-        # Every id that ends a response (the model may list several): sampling, masks, the reward
-        # position and the missing-EOS penalty all follow from this one set.
-        self.stop_ids = stop_token_ids(self.policy, self.tokenizer)
-        base_vocab = self.policy.config.vocab_size
-        for what, path in (("reward_model", reward_model), ("value_model", value_model)):
-            if path is not None:  # before loading: a mismatched RM would be resized to fit silently
-                check_same_vocabulary(self.tokenizer, path, what, base_vocab)
-        frozen_dtype, frozen_device = self.memory.frozen_dtype or dtype, self.memory.frozen_device
-
-        def frozen_sft_copy() -> torch.nn.Module:  # only without LoRA: see build_reference
-            reference = load_causal_lm(sft_model, self.tokenizer, dtype=frozen_dtype).requires_grad_(False).eval()
-            attach_frozen(self, "ref_policy", reference, frozen_device)
-            return self.ref_policy
-
-        self.reference = build_reference(self.policy, frozen_sft_copy)
-        ensemble = is_reward_ensemble(reward_model)
-        if self.reward_cfg.uses_reward_model:
-            load = load_reward_ensemble if ensemble else load_reward_model
-            rm = load(reward_model, self.tokenizer, dtype=frozen_dtype).requires_grad_(False).eval()  # frozen
-            attach_frozen(self, "reward_model", rm, frozen_device)
-        if self.estimator.uses_critic and critic == "separate" and (value_model or reward_model) is None:
-            raise ValueError("a separate critic starts from value_model or reward_model; set one of them")
-        # A critic from an ensemble starts from its member 0 (a whole reward model, normalised like the others).
-        critic_start = value_model or (member_paths(reward_model)[0] if ensemble else reward_model)
-        self.critic = (
-            build_critic(critic, self.policy, critic_start, self.tokenizer, dtype, self.critic_lora_cfg)
-            if self.estimator.uses_critic else None
-        )  # fmt: skip
-        if self.memory.gradient_checkpointing:
-            enable_gradient_checkpointing(*self.trained_models)
 
     @property
     def trained_models(self) -> list[torch.nn.Module]:
@@ -267,21 +221,9 @@ class PPOModule(PPOCheckpoints, StageModule):
 
     def configure_optimizers(self):
         """Policy and critic optimizers (one with ``shared_trunk`` or without a critic), schedules
-        stepped per rollout."""
-        fused = fused_adamw_supported(self)
-        if self.critic is None:
-            opt, sched = build_optimizer(self.policy.named_parameters(), self.optimizer_cfg, self.max_rollouts, fused)
-            return [opt], [sched]
-        if self.hparams.critic == "shared_trunk":
-            params = itertools.chain(self.policy.named_parameters(), self.critic.named_parameters())
-            opt, sched = build_optimizer(params, self.optimizer_cfg, self.max_rollouts, fused)
-            return [opt], [sched]
-        policy_opt, policy_sched = build_optimizer(
-            self.policy.named_parameters(), self.optimizer_cfg, self.max_rollouts, fused
-        )  # fmt: skip
-        critic_cfg = self.critic_optimizer_cfg or self.optimizer_cfg
-        critic_opt, critic_sched = build_optimizer(self.critic.named_parameters(), critic_cfg, self.max_rollouts, fused)
-        return [policy_opt, critic_opt], [policy_sched, critic_sched]
+        stepped per rollout (:func:`~rlhf_lit.stages.ppo.building.build_optimizers`)."""
+        return build_optimizers(self.policy, self.critic, self.hparams.critic == "shared_trunk", self.optimizer_cfg,
+                                self.critic_optimizer_cfg, self.max_rollouts, fused_adamw_supported(self))  # fmt: skip
 
     def optimizer_list(self) -> list:
         """The Lightning-wrapped optimizers as a list (one or two)."""
