@@ -21,6 +21,7 @@ from rlhf_lit.models.lora import LoRAConfig
 from rlhf_lit.models.memory import MemoryConfig, train_mode
 from rlhf_lit.models.packing import padding_free
 from rlhf_lit.models.reward_ensemble import RewardEnsemble, is_reward_ensemble, member_paths
+from rlhf_lit.models.scoring import reward_model_rows
 from rlhf_lit.models.sharding import shard_models
 from rlhf_lit.models.value import CriticKind
 from rlhf_lit.run_seed import seed_or_run_seed
@@ -42,8 +43,10 @@ from rlhf_lit.stages.ppo.checks import (
 )
 from rlhf_lit.stages.ppo.config import KLConfig, PPOConfig, RewardConfig
 from rlhf_lit.stages.ppo.estimator import AdvantageEstimator
-from rlhf_lit.stages.ppo.experience import Experience, ExperienceMaker, Scored, judged_texts
-from rlhf_lit.stages.ppo.first_forward import FirstForward, reuses_first_forward
+from rlhf_lit.stages.ppo.experience import (
+    ExperienceMaker, RolloutInfo, judged_texts, reward_model_scores, sample_responses,
+)
+from rlhf_lit.stages.ppo.first_forward import reuses_first_forward
 from rlhf_lit.stages.ppo.forward import ForwardPassRunner
 from rlhf_lit.stages.ppo.loss import LossStats, ppo_loss
 from rlhf_lit.stages.ppo.metrics import (
@@ -52,7 +55,7 @@ from rlhf_lit.stages.ppo.metrics import (
 from rlhf_lit.stages.ppo.reward_sources import RewardSources, reward_model_unused
 from rlhf_lit.stages.ppo.rollout import Rollout, nonfinite_rollout_parts
 from rlhf_lit.stages.ppo.ranks import sum_over_ranks
-from rlhf_lit.stages.ppo.seeding import stream_generator
+from rlhf_lit.stages.ppo.seeding import STREAM_SAMPLE, stream_generator
 from rlhf_lit.stages.ppo.update import cycle, rank_token_weight, train_on_rollout
 from rlhf_lit.tokenizer import MissingPad, check_same_chat_template
 
@@ -185,8 +188,12 @@ class PPOModule(PPOCheckpoints, StageModule):
         self.automatic_optimization = False
         build_models(self, sft_model, reward_model, value_model, tokenizer_path, missing_pad, critic, dtype)
         self.kl_ctl = kl_controller(self.kl_cfg)
-        self.experience = ExperienceMaker(self)
         self.forward_passes = ForwardPassRunner(self.ppo.forward)  # ppo.forward: eager or compiled
+        self.experience_maker = ExperienceMaker(
+            self, tokenizer=self.tokenizer, sampling=self.sampling, ppo=self.ppo, reward=self.reward_cfg, kl=self.kl_cfg,
+            kl_ctl=self.kl_ctl, reference=self.reference, estimator=self.estimator, reward_sources=self.reward_sources,
+            forward_passes=self.forward_passes,
+        )  # fmt: skip
         self.rollout_index = 0  # rollouts completed; the step of every logged metric
         # The last rollout's logged metrics (averaged over ranks, the same on every rank): what
         # callbacks that act on them read (rlhf_lit.callbacks.OverOptimisationGuard).
@@ -216,8 +223,12 @@ class PPOModule(PPOCheckpoints, StageModule):
         if sharded and isinstance(getattr(self, "reward_model", None), RewardEnsemble):
             raise ValueError("a reward-model ensemble (model.reward_model with ensemble.json) is not supported under "
                              "fsdp / fsdp2; use one device or --trainer.strategy ddp")
-        shard_models(self, {"policy": self.policy, "critic": self.critic, "reference": self._modules.get("ref_policy"),
-                            "reward model": self._modules.get("reward_model")})  # fmt: skip
+        shard_models(self, {"policy": self.policy, "critic": self.critic, **self.frozen_submodules()})
+
+    def frozen_submodules(self) -> dict[str, torch.nn.Module]:
+        """The frozen models registered as submodules: the reference copy and the reward model (none
+        with LoRA's adapter-disabled reference, or kept on the CPU: ``memory.frozen_device``)."""
+        return {name: self._modules[name] for name in ("ref_policy", "reward_model") if name in self._modules}
 
     def configure_optimizers(self):
         """Policy and critic optimizers (one with ``shared_trunk`` or without a critic), schedules
@@ -266,17 +277,17 @@ class PPOModule(PPOCheckpoints, StageModule):
         check_rollout_rows(rows, self.ppo, self.sampling.samples_per_prompt)  # before any work
         timer = RolloutTimer(self.device)
         with padding_free(self.ppo.remove_padding):  # generate, score (+ the update's first forward), advantages
-            rollout, experience = self.make_rollout(batch, timer, reuses_first_forward(self))
+            rollout, info = self.make_rollout(batch, timer, reuses_first_forward(self.ppo, self.critic is not None))
         bad = nonfinite_rollout_parts(rollout, sum_over_ranks(self.trainer))
         if bad:  # no update on NaN: it would turn every weight into NaN
             self.nonfinite.skipped("rollout", f"rollout {self.rollout_index}: non-finite {', '.join(bad)}")
             self._end_rollout(rollout.batch_size, {"skipped/nonfinite_rollout": 1.0})
             return
         with train_mode(*self.trained_models), padding_free(self.ppo.remove_padding):  # (checkpointing; no dropout)
-            train_stats = self.train_on_rollout(rollout, experience.first_forward)
+            train_stats = train_on_rollout(self, rollout, info.first_forward)
         timer.mark("train")
         kl_coef = self.kl_ctl.value
-        metrics = self.rollout_metrics(rollout, experience, train_stats, kl_coef, timer)
+        metrics = self.rollout_metrics(rollout, info, train_stats, kl_coef, timer)
         # The KL controller sees the KL averaged over all ranks and the global batch size.
         self.kl_ctl.update(metrics["objective/kl"], n_steps=rollout.batch_size * self.trainer.world_size)
         self.log_dict({"score": metrics["objective/scores"], "kl": metrics["objective/kl"]}, prog_bar=True, logger=False)
@@ -298,31 +309,29 @@ class PPOModule(PPOCheckpoints, StageModule):
         if self.rollout_index >= self.max_rollouts:
             self.trainer.should_stop = True
 
-    # ------------------------------------------------------------------ rollout (ExperienceMaker)
-    def make_rollout(self, batch: dict, timer: RolloutTimer | None, reuse_first_forward: bool = False) -> tuple[Rollout, Experience]:
+    # ------------------------------------------------------------------ rollout and update
+    def make_rollout(
+        self, batch: dict, timer: RolloutTimer | None, reuse_first_forward: bool = False
+    ) -> tuple[Rollout, RolloutInfo]:
         """Generate, score, shape rewards and compute advantages (:meth:`ExperienceMaker.make`)."""
-        return self.experience.make(batch, timer, reuse_first_forward)
+        return self.experience_maker.make(batch, timer, reuse_first_forward, self._trainer)
 
     def generate(self, batch: dict[str, torch.Tensor]) -> Generated:
-        """Sample responses to the prompts of ``batch`` (:meth:`ExperienceMaker.generate`)."""
-        return self.experience.generate(batch)
+        """Sample responses to the prompts of ``batch``
+        (:func:`~rlhf_lit.stages.ppo.experience.sample_responses`)."""
+        return sample_responses(self.policy, batch, self.sampling, self.stop_ids, self.tokenizer.pad_token_id,
+                                self.stream_generator(STREAM_SAMPLE))  # fmt: skip
 
     def score(self, query_responses: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """The RM's normalised score ``(B,)``, an ensemble's ``(B, M)`` (:meth:`ExperienceMaker.score`)."""
-        return self.experience.score(query_responses, attention_mask)
+        """The RM's normalised score ``(B,)``, an ensemble's ``(B, M)``
+        (:func:`~rlhf_lit.stages.ppo.experience.reward_model_scores`)."""
+        return reward_model_scores(self.reward_model, query_responses, attention_mask)
 
     def reward_model_inputs(self, gen: Generated) -> tuple[torch.Tensor, torch.Tensor]:
-        """The rows the reward model reads of a generated batch (:meth:`ExperienceMaker.reward_model_inputs`)."""
-        return self.experience.reward_model_inputs(gen)
-
-    def score_rollout(self, gen: Generated, first: FirstForward | None = None) -> Scored:
-        """The no-grad scoring passes over a generated batch (:meth:`ExperienceMaker.score_rollout`)."""
-        return self.experience.score_rollout(gen, first)
-
-    # ------------------------------------------------------------------ update
-    def train_on_rollout(self, rollout: Rollout, first: FirstForward | None = None) -> LossStats:
-        """K epochs of minibatch steps (:func:`~rlhf_lit.stages.ppo.update.train_on_rollout`)."""
-        return train_on_rollout(self, rollout, first)
+        """The rows the reward model reads: as sampled, or with EOS after unfinished responses
+        (``reward.unfinished``, :data:`~rlhf_lit.models.scoring.UnfinishedScoring`)."""
+        return reward_model_rows(gen.query_responses, gen.attention_mask, gen.ended, self.reward_cfg.unfinished,
+                                 self.stop_ids[0], self.tokenizer.pad_token_id)  # (B, T) or (B, T + 1), x2  fmt: skip
 
     def minibatch_loss(self, mb: Rollout, passes: tuple | None = None) -> tuple[torch.Tensor, LossStats]:
         """:func:`~rlhf_lit.stages.ppo.loss.ppo_loss` of the policy (and critic) now, as this rank's share
@@ -366,7 +375,7 @@ class PPOModule(PPOCheckpoints, StageModule):
 
     # ------------------------------------------------------------------ metrics
     def rollout_metrics(
-        self, rollout: Rollout, experience: Experience, train_stats: LossStats, kl_coef: float,
+        self, rollout: Rollout, info: RolloutInfo, train_stats: LossStats, kl_coef: float,
         timer: RolloutTimer,
     ) -> dict[str, float]:
         """Everything logged for a rollout, averaged over ranks (see :mod:`rlhf_lit.stages.ppo.metrics`).
@@ -376,12 +385,12 @@ class PPOModule(PPOCheckpoints, StageModule):
         """
         # The generation / training mismatch: a rescored rollout measured it against the rescore;
         # with the recorded old logprobs, the update's forward before its first step measured it.
-        gen_train_diff = train_stats.old_logprob_diff if experience.old_logprobs_sampled else experience.gen_train_diff
-        local = rollout_statistics(rollout, experience.entropy, train_stats.logged, kl_coef, self.critic is not None,
+        gen_train_diff = train_stats.old_logprob_diff if info.old_logprobs_sampled else info.gen_train_diff
+        local = rollout_statistics(rollout, info.entropy, train_stats.logged, kl_coef, self.critic is not None,
                                    gen_train_diff)  # no sync  fmt: skip
-        local.update(experience.reward_parts)  # each source
-        judged = None if self.judge is None else judged_texts(self.experience, rollout, experience, self.judge_reads)
-        local.update(text_statistics(self.experience.texts(rollout, experience), self.judge, judged))
+        local.update(info.reward_parts)  # each source
+        judged = None if self.judge is None else judged_texts(self.experience_maker, rollout, info, self.judge_reads)
+        local.update(text_statistics(self.experience_maker.texts(rollout, info), self.judge, judged))
         local.update(compile_statistics("decode", self.sampling.decode, compile_stats()))  # none when eager
         local.update(compile_statistics("forward", self.ppo.forward, self.forward_passes.stats))
         timer.mark("text")
