@@ -1,6 +1,6 @@
 """What :class:`~rlhf_lit.stages.ppo.module.PPOModule` builds from its settings: the tokenizer and the
-four models (:func:`build_models`), the KL controller (:func:`kl_controller`) and the optimizers
-(:func:`build_optimizers`).
+four models (:func:`build_models`, sharded by :func:`shard_stage_models`), the KL controller
+(:func:`kl_controller`) and the optimizers (:func:`build_optimizers`).
 
 The models are loaded in one fixed order (tokenizer, policy, reference, reward model, critic): a
 fresh score head draws from the global RNG, so the order is part of what a seed reproduces.
@@ -20,10 +20,12 @@ from rlhf_lit.models.loading import DType
 from rlhf_lit.models.lora import with_lora
 from rlhf_lit.models.memory import attach_frozen, enable_gradient_checkpointing
 from rlhf_lit.models.reference import build_reference
-from rlhf_lit.models.reward_ensemble import is_reward_ensemble, load_reward_ensemble, member_paths
+from rlhf_lit.models.reward_ensemble import RewardEnsemble, is_reward_ensemble, load_reward_ensemble, member_paths
+from rlhf_lit.models.sharding import shard_models
 from rlhf_lit.models.value import CriticKind, build_critic
 from rlhf_lit.sources import check_local_source
 from rlhf_lit.stages.optim import OptimizerConfig, build_optimizer
+from rlhf_lit.stages.ppo.checks import check_sharded_compile
 from rlhf_lit.stages.ppo.config import KLConfig
 from rlhf_lit.tokenizer import MissingPad, check_same_vocabulary, load_tokenizer
 
@@ -105,3 +107,19 @@ def build_optimizers(
     critic_opt, critic_sched = build_optimizer(critic.named_parameters(), critic_optimizer or optimizer, max_rollouts,
                                                fused)  # fmt: skip
     return [policy_opt, critic_opt], [policy_sched, critic_sched]
+
+
+def shard_stage_models(stage: PPOModule, sharded: bool) -> None:
+    """Shard ``stage``'s policy, critic, reference and reward model when the strategy gives a device
+    mesh (``sharded``; ``configure_model``).
+
+    Only registered submodules: a LoRA policy's reference is the policy itself, and frozen models
+    kept on the CPU (``memory.frozen_device: cpu``) stay whole there. A reward-model ensemble is
+    refused under FSDP (one clear line, before any rollout), and so is ``sampling.decode: compiled``
+    (:func:`~rlhf_lit.stages.ppo.checks.check_sharded_compile`), and ``ppo.forward: compiled``.
+    """
+    check_sharded_compile(stage.sampling.decode, stage.ppo.forward, sharded)
+    if sharded and isinstance(getattr(stage, "reward_model", None), RewardEnsemble):
+        raise ValueError("a reward-model ensemble (model.reward_model with ensemble.json) is not supported under "
+                         "fsdp / fsdp2; use one device or --trainer.strategy ddp")
+    shard_models(stage, {"policy": stage.policy, "critic": stage.critic, **stage.frozen_submodules()})

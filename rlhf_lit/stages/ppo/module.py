@@ -20,22 +20,19 @@ from rlhf_lit.models.loading import DType
 from rlhf_lit.models.lora import LoRAConfig
 from rlhf_lit.models.memory import MemoryConfig, train_mode
 from rlhf_lit.models.packing import padding_free
-from rlhf_lit.models.reward_ensemble import RewardEnsemble, is_reward_ensemble, member_paths
 from rlhf_lit.models.scoring import reward_model_rows
-from rlhf_lit.models.sharding import shard_models
 from rlhf_lit.models.value import CriticKind
 from rlhf_lit.run_seed import seed_or_run_seed
 from rlhf_lit.stages.amp import loss_scale
 from rlhf_lit.stages.base import RunLayout, StageModule, as_config, require_input
 from rlhf_lit.stages.export import ExportExisting
 from rlhf_lit.stages.optim import OptimizerConfig, fused_adamw_supported
-from rlhf_lit.stages.ppo.building import build_models, build_optimizers, kl_controller
+from rlhf_lit.stages.ppo.building import build_models, build_optimizers, kl_controller, shard_stage_models
 from rlhf_lit.stages.ppo.checkpointing import SAFE_ON_RESUME, PPOCheckpoints
 from rlhf_lit.stages.ppo.checks import (
     check_compiled_passes,
     check_critic_free,
-    check_sharded_compile,
-    check_end_of_turn_stops,
+    check_data_module,
     check_model_settings,
     check_reward_settings,
     check_rollout_rows,
@@ -57,7 +54,7 @@ from rlhf_lit.stages.ppo.rollout import Rollout, nonfinite_rollout_parts
 from rlhf_lit.stages.ppo.ranks import sum_over_ranks
 from rlhf_lit.stages.ppo.seeding import STREAM_SAMPLE, stream_generator
 from rlhf_lit.stages.ppo.update import cycle, rank_token_weight, train_on_rollout
-from rlhf_lit.tokenizer import MissingPad, check_same_chat_template
+from rlhf_lit.tokenizer import MissingPad
 
 
 class PPOModule(PPOCheckpoints, StageModule):
@@ -211,19 +208,9 @@ class PPOModule(PPOCheckpoints, StageModule):
 
     # ------------------------------------------------------------------ setup
     def configure_model(self) -> None:
-        """Shard policy, critic, reference and reward model under FSDP (no-op otherwise).
-
-        Only registered submodules: a LoRA policy's reference is the policy itself, and frozen models
-        kept on the CPU (``memory.frozen_device: cpu``) stay whole there. A reward-model ensemble is
-        refused under FSDP (one clear line, before any rollout), and so is ``sampling.decode: compiled``
-        (:func:`~rlhf_lit.stages.ppo.checks.check_sharded_compile`), and ``ppo.forward: compiled``.
-        """
-        sharded = getattr(self, "_device_mesh", None) is not None
-        check_sharded_compile(self.sampling.decode, self.ppo.forward, sharded)
-        if sharded and isinstance(getattr(self, "reward_model", None), RewardEnsemble):
-            raise ValueError("a reward-model ensemble (model.reward_model with ensemble.json) is not supported under "
-                             "fsdp / fsdp2; use one device or --trainer.strategy ddp")
-        shard_models(self, {"policy": self.policy, "critic": self.critic, **self.frozen_submodules()})
+        """Shard policy, critic, reference and reward model under FSDP (no-op otherwise;
+        :func:`~rlhf_lit.stages.ppo.building.shard_stage_models`)."""
+        shard_stage_models(self, getattr(self, "_device_mesh", None) is not None)
 
     def frozen_submodules(self) -> dict[str, torch.nn.Module]:
         """The frozen models registered as submodules: the reference copy and the reward model (none
@@ -242,26 +229,10 @@ class PPOModule(PPOCheckpoints, StageModule):
         return optimizers if isinstance(optimizers, list) else [optimizers]
 
     def check_before_fit(self) -> None:
-        """Refuse, before any work is done: PPO-ptx without a second data source, a prompt batch the
-        minibatches cannot divide, prompts rendered with a chat template that generation or the
-        reward model would not follow (:meth:`check_chat_rendering`)."""
-        batch_size = getattr(self.trainer.datamodule, "batch_size", None)
-        if isinstance(batch_size, int):
-            check_rollout_rows(batch_size * self.sampling.samples_per_prompt, self.ppo, self.sampling.samples_per_prompt)
-        if self.ppo.ptx_coef > 0 and not hasattr(self.trainer.datamodule, "ptx_dataloader"):
-            raise ValueError("ppo.ptx_coef > 0 needs a data module with ptx_dataloader() (SFT-style batches)")
-        if getattr(self.trainer.datamodule, "chat_rendered", False):
-            self.check_chat_rendering()
-
-    def check_chat_rendering(self) -> None:
-        """For prompts rendered with the chat template: the template's end of turn must stop
-        generation, and the reward model must have been trained on the same rendering (it reads the
-        rendered conversation's ids as they are)."""
-        end = self.trainer.datamodule.end_of_turn_id()  # PromptDataModule.end_of_turn_id: no data import
-        check_end_of_turn_stops(end, self.stop_ids, self.tokenizer.convert_ids_to_tokens(end) if end is not None else "")
-        rm = self.hparams.reward_model
-        if self.reward_cfg.uses_reward_model and rm:
-            check_same_chat_template(self.tokenizer, member_paths(rm)[0] if is_reward_ensemble(rm) else rm, "reward_model")
+        """Refuse, before any work is done, a data module this run cannot use
+        (:func:`~rlhf_lit.stages.ppo.checks.check_data_module`)."""
+        check_data_module(self.trainer.datamodule, self.sampling, self.ppo, self.reward_cfg, self.tokenizer,
+                          self.stop_ids, self.hparams.reward_model)  # fmt: skip
 
     def stream_generator(self, stream: int) -> torch.Generator:
         """A generator for (seed, rank, rollout, stream) (:mod:`~rlhf_lit.stages.ppo.seeding`)."""
