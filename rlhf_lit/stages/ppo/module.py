@@ -2,7 +2,10 @@
 
 ``training_step`` is the table of contents of one rollout; the work is done by the experience
 maker (:mod:`~rlhf_lit.stages.ppo.experience`), the loss (:mod:`~rlhf_lit.stages.ppo.loss`) and the
-update loop (:mod:`~rlhf_lit.stages.ppo.update`).
+update loop (:mod:`~rlhf_lit.stages.ppo.update`), which read of the module what
+:mod:`~rlhf_lit.stages.ppo.protocols` names. The models, KL controller and optimizers are built by
+:mod:`~rlhf_lit.stages.ppo.building`; the checkpoint and resume hooks are
+:mod:`~rlhf_lit.stages.ppo.checkpointing`'s.
 """
 
 from __future__ import annotations
