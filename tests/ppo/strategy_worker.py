@@ -101,7 +101,7 @@ def main(out: str, mode: str, decode: str = "eager") -> None:
 
     def recording_minibatch_loss(mb, *args):
         loss, stats = minibatch_loss(mb, *args)
-        record["minibatches"].append({"policy": float(stats["loss/policy"]), "value": float(stats["loss/value"]),
+        record["minibatches"].append({"policy": float(stats.logged["loss/policy"]), "value": float(stats.logged["loss/value"]),
                                       "tokens": int(mb.response_mask.sum())})  # fmt: skip
         return loss, stats
 

@@ -60,7 +60,7 @@ def run_one_rollout(tmp_path, perturb: float = 0.0, record: dict | None = None, 
 
     def recording_loss(mb, *args):
         loss, stats = minibatch_loss(mb, *args)
-        record["minibatches"].append((float(loss.detach()), {k: float(v) for k, v in stats.items()}))
+        record["minibatches"].append((float(loss.detach()), {k: float(v) for k, v in stats.logged.items()}))
         return loss, stats
 
     module.minibatch_loss = recording_loss

@@ -59,7 +59,7 @@ def test_reusing_the_first_forward_trains_the_same_weights_with_fewer_rows(tmp_p
 def _first(module, texts=TEXTS) -> tuple[FirstForward, object]:
     batch = prompt_batch(module.tokenizer, texts)
     gen = module.generate(batch)
-    return first_forward(module, gen), gen
+    return first_forward(module, module.forward_passes, module.ppo.minibatch_size, gen), gen
 
 
 def test_the_first_forward_scores_the_rows_the_update_draws_first():
@@ -76,13 +76,13 @@ def test_the_first_forward_scores_the_rows_the_update_draws_first():
     assert torch.equal(mb.response_ids, first.response_ids)
     assert torch.equal(gen.response_ids[first.rows], first.response_ids)
     assert sorted(torch.cat([first.rows, first.others]).tolist()) == [0, 1, 2, 3]
-    scored = module.score_rollout(gen)  # every row by the scoring pass
+    scored = module.experience_maker.score_rollout(gen)  # every row by the scoring pass
     old_logprobs, _, values = first.scores(module.sampling.temperature)
     mask = gen.response_mask[first.rows]
     torch.testing.assert_close(old_logprobs[mask], scored.old_logprobs[first.rows][mask], rtol=0, atol=1e-5)
     torch.testing.assert_close(values[mask], scored.old_values[first.rows][mask], rtol=0, atol=1e-5)
     # Scored with the first forward: the same fields, the rows in the rollout's order.
-    reused = module.score_rollout(gen, first)
+    reused = module.experience_maker.score_rollout(gen, first)
     torch.testing.assert_close(reused.ref_logprobs, scored.ref_logprobs, rtol=0, atol=1e-5)
     torch.testing.assert_close(reused.rm_scores, scored.rm_scores, rtol=0, atol=1e-5)
     full = gen.response_mask
@@ -101,10 +101,14 @@ def test_a_minibatch_it_did_not_score_is_refused_and_the_graph_is_let_go():
         first.take(first.response_ids)
 
 
+def _reuses(module) -> bool:
+    return reuses_first_forward(module.ppo, module.critic is not None)
+
+
 def test_it_is_on_by_default_and_off_where_it_saves_nothing():
-    assert reuses_first_forward(tiny_module())
-    assert not reuses_first_forward(tiny_module(ppo=PPOConfig(reuse_first_forward=False)))
+    assert _reuses(tiny_module())
+    assert not _reuses(tiny_module(ppo=PPOConfig(reuse_first_forward=False)))
     # Sampled old logprobs and no critic: the scoring runs neither the policy nor a critic.
     no_critic = tiny_module(ppo=PPOConfig(old_logprobs="sampling", estimator="grpo"),
                             sampling=SamplingConfig(max_new_tokens=4, samples_per_prompt=2))  # fmt: skip
-    assert not reuses_first_forward(no_critic)
+    assert not _reuses(no_critic)

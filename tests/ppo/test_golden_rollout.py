@@ -146,7 +146,7 @@ def golden(request, reward_model_dir, tmp_path_factory):
     def recording_minibatch_loss(mb, *args):
         loss, stats = minibatch_loss(mb, *args)
         record["minibatches"].append((mb.query_responses.clone(), float(loss.detach()),
-                                      {k: float(v) for k, v in stats.items()}))
+                                      {k: float(v) for k, v in stats.logged.items()}))
         return loss, stats
 
     module.make_rollout, module.minibatch_loss = recording_make_rollout, recording_minibatch_loss

@@ -122,7 +122,7 @@ def test_a_rollout_decodes_its_responses_once(monkeypatch, with_function):
     module.generate = lambda prompts: gen
     rollout, experience = module.make_rollout(batch, RolloutTimer(torch.device("cpu")))
     assert len(calls) == (1 if with_function else 0)
-    texts = module.experience.texts(rollout, experience)
-    again = module.experience.texts(rollout, experience)
+    texts = module.experience_maker.texts(rollout, experience)
+    again = module.experience_maker.texts(rollout, experience)
     assert len(calls) == 1 and texts is again
     assert texts == EXPECTED_RESPONSES

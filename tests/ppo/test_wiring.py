@@ -100,9 +100,9 @@ def test_left_padded_rows_score_as_they_do_alone_on_gpt2(gpt2_dir, gpt2_rm_dir, 
     assert batch["attention_mask"].sum(1).tolist() == [7, 1, 3, 4]  # left padding of 0 to 6 tokens
     P = batch["input_ids"].shape[1]
     with padding_free(packed):  # ppo.remove_padding: the rows' real tokens as one sequence
-        padded = module.score_rollout(gen)
+        padded = module.experience_maker.score_rollout(gen)
     for row in range(4):
-        alone = module.score_rollout(_one_row(gen, row, P))
+        alone = module.experience_maker.score_rollout(_one_row(gen, row, P))
         mask = gen.response_mask[row]
         for key in ("old_logprobs", "ref_logprobs", "old_values"):
             torch.testing.assert_close(getattr(padded, key)[row][mask], getattr(alone, key)[0][mask], rtol=1e-5, atol=1e-5,
@@ -305,7 +305,7 @@ def test_the_reward_model_reads_a_cut_response_as_configured(unfinished):
     eos = module.tokenizer.eos_token_id
     P = gen.query_responses.shape[1] - gen.response_ids.shape[1]
     with torch.no_grad():
-        scored = module.score_rollout(gen)
+        scored = module.experience_maker.score_rollout(gen)
     assert gen.ended.tolist() == [True, False, True, True]
     for row in range(4):
         prompt = [t for t, m in zip(gen.query_responses[row, :P].tolist(), gen.attention_mask[row, :P].tolist()) if m]

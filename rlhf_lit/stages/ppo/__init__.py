@@ -1,7 +1,10 @@
 """PPO with a per-token KL penalty to the frozen SFT model: the third InstructGPT stage.
 
 The package: :mod:`~rlhf_lit.stages.ppo.module` (``PPOModule``, the LightningModule and its
-``training_step``), :mod:`~rlhf_lit.stages.ppo.experience` (prompts -> a scored rollout),
+``training_step``), :mod:`~rlhf_lit.stages.ppo.building` (its models, KL controller and optimizers),
+:mod:`~rlhf_lit.stages.ppo.checkpointing` (its checkpoint and resume hooks),
+:mod:`~rlhf_lit.stages.ppo.experience` (prompts -> a scored rollout),
+:mod:`~rlhf_lit.stages.ppo.protocols` (what the experience maker and the update read of the stage),
 :mod:`~rlhf_lit.stages.ppo.loss` (the minibatch loss), :mod:`~rlhf_lit.stages.ppo.update` (K epochs
 of minibatch steps), :mod:`~rlhf_lit.stages.ppo.config` (the ``ppo`` / ``reward`` / ``kl`` groups),
 :mod:`~rlhf_lit.stages.ppo.checks` (settings that contradict each other),

@@ -13,9 +13,10 @@ from rlhf_lit.models.compiled_passes import ForwardPasses
 from rlhf_lit.models.generation import Decode, SamplingConfig
 from rlhf_lit.models.lora import LoRAConfig
 from rlhf_lit.models.memory import MemoryConfig
-from rlhf_lit.models.reward_ensemble import is_reward_ensemble
+from rlhf_lit.models.reward_ensemble import is_reward_ensemble, member_paths
 from rlhf_lit.stages.base import TrainerPlan
 from rlhf_lit.stages.ppo.config import PPOConfig, RewardConfig
+from rlhf_lit.tokenizer import check_same_chat_template
 
 
 def check_reward_settings(sampling: SamplingConfig, reward: RewardConfig, reward_model: str | None) -> None:
@@ -139,6 +140,32 @@ def check_end_of_turn_stops(end_of_turn: int | None, stop_ids: Sequence[int], to
         f"generation (stop ids {list(stop_ids)}): the policy would write past its turn. Make it the tokenizer's "
         "eos_token or list it in the model's generation_config.json eos_token_id"
     )
+
+
+def check_data_module(
+    datamodule: Any, sampling: SamplingConfig, ppo: PPOConfig, reward: RewardConfig, tokenizer: Any,
+    stop_ids: Sequence[int], reward_model: str | None,
+) -> None:  # fmt: skip
+    """Refuse, before any work is done: PPO-ptx without a second data source, a prompt batch the
+    minibatches cannot divide, and for prompts rendered with the chat template (``chat_rendered``) a
+    template end of turn that does not stop generation (:func:`check_end_of_turn_stops`) or a reward
+    model trained on another rendering (it reads the rendered conversation's ids as they are).
+
+    The data module is duck-typed (stages never import data): ``batch_size``, ``ptx_dataloader``,
+    ``chat_rendered`` and ``end_of_turn_id()`` are looked for, not required.
+    """
+    batch_size = getattr(datamodule, "batch_size", None)
+    if isinstance(batch_size, int):
+        check_rollout_rows(batch_size * sampling.samples_per_prompt, ppo, sampling.samples_per_prompt)
+    if ppo.ptx_coef > 0 and not hasattr(datamodule, "ptx_dataloader"):
+        raise ValueError("ppo.ptx_coef > 0 needs a data module with ptx_dataloader() (SFT-style batches)")
+    if not getattr(datamodule, "chat_rendered", False):
+        return
+    end = datamodule.end_of_turn_id()  # PromptDataModule.end_of_turn_id: no data import
+    check_end_of_turn_stops(end, stop_ids, tokenizer.convert_ids_to_tokens(end) if end is not None else "")
+    if reward.uses_reward_model and reward_model:
+        model = member_paths(reward_model)[0] if is_reward_ensemble(reward_model) else reward_model
+        check_same_chat_template(tokenizer, model, "reward_model")
 
 
 def _option(group: Any, name: str) -> Any:

@@ -5,7 +5,16 @@ from the reward sources -> shaped score (:func:`rlhf_lit.functional.shape_scores
 rewards with the KL penalty -> advantages and returns. All without gradients.
 
 The responses are decoded at most once per rollout: for the reward functions when there are any,
-else after the update for the text metrics (:class:`Experience` carries them there).
+else after the update for the text metrics (:class:`RolloutInfo` carries them there).
+
+Names, against OpenRLHF's: what its experience maker makes, an ``Experience`` (the sequences, old
+and reference logprobs, values, advantages, returns of a batch), is our
+:class:`~rlhf_lit.stages.ppo.rollout.Rollout`; what it keeps in ``Experience.info`` (per-rollout
+statistics beside the tensors the loss reads) is our :class:`RolloutInfo` (called ``Experience``
+before; the name stays as an alias).
+
+The maker reads of the stage only what a :class:`~rlhf_lit.stages.ppo.protocols.RolloutStage` names
+(the trained models, the sampling and reward-model seams, the seeds); the rest is passed in.
 """
 
 from __future__ import annotations
@@ -18,27 +27,32 @@ import torch
 from rlhf_lit.evaluation import prompt_texts, response_texts
 from rlhf_lit.evaluation.judges import JudgeReads, judge_texts
 from rlhf_lit.functional import (
-    attended_span, entropy_from_logits, kl_penalized_rewards, length_groups, masked_mean, masked_whiten, member_std,
-    token_logprobs,
+    KLController, attended_span, entropy_from_logits, kl_penalized_rewards, length_groups, masked_mean, masked_whiten,
+    member_std, token_logprobs,
 )
 from rlhf_lit.models import sequence_scores
 from rlhf_lit.models.reward_ensemble import RewardEnsemble
-from rlhf_lit.models.generation import Generated, generate_responses
+from rlhf_lit.models.generation import Generated, SamplingConfig, generate_responses
 from rlhf_lit.models.memory import call_on_own_device
 from rlhf_lit.models.reward_norm import reward_offset
 from rlhf_lit.models.scoring import reward_model_rows
 from rlhf_lit.models.sharding import gathered_for_generation, is_sharded, reshard
 from rlhf_lit.stages.ppo.checks import check_whitening_rows
-from rlhf_lit.stages.ppo.estimator import repeat_prompts
+from rlhf_lit.stages.ppo.config import KLConfig, PPOConfig, RewardConfig
+from rlhf_lit.stages.ppo.estimator import AdvantageEstimator, repeat_prompts
 from rlhf_lit.stages.ppo.first_forward import FirstForward, first_forward
+from rlhf_lit.stages.ppo.forward import ForwardPassRunner
 from rlhf_lit.stages.ppo.ranks import whitening_reducer
-from rlhf_lit.stages.ppo.reward_sources import reward_batch
+from rlhf_lit.stages.ppo.reward_sources import RewardSources, reward_batch
 from rlhf_lit.stages.ppo.rollout import Rollout
-from rlhf_lit.stages.ppo.seeding import STREAM_SAMPLE
 
 if TYPE_CHECKING:
+    from lightning.pytorch import Trainer
+    from transformers import PreTrainedTokenizerBase
+
+    from rlhf_lit.models.reference import Reference
     from rlhf_lit.stages.ppo.metrics import RolloutTimer
-    from rlhf_lit.stages.ppo.module import PPOModule
+    from rlhf_lit.stages.ppo.protocols import RolloutStage
 
 
 @dataclass
@@ -77,9 +91,9 @@ class Scored:
 
 
 @dataclass
-class Experience:
-    """What a rollout leaves besides the :class:`Rollout` itself: rollout-time statistics and the
-    decoded responses (None until something needed them)."""
+class RolloutInfo:
+    """What a rollout leaves besides the :class:`Rollout` itself (OpenRLHF's ``Experience.info``):
+    rollout-time statistics and the decoded responses (None until something needed them)."""
 
     entropy: torch.Tensor  # () masked mean entropy of the policy at rollout time
     reward_parts: dict[str, torch.Tensor]  # reward/<source> -> (B,) each source's unweighted score
@@ -95,66 +109,72 @@ class Experience:
     first_forward: FirstForward | None = None
 
 
-class ExperienceMaker:
-    """Turns a batch of prompts into a rollout for the PPO stage ``module``.
+Experience = RolloutInfo
+"""The former name of :class:`RolloutInfo`, kept for user code that reads ``Experience.reward_std``."""
 
-    It reads the stage's models and settings when it runs (not when built), so it always uses
-    what the stage holds (sharded, moved to its device, or changed by a test).
+
+def sample_responses(
+    policy: torch.nn.Module, batch: dict[str, torch.Tensor], sampling: SamplingConfig, stop_ids: tuple[int, ...],
+    pad_token_id: int, generator: torch.Generator,
+) -> Generated:
+    """Sample responses to the prompts of ``batch`` with the unwrapped ``policy``, recording their logprobs.
+
+    Under FSDP the ranks step together until every rank's responses have ended (each forward
+    pass is a collective; ``synced_gpus``), with the policy's weights gathered once for the call.
+    """
+    synced = is_sharded(policy) and torch.distributed.is_initialized()
+    with gathered_for_generation(policy):
+        return generate_responses(
+            policy, batch["input_ids"], batch["attention_mask"], sampling, eos_token_id=stop_ids,
+            pad_token_id=pad_token_id, generator=generator, synced_gpus=synced,
+            return_logprobs=True,  # (B, R): the old logprobs or the mismatch metric
+        )  # fmt: skip
+
+
+def reward_model_scores(reward_model: torch.nn.Module, query_responses: torch.Tensor,
+                        attention_mask: torch.Tensor) -> torch.Tensor:  # fmt: skip
+    """The reward model's score ``(B,)`` at the last attended token (the last response token).
+
+    Adds the normalisation bias an exported RM could not fold into its weights (stored in its
+    config; 0 when folded), so the score is the normalised reward for every architecture.
+    An ensemble gives each member's normalised score, ``(B, M)``.
+    """
+    if isinstance(reward_model, RewardEnsemble):
+        return call_on_own_device(RewardEnsemble.__call__, reward_model, query_responses, attention_mask)  # (B, M)
+    raw = call_on_own_device(sequence_scores, reward_model, query_responses, attention_mask)  # (B,)
+    return raw + reward_offset(reward_model.config)  # (B,)
+
+
+class ExperienceMaker:
+    """Turns a batch of prompts into a rollout for a PPO stage.
+
+    ``stage`` (:class:`~rlhf_lit.stages.ppo.protocols.RolloutStage`) is read when the maker runs: its
+    models as it holds them then (sharded, moved to its device, or changed by a test) and its seams
+    (``generate``, ``score``, ``reward_model_inputs``: a test's or a callback's override is the one
+    used). The rest is what the stage fixed when it was built, passed here.
     """
 
-    def __init__(self, module: PPOModule) -> None:
-        self.module = module
-
-    def generate(self, batch: dict[str, torch.Tensor]) -> Generated:
-        """Sample responses to the prompts of ``batch`` with the unwrapped policy.
-
-        Under FSDP the ranks step together until every rank's responses have ended (each forward
-        pass is a collective; ``synced_gpus``), with the policy's weights gathered once for the call.
-        """
-        m = self.module
-        generator = m.stream_generator(STREAM_SAMPLE)
-        synced = is_sharded(m.policy) and torch.distributed.is_initialized()
-        with gathered_for_generation(m.policy):
-            return generate_responses(
-                m.policy, batch["input_ids"], batch["attention_mask"], m.sampling,
-                eos_token_id=m.stop_ids, pad_token_id=m.tokenizer.pad_token_id, generator=generator,
-                synced_gpus=synced, return_logprobs=True,  # (B, R): the old logprobs or the mismatch metric
-            )  # fmt: skip
+    def __init__(
+        self, stage: RolloutStage, *, tokenizer: PreTrainedTokenizerBase, sampling: SamplingConfig, ppo: PPOConfig,
+        reward: RewardConfig, kl: KLConfig, kl_ctl: KLController, reference: Reference, estimator: AdvantageEstimator,
+        reward_sources: RewardSources, forward_passes: ForwardPassRunner,
+    ) -> None:  # fmt: skip
+        self.stage, self.tokenizer, self.sampling, self.ppo = stage, tokenizer, sampling, ppo
+        self.reward_cfg, self.kl_cfg, self.kl_ctl, self.reference = reward, kl, kl_ctl, reference
+        self.estimator, self.reward_sources, self.forward_passes = estimator, reward_sources, forward_passes
 
     @property
     def old_logprobs_from_sampling(self) -> bool:
         """``ppo.old_logprobs: sampling``, unless the policy forward runs anyway (a shared-trunk critic)."""
-        m = self.module
-        shared = m.critic is not None and m.critic.needs_policy_hidden
-        return m.ppo.old_logprobs == "sampling" and not shared
+        critic = self.stage.critic
+        shared = critic is not None and critic.needs_policy_hidden
+        return self.ppo.old_logprobs == "sampling" and not shared
 
     def uses_sampled_logprobs(self, gen: Generated) -> bool:
         """The rollout's old logprobs (and entropy) are the ones recorded while sampling: ppo.old_logprobs
         sampling (:attr:`old_logprobs_from_sampling`) and a generation that recorded them (a
         ``generate`` replaced by a script records none: then the policy rescores)."""
         return self.old_logprobs_from_sampling and gen.logprobs is not None
-
-    def score(self, query_responses: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """The reward model's score ``(B,)`` at the last attended token (the last response token).
-
-        Adds the normalisation bias an exported RM could not fold into its weights (stored in its
-        config; 0 when folded), so the score is the normalised reward for every architecture.
-        An ensemble gives each member's normalised score, ``(B, M)``.
-        """
-        reward_model = self.module.reward_model
-        if isinstance(reward_model, RewardEnsemble):
-            return call_on_own_device(RewardEnsemble.__call__, reward_model, query_responses, attention_mask)  # (B, M)
-        raw = call_on_own_device(sequence_scores, reward_model, query_responses, attention_mask)  # (B,)
-        return raw + reward_offset(reward_model.config)  # (B,)
-
-    def reward_model_inputs(self, gen: Generated) -> tuple[torch.Tensor, torch.Tensor]:
-        """The rows the reward model reads: as sampled, or with EOS after unfinished responses
-        (``reward.unfinished``, :data:`~rlhf_lit.models.scoring.UnfinishedScoring`)."""
-        m = self.module
-        return reward_model_rows(
-            gen.query_responses, gen.attention_mask, gen.ended, m.reward_cfg.unfinished, m.stop_ids[0],
-            m.tokenizer.pad_token_id,
-        )  # (B, T) or (B, T + 1), x2
 
     @torch.no_grad()
     def score_chunk(self, gen: Generated, first: FirstForward | None = None) -> Scored:
@@ -169,8 +189,8 @@ class ExperienceMaker:
         response_length = gen.response_ids.shape[1]
         gen = gen.trimmed()
         prompt_length = gen.query_responses.shape[1] - gen.response_ids.shape[1]
-        m = self.module
-        temperature = m.sampling.temperature
+        m = self.stage
+        temperature = self.sampling.temperature
         ids, mask = gen.query_responses, gen.attention_mask
         if first is not None:  # the first minibatch's forward, cut to the scored columns
             kept = gen.response_ids.shape[1]
@@ -179,17 +199,17 @@ class ExperienceMaker:
                 old_logprobs, entropy = gen.logprobs, gen.entropy  # (B, R) x2
         elif self.uses_sampled_logprobs(gen):  # ppo.old_logprobs "sampling": recorded while generate sampled
             old_logprobs, entropy = gen.logprobs, gen.entropy  # (B, R) x2
-            values = None if m.critic is None else m.forward_passes.critic_values(m.critic, ids, mask, prompt_length)  # (B, R)
+            values = None if m.critic is None else self.forward_passes.critic_values(m.critic, ids, mask, prompt_length)  # (B, R)
         else:
-            logits, values = m.forward_passes.policy_and_values(m.policy, m.critic, ids, mask, prompt_length)  # (B, R, V), (B, R)
+            logits, values = self.forward_passes.policy_and_values(m.policy, m.critic, ids, mask, prompt_length)  # (B, R, V), (B, R)
             old_logprobs = token_logprobs(logits, gen.response_ids, temperature)  # (B, R)
             entropy = entropy_from_logits(logits, temperature)  # (B, R)
         return Scored(
             old_logprobs=old_logprobs,
-            ref_logprobs=m.reference.logprobs(gen, temperature),  # (B, R)
+            ref_logprobs=self.reference.logprobs(gen, temperature),  # (B, R)
             old_values=torch.zeros_like(old_logprobs) if values is None else values.float(),  # (B, R)
             entropy=entropy,  # (B, R)
-            rm_scores=m.score(*self.reward_model_inputs(gen)).float() if m.reward_cfg.uses_reward_model else None,
+            rm_scores=m.score(*m.reward_model_inputs(gen)).float() if self.reward_cfg.uses_reward_model else None,
         ).padded_to(response_length)
 
     def score_rollout(self, gen: Generated, first: FirstForward | None = None) -> Scored:
@@ -208,10 +228,10 @@ class ExperienceMaker:
                 parts.append(self.score_rollout(gen.rows(first.others)))
             return Scored.cat(parts).rows(torch.argsort(torch.cat([first.rows, first.others])))
         rows = gen.response_ids.shape[0]
-        size = self.module.ppo.score_chunk_size or rows
+        size = self.ppo.score_chunk_size or rows
         if size >= rows:  # one chunk, or the rows' length groups when a long prompt would pad the others
             groups = [g.to(gen.response_ids.device) for g in length_groups(gen.attention_mask)]
-            if len(groups) == 1 or is_sharded(self.module.policy):
+            if len(groups) == 1 or is_sharded(self.stage.policy):
                 return self.score_chunk(gen)
             order = torch.cat(groups)  # (B,)
             scored = Scored.cat([self.score_chunk(gen.rows(g)) for g in groups])
@@ -224,43 +244,44 @@ class ExperienceMaker:
         return scored.rows(torch.argsort(order))  # back to the rollout's order
 
     def make(
-        self, batch: dict[str, torch.Tensor], timer: RolloutTimer | None, reuse_first_forward: bool = False
-    ) -> tuple[Rollout, Experience]:
+        self, batch: dict[str, torch.Tensor], timer: RolloutTimer | None, reuse_first_forward: bool = False,
+        trainer: Trainer | None = None,
+    ) -> tuple[Rollout, RolloutInfo]:
         """Generate, score, shape rewards and compute advantages (the module docstring's steps).
 
         ``reuse_first_forward``: run the update's first minibatch forward now and score its rows
-        with it (:mod:`~rlhf_lit.stages.ppo.first_forward`); the :class:`Experience` carries it.
+        with it (:mod:`~rlhf_lit.stages.ppo.first_forward`); the :class:`RolloutInfo` carries it.
+        ``trainer``: the run's processes (their rows, the whitening's sums); None: one process.
         """
-        m = self.module
-        world_size = m._trainer.world_size if m._trainer is not None else 1
-        check_whitening_rows(batch["input_ids"].shape[0], world_size, m.ppo, m.reward_cfg)  # before any work
-        batch = repeat_prompts(batch, m.sampling.samples_per_prompt)  # k consecutive rows per prompt
+        m = self.stage
+        world_size = trainer.world_size if trainer is not None else 1
+        check_whitening_rows(batch["input_ids"].shape[0], world_size, self.ppo, self.reward_cfg)  # before any work
+        batch = repeat_prompts(batch, self.sampling.samples_per_prompt)  # k consecutive rows per prompt
         batch = without_common_padding(batch)  # nothing of the rollout reads a column no prompt attends
         gen = m.generate(batch)
         _mark(timer, "generate")
-        first = first_forward(m, gen) if reuse_first_forward else None
-        scored = m.score_rollout(gen, first)
-        for frozen in (m._modules.get("ref_policy"), m._modules.get("reward_model")):
-            if frozen is not None:  # under FSDP: free the root weights a no-grad pass leaves gathered
-                reshard(frozen)
+        first = first_forward(m, self.forward_passes, self.ppo.minibatch_size, gen) if reuse_first_forward else None
+        scored = self.score_rollout(gen, first)
+        for frozen in m.frozen_submodules().values():
+            reshard(frozen)  # under FSDP: free the root weights a no-grad pass leaves gathered
         mask = gen.response_mask  # (B, R)
         texts, decoded = None, None
-        if m.reward_sources.needs_texts:
-            decoded = reward_batch(m.tokenizer, batch, gen)
+        if self.reward_sources.needs_texts:
+            decoded = reward_batch(self.tokenizer, batch, gen)
             texts = list(decoded.responses)  # a copy: a reward function may change its batch
-        raw_scores, reward_parts = m.reward_sources(scored.rm_scores, decoded)  # (B,), {name: (B,)}
+        raw_scores, reward_parts = self.reward_sources(scored.rm_scores, decoded)  # (B,), {name: (B,)}
         # Every whitening below is over the rows of all processes (ppo.whiten_scope: global) or of this one.
-        reduce_sum = whitening_reducer(m.ppo.whiten_scope, m._trainer)
-        scores = m.reward_cfg.shape(raw_scores, gen.ended, reduce_sum)  # (B,): one placement path for every source
+        reduce_sum = whitening_reducer(self.ppo.whiten_scope, trainer)
+        scores = self.reward_cfg.shape(raw_scores, gen.ended, reduce_sum)  # (B,): one placement path for every source
         # kl.mode "loss": the KL is measured (metrics, controller) but paid in the loss, not here.
-        reward_kl_coef = m.kl_ctl.value if m.kl_cfg.mode == "reward" else 0.0
+        reward_kl_coef = self.kl_ctl.value if self.kl_cfg.mode == "reward" else 0.0
         rewards, kl = kl_penalized_rewards(
-            scores, scored.old_logprobs, scored.ref_logprobs, mask, reward_kl_coef, m.kl_cfg.estimator
+            scores, scored.old_logprobs, scored.ref_logprobs, mask, reward_kl_coef, self.kl_cfg.estimator
         )  # (B, R), (B, R)
-        if m.reward_cfg.whiten == "rewards":
+        if self.reward_cfg.whiten == "rewards":
             rewards = masked_whiten(rewards, mask, keep_mean=True, reduce_sum=reduce_sum)  # (B, R)
         values = scored.old_values if m.critic is not None else None
-        advantages, returns = m.estimator(rewards, values, mask, reduce_sum)  # (B, R) x2
+        advantages, returns = self.estimator(rewards, values, mask, reduce_sum)  # (B, R) x2
         _mark(timer, "score")
         rollout = Rollout(
             query_responses=gen.query_responses, attention_mask=gen.attention_mask,
@@ -276,27 +297,26 @@ class ExperienceMaker:
         gen_train_diff = None
         if gen.logprobs is not None and not sampled:  # rescored: the rescore is the training pass's forward
             gen_train_diff = masked_mean((gen.logprobs - scored.old_logprobs).abs(), mask)  # ()
-        return rollout, Experience(
+        return rollout, RolloutInfo(
             entropy, {k: v.mean() for k, v in reward_parts.items()}, texts, reward_std, sampled, gen_train_diff, first
         )
 
-    def texts(self, rollout: Rollout, experience: Experience) -> list[str]:
+    def texts(self, rollout: Rollout, info: RolloutInfo) -> list[str]:
         """The responses as a judge reads them, decoded now unless the reward functions did already."""
-        if experience.texts is None:
-            experience.texts = response_texts(
-                self.module.tokenizer, rollout.query_responses, rollout.attention_mask, rollout.response_mask,
-                rollout.ended,
+        if info.texts is None:
+            info.texts = response_texts(
+                self.tokenizer, rollout.query_responses, rollout.attention_mask, rollout.response_mask, rollout.ended
             )  # fmt: skip
-        return experience.texts
+        return info.texts
 
 
-def judged_texts(maker: ExperienceMaker, rollout: Rollout, experience: Experience, reads: JudgeReads) -> list[str]:
+def judged_texts(maker: ExperienceMaker, rollout: Rollout, info: RolloutInfo, reads: JudgeReads) -> list[str]:
     """What a judge reads of a rollout (:data:`~rlhf_lit.evaluation.judges.JudgeReads`): the responses,
     or each prompt as the policy read it (:func:`~rlhf_lit.evaluation.texts.prompt_texts`) + its response."""
-    texts = maker.texts(rollout, experience)
+    texts = maker.texts(rollout, info)
     if reads == "response":
         return texts
-    prompts = prompt_texts(maker.module.tokenizer, rollout.query_responses, rollout.attention_mask, rollout.prompt_length)
+    prompts = prompt_texts(maker.tokenizer, rollout.query_responses, rollout.attention_mask, rollout.prompt_length)
     return judge_texts(prompts, texts, reads)
 
 

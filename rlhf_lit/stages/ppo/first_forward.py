@@ -32,7 +32,9 @@ from rlhf_lit.stages.ppo.seeding import STREAM_SHUFFLE
 
 if TYPE_CHECKING:
     from rlhf_lit.models.generation import Generated
-    from rlhf_lit.stages.ppo.module import PPOModule
+    from rlhf_lit.stages.ppo.config import PPOConfig
+    from rlhf_lit.stages.ppo.forward import ForwardPassRunner
+    from rlhf_lit.stages.ppo.protocols import RolloutStage
 
 
 @dataclass
@@ -76,26 +78,25 @@ class FirstForward:
         return out
 
 
-def reuses_first_forward(module: PPOModule) -> bool:
+def reuses_first_forward(ppo: PPOConfig, has_critic: bool) -> bool:
     """``ppo.reuse_first_forward``, where it saves a pass."""
-    m = module
-    saves = m.ppo.old_logprobs == "rescore" or m.critic is not None  # else the scoring runs neither pass
-    return m.ppo.reuse_first_forward and saves
+    saves = ppo.old_logprobs == "rescore" or has_critic  # else the scoring runs neither pass
+    return ppo.reuse_first_forward and saves
 
 
-def first_forward(module: PPOModule, gen: Generated) -> FirstForward:
+def first_forward(stage: RolloutStage, passes: ForwardPassRunner, minibatch_size: int, gen: Generated) -> FirstForward:
     """The update's first minibatch's forward over the rows of ``gen`` it will hold, as the update
     runs it: the same rows (the epoch-0 order of the rollout's shuffle stream), the same dropped
     left padding (:func:`~rlhf_lit.stages.ppo.rollout.minibatches`), train mode, with gradients."""
-    m = module
-    order = shuffled_rows(gen.response_ids.shape[0], m.stream_generator(STREAM_SHUFFLE))  # (B,)
+    order = shuffled_rows(gen.response_ids.shape[0], stage.stream_generator(STREAM_SHUFFLE))  # (B,)
     order = order.to(gen.response_ids.device)  # (B,)
-    rows, others = order[: m.ppo.minibatch_size], order[m.ppo.minibatch_size :]  # (M,), (B - M,)
+    rows, others = order[:minibatch_size], order[minibatch_size:]  # (M,), (B - M,)
     mb = gen.rows(rows)
     prompt_length = mb.query_responses.shape[1] - mb.response_ids.shape[1]
     first = leading_padding(mb.attention_mask, prompt_length)  # (M,) on the CPU
     n = columns_to_drop(first, prompt_length)  # as the update's minibatch drops them
     ids, mask = mb.query_responses[:, n:], mb.attention_mask[:, n:]  # (M, T - n) x2
-    with train_mode(*m.trained_models), torch.enable_grad():
-        logits, values = m.forward_passes.policy_and_values(m.policy, m.critic, ids, mask, prompt_length - n)
+    trained = [m for m in (stage.policy, stage.critic) if m is not None]
+    with train_mode(*trained), torch.enable_grad():
+        logits, values = passes.policy_and_values(stage.policy, stage.critic, ids, mask, prompt_length - n)
     return FirstForward(rows, others, mb.response_ids, logits, values)  # (M, R, V), (M, R) or None

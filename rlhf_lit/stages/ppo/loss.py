@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from rlhf_lit.functional import (
@@ -15,10 +17,21 @@ from rlhf_lit.functional import (
 from rlhf_lit.stages.ppo.config import KLConfig, PPOConfig
 from rlhf_lit.stages.ppo.rollout import Rollout
 
-OLD_LOGPROB_DIFF = "policy/old_logprob_diff"
-"""The stat of :func:`ppo_loss` holding the token mean of ``|logprobs - old_logprobs|``; not logged as
-such: :func:`~rlhf_lit.stages.ppo.update.train_on_rollout` keeps it only before the first optimizer
-step, where it measures the old logprobs against the training pass."""
+@dataclass
+class LossStats:
+    """The statistics of a minibatch's loss (:func:`ppo_loss`, plus ``loss/ptx`` in
+    :meth:`~rlhf_lit.stages.ppo.module.PPOModule.minibatch_loss`), or of an update
+    (:func:`~rlhf_lit.stages.ppo.update.train_on_rollout`: ``logged`` averaged over its minibatches).
+
+    Attributes:
+        logged: detached ``()`` tensors named as they are logged (``loss/policy``, ``policy/clipfrac``, ...).
+        old_logprob_diff: ``()`` token mean of ``|logprobs - old_logprobs|``; not logged as such: the
+            update keeps it only before its first optimizer step, where it measures the old logprobs
+            against the training pass (``policy/logprob_gen_train_diff``).
+    """
+
+    logged: dict[str, torch.Tensor]
+    old_logprob_diff: torch.Tensor
 
 
 def ppo_loss(
@@ -29,7 +42,7 @@ def ppo_loss(
     temperature: float,
     kl: KLConfig,
     kl_coef: float,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+) -> tuple[torch.Tensor, LossStats]:
     """Clipped policy loss + vf_coef * clipped value loss - entropy_coef * entropy (+ kl_coef * KL
     with ``kl.mode: loss``), each a token mean over the minibatch's response tokens.
 
@@ -43,8 +56,7 @@ def ppo_loss(
         kl_coef: beta of this rollout (the controller updates after the update).
 
     Returns:
-        ``(loss (), stats)``: the stats are detached ``()`` tensors named as they are logged, and
-        :data:`OLD_LOGPROB_DIFF`.
+        ``(loss (), stats)``: the :class:`LossStats` of the minibatch.
     """
     mask = mb.response_mask  # (B, R)
     zero = torch.zeros((), device=mask.device)
@@ -62,10 +74,10 @@ def ppo_loss(
         "policy/entropy": entropy.detach(), "policy/clipfrac": policy_stats["clipfrac"],
         "policy/approxkl": policy_stats["approx_kl"], "policy/ratio": policy_stats["ratio_mean"],
         "value/clipfrac": value_stats["clipfrac"],
-        OLD_LOGPROB_DIFF: masked_mean((logprobs.detach() - mb.old_logprobs).abs(), mask),
     }  # fmt: skip
+    old_logprob_diff = masked_mean((logprobs.detach() - mb.old_logprobs).abs(), mask)  # ()
     if kl.mode == "loss":
         kl_term = kl_loss(logprobs, mb.ref_logprobs, mask, kl.estimator)  # ()
         loss = loss + kl_coef * kl_term  # ()
         stats["loss/kl"] = kl_term.detach()
-    return loss, stats
+    return loss, LossStats(stats, old_logprob_diff)

@@ -20,7 +20,6 @@ from lightning.pytorch.strategies import Strategy
 from rlhf_lit.evaluation import Judge, distinct_n
 from rlhf_lit.functional import explained_variance
 from rlhf_lit.models.compiled_generation import CompileStats
-from rlhf_lit.stages.ppo.loss import OLD_LOGPROB_DIFF
 from rlhf_lit.stages.ppo.rollout import Rollout
 
 
@@ -56,8 +55,8 @@ def rollout_statistics(
     Args:
         rollout: the rollout just trained on.
         entropy: ``()`` masked mean entropy of the policy at rollout time.
-        train_stats: ``()`` tensors averaged over the minibatches of the update (from
-            :func:`~rlhf_lit.stages.ppo.update.train_on_rollout`; its ``OLD_LOGPROB_DIFF`` is left out).
+        train_stats: ``()`` tensors averaged over the minibatches of the update (the ``logged`` of
+            :func:`~rlhf_lit.stages.ppo.update.train_on_rollout`'s :class:`~rlhf_lit.stages.ppo.loss.LossStats`).
         kl_coef: the coefficient the rollout's rewards were shaped with.
         has_critic: log the critic's statistics (``value/*``); False for critic-free estimators.
         gen_train_diff: ``()`` logged as :data:`LOGPROB_GEN_TRAIN_DIFF`; None: not logged (nothing
@@ -77,7 +76,7 @@ def rollout_statistics(
         "value/explained_variance": explained_variance(rollout.old_values, rollout.returns, mask),
         "response/length": mask.sum(1).float().mean(),
         "response/ended_fraction": rollout.ended.float().mean(),
-        **{k: v for k, v in train_stats.items() if k != OLD_LOGPROB_DIFF},
+        **train_stats,
     }
     if gen_train_diff is not None:
         stats[LOGPROB_GEN_TRAIN_DIFF] = gen_train_diff

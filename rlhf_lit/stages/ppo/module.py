@@ -2,42 +2,40 @@
 
 ``training_step`` is the table of contents of one rollout; the work is done by the experience
 maker (:mod:`~rlhf_lit.stages.ppo.experience`), the loss (:mod:`~rlhf_lit.stages.ppo.loss`) and the
-update loop (:mod:`~rlhf_lit.stages.ppo.update`).
+update loop (:mod:`~rlhf_lit.stages.ppo.update`), which read of the module what
+:mod:`~rlhf_lit.stages.ppo.protocols` names. The models, KL controller and optimizers are built by
+:mod:`~rlhf_lit.stages.ppo.building`; the checkpoint and resume hooks are
+:mod:`~rlhf_lit.stages.ppo.checkpointing`'s.
 """
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterator
 
 import torch
 
 from rlhf_lit.evaluation import load_judge
 from rlhf_lit.evaluation.judges import JudgeReads, judge_texts
-from rlhf_lit.functional import AdaptiveKLController, FixedKLController, sft_loss
-from rlhf_lit.models import load_causal_lm, load_reward_model
+from rlhf_lit.functional import sft_loss
 from rlhf_lit.models.compiled_generation import compile_stats
-from rlhf_lit.models.generation import Generated, SamplingConfig, forward_with_positions, stop_token_ids
+from rlhf_lit.models.generation import Generated, SamplingConfig, forward_with_positions
 from rlhf_lit.models.loading import DType
-from rlhf_lit.models.lora import LoRAConfig, with_lora
-from rlhf_lit.models.memory import MemoryConfig, attach_frozen, enable_gradient_checkpointing, train_mode
+from rlhf_lit.models.lora import LoRAConfig
+from rlhf_lit.models.memory import MemoryConfig, train_mode
 from rlhf_lit.models.packing import padding_free
-from rlhf_lit.models.reference import build_reference
-from rlhf_lit.models.reward_ensemble import RewardEnsemble, is_reward_ensemble, load_reward_ensemble, member_paths
-from rlhf_lit.models.sharding import shard_models
-from rlhf_lit.models.value import CriticKind, build_critic
+from rlhf_lit.models.scoring import reward_model_rows
+from rlhf_lit.models.value import CriticKind
 from rlhf_lit.run_seed import seed_or_run_seed
-from rlhf_lit.sources import check_local_source
 from rlhf_lit.stages.amp import loss_scale
 from rlhf_lit.stages.base import RunLayout, StageModule, as_config, require_input
 from rlhf_lit.stages.export import ExportExisting
-from rlhf_lit.stages.optim import OptimizerConfig, build_optimizer, fused_adamw_supported
+from rlhf_lit.stages.optim import OptimizerConfig, fused_adamw_supported
+from rlhf_lit.stages.ppo.building import build_models, build_optimizers, kl_controller, shard_stage_models
 from rlhf_lit.stages.ppo.checkpointing import SAFE_ON_RESUME, PPOCheckpoints
 from rlhf_lit.stages.ppo.checks import (
     check_compiled_passes,
     check_critic_free,
-    check_sharded_compile,
-    check_end_of_turn_stops,
+    check_data_module,
     check_model_settings,
     check_reward_settings,
     check_rollout_rows,
@@ -45,19 +43,21 @@ from rlhf_lit.stages.ppo.checks import (
 )
 from rlhf_lit.stages.ppo.config import KLConfig, PPOConfig, RewardConfig
 from rlhf_lit.stages.ppo.estimator import AdvantageEstimator
-from rlhf_lit.stages.ppo.experience import Experience, ExperienceMaker, Scored, judged_texts
-from rlhf_lit.stages.ppo.first_forward import FirstForward, reuses_first_forward
+from rlhf_lit.stages.ppo.experience import (
+    ExperienceMaker, RolloutInfo, judged_texts, reward_model_scores, sample_responses,
+)
+from rlhf_lit.stages.ppo.first_forward import reuses_first_forward
 from rlhf_lit.stages.ppo.forward import ForwardPassRunner
-from rlhf_lit.stages.ppo.loss import OLD_LOGPROB_DIFF, ppo_loss
+from rlhf_lit.stages.ppo.loss import LossStats, ppo_loss
 from rlhf_lit.stages.ppo.metrics import (
     RolloutTimer, compile_statistics, logged_metrics, reduce_over_ranks, rollout_statistics, text_statistics,
 )
 from rlhf_lit.stages.ppo.reward_sources import RewardSources, reward_model_unused
 from rlhf_lit.stages.ppo.rollout import Rollout, nonfinite_rollout_parts
 from rlhf_lit.stages.ppo.ranks import sum_over_ranks
-from rlhf_lit.stages.ppo.seeding import stream_generator
+from rlhf_lit.stages.ppo.seeding import STREAM_SAMPLE, stream_generator
 from rlhf_lit.stages.ppo.update import cycle, rank_token_weight, train_on_rollout
-from rlhf_lit.tokenizer import MissingPad, check_same_chat_template, check_same_vocabulary, load_tokenizer
+from rlhf_lit.tokenizer import MissingPad
 
 
 class PPOModule(PPOCheckpoints, StageModule):
@@ -186,58 +186,19 @@ class PPOModule(PPOCheckpoints, StageModule):
         )  # fmt: skip
         self.keep_export(export_dir, export_existing, max_skipped_updates)
         self.automatic_optimization = False
-        self._build_models(sft_model, reward_model, value_model, tokenizer_path, missing_pad, critic, dtype)
-        if self.kl_cfg.kind == "adaptive":
-            self.kl_ctl = AdaptiveKLController(self.kl_cfg.init_coef, self.kl_cfg.target, self.kl_cfg.horizon)
-        else:
-            self.kl_ctl = FixedKLController(self.kl_cfg.init_coef)
-        self.experience = ExperienceMaker(self)
+        build_models(self, sft_model, reward_model, value_model, tokenizer_path, missing_pad, critic, dtype)
+        self.kl_ctl = kl_controller(self.kl_cfg)
         self.forward_passes = ForwardPassRunner(self.ppo.forward)  # ppo.forward: eager or compiled
+        self.experience_maker = ExperienceMaker(
+            self, tokenizer=self.tokenizer, sampling=self.sampling, ppo=self.ppo, reward=self.reward_cfg, kl=self.kl_cfg,
+            kl_ctl=self.kl_ctl, reference=self.reference, estimator=self.estimator, reward_sources=self.reward_sources,
+            forward_passes=self.forward_passes,
+        )  # fmt: skip
         self.rollout_index = 0  # rollouts completed; the step of every logged metric
         # The last rollout's logged metrics (averaged over ranks, the same on every rank): what
         # callbacks that act on them read (rlhf_lit.callbacks.OverOptimisationGuard).
         self.last_rollout_metrics: dict[str, float] = {}
         self._ptx_batches: Iterator[dict[str, torch.Tensor]] | None = None
-
-    def _build_models(self, sft_model, reward_model, value_model, tokenizer_path, missing_pad, critic, dtype) -> None:
-        """Tokenizer, policy, reference, reward model and critic, as the settings ask."""
-        for what, path in (("sft_model", sft_model), ("reward_model", reward_model), ("value_model", value_model)):
-            check_local_source(path, what)  # a damaged file of any of them: named before the first is loaded
-        self.tokenizer = load_tokenizer(
-            tokenizer_path or sft_model, padding_side="left", missing_pad=missing_pad,
-            what="tokenizer_path" if tokenizer_path else "sft_model",
-        )  # fmt: skip
-        self.policy = with_lora(load_causal_lm(sft_model, self.tokenizer, dtype=dtype), self.lora_cfg, "causal_lm")
-        # Every id that ends a response (the model may list several): sampling, masks, the reward
-        # position and the missing-EOS penalty all follow from this one set.
-        self.stop_ids = stop_token_ids(self.policy, self.tokenizer)
-        base_vocab = self.policy.config.vocab_size
-        for what, path in (("reward_model", reward_model), ("value_model", value_model)):
-            if path is not None:  # before loading: a mismatched RM would be resized to fit silently
-                check_same_vocabulary(self.tokenizer, path, what, base_vocab)
-        frozen_dtype, frozen_device = self.memory.frozen_dtype or dtype, self.memory.frozen_device
-
-        def frozen_sft_copy() -> torch.nn.Module:  # only without LoRA: see build_reference
-            reference = load_causal_lm(sft_model, self.tokenizer, dtype=frozen_dtype).requires_grad_(False).eval()
-            attach_frozen(self, "ref_policy", reference, frozen_device)
-            return self.ref_policy
-
-        self.reference = build_reference(self.policy, frozen_sft_copy)
-        ensemble = is_reward_ensemble(reward_model)
-        if self.reward_cfg.uses_reward_model:
-            load = load_reward_ensemble if ensemble else load_reward_model
-            rm = load(reward_model, self.tokenizer, dtype=frozen_dtype).requires_grad_(False).eval()  # frozen
-            attach_frozen(self, "reward_model", rm, frozen_device)
-        if self.estimator.uses_critic and critic == "separate" and (value_model or reward_model) is None:
-            raise ValueError("a separate critic starts from value_model or reward_model; set one of them")
-        # A critic from an ensemble starts from its member 0 (a whole reward model, normalised like the others).
-        critic_start = value_model or (member_paths(reward_model)[0] if ensemble else reward_model)
-        self.critic = (
-            build_critic(critic, self.policy, critic_start, self.tokenizer, dtype, self.critic_lora_cfg)
-            if self.estimator.uses_critic else None
-        )  # fmt: skip
-        if self.memory.gradient_checkpointing:
-            enable_gradient_checkpointing(*self.trained_models)
 
     @property
     def trained_models(self) -> list[torch.nn.Module]:
@@ -250,38 +211,20 @@ class PPOModule(PPOCheckpoints, StageModule):
 
     # ------------------------------------------------------------------ setup
     def configure_model(self) -> None:
-        """Shard policy, critic, reference and reward model under FSDP (no-op otherwise).
+        """Shard policy, critic, reference and reward model under FSDP (no-op otherwise;
+        :func:`~rlhf_lit.stages.ppo.building.shard_stage_models`)."""
+        shard_stage_models(self, getattr(self, "_device_mesh", None) is not None)
 
-        Only registered submodules: a LoRA policy's reference is the policy itself, and frozen models
-        kept on the CPU (``memory.frozen_device: cpu``) stay whole there. A reward-model ensemble is
-        refused under FSDP (one clear line, before any rollout), and so is ``sampling.decode: compiled``
-        (:func:`~rlhf_lit.stages.ppo.checks.check_sharded_compile`), and ``ppo.forward: compiled``.
-        """
-        sharded = getattr(self, "_device_mesh", None) is not None
-        check_sharded_compile(self.sampling.decode, self.ppo.forward, sharded)
-        if sharded and isinstance(getattr(self, "reward_model", None), RewardEnsemble):
-            raise ValueError("a reward-model ensemble (model.reward_model with ensemble.json) is not supported under "
-                             "fsdp / fsdp2; use one device or --trainer.strategy ddp")
-        shard_models(self, {"policy": self.policy, "critic": self.critic, "reference": self._modules.get("ref_policy"),
-                            "reward model": self._modules.get("reward_model")})  # fmt: skip
+    def frozen_submodules(self) -> dict[str, torch.nn.Module]:
+        """The frozen models registered as submodules: the reference copy and the reward model (none
+        with LoRA's adapter-disabled reference, or kept on the CPU: ``memory.frozen_device``)."""
+        return {name: self._modules[name] for name in ("ref_policy", "reward_model") if name in self._modules}
 
     def configure_optimizers(self):
         """Policy and critic optimizers (one with ``shared_trunk`` or without a critic), schedules
-        stepped per rollout."""
-        fused = fused_adamw_supported(self)
-        if self.critic is None:
-            opt, sched = build_optimizer(self.policy.named_parameters(), self.optimizer_cfg, self.max_rollouts, fused)
-            return [opt], [sched]
-        if self.hparams.critic == "shared_trunk":
-            params = itertools.chain(self.policy.named_parameters(), self.critic.named_parameters())
-            opt, sched = build_optimizer(params, self.optimizer_cfg, self.max_rollouts, fused)
-            return [opt], [sched]
-        policy_opt, policy_sched = build_optimizer(
-            self.policy.named_parameters(), self.optimizer_cfg, self.max_rollouts, fused
-        )  # fmt: skip
-        critic_cfg = self.critic_optimizer_cfg or self.optimizer_cfg
-        critic_opt, critic_sched = build_optimizer(self.critic.named_parameters(), critic_cfg, self.max_rollouts, fused)
-        return [policy_opt, critic_opt], [policy_sched, critic_sched]
+        stepped per rollout (:func:`~rlhf_lit.stages.ppo.building.build_optimizers`)."""
+        return build_optimizers(self.policy, self.critic, self.hparams.critic == "shared_trunk", self.optimizer_cfg,
+                                self.critic_optimizer_cfg, self.max_rollouts, fused_adamw_supported(self))  # fmt: skip
 
     def optimizer_list(self) -> list:
         """The Lightning-wrapped optimizers as a list (one or two)."""
@@ -289,26 +232,10 @@ class PPOModule(PPOCheckpoints, StageModule):
         return optimizers if isinstance(optimizers, list) else [optimizers]
 
     def check_before_fit(self) -> None:
-        """Refuse, before any work is done: PPO-ptx without a second data source, a prompt batch the
-        minibatches cannot divide, prompts rendered with a chat template that generation or the
-        reward model would not follow (:meth:`check_chat_rendering`)."""
-        batch_size = getattr(self.trainer.datamodule, "batch_size", None)
-        if isinstance(batch_size, int):
-            check_rollout_rows(batch_size * self.sampling.samples_per_prompt, self.ppo, self.sampling.samples_per_prompt)
-        if self.ppo.ptx_coef > 0 and not hasattr(self.trainer.datamodule, "ptx_dataloader"):
-            raise ValueError("ppo.ptx_coef > 0 needs a data module with ptx_dataloader() (SFT-style batches)")
-        if getattr(self.trainer.datamodule, "chat_rendered", False):
-            self.check_chat_rendering()
-
-    def check_chat_rendering(self) -> None:
-        """For prompts rendered with the chat template: the template's end of turn must stop
-        generation, and the reward model must have been trained on the same rendering (it reads the
-        rendered conversation's ids as they are)."""
-        end = self.trainer.datamodule.end_of_turn_id()  # PromptDataModule.end_of_turn_id: no data import
-        check_end_of_turn_stops(end, self.stop_ids, self.tokenizer.convert_ids_to_tokens(end) if end is not None else "")
-        rm = self.hparams.reward_model
-        if self.reward_cfg.uses_reward_model and rm:
-            check_same_chat_template(self.tokenizer, member_paths(rm)[0] if is_reward_ensemble(rm) else rm, "reward_model")
+        """Refuse, before any work is done, a data module this run cannot use
+        (:func:`~rlhf_lit.stages.ppo.checks.check_data_module`)."""
+        check_data_module(self.trainer.datamodule, self.sampling, self.ppo, self.reward_cfg, self.tokenizer,
+                          self.stop_ids, self.hparams.reward_model)  # fmt: skip
 
     def stream_generator(self, stream: int) -> torch.Generator:
         """A generator for (seed, rank, rollout, stream) (:mod:`~rlhf_lit.stages.ppo.seeding`)."""
@@ -324,17 +251,17 @@ class PPOModule(PPOCheckpoints, StageModule):
         check_rollout_rows(rows, self.ppo, self.sampling.samples_per_prompt)  # before any work
         timer = RolloutTimer(self.device)
         with padding_free(self.ppo.remove_padding):  # generate, score (+ the update's first forward), advantages
-            rollout, experience = self.make_rollout(batch, timer, reuses_first_forward(self))
+            rollout, info = self.make_rollout(batch, timer, reuses_first_forward(self.ppo, self.critic is not None))
         bad = nonfinite_rollout_parts(rollout, sum_over_ranks(self.trainer))
         if bad:  # no update on NaN: it would turn every weight into NaN
             self.nonfinite.skipped("rollout", f"rollout {self.rollout_index}: non-finite {', '.join(bad)}")
             self._end_rollout(rollout.batch_size, {"skipped/nonfinite_rollout": 1.0})
             return
         with train_mode(*self.trained_models), padding_free(self.ppo.remove_padding):  # (checkpointing; no dropout)
-            train_stats = self.train_on_rollout(rollout, experience.first_forward)
+            train_stats = train_on_rollout(self, rollout, info.first_forward)
         timer.mark("train")
         kl_coef = self.kl_ctl.value
-        metrics = self.rollout_metrics(rollout, experience, train_stats, kl_coef, timer)
+        metrics = self.rollout_metrics(rollout, info, train_stats, kl_coef, timer)
         # The KL controller sees the KL averaged over all ranks and the global batch size.
         self.kl_ctl.update(metrics["objective/kl"], n_steps=rollout.batch_size * self.trainer.world_size)
         self.log_dict({"score": metrics["objective/scores"], "kl": metrics["objective/kl"]}, prog_bar=True, logger=False)
@@ -356,33 +283,31 @@ class PPOModule(PPOCheckpoints, StageModule):
         if self.rollout_index >= self.max_rollouts:
             self.trainer.should_stop = True
 
-    # ------------------------------------------------------------------ rollout (ExperienceMaker)
-    def make_rollout(self, batch: dict, timer: RolloutTimer | None, reuse_first_forward: bool = False) -> tuple[Rollout, Experience]:
+    # ------------------------------------------------------------------ rollout and update
+    def make_rollout(
+        self, batch: dict, timer: RolloutTimer | None, reuse_first_forward: bool = False
+    ) -> tuple[Rollout, RolloutInfo]:
         """Generate, score, shape rewards and compute advantages (:meth:`ExperienceMaker.make`)."""
-        return self.experience.make(batch, timer, reuse_first_forward)
+        return self.experience_maker.make(batch, timer, reuse_first_forward, self._trainer)
 
     def generate(self, batch: dict[str, torch.Tensor]) -> Generated:
-        """Sample responses to the prompts of ``batch`` (:meth:`ExperienceMaker.generate`)."""
-        return self.experience.generate(batch)
+        """Sample responses to the prompts of ``batch``
+        (:func:`~rlhf_lit.stages.ppo.experience.sample_responses`)."""
+        return sample_responses(self.policy, batch, self.sampling, self.stop_ids, self.tokenizer.pad_token_id,
+                                self.stream_generator(STREAM_SAMPLE))  # fmt: skip
 
     def score(self, query_responses: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """The RM's normalised score ``(B,)``, an ensemble's ``(B, M)`` (:meth:`ExperienceMaker.score`)."""
-        return self.experience.score(query_responses, attention_mask)
+        """The RM's normalised score ``(B,)``, an ensemble's ``(B, M)``
+        (:func:`~rlhf_lit.stages.ppo.experience.reward_model_scores`)."""
+        return reward_model_scores(self.reward_model, query_responses, attention_mask)
 
     def reward_model_inputs(self, gen: Generated) -> tuple[torch.Tensor, torch.Tensor]:
-        """The rows the reward model reads of a generated batch (:meth:`ExperienceMaker.reward_model_inputs`)."""
-        return self.experience.reward_model_inputs(gen)
+        """The rows the reward model reads: as sampled, or with EOS after unfinished responses
+        (``reward.unfinished``, :data:`~rlhf_lit.models.scoring.UnfinishedScoring`)."""
+        return reward_model_rows(gen.query_responses, gen.attention_mask, gen.ended, self.reward_cfg.unfinished,
+                                 self.stop_ids[0], self.tokenizer.pad_token_id)  # (B, T) or (B, T + 1), x2  fmt: skip
 
-    def score_rollout(self, gen: Generated, first: FirstForward | None = None) -> Scored:
-        """The no-grad scoring passes over a generated batch (:meth:`ExperienceMaker.score_rollout`)."""
-        return self.experience.score_rollout(gen, first)
-
-    # ------------------------------------------------------------------ update
-    def train_on_rollout(self, rollout: Rollout, first: FirstForward | None = None) -> dict[str, torch.Tensor]:
-        """K epochs of minibatch steps (:func:`~rlhf_lit.stages.ppo.update.train_on_rollout`)."""
-        return train_on_rollout(self, rollout, first)
-
-    def minibatch_loss(self, mb: Rollout, passes: tuple | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def minibatch_loss(self, mb: Rollout, passes: tuple | None = None) -> tuple[torch.Tensor, LossStats]:
         """:func:`~rlhf_lit.stages.ppo.loss.ppo_loss` of the policy (and critic) now, as this rank's share
         of the token mean over all ranks, plus ``ptx_coef`` * the SFT loss of a second-source batch.
         ``passes``: the minibatch's ``(logits, values)`` computed already (a :class:`FirstForward`)."""
@@ -398,7 +323,7 @@ class PPOModule(PPOCheckpoints, StageModule):
             ptx_logits = forward_with_positions(self.policy, batch["input_ids"], batch["attention_mask"]).logits
             ptx = sft_loss(ptx_logits, batch["labels"])  # ()
             loss = loss + self.ppo.ptx_coef * ptx  # ()
-        return loss, {**stats, "loss/ptx": ptx.detach()}
+        return loss, LossStats({**stats.logged, "loss/ptx": ptx.detach()}, stats.old_logprob_diff)
 
     def _next_ptx_batch(self) -> dict[str, torch.Tensor]:
         """The next SFT-style batch of the second data source, cycling through it."""
@@ -424,7 +349,7 @@ class PPOModule(PPOCheckpoints, StageModule):
 
     # ------------------------------------------------------------------ metrics
     def rollout_metrics(
-        self, rollout: Rollout, experience: Experience, train_stats: dict[str, torch.Tensor], kl_coef: float,
+        self, rollout: Rollout, info: RolloutInfo, train_stats: LossStats, kl_coef: float,
         timer: RolloutTimer,
     ) -> dict[str, float]:
         """Everything logged for a rollout, averaged over ranks (see :mod:`rlhf_lit.stages.ppo.metrics`).
@@ -434,12 +359,12 @@ class PPOModule(PPOCheckpoints, StageModule):
         """
         # The generation / training mismatch: a rescored rollout measured it against the rescore;
         # with the recorded old logprobs, the update's forward before its first step measured it.
-        gen_train_diff = train_stats[OLD_LOGPROB_DIFF] if experience.old_logprobs_sampled else experience.gen_train_diff
-        local = rollout_statistics(rollout, experience.entropy, train_stats, kl_coef, self.critic is not None,
+        gen_train_diff = train_stats.old_logprob_diff if info.old_logprobs_sampled else info.gen_train_diff
+        local = rollout_statistics(rollout, info.entropy, train_stats.logged, kl_coef, self.critic is not None,
                                    gen_train_diff)  # no sync  fmt: skip
-        local.update(experience.reward_parts)  # each source
-        judged = None if self.judge is None else judged_texts(self.experience, rollout, experience, self.judge_reads)
-        local.update(text_statistics(self.experience.texts(rollout, experience), self.judge, judged))
+        local.update(info.reward_parts)  # each source
+        judged = None if self.judge is None else judged_texts(self.experience_maker, rollout, info, self.judge_reads)
+        local.update(text_statistics(self.experience_maker.texts(rollout, info), self.judge, judged))
         local.update(compile_statistics("decode", self.sampling.decode, compile_stats()))  # none when eager
         local.update(compile_statistics("forward", self.ppo.forward, self.forward_passes.stats))
         timer.mark("text")

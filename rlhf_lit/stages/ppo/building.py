@@ -1,0 +1,125 @@
+"""What :class:`~rlhf_lit.stages.ppo.module.PPOModule` builds from its settings: the tokenizer and the
+four models (:func:`build_models`, sharded by :func:`shard_stage_models`), the KL controller
+(:func:`kl_controller`) and the optimizers (:func:`build_optimizers`).
+
+The models are loaded in one fixed order (tokenizer, policy, reference, reward model, critic): a
+fresh score head draws from the global RNG, so the order is part of what a seed reproduces.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import TYPE_CHECKING
+
+import torch
+
+from rlhf_lit.functional import AdaptiveKLController, FixedKLController, KLController
+from rlhf_lit.models import load_causal_lm, load_reward_model
+from rlhf_lit.models.generation import stop_token_ids
+from rlhf_lit.models.loading import DType
+from rlhf_lit.models.lora import with_lora
+from rlhf_lit.models.memory import attach_frozen, enable_gradient_checkpointing
+from rlhf_lit.models.reference import build_reference
+from rlhf_lit.models.reward_ensemble import RewardEnsemble, is_reward_ensemble, load_reward_ensemble, member_paths
+from rlhf_lit.models.sharding import shard_models
+from rlhf_lit.models.value import CriticKind, build_critic
+from rlhf_lit.sources import check_local_source
+from rlhf_lit.stages.optim import OptimizerConfig, build_optimizer
+from rlhf_lit.stages.ppo.checks import check_sharded_compile
+from rlhf_lit.stages.ppo.config import KLConfig
+from rlhf_lit.tokenizer import MissingPad, check_same_vocabulary, load_tokenizer
+
+if TYPE_CHECKING:
+    from rlhf_lit.stages.ppo.module import PPOModule
+
+
+def build_models(
+    stage: PPOModule, sft_model: str, reward_model: str | None, value_model: str | None, tokenizer_path: str | None,
+    missing_pad: MissingPad, critic: CriticKind, dtype: DType,
+) -> None:  # fmt: skip
+    """Set ``stage``'s tokenizer, policy, ``stop_ids``, reference, reward model and critic, as its
+    settings ask (``lora_cfg``, ``critic_lora_cfg``, ``memory``, ``reward_cfg``, ``estimator``).
+
+    The frozen reference copy and the reward model are attached with
+    :func:`~rlhf_lit.models.memory.attach_frozen` (submodules, unless kept on the CPU).
+    """
+    for what, path in (("sft_model", sft_model), ("reward_model", reward_model), ("value_model", value_model)):
+        check_local_source(path, what)  # a damaged file of any of them: named before the first is loaded
+    stage.tokenizer = tokenizer = load_tokenizer(
+        tokenizer_path or sft_model, padding_side="left", missing_pad=missing_pad,
+        what="tokenizer_path" if tokenizer_path else "sft_model",
+    )  # fmt: skip
+    stage.policy = policy = with_lora(load_causal_lm(sft_model, tokenizer, dtype=dtype), stage.lora_cfg, "causal_lm")
+    # Every id that ends a response (the model may list several): sampling, masks, the reward
+    # position and the missing-EOS penalty all follow from this one set.
+    stage.stop_ids = stop_token_ids(policy, tokenizer)
+    base_vocab = policy.config.vocab_size
+    for what, path in (("reward_model", reward_model), ("value_model", value_model)):
+        if path is not None:  # before loading: a mismatched RM would be resized to fit silently
+            check_same_vocabulary(tokenizer, path, what, base_vocab)
+    frozen_dtype, frozen_device = stage.memory.frozen_dtype or dtype, stage.memory.frozen_device
+
+    def frozen_sft_copy() -> torch.nn.Module:  # only without LoRA: see build_reference
+        reference = load_causal_lm(sft_model, tokenizer, dtype=frozen_dtype).requires_grad_(False).eval()
+        attach_frozen(stage, "ref_policy", reference, frozen_device)
+        return stage.ref_policy
+
+    stage.reference = build_reference(policy, frozen_sft_copy)
+    ensemble = is_reward_ensemble(reward_model)
+    if stage.reward_cfg.uses_reward_model:
+        load = load_reward_ensemble if ensemble else load_reward_model
+        rm = load(reward_model, tokenizer, dtype=frozen_dtype).requires_grad_(False).eval()  # frozen
+        attach_frozen(stage, "reward_model", rm, frozen_device)
+    uses_critic = stage.estimator.uses_critic
+    if uses_critic and critic == "separate" and (value_model or reward_model) is None:
+        raise ValueError("a separate critic starts from value_model or reward_model; set one of them")
+    # A critic from an ensemble starts from its member 0 (a whole reward model, normalised like the others).
+    critic_start = value_model or (member_paths(reward_model)[0] if ensemble else reward_model)
+    stage.critic = (
+        build_critic(critic, policy, critic_start, tokenizer, dtype, stage.critic_lora_cfg) if uses_critic else None
+    )  # fmt: skip
+    if stage.memory.gradient_checkpointing:
+        enable_gradient_checkpointing(*stage.trained_models)
+
+
+def kl_controller(kl: KLConfig) -> KLController:
+    """The adaptive (``kl.kind: adaptive``) or fixed KL controller, starting at ``kl.init_coef``."""
+    if kl.kind == "adaptive":
+        return AdaptiveKLController(kl.init_coef, kl.target, kl.horizon)
+    return FixedKLController(kl.init_coef)
+
+
+def build_optimizers(
+    policy: torch.nn.Module, critic: torch.nn.Module | None, shared_trunk: bool, optimizer: OptimizerConfig,
+    critic_optimizer: OptimizerConfig | None, max_rollouts: int, fused: bool,
+) -> tuple[list, list]:  # fmt: skip
+    """Policy and critic optimizers and their schedules (stepped per rollout, ``max_rollouts`` long):
+    one for the policy without a critic, one for policy and value head with ``shared_trunk``, else two
+    (the critic's with ``critic_optimizer``, None = ``optimizer``)."""
+    if critic is None:
+        opt, sched = build_optimizer(policy.named_parameters(), optimizer, max_rollouts, fused)
+        return [opt], [sched]
+    if shared_trunk:
+        params = itertools.chain(policy.named_parameters(), critic.named_parameters())
+        opt, sched = build_optimizer(params, optimizer, max_rollouts, fused)
+        return [opt], [sched]
+    policy_opt, policy_sched = build_optimizer(policy.named_parameters(), optimizer, max_rollouts, fused)
+    critic_opt, critic_sched = build_optimizer(critic.named_parameters(), critic_optimizer or optimizer, max_rollouts,
+                                               fused)  # fmt: skip
+    return [policy_opt, critic_opt], [policy_sched, critic_sched]
+
+
+def shard_stage_models(stage: PPOModule, sharded: bool) -> None:
+    """Shard ``stage``'s policy, critic, reference and reward model when the strategy gives a device
+    mesh (``sharded``; ``configure_model``).
+
+    Only registered submodules: a LoRA policy's reference is the policy itself, and frozen models
+    kept on the CPU (``memory.frozen_device: cpu``) stay whole there. A reward-model ensemble is
+    refused under FSDP (one clear line, before any rollout), and so is ``sampling.decode: compiled``
+    (:func:`~rlhf_lit.stages.ppo.checks.check_sharded_compile`), and ``ppo.forward: compiled``.
+    """
+    check_sharded_compile(stage.sampling.decode, stage.ppo.forward, sharded)
+    if sharded and isinstance(getattr(stage, "reward_model", None), RewardEnsemble):
+        raise ValueError("a reward-model ensemble (model.reward_model with ensemble.json) is not supported under "
+                         "fsdp / fsdp2; use one device or --trainer.strategy ddp")
+    shard_models(stage, {"policy": stage.policy, "critic": stage.critic, **stage.frozen_submodules()})
