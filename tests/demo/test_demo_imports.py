@@ -4,44 +4,29 @@ source, nothing is imported)."""
 
 from __future__ import annotations
 
-import ast
 import re
 import tomllib
 from pathlib import Path
 
 import pytest
+from source_imports import imports_of, under
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "demo"
 PACKAGE = ROOT / "rlhf_lit"
 
 
-def _imports(path: Path) -> set[str]:
-    """Every module ``path`` imports, at any depth (function-level imports included)."""
-    names = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.add(node.module)
-    return names
-
-
-def _under(names: set[str], prefixes: tuple[str, ...]) -> list[str]:
-    return sorted(n for n in names if any(n == p or n.startswith(p + ".") for p in prefixes))
-
-
 @pytest.mark.parametrize("path", sorted(DEMO.glob("*.py")), ids=lambda p: p.name)
 def test_the_demo_imports_no_stage_callback_command_or_cli(path):
     forbidden = ("rlhf_lit.stages", "rlhf_lit.callbacks", "rlhf_lit.strategies", "rlhf_lit.commands", "rlhf_lit.cli")
-    assert _under(_imports(path), forbidden) == []
+    assert under(imports_of(path), forbidden) == []
 
 
 def test_the_library_neither_imports_nor_names_the_demo():
     modules = "|".join(sorted(p.stem for p in DEMO.glob("*.py") if not p.stem.startswith("_")))
     named = re.compile(rf"rlhf_lit[./]demo\b|python -m demo\b|\bdemo\.({modules})\b")
     for path in sorted(PACKAGE.rglob("*.py")):
-        assert _under(_imports(path), ("demo",)) == [], path
+        assert under(imports_of(path), ("demo",)) == [], path
         lines = [line for line in path.read_text(encoding="utf-8").splitlines() if named.search(line)]
         assert lines == [], f"{path} points at the demo; describe the library code instead: {lines}"
     assert not (PACKAGE / "demo").exists()

@@ -8,41 +8,26 @@ sit at the bottom beside ``functional`` and import nothing of rlhf-lit's above t
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
 import pytest
+from source_imports import imports_of, under
 
 PACKAGE = Path(__file__).resolve().parents[2] / "rlhf_lit"
 
 
-def _imports(path: Path) -> set[str]:
-    """Every module ``path`` imports, at any depth (function-level imports included)."""
-    names = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.add(node.module)
-    return names
-
-
-def _under(names: set[str], prefixes: tuple[str, ...]) -> list[str]:
-    return sorted(n for n in names if any(n == p or n.startswith(p + ".") for p in prefixes))
-
-
 def test_the_evaluation_library_never_imports_the_commands_or_the_cli():
     for path in sorted((PACKAGE / "evaluation").glob("*.py")):
-        assert _under(_imports(path), ("rlhf_lit.commands", "rlhf_lit.cli")) == [], path
+        assert under(imports_of(path), ("rlhf_lit.commands", "rlhf_lit.cli")) == [], path
 
 
 def test_the_evaluation_library_imports_no_stage_callback_or_demo():
     for path in sorted((PACKAGE / "evaluation").glob("*.py")):
-        assert _under(_imports(path), ("rlhf_lit.stages", "rlhf_lit.callbacks", "demo")) == [], path
+        assert under(imports_of(path), ("rlhf_lit.stages", "rlhf_lit.callbacks", "demo")) == [], path
 
 
 @pytest.mark.parametrize("module, allowed", [("sources.py", {"rlhf_lit.artifacts", "rlhf_lit.integrity"}), ("artifacts.py", set()),
                                              ("integrity.py", set())])
 def test_bottom_modules_import_nothing_above_them(module, allowed):
-    ours = {n for n in _imports(PACKAGE / module) if n == "rlhf_lit" or n.startswith("rlhf_lit.")}
+    ours = {n for n in imports_of(PACKAGE / module) if n == "rlhf_lit" or n.startswith("rlhf_lit.")}
     assert ours <= allowed, ours - allowed
