@@ -20,11 +20,11 @@ from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
 from lightning.pytorch.utilities import rank_zero_only
 
 from rlhf_lit.callbacks.guard.policy_copy import copy_weights, restore_weights
-from rlhf_lit.callbacks.guard.settings import (
+from rlhf_lit.callbacks.guard.signals import (
     HELD_OUT_JUDGE, HELD_OUT_SCORE, Action, DisagreementSignal, DistinctSignal, Evaluation, HeldOut, KeepBest,
     KLSignal, LengthSignal, ObjectiveSignal, ProxyGoldSignal,
 )  # fmt: skip
-from rlhf_lit.callbacks.guard.signals import Verdict, persistent
+from rlhf_lit.callbacks.guard.verdicts import Verdict, persistent
 from rlhf_lit.callbacks.online_generation import OnlineGeneration
 from rlhf_lit.callbacks.preemption import Preemption
 from rlhf_lit.stages.base import as_config
@@ -40,7 +40,7 @@ class OverOptimisationGuard(Callback):
     """Watch a PPO run for over-optimisation (reward hacking) and warn, stop, or keep the best policy.
 
     Each signal is off until given an ``action``; its rule and thresholds are its dataclass's
-    (:mod:`~rlhf_lit.callbacks.guard.settings`, docs/monitoring.md). A signal acts when its rule
+    (:mod:`~rlhf_lit.callbacks.guard.signals`, docs/monitoring.md). A signal acts when its rule
     has held ``patience`` evaluations in a row, once, and again only after the rule stopped holding.
 
     Args:

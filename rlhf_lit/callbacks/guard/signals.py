@@ -1,158 +1,265 @@
-"""The guard's rules: pure functions from a metric trajectory to a verdict (no Lightning, no torch).
+"""The guard's signals: one typed option set (a dataclass) per signal (its action, rule thresholds and patience),
+the held-out evaluation and what ``keep_best`` keeps.
 
-Each rule reads a list of per-rollout values (``None`` where the run did not log the metric that
-rollout) and returns a :class:`Verdict` (does the rule hold now, the value it compared, the
-threshold it compared it with) or ``None`` when the signal is not available yet: too few logged
-values for its windows, or a metric the run never logs. A signal that is not available never
-fires, so a run that cannot produce a signal gets no false alarm.
-
-Three shapes of rule, chosen for noisy per-rollout means (a rollout is a batch of a few dozen
-samples; a 0/1 reward's batch mean moves by tenths from rollout to rollout by chance alone):
-
-- :func:`above`: the latest value above a ceiling (the KL per response).
-- :func:`line_change`: the change across a window of the least-squares line through it, with its
-  t-statistic: a trend, not the difference of two noisy end points. Identical values (a 0/1 reward
-  whose every sample is 1: standard deviation 0) have slope 0 and t 0: no trend.
-- :func:`drift`: the mean of the last rollouts against the mean of the first ones (the baseline
-  window), compared with ``max(relative * |baseline|, absolute)``: the absolute floor is what
-  makes a zero baseline (a disagreement or a reward of 0) safe, where any relative change of 0 is
-  infinite.
+Every signal is off until it is given an ``action``. A signal's :meth:`verdict` is its rule
+(:mod:`~rlhf_lit.callbacks.guard.verdicts`) applied to the run's history: pure, no Lightning.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Literal
 
-Direction = Literal["up", "down", "either"]
-"""Which way a drift counts: a rise, a fall, or either."""
+from rlhf_lit.callbacks.guard.verdicts import Direction, Verdict, above, drift, falling, proxy_without_gold, rate_above
+from rlhf_lit.data.rendering import TemplateOption, template_choice
+from rlhf_lit.evaluation.judges import JudgeReads
+from rlhf_lit.models.generation import SamplingConfig
+
+Action = Literal["warn", "stop", "keep_best"]
+"""What a signal does when its rule has held ``patience`` evaluations in a row: ``warn`` (one log
+line and a TensorBoard text entry), ``stop`` (end the run after this rollout; fit ends and exports
+as usual) or ``keep_best`` (export the best policy of the run, :class:`KeepBest`, instead of the last)."""
+
+History = Mapping[str, Sequence[float | None]]
+"""Metric name -> its value at every rollout so far (``None`` where the rollout did not log it)."""
+
+HELD_OUT_SCORE, HELD_OUT_JUDGE = "guard/held_out/score", "guard/held_out/judge"
+"""The held-out evaluation's means: the reward model's score and the judge's (:class:`HeldOut`)."""
 
 
 @dataclass(frozen=True)
-class Verdict:
-    """A rule's answer for one rollout: ``holds`` when ``value`` crossed ``threshold``."""
+class Evaluation:
+    """One held-out evaluation: after ``rollouts`` rollouts, the mean RM score and judge score."""
 
-    holds: bool
-    value: float
-    threshold: float
-    text: str
-    """What was compared, in words: ``"KL per response 7.31 > ceiling 5"``."""
+    rollouts: int
+    score: float
+    judge: float | None
 
 
-def present(values: Sequence[float | None]) -> list[float]:
-    """The logged values (``None`` and NaN dropped), in order."""
-    return [v for v in values if v is not None and not math.isnan(v)]
+def _check_common(name: str, action: Action | None, patience: int, *windows: int) -> None:
+    if action not in (None, "warn", "stop", "keep_best"):
+        raise ValueError(f"guard {name}.action must be warn, stop or keep_best, got {action!r}")
+    if patience < 1:
+        raise ValueError(f"guard {name}.patience must be >= 1, got {patience}")
+    if any(w < 1 for w in windows):
+        raise ValueError(f"guard {name}: windows must be >= 1, got {list(windows)}")
 
 
-def fitted_line(ys: Sequence[float], xs: Sequence[float] | None = None) -> tuple[float, float]:
-    """``(slope, t)`` of the least-squares line through ``(xs, ys)`` (``xs`` 0, 1, ... by default).
+@dataclass
+class ProxyGoldSignal:
+    """The RM score rising while the held-out judge stalls or falls.
 
-    ``t`` is the slope over its standard error: 0 for a zero slope, +-inf for points exactly on a
-    sloped line (no residual). Needs at least 3 points (one residual degree of freedom).
+    Rule (:func:`~rlhf_lit.callbacks.guard.verdicts.proxy_without_gold`): over the last ``window``
+    evaluations, the least-squares line of the RM score rises by >= ``min_proxy_rise`` while the
+    judge's rises by <= ``max_gold_rise``. ``source``: ``held_out`` reads the guard's held-out
+    evaluation (:class:`HeldOut`, with a judge; a window of evaluations, not rollouts), ``rollout``
+    reads the rollout's ``objective/scores`` and ``objective/judge`` (``PPOModule(judge=...)``).
     """
-    n = len(ys)
-    if n < 3:
-        raise ValueError(f"a fitted line needs at least 3 points, got {n}")
-    xs = list(range(n)) if xs is None else list(xs)
-    mx, my = sum(xs) / n, sum(ys) / n
-    sxx = sum((x - mx) ** 2 for x in xs)
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
-    residual = sum((y - my - slope * (x - mx)) ** 2 for x, y in zip(xs, ys))
-    # Residuals below the rounding of the values are no residual: points exactly on a line.
-    scale = max(1.0, max(abs(y) for y in ys)) ** 2 * n * 1e-24
-    if slope == 0.0:
-        return 0.0, 0.0
-    if residual <= scale:
-        return slope, math.copysign(math.inf, slope)
-    return slope, slope / math.sqrt(residual / (n - 2) / sxx)
+
+    action: Action | None = None
+    source: Literal["held_out", "rollout"] = "held_out"
+    window: int = 4
+    min_proxy_rise: float = 0.1
+    max_gold_rise: float = 0.0
+    patience: int = 1
+
+    def check(self) -> None:
+        """Refuse settings no run can use."""
+        _check_common("proxy_gold", self.action, self.patience, self.window)
+        if self.window < 3:
+            raise ValueError(f"guard proxy_gold.window must be >= 3 (a fitted line), got {self.window}")
+
+    def verdict(self, history: History, evaluations: Sequence[Evaluation]) -> Verdict | None:
+        """The rule on the held-out evaluations or on the rollouts' scores and judge."""
+        if self.source == "held_out":
+            points = [(e.rollouts, e.score, e.judge) for e in evaluations if e.judge is not None]
+        else:
+            scores, judge = history.get("objective/scores", []), history.get("objective/judge", [])
+            points = [(i, s, j) for i, (s, j) in enumerate(zip(scores, judge)) if s is not None and j is not None]
+        if not points:
+            return None
+        rollouts, proxy, gold = zip(*points)
+        return proxy_without_gold(rollouts, proxy, gold, self.window, self.min_proxy_rise, self.max_gold_rise)
 
 
-def above(values: Sequence[float | None], ceiling: float, what: str) -> Verdict | None:
-    """Holds when the latest logged value is above ``ceiling``."""
-    if not values or values[-1] is None or math.isnan(values[-1]):
-        return None
-    value = values[-1]
-    holds = value > ceiling
-    return Verdict(holds, value, ceiling, f"{what} {value:.4g} {'>' if holds else '<='} ceiling {ceiling:.4g}")
+@dataclass
+class DriftSignal:
+    """A metric drifting from its first rollouts (the baseline window).
 
-
-def rate_above(values: Sequence[float | None], window: int, max_rate: float, what: str) -> Verdict | None:
-    """Holds when the least-squares slope of the last ``window`` logged values (per rollout) is above ``max_rate``."""
-    logged = present(values)
-    if len(logged) < max(window, 3):
-        return None
-    slope, _ = fitted_line(logged[-window:])
-    return Verdict(slope > max_rate, slope, max_rate,
-                   f"{what} growing {slope:.4g} per rollout over the last {window} "
-                   f"{'>' if slope > max_rate else '<='} rate {max_rate:.4g}")  # fmt: skip
-
-
-def line_change(ys: Sequence[float], xs: Sequence[float] | None = None) -> tuple[float, float]:
-    """``(change, t)``: how much the least-squares line through the points moves from the first x to
-    the last (slope times the span), and the slope's t-statistic (:func:`fitted_line`)."""
-    xs = list(range(len(ys))) if xs is None else list(xs)
-    slope, t = fitted_line(ys, xs)
-    return slope * (xs[-1] - xs[0]), t
-
-
-def falling(
-    values: Sequence[float | None], window: int, min_drop: float, min_t: float, what: str
-) -> Verdict | None:
-    """Holds when the line through the last ``window`` logged values falls by at least ``min_drop``
-    across the window with a t-statistic of at most ``-min_t`` (a fall larger than its noise)."""
-    logged = present(values)
-    if len(logged) < max(window, 3):
-        return None
-    change, t = line_change(logged[-window:])
-    holds = change <= -min_drop and t <= -min_t
-    return Verdict(holds, -change, min_drop,
-                   f"{what} fell {-change:.4g} over the last {window} rollouts (t = {t:.3g}); "
-                   f"threshold: a fall >= {min_drop:.4g} with t <= -{min_t:.3g}")  # fmt: skip
-
-
-def drift(
-    values: Sequence[float | None], baseline: int, window: int, direction: Direction, relative: float,
-    absolute: float, what: str,
-) -> Verdict | None:
-    """Holds when the mean of the last ``window`` logged values moved from the mean of the first
-    ``baseline`` ones (``direction``-wise) by more than ``max(relative * |baseline mean|, absolute)``.
-
-    Not available until ``baseline + window`` values are logged (the windows never overlap).
+    Rule (:func:`~rlhf_lit.callbacks.guard.verdicts.drift`): the mean of the last ``window`` rollouts
+    minus the mean of the first ``baseline`` ones, counted ``direction``-wise, is larger than
+    ``max(relative * |baseline mean|, absolute)``.
     """
-    logged = present(values)
-    if len(logged) < baseline + window:
-        return None
-    base = sum(logged[:baseline]) / baseline
-    recent = sum(logged[-window:]) / window
-    change = recent - base
-    signed = {"up": change, "down": -change, "either": abs(change)}[direction]
-    threshold = max(relative * abs(base), absolute)
-    holds = signed > threshold
-    return Verdict(holds, signed, threshold,
-                   f"{what} {base:.4g} -> {recent:.4g} (first {baseline} -> last {window} rollouts): "
-                   f"a change of {change:+.4g}, threshold {direction} by more than {threshold:.4g}")  # fmt: skip
+
+    action: Action | None = None
+    metric: str = ""
+    direction: Direction = "up"
+    baseline: int = 5
+    window: int = 5
+    relative: float = 0.5
+    absolute: float = 0.0
+    patience: int = 3
+    name = "drift"
+
+    def check(self) -> None:
+        """Refuse settings no run can use."""
+        _check_common(self.name, self.action, self.patience, self.baseline, self.window)
+        if self.relative < 0 or self.absolute < 0:
+            raise ValueError(f"guard {self.name}: relative and absolute must be >= 0")
+        if self.action is not None and self.relative == 0 and self.absolute == 0:
+            raise ValueError(f"guard {self.name}: relative or absolute must be > 0 (any change would fire)")
+
+    def verdict(self, history: History, evaluations: Sequence[Evaluation] = ()) -> Verdict | None:
+        """The drift rule on ``metric``'s history."""
+        return drift(history.get(self.metric, []), self.baseline, self.window, self.direction, self.relative,
+                     self.absolute, self.metric)  # fmt: skip
 
 
-def proxy_without_gold(
-    rollouts: Sequence[int], proxy: Sequence[float], gold: Sequence[float], window: int,
-    min_proxy_rise: float, max_gold_rise: float,
-) -> Verdict | None:
-    """Holds when, over the last ``window`` evaluations (at ``rollouts``), the least-squares line of
-    the proxy (the RM score) rises by at least ``min_proxy_rise`` while the gold's (the held-out
-    judge's) rises by at most ``max_gold_rise``: the reward model buys what the judge does not see."""
-    if len(proxy) < max(window, 3):
-        return None
-    xs = list(rollouts[-window:])
-    proxy_rise, _ = line_change(proxy[-window:], xs)
-    gold_rise, _ = line_change(gold[-window:], xs)
-    holds = proxy_rise >= min_proxy_rise and gold_rise <= max_gold_rise
-    text = (f"proxy (RM score) rose {proxy_rise:+.4g} (threshold >= {min_proxy_rise:.4g}) while the judge rose "
-            f"{gold_rise:+.4g} (threshold <= {max_gold_rise:.4g}) over the last {window} evaluations")
-    return Verdict(holds, gold_rise, max_gold_rise, text)
+@dataclass
+class DisagreementSignal(DriftSignal):
+    """The reward-model ensemble's disagreement rising from its first rollouts: the mean member
+    standard deviation the ensemble logs (``reward/<source>/std``). A run whose reward source is not
+    an ensemble does not log it: the signal is not available there (one warning, never a firing)."""
+
+    metric: str = "reward/reward_model/std"
+    direction: Direction = "up"
+    relative: float = 0.5
+    absolute: float = 0.05
+    name = "disagreement"
 
 
-def persistent(streak: int, holds: bool) -> int:
-    """The number of consecutive evaluations the rule has held, after this one."""
-    return streak + 1 if holds else 0
+@dataclass
+class LengthSignal(DriftSignal):
+    """Mean response length (tokens) drifting either way from its first rollouts."""
+
+    metric: str = "response/length"
+    direction: Direction = "either"
+    relative: float = 0.5
+    absolute: float = 4.0
+    name = "length"
+
+
+@dataclass
+class DistinctSignal(DriftSignal):
+    """Distinct-2 of the rollout's responses collapsing from its first rollouts."""
+
+    metric: str = "diversity/distinct_2"
+    direction: Direction = "down"
+    relative: float = 0.3
+    absolute: float = 0.05
+    name = "distinct"
+
+
+@dataclass
+class KLSignal:
+    """The KL per response (``objective/kl``, nats) above ``ceiling``, or its least-squares slope over
+    the last ``window`` rollouts above ``max_rate`` nats per rollout; either or both."""
+
+    action: Action | None = None
+    ceiling: float | None = None
+    max_rate: float | None = None
+    window: int = 10
+    patience: int = 1
+
+    def check(self) -> None:
+        """Refuse settings no run can use."""
+        _check_common("kl", self.action, self.patience, self.window)
+        if self.action is not None and self.ceiling is None and self.max_rate is None:
+            raise ValueError("guard kl: set kl.ceiling or kl.max_rate (or both) with kl.action")
+        if self.window < 3:
+            raise ValueError(f"guard kl.window must be >= 3 (a fitted line), got {self.window}")
+
+    def verdict(self, history: History, evaluations: Sequence[Evaluation] = ()) -> Verdict | None:
+        """The ceiling's verdict if it holds, else the rate's; None when neither is available."""
+        kl = history.get("objective/kl", [])
+        verdicts = []
+        if self.ceiling is not None:
+            verdicts.append(above(kl, self.ceiling, "KL per response"))
+        if self.max_rate is not None:
+            verdicts.append(rate_above(kl, self.window, self.max_rate, "KL per response"))
+        verdicts = [v for v in verdicts if v is not None]
+        return next((v for v in verdicts if v.holds), verdicts[0] if verdicts else None)
+
+
+@dataclass
+class ObjectiveSignal:
+    """The shaped objective (``objective/rlhf_reward``: score - beta * KL) falling.
+
+    Rule (:func:`~rlhf_lit.callbacks.guard.verdicts.falling`): the least-squares line through the
+    last ``window`` rollouts falls by >= ``min_drop`` across the window with a t-statistic <=
+    ``-min_t``: a fall larger than the rollout-to-rollout noise (a 0/1 reward's batch mean is noisy;
+    a constant one has t 0 and never fires).
+    """
+
+    action: Action | None = None
+    metric: str = "objective/rlhf_reward"
+    window: int = 10
+    min_drop: float = 0.1
+    min_t: float = 3.0
+    patience: int = 3
+
+    def check(self) -> None:
+        """Refuse settings no run can use."""
+        _check_common("objective", self.action, self.patience, self.window)
+        if self.window < 3:
+            raise ValueError(f"guard objective.window must be >= 3 (a fitted line), got {self.window}")
+
+    def verdict(self, history: History, evaluations: Sequence[Evaluation] = ()) -> Verdict | None:
+        """The falling rule on ``metric``'s history."""
+        return falling(history.get(self.metric, []), self.window, self.min_drop, self.min_t, self.metric)
+
+
+@dataclass
+class HeldOut:
+    """The held-out evaluation: every ``every_n_rollouts`` rollouts the policy answers ``prompts``
+    (its own seed: the same draws each time, the training stream untouched), the reward model scores
+    the answers and ``judge`` (``"module:function"`` of response texts, e.g.
+    ``rlhf_lit.evaluation.judges:vader``) judges them. Logged as ``guard/held_out/score`` and
+    ``guard/held_out/judge``; read by ``proxy_gold`` (``source: held_out``) and ``keep_best``. The
+    prompts reach the policy as ``OnlineGeneration``'s do (``chat_template``: rendered with the
+    tokenizer's chat template when it has one, by default; :mod:`rlhf_lit.data.prompt_rendering`), and
+    ``judge_reads: query_response`` gives the judge that rendered prompt + the response."""
+
+    prompts: list[str] = field(default_factory=list)
+    every_n_rollouts: int = 5
+    judge: str | None = None
+    seed: int = 1234
+    sampling: SamplingConfig | None = None
+    chat_template: TemplateOption = "auto"
+    judge_reads: JudgeReads = "response"
+
+    def __post_init__(self) -> None:
+        """Refuse a bad ``chat_template`` now, naming it; keep its canonical value (an alias mapped)."""
+        self.chat_template = template_choice(self.chat_template, "guard held_out.chat_template")
+
+
+@dataclass
+class KeepBest:
+    """What ``keep_best`` keeps: the policy with the highest ``metric - penalty_coef * penalty_metric``.
+
+    A held-out metric (``guard/held_out/*``) judges the policy after that evaluation's rollout; a
+    rollout metric (``objective/scores``, ``objective/judge``, ...) judges the policy that sampled
+    that rollout (the one before its update), so the guard copies the policy before every rollout.
+    """
+
+    metric: str = HELD_OUT_JUDGE
+    penalty_metric: str | None = None
+    penalty_coef: float = 0.0
+
+    def value(self, metrics: Mapping[str, float]) -> float | None:
+        """The guarded value from one rollout's (or evaluation's) metrics; None if one is missing."""
+        value = metrics.get(self.metric)
+        if value is None:
+            return None
+        if self.penalty_metric is not None:
+            penalty = metrics.get(self.penalty_metric)
+            if penalty is None:
+                return None
+            value -= self.penalty_coef * penalty
+        return value
+
+    @property
+    def held_out(self) -> bool:
+        """Whether the metric is the held-out evaluation's."""
+        return self.metric.startswith("guard/held_out/")

@@ -10,8 +10,8 @@ import pytest
 from rlhf_lit.callbacks.guard import (
     DisagreementSignal, DistinctSignal, KLSignal, LengthSignal, ObjectiveSignal, ProxyGoldSignal,
 )  # fmt: skip
-from rlhf_lit.callbacks.guard.settings import Evaluation
-from rlhf_lit.callbacks.guard.signals import drift, falling, fitted_line
+from rlhf_lit.callbacks.guard.signals import Evaluation
+from rlhf_lit.callbacks.guard.verdicts import drift, falling, fitted_line
 
 REL = 1e-6
 
