@@ -62,9 +62,11 @@ def test_evaluate_several_policies_on_one_prompt_file(tmp_path):
     assert data["stories260K-chat"]["config"]["policy"] == str(STORIES260K_CHAT)
     assert all(d["written_by"] == "rlhf-lit evaluate" and d["config"]["seed"] == 4 for d in data.values())
 
-    alone = run_main("evaluate", "--policy", str(STORIES), *common, "--out", "alone.json", cwd=tmp_path)
+    # The second policy sampled as it does alone: the same seed for each, not one stream across them.
+    alone = run_main("evaluate", "--policy", str(STORIES260K_CHAT), *common, "--out", "alone.json", cwd=tmp_path)
     assert alone.returncode == 0, alone.stderr[-3000:]
-    assert json.loads((tmp_path / "alone.json").read_text())["samples"] == data["stories260K"]["samples"]  # same seed
+    assert "policy" not in alone.stdout.splitlines()[0]  # one policy: the one-policy table
+    assert json.loads((tmp_path / "alone.json").read_text())["samples"] == data["stories260K-chat"]["samples"]
 
     frontier = run_main("frontier", "--eval", *(f"M:{name}={path}" for name, path in files.items()), cwd=tmp_path)
     assert frontier.returncode == 0, frontier.stderr[-3000:]
