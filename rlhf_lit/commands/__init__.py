@@ -1,4 +1,4 @@
-"""Commands of ``rlhf-lit`` beside LightningCLI's ``fit``: ``evaluate``, ``best-of-n``, ``export-policy`` and ``frontier``.
+"""Commands of ``rlhf-lit`` beside LightningCLI's ``fit``: ``evaluate``, ``best-of-n``, ``export-policy``, ``frontier`` and ``seeds``.
 
 ``rlhf_lit.cli.main`` hands ``rlhf-lit <command> ...`` to :func:`run_command` when ``<command>``
 is in :data:`COMMANDS`; everything else goes to LightningCLI. Each command is an argparse
@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "best-of-n": ("rlhf_lit.commands.best_of_n_command", "best-of-N by a reward model over N = 1, 2, 4, ...: judge score and analytic KL"),
     "export-policy": ("rlhf_lit.commands.export_policy_command", "the policy of a training checkpoint (or of each rollout=<n>.ckpt) as an export"),
     "frontier": ("rlhf_lit.commands.frontier_command", "judge or RM score against KL over evaluate (and best-of-n) results: table, plot"),
+    "seeds": ("rlhf_lit.commands.seeds_command", "run a command (after --) once per seed: --seed_everything S, --run_dir DIR/seed_S"),
 }
 """``command -> (module with main(argv), one-line help)``."""
 

@@ -164,14 +164,19 @@ def chat_template_option(value: str) -> str:
         raise OptionError(str(error)) from None
 
 
-def prepare(args: argparse.Namespace, **sources: str | None) -> tuple[list[str], object, object | None]:
-    """Every check a command makes before loading a model: ``(prompts, sampling, judge or None)``."""
+def prepare(args: argparse.Namespace, outs: list[str | None] | None = None,
+            **sources: str | None) -> tuple[list[str], object, object | None]:
+    """Every check a command makes before loading a model: ``(prompts, sampling, judge or None)``.
+
+    ``outs``: the files the command will write (default: ``--out``), each checked by :func:`check_out`.
+    """
     from rlhf_lit.evaluation.judges import load_judge
 
     check_positive(batch_size=args.batch_size, max_prompts=args.max_prompts)
     args.chat_template = chat_template_option(args.chat_template)
     sampling = sampling_from(args)
-    check_out(args.out, args.overwrite)
+    for out in [args.out] if outs is None else outs:
+        check_out(out, args.overwrite)
     check_sources(**sources)
     prompts = read_prompts(args.prompts, args.prompt_format, args.prompt_field)
     if args.max_prompts is not None:

@@ -126,3 +126,18 @@ def format_table(result: dict) -> str:
     lines = [f"{'metric':<{width}}  value", f"{'-' * width}  {'-' * 10}"]
     lines += [f"{k:<{width}}  {v}" for k, v in rows]
     return "\n".join(lines)
+
+
+def format_comparison(results: dict[str, dict]) -> str:
+    """Several evaluation results (``name -> result``) as one plain-text table, one row per result."""
+    metrics = list(dict.fromkeys(k for result in results.values() for k in result["metrics"]))
+    cells = [[name] + [_cell(result["metrics"].get(k)) for k in metrics] for name, result in results.items()]
+    header = ["policy", *metrics]
+    widths = [max(len(row[i]) for row in [header, *cells]) for i in range(len(header))]
+    lines = ["  ".join(f"{c:<{w}}" for c, w in zip(row, widths)).rstrip() for row in [header, *cells]]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _cell(value) -> str:
+    return "-" if value is None else f"{value:.4f}" if isinstance(value, float) else str(value)

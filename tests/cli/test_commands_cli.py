@@ -6,6 +6,7 @@ import json
 import math
 
 import pytest
+from assets_paths import STORIES260K_CHAT
 from cli_helpers import STORIES, error_line, rlhf_lit, run_main
 
 JUDGE = "rlhf_lit.evaluation.judges:vader"
@@ -40,6 +41,49 @@ def test_evaluate_writes_json_and_prints_the_table(tmp_path, stories_rm):
     assert replaced.returncode == 0, replaced.stderr[-3000:]
     assert json.loads(out.read_text())["samples"] == samples
 
+
+
+def test_evaluate_several_policies_on_one_prompt_file(tmp_path):
+    # Two policies, one prompt file, one seed: a directory of one result per policy (each what a
+    # one-policy run writes, so frontier reads it), one table row per policy, nothing written over.
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("Once upon a time\nThe dog ran\n")
+    common = ["--reference", str(STORIES), "--judge", JUDGE, "--prompts", str(prompts), "--chat-template", "never",
+              "--samples-per-prompt", "2", "--max-new-tokens", "6", "--seed", "4"]  # fmt: skip
+    several = ["evaluate", "--policy", str(STORIES), str(STORIES260K_CHAT), *common, "--out", "evals"]
+    result = run_main(*several, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    files = {name: tmp_path / "evals" / f"{name}.json" for name in ("stories260K", "stories260K-chat")}
+    assert sorted(p.name for p in (tmp_path / "evals").iterdir()) == sorted(p.name for p in files.values())
+    table = result.stdout.splitlines()
+    assert table[0].split()[:2] == ["policy", "judge_mean"] and "kl_mean" in table[0]
+    assert [line.split()[0] for line in table[2:4]] == [str(STORIES), str(STORIES260K_CHAT)]
+    data = {name: json.loads(path.read_text()) for name, path in files.items()}
+    assert data["stories260K-chat"]["config"]["policy"] == str(STORIES260K_CHAT)
+    assert all(d["written_by"] == "rlhf-lit evaluate" and d["config"]["seed"] == 4 for d in data.values())
+
+    # The second policy sampled as it does alone: the same seed for each, not one stream across them.
+    alone = run_main("evaluate", "--policy", str(STORIES260K_CHAT), *common, "--out", "alone.json", cwd=tmp_path)
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    assert "policy" not in alone.stdout.splitlines()[0]  # one policy: the one-policy table
+    assert json.loads((tmp_path / "alone.json").read_text())["samples"] == data["stories260K-chat"]["samples"]
+
+    frontier = run_main("frontier", "--eval", *(f"M:{name}={path}" for name, path in files.items()), cwd=tmp_path)
+    assert frontier.returncode == 0, frontier.stderr[-3000:]
+    assert "stories260K-chat" in frontier.stdout
+
+    again = run_main(*several, cwd=tmp_path)
+    assert again.returncode == 2
+    assert error_line(again).endswith("exists; pass --overwrite to replace it, or choose another file")
+    replaced = run_main(*several, "--overwrite", cwd=tmp_path)
+    assert replaced.returncode == 0, replaced.stderr[-3000:]
+    assert json.loads(files["stories260K"].read_text())["samples"] == data["stories260K"]["samples"]
+    into_file = run_main("evaluate", "--policy", str(STORIES), str(STORIES260K_CHAT), *common, "--out", "alone.json",
+                         cwd=tmp_path)  # fmt: skip
+    assert into_file.returncode == 2
+    assert "--out alone.json is a file; with several --policy it names a directory" in error_line(into_file)
+    twice = run_main("evaluate", "--policy", str(STORIES), str(STORIES), *common, cwd=tmp_path)
+    assert twice.returncode == 2 and error_line(twice).endswith("--policy: the same directory is given twice")
 
 def test_best_of_n_sweep_json(tmp_path, stories_rm):
     prompts = tmp_path / "prompts.txt"
