@@ -10,6 +10,7 @@ from suite_env import FIXED, control_this_process
 control_this_process()
 
 import shutil  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -178,3 +179,33 @@ def offline_chain(tmp_path_factory):
     for stage, result in chain.results.items():
         assert result.returncode == 0, f"the chain's {stage} stage failed:\n{result.stderr[-4000:]}"
     return chain
+
+
+@pytest.fixture(scope="session")
+def two_process_run(tmp_path_factory) -> Path:
+    """The folder of the suite's one two-process launch (tests/ppo/two_process_worker.py): every part's
+    ``<part>/rank<r>.pt``. Started once per session, on the worker that runs the two-process tests
+    (:data:`MULTIPROCESS_MODULES`, one xdist scope); a failed or hung launch fails each test reading it."""
+    import signal
+    import subprocess
+    import sys
+
+    from suite_env import subprocess_env
+
+    out = tmp_path_factory.mktemp("two-processes")
+    tests = Path(__file__).resolve().parent
+    worker = tests / "ppo" / "two_process_worker.py"
+    # the parts' helpers: tests/ppo (ppo_helpers) and tests/ (assets_paths, two_ranks_worker)
+    path = os.pathsep.join([str(tests / "ppo"), str(tests), os.environ.get("PYTHONPATH", "")])
+    # Its own session, so a hung run's rank-1 process (started by rank 0) is killed with it.
+    proc = subprocess.Popen([sys.executable, str(worker), str(out)], cwd=out, env=subprocess_env({"PYTHONPATH": path}),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    try:
+        _, stderr = proc.communicate(timeout=1500)  # ~1-2 min on 2 idle cores
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        _, stderr = proc.communicate()
+        pytest.fail(f"the two-process launch hung (a rank waited in a collective for a rank that had stopped):\n"
+                    f"{stderr[-4000:]}")  # fmt: skip
+    assert proc.returncode == 0, stderr[-6000:]
+    return out
