@@ -10,6 +10,7 @@ from suite_env import FIXED, control_this_process
 control_this_process()
 
 import shutil  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -84,11 +85,17 @@ def xdist_scope(nodeid: str) -> str:
 def pytest_xdist_make_scheduler(config, log):
     """``--dist loadscope`` with :func:`xdist_scope` as the scope (other modes as pytest-xdist has them).
 
+    The units are sent in the order :func:`pytest_collection_modifyitems` gives them: pytest-xdist's
+    own reordering (``--loadscope-reorder``, on by default: the units with the most tests first)
+    is turned off, as it would send the two-process runs, the suite's longest unit, among the last.
+
     (``--dist loadgroup`` cannot do this here: pytest-xdist 3.8 marks groups by rewriting a node id
     attribute that pytest 9.2 no longer reads, so its groups are ignored.)"""
     if config.getvalue("dist") != "loadscope":
         return None
     from xdist.scheduler import LoadScopeScheduling
+
+    config.option.loadscopereorder = False
 
     class ModuleScopeScheduling(LoadScopeScheduling):
         """Load-scope scheduling whose scopes are :func:`xdist_scope`'s."""
@@ -99,15 +106,24 @@ def pytest_xdist_make_scheduler(config, log):
     return ModuleScopeScheduling(config, log)
 
 
+def _unit_order(scope: str, items: list[pytest.Item]) -> tuple[int, int]:
+    """The longest units first: :data:`MULTIPROCESS_GROUP` (the suite's longest), :data:`CHAIN_GROUP`,
+    then the units with slow tests (the most slow tests first), then the rest."""
+    slow = sum(1 for item in items if item.get_closest_marker("slow"))
+    rank = {MULTIPROCESS_GROUP: 0, CHAIN_GROUP: 1}.get(scope, 2 if slow else 3)
+    return rank, -slow
+
+
 def pytest_collection_modifyitems(config, items):
-    """Run the :func:`xdist_scope` units holding a ``slow`` test first, in collection order otherwise:
-    two workers then start on the long runs and end on short tests (pytest-xdist sends the units in
-    this order). The order differs from the files' with or without xdist; results must not depend on it."""
+    """Run the :func:`xdist_scope` units longest first (:func:`_unit_order`), in collection order
+    otherwise: two workers then start on the long runs and end on short tests (pytest-xdist sends
+    the units in this order, :func:`pytest_xdist_make_scheduler`). The order differs from the
+    files' with or without xdist; results must not depend on it."""
     scopes: dict[str, list[pytest.Item]] = {}
     for item in items:
         scopes.setdefault(xdist_scope(item.nodeid), []).append(item)
-    heavy_first = sorted(scopes.values(), key=lambda scope: not any(i.get_closest_marker("slow") for i in scope))
-    items[:] = [item for scope in heavy_first for item in scope]
+    heavy_first = sorted(scopes.items(), key=lambda scope: _unit_order(*scope))
+    items[:] = [item for _, scope in heavy_first for item in scope]
 
 
 # The offline assets shipped with the project (see assets/README.md), named in one module.
@@ -178,3 +194,33 @@ def offline_chain(tmp_path_factory):
     for stage, result in chain.results.items():
         assert result.returncode == 0, f"the chain's {stage} stage failed:\n{result.stderr[-4000:]}"
     return chain
+
+
+@pytest.fixture(scope="session")
+def two_process_run(tmp_path_factory) -> Path:
+    """The folder of the suite's one two-process launch (tests/ppo/two_process_worker.py): every part's
+    ``<part>/rank<r>.pt``. Started once per session, on the worker that runs the two-process tests
+    (:data:`MULTIPROCESS_MODULES`, one xdist scope); a failed or hung launch fails each test reading it."""
+    import signal
+    import subprocess
+    import sys
+
+    from suite_env import subprocess_env
+
+    out = tmp_path_factory.mktemp("two-processes")
+    tests = Path(__file__).resolve().parent
+    worker = tests / "ppo" / "two_process_worker.py"
+    # the parts' helpers: tests/ppo (ppo_helpers) and tests/ (assets_paths, two_ranks_worker)
+    path = os.pathsep.join([str(tests / "ppo"), str(tests), os.environ.get("PYTHONPATH", "")])
+    # Its own session, so a hung run's rank-1 process (started by rank 0) is killed with it.
+    proc = subprocess.Popen([sys.executable, str(worker), str(out)], cwd=out, env=subprocess_env({"PYTHONPATH": path}),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    try:
+        _, stderr = proc.communicate(timeout=1500)  # ~1-2 min on 2 idle cores
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        _, stderr = proc.communicate()
+        pytest.fail(f"the two-process launch hung (a rank waited in a collective for a rank that had stopped):\n"
+                    f"{stderr[-4000:]}")  # fmt: skip
+    assert proc.returncode == 0, stderr[-6000:]
+    return out

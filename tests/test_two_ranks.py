@@ -1,17 +1,12 @@
 """The code paths taken only with several processes, checked for their values on 2 gloo ranks.
 
-One spawn of two_ranks_worker.py (2 CPU processes, ~15 s) runs every check; each test reads the
-part it is about. The whole-run checks (one PPO update on 2 processes equal to 1 process, the KL
+two_ranks_worker.py runs every check, as one part of the suite's two-process launch
+(tests/ppo/two_process_worker.py, the ``two_process_run`` fixture); each test reads the part it is about. The whole-run checks (one PPO update on 2 processes equal to 1 process, the KL
 controller, the data position, the logged metrics) are in tests/ppo/test_strategies.py and
 tests/ppo/test_ddp.py.
 """
 
 from __future__ import annotations
-
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -20,17 +15,9 @@ from two_ranks_worker import RANK_ROWS, whitening_inputs
 from rlhf_lit.stages.ppo.config import RewardConfig
 from rlhf_lit.stages.ppo.estimator import AdvantageEstimator
 
-HERE = Path(__file__).resolve().parent
-
-
 @pytest.fixture(scope="module")
-def ranks(tmp_path_factory):
-    out = tmp_path_factory.mktemp("two_ranks")
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # the worker's own folder (tests/) gives assets_paths
-    result = subprocess.run([sys.executable, str(HERE / "two_ranks_worker.py"), str(out)], capture_output=True,
-                            text=True, timeout=300, env=env, cwd=out)  # fmt: skip
-    assert result.returncode == 0, result.stderr[-4000:]
-    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
+def ranks(two_process_run):
+    return [torch.load(two_process_run / "two-ranks" / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
 
 
 @pytest.mark.slow

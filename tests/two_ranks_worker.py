@@ -1,22 +1,19 @@
-"""Run by tests/test_two_ranks.py: the code paths taken only with several processes, called on 2 ranks.
+"""The code paths taken only with several processes, called on 2 ranks (read by tests/test_two_ranks.py).
 
-``python two_ranks_worker.py OUT`` spawns 2 CPU processes joined by a gloo process group (no
-Trainer: a Lightning ``DDPStrategy`` reduces, as in a ddp run) and a 1-D device mesh over them. Each
-rank calls the library's cross-rank functions on its own part of fixed inputs (the same seeds on
-both ranks; rank r takes its part) and writes what they returned to ``OUT/rank<r>.pt``; an
-expected failure is written as its message. The test compares with values worked by hand or with
-one process run on the whole input.
+:func:`run` is one part of the suite's two-process launch (tests/ppo/two_process_worker.py): on
+each of the 2 CPU processes of its gloo process group (no Trainer: a Lightning ``DDPStrategy``
+reduces, as in a ddp run) and a 1-D device mesh over them, each rank calls the library's cross-rank
+functions on its own part of fixed inputs (the same seeds on both ranks; rank r takes its part)
+and writes what they returned to ``OUT/rank<r>.pt``; an expected failure is written as its message.
+The test compares with values worked by hand or with one process run on the whole input.
 """
 
 from __future__ import annotations
 
-import socket
-import sys
 from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 WORLD = 2
 
@@ -136,10 +133,9 @@ def _reward_normalization(rank: int, trainer) -> dict:
     return {"gain": gain, "bias": bias, "every_score": every_score}
 
 
-def run(rank: int, out: str, port: int) -> None:
-    """One rank: join the gloo group, run every check, write ``OUT/rank<rank>.pt``."""
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
+def run(rank: int, out: str) -> None:
+    """One rank, in the launch's process group (2 gloo ranks): run every check, write ``OUT/rank<rank>.pt``."""
+    assert dist.get_world_size() == WORLD
     from lightning.pytorch.strategies import DDPStrategy
 
     trainer = SimpleNamespace(strategy=DDPStrategy(), world_size=WORLD)  # what the stages read of a Trainer
@@ -148,15 +144,3 @@ def run(rank: int, out: str, port: int) -> None:
               "reward_normalization": _reward_normalization(rank, trainer)}  # fmt: skip
     torch.save(record, f"{out}/rank{rank}.pt")
     dist.barrier()
-    dist.destroy_process_group()
-
-
-def free_port() -> int:
-    """A TCP port nothing listens on now, for the process group's rendezvous."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-if __name__ == "__main__":
-    mp.spawn(run, args=(sys.argv[1], free_port()), nprocs=WORLD)

@@ -56,7 +56,7 @@ def test_an_ensemble_trains_exports_and_drives_ppo_from_the_shipped_configs(tmp_
 
 def test_bad_aggregate_settings_are_one_error_line(tmp_path):
     bad = '{"sources": [{"name": "reward_model", "aggregate": "median"}]}'
-    result = rlhf_lit("fit", "--config", PPO_CONFIG, "--run_dir", RUN, *TINY_PPO, "--model.init_args.reward", bad,
+    result = run_main("fit", "--config", PPO_CONFIG, "--run_dir", RUN, *TINY_PPO, "--model.init_args.reward", bad,
                       cwd=tmp_path)  # fmt: skip
     assert result.returncode == 2
     assert error_line(result) == (

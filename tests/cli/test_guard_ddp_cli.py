@@ -4,11 +4,13 @@ decision, from the metrics averaged over ranks and rank 0's held-out evaluation 
 
 from __future__ import annotations
 
+import pytest
 import torch
 from cli_helpers import STORIES, ppo_config, rlhf_lit, write_yaml
 from test_guard_cli import _guard, _guard_lines, _metrics
 
 
+@pytest.mark.slow
 def test_under_ddp_stop_ends_both_ranks_after_the_same_rollout(tmp_path, stories_rm):
     config = ppo_config(tmp_path, STORIES, stories_rm, max_rollouts=6)
     config["trainer"].update(strategy="ddp", devices=2)

@@ -1,6 +1,7 @@
 """Ranking records through `rlhf-lit fit`: a bad record or a column rankings cannot have is one
 `rlhf-lit: error:` line naming the file, line and field (or the option), and DPO refuses ranking data
-before training. Two cases run the console script in a subprocess, the rest its entry function."""
+before training. One case (an error raised during fit) runs the console script in a subprocess, the rest its
+entry function."""
 
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ def test_a_bad_response_is_named_by_file_line_and_field(tmp_path):
 
 def test_a_margin_column_with_rankings_is_refused(tmp_path):
     config = _config(tmp_path, _data(tmp_path), fields={"margin": "m"})
-    result = rlhf_lit("fit", "--config", str(config), cwd=tmp_path)
+    result = run_main("fit", "--config", str(config), cwd=tmp_path)
     assert result.returncode == 1
     assert error_line(result) == (
         "rlhf-lit: error: fields.margin is set ('m') but format 'rankings' has no margin: a ranking only orders its "

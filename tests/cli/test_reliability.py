@@ -1,11 +1,11 @@
 """What a user sees when something is wrong, driven through `rlhf-lit`.
 
 Each case asserts the exit status, the one message (no traceback) and that nothing already
-written was lost. Most run the CLI's entry function in this process (``run_main``: the same
+written was lost. They run the CLI's entry function in this process (``run_main``: the same
 main(), output captured, global state restored); a real subprocess of the console script checks one
-case of each format (an option error, an error raised while building the run) and the end-to-end
-runs. Exports never replace what rlhf-lit did not write; the last checkpoint is the
-state at the end of fit; a NaN reward stops the run with a message and no NaN weights on disk.
+case of each format elsewhere (an option error: test_option_errors.py; an error raised in the run:
+test_rankings_cli.py; an argparse command's error: test_commands_cli.py) and the end-to-end runs.
+Exports never replace what rlhf-lit did not write; the last checkpoint is the state at the end of fit; a NaN reward stops the run with a message and no NaN weights on disk.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 
 import torch
-from cli_helpers import STORIES, TINYSTORIES, error_line, ppo_config, rlhf_lit, run_main, sft_config, write_yaml
+from cli_helpers import STORIES, TINYSTORIES, error_line, ppo_config, run_main, sft_config, write_yaml
 
 from rlhf_lit.stages.export import MARKER
 
@@ -220,13 +220,13 @@ def test_a_minibatch_larger_than_the_rollout_is_refused_before_any_rollout(tmp_p
 
 def test_a_bad_option_value_is_one_line_and_debug_shows_the_full_report(tmp_path, stories_rm):
     write_yaml(tmp_path / "ppo.yaml", ppo_config(tmp_path, STORIES, stories_rm))
-    result = rlhf_lit("fit", "--config", "ppo.yaml", "--model.init_args.ppo.epochs", "abc", cwd=tmp_path)
+    result = run_main("fit", "--config", "ppo.yaml", "--model.init_args.ppo.epochs", "abc", cwd=tmp_path)
     assert result.returncode == 2
     assert error_line(result) == "rlhf-lit: error: option --model.init_args.ppo.epochs: expected int, got abc"
     assert "Union subtypes" not in result.stderr and "usage:" not in result.stderr
     debug = run_main("fit", "--config", "ppo.yaml", "--model.init_args.ppo.epochs", "abc", "--debug", cwd=tmp_path)
     assert debug.returncode == 2 and "Union subtypes" in debug.stderr
-    bad_value = rlhf_lit("fit", "--config", "ppo.yaml", "--model.init_args.kl.estimator", "k2", cwd=tmp_path)
+    bad_value = run_main("fit", "--config", "ppo.yaml", "--model.init_args.kl.estimator", "k2", cwd=tmp_path)
     assert bad_value.returncode == 1
     assert "kl.estimator='k2' does not estimate the KL in nats" in error_line(bad_value)
     traced = run_main("fit", "--config", "ppo.yaml", "--model.init_args.kl.estimator", "k2", cwd=tmp_path,

@@ -1,6 +1,6 @@
-"""Run by tests/ppo/test_ddp.py: a tiny PPO fit under DDP on 2 CPU processes (gloo).
+"""A tiny PPO fit under DDP on 2 CPU processes (gloo), read by tests/ppo/test_ddp.py.
 
-Lightning's subprocess launcher re-runs this file for rank 1, so it must be a script. Every rank
+:func:`main` is two parts of the suite's two-process launch (two_process_worker.py). Every rank
 sees the SAME prompts (no distributed sampler). The run is REINFORCE++ with reward whitening, so
 two whitenings per rollout are taken over the rows of both ranks. Each rank writes to
 ``<out>/rank<r>.pt`` what it sampled in the first rollout, what its KL controller was fed, each
@@ -10,8 +10,6 @@ argument ``compiled`` runs the scoring and update passes compiled (``ppo.forward
 """
 
 from __future__ import annotations
-
-import sys
 
 import torch
 from lightning.pytorch import LightningDataModule
@@ -63,7 +61,7 @@ def main(out: str, forward: str = "eager") -> None:
         shaped.append(rewards.clone())
         return rewards, kl
 
-    experience.kl_penalized_rewards = recording_rewards
+    experience.kl_penalized_rewards = recording_rewards  # put back after the fit (the launch goes on)
     # What the KL controller is fed, and this rank's own KL per response, every rollout.
     controller, local_kl = [], []
     update = module.kl_ctl.update
@@ -84,7 +82,10 @@ def main(out: str, forward: str = "eager") -> None:
     module.make_rollout = recording_make_rollout
     data = SamePrompts(module.tokenizer)
     trainer = tiny_trainer(out, strategy="ddp", devices=2, use_distributed_sampler=False)
-    trainer.fit(module, datamodule=data)
+    try:
+        trainer.fit(module, datamodule=data)
+    finally:
+        experience.kl_penalized_rewards = kl_penalized_rewards
     torch.save(
         {
             "first_responses": sampled[0],
@@ -102,7 +103,3 @@ def main(out: str, forward: str = "eager") -> None:
         },
         f"{out}/rank{trainer.global_rank}.pt",
     )
-
-
-if __name__ == "__main__":
-    main(*sys.argv[1:])  # <out> [eager|compiled]: ppo.forward

@@ -1,4 +1,5 @@
-"""Run by tests/ppo/test_groups_ddp.py: one GRPO rollout (k = 2 samples per prompt) under DDP on 2 CPU processes.
+"""One GRPO rollout (k = 2 samples per prompt) under DDP on 2 CPU processes, read by tests/ppo/test_groups_ddp.py
+(a part of the suite's two-process launch, two_process_worker.py).
 
 Rank r gets prompts [2r, 2r + 1] of four; each rank repeats its own prompts k times, so a group never
 spans ranks. Each rank writes its rollout's prompt tokens, raw scores and advantages, and the data
@@ -6,8 +7,6 @@ positions it reported, to ``rank<r>.pt``.
 """
 
 from __future__ import annotations
-
-import sys
 
 import torch
 from ppo_helpers import prompt_batch, tiny_module, tiny_trainer
@@ -35,7 +34,3 @@ def main(out: str) -> None:
     torch.save({"prompts": rollout.query_responses[:, :prompt_length], "prompt_mask": rollout.attention_mask[:, :prompt_length],
                 "scores": rollout.scores, "advantages": rollout.advantages, "mask": rollout.response_mask,
                 "batch": batch, "consumed": data.consumed}, f"{out}/rank{trainer.global_rank}.pt")  # fmt: skip
-
-
-if __name__ == "__main__":
-    main(sys.argv[1])

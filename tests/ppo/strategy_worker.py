@@ -1,25 +1,23 @@
-"""Run by tests/ppo/test_strategies.py: one greedy PPO rollout and update, on 1 process or 2 (ddp / fsdp2).
+"""One greedy PPO rollout and update, on 1 process or 2 (ddp / fsdp2), read by tests/ppo/test_strategies.py.
 
-``python strategy_worker.py OUT MODE`` with MODE ``single`` (1 process, all 8 prompts), ``ddp`` or
-``fsdp2`` (2 CPU processes, gloo, 4 prompts each: rank 0 the prompts whose greedy responses end
-soonest, rank 1 the rest, so the ranks stop generating at different lengths and hold different
+``main(OUT, MODE)``, four parts of the suite's two-process launch (two_process_worker.py), with MODE
+``single`` (1 process, all 8 prompts), ``ddp`` or ``fsdp2`` (2 CPU processes, gloo, 4 prompts each:
+rank 0 the prompts whose greedy responses end soonest, rank 1 the rest, so the ranks stop generating at different lengths and hold different
 numbers of response tokens). Greedy decoding makes the responses a function of the prompts alone,
 so the 2-process runs see exactly the single run's global batch. Scores and advantages are
 whitened (over all processes: ``ppo.whiten_scope``'s default). Each rank writes ``rank<r>.pt``: its
 responses, its rollout's raw and whitened scores and advantages, every minibatch's local losses and
 token count, every optimizer step's (reduced, gathered) gradients, the final policy (gathered) and
-the size of its own policy shards; rank 0 also exports the policy. Lightning's subprocess launcher
-re-runs this file for rank 1.
+the size of its own policy shards; rank 0 also exports the policy.
 
-``python strategy_worker.py OUT ddp compiled`` decodes with ``sampling.decode: compiled`` and also
-records, in the same process, the eager path's responses to the same prompts (``eager_responses``),
-the process's compile totals (``compile_stats``) and the rollout's logged metrics (``metrics``).
+``main(OUT, "ddp", "compiled")`` decodes with ``sampling.decode: compiled`` and also records, in the same process, the eager path's responses to the same prompts (``eager_responses``),
+what compiling cost in this run (``compile_stats``: the process's totals after the run less
+those before) and the rollout's logged metrics (``metrics``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import sys
 
 import torch
 from lightning.pytorch import LightningDataModule
@@ -117,9 +115,11 @@ def main(out: str, mode: str, decode: str = "eager") -> None:
     module.on_before_optimizer_step = recording_before_step
     strategy = {"single": "auto", "ddp": "ddp", "fsdp2": "fsdp2"}[mode]
     trainer = tiny_trainer(out, strategy=strategy, devices=world, use_distributed_sampler=False)
+    before = compile_stats()
     trainer.fit(module, datamodule=RankPrompts(batch, order, world))
 
-    record["compile_stats"] = dataclasses.asdict(compile_stats())
+    after = compile_stats()
+    record["compile_stats"] = {"graphs": after.graphs - before.graphs, "calls": after.calls - before.calls}
     record["metrics"] = module.last_rollout_metrics
     gathered = full_state_dict(module.policy)  # collective under FSDP
     record["policy"] = gathered if gathered is not None else {k: full(v) for k, v in module.policy.state_dict().items()}
@@ -132,7 +132,3 @@ def main(out: str, mode: str, decode: str = "eager") -> None:
     elif mode == "fsdp2":
         record.pop("policy")
         torch.save(record, f"{out}/rank{trainer.global_rank}.pt")
-
-
-if __name__ == "__main__":
-    main(*sys.argv[1:])

@@ -4,33 +4,25 @@ metrics over both."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from float32_bounds import logprob_bound, summed_bound, whitened_bound
-from ppo_helpers import STORIES, worker_env
+from ppo_helpers import STORIES
 from transformers import AutoModelForCausalLM
 
 from rlhf_lit.models.compiled_passes import bucket_length
 
-HERE = Path(__file__).resolve().parent
 
-
-def _run_worker(out: Path, forward: str) -> list[dict]:
-    result = subprocess.run(
-        [sys.executable, str(HERE / "ddp_worker.py"), str(out), forward],
-        capture_output=True, text=True, timeout=900, env=worker_env(), cwd=out,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-4000:]
+def _ranks(out: Path) -> list[dict]:
+    """What each rank of a ddp_worker.py part of the two-process launch (``two_process_run``) wrote."""
     return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
 
 
 @pytest.fixture(scope="module")
-def ranks(tmp_path_factory):
-    return _run_worker(tmp_path_factory.mktemp("ddp"), "eager")
+def ranks(two_process_run):
+    return _ranks(two_process_run / "ddp")
 
 
 def _whitened_over_both(parts: list[torch.Tensor], masks: list[torch.Tensor], keep_mean: bool) -> list[torch.Tensor]:
@@ -114,14 +106,14 @@ def test_data_position_and_logged_metrics_count_both_ranks(ranks):
 
 @pytest.mark.slow
 @pytest.mark.kernels
-def test_ddp_with_compiled_passes_stays_in_sync_and_scores_as_eager(ranks, tmp_path):
+def test_ddp_with_compiled_passes_stays_in_sync_and_scores_as_eager(ranks, two_process_run):
     """The first rollout samples the same tokens (generation is eager in both runs); its scoring pass,
     compiled, differs from the eager one by float32 summation order only, within the bounds of
     tests/float32_bounds.py derived below from the logits' magnitude and the number of tokens summed.
     (The update is not compared here: after Adam's first step a gradient component near zero may flip
     sign under another summation order and move a weight by a full learning rate; the compiled update
     is checked step by step against the independent loop in test_golden_rollout.py.)"""
-    compiled = _run_worker(tmp_path, "compiled")
+    compiled = _ranks(two_process_run / "ddp-compiled")
     policy = AutoModelForCausalLM.from_pretrained(STORIES).eval()
     beta = 0.1  # tiny_module's init_coef: the first rollout's KL coefficient
     for rank in (0, 1):

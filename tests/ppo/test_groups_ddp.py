@@ -2,25 +2,15 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
-from ppo_helpers import worker_env
-
-HERE = Path(__file__).resolve().parent
 
 
 @pytest.mark.slow
-def test_each_group_is_whole_on_the_rank_of_its_prompt(tmp_path):
-    env = worker_env()
-    result = subprocess.run([sys.executable, str(HERE / "groups_worker.py"), str(tmp_path)], capture_output=True,
-                            text=True, timeout=600, env=env, cwd=tmp_path)  # fmt: skip
-    assert result.returncode == 0, result.stderr[-4000:]
+def test_each_group_is_whole_on_the_rank_of_its_prompt(two_process_run):
+    """groups_worker.py's part of the two-process launch (``two_process_run``)."""
     for rank in (0, 1):
-        record = torch.load(tmp_path / f"rank{rank}.pt", weights_only=False)
+        record = torch.load(two_process_run / "groups" / f"rank{rank}.pt", weights_only=False)
         batch = record["batch"]
         assert record["prompts"].shape[0] == 4  # 2 prompts x k = 2
         # The data position counts prompts, not rows: 2 prompts on each of 2 ranks.

@@ -12,10 +12,6 @@ compiled decode path (``sampling.decode: compiled``) draws the eager tokens on e
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import golden_reference as ref
@@ -25,25 +21,12 @@ from float32_bounds import (
     EPS, adam_first_step_bound, clipped_bound, gradient_bound, largest_logit, logprob_bound, output_bound,
     weighted_abs_grads, whitened_bound,
 )
-from ppo_helpers import tiny_module, worker_env
+from ppo_helpers import tiny_module
 from transformers import AutoModelForCausalLM
 
-HERE = Path(__file__).resolve().parent
-
-
-def _run(out: Path, mode: str, decode: str = "eager") -> dict[int, dict]:
-    out.mkdir(parents=True, exist_ok=True)
-    env = worker_env()
-    # Its own session, so a hung run's rank-1 process (started by rank 0) is killed with it.
-    proc = subprocess.Popen([sys.executable, str(HERE / "strategy_worker.py"), str(out), mode, decode], cwd=out, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
-    try:
-        _, stderr = proc.communicate(timeout=300)  # ~15 s when it works
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        pytest.fail(f"{mode}: the run hung (a rank waited in a collective for a rank that had stopped)")
-    assert proc.returncode == 0, stderr[-4000:]
+def _run(out: Path) -> dict[int, dict]:
+    """What each rank of a strategy_worker.py part of the two-process launch (``two_process_run``) wrote
+    (a hung part fails the launch: a rank waited in a collective for a rank that had stopped)."""
     return {r: torch.load(p, weights_only=False) for r in (0, 1) if (p := out / f"rank{r}.pt").exists()}
 
 
@@ -120,14 +103,14 @@ def _gradient_bounds(grads: dict[str, torch.Tensor], bounds: dict, moves: dict[s
 
 
 @pytest.fixture(scope="module")
-def single(tmp_path_factory):
-    return _run(tmp_path_factory.mktemp("single"), "single")[0]
+def single(two_process_run):
+    return _run(two_process_run / "single")[0]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["ddp", "fsdp2"])
-def test_two_processes_make_the_single_process_update(mode, single, tmp_path):
-    ranks = _run(tmp_path / mode, mode)
+def test_two_processes_make_the_single_process_update(mode, single, two_process_run):
+    ranks = _run(two_process_run / f"strategy-{mode}")
     rank0, rank1 = ranks[0], ranks[1]
     # The ranks generated the single run's responses, and stopped at different lengths.
     width0, width1 = rank0["responses"][0].shape[1], rank1["responses"][0].shape[1]
@@ -197,19 +180,19 @@ def test_two_processes_make_the_single_process_update(mode, single, tmp_path):
     assert any(not torch.equal(policy[n], v) for n, v in single["policy"].items())
 
     # The export (rank 0) is the whole updated policy, loadable by plain transformers.
-    exported = AutoModelForCausalLM.from_pretrained(tmp_path / mode / "export").state_dict()
+    exported = AutoModelForCausalLM.from_pretrained(two_process_run / f"strategy-{mode}" / "export").state_dict()
     for name, value in policy.items():
         assert torch.equal(exported[name], value), name
 
 
 @pytest.mark.slow
 @pytest.mark.kernels
-def test_compiled_decoding_under_ddp_draws_the_eager_tokens_on_each_rank(single, tmp_path):
+def test_compiled_decoding_under_ddp_draws_the_eager_tokens_on_each_rank(single, two_process_run):
     """``sampling.decode: compiled`` under ddp: each process compiles its own decode step (one graph,
     the rollout's batch size), draws the tokens the eager path draws in the same process, and the
     logged ``compile/decode_graphs`` says so (mean over the ranks). (fsdp2 is refused:
     tests/cli/test_compiled_decode_cli.py.)"""
-    ranks = _run(tmp_path / "ddp-compiled", "ddp", "compiled")
+    ranks = _run(two_process_run / "strategy-ddp-compiled")
     for rank, record in ranks.items():
         (compiled,), (eager,) = record["responses"], record["eager_responses"]
         assert torch.equal(compiled, eager), rank
