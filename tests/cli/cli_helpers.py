@@ -114,3 +114,14 @@ def failure_tail(stderr: str, chars: int = 3000) -> str:
             ranks.setdefault(line[: line.index("]:") + 2], []).append(line)
     heads = [f"--- last lines of {rank}\n" + "\n".join(lines[-8:]) for rank, lines in sorted(ranks.items())]
     return "\n".join([*heads, "--- end of stderr", stderr[-chars:]])
+
+
+def tiny_ppo_overrides(run: str) -> tuple[str, ...]:
+    """Options after ``--config configs/offline/ppo*.yaml`` for a 2-rollout PPO run on stories260K (the run's
+    reward model from ``--run_dir``), logging every rollout to ``<run>/ppo/.../metrics.csv``."""
+    return ("--model.init_args.sft_model", str(STORIES), "--model.init_args.max_rollouts", "2",
+            "--model.init_args.sampling.max_new_tokens", "8", "--model.init_args.ppo.epochs", "1",
+            "--model.init_args.ppo.minibatch_size", "2", "--data.init_args.train_path", str(TINYSTORIES),
+            "--data.init_args.max_records", "16", "--data.init_args.batch_size", "4",
+            "--trainer.logger", "lightning.pytorch.loggers.CSVLogger", "--trainer.logger.init_args.save_dir", f"{run}/ppo",
+            "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false")  # fmt: skip

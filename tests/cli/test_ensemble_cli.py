@@ -9,7 +9,7 @@ import json
 
 import torch
 from assets_paths import HH_RLHF, STORIES260K, TINYSTORIES
-from cli_helpers import ROOT, error_line, rlhf_lit, run_main
+from cli_helpers import ROOT, error_line, rlhf_lit, run_main, tiny_ppo_overrides
 
 RM_CONFIG = str(ROOT / "configs" / "offline" / "reward_model_ensemble.yaml")
 PPO_CONFIG = str(ROOT / "configs" / "offline" / "ppo_ensemble.yaml")
@@ -20,12 +20,7 @@ TINY_RM = ("--model.init_args.model", str(STORIES260K), "--data.init_args.train_
            "--data.init_args.reference_path", str(TINYSTORIES), "--data.init_args.reference_max_records", "8",
            "--trainer.val_check_interval", "1.0", "--trainer.enable_progress_bar", "false",
            "--trainer.enable_model_summary", "false")  # fmt: skip
-TINY_PPO = ("--model.init_args.sft_model", str(STORIES260K), "--model.init_args.max_rollouts", "2",
-            "--model.init_args.sampling.max_new_tokens", "8", "--model.init_args.ppo.epochs", "1",
-            "--model.init_args.ppo.minibatch_size", "2", "--data.init_args.train_path", str(TINYSTORIES),
-            "--data.init_args.max_records", "16", "--data.init_args.batch_size", "4",
-            "--trainer.logger", "lightning.pytorch.loggers.CSVLogger", "--trainer.logger.init_args.save_dir", f"{RUN}/ppo",
-            "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false")  # fmt: skip
+TINY_PPO = tiny_ppo_overrides(RUN)
 
 
 def test_an_ensemble_trains_exports_and_drives_ppo_from_the_shipped_configs(tmp_path):
