@@ -52,7 +52,7 @@ def main() -> None:
     rows: dict[str, dict[str, list[float]]] = {}
     for variant in ("plain", "odin"):
         row: dict[str, list[float]] = {}
-        for rm_dir in sorted(glob.glob(os.path.join(args.work, "logs", f"rm_{variant}_s*"))):
+        for rm_dir in sorted(d for d in glob.glob(os.path.join(args.work, "logs", f"rm_{variant}_s*")) if os.path.isdir(d)):
             seed = rm_dir.rsplit("_s", 1)[1]
             rm = scalars(rm_dir)
             ppo = scalars(os.path.join(args.work, "logs", f"ppo_{variant}_s{seed}"))
@@ -71,6 +71,9 @@ def main() -> None:
                 "held_out_length": metrics.get("length_mean"),
                 "held_out_distinct_2": metrics.get("distinct_2"),
             }
+            for tag, short in (("response/length", "length"), ("objective/judge", "judge")):
+                for i, value in enumerate(ppo.get(tag, [])):  # per rollout (1-based in the table)
+                    found[f"rollout_{short}_{i + 1}"] = value
             for key, value in found.items():
                 row.setdefault(key, []).append(value)
             row.setdefault("seed", []).append(int(seed))
@@ -84,6 +87,16 @@ def main() -> None:
     print("| --- | " + " | ".join("---" for _ in rows) + " |")
     for key in keys:
         print(f"| {key} | " + " | ".join(mean_se(rows[v].get(key, [])) for v in rows) + " |")
+    rollouts = sorted({int(k.rsplit("_", 1)[1]) for r in rows.values() for k in r if k.startswith("rollout_length_")})
+    if rollouts:
+        marks = [r for r in rollouts if r == 1 or r % 10 == 0]
+        print("\nPer rollout (PPO's own samples, mean ± standard error over seeds):\n")
+        print("| | " + " | ".join(f"rollout {r}" for r in marks) + " |")
+        print("| --- | " + " | ".join("---" for _ in marks) + " |")
+        for variant in rows:
+            for short in ("length", "judge"):
+                cells = [mean_se(rows[variant].get(f"rollout_{short}_{r}", [])) for r in marks]
+                print(f"| {variant}: {short} | " + " | ".join(cells) + " |")
     if sft:
         print(f"\nSFT on the same held-out prompts: judge {sft['judge_mean']:.3f}, length {sft['length_mean']:.1f}, "
               f"distinct-2 {sft['distinct_2']:.3f}")
