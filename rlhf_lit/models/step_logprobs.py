@@ -23,7 +23,7 @@ class StepLogprobs(LogitsProcessor):
     ``generate`` runs the processors it is given before its sampling warpers (temperature, top-k,
     top-p), so :meth:`__call__` sees the float32 logits ``output_logits`` would keep; the values are
     those of :func:`token_logprobs` / :func:`entropy_from_logits` on the stacked logits
-    (tests/ppo/test_step_logprobs.py compares them). The token of a step is known only once it is
+    (tests/models/test_step_logprobs.py compares them). The token of a step is known only once it is
     drawn: the next call reads it as the last column of ``input_ids``, and :meth:`finish` the last
     step's from the sequences, so one step's ``(B, V)`` logits wait in between.
 

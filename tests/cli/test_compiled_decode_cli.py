@@ -3,7 +3,7 @@
 A PPO fit on stories260K logs the compile cost of its decode path per rollout
 (``compile/decode_graphs``, ``compile/decode_s``); its prompt loader keeps a smaller last batch
 (``drop_last: false``), which compiles a second graph (a batch is not padded up to the configured
-size: the padding rows would change the real rows' samples, tests/ppo/test_compiled_generation.py).
+size: the padding rows would change the real rows' samples, tests/models/test_compiled_generation.py).
 Under fsdp / fsdp2 the option is refused in one line before any model is loaded or any process is
 started.
 """

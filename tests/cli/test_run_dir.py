@@ -232,8 +232,10 @@ def test_an_input_given_explicitly_is_used_and_a_function_only_reward_needs_no_r
 
 
 def test_a_stage_without_a_run_layout_is_refused():
-    cfg = _parsed(stage="lightning.pytorch.demos.boring_classes.BoringModel")
-    with pytest.raises(RunDirError, match="BoringModel declares no run_layout"):
+    # Lightning's own base class, not a demo one: importing lightning.pytorch.demos registers its
+    # BoringDataModule, which the --data errors of later tests in this process would then list.
+    cfg = _parsed(stage="lightning.pytorch.LightningModule")
+    with pytest.raises(RunDirError, match="LightningModule declares no run_layout"):
         apply_run_dir(cfg, DEFAULTS, "fit")
 
 

@@ -15,9 +15,9 @@ from rlhf_lit.stages.ppo import PPOModule
 from rlhf_lit.stages.ppo.config import KLConfig, PPOConfig
 
 # tests/ is on the path: pytest's own, or the PYTHONPATH the DDP tests give their worker scripts.
-STORIES = str(assets_paths.STORIES260K)
+from generation_helpers import EOS, PAD, STORIES, STORY_PROMPTS, EosBias, eos_biased_policy, prompt_batch  # noqa: E402, F401
+
 TINYSTORIES = str(assets_paths.TINYSTORIES)
-EOS, PAD = 2, 0  # stories260K: eos 2, pad = <unk> 0
 
 
 class RecordingLogger(Logger):
@@ -66,38 +66,6 @@ def tiny_trainer(tmp_path: Path, **overrides) -> Trainer:
     )  # fmt: skip
     kwargs.update(overrides)
     return Trainer(**kwargs)
-
-
-def prompt_batch(tokenizer, texts: list[str]) -> dict[str, torch.Tensor]:
-    """A left-padded prompt batch as the prompt data module makes it."""
-    enc = tokenizer(texts, return_tensors="pt", padding=True)
-    return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"],
-            "index": torch.arange(len(texts))}
-
-
-class EosBias(torch.nn.Module):
-    """Wraps an LM head and adds ``bias`` to the EOS logit, so EOS is sampled at varied steps."""
-
-    def __init__(self, head: torch.nn.Module, bias: float) -> None:
-        super().__init__()
-        self.head, self.bias = head, bias
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = self.head(hidden)  # (B, T, V)
-        return logits + self.bias * torch.nn.functional.one_hot(torch.tensor(EOS), logits.shape[-1])
-
-
-STORY_PROMPTS = ["Once upon a time there was", "The cat", "Lily and Tom went to the park to", "A"]
-"""Prompts of different lengths (left padding differs per row)."""
-
-
-def eos_biased_policy(tokenizer, bias: float = 24.0) -> torch.nn.Module:
-    """stories260K in eval mode with ``bias`` added to the EOS logit, so rows end at varied steps."""
-    from rlhf_lit.models import load_causal_lm
-
-    model = load_causal_lm(STORIES, tokenizer)
-    model.lm_head = EosBias(model.lm_head, bias)
-    return model.eval()
 
 
 def length_judge(texts: list[str]) -> list[float]:

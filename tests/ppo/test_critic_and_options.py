@@ -11,6 +11,7 @@ from torch.utils.data import DataLoader
 
 from rlhf_lit.callbacks import Checkpoint
 from rlhf_lit.models import load_reward_model, sequence_scores
+from rlhf_lit.models.generation import SamplingConfig
 from rlhf_lit.models.value import SeparateCritic, ValueHead, build_critic
 from rlhf_lit.stages.optim import OptimizerConfig
 from rlhf_lit.stages.ppo.checks import check_whitening_rows
@@ -165,3 +166,13 @@ def test_whitening_rows_are_counted_over_the_batch_the_statistic_covers():
     check_whitening_rows(1, 1, PPOConfig(whiten_advantages=False), RewardConfig())  # nothing is whitened
     with pytest.raises(ValueError, match="ppo.whiten_scope must be one of global, rank; got 'all'"):
         PPOConfig(whiten_scope="all")
+
+
+def test_compiled_decoding_is_refused_when_the_strategy_shards_the_models():
+    """PPOModule's own check, for a Trainer built in code (the CLI refuses ``fsdp`` / ``fsdp2`` before
+    anything is built: tests/cli/test_compiled_decode_cli.py; the decode path itself:
+    tests/models/test_compiled_generation.py)."""
+    module = tiny_module(sampling=SamplingConfig(max_new_tokens=12, decode="compiled"), max_rollouts=1)
+    module._device_mesh = object()  # what the fsdp / fsdp2 strategy gives the module
+    with pytest.raises(ValueError, match="^sampling.decode compiled is not supported under fsdp / fsdp2"):
+        module.configure_model()

@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from ppo_helpers import EOS, PAD, STORY_PROMPTS, prompt_batch
+from generation_helpers import EOS, PAD, STORY_PROMPTS, prompt_batch
 from transformers import GenerationConfig, LogitsProcessorList
 
 from rlhf_lit.functional import entropy_from_logits, token_logprobs

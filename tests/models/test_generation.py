@@ -7,7 +7,7 @@ import shutil
 import pytest
 import torch
 from assets_paths import GPT2_TOKENIZER
-from ppo_helpers import EOS, PAD, STORY_PROMPTS, prompt_batch
+from generation_helpers import EOS, PAD, STORY_PROMPTS, prompt_batch
 from transformers import GenerationConfig
 
 from rlhf_lit.functional import token_logprobs

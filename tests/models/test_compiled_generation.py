@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 from float32_bounds import entropy_bound, largest_logit, logprob_bound
-from ppo_helpers import EOS, PAD, STORY_PROMPTS, eos_biased_policy, prompt_batch, tiny_module
+from generation_helpers import EOS, PAD, STORY_PROMPTS, eos_biased_policy, prompt_batch
 
 from rlhf_lit.models.compiled_generation import cache_length, compile_stats
 from rlhf_lit.models.generation import SamplingConfig, decode_settings, generate_responses, response_logprobs
@@ -68,15 +68,6 @@ def assert_same(policy, eager, compiled):
     largest_entropy = float(eager.entropy.max())
     torch.testing.assert_close(compiled.entropy, eager.entropy, rtol=0,
                                atol=entropy_bound(config, magnitude, largest_entropy, positions))  # fmt: skip
-
-
-def test_compiled_decoding_is_refused_when_the_strategy_shards_the_models():
-    """PPOModule's own check, for a Trainer built in code (the CLI refuses ``fsdp`` / ``fsdp2`` before
-    anything is built: tests/cli/test_compiled_decode_cli.py)."""
-    module = tiny_module(sampling=SamplingConfig(max_new_tokens=R, decode="compiled"), max_rollouts=1)
-    module._device_mesh = object()  # what the fsdp / fsdp2 strategy gives the module
-    with pytest.raises(ValueError, match="^sampling.decode compiled is not supported under fsdp / fsdp2"):
-        module.configure_model()
 
 
 def test_padding_a_batch_would_change_the_real_rows_samples(policy, tokenizer):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from ppo_helpers import EOS, PAD, STORIES, prompt_batch
+from generation_helpers import EOS, PAD, STORIES, prompt_batch
 
 from rlhf_lit.models import load_causal_lm
 from rlhf_lit.models.generation import SamplingConfig, generate_responses

@@ -1,0 +1,42 @@
+"""Helpers of the generation tests (tests/models, and the PPO tests through ppo_helpers): stories260K, its
+EOS and pad ids, prompts of different lengths, a left-padded prompt batch and an EOS-biased policy."""
+
+from __future__ import annotations
+
+import assets_paths
+import torch
+
+STORIES = str(assets_paths.STORIES260K)
+EOS, PAD = 2, 0  # stories260K: eos 2, pad = <unk> 0
+
+
+def prompt_batch(tokenizer, texts: list[str]) -> dict[str, torch.Tensor]:
+    """A left-padded prompt batch as the prompt data module makes it."""
+    enc = tokenizer(texts, return_tensors="pt", padding=True)
+    return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"],
+            "index": torch.arange(len(texts))}
+
+
+class EosBias(torch.nn.Module):
+    """Wraps an LM head and adds ``bias`` to the EOS logit, so EOS is sampled at varied steps."""
+
+    def __init__(self, head: torch.nn.Module, bias: float) -> None:
+        super().__init__()
+        self.head, self.bias = head, bias
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = self.head(hidden)  # (B, T, V)
+        return logits + self.bias * torch.nn.functional.one_hot(torch.tensor(EOS), logits.shape[-1])
+
+
+STORY_PROMPTS = ["Once upon a time there was", "The cat", "Lily and Tom went to the park to", "A"]
+"""Prompts of different lengths (left padding differs per row)."""
+
+
+def eos_biased_policy(tokenizer, bias: float = 24.0) -> torch.nn.Module:
+    """stories260K in eval mode with ``bias`` added to the EOS logit, so rows end at varied steps."""
+    from rlhf_lit.models import load_causal_lm
+
+    model = load_causal_lm(STORIES, tokenizer)
+    model.lm_head = EosBias(model.lm_head, bias)
+    return model.eval()
