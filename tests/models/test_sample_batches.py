@@ -1,8 +1,8 @@
-"""Batching prompt strings for the library's sampler (:func:`rlhf_lit.models.generation.sample_batches`, which the
-demo's preferences and evaluation use): order, left padding, seeding, refusals.
+"""Batching prompt strings for the library's sampler (:func:`rlhf_lit.models.generation.sample_batches`):
+order, left padding, seeding, refusals.
 
-Sampling itself, decoding and logprobs are the library's and tested there
-(``tests/ppo/test_generation.py``, ``tests/evaluation/test_texts.py``).
+Sampling itself, decoding and logprobs are tested in ``tests/models/test_generation.py`` and
+``tests/evaluation/test_texts.py``.
 """
 
 from __future__ import annotations
