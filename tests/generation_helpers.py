@@ -4,7 +4,10 @@ EOS and pad ids, prompts of different lengths, a left-padded prompt batch and an
 from __future__ import annotations
 
 import assets_paths
+import pytest
 import torch
+
+from rlhf_lit.tokenizer import load_tokenizer
 
 STORIES = str(assets_paths.STORIES260K)
 EOS, PAD = 2, 0  # stories260K: eos 2, pad = <unk> 0
@@ -40,3 +43,16 @@ def eos_biased_policy(tokenizer, bias: float = 24.0) -> torch.nn.Module:
     model = load_causal_lm(STORIES, tokenizer)
     model.lm_head = EosBias(model.lm_head, bias)
     return model.eval()
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    """stories260K's tokenizer, padding on the left as PPO's prompts are (a fixture: the generation
+    tests' conftest files import it)."""
+    return load_tokenizer(STORIES, padding_side="left")
+
+
+@pytest.fixture(scope="module")
+def policy(tokenizer):
+    """stories260K with a raised EOS logit, so sampled rows end at varied steps (a fixture, as above)."""
+    return eos_biased_policy(tokenizer)
