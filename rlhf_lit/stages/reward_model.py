@@ -213,8 +213,8 @@ class RewardModelModule(PretrainedStage):
         return loss
 
     def _train_both_heads(self, heads: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """The quality and length heads' scores ``(N, 2)`` -> ODIN's loss (:func:`~rlhf_lit.stages.
-        length_debias.odin_loss`), logged with its parts."""
+        """The quality and length heads' scores ``(N, 2)`` -> ODIN's loss
+        (:func:`~rlhf_lit.stages.length_debias.odin_loss`), logged with its parts."""
         loss, stats = debias.odin_loss(self, heads, batch)
         B = batch_examples(batch)
         self.log("train/loss", loss.detach(), prog_bar=True, batch_size=B)
