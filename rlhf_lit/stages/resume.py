@@ -18,9 +18,11 @@ is not checked for them.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 from collections.abc import Collection, Mapping
+from dataclasses import asdict, is_dataclass
 from typing import Any
 
 from rlhf_lit.run_seed import run_seed
@@ -59,15 +61,36 @@ def _flatten(settings: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def differences(saved: Mapping[str, Any], current: Mapping[str, Any], prefix: str) -> dict[str, tuple[Any, Any]]:
-    """``{"<prefix><key>": (checkpoint value, current value)}`` for every leaf setting that differs."""
+def differences(
+    saved: Mapping[str, Any], current: Mapping[str, Any], prefix: str, defaults: Mapping[str, Any] | None = None
+) -> dict[str, tuple[Any, Any]]:
+    """``{"<prefix><key>": (checkpoint value, current value)}`` for every leaf setting that differs.
+
+    A setting the checkpoint does not record (it was written before the setting existed) counts as
+    unchanged while its current value is its default in ``defaults`` (nested settings flattened as
+    here): an older checkpoint resumes, unless the new setting is turned on.
+    """
     old, new = _flatten(saved), _flatten(current)
+    known = _flatten(defaults or {})
     missing = object()
     return {
         f"{prefix}{key}": (old.get(key, missing), new.get(key, missing))
         for key in sorted(old.keys() | new.keys())
         if old.get(key, missing) != new.get(key, missing)
+        and not (key not in old and key in known and new.get(key, missing) == known[key])
     }
+
+
+def init_defaults(cls: type) -> dict[str, Any]:
+    """The default of every ``cls.__init__`` argument that has one, config dataclasses as dicts (as
+    :meth:`~rlhf_lit.stages.base.StageModule.keep_settings` records them)."""
+    defaults = {}
+    for name, parameter in inspect.signature(cls.__init__).parameters.items():
+        if parameter.default is inspect.Parameter.empty:
+            continue
+        value = parameter.default
+        defaults[name] = asdict(value) if is_dataclass(value) and not isinstance(value, type) else value
+    return defaults
 
 
 def check_module_resume(
@@ -91,7 +114,7 @@ def check_module_resume(
         )
     datamodule = getattr(trainer, "datamodule", None) if trainer is not None else None
     data_hparams = getattr(datamodule, "hparams", None) if datamodule is not None else None
-    check_resume(checkpoint, module.hparams, data_hparams, safe_model_keys, extra)
+    check_resume(checkpoint, module.hparams, data_hparams, safe_model_keys, extra, init_defaults(type(module)))
 
 
 def _describe(value: Any) -> str:
@@ -114,6 +137,7 @@ def check_resume(
     datamodule_hparams: Mapping[str, Any] | None,
     safe_model_keys: Collection[str],
     extra: Mapping[str, tuple[Any, Any]] | None = None,
+    model_defaults: Mapping[str, Any] | None = None,
 ) -> None:
     """Refuse a resume whose settings differ from the checkpoint's in a way that breaks it.
 
@@ -124,11 +148,13 @@ def check_resume(
         safe_model_keys: the stage's settings that may change (top-level names; nested ones too).
         extra: more ``{name: (checkpoint value, current value)}`` facts that must match (e.g. the
             number of processes).
+        model_defaults: the stage's settings' defaults (:func:`init_defaults`): a setting newer than
+            the checkpoint, left at its default, is no change.
 
     Raises:
         ResumeMismatch: listing every unsafe difference, one per line.
     """
-    changed = differences(checkpoint.get("hyper_parameters", {}), model_hparams, "model.")
+    changed = differences(checkpoint.get("hyper_parameters", {}), model_hparams, "model.", model_defaults)
     if datamodule_hparams is not None and "datamodule_hyper_parameters" in checkpoint:
         changed.update(differences(_canonical(checkpoint["datamodule_hyper_parameters"]), _canonical(datamodule_hparams), "data."))
     changed.update({k: v for k, v in (extra or {}).items() if v[0] != v[1]})

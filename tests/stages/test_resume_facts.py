@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from rlhf_lit.stages.resume import run_fact_changes
 
 SAVED = {"trainer.precision": "32-true", "trainer.accumulate_grad_batches": 1, "trainer.world_size": 1,
@@ -28,3 +30,20 @@ def test_the_run_seed_must_match_when_a_seed_option_follows_it():
 
 def test_a_checkpoint_written_before_the_facts_were_recorded_is_not_checked_for_them():
     assert run_fact_changes({}, NOW, KEPT + ["trainer.max_steps"], seeds_following=["data.seed"]) == {}
+
+
+def test_a_setting_newer_than_the_checkpoint_counts_as_unchanged_only_at_its_default():
+    # A reward-model checkpoint written before length_debias existed resumes with it off, not with it on.
+    from rlhf_lit.stages import RewardModelModule
+    from rlhf_lit.stages.resume import ResumeMismatch, check_resume, init_defaults
+
+    defaults = init_defaults(RewardModelModule)
+    assert defaults["length_debias"] == {"method": "none", "correlation_weight": 1.0, "orthogonality_weight": 1.0}
+    saved = {"hyper_parameters": {"normalize": "bias"}}
+    off = {"normalize": "bias", "length_debias": defaults["length_debias"]}
+    check_resume(saved, off, None, safe_model_keys=[], model_defaults=defaults)
+    on = {"normalize": "bias", "length_debias": {**defaults["length_debias"], "method": "odin"}}
+    with pytest.raises(ResumeMismatch, match=r"model.length_debias.method: checkpoint \(not set\), now 'odin'"):
+        check_resume(saved, on, None, safe_model_keys=[], model_defaults=defaults)
+    with pytest.raises(ResumeMismatch, match="model.length_debias.method"):  # without defaults: refused as before
+        check_resume(saved, off, None, safe_model_keys=[])
