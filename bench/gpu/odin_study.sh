@@ -64,7 +64,11 @@ export TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
 [ "$SCALE" = tiny ] && export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 # Six evaluations share the GPU at the end (each: 3 models, a KV cache and (B, 128, 49152) logits for the KL).
 [ "$SCALE" = gpu ] && export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
-rm -rf "$WORK" && mkdir -p "$WORK/logs" "$WORK/results" "$WORK/configs" "$RUNS"
+# WORK is replaced only when this script made it (its marker file); any other non-empty folder is refused.
+if [ -d "$WORK" ] && [ -n "$(ls -A "$WORK")" ] && [ ! -e "$WORK/.odin_study" ]; then
+  echo "odin_study: WORK=$WORK is a non-empty folder this script did not write; name a new one" >&2; exit 2
+fi
+rm -rf "$WORK" && mkdir -p "$WORK/logs" "$WORK/results" "$WORK/configs" "$RUNS" && touch "$WORK/.odin_study"
 TIMINGS=$WORK/timings.tsv
 printf 'phase\tseconds\tstatus\tat_s\n' > "$TIMINGS"
 
