@@ -16,12 +16,11 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import cli_forked
 from assets_paths import HH_RLHF, STORIES260K, TINYSTORIES
-from suite_env import subprocess_env
 
 QUIET = ("--trainer.accelerator", "cpu", "--trainer.enable_progress_bar", "false",
          "--trainer.enable_model_summary", "false")  # fmt: skip
@@ -43,13 +42,12 @@ PPO = ("fit", "--model", "rlhf_lit.stages.PPOModule", "--model.max_rollouts", "2
 STAGE_ARGS = {"sft": SFT, "reward_model": RM, "ppo": PPO}
 RUN_DIR = "runs/exp1"
 """The chain's ``--run_dir``, relative to its working directory."""
-CLI = Path(sys.executable).parent / "rlhf-lit"
 
 
 def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    """``rlhf-lit <args>`` in a subprocess in ``cwd``, in the suite's environment (tests/suite_env.py)."""
-    return subprocess.run([str(CLI), *args], cwd=cwd, capture_output=True, text=True, timeout=600,
-                          env=subprocess_env())  # fmt: skip
+    """``rlhf-lit <args>`` in a process of its own (forked from this one: tests/cli_forked.py) in
+    ``cwd``, in the suite's environment (tests/suite_env.py)."""
+    return cli_forked.run(*args, cwd=cwd)
 
 
 @dataclass(frozen=True)

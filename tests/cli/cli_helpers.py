@@ -11,6 +11,10 @@ Two ways, one result type (:class:`subprocess.CompletedProcess`: ``returncode``,
 - :func:`run_main` (from ``tests/cli_in_process.py``) calls the same entry function,
   ``rlhf_lit.cli.main(args)``, in the test's own process with stdout / stderr captured and every
   piece of global state main() touches restored afterwards, so tests stay independent.
+- :func:`rlhf_lit_forked` (from ``tests/cli_forked.py``) runs that entry in a process forked from
+  the test's: a real process (signals, exit status, Lightning's launcher starting rank 1 as a new
+  interpreter) without paying the imports again. The runs of two processes and the killed or
+  signalled runs use it; the console script stays for what only a fresh interpreter shows.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from pathlib import Path
 import yaml
 from assets_paths import ASSETS, HH_RLHF, ROOT, TINYSTORIES  # noqa: F401  (re-exported for the CLI tests)
 from assets_paths import STORIES260K as STORIES
+from cli_forked import run as rlhf_lit_forked  # noqa: F401  (re-exported)
 from cli_in_process import isolated_main_state, run_main  # noqa: F401  (re-exported)
 from suite_env import subprocess_env
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 from assets_paths import STORIES260K_CHAT
-from cli_helpers import ROOT, rlhf_lit, run_main
+from cli_helpers import ROOT, rlhf_lit_forked, run_main
 from transformers import AutoTokenizer
 
 CHAT = ROOT / "configs" / "offline" / "chat"
@@ -25,7 +25,7 @@ QUIET = ("--trainer.enable_progress_bar", "false", "--trainer.enable_model_summa
 
 def _fit(stage: str, run_dir, *extra: str):
     """``rlhf-lit fit --config configs/offline/chat/<stage>.yaml --run_dir <run_dir>`` with a tiny budget."""
-    return rlhf_lit("fit", "--config", str(CHAT / f"{stage}.yaml"), "--run_dir", str(run_dir), *TINY[stage], *QUIET,
+    return rlhf_lit_forked("fit", "--config", str(CHAT / f"{stage}.yaml"), "--run_dir", str(run_dir), *TINY[stage], *QUIET,
                     *extra, cwd=ROOT)  # fmt: skip
 
 

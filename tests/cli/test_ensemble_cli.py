@@ -9,7 +9,7 @@ import json
 
 import torch
 from assets_paths import HH_RLHF, STORIES260K, TINYSTORIES
-from cli_helpers import ROOT, error_line, rlhf_lit, run_main, tiny_ppo_overrides
+from cli_helpers import ROOT, error_line, rlhf_lit_forked, run_main, tiny_ppo_overrides
 
 RM_CONFIG = str(ROOT / "configs" / "offline" / "reward_model_ensemble.yaml")
 PPO_CONFIG = str(ROOT / "configs" / "offline" / "ppo_ensemble.yaml")
@@ -24,7 +24,7 @@ TINY_PPO = tiny_ppo_overrides(RUN)
 
 
 def test_an_ensemble_trains_exports_and_drives_ppo_from_the_shipped_configs(tmp_path):
-    rm = rlhf_lit("fit", "--config", RM_CONFIG, "--run_dir", RUN, *TINY_RM, "--trainer.max_steps", "2", cwd=tmp_path)
+    rm = rlhf_lit_forked("fit", "--config", RM_CONFIG, "--run_dir", RUN, *TINY_RM, "--trainer.max_steps", "2", cwd=tmp_path)
     assert rm.returncode == 0, rm.stderr[-3000:]
     (last,) = (tmp_path / RUN / "reward_model").rglob("last.ckpt")  # the checkpoint holds every member
     state = torch.load(last, map_location="cpu", weights_only=True)["state_dict"]
@@ -37,7 +37,7 @@ def test_an_ensemble_trains_exports_and_drives_ppo_from_the_shipped_configs(tmp_
     assert all((export / m["path"] / "config.json").is_file() for m in manifest["members"])
     assert len({m["normalization"]["gain"] for m in manifest["members"]}) == 4  # gain_bias, per member
 
-    ppo = rlhf_lit("fit", "--config", PPO_CONFIG, "--run_dir", RUN, *TINY_PPO, cwd=tmp_path)
+    ppo = rlhf_lit_forked("fit", "--config", PPO_CONFIG, "--run_dir", RUN, *TINY_PPO, cwd=tmp_path)
     assert ppo.returncode == 0, ppo.stderr[-3000:]
     rows = [r for r in csv.DictReader(next((tmp_path / RUN / "ppo").rglob("metrics.csv")).open()) if r["reward/reward_model"]]
     assert len(rows) == 2  # one per rollout

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from cli_helpers import STORIES, error_line, ppo_config, rlhf_lit, run_main, write_yaml
+from cli_helpers import STORIES, error_line, ppo_config, rlhf_lit_forked, run_main, write_yaml
 from safetensors.torch import load_file
 
 ROLLOUTS = 6
@@ -65,7 +65,7 @@ def _guard_state(checkpoint: Path) -> dict:
 def test_stop_ends_the_run_after_the_rollout_its_rule_trips_and_exports(tmp_path, stories_rm):
     # always above a ceiling of -1: the rule holds after every rollout, patience 3 -> stops after rollout 3
     config = _config(tmp_path, stories_rm, _guard(kl={"action": "stop", "ceiling": -1.0, "patience": 3}), rollouts=8)
-    result = rlhf_lit("fit", "--config", str(config), cwd=tmp_path)
+    result = rlhf_lit_forked("fit", "--config", str(config), cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert _guard_lines(result.stderr) == [("kl", 3, "stop")]
     assert "(the run ends after this rollout and exports as usual)" in result.stderr
@@ -81,7 +81,7 @@ def test_stop_ends_the_run_after_the_rollout_its_rule_trips_and_exports(tmp_path
 def guarded(tmp_path_factory, stories_rm) -> tuple[Path, str]:
     """A run with ``keep_best`` (by the rollout's RM score) and every other signal warning; its stderr."""
     root = tmp_path_factory.mktemp("guarded")
-    result = rlhf_lit("fit", "--config", str(_config(root, stories_rm, KEEP_BEST)), cwd=root)
+    result = rlhf_lit_forked("fit", "--config", str(_config(root, stories_rm, KEEP_BEST)), cwd=root)
     assert result.returncode == 0, result.stderr[-3000:]
     return root, result.stderr
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from cli_helpers import STORIES, ppo_config, rlhf_lit, write_yaml
+from cli_helpers import STORIES, ppo_config, rlhf_lit_forked, write_yaml
 from test_guard_cli import _guard, _guard_lines, _metrics
 
 
@@ -20,7 +20,7 @@ def test_under_ddp_stop_ends_both_ranks_after_the_same_rollout(tmp_path, stories
                   "judge": "rlhf_lit.evaluation.judges:vader"},
         proxy_gold={"action": "warn", "window": 3},
     ))  # fmt: skip
-    result = rlhf_lit("fit", "--config", str(write_yaml(tmp_path / "ppo.yaml", config)), cwd=tmp_path)
+    result = rlhf_lit_forked("fit", "--config", str(write_yaml(tmp_path / "ppo.yaml", config)), cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert _guard_lines(result.stderr) == [("kl", 2, "stop")]  # rank 0 says it, once
     metrics = _metrics(tmp_path)

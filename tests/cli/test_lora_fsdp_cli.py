@@ -1,6 +1,6 @@
 """LoRA under fsdp2 on 2 CPU processes from the command line: what the same run under ddp trains.
 
-Each run is ``rlhf-lit fit`` in a subprocess (2 processes over gloo). FSDP2 shards every
+Each run is ``rlhf-lit fit`` in a process of its own (forked: tests/cli_forked.py; 2 processes over gloo). FSDP2 shards every
 transformer block with its frozen base weights and its trainable adapters in one unit; the
 optimizer holds the adapters only (and a reward model's head); the export gathers the shards on
 rank 0 and merges or writes the adapter from an unsharded copy; PPO's reference is the sharded
@@ -22,7 +22,7 @@ import json
 
 import pytest
 import torch
-from cli_helpers import HH_RLHF, STORIES, TINYSTORIES, ppo_config, rlhf_lit, sft_config, write_yaml
+from cli_helpers import HH_RLHF, STORIES, TINYSTORIES, ppo_config, rlhf_lit_forked, sft_config, write_yaml
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
@@ -32,7 +32,7 @@ RTOL, ATOL = 1e-6, 2e-6
 
 def _fit(root, config: dict, *flags: str) -> None:
     write_yaml(root / "config.yaml", config)
-    result = rlhf_lit("fit", "--config", str(root / "config.yaml"), *flags, cwd=root)
+    result = rlhf_lit_forked("fit", "--config", str(root / "config.yaml"), *flags, cwd=root)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.count("[rlhf-lit] exported") == 1  # rank 0 only
 

@@ -17,9 +17,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import cli_forked
 import pytest
 import torch
-from cli_helpers import CLI, STORIES, ppo_config, rlhf_lit, write_yaml
+from cli_helpers import STORIES, ppo_config, rlhf_lit_forked, write_yaml
 from suite_env import subprocess_env
 
 TORCHRUN = Path(sys.executable).parent / "torchrun"
@@ -33,40 +34,36 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def node_command(launcher: str, node_rank: int, port: int, args: list[str]) -> tuple[list[str], dict[str, str]]:
-    """The command line and environment of node ``node_rank`` of 2 (one process per node).
+def start_node(launcher: str, node_rank: int, port: int, args: list[str], log: Path):
+    """Node ``node_rank`` of 2 (one process per node), its output into ``log``.
 
     ``torchrun``: the documented ``torchrun --nnodes 2 --nproc-per-node 1 --node-rank R`` line, which
     starts ``python -m rlhf_lit.cli`` with torchrun's variables (Lightning's TorchElasticEnvironment).
-    ``lightning``: ``rlhf-lit`` itself with ``NODE_RANK`` / ``MASTER_ADDR`` / ``MASTER_PORT`` (Lightning's
-    LightningEnvironment; SLURM's variables take the same path through its SLURMEnvironment).
+    ``lightning``: ``rlhf-lit`` itself (a forked process: tests/cli_forked.py) with ``NODE_RANK`` /
+    ``MASTER_ADDR`` / ``MASTER_PORT`` (Lightning's LightningEnvironment; SLURM's variables take the
+    same path through its SLURMEnvironment).
     """
-    env = subprocess_env()  # one thread per process: the one-node launcher gives each process one core
     if launcher == "torchrun":
         command = [str(TORCHRUN), "--nnodes", "2", "--nproc-per-node", "1", "--node-rank", str(node_rank),
                    "--master-addr", "127.0.0.1", "--master-port", str(port), "-m", "rlhf_lit.cli", *args]  # fmt: skip
-    else:
-        command = [str(CLI), *args]
-        env.update(NODE_RANK=str(node_rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    return command, env
+        with open(log, "w") as out:  # one thread per process: the one-node launcher gives each process one core
+            return subprocess.Popen(command, cwd=log.parent, env=subprocess_env(), stdout=out, stderr=subprocess.STDOUT)
+    env = {"NODE_RANK": str(node_rank), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    return cli_forked.start(args, cwd=log.parent, stdout=log, env=env)
 
 
 def fit_on_two_nodes(launcher: str, *args: str, cwd: Path, timeout: int = 600) -> None:
     """``rlhf-lit fit <args> --trainer.num_nodes 2 --trainer.devices 1`` as two nodes; both must succeed."""
     port = free_port()
     full = ["fit", *args, "--trainer.num_nodes", "2", "--trainer.devices", "1"]
-    procs = []
-    for node in (0, 1):
-        command, env = node_command(launcher, node, port, full)
-        log = open(cwd / f"node{node}.log", "w")  # noqa: SIM115  (closed below)
-        procs.append((subprocess.Popen(command, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT), log))
+    procs = [start_node(launcher, node, port, full, cwd / f"node{node}.log") for node in (0, 1)]
     try:
-        codes = [proc.wait(timeout=timeout) for proc, _ in procs]
+        codes = [proc.wait(timeout=timeout) for proc in procs]
     finally:
-        for proc, log in procs:
+        for proc in procs:
             if proc.poll() is None:
                 proc.kill()
-            log.close()
+                proc.wait()
     for node, code in enumerate(codes):
         assert code == 0, f"node {node}: exit {code}\n" + (cwd / f"node{node}.log").read_text()[-3000:]
     ranks = [(cwd / f"node{node}.log").read_text() for node in (0, 1)]
@@ -75,7 +72,7 @@ def fit_on_two_nodes(launcher: str, *args: str, cwd: Path, timeout: int = 600) -
 
 def fit_on_one_node(*args: str, cwd: Path) -> None:
     """``rlhf-lit fit <args> --trainer.devices 2``: Lightning's launcher starts the second process."""
-    result = rlhf_lit("fit", *args, "--trainer.num_nodes", "1", "--trainer.devices", "2", cwd=cwd)
+    result = rlhf_lit_forked("fit", *args, "--trainer.num_nodes", "1", "--trainer.devices", "2", cwd=cwd)
     assert result.returncode == 0, result.stderr[-3000:]
 
 

@@ -14,14 +14,13 @@ import os
 import re
 import shlex
 import signal
-import subprocess
 import time
 from pathlib import Path
 
+import cli_forked
 import pytest
 import torch
-from cli_helpers import CLI, STORIES, TINYSTORIES, error_line, ppo_config, rlhf_lit, run_main, sft_config, write_yaml
-from suite_env import subprocess_env
+from cli_helpers import STORIES, TINYSTORIES, error_line, ppo_config, rlhf_lit_forked, run_main, sft_config, write_yaml
 
 ROLLOUTS = 8
 STEPS = 24  # SFT optimizer steps of 2 batches each (accumulate_grad_batches: 2), 6 epochs of 4 steps
@@ -94,10 +93,10 @@ def _checked_stop(stderr: str, root: Path, config: str, name: str, unit: str) ->
 
 def _resume(root: Path, command: str, processes: int = 1) -> None:
     """Run the logged command (``rlhf-lit`` and its arguments): through the console script's entry in
-    this process, or the console script itself under ddp (its launcher starts the other rank)."""
+    this process, or in a process of its own under ddp (its launcher starts the other rank)."""
     program, *args = shlex.split(command)
     assert program == "rlhf-lit"
-    result = run_main(*args, cwd=root) if processes == 1 else rlhf_lit(*args, cwd=root)
+    result = run_main(*args, cwd=root) if processes == 1 else rlhf_lit_forked(*args, cwd=root)
     assert result.returncode == 0, result.stderr[-3000:]
 
 
@@ -109,17 +108,16 @@ def _assert_same_export(straight: Path, resumed: Path) -> None:
             assert (straight / name).read_bytes() == (resumed / name).read_bytes(), name
 
 
-def _start(root: Path, config: str) -> tuple[subprocess.Popen, Path]:
-    """``rlhf-lit fit --config <config>`` in a process of its own session; stderr goes to a file."""
-    env = subprocess_env()
+def _start(root: Path, config: str) -> tuple[cli_forked.ForkedProcess, Path]:
+    """``rlhf-lit fit --config <config>`` in a process of its own session (forked: tests/cli_forked.py);
+    stderr goes to a file."""
     log = root / "stderr.txt"
-    with open(log, "w") as stderr:
-        proc = subprocess.Popen([str(CLI), "fit", "--config", config], cwd=root, env=env, stdout=subprocess.DEVNULL,
-                                stderr=stderr, start_new_session=True)  # fmt: skip
+    proc = cli_forked.start(["fit", "--config", config], cwd=root, stdout=root / "stdout.txt", stderr=log,
+                            new_session=True)  # fmt: skip
     return proc, log
 
 
-def _signal_after_first_checkpoint(proc: subprocess.Popen, root: Path, signum: int) -> int:
+def _signal_after_first_checkpoint(proc: cli_forked.ForkedProcess, root: Path, signum: int) -> int:
     """Wait (at most 300 s) until the run's first ``last.ckpt`` exists, send ``signum`` to the
     process, and return its exit status (waiting at most 300 s more)."""
     deadline = time.monotonic() + 300
@@ -253,7 +251,7 @@ def test_under_ddp_a_sigterm_to_rank_0_alone_stops_both_ranks_after_the_same_rol
     from rank 0 at the end of the rollout, both write their part of the checkpoint and exit."""
     straight, stopped = tmp_path_factory.mktemp("straight-ddp"), tmp_path_factory.mktemp("stopped-ddp")
     _ppo(straight, stories_rm, processes=2, rollouts=4)  # after the first, 3 rollouts to be signalled in
-    done = rlhf_lit("fit", "--config", "ppo.yaml", cwd=straight)
+    done = rlhf_lit_forked("fit", "--config", "ppo.yaml", cwd=straight)
     assert done.returncode == 0, done.stderr[-3000:]
 
     _ppo(stopped, stories_rm, processes=2, rollouts=4)

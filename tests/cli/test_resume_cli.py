@@ -13,13 +13,13 @@ import subprocess
 import time
 from pathlib import Path
 
+import cli_forked
 import pytest
 import torch
 from cli_helpers import (
-    CLI, STORIES, TINYSTORIES, error_line, failure_tail, ppo_config, rlhf_lit, run_main, sft_config, unseeded,
+    STORIES, TINYSTORIES, error_line, failure_tail, ppo_config, rlhf_lit_forked, run_main, sft_config, unseeded,
     write_yaml,
 )  # fmt: skip
-from suite_env import subprocess_env
 
 ROLLOUTS = 6
 CONSTANT_LR = {"lr": 3.0e-4, "eps": 1.0e-5}  # a constant schedule: max_rollouts may grow on resume
@@ -55,9 +55,9 @@ def _assert_same_state(a: dict, b: dict, rollouts: int = ROLLOUTS, optimizers: i
 
 
 def _fit(strategy: str | None, *args: str, cwd: Path) -> subprocess.CompletedProcess:
-    """``rlhf-lit fit <args>``: in a subprocess under a strategy (ddp and fsdp2 need their own processes:
-    a launcher that re-runs the command, a process group), through main() in this process without one."""
-    return rlhf_lit("fit", *args, cwd=cwd) if strategy else run_main("fit", *args, cwd=cwd)
+    """``rlhf-lit fit <args>``: in a process of its own under a strategy (ddp and fsdp2 need one: a launcher
+    that re-runs the command, a process group), through main() in this process without one."""
+    return rlhf_lit_forked("fit", *args, cwd=cwd) if strategy else run_main("fit", *args, cwd=cwd)
 
 
 @pytest.mark.slow
@@ -77,8 +77,8 @@ def test_killed_mid_rollout_and_resumed_with_the_readme_command_equals_a_straigh
     assert len(list((straight / "logs").rglob("metrics.csv"))) == 1  # one log run, written by rank 0
 
     # Its own session: the kill reaches rank 1 too (Lightning's launcher starts it from rank 0).
-    proc = subprocess.Popen([str(CLI), "fit", "--config", str(killed / "ppo.yaml")], cwd=killed, env=subprocess_env(),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    proc = cli_forked.start(["fit", "--config", str(killed / "ppo.yaml")], cwd=killed, stdout=killed / "output.txt",
+                            new_session=True)  # fmt: skip
     deadline = time.monotonic() + 300
     third, last = killed / "ckpt" / "rollout=3.ckpt", killed / "ckpt" / "last.ckpt"
     # last.ckpt is replaced (atomically) after rollout=3.ckpt is written; rollout 4 starts then.
@@ -244,7 +244,7 @@ def test_an_sft_resume_with_other_trainer_settings_is_refused_and_an_unchanged_o
     step2 = next((tmp_path / "ckpt").glob("*step=2.ckpt"))
     assert _load(step2)["run_facts"]["trainer.precision"] == "32-true"
 
-    changed = rlhf_lit("fit", "--config", "sft.yaml", "--ckpt_path", str(step2), "--trainer.precision", "bf16-mixed",
+    changed = rlhf_lit_forked("fit", "--config", "sft.yaml", "--ckpt_path", str(step2), "--trainer.precision", "bf16-mixed",
                        "--trainer.accumulate_grad_batches", "2", "--trainer.max_steps", "6",
                        "--model.init_args.export_existing", "replace", cwd=tmp_path)  # fmt: skip
     assert changed.returncode == 1

@@ -7,12 +7,11 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import time
 from pathlib import Path
 
-from cli_helpers import CLI, TINYSTORIES, error_line, run_main, sft_config, write_yaml
-from suite_env import subprocess_env
+import cli_forked
+from cli_helpers import TINYSTORIES, error_line, run_main, sft_config, write_yaml
 
 from rlhf_lit.cli.run_lock import LOCK_NAME, RunLock, RunLocked
 
@@ -26,11 +25,11 @@ def _sft_in_run_dir(cwd: Path, max_steps: int) -> Path:
     return write_yaml(cwd / f"sft-{max_steps}.yaml", config)
 
 
-def _wait_for_holder(lock: Path, process: subprocess.Popen, timeout_s: float = 60.0) -> dict:
+def _wait_for_holder(lock: Path, process: cli_forked.ForkedProcess, stderr: Path, timeout_s: float = 60.0) -> dict:
     """The lock file's record once ``process`` has written it (the run then holds the lock)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        assert process.poll() is None, process.communicate()[1][-3000:]
+        assert process.poll() is None, stderr.read_text()[-3000:]
         try:
             about = json.loads(lock.read_text())
             if about.get("pid") == process.pid:
@@ -43,11 +42,11 @@ def _wait_for_holder(lock: Path, process: subprocess.Popen, timeout_s: float = 6
 
 def test_a_second_run_on_the_same_run_dir_and_stage_refuses_and_a_killed_run_leaves_no_stuck_lock(tmp_path):
     long_run = _sft_in_run_dir(tmp_path, max_steps=100000)  # runs until it is killed
-    first = subprocess.Popen([str(CLI), "fit", "--config", long_run.name, "--run_dir", RUN], cwd=tmp_path,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=subprocess_env())  # fmt: skip
+    first = cli_forked.start(["fit", "--config", long_run.name, "--run_dir", RUN], cwd=tmp_path,
+                             stdout=tmp_path / "first.out", stderr=tmp_path / "first.err")  # fmt: skip
     lock = tmp_path / RUN / "sft" / LOCK_NAME
     try:
-        about = _wait_for_holder(lock, first)
+        about = _wait_for_holder(lock, first, tmp_path / "first.err")
         second = run_main("fit", "--config", _sft_in_run_dir(tmp_path, max_steps=1).name, "--run_dir", RUN, cwd=tmp_path)
         assert second.returncode == 1
         line = error_line(second)
@@ -59,7 +58,7 @@ def test_a_second_run_on_the_same_run_dir_and_stage_refuses_and_a_killed_run_lea
         assert not (tmp_path / RUN / "sft" / "model").exists()
     finally:
         first.send_signal(signal.SIGKILL)  # no handler runs: the lock file stays, the kernel drops the lock
-        first.communicate()
+        first.wait()
     assert lock.exists()  # what a killed run leaves behind
     third = run_main("fit", "--config", _sft_in_run_dir(tmp_path, max_steps=1).name, "--run_dir", RUN, cwd=tmp_path)
     assert third.returncode == 0, third.stderr[-3000:]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 
 import torch
-from cli_helpers import STORIES, error_line, ppo_config, rlhf_lit, run_main, unseeded, write_yaml
+from cli_helpers import STORIES, error_line, ppo_config, rlhf_lit_forked, run_main, unseeded, write_yaml
 
 
 def _unseeded_config(root, rm) -> dict:
@@ -20,7 +20,7 @@ def test_seed_everything_changes_the_run_and_the_same_seed_repeats_it(tmp_path, 
     for name, seed in (("a", "11"), ("b", "12"), ("a_again", "11")):
         root = tmp_path / name
         write_yaml(root / "ppo.yaml", _unseeded_config(root, stories_rm))
-        result = rlhf_lit("fit", "--config", "ppo.yaml", "--seed_everything", seed, cwd=root)
+        result = rlhf_lit_forked("fit", "--config", "ppo.yaml", "--seed_everything", seed, cwd=root)
         assert result.returncode == 0, result.stderr[-3000:]
         exports[name] = hashlib.sha256((root / "export" / "model.safetensors").read_bytes()).hexdigest()
         checkpoints[name] = torch.load(root / "ckpt" / "last.ckpt", map_location="cpu", weights_only=True)

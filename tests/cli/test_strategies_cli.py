@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from cli_helpers import HH_RLHF, STORIES, TINYSTORIES, error_line, rlhf_lit, run_main, sft_config, write_yaml
+from cli_helpers import HH_RLHF, STORIES, TINYSTORIES, error_line, rlhf_lit_forked, run_main, sft_config, write_yaml
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
 
@@ -41,7 +41,7 @@ def test_two_processes_under_ddp_and_fsdp2_train_the_same_model(stage, tmp_path)
     for strategy in ("ddp", "fsdp2"):
         root = tmp_path / strategy
         write_yaml(root / "config.yaml", stage_config(stage, root, strategy))
-        result = rlhf_lit("fit", "--config", str(root / "config.yaml"), cwd=root)
+        result = rlhf_lit_forked("fit", "--config", str(root / "config.yaml"), cwd=root)
         assert result.returncode == 0, result.stderr[-3000:]
         assert result.stdout.count("[rlhf-lit] exported") == 1  # rank 0 only
         assert (root / "ckpt" / "last.ckpt").is_file()

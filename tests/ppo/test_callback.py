@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 from lightning.pytorch.loggers import TensorBoardLogger
 from ppo_helpers import prompt_batch, tiny_module, tiny_trainer
 from torch.utils.data import DataLoader

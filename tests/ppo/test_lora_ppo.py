@@ -4,7 +4,6 @@ really active in the update, the frozen models may live on the CPU / in bfloat16
 
 from __future__ import annotations
 
-import math
 
 import pytest
 import torch
@@ -19,7 +18,6 @@ from rlhf_lit.models.lora import LoRAConfig
 from rlhf_lit.models.memory import MemoryConfig
 from rlhf_lit.models.reference import AdapterDisabledReference, FrozenModelReference
 from rlhf_lit.stages.optim import OptimizerConfig
-from rlhf_lit.stages.ppo.config import PPOConfig
 
 PROMPTS = ["Once upon a time", "The cat sat", "Tom and his dog went to the park", "She was"]
 LORA = LoRAConfig(r=8, alpha=16.0)

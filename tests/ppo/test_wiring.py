@@ -8,7 +8,6 @@ EOS ids, the fp16 loss scale with two optimizers, and the KL units of the adapti
 from __future__ import annotations
 
 import json
-import math
 import shutil
 
 import pytest

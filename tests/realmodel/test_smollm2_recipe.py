@@ -1,18 +1,16 @@
 """The recipe configs/smollm2_hh/ runs as docs/recipes.md tells a user to run it: the reward model, DPO
 and PPO (its reward model the run's RM export) on SmolLM2-135M-Instruct and the shipped HH-RLHF
-harmless-base file, each ``rlhf-lit fit --config ... --run_dir ...`` in a subprocess, with a tiny budget
+harmless-base file, each ``rlhf-lit fit --config ... --run_dir ...`` in a process of its own, with a tiny budget
 on the command line. Every export keeps the model's ChatML template (the next stage and any
 ``rlhf-lit evaluate`` render prompts as training did)."""
 
 from __future__ import annotations
 
 import subprocess
-import sys
-from pathlib import Path
 
+import cli_forked
 import pytest
 from assets_paths import ROOT
-from suite_env import subprocess_env
 from transformers import AutoTokenizer
 
 pytestmark = [pytest.mark.slow, pytest.mark.realmodel]
@@ -31,14 +29,13 @@ TINY = {
 }  # fmt: skip
 MODEL_OPTION = {"reward_model": "--model.init_args.model", "dpo": "--model.init_args.model",
                 "ppo": "--model.init_args.sft_model"}  # fmt: skip
-CLI = Path(sys.executable).parent / "rlhf-lit"
 QUIET = ("--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false")
 
 
 def rlhf_lit(*args: str) -> subprocess.CompletedProcess:
-    """``rlhf-lit <args>`` in a subprocess from the checkout (the configs' relative paths), in the suite's environment."""
-    return subprocess.run([str(CLI), *args], cwd=ROOT, capture_output=True, text=True, timeout=600,
-                          env=subprocess_env())  # fmt: skip
+    """``rlhf-lit <args>`` from the checkout (the configs' relative paths), in a process of its own
+    (forked from this one: tests/cli_forked.py), in the suite's environment."""
+    return cli_forked.run(*args, cwd=ROOT)
 
 
 def test_the_recipe_trains_the_reward_model_dpo_and_ppo_on_the_real_model(smollm2_path, tmp_path):

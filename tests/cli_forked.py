@@ -1,0 +1,215 @@
+"""``rlhf-lit`` as a process of its own, forked from the test's process instead of started anew.
+
+A new process imports torch, Lightning and transformers again before it reads its first argument:
+about 7 s of CPU on the development machines, more than most of the short runs the suite starts. A
+fork of the test's process (which has imported them) costs nothing of that and is still a real
+process: its own pid and process group (or session), its own exit status, signals sent from
+outside, and a launcher that starts more processes: under ``ddp`` / ``fsdp2`` Lightning's launcher
+starts rank 1 from the fork as it does from the console script (``python <console script> <args>``,
+a new interpreter), so what is tested across ranks is untouched.
+
+The fork is made to look like a process just started by the console script (``from rlhf_lit.cli
+import main; sys.exit(main())``): ``sys.argv``, ``__main__`` (no spec, so Lightning's launcher
+re-runs the script), the environment of :func:`suite_env.subprocess_env`, the working directory,
+standard streams on the given files (stdin on ``/dev/null``), logging handlers on those streams,
+Python's default signal handlers and warnings filters, no exit handlers of the test's process (its
+temporary folders are its own), and the global switches :func:`cli_in_process.isolated_main_state`
+names. What a fork cannot reset is what a library read from the environment when it was imported
+(the Hugging Face offline flags, endpoint and cache): :func:`start` refuses an ``env`` that sets one,
+and a test that needs one starts the console script (``cli_helpers.rlhf_lit``). Tests whose point
+is the terminal output of a fresh interpreter (warnings printed once, progress bars) start it too.
+"""
+
+from __future__ import annotations
+
+import atexit
+import io
+import logging
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import types
+import warnings
+import weakref
+from pathlib import Path
+
+from suite_env import REMOVED, subprocess_env
+
+CLI = Path(sys.executable).parent / "rlhf-lit"
+READ_AT_IMPORT = tuple(name for name in REMOVED if name.startswith(("HF_", "TRANSFORMERS_", "HUGGING")))
+"""Variables the Hugging Face libraries read once, at import: a fork keeps the test process's values."""
+
+
+class ForkedProcess:
+    """A forked ``rlhf-lit`` process, with the part of :class:`subprocess.Popen` the tests use."""
+
+    def __init__(self, pid: int, args: list[str]):
+        self.pid, self.args, self.returncode = pid, args, None
+
+    def poll(self) -> int | None:
+        """The exit status once the process has ended (negative: killed by that signal), else None."""
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Wait for the exit status; :class:`subprocess.TimeoutExpired` after ``timeout`` seconds."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            time.sleep(0.02)
+        return self.returncode
+
+    def send_signal(self, signum: int) -> None:
+        """Send ``signum`` to the process (nothing once it has been reaped)."""
+        if self.returncode is None:
+            os.kill(self.pid, signum)
+
+    def kill(self) -> None:
+        """SIGKILL."""
+        self.send_signal(signal.SIGKILL)
+
+
+def _default_warnings() -> None:
+    """The warnings filters and printer a fresh interpreter starts with."""
+    warnings.resetwarnings()  # (also forgets which warnings were already shown: the registries' version moves)
+    for action, category, module in (("default", DeprecationWarning, "__main__"), ("ignore", DeprecationWarning, ""),
+                                     ("ignore", PendingDeprecationWarning, ""), ("ignore", ImportWarning, ""),
+                                     ("ignore", ResourceWarning, "")):  # fmt: skip
+        warnings.filterwarnings(action, category=category, module=module, append=True)
+    warnings.showwarning = warnings._showwarning_orig  # not pytest's recorder
+
+
+def _streams_on_fds(old: tuple[object, ...]) -> None:
+    """``sys.stdout`` / ``sys.stderr`` on file descriptors 1 and 2, and every logging handler that
+    wrote to a stream of the test's process writing to them instead (stdout's to stdout)."""
+    out = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8", write_through=True)
+    err = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8", errors="backslashreplace",
+                           write_through=True)  # fmt: skip
+    old_out = {id(stream) for stream in old[:2]}
+    sys.stdout = sys.__stdout__ = out
+    sys.stderr = sys.__stderr__ = err
+    loggers = [logging.getLogger()] + [v for v in logging.Logger.manager.loggerDict.values() if isinstance(v, logging.Logger)]
+    for logger in loggers:
+        for handler in logger.handlers:
+            if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
+                handler.setStream(out if id(handler.stream) in old_out else err)
+
+
+def _fresh_process(args: list[str], cwd: Path, env: dict[str, str] | None) -> None:
+    """Make this (forked) process look like ``rlhf-lit <args>`` just started in ``cwd`` with ``env``."""
+    # Exit handlers and weakref finalizers of the test's process are its own (its temporary folders).
+    atexit._clear()
+    for info in weakref.finalize._registry.values():  # noqa: SLF001
+        info.atexit = False
+    weakref.finalize._registered_with_atexit = False  # noqa: SLF001  (this process's own register again)
+    for signum in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP, signal.SIGALRM):
+        signal.signal(signum, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_SETMASK, set())
+    _default_warnings()
+    os.environ.clear()
+    os.environ.update(subprocess_env(env))
+    os.chdir(cwd)
+    sys.argv = [str(CLI), *args]
+    main_module = types.ModuleType("__main__")
+    main_module.__file__, main_module.__spec__ = str(CLI), None  # Lightning re-runs `python <argv[0]> <args>`
+    sys.modules["__main__"] = main_module
+
+    import numpy as np
+    import torch
+    from transformers.utils import logging as hf_logging
+
+    import rlhf_lit.cli
+    from rlhf_lit.sources import _hub_reachable
+
+    rlhf_lit.cli._debug = False  # noqa: SLF001
+    hf_logging.enable_progress_bar()
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    torch.set_default_dtype(torch.float32)
+    torch.seed()
+    np.random.seed()
+    random.seed()
+    _hub_reachable.cache_clear()
+
+
+def _child(args: list[str], cwd: Path, env: dict[str, str] | None, stdout: int, stderr: int, new_session: bool):
+    """The forked process: never returns."""
+    status = 1
+    try:
+        if new_session:
+            os.setsid()
+        old = (sys.stdout, sys.__stdout__, sys.stderr, sys.__stderr__)
+        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+        os.dup2(stdout, 1)
+        os.dup2(stderr, 2)
+        _streams_on_fds(old)
+        _fresh_process(args, cwd, env)
+        from rlhf_lit.cli import main
+
+        try:
+            returned = main()
+            status = returned if isinstance(returned, int) else 0
+        except SystemExit as done:  # what the interpreter makes of sys.exit(...)
+            if done.code is None or isinstance(done.code, int):
+                status = done.code or 0
+            else:
+                print(done.code, file=sys.stderr)
+                status = 1
+        except BaseException:  # noqa: BLE001  (an uncaught exception: traceback, status 1)
+            traceback.print_exc()
+            status = 1
+        atexit._run_exitfuncs()  # the handlers this run registered
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except BaseException:  # noqa: BLE001
+        try:
+            traceback.print_exc()
+        finally:
+            os._exit(1)
+    os._exit(status)
+
+
+def start(args: list[str], *, cwd: Path, stdout: Path, stderr: Path | None = None, env: dict[str, str] | None = None,
+          new_session: bool = False) -> ForkedProcess:  # fmt: skip
+    """``rlhf-lit <args>`` in a forked process, its stdout (and stderr, or into ``stdout``) written to
+    files; ``new_session``: its own session and process group (``os.killpg(proc.pid, ...)``)."""
+    read_at_import = sorted(set(env or {}) & set(READ_AT_IMPORT))
+    if read_at_import:
+        raise ValueError(f"{read_at_import} are read at import: start the console script (cli_helpers.rlhf_lit)")
+    out_fd = os.open(stdout, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    err_fd = out_fd if stderr is None else os.open(stderr, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        _child(list(args), Path(cwd), env, out_fd, err_fd, new_session)
+    os.close(out_fd)
+    if err_fd != out_fd:
+        os.close(err_fd)
+    return ForkedProcess(pid, [str(CLI), *args])
+
+
+def run(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
+    """``rlhf-lit <args>`` in a forked process (:func:`start`) until it ends: what
+    ``cli_helpers.rlhf_lit`` returns (the exit status, stdout, stderr)."""
+    with tempfile.TemporaryDirectory(prefix="rlhf-lit-fork-") as folder:
+        out, err = Path(folder, "stdout"), Path(folder, "stderr")
+        proc = start(list(args), cwd=cwd, stdout=out, stderr=err, env=env)
+        try:
+            status = proc.wait(timeout)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        return subprocess.CompletedProcess([str(CLI), *args], status, out.read_text(errors="replace"),
+                                           err.read_text(errors="replace"))  # fmt: skip
