@@ -27,6 +27,7 @@ import io
 import logging
 import os
 import random
+import runpy
 import signal
 import subprocess
 import sys
@@ -36,11 +37,14 @@ import traceback
 import types
 import warnings
 import weakref
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 from suite_env import REMOVED, subprocess_env
 
 CLI = Path(sys.executable).parent / "rlhf-lit"
+_REAL_POPEN = subprocess.Popen
 READ_AT_IMPORT = tuple(name for name in REMOVED if name.startswith(("HF_", "TRANSFORMERS_", "HUGGING")))
 """Variables the Hugging Face libraries read once, at import: a fork keeps the test process's values."""
 
@@ -104,8 +108,8 @@ def _streams_on_fds(old: tuple[object, ...]) -> None:
                 handler.setStream(out if id(handler.stream) in old_out else err)
 
 
-def _fresh_process(args: list[str], cwd: Path, env: dict[str, str] | None) -> None:
-    """Make this (forked) process look like ``rlhf-lit <args>`` just started in ``cwd`` with ``env``."""
+def _fresh_process(argv: list[str], cwd: Path, environ: dict[str, str]) -> None:
+    """Make this (forked) process look like one just started with ``argv`` in ``cwd`` with ``environ``."""
     # Exit handlers and weakref finalizers of the test's process are its own (its temporary folders).
     atexit._clear()
     for info in weakref.finalize._registry.values():  # noqa: SLF001
@@ -118,11 +122,11 @@ def _fresh_process(args: list[str], cwd: Path, env: dict[str, str] | None) -> No
     signal.pthread_sigmask(signal.SIG_SETMASK, set())
     _default_warnings()
     os.environ.clear()
-    os.environ.update(subprocess_env(env))
+    os.environ.update(environ)
     os.chdir(cwd)
-    sys.argv = [str(CLI), *args]
+    sys.argv = list(argv)
     main_module = types.ModuleType("__main__")
-    main_module.__file__, main_module.__spec__ = str(CLI), None  # Lightning re-runs `python <argv[0]> <args>`
+    main_module.__file__, main_module.__spec__ = argv[0], None  # Lightning re-runs `python <argv[0]> <args>`
     sys.modules["__main__"] = main_module
 
     import numpy as np
@@ -134,7 +138,7 @@ def _fresh_process(args: list[str], cwd: Path, env: dict[str, str] | None) -> No
 
     rlhf_lit.cli._debug = False  # noqa: SLF001
     hf_logging.enable_progress_bar()
-    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     torch.set_default_dtype(torch.float32)
     torch.seed()
     np.random.seed()
@@ -142,8 +146,35 @@ def _fresh_process(args: list[str], cwd: Path, env: dict[str, str] | None) -> No
     _hub_reachable.cache_clear()
 
 
-def _child(args: list[str], cwd: Path, env: dict[str, str] | None, stdout: int, stderr: int, new_session: bool):
-    """The forked process: never returns."""
+def _run_module(module: str) -> object:
+    """``python -m <module>``: its code run anew as ``__main__`` (not the test process's imported copy)."""
+    sys.modules.pop(module, None)
+    return runpy.run_module(module, run_name="__main__", alter_sys=True)
+
+
+def _exit_status(entry: Callable[[], object]) -> int:
+    """What the interpreter's exit status would be after running ``entry``."""
+    try:
+        returned = entry()
+        return returned if isinstance(returned, int) else 0
+    except SystemExit as done:  # what the interpreter makes of sys.exit(...)
+        if done.code is None or isinstance(done.code, int):
+            return done.code or 0
+        print(done.code, file=sys.stderr)
+        return 1
+    except BaseException:  # noqa: BLE001  (an uncaught exception: traceback, status 1)
+        traceback.print_exc()
+        return 1
+
+
+def _fork(entry: Callable[[], object], argv: list[str], cwd: Path, environ: dict[str, str], stdout: int, stderr: int,
+          new_session: bool, fork_children: bool) -> ForkedProcess:  # fmt: skip
+    """Fork; the child becomes a fresh process (:func:`_fresh_process`) running ``entry`` and exits."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid:
+        return ForkedProcess(pid, argv)
     status = 1
     try:
         if new_session:
@@ -153,21 +184,10 @@ def _child(args: list[str], cwd: Path, env: dict[str, str] | None, stdout: int, 
         os.dup2(stdout, 1)
         os.dup2(stderr, 2)
         _streams_on_fds(old)
-        _fresh_process(args, cwd, env)
-        from rlhf_lit.cli import main
-
-        try:
-            returned = main()
-            status = returned if isinstance(returned, int) else 0
-        except SystemExit as done:  # what the interpreter makes of sys.exit(...)
-            if done.code is None or isinstance(done.code, int):
-                status = done.code or 0
-            else:
-                print(done.code, file=sys.stderr)
-                status = 1
-        except BaseException:  # noqa: BLE001  (an uncaught exception: traceback, status 1)
-            traceback.print_exc()
-            status = 1
+        _fresh_process(argv, cwd, environ)
+        if fork_children:
+            subprocess.Popen = ForkingPopen  # `python -m <module>` children forked too (subprocess.run included)
+        status = _exit_status(entry)
         atexit._run_exitfuncs()  # the handlers this run registered
         sys.stdout.flush()
         sys.stderr.flush()
@@ -179,24 +199,64 @@ def _child(args: list[str], cwd: Path, env: dict[str, str] | None, stdout: int, 
     os._exit(status)
 
 
+def _refuse_read_at_import(env: dict[str, str] | None) -> None:
+    read_at_import = sorted(set(env or {}) & set(READ_AT_IMPORT))
+    if read_at_import:
+        raise ValueError(f"{read_at_import} are read at import: start the console script (cli_helpers.rlhf_lit)")
+
+
+def _console_script() -> object:
+    from rlhf_lit.cli import main
+
+    return main()
+
+
+def _output_fds(stdout: Path, stderr: Path | None) -> tuple[int, int]:
+    out_fd = os.open(stdout, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    err_fd = out_fd if stderr is None else os.open(stderr, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    return out_fd, err_fd
+
+
+def _close(*fds: int) -> None:
+    for fd in set(fds):
+        os.close(fd)
+
+
 def start(args: list[str], *, cwd: Path, stdout: Path, stderr: Path | None = None, env: dict[str, str] | None = None,
           new_session: bool = False) -> ForkedProcess:  # fmt: skip
     """``rlhf-lit <args>`` in a forked process, its stdout (and stderr, or into ``stdout``) written to
     files; ``new_session``: its own session and process group (``os.killpg(proc.pid, ...)``)."""
-    read_at_import = sorted(set(env or {}) & set(READ_AT_IMPORT))
-    if read_at_import:
-        raise ValueError(f"{read_at_import} are read at import: start the console script (cli_helpers.rlhf_lit)")
-    out_fd = os.open(stdout, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    err_fd = out_fd if stderr is None else os.open(stderr, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    pid = os.fork()
-    if pid == 0:
-        _child(list(args), Path(cwd), env, out_fd, err_fd, new_session)
-    os.close(out_fd)
-    if err_fd != out_fd:
-        os.close(err_fd)
-    return ForkedProcess(pid, [str(CLI), *args])
+    _refuse_read_at_import(env)
+    out_fd, err_fd = _output_fds(stdout, stderr)
+    try:
+        return _fork(_console_script, [str(CLI), *args], Path(cwd), subprocess_env(env), out_fd, err_fd, new_session,
+                     fork_children=False)  # fmt: skip
+    finally:
+        _close(out_fd, err_fd)
+
+
+def start_module(module: str, args: list[str], *, cwd: Path, stdout: Path, stderr: Path | None = None,
+                 env: dict[str, str] | None = None) -> ForkedProcess:  # fmt: skip
+    """``python -m <module> <args>`` in a forked process (output as :func:`start`); the processes it
+    starts as ``python -m <module> ...`` (the demo's stages: ``rlhf_lit.cli``, ``demo ...``) are forked
+    from it in turn (:class:`ForkingPopen`)."""
+    _refuse_read_at_import(env)
+    out_fd, err_fd = _output_fds(stdout, stderr)
+    try:
+        return _fork(partial(_run_module, module), [module, *args],
+                     Path(cwd), subprocess_env(env), out_fd, err_fd, False, fork_children=True)  # fmt: skip
+    finally:
+        _close(out_fd, err_fd)
+
+
+def _completed(proc: ForkedProcess, out: Path, err: Path, timeout: int) -> subprocess.CompletedProcess:
+    try:
+        status = proc.wait(timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return subprocess.CompletedProcess(proc.args, status, out.read_text(errors="replace"), err.read_text(errors="replace"))
 
 
 def run(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
@@ -204,12 +264,62 @@ def run(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: int =
     ``cli_helpers.rlhf_lit`` returns (the exit status, stdout, stderr)."""
     with tempfile.TemporaryDirectory(prefix="rlhf-lit-fork-") as folder:
         out, err = Path(folder, "stdout"), Path(folder, "stderr")
-        proc = start(list(args), cwd=cwd, stdout=out, stderr=err, env=env)
-        try:
-            status = proc.wait(timeout)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-        return subprocess.CompletedProcess([str(CLI), *args], status, out.read_text(errors="replace"),
-                                           err.read_text(errors="replace"))  # fmt: skip
+        return _completed(start(list(args), cwd=cwd, stdout=out, stderr=err, env=env), out, err, timeout)
+
+
+def run_module(module: str, *args: str, cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess:
+    """``python -m <module> <args>`` in a forked process (:func:`start_module`) until it ends."""
+    with tempfile.TemporaryDirectory(prefix="rlhf-lit-fork-") as folder:
+        out, err = Path(folder, "stdout"), Path(folder, "stderr")
+        return _completed(start_module(module, list(args), cwd=cwd, stdout=out, stderr=err), out, err, timeout)
+
+
+class ForkingPopen(subprocess.Popen):
+    """:class:`subprocess.Popen` inside a :func:`start_module` process: a ``[sys.executable, "-m",
+    module, ...]`` command whose output goes to files (or is inherited) is forked from this process
+    (a fresh one, as :func:`start` makes it, with the command's environment); anything else (pipes,
+    another program, a changed variable the libraries read at import) is started as usual."""
+
+    def __new__(cls, cmd, *args, **kwargs):  # noqa: D102
+        if _forkable(cmd, args, kwargs):
+            return _ForkedChild(cmd, **kwargs)
+        return _REAL_POPEN(cmd, *args, **kwargs)
+
+
+def _forkable(cmd, args: tuple, kwargs: dict) -> bool:
+    if args or not isinstance(cmd, (list, tuple)) or list(cmd[:2]) != [sys.executable, "-m"] or len(cmd) < 3:
+        return False
+    stdout, stderr = kwargs.get("stdout"), kwargs.get("stderr")
+    if subprocess.PIPE in (stdout, stderr) or kwargs.get("stdin") is not None or kwargs.get("input") is not None:
+        return False
+    if set(kwargs) - {"stdout", "stderr", "env", "cwd", "text", "encoding", "errors"}:
+        return False
+    environ = kwargs.get("env") or os.environ
+    return all(environ.get(name) == os.environ.get(name) for name in READ_AT_IMPORT)
+
+
+class _ForkedChild(ForkedProcess):
+    """A forked ``python -m <module>`` child with what :mod:`subprocess` and the demo's runner use."""
+
+    def __init__(self, cmd, stdout=None, stderr=None, env=None, cwd=None, **_text_options):
+        out = 1 if stdout is None else (stdout if isinstance(stdout, int) else stdout.fileno())
+        err = out if stderr == subprocess.STDOUT else (2 if stderr is None else
+                                                       (stderr if isinstance(stderr, int) else stderr.fileno()))  # fmt: skip
+        module, args = cmd[2], list(cmd[3:])
+        proc = _fork(partial(_run_module, module), [module, *args],
+                     Path(cwd or os.getcwd()), dict(env if env is not None else os.environ), out, err, False,
+                     fork_children=True)  # fmt: skip
+        super().__init__(proc.pid, list(cmd))
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def communicate(self, input=None, timeout=None):  # noqa: A002
+        self.wait(timeout)
+        return None, None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.wait()

@@ -125,7 +125,7 @@ def test_errors_before_any_model_is_loaded(tmp_path, stories_path, monkeypatch, 
     for command, argv, status, message in cases:
         assert run_command(command, argv) == status, (command, argv)
         err = capsys.readouterr().err
-        assert err.startswith(f"rlhf-lit: error: ") and message in err, err
+        assert err.startswith("rlhf-lit: error: ") and message in err, err
         assert "Traceback" not in err
     with pytest.raises(ValueError, match="no module"):  # --debug: the error itself, for its traceback
         run_command("evaluate", [*base, "--judge", "no_such_module:judge"], debug=True)

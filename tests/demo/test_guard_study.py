@@ -7,12 +7,11 @@ import json
 import math
 import os
 import subprocess
-import sys
 
+import cli_forked
 import pytest
 from assets_paths import STORIES260K, TINYSTORIES
 from cli_in_process import run_entry
-from suite_env import subprocess_env
 
 from demo.guard_report import markdown, summarise
 from demo.guard_study import MARKER, RUN_MARKER, fired, relabel, rm_steps
@@ -98,9 +97,9 @@ TINY = ("--seeds", "0", "--rollouts", "4", "--held-out-every", "1", "--held-out-
 
 
 def _guard(*args: str, cwd) -> subprocess.CompletedProcess:
-    """``python -m demo guard <args>`` in a subprocess, as a user runs it."""
-    return subprocess.run([sys.executable, "-m", "demo", "guard", *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=600, env=subprocess_env())  # fmt: skip
+    """``python -m demo guard <args>`` in a process of its own, as a user runs it (its runs forked from
+    it: tests/cli_forked.py)."""
+    return cli_forked.run_module("demo", "guard", *args, cwd=cwd)
 
 
 @pytest.mark.slow

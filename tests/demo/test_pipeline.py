@@ -8,9 +8,9 @@ import sys
 import time
 from pathlib import Path
 
+import cli_forked
 import pytest
 import torch
-from suite_env import subprocess_env
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
 from rlhf_lit.models.checkpoint_policy import load_checkpoint_policy
@@ -22,11 +22,10 @@ EVAL_METRICS = ("judge_mean", "judge_std", "kl_mean", "kl_std", "distinct_1", "d
 
 
 def _pipeline(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
-    # Run from tmp_path, not the project root: the pipeline must find its configs and assets itself.
-    return subprocess.run(
-        [sys.executable, "-m", "demo.pipeline", *args],
-        cwd=tmp_path, capture_output=True, text=True, timeout=600, env=subprocess_env(),
-    )
+    """``python -m demo.pipeline <args>`` in a process of its own, its stages forked from it
+    (tests/cli_forked.py). Run from tmp_path, not the project root: the pipeline must find its
+    configs and assets itself."""
+    return cli_forked.run_module("demo.pipeline", *args, cwd=tmp_path)
 
 
 @pytest.mark.slow
@@ -98,12 +97,10 @@ def test_tiny_pipeline_runs_every_stage_and_leaves_models_evals_and_report(tmp_p
     # `rlhf-lit evaluate` on the demo's exported models, as a user runs it: its JSON has every metric.
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("".join(f"{s['prompt']}\n" for s in evals["ppo"]["samples"][:4]))
-    evaluated = subprocess.run(
-        [str(Path(sys.executable).parent / "rlhf-lit"), "evaluate", "--policy", str(out / "ppo" / "model"),
-         "--reference", str(out / "sft" / "model"), "--reward-model", str(out / "reward_model" / "model"),
-         "--judge", "rlhf_lit.evaluation.judges:vader", "--prompts", str(prompts), "--max-new-tokens", "16",
-         "--out", str(tmp_path / "evaluate.json")],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300, env=subprocess_env(),
+    evaluated = cli_forked.run(
+        "evaluate", "--policy", str(out / "ppo" / "model"), "--reference", str(out / "sft" / "model"),
+        "--reward-model", str(out / "reward_model" / "model"), "--judge", "rlhf_lit.evaluation.judges:vader",
+        "--prompts", str(prompts), "--max-new-tokens", "16", "--out", str(tmp_path / "evaluate.json"), cwd=tmp_path,
     )  # fmt: skip
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     metrics = json.loads((tmp_path / "evaluate.json").read_text())["metrics"]

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
+import cli_forked
 import pytest
-from suite_env import subprocess_env
 
 from demo.rm_study import MARKER, RUN_MARKER, Run, claim, fit_command, heldout_sets, run_one, train_records
 from demo.rm_study_report import markdown, summarise
@@ -113,9 +112,9 @@ def test_folder_rules(tmp_path):
 
 
 def _study(*args: str, cwd) -> subprocess.CompletedProcess:
-    """``python -m demo rm-study <args>`` in a subprocess, as a user runs it."""
-    return subprocess.run([sys.executable, "-m", "demo", "rm-study", *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=600, env=subprocess_env())  # fmt: skip
+    """``python -m demo rm-study <args>`` in a process of its own, as a user runs it (its runs forked
+    from it: tests/cli_forked.py)."""
+    return cli_forked.run_module("demo", "rm-study", *args, cwd=cwd)
 
 
 @pytest.mark.slow

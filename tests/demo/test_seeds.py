@@ -5,11 +5,10 @@ from __future__ import annotations
 import argparse
 import math
 import subprocess
-import sys
 
+import cli_forked
 import pytest
 from cli_in_process import run_entry
-from suite_env import subprocess_env
 
 from demo.runner import seed_overrides
 from demo.seeds import MARKER, RUN_MARKER, Evaluation, Job, claim, parse_variant, plan, run_job
@@ -132,9 +131,9 @@ def test_an_unfinished_run_folder_is_cleared_only_when_this_command_started_it(t
 
 
 def _seeds(*args: str, cwd) -> subprocess.CompletedProcess:
-    """``python -m demo seeds <args>`` in a subprocess, as a user runs it."""
-    return subprocess.run([sys.executable, "-m", "demo", "seeds", *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=300, env=subprocess_env())  # fmt: skip
+    """``python -m demo seeds <args>`` in a process of its own, as a user runs it (its runs forked from
+    it: tests/cli_forked.py)."""
+    return cli_forked.run_module("demo", "seeds", *args, cwd=cwd, timeout=300)
 
 
 def _seeds_in_process(*args: str, cwd) -> subprocess.CompletedProcess:

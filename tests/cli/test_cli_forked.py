@@ -1,0 +1,65 @@
+"""The forked ``rlhf-lit`` of tests/cli_forked.py is a process as the console script starts one: its
+own exit status and output, stdin on /dev/null, Python's default signal handling, none of the test
+process's exit handlers, and a refusal of what a fork cannot reset."""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import time
+
+import cli_forked
+import pytest
+from cli_helpers import error_line, rlhf_lit
+
+
+def test_an_option_error_reads_as_the_console_scripts(tmp_path):
+    forked = cli_forked.run("fit", "--no-such-option", "1", cwd=tmp_path)
+    real = rlhf_lit("fit", "--no-such-option", "1", cwd=tmp_path)
+    assert forked.returncode == real.returncode == 2
+    assert error_line(forked) == error_line(real) and "--no-such-option" in error_line(forked)
+    assert forked.stdout == real.stdout
+
+
+def test_the_fork_starts_clean_and_leaves_the_test_process_alone(tmp_path):
+    marker = tmp_path / "parent-exit-handler-ran"
+    atexit.register(marker.write_text, "x")  # the test process's own: a fork must not run it
+    try:
+        help_run = cli_forked.start(["fit", "--help"], cwd=tmp_path, stdout=tmp_path / "out", stderr=tmp_path / "err")
+        assert help_run.wait(60) == 0
+        # stdin is /dev/null, not the test process's: an empty config, refused at once
+        from_stdin = cli_forked.start(["fit", "--config", "/dev/stdin"], cwd=tmp_path, stdout=tmp_path / "out2")
+        assert from_stdin.wait(60) != 0
+    finally:
+        atexit.unregister(marker.write_text)
+    assert "usage:" in (tmp_path / "out").read_text() and not marker.exists()
+    assert os.getcwd() != str(tmp_path)  # the fork's chdir is its own
+
+
+def test_sigterm_has_its_default_action_in_the_fork_whatever_the_test_process_installed(tmp_path):
+    fifo = tmp_path / "config.yaml"
+    os.mkfifo(fifo)  # opening the config blocks until a writer comes: the run waits in its parser
+    before = signal.signal(signal.SIGTERM, lambda *_: None)  # a handler a fresh process would not have
+    writer = None
+    try:
+        proc = cli_forked.start(["fit", "--config", str(fifo)], cwd=tmp_path, stdout=tmp_path / "out")
+        for _ in range(3000):  # the fork's open() of the config is waiting once a writer can open it
+            try:
+                writer = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+                break
+            except OSError:
+                assert proc.poll() is None, (tmp_path / "out").read_text()
+                time.sleep(0.02)
+        assert writer is not None, "the fork never opened its config"
+        proc.send_signal(signal.SIGTERM)  # the fork now blocks reading a config nobody writes
+        assert proc.wait(60) == -signal.SIGTERM  # the default action, as in a fresh interpreter
+    finally:
+        signal.signal(signal.SIGTERM, before)
+        if writer is not None:
+            os.close(writer)
+
+
+def test_a_variable_read_at_import_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="HF_HUB_OFFLINE"):
+        cli_forked.start(["fit", "--help"], cwd=tmp_path, stdout=tmp_path / "out", env={"HF_HUB_OFFLINE": "1"})
