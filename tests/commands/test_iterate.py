@@ -1,0 +1,254 @@
+"""``rlhf-lit iterate``: the loop's data, its typed choices, labels from files, early errors, resuming.
+
+Most tests swap the stage runner (``iterate_command.run_fit``) for :class:`FakeFits`, which records each
+``rlhf-lit fit`` command line and writes a stand-in export (a copy of a tiny model with the export marker):
+the loop's own decisions are checked in a second or two, without training. Two tests run the real stages
+in this process (``rlhf_lit.cli.main`` through ``run_main``), 1-2 steps each: the loop end to end, and a
+kill in the middle of a fit that a rerun finishes with the same export.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from assets_paths import CONFIGS, ROOT, STORIES260K, TINYSTORIES
+from cli_in_process import run_main
+
+from rlhf_lit.artifacts import EXPORT_MARKER
+from rlhf_lit.commands import iterate_command
+from rlhf_lit.commands.iterate_config import IterateConfig, read_config
+
+JUDGE = "test_iterate:length_judge"
+
+
+def length_judge(texts):
+    """A deterministic judge: longer is better (the tiny policy's responses differ in length)."""
+    return [float(len(t)) for t in texts]
+
+
+# ------------------------------------------------------------------------------------------ set-up
+
+
+@pytest.fixture(scope="module")
+def tiny_rm(tmp_path_factory) -> Path:
+    """A stories260K reward model (random head) with the policy's tokenizer: the fake reward-model export."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    path = tmp_path_factory.mktemp("rm")
+    torch.manual_seed(0)
+    AutoModelForSequenceClassification.from_pretrained(str(STORIES260K), num_labels=1).save_pretrained(path)
+    AutoTokenizer.from_pretrained(str(STORIES260K)).save_pretrained(path)
+    return path
+
+
+class FakeFits:
+    """A stand-in for ``rlhf-lit fit``: records the arguments, copies a tiny model to the stage's export."""
+
+    def __init__(self, rm: Path, kill_at: tuple[int, str] | None = None) -> None:
+        self.rm, self.kill_at, self.calls = rm, kill_at, []
+
+    def __call__(self, args: list[str], log_path: str) -> int:
+        options = dict(zip(args[1::2], args[2::2]))  # ["fit", "--config", X, ...]: option -> value
+        stage = "reward_model" if "--model.init_args.model" in options else "ppo"
+        t = int(Path(options["--run_dir"]).name.split("_")[1])
+        self.calls.append((t, stage, options))
+        export = Path(options["--run_dir"]) / stage / "model"
+        if self.kill_at == (t, stage):  # killed mid-fit: a checkpoint folder and a half-filled temporary export
+            (export.parent / "version_0" / "checkpoints").mkdir(parents=True, exist_ok=True)
+            (export.parent / ".model.tmp-killed").mkdir(parents=True, exist_ok=True)
+            raise RuntimeError(f"killed during the {stage} fit of iteration {t}")
+        shutil.copytree(self.rm if stage == "reward_model" else STORIES260K, export)
+        (export / EXPORT_MARKER).write_text("{}", encoding="utf-8")
+        Path(log_path).write_text("fake fit\n", encoding="utf-8")
+        return 0
+
+    def starts(self, t: int, stage: str) -> str:
+        """The model the stage of iteration t started from (the RM's ``model``, PPO's ``sft_model``)."""
+        key = "--model.init_args.model" if stage == "reward_model" else "--model.init_args.sft_model"
+        return next(options[key] for (i, s, options) in self.calls if (i, s) == (t, stage))
+
+
+def loop_config(tmp_path: Path, **groups) -> Path:
+    """A tiny loop config in ``tmp_path`` (4 fresh prompts x 3 responses per iteration), groups overridden."""
+    config = {
+        "run_dir": str(tmp_path / "run"), "iterations": 2, "seed": 3, "sft_model": str(STORIES260K),
+        "prompts": {"path": str(TINYSTORIES), "skip": 1000, "words": 6, "held_out": 2, "per_iteration": 4},
+        "sampling": {"responses_per_prompt": 3, "max_new_tokens": 6, "batch_size": 16},
+        "labeler": {"kind": "judge", "source": JUDGE},
+        "reward_model": {"config": str(CONFIGS / "offline/iterate/reward_model.yaml"), "held_out_fraction": 0.25},
+        "ppo": {"config": str(CONFIGS / "offline/iterate/ppo.yaml")},
+    }  # fmt: skip
+    for group, values in groups.items():
+        config[group] = {**config.get(group, {}), **values} if isinstance(values, dict) else values
+    path = tmp_path / "iterate.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def iterate(config: Path, runner, monkeypatch, cwd: Path):
+    """``rlhf-lit iterate --config <config>`` in this process with ``runner`` as the fits."""
+    monkeypatch.setattr(iterate_command, "run_fit", runner)
+    return run_main("iterate", "--config", str(config), cwd=cwd)
+
+
+def jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def labels(run: Path, t: int) -> dict:
+    return json.loads((run / f"iter_{t}" / "labels.json").read_text(encoding="utf-8"))
+
+
+def error_line(result) -> str:
+    lines = [line for line in result.stderr.splitlines() if line.startswith("rlhf-lit: error:")]
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    return lines[0]
+
+
+# ---------------------------------------------------------------------------- the loop's decisions
+
+
+@pytest.mark.parametrize("data", ["all", "latest"])
+def test_reward_data_accumulates_as_configured(tmp_path, monkeypatch, tiny_rm, data):
+    fits = FakeFits(tiny_rm)
+    result = iterate(loop_config(tmp_path, reward_model={"data": data}), fits, monkeypatch, tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = tmp_path / "run"
+    first, second = labels(run, 1), labels(run, 2)
+    # By hand: 4 prompts an iteration, a quarter (1) held out; the rest trains.
+    assert (len(first["train"]), len(first["held_out"])) == (3, 1)
+    assert {r["iteration"] for r in first["train"]} == {1} and {r["iteration"] for r in second["train"]} == {2}
+    assert jsonl(run / "iter_1" / "reward_data.jsonl") == first["train"]
+    expected = first["train"] + second["train"] if data == "all" else second["train"]
+    assert jsonl(run / "iter_2" / "reward_data.jsonl") == expected
+    # the reward-model fit reads that file, as rankings records
+    options = next(o for (t, s, o) in fits.calls if (t, s) == (2, "reward_model"))
+    assert options["--data.init_args.train_path"] == str(run / "iter_2" / "reward_data.jsonl")
+    assert options["--data.init_args.format"] == "rankings"
+    # a ranking: best first by the judge (longer), its ranks dense
+    for record in first["train"]:
+        assert record["scores"] == sorted(record["scores"], reverse=True)
+        assert record["ranks"][0] == 0 and record["ranks"] == sorted(record["ranks"])
+    summary = json.loads((run / "summary.json").read_text(encoding="utf-8"))
+    assert [row["iteration"] for row in summary["rows"]] == [0, 1, 2]
+    assert summary["rows"][2]["rm_train_records"] == len(expected)
+    assert summary["rows"][2]["rm_acc_before"] is not None and summary["rows"][1]["rm_acc_before"] is None
+    assert (run / "summary.csv").read_text(encoding="utf-8").startswith("iteration,labelled_prompts,")
+
+
+@pytest.mark.parametrize(("group", "value"), [("reward_model", "previous"), ("reward_model", "sft"),
+                                              ("ppo", "restart"), ("ppo", "continue")])  # fmt: skip
+def test_each_start_choice_starts_where_it_says(tmp_path, monkeypatch, tiny_rm, group, value):
+    fits = FakeFits(tiny_rm)
+    key = "init" if group == "reward_model" else "start"
+    result = iterate(loop_config(tmp_path, **{group: {key: value}}), fits, monkeypatch, tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = tmp_path / "run"
+    assert fits.starts(1, group) == str(STORIES260K)  # iteration 1 starts from the SFT model either way
+    previous = str(run / "iter_1" / group / "model")
+    assert fits.starts(2, group) == (previous if value in ("previous", "continue") else str(STORIES260K))
+    if group == "ppo":  # the policy iteration 2 samples is iteration 1's PPO export, whichever the start
+        assert fits.starts(2, "reward_model") == str(run / "iter_1" / "reward_model" / "model")
+
+
+def test_the_default_policy_start_is_restart_from_sft():
+    assert IterateConfig().ppo.start == "restart"  # Wolf, Kirk and Musolesi 2025: the robust choice
+
+
+def test_the_shipped_loop_config_reads():
+    config = read_config(str(CONFIGS / "offline" / "iterate.yaml"))
+    assert config.iterations >= 2 and config.labeler.kind == "judge"
+
+
+def test_labels_from_files_of_either_shape(tmp_path, monkeypatch, tiny_rm):
+    (tmp_path / "labels").mkdir()
+    pairs = [{"prompt": f"Tom went to the {w}", "chosen": "park and smiled.", "rejected": "rain."} for w in "abcd"]
+    rankings = [{"prompt": "Sue had a cat", "responses": ["x y", "z", "w v u"], "ranks": [0, 1, 1]},
+                {"prompt": "The sun was", "responses": ["hot.", "up."]}]  # fmt: skip
+    (tmp_path / "labels" / "iter_1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in pairs), encoding="utf-8")
+    (tmp_path / "labels" / "iter_2.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rankings), encoding="utf-8")
+    config = loop_config(tmp_path, labeler={"kind": "file", "source": str(tmp_path / "labels" / "iter_{t}.jsonl")},
+                         evaluation={"judge": JUDGE})  # fmt: skip
+    result = iterate(config, FakeFits(tiny_rm), monkeypatch, tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    first, second = labels(tmp_path / "run", 1), labels(tmp_path / "run", 2)
+    assert sorted(r["prompt"] for r in first["train"] + first["held_out"]) == sorted(r["prompt"] for r in pairs)
+    assert all(r["responses"] == ["park and smiled.", "rain."] and r["ranks"] == [0, 1] for r in first["train"])
+    got = {r["prompt"]: r for r in second["train"] + second["held_out"]}
+    assert got["Sue had a cat"]["ranks"] == [0, 1, 1] and got["The sun was"]["ranks"] == [0, 1]  # ties kept
+
+
+def test_a_missing_labels_file_asks_for_it_after_writing_the_samples(tmp_path, monkeypatch, tiny_rm):
+    wanted = tmp_path / "labels" / "iter_1.jsonl"
+    fits = FakeFits(tiny_rm)
+    result = iterate(loop_config(tmp_path, labeler={"kind": "file", "source": str(tmp_path / "labels" / "iter_{t}.jsonl")}),
+                     fits, monkeypatch, tmp_path)  # fmt: skip
+    assert result.returncode == 1
+    line = error_line(result)
+    samples = tmp_path / "run" / "iter_1" / "samples.jsonl"
+    assert str(samples) in line and str(wanted) in line
+    assert [len(r["responses"]) for r in jsonl(samples)] == [3, 3, 3, 3] and fits.calls == []
+
+
+@pytest.mark.parametrize(("content", "named"), [
+    ('{"prompt": "a", "chosen": "b", "rejected": "c"}\n{"prompt": "a", "chosen": "b"}\n', "line 2: field 'rejected' missing"),
+    ('{"prompt": "a", "responses": ["b", "c"], "ranks": [1, 0]}\n', "line 1: field 'ranks[1]' is 0"),
+    ('{"prompt": "a", "text": "b"}\n', "line 1: neither a rankings record"),
+    ('{"prompt": "a", "responses": ["b", "c"]}\n{"prompt": \n', "line 2"),
+])  # fmt: skip
+def test_a_bad_labels_file_is_one_line_before_any_fit(tmp_path, monkeypatch, tiny_rm, content, named):
+    (tmp_path / "labels").mkdir()
+    (tmp_path / "labels" / "iter_2.jsonl").write_text(content, encoding="utf-8")  # iteration 2's: checked first
+    fits = FakeFits(tiny_rm)
+    result = iterate(loop_config(tmp_path, labeler={"kind": "file", "source": str(tmp_path / "labels" / "iter_{t}.jsonl")}),
+                     fits, monkeypatch, tmp_path)  # fmt: skip
+    line = error_line(result)
+    assert str(tmp_path / "labels" / "iter_2.jsonl") in line and named in line, line
+    assert fits.calls == [] and not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(("groups", "named"), [
+    ({"reward_model": {"data": "some"}}, "reward_model.data must be one of all, latest, got 'some'"),
+    ({"ppo": {"start": "resume"}}, "ppo.start must be one of restart, continue"),
+    ({"reward_model": {"init": "sft", "lr": 1}}, "unknown key 'reward_model.lr'"),
+    ({"sampling": {"responses_per_prompt": 1}}, "sampling.responses_per_prompt must be >= 2"),
+    ({"labeler": {"kind": "judge", "source": "no_such_module:judge"}}, "no_such_module"),
+    ({"ppo": {"config": str(CONFIGS / "offline/iterate/reward_model.yaml")}}, "ppo.config"),
+    ({"sft_model": "./no/such/model"}, "sft_model ./no/such/model: no such model directory"),
+])  # fmt: skip
+def test_a_bad_option_is_one_line_before_any_fit(tmp_path, monkeypatch, tiny_rm, groups, named):
+    fits = FakeFits(tiny_rm)
+    result = iterate(loop_config(tmp_path, **groups), fits, monkeypatch, tmp_path)
+    line = error_line(result)
+    assert named in line, line
+    assert fits.calls == [] and not (tmp_path / "run").exists()
+
+
+def test_a_rerun_with_another_config_is_refused(tmp_path, monkeypatch, tiny_rm):
+    assert iterate(loop_config(tmp_path, iterations=1), FakeFits(tiny_rm), monkeypatch, tmp_path).returncode == 0
+    result = iterate(loop_config(tmp_path, iterations=1, reward_model={"data": "latest"}), FakeFits(tiny_rm),
+                     monkeypatch, tmp_path)  # fmt: skip
+    assert "was started with another config (reward_model differ" in error_line(result)
+
+
+@pytest.mark.parametrize("stage", ["reward_model", "ppo"])
+def test_a_kill_in_a_fit_redoes_that_fit_and_skips_what_is_done(tmp_path, monkeypatch, tiny_rm, stage):
+    config = loop_config(tmp_path)
+    killed = iterate(config, FakeFits(tiny_rm, kill_at=(2, stage)), monkeypatch, tmp_path)
+    assert killed.returncode == 1 and "killed during" in killed.stderr
+    run = tmp_path / "run"
+    samples = (run / "iter_2" / "samples.jsonl").read_text(encoding="utf-8")
+    (run / "iter_1" / "metrics.json").write_text('{"written_by": "rlhf-lit iterate", "row": {', encoding="utf-8")  # cut short
+    fits = FakeFits(tiny_rm)
+    resumed = iterate(config, fits, monkeypatch, tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    redone = [(t, s) for (t, s, _) in fits.calls]
+    assert redone == ([(2, "reward_model"), (2, "ppo")] if stage == "reward_model" else [(2, "ppo")])
+    assert (run / "iter_2" / "samples.jsonl").read_text(encoding="utf-8") == samples  # kept, not sampled again
+    assert json.loads((run / "iter_1" / "metrics.json").read_text(encoding="utf-8"))["row"]["iteration"] == 1  # redone
+    assert "iteration 1: ppo: done" in resumed.stdout
