@@ -41,7 +41,7 @@ from rlhf_lit.commands.iterate_labels import JudgeScorer, read_labels_file
 from rlhf_lit.commands.options import CommandParser, OptionError
 
 COLUMNS = ("iteration", "labelled_prompts", "labelled_pairs", "rm_train_records", "held_out_pairs", "rm_acc_before",
-           "rm_acc_after", "gold", "proxy", "kl", "length")  # fmt: skip
+           "rm_acc_after", "gold", "proxy", "kl", "length", "ppo_proxy", "ppo_judge", "ppo_kl", "guard_fired")  # fmt: skip
 """The summary's columns, one row per iteration (0: the SFT model)."""
 STAGE_CLASSES = {"reward_model": "RewardModelModule", "ppo": "PPOModule"}
 

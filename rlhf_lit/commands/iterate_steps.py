@@ -9,8 +9,9 @@ Iteration t, in ``<run_dir>/iter_<t>/``:
 3. ``reward_data.jsonl``: the reward model's training data, ``all`` or ``latest`` (:data:`RewardData`).
 4. ``reward_model/``: ``rlhf-lit fit --config <reward_model.config> --run_dir iter_<t>`` (export ``reward_model/model``).
 5. ``ppo/``: ``rlhf-lit fit --config <ppo.config> --run_dir iter_<t>`` (export ``ppo/model``).
-6. ``metrics.json``: the reward models' accuracy on the held-out labels before and after the refit, and the
-   new policy on the held-out prompts: gold (labeller) score, proxy (the new RM) score, KL to the SFT model.
+6. ``metrics.json``: the reward models' accuracy on the held-out labels before and after the refit, the
+   new policy on the held-out prompts: gold (labeller) score, proxy (the new RM) score, KL to the SFT model,
+   and what the PPO run logged last (proxy, judge, KL) with the guard's signals that fired.
 
 Every file is written atomically (:mod:`rlhf_lit.artifacts`) and read back checked (:mod:`rlhf_lit.integrity`);
 a step whose output is there and intact is skipped, so a killed loop continues where it stopped. A fit is
@@ -269,6 +270,33 @@ def evaluate(config: IterateConfig, policy: str, reward_model: str | None, gold:
             "proxy": metrics.get("rm_mean"), "kl": metrics.get("kl_mean"), "length": metrics["length_mean"]}  # fmt: skip
 
 
+def ppo_log_signals(paths: Paths) -> dict:
+    """What the iteration's PPO run logged to TensorBoard (its ``ppo/version_N`` of the highest N holding event
+    files; rlhf-lit's default logger under ``--run_dir``): the last rollout's ``objective/scores`` (the proxy
+    while training), ``objective/judge`` and ``objective/kl``, and the over-optimisation guard's signals that
+    held at some rollout (``guard/<signal>/holds``), comma-separated; None where not logged."""
+    import glob
+
+    out: dict = {"ppo_proxy": None, "ppo_judge": None, "ppo_kl": None, "guard_fired": None}
+    found = glob.glob(os.path.join(paths.dir, "ppo", "version_*", "events.out.tfevents.*"))
+    if not found:
+        return out
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    newest = max({os.path.dirname(p) for p in found}, key=lambda d: int(d.rsplit("_", 1)[1]))
+    events = EventAccumulator(newest, size_guidance={"scalars": 0})
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    for key, tag in (("ppo_proxy", "objective/scores"), ("ppo_judge", "objective/judge"), ("ppo_kl", "objective/kl")):
+        if tag in tags:
+            out[key] = float(events.Scalars(tag)[-1].value)
+    held = [t.split("/")[1] for t in sorted(tags) if t.startswith("guard/") and t.endswith("/holds")]
+    if held:
+        fired = [name for name in held if any(e.value > 0 for e in events.Scalars(f"guard/{name}/holds"))]
+        out["guard_fired"] = ",".join(fired) or "none"
+    return out
+
+
 def iteration_metrics(config: IterateConfig, paths: Paths, train: list, held: list, data: list,
                       gold: Scorer | None, eval_prompts: Sequence, seconds: dict) -> dict:  # fmt: skip
     """Step 6: ``metrics.json`` (reused when intact): the row of iteration t in the summary."""
@@ -282,6 +310,6 @@ def iteration_metrics(config: IterateConfig, paths: Paths, train: list, held: li
     row = {"iteration": paths.t, "labelled_prompts": len(train) + len(held), "labelled_pairs": count_pairs(train + held),
            "rm_train_records": len(data), "held_out_pairs": held_pairs, "rm_acc_before": acc_before,
            "rm_acc_after": acc_after,
-           **evaluate(config, paths.export("ppo"), after, gold, eval_prompts)}  # fmt: skip
+           **evaluate(config, paths.export("ppo"), after, gold, eval_prompts), **ppo_log_signals(paths)}  # fmt: skip
     write_json_atomically(paths.file("metrics.json"), {WRITTEN_BY_KEY: WRITTEN_BY, "row": row, "timing_s": seconds})
     return row

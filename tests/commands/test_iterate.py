@@ -316,6 +316,7 @@ def test_the_loop_runs_the_real_stages(real_run):
     assert rows[0]["kl"] == pytest.approx(0.0, abs=1e-4)  # the SFT model against itself
     assert rows[2]["rm_acc_before"] is not None and rows[2]["rm_acc_after"] is not None
     assert all(row["gold"] is not None and row["kl"] is not None for row in rows)
+    assert all(row["ppo_judge"] is not None and row["guard_fired"] is not None for row in rows[1:])  # PPO's own logs
     assert "rm_acc_before" in result.stdout  # the printed table
 
 
