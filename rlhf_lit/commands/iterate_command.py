@@ -31,6 +31,9 @@ import argparse
 import csv
 import io
 import os
+import signal
+import sys
+import threading
 import time
 from collections.abc import Sequence
 
@@ -199,6 +202,13 @@ def run_loop(config: IterateConfig, held_out: list, fresh: list, initial: list) 
     return rows
 
 
+def stopped_by_sigterm(signum, frame) -> None:
+    """SIGTERM as an exit (status 143) that unwinds the loop: the running fit is stopped with it."""
+    sys.stderr.write("rlhf-lit: iterate stopped by SIGTERM (its running fit too); run the same command again to "
+                     "continue\n")  # fmt: skip
+    raise SystemExit(128 + signal.SIGTERM)
+
+
 def main(argv: Sequence[str]) -> int:
     """Run ``rlhf-lit iterate`` with ``argv`` (the options after the command name); returns the exit status."""
     args = build_parser().parse_args(list(argv))
@@ -206,7 +216,13 @@ def main(argv: Sequence[str]) -> int:
     held_out, fresh, initial = prepare(config, args.config)
     os.makedirs(config.run_dir, exist_ok=True)
     t0 = time.perf_counter()
-    rows = run_loop(config, held_out, fresh, initial)
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    before = signal.signal(signal.SIGTERM, stopped_by_sigterm) if in_main_thread else None
+    try:
+        rows = run_loop(config, held_out, fresh, initial)
+    finally:
+        if in_main_thread:
+            signal.signal(signal.SIGTERM, before)
     write_summary(config, rows, {"total": time.perf_counter() - t0})
     print(format_table(rows))
     print(f"summary: {os.path.join(config.run_dir, 'summary.csv')} and summary.json; the final policy: "

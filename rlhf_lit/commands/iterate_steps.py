@@ -53,10 +53,31 @@ FitRunner = Callable[[list[str], str], int]
 
 
 def run_fit_in_subprocess(args: list[str], log_path: str) -> int:
-    """``rlhf-lit <args>`` in a process of its own, its output appended to ``log_path`` (as ``rlhf-lit seeds``)."""
-    from rlhf_lit.commands.seeds_command import run_seed
+    """``rlhf-lit <args>`` in a process of its own, its output appended to ``log_path``; its exit status.
 
-    return run_seed(args, log_path)
+    Whatever stops the wait (SIGTERM turned into an exception by ``rlhf-lit iterate``, Ctrl-C) stops the fit
+    too, by SIGTERM (a fit then ends its step and writes ``last.ckpt``; killed after 60 s): no fit outlives
+    the loop to hold its run directory's lock.
+    """
+    import subprocess
+    import sys
+
+    os.makedirs(os.path.dirname(log_path) or ".", exist_ok=True)
+    with open(log_path, "a", encoding="utf-8") as log:
+        log.write(f"$ rlhf-lit {' '.join(args)}\n")
+        log.flush()
+        child = subprocess.Popen([sys.executable, "-m", "rlhf_lit.cli", *args], stdout=log, stderr=subprocess.STDOUT,
+                                 stdin=subprocess.DEVNULL)  # fmt: skip
+        try:
+            return child.wait()
+        except BaseException:
+            child.terminate()
+            try:
+                child.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+            raise
 
 
 @dataclass

@@ -23,12 +23,8 @@ from rlhf_lit.artifacts import EXPORT_MARKER
 from rlhf_lit.commands import iterate_command
 from rlhf_lit.commands.iterate_config import IterateConfig, read_config
 
-JUDGE = "test_iterate:length_judge"
-
-
-def length_judge(texts):
-    """A deterministic judge: longer is better (the tiny policy's responses differ in length)."""
-    return [float(len(t)) for t in texts]
+JUDGE = "iterate_judges:length_judge"
+"""Longer is better: deterministic, and the tiny policy's responses differ in length (tests/commands/iterate_judges.py)."""
 
 
 # ------------------------------------------------------------------------------------------ set-up
@@ -343,3 +339,52 @@ def test_a_kill_in_the_middle_of_a_fit_resumes_to_the_same_export(tmp_path, monk
     assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
     base = weights(STORIES260K)
     assert any(not torch.equal(want[k], base[k]) for k in want if k in base)  # PPO did change the policy
+
+
+def _processes_naming(text: str) -> list[str]:
+    """The command lines of this machine's processes that contain ``text``."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            line = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in line:
+            found.append(line)
+    return found
+
+
+@pytest.mark.slow
+@QUIET_TINY_RUN
+def test_sigterm_stops_the_loop_and_its_fit_and_a_rerun_finishes(tmp_path, monkeypatch):
+    """The console script, SIGTERM while a fit runs: exit 143, no fit left running (its lock would refuse the
+    rerun), and the same command again finishes the loop (here in process)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from suite_env import subprocess_env
+
+    config = loop_config(tmp_path, iterations=1, **TINY_FITS)
+    cli = Path(sys.executable).parent / "rlhf-lit"
+    import os
+
+    path = os.pathsep.join(p for p in (str(Path(__file__).parent), os.environ.get("PYTHONPATH")) if p)  # the judge
+    loop = subprocess.Popen([str(cli), "iterate", "--config", str(config)], cwd=tmp_path,
+                            env=subprocess_env({"PYTHONPATH": path}),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    log = tmp_path / "run" / "iter_1" / "reward_model.log"
+    deadline = time.monotonic() + 120
+    while not log.exists() and loop.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert log.exists(), loop.communicate()
+    time.sleep(1.0)  # the fit is starting
+    loop.send_signal(signal.SIGTERM)
+    _, stderr = loop.communicate(timeout=120)
+    assert loop.returncode == 128 + signal.SIGTERM, stderr[-3000:]
+    assert "stopped by SIGTERM" in stderr
+    assert _processes_naming(str(tmp_path / "run")) == []  # the fit went with it
+    resumed = iterate(config, in_process_fits, monkeypatch, tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert (tmp_path / "run" / "iter_1" / "ppo" / "model" / EXPORT_MARKER).is_file()
