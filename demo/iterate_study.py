@@ -116,6 +116,7 @@ def summarise(results: Sequence[Mapping]) -> dict:
 def markdown(summary: Mapping, settings: Mapping) -> str:
     """``study.md``: the settings, the command and the table."""
     def cell(stat) -> str:
+        """``mean ± se`` (``-`` when not measured)."""
         if stat is None:
             return "-"
         return f"{stat['mean']:.3f}" + ("" if stat["se"] is None else f" ± {stat['se']:.3f}")

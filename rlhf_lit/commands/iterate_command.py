@@ -74,6 +74,18 @@ def check_model_path(where: str, key: str, path: str | None) -> None:
         raise OptionError(f"{where}: {key} {path}: no such model directory")
 
 
+def check_reward_model_path(where: str, key: str, path: str | None) -> None:
+    """Refuse a reward model that is not there or is another kind of model (no trained score head)."""
+    from rlhf_lit.evaluation.samples import check_reward_model
+
+    check_model_path(where, key, path)
+    if path is not None and os.path.isdir(os.path.expanduser(path)):
+        try:
+            check_reward_model(path)
+        except (ValueError, OSError) as error:
+            raise OptionError(f"{where}: {key} {path}: {str(error).split(': ', 1)[-1]}") from None
+
+
 def check_stage_config(where: str, key: str, path: str, stage: str) -> None:
     """Refuse a stage config that is not YAML or names another stage class (``model.class_path``)."""
     import yaml
@@ -124,12 +136,12 @@ def prepare(config: IterateConfig, where: str) -> tuple[list, list, list]:
     """Every check before the first fit; ``(held-out prompts, prompts to label, initial reward data)``."""
     check_run_dir(config, where)
     check_model_path(where, "sft_model", config.sft_model)
-    check_model_path(where, "reward_model.initial_model", config.reward_model.initial_model)
+    check_reward_model_path(where, "reward_model.initial_model", config.reward_model.initial_model)
     check_stage_config(where, "reward_model.config", config.reward_model.config, "reward_model")
     check_stage_config(where, "ppo.config", config.ppo.config, "ppo")
     held_out, fresh = read_loop_prompts(config, where)
     if config.labeler.kind == "reward_model":
-        check_model_path(where, "labeler.source", config.labeler.source)
+        check_reward_model_path(where, "labeler.source", config.labeler.source)
     elif config.labeler.kind == "judge":
         JudgeScorer(config.labeler.source, config.labeler.judge_reads)  # a bad spec fails now
     else:

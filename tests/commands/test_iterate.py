@@ -152,6 +152,39 @@ def test_each_start_choice_starts_where_it_says(tmp_path, monkeypatch, tiny_rm, 
         assert fits.starts(2, "reward_model") == str(run / "iter_1" / "reward_model" / "model")
 
 
+@pytest.mark.parametrize("data", ["all", "latest"])
+def test_initial_data_and_model_come_before_iteration_one(tmp_path, monkeypatch, tiny_rm, data):
+    initial = tmp_path / "initial.jsonl"
+    initial.write_text('{"prompt": "Tom", "chosen": "ran home.", "rejected": "sat."}\n'
+                       '{"prompt": "Sue", "responses": ["sang.", "ate.", "slept."]}\n', encoding="utf-8")  # fmt: skip
+    fits = FakeFits(tiny_rm)
+    config = loop_config(tmp_path, iterations=1, reward_model={"data": data, "initial_data": str(initial),
+                                                               "initial_model": str(tiny_rm)})  # fmt: skip
+    result = iterate(config, fits, monkeypatch, tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = tmp_path / "run"
+    train = labels(run, 1)["train"]
+    kept = [{"prompt": "Tom", "responses": ["ran home.", "sat."], "ranks": [0, 1]},
+            {"prompt": "Sue", "responses": ["sang.", "ate.", "slept."], "ranks": [0, 1, 2]}]  # fmt: skip
+    assert jsonl(run / "iter_1" / "reward_data.jsonl") == (kept + train if data == "all" else train)
+    assert fits.starts(1, "reward_model") == str(tiny_rm)  # `previous` at t = 1: the initial model
+    rows = json.loads((run / "summary.json").read_text(encoding="utf-8"))["rows"]
+    assert rows[1]["rm_acc_before"] is not None and rows[0]["proxy"] is not None  # the initial model measured
+
+
+def test_a_reward_model_labels_by_its_scores(tmp_path, monkeypatch, tiny_rm):
+    from rlhf_lit.commands.iterate_labels import RewardModelScorer
+
+    config = loop_config(tmp_path, iterations=1, labeler={"kind": "reward_model", "source": str(tiny_rm)})
+    assert iterate(config, FakeFits(tiny_rm), monkeypatch, tmp_path).returncode == 0
+    samples = {r["prompt"]: r for r in jsonl(tmp_path / "run" / "iter_1" / "samples.jsonl")}
+    scorer = RewardModelScorer(str(tiny_rm))
+    for record in labels(tmp_path / "run", 1)["train"]:
+        sample = samples[record["prompt"]]
+        scores = scorer([sample["prompt_text"]] * len(record["responses"]), record["responses"])
+        assert scores == pytest.approx(record["scores"], abs=1e-5) and scores == sorted(scores, reverse=True)
+
+
 def test_the_default_policy_start_is_restart_from_sft():
     assert IterateConfig().ppo.start == "restart"  # Wolf, Kirk and Musolesi 2025: the robust choice
 
@@ -216,6 +249,7 @@ def test_a_bad_labels_file_is_one_line_before_any_fit(tmp_path, monkeypatch, tin
     ({"labeler": {"kind": "judge", "source": "no_such_module:judge"}}, "no_such_module"),
     ({"ppo": {"config": str(CONFIGS / "offline/iterate/reward_model.yaml")}}, "ppo.config"),
     ({"sft_model": "./no/such/model"}, "sft_model ./no/such/model: no such model directory"),
+    ({"labeler": {"kind": "reward_model", "source": str(STORIES260K)}}, "not a reward model"),
 ])  # fmt: skip
 def test_a_bad_option_is_one_line_before_any_fit(tmp_path, monkeypatch, tiny_rm, groups, named):
     fits = FakeFits(tiny_rm)
