@@ -1,4 +1,4 @@
-"""``python -m demo {split,preferences,evaluate,report,pipeline,seeds,rm-study,guard}``: the offline demo's commands."""
+"""``python -m demo {split,preferences,evaluate,report,pipeline,seeds,rm-study,guard,iterate}``: the offline demo's commands."""
 
 from __future__ import annotations
 
@@ -100,6 +100,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("guard", add_help=False,
                    help="over-optimisation of a weaker proxy RM, watched by the over-optimisation guard "
                         "(options: python -m demo guard --help)")
+    sub.add_parser("iterate", add_help=False,
+                   help="iterated RLHF (rlhf-lit iterate) against one reward model at equal policy compute, on several "
+                        "seeds (options: python -m demo iterate --help)")
     return parser
 
 
@@ -135,6 +138,10 @@ def _run(argv: list[str]) -> int:
         from demo.guard_study import main as guard_main
 
         return guard_main(argv[1:])
+    if argv[:1] == ["iterate"]:
+        from demo.iterate_study import main as iterate_main
+
+        return iterate_main(argv[1:])
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if args.command == "split":

@@ -1,4 +1,4 @@
-"""Commands of ``rlhf-lit`` beside LightningCLI's ``fit``: ``evaluate``, ``best-of-n``, ``export-policy``, ``frontier`` and ``seeds``.
+"""Commands of ``rlhf-lit`` beside LightningCLI's ``fit``: ``evaluate``, ``best-of-n``, ``export-policy``, ``frontier``, ``seeds`` and ``iterate``.
 
 ``rlhf_lit.cli.main`` hands ``rlhf-lit <command> ...`` to :func:`run_command` when ``<command>``
 is in :data:`COMMANDS`; everything else goes to LightningCLI. Each command is an argparse
@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "export-policy": ("rlhf_lit.commands.export_policy_command", "the policy of a training checkpoint (or of each rollout=<n>.ckpt) as an export"),
     "frontier": ("rlhf_lit.commands.frontier_command", "judge or RM score against KL over evaluate (and best-of-n) results: table, plot"),
     "seeds": ("rlhf_lit.commands.seeds_command", "run a command (after --) once per seed: --seed_everything S, --run_dir DIR/seed_S"),
+    "iterate": ("rlhf_lit.commands.iterate_command", "iterated RLHF: label the policy's samples, refit the reward model, PPO; T times"),
 }
 """``command -> (module with main(argv), one-line help)``."""
 

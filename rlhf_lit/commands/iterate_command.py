@@ -1,0 +1,242 @@
+"""``rlhf-lit iterate``: iterated RLHF. Label the policy's own samples, refit the reward model, run PPO again.
+
+    rlhf-lit iterate --config configs/offline/iterate.yaml
+
+For t = 1..T (the config: :mod:`rlhf_lit.commands.iterate_config`): sample K responses per prompt from the
+current policy on fresh prompts, label them (a judge, a held-out reward model, or a labels file a person
+wrote), add them to the reward model's data (``all`` so far or the ``latest``), refit the reward model (from
+the ``previous`` one or the ``sft`` model), then run PPO (``restart`` from SFT, the default, or ``continue``
+from the current policy). Each fit is an ordinary ``rlhf-lit fit`` of the stage config a user writes, run
+with ``--run_dir <run_dir>/iter_<t>`` in a process of its own (the loop is an orchestrator like ``rlhf-lit
+seeds``: a fit's memory, threads and global state end with its process, a kill of the loop cannot leave a
+stage half-built in it, and commands sit below the CLI, which they never import). The steps of an iteration
+are :mod:`rlhf_lit.commands.iterate_steps`.
+
+Resumable: run the same command again after a kill. Each step's output is written atomically and checked
+when read back; a finished stage (its export marker written, its files intact) is skipped, anything else is
+redone. ``<run_dir>/iterate.json`` keeps the config: a rerun with another config is refused (more
+``iterations`` extend the run).
+
+Per iteration the summary (printed, ``<run_dir>/summary.json`` and ``summary.csv``) has the reward model's
+pairwise accuracy on the iteration's held-out labels before and after the refit (the policy's new samples:
+the distribution shift made visible), and the new policy on the held-out prompts: the gold score (the
+labeller's, or ``evaluation.judge``), the proxy score (the iteration's reward model) and the KL to the SFT
+model; row 0 is the SFT model. Everything is checked before the first fit: the config, the models, the
+prompts, the judge, every labels file already written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Sequence
+
+from rlhf_lit.artifacts import WRITTEN_BY_KEY, write_json_atomically, write_text_atomically
+from rlhf_lit.commands import iterate_steps as steps
+from rlhf_lit.commands.iterate_config import IterateConfig, as_dict, read_config
+from rlhf_lit.commands.iterate_labels import JudgeScorer, read_labels_file
+from rlhf_lit.commands.options import CommandParser, OptionError
+
+COLUMNS = ("iteration", "labelled_prompts", "labelled_pairs", "rm_train_records", "held_out_pairs", "rm_acc_before",
+           "rm_acc_after", "gold", "proxy", "kl", "length", "ppo_proxy", "ppo_judge", "ppo_kl", "guard_fired")  # fmt: skip
+"""The summary's columns, one row per iteration (0: the SFT model)."""
+STAGE_CLASSES = {"reward_model": "RewardModelModule", "ppo": "PPOModule"}
+
+run_fit: steps.FitRunner = steps.run_fit_in_subprocess
+"""How each stage's ``rlhf-lit fit`` runs (a process of its own); the tests swap in an in-process runner."""
+
+
+def build_parser() -> CommandParser:
+    """The options of ``rlhf-lit iterate``."""
+    parser = CommandParser(
+        prog="rlhf-lit iterate", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description="Iterated RLHF: per iteration sample the policy on fresh prompts, label the samples, refit the "
+        "reward model, run PPO; each fit an ordinary `rlhf-lit fit` under RUN_DIR/iter_<t>. Resumable: run it again.",
+    )  # fmt: skip
+    parser.add_argument("--config", required=True, metavar="FILE.yaml", help="the loop's config (docs/iterate.md)")
+    return parser
+
+
+def check_model_path(where: str, key: str, path: str | None) -> None:
+    """Refuse a model directory that is not there (a hub name passes): before any fit."""
+    from rlhf_lit.sources import _looks_local
+
+    if path is None:
+        return
+    expanded = os.path.expanduser(path)
+    if not os.path.isdir(expanded) and (os.path.exists(expanded) or _looks_local(path)):
+        raise OptionError(f"{where}: {key} {path}: no such model directory")
+
+
+def check_reward_model_path(where: str, key: str, path: str | None) -> None:
+    """Refuse a reward model that is not there or is another kind of model (no trained score head)."""
+    from rlhf_lit.evaluation.samples import check_reward_model
+
+    check_model_path(where, key, path)
+    if path is not None and os.path.isdir(os.path.expanduser(path)):
+        try:
+            check_reward_model(path)
+        except (ValueError, OSError) as error:
+            raise OptionError(f"{where}: {key} {path}: {str(error).split(': ', 1)[-1]}") from None
+
+
+def check_stage_config(where: str, key: str, path: str, stage: str) -> None:
+    """Refuse a stage config that is not YAML or names another stage class (``model.class_path``)."""
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            model = (yaml.safe_load(f) or {}).get("model")
+    except (OSError, yaml.YAMLError, AttributeError) as error:
+        raise OptionError(f"{where}: {key} {path}: not a stage config ({error})") from None
+    class_path = model.get("class_path") if isinstance(model, dict) else model
+    if not isinstance(class_path, str) or class_path.rsplit(".", 1)[-1] != STAGE_CLASSES[stage]:
+        raise OptionError(f"{where}: {key} {path}: model.class_path is {class_path!r}, not {STAGE_CLASSES[stage]}")
+
+
+def read_loop_prompts(config: IterateConfig, where: str) -> tuple[list, list]:
+    """``(held-out prompts, prompts to label)``, each cut to ``prompts.words``; enough for every iteration."""
+    from rlhf_lit.evaluation.prompt_files import read_prompts
+
+    prompts = read_prompts(config.prompts.path, config.prompts.format, config.prompts.field)[config.prompts.skip :]
+    if config.prompts.words is not None:
+        prompts = [" ".join(p.split()[: config.prompts.words]) if isinstance(p, str) else p for p in prompts]
+    need = config.prompts.held_out + config.iterations * config.prompts.per_iteration
+    if len(prompts) < need:
+        raise OptionError(f"{where}: prompts.path {config.prompts.path} holds {len(prompts)} prompts after skip; "
+                          f"held_out + iterations x per_iteration needs {need}")  # fmt: skip
+    return prompts[: config.prompts.held_out], prompts[config.prompts.held_out :]
+
+
+def check_run_dir(config: IterateConfig, where: str) -> None:
+    """Refuse a run directory another program wrote, or this loop with another config (more iterations extend it)."""
+    snapshot = os.path.join(config.run_dir, "iterate.json")
+    if not os.path.isdir(config.run_dir) or not os.listdir(config.run_dir):
+        return
+    kept = steps.intact_json(snapshot)
+    if kept is None:
+        raise OptionError(f"{where}: run_dir {config.run_dir} is not empty and holds no iterate.json of rlhf-lit "
+                          "iterate; give a new or empty run_dir")  # fmt: skip
+    old, new = dict(kept["config"]), as_dict(config)
+    old.pop("iterations", None)
+    new.pop("iterations", None)
+    changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+    if changed:
+        raise OptionError(f"{where}: run_dir {config.run_dir} was started with another config ({', '.join(changed)} "
+                          f"differ from {snapshot}); give a new run_dir, or put those back to resume it")  # fmt: skip
+
+
+def prepare(config: IterateConfig, where: str) -> tuple[list, list, list]:
+    """Every check before the first fit; ``(held-out prompts, prompts to label, initial reward data)``."""
+    check_run_dir(config, where)
+    check_model_path(where, "sft_model", config.sft_model)
+    check_reward_model_path(where, "reward_model.initial_model", config.reward_model.initial_model)
+    check_stage_config(where, "reward_model.config", config.reward_model.config, "reward_model")
+    check_stage_config(where, "ppo.config", config.ppo.config, "ppo")
+    held_out, fresh = read_loop_prompts(config, where)
+    if config.labeler.kind == "reward_model":
+        check_reward_model_path(where, "labeler.source", config.labeler.source)
+    elif config.labeler.kind == "judge":
+        JudgeScorer(config.labeler.source, config.labeler.judge_reads)  # a bad spec fails now
+    else:
+        for t in range(1, config.iterations + 1):  # those a person has written already: every record checked
+            if os.path.isfile(steps.labels_file(config, t)):
+                read_labels_file(steps.labels_file(config, t))
+    if config.evaluation.judge is not None:
+        JudgeScorer(config.evaluation.judge)
+    initial = read_labels_file(config.reward_model.initial_data) if config.reward_model.initial_data else []
+    return held_out, fresh, initial
+
+
+def format_table(rows: Sequence[dict]) -> str:
+    """The summary rows as a plain-text table (``-`` where a value was not measured)."""
+    cells = [[str(c) for c in COLUMNS]] + [
+        ["-" if row.get(c) is None else f"{row[c]:.4f}" if isinstance(row[c], float) else str(row[c]) for c in COLUMNS]
+        for row in rows
+    ]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(COLUMNS))]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in cells]
+    return "\n".join([lines[0], "  ".join("-" * w for w in widths), *lines[1:]])
+
+
+def write_summary(config: IterateConfig, rows: list[dict], timing: dict) -> None:
+    """``summary.json`` (rows, config, timings) and ``summary.csv`` in the run directory."""
+    write_json_atomically(os.path.join(config.run_dir, "summary.json"),
+                          {WRITTEN_BY_KEY: steps.WRITTEN_BY, "columns": list(COLUMNS), "rows": rows,
+                           "config": as_dict(config), "timing_s": timing})  # fmt: skip
+    text = io.StringIO()
+    writer = csv.DictWriter(text, fieldnames=list(COLUMNS), extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    write_text_atomically(os.path.join(config.run_dir, "summary.csv"), text.getvalue())
+
+
+def baseline_row(config: IterateConfig, gold, held_out: list) -> dict:
+    """Row 0: the SFT model on the held-out prompts (proxy: ``initial_model`` when given); kept in ``baseline.json``."""
+    path = os.path.join(config.run_dir, "baseline.json")
+    done = steps.intact_json(path)
+    if done is not None:
+        return done["row"]
+    row = {"iteration": 0, **steps.evaluate(config, config.sft_model, config.reward_model.initial_model, gold, held_out)}
+    write_json_atomically(path, {WRITTEN_BY_KEY: steps.WRITTEN_BY, "row": row})
+    return row
+
+
+def run_loop(config: IterateConfig, held_out: list, fresh: list, initial: list) -> list[dict]:
+    """The iterations (each step skipped when its output is there and intact); the summary rows."""
+    write_json_atomically(os.path.join(config.run_dir, "iterate.json"),
+                          {WRITTEN_BY_KEY: steps.WRITTEN_BY, "config": as_dict(config)})  # fmt: skip
+    scorer = steps.labeler_scorer(config)
+    gold = JudgeScorer(config.evaluation.judge) if config.evaluation.judge is not None else scorer
+    rows = [baseline_row(config, gold, held_out)]
+    n = config.prompts.per_iteration
+    for t in range(1, config.iterations + 1):
+        paths = steps.Paths(config.run_dir, t)
+        seconds: dict = {}
+        t0 = time.perf_counter()
+        samples = steps.sample(config, paths, fresh[(t - 1) * n : t * n])
+        train, held = steps.label(config, paths, samples, scorer)
+        seconds["sample_and_label"] = time.perf_counter() - t0
+        data = steps.reward_data(config, paths, initial)
+        print(f"iteration {t}: {len(train) + len(held)} prompts labelled ({len(held)} held out); the reward model "
+              f"trains on {len(data)} records ({config.reward_model.data})", flush=True)  # fmt: skip
+        for stage in steps.STAGES:
+            seconds[stage] = steps.fit(config, paths, stage, run_fit)
+        t0 = time.perf_counter()
+        rows.append(steps.iteration_metrics(config, paths, train, held, data, gold, held_out, seconds))
+        seconds["metrics"] = time.perf_counter() - t0
+    return rows
+
+
+def stopped_by_sigterm(signum, frame) -> None:
+    """SIGTERM as an exit (status 143) that unwinds the loop: the running fit is stopped with it."""
+    sys.stderr.write("rlhf-lit: iterate stopped by SIGTERM (its running fit too); run the same command again to "
+                     "continue\n")  # fmt: skip
+    raise SystemExit(128 + signal.SIGTERM)
+
+
+def main(argv: Sequence[str]) -> int:
+    """Run ``rlhf-lit iterate`` with ``argv`` (the options after the command name); returns the exit status."""
+    args = build_parser().parse_args(list(argv))
+    config = read_config(args.config)
+    held_out, fresh, initial = prepare(config, args.config)
+    os.makedirs(config.run_dir, exist_ok=True)
+    t0 = time.perf_counter()
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    before = signal.signal(signal.SIGTERM, stopped_by_sigterm) if in_main_thread else None
+    try:
+        rows = run_loop(config, held_out, fresh, initial)
+    finally:
+        if in_main_thread:
+            signal.signal(signal.SIGTERM, before)
+    write_summary(config, rows, {"total": time.perf_counter() - t0})
+    print(format_table(rows))
+    print(f"summary: {os.path.join(config.run_dir, 'summary.csv')} and summary.json; the final policy: "
+          f"{steps.Paths(config.run_dir, config.iterations).export('ppo')}", flush=True)  # fmt: skip
+    return 0

@@ -1,0 +1,270 @@
+"""The config file of ``rlhf-lit iterate``: its typed choices (each a ``Literal``, defined here only) and a
+strict reader whose every error names the file and the key.
+
+    run_dir: logs/offline_iterate       # iteration t writes <run_dir>/iter_<t>/...
+    iterations: 3
+    seed: 1234                          # sampling seed of iteration t: seed + t; every fit: --seed_everything seed
+    sft_model: assets/models/stories260K
+    prompts: {path: assets/data/tinystories/val.txt, skip: 1000, words: 8, held_out: 8, per_iteration: 16}
+    sampling: {responses_per_prompt: 4, max_new_tokens: 24, temperature: 1.0, batch_size: 64}
+    labeler: {kind: judge, source: "rlhf_lit.evaluation.judges:vader"}
+    reward_model: {config: configs/offline/iterate/reward_model.yaml, data: all, init: previous}
+    ppo: {config: configs/offline/iterate/ppo.yaml, start: restart}
+    evaluation: {judge: null}           # the gold scorer of the summary; null: the labeller
+
+Each group is a dataclass below; its fields (with their docstrings) are the keys it takes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Literal, Union, get_args, get_origin
+
+from rlhf_lit.commands.options import OptionError
+
+RewardData = Literal["all", "latest"]
+"""What the reward model of iteration t trains on: ``all`` the labels so far (``initial_data`` and iterations
+1..t), or ``latest`` iteration t's alone."""
+RewardInit = Literal["previous", "sft"]
+"""Where the reward model of iteration t starts: ``previous`` the reward model of iteration t - 1 (at t = 1
+``initial_model``, or the SFT model when none is given), or ``sft`` the SFT model each time."""
+PolicyStart = Literal["restart", "continue"]
+"""Where PPO of iteration t starts: ``restart`` from the SFT model (policy and KL reference; Wolf, Kirk and
+Musolesi 2025 find it the robust choice), or ``continue`` from iteration t - 1's PPO export (which PPO's
+``sft_model`` then is: policy start and KL reference both)."""
+LabelerKind = Literal["judge", "reward_model", "file"]
+"""Who labels the policy's samples: ``judge`` a ``module:function`` judge (texts -> scores, as
+:func:`rlhf_lit.evaluation.load_judge`), ``reward_model`` a held-out reward model directory (its scores),
+or ``file`` labels a person wrote (``source`` a path with ``{t}``: rankings or pairs records)."""
+PromptFormat = Literal["auto", "lines", "jsonl"]
+"""As ``--prompt-format`` of ``rlhf-lit evaluate`` (:mod:`rlhf_lit.evaluation.prompt_files`)."""
+JudgeReads = Literal["response", "query_response"]
+"""As :data:`rlhf_lit.evaluation.judges.JudgeReads` (checked equal by the tests)."""
+
+
+@dataclass
+class PromptsGroup:
+    """Prompts: the first ``held_out`` are the fixed evaluation set, then ``per_iteration`` fresh ones per iteration."""
+
+    path: str = ""
+    """Prompt file: one per line, or JSONL with ``field``."""
+    format: PromptFormat = "auto"
+    """``lines``, ``jsonl`` or ``auto`` (by extension)."""
+    field: str = "prompt"
+    """JSONL field holding the prompt."""
+    skip: int = 0
+    """Leave out the file's first N prompts (e.g. those the PPO config trains on)."""
+    words: int | None = None
+    """Keep each prompt's first N words (TinyStories paragraphs as story openings); null keeps it whole."""
+    held_out: int = 8
+    """The first N prompts: the evaluation set of every iteration, never labelled."""
+    per_iteration: int = 16
+    """Fresh prompts sampled and labelled per iteration (prompts never repeat across iterations)."""
+
+
+@dataclass
+class SamplingGroup:
+    """Sampling of the labelled responses and of the evaluation."""
+
+    responses_per_prompt: int = 4
+    """K responses per prompt, ranked by the labeller (K >= 2)."""
+    max_new_tokens: int = 24
+    """Most tokens per response."""
+    temperature: float = 1.0
+    """Sampling temperature (the KL is measured at it)."""
+    batch_size: int = 64
+    """Responses per generate call."""
+
+
+@dataclass
+class LabelerGroup:
+    """The labeller (:data:`LabelerKind`)."""
+
+    kind: LabelerKind = "judge"
+    """``judge``, ``reward_model`` or ``file``."""
+    source: str = ""
+    """The judge spec, the reward-model directory, or the labels file path with ``{t}`` for the iteration."""
+    judge_reads: JudgeReads = "response"
+    """What a judge reads: the response, or the prompt + the response."""
+
+
+@dataclass
+class RewardModelGroup:
+    """The reward-model refit of each iteration: an ordinary ``rlhf-lit fit`` of ``config``."""
+
+    config: str = ""
+    """The RewardModelModule config (the one a user writes); its model, train data and run directory are set per iteration."""
+    data: RewardData = "all"
+    """``all`` labels so far or ``latest`` (:data:`RewardData`)."""
+    init: RewardInit = "previous"
+    """``previous`` reward model or ``sft`` (:data:`RewardInit`)."""
+    initial_model: str | None = None
+    """A reward model before iteration 1 (its accuracy on iteration 1's samples; ``previous`` starts there)."""
+    initial_data: str | None = None
+    """Rankings or pairs records (JSONL) every ``all`` iteration trains on besides the new labels."""
+    held_out_fraction: float = 0.25
+    """Of each iteration's labelled prompts: kept out of training, to measure the RM's accuracy before and after."""
+    options: list[str] = field(default_factory=list)
+    """More ``fit`` options, as typed on the command line."""
+
+
+@dataclass
+class PPOGroup:
+    """The PPO run of each iteration: an ordinary ``rlhf-lit fit`` of ``config``."""
+
+    config: str = ""
+    """The PPOModule config; its sft_model, reward_model and run directory are set per iteration."""
+    start: PolicyStart = "restart"
+    """``restart`` from SFT or ``continue`` (:data:`PolicyStart`)."""
+    options: list[str] = field(default_factory=list)
+    """More ``fit`` options, as typed on the command line."""
+
+
+@dataclass
+class EvaluationGroup:
+    """The per-iteration evaluation of the policy on the held-out prompts."""
+
+    judge: str | None = None
+    """Gold scorer (``module:function``); null: the labeller when it scores (judge or reward model)."""
+
+
+@dataclass
+class IterateConfig:
+    """The whole loop."""
+
+    run_dir: str = ""
+    """Everything goes under it: ``iter_<t>/`` per iteration, ``summary.json`` / ``summary.csv``."""
+    iterations: int = 2
+    """T, the number of iterations."""
+    seed: int = 1234
+    """Sampling seed (iteration t samples with ``seed + t``) and every fit's ``--seed_everything``."""
+    sft_model: str = ""
+    """The SFT model: the policy of iteration 1, PPO's start under ``restart``, the KL reference of the evaluation."""
+    device: str = "cpu"
+    """Torch device of the sampling, labelling and evaluation done by the command itself."""
+    prompts: PromptsGroup = field(default_factory=PromptsGroup)
+    sampling: SamplingGroup = field(default_factory=SamplingGroup)
+    labeler: LabelerGroup = field(default_factory=LabelerGroup)
+    reward_model: RewardModelGroup = field(default_factory=RewardModelGroup)
+    ppo: PPOGroup = field(default_factory=PPOGroup)
+    evaluation: EvaluationGroup = field(default_factory=EvaluationGroup)
+
+
+REQUIRED = ("run_dir", "sft_model", "prompts.path", "labeler.source", "reward_model.config", "ppo.config")
+"""Keys without a usable default."""
+
+
+def _accepts(hint: Any, value: Any) -> bool:
+    """Whether ``value`` (from YAML) fits the annotation ``hint``."""
+    origin = get_origin(hint)
+    if origin is Literal:
+        return value in get_args(hint)
+    if origin in (Union, types.UnionType):
+        return any(_accepts(h, value) for h in get_args(hint))
+    if hint is type(None):
+        return value is None
+    if origin is list:
+        return isinstance(value, list) and all(_accepts(get_args(hint)[0], v) for v in value)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, hint)
+
+
+def _describe(hint: Any) -> str:
+    """How an error names what a key takes."""
+    if get_origin(hint) is Literal:
+        return "one of " + ", ".join(map(str, get_args(hint)))
+    if get_origin(hint) in (Union, types.UnionType):
+        return " or ".join(_describe(h) for h in get_args(hint))
+    if hint is type(None):
+        return "null"
+    if get_origin(hint) is list:
+        return f"a list of {_describe(get_args(hint)[0])}s"
+    return {str: "a string", int: "an integer", float: "a number"}.get(hint, str(hint))
+
+
+def _build(cls: type, values: Any, path: str, where: str) -> Any:
+    """``cls`` from a YAML mapping, every key checked (unknown keys, wrong types) with ``where: key`` errors."""
+    if not isinstance(values, dict):
+        raise OptionError(f"{where}: {path or 'the file'} must be a mapping, got {type(values).__name__}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {}
+    for key, value in values.items():
+        dotted = f"{path}.{key}" if path else str(key)
+        if key not in names:
+            raise OptionError(f"{where}: unknown key {dotted!r} (keys there: {', '.join(names)})")
+        hint = hints[key]
+        if dataclasses.is_dataclass(hint):
+            kwargs[key] = _build(hint, value, dotted, where)
+        elif not _accepts(hint, value):
+            raise OptionError(f"{where}: {dotted} must be {_describe(hint)}, got {value!r}")
+        else:
+            kwargs[key] = value
+    return cls(**kwargs)
+
+
+def _get(config: IterateConfig, dotted: str) -> Any:
+    value: Any = config
+    for part in dotted.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def check_values(config: IterateConfig, where: str) -> None:
+    """The checks of values beyond their types (ranges, required keys, files that must exist): :class:`OptionError`."""
+    for key in REQUIRED:
+        if not _get(config, key):
+            raise OptionError(f"{where}: {key} is required")
+    for key in ("iterations", "prompts.per_iteration", "sampling.max_new_tokens", "sampling.batch_size"):
+        if _get(config, key) < 1:
+            raise OptionError(f"{where}: {key} must be >= 1, got {_get(config, key)}")
+    if config.prompts.skip < 0:
+        raise OptionError(f"{where}: prompts.skip must be >= 0, got {config.prompts.skip}")
+    if config.prompts.held_out < 1:
+        raise OptionError(f"{where}: prompts.held_out must be >= 1 (the evaluation set), got {config.prompts.held_out}")
+    if config.prompts.words is not None and config.prompts.words < 1:
+        raise OptionError(f"{where}: prompts.words must be >= 1 or null, got {config.prompts.words}")
+    if config.sampling.responses_per_prompt < 2:
+        raise OptionError(f"{where}: sampling.responses_per_prompt must be >= 2 (a ranking needs two), "
+                          f"got {config.sampling.responses_per_prompt}")  # fmt: skip
+    if not config.sampling.temperature > 0:
+        raise OptionError(f"{where}: sampling.temperature must be > 0, got {config.sampling.temperature}")
+    if not 0 <= config.reward_model.held_out_fraction < 1:
+        raise OptionError(f"{where}: reward_model.held_out_fraction must be in [0, 1), "
+                          f"got {config.reward_model.held_out_fraction}")  # fmt: skip
+    if config.labeler.kind == "file" and "{t}" not in config.labeler.source:
+        raise OptionError(f"{where}: labeler.source {config.labeler.source!r} needs {{t}} (one labels file per iteration)")
+    for key in ("reward_model.config", "ppo.config", "prompts.path", "reward_model.initial_data"):
+        path = _get(config, key)
+        if path is not None and not os.path.isfile(path):
+            raise OptionError(f"{where}: {key} {path}: no such file")
+
+
+def read_config(path: str) -> IterateConfig:
+    """The :class:`IterateConfig` of a YAML file; an :class:`OptionError` naming the file and key for any mistake."""
+    import yaml
+
+    if not os.path.isfile(path):
+        raise OptionError(f"--config {path}: no such file")
+    try:
+        with open(path, encoding="utf-8") as f:
+            values = yaml.safe_load(f)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        line = f" line {mark.line + 1}" if mark is not None else ""
+        raise OptionError(f"--config {path}{line}: not YAML ({getattr(error, 'problem', error)})") from None
+    config = _build(IterateConfig, values if values is not None else {}, "", path)
+    check_values(config, path)
+    return config
+
+
+def as_dict(config: IterateConfig) -> dict:
+    """The config as plain data (written beside the run, compared on a resume)."""
+    return dataclasses.asdict(config)

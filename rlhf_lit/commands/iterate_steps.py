@@ -1,0 +1,336 @@
+"""The steps of one iteration of ``rlhf-lit iterate`` (:mod:`rlhf_lit.commands.iterate_command` runs them).
+
+Iteration t, in ``<run_dir>/iter_<t>/``:
+
+1. ``samples.jsonl``: K responses to each of the iteration's fresh prompts from the current policy
+   (the SFT model at t = 1, else iteration t - 1's PPO export), sampled with seed ``seed + t``.
+2. ``labels.json``: those samples ranked by the labeller (or a person's labels file), split into ``train``
+   and ``held_out`` by ``reward_model.held_out_fraction``.
+3. ``reward_data.jsonl``: the reward model's training data, ``all`` or ``latest`` (:data:`RewardData`).
+4. ``reward_model/``: ``rlhf-lit fit --config <reward_model.config> --run_dir iter_<t>`` (export ``reward_model/model``).
+5. ``ppo/``: ``rlhf-lit fit --config <ppo.config> --run_dir iter_<t>`` (export ``ppo/model``).
+6. ``metrics.json``: the reward models' accuracy on the held-out labels before and after the refit, the
+   new policy on the held-out prompts: gold (labeller) score, proxy (the new RM) score, KL to the SFT model,
+   and what the PPO run logged last (proxy, judge, KL) with the guard's signals that fired.
+
+Every file is written atomically (:mod:`rlhf_lit.artifacts`) and read back checked (:mod:`rlhf_lit.integrity`);
+a step whose output is there and intact is skipped, so a killed loop continues where it stopped. A fit is
+done when its export holds the export marker and its files check out; otherwise it runs again (a damaged
+export is replaced).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from rlhf_lit.artifacts import EXPORT_MARKER, WRITTEN_BY_KEY, write_json_atomically, write_text_atomically
+from rlhf_lit.commands.iterate_config import IterateConfig
+from rlhf_lit.commands.iterate_labels import (
+    JudgeScorer,
+    RewardModelScorer,
+    Scorer,
+    count_pairs,
+    jsonl_text,
+    pairwise_accuracy,
+    rank_by_scores,
+    read_labels_file,
+    split_held_out,
+)
+from rlhf_lit.integrity import DamagedFile, check_json_file, check_jsonl_file, check_model_directory
+
+log = logging.getLogger(__name__)
+
+WRITTEN_BY = "rlhf-lit iterate"
+STAGES = ("reward_model", "ppo")
+"""The run-directory stages of one iteration (:class:`rlhf_lit.stages.base.RunLayout` names), in order."""
+
+FitRunner = Callable[[list[str], str], int]
+"""``(fit arguments after rlhf-lit, log file) -> exit status``: how a stage's ``rlhf-lit fit`` is run."""
+
+
+def run_fit_in_subprocess(args: list[str], log_path: str) -> int:
+    """``rlhf-lit <args>`` in a process of its own, its output appended to ``log_path``; its exit status.
+
+    Whatever stops the wait (SIGTERM turned into an exception by ``rlhf-lit iterate``, Ctrl-C) stops the fit
+    too, by SIGTERM (a fit then ends its step and writes ``last.ckpt``; killed after 60 s): no fit outlives
+    the loop to hold its run directory's lock.
+    """
+    import subprocess
+    import sys
+
+    os.makedirs(os.path.dirname(log_path) or ".", exist_ok=True)
+    with open(log_path, "a", encoding="utf-8") as log:
+        log.write(f"$ rlhf-lit {' '.join(args)}\n")
+        log.flush()
+        child = subprocess.Popen([sys.executable, "-m", "rlhf_lit.cli", *args], stdout=log, stderr=subprocess.STDOUT,
+                                 stdin=subprocess.DEVNULL)  # fmt: skip
+        try:
+            return child.wait()
+        except BaseException:
+            child.terminate()
+            try:
+                child.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+            raise
+
+
+@dataclass
+class Paths:
+    """The files of iteration ``t`` under ``run_dir``."""
+
+    run_dir: str
+    t: int
+
+    @property
+    def dir(self) -> str:
+        """``<run_dir>/iter_<t>``: the ``--run_dir`` of the iteration's fits."""
+        return os.path.join(self.run_dir, f"iter_{self.t}")
+
+    def file(self, name: str) -> str:
+        """A file of the iteration."""
+        return os.path.join(self.dir, name)
+
+    def export(self, stage: str) -> str:
+        """The stage's export, ``iter_<t>/<stage>/model``."""
+        return os.path.join(self.dir, stage, "model")
+
+
+def intact_jsonl(path: str) -> list | None:
+    """The records of a JSONL file rlhf-lit wrote, or None when it is missing or damaged (then redone)."""
+    if not os.path.isfile(path):
+        return None
+    try:
+        return check_jsonl_file(path)
+    except (DamagedFile, OSError) as damage:
+        log.info("%s: redoing it (%s)", path, damage)
+        return None
+
+
+def intact_json(path: str) -> dict | None:
+    """A JSON object rlhf-lit's iterate wrote, or None when missing, damaged or not its own."""
+    if not os.path.isfile(path):
+        return None
+    try:
+        value = check_json_file(path)
+    except (DamagedFile, OSError) as damage:
+        log.info("%s: redoing it (%s)", path, damage)
+        return None
+    return value if isinstance(value, dict) and value.get(WRITTEN_BY_KEY) == WRITTEN_BY else None
+
+
+def export_state(path: str) -> str:
+    """``absent``, ``done`` (marker written, every file intact) or ``damaged`` (marker there, a file not)."""
+    if not os.path.isfile(os.path.join(path, EXPORT_MARKER)):
+        return "absent"
+    from rlhf_lit.models.reward_ensemble import is_reward_ensemble, member_paths
+
+    try:
+        for directory in member_paths(path) if is_reward_ensemble(path) else [path]:
+            check_model_directory(directory)
+    except (DamagedFile, OSError, ValueError) as damage:
+        log.info("%s: damaged (%s): trained again", path, damage)
+        return "damaged"
+    return "done"
+
+
+def policy_of(config: IterateConfig, t: int) -> str:
+    """The policy sampled at iteration t: the SFT model at t = 1, else iteration t - 1's PPO export."""
+    return config.sft_model if t == 1 else Paths(config.run_dir, t - 1).export("ppo")
+
+
+def reward_model_before(config: IterateConfig, t: int) -> str | None:
+    """The reward model before iteration t's refit: ``initial_model`` at t = 1, else iteration t - 1's."""
+    return config.reward_model.initial_model if t == 1 else Paths(config.run_dir, t - 1).export("reward_model")
+
+
+def reward_model_start(config: IterateConfig, t: int) -> str:
+    """Where iteration t's reward model starts (:data:`~rlhf_lit.commands.iterate_config.RewardInit`)."""
+    if config.reward_model.init == "sft":
+        return config.sft_model
+    return reward_model_before(config, t) or config.sft_model
+
+
+def ppo_start(config: IterateConfig, t: int) -> str:
+    """Where iteration t's PPO starts (:data:`~rlhf_lit.commands.iterate_config.PolicyStart`)."""
+    return config.sft_model if config.ppo.start == "restart" else policy_of(config, t)
+
+
+def labeler_scorer(config: IterateConfig) -> Scorer | None:
+    """The labeller as a scorer (a judge or a reward model); None for labels from files."""
+    if config.labeler.kind == "judge":
+        return JudgeScorer(config.labeler.source, config.labeler.judge_reads)
+    if config.labeler.kind == "reward_model":
+        return RewardModelScorer(config.labeler.source, config.device)
+    return None
+
+
+def labels_file(config: IterateConfig, t: int) -> str:
+    """The labels file a person writes for iteration t (``labeler.source`` with ``{t}``)."""
+    return config.labeler.source.replace("{t}", str(t))
+
+
+def sample(config: IterateConfig, paths: Paths, prompts: Sequence) -> list[dict]:
+    """Step 1: ``samples.jsonl`` (reused when intact): per prompt ``{"prompt", "prompt_text", "responses"}``."""
+    done = intact_jsonl(paths.file("samples.jsonl"))
+    if done is not None:
+        return done
+    from rlhf_lit.evaluation.samples import load_models, sample_and_measure
+    from rlhf_lit.models.generation import SamplingConfig
+
+    k = config.sampling.responses_per_prompt
+    sampling = SamplingConfig(max_new_tokens=config.sampling.max_new_tokens, temperature=config.sampling.temperature)
+    models = load_models(policy_of(config, paths.t), prompts=list(prompts), repeat=k, device=config.device)
+    out, _ = sample_and_measure(models, models.prompts, sampling, batch_size=config.sampling.batch_size,
+                                seed=config.seed + paths.t)  # fmt: skip
+    records = [{"prompt": prompt, "prompt_text": out.prompts[n * k], "responses": out.responses[n * k : (n + 1) * k]}
+               for n, prompt in enumerate(prompts)]  # fmt: skip
+    os.makedirs(paths.dir, exist_ok=True)
+    write_text_atomically(paths.file("samples.jsonl"), jsonl_text(records))
+    return records
+
+
+def label(config: IterateConfig, paths: Paths, samples: list[dict], scorer: Scorer | None) -> tuple[list, list]:
+    """Step 2: the iteration's labels, ``(train, held_out)`` (reused when ``labels.json`` is intact)."""
+    done = intact_json(paths.file("labels.json"))
+    if done is not None:
+        return done["train"], done["held_out"]
+    if scorer is None:
+        source = labels_file(config, paths.t)
+        if not os.path.isfile(source):
+            raise ValueError(f"iteration {paths.t}: label the responses in {paths.file('samples.jsonl')} and write "
+                             f"them to {source} (rankings or pairs records), then run the same command again")  # fmt: skip
+        records = read_labels_file(source)
+    else:
+        flat_prompts = [s["prompt_text"] for s in samples for _ in s["responses"]]
+        scores = scorer(flat_prompts, [r for s in samples for r in s["responses"]])
+        records, at = [], 0
+        for s in samples:
+            record = rank_by_scores(s["prompt"], s["responses"], scores[at : at + len(s["responses"])])
+            at += len(s["responses"])
+            if record is not None:
+                records.append(record)
+        if not records:
+            raise ValueError(f"iteration {paths.t}: the labeller ranked no prompt (every prompt's responses tie or "
+                             "repeat); sample more responses per prompt or longer ones")  # fmt: skip
+    records = [{**r, "iteration": paths.t} for r in records]
+    train, held = split_held_out(records, config.reward_model.held_out_fraction, config.seed + paths.t)
+    write_json_atomically(paths.file("labels.json"), {WRITTEN_BY_KEY: WRITTEN_BY, "train": train, "held_out": held})
+    return train, held
+
+
+def reward_data(config: IterateConfig, paths: Paths, initial: list[dict]) -> list[dict]:
+    """Step 3: ``reward_data.jsonl``, what the reward model of iteration t trains on (:data:`RewardData`):
+    ``all``: ``initial`` and the train labels of iterations 1..t; ``latest``: iteration t's alone."""
+    first = 1 if config.reward_model.data == "all" else paths.t
+    records = list(initial) if config.reward_model.data == "all" else []
+    for t in range(first, paths.t + 1):
+        part = intact_json(Paths(config.run_dir, t).file("labels.json"))
+        if part is None:
+            raise ValueError(f"iteration {paths.t}: {Paths(config.run_dir, t).file('labels.json')} is missing "
+                             "or damaged; the reward data of an `all` run needs every earlier iteration's labels")  # fmt: skip
+        records += part["train"]
+    write_text_atomically(paths.file("reward_data.jsonl"), jsonl_text(records))
+    return records
+
+
+def fit_args(config: IterateConfig, paths: Paths, stage: str, replace: bool) -> list[str]:
+    """The ``rlhf-lit fit`` arguments of a stage of iteration t: the user's config, the iteration's run
+    directory and seed, the inputs the loop decides, then the user's extra options."""
+    group = config.reward_model if stage == "reward_model" else config.ppo
+    args = ["fit", "--config", group.config, "--run_dir", paths.dir, "--seed_everything", str(config.seed)]
+    if stage == "reward_model":
+        args += ["--model.init_args.model", reward_model_start(config, paths.t),
+                 "--data.init_args.train_path", paths.file("reward_data.jsonl"),
+                 "--data.init_args.format", "rankings", "--data.init_args.fields.ranks", "ranks"]  # fmt: skip
+    else:
+        args += ["--model.init_args.sft_model", ppo_start(config, paths.t),
+                 "--model.init_args.reward_model", paths.export("reward_model")]  # fmt: skip
+    if replace:
+        args += ["--model.init_args.export_existing", "replace"]
+    return [*args, *group.options]
+
+
+def fit(config: IterateConfig, paths: Paths, stage: str, runner: FitRunner) -> float | None:
+    """Steps 4 and 5: the stage's fit unless its export is done; seconds it took (None when skipped)."""
+    from rlhf_lit.commands.seeds_command import last_error
+
+    state = export_state(paths.export(stage))
+    if state == "done":
+        print(f"iteration {paths.t}: {stage}: done, {paths.export(stage)} (skipped)", flush=True)
+        return None
+    log_path = paths.file(f"{stage}.log")
+    print(f"iteration {paths.t}: {stage}: fitting (log {log_path})", flush=True)
+    t0 = time.perf_counter()
+    status = runner(fit_args(config, paths, stage, replace=state == "damaged"), log_path)
+    if status != 0 or export_state(paths.export(stage)) != "done":
+        raise ValueError(f"iteration {paths.t}: the {stage} fit failed (exit status {status}): {last_error(log_path)}; "
+                         f"its log: {log_path}")  # fmt: skip
+    return time.perf_counter() - t0
+
+
+def evaluate(config: IterateConfig, policy: str, reward_model: str | None, gold: Scorer | None,
+             eval_prompts: Sequence) -> dict:  # fmt: skip
+    """The policy on the held-out prompts: ``gold`` (labeller) and ``proxy`` (reward model) means, KL to SFT."""
+    from rlhf_lit.evaluation.policy_metrics import evaluate_policy
+    from rlhf_lit.models.generation import SamplingConfig
+
+    sampling = SamplingConfig(max_new_tokens=config.sampling.max_new_tokens, temperature=config.sampling.temperature)
+    result = evaluate_policy(policy, list(eval_prompts), reference=config.sft_model, reward_model=reward_model,
+                             sampling=sampling, batch_size=config.sampling.batch_size, seed=config.seed,
+                             device=config.device)  # fmt: skip
+    metrics = result["metrics"]
+    rows = result["samples"]
+    gold_scores = gold([r["prompt_text"] for r in rows], [r["response"] for r in rows]) if gold is not None else None
+    return {"gold": None if gold_scores is None else sum(gold_scores) / len(gold_scores),
+            "proxy": metrics.get("rm_mean"), "kl": metrics.get("kl_mean"), "length": metrics["length_mean"]}  # fmt: skip
+
+
+def ppo_log_signals(paths: Paths) -> dict:
+    """What the iteration's PPO run logged to TensorBoard (its ``ppo/version_N`` of the highest N holding event
+    files; rlhf-lit's default logger under ``--run_dir``): the last rollout's ``objective/scores`` (the proxy
+    while training), ``objective/judge`` and ``objective/kl``, and the over-optimisation guard's signals that
+    held at some rollout (``guard/<signal>/holds``), comma-separated; None where not logged."""
+    import glob
+
+    out: dict = {"ppo_proxy": None, "ppo_judge": None, "ppo_kl": None, "guard_fired": None}
+    found = glob.glob(os.path.join(paths.dir, "ppo", "version_*", "events.out.tfevents.*"))
+    if not found:
+        return out
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    newest = max({os.path.dirname(p) for p in found}, key=lambda d: int(d.rsplit("_", 1)[1]))
+    events = EventAccumulator(newest, size_guidance={"scalars": 0})
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    for key, tag in (("ppo_proxy", "objective/scores"), ("ppo_judge", "objective/judge"), ("ppo_kl", "objective/kl")):
+        if tag in tags:
+            out[key] = float(events.Scalars(tag)[-1].value)
+    held = [t.split("/")[1] for t in sorted(tags) if t.startswith("guard/") and t.endswith("/holds")]
+    if held:
+        fired = [name for name in held if any(e.value > 0 for e in events.Scalars(f"guard/{name}/holds"))]
+        out["guard_fired"] = ",".join(fired) or "none"
+    return out
+
+
+def iteration_metrics(config: IterateConfig, paths: Paths, train: list, held: list, data: list,
+                      gold: Scorer | None, eval_prompts: Sequence, seconds: dict) -> dict:  # fmt: skip
+    """Step 6: ``metrics.json`` (reused when intact): the row of iteration t in the summary."""
+    done = intact_json(paths.file("metrics.json"))
+    if done is not None:
+        return done["row"]
+    before = reward_model_before(config, paths.t)
+    acc_before = pairwise_accuracy(RewardModelScorer(before, config.device), held)[0] if before and held else None
+    after = paths.export("reward_model")
+    acc_after, held_pairs = pairwise_accuracy(RewardModelScorer(after, config.device), held) if held else (None, 0)
+    row = {"iteration": paths.t, "labelled_prompts": len(train) + len(held), "labelled_pairs": count_pairs(train + held),
+           "rm_train_records": len(data), "held_out_pairs": held_pairs, "rm_acc_before": acc_before,
+           "rm_acc_after": acc_after,
+           **evaluate(config, paths.export("ppo"), after, gold, eval_prompts), **ppo_log_signals(paths)}  # fmt: skip
+    write_json_atomically(paths.file("metrics.json"), {WRITTEN_BY_KEY: WRITTEN_BY, "row": row, "timing_s": seconds})
+    return row

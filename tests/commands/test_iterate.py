@@ -1,0 +1,424 @@
+"""``rlhf-lit iterate``: the loop's data, its typed choices, labels from files, early errors, resuming.
+
+Most tests swap the stage runner (``iterate_command.run_fit``) for :class:`FakeFits`, which records each
+``rlhf-lit fit`` command line and writes a stand-in export (a copy of a tiny model with the export marker):
+the loop's own decisions are checked in a second or two, without training. Two tests run the real stages
+in this process (``rlhf_lit.cli.main`` through ``run_main``), 1-2 steps each: the loop end to end, and a
+kill in the middle of a fit that a rerun finishes with the same export.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from assets_paths import CONFIGS, ROOT, STORIES260K, TINYSTORIES
+from cli_in_process import run_main
+
+from rlhf_lit.artifacts import EXPORT_MARKER
+from rlhf_lit.commands import iterate_command
+from rlhf_lit.commands.iterate_config import IterateConfig, read_config
+
+JUDGE = "iterate_judges:length_judge"
+"""Longer is better: deterministic, and the tiny policy's responses differ in length (tests/commands/iterate_judges.py)."""
+
+
+# ------------------------------------------------------------------------------------------ set-up
+
+
+@pytest.fixture(scope="module")
+def tiny_rm(tmp_path_factory) -> Path:
+    """A stories260K reward model (random head) with the policy's tokenizer: the fake reward-model export."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    path = tmp_path_factory.mktemp("rm")
+    torch.manual_seed(0)
+    AutoModelForSequenceClassification.from_pretrained(str(STORIES260K), num_labels=1).save_pretrained(path)
+    AutoTokenizer.from_pretrained(str(STORIES260K)).save_pretrained(path)
+    return path
+
+
+class FakeFits:
+    """A stand-in for ``rlhf-lit fit``: records the arguments, copies a tiny model to the stage's export."""
+
+    def __init__(self, rm: Path, kill_at: tuple[int, str] | None = None) -> None:
+        self.rm, self.kill_at, self.calls = rm, kill_at, []
+
+    def __call__(self, args: list[str], log_path: str) -> int:
+        options = dict(zip(args[1::2], args[2::2]))  # ["fit", "--config", X, ...]: option -> value
+        stage = "reward_model" if "--model.init_args.model" in options else "ppo"
+        t = int(Path(options["--run_dir"]).name.split("_")[1])
+        self.calls.append((t, stage, options))
+        export = Path(options["--run_dir"]) / stage / "model"
+        if self.kill_at == (t, stage):  # killed mid-fit: a checkpoint folder and a half-filled temporary export
+            (export.parent / "version_0" / "checkpoints").mkdir(parents=True, exist_ok=True)
+            (export.parent / ".model.tmp-killed").mkdir(parents=True, exist_ok=True)
+            raise RuntimeError(f"killed during the {stage} fit of iteration {t}")
+        shutil.copytree(self.rm if stage == "reward_model" else STORIES260K, export)
+        (export / EXPORT_MARKER).write_text("{}", encoding="utf-8")
+        Path(log_path).write_text("fake fit\n", encoding="utf-8")
+        return 0
+
+    def starts(self, t: int, stage: str) -> str:
+        """The model the stage of iteration t started from (the RM's ``model``, PPO's ``sft_model``)."""
+        key = "--model.init_args.model" if stage == "reward_model" else "--model.init_args.sft_model"
+        return next(options[key] for (i, s, options) in self.calls if (i, s) == (t, stage))
+
+
+def loop_config(tmp_path: Path, **groups) -> Path:
+    """A tiny loop config in ``tmp_path`` (4 fresh prompts x 3 responses per iteration), groups overridden."""
+    config = {
+        "run_dir": str(tmp_path / "run"), "iterations": 2, "seed": 3, "sft_model": str(STORIES260K),
+        "prompts": {"path": str(TINYSTORIES), "skip": 1000, "words": 6, "held_out": 2, "per_iteration": 4},
+        "sampling": {"responses_per_prompt": 3, "max_new_tokens": 6, "batch_size": 16},
+        "labeler": {"kind": "judge", "source": JUDGE},
+        "reward_model": {"config": str(CONFIGS / "offline/iterate/reward_model.yaml"), "held_out_fraction": 0.25},
+        "ppo": {"config": str(CONFIGS / "offline/iterate/ppo.yaml")},
+    }  # fmt: skip
+    for group, values in groups.items():
+        config[group] = {**config.get(group, {}), **values} if isinstance(values, dict) else values
+    path = tmp_path / "iterate.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def iterate(config: Path, runner, monkeypatch, cwd: Path):
+    """``rlhf-lit iterate --config <config>`` in this process with ``runner`` as the fits."""
+    monkeypatch.setattr(iterate_command, "run_fit", runner)
+    return run_main("iterate", "--config", str(config), cwd=cwd)
+
+
+def jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def labels(run: Path, t: int) -> dict:
+    return json.loads((run / f"iter_{t}" / "labels.json").read_text(encoding="utf-8"))
+
+
+def error_line(result) -> str:
+    lines = [line for line in result.stderr.splitlines() if line.startswith("rlhf-lit: error:")]
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    return lines[0]
+
+
+# ---------------------------------------------------------------------------- the loop's decisions
+
+
+@pytest.mark.parametrize("data", ["all", "latest"])
+def test_reward_data_accumulates_as_configured(tmp_path, monkeypatch, tiny_rm, data):
+    fits = FakeFits(tiny_rm)
+    result = iterate(loop_config(tmp_path, reward_model={"data": data}), fits, monkeypatch, tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = tmp_path / "run"
+    first, second = labels(run, 1), labels(run, 2)
+    # By hand: 4 prompts an iteration, a quarter (1) held out; the rest trains.
+    assert (len(first["train"]), len(first["held_out"])) == (3, 1)
+    assert {r["iteration"] for r in first["train"]} == {1} and {r["iteration"] for r in second["train"]} == {2}
+    assert jsonl(run / "iter_1" / "reward_data.jsonl") == first["train"]
+    expected = first["train"] + second["train"] if data == "all" else second["train"]
+    assert jsonl(run / "iter_2" / "reward_data.jsonl") == expected
+    # the reward-model fit reads that file, as rankings records
+    options = next(o for (t, s, o) in fits.calls if (t, s) == (2, "reward_model"))
+    assert options["--data.init_args.train_path"] == str(run / "iter_2" / "reward_data.jsonl")
+    assert options["--data.init_args.format"] == "rankings"
+    # a ranking: best first by the judge (longer), its ranks dense
+    for record in first["train"]:
+        assert record["scores"] == sorted(record["scores"], reverse=True)
+        assert record["ranks"][0] == 0 and record["ranks"] == sorted(record["ranks"])
+    summary = json.loads((run / "summary.json").read_text(encoding="utf-8"))
+    assert [row["iteration"] for row in summary["rows"]] == [0, 1, 2]
+    assert summary["rows"][2]["rm_train_records"] == len(expected)
+    assert summary["rows"][2]["rm_acc_before"] is not None and summary["rows"][1]["rm_acc_before"] is None
+    assert (run / "summary.csv").read_text(encoding="utf-8").startswith("iteration,labelled_prompts,")
+
+
+@pytest.mark.parametrize(("group", "value"), [("reward_model", "previous"), ("reward_model", "sft"),
+                                              ("ppo", "restart"), ("ppo", "continue")])  # fmt: skip
+def test_each_start_choice_starts_where_it_says(tmp_path, monkeypatch, tiny_rm, group, value):
+    fits = FakeFits(tiny_rm)
+    key = "init" if group == "reward_model" else "start"
+    result = iterate(loop_config(tmp_path, **{group: {key: value}}), fits, monkeypatch, tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = tmp_path / "run"
+    assert fits.starts(1, group) == str(STORIES260K)  # iteration 1 starts from the SFT model either way
+    previous = str(run / "iter_1" / group / "model")
+    assert fits.starts(2, group) == (previous if value in ("previous", "continue") else str(STORIES260K))
+    if group == "ppo":  # the policy iteration 2 samples is iteration 1's PPO export, whichever the start
+        assert fits.starts(2, "reward_model") == str(run / "iter_1" / "reward_model" / "model")
+
+
+@pytest.mark.parametrize("data", ["all", "latest"])
+def test_initial_data_and_model_come_before_iteration_one(tmp_path, monkeypatch, tiny_rm, data):
+    initial = tmp_path / "initial.jsonl"
+    initial.write_text('{"prompt": "Tom", "chosen": "ran home.", "rejected": "sat."}\n'
+                       '{"prompt": "Sue", "responses": ["sang.", "ate.", "slept."]}\n', encoding="utf-8")  # fmt: skip
+    fits = FakeFits(tiny_rm)
+    config = loop_config(tmp_path, iterations=1, reward_model={"data": data, "initial_data": str(initial),
+                                                               "initial_model": str(tiny_rm)})  # fmt: skip
+    result = iterate(config, fits, monkeypatch, tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = tmp_path / "run"
+    train = labels(run, 1)["train"]
+    kept = [{"prompt": "Tom", "responses": ["ran home.", "sat."], "ranks": [0, 1]},
+            {"prompt": "Sue", "responses": ["sang.", "ate.", "slept."], "ranks": [0, 1, 2]}]  # fmt: skip
+    assert jsonl(run / "iter_1" / "reward_data.jsonl") == (kept + train if data == "all" else train)
+    assert fits.starts(1, "reward_model") == str(tiny_rm)  # `previous` at t = 1: the initial model
+    rows = json.loads((run / "summary.json").read_text(encoding="utf-8"))["rows"]
+    assert rows[1]["rm_acc_before"] is not None and rows[0]["proxy"] is not None  # the initial model measured
+
+
+def test_a_reward_model_labels_by_its_scores(tmp_path, monkeypatch, tiny_rm):
+    from rlhf_lit.commands.iterate_labels import RewardModelScorer
+
+    config = loop_config(tmp_path, iterations=1, labeler={"kind": "reward_model", "source": str(tiny_rm)})
+    assert iterate(config, FakeFits(tiny_rm), monkeypatch, tmp_path).returncode == 0
+    samples = {r["prompt"]: r for r in jsonl(tmp_path / "run" / "iter_1" / "samples.jsonl")}
+    scorer = RewardModelScorer(str(tiny_rm))
+    for record in labels(tmp_path / "run", 1)["train"]:
+        sample = samples[record["prompt"]]
+        scores = scorer([sample["prompt_text"]] * len(record["responses"]), record["responses"])
+        assert scores == pytest.approx(record["scores"], abs=1e-5) and scores == sorted(scores, reverse=True)
+
+
+def test_the_default_policy_start_is_restart_from_sft():
+    assert IterateConfig().ppo.start == "restart"  # Wolf, Kirk and Musolesi 2025: the robust choice
+
+
+def test_the_shipped_loop_config_reads():
+    config = read_config(str(CONFIGS / "offline" / "iterate.yaml"))
+    assert config.iterations >= 2 and config.labeler.kind == "judge"
+
+
+def test_labels_from_files_of_either_shape(tmp_path, monkeypatch, tiny_rm):
+    (tmp_path / "labels").mkdir()
+    pairs = [{"prompt": f"Tom went to the {w}", "chosen": "park and smiled.", "rejected": "rain."} for w in "abcd"]
+    rankings = [{"prompt": "Sue had a cat", "responses": ["x y", "z", "w v u"], "ranks": [0, 1, 1]},
+                {"prompt": "The sun was", "responses": ["hot.", "up."]}]  # fmt: skip
+    (tmp_path / "labels" / "iter_1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in pairs), encoding="utf-8")
+    (tmp_path / "labels" / "iter_2.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rankings), encoding="utf-8")
+    config = loop_config(tmp_path, labeler={"kind": "file", "source": str(tmp_path / "labels" / "iter_{t}.jsonl")},
+                         evaluation={"judge": JUDGE})  # fmt: skip
+    result = iterate(config, FakeFits(tiny_rm), monkeypatch, tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    first, second = labels(tmp_path / "run", 1), labels(tmp_path / "run", 2)
+    assert sorted(r["prompt"] for r in first["train"] + first["held_out"]) == sorted(r["prompt"] for r in pairs)
+    assert all(r["responses"] == ["park and smiled.", "rain."] and r["ranks"] == [0, 1] for r in first["train"])
+    got = {r["prompt"]: r for r in second["train"] + second["held_out"]}
+    assert got["Sue had a cat"]["ranks"] == [0, 1, 1] and got["The sun was"]["ranks"] == [0, 1]  # ties kept
+
+
+def test_a_missing_labels_file_asks_for_it_after_writing_the_samples(tmp_path, monkeypatch, tiny_rm):
+    wanted = tmp_path / "labels" / "iter_1.jsonl"
+    fits = FakeFits(tiny_rm)
+    result = iterate(loop_config(tmp_path, labeler={"kind": "file", "source": str(tmp_path / "labels" / "iter_{t}.jsonl")}),
+                     fits, monkeypatch, tmp_path)  # fmt: skip
+    assert result.returncode == 1
+    line = error_line(result)
+    samples = tmp_path / "run" / "iter_1" / "samples.jsonl"
+    assert str(samples) in line and str(wanted) in line
+    assert [len(r["responses"]) for r in jsonl(samples)] == [3, 3, 3, 3] and fits.calls == []
+
+
+@pytest.mark.parametrize(("content", "named"), [
+    ('{"prompt": "a", "chosen": "b", "rejected": "c"}\n{"prompt": "a", "chosen": "b"}\n', "line 2: field 'rejected' missing"),
+    ('{"prompt": "a", "responses": ["b", "c"], "ranks": [1, 0]}\n', "line 1: field 'ranks[1]' is 0"),
+    ('{"prompt": "a", "text": "b"}\n', "line 1: neither a rankings record"),
+    ('{"prompt": "a", "responses": ["b", "c"]}\n{"prompt": \n', "line 2"),
+])  # fmt: skip
+def test_a_bad_labels_file_is_one_line_before_any_fit(tmp_path, monkeypatch, tiny_rm, content, named):
+    (tmp_path / "labels").mkdir()
+    (tmp_path / "labels" / "iter_2.jsonl").write_text(content, encoding="utf-8")  # iteration 2's: checked first
+    fits = FakeFits(tiny_rm)
+    result = iterate(loop_config(tmp_path, labeler={"kind": "file", "source": str(tmp_path / "labels" / "iter_{t}.jsonl")}),
+                     fits, monkeypatch, tmp_path)  # fmt: skip
+    line = error_line(result)
+    assert str(tmp_path / "labels" / "iter_2.jsonl") in line and named in line, line
+    assert fits.calls == [] and not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(("groups", "named"), [
+    ({"reward_model": {"data": "some"}}, "reward_model.data must be one of all, latest, got 'some'"),
+    ({"ppo": {"start": "resume"}}, "ppo.start must be one of restart, continue"),
+    ({"reward_model": {"init": "sft", "lr": 1}}, "unknown key 'reward_model.lr'"),
+    ({"sampling": {"responses_per_prompt": 1}}, "sampling.responses_per_prompt must be >= 2"),
+    ({"labeler": {"kind": "judge", "source": "no_such_module:judge"}}, "no_such_module"),
+    ({"ppo": {"config": str(CONFIGS / "offline/iterate/reward_model.yaml")}}, "ppo.config"),
+    ({"sft_model": "./no/such/model"}, "sft_model ./no/such/model: no such model directory"),
+    ({"labeler": {"kind": "reward_model", "source": str(STORIES260K)}}, "not a reward model"),
+])  # fmt: skip
+def test_a_bad_option_is_one_line_before_any_fit(tmp_path, monkeypatch, tiny_rm, groups, named):
+    fits = FakeFits(tiny_rm)
+    result = iterate(loop_config(tmp_path, **groups), fits, monkeypatch, tmp_path)
+    line = error_line(result)
+    assert named in line, line
+    assert fits.calls == [] and not (tmp_path / "run").exists()
+
+
+def test_a_rerun_with_another_config_is_refused(tmp_path, monkeypatch, tiny_rm):
+    assert iterate(loop_config(tmp_path, iterations=1), FakeFits(tiny_rm), monkeypatch, tmp_path).returncode == 0
+    result = iterate(loop_config(tmp_path, iterations=1, reward_model={"data": "latest"}), FakeFits(tiny_rm),
+                     monkeypatch, tmp_path)  # fmt: skip
+    assert "was started with another config (reward_model differ" in error_line(result)
+
+
+@pytest.mark.parametrize("stage", ["reward_model", "ppo"])
+def test_a_kill_in_a_fit_redoes_that_fit_and_skips_what_is_done(tmp_path, monkeypatch, tiny_rm, stage):
+    config = loop_config(tmp_path)
+    killed = iterate(config, FakeFits(tiny_rm, kill_at=(2, stage)), monkeypatch, tmp_path)
+    assert killed.returncode == 1 and "killed during" in killed.stderr
+    run = tmp_path / "run"
+    samples = (run / "iter_2" / "samples.jsonl").read_text(encoding="utf-8")
+    (run / "iter_2" / "samples.jsonl").write_text(samples[:-20], encoding="utf-8")  # a copy cut short: sampled again
+    (run / "iter_1" / "metrics.json").write_text('{"written_by": "rlhf-lit iterate", "row": {', encoding="utf-8")  # cut short
+    fits = FakeFits(tiny_rm)
+    resumed = iterate(config, fits, monkeypatch, tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    redone = [(t, s) for (t, s, _) in fits.calls]
+    assert redone == ([(2, "reward_model"), (2, "ppo")] if stage == "reward_model" else [(2, "ppo")])
+    assert (run / "iter_2" / "samples.jsonl").read_text(encoding="utf-8") == samples  # the same samples again (seed + t)
+    assert json.loads((run / "iter_1" / "metrics.json").read_text(encoding="utf-8"))["row"]["iteration"] == 1  # redone
+    assert "iteration 1: ppo: done" in resumed.stdout
+
+
+# ------------------------------------------------------------------------------ the real stages
+
+
+def in_process_fits(args: list[str], log_path: str) -> int:
+    """``rlhf-lit <args>`` through ``rlhf_lit.cli.main`` in this process (no second import of the CLI), its output
+    written to ``log_path``."""
+    result = run_main(*args, cwd=Path.cwd())
+    Path(log_path).write_text(result.stdout + result.stderr, encoding="utf-8")
+    return result.returncode
+
+
+TINY_FITS = {
+    "reward_model": {"options": ["--trainer.max_epochs", "1", "--trainer.max_steps", "2", "--data.init_args.batch_size", "2",
+                                 "--data.init_args.val_fraction", "0.34"]},
+    "ppo": {"options": ["--model.init_args.max_rollouts", "1", "--model.init_args.sampling.max_new_tokens", "6",
+                        "--model.init_args.ppo.epochs", "1", "--model.init_args.ppo.minibatch_size", "2",
+                        "--data.init_args.batch_size", "4", "--data.init_args.max_records", "16",
+                        "--data.init_args.train_path", str(TINYSTORIES)]},
+}  # fmt: skip
+"""1-2 steps per stage: the shipped stage configs, shortened through the loop's ``options``."""
+
+
+def weights(export: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(export / "model.safetensors"))
+
+
+@pytest.fixture(scope="module")
+def real_run(tmp_path_factory):
+    """The loop over the real stages, T = 2, in this process: ``(run directory, result)``."""
+    root = tmp_path_factory.mktemp("real")
+    result = run_main_with(loop_config(root, **TINY_FITS), in_process_fits, root)
+    return root / "run", result
+
+
+def run_main_with(config: Path, runner, cwd: Path):
+    """``rlhf-lit iterate`` with ``runner`` as the fits (a module-scoped fixture has no monkeypatch)."""
+    saved = iterate_command.run_fit
+    iterate_command.run_fit = runner
+    try:
+        return run_main("iterate", "--config", str(config), cwd=cwd)
+    finally:
+        iterate_command.run_fit = saved
+
+
+QUIET_TINY_RUN = pytest.mark.filterwarnings("ignore:The variance of predictions or target is close to zero")
+"""A 6-token response budget cuts every response at 6 tokens: the RM's length correlation has no variance."""
+
+
+@QUIET_TINY_RUN
+def test_the_loop_runs_the_real_stages(real_run):
+    run, result = real_run
+    assert result.returncode == 0, result.stderr[-3000:]
+    for t in (1, 2):
+        for stage in ("reward_model", "ppo"):
+            assert (run / f"iter_{t}" / stage / "model" / EXPORT_MARKER).is_file()
+    rows = json.loads((run / "summary.json").read_text(encoding="utf-8"))["rows"]
+    assert rows[0]["kl"] == pytest.approx(0.0, abs=1e-4)  # the SFT model against itself
+    assert rows[2]["rm_acc_before"] is not None and rows[2]["rm_acc_after"] is not None
+    assert all(row["gold"] is not None and row["kl"] is not None for row in rows)
+    assert all(row["ppo_judge"] is not None and row["guard_fired"] is not None for row in rows[1:])  # PPO's own logs
+    assert "rm_acc_before" in result.stdout  # the printed table
+
+
+@QUIET_TINY_RUN
+def test_a_kill_in_the_middle_of_a_fit_resumes_to_the_same_export(tmp_path, monkeypatch, real_run, tiny_rm):
+    """Killed in iteration 1's PPO fit (a checkpoint folder and a temporary export left): the rerun skips the
+    finished reward model, fits PPO again and ends with the export an uninterrupted run has."""
+    run, _ = real_run
+    config = loop_config(tmp_path, iterations=1, **TINY_FITS)
+    calls = []
+
+    def killed_in_ppo(args, log_path):
+        calls.append(args)
+        if "--model.init_args.sft_model" in args:
+            return FakeFits(tiny_rm, kill_at=(1, "ppo"))(args, log_path)
+        return in_process_fits(args, log_path)
+
+    assert iterate(config, killed_in_ppo, monkeypatch, tmp_path).returncode == 1
+    assert len(calls) == 2 and (tmp_path / "run" / "iter_1" / "reward_model" / "model" / EXPORT_MARKER).is_file()
+    resumed = iterate(config, in_process_fits, monkeypatch, tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "iteration 1: reward_model: done" in resumed.stdout
+    got, want = weights(tmp_path / "run" / "iter_1" / "ppo" / "model"), weights(run / "iter_1" / "ppo" / "model")
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+    base = weights(STORIES260K)
+    assert any(not torch.equal(want[k], base[k]) for k in want if k in base)  # PPO did change the policy
+
+
+def _processes_naming(text: str) -> list[str]:
+    """The command lines of this machine's processes that contain ``text``."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            line = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in line:
+            found.append(line)
+    return found
+
+
+@pytest.mark.slow
+@QUIET_TINY_RUN
+def test_sigterm_stops_the_loop_and_its_fit_and_a_rerun_finishes(tmp_path, monkeypatch):
+    """The console script, SIGTERM while a fit runs: exit 143, no fit left running (its lock would refuse the
+    rerun), and the same command again finishes the loop (here in process)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from suite_env import subprocess_env
+
+    config = loop_config(tmp_path, iterations=1, **TINY_FITS)
+    cli = Path(sys.executable).parent / "rlhf-lit"
+    import os
+
+    path = os.pathsep.join(p for p in (str(Path(__file__).parent), os.environ.get("PYTHONPATH")) if p)  # the judge
+    loop = subprocess.Popen([str(cli), "iterate", "--config", str(config)], cwd=tmp_path,
+                            env=subprocess_env({"PYTHONPATH": path}),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    log = tmp_path / "run" / "iter_1" / "reward_model.log"
+    deadline = time.monotonic() + 120
+    while not log.exists() and loop.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert log.exists(), loop.communicate()
+    time.sleep(1.0)  # the fit is starting
+    loop.send_signal(signal.SIGTERM)
+    _, stderr = loop.communicate(timeout=120)
+    assert loop.returncode == 128 + signal.SIGTERM, stderr[-3000:]
+    assert "stopped by SIGTERM" in stderr
+    assert _processes_naming(str(tmp_path / "run")) == []  # the fit went with it
+    resumed = iterate(config, in_process_fits, monkeypatch, tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert (tmp_path / "run" / "iter_1" / "ppo" / "model" / EXPORT_MARKER).is_file()
