@@ -169,3 +169,15 @@ def test_resume_with_calibration_is_exact(tmp_path):
         assert a[name] == pytest.approx(b[name], rel=1e-6, abs=1e-7), name
     for p, q in zip(straight.policy.parameters(), resumed.policy.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7)
+
+
+def test_a_checkpoint_from_before_calibration_resumes_with_it_off_and_is_refused_with_it_on():
+    from dataclasses import asdict
+
+    from rlhf_lit.stages.resume import ResumeMismatch, check_resume, init_defaults
+
+    older = {k: v for k, v in asdict(RewardConfig()).items() if not k.startswith("calibration")}  # as written before
+    checkpoint = {"hyper_parameters": {"reward": older}}
+    check_resume(checkpoint, {"reward": asdict(RewardConfig())}, None, (), None, init_defaults(PPOModule))
+    with pytest.raises(ResumeMismatch, match=r"model.reward.calibration: checkpoint \(not set\), now 'reference_quantile'"):
+        check_resume(checkpoint, {"reward": asdict(CALIBRATED)}, None, (), None, init_defaults(PPOModule))

@@ -22,6 +22,7 @@ The maker reads of the stage only what a :class:`~rlhf_lit.stages.ppo.protocols.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from functools import partial
 from typing import TYPE_CHECKING
 
 import torch
@@ -118,9 +119,11 @@ Experience = RolloutInfo
 
 def sample_responses(
     policy: torch.nn.Module, batch: dict[str, torch.Tensor], sampling: SamplingConfig, stop_ids: tuple[int, ...],
-    pad_token_id: int, generator: torch.Generator,
+    pad_token_id: int, generator: torch.Generator, return_logprobs: bool = True,
 ) -> Generated:
-    """Sample responses to the prompts of ``batch`` with the unwrapped ``policy``, recording their logprobs.
+    """Sample responses to the prompts of ``batch`` with the unwrapped ``policy``, recording their logprobs
+    (``return_logprobs``: the old logprobs or the mismatch metric; a calibrated reward's reference
+    samples need none, and are drawn the same without them).
 
     Under FSDP the ranks step together until every rank's responses have ended (each forward
     pass is a collective; ``synced_gpus``), with the policy's weights gathered once for the call.
@@ -130,7 +133,7 @@ def sample_responses(
         return generate_responses(
             policy, batch["input_ids"], batch["attention_mask"], sampling, eos_token_id=stop_ids,
             pad_token_id=pad_token_id, generator=generator, synced_gpus=synced,
-            return_logprobs=True,  # (B, R): the old logprobs or the mismatch metric
+            return_logprobs=return_logprobs,  # (B, R)
         )  # fmt: skip
 
 
@@ -167,7 +170,8 @@ class ExperienceMaker:
         self.estimator, self.reward_sources, self.forward_passes = estimator, reward_sources, forward_passes
         # reward.calibration: the reference's K samples per prompt rank the raw scores; None when off.
         self.calibration = ReferenceCalibration(
-            reward, sampling, ppo, reference, reward_sources, tokenizer, stop_ids, sample_responses,
+            reward, sampling, ppo, reference, reward_sources, tokenizer, stop_ids,
+            partial(sample_responses, return_logprobs=False),
         ) if reward.calibrated else None  # fmt: skip
 
     @property
