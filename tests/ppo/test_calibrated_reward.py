@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
-from ppo_helpers import EOS, PAD, TINYSTORIES, EosBias, prompt_batch, tiny_module, tiny_trainer
+from ppo_helpers import EOS, PAD, STORIES, TINYSTORIES, EosBias, prompt_batch, tiny_module, tiny_trainer
 
 from rlhf_lit.data import PromptDataModule
 from rlhf_lit.models.generation import SamplingConfig, complete_generation
@@ -81,6 +81,27 @@ def test_a_rollouts_scores_are_its_quantiles_among_the_reference_samples_and_the
     assert plain.experience_maker.calibration is None
     rollout_off, _ = plain.make_rollout(batch, RolloutTimer(torch.device("cpu")))
     assert torch.equal(rollout_off.query_responses, rollout.query_responses)
+
+
+def test_with_lora_the_references_come_from_the_policy_with_its_adapters_disabled():
+    from rlhf_lit.models import load_causal_lm
+    from rlhf_lit.models.lora import LoRAConfig
+
+    module = tiny_module(lora=LoRAConfig(r=4, alpha=8.0), reward=CALIBRATED,
+                         sampling=SamplingConfig(max_new_tokens=6, temperature=1.0))  # fmt: skip
+    with torch.no_grad():  # trained adapters: the policy no longer samples as the SFT model does
+        for name, p in module.policy.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(0)))
+    batch = repeat_prompts(prompt_batch(module.tokenizer, PROMPTS), K)
+    drawn = module.experience_maker.calibration.sample(module, batch)
+    sft = load_causal_lm(STORIES, module.tokenizer).eval()
+    expected = sample_responses(sft, batch, module.sampling, module.stop_ids, PAD,
+                                stream_generator(7, 0, 0, STREAM_REFERENCE))  # fmt: skip
+    assert torch.equal(drawn.query_responses, expected.query_responses)
+    adapted = sample_responses(module.policy, batch, module.sampling, module.stop_ids, PAD,
+                               stream_generator(7, 0, 0, STREAM_REFERENCE))  # fmt: skip
+    assert not torch.equal(adapted.query_responses, expected.query_responses)  # the test can tell them apart
 
 
 class _Reference:
