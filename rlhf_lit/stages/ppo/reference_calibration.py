@@ -23,6 +23,7 @@ so a cache would only pay from the second epoch on, and fresh draws are exact fo
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -55,7 +56,8 @@ class ReferenceCalibration:
 
     def __init__(
         self, reward: RewardConfig, sampling: SamplingConfig, ppo: PPOConfig, reference: Reference,
-        reward_sources: RewardSources, tokenizer: Any, stop_ids: tuple[int, ...], sample: Any,
+        reward_sources: RewardSources, tokenizer: Any, stop_ids: tuple[int, ...],
+        sample: Callable[..., Generated],
     ) -> None:  # fmt: skip
         self.reward, self.sampling, self.ppo, self.reference = reward, sampling, ppo, reference
         self.reward_sources, self.tokenizer, self.stop_ids, self.sample_fn = reward_sources, tokenizer, stop_ids, sample
@@ -120,6 +122,7 @@ class ReferenceCalibration:
                             "reward/reference": reference.flatten()}  # fmt: skip
 
 
-def _sample_with(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, sample_fn: Any,
-                 *args: Any) -> Generated:  # fmt: skip
+def _sample_with(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                 sample_fn: Callable[..., Generated], *args: Any) -> Generated:  # fmt: skip
+    """``sample_fn(model, prompt batch, *args)``, the batch rebuilt from tensors the reference has moved."""
     return sample_fn(model, {"input_ids": input_ids, "attention_mask": attention_mask}, *args)
