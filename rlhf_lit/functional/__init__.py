@@ -13,6 +13,10 @@ from rlhf_lit.functional.advantages import (
     reinforce_pp_advantages,
     rloo_advantages,
 )
+from rlhf_lit.functional.calibration import (
+    CALIBRATION_TRANSFORMS, CalibrationTransform, calibrated_scores, quantile_bounds, reference_quantiles,
+    transform_quantiles,
+)
 from rlhf_lit.functional.ensemble import AGGREGATES, Aggregate, aggregate_scores, member_std
 from rlhf_lit.functional.kl import KLKind, kl_loss, kl_penalized_rewards, kl_penalty
 from rlhf_lit.functional.kl_control import AdaptiveKLController, FixedKLController, KLController
@@ -50,8 +54,10 @@ from rlhf_lit.functional.masks import (
 
 __all__ = [
     "AGGREGATES",
+    "CALIBRATION_TRANSFORMS",
     "IGNORE_INDEX",
     "Aggregate",
+    "CalibrationTransform",
     "AdaptiveKLController",
     "DPOLossKind",
     "EstimatorKind",
@@ -65,6 +71,7 @@ __all__ = [
     "append_eos_to_unfinished",
     "averages_over_tokens",
     "batch_examples",
+    "calibrated_scores",
     "check_dpo_settings",
     "clipped_value_loss",
     "concat_pairs",
@@ -91,10 +98,12 @@ __all__ = [
     "pad_right",
     "pairwise_reward_loss",
     "ppo_policy_loss",
+    "quantile_bounds",
     "ranking_loss",
     "ranking_metrics",
     "ranking_pair_mask",
     "ranking_pairs",
+    "reference_quantiles",
     "reinforce_pp_advantages",
     "response_mask_from_eos",
     "response_mask_from_prompt_length",
@@ -103,4 +112,5 @@ __all__ = [
     "sft_loss",
     "shape_scores",
     "token_logprobs",
+    "transform_quantiles",
 ]

@@ -58,6 +58,8 @@ QUOTED: list[Quoted] = [
            "optimizer.eps", 1e-5),  # fmt: skip
     Quoted(PPO_DOC, "the critic is a separate model initialised from the RM (N+ #16)", PPOModule, "critic", "separate"),
     Quoted("docs/DEMO.md", "(`critic: separate`, the library default, N+ details #16)", PPOModule, "critic", "separate"),
+    Quoted("docs/ppo.md", "reference responses per prompt (default 8)", PPOModule, "reward.calibration_samples", 8),
+    Quoted("docs/ppo.md", "`none` (default) or `reference_quantile`", PPOModule, "reward.calibration", "none"),
     Quoted(PPO_DOC, "Optional entropy bonus (cleanrl) and PPO-ptx", PPOModule, "ppo.entropy_coef", 0.0),
     Quoted(PPO_DOC, "Optional entropy bonus (cleanrl) and PPO-ptx", PPOModule, "ppo.ptx_coef", 0.0),
     # PPOConfig / KLConfig / RewardConfig field documentation.

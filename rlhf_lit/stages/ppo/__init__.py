@@ -9,7 +9,8 @@ The package: :mod:`~rlhf_lit.stages.ppo.module` (``PPOModule``, the LightningMod
 of minibatch steps), :mod:`~rlhf_lit.stages.ppo.config` (the ``ppo`` / ``reward`` / ``kl`` groups),
 :mod:`~rlhf_lit.stages.ppo.checks` (settings that contradict each other),
 :mod:`~rlhf_lit.stages.ppo.seeding`, :mod:`~rlhf_lit.stages.ppo.estimator`,
-:mod:`~rlhf_lit.stages.ppo.reward_sources`, :mod:`~rlhf_lit.stages.ppo.rollout`,
+:mod:`~rlhf_lit.stages.ppo.reward_sources`, :mod:`~rlhf_lit.stages.ppo.reference_calibration`,
+:mod:`~rlhf_lit.stages.ppo.rollout`,
 :mod:`~rlhf_lit.stages.ppo.ranks` (sums over the processes) and :mod:`~rlhf_lit.stages.ppo.metrics`.
 
 One ``training_step`` is one rollout: generate -> score -> rewards -> GAE -> K epochs of clipped
@@ -51,6 +52,12 @@ al. 2022 blog; N+ = "The N+ Implementation Details of RLHF with PPO", Huang et a
   ``uncertainty_weighted``: mean - lam * population std, ``worst_case``: the minimum;
   :func:`rlhf_lit.functional.aggregate_scores`), before bias, whitening and clipping; a separate
   critic without ``value_model`` starts from member 0.
+- A calibrated reward (``reward.calibration: reference_quantile``; BoNBoN, Gui et al. 2024; InfAlign,
+  Balashankar et al. 2025): the raw score replaced by its mid-quantile among K samples of the frozen
+  reference for the same prompt, drawn each rollout from their own seed stream, then ``identity``,
+  ``log`` or ``best_of_n`` (:mod:`~rlhf_lit.stages.ppo.reference_calibration`); with ``log`` and a
+  fixed KL coefficient 1 / (n - 1) the optimum is the best-of-n policy. K more responses are
+  sampled and scored per prompt.
 - Adam eps configurable (N #15: PyTorch placement; default 1e-5 as in cleanrl / N+).
 - Per-process seeds ``seed + rank * 100003`` (N #14), folded with the rollout index and a stream
   id into fresh generators, so sampling and shuffling are reproducible and resume exactly. The

@@ -11,7 +11,9 @@ from typing import Any, Literal, get_args
 
 import torch
 
-from rlhf_lit.functional import AGGREGATES, Aggregate, KLKind, Reducer, ScoreWhitening, shape_scores
+from rlhf_lit.functional import (
+    AGGREGATES, CALIBRATION_TRANSFORMS, Aggregate, CalibrationTransform, KLKind, Reducer, ScoreWhitening, shape_scores,
+)
 from rlhf_lit.models.compiled_passes import ForwardPasses
 from rlhf_lit.models.scoring import UnfinishedScoring
 from rlhf_lit.functional.advantages import EstimatorKind
@@ -19,6 +21,10 @@ from rlhf_lit.functional.advantages import EstimatorKind
 
 OldLogprobs = Literal["rescore", "sampling"]
 """Where a rollout's old logprobs come from (see ``PPOConfig.old_logprobs``)."""
+
+Calibration = Literal["none", "reference_quantile"]
+"""Whether the raw score is calibrated (see ``RewardConfig.calibration``): ``none``, or
+``reference_quantile``, its quantile among the reference policy's samples for the same prompt."""
 
 WhitenScope = Literal["global", "rank"]
 """Over which rows every whitening takes its mean and variance (``PPOConfig.whiten_scope``):
@@ -211,7 +217,7 @@ class RewardConfig:
     """How the sources' scores become the reward of a response.
 
     Order of operations: the reward model reads the response (``unfinished``); ``sum of weight *
-    source score`` (the raw score) -> ``score - bias`` ->
+    source score`` (the raw score) -> calibration (``calibration``) -> ``score - bias`` ->
     whiten (``scores``) -> clip -> missing-EOS penalty -> per-token KL shaping (the score at the
     last response token) -> whiten (``rewards``).
 
@@ -232,6 +238,23 @@ class RewardConfig:
             (:data:`~rlhf_lit.models.scoring.UnfinishedScoring`):
             ``as_sampled`` or ``with_eos``. Only ``as_sampled`` goes with a ``missing_eos_penalty``,
             which replaces those scores anyway; reward functions read text and are not affected.
+        calibration: ``reference_quantile`` replaces the raw score (every source's weighted sum, an
+            ensemble's aggregate included) by its mid-quantile among the raw scores of
+            ``calibration_samples`` responses the frozen reference policy samples for the same
+            prompt each rollout (same sampling settings, its own seed stream), then applies
+            ``calibration_transform`` (BoNBoN, Gui et al. 2024; InfAlign, Balashankar et al. 2025;
+            :mod:`rlhf_lit.functional.calibration`). ``none`` (default): the raw score as it is.
+            Logged: ``reward/calibrated``, ``reward/quantile``, ``reward/reference`` (the reference
+            samples' mean raw score), ``time/reference_s``; ``objective/scores`` stays the raw score.
+        calibration_transform: what the quantile q becomes
+            (:data:`~rlhf_lit.functional.CalibrationTransform`): ``identity`` (q, in (0, 1)),
+            ``log`` (log q: with ``kl.kind: fixed``, ``kl.init_coef`` 1 / (n - 1), the optimum is the
+            best-of-n policy for continuous rewards) or ``best_of_n`` (exact for tied / discrete
+            scores too; needs ``calibration_n``).
+        calibration_samples: K, the reference samples per prompt (drawn once per prompt of a
+            rollout, shared by its ``samples_per_prompt`` rows); the quantile moves in steps of
+            1 / (K + 1) and lies in [0.5 / (K + 1), (K + 0.5) / (K + 1)].
+        calibration_n: best-of-n's n (>= 2) of ``calibration_transform: best_of_n``; unset otherwise.
     """
 
     sources: list[RewardSource] = field(default_factory=_default_sources)
@@ -240,6 +263,10 @@ class RewardConfig:
     clip: float | None = None
     missing_eos_penalty: float | None = None
     unfinished: UnfinishedScoring = "as_sampled"
+    calibration: Calibration = "none"
+    calibration_transform: CalibrationTransform = "identity"
+    calibration_samples: int = 8
+    calibration_n: int | None = None
 
     def shape(self, raw_scores: torch.Tensor, ended: torch.Tensor, reduce_sum: Reducer | None = None) -> torch.Tensor:
         """Bias, score whitening, clipping and the missing-EOS penalty, in that order
@@ -288,11 +315,35 @@ class RewardConfig:
                 "response without EOS (TRL's missing_eos_penalty is subtracted from it instead), so a positive value "
                 "pays unfinished responses; give the score they get instead, e.g. -1.0, or null"
             )
+        self._check_calibration()
         if self.unfinished == "with_eos" and self.missing_eos_penalty is not None:
             raise ValueError(
                 "reward.unfinished='with_eos' scores responses without EOS, and reward.missing_eos_penalty replaces "
                 "those scores: set one of them (missing_eos_penalty: null, or unfinished: as_sampled)"
             )
+
+    @property
+    def calibrated(self) -> bool:
+        """Whether the raw score is calibrated against reference samples (``calibration``)."""
+        return self.calibration != "none"
+
+    def _check_calibration(self) -> None:
+        if self.calibration not in get_args(Calibration):
+            raise ValueError(f"reward.calibration must be one of {', '.join(get_args(Calibration))}; got {self.calibration!r}")
+        if self.calibration_transform not in CALIBRATION_TRANSFORMS:
+            raise ValueError(f"reward.calibration_transform must be one of {', '.join(CALIBRATION_TRANSFORMS)}; "
+                             f"got {self.calibration_transform!r}")  # fmt: skip
+        if self.calibration_samples < 1:
+            raise ValueError(f"reward.calibration_samples must be >= 1, got {self.calibration_samples}")
+        # Settings that would do nothing are refused, not ignored: they say the user meant calibration on.
+        if not self.calibrated and (self.calibration_transform != "identity" or self.calibration_n is not None):
+            raise ValueError("reward.calibration_transform / calibration_n apply to reward.calibration: "
+                             "reference_quantile; reward.calibration is none")  # fmt: skip
+        if (self.calibration_transform == "best_of_n") != (self.calibration_n is not None):
+            raise ValueError("reward.calibration_n (best-of-n's n) goes with calibration_transform: best_of_n, and "
+                             f"only with it; got transform {self.calibration_transform}, n {self.calibration_n}")
+        if self.calibration_n is not None and self.calibration_n < 2:
+            raise ValueError(f"reward.calibration_n must be >= 2 (the KL coefficient is 1 / (n - 1)), got {self.calibration_n}")
 
 
 KL_IN_NATS = ("k1", "k3")

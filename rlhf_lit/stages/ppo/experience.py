@@ -1,8 +1,10 @@
 """The experience maker: prompts in, a scored :class:`~rlhf_lit.stages.ppo.rollout.Rollout` out.
 
-generate -> score (old logprobs, reference logprobs, values, reward model; in chunks) -> raw score
-from the reward sources -> shaped score (:func:`rlhf_lit.functional.shape_scores`) -> per-token
-rewards with the KL penalty -> advantages and returns. All without gradients.
+generate -> (with ``reward.calibration``: the reference's K samples per prompt and their raw scores,
+:mod:`~rlhf_lit.stages.ppo.reference_calibration`) -> score (old logprobs, reference logprobs,
+values, reward model; in chunks) -> raw score from the reward sources -> (its calibrated quantile)
+-> shaped score (:func:`rlhf_lit.functional.shape_scores`) -> per-token rewards with the KL penalty
+-> advantages and returns. All without gradients.
 
 The responses are decoded at most once per rollout: for the reward functions when there are any,
 else after the update for the text metrics (:class:`RolloutInfo` carries them there).
@@ -20,6 +22,7 @@ The maker reads of the stage only what a :class:`~rlhf_lit.stages.ppo.protocols.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from functools import partial
 from typing import TYPE_CHECKING
 
 import torch
@@ -43,6 +46,7 @@ from rlhf_lit.stages.ppo.estimator import AdvantageEstimator, repeat_prompts
 from rlhf_lit.stages.ppo.first_forward import FirstForward, first_forward
 from rlhf_lit.stages.ppo.forward import ForwardPassRunner
 from rlhf_lit.stages.ppo.ranks import whitening_reducer
+from rlhf_lit.stages.ppo.reference_calibration import ReferenceCalibration
 from rlhf_lit.stages.ppo.reward_sources import RewardSources, reward_batch
 from rlhf_lit.stages.ppo.rollout import Rollout
 
@@ -115,9 +119,11 @@ Experience = RolloutInfo
 
 def sample_responses(
     policy: torch.nn.Module, batch: dict[str, torch.Tensor], sampling: SamplingConfig, stop_ids: tuple[int, ...],
-    pad_token_id: int, generator: torch.Generator,
+    pad_token_id: int, generator: torch.Generator, return_logprobs: bool = True,
 ) -> Generated:
-    """Sample responses to the prompts of ``batch`` with the unwrapped ``policy``, recording their logprobs.
+    """Sample responses to the prompts of ``batch`` with the unwrapped ``policy``, recording their logprobs
+    (``return_logprobs``: the old logprobs or the mismatch metric; a calibrated reward's reference
+    samples need none, and are drawn the same without them).
 
     Under FSDP the ranks step together until every rank's responses have ended (each forward
     pass is a collective; ``synced_gpus``), with the policy's weights gathered once for the call.
@@ -127,7 +133,7 @@ def sample_responses(
         return generate_responses(
             policy, batch["input_ids"], batch["attention_mask"], sampling, eos_token_id=stop_ids,
             pad_token_id=pad_token_id, generator=generator, synced_gpus=synced,
-            return_logprobs=True,  # (B, R): the old logprobs or the mismatch metric
+            return_logprobs=return_logprobs,  # (B, R)
         )  # fmt: skip
 
 
@@ -157,11 +163,16 @@ class ExperienceMaker:
     def __init__(
         self, stage: RolloutStage, *, tokenizer: PreTrainedTokenizerBase, sampling: SamplingConfig, ppo: PPOConfig,
         reward: RewardConfig, kl: KLConfig, kl_ctl: KLController, reference: Reference, estimator: AdvantageEstimator,
-        reward_sources: RewardSources, forward_passes: ForwardPassRunner,
+        reward_sources: RewardSources, forward_passes: ForwardPassRunner, stop_ids: tuple[int, ...],
     ) -> None:  # fmt: skip
         self.stage, self.tokenizer, self.sampling, self.ppo = stage, tokenizer, sampling, ppo
         self.reward_cfg, self.kl_cfg, self.kl_ctl, self.reference = reward, kl, kl_ctl, reference
         self.estimator, self.reward_sources, self.forward_passes = estimator, reward_sources, forward_passes
+        # reward.calibration: the reference's K samples per prompt rank the raw scores; None when off.
+        self.calibration = ReferenceCalibration(
+            reward, sampling, ppo, reference, reward_sources, tokenizer, stop_ids,
+            partial(sample_responses, return_logprobs=False),
+        ) if reward.calibrated else None  # fmt: skip
 
     @property
     def old_logprobs_from_sampling(self) -> bool:
@@ -256,10 +267,15 @@ class ExperienceMaker:
         m = self.stage
         world_size = trainer.world_size if trainer is not None else 1
         check_whitening_rows(batch["input_ids"].shape[0], world_size, self.ppo, self.reward_cfg)  # before any work
+        prompts = batch
         batch = repeat_prompts(batch, self.sampling.samples_per_prompt)  # k consecutive rows per prompt
         batch = without_common_padding(batch)  # nothing of the rollout reads a column no prompt attends
         gen = m.generate(batch)
         _mark(timer, "generate")
+        reference = None
+        if self.calibration is not None:  # after the policy sampled: its own stream, the policy's untouched
+            reference = self.calibration.draw(m, without_common_padding(repeat_prompts(prompts, self.calibration.k)))  # (P, K)
+            _mark(timer, "reference")
         first = first_forward(m, self.forward_passes, self.ppo.minibatch_size, gen) if reuse_first_forward else None
         scored = self.score_rollout(gen, first)
         for frozen in m.frozen_submodules().values():
@@ -270,9 +286,13 @@ class ExperienceMaker:
             decoded = reward_batch(self.tokenizer, batch, gen)
             texts = list(decoded.responses)  # a copy: a reward function may change its batch
         raw_scores, reward_parts = self.reward_sources(scored.rm_scores, decoded)  # (B,), {name: (B,)}
+        calibrated = raw_scores
+        if self.calibration is not None:  # the raw score's quantile among its prompt's reference scores
+            calibrated, calibration_parts = self.calibration.calibrate(raw_scores, reference)  # (B,)
+            reward_parts.update(calibration_parts)
         # Every whitening below is over the rows of all processes (ppo.whiten_scope: global) or of this one.
         reduce_sum = whitening_reducer(self.ppo.whiten_scope, trainer)
-        scores = self.reward_cfg.shape(raw_scores, gen.ended, reduce_sum)  # (B,): one placement path for every source
+        scores = self.reward_cfg.shape(calibrated, gen.ended, reduce_sum)  # (B,): one placement path for every source
         # kl.mode "loss": the KL is measured (metrics, controller) but paid in the loss, not here.
         reward_kl_coef = self.kl_ctl.value if self.kl_cfg.mode == "reward" else 0.0
         rewards, kl = kl_penalized_rewards(

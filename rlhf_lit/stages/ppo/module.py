@@ -192,7 +192,7 @@ class PPOModule(PPOCheckpoints, StageModule):
         self.experience_maker = ExperienceMaker(
             self, tokenizer=self.tokenizer, sampling=self.sampling, ppo=self.ppo, reward=self.reward_cfg, kl=self.kl_cfg,
             kl_ctl=self.kl_ctl, reference=self.reference, estimator=self.estimator, reward_sources=self.reward_sources,
-            forward_passes=self.forward_passes,
+            forward_passes=self.forward_passes, stop_ids=self.stop_ids,
         )  # fmt: skip
         self.rollout_index = 0  # rollouts completed; the step of every logged metric
         # The last rollout's logged metrics (averaged over ranks, the same on every rank): what

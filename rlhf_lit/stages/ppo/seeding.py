@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import torch
 
-STREAM_SAMPLE, STREAM_SHUFFLE = 0, 1
-"""The random streams folded into the per-rollout seeds: sampling responses, shuffling minibatches."""
+STREAM_SAMPLE, STREAM_SHUFFLE, STREAM_REFERENCE = 0, 1, 2
+"""The random streams folded into the per-rollout seeds: sampling responses, shuffling minibatches,
+sampling the reference policy's responses for a calibrated reward (``reward.calibration``: its own
+stream, so turning calibration on leaves the policy's samples and the shuffles as they were)."""
 RANK_STRIDE = 100003
 """Added to the seed per rank (N details #14), so ranks sample different responses."""
 
