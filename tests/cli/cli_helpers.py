@@ -75,6 +75,19 @@ def ppo_config(root: Path, sft: Path, rm: Path, **model_overrides) -> dict:
     }  # fmt: skip
 
 
+TWO_PROCESS_ROLLOUTS = 4
+"""Rollouts of the shared two-process PPO runs (tests/cli/conftest.py: ``straight_ddp``, ``straight_fsdp2``)."""
+
+
+def two_process_ppo(root: Path, rm: str, strategy: str, *callbacks: dict) -> Path:
+    """``root/ppo.yaml``: PPO of :data:`TWO_PROCESS_ROLLOUTS` rollouts (linear schedule, a checkpoint
+    every rollout) on 2 processes under ``strategy``, plus ``callbacks``; returns its path."""
+    config = ppo_config(root, STORIES, rm, max_rollouts=TWO_PROCESS_ROLLOUTS)
+    config["trainer"]["callbacks"] += list(callbacks)
+    config["trainer"].update(strategy=strategy, devices=2)
+    return write_yaml(root / "ppo.yaml", config)
+
+
 def unseeded(config: dict) -> dict:
     """A :func:`ppo_config` with ``rollout_seed`` and ``data.seed`` unset: they follow ``seed_everything``."""
     del config["model"]["init_args"]["rollout_seed"], config["data"]["init_args"]["seed"]

@@ -11,7 +11,7 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # cli_helpers
 
-from cli_helpers import STORIES  # noqa: E402
+from cli_helpers import STORIES, rlhf_lit_forked, two_process_ppo  # noqa: E402
 
 
 def _reward_model(path: Path, base: str, head: float | None) -> str:
@@ -40,3 +40,25 @@ def nan_rm(tmp_path_factory) -> str:
 def gpt2_rm(gpt2_dir, tmp_path_factory) -> str:
     """A reward model with GPT-2's tokenizer (50,257 tokens): not the stories policy's 512."""
     return _reward_model(tmp_path_factory.mktemp("gpt2-rm"), gpt2_dir, None)
+
+
+def _straight(tmp_path_factory, rm: str, strategy: str) -> Path:
+    root = tmp_path_factory.mktemp(f"straight-{strategy}")
+    done = rlhf_lit_forked("fit", "--config", str(two_process_ppo(root, rm, strategy)), cwd=root)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("[rlhf-lit] exported") == 1  # rank 0 only
+    return root
+
+
+@pytest.fixture(scope="session")
+def straight_ddp(tmp_path_factory, stories_rm) -> Path:
+    """An uninterrupted ddp run of ``cli_helpers.two_process_ppo`` on one node: what a stopped and resumed run
+    (tests/cli/test_preemption_cli.py) and two nodes (tests/cli/test_multinode_cli.py) must end as."""
+    return _straight(tmp_path_factory, stories_rm, "ddp")
+
+
+@pytest.fixture(scope="session")
+def straight_fsdp2(tmp_path_factory, stories_rm) -> Path:
+    """An uninterrupted fsdp2 run of ``cli_helpers.two_process_ppo`` on one node: what two nodes, and a run
+    killed on one node and resumed on two, must end as (tests/cli/test_multinode_cli.py)."""
+    return _straight(tmp_path_factory, stories_rm, "fsdp2")

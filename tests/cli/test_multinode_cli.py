@@ -12,19 +12,21 @@ in the same order), and (under fsdp2) a checkpoint written by one layout resumes
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import cli_forked
 import pytest
 import torch
-from cli_helpers import STORIES, ppo_config, rlhf_lit_forked, write_yaml
+from cli_helpers import STORIES, two_process_ppo
 from suite_env import subprocess_env
 
 TORCHRUN = Path(sys.executable).parent / "torchrun"
-CONSTANT_LR = {"lr": 3.0e-4, "eps": 1.0e-5}  # a constant schedule: a resumed run may extend max_rollouts
 
 
 def free_port() -> int:
@@ -70,19 +72,6 @@ def fit_on_two_nodes(launcher: str, *args: str, cwd: Path, timeout: int = 600) -
     assert "GLOBAL_RANK: 0, MEMBER: 1/2" in ranks[0] and "GLOBAL_RANK: 1, MEMBER: 2/2" in ranks[1]
 
 
-def fit_on_one_node(*args: str, cwd: Path) -> None:
-    """``rlhf-lit fit <args> --trainer.devices 2``: Lightning's launcher starts the second process."""
-    result = rlhf_lit_forked("fit", *args, "--trainer.num_nodes", "1", "--trainer.devices", "2", cwd=cwd)
-    assert result.returncode == 0, result.stderr[-3000:]
-
-
-def run_config(root: Path, stories_rm: str, strategy: str, rollouts: int, **overrides) -> Path:
-    """A PPO config of ``rollouts`` rollouts under ``strategy`` in ``root`` (4 prompts per process)."""
-    config = ppo_config(root, STORIES, stories_rm, max_rollouts=rollouts, optimizer=CONSTANT_LR, **overrides)
-    config["trainer"]["strategy"] = strategy
-    return write_yaml(root / f"ppo-{rollouts}.yaml", config)
-
-
 def final_state(root: Path) -> dict:
     """The last checkpoint of a run: rollouts done, weights, optimizer states, KL controller."""
     return torch.load(root / "ckpt" / "last.ckpt", map_location="cpu", weights_only=True)
@@ -103,19 +92,48 @@ def assert_same_run(a: Path, b: Path) -> None:
                 assert torch.equal(torch.as_tensor(value), torch.as_tensor(opt_b["state"][index][name])), (index, name)
 
 
+def kill_after_checkpoint(proc: cli_forked.ForkedProcess, root: Path, rollout: int) -> None:
+    """SIGKILL ``proc``'s process group (both ranks: no handler runs) early in the rollout after
+    ``rollout``, once ``rollout=<rollout>.ckpt`` and the ``last.ckpt`` replaced after it are on disk."""
+    deadline = time.monotonic() + 300
+    kept, last = root / "ckpt" / f"rollout={rollout}.ckpt", root / "ckpt" / "last.ckpt"
+    try:
+        while not (kept.exists() and last.exists() and last.stat().st_mtime_ns >= kept.stat().st_mtime_ns):
+            assert proc.poll() is None and time.monotonic() < deadline, "the run ended before its checkpoint"
+            time.sleep(0.01)
+        time.sleep(0.05)  # into the next rollout (a rollout takes about a second here)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert not (root / "ckpt" / f"rollout={rollout + 1}.ckpt").exists(), "killed too late: the next rollout had finished"
+    assert final_state(root)["ppo"]["rollout_index"] == rollout
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize(("strategy", "launcher"), [("ddp", "torchrun"), ("fsdp2", "lightning")])
-def test_two_nodes_train_what_one_node_of_two_processes_trains(tmp_path, stories_rm, strategy, launcher):
-    """1 node x 2 processes == 2 nodes x 1 process, bit for bit; under fsdp2 also a run stopped after one
-    rollout on one node and resumed on two ends where the straight one-node run ends."""
-    one, two, moved = tmp_path / "one-node", tmp_path / "two-nodes", tmp_path / "moved"
-    fit_on_one_node("--config", str(run_config(one, stories_rm, strategy, 2)), cwd=one)
-    fit_on_two_nodes(launcher, "--config", str(run_config(two, stories_rm, strategy, 2)), cwd=two)
-    assert_same_run(one, two)
-    assert (one / "export" / "model.safetensors").read_bytes() != Path(STORIES, "model.safetensors").read_bytes()
-    if strategy == "ddp":
-        return  # (a ddp resume is exact in test_preemption_cli.py; across layouts, fsdp2's here)
-    fit_on_one_node("--config", str(run_config(moved, stories_rm, strategy, 1)), cwd=moved)
-    fit_on_two_nodes(launcher, "--config", str(run_config(moved, stories_rm, strategy, 2, export_existing="replace")),
-                     "--ckpt_path", str(moved / "ckpt" / "last.ckpt"), cwd=moved)  # fmt: skip
-    assert_same_run(one, moved)
+def test_two_nodes_launched_by_torchrun_train_under_ddp_what_one_node_of_two_processes_trains(
+        tmp_path, straight_ddp, stories_rm):  # fmt: skip
+    """2 nodes x 1 process == 1 node x 2 processes (the shared run, tests/cli/conftest.py), bit for bit."""
+    fit_on_two_nodes("torchrun", "--config", str(two_process_ppo(tmp_path, stories_rm, "ddp")), cwd=tmp_path)
+    assert_same_run(straight_ddp, tmp_path)
+    assert (tmp_path / "export" / "model.safetensors").read_bytes() != Path(STORIES, "model.safetensors").read_bytes()
+
+
+@pytest.mark.slow
+def test_under_fsdp2_two_nodes_train_what_one_node_trains_and_a_run_killed_on_one_node_resumes_on_two(
+        tmp_path, straight_fsdp2, stories_rm):  # fmt: skip
+    """2 nodes x 1 process (Lightning's variables) == 1 node x 2 processes, bit for bit; and a run
+    killed mid-rollout on one node (both ranks, SIGKILL) resumed with the README's command on two
+    nodes ends where the straight one-node run ends: the checkpoint, written sharded by one layout,
+    is read by the other."""
+    two, killed = tmp_path / "two-nodes", tmp_path / "killed"
+    fit_on_two_nodes("lightning", "--config", str(two_process_ppo(two, stories_rm, "fsdp2")), cwd=two)
+    assert_same_run(straight_fsdp2, two)
+    assert (two / "export" / "model.safetensors").read_bytes() != Path(STORIES, "model.safetensors").read_bytes()
+
+    config = two_process_ppo(killed, stories_rm, "fsdp2")
+    # Its own session: the kill reaches rank 1 too (Lightning's launcher starts it from rank 0).
+    proc = cli_forked.start(["fit", "--config", str(config)], cwd=killed, stdout=killed / "output.txt", new_session=True)
+    kill_after_checkpoint(proc, killed, rollout=2)
+    fit_on_two_nodes("lightning", "--config", str(config), "--ckpt_path", str(killed / "ckpt" / "last.ckpt"), cwd=killed)
+    assert_same_run(straight_fsdp2, killed)
+    assert "model.safetensors" in [p.name for p in (killed / "export").iterdir()]

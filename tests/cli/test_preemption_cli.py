@@ -20,7 +20,10 @@ from pathlib import Path
 import cli_forked
 import pytest
 import torch
-from cli_helpers import STORIES, TINYSTORIES, error_line, ppo_config, rlhf_lit_forked, run_main, sft_config, write_yaml
+from cli_helpers import (
+    STORIES, TINYSTORIES, TWO_PROCESS_ROLLOUTS, error_line, ppo_config, rlhf_lit_forked, run_main, sft_config,
+    two_process_ppo, write_yaml,
+)  # fmt: skip
 
 ROLLOUTS = 8
 STEPS = 24  # SFT optimizer steps of 2 batches each (accumulate_grad_batches: 2), 6 epochs of 4 steps
@@ -28,11 +31,9 @@ STOP_LINE = re.compile(r"^\[rlhf-lit\] stopped by (SIG\w+) after (rollout|step) 
 EXPORT_MARKER = "rlhf_lit_export.json"  # what and when: its time differs between two runs
 
 
-def _ppo(root: Path, rm: str, *callbacks: dict, processes: int = 1, rollouts: int = ROLLOUTS) -> Path:
-    config = ppo_config(root, STORIES, rm, max_rollouts=rollouts)
+def _ppo(root: Path, rm: str, *callbacks: dict) -> Path:
+    config = ppo_config(root, STORIES, rm, max_rollouts=ROLLOUTS)
     config["trainer"]["callbacks"] += list(callbacks)
-    if processes > 1:
-        config["trainer"].update(strategy="ddp", devices=processes)
     return write_yaml(root / "ppo.yaml", config)
 
 
@@ -246,21 +247,17 @@ def test_a_sigterm_before_training_begins_exits_143_in_one_line_with_nothing_sav
 
 
 @pytest.mark.slow
-def test_under_ddp_a_sigterm_to_rank_0_alone_stops_both_ranks_after_the_same_rollout(tmp_path_factory, stories_rm):
+def test_under_ddp_a_sigterm_to_rank_0_alone_stops_both_ranks_after_the_same_rollout(tmp_path, straight_ddp, stories_rm):
     """As Kubernetes does (only the container's main process is signalled): rank 1 learns of the stop
-    from rank 0 at the end of the rollout, both write their part of the checkpoint and exit."""
-    straight, stopped = tmp_path_factory.mktemp("straight-ddp"), tmp_path_factory.mktemp("stopped-ddp")
-    _ppo(straight, stories_rm, processes=2, rollouts=4)  # after the first, 3 rollouts to be signalled in
-    done = rlhf_lit_forked("fit", "--config", "ppo.yaml", cwd=straight)
-    assert done.returncode == 0, done.stderr[-3000:]
-
-    _ppo(stopped, stories_rm, processes=2, rollouts=4)
-    proc, log = _start(stopped, "ppo.yaml")
+    from rank 0 at the end of the rollout, both write their part of the checkpoint and exit; the
+    logged command resumes both to the end of the uninterrupted run (tests/cli/conftest.py)."""
+    two_process_ppo(tmp_path, stories_rm, "ddp")  # after the first checkpoint, 3 rollouts to be signalled in
+    proc, log = _start(tmp_path, "ppo.yaml")
     # rank 0 is the process started here; rank 1 is its child and gets no signal (a hang would time out)
-    assert _signal_after_first_checkpoint(proc, stopped, signal.SIGTERM) == 128 + signal.SIGTERM
-    rollouts, checkpoint, command = _checked_stop(log.read_text(), stopped, "ppo.yaml", "SIGTERM", "rollout")
-    assert 1 <= rollouts <= 4 and checkpoint["ppo"]["rollout_index"] == rollouts
+    assert _signal_after_first_checkpoint(proc, tmp_path, signal.SIGTERM) == 128 + signal.SIGTERM
+    rollouts, checkpoint, command = _checked_stop(log.read_text(), tmp_path, "ppo.yaml", "SIGTERM", "rollout")
+    assert 1 <= rollouts <= TWO_PROCESS_ROLLOUTS and checkpoint["ppo"]["rollout_index"] == rollouts
     assert checkpoint["ppo"]["world_size"] == 2
 
-    _resume(stopped, command, processes=2)
-    _assert_same_export(straight / "export", stopped / "export")
+    _resume(tmp_path, command, processes=2)
+    _assert_same_export(straight_ddp / "export", tmp_path / "export")
