@@ -34,6 +34,17 @@ CLI = Path(sys.executable).parent / "rlhf-lit"
 """The console script of this environment: what a user types."""
 
 
+def is_loop_config(path: Path) -> bool:
+    """An `rlhf-lit iterate` config (top-level `iterations`, no `model`), not a `fit` one:
+    tests/commands/test_iterate.py parses those."""
+    values = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    return "iterations" in values and "model" not in values
+
+
+FIT_CONFIGS = sorted(p for p in (ROOT / "configs").rglob("*.yaml") if not is_loop_config(p))
+"""Every shipped ``rlhf-lit fit`` config."""
+
+
 def rlhf_lit(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
     """``rlhf-lit <args>`` in a subprocess in ``cwd``, in the suite's environment (one thread, no debug
     switch, no Hugging Face offline flags: :func:`suite_env.subprocess_env`) plus ``env``."""

@@ -5,20 +5,13 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
-from assets_paths import CONFIGS as CONFIG_DIR
 from assets_paths import ROOT
+from cli_helpers import FIT_CONFIGS
 from cli_in_process import run_main
 from suite_env import subprocess_env
 
 
-def _is_loop_config(path: Path) -> bool:
-    """An `rlhf-lit iterate` config (top-level `iterations`, no `model`): tests/commands/test_iterate.py parses those."""
-    values = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    return "iterations" in values and "model" not in values
-
-
-CONFIGS = sorted(p for p in CONFIG_DIR.rglob("*.yaml") if not _is_loop_config(p))
+CONFIGS = FIT_CONFIGS
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:

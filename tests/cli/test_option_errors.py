@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from cli_helpers import ROOT, error_line, ppo_config, rlhf_lit, run_main, write_yaml
+from cli_helpers import FIT_CONFIGS, ROOT, error_line, ppo_config, rlhf_lit, run_main, write_yaml
 
 OFFLINE = ROOT / "configs" / "offline"
 
@@ -191,7 +191,7 @@ TYPED_AS_TEXT = {"trainer.devices": "1"}
 """Lightning's ``devices`` is ``list[int] | str | int``: a typed ``1`` stays the text ``'1'`` (one device to Lightning)."""
 
 
-@pytest.mark.parametrize("config", sorted((ROOT / "configs").rglob("*.yaml")), ids=lambda p: str(p.relative_to(ROOT)))
+@pytest.mark.parametrize("config", FIT_CONFIGS, ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_value_a_config_sets_can_be_given_on_the_command_line(config):
     from jsonargparse._loaders_dumpers import get_yaml_default_loader  # the CLI's own YAML reading
 
