@@ -223,14 +223,16 @@ def _close(*fds: int) -> None:
 
 
 def start(args: list[str], *, cwd: Path, stdout: Path, stderr: Path | None = None, env: dict[str, str] | None = None,
-          new_session: bool = False) -> ForkedProcess:  # fmt: skip
+          new_session: bool = False, fork_children: bool = False) -> ForkedProcess:  # fmt: skip
     """``rlhf-lit <args>`` in a forked process, its stdout (and stderr, or into ``stdout``) written to
-    files; ``new_session``: its own session and process group (``os.killpg(proc.pid, ...)``)."""
+    files; ``new_session``: its own session and process group (``os.killpg(proc.pid, ...)``);
+    ``fork_children``: the ``python -m`` processes it starts (``rlhf-lit seeds`` / ``iterate``'s fits)
+    forked from it too (:class:`ForkingPopen`)."""
     _refuse_read_at_import(env)
     out_fd, err_fd = _output_fds(stdout, stderr)
     try:
         return _fork(_console_script, [str(CLI), *args], Path(cwd), subprocess_env(env), out_fd, err_fd, new_session,
-                     fork_children=False)  # fmt: skip
+                     fork_children)  # fmt: skip
     finally:
         _close(out_fd, err_fd)
 
@@ -259,12 +261,14 @@ def _completed(proc: ForkedProcess, out: Path, err: Path, timeout: int) -> subpr
     return subprocess.CompletedProcess(proc.args, status, out.read_text(errors="replace"), err.read_text(errors="replace"))
 
 
-def run(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
+def run(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: int = 600,
+        fork_children: bool = False) -> subprocess.CompletedProcess:  # fmt: skip
     """``rlhf-lit <args>`` in a forked process (:func:`start`) until it ends: what
     ``cli_helpers.rlhf_lit`` returns (the exit status, stdout, stderr)."""
     with tempfile.TemporaryDirectory(prefix="rlhf-lit-fork-") as folder:
         out, err = Path(folder, "stdout"), Path(folder, "stderr")
-        return _completed(start(list(args), cwd=cwd, stdout=out, stderr=err, env=env), out, err, timeout)
+        proc = start(list(args), cwd=cwd, stdout=out, stderr=err, env=env, fork_children=fork_children)
+        return _completed(proc, out, err, timeout)
 
 
 def run_module(module: str, *args: str, cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess:
@@ -272,6 +276,27 @@ def run_module(module: str, *args: str, cwd: Path, timeout: int = 600) -> subpro
     with tempfile.TemporaryDirectory(prefix="rlhf-lit-fork-") as folder:
         out, err = Path(folder, "stdout"), Path(folder, "stderr")
         return _completed(start_module(module, list(args), cwd=cwd, stdout=out, stderr=err), out, err, timeout)
+
+
+def _run_script(path: str) -> object:
+    """``python <path>``: the script run as ``__main__`` with its folder first on ``sys.path``."""
+    sys.path.insert(0, str(Path(path).parent))
+    return runpy.run_path(path, run_name="__main__")
+
+
+def run_script(path: Path, *args: str, cwd: Path, env: dict[str, str] | None = None,
+               timeout: int = 600) -> subprocess.CompletedProcess:  # fmt: skip
+    """``python <path> <args>`` in a forked process until it ends (output as :func:`run`)."""
+    _refuse_read_at_import(env)
+    with tempfile.TemporaryDirectory(prefix="rlhf-lit-fork-") as folder:
+        out, err = Path(folder, "stdout"), Path(folder, "stderr")
+        out_fd, err_fd = _output_fds(out, err)
+        try:
+            proc = _fork(partial(_run_script, str(path)), [str(path), *args], Path(cwd), subprocess_env(env), out_fd,
+                         err_fd, False, fork_children=False)  # fmt: skip
+        finally:
+            _close(out_fd, err_fd)
+        return _completed(proc, out, err, timeout)
 
 
 class ForkingPopen(subprocess.Popen):
@@ -290,9 +315,9 @@ def _forkable(cmd, args: tuple, kwargs: dict) -> bool:
     if args or not isinstance(cmd, (list, tuple)) or list(cmd[:2]) != [sys.executable, "-m"] or len(cmd) < 3:
         return False
     stdout, stderr = kwargs.get("stdout"), kwargs.get("stderr")
-    if subprocess.PIPE in (stdout, stderr) or kwargs.get("stdin") is not None or kwargs.get("input") is not None:
-        return False
-    if set(kwargs) - {"stdout", "stderr", "env", "cwd", "text", "encoding", "errors"}:
+    if subprocess.PIPE in (stdout, stderr) or kwargs.get("stdin") not in (None, subprocess.DEVNULL):
+        return False  # (a fork's stdin is /dev/null)
+    if set(kwargs) - {"stdout", "stderr", "stdin", "env", "cwd", "text", "encoding", "errors"}:
         return False
     environ = kwargs.get("env") or os.environ
     return all(environ.get(name) == os.environ.get(name) for name in READ_AT_IMPORT)
@@ -301,7 +326,7 @@ def _forkable(cmd, args: tuple, kwargs: dict) -> bool:
 class _ForkedChild(ForkedProcess):
     """A forked ``python -m <module>`` child with what :mod:`subprocess` and the demo's runner use."""
 
-    def __init__(self, cmd, stdout=None, stderr=None, env=None, cwd=None, **_text_options):
+    def __init__(self, cmd, stdout=None, stderr=None, env=None, cwd=None, stdin=None, **_text_options):
         out = 1 if stdout is None else (stdout if isinstance(stdout, int) else stdout.fileno())
         err = out if stderr == subprocess.STDOUT else (2 if stderr is None else
                                                        (stderr if isinstance(stderr, int) else stderr.fileno()))  # fmt: skip

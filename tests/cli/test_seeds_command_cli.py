@@ -3,10 +3,19 @@
 from __future__ import annotations
 
 import hashlib
+import subprocess
 
+import cli_forked
 import pytest
 from cli_helpers import error_line, run_main
 from offline_chain import SFT
+
+
+@pytest.fixture
+def forked_runs(monkeypatch):
+    """The command's runs (``python -m rlhf_lit.cli fit ...``) forked from this process rather than
+    started anew (tests/cli_forked.py): processes of their own without the imports' cost."""
+    monkeypatch.setattr(subprocess, "Popen", cli_forked.ForkingPopen)
 
 
 def _digest(path) -> str:
@@ -14,7 +23,7 @@ def _digest(path) -> str:
 
 
 @pytest.mark.slow
-def test_seeds_runs_the_tiny_sft_once_per_seed_and_skips_finished_ones(tmp_path):
+def test_seeds_runs_the_tiny_sft_once_per_seed_and_skips_finished_ones(tmp_path, forked_runs):
     command = ["seeds", "--seeds", "1", "2", "--", *SFT, "--run_dir", "runs/exp"]
     result = run_main(*command[:4], "--jobs", "2", *command[4:], cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -37,7 +46,7 @@ def test_seeds_runs_the_tiny_sft_once_per_seed_and_skips_finished_ones(tmp_path)
 
 
 @pytest.mark.slow
-def test_seeds_stops_at_the_first_failure_naming_the_seed_and_its_log(tmp_path):
+def test_seeds_stops_at_the_first_failure_naming_the_seed_and_its_log(tmp_path, forked_runs):
     result = run_main("seeds", "--seeds", "5", "6", "--", *SFT, "--trainer.max_stepz", "3", "--run_dir", "runs/bad",
                       cwd=tmp_path)  # fmt: skip
     assert result.returncode == 1

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from assets_paths import CONFIGS, ROOT, STORIES260K, TINYSTORIES
+from assets_paths import CONFIGS, STORIES260K, TINYSTORIES
 from cli_in_process import run_main
 
 from rlhf_lit.artifacts import EXPORT_MARKER
