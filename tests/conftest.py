@@ -53,38 +53,32 @@ xdist scope, so one worker builds the chain while the other goes on with the res
 another module still works (the build is shared under a file lock); it may wait for it, though."""
 
 
-MULTIPROCESS_GROUPS = {
-    "two-process-runs: stopped, killed, resumed": (
-        "tests/cli/test_resume_cli.py",
-        "tests/cli/test_preemption_cli.py",
-        "tests/cli/test_multinode_cli.py",
-        "tests/cli/test_guard_ddp_cli.py",
-    ),
-    "two-process-runs: strategies agree": (
-        "tests/cli/test_strategies_cli.py",
-        "tests/cli/test_lora_fsdp_cli.py",
-        "tests/ppo/test_ddp.py",
-        "tests/ppo/test_groups_ddp.py",
-        "tests/ppo/test_strategies.py",
-        "tests/test_two_ranks.py",
-    ),
-}
-"""The modules that launch runs of two processes (ddp, fsdp2 over gloo), in two xdist scopes, each
-holding the modules that share a session's runs (tests/cli/conftest.py ``straight_ddp`` /
-``straight_fsdp2``; :func:`two_process_run`), so each run is made once. The first is sent first,
-the second after :data:`CHAIN_GROUP`: the two-process runs then share the 2 cores with each other
-only in part of the session. (As one scope they were the suite's critical path: 6 of its 9 minutes.)"""
-MULTIPROCESS_MODULES = {module: group for group, modules in MULTIPROCESS_GROUPS.items() for module in modules}
+MULTIPROCESS_GROUP = "two-process-runs"
+MULTIPROCESS_MODULES = (
+    "tests/cli/test_resume_cli.py",
+    "tests/cli/test_strategies_cli.py",
+    "tests/cli/test_multinode_cli.py",
+    "tests/cli/test_lora_fsdp_cli.py",
+    "tests/cli/test_preemption_cli.py",
+    "tests/cli/test_guard_ddp_cli.py",
+    "tests/ppo/test_ddp.py",
+    "tests/ppo/test_groups_ddp.py",
+    "tests/ppo/test_strategies.py",
+    "tests/test_two_ranks.py",
+)
+"""The modules that launch runs of two processes (ddp, fsdp2 over gloo): one xdist scope, so at most
+one such run shares the 2 cores with the other worker's test. Two of them at once (four processes
+on two cores) once lost a rank in the fsdp2 kill-and-resume test."""
 
 
 def xdist_scope(nodeid: str) -> str:
     """The unit of work pytest-xdist sends to one worker: the test's module (its module-scoped
     fixtures are then built once), :data:`CHAIN_GROUP` for the modules in :data:`CHAIN_MODULES`, or
-    their group for those in :data:`MULTIPROCESS_GROUPS`."""
+    :data:`MULTIPROCESS_GROUP` for those in :data:`MULTIPROCESS_MODULES`."""
     module = nodeid.split("::")[0]
     if module in CHAIN_MODULES:
         return CHAIN_GROUP
-    return MULTIPROCESS_MODULES.get(module, module)
+    return MULTIPROCESS_GROUP if module in MULTIPROCESS_MODULES else module
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -113,11 +107,10 @@ def pytest_xdist_make_scheduler(config, log):
 
 
 def _unit_order(scope: str, items: list[pytest.Item]) -> tuple[int, int]:
-    """The longest units first: the first of :data:`MULTIPROCESS_GROUPS`, :data:`CHAIN_GROUP`, the
-    second, then the units with slow tests (the most slow tests first), then the rest."""
+    """The longest units first: :data:`MULTIPROCESS_GROUP` (the suite's longest), :data:`CHAIN_GROUP`,
+    then the units with slow tests (the most slow tests first), then the rest."""
     slow = sum(1 for item in items if item.get_closest_marker("slow"))
-    first, second = MULTIPROCESS_GROUPS
-    rank = {first: 0, CHAIN_GROUP: 1, second: 2}.get(scope, 3 if slow else 4)
+    rank = {MULTIPROCESS_GROUP: 0, CHAIN_GROUP: 1}.get(scope, 2 if slow else 3)
     return rank, -slow
 
 
@@ -206,8 +199,8 @@ def offline_chain(tmp_path_factory):
 @pytest.fixture(scope="session")
 def two_process_run(tmp_path_factory) -> Path:
     """The folder of the suite's one two-process launch (tests/ppo/two_process_worker.py): every part's
-    ``<part>/rank<r>.pt``. Started once per session, on the worker that runs its readers
-    (the second of :data:`MULTIPROCESS_GROUPS`, one xdist scope); a failed or hung launch fails each test reading it."""
+    ``<part>/rank<r>.pt``. Started once per session, on the worker that runs the two-process tests
+    (:data:`MULTIPROCESS_MODULES`, one xdist scope); a failed or hung launch fails each test reading it."""
     import signal
     import subprocess
     import sys
