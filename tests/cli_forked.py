@@ -104,8 +104,10 @@ def _streams_on_fds(old: tuple[object, ...]) -> None:
     loggers = [logging.getLogger()] + [v for v in logging.Logger.manager.loggerDict.values() if isinstance(v, logging.Logger)]
     for logger in loggers:
         for handler in logger.handlers:
-            if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
-                handler.setStream(out if id(handler.stream) in old_out else err)
+            if (isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler)
+                    and not isinstance(getattr(type(handler), "stream", None), property)):  # (those follow sys.stderr)
+                # not setStream: it flushes the old stream, which an earlier test may have closed
+                handler.stream = out if id(handler.stream) in old_out else err
 
 
 def _fresh_process(argv: list[str], cwd: Path, environ: dict[str, str]) -> None:

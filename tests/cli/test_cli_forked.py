@@ -63,3 +63,18 @@ def test_sigterm_has_its_default_action_in_the_fork_whatever_the_test_process_in
 def test_a_variable_read_at_import_is_refused(tmp_path):
     with pytest.raises(ValueError, match="HF_HUB_OFFLINE"):
         cli_forked.start(["fit", "--help"], cwd=tmp_path, stdout=tmp_path / "out", env={"HF_HUB_OFFLINE": "1"})
+
+
+def test_a_logging_handler_left_on_a_closed_stream_by_an_earlier_test_does_not_break_the_fork(tmp_path):
+    import logging
+
+    stale = open(tmp_path / "captured", "w")  # noqa: SIM115  (as basicConfig leaves one on a test's capture file)
+    handler = logging.StreamHandler(stale)
+    logging.getLogger().addHandler(handler)
+    stale.close()
+    try:
+        forked = cli_forked.run("fit", "--no-such-option", "1", cwd=tmp_path)
+    finally:
+        logging.getLogger().removeHandler(handler)
+    assert forked.returncode == 2 and "--no-such-option" in error_line(forked), forked.stderr
+    assert handler.stream is stale  # the test process's handler is untouched
