@@ -62,6 +62,12 @@ def dpo_at(dpo_points: Sequence[tuple[float, float]], sft_judge: float, kl: floa
     return interpolate([(0.0, sft_judge), *dpo_points], kl)
 
 
+def _against_best_of_n(metrics: Mapping, bon: Sequence[tuple[float, float]]) -> dict:
+    """Best-of-N's judge score at ``metrics``' KL and the policy's judge score minus it (empty outside N's range)."""
+    at = interpolate(bon, metrics["kl_mean"]) if bon else None
+    return {} if at is None else {"bon_judge_at_kl": at, "judge_minus_bon": metrics["judge_mean"] - at}
+
+
 def _rise(curve: Sequence[float]) -> dict[str, float]:
     first, last = curve[:WINDOW], curve[-WINDOW:]
     return {"first": sum(first) / len(first), "last": sum(last) / len(last),
@@ -85,13 +91,21 @@ def _over_seeds(rows: Sequence[Mapping], keys: Sequence[str]) -> dict[str, dict]
     return out
 
 
-def summarise(results: Sequence[Mapping], sft: Mapping) -> dict:
+def best_of_n_curve(best_of_n: Mapping) -> list[tuple[float, float]]:
+    """``(KL, judge)`` of each N of an ``rlhf-lit best-of-n`` result (the analytic KL, log N - (N-1)/N)."""
+    return [(row["kl_analytic"], row["judge_mean"]) for row in best_of_n["rows"] if row.get("judge_mean") is not None]
+
+
+def summarise(results: Sequence[Mapping], sft: Mapping, best_of_n: Mapping | None = None) -> dict:
     """Per PPO variant and DPO beta: per-seed rows and their means +- standard errors over seeds.
 
     Args:
         results: the ``result.json`` contents of every run.
         sft: the SFT model's held-out metrics (``judge_mean``, ``distinct_2``, ...).
+        best_of_n: the demo's ``rlhf-lit best-of-n`` result: each PPO evaluation is then compared
+            with best-of-N at its KL (interpolated between N points, never extrapolated).
     """
+    bon = best_of_n_curve(best_of_n) if best_of_n is not None else []
     dpo: dict[str, list[Mapping]] = {}
     for r in results:
         if r["method"] == "dpo":
@@ -114,16 +128,17 @@ def summarise(results: Sequence[Mapping], sft: Mapping) -> dict:
             row["dpo_judge_at_kl"] = dpo_at(dpo_by_seed[r["seed"]], sft["judge_mean"], final["kl_mean"])
             if row["dpo_judge_at_kl"] is not None:
                 row["judge_minus_dpo"] = final["judge_mean"] - row["dpo_judge_at_kl"]
+        row.update(_against_best_of_n(final, bon))
         variant = variants.setdefault(r["name"], {"overrides": r["overrides"], "seeds": [], "checkpoints": {}})
         variant["seeds"].append(row)
         for rollout, metrics in r["evaluations"].items():
-            variant["checkpoints"].setdefault(str(rollout), []).append(metrics)
+            variant["checkpoints"].setdefault(str(rollout), []).append({**metrics, **_against_best_of_n(metrics, bon)})
     keys = [*METRICS, "objective_first", "objective_last", "objective_rise", "judge_gain", "distinct_2_ratio",
-            "dpo_judge_at_kl", "judge_minus_dpo"]  # fmt: skip
+            "dpo_judge_at_kl", "judge_minus_dpo", "bon_judge_at_kl", "judge_minus_bon"]  # fmt: skip
     for variant in variants.values():
         variant["seeds"].sort(key=lambda row: row["seed"])
         variant["mean"] = _over_seeds(variant["seeds"], keys)
-        variant["checkpoints"] = {k: _over_seeds(v, ("judge_mean", "kl_mean", "distinct_2"))
+        variant["checkpoints"] = {k: _over_seeds(v, ("judge_mean", "kl_mean", "distinct_2", "judge_minus_bon"))
                                   for k, v in sorted(variant["checkpoints"].items(), key=lambda kv: int(kv[0]))}  # fmt: skip
     dpo_summary = {name: _over_seeds([_final(r) for r in runs], METRICS) for name, runs in dpo.items()}
     return {"sft": {k: sft[k] for k in METRICS}, "window": WINDOW, "ppo": variants, "dpo": dpo_summary}
@@ -162,11 +177,14 @@ def markdown(summary: Mapping) -> list[str]:
             f"| {_pm(m.get('length_mean'), 1)} | {_pm(m.get('ended_fraction'), 2)} | {_pm(m.get('dpo_judge_at_kl'))} |",
             "",
             f"Judge gain over SFT {_pm(m.get('judge_gain'))}; distinct-2 / SFT's {_pm(m.get('distinct_2_ratio'))}; "
-            f"judge minus DPO's at the same KL {_pm(m.get('judge_minus_dpo'))} (per seed, DPO of the same seed).",
+            f"judge minus DPO's at the same KL {_pm(m.get('judge_minus_dpo'))} (per seed, DPO of the same seed); "
+            f"judge minus best-of-N's at the same KL {_pm(m.get('judge_minus_bon'))} (the demo's best-of-N, "
+            "interpolated between its N).",
             "",
             "Along training (held-out, mean +- s.e. over seeds): "
             + "; ".join(f"rollout {k}: judge {_pm(c.get('judge_mean'))} at {_pm(c.get('kl_mean'), 2)} nats, "
-                        f"distinct-2 {_pm(c.get('distinct_2'))}" for k, c in v["checkpoints"].items()) + ".",
+                        f"distinct-2 {_pm(c.get('distinct_2'))}, minus best-of-N {_pm(c.get('judge_minus_bon'))}"
+                        for k, c in v["checkpoints"].items()) + ".",
             "",
         ]  # fmt: skip
     if summary["dpo"]:
@@ -232,7 +250,10 @@ def write_study(results: Sequence[Mapping], sft: Mapping, out_dir: str, best_of_
     """``study.json``, ``study.md``, ``curves.png`` and ``frontier.png`` in ``out_dir``; returns the ``.md`` path."""
     from demo.frontier import draw_frontier
 
-    summary = summarise(results, sft)
+    bon = None
+    if best_of_n is not None:
+        bon = check_json_file(best_of_n, want_object=False)
+    summary = summarise(results, sft, bon)
     with open(os.path.join(out_dir, "study.json"), "w", encoding="utf-8") as f:
         json.dump(summary, f, indent=1)
     order = list(summary["ppo"])
@@ -243,9 +264,6 @@ def write_study(results: Sequence[Mapping], sft: Mapping, out_dir: str, best_of_
     figures = []
     if order:
         figures.append(f"![curves]({os.path.basename(draw_curves(results, os.path.join(out_dir, 'curves.png'), order))})")
-    bon = None
-    if best_of_n is not None:
-        bon = check_json_file(best_of_n, want_object=False)
     png = draw_frontier(frontier_points(summary, bon), os.path.join(out_dir, "frontier.png"),
                         title="Judge score against KL to SFT (mean over seeds)")  # fmt: skip
     figures.append(f"![frontier]({os.path.basename(png)})")

@@ -88,6 +88,26 @@ def test_summarise_compares_each_ppo_seed_with_dpo_of_the_same_seed():
     assert "| 0 | +0.000 | +1.000 | +1.000 | 0.700 | 2.00 |" in text and "## DPO" in text
 
 
+def test_summarise_compares_each_ppo_evaluation_with_best_of_n_at_its_kl():
+    sft = {"judge_mean": 0.3, "kl_mean": 0.0, "distinct_2": 0.8, "length_mean": 46.0, "ended_fraction": 0.1}
+    results = [_ppo(0, [0.0] * 10, judge=0.7, kl=2.0, d2=0.72), _ppo(1, [0.0] * 10, judge=0.6, kl=3.0, d2=0.64)]
+    # N = 1, 4, 16: KL log N - (N - 1) / N
+    bon = {"rows": [{"n": 1, "kl_analytic": 0.0, "judge_mean": 0.31}, {"n": 4, "kl_analytic": 0.6363, "judge_mean": 0.65},
+                    {"n": 16, "kl_analytic": 1.8351, "judge_mean": 0.82}, {"n": 64, "kl_analytic": 3.1745,
+                    "judge_mean": None}]}  # fmt: skip
+    summary = summarise(results, sft, bon)
+    rows = summary["ppo"]["v"]["seeds"]
+    # Seed 0's export at KL 2.0 lies beyond N = 16 (the last N with a judge score): no comparison.
+    assert "bon_judge_at_kl" not in rows[0] and "judge_minus_bon" not in rows[1]
+    # Its rollout-5 evaluation at KL 1.0: on (0.6363, 0.65) -> (1.8351, 0.82).
+    early = 0.65 + 0.17 * (1.0 - 0.6363) / (1.8351 - 0.6363)
+    checkpoint = summary["ppo"]["v"]["checkpoints"]["5"]["judge_minus_bon"]
+    # Seed 1's rollout 5 at KL 1.5: on the same segment.
+    early_1 = 0.65 + 0.17 * (1.5 - 0.6363) / (1.8351 - 0.6363)
+    assert checkpoint["mean"] == pytest.approx(((0.5 - early) + (0.5 - early_1)) / 2) and checkpoint["n"] == 2
+    assert "minus best-of-N" in "\n".join(markdown(summary))
+
+
 def test_variants_seeds_and_the_folder_rule(tmp_path):
     assert parse_variant("default") == ("default", ())
     assert parse_variant("fast=--model.init_args.optimizer.lr 1e-4 --x 'a b'") == (
