@@ -36,10 +36,12 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow" $(XDIST) $(PYTEST_ARGS)
 
-# The fast tests, and the slow ones that compare summation orders (marker `kernels`: compiled against
-# eager), on the portable CPU kernels (no AVX): results must not depend on the kernels.
+# On the portable CPU kernels (no AVX), where results must not depend on the kernels: the fast tests
+# of the library (not those that run a command end to end, marker `command`: their exit statuses,
+# messages and files do not), and every test that bounds two summation orders (marker `kernels`:
+# compiled against eager, ddp against one process), slow or not.
 test-portable: $(STAMP)
-	ATEN_CPU_CAPABILITY=default $(PY) -m pytest -q -m "not slow or kernels" $(XDIST) $(PYTEST_ARGS)
+	ATEN_CPU_CAPABILITY=default $(PY) -m pytest -q -m "kernels or not (slow or command)" $(XDIST) $(PYTEST_ARGS)
 
 # The `kernels` tests under each CPU kernel: natively (AVX-512 where the CPU has it), AVX2, portable.
 # Run before submitting a change to a compiled path or a float32 bound (~10 minutes on 2 cores).

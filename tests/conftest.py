@@ -114,11 +114,22 @@ def _unit_order(scope: str, items: list[pytest.Item]) -> tuple[int, int]:
     return rank, -slow
 
 
+COMMAND_DIRS = ("tests/cli/", "tests/bench/")
+"""The folders whose tests run a command end to end (``rlhf-lit``, the benchmark script) and assert
+what it does: exit status, messages, files, and runs equal to runs on the same kernels. They carry
+the ``command`` marker, which ``make test-portable`` leaves out unless a test is also ``kernels``:
+none of them bounds a float32 difference between two summation orders."""
+
+
 def pytest_collection_modifyitems(config, items):
-    """Run the :func:`xdist_scope` units longest first (:func:`_unit_order`), in collection order
-    otherwise: two workers then start on the long runs and end on short tests (pytest-xdist sends
-    the units in this order, :func:`pytest_xdist_make_scheduler`). The order differs from the
-    files' with or without xdist; results must not depend on it."""
+    """Mark the tests in :data:`COMMAND_DIRS` ``command``, and run the :func:`xdist_scope` units
+    longest first (:func:`_unit_order`), in collection order otherwise: two workers then start on
+    the long runs and end on short tests (pytest-xdist sends the units in this order,
+    :func:`pytest_xdist_make_scheduler`). The order differs from the files' with or without xdist;
+    results must not depend on it."""
+    for item in items:
+        if item.nodeid.startswith(COMMAND_DIRS):
+            item.add_marker(pytest.mark.command)
     scopes: dict[str, list[pytest.Item]] = {}
     for item in items:
         scopes.setdefault(xdist_scope(item.nodeid), []).append(item)
