@@ -110,6 +110,24 @@ def _streams_on_fds(old: tuple[object, ...]) -> None:
                 handler.stream = out if id(handler.stream) in old_out else err
 
 
+def _fresh_logging() -> None:
+    """The logging set-up of a fresh interpreter: none of pytest's handlers (on the root logger and
+    every logger that does not propagate), and Lightning's loggers as their import leaves them under a
+    root without handlers (a handler of their own, not propagating): in the test process pytest's
+    handlers may have come first, and Lightning's messages then went up to the root and out once more."""
+    root = logging.getLogger()
+    for logger in [root, *(v for v in logging.Logger.manager.loggerDict.values() if isinstance(v, logging.Logger))]:
+        for handler in list(logger.handlers):
+            if type(handler).__module__.startswith("_pytest"):
+                logger.removeHandler(handler)
+    root.setLevel(logging.WARNING)
+    for name in ("lightning.pytorch", "lightning.fabric"):
+        logger = logging.getLogger(name)
+        if name in logging.Logger.manager.loggerDict and not root.handlers and not logger.handlers:
+            logger.addHandler(logging.StreamHandler())  # (on sys.stderr, the fork's)
+            logger.propagate = False
+
+
 def _fresh_process(argv: list[str], cwd: Path, environ: dict[str, str]) -> None:
     """Make this (forked) process look like one just started with ``argv`` in ``cwd`` with ``environ``."""
     # Exit handlers and weakref finalizers of the test's process are its own (its temporary folders).
@@ -138,6 +156,9 @@ def _fresh_process(argv: list[str], cwd: Path, environ: dict[str, str]) -> None:
     import rlhf_lit.cli
     from rlhf_lit.sources import _hub_reachable
 
+    from lightning.fabric.utilities.rank_zero import _get_rank, rank_zero_only
+
+    rank_zero_only.rank = _get_rank() or 0  # set at import from the environment (a forked rank's is its own)
     rlhf_lit.cli._debug = False  # noqa: SLF001
     hf_logging.enable_progress_bar()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
@@ -170,7 +191,7 @@ def _exit_status(entry: Callable[[], object]) -> int:
 
 
 def _fork(entry: Callable[[], object], argv: list[str], cwd: Path, environ: dict[str, str], stdout: int, stderr: int,
-          new_session: bool, fork_children: bool) -> ForkedProcess:  # fmt: skip
+          new_session: bool, fork_children: bool, fork_ranks: bool = True) -> ForkedProcess:  # fmt: skip
     """Fork; the child becomes a fresh process (:func:`_fresh_process`) running ``entry`` and exits."""
     sys.stdout.flush()
     sys.stderr.flush()
@@ -186,9 +207,11 @@ def _fork(entry: Callable[[], object], argv: list[str], cwd: Path, environ: dict
         os.dup2(stdout, 1)
         os.dup2(stderr, 2)
         _streams_on_fds(old)
+        _fresh_logging()
         _fresh_process(argv, cwd, environ)
-        if fork_children:
-            subprocess.Popen = ForkingPopen  # `python -m <module>` children forked too (subprocess.run included)
+        _FORKED_HERE.update(modules=fork_children, ranks=fork_ranks)
+        if fork_children or fork_ranks:
+            subprocess.Popen = ForkingPopen  # (subprocess.run and Lightning's launcher included)
         status = _exit_status(entry)
         atexit._run_exitfuncs()  # the handlers this run registered
         sys.stdout.flush()
@@ -225,16 +248,18 @@ def _close(*fds: int) -> None:
 
 
 def start(args: list[str], *, cwd: Path, stdout: Path, stderr: Path | None = None, env: dict[str, str] | None = None,
-          new_session: bool = False, fork_children: bool = False) -> ForkedProcess:  # fmt: skip
+          new_session: bool = False, fork_children: bool = False, fork_ranks: bool = True) -> ForkedProcess:  # fmt: skip
     """``rlhf-lit <args>`` in a forked process, its stdout (and stderr, or into ``stdout``) written to
     files; ``new_session``: its own session and process group (``os.killpg(proc.pid, ...)``);
     ``fork_children``: the ``python -m`` processes it starts (``rlhf-lit seeds`` / ``iterate``'s fits)
-    forked from it too (:class:`ForkingPopen`)."""
+    forked from it too (:class:`ForkingPopen`); ``fork_ranks``: the ranks Lightning's launcher starts
+    (``devices: 2``: rank 1 runs the console script again) forked from it, made fresh as rank 0 is
+    (False: a new interpreter, as a user's rank 1 is; torchrun's ranks are new interpreters always)."""
     _refuse_read_at_import(env)
     out_fd, err_fd = _output_fds(stdout, stderr)
     try:
         return _fork(_console_script, [str(CLI), *args], Path(cwd), subprocess_env(env), out_fd, err_fd, new_session,
-                     fork_children)  # fmt: skip
+                     fork_children, fork_ranks)  # fmt: skip
     finally:
         _close(out_fd, err_fd)
 
@@ -264,12 +289,13 @@ def _completed(proc: ForkedProcess, out: Path, err: Path, timeout: int) -> subpr
 
 
 def run(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: int = 600,
-        fork_children: bool = False) -> subprocess.CompletedProcess:  # fmt: skip
+        fork_children: bool = False, fork_ranks: bool = True) -> subprocess.CompletedProcess:  # fmt: skip
     """``rlhf-lit <args>`` in a forked process (:func:`start`) until it ends: what
     ``cli_helpers.rlhf_lit`` returns (the exit status, stdout, stderr)."""
     with tempfile.TemporaryDirectory(prefix="rlhf-lit-fork-") as folder:
         out, err = Path(folder, "stdout"), Path(folder, "stderr")
-        proc = start(list(args), cwd=cwd, stdout=out, stderr=err, env=env, fork_children=fork_children)
+        proc = start(list(args), cwd=cwd, stdout=out, stderr=err, env=env, fork_children=fork_children,
+                     fork_ranks=fork_ranks)
         return _completed(proc, out, err, timeout)
 
 
@@ -301,11 +327,17 @@ def run_script(path: Path, *args: str, cwd: Path, env: dict[str, str] | None = N
         return _completed(proc, out, err, timeout)
 
 
+_FORKED_HERE = {"modules": False, "ranks": False}
+"""What a forked process forks in turn: ``python -m`` commands, the console script run again (a rank)."""
+
+
 class ForkingPopen(subprocess.Popen):
-    """:class:`subprocess.Popen` inside a :func:`start_module` process: a ``[sys.executable, "-m",
-    module, ...]`` command whose output goes to files (or is inherited) is forked from this process
-    (a fresh one, as :func:`start` makes it, with the command's environment); anything else (pipes,
-    another program, a changed variable the libraries read at import) is started as usual."""
+    """:class:`subprocess.Popen` inside a forked process: a ``[sys.executable, "-m", module, ...]``
+    command (when ``fork_children``) or this process's own console script run again (Lightning's
+    launcher starting a rank, when ``fork_ranks``) whose output goes to files (or is inherited) is
+    forked from this process (a fresh one, as :func:`start` makes it, with the command's
+    environment); anything else (pipes, another program, a changed variable the libraries read at
+    import) is started as usual."""
 
     def __new__(cls, cmd, *args, **kwargs):  # noqa: D102
         if _forkable(cmd, args, kwargs):
@@ -313,8 +345,16 @@ class ForkingPopen(subprocess.Popen):
         return _REAL_POPEN(cmd, *args, **kwargs)
 
 
+def _is_rank_launch(cmd) -> bool:
+    """``[sys.executable, <this process's console script>, ...]``: Lightning's launcher starting a rank."""
+    return len(cmd) >= 2 and cmd[0] == sys.executable and cmd[1] == str(CLI) == os.path.abspath(sys.argv[0])
+
+
 def _forkable(cmd, args: tuple, kwargs: dict) -> bool:
-    if args or not isinstance(cmd, (list, tuple)) or list(cmd[:2]) != [sys.executable, "-m"] or len(cmd) < 3:
+    if args or not isinstance(cmd, (list, tuple)):
+        return False
+    module = len(cmd) >= 3 and list(cmd[:2]) == [sys.executable, "-m"]
+    if not ((module and _FORKED_HERE["modules"]) or (_is_rank_launch(cmd) and _FORKED_HERE["ranks"])):
         return False
     stdout, stderr = kwargs.get("stdout"), kwargs.get("stderr")
     if subprocess.PIPE in (stdout, stderr) or kwargs.get("stdin") not in (None, subprocess.DEVNULL):
@@ -332,10 +372,12 @@ class _ForkedChild(ForkedProcess):
         out = 1 if stdout is None else (stdout if isinstance(stdout, int) else stdout.fileno())
         err = out if stderr == subprocess.STDOUT else (2 if stderr is None else
                                                        (stderr if isinstance(stderr, int) else stderr.fileno()))  # fmt: skip
-        module, args = cmd[2], list(cmd[3:])
-        proc = _fork(partial(_run_module, module), [module, *args],
-                     Path(cwd or os.getcwd()), dict(env if env is not None else os.environ), out, err, False,
-                     fork_children=True)  # fmt: skip
+        if cmd[1] == "-m":
+            entry, argv, children = partial(_run_module, cmd[2]), [cmd[2], *cmd[3:]], True
+        else:  # a rank: the console script again, its children as this process's
+            entry, argv, children = _console_script, [str(CLI), *cmd[2:]], _FORKED_HERE["modules"]
+        proc = _fork(entry, argv, Path(cwd or os.getcwd()), dict(env if env is not None else os.environ), out, err,
+                     False, fork_children=children, fork_ranks=_FORKED_HERE["ranks"])  # fmt: skip
         super().__init__(proc.pid, list(cmd))
 
     def terminate(self) -> None:

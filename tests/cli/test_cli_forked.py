@@ -9,6 +9,8 @@ import os
 import signal
 import time
 
+import torch
+
 import cli_forked
 import pytest
 from cli_helpers import error_line, rlhf_lit
@@ -78,3 +80,25 @@ def test_a_logging_handler_left_on_a_closed_stream_by_an_earlier_test_does_not_b
         logging.getLogger().removeHandler(handler)
     assert forked.returncode == 2 and "--no-such-option" in error_line(forked), forked.stderr
     assert handler.stream is stale  # the test process's handler is untouched
+
+
+@pytest.mark.slow
+def test_a_rank_forked_from_rank_0_prints_and_trains_what_a_rank_in_a_new_interpreter_does(tmp_path):
+    from cli_helpers import TINYSTORIES, sft_config, write_yaml
+    from safetensors.torch import load_file
+
+    runs = {}
+    for fork_ranks in (True, False):
+        root = tmp_path / f"fork_ranks_{fork_ranks}"
+        config = sft_config(root, TINYSTORIES, max_steps=1)
+        config["trainer"].update(strategy="ddp", devices=2)
+        write_yaml(root / "config.yaml", config)
+        result = cli_forked.run("fit", "--config", str(root / "config.yaml"), cwd=root, fork_ranks=fork_ranks)
+        assert result.returncode == 0, result.stderr[-3000:]
+        lines = [line for line in result.stderr.replace(str(root), "ROOT").splitlines() if line and "it/s]" not in line]
+        runs[fork_ranks] = set(lines), result.stdout.replace(str(root), "ROOT"), load_file(root / "export" / "model.safetensors")
+    assert "Initializing distributed: GLOBAL_RANK: 1, MEMBER: 2/2" in runs[True][0]
+    # The same messages (a fork of the test process may print a Lightning message twice: its loggers
+    # were set up under pytest's) and the same stdout: rank 0's export line once.
+    assert runs[True][:2] == runs[False][:2] and runs[True][1].count("[rlhf-lit] exported") == 1
+    assert all(torch.equal(runs[True][2][name], value) for name, value in runs[False][2].items())
