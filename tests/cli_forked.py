@@ -92,6 +92,11 @@ def _default_warnings() -> None:
     warnings.showwarning = warnings._showwarning_orig  # not pytest's recorder
 
 
+def _loggers() -> list[logging.Logger]:
+    """The root logger and every logger created so far."""
+    return [logging.getLogger(), *(v for v in logging.Logger.manager.loggerDict.values() if isinstance(v, logging.Logger))]
+
+
 def _streams_on_fds(old: tuple[object, ...]) -> None:
     """``sys.stdout`` / ``sys.stderr`` on file descriptors 1 and 2, and every logging handler that
     wrote to a stream of the test's process writing to them instead (stdout's to stdout)."""
@@ -101,8 +106,7 @@ def _streams_on_fds(old: tuple[object, ...]) -> None:
     old_out = {id(stream) for stream in old[:2]}
     sys.stdout = sys.__stdout__ = out
     sys.stderr = sys.__stderr__ = err
-    loggers = [logging.getLogger()] + [v for v in logging.Logger.manager.loggerDict.values() if isinstance(v, logging.Logger)]
-    for logger in loggers:
+    for logger in _loggers():
         for handler in logger.handlers:
             if (isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler)
                     and not isinstance(getattr(type(handler), "stream", None), property)):  # (those follow sys.stderr)
@@ -116,7 +120,7 @@ def _fresh_logging() -> None:
     root without handlers (a handler of their own, not propagating): in the test process pytest's
     handlers may have come first, and Lightning's messages then went up to the root and out once more."""
     root = logging.getLogger()
-    for logger in [root, *(v for v in logging.Logger.manager.loggerDict.values() if isinstance(v, logging.Logger))]:
+    for logger in _loggers():
         for handler in list(logger.handlers):
             if type(handler).__module__.startswith("_pytest"):
                 logger.removeHandler(handler)
