@@ -66,12 +66,13 @@ def evaluate_policy(
     Returns:
         ``{"metrics", "timing_s", "samples"}``. ``metrics``: ``judge_mean``/``judge_std`` (with a
         judge), ``rm_mean``/``rm_std`` (with an RM), ``kl_mean``/``kl_std`` (with a reference),
-        ``distinct_1``, ``distinct_2``, ``length_mean`` (response tokens, EOS included),
+        ``distinct_1``, ``distinct_2`` and its factors ``distinct_2_within`` / ``distinct_2_across``
+        (:func:`~rlhf_lit.evaluation.diversity.distinct_n_factors`), ``length_mean`` (response tokens, EOS included),
         ``ended_fraction``, ``num_samples``; stds are population stds over responses. Each
         sample: ``prompt_index``, ``prompt`` (as given), ``prompt_text`` (as the policy read it),
         ``response``, ``judge``, ``rm``, ``kl`` (those measured), ``length``, ``ended``.
     """
-    from rlhf_lit.evaluation.diversity import distinct_n
+    from rlhf_lit.evaluation.diversity import distinct_n, distinct_n_factors
     from rlhf_lit.models.generation import SamplingConfig
 
     check_positive(samples_per_prompt=samples_per_prompt, batch_size=batch_size)
@@ -97,6 +98,7 @@ def evaluate_policy(
     n = len(samples.responses)
     metrics.update({
         "distinct_1": distinct_n(samples.responses, 1), "distinct_2": distinct_n(samples.responses, 2),
+        **dict(zip(("distinct_2_within", "distinct_2_across"), distinct_n_factors(samples.responses, 2))),
         "length_mean": sum(samples.lengths) / n, "ended_fraction": sum(samples.ended) / n, "num_samples": n,
     })  # fmt: skip
     rows = []

@@ -11,7 +11,7 @@ from cli_helpers import STORIES, error_line, rlhf_lit, run_main
 
 JUDGE = "rlhf_lit.evaluation.judges:vader"
 METRICS = ["judge_mean", "judge_std", "rm_mean", "rm_std", "kl_mean", "kl_std", "distinct_1", "distinct_2",
-           "length_mean", "ended_fraction", "num_samples"]  # fmt: skip
+           "distinct_2_within", "distinct_2_across", "length_mean", "ended_fraction", "num_samples"]  # fmt: skip
 
 
 def test_evaluate_writes_json_and_prints_the_table(tmp_path, stories_rm):

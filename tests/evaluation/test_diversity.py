@@ -1,10 +1,10 @@
-"""Distinct-n on hand-made texts, counts worked out by hand."""
+"""Distinct-n and its within / across factors on hand-made texts, counts worked out by hand."""
 
 from __future__ import annotations
 
 import pytest
 
-from rlhf_lit.evaluation.diversity import distinct_n, ngrams
+from rlhf_lit.evaluation.diversity import distinct_n, distinct_n_factors, ngrams
 
 
 def test_ngrams():
@@ -41,3 +41,22 @@ def test_distinct_without_ngrams():
 def test_distinct_n_must_be_positive():
     with pytest.raises(ValueError, match="n must be >= 1"):
         distinct_n(["a b"], 0)
+
+
+def test_factors_split_repetition_within_a_text_from_texts_alike():
+    # "a b a b": bigrams (a b) (b a) (a b): 3, 2 distinct of its own; "a b c": (a b) (b c): 2, 2 of its own.
+    # T = 5, W = 2 + 2 = 4, U = {(a b), (b a), (b c)} = 3: within 4/5, across 3/4, product 3/5 = distinct-2.
+    texts = ["a b a b", "a b c"]
+    assert distinct_n_factors(texts, 2) == (4 / 5, 3 / 4)
+    assert distinct_n(texts, 2) == 3 / 5
+    # Two copies of one text: nothing repeats within either, everything repeats across them.
+    assert distinct_n_factors(["x y z", "x y z"], 2) == (1.0, 1 / 2)
+    # One looping text: all the loss is within.
+    assert distinct_n_factors(["a a a a"], 2) == (1 / 3, 1.0)
+
+
+def test_factors_without_ngrams_and_n_checked():
+    assert distinct_n_factors(["", "one"], 2) == (0.0, 0.0)
+    assert distinct_n_factors([], 1) == (0.0, 0.0)
+    with pytest.raises(ValueError, match="n must be >= 1"):
+        distinct_n_factors(["a b"], 0)

@@ -27,9 +27,13 @@ def test_text_statistics_judge_mean_and_distinct_n():
     texts = ["a b a", "b c"]
     stats = text_statistics(texts, judge=lambda t: [len(x) for x in t])
     # judge: lengths 5 and 3 -> mean 4. unigrams a b a b c: 5, distinct 3 -> 0.6;
-    # bigrams (a b) (b a) (b c): 3, all distinct -> 1.0.
-    assert stats == {"diversity/distinct_1": 0.6, "diversity/distinct_2": 1.0, "objective/judge": 4.0}
-    assert set(text_statistics(texts, judge=None)) == {"diversity/distinct_1", "diversity/distinct_2"}
+    # bigrams (a b) (b a) (b c): 3, all distinct -> 1.0, within each text and across them.
+    assert stats == {"diversity/distinct_1": 0.6, "diversity/distinct_2": 1.0, "diversity/distinct_2_within": 1.0,
+                     "diversity/distinct_2_across": 1.0, "objective/judge": 4.0}  # fmt: skip
+    # "a b a b" repeats (a b) within itself, "a b" shares it: T = 3 + 1, W = 2 + 1, U = 2.
+    shared = text_statistics(["a b a b", "a b"], judge=None)
+    assert shared == {"diversity/distinct_1": 2 / 6, "diversity/distinct_2": 2 / 4,
+                      "diversity/distinct_2_within": 3 / 4, "diversity/distinct_2_across": 2 / 3}  # fmt: skip
 
 
 class _TwoRanks:

@@ -17,7 +17,7 @@ from typing import Literal
 import torch
 from lightning.pytorch.strategies import Strategy
 
-from rlhf_lit.evaluation import Judge, distinct_n
+from rlhf_lit.evaluation import Judge, distinct_n, distinct_n_factors
 from rlhf_lit.functional import explained_variance
 from rlhf_lit.models.compiled_generation import CompileStats
 from rlhf_lit.stages.ppo.rollout import Rollout
@@ -87,14 +87,18 @@ def rollout_statistics(
 
 
 def text_statistics(texts: Sequence[str], judge: Judge | None, judged: Sequence[str] | None = None) -> dict[str, float]:
-    """``diversity/distinct_1``, ``diversity/distinct_2`` of ``texts`` and, with a judge, ``objective/judge``
-    of ``judged`` (what the judge reads, ``judge_reads``; default: ``texts``).
+    """``diversity/distinct_1``, ``diversity/distinct_2`` and its factors ``diversity/distinct_2_within``
+    and ``diversity/distinct_2_across`` (:func:`~rlhf_lit.evaluation.diversity.distinct_n_factors`) of
+    ``texts`` and, with a judge, ``objective/judge`` of ``judged`` (what the judge reads,
+    ``judge_reads``; default: ``texts``).
 
     Distinct-n is pooled over this rank's responses; across ranks the per-rank values are
     averaged (equal to the pooled value only with one rank). The judge mean over ranks is the
     mean over the global batch (every rank has the same number of rows).
     """
-    stats = {"diversity/distinct_1": distinct_n(texts, 1), "diversity/distinct_2": distinct_n(texts, 2)}
+    within, across = distinct_n_factors(texts, 2)
+    stats = {"diversity/distinct_1": distinct_n(texts, 1), "diversity/distinct_2": distinct_n(texts, 2),
+             "diversity/distinct_2_within": within, "diversity/distinct_2_across": across}
     if judge is not None:
         scores = judge(list(texts if judged is None else judged))
         stats["objective/judge"] = sum(scores) / len(scores)
