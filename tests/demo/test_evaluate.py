@@ -15,8 +15,8 @@ from rlhf_lit.models import load_causal_lm
 from rlhf_lit.models.generation import SamplingConfig
 from rlhf_lit.tokenizer import load_tokenizer
 
-METRICS = {"judge_mean", "judge_std", "kl_mean", "kl_std", "distinct_1", "distinct_2",
-           "length_mean", "ended_fraction", "num_samples"}
+METRICS = {"judge_mean", "judge_std", "kl_mean", "kl_std", "distinct_1", "distinct_2", "distinct_2_within",
+           "distinct_2_across", "length_mean", "ended_fraction", "num_samples"}
 
 
 def test_policy_equal_to_reference_has_zero_kl(stories_path, tinystories, tmp_path, capsys):
