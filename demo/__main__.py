@@ -1,4 +1,4 @@
-"""``python -m demo {split,preferences,evaluate,report,pipeline,seeds,rm-study,guard,iterate}``: the offline demo's commands."""
+"""``python -m demo {split,preferences,evaluate,report,pipeline,seeds,rm-study,guard,iterate,diversity}``: the offline demo's commands."""
 
 from __future__ import annotations
 
@@ -103,6 +103,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("iterate", add_help=False,
                    help="iterated RLHF (rlhf-lit iterate) against one reward model at equal policy compute, on several "
                         "seeds (options: python -m demo iterate --help)")
+    sub.add_parser("diversity", add_help=False,
+                   help="why held-out distinct-2 falls: the RM's and the judge's taste for repetition, best-of-N by each, "
+                        "distinct-2 within and across responses, entropy, on a demo and its seeds study "
+                        "(options: python -m demo diversity --help)")
     return parser
 
 
@@ -142,6 +146,10 @@ def _run(argv: list[str]) -> int:
         from demo.iterate_study import main as iterate_main
 
         return iterate_main(argv[1:])
+    if argv[:1] == ["diversity"]:
+        from demo.diversity_study import main as diversity_main
+
+        return diversity_main(argv[1:])
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if args.command == "split":
