@@ -11,7 +11,7 @@ the reward model on them, run PPO (and DPO on the same pairs, best-of-N against 
 measure the judge score against the KL to the SFT model (:mod:`demo.frontier`).
 
 Subcommands (``python -m demo --help``; the pipeline and the studies: ``pipeline``, ``seeds``,
-``rm-study``, ``guard``):
+``rm-study``, ``guard``, ``diversity``):
 
 - ``split``: write the disjoint paragraph ranges below as ``sft.txt``, ``reward_model.txt``, ``ppo.txt``,
   ``eval.txt`` (input for the data modules' ``paragraphs`` format);
