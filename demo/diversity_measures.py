@@ -175,7 +175,10 @@ def edited_texts(responses: Sequence[str], prompt_of: Sequence[int], rng: random
             continue
         length = len(words) // 3
         tails = edit_tails(words, rng, valence)
-        while True:  # a donor of another prompt, long enough
+        while True:  # a donor of another prompt, long enough (the longest response to another prompt bounds it)
+            if not any(prompt_of[j] != prompt_of[i] and len(r.split()) >= length for j, r in enumerate(responses)):
+                raise ValueError(f"no response to another prompt has the {length} words the 'other' edit of "
+                                 f"response {i} needs")  # fmt: skip
             other = rng.randrange(len(responses))
             if prompt_of[other] != prompt_of[i] and len(responses[other].split()) >= length:
                 break
@@ -244,6 +247,8 @@ def fall_factors(texts: Sequence[str], sft: tuple[float, float]) -> dict[str, fl
     the shares add up to 1.
     """
     within, across = distinct_n_factors(texts, 2)
+    if not within * across or not sft[0] * sft[1]:
+        raise ValueError("distinct-2 is 0 (no bigram, or every bigram the same): no ratio to SFT's to split")
     ratios = {"d2_ratio": within * across / (sft[0] * sft[1]), "within_ratio": within / sft[0],
               "across_ratio": across / sft[1]}  # fmt: skip
     fall = math.log(ratios["d2_ratio"])
@@ -271,6 +276,8 @@ def repeats_a_word(texts: Sequence[str], times: int = 3) -> float:
 def rollout_windows(values: Sequence[float], width: int = WINDOW) -> dict[str, float]:
     """A per-rollout curve (rollout 1 first) read at rollout 1 (alone), every 10th rollout and the last:
     the mean of the ``width`` rollouts ending there (one rollout is noisy)."""
+    if not values:
+        raise ValueError("no rollouts to read")
     ends = [1, *range(10, len(values) + 1, 10)]
     ends += [len(values)] if len(values) not in ends else []
     windows = {r: values[max(0, r - width) : r] for r in ends}
@@ -280,5 +287,7 @@ def rollout_windows(values: Sequence[float], width: int = WINDOW) -> dict[str, f
 def entropy_fall(entropy: Sequence[float], kl: Sequence[float], width: int = WINDOW) -> tuple[float, float]:
     """``(fall, fall per nat)``: mean entropy of the first ``width`` rollouts minus that of the last ``width``,
     and that fall over the mean KL of the last ``width`` rollouts (a policy that moved further may lose more)."""
+    if min(len(entropy), len(kl)) < width:
+        raise ValueError(f"the entropy fall needs {width} rollouts or more, got {min(len(entropy), len(kl))}")
     fall = sum(entropy[:width]) / width - sum(entropy[-width:]) / width
     return fall, fall / (sum(kl[-width:]) / width)

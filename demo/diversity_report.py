@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from demo.diversity_measures import MIN_WORDS
+
 
 def pm(stat: Mapping | None, digits: int = 3, sign: bool = False) -> str:
     """``mean +- se`` of a :func:`demo.diversity_measures.stat` (``+`` shown on positive means with ``sign``)."""
@@ -39,7 +41,7 @@ def repetition_lines(rep: Mapping, config: Mapping) -> list[str]:
     lines += [f"| RM vs judge | {_n(c['rm_vs_judge'])} | {pm(c['rm_vs_judge'], sign=True)} | |", ""]
     lines += [
         "## 1b. Edits of the last third, word count kept", "",
-        f"{rep['intervention']['edited_responses']} responses of >= 12 words; edited and original texts rescored "
+        f"{rep['intervention']['edited_responses']} responses of >= {MIN_WORDS} words; edited and original texts rescored "
         f"alike (prompt + response as one string, EOS appended; this rescoring correlates "
         f"{s['rescored_rm_correlation']:.4f} with the sampled tokens' RM score). Changes in units of each score's "
         f"std over the SFT samples (RM {s['rm_std']:.3f}, judge {s['judge_std']:.3f}); per-prompt means, then "

@@ -27,7 +27,8 @@
 
 Writes ``diversity.json`` (every measurement) and ``diversity.md`` (:mod:`demo.diversity_report`, also
 printed) into ``--out``, a folder this command creates (marked by :data:`MARKER`). Standard errors are
-``std / sqrt(n)`` (sample std) over the unit each table names: prompts, best-of-N subsets or seeds. This
+``std / sqrt(n)`` (sample std) over the unit each table names: prompts, best-of-N subsets or seeds; the
+lines' are the std of the reading over seed resamples (bootstrap). This
 module samples, scores and reads the files; the measurements themselves are :mod:`demo.diversity_measures`.
 """
 
@@ -69,7 +70,7 @@ MARKER = ".rlhf-lit-diversity.json"
 """Written into ``--out`` when this command creates it; a non-empty folder without it is refused."""
 COMMAND = "python -m demo diversity"
 AT_KL = (2.0, 2.8)
-"""KLs (nats) at which the per-variant lines are read (within every variant's range in the demo's study)."""
+"""KLs (nats) at which the per-variant lines are read ("-" where a variant's checkpoints do not reach one)."""
 AT_JUDGE = (0.70, 0.75)
 """Held-out judge scores at which the lines of distinct-2 against the judge score are read."""
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -309,3 +310,73 @@ def test_the_command_writes_every_section_from_a_demo_and_a_seeds_folder(tmp_pat
     (tmp_path / "foreign").mkdir()
     (tmp_path / "foreign" / "notes.txt").write_text("mine")
     assert diversity_study.main([*argv[:4], "--out", str(tmp_path / "foreign")]) == 2
+
+
+def test_repetition_pairs_each_edit_with_its_own_response_and_prompt(monkeypatch):
+    """Section 1 with the models stubbed: an RM and a judge that are functions of the text (the RM of its prompt
+    too), so every change the study reports can be recomputed here, response by response, from the edited texts
+    (the same seed draws the same edits). Pairing an edit with another response's score, or a response with
+    another prompt, changes the numbers."""
+    import random
+    import types
+
+    import rlhf_lit.evaluation.judges as judges
+    import rlhf_lit.evaluation.samples as samples_module
+
+    words = "the cat was happy and the dog ran to the park with a big red ball".split()  # 15 words
+    # 2 prompts x k = 3, all >= 12 words, each scored differently by both (more or fewer "happy", longer)
+    responses = [" ".join(words[i:] + words[:i] + ["happy"] * (i % 3) + ["yes"] * i) for i in range(6)]
+    prompts = ["Once upon", "One day"]
+
+    def rm(prompt: str, response: str) -> float:  # depends on the prompt: a response paired with the wrong one shows
+        return response.count("happy") * 2.0 + len(set(response.split())) * 0.1 + (prompt == "One day") * 5.0
+
+    def judge(texts):
+        return [t.count("happy") + 0.01 * len(t) for t in texts]
+
+    repeated = [p for p in prompts for _ in range(3)]
+    sampled = types.SimpleNamespace(responses=responses, prompts=repeated,
+                                    rm_scores=[rm(p, r) for p, r in zip(repeated, responses)])  # fmt: skip
+    monkeypatch.setattr(diversity_study, "load_prompts", lambda *args: (None, prompts))
+    monkeypatch.setattr(samples_module, "load_models", lambda *args, **kwargs: types.SimpleNamespace(prompts=repeated))
+    monkeypatch.setattr(samples_module, "sample_and_measure", lambda *args, **kwargs: (sampled, 1.0))
+    monkeypatch.setattr(judges, "load_judge", lambda spec: judge)
+    monkeypatch.setattr(diversity_study, "rm_scores_of", lambda models, ps, rs: [rm(p, r) for p, r in zip(ps, rs)])
+
+    result = diversity_study.repetition(Path("demo-folder"), "", 2, 3, 7, 48)
+
+    from vaderSentiment.vaderSentiment import SentimentIntensityAnalyzer
+
+    rm_std = math.sqrt(sum((x - sum(sampled.rm_scores) / 6) ** 2 for x in sampled.rm_scores) / 6)  # population std
+    judged = judge(responses)
+    judge_std = math.sqrt(sum((x - sum(judged) / 6) ** 2 for x in judged) / 6)
+    rows, edited = edited_texts(responses, [0, 0, 0, 1, 1, 1], random.Random(7),
+                                word_valence(SentimentIntensityAnalyzer().lexicon))  # fmt: skip
+    assert rows == list(range(6))
+
+    def per_prompt_then_over_prompts(changes: dict[int, float]) -> float:  # row -> change
+        by_prompt = [[c for i, c in changes.items() if i // 3 == prompt] for prompt in (0, 1)]
+        means = [sum(v) / len(v) for v in by_prompt if v]
+        return sum(means) / len(means)
+
+    for name in EDITS:
+        kept = {i: text for i, text in zip(rows, edited[name]) if text is not None}
+        d_rm = {i: (rm(repeated[i], t) - rm(repeated[i], responses[i])) / rm_std for i, t in kept.items()}
+        d_judge = {i: (judge([t])[0] - judged[i]) / judge_std for i, t in kept.items()}
+        got = result["intervention"]["edits"][name]
+        assert got["d_rm_z"]["mean"] == pytest.approx(per_prompt_then_over_prompts(d_rm)), name
+        assert got["d_judge_z"]["mean"] == pytest.approx(per_prompt_then_over_prompts(d_judge)), name
+    assert result["samples"]["rescored_rm_correlation"] == pytest.approx(1.0)
+
+
+def test_the_measures_refuse_inputs_they_cannot_read():
+    import random
+
+    with pytest.raises(ValueError, match="the 'other' edit of response 0 needs"):  # no donor long enough
+        edited_texts(["a b c d e f g h i j k l m n o", "x"], [0, 1], random.Random(0), lambda w: 0.0)
+    with pytest.raises(ValueError, match="distinct-2 is 0"):
+        fall_factors(["one"], (0.9, 0.8))
+    with pytest.raises(ValueError, match="no rollouts"):
+        rollout_windows([])
+    with pytest.raises(ValueError, match="5 rollouts or more, got 3"):
+        entropy_fall([1.0, 0.9, 0.8], [0.1, 0.2, 0.3])
