@@ -164,6 +164,14 @@ def _fresh_process(argv: list[str], cwd: Path, environ: dict[str, str]) -> None:
 
     rank_zero_only.rank = _get_rank() or 0  # set at import from the environment (a forked rank's is its own)
     rlhf_lit.cli._debug = False  # noqa: SLF001
+    # What this process compiled is the test process's: a new interpreter starts with no compiled graph and
+    # its compiled-generation totals at 0 (a run that prints or asserts them counts its own compiles only).
+    from rlhf_lit.models import compiled_generation
+
+    vars(compiled_generation.COMPILE_STATS).update(vars(compiled_generation.CompileStats()))
+    if "torch._dynamo" in sys.modules:
+        torch._dynamo.reset()
+        torch._dynamo.utils.counters.clear()  # unique_graphs and the rest, which reset() keeps
     hf_logging.enable_progress_bar()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     torch.set_default_dtype(torch.float32)

@@ -39,6 +39,29 @@ def test_the_fork_starts_clean_and_leaves_the_test_process_alone(tmp_path):
     assert os.getcwd() != str(tmp_path)  # the fork's chdir is its own
 
 
+def test_the_fork_starts_with_nothing_compiled_as_a_new_interpreter_does(tmp_path):
+    """The test process compiled a graph and counted it (an earlier compiled test on the same worker);
+    a script forked from it counts from 0 and compiles its own graph, as in a new interpreter (the
+    benchmark's eager runs read these totals: CI's failure on an empty compile cache)."""
+    from rlhf_lit.models import compiled_generation
+
+    double = torch.compile(lambda x: x * 2, backend="eager")
+    double(torch.ones(2))
+    saved = vars(compiled_generation.COMPILE_STATS).copy()
+    compiled_generation.COMPILE_STATS.graphs += 1
+    script = tmp_path / "totals.py"
+    script.write_text("import torch\n"
+                      "from torch._dynamo.utils import counters\n"
+                      "from rlhf_lit.models.compiled_generation import compile_stats\n"
+                      "print(compile_stats().graphs, counters['stats']['unique_graphs'])\n")  # fmt: skip
+    try:
+        forked = cli_forked.run_script(script, cwd=tmp_path)
+    finally:
+        vars(compiled_generation.COMPILE_STATS).update(saved)
+    assert forked.returncode == 0, forked.stderr
+    assert forked.stdout.split() == ["0", "0"]
+
+
 def test_sigterm_has_its_default_action_in_the_fork_whatever_the_test_process_installed(tmp_path):
     fifo = tmp_path / "config.yaml"
     os.mkfifo(fifo)  # opening the config blocks until a writer comes: the run waits in its parser
