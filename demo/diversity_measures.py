@@ -169,20 +169,20 @@ def edited_texts(responses: Sequence[str], prompt_of: Sequence[int], rng: random
     if len(set(prompt_of)) < 2:
         raise ValueError("the 'other' edit needs responses to at least two prompts")
     rows, texts = [], {name: [] for name in EDITS}
-    for i, response in enumerate(responses):
-        words = response.split()
+    words_of = [response.split() for response in responses]
+    for i, (response, words) in enumerate(zip(responses, words_of)):
         if len(words) < MIN_WORDS:
             continue
         length = len(words) // 3
         tails = edit_tails(words, rng, valence)
-        while True:  # a donor of another prompt, long enough (the longest response to another prompt bounds it)
-            if not any(prompt_of[j] != prompt_of[i] and len(r.split()) >= length for j, r in enumerate(responses)):
-                raise ValueError(f"no response to another prompt has the {length} words the 'other' edit of "
-                                 f"response {i} needs")  # fmt: skip
+        if not any(prompt_of[j] != prompt_of[i] and len(w) >= length for j, w in enumerate(words_of)):
+            raise ValueError(f"no response to another prompt has the {length} words the 'other' edit of "
+                             f"response {i} needs")  # fmt: skip
+        while True:  # a donor of another prompt, long enough (one exists: checked above)
             other = rng.randrange(len(responses))
-            if prompt_of[other] != prompt_of[i] and len(responses[other].split()) >= length:
+            if prompt_of[other] != prompt_of[i] and len(words_of[other]) >= length:
                 break
-        tails["other"] = responses[other].split()[-length:]
+        tails["other"] = words_of[other][-length:]
         head = opening_words(response, len(words) - length)
         rows.append(i)
         for name in EDITS:
