@@ -23,6 +23,7 @@ is the terminal output of a fresh interpreter (warnings printed once, progress b
 from __future__ import annotations
 
 import atexit
+import faulthandler
 import io
 import logging
 import os
@@ -144,6 +145,9 @@ def _fresh_process(argv: list[str], cwd: Path, environ: dict[str, str]) -> None:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_SETMASK, set())
+    # A crash (SIGSEGV, SIGABRT) prints every thread's Python stack on the fork's own stderr, which the
+    # test reads (the test process's handler writes to the worker's stderr, out of the test's sight).
+    faulthandler.enable(file=sys.stderr, all_threads=True)
     _default_warnings()
     os.environ.clear()
     os.environ.update(environ)
@@ -297,7 +301,19 @@ def _completed(proc: ForkedProcess, out: Path, err: Path, timeout: int) -> subpr
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    return subprocess.CompletedProcess(proc.args, status, out.read_text(errors="replace"), err.read_text(errors="replace"))
+    stdout, stderr = out.read_text(errors="replace"), err.read_text(errors="replace")
+    _report_crash(status, stderr)
+    return subprocess.CompletedProcess(proc.args, status, stdout, stderr)
+
+
+def _report_crash(status: int, stderr: str) -> None:
+    """A process killed by a signal with a crash report (:func:`faulthandler`'s) in its output: the report
+    on the test's own stderr, which pytest shows with a failure (a test's message often quotes the end
+    of the output, where another rank's error about the lost connection comes after the crash)."""
+    start = stderr.find("Fatal Python error")
+    if status < 0 and start >= 0:
+        print(f"[cli_forked] the process ended by signal {-status}; its crash report:\n{stderr[start:start + 6000]}",
+              file=sys.stderr)
 
 
 def run(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: int = 600,

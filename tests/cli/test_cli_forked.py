@@ -62,6 +62,19 @@ def test_the_fork_starts_with_nothing_compiled_as_a_new_interpreter_does(tmp_pat
     assert forked.stdout.split() == ["0", "0"]
 
 
+def test_a_crash_in_the_fork_is_reported_with_its_python_stack(tmp_path, capfd):
+    """A fork killed by SIGSEGV (CI lost rank 0 of an fsdp2 run so, its stack nowhere to read) writes
+    Python's crash report into its own stderr, and the test's stderr repeats it (a test's message
+    quotes the end of the output, where the other rank's lost-connection error comes last)."""
+    script = tmp_path / "crash.py"
+    script.write_text("import ctypes\n\n\ndef read_address_zero():\n    ctypes.string_at(0)\n\n\nread_address_zero()\n")
+    forked = cli_forked.run_script(script, cwd=tmp_path)
+    assert forked.returncode == -signal.SIGSEGV
+    report = forked.stderr[forked.stderr.index("Fatal Python error: Segmentation fault"):]
+    assert "read_address_zero" in report and "crash.py" in report
+    assert "the process ended by signal 11" in capfd.readouterr().err
+
+
 def test_sigterm_has_its_default_action_in_the_fork_whatever_the_test_process_installed(tmp_path):
     fifo = tmp_path / "config.yaml"
     os.mkfifo(fifo)  # opening the config blocks until a writer comes: the run waits in its parser
