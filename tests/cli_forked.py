@@ -147,6 +147,9 @@ def _fresh_process(argv: list[str], cwd: Path, environ: dict[str, str]) -> None:
     signal.pthread_sigmask(signal.SIG_SETMASK, set())
     # A crash (SIGSEGV, SIGABRT) prints every thread's Python stack on the fork's own stderr, which the
     # test reads (the test process's handler writes to the worker's stderr, out of the test's sight).
+    # (disable first: enable on an enabled handler only changes its file, and a library may have put
+    # its own SIGSEGV handler over the test process's since)
+    faulthandler.disable()
     faulthandler.enable(file=sys.stderr, all_threads=True)
     _default_warnings()
     os.environ.clear()
