@@ -12,7 +12,8 @@ The fork is made to look like a process just started by the console script (``fr
 import main; sys.exit(main())``): ``sys.argv``, ``__main__`` (no spec, so Lightning's launcher
 re-runs the script), the environment of :func:`suite_env.subprocess_env`, the working directory,
 standard streams on the given files (stdin on ``/dev/null``), logging handlers on those streams,
-Python's default signal handlers and warnings filters, no exit handlers of the test's process (its
+Python's default signal handlers (but for :mod:`faulthandler`'s on the fatal signals, which print a
+crash's stack into the fork's stderr) and warnings filters, no exit handlers of the test's process (its
 temporary folders are its own), and the global switches :func:`cli_in_process.isolated_main_state`
 names. What a fork cannot reset is what a library read from the environment when it was imported
 (the Hugging Face offline flags, endpoint and cache): :func:`start` refuses an ``env`` that sets one,
@@ -310,13 +311,14 @@ def _completed(proc: ForkedProcess, out: Path, err: Path, timeout: int) -> subpr
 
 
 def _report_crash(status: int, stderr: str) -> None:
-    """A process killed by a signal with a crash report (:func:`faulthandler`'s) in its output: the report
-    on the test's own stderr, which pytest shows with a failure (a test's message often quotes the end
-    of the output, where another rank's error about the lost connection comes after the crash)."""
+    """A failed run with a crash report (:func:`faulthandler`'s) in its output, from the process itself or
+    from a process it forked (a rank, a stage: they share its stderr): the report on the test's own
+    stderr, which pytest shows with a failure (a test's message often quotes the end of the output,
+    where another rank's error about the lost connection comes after the crash)."""
     start = stderr.find("Fatal Python error")
-    if status < 0 and start >= 0:
-        print(f"[cli_forked] the process ended by signal {-status}; its crash report:\n{stderr[start:start + 6000]}",
-              file=sys.stderr)
+    if status != 0 and start >= 0:
+        print(f"[cli_forked] the run ended with status {status}, and a process of it crashed:\n"
+              f"{stderr[start:start + 6000]}", file=sys.stderr)  # fmt: skip
 
 
 def run(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: int = 600,

@@ -67,12 +67,26 @@ def test_a_crash_in_the_fork_is_reported_with_its_python_stack(tmp_path, capfd):
     Python's crash report into its own stderr, and the test's stderr repeats it (a test's message
     quotes the end of the output, where the other rank's lost-connection error comes last)."""
     script = tmp_path / "crash.py"
-    script.write_text("import ctypes\n\n\ndef read_address_zero():\n    ctypes.string_at(0)\n\n\nread_address_zero()\n")
+    script.write_text("import ctypes\nimport resource\n\nresource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # no core file\n\n\n"
+                      "def read_address_zero():\n    ctypes.string_at(0)\n\n\nread_address_zero()\n")  # fmt: skip
     forked = cli_forked.run_script(script, cwd=tmp_path)
     assert forked.returncode == -signal.SIGSEGV
     report = forked.stderr[forked.stderr.index("Fatal Python error: Segmentation fault"):]
     assert "read_address_zero" in report and "crash.py" in report
-    assert "the process ended by signal 11" in capfd.readouterr().err
+    assert "the run ended with status -11, and a process of it crashed" in capfd.readouterr().err
+
+
+def test_a_crash_of_a_process_the_run_started_is_reported_when_the_run_fails(tmp_path, capfd):
+    """The other way round: a child sharing the run's stderr crashes (a rank), the run itself exits 1
+    (the lost connection); the child's report is repeated on the test's stderr too."""
+    script = tmp_path / "child_crash.py"
+    script.write_text("import ctypes, os, resource, sys\n\nresource.setrlimit(resource.RLIMIT_CORE, (0, 0))\n"
+                      "pid = os.fork()\nif pid == 0:\n    ctypes.string_at(0)\n"
+                      "os.waitpid(pid, 0)\nsys.exit(1)\n")  # fmt: skip
+    forked = cli_forked.run_script(script, cwd=tmp_path)
+    assert forked.returncode == 1
+    assert "Fatal Python error: Segmentation fault" in forked.stderr
+    assert "the run ended with status 1, and a process of it crashed" in capfd.readouterr().err
 
 
 def test_sigterm_has_its_default_action_in_the_fork_whatever_the_test_process_installed(tmp_path):
