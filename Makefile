@@ -19,16 +19,14 @@ export TOKENIZERS_PARALLELISM ?= false
 
 install: $(STAMP)
 
-# pip compiles the installed files to bytecode on one core (a sixth to a third of a fresh install's
-# time); compileall does it on every core. Like pip, it passes over a file it cannot compile (torch
-# ships one written for a newer Python): its result is not read, while an error of compileall
-# itself (no worker processes) stops the install.
-COMPILE_SITE = $(1) -c 'import compileall, sysconfig; compileall.compile_dir(sysconfig.get_path("purelib"), quiet=2, workers=0)'
-
+# pip byte-compiles what it installs on one core; compileall does it on every core (a new .venv's
+# install 101-113 s instead of 122-123 s: docs/development.md). Like pip, it passes over a file it
+# cannot compile (torch ships one written for a newer Python): its result is not read, while an
+# error of compileall itself (no worker processes) stops the install.
 $(STAMP): pyproject.toml constraints/dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --no-compile -c constraints/dev.txt -e '.[test,demo,hub,lora,docs,realmodel]'
-	$(call COMPILE_SITE,$(PY))
+	$(PY) -c 'import compileall, sysconfig; compileall.compile_dir(sysconfig.get_path("purelib"), quiet=2, workers=0)'
 	touch $(STAMP)
 
 # The suite on 2 worker processes (pytest-xdist; one torch thread each), one test module per worker
