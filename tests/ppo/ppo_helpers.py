@@ -20,22 +20,6 @@ from generation_helpers import EOS, PAD, STORIES, STORY_PROMPTS, EosBias, eos_bi
 TINYSTORIES = str(assets_paths.TINYSTORIES)
 
 
-def truncated_stories(folder: Path, layers: int) -> str:
-    """A copy of stories260K in ``folder`` with only its first ``layers`` decoder layers (and its
-    tokenizer files): the same trunk for tests whose cost is compiling it. TorchInductor's lowering
-    takes time in proportion to the graph's nodes (one decoder layer is a fifth of them), while a
-    layer's kernels are the same C++ as the next layer's and compile once; on an empty compile
-    cache a compiled-pass test of 2 layers cost 114 s of CPU against 160 s with 5. Returns its path."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(STORIES)
-    model.model.layers = model.model.layers[:layers]
-    model.config.num_hidden_layers = layers
-    model.save_pretrained(folder)
-    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
-        (folder / name).write_bytes((Path(STORIES) / name).read_bytes())
-    return str(folder)
-
 
 class RecordingLogger(Logger):
     """Keeps every ``log_metrics`` call: ``history[step] = metrics``."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 from float32_bounds import gradient_bound, output_bound
-from ppo_helpers import tiny_module, truncated_stories
+from ppo_helpers import tiny_module
 
 from rlhf_lit.models.compiled_passes import bucket_length, pad_to_buckets
 from rlhf_lit.models.lora import LoRAConfig
@@ -68,19 +68,12 @@ VARIANTS = {
 }
 
 
-@pytest.fixture(scope="module")
-def two_layer_trunk(tmp_path_factory) -> str:
-    """stories260K with 2 of its 5 decoder layers, as policy, critic and reward model: what passes from
-    one layer to the next (and gradient checkpointing's recompute of more than one block) is still
-    there, at 60% less graph to compile for each variant (tests/ppo/ppo_helpers.py)."""
-    return truncated_stories(tmp_path_factory.mktemp("stories-2-layers"), layers=2)
-
-
 @pytest.mark.slow
 @pytest.mark.kernels
 @pytest.mark.parametrize("variant", list(VARIANTS))
-def test_compiled_pass_gives_the_eager_outputs_and_gradients(variant, two_layer_trunk):
-    module = tiny_module(sft_model=two_layer_trunk, reward_model=two_layer_trunk, **VARIANTS[variant])
+def test_compiled_pass_gives_the_eager_outputs_and_gradients(variant, two_layer_stories):
+    # policy, critic and reward model on the 2-layer trunk (tests/ppo/conftest.py): cheaper to compile
+    module = tiny_module(sft_model=two_layer_stories, reward_model=two_layer_stories, **VARIANTS[variant])
     assert module.policy.config.num_hidden_layers == 2
     torch.manual_seed(4)
     heads = [p for n, p in module.critic.named_parameters() if n.endswith(("score.weight", "head.weight"))]

@@ -79,16 +79,19 @@ def test_metric_by_hand_on_a_constructed_batch(tmp_path, old_logprobs):
     pytest.param("rescore", "compiled", marks=[pytest.mark.slow, pytest.mark.kernels]),  # compiles decode and passes: ~1 min cold
     pytest.param("sampling", "compiled", marks=[pytest.mark.slow, pytest.mark.kernels]),
 ])  # fmt: skip
-def test_real_rollout_generation_and_training_agree_in_fp32(tmp_path, old_logprobs, path):
+def test_real_rollout_generation_and_training_agree_in_fp32(tmp_path, two_layer_stories, old_logprobs, path):
     """stories260K, fp32 on the CPU, real sampling of 8 left-padded rows with EOS at varied steps:
     the logprobs recorded while sampling and the training pass's differ by float summation order
     only (one token at a time with a KV cache against one pass over the rows), so their mean absolute
     difference is within the per-token bound of tests/float32_bounds.py at the largest logit /
     temperature (~8e-4 nats here); a one-position shift of either differs by nats, a pad counted by
     its logprob. ``path`` compiled: the decode step (``sampling.decode``) and the scoring and
-    training passes (``ppo.forward``) both compiled."""
+    training passes (``ppo.forward``) both compiled, on 2 of stories260K's 5 layers (cheaper to compile:
+    tests/ppo/conftest.py)."""
     tokenizer = load_tokenizer(STORIES, padding_side="left")
-    module = tiny_module(sampling=SamplingConfig(max_new_tokens=10, temperature=0.9, decode=path), max_rollouts=1,
+    trunk = two_layer_stories if path == "compiled" else STORIES
+    module = tiny_module(sft_model=trunk, reward_model=trunk,
+                         sampling=SamplingConfig(max_new_tokens=10, temperature=0.9, decode=path), max_rollouts=1,
                          ppo=PPOConfig(epochs=1, minibatch_size=8, old_logprobs=old_logprobs, forward=path))
     for model in (module.policy, module.ref_policy):
         model.lm_head = EosBias(model.lm_head, 24.0)  # EOS at varied steps: pads after it

@@ -5,7 +5,8 @@ One small batch exercises the whole wiring of ``PPOModule`` at once: left paddin
 truncated row with junk never cut), a policy perturbed away from the reference (KL is not 0), a
 critic from a reward model with a non-zero head and an unfolded normalisation bias, sampling
 temperature 0.7, the missing-EOS penalty, a reward bias, grad_accum 2, an entropy bonus and
-PPO-ptx. ``tests/ppo/golden_reference.py`` recomputes each quantity one unpadded row at a time
+PPO-ptx, on 2 of stories260K's 5 decoder layers (the compiled case costs 60% less graph to lower:
+tests/conftest.py, ``two_layer_stories``). ``tests/ppo/golden_reference.py`` recomputes each quantity one unpadded row at a time
 from the formulas, without ``rlhf_lit``; this file compares:
 
 - the rollout: old and reference logprobs, values, RM scores, shaped scores, per-token KL,
@@ -29,7 +30,7 @@ from dataclasses import replace
 import pytest
 import torch
 from lightning.pytorch import LightningDataModule
-from ppo_helpers import EOS, PAD, STORIES, prompt_batch, tiny_module, tiny_trainer
+from ppo_helpers import EOS, PAD, prompt_batch, tiny_module, tiny_trainer
 from torch.utils.data import DataLoader
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
@@ -48,7 +49,7 @@ RESPONSES = [
     [EOS, 320, 321, 322, 323, 324],  # EOS first: a one-token response
     [330, 331, 332, 333, 334, EOS],  # EOS at the last position
 ]
-KL_TARGET = 7.0  # near the KL of the perturbed policy (~7.9): the controller error is not clipped
+KL_TARGET = 9.0  # near the KL of the perturbed policy (~9.9 per response): the controller error is not clipped
 TEMPERATURE, BETA, REWARD_OFFSET, SCORE_BIAS, MISSING_EOS = 0.7, 0.3, 0.5, 0.25, -1.0
 PPO = PPOConfig(
     epochs=2, minibatch_size=1, grad_accum=2, clip_range=0.2, value_clip_range=0.2, vf_coef=0.3, gamma=0.9,
@@ -91,11 +92,12 @@ class PromptsAndPtx(LightningDataModule):
 
 
 @pytest.fixture(scope="module")
-def reward_model_dir(tmp_path_factory) -> str:
-    """A stories260K reward model with a random head and a bias it could not fold (as RewardModule exports Llama)."""
+def reward_model_dir(tmp_path_factory, two_layer_stories) -> str:
+    """A (2-layer) stories260K reward model with a random head and a bias it could not fold (as
+    RewardModule exports Llama)."""
     path = tmp_path_factory.mktemp("golden-rm")
     torch.manual_seed(11)
-    rm = AutoModelForSequenceClassification.from_pretrained(STORIES, num_labels=1)
+    rm = AutoModelForSequenceClassification.from_pretrained(two_layer_stories, num_labels=1)
     torch.nn.init.normal_(rm.score.weight, std=0.5)
     rm.config.reward_bias = REWARD_OFFSET
     rm.save_pretrained(path)
@@ -114,11 +116,12 @@ def _named(module: torch.nn.Module) -> dict[int, str]:
 
 
 @pytest.fixture(scope="module", params=["eager", pytest.param("compiled", marks=[pytest.mark.slow, pytest.mark.kernels])])
-def golden(request, reward_model_dir, tmp_path_factory):
+def golden(request, reward_model_dir, two_layer_stories, tmp_path_factory):
     """Run one rollout through Trainer.fit and record everything the module produced, with the
     scoring and minibatch passes eager or compiled (``ppo.forward``): both must match the loop
     reference within the same float32 tolerances."""
     module = tiny_module(
+        sft_model=two_layer_stories,
         reward_model=reward_model_dir,
         sampling=SamplingConfig(max_new_tokens=len(RESPONSES[0]), temperature=TEMPERATURE),
         ppo=replace(PPO, forward=request.param),
@@ -129,7 +132,7 @@ def golden(request, reward_model_dir, tmp_path_factory):
         max_rollouts=1,
     )
     module.__class__ = ScriptedPPO
-    _perturb(module.policy, seed=5, scale=0.02)  # the policy leaves the reference: KL != 0
+    _perturb(module.policy, seed=5, scale=0.05)  # the policy leaves the reference: KL != 0 (9.9 nats a response)
     initial_policy = {k: v.clone() for k, v in module.policy.state_dict().items()}
     record = {"rollouts": [], "minibatches": [], "steps": []}
 
@@ -172,12 +175,12 @@ def golden(request, reward_model_dir, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def expected(golden, reward_model_dir):
+def expected(golden, reward_model_dir, two_layer_stories):
     """The reference quantities of the rollout, from fresh copies of the models, row by row."""
     module, data, record, initial_policy, _ = golden
-    policy = AutoModelForCausalLM.from_pretrained(STORIES).eval()
+    policy = AutoModelForCausalLM.from_pretrained(two_layer_stories).eval()
     policy.load_state_dict(initial_policy)
-    reference = AutoModelForCausalLM.from_pretrained(STORIES).eval()  # the SFT model, untouched
+    reference = AutoModelForCausalLM.from_pretrained(two_layer_stories).eval()  # the SFT model, untouched
     reward_model = AutoModelForSequenceClassification.from_pretrained(reward_model_dir, num_labels=1).eval()
     rows = ref.unpadded_rows(data.prompts["input_ids"], data.prompts["attention_mask"], RESPONSES, {EOS})
     out = {k: [] for k in ("logprobs", "ref_logprobs", "values", "raw_scores", "scores", "kl", "rewards", "adv", "returns")}
@@ -203,12 +206,12 @@ def expected(golden, reward_model_dir):
 
 
 @pytest.fixture(scope="module")
-def rollout_bounds(golden, expected) -> dict[str, float]:
+def rollout_bounds(golden, expected, two_layer_stories) -> dict[str, float]:
     """:func:`golden_bounds.rollout_bounds` at the rollout's models (the perturbed policy, the SFT reference)."""
     _, _, record, initial_policy, _ = golden
-    policy = AutoModelForCausalLM.from_pretrained(STORIES).eval()
+    policy = AutoModelForCausalLM.from_pretrained(two_layer_stories).eval()
     policy.load_state_dict(initial_policy)
-    reference = AutoModelForCausalLM.from_pretrained(STORIES).eval()
+    reference = AutoModelForCausalLM.from_pretrained(two_layer_stories).eval()
     return golden_bounds.rollout_bounds(policy, reference, record["rollouts"][0], expected, BETA, PPO, TEMPERATURE)
 
 
@@ -320,7 +323,7 @@ def _models_at(step_params: dict[str, tuple[torch.Tensor, torch.Tensor]], auto_c
 
 
 def test_each_step_gradient_and_minibatch_losses_match_the_reference(golden, expected, reward_model_dir,
-                                                                    rollout_bounds):  # fmt: skip
+                                                                    rollout_bounds, two_layer_stories):  # fmt: skip
     module, data, record, _, _ = golden
     rows = _minibatch_rows(golden)
     assert sorted(rows[:4]) == sorted(rows[4:]) == [0, 1, 2, 3]  # each epoch sees every row once
@@ -329,7 +332,7 @@ def test_each_step_gradient_and_minibatch_losses_match_the_reference(golden, exp
     critic_steps = [p for which, p in record["steps"] if which == "critic"]
     assert len(policy_steps) == len(critic_steps) == 4  # 2 epochs x 4 minibatches / grad_accum 2
     for step in range(4):
-        policy = _models_at(policy_steps[step], AutoModelForCausalLM, STORIES, "")
+        policy = _models_at(policy_steps[step], AutoModelForCausalLM, two_layer_stories, "")
         critic = _models_at({k[len("model."):]: v for k, v in critic_steps[step].items()},
                             AutoModelForSequenceClassification, reward_model_dir, "")  # fmt: skip
         total = 0.0
