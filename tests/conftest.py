@@ -139,7 +139,6 @@ def pytest_collection_modifyitems(config, items):
 
 # The offline assets shipped with the project (see assets/README.md), named in one module.
 from assets_paths import GPT2_TOKENIZER, STORIES260K, TINYSTORIES  # noqa: E402
-from generation_helpers import truncated_stories  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -147,7 +146,9 @@ def two_layer_stories(tmp_path_factory) -> str:
     """stories260K with 2 of its 5 decoder layers (:func:`generation_helpers.truncated_stories`), for the tests
     whose cost is compiling the model (``ppo.forward`` / ``sampling.decode: compiled``): what passes
     from one layer to the next, and gradient checkpointing's recompute of more than one block, is
-    still there, at 60% less graph for TorchInductor to lower."""
+    still there, with 3 decoder layers fewer for TorchInductor to lower. One copy per worker."""
+    from generation_helpers import truncated_stories
+
     return truncated_stories(tmp_path_factory.mktemp("stories-2-layers"), layers=2)
 
 

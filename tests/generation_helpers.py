@@ -1,5 +1,6 @@
 """Helpers of the generation tests (tests/models, and the PPO tests through ppo_helpers): stories260K, its
-EOS and pad ids, prompts of different lengths, a left-padded prompt batch and an EOS-biased policy."""
+EOS and pad ids, prompts of different lengths, a left-padded prompt batch and an EOS-biased policy; and
+stories260K cut to fewer layers (tests/conftest.py's ``two_layer_stories``, for the compiled tests)."""
 
 from __future__ import annotations
 
@@ -18,16 +19,17 @@ EOS, PAD = 2, 0  # stories260K: eos 2, pad = <unk> 0
 
 def truncated_stories(folder: Path, layers: int) -> str:
     """A copy of stories260K in ``folder`` with only its first ``layers`` decoder layers (and its
-    tokenizer files): the same trunk for tests whose cost is compiling it. TorchInductor's lowering
-    takes time in proportion to the graph's nodes (one decoder layer is a fifth of them), while a
-    layer's kernels are the same C++ as the next layer's and compile once; on an empty compile
-    cache a compiled-pass test of 2 layers cost 114 s of CPU against 160 s with 5. Returns its path."""
+    other files: tokenizer, generation config), for tests whose cost is compiling it. TorchInductor's
+    lowering takes time in proportion to the graph's nodes (most of them the decoder layers'), while
+    a layer's kernels are the same C++ as the next layer's and compile once; on an empty compile
+    cache one compiled-pass test on 2 layers cost 114 s of CPU against 160 s on 5. Returns its path."""
     model = AutoModelForCausalLM.from_pretrained(STORIES)
     model.model.layers = model.model.layers[:layers]
     model.config.num_hidden_layers = layers
     model.save_pretrained(folder)
-    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
-        (folder / name).write_bytes((Path(STORIES) / name).read_bytes())
+    for source in Path(STORIES).iterdir():
+        if source.name not in ("config.json", "model.safetensors"):  # written above
+            (folder / source.name).write_bytes(source.read_bytes())
     return str(folder)
 
 

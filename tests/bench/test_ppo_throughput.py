@@ -19,12 +19,11 @@ STORIES = STORIES260K
 
 @pytest.mark.parametrize("old_logprobs,decode,forward", [
     ("rescore", "eager", "eager"), ("sampling", "eager", "eager"),
-    pytest.param("sampling", "compiled", "compiled", marks=pytest.mark.slow),  # compiles: 10-90 s
+    pytest.param("sampling", "compiled", "compiled", marks=pytest.mark.slow),  # compiles (2 layers: two_layer_stories)
 ])  # fmt: skip
-def test_benchmark_runs_a_workload_from_the_harness_environment(tmp_path, two_layer_stories, old_logprobs, decode,
-                                                                forward):  # fmt: skip
+def test_benchmark_runs_a_workload_from_the_harness_environment(tmp_path, request, old_logprobs, decode, forward):
     tokenizer = load_tokenizer(str(STORIES), padding_side="left")
-    model = STORIES if decode == forward == "eager" else two_layer_stories  # compiled: 2 layers, cheaper to compile
+    model = STORIES if decode == forward == "eager" else request.getfixturevalue("two_layer_stories")  # cheaper to compile
     rows, masks = [], []
     for text in ["Once upon a time", "The little dog ran", "Tom", "She saw a big red"]:
         ids = tokenizer(text, add_special_tokens=False)["input_ids"][:6]

@@ -20,7 +20,6 @@ from generation_helpers import EOS, PAD, STORIES, STORY_PROMPTS, EosBias, eos_bi
 TINYSTORIES = str(assets_paths.TINYSTORIES)
 
 
-
 class RecordingLogger(Logger):
     """Keeps every ``log_metrics`` call: ``history[step] = metrics``."""
 

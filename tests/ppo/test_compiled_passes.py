@@ -72,7 +72,7 @@ VARIANTS = {
 @pytest.mark.kernels
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_compiled_pass_gives_the_eager_outputs_and_gradients(variant, two_layer_stories):
-    # policy, critic and reward model on the 2-layer trunk (tests/ppo/conftest.py): cheaper to compile
+    # policy, critic and reward model on the 2-layer trunk (tests/conftest.py): cheaper to compile
     module = tiny_module(sft_model=two_layer_stories, reward_model=two_layer_stories, **VARIANTS[variant])
     assert module.policy.config.num_hidden_layers == 2
     torch.manual_seed(4)

@@ -76,20 +76,20 @@ def test_metric_by_hand_on_a_constructed_batch(tmp_path, old_logprobs):
 
 @pytest.mark.parametrize("old_logprobs,path", [
     ("rescore", "eager"), ("sampling", "eager"),
-    pytest.param("rescore", "compiled", marks=[pytest.mark.slow, pytest.mark.kernels]),  # compiles decode and passes: ~1 min cold
+    pytest.param("rescore", "compiled", marks=[pytest.mark.slow, pytest.mark.kernels]),  # compiles decode and passes
     pytest.param("sampling", "compiled", marks=[pytest.mark.slow, pytest.mark.kernels]),
 ])  # fmt: skip
-def test_real_rollout_generation_and_training_agree_in_fp32(tmp_path, two_layer_stories, old_logprobs, path):
+def test_real_rollout_generation_and_training_agree_in_fp32(tmp_path, request, old_logprobs, path):
     """stories260K, fp32 on the CPU, real sampling of 8 left-padded rows with EOS at varied steps:
     the logprobs recorded while sampling and the training pass's differ by float summation order
     only (one token at a time with a KV cache against one pass over the rows), so their mean absolute
     difference is within the per-token bound of tests/float32_bounds.py at the largest logit /
-    temperature (~8e-4 nats here); a one-position shift of either differs by nats, a pad counted by
+    temperature (~8e-4 nats in the eager cases); a one-position shift of either differs by nats, a pad counted by
     its logprob. ``path`` compiled: the decode step (``sampling.decode``) and the scoring and
     training passes (``ppo.forward``) both compiled, on 2 of stories260K's 5 layers (cheaper to compile:
-    tests/ppo/conftest.py)."""
+    ``two_layer_stories``, tests/conftest.py)."""
     tokenizer = load_tokenizer(STORIES, padding_side="left")
-    trunk = two_layer_stories if path == "compiled" else STORIES
+    trunk = request.getfixturevalue("two_layer_stories") if path == "compiled" else STORIES
     module = tiny_module(sft_model=trunk, reward_model=trunk,
                          sampling=SamplingConfig(max_new_tokens=10, temperature=0.9, decode=path), max_rollouts=1,
                          ppo=PPOConfig(epochs=1, minibatch_size=8, old_logprobs=old_logprobs, forward=path))
