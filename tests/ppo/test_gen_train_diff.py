@@ -84,10 +84,10 @@ def test_real_rollout_generation_and_training_agree_in_fp32(tmp_path, request, o
     the logprobs recorded while sampling and the training pass's differ by float summation order
     only (one token at a time with a KV cache against one pass over the rows), so their mean absolute
     difference is within the per-token bound of tests/float32_bounds.py at the largest logit /
-    temperature (~8e-4 nats in the eager cases); a one-position shift of either differs by nats, a pad counted by
-    its logprob. ``path`` compiled: the decode step (``sampling.decode``) and the scoring and
-    training passes (``ppo.forward``) both compiled, on 2 of stories260K's 5 layers (cheaper to compile:
-    ``two_layer_stories``, tests/conftest.py)."""
+    temperature (~8e-4 nats in the eager cases); a one-position shift of either differs by nats, a
+    pad counted by its logprob. ``path`` compiled: the decode step (``sampling.decode``) and the
+    scoring and training passes (``ppo.forward``) both compiled, on 2 of stories260K's 5 layers
+    (cheaper to compile: ``two_layer_stories``, tests/conftest.py)."""
     tokenizer = load_tokenizer(STORIES, padding_side="left")
     trunk = request.getfixturevalue("two_layer_stories") if path == "compiled" else STORIES
     module = tiny_module(sft_model=trunk, reward_model=trunk,
