@@ -1,6 +1,7 @@
 """Helpers of the generation tests (tests/models, and the PPO tests through ppo_helpers): stories260K, its
 EOS and pad ids, prompts of different lengths, a left-padded prompt batch and an EOS-biased policy; and
-stories260K cut to fewer layers (tests/conftest.py's ``two_layer_stories``, for the compiled tests)."""
+a model cut to fewer layers (tests/conftest.py's ``two_layer_stories``, for the compiled tests, and
+tests/realmodel's ``smollm2_two_layers``)."""
 
 from __future__ import annotations
 
@@ -17,20 +18,29 @@ STORIES = str(assets_paths.STORIES260K)
 EOS, PAD = 2, 0  # stories260K: eos 2, pad = <unk> 0
 
 
-def truncated_stories(folder: Path, layers: int) -> str:
-    """A copy of stories260K in ``folder`` with only its first ``layers`` decoder layers (and its
-    other files: tokenizer, generation config), for tests whose cost is compiling it. TorchInductor's
-    lowering takes time in proportion to the graph's nodes (most of them the decoder layers'), while
-    a layer's kernels are the same C++ as the next layer's and compile once; on an empty compile
-    cache one compiled-pass test on 2 layers cost 114 s of CPU against 160 s on 5. Returns its path."""
-    model = AutoModelForCausalLM.from_pretrained(STORIES)
+def truncated_model(source: str | Path, folder: Path, layers: int, leave_out: tuple[str, ...] = ()) -> str:
+    """A copy of the causal LM in ``source`` in ``folder`` with only its first ``layers`` decoder
+    layers, and every other file of ``source`` but those named in ``leave_out`` (tokenizer, chat
+    template, generation config). Its architecture, vocabulary, tokenizer and embeddings (tied or
+    not, as ``save_pretrained`` writes them) are the source's; its outputs are not, so it stands in
+    only where a test asserts no more than how the model is run. Returns its path."""
+    model = AutoModelForCausalLM.from_pretrained(source)
     model.model.layers = model.model.layers[:layers]
     model.config.num_hidden_layers = layers
     model.save_pretrained(folder)
-    for source in Path(STORIES).iterdir():
-        if source.name not in ("config.json", "model.safetensors"):  # written above
-            (folder / source.name).write_bytes(source.read_bytes())
+    for item in Path(source).iterdir():  # the generation config as the source has it, over the one written
+        if item.name not in ("config.json", "model.safetensors", *leave_out):
+            (folder / item.name).write_bytes(item.read_bytes())
     return str(folder)
+
+
+def truncated_stories(folder: Path, layers: int) -> str:
+    """A copy of stories260K in ``folder`` with only its first ``layers`` decoder layers
+    (:func:`truncated_model`), for tests whose cost is compiling it. TorchInductor's lowering takes
+    time in proportion to the graph's nodes (most of them the decoder layers'), while a layer's
+    kernels are the same C++ as the next layer's and compile once; on an empty compile cache one
+    compiled-pass test on 2 layers cost 114 s of CPU against 160 s on 5. Returns its path."""
+    return truncated_model(STORIES, folder, layers)
 
 
 def prompt_batch(tokenizer, texts: list[str]) -> dict[str, torch.Tensor]:

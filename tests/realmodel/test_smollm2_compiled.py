@@ -2,7 +2,8 @@
 ``sampling.decode: compiled`` on SmolLM2.
 
 The compiled pass pads the rows to buckets (prompt columns left, response columns right, unattended)
-and runs the 30 layers through inductor; its logits must be the eager pass's up to the float32
+and runs the layers through inductor (2 of the 30 for the forward pass; all 30 for decoding, whose
+greedy answers must end their turn); its logits must be the eager pass's up to the float32
 rounding of another summation order (tests/float32_bounds.py), and both must be each row's own
 logits computed alone, unpadded, by plain transformers.
 """
@@ -21,14 +22,17 @@ from rlhf_lit.models.generation import SamplingConfig, generate_responses, stop_
 from rlhf_lit.stages.ppo.forward import ForwardPassRunner
 from rlhf_lit.tokenizer import load_tokenizer
 
-# Slow: inductor compiles the 30-layer graph on the CPU (minutes on 2 cores).
+# Slow: inductor compiles the decode step of 30 layers on the CPU (a minute on 2 cores).
 pytestmark = [pytest.mark.realmodel, pytest.mark.slow, pytest.mark.kernels]
 
 PROMPTS = ("What is the capital of France?", "Hi!", "Name two colours, please.")
 ANSWERS = ("Paris.", "Hello! How can I help?", "Red and")  # the last one unfinished: no end of turn
 
 
-def test_compiled_forward_gives_the_eager_logits_with_grouped_query_attention(smollm2_path):
+def test_compiled_forward_gives_the_eager_logits_with_grouped_query_attention(smollm2_two_layers):
+    # 2 of the 30 layers (tests/realmodel/conftest.py): grouped-query attention, the padding and the
+    # bound are the same, with a fifteenth of the layers for inductor to lower
+    smollm2_path = smollm2_two_layers
     tokenizer = load_tokenizer(str(smollm2_path), padding_side="left")
     policy = load_causal_lm(str(smollm2_path), tokenizer).eval()
     config = policy.config

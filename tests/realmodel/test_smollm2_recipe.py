@@ -1,5 +1,7 @@
 """The recipe configs/smollm2_hh/ runs as docs/recipes.md tells a user to run it: the reward model, DPO
-and PPO (its reward model the run's RM export) on SmolLM2-135M-Instruct and the shipped HH-RLHF
+and PPO (its reward model the run's RM export) on SmolLM2-135M-Instruct cut to 2 of its 30 layers
+(tests/realmodel/conftest.py: its tokenizer, chat template and architecture, a quarter of the time;
+the whole model answers in test_smollm2_basics.py and test_smollm2_compiled.py) and the shipped HH-RLHF
 harmless-base file, each ``rlhf-lit fit --config ... --run_dir ...`` in a process of its own, with a tiny budget
 on the command line. Every export keeps the model's ChatML template (the next stage and any
 ``rlhf-lit evaluate`` render prompts as training did)."""
@@ -45,7 +47,8 @@ def rlhf_lit(*args: str) -> subprocess.CompletedProcess:
     return cli_forked.run(*args, cwd=ROOT)
 
 
-def test_the_recipe_trains_the_reward_model_dpo_and_ppo_on_the_real_model(smollm2_path, tmp_path):
+def test_the_recipe_trains_the_reward_model_dpo_and_ppo_on_the_real_model(smollm2_two_layers, tmp_path):
+    smollm2_path = smollm2_two_layers
     run_dir = tmp_path / "run"
     template = AutoTokenizer.from_pretrained(smollm2_path).chat_template
     assert template and "<|im_start|>" in template
