@@ -6,7 +6,8 @@ two whitenings per rollout are taken over the rows of both ranks. Each rank writ
 ``<out>/rank<r>.pt`` what it sampled in the first rollout, what its KL controller was fed, each
 rollout's rewards before and after whitening, returns, advantages, raw scores and response mask,
 the data positions it reported, the metrics it logged, and its final policy parameters. A second
-argument ``compiled`` runs the scoring and update passes compiled (``ppo.forward``).
+argument ``compiled`` runs the scoring and update passes compiled (``ppo.forward``); a third names
+the model (policy, reference, critic and reward model), stories260K unless given.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import torch
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader
-from ppo_helpers import prompt_batch, tiny_module, tiny_trainer
+from ppo_helpers import STORIES, prompt_batch, tiny_module, tiny_trainer
 
 import rlhf_lit.stages.ppo.experience as experience
 from rlhf_lit.stages.ppo.config import PPOConfig, RewardConfig
@@ -41,10 +42,11 @@ class SamePrompts(LightningDataModule):
         self.consumed.append(n)
 
 
-def main(out: str, forward: str = "eager") -> None:
+def main(out: str, forward: str = "eager", model: str = STORIES) -> None:
     torch.set_num_threads(1)
     ppo = PPOConfig(epochs=2, minibatch_size=2, estimator="reinforce_pp", forward=forward)
-    module = tiny_module(max_rollouts=3, ppo=ppo, reward=RewardConfig(whiten="rewards"))
+    module = tiny_module(sft_model=model, reward_model=model, max_rollouts=3, ppo=ppo,
+                         reward=RewardConfig(whiten="rewards"))  # fmt: skip
     sampled, shaped, rollouts = [], [], []
     generate = module.generate
 
@@ -98,7 +100,7 @@ def main(out: str, forward: str = "eager") -> None:
             "consumed": data.consumed,
             "logged": trainer.logger.history,
             "policy": {k: v.detach().clone() for k, v in module.policy.state_dict().items()},
-            "initial": {k: v for k, v in tiny_module().policy.state_dict().items()},
+            "initial": {k: v for k, v in tiny_module(sft_model=model, reward_model=model).policy.state_dict().items()},
             "compile_graphs": module.forward_passes.stats.graphs,
         },
         f"{out}/rank{trainer.global_rank}.pt",

@@ -1,6 +1,7 @@
 """PPO under DDP (2 CPU processes, gloo): ranks sample differently, stay in sync, share one KL
 coefficient, whiten over the rows of both ranks, and count the data position and the logged
-metrics over both."""
+metrics over both; and the same run with its passes compiled. Both run stories260K cut to 2 of its 5
+decoder layers (``OUT/stories-2-layers``, tests/ppo/two_process_worker.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ from pathlib import Path
 import pytest
 import torch
 from float32_bounds import logprob_bound, summed_bound, whitened_bound
-from ppo_helpers import STORIES
 from transformers import AutoModelForCausalLM
 
 from rlhf_lit.models.compiled_passes import bucket_length
@@ -114,7 +114,8 @@ def test_ddp_with_compiled_passes_stays_in_sync_and_scores_as_eager(ranks, two_p
     sign under another summation order and move a weight by a full learning rate; the compiled update
     is checked step by step against the independent loop in test_golden_rollout.py.)"""
     compiled = _ranks(two_process_run / "ddp-compiled")
-    policy = AutoModelForCausalLM.from_pretrained(STORIES).eval()
+    policy = AutoModelForCausalLM.from_pretrained(two_process_run / "stories-2-layers").eval()
+    assert policy.config.num_hidden_layers == 2
     beta = 0.1  # tiny_module's init_coef: the first rollout's KL coefficient
     for rank in (0, 1):
         assert compiled[rank]["compile_graphs"] >= 2 and ranks[rank]["compile_graphs"] == 0  # it ran compiled

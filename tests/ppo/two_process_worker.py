@@ -21,7 +21,11 @@ strategy-ddp-compiled  ``strategy-ddp`` with ``sampling.decode: compiled``      
 =====================  =================================================================  =========================
 
 Each part is the function of its own module (ddp_worker.py, groups_worker.py, strategy_worker.py,
-tests/two_ranks_worker.py) and writes only under ``OUT/<part>``. The compiled parts come last, so
+tests/two_ranks_worker.py) and writes only under ``OUT/<part>``. ``ddp`` and ``ddp-compiled`` run
+on ``OUT/stories-2-layers``, stories260K with 2 of its 5 decoder layers
+(:func:`generation_helpers.truncated_stories`, written by rank 0 before rank 1 starts): what the
+compiled part costs is lowering the model, per rank, and the eager part it is compared with must
+run the same model. The compiled parts come last, so
 the eager parts run as they would in a process of their own (nothing compiled yet). A failing part
 ends the launch (both ranks) with its traceback.
 """
@@ -47,9 +51,14 @@ def main(out: str) -> None:
     import groups_worker
     import strategy_worker
 
+    two_layers = root / "stories-2-layers"
     if "LOCAL_RANK" not in os.environ:  # rank 0, before the first two-process Trainer starts rank 1
+        from generation_helpers import truncated_stories
+
+        two_layers.mkdir()
+        truncated_stories(two_layers, layers=2)
         strategy_worker.main(str(root / "single"), "single")
-    ddp_worker.main(str(root / "ddp"), "eager")  # the first two-process Trainer: starts rank 1 from here on
+    ddp_worker.main(str(root / "ddp"), "eager", str(two_layers))  # the first two-process Trainer: starts rank 1
     groups_worker.main(str(root / "groups"))
     strategy_worker.main(str(root / "strategy-ddp"), "ddp")
     strategy_worker.main(str(root / "strategy-fsdp2"), "fsdp2")
@@ -57,7 +66,7 @@ def main(out: str) -> None:
     import two_ranks_worker
 
     two_ranks_worker.run(dist.get_rank(), str(root / "two-ranks"))
-    ddp_worker.main(str(root / "ddp-compiled"), "compiled")
+    ddp_worker.main(str(root / "ddp-compiled"), "compiled", str(two_layers))
     strategy_worker.main(str(root / "strategy-ddp-compiled"), "ddp", "compiled")
     dist.barrier()
     dist.destroy_process_group()
