@@ -66,11 +66,12 @@ STORY_PROMPTS = ["Once upon a time there was", "The cat", "Lily and Tom went to 
 """Prompts of different lengths (left padding differs per row)."""
 
 
-def eos_biased_policy(tokenizer, bias: float = 24.0) -> torch.nn.Module:
-    """stories260K in eval mode with ``bias`` added to the EOS logit, so rows end at varied steps."""
+def eos_biased_policy(tokenizer, bias: float = 24.0, model_path: str = STORIES) -> torch.nn.Module:
+    """stories260K (or the copy at ``model_path``) in eval mode with ``bias`` added to the EOS logit,
+    so rows end at varied steps."""
     from rlhf_lit.models import load_causal_lm
 
-    model = load_causal_lm(STORIES, tokenizer)
+    model = load_causal_lm(model_path, tokenizer)
     model.lm_head = EosBias(model.lm_head, bias)
     return model.eval()
 

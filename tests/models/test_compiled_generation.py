@@ -1,8 +1,10 @@
 """``sampling.decode: compiled`` (static KV cache, ``torch.compile``d decode step) against the eager
-path on stories260K: the same tokens and, within float32 rounding, the same logprobs and entropies.
+path on stories260K cut to 2 of its 5 decoder layers (tests/conftest.py's ``two_layer_stories``: a
+decode step of 3 layers fewer for inductor to lower): the same tokens and, within float32 rounding,
+the same logprobs and entropies.
 
 The compiled tests share one compiled graph (one batch size, one cache-length bucket): the first
-call compiles it (~50 s on 2 shared cores with a cold inductor cache, ~6 s warm), so they are
+call compiles it (24 s alone on 2 cores with an empty inductor cache, 32 s on 5 layers), so they are
 ``slow``. Tolerance for the recorded logprobs / entropies: derived in tests/float32_bounds.py from
 the largest logit (over the temperature) the eager policy gives on the rows: the compiled kernels sum
 in another order, over a cache longer than the sequence (the masked tail adds exact zeros, but
@@ -21,6 +23,15 @@ from rlhf_lit.models.generation import SamplingConfig, decode_settings, generate
 from rlhf_lit.models.lora import LoRAConfig, adapter_disabled, with_lora
 
 R = 12
+
+
+@pytest.fixture(scope="module")
+def policy(tokenizer, two_layer_stories):
+    """The 2-layer stories260K with a raised EOS logit (:func:`generation_helpers.eos_biased_policy`),
+    so rows end at varied steps; this module's own, over tests/models/conftest.py's."""
+    model = eos_biased_policy(tokenizer, model_path=two_layer_stories)
+    assert model.config.num_hidden_layers == 2
+    return model
 
 
 def test_cache_length_buckets_by_hand():
@@ -54,7 +65,7 @@ def generate(policy, batch, decode, seed=3, **options):
 def assert_same(policy, eager, compiled):
     """Identical tokens and masks; logprobs and entropies within the float32 bounds of another
     summation order (tests/float32_bounds.py) at the largest logit / temperature of these rows:
-    ~4e-4 nats for stories260K's logits of ~18 at temperature 0.7, where a logprob read one
+    ~4e-4 nats for the 2-layer stories260K's logits of ~23 at temperature 0.7, where a logprob read one
     position off or with a padding column attended moves by 0.5 nats and more."""
     assert torch.equal(compiled.query_responses, eager.query_responses)
     assert torch.equal(compiled.response_mask, eager.response_mask)
@@ -148,11 +159,11 @@ def test_compiled_step_sees_weight_updates_without_recompiling(policy, tokenizer
 
 @pytest.mark.slow
 @pytest.mark.kernels
-def test_lora_policy_compiles_with_its_adapters_and_the_reference_pass_between_rollouts(tokenizer):
+def test_lora_policy_compiles_with_its_adapters_and_the_reference_pass_between_rollouts(tokenizer, two_layer_stories):
     """A LoRA policy (PPO's ``lora``): the compiled step runs the adapters (their weights as inputs, so
     an update needs no recompile), and the reference's pass with the adapters disabled between two
     rollouts (``AdapterDisabledReference``, eager) leaves the next compiled call the adapted policy's."""
-    lora = with_lora(eos_biased_policy(tokenizer), LoRAConfig(r=4), "causal_lm")
+    lora = with_lora(eos_biased_policy(tokenizer, model_path=two_layer_stories), LoRAConfig(r=4), "causal_lm")
     adapters = [p for n, p in lora.named_parameters() if "lora_B" in n]
     torch.manual_seed(0)
     with torch.no_grad():
