@@ -1,6 +1,7 @@
 """``--model.init_args.sampling.decode compiled`` from the command line.
 
-A PPO fit on stories260K logs the compile cost of its decode path per rollout
+A PPO fit (its policy stories260K cut to 2 of its 5 decoder layers, tests/conftest.py's
+``two_layer_stories``: a decode step of 3 layers fewer to compile) logs the compile cost of its decode path per rollout
 (``compile/decode_graphs``, ``compile/decode_s``); its prompt loader keeps a smaller last batch
 (``drop_last: false``), which compiles a second graph (a batch is not padded up to the configured
 size: the padding rows would change the real rows' samples, tests/models/test_compiled_generation.py).
@@ -19,12 +20,13 @@ COMPILED = ("--model.init_args.sampling.decode", "compiled")
 
 
 @pytest.mark.slow
-def test_ppo_fit_logs_the_decode_compile_cost_and_a_smaller_last_batch_compiles_once_more(tmp_path, stories_rm):
+def test_ppo_fit_logs_the_decode_compile_cost_and_a_smaller_last_batch_compiles_once_more(tmp_path, stories_rm,
+                                                                                             two_layer_stories):  # fmt: skip
     # 6 prompts in batches of 4 with the last batch kept: rollout 0 samples 4 rows, rollout 1 samples 2.
-    config = ppo_config(tmp_path, STORIES, stories_rm, max_rollouts=2)
+    config = ppo_config(tmp_path, two_layer_stories, stories_rm, max_rollouts=2)
     config["data"]["init_args"].update(max_records=6, drop_last=False)
     write_yaml(tmp_path / "ppo.yaml", config)
-    result = rlhf_lit("fit", "--config", str(tmp_path / "ppo.yaml"), *COMPILED, cwd=tmp_path)  # ~25 s, ~70 s cold
+    result = rlhf_lit("fit", "--config", str(tmp_path / "ppo.yaml"), *COMPILED, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     (path,) = (tmp_path / "logs").rglob("metrics.csv")
     rows = {int(r["step"]): r for r in csv.DictReader(path.open()) if r.get("objective/kl")}
