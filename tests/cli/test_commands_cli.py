@@ -7,7 +7,7 @@ import math
 
 import pytest
 from assets_paths import STORIES260K_CHAT
-from cli_helpers import STORIES, error_line, rlhf_lit, run_main
+from cli_helpers import STORIES, error_line, run_main
 
 JUDGE = "rlhf_lit.evaluation.judges:vader"
 METRICS = ["judge_mean", "judge_std", "rm_mean", "rm_std", "kl_mean", "kl_std", "distinct_1", "distinct_2",
@@ -118,7 +118,7 @@ def test_best_of_n_sweep_json(tmp_path, stories_rm):
 def test_bad_input_is_one_line_before_sampling(tmp_path, stories_rm):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"prompt": "Once"}\n{"prompt": "The"\n')
-    result = rlhf_lit("best-of-n", "--policy", str(STORIES), "--reward-model", stories_rm, "--prompts", str(prompts),
+    result = run_main("best-of-n", "--policy", str(STORIES), "--reward-model", stories_rm, "--prompts", str(prompts),
                       cwd=tmp_path)  # fmt: skip
     assert result.returncode == 1
     assert error_line(result).endswith("prompts.jsonl line 2: not JSON (Expecting ',' delimiter)")

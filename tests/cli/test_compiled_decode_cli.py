@@ -42,7 +42,7 @@ def test_compiled_decoding_under_fsdp2_is_refused_in_one_line_before_anything_is
     config = ppo_config(tmp_path, STORIES, tmp_path / "no-reward-model-is-loaded")
     config["trainer"].update(strategy="fsdp2", devices=2)
     write_yaml(tmp_path / "ppo.yaml", config)
-    result = rlhf_lit("fit", "--config", str(tmp_path / "ppo.yaml"), *COMPILED, cwd=tmp_path)
+    result = run_main("fit", "--config", str(tmp_path / "ppo.yaml"), *COMPILED, cwd=tmp_path)
     assert result.returncode == 2
     line = error_line(result)
     assert line.startswith("rlhf-lit: error: sampling.decode compiled is not supported under fsdp / fsdp2")

@@ -3,8 +3,10 @@ as the user can type it, where it was given (the option, or the config file and 
 valid choice; exit 2, before any model is built. And every value a shipped config sets can be given
 on the command line (null, lists and mappings included).
 
-The console script runs in a subprocess once (a typo before any model loads); the other cases call
-the same entry function in this process (``run_main``), with ``--print_config`` (parse only).
+One case runs `rlhf-lit` as a process of its own (a typo before any model loads; forked from the
+test's process, tests/cli_forked.py, which tests/cli/test_cli_forked.py holds to the console script's
+output); the other cases call the same entry function in this process (``run_main``), with
+``--print_config`` (parse only).
 """
 
 from __future__ import annotations
@@ -12,9 +14,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import cli_forked
 import pytest
 import yaml
-from cli_helpers import FIT_CONFIGS, ROOT, error_line, ppo_config, rlhf_lit, run_main, write_yaml
+from cli_helpers import FIT_CONFIGS, ROOT, error_line, ppo_config, run_main, write_yaml
 
 OFFLINE = ROOT / "configs" / "offline"
 
@@ -41,7 +44,7 @@ def _overlay(tmp_path: Path, text: str) -> str:
 def test_a_mistyped_option_is_named_with_its_nearest_option_before_any_model_loads(tmp_path):
     # The models do not exist: the option error must come first (exit 2, not "sft_model not found", exit 1).
     write_yaml(tmp_path / "ppo.yaml", ppo_config(tmp_path, Path("no/sft"), Path("no/rm")))
-    result = rlhf_lit("fit", "--config", "ppo.yaml", "--model.init_args.ppo.epochz", "3", cwd=tmp_path)
+    result = cli_forked.run("fit", "--config", "ppo.yaml", "--model.init_args.ppo.epochz", "3", cwd=tmp_path)
     assert result.returncode == 2
     assert error_line(result) == (
         "rlhf-lit: error: unknown option --model.init_args.ppo.epochz; did you mean --model.init_args.ppo.epochs?")

@@ -1,7 +1,7 @@
 """Ranking records through `rlhf-lit fit`: a bad record or a column rankings cannot have is one
 `rlhf-lit: error:` line naming the file, line and field (or the option), and DPO refuses ranking data
-before training. One case (an error raised during fit) runs the console script in a subprocess, the rest its
-entry function."""
+before training. Two cases (an error raised during fit, and the shipped config's run) run `rlhf-lit` as a process of
+its own (forked from the test's process: tests/cli_forked.py), the rest its entry function."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from pathlib import Path
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from transformers import AutoModelForSequenceClassification
 
-from cli_helpers import ROOT, STORIES, error_line, rlhf_lit, run_main, sft_config, write_yaml
+import cli_forked
+from cli_helpers import ROOT, STORIES, error_line, run_main, sft_config, write_yaml
 
 GOOD = {"prompt": "Once upon a time", "responses": [" there was a cat.", " there was a dog.", " it rained."], "ranks": [0, 1, 1]}
 
@@ -35,7 +36,7 @@ def _config(tmp_path: Path, data: Path, stage: str = "RewardModelModule", **data
 
 def test_a_bad_response_is_named_by_file_line_and_field(tmp_path):
     data = _data(tmp_path, {"prompt": "Hi", "responses": [" a", " b", 3]})
-    result = rlhf_lit("fit", "--config", str(_config(tmp_path, data)), cwd=tmp_path)
+    result = cli_forked.run("fit", "--config", str(_config(tmp_path, data)), cwd=tmp_path)
     assert result.returncode == 1
     assert error_line(result) == f"rlhf-lit: error: {data} line 2: field 'responses[2]' must be a string, got int"
     assert not (tmp_path / "export").exists()
@@ -75,7 +76,7 @@ def test_offline_rankings_config_trains_and_exports(tmp_path):
     """The shipped config, shortened, in its own run directory (stories260K stands in for the offline SFT
     export): `rlhf-lit fit` trains on the shipped rankings, logs the ranking metrics and exports a loadable RM."""
     run = tmp_path / "run"
-    result = rlhf_lit(
+    result = cli_forked.run(  # a process of its own (forked: tests/cli_forked.py)
         "fit", "--config", str(ROOT / "configs/offline/reward_model_rankings.yaml"), "--run_dir", str(run),
         "--model.init_args.model", str(STORIES), "--trainer.max_epochs", "1", "--trainer.max_steps", "3",
         "--trainer.val_check_interval", "3", "--trainer.log_every_n_steps", "1", cwd=ROOT,
