@@ -50,9 +50,10 @@ def smollm2_path() -> Path:
 @pytest.fixture(scope="session")
 def smollm2_two_layers(smollm2_path, tmp_path_factory) -> Path:
     """SmolLM2-135M-Instruct with 2 of its 30 decoder layers (:func:`generation_helpers.truncated_model`):
-    its tokenizer, chat template, vocabulary, tied embedding and grouped-query attention (the recipe test
-    took 33 s on it alone, 131 s on the whole model in a whole `make test`). For the tests that assert how a stage or a compiled pass runs
-    the real architecture, not what the trained model answers. One copy per worker."""
+    its tokenizer, chat template, vocabulary, tied embedding and grouped-query attention (the recipe
+    test took 33 s on it alone, 131 s on the whole model in a whole `make test`). For the tests that
+    assert how a stage or a compiled pass runs the real architecture, not what the trained model
+    answers. One copy per worker."""
     from generation_helpers import truncated_model
 
     folder = tmp_path_factory.mktemp("smollm2-2-layers")
