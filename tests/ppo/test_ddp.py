@@ -128,7 +128,7 @@ def test_ddp_with_compiled_passes_stays_in_sync_and_scores_as_eager(ranks, two_p
     prompt_length = width - masks[0].shape[1]
     # The compiled pass sums over its rows padded to buckets: that many positions.
     positions = bucket_length(prompt_length) + bucket_length(width - prompt_length)
-    per_token = logprob_bound(policy.config, logit_magnitude, positions)  # ~3e-4 nats at |logit| ~20
+    per_token = logprob_bound(policy.config, logit_magnitude, positions)  # ~2.5e-4 nats at |logit| ~23
     longest = max(int(m.sum(1).max()) for m in masks)
     for rank in (0, 1):
         # The reward model is not compiled: the same tokens through the same eager pass, bit for bit.

@@ -1,6 +1,6 @@
 """The recipe configs/smollm2_hh/ runs as docs/recipes.md tells a user to run it: the reward model, DPO
 and PPO (its reward model the run's RM export) on SmolLM2-135M-Instruct cut to 2 of its 30 layers
-(tests/realmodel/conftest.py: its tokenizer, chat template and architecture, a quarter of the time;
+(tests/realmodel/conftest.py: its tokenizer, chat template and architecture;
 the whole model answers in test_smollm2_basics.py and test_smollm2_compiled.py) and the shipped HH-RLHF
 harmless-base file, each ``rlhf-lit fit --config ... --run_dir ...`` in a process of its own, with a tiny budget
 on the command line. Every export keeps the model's ChatML template (the next stage and any
@@ -36,9 +36,10 @@ NO_CHECKPOINT = {
     "reward_model": ("--trainer.callbacks.init_args.save_last", "false", "--trainer.callbacks.init_args.save_top_k", "0"),
     "ppo": ("--trainer.callbacks.init_args.save_last", "false"),
 }  # fmt: skip
-"""The recipe's checkpoints switched off: 3.1 GB each for the reward model and PPO (weights and Adam
-states of 135M parameters; about a fifth of the test's time to write); checkpointing and resume are
-tested on the tiny models."""
+"""The recipe's checkpoints switched off: on the whole model 3.1 GB each for the reward model and PPO
+(weights and Adam states of 135M parameters; about a fifth of the test's time to write), a quarter
+of that on the 2-layer copy (its 28M-parameter embedding is most of it); checkpointing and resume
+are tested on the tiny models."""
 
 
 def rlhf_lit(*args: str) -> subprocess.CompletedProcess:
