@@ -22,7 +22,7 @@ from rlhf_lit.models.generation import SamplingConfig, generate_responses, stop_
 from rlhf_lit.stages.ppo.forward import ForwardPassRunner
 from rlhf_lit.tokenizer import load_tokenizer
 
-# Slow: inductor compiles the decode step of 30 layers on the CPU (a minute on 2 cores).
+# Slow: inductor compiles the decode step of 30 layers on the CPU (79 s alone on 2 cores, empty cache).
 pytestmark = [pytest.mark.realmodel, pytest.mark.slow, pytest.mark.kernels]
 
 PROMPTS = ("What is the capital of France?", "Hi!", "Name two colours, please.")
@@ -30,8 +30,8 @@ ANSWERS = ("Paris.", "Hello! How can I help?", "Red and")  # the last one unfini
 
 
 def test_compiled_forward_gives_the_eager_logits_with_grouped_query_attention(smollm2_two_layers):
-    # 2 of the 30 layers (tests/realmodel/conftest.py): grouped-query attention, the padding and the
-    # bound are the same, with a fifteenth of the layers for inductor to lower
+    # 2 of the 30 layers (tests/realmodel/conftest.py): the same grouped-query attention and padding, a
+    # bound that follows the copy's config, and a fifteenth of the layers for inductor to lower
     smollm2_path = smollm2_two_layers
     tokenizer = load_tokenizer(str(smollm2_path), padding_side="left")
     policy = load_causal_lm(str(smollm2_path), tokenizer).eval()

@@ -37,8 +37,8 @@ NO_CHECKPOINT = {
     "ppo": ("--trainer.callbacks.init_args.save_last", "false"),
 }  # fmt: skip
 """The recipe's checkpoints switched off: on the whole model 3.1 GB each for the reward model and PPO
-(weights and Adam states of 135M parameters; about a fifth of the test's time to write), a quarter
-of that on the 2-layer copy (its 28M-parameter embedding is most of it); checkpointing and resume
+(weights and Adam states of 135M parameters; about a fifth of the test's time to write), about a
+quarter of that on the 2-layer copy by parameter count (its 28M-parameter embedding is most of it); checkpointing and resume
 are tested on the tiny models."""
 
 
