@@ -24,7 +24,7 @@ install: $(STAMP)
 # uv installs (scripts/install_venv.py: from the indexes pip is configured with, pip itself where uv
 # fails): 5-11 s where pip took 81 s. No bytecode is compiled at install: Python writes it as a module
 # is first imported (the ~3,000 files that run, not the ~15,000 installed), also on machines that export
-# PYTHONDONTWRITEBYTECODE=1 (unexported below), where every new interpreter would otherwise compile
+# PYTHONDONTWRITEBYTECODE=1 (unexported above), where every new interpreter would otherwise compile
 # torch's sources again (an import of rlhf-lit's CLI 21 s instead of 8 s: docs/development.md).
 $(STAMP): pyproject.toml constraints/dev.txt scripts/install_venv.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)

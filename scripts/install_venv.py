@@ -16,11 +16,12 @@ No bytecode is written at install: the Makefile lets Python write it as modules 
 
 from __future__ import annotations
 
+import ast
 import os
 import subprocess
 import sys
 
-# pip's option -> uv's; each takes a list in pip's configuration (whitespace-separated).
+# pip's option -> uv's; each takes a list in pip's configuration (separated by spaces or newlines).
 LIST_OPTIONS = {"extra-index-url": "--extra-index-url", "find-links": "--find-links", "constraint": "--constraint"}
 SCOPE_ORDER = (":env:", "site", "user", "global")
 """pip reads its environment variables over the site, user and global files (the first that sets a key wins)."""
@@ -33,8 +34,8 @@ def pip_settings() -> dict[str, str]:
     for line in out.stdout.splitlines():
         name, sep, value = line.partition("=")
         scope, dot, key = name.rpartition(".")
-        if sep and dot:
-            found.setdefault(key, {})[scope] = value.strip().strip("'\"")
+        if sep and dot:  # pip prints each value's repr: a list set over several lines is 'a\\nb'
+            found.setdefault(key, {})[scope] = ast.literal_eval(value.strip())
     ranked = {scope: i for i, scope in enumerate(SCOPE_ORDER)}
     return {key: min(scopes.items(), key=lambda s: ranked.get(s[0], len(ranked)))[1] for key, scopes in found.items()}
 
@@ -65,7 +66,7 @@ def install(args: list[str]) -> int:
         uv = [sys.executable, "-m", "uv", "pip", "install", "--quiet", "--python", sys.executable]
         subprocess.run([*uv, *uv_options(settings), *args], check=True, env=env)
         return 0
-    except (subprocess.CalledProcessError, OSError) as error:
+    except (subprocess.CalledProcessError, OSError, ValueError, SyntaxError) as error:  # (a value pip printed oddly)
         print(f"install_venv: uv did not install ({error}); installing with pip", file=sys.stderr)
     return subprocess.run(pip).returncode
 

@@ -50,6 +50,15 @@ def test_pip_settings_take_each_key_from_the_first_scope_that_sets_it(install_ve
     assert "--no-index" in install_venv.uv_options({"no-index": "true"})
 
 
+def test_a_list_set_over_several_lines_gives_one_option_per_line(install_venv, monkeypatch):
+    # pip.conf's "find-links =\n    /a\n    /b", as `pip config list` prints it (the value's repr)
+    printed = "global.find-links='\\n/a\\n/b'\n"
+    monkeypatch.setattr(install_venv.subprocess, "run", lambda *a, **k: SimpleNamespace(stdout=printed))
+    settings = install_venv.pip_settings()
+    assert settings == {"find-links": "\n/a\n/b"}
+    assert install_venv.uv_options(settings)[2:] == ["--find-links", "/a", "--find-links", "/b"]
+
+
 def test_pip_installs_when_uv_fails(install_venv, monkeypatch, capsys):
     calls = []
 
