@@ -7,9 +7,8 @@ the right). Padding uses the tokenizer's ``pad_token_id``; which positions are r
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import torch
 

@@ -18,7 +18,7 @@ one of the options below says so:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from rlhf_lit.data.conversation import is_conversation

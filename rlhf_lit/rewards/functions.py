@@ -36,7 +36,7 @@ from __future__ import annotations
 import functools
 import inspect
 import numbers
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 

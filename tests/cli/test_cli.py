@@ -36,6 +36,33 @@ def test_console_script_exits_zero_on_help():
     assert "fit" in result.stdout
 
 
+@pytest.mark.parametrize("args,built", [
+    (("fit", "--config", "configs/offline/sft.yaml", "--print_config"), ["fit"]),  # what a run parses with
+    (("validate", "--help"), ["validate"]),
+    (("--help",), ["fit", "validate", "test", "predict"]),  # the help lists Lightning's four
+    (("fti", "--config", "configs/offline/sft.yaml"), ["fit", "validate", "test", "predict"]),  # the choices named
+])  # fmt: skip
+def test_only_the_subcommand_a_command_line_starts_with_gets_its_parser(monkeypatch, args, built):
+    # Each subcommand's parser takes every stage's signature: a run builds only its own (RLHFCLI.subcommands).
+    from lightning.pytorch.cli import LightningCLI
+
+    prepared = []
+    prepare = LightningCLI._prepare_subcommand_parser
+
+    def recording(self, klass, subcommand, **kwargs):
+        prepared.append(subcommand)
+        return prepare(self, klass, subcommand, **kwargs)
+
+    monkeypatch.setattr(LightningCLI, "_prepare_subcommand_parser", recording)
+    result = _cli(*args)
+    assert prepared == built
+    if args[0] == "fti":
+        assert result.returncode == 2 and "fti" in result.stderr and "fit" in result.stderr, result.stderr
+    else:
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert all(name in result.stdout for name in built)
+
+
 def test_version_is_the_one_version_string():
     import importlib.metadata
 

@@ -38,7 +38,6 @@ from rlhf_lit.models.reward_ensemble import RewardEnsemble
 from rlhf_lit.models.generation import Generated, SamplingConfig, generate_responses
 from rlhf_lit.models.memory import call_on_own_device
 from rlhf_lit.models.reward_norm import reward_offset
-from rlhf_lit.models.scoring import reward_model_rows
 from rlhf_lit.models.sharding import gathered_for_generation, is_sharded, reshard
 from rlhf_lit.stages.ppo.checks import check_whitening_rows
 from rlhf_lit.stages.ppo.config import KLConfig, PPOConfig, RewardConfig
