@@ -219,9 +219,10 @@ class RLHFCLI(LightningCLI):
         skips; only the one the command line starts with, when it starts with one (``rlhf-lit fit ...``).
 
         Each subcommand's parser takes the signatures of the trainer, every stage and data module, and a
-        run parses with one: ``fit --config configs/offline/ppo.yaml --print_config`` took 0.47 s against
-        0.67 s with all four on a development machine. Any other command line (``--help``, a mistyped
-        subcommand, an option first) gets all four, so the choices listed are Lightning's."""
+        run parses with one: ``fit --config configs/offline/ppo.yaml --print_config`` took 0.56 s against
+        0.77 s with all four on a development machine (``bench/cli_parse.py``). Any other command line
+        (``--help``, a mistyped subcommand, an option first) gets all four, so the choices listed are
+        Lightning's."""
         every = LightningCLI.subcommands()
         first = self.command[1] if self.command and len(self.command) > 1 else None
         return {first: every[first]} if first in every else every
