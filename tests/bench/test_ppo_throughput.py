@@ -1,29 +1,34 @@
 """A short smoke run of bench/ppo_throughput.py the way peer-bench's ``run_all.sh --extra`` calls it
-(the workload in ``PEERBENCH_*`` variables, the results as JSON); no timing is asserted."""
+(the workload in ``PEERBENCH_*`` variables, the results as JSON); no timing is asserted.
+
+The compiled options (``--decode compiled --forward compiled``) are followed from the command line
+to the module's settings and from the module's compile counts to the report, without a compiled run:
+a run would spend two minutes of the suite lowering graphs that tests/ppo/test_gen_train_diff.py's
+``[compiled]`` cases already compile, and check, in the PPO iteration this script times."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
-import subprocess
-import sys
+import os
+import re
 
 import cli_forked
 import pytest
 from assets_paths import ROOT, STORIES260K
-from suite_env import subprocess_env
 
+from rlhf_lit.models.compiled_generation import CompileStats
 from rlhf_lit.tokenizer import load_tokenizer
 
 STORIES = STORIES260K
 
 
-@pytest.mark.parametrize("old_logprobs,decode,forward", [
-    ("rescore", "eager", "eager"), ("sampling", "eager", "eager"),
-    pytest.param("sampling", "compiled", "compiled", marks=pytest.mark.slow),  # compiles (2 layers: two_layer_stories)
-])  # fmt: skip
-def test_benchmark_runs_a_workload_from_the_harness_environment(tmp_path, request, old_logprobs, decode, forward):
+SCRIPT = ROOT / "bench" / "ppo_throughput.py"
+
+
+def _smoke_workload(tmp_path, model=STORIES) -> dict[str, str]:
+    """The ``PEERBENCH_*`` variables of a 2-iteration workload of 4 prompts on ``model``."""
     tokenizer = load_tokenizer(str(STORIES), padding_side="left")
-    model = STORIES if decode == forward == "eager" else request.getfixturevalue("two_layer_stories")  # cheaper to compile
     rows, masks = [], []
     for text in ["Once upon a time", "The little dog ran", "Tom", "She saw a big red"]:
         ids = tokenizer(text, add_special_tokens=False)["input_ids"][:6]
@@ -34,16 +39,16 @@ def test_benchmark_runs_a_workload_from_the_harness_environment(tmp_path, reques
     workload = dict(POLICY=model, REWARD=model, TOKENIZER=model, BATCH=4, PROMPT_LEN=6, RESP_LEN=5, EPOCHS=1,
                     MINIBATCHES=2, ITERS=2, THREADS=1, TEMPERATURE=0.7, KL_COEF=0.05, SEED=0, LR=1e-5,
                     WORKLOAD="smoke", PROMPT_IDS=prompt_file, JSON=tmp_path / "out.json")  # fmt: skip
-    workload_env = {f"PEERBENCH_{k}": str(v) for k, v in workload.items()}
+    return {f"PEERBENCH_{k}": str(v) for k, v in workload.items()}
+
+
+@pytest.mark.parametrize("old_logprobs", ["rescore", "sampling"])
+def test_benchmark_runs_a_workload_from_the_harness_environment(tmp_path, old_logprobs):
+    decode = forward = "eager"
+    workload_env = _smoke_workload(tmp_path)
     options = [] if old_logprobs == "rescore" else ["--old-logprobs", "sampling"]  # rescore is the default
-    options += [] if decode == "eager" else ["--decode", decode]  # eager is the default
-    options += [] if forward == "eager" else ["--forward", forward]
-    script = ROOT / "bench" / "ppo_throughput.py"
-    if decode == forward == "eager":  # a process forked from this one (tests/cli_forked.py): no imports to pay
-        result = cli_forked.run_script(script, *options, cwd=tmp_path, env=workload_env, timeout=300)
-    else:  # a new interpreter: what it compiles, and counts, is its own
-        result = subprocess.run([sys.executable, str(script), *options], env=subprocess_env(workload_env), cwd=tmp_path,
-                                capture_output=True, text=True, timeout=300)  # fmt: skip
+    # a process forked from this one (tests/cli_forked.py): no imports to pay
+    result = cli_forked.run_script(SCRIPT, *options, cwd=tmp_path, env=workload_env, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     out = json.loads((tmp_path / "out.json").read_text())
     assert out["workload"] == "smoke" and out["iters"] == 2 and len(out["iters_s"]) == 2
@@ -62,3 +67,68 @@ def test_benchmark_runs_a_workload_from_the_harness_environment(tmp_path, reques
     # Full-length responses (ignore_eos): 4 prompts x 5 tokens per iteration.
     assert abs(out["tokens_per_s"] * out["iter_median_s"] - 20) < 1e-6
     assert "iteration" in result.stdout and not (tmp_path / "model").exists()  # the export went to a temp dir
+
+
+def _bench_module(monkeypatch):
+    """bench/ppo_throughput.py imported in this process (its import sets two variables: undone after the test)."""
+    for name in ("HF_HUB_OFFLINE", "TOKENIZERS_PARALLELISM"):
+        monkeypatch.setenv(name, os.environ.get(name, ""))
+        monkeypatch.delenv(name)
+    spec = importlib.util.spec_from_file_location("bench_ppo_throughput", SCRIPT)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
+def test_the_compiled_options_reach_the_module_and_its_compile_counts_the_report(tmp_path, monkeypatch, capsys):
+    bench = _bench_module(monkeypatch)
+    for name, value in _smoke_workload(tmp_path).items():
+        monkeypatch.setenv(name, value)
+    options = ["--old-logprobs", "sampling", "--decode", "compiled", "--forward", "compiled"]
+
+    # The command line to run(): a stand-in run returns compile counts no real run of this workload has.
+    runs = []
+
+    def counted_run(w, iters, accelerator, precision, out_dir, *settings):
+        runs.append(settings)
+        rows = [{f"time/{p}_s": 0.1 for p in ("generate", "score", "train", "text")}] * iters
+        return {"iter_s": [0.5] * iters, "cpu_s": [0.5] * iters, "metrics": rows,
+                "forward_stats": CompileStats(graphs=3, compile_calls_s=3.0, calls=5)}  # fmt: skip
+
+    real_run = bench.run
+    monkeypatch.setattr(bench, "run", counted_run)
+    assert bench.main(options) == 0
+    assert runs == [("sampling", "compiled", "compiled", False, True)]
+    out = json.loads((tmp_path / "out.json").read_text())
+    assert (out["old_logprobs"], out["decode"], out["forward"]) == ("sampling", "compiled", "compiled")
+    assert out["forward_compile_graphs"] == 3 and out["forward_compile_calls_s"] == 3.0
+    stdout = capsys.readouterr().out
+    assert "old logprobs: sampling, decode: compiled, forward: compiled," in stdout
+    assert re.search(r"compiled decode: \d+ graph\(s\) compiled in calls of", stdout)  # this process's decode count
+    assert "compiled passes: 3 graph(s) compiled in calls of 3.0 s in all (5 calls)" in stdout
+
+    # run() to the module: the settings it is built with (the fit itself is not started).
+    built = []
+
+    def recording_build(w, iters, **settings):
+        built.append(settings)
+        module = build_module(w, iters, **settings)
+        raise _Built(module)
+
+    build_module = bench.build_module
+    monkeypatch.setattr(bench, "build_module", recording_build)
+    w = bench.workload_from_env()
+    with pytest.raises(_Built) as stopped:
+        real_run(w, 1, "cpu", "32-true", str(tmp_path), "sampling", "compiled", "compiled", False, True)
+    assert built[0] | {"export_dir": None} == dict(export_dir=None, old_logprobs="sampling", decode="compiled",
+                                                    forward="compiled", remove_padding=False, reuse_first_forward=True)
+    module = stopped.value.module
+    assert (module.sampling.decode, module.ppo.forward, module.ppo.old_logprobs) == ("compiled", "compiled", "sampling")
+
+
+class _Built(Exception):
+    """Stops bench.run once its module is built (no fit: compiling is what a fit would cost)."""
+
+    def __init__(self, module):
+        super().__init__("built")
+        self.module = module
