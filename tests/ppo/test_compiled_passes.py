@@ -1,6 +1,7 @@
 """``ppo.forward: compiled``: the buckets and their padding by hand, and the compiled pass against
-the eager one (outputs and gradients) for the shared-trunk critic under gradient checkpointing, the
-sampled-logprobs critic pass, and LoRA on a policy and a separate critic. The separate, fully trained
+the eager one (outputs and gradients) for the shared-trunk critic under gradient checkpointing and
+LoRA on a policy and a separate critic, and (outputs: the library runs it without grad only) the
+critic-alone scoring pass of ``ppo.old_logprobs: sampling``. The separate, fully trained
 critic is the default, and its compiled passes are checked in the whole PPO iteration against the
 independent loop reference in ``test_golden_rollout.py`` (its ``[compiled]`` cases: the scoring pass
 and every step's gradients), so it has no case of its own here: each case costs inductor a minute
@@ -90,19 +91,29 @@ def test_compiled_pass_gives_the_eager_outputs_and_gradients(variant, two_layer_
     mask[1, :2] = 0
     mask[2, :4] = 0
     eager, compiled = ForwardPassRunner("eager"), ForwardPassRunner("compiled")
-    trained = [p for p in (module.critic if critic_only else module).parameters() if p.requires_grad]
+    config = module.policy.config  # the critic is the same (2-layer) stories260K trunk
+    positions = bucket_length(5) + bucket_length(7)  # the compiled pass's padded rows
+    if critic_only:  # the library runs this pass only to score, without grad (experience.py): one graph
+        with torch.no_grad():
+            (wanted,), _ = _pass(eager, module, ids, mask, 5, critic_only)
+            (got,), _ = _pass(compiled, module, ids, mask, 5, critic_only)
+            (again,), _ = _pass(compiled, module, ids, mask, 5, critic_only)  # no new graph, the same values
+        assert got.shape == wanted.shape == (3, 7)
+        torch.testing.assert_close(got, wanted, rtol=0, atol=output_bound(config, float(wanted.abs().max()), positions))
+        assert torch.equal(again, got) and wanted.abs().min() > 0
+        assert compiled.stats.graphs == 1 and eager.stats.graphs == 0
+        return
+    trained = [p for p in module.parameters() if p.requires_grad]
     results = []
     for runner in (eager, compiled, compiled):  # the second compiled call: no new graph
         with train_mode(module.policy, module.critic):
-            outputs, loss = _pass(runner, module, ids, mask, 5, critic_only)
+            outputs, loss = _pass(runner, module, ids, mask, 5, critic_only=False)
             loss.backward()
         results.append(([o.detach() for o in outputs], [p.grad.clone() for p in trained]))
         module.zero_grad(set_to_none=True)
     with torch.no_grad():  # the scoring passes: another graph, the same values
-        no_grad_outputs, _ = _pass(compiled, module, ids, mask, 5, critic_only)
+        no_grad_outputs, _ = _pass(compiled, module, ids, mask, 5, critic_only=False)
     (eager_out, eager_grads), (compiled_out, compiled_grads), (again_out, _) = results
-    config = module.policy.config  # the critic is the same (2-layer) stories260K trunk
-    positions = bucket_length(5) + bucket_length(7)  # the compiled pass's padded rows
     for got, wanted in zip([*compiled_out, *no_grad_outputs], [*eager_out, *eager_out]):
         assert got.shape == wanted.shape
         # another summation order: tests/float32_bounds.py's bound at the largest |output| (logits or values)
