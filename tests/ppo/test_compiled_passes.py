@@ -4,8 +4,9 @@ LoRA on a policy and a separate critic, and (outputs: the library runs it withou
 critic-alone scoring pass of ``ppo.old_logprobs: sampling``. The separate, fully trained
 critic is the default, and its compiled passes are checked in the whole PPO iteration against the
 independent loop reference in ``test_golden_rollout.py`` (its ``[compiled]`` cases: the scoring pass
-and every step's gradients), so it has no case of its own here: each case costs inductor a minute
-of lowering on 2 cores."""
+and every step's gradients, in one-row minibatches), so it has no case of its own here: each case
+costs inductor a minute of lowering on 2 cores. Gradient checkpointing is checked on the policy's
+trunk (the shared-trunk case), the same ``gradient_checkpointing_enable`` a separate critic's trunk gets."""
 
 from __future__ import annotations
 
