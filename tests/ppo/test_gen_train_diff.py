@@ -92,7 +92,10 @@ def test_real_rollout_generation_and_training_agree_in_fp32(tmp_path, request, o
     trunk = request.getfixturevalue("two_layer_stories") if path == "compiled" else STORIES
     module = tiny_module(sft_model=trunk, reward_model=trunk,
                          sampling=SamplingConfig(max_new_tokens=10, temperature=0.9, decode=path), max_rollouts=1,
-                         ppo=PPOConfig(epochs=1, minibatch_size=8, old_logprobs=old_logprobs, forward=path))
+                         # two minibatches of 4 before the one optimizer step: the first forward scores
+                         # 4 rows, the scoring pass the other 4 (compiled: the critic-alone pass in sampling mode)
+                         ppo=PPOConfig(epochs=1, minibatch_size=4, grad_accum=2, old_logprobs=old_logprobs,
+                                       forward=path))  # fmt: skip
     for model in (module.policy, module.ref_policy):
         model.lm_head = EosBias(model.lm_head, 24.0)  # EOS at varied steps: pads after it
     module.on_fit_end = lambda: None  # no export: the wrapped head is not a transformers module
