@@ -28,8 +28,8 @@ STORIES = STORIES260K
 SCRIPT = ROOT / "bench" / "ppo_throughput.py"
 
 
-def _smoke_workload(tmp_path, model=STORIES) -> dict[str, str]:
-    """The ``PEERBENCH_*`` variables of a 2-iteration workload of 4 prompts on ``model``."""
+def _smoke_workload(tmp_path) -> dict[str, str]:
+    """The ``PEERBENCH_*`` variables of a 2-iteration workload of 4 prompts on stories260K."""
     tokenizer = load_tokenizer(str(STORIES), padding_side="left")
     rows, masks = [], []
     for text in ["Once upon a time", "The little dog ran", "Tom", "She saw a big red"]:
@@ -38,7 +38,7 @@ def _smoke_workload(tmp_path, model=STORIES) -> dict[str, str]:
         masks.append([0] * (6 - len(ids)) + [1] * len(ids))
     prompt_file = tmp_path / "prompt_ids.json"
     prompt_file.write_text(json.dumps({"input_ids": rows, "attention_mask": masks}))
-    workload = dict(POLICY=model, REWARD=model, TOKENIZER=model, BATCH=4, PROMPT_LEN=6, RESP_LEN=5, EPOCHS=1,
+    workload = dict(POLICY=STORIES, REWARD=STORIES, TOKENIZER=STORIES, BATCH=4, PROMPT_LEN=6, RESP_LEN=5, EPOCHS=1,
                     MINIBATCHES=2, ITERS=2, THREADS=1, TEMPERATURE=0.7, KL_COEF=0.05, SEED=0, LR=1e-5,
                     WORKLOAD="smoke", PROMPT_IDS=prompt_file, JSON=tmp_path / "out.json")  # fmt: skip
     return {f"PEERBENCH_{k}": str(v) for k, v in workload.items()}
@@ -69,8 +69,8 @@ def test_benchmark_runs_a_workload_from_the_harness_environment(tmp_path, old_lo
 
 def _bench_module(monkeypatch):
     """bench/ppo_throughput.py imported in this process (its import sets two variables: undone after the test)."""
-    for name in ("HF_HUB_OFFLINE", "TOKENIZERS_PARALLELISM"):
-        monkeypatch.setenv(name, os.environ.get(name, ""))
+    for name in ("HF_HUB_OFFLINE", "TOKENIZERS_PARALLELISM"):  # set, then removed: monkeypatch records the
+        monkeypatch.setenv(name, os.environ.get(name, ""))  # original (or its absence) and restores it
         monkeypatch.delenv(name)
     spec = importlib.util.spec_from_file_location("bench_ppo_throughput", SCRIPT)
     bench = importlib.util.module_from_spec(spec)

@@ -392,7 +392,8 @@ def test_the_passes_ran_as_configured_with_one_graph_per_shape_and_grad_mode(gol
     if module.ppo.forward == "eager":
         assert (stats.graphs, stats.calls) == (0, 0) and "compile/forward_graphs" not in metrics
         return
-    # Scoring: the 3 rows the first (1-row) minibatch's forward does not score, without grad; the update: 1-row minibatches with grad, whose dropped padding
-    # changes their length (1 to 6 prompt columns, 6 response columns) inside one bucket (16 + 16).
+    # Scoring: the 3 rows the first (1-row) minibatch's forward does not score, without grad; the update:
+    # 1-row minibatches with grad, whose dropped padding changes their length (1 to 6 prompt columns,
+    # 6 response columns) inside one bucket (16 + 16).
     assert stats.graphs == 2 and stats.calls == 1 + 8
     assert metrics["compile/forward_graphs"] == 2 and metrics["compile/forward_s"] > 0
