@@ -1,0 +1,81 @@
+"""bench/suite_cpu.py: the plugin records each test's own CPU and its child processes' apart, and the
+report sums them. Run on a small suite written here whose tests spend known CPU where they say."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from assets_paths import ROOT
+from suite_env import subprocess_env
+
+sys.path.insert(0, str(ROOT / "bench"))
+import suite_cpu  # noqa: E402  (bench/ is not a package)
+
+BURN = 0.4  # CPU seconds the busy test spends in its own process; twice that in a child
+IDLE = 2.0  # seconds the idle test sleeps: more than the pytest process's CPU by then
+SMALL_SUITE = f'''
+import subprocess, sys, time
+
+def burn(seconds):
+    return f"import time\\nend = time.process_time() + {{seconds}}\\nwhile time.process_time() < end: pass"
+
+def test_busy_here():
+    exec(burn({BURN}))
+
+def test_busy_in_a_child():
+    subprocess.run([sys.executable, "-c", burn({2 * BURN})], check=True)
+
+def test_idle():
+    time.sleep({IDLE})
+'''
+
+
+@pytest.fixture(scope="module")
+def records(tmp_path_factory) -> list[dict]:
+    """The log of ``pytest -p suite_cpu`` over SMALL_SUITE, one JSON record per test."""
+    root = tmp_path_factory.mktemp("small-suite")
+    (root / "test_small.py").write_text(SMALL_SUITE, encoding="utf-8")
+    log = root / "cpu.jsonl"
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "suite_cpu",
+                             "--suite-cpu-log", str(log), "test_small.py"], cwd=root, capture_output=True, text=True,
+                            timeout=120, env=subprocess_env({"PYTHONPATH": str(ROOT / "bench")}))  # fmt: skip
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    return [json.loads(line) for line in log.read_text(encoding="utf-8").splitlines()]
+
+
+def test_each_test_gets_its_own_cpu_and_its_childrens_apart(records):
+    by_name = {r["test"]: r for r in records}
+    assert list(by_name) == ["test_small.py::test_busy_here", "test_small.py::test_busy_in_a_child", "test_small.py::test_idle"]
+    here, child, idle = by_name.values()
+    assert here["own"] >= 0.9 * BURN and here["children"] < 0.05  # spent in the pytest process, no child
+    assert child["children"] >= 0.9 * 2 * BURN and child["own"] < child["children"] / 2  # the parent only waited
+    assert idle["wall"] >= IDLE and idle["own"] < 0.2 and idle["children"] < 0.05  # waiting is no CPU
+    assert here["wall"] >= 0.9 * BURN and child["wall"] >= 0.9 * 2 * BURN
+
+
+def test_the_report_sums_the_records_and_lists_the_most_costly_first(records, tmp_path, capsys):
+    log = tmp_path / "cpu.jsonl"
+    log.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    suite_cpu.main([str(log), "--top", "3"])
+    lines = capsys.readouterr().out.splitlines()
+    own, children = sum(r["own"] for r in records), sum(r["children"] for r in records)
+    assert lines[0] == (f"3 tests: {own + children:.0f} s of CPU ({own:.0f} s in the pytest workers, {children:.0f} s "
+                        f"in the processes they started), {sum(r['wall'] for r in records):.0f} s of wall time")  # fmt: skip
+    file_line = next(line for line in lines if line.endswith("  test_small.py"))
+    assert file_line.split()[:4] == [f"{own + children:.1f}", f"{own:.1f}", f"{children:.1f}", "3"]
+    tests = [line.split()[-1] for line in lines if line.split() and line.split()[-1].startswith("test_small.py::")]
+    assert tests[-1] == "test_small.py::test_idle"  # the one that spent no CPU is last
+    assert set(tests) == {r["test"] for r in records}
+
+
+def test_a_damaged_log_line_is_named_by_file_and_line(tmp_path):
+    log = tmp_path / "cpu.jsonl"
+    log.write_text(json.dumps({"test": "a::b", "own": 1.0, "children": 0.0, "wall": 1.0}) + "\n{\"test\": \"a::c\", \"own\n",
+                   encoding="utf-8")  # fmt: skip
+    with pytest.raises(SystemExit, match=rf"^{log}:2: not a suite_cpu record"):
+        suite_cpu.main([str(log)])
+    with pytest.raises(SystemExit, match="no such file"):
+        suite_cpu.main([str(tmp_path / "missing.jsonl")])
