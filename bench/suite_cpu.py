@@ -7,9 +7,11 @@ on a shared machine also counts the waiting. This file is both:
 
 - a pytest plugin (``-p suite_cpu`` with ``bench/`` on ``PYTHONPATH``): for every test it appends one
   JSON line to ``--suite-cpu-log FILE`` with the worker's CPU seconds during the test (setup, call and
-  teardown, so a module or session fixture counts in the first test that uses it) and the CPU
-  seconds of the processes the test started and waited for (``RUSAGE_CHILDREN``: forked ranks and
-  their own waited-for children included), and its wall seconds;
+  teardown, so a module or session fixture counts in the first test that uses it), the CPU seconds
+  its descendant processes spent meanwhile, and its wall seconds. Descendants are those the worker
+  waited for (``RUSAGE_CHILDREN``: command-line runs, forked ranks and what they waited for) and
+  those still running (read from ``/proc``: TorchInductor's pool of compile workers, which outlives
+  the test that first compiles and runs the ``g++`` calls of every later one);
 - a report over that file: totals, and the files and tests that used the most CPU.
 
 Commands (from the project root; the log is appended to, so start from an empty one)::
@@ -18,8 +20,9 @@ Commands (from the project root; the log is appended to, so start from an empty 
     PYTHONPATH=bench make test PYTEST_ARGS="-p suite_cpu --suite-cpu-log $PWD/cpu.jsonl"
     python bench/suite_cpu.py cpu.jsonl --top 30
 
-What it does not count: pytest's start and collection in each worker, and a process a test leaves
-running past its end.
+What it does not count: pytest's start and collection in each worker, and a process that outlives
+the worker's knowledge of it (one that exits and is reaped by a process other than the worker or
+one of its live descendants). Without ``/proc`` (not Linux) only waited-for children are counted.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import os
 import resource
 import time
 from pathlib import Path
@@ -34,10 +38,37 @@ from pathlib import Path
 import pytest
 
 
+TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100  # /proc's unit of CPU time per second
+
+
+def live_descendants_cpu(root: int) -> float:
+    """CPU seconds of the processes below ``root`` that are running now: each one's own and that of
+    the children it waited for (``/proc/PID/stat`` utime, stime, cutime, cstime). 0 without ``/proc``."""
+    children, cpu = collections.defaultdict(list), {}
+    for entry in os.scandir("/proc") if os.path.isdir("/proc") else ():
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", encoding="ascii", errors="replace") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+        except OSError:  # it exited meanwhile
+            continue
+        pid = int(entry.name)
+        children[int(fields[1])].append(pid)  # fields[0] is the state, [1] the parent, [11:15] the four times
+        cpu[pid] = sum(int(t) for t in fields[11:15]) / TICKS
+    below, frontier = [], list(children[root])
+    while frontier:
+        pid = frontier.pop()
+        below.append(pid)
+        frontier += children[pid]
+    return sum(cpu[pid] for pid in below)
+
+
 def process_cpu() -> tuple[float, float]:
-    """(this process's CPU seconds, its waited-for children's), user + system."""
+    """(this process's CPU seconds, its descendants': those it waited for and those still running),
+    user + system."""
     own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime, children.ru_utime + children.ru_stime
+    return own.ru_utime + own.ru_stime, children.ru_utime + children.ru_stime + live_descendants_cpu(os.getpid())
 
 
 # ---------------------------------------------------------------- the pytest plugin
