@@ -17,7 +17,7 @@ export TOKENIZERS_PARALLELISM ?= false
 # Bytecode is written on first import (the install compiles none): see the install below.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: install test test-fast test-portable test-kernels demo docs smollm2 clean
+.PHONY: install test test-fast test-portable test-kernels lint demo docs smollm2 clean
 
 install: $(STAMP)
 
@@ -56,6 +56,11 @@ test-kernels: $(STAMP)
 	$(PY) -m pytest -q -m kernels $(XDIST) $(PYTEST_ARGS)
 	ATEN_CPU_CAPABILITY=avx2 $(PY) -m pytest -q -m kernels $(XDIST) $(PYTEST_ARGS)
 	ATEN_CPU_CAPABILITY=default $(PY) -m pytest -q -m kernels $(XDIST) $(PYTEST_ARGS)
+
+# ruff, configured in pyproject.toml: the lint rules and the formatting every Python file keeps (CI runs it).
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 demo: $(STAMP)
 	$(PY) -m demo.pipeline $(DEMO_ARGS)

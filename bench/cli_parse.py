@@ -62,8 +62,10 @@ def main_bench() -> None:
     parser.add_argument("--repeats", type=int, default=8, help="timed calls of each way (after one warm-up)")
     options = parser.parse_args()
     medians = time_both(options.config, options.repeats)
-    print(f"fit --print_config: one subcommand parser {medians['one']:.3f} s, Lightning's four "
-          f"{medians['four']:.3f} s (ratio {medians['one'] / medians['four']:.2f}, median of {options.repeats})")  # fmt: skip
+    print(
+        f"fit --print_config: one subcommand parser {medians['one']:.3f} s, Lightning's four "
+        f"{medians['four']:.3f} s (ratio {medians['one'] / medians['four']:.2f}, median of {options.repeats})"
+    )
 
 
 if __name__ == "__main__":

@@ -70,8 +70,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--temperature", type=float, default=None)
     parser.add_argument("--rollouts", type=int, default=10, help="timed calls per path after the first")
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--record", action=argparse.BooleanOptionalAction, default=True,
-                        help="record the step logprobs (StepLogprobs), as old_logprobs: sampling does")
+    parser.add_argument(
+        "--record",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="record the step logprobs (StepLogprobs), as old_logprobs: sampling does",
+    )
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
     if args.model and args.batch is None:
@@ -90,8 +94,16 @@ def main(argv: list[str] | None = None) -> int:
     def rollout(decode: str, seed: int):
         sampling = SamplingConfig(max_new_tokens=resp_len, temperature=temperature, ignore_eos=True, decode=decode)
         start = time.perf_counter()
-        gen = generate_responses(policy, ids, mask, sampling, stops, tokenizer.pad_token_id,
-                                 generator=torch.Generator().manual_seed(seed), return_logprobs=args.record)
+        gen = generate_responses(
+            policy,
+            ids,
+            mask,
+            sampling,
+            stops,
+            tokenizer.pad_token_id,
+            generator=torch.Generator().manual_seed(seed),
+            return_logprobs=args.record,
+        )
         return time.perf_counter() - start, gen
 
     times: dict[str, list[float]] = {"eager": [], "compiled": []}
@@ -108,25 +120,39 @@ def main(argv: list[str] | None = None) -> int:
     med = {k: statistics.median(v) for k, v in times.items()}
     saved = med["eager"] - med["compiled"]
     out = {
-        "model": args.model or args.workload, "rows": ids.shape[0], "prompt_len": ids.shape[1], "resp_len": resp_len,
-        "threads": torch.get_num_threads(), "torch": torch.__version__, "record": args.record,
-        "eager_s": med["eager"], "compiled_s": med["compiled"], "ratio": med["compiled"] / med["eager"],
+        "model": args.model or args.workload,
+        "rows": ids.shape[0],
+        "prompt_len": ids.shape[1],
+        "resp_len": resp_len,
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "record": args.record,
+        "eager_s": med["eager"],
+        "compiled_s": med["compiled"],
+        "ratio": med["compiled"] / med["eager"],
         "eager_range_s": [min(times["eager"]), max(times["eager"])],
         "compiled_range_s": [min(times["compiled"]), max(times["compiled"])],
-        "first_eager_s": first["eager"], "first_compiled_s": first["compiled"],
-        "compile_graphs": stats.graphs, "compile_calls_s": stats.compile_calls_s,
+        "first_eager_s": first["eager"],
+        "first_compiled_s": first["compiled"],
+        "compile_graphs": stats.graphs,
+        "compile_calls_s": stats.compile_calls_s,
         "break_even_rollouts": stats.compile_calls_s / saved if saved > 0 else None,
-        "same_tokens": same_tokens, "max_logprob_diff": max_diff if args.record else None,
+        "same_tokens": same_tokens,
+        "max_logprob_diff": max_diff if args.record else None,
         "recompiles_after_first": compile_stats().graphs - stats.graphs,
-    }  # fmt: skip
-    print(f"generation of {out['rows']} rows x {resp_len} tokens after {out['prompt_len']} prompt columns, "
-          f"{out['model']}, {out['threads']} thread(s), {args.rollouts} rollouts per path, alternating:")
+    }
+    print(
+        f"generation of {out['rows']} rows x {resp_len} tokens after {out['prompt_len']} prompt columns, "
+        f"{out['model']}, {out['threads']} thread(s), {args.rollouts} rollouts per path, alternating:"
+    )
     for k in ("eager", "compiled"):
         lo, hi = out[f"{k}_range_s"]
         print(f"  decode {k:8s} {med[k]:.4f} s per rollout [{lo:.4f} .. {hi:.4f}]  (first call {first[k]:.2f} s)")
     be = "never" if out["break_even_rollouts"] is None else f"{out['break_even_rollouts']:.0f} rollouts"
-    print(f"  compiled / eager {out['ratio']:.2f}; compiling: {stats.graphs} graph(s), calls of "
-          f"{stats.compile_calls_s:.1f} s, paid back after {be}; recompiles later: {out['recompiles_after_first']}")
+    print(
+        f"  compiled / eager {out['ratio']:.2f}; compiling: {stats.graphs} graph(s), calls of "
+        f"{stats.compile_calls_s:.1f} s, paid back after {be}; recompiles later: {out['recompiles_after_first']}"
+    )
     diff = "" if not args.record else f"; largest logprob difference {max_diff:.2e}"
     print(f"  same tokens on both paths: {same_tokens}{diff}")
     if args.json:

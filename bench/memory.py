@@ -45,17 +45,28 @@ VARIANTS: dict[str, list[str]] = {
     "full (32-true)": [],
     "lora r8": ["--model.init_args.lora.r", "8"],
     "gradient checkpointing": ["--model.init_args.memory.gradient_checkpointing", "true"],
-    "lora r8 + gradient checkpointing": ["--model.init_args.lora.r", "8",
-                                         "--model.init_args.memory.gradient_checkpointing", "true"],
+    "lora r8 + gradient checkpointing": [
+        "--model.init_args.lora.r",
+        "8",
+        "--model.init_args.memory.gradient_checkpointing",
+        "true",
+    ],
     "frozen models bf16": ["--model.init_args.memory.frozen_dtype", "bfloat16"],
     "frozen models on cpu": ["--model.init_args.memory.frozen_device", "cpu"],
     "score_chunk_size 8": ["--model.init_args.ppo.score_chunk_size", "8"],
     "all levers (lora, checkpointing, frozen bf16, chunks 8)": [
-        "--model.init_args.lora.r", "8", "--model.init_args.memory.gradient_checkpointing", "true",
-        "--model.init_args.memory.frozen_dtype", "bfloat16", "--model.init_args.ppo.score_chunk_size", "8"],
+        "--model.init_args.lora.r",
+        "8",
+        "--model.init_args.memory.gradient_checkpointing",
+        "true",
+        "--model.init_args.memory.frozen_dtype",
+        "bfloat16",
+        "--model.init_args.ppo.score_chunk_size",
+        "8",
+    ],
     "bf16-mixed precision": ["--trainer.precision", "bf16-mixed"],
     "released nothing at fit end (before #28)": ["KEEP_AFTER_FIT"],
-}  # fmt: skip
+}
 
 KEEP_AFTER_FIT = "KEEP_AFTER_FIT"
 """Not a CLI flag: the variant whose run skips ``release_after_fit`` (the frozen models and the
@@ -70,8 +81,16 @@ def _scaled_model(work: Path, scale: str) -> str:
 
     hidden, layers = (int(x) for x in scale.split(","))
     config = AutoConfig.from_pretrained(STORIES)
-    config.update({"hidden_size": hidden, "num_hidden_layers": layers, "intermediate_size": hidden * 8 // 3,
-                   "num_attention_heads": hidden // 64, "num_key_value_heads": hidden // 64, "head_dim": 64})
+    config.update(
+        {
+            "hidden_size": hidden,
+            "num_hidden_layers": layers,
+            "intermediate_size": hidden * 8 // 3,
+            "num_attention_heads": hidden // 64,
+            "num_key_value_heads": hidden // 64,
+            "head_dim": 64,
+        }
+    )
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(config).save_pretrained(work / "sft")
     AutoTokenizer.from_pretrained(STORIES).save_pretrained(work / "sft")
@@ -124,14 +143,36 @@ def run_variant(args: argparse.Namespace) -> None:
         flags.remove(KEEP_AFTER_FIT)
         StageModule.release_after_fit = lambda self: None
     out = Path(args.work)
-    cli.main([
-        "fit", "--config", str(ROOT / "configs/offline/ppo.yaml"), "--run_dir", "null",  # outputs set below
-        "--trainer.callbacks", "[]", "--trainer.logger.init_args.save_dir", str(out / "tb"), "--trainer.enable_progress_bar", "false",
-        "--trainer.enable_checkpointing", "false", "--trainer.default_root_dir", str(out),
-        "--model.init_args.sft_model", args.sft, "--model.init_args.reward_model", args.rm,
-        "--model.init_args.judge", "null", "--model.init_args.max_rollouts", str(args.rollouts),
-        "--model.init_args.export_dir", str(out / "export"), *flags,
-    ])  # fmt: skip
+    cli.main(
+        [
+            "fit",
+            "--config",
+            str(ROOT / "configs/offline/ppo.yaml"),
+            "--run_dir",
+            "null",  # outputs set below
+            "--trainer.callbacks",
+            "[]",
+            "--trainer.logger.init_args.save_dir",
+            str(out / "tb"),
+            "--trainer.enable_progress_bar",
+            "false",
+            "--trainer.enable_checkpointing",
+            "false",
+            "--trainer.default_root_dir",
+            str(out),
+            "--model.init_args.sft_model",
+            args.sft,
+            "--model.init_args.reward_model",
+            args.rm,
+            "--model.init_args.judge",
+            "null",
+            "--model.init_args.max_rollouts",
+            str(args.rollouts),
+            "--model.init_args.export_dir",
+            str(out / "export"),
+            *flags,
+        ]
+    )
     rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
     per = (stamps[-1] - stamps[0]) / (len(stamps) - 1) if len(stamps) > 1 else float("nan")
     print(json.dumps({"rss_mib": rss_mib, "s_per_rollout": per, "teardown": teardown}))
@@ -171,16 +212,32 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         sft, rm = _models(Path(tmp), args.scale)
         sft, rm = args.sft or sft, args.rm or rm
-        print(f"sft {sft}, rm {rm}, scale {args.scale}, {args.rollouts} rollouts, torch threads {os.environ.get('OMP_NUM_THREADS')}")
-        print("| variant | peak RSS MiB | s/rollout | to host at teardown MiB: weights + optimizer states |\n"
-              "| --- | --- | --- | --- |")
+        print(
+            f"sft {sft}, rm {rm}, scale {args.scale}, {args.rollouts} rollouts, torch threads {os.environ.get('OMP_NUM_THREADS')}"
+        )
+        print(
+            "| variant | peak RSS MiB | s/rollout | to host at teardown MiB: weights + optimizer states |\n"
+            "| --- | --- | --- | --- |"
+        )
         for i, (name, flags) in enumerate(VARIANTS.items()):
             if args.only and name not in args.only:
                 continue
             if args.batch_size:
                 flags = [*flags, "--data.init_args.batch_size", str(args.batch_size)]
-            cmd = [sys.executable, __file__, "--rollouts", str(args.rollouts), "--sft", sft, "--rm", rm,
-                   "--flags", json.dumps(flags), "--work", str(Path(tmp) / f"v{i}")]  # fmt: skip
+            cmd = [
+                sys.executable,
+                __file__,
+                "--rollouts",
+                str(args.rollouts),
+                "--sft",
+                sft,
+                "--rm",
+                rm,
+                "--flags",
+                json.dumps(flags),
+                "--work",
+                str(Path(tmp) / f"v{i}"),
+            ]
             done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
             if done.returncode != 0:
                 print(f"| {name} | failed: {done.stderr.strip().splitlines()[-1:]} | | |")
@@ -188,8 +245,11 @@ def main() -> None:
             result = json.loads(done.stdout.strip().splitlines()[-1])
             moved = result["teardown"]
             weights, states = moved.get("module", 0) / 2**20, moved.get("optimizer_states", 0) / 2**20
-            print(f"| {name} | {result['rss_mib']:.0f} | {result['s_per_rollout']:.2f} | "
-                  f"{weights + states:.1f} = {weights:.1f} + {states:.1f} |", flush=True)
+            print(
+                f"| {name} | {result['rss_mib']:.0f} | {result['s_per_rollout']:.2f} | "
+                f"{weights + states:.1f} = {weights:.1f} + {states:.1f} |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

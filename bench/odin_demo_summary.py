@@ -25,7 +25,9 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 def scalars(log_dir: str) -> dict[str, list[float]]:
     """Every scalar tag of the newest events file under ``log_dir``, values in step order."""
-    files = sorted(glob.glob(os.path.join(log_dir, "**", "events.out.tfevents.*"), recursive=True), key=os.path.getmtime)
+    files = sorted(
+        glob.glob(os.path.join(log_dir, "**", "events.out.tfevents.*"), recursive=True), key=os.path.getmtime
+    )
     if not files:
         return {}
     events = EventAccumulator(files[-1], size_guidance={"scalars": 0})
@@ -52,7 +54,9 @@ def main() -> None:
     rows: dict[str, dict[str, list[float]]] = {}
     for variant in ("plain", "odin"):
         row: dict[str, list[float]] = {}
-        for rm_dir in sorted(d for d in glob.glob(os.path.join(args.work, "logs", f"rm_{variant}_s*")) if os.path.isdir(d)):
+        for rm_dir in sorted(
+            d for d in glob.glob(os.path.join(args.work, "logs", f"rm_{variant}_s*")) if os.path.isdir(d)
+        ):
             seed = rm_dir.rsplit("_s", 1)[1]
             rm = scalars(rm_dir)
             ppo = scalars(os.path.join(args.work, "logs", f"ppo_{variant}_s{seed}"))
@@ -80,9 +84,18 @@ def main() -> None:
         rows[variant] = row
     sft_path = os.path.join(args.work, "eval", "sft.json")
     sft = json.load(open(sft_path))["metrics"] if os.path.exists(sft_path) else {}
-    keys = ["rm_val_accuracy", "rm_val_length_correlation", "ppo_length_first", "ppo_length_last5",
-            "ppo_judge_first", "ppo_judge_last5", "held_out_judge", "held_out_kl", "held_out_length",
-            "held_out_distinct_2"]  # fmt: skip
+    keys = [
+        "rm_val_accuracy",
+        "rm_val_length_correlation",
+        "ppo_length_first",
+        "ppo_length_last5",
+        "ppo_judge_first",
+        "ppo_judge_last5",
+        "held_out_judge",
+        "held_out_kl",
+        "held_out_length",
+        "held_out_distinct_2",
+    ]
     print("| | " + " | ".join(f"{v} (seeds {', '.join(map(str, rows[v].get('seed', [])))})" for v in rows) + " |")
     print("| --- | " + " | ".join("---" for _ in rows) + " |")
     for key in keys:
@@ -98,8 +111,10 @@ def main() -> None:
                 cells = [mean_se(rows[variant].get(f"rollout_{short}_{r}", [])) for r in marks]
                 print(f"| {variant}: {short} | " + " | ".join(cells) + " |")
     if sft:
-        print(f"\nSFT on the same held-out prompts: judge {sft['judge_mean']:.3f}, length {sft['length_mean']:.1f}, "
-              f"distinct-2 {sft['distinct_2']:.3f}")
+        print(
+            f"\nSFT on the same held-out prompts: judge {sft['judge_mean']:.3f}, length {sft['length_mean']:.1f}, "
+            f"distinct-2 {sft['distinct_2']:.3f}"
+        )
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump({"variants": rows, "sft": sft}, f, indent=1)

@@ -47,8 +47,22 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 ROOT = Path(__file__).resolve().parents[1]
 HARNESS = Path(os.environ.get("PEERBENCH_HARNESS", ROOT.parent / "shared" / "peer-bench"))
-ENV_KEYS = ("policy", "reward", "tokenizer", "batch", "prompt_len", "resp_len", "epochs", "minibatches",
-            "iters", "threads", "temperature", "kl_coef", "seed", "lr")  # fmt: skip
+ENV_KEYS = (
+    "policy",
+    "reward",
+    "tokenizer",
+    "batch",
+    "prompt_len",
+    "resp_len",
+    "epochs",
+    "minibatches",
+    "iters",
+    "threads",
+    "temperature",
+    "kl_coef",
+    "seed",
+    "lr",
+)
 INTS = {"batch", "prompt_len", "resp_len", "epochs", "minibatches", "iters", "threads", "seed"}
 
 
@@ -90,8 +104,16 @@ def prompt_batches(w: dict, tokenizer) -> list[dict]:
     ]
 
 
-def build_module(w: dict, iters: int, export_dir: str, old_logprobs: str = "rescore", decode: str = "eager",
-                 forward: str = "eager", remove_padding: bool = False, reuse_first_forward: bool = True):
+def build_module(
+    w: dict,
+    iters: int,
+    export_dir: str,
+    old_logprobs: str = "rescore",
+    decode: str = "eager",
+    forward: str = "eager",
+    remove_padding: bool = False,
+    reuse_first_forward: bool = True,
+):
     """``PPOModule`` with the harness's settings (see the module docstring)."""
     from rlhf_lit.models.generation import SamplingConfig
     from rlhf_lit.stages import PPOModule
@@ -99,24 +121,50 @@ def build_module(w: dict, iters: int, export_dir: str, old_logprobs: str = "resc
     from rlhf_lit.stages.ppo.config import KLConfig, PPOConfig, RewardConfig
 
     return PPOModule(
-        sft_model=w["policy"], reward_model=w["reward"], tokenizer_path=w["tokenizer"], missing_pad="error",
+        sft_model=w["policy"],
+        reward_model=w["reward"],
+        tokenizer_path=w["tokenizer"],
+        missing_pad="error",
         critic="separate",
-        sampling=SamplingConfig(max_new_tokens=w["resp_len"], temperature=w["temperature"], ignore_eos=True,
-                                decode=decode),
-        ppo=PPOConfig(epochs=w["epochs"], minibatch_size=w["batch"] // w["minibatches"], vf_coef=0.1,
-                      clip_range=0.2, value_clip_range=0.2, gamma=1.0, lam=0.95, whiten_advantages=True,
-                      max_grad_norm=None, old_logprobs=old_logprobs, forward=forward, remove_padding=remove_padding,
-                      reuse_first_forward=reuse_first_forward),
+        sampling=SamplingConfig(
+            max_new_tokens=w["resp_len"], temperature=w["temperature"], ignore_eos=True, decode=decode
+        ),
+        ppo=PPOConfig(
+            epochs=w["epochs"],
+            minibatch_size=w["batch"] // w["minibatches"],
+            vf_coef=0.1,
+            clip_range=0.2,
+            value_clip_range=0.2,
+            gamma=1.0,
+            lam=0.95,
+            whiten_advantages=True,
+            max_grad_norm=None,
+            old_logprobs=old_logprobs,
+            forward=forward,
+            remove_padding=remove_padding,
+            reuse_first_forward=reuse_first_forward,
+        ),
         reward=RewardConfig(missing_eos_penalty=None),
         kl=KLConfig(kind="fixed", init_coef=w["kl_coef"], estimator="k1"),
         optimizer=OptimizerConfig(lr=w["lr"], eps=1e-8, schedule="linear"),
-        max_rollouts=iters, rollout_seed=w["seed"], export_dir=export_dir,
-    )  # fmt: skip
+        max_rollouts=iters,
+        rollout_seed=w["seed"],
+        export_dir=export_dir,
+    )
 
 
-def run(w: dict, iters: int, accelerator: str, precision: str, out_dir: str, old_logprobs: str = "rescore",
-        decode: str = "eager", forward: str = "eager", remove_padding: bool = False,
-        reuse_first_forward: bool = True) -> dict:
+def run(
+    w: dict,
+    iters: int,
+    accelerator: str,
+    precision: str,
+    out_dir: str,
+    old_logprobs: str = "rescore",
+    decode: str = "eager",
+    forward: str = "eager",
+    remove_padding: bool = False,
+    reuse_first_forward: bool = True,
+) -> dict:
     """Fit ``iters`` rollouts; per-iteration wall time and the module's phase timers."""
     import lightning.pytorch as pl
     import torch
@@ -165,38 +213,62 @@ def run(w: dict, iters: int, accelerator: str, precision: str, out_dir: str, old
             self.cpu_times.append(time.process_time() - self._cpu_start)
 
     pl.seed_everything(w["seed"], verbose=False)
-    module = build_module(w, iters, export_dir=os.path.join(out_dir, "model"), old_logprobs=old_logprobs,
-                          decode=decode, forward=forward, remove_padding=remove_padding,
-                          reuse_first_forward=reuse_first_forward)
+    module = build_module(
+        w,
+        iters,
+        export_dir=os.path.join(out_dir, "model"),
+        old_logprobs=old_logprobs,
+        decode=decode,
+        forward=forward,
+        remove_padding=remove_padding,
+        reuse_first_forward=reuse_first_forward,
+    )
     batches = prompt_batches(w, module.tokenizer)
     loader = DataLoader(batches * (iters // len(batches) + 1), batch_size=None, shuffle=False)
     capture, clock = Capture(), IterationClock()
     trainer = pl.Trainer(
-        accelerator=accelerator, devices=1, precision=precision, max_epochs=-1, logger=[capture], callbacks=[clock],
-        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+        accelerator=accelerator,
+        devices=1,
+        precision=precision,
+        max_epochs=-1,
+        logger=[capture],
+        callbacks=[clock],
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
         default_root_dir=out_dir,
-    )  # fmt: skip
+    )
     trainer.fit(module, train_dataloaders=loader)
-    return {"iter_s": clock.times, "cpu_s": clock.cpu_times, "metrics": capture.rows,
-            "forward_stats": module.forward_passes.stats}
+    return {
+        "iter_s": clock.times,
+        "cpu_s": clock.cpu_times,
+        "metrics": capture.rows,
+        "forward_stats": module.forward_passes.stats,
+    }
 
 
 def summarize(result: dict, w: dict) -> dict:
     """Medians over iterations 2..N (all of them when only one ran) and the harness's JSON keys."""
     steady = slice(1, None) if len(result["iter_s"]) > 1 else slice(None)
     iters, rows = result["iter_s"][steady], result["metrics"][steady]
-    phase = {key: [r[f"time/{name}_s"] for r in rows] for key, name in
-             (("gen_s", "generate"), ("rollout_s", "score"), ("train_s", "train"), ("text_s", "text"))}  # fmt: skip
+    phase = {
+        key: [r[f"time/{name}_s"] for r in rows]
+        for key, name in (("gen_s", "generate"), ("rollout_s", "score"), ("train_s", "train"), ("text_s", "text"))
+    }
     tokens = w["batch"] * w["resp_len"]
     out = {
-        "iter_median_s": statistics.median(iters), "iter_min_s": min(iters), "iter_max_s": max(iters),
+        "iter_median_s": statistics.median(iters),
+        "iter_min_s": min(iters),
+        "iter_max_s": max(iters),
         **{k: statistics.median(v) for k, v in phase.items()},
         "tokens_per_s": tokens / statistics.median(iters),
         "gen_tokens_per_s": tokens / statistics.median(phase["gen_s"]),
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "iter_cpu_median_s": statistics.median(result["cpu_s"][steady]),
-        "first_iter_s": result["iter_s"][0], "iters_s": result["iter_s"],
-    }  # fmt: skip
+        "first_iter_s": result["iter_s"][0],
+        "iters_s": result["iter_s"],
+    }
     out["other_s"] = out["iter_median_s"] - sum(statistics.median(v) for v in phase.values())
     return out
 
@@ -204,23 +276,47 @@ def summarize(result: dict, w: dict) -> dict:
 def main(argv: list[str] | None = None) -> int:
     """Parse options, run, print the table, write the JSON."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--workload", choices=("tiny", "gpt2-small", "smollm2-135m"), default="tiny",
-                        help="the harness's workload (ignored under run_all.sh, which sets PEERBENCH_*)")
+    parser.add_argument(
+        "--workload",
+        choices=("tiny", "gpt2-small", "smollm2-135m"),
+        default="tiny",
+        help="the harness's workload (ignored under run_all.sh, which sets PEERBENCH_*)",
+    )
     parser.add_argument("--iters", type=int, default=None, help="PPO iterations (default: the workload's)")
     parser.add_argument("--json", default=os.environ.get("PEERBENCH_JSON"), help="write the results here")
     parser.add_argument("--accelerator", default="cpu", help="cpu or gpu")
     parser.add_argument("--precision", default="32-true", help="the Trainer's precision, e.g. bf16-mixed on a GPU")
-    parser.add_argument("--old-logprobs", choices=("rescore", "sampling"), default="rescore",
-                        help="ppo.old_logprobs: rescore (the default, an exact ratio of 1) or sampling (TRL's way)")
-    parser.add_argument("--decode", choices=("eager", "compiled"), default="eager",
-                        help="sampling.decode: eager (the default) or compiled (static KV cache, compiled decode step)")
-    parser.add_argument("--forward", choices=("eager", "compiled"), default="eager",
-                        help="ppo.forward: eager (the default) or compiled (the scoring and training passes compiled)")
-    parser.add_argument("--remove-padding", choices=("on", "off"), default="off",
-                        help="ppo.remove_padding: off (the default, padded rows) or on (packed passes)")
-    parser.add_argument("--reuse-first-forward", choices=("on", "off"), default="on",
-                        help="ppo.reuse_first_forward: on (the default: the update's first minibatch forward scores "
-                             "its rows) or off (a scoring pass over every row)")
+    parser.add_argument(
+        "--old-logprobs",
+        choices=("rescore", "sampling"),
+        default="rescore",
+        help="ppo.old_logprobs: rescore (the default, an exact ratio of 1) or sampling (TRL's way)",
+    )
+    parser.add_argument(
+        "--decode",
+        choices=("eager", "compiled"),
+        default="eager",
+        help="sampling.decode: eager (the default) or compiled (static KV cache, compiled decode step)",
+    )
+    parser.add_argument(
+        "--forward",
+        choices=("eager", "compiled"),
+        default="eager",
+        help="ppo.forward: eager (the default) or compiled (the scoring and training passes compiled)",
+    )
+    parser.add_argument(
+        "--remove-padding",
+        choices=("on", "off"),
+        default="off",
+        help="ppo.remove_padding: off (the default, padded rows) or on (packed passes)",
+    )
+    parser.add_argument(
+        "--reuse-first-forward",
+        choices=("on", "off"),
+        default="on",
+        help="ppo.reuse_first_forward: on (the default: the update's first minibatch forward scores "
+        "its rows) or off (a scoring pass over every row)",
+    )
     args = parser.parse_args(argv)
 
     w = workload_from_env() or workload_from_harness(args.workload)
@@ -229,35 +325,73 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(int(w["threads"]))
     with tempfile.TemporaryDirectory(prefix="rlhf-lit-bench-") as out_dir:  # the export at the end of fit
-        result = run(w, iters, args.accelerator, args.precision, out_dir, args.old_logprobs, args.decode,
-                     args.forward, args.remove_padding == "on", args.reuse_first_forward == "on")
+        result = run(
+            w,
+            iters,
+            args.accelerator,
+            args.precision,
+            out_dir,
+            args.old_logprobs,
+            args.decode,
+            args.forward,
+            args.remove_padding == "on",
+            args.reuse_first_forward == "on",
+        )
     out = summarize(result, w)
     from rlhf_lit.models.compiled_generation import compile_stats
 
     stats = compile_stats()  # all zero on the eager path
     forward_stats = result["forward_stats"]  # all zero on the eager path
-    out.update({"decode": args.decode, "compile_graphs": stats.graphs, "compile_calls_s": stats.compile_calls_s,
-                "forward": args.forward, "forward_compile_graphs": forward_stats.graphs,
-                "forward_compile_calls_s": forward_stats.compile_calls_s})
-    out.update({"workload": w["workload"], "iters": iters, "accelerator": args.accelerator, "precision": args.precision,
-                "old_logprobs": args.old_logprobs, "remove_padding": args.remove_padding,
-                "reuse_first_forward": args.reuse_first_forward,
-                "torch": torch.__version__, "threads": torch.get_num_threads()})  # fmt: skip
-    print(f"rlhf-lit PPOModule, workload {w['workload']}, {iters} iterations ({args.accelerator}, {args.precision}, "
-          f"old logprobs: {args.old_logprobs}, decode: {args.decode}, forward: {args.forward}, "
-          f"remove padding: {args.remove_padding}, reuse first forward: {args.reuse_first_forward}):")
-    print(f"  iteration {out['iter_median_s']:.3f} s [{out['iter_min_s']:.3f} .. {out['iter_max_s']:.3f}]"
-          f"  (first {out['first_iter_s']:.3f} s; CPU time {out['iter_cpu_median_s']:.3f} s)")
-    print(f"  generate {out['gen_s']:.3f} s  scoring {out['rollout_s']:.3f} s  training {out['train_s']:.3f} s"
-          f"  text {out['text_s']:.3f} s  other {out['other_s']:.3f} s")
-    print(f"  {out['tokens_per_s']:.0f} generated tokens/s per iteration ({out['gen_tokens_per_s']:.0f} while generating)"
-          f"  peak RSS {out['peak_rss_mib']:.0f} MiB")
+    out.update(
+        {
+            "decode": args.decode,
+            "compile_graphs": stats.graphs,
+            "compile_calls_s": stats.compile_calls_s,
+            "forward": args.forward,
+            "forward_compile_graphs": forward_stats.graphs,
+            "forward_compile_calls_s": forward_stats.compile_calls_s,
+        }
+    )
+    out.update(
+        {
+            "workload": w["workload"],
+            "iters": iters,
+            "accelerator": args.accelerator,
+            "precision": args.precision,
+            "old_logprobs": args.old_logprobs,
+            "remove_padding": args.remove_padding,
+            "reuse_first_forward": args.reuse_first_forward,
+            "torch": torch.__version__,
+            "threads": torch.get_num_threads(),
+        }
+    )
+    print(
+        f"rlhf-lit PPOModule, workload {w['workload']}, {iters} iterations ({args.accelerator}, {args.precision}, "
+        f"old logprobs: {args.old_logprobs}, decode: {args.decode}, forward: {args.forward}, "
+        f"remove padding: {args.remove_padding}, reuse first forward: {args.reuse_first_forward}):"
+    )
+    print(
+        f"  iteration {out['iter_median_s']:.3f} s [{out['iter_min_s']:.3f} .. {out['iter_max_s']:.3f}]"
+        f"  (first {out['first_iter_s']:.3f} s; CPU time {out['iter_cpu_median_s']:.3f} s)"
+    )
+    print(
+        f"  generate {out['gen_s']:.3f} s  scoring {out['rollout_s']:.3f} s  training {out['train_s']:.3f} s"
+        f"  text {out['text_s']:.3f} s  other {out['other_s']:.3f} s"
+    )
+    print(
+        f"  {out['tokens_per_s']:.0f} generated tokens/s per iteration ({out['gen_tokens_per_s']:.0f} while generating)"
+        f"  peak RSS {out['peak_rss_mib']:.0f} MiB"
+    )
     if args.decode == "compiled":
-        print(f"  compiled decode: {stats.graphs} graph(s) compiled in calls of {stats.compile_calls_s:.1f} s in all"
-              f" (the first iteration; {stats.compile_calls_s / iters:.3f} s per iteration over these {iters})")
+        print(
+            f"  compiled decode: {stats.graphs} graph(s) compiled in calls of {stats.compile_calls_s:.1f} s in all"
+            f" (the first iteration; {stats.compile_calls_s / iters:.3f} s per iteration over these {iters})"
+        )
     if args.forward == "compiled":
-        print(f"  compiled passes: {forward_stats.graphs} graph(s) compiled in calls of "
-              f"{forward_stats.compile_calls_s:.1f} s in all ({forward_stats.calls} calls)")
+        print(
+            f"  compiled passes: {forward_stats.graphs} graph(s) compiled in calls of "
+            f"{forward_stats.compile_calls_s:.1f} s in all ({forward_stats.calls} calls)"
+        )
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
     return 0

@@ -72,8 +72,12 @@ def git_state() -> dict:
     status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True)
     changed = status.stdout.splitlines()  # "XY path": not stripped
     diff = subprocess.run(["git", "diff", "HEAD"], capture_output=True, check=True).stdout
-    return {"commit": sh("git", "rev-parse", "HEAD"), "dirty": bool(changed),
-            "changed": [c[3:] for c in changed], "diff_sha256": hashlib.sha256(diff).hexdigest()[:16]}  # fmt: skip
+    return {
+        "commit": sh("git", "rev-parse", "HEAD"),
+        "dirty": bool(changed),
+        "changed": [c[3:] for c in changed],
+        "diff_sha256": hashlib.sha256(diff).hexdigest()[:16],
+    }
 
 
 def machine() -> dict:
@@ -82,13 +86,19 @@ def machine() -> dict:
 
     lscpu = sh("lscpu")
     field = lambda name: next((ln.split(":", 1)[1].strip() for ln in lscpu.splitlines() if ln.startswith(name)), None)  # noqa: E731
-    return {"cpu": field("Model name"), "avx512": "avx512f" in (field("Flags") or ""), "cores": os.cpu_count(),
-            "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
-            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS")}  # fmt: skip
+    return {
+        "cpu": field("Model name"),
+        "avx512": "avx512f" in (field("Flags") or ""),
+        "cores": os.cpu_count(),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
+    }
 
 
 def parse_time_v(text: str) -> dict:
     """Peak RSS (MiB), wall, user and system seconds from ``/usr/bin/time -v`` output."""
+
     def value(label: str) -> str:
         match = re.search(rf"^\s*{re.escape(label)}.*?:\s*(\S+)\s*$", text, flags=re.MULTILINE)
         return match.group(1) if match else "nan"
@@ -96,8 +106,12 @@ def parse_time_v(text: str) -> dict:
     wall = 0.0
     for part in value("Elapsed (wall clock) time").split(":"):  # h:mm:ss or m:ss.ss
         wall = wall * 60 + float(part)
-    return {"wall_s": wall, "peak_rss_mib": float(value("Maximum resident set size")) / 1024,
-            "user_s": float(value("User time")), "system_s": float(value("System time"))}  # fmt: skip
+    return {
+        "wall_s": wall,
+        "peak_rss_mib": float(value("Maximum resident set size")) / 1024,
+        "user_s": float(value("User time")),
+        "system_s": float(value("System time")),
+    }
 
 
 def run_stage(stage: str, seed: int, root: Path) -> dict:
@@ -107,8 +121,20 @@ def run_stage(stage: str, seed: int, root: Path) -> dict:
     run_dir = root / f"seed{seed}"
     run_dir.mkdir(parents=True, exist_ok=True)
     time_file = run_dir / f"{stage}.time"
-    cmd = ["/usr/bin/time", "-v", "-o", str(time_file), CLI, "fit", "--config", f"configs/smollm2_hh/{config}",
-           "--run_dir", str(run_dir), "--seed_everything", str(seed)]  # fmt: skip
+    cmd = [
+        "/usr/bin/time",
+        "-v",
+        "-o",
+        str(time_file),
+        CLI,
+        "fit",
+        "--config",
+        f"configs/smollm2_hh/{config}",
+        "--run_dir",
+        str(run_dir),
+        "--seed_everything",
+        str(seed),
+    ]
     log(f"start {stage} seed {seed}: {' '.join(cmd[4:])}")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     with open(run_dir / f"{stage}.log", "w") as out:
@@ -141,8 +167,11 @@ def step_times(events: list[tuple[int, float, float]]) -> dict:
     """Seconds between consecutive logged steps (the first step, with setup, has no predecessor)."""
     walls = [w for _, _, w in sorted(events)]
     diffs = [b - a for a, b in zip(walls, walls[1:])]
-    return {"per_step_s": diffs, "mean_s": statistics.fmean(diffs) if diffs else None,
-            "median_s": statistics.median(diffs) if diffs else None}  # fmt: skip
+    return {
+        "per_step_s": diffs,
+        "mean_s": statistics.fmean(diffs) if diffs else None,
+        "median_s": statistics.median(diffs) if diffs else None,
+    }
 
 
 def summarize(stage: str, events: dict) -> dict:
@@ -161,9 +190,12 @@ def summarize(stage: str, events: dict) -> dict:
         out["per_rollout"] = {t: [v for _, v, _ in sorted(ev)] for t, ev in events.items()}
         phases = [t for t in events if t.startswith("time/") and t.endswith("_s") and t != "time/tokens_per_s"]
         totals = [sum(vals) for vals in zip(*(out["per_rollout"][t] for t in phases))]
-        out["rollout_time"] = {"phases": phases, "per_rollout_s": totals,
-                               "mean_s": statistics.fmean(totals) if totals else None,
-                               "wall_between_rollouts": step_times(events["objective/scores"])}  # fmt: skip
+        out["rollout_time"] = {
+            "phases": phases,
+            "per_rollout_s": totals,
+            "mean_s": statistics.fmean(totals) if totals else None,
+            "wall_between_rollouts": step_times(events["objective/scores"]),
+        }
     return out
 
 
@@ -173,8 +205,13 @@ def mean_se(values: list[float]) -> dict:
     if not vals:
         return {"mean": None, "std": None, "se": None, "n": 0, "values": values}
     std = statistics.stdev(vals) if len(vals) > 1 else None
-    return {"mean": statistics.fmean(vals), "std": std, "se": None if std is None else std / math.sqrt(len(vals)),
-            "n": len(vals), "values": values}  # fmt: skip
+    return {
+        "mean": statistics.fmean(vals),
+        "std": std,
+        "se": None if std is None else std / math.sqrt(len(vals)),
+        "n": len(vals),
+        "values": values,
+    }
 
 
 def aggregate(runs: dict) -> dict:
@@ -187,11 +224,14 @@ def aggregate(runs: dict) -> dict:
             tags = sorted(set().union(*(s["metrics"]["val"] for s in seeds)))
             cfg = yaml.safe_load(Path(f"configs/smollm2_hh/{STAGES[stage][0]}").read_text())
             pairs = min(cfg["trainer"]["limit_val_batches"] * cfg["data"]["init_args"]["batch_size"], 60)
-            out[stage] = {"val": {t: mean_se([s["metrics"]["val"].get(t) for s in seeds]) for t in tags},
-                          "val_pairs": pairs, "binomial_se_at_chance": math.sqrt(0.25 / pairs),
-                          "step_s": mean_se([s["metrics"]["step_time"]["mean_s"] for s in seeds]),
-                          "wall_s": mean_se([s["run"]["wall_s"] for s in seeds if "run" in s]),
-                          "peak_rss_mib": mean_se([s["run"]["peak_rss_mib"] for s in seeds if "run" in s])}  # fmt: skip
+            out[stage] = {
+                "val": {t: mean_se([s["metrics"]["val"].get(t) for s in seeds]) for t in tags},
+                "val_pairs": pairs,
+                "binomial_se_at_chance": math.sqrt(0.25 / pairs),
+                "step_s": mean_se([s["metrics"]["step_time"]["mean_s"] for s in seeds]),
+                "wall_s": mean_se([s["run"]["wall_s"] for s in seeds if "run" in s]),
+                "peak_rss_mib": mean_se([s["run"]["peak_rss_mib"] for s in seeds if "run" in s]),
+            }
     seeds = by_stage("ppo")
     if seeds:
         ppo: dict = {"per_rollout": {}, "last_minus_first": {}}
@@ -223,26 +263,60 @@ def held_out_prompts(n: int, path: Path) -> list[dict]:
     rows = []
     for item in data.val_dataset[:n]:
         text = tokenizer.decode(item["input_ids"], skip_special_tokens=False)
-        rows.append({"prompt": text, "val_index": item["index"],
-                     "same_ids": encoder.encode_prompts([text])[0] == list(item["input_ids"])})  # fmt: skip
+        rows.append(
+            {
+                "prompt": text,
+                "val_index": item["index"],
+                "same_ids": encoder.encode_prompts([text])[0] == list(item["input_ids"]),
+            }
+        )
     path.write_text("".join(json.dumps({"prompt": r["prompt"]}) + "\n" for r in rows))
-    log(f"{len(rows)} held-out prompts of {len(data.val_dataset)} -> {path}; re-encode to the same ids: "
-        f"{all(r['same_ids'] for r in rows)}")  # fmt: skip
+    log(
+        f"{len(rows)} held-out prompts of {len(data.val_dataset)} -> {path}; re-encode to the same ids: "
+        f"{all(r['same_ids'] for r in rows)}"
+    )
     return rows
 
 
 def evaluate(policy: str, prompts: Path, out: Path, rm: str, reference: str | None, args) -> dict:
     """``rlhf-lit evaluate`` of ``policy`` on ``prompts`` (fixed seed and temperature); its JSON."""
-    cmd = [CLI, "evaluate", "--policy", policy, "--prompts", str(prompts), "--chat-template", "never",
-           "--reward-model", rm, "--temperature", str(args.eval_temperature), "--max-new-tokens", "48",
-           "--seed", "0", "--out", str(out), "--overwrite"]  # fmt: skip
+    cmd = [
+        CLI,
+        "evaluate",
+        "--policy",
+        policy,
+        "--prompts",
+        str(prompts),
+        "--chat-template",
+        "never",
+        "--reward-model",
+        rm,
+        "--temperature",
+        str(args.eval_temperature),
+        "--max-new-tokens",
+        "48",
+        "--seed",
+        "0",
+        "--out",
+        str(out),
+        "--overwrite",
+    ]
     if reference:
         cmd += ["--reference", reference]
-    wanted = {"policy": policy, "reward_model": rm, "reference": reference, "seed": 0, "prompts": str(prompts),
-              "sampling": {"temperature": args.eval_temperature, "max_new_tokens": 48}}  # fmt: skip
+    wanted = {
+        "policy": policy,
+        "reward_model": rm,
+        "reference": reference,
+        "seed": 0,
+        "prompts": str(prompts),
+        "sampling": {"temperature": args.eval_temperature, "max_new_tokens": 48},
+    }
     earlier = json.loads(out.read_text()).get("config", {}) if args.reuse_evals and out.exists() else {}
-    same = earlier and all(earlier.get(k) == v for k, v in wanted.items() if k != "sampling") and all(
-        earlier.get("sampling", {}).get(k) == v for k, v in wanted["sampling"].items())
+    same = (
+        earlier
+        and all(earlier.get(k) == v for k, v in wanted.items() if k != "sampling")
+        and all(earlier.get("sampling", {}).get(k) == v for k, v in wanted["sampling"].items())
+    )
     t0, reused = time.time(), bool(same)
     if reused:
         log(f"evaluate: reusing {out} (same policy, RM, reference, prompts and sampling)")
@@ -253,9 +327,15 @@ def evaluate(policy: str, prompts: Path, out: Path, rm: str, reference: str | No
             log(f"evaluate failed (rc {proc.returncode}): {proc.stderr[-2000:]}")
             return {"command": " ".join(cmd[1:]), "returncode": proc.returncode, "stderr_tail": proc.stderr[-2000:]}
     result = json.loads(out.read_text())
-    return {"command": " ".join(cmd[1:]), "returncode": 0, "reused_output": reused,
-            "wall_s": None if reused else time.time() - t0, "timing_s": result.get("timing_s"),
-            "metrics": result.get("metrics"), "samples": result.get("samples")}  # fmt: skip
+    return {
+        "command": " ".join(cmd[1:]),
+        "returncode": 0,
+        "reused_output": reused,
+        "wall_s": None if reused else time.time() - t0,
+        "timing_s": result.get("timing_s"),
+        "metrics": result.get("metrics"),
+        "samples": result.get("samples"),
+    }
 
 
 def same_responses(a: dict, b: dict) -> float | None:
@@ -276,12 +356,21 @@ def samples_before_after(root: Path, seed: int, args) -> dict:
     policies = {"original": (MODEL, None), "ppo": (str(run_dir / "ppo" / "model"), MODEL)}
     if (run_dir / "dpo" / "model").is_dir():
         policies["dpo"] = (str(run_dir / "dpo" / "model"), MODEL)
-    evals = {name: evaluate(policy, prompts_file, root / f"eval_{name}_seed{seed}.json", rm, ref, args)
-             for name, (policy, ref) in policies.items()}  # fmt: skip
+    evals = {
+        name: evaluate(policy, prompts_file, root / f"eval_{name}_seed{seed}.json", rm, ref, args)
+        for name, (policy, ref) in policies.items()
+    }
     same = {name: same_responses(evals["original"], e) for name, e in evals.items() if name != "original"}
-    return {"seed": seed, "prompts": prompts, "same_response_as_original": same,
-            "temperature": args.eval_temperature, "max_new_tokens": 48,
-            "sampling_seed": 0, "reward_model": rm, "evaluations": evals}  # fmt: skip
+    return {
+        "seed": seed,
+        "prompts": prompts,
+        "same_response_as_original": same,
+        "temperature": args.eval_temperature,
+        "max_new_tokens": 48,
+        "sampling_seed": 0,
+        "reward_model": rm,
+        "evaluations": evals,
+    }
 
 
 def held_out_eval(root: Path, seeds: list[int], args) -> dict:
@@ -295,22 +384,37 @@ def held_out_eval(root: Path, seeds: list[int], args) -> dict:
     for seed in seeds:
         run_dir = root / f"seed{seed}"
         rm = str(run_dir / "reward_model" / "model")
-        evals = {"original": evaluate(MODEL, prompts_file, root / f"heldout{n}_original_seed{seed}.json", rm, None, args),
-                 "ppo": evaluate(str(run_dir / "ppo" / "model"), prompts_file,
-                                 root / f"heldout{n}_ppo_seed{seed}.json", rm, MODEL, args)}  # fmt: skip
+        evals = {
+            "original": evaluate(MODEL, prompts_file, root / f"heldout{n}_original_seed{seed}.json", rm, None, args),
+            "ppo": evaluate(
+                str(run_dir / "ppo" / "model"), prompts_file, root / f"heldout{n}_ppo_seed{seed}.json", rm, MODEL, args
+            ),
+        }
         fields = ("command", "returncode", "reused_output", "wall_s", "timing_s", "metrics")
         per_seed[f"seed{seed}"] = {k: {f: e.get(f) for f in fields} for k, e in evals.items()}
         per_seed[f"seed{seed}"]["same_response_fraction"] = same_responses(evals["original"], evals["ppo"])
     ok = [r for r in per_seed.values() if r["original"]["returncode"] == 0 and r["ppo"]["returncode"] == 0]
     metric = lambda r, policy, key: (r[policy]["metrics"] or {}).get(key)  # noqa: E731
     keys = ("rm_mean", "kl_mean", "length_mean", "ended_fraction")
-    out = {"prompts": n, "temperature": args.eval_temperature, "max_new_tokens": 48, "sampling_seed": 0,
-           "per_seed": per_seed}  # fmt: skip
+    out = {
+        "prompts": n,
+        "temperature": args.eval_temperature,
+        "max_new_tokens": 48,
+        "sampling_seed": 0,
+        "per_seed": per_seed,
+    }
     for policy in ("original", "ppo"):
         out[policy] = {k: mean_se([metric(r, policy, k) for r in ok]) for k in keys}
-    out["ppo_minus_original"] = {k: mean_se([metric(r, "ppo", k) - metric(r, "original", k) for r in ok
-                                             if metric(r, "ppo", k) is not None and metric(r, "original", k) is not None])
-                                 for k in ("rm_mean", "length_mean", "ended_fraction")}  # fmt: skip
+    out["ppo_minus_original"] = {
+        k: mean_se(
+            [
+                metric(r, "ppo", k) - metric(r, "original", k)
+                for r in ok
+                if metric(r, "ppo", k) is not None and metric(r, "original", k) is not None
+            ]
+        )
+        for k in ("rm_mean", "length_mean", "ended_fraction")
+    }
     out["same_response_fraction"] = mean_se([r["same_response_fraction"] for r in ok])
     return out
 
@@ -338,12 +442,17 @@ def tables(result: dict) -> str:
     """Markdown tables of a result JSON (for docs/recipe-results.md)."""
     runs, agg, lines = result["runs"], result["aggregate"], []
     seeds = sorted(runs, key=lambda s: int(s[4:]))
-    for stage, tag_list in (("rm", ["val/accuracy", "val/loss", "val/margin"]),
-                            ("dpo", ["val/reward_accuracy", "val/loss", "val/reward_margin", "val/implicit_kl"])):  # fmt: skip
+    for stage, tag_list in (
+        ("rm", ["val/accuracy", "val/loss", "val/margin"]),
+        ("dpo", ["val/reward_accuracy", "val/loss", "val/reward_margin", "val/implicit_kl"]),
+    ):
         if stage not in agg:
             continue
-        lines += [f"\n{stage.upper()} (held-out, last validation)\n", "| tag | " + " | ".join(seeds) + " | mean ± s.e. |",
-                  "| --- |" + " --- |" * (len(seeds) + 1)]  # fmt: skip
+        lines += [
+            f"\n{stage.upper()} (held-out, last validation)\n",
+            "| tag | " + " | ".join(seeds) + " | mean ± s.e. |",
+            "| --- |" + " --- |" * (len(seeds) + 1),
+        ]
         for tag in tag_list:
             vals = [runs[s].get(stage, {}).get("metrics", {}).get("val", {}).get(tag) for s in seeds]
             cells = ["n/a" if v is None else f"{v:.3f}" for v in vals]
@@ -351,20 +460,35 @@ def tables(result: dict) -> str:
     if "ppo" in agg:
         ppo = agg["ppo"]
         n = len(ppo["per_rollout"]["objective/scores"])
-        lines += ["\nPPO per rollout, mean ± s.e. across seeds\n", "| tag | " + " | ".join(f"rollout {i}" for i in range(n))
-                  + " | last - first |", "| --- |" + " --- |" * (n + 1)]  # fmt: skip
+        lines += [
+            "\nPPO per rollout, mean ± s.e. across seeds\n",
+            "| tag | " + " | ".join(f"rollout {i}" for i in range(n)) + " | last - first |",
+            "| --- |" + " --- |" * (n + 1),
+        ]
         for key, stats in ppo["per_rollout"].items():
-            lines.append(f"| `{key}` | " + " | ".join(fmt(s) for s in stats) + f" | {fmt(ppo['last_minus_first'][key])} |")
+            lines.append(
+                f"| `{key}` | " + " | ".join(fmt(s) for s in stats) + f" | {fmt(ppo['last_minus_first'][key])} |"
+            )
     held = result.get("held_out_eval")
     if held:
-        lines += [f"\nHeld-out prompts ({held['prompts']}), each seed's RM, mean ± s.e. across seeds\n",
-                  "| metric | original | PPO | PPO - original |", "| --- | --- | --- | --- |"]  # fmt: skip
+        lines += [
+            f"\nHeld-out prompts ({held['prompts']}), each seed's RM, mean ± s.e. across seeds\n",
+            "| metric | original | PPO | PPO - original |",
+            "| --- | --- | --- | --- |",
+        ]
         for k in ("rm_mean", "kl_mean", "length_mean", "ended_fraction"):
             diff = held["ppo_minus_original"].get(k)
-            lines.append(f"| `{k}` | {fmt(held['original'][k])} | {fmt(held['ppo'][k])} | {fmt(diff) if diff else '-'} |")
-        lines.append(f"\nsame response as the original (fraction of prompts): {fmt(held.get('same_response_fraction'))}")
-    lines += ["\nCost (mean ± s.e. across seeds)\n", "| stage | s per step / rollout | wall s | peak RSS MiB |",
-              "| --- | --- | --- | --- |"]  # fmt: skip
+            lines.append(
+                f"| `{k}` | {fmt(held['original'][k])} | {fmt(held['ppo'][k])} | {fmt(diff) if diff else '-'} |"
+            )
+        lines.append(
+            f"\nsame response as the original (fraction of prompts): {fmt(held.get('same_response_fraction'))}"
+        )
+    lines += [
+        "\nCost (mean ± s.e. across seeds)\n",
+        "| stage | s per step / rollout | wall s | peak RSS MiB |",
+        "| --- | --- | --- | --- |",
+    ]
     for stage, step in (("rm", "step_s"), ("dpo", "step_s"), ("ppo", "rollout_s")):
         if stage in agg:
             a = agg[stage]
@@ -385,9 +509,13 @@ def main() -> int:
     parser.add_argument("--eval-prompts", type=int, default=8, help="held-out prompts for the before/after samples")
     parser.add_argument("--eval-temperature", type=float, default=0.7, help="as ppo.yaml's sampling")
     parser.add_argument("--no-eval", action="store_true", help="skip the before/after samples")
-    parser.add_argument("--heldout-seeds", default=None, help="after PPO: original vs PPO of these seeds on held-out prompts")
+    parser.add_argument(
+        "--heldout-seeds", default=None, help="after PPO: original vs PPO of these seeds on held-out prompts"
+    )
     parser.add_argument("--heldout-prompts", type=int, default=60, help="held-out prompts for --heldout-seeds")
-    parser.add_argument("--reuse-evals", action="store_true", help="read an evaluate JSON of the same settings, if there")
+    parser.add_argument(
+        "--reuse-evals", action="store_true", help="read an evaluate JSON of the same settings, if there"
+    )
     parser.add_argument("--tables", metavar="JSON", default=None, help="print markdown tables of a result JSON, exit")
     args = parser.parse_args()
     if args.tables:

@@ -53,8 +53,9 @@ RECIPE = OptimizerConfig(lr=1e-3, warmup_steps=10, schedule="linear", min_lr_rat
 
 def load_scorer(path: str, tokenizer, labels: int, seeds: list[int]):
     """A sequence-classification model with ``labels`` head rows, row m initialised from seeds[m]."""
-    model = _load(AutoModelForSequenceClassification, path, tokenizer, "float32", False, None, False, True,
-                  num_labels=labels)
+    model = _load(
+        AutoModelForSequenceClassification, path, tokenizer, "float32", False, None, False, True, num_labels=labels
+    )
     head = score_head(model)
     for row, seed in enumerate(seeds):
         torch.manual_seed(seed)
@@ -90,8 +91,13 @@ def train(models: list, head_of: list[tuple[int, int]], loader, epochs: int, boo
         model.train()
     for _ in range(epochs):
         for batch in loader:
-            ids, mask = concat_pairs(batch["chosen_input_ids"], batch["chosen_attention_mask"],
-                                     batch["rejected_input_ids"], batch["rejected_attention_mask"], pad)
+            ids, mask = concat_pairs(
+                batch["chosen_input_ids"],
+                batch["chosen_attention_mask"],
+                batch["rejected_input_ids"],
+                batch["rejected_attention_mask"],
+                pad,
+            )
             B = batch["chosen_input_ids"].shape[0]
             outs = [scores(model, ids, mask) for model in models]  # each (2B, labels)
             losses = []
@@ -116,8 +122,13 @@ def train(models: list, head_of: list[tuple[int, int]], loader, epochs: int, boo
 def evaluate(models, head_of, loader, pad) -> dict:
     chosen, rejected = [], []
     for batch in loader:
-        ids, mask = concat_pairs(batch["chosen_input_ids"], batch["chosen_attention_mask"],
-                                 batch["rejected_input_ids"], batch["rejected_attention_mask"], pad)
+        ids, mask = concat_pairs(
+            batch["chosen_input_ids"],
+            batch["chosen_attention_mask"],
+            batch["rejected_input_ids"],
+            batch["rejected_attention_mask"],
+            pad,
+        )
         B = batch["chosen_input_ids"].shape[0]
         outs = [scores(model, ids, mask) for model in models]
         s = torch.stack([outs[i][:, row] for i, row in head_of], dim=1).double()  # (2B, M)
@@ -140,9 +151,13 @@ def evaluate(models, head_of, loader, pad) -> dict:
         corr = torch.corrcoef(torch.cat([c, r]).T)  # (M, M)
         off = corr[~torch.eye(M, dtype=torch.bool)].mean().item()
     return {
-        "pairs": c.shape[0], "member_accuracy": member_acc.tolist(), "mean_accuracy": right.double().mean().item(),
-        "std_right": dr.mean().item(), "std_wrong": dw.mean().item() if len(dw) else math.nan,
-        "auroc_std_wrong": auroc, "member_correlation": off,
+        "pairs": c.shape[0],
+        "member_accuracy": member_acc.tolist(),
+        "mean_accuracy": right.double().mean().item(),
+        "std_right": dr.mean().item(),
+        "std_wrong": dw.mean().item() if len(dw) else math.nan,
+        "auroc_std_wrong": auroc,
+        "member_correlation": off,
     }
 
 
@@ -159,8 +174,14 @@ def run(design: str, bootstrap: bool, M: int, sft: str, tokenizer, dm, pad, seed
     train(models, head_of, dm.train_dataloader(), 2, bootstrap, 7, pad)
     seconds = time.perf_counter() - start
     result = evaluate(models, head_of, dm.val_dataloader(), pad)
-    result.update(design=design, bootstrap=bootstrap, members=M, seed_base=seed_base, train_s=round(seconds, 1),
-                  parameters=sum(p.numel() for model in models for p in model.parameters()))
+    result.update(
+        design=design,
+        bootstrap=bootstrap,
+        members=M,
+        seed_base=seed_base,
+        train_s=round(seconds, 1),
+        parameters=sum(p.numel() for model in models for p in model.parameters()),
+    )
     return result
 
 
@@ -170,14 +191,25 @@ def main() -> None:
     parser.add_argument("--members", type=int, default=4)
     parser.add_argument("--out", default="bench/results/reward_ensemble_design.json")
     parser.add_argument("--seed-base", type=int, default=1000, help="member m's seed is seed-base + m")
-    parser.add_argument("--variants", default="all", choices=["all", "uniform"],
-                        help="all: the single RM and both designs with and without bootstrap; uniform: both designs without")
+    parser.add_argument(
+        "--variants",
+        default="all",
+        choices=["all", "uniform"],
+        help="all: the single RM and both designs with and without bootstrap; uniform: both designs without",
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     sft = f"{args.demo}/sft/model"
     tokenizer = load_tokenizer(sft, padding_side="right")
-    dm = PreferenceDataModule(tokenizer=tokenizer, train_path=f"{args.demo}/prefs/preferences.jsonl", val_fraction=0.1,
-                              seed=0, max_length=96, max_prompt_length=32, batch_size=16)
+    dm = PreferenceDataModule(
+        tokenizer=tokenizer,
+        train_path=f"{args.demo}/prefs/preferences.jsonl",
+        val_fraction=0.1,
+        seed=0,
+        max_length=96,
+        max_prompt_length=32,
+        batch_size=16,
+    )
     dm.setup("fit")
     pad = tokenizer.pad_token_id
     rows = []
@@ -189,14 +221,18 @@ def main() -> None:
     for design, bootstrap in variants:
         rows.append(run(design, bootstrap, args.members, sft, tokenizer, dm, pad, args.seed_base))
         print(json.dumps(rows[-1]), flush=True)
-    print("| design | bootstrap | M | seeds | member acc (each) | mean acc | std right | std wrong | AUROC(std->wrong) "
-          "| member corr | train s | parameters |")
+    print(
+        "| design | bootstrap | M | seeds | member acc (each) | mean acc | std right | std wrong | AUROC(std->wrong) "
+        "| member corr | train s | parameters |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         each = " / ".join(f"{a:.3f}" for a in r["member_accuracy"])
-        print(f"| {r['design']} | {r['bootstrap']} | {r['members']} | {r['seed_base']}+m | {each} | {r['mean_accuracy']:.3f} "
-              f"| {r['std_right']:.3f} | {r['std_wrong']:.3f} | {r['auroc_std_wrong']:.2f} "
-              f"| {r['member_correlation']:.3f} | {r['train_s']} | {r['parameters']:,} |")
+        print(
+            f"| {r['design']} | {r['bootstrap']} | {r['members']} | {r['seed_base']}+m | {each} | {r['mean_accuracy']:.3f} "
+            f"| {r['std_right']:.3f} | {r['std_wrong']:.3f} | {r['auroc_std_wrong']:.2f} "
+            f"| {r['member_correlation']:.3f} | {r['train_s']} | {r['parameters']:,} |"
+        )
     with open(args.out, "w", encoding="utf-8") as f:
         json.dump(rows, f, indent=1)
 

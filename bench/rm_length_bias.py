@@ -115,8 +115,16 @@ def length_bias(chosen: np.ndarray, rejected: np.ndarray, chosen_len: np.ndarray
     }
 
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
-                   "vocab.json", "merges.txt", "tokenizer.model", "added_tokens.json")  # fmt: skip
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+    "added_tokens.json",
+)
 
 
 def tokenizer_key(path: str) -> str:
@@ -138,10 +146,17 @@ def held_out_pairs(tokenizer, args, cache: dict | None = None, key: str | None =
         return cache[key]
 
     data = PreferenceDataModule(
-        tokenizer=tokenizer, train_path=args.train_path, format=args.format, hh_render=args.hh_render,
-        val_fraction=args.val_fraction, seed=args.seed, max_records=args.max_records, max_length=args.max_length,
-        max_prompt_length=args.max_prompt_length, batch_size=args.batch_size,
-    )  # fmt: skip
+        tokenizer=tokenizer,
+        train_path=args.train_path,
+        format=args.format,
+        hh_render=args.hh_render,
+        val_fraction=args.val_fraction,
+        seed=args.seed,
+        max_records=args.max_records,
+        max_length=args.max_length,
+        max_prompt_length=args.max_prompt_length,
+        batch_size=args.batch_size,
+    )
     data.setup("fit")
     if not data.val_dataset:
         raise ValueError(f"{args.train_path}: no held-out pairs (val_fraction {args.val_fraction})")
@@ -174,9 +189,14 @@ def score_pairs(path: str, args, device: torch.device, cache: dict | None = None
             out[f"{side}_length"] += (batch[f"{side}_attention_mask"].sum(1) - prompt_length).tolist()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    facts = {"path": path, "val_records": data.stats.get("val_records"), "val_dropped": data.stats.get("val_dropped"),
-             "train_records": data.stats.get("train_records"), "chat_rendered": bool(data.chat_rendered),
-             "timing_s": {"load": t_loaded - t0, "score": time.perf_counter() - t_loaded}}  # fmt: skip
+    facts = {
+        "path": path,
+        "val_records": data.stats.get("val_records"),
+        "val_dropped": data.stats.get("val_dropped"),
+        "train_records": data.stats.get("train_records"),
+        "chat_rendered": bool(data.chat_rendered),
+        "timing_s": {"load": t_loaded - t0, "score": time.perf_counter() - t_loaded},
+    }
     del model
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -211,34 +231,58 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(max(1, torch.get_num_threads()))
-    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
-                          "cpu" if args.device == "auto" else args.device)  # fmt: skip
-    config = {k: getattr(args, k) for k in DEFAULTS} | {"batch_size": args.batch_size, "device": str(device),
-                                                        "bf16": args.bf16}  # fmt: skip
-    result: dict = {"config": config, "environment": {
-        "python": platform.python_version(), "torch": torch.__version__,
-        "cuda_device": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
-    }, "reward_models": {}}  # fmt: skip
+    device = torch.device(
+        "cuda"
+        if args.device == "auto" and torch.cuda.is_available()
+        else "cpu"
+        if args.device == "auto"
+        else args.device
+    )
+    config = {k: getattr(args, k) for k in DEFAULTS} | {
+        "batch_size": args.batch_size,
+        "device": str(device),
+        "bf16": args.bf16,
+    }
+    result: dict = {
+        "config": config,
+        "environment": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "cuda_device": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+        },
+        "reward_models": {},
+    }
     cache: dict = {}
     for spec in args.reward_models:
         name, path = named(spec)
         if name in result["reward_models"]:
             raise SystemExit(f"rm_length_bias: the name {name!r} is given twice")
         pairs, facts = score_pairs(path, args, device, cache)
-        figures = length_bias(**{k: np.asarray(v) for k, v in (
-            ("chosen", pairs["chosen_score"]), ("rejected", pairs["rejected_score"]),
-            ("chosen_len", pairs["chosen_length"]), ("rejected_len", pairs["rejected_length"]))})  # fmt: skip
+        figures = length_bias(
+            **{
+                k: np.asarray(v)
+                for k, v in (
+                    ("chosen", pairs["chosen_score"]),
+                    ("rejected", pairs["rejected_score"]),
+                    ("chosen_len", pairs["chosen_length"]),
+                    ("rejected_len", pairs["rejected_length"]),
+                )
+            }
+        )
         entry = {**figures, **facts}
         if not args.no_pairs:
             entry["pairs"] = pairs
         result["reward_models"][name] = entry
         fmt = lambda v: "n/a" if v is None else f"{v:.4f}"  # noqa: E731
-        print(f"{name}: n_pairs {figures['n_pairs']}  accuracy {fmt(figures['accuracy'])}  "
-              f"r(score, length) {fmt(figures['pearson_score_length'])}  "
-              f"r(margin, length diff) {fmt(figures['pearson_margin_length_diff'])}  "
-              f"RM prefers longer {fmt(figures['rm_prefers_longer'])}  "
-              f"human prefers longer {fmt(figures['human_prefers_longer'])}  "
-              f"({facts['timing_s']['score']:.1f} s)", flush=True)  # fmt: skip
+        print(
+            f"{name}: n_pairs {figures['n_pairs']}  accuracy {fmt(figures['accuracy'])}  "
+            f"r(score, length) {fmt(figures['pearson_score_length'])}  "
+            f"r(margin, length diff) {fmt(figures['pearson_margin_length_diff'])}  "
+            f"RM prefers longer {fmt(figures['rm_prefers_longer'])}  "
+            f"human prefers longer {fmt(figures['human_prefers_longer'])}  "
+            f"({facts['timing_s']['score']:.1f} s)",
+            flush=True,
+        )
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=1) + "\n")

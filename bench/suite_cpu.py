@@ -37,7 +37,6 @@ from pathlib import Path
 
 import pytest
 
-
 TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100  # /proc's unit of CPU time per second
 
 
@@ -87,8 +86,12 @@ def pytest_runtest_protocol(item, nextitem):
     own, children, start = *process_cpu(), time.monotonic()
     yield
     own_after, children_after = process_cpu()
-    record = {"test": item.nodeid, "own": round(own_after - own, 3), "children": round(children_after - children, 3),
-              "wall": round(time.monotonic() - start, 3)}  # fmt: skip
+    record = {
+        "test": item.nodeid,
+        "own": round(own_after - own, 3),
+        "children": round(children_after - children, 3),
+        "wall": round(time.monotonic() - start, 3),
+    }
     with open(log, "a", encoding="utf-8") as out:  # one short append per line: two workers may share the file
         out.write(json.dumps(record) + "\n")
 
@@ -108,6 +111,7 @@ def read_log(path: Path) -> list[dict]:
 
 def report(records: list[dict], top: int) -> str:
     """Totals, then the ``top`` files and the ``top`` tests by CPU (own + children)."""
+
     def cpu(r: dict) -> float:
         return r["own"] + r["children"]
 
@@ -118,9 +122,12 @@ def report(records: list[dict], top: int) -> str:
         entry[1] += r["own"]
         entry[2] += r["children"]
     own, children = sum(r["own"] for r in records), sum(r["children"] for r in records)
-    lines = [f"{len(records)} tests: {own + children:.0f} s of CPU ({own:.0f} s in the pytest workers, "
-             f"{children:.0f} s in the processes they started), {sum(r['wall'] for r in records):.0f} s of wall time",
-             "", f"{'CPU s':>8} {'own':>7} {'children':>8} {'tests':>5}  file"]  # fmt: skip
+    lines = [
+        f"{len(records)} tests: {own + children:.0f} s of CPU ({own:.0f} s in the pytest workers, "
+        f"{children:.0f} s in the processes they started), {sum(r['wall'] for r in records):.0f} s of wall time",
+        "",
+        f"{'CPU s':>8} {'own':>7} {'children':>8} {'tests':>5}  file",
+    ]
     for name, (n, o, c) in sorted(files.items(), key=lambda kv: -(kv[1][1] + kv[1][2]))[:top]:
         lines.append(f"{o + c:8.1f} {o:7.1f} {c:8.1f} {n:5d}  {name}")
     lines += ["", f"{'CPU s':>8} {'own':>7} {'children':>8} {'wall s':>7}  test"]

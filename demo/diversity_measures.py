@@ -79,8 +79,12 @@ def within_prompt_spearman(ys: Sequence[float], xs: Sequence[float | None], prom
     for y, x, p in zip(ys, xs, prompt_of):
         if x is not None:
             by_prompt.setdefault(p, []).append((y, x))
-    return stat([spearman([y for y, _ in rows], [x for _, x in rows]) if len(rows) >= 3 else None
-                 for rows in by_prompt.values()])  # fmt: skip
+    return stat(
+        [
+            spearman([y for y, _ in rows], [x for _, x in rows]) if len(rows) >= 3 else None
+            for rows in by_prompt.values()
+        ]
+    )
 
 
 def per_prompt(prompt_of: Sequence[int], values: Sequence[float]) -> dict | None:
@@ -96,8 +100,9 @@ def own_distinct(text: str, n: int) -> float | None:
     return distinct_n([text], n) if len(text.split()) >= n else None
 
 
-def line_at(points_by_seed: Sequence[tuple[Sequence[float], Sequence[float]]], xs: Sequence[float],
-            boot: int = 2000) -> dict[str, dict | None]:  # fmt: skip
+def line_at(
+    points_by_seed: Sequence[tuple[Sequence[float], Sequence[float]]], xs: Sequence[float], boot: int = 2000
+) -> dict[str, dict | None]:
     """The least-squares line ``y = a + b x`` through every seed's ``(x, y)`` points, read at each of ``xs``.
 
     The s.e. refits the line on the seeds resampled with replacement ``boot`` times (crude with 3 seeds:
@@ -119,8 +124,10 @@ def line_at(points_by_seed: Sequence[tuple[Sequence[float], Sequence[float]]], x
         se = np.std(boots, axis=0).tolist()
     low = min(min(x) for x, _ in points_by_seed)
     high = max(max(x) for x, _ in points_by_seed)
-    return {str(x): {"mean": float(m), "se": s, "n": seeds}
-            if low <= x <= high else None for x, m, s in zip(xs, fit(points_by_seed), se)}  # fmt: skip
+    return {
+        str(x): {"mean": float(m), "se": s, "n": seeds} if low <= x <= high else None
+        for x, m, s in zip(xs, fit(points_by_seed), se)
+    }
 
 
 # ------------------------------------------------------------------ 1. repetition: correlations and edits
@@ -134,7 +141,9 @@ def loop(words: Sequence[str], start: int, width: int, length: int) -> list[str]
     return (list(words[start : start + width]) * length)[:length]
 
 
-def edit_tails(words: Sequence[str], rng: random.Random, valence: Callable[[str], float]) -> dict[str, list[str] | None]:
+def edit_tails(
+    words: Sequence[str], rng: random.Random, valence: Callable[[str], float]
+) -> dict[str, list[str] | None]:
     """The new last third (``len(words) // 3`` words) of a response for every edit but ``other``.
 
     Loops repeat a phrase of the first two thirds, at a random start; ``loop4_positive`` /
@@ -158,8 +167,9 @@ def edit_tails(words: Sequence[str], rng: random.Random, valence: Callable[[str]
     return tails
 
 
-def edited_texts(responses: Sequence[str], prompt_of: Sequence[int], rng: random.Random,
-                 valence: Callable[[str], float]) -> tuple[list[int], dict[str, list[str | None]]]:  # fmt: skip
+def edited_texts(
+    responses: Sequence[str], prompt_of: Sequence[int], rng: random.Random, valence: Callable[[str], float]
+) -> tuple[list[int], dict[str, list[str | None]]]:
     """``(rows, texts)``: the responses edited (>= :data:`MIN_WORDS` words) and each edit's text per row.
 
     An edited text keeps the first two thirds of the response as written (its spacing) and replaces the
@@ -176,8 +186,9 @@ def edited_texts(responses: Sequence[str], prompt_of: Sequence[int], rng: random
         length = len(words) // 3
         tails = edit_tails(words, rng, valence)
         if not any(prompt_of[j] != prompt_of[i] and len(w) >= length for j, w in enumerate(words_of)):
-            raise ValueError(f"no response to another prompt has the {length} words the 'other' edit of "
-                             f"response {i} needs")  # fmt: skip
+            raise ValueError(
+                f"no response to another prompt has the {length} words the 'other' edit of response {i} needs"
+            )
         while True:  # a donor of another prompt, long enough (one exists: checked above)
             other = rng.randrange(len(responses))
             if prompt_of[other] != prompt_of[i] and len(words_of[other]) >= length:
@@ -190,12 +201,20 @@ def edited_texts(responses: Sequence[str], prompt_of: Sequence[int], rng: random
     return rows, texts
 
 
-def edit_effects(prompt_of: Sequence[int], rm_change: Sequence[float], judge_change: Sequence[float],
-                 distinct2_change: Sequence[float]) -> dict:  # fmt: skip
+def edit_effects(
+    prompt_of: Sequence[int],
+    rm_change: Sequence[float],
+    judge_change: Sequence[float],
+    distinct2_change: Sequence[float],
+) -> dict:
     """One edit's changes (RM and judge already in std units), each averaged per prompt then over prompts."""
-    return {"d_rm_z": per_prompt(prompt_of, rm_change), "d_judge_z": per_prompt(prompt_of, judge_change),
-            "d_rm_minus_d_judge_z": per_prompt(prompt_of, [r - j for r, j in zip(rm_change, judge_change)]),
-            "d_distinct2_within": per_prompt(prompt_of, distinct2_change), "n_responses": len(rm_change)}  # fmt: skip
+    return {
+        "d_rm_z": per_prompt(prompt_of, rm_change),
+        "d_judge_z": per_prompt(prompt_of, judge_change),
+        "d_rm_minus_d_judge_z": per_prompt(prompt_of, [r - j for r, j in zip(rm_change, judge_change)]),
+        "d_distinct2_within": per_prompt(prompt_of, distinct2_change),
+        "n_responses": len(rm_change),
+    }
 
 
 # ------------------------------------------------------------------ 2. best-of-N by the RM and by the judge
@@ -204,16 +223,23 @@ def best_of_n_picks(samples_by_prompt: Sequence[Sequence[Mapping]], n: int, key:
     per subset, subset ``j`` holding each prompt's samples ``j*n .. j*n + n - 1``. On a tie the sample drawn
     first wins (``max`` keeps the first), as ``rlhf-lit best-of-n`` picks."""
     subsets = min(len(samples) for samples in samples_by_prompt) // n
-    return [[max(samples[j * n : (j + 1) * n], key=lambda s: s[key]) for samples in samples_by_prompt]
-            for j in range(subsets)]  # fmt: skip
+    return [
+        [max(samples[j * n : (j + 1) * n], key=lambda s: s[key]) for samples in samples_by_prompt]
+        for j in range(subsets)
+    ]
 
 
 def _measure_picks(picks: Sequence[Mapping]) -> dict[str, float]:
     """distinct-2 of the picked responses, its two factors, and their mean judge and RM scores."""
     texts = [p["response"] for p in picks]
     within, across = distinct_n_factors(texts, 2)
-    return {"d2": distinct_n(texts, 2), "within": within, "across": across,
-            "judge": sum(p["judge"] for p in picks) / len(picks), "rm": sum(p["rm"] for p in picks) / len(picks)}  # fmt: skip
+    return {
+        "d2": distinct_n(texts, 2),
+        "within": within,
+        "across": across,
+        "judge": sum(p["judge"] for p in picks) / len(picks),
+        "rm": sum(p["rm"] for p in picks) / len(picks),
+    }
 
 
 def selection(samples_by_prompt: Sequence[Sequence[Mapping]], ns: Sequence[int]) -> dict[str, dict]:
@@ -227,14 +253,22 @@ def selection(samples_by_prompt: Sequence[Sequence[Mapping]], ns: Sequence[int])
     base_mean = {k: sum(m[k] for m in base) / len(base) for k in ("d2", "within", "across")}
     out = {}
     for n in ns:
-        measured = {key: [_measure_picks(p) for p in best_of_n_picks(samples_by_prompt, n, key)] for key in ("rm", "judge")}
-        out[str(n)] = {key: {"d2_ratio": stat([m["d2"] / base_mean["d2"] for m in rows]),
-                             "within_ratio": stat([m["within"] / base_mean["within"] for m in rows]),
-                             "across_ratio": stat([m["across"] / base_mean["across"] for m in rows]),
-                             "judge": stat([m["judge"] for m in rows]), "rm": stat([m["rm"] for m in rows])}
-                       for key, rows in measured.items()}  # fmt: skip
+        measured = {
+            key: [_measure_picks(p) for p in best_of_n_picks(samples_by_prompt, n, key)] for key in ("rm", "judge")
+        }
+        out[str(n)] = {
+            key: {
+                "d2_ratio": stat([m["d2"] / base_mean["d2"] for m in rows]),
+                "within_ratio": stat([m["within"] / base_mean["within"] for m in rows]),
+                "across_ratio": stat([m["across"] / base_mean["across"] for m in rows]),
+                "judge": stat([m["judge"] for m in rows]),
+                "rm": stat([m["rm"] for m in rows]),
+            }
+            for key, rows in measured.items()
+        }
         out[str(n)]["d2_ratio_rm_minus_judge"] = stat(
-            [(r["d2"] - j["d2"]) / base_mean["d2"] for r, j in zip(measured["rm"], measured["judge"])])
+            [(r["d2"] - j["d2"]) / base_mean["d2"] for r, j in zip(measured["rm"], measured["judge"])]
+        )
     return {"base_distinct2": base_mean["d2"], "by_n": out}
 
 
@@ -249,11 +283,17 @@ def fall_factors(texts: Sequence[str], sft: tuple[float, float]) -> dict[str, fl
     within, across = distinct_n_factors(texts, 2)
     if not within * across or not sft[0] * sft[1]:
         raise ValueError("distinct-2 is 0 (no bigram, or every bigram the same): no ratio to SFT's to split")
-    ratios = {"d2_ratio": within * across / (sft[0] * sft[1]), "within_ratio": within / sft[0],
-              "across_ratio": across / sft[1]}  # fmt: skip
+    ratios = {
+        "d2_ratio": within * across / (sft[0] * sft[1]),
+        "within_ratio": within / sft[0],
+        "across_ratio": across / sft[1],
+    }
     fall = math.log(ratios["d2_ratio"])
-    return {**ratios, "share_within": math.log(ratios["within_ratio"]) / fall if fall else None,
-            "share_across": math.log(ratios["across_ratio"]) / fall if fall else None}  # fmt: skip
+    return {
+        **ratios,
+        "share_within": math.log(ratios["within_ratio"]) / fall if fall else None,
+        "share_across": math.log(ratios["across_ratio"]) / fall if fall else None,
+    }
 
 
 def grown(runs: Sequence[Sequence[str]], sft: Sequence[str], n: int, top: int = 15) -> dict:
@@ -262,9 +302,11 @@ def grown(runs: Sequence[Sequence[str]], sft: Sequence[str], n: int, top: int = 
     counts = Counter(g for texts in runs for text in texts for g in ngrams(text.split(), n))
     base = Counter(g for text in sft for g in ngrams(text.split(), n))
     most = sorted(counts, key=lambda g: counts[g] / len(runs) - base[g], reverse=True)[:top]
-    return {"ngrams": [{"ngram": " ".join(g), "per_run": counts[g] / len(runs), "sft": base[g]} for g in most],
-            "share": sum(counts[g] for g in most) / sum(counts.values()),
-            "share_sft": sum(base[g] for g in most) / sum(base.values())}  # fmt: skip
+    return {
+        "ngrams": [{"ngram": " ".join(g), "per_run": counts[g] / len(runs), "sft": base[g]} for g in most],
+        "share": sum(counts[g] for g in most) / sum(counts.values()),
+        "share_sft": sum(base[g] for g in most) / sum(base.values()),
+    }
 
 
 def repeats_a_word(texts: Sequence[str], times: int = 3) -> float:

@@ -86,8 +86,10 @@ def rm_scores_of(models, prompts: Sequence[str], responses: Sequence[str], batch
 
     tok, scores = models.tokenizer, []
     for s in range(0, len(prompts), batch_size):
-        ids = [tok(p + r)["input_ids"] + [tok.eos_token_id]
-               for p, r in zip(prompts[s : s + batch_size], responses[s : s + batch_size])]  # fmt: skip
+        ids = [
+            tok(p + r)["input_ids"] + [tok.eos_token_id]
+            for p, r in zip(prompts[s : s + batch_size], responses[s : s + batch_size])
+        ]
         with torch.no_grad():
             scores += reward_scores(models.reward_model, *pad_ids(ids, tok.pad_token_id, "left")).tolist()
     return scores
@@ -103,17 +105,30 @@ def repetition(demo: Path, paragraphs: str, prompts: int, k: int, seed: int, max
 
     judge = load_judge(DEFAULT_JUDGE)
     _, texts = load_prompts(paragraphs, RANGES["eval"][0], prompts, 8)
-    models = load_models(str(demo / "sft" / "model"), reward_model=str(demo / "reward_model" / "model"),
-                         prompts=texts, repeat=k)  # fmt: skip
-    samples, seconds = sample_and_measure(models, models.prompts, SamplingConfig(max_new_tokens=max_new_tokens),
-                                          batch_size=64, seed=seed, unfinished="with_eos")  # fmt: skip
+    models = load_models(
+        str(demo / "sft" / "model"), reward_model=str(demo / "reward_model" / "model"), prompts=texts, repeat=k
+    )
+    samples, seconds = sample_and_measure(
+        models,
+        models.prompts,
+        SamplingConfig(max_new_tokens=max_new_tokens),
+        batch_size=64,
+        seed=seed,
+        unfinished="with_eos",
+    )
     responses, rm = samples.responses, samples.rm_scores
     jd = judge(responses)
     prompt_of = [i // k for i in range(len(responses))]
-    own = {"distinct2_within": [own_distinct(r, 2) for r in responses],
-           "distinct1_within": [own_distinct(r, 1) for r in responses], "words": [len(r.split()) for r in responses]}
-    correlation = {f"{name}_vs_{x}": within_prompt_spearman(score, values, prompt_of)
-                   for name, score in (("rm", rm), ("judge", jd)) for x, values in own.items()}  # fmt: skip
+    own = {
+        "distinct2_within": [own_distinct(r, 2) for r in responses],
+        "distinct1_within": [own_distinct(r, 1) for r in responses],
+        "words": [len(r.split()) for r in responses],
+    }
+    correlation = {
+        f"{name}_vs_{x}": within_prompt_spearman(score, values, prompt_of)
+        for name, score in (("rm", rm), ("judge", jd))
+        for x, values in own.items()
+    }
     correlation["rm_vs_judge"] = within_prompt_spearman(rm, jd, prompt_of)
 
     rescored = rm_scores_of(models, samples.prompts, responses)  # the edits' baseline, scored as they are
@@ -126,20 +141,28 @@ def repetition(demo: Path, paragraphs: str, prompts: int, k: int, seed: int, max
         rm_e = rm_scores_of(models, [samples.prompts[i] for i, _ in kept], [t for _, t in kept])
         jd_e = judge([t for _, t in kept])
         edits[name] = edit_effects(
-            [prompt_of[i] for i, _ in kept], [(e - rescored[i]) / rm_std for (i, _), e in zip(kept, rm_e)],
+            [prompt_of[i] for i, _ in kept],
+            [(e - rescored[i]) / rm_std for (i, _), e in zip(kept, rm_e)],
             [(e - jd[i]) / judge_std for (i, _), e in zip(kept, jd_e)],
-            [own_distinct(t, 2) - own["distinct2_within"][i] for i, t in kept])  # fmt: skip
+            [own_distinct(t, 2) - own["distinct2_within"][i] for i, t in kept],
+        )
     d2_own = [d for d in own["distinct2_within"] if d is not None]
     return {
-        "samples": {"responses": len(responses), "prompts": prompts, "k": k, "sampling_seconds": seconds,
-                    "words_mean": sum(own["words"]) / len(responses), "distinct2_within_mean": sum(d2_own) / len(d2_own),
-                    "fraction_repeating_a_bigram": sum(d < 1 for d in d2_own) / len(responses),
-                    "rm_std": rm_std, "judge_std": judge_std,
-                    "rescored_rm_correlation": pearson(rm, rescored)},  # fmt: skip
+        "samples": {
+            "responses": len(responses),
+            "prompts": prompts,
+            "k": k,
+            "sampling_seconds": seconds,
+            "words_mean": sum(own["words"]) / len(responses),
+            "distinct2_within_mean": sum(d2_own) / len(d2_own),
+            "fraction_repeating_a_bigram": sum(d < 1 for d in d2_own) / len(responses),
+            "rm_std": rm_std,
+            "judge_std": judge_std,
+            "rescored_rm_correlation": pearson(rm, rescored),
+        },
         "correlation": correlation,
         "intervention": {"edited_responses": len(rows), "edits": edits},
     }
-
 
 
 # ------------------------------------------------------------------ 2. best-of-N samples the demo stored
@@ -156,9 +179,15 @@ def best_of_n_section(demo: Path) -> dict:
     result = selection(list(by_prompt.values()), [row["n"] for row in stored["rows"]])
     for row in stored["rows"]:
         result["by_n"][str(row["n"])]["kl_analytic"] = row["kl_analytic"]
-    return {"prompts": len(by_prompt), "samples": len(flat), **result, "correlation": {
-        f"{key}_vs_distinct2_within": within_prompt_spearman([s[key] for s in flat], own, prompt_of)
-        for key in ("rm", "judge")}}  # fmt: skip
+    return {
+        "prompts": len(by_prompt),
+        "samples": len(flat),
+        **result,
+        "correlation": {
+            f"{key}_vs_distinct2_within": within_prompt_spearman([s[key] for s in flat], own, prompt_of)
+            for key in ("rm", "judge")
+        },
+    }
 
 
 # ------------------------------------------------------------------ 3. the seeds study's held-out evaluations
@@ -167,8 +196,10 @@ def study_variants(study: Path) -> list[tuple[str, str, list[Path]]]:
     ``study.json``'s order: the PPO variants, then DPO's betas (``dpo/beta_<b>``)."""
     summary = check_json_file(study / "study.json")
     named = [(name, "ppo") for name in summary["ppo"]] + [(f"dpo/{name}", "dpo") for name in summary["dpo"]]
-    return [(name, method, sorted((study / name).glob("seed_*"), key=lambda p: int(p.name.removeprefix("seed_"))))
-            for name, method in named]  # fmt: skip
+    return [
+        (name, method, sorted((study / name).glob("seed_*"), key=lambda p: int(p.name.removeprefix("seed_"))))
+        for name, method in named
+    ]
 
 
 def run_evaluations(run: Path) -> dict[str, Path]:
@@ -184,8 +215,15 @@ def decomposition_section(variants: Sequence[tuple[str, str, list[Path]]], sft_t
     mean +- s.e. over seeds per checkpoint; the words and bigrams that grew most in the final policies; and,
     per PPO variant, distinct-2 over SFT's read at equal KL and equal judge score on lines through all checkpoints."""
     within, across = distinct_n_factors(sft_texts, 2)
-    out = {"sft": {"distinct_2": within * across, "within": within, "across": across,
-                   "repeats_a_word": repeats_a_word(sft_texts)}, "variants": {}}  # fmt: skip
+    out = {
+        "sft": {
+            "distinct_2": within * across,
+            "within": within,
+            "across": across,
+            "repeats_a_word": repeats_a_word(sft_texts),
+        },
+        "variants": {},
+    }
     for name, method, runs in variants:
         by_checkpoint: dict[str, list[dict]] = {}
         finals, points = [], []  # final responses per seed; (KL, judge, d2 ratio) of every checkpoint per seed
@@ -196,14 +234,20 @@ def decomposition_section(variants: Sequence[tuple[str, str, list[Path]]], sft_t
                 texts = [s["response"] for s in evaluation["samples"]]
                 if len(texts) != len(sft_texts):  # distinct-2 falls with the number of texts pooled
                     raise ValueError(f"{path} holds {len(texts)} responses, the SFT evaluation {len(sft_texts)}")
-                row = {"kl": evaluation["metrics"]["kl_mean"], "judge": evaluation["metrics"]["judge_mean"],
-                       **fall_factors(texts, (within, across))}  # fmt: skip
+                row = {
+                    "kl": evaluation["metrics"]["kl_mean"],
+                    "judge": evaluation["metrics"]["judge_mean"],
+                    **fall_factors(texts, (within, across)),
+                }
                 by_checkpoint.setdefault(checkpoint, []).append(row)
                 points[-1].append((row["kl"], row["judge"], row["d2_ratio"]))
                 finals += [texts] if checkpoint == "final" else []
-        variant = {"checkpoints": {c: {k: stat([r[k] for r in rows]) for k in rows[0]} for c, rows in by_checkpoint.items()},
-                   "grown_bigrams": grown(finals, sft_texts, 2), "grown_words": grown(finals, sft_texts, 1),
-                   "repeats_a_word": repeats_a_word([t for texts in finals for t in texts])}  # fmt: skip
+        variant = {
+            "checkpoints": {c: {k: stat([r[k] for r in rows]) for k in rows[0]} for c, rows in by_checkpoint.items()},
+            "grown_bigrams": grown(finals, sft_texts, 2),
+            "grown_words": grown(finals, sft_texts, 1),
+            "repeats_a_word": repeats_a_word([t for texts in finals for t in texts]),
+        }
         if method == "ppo":
             variant["d2_ratio_at_kl"] = line_at([([p[0] for p in s], [p[2] for p in s]) for s in points], AT_KL)
             variant["d2_ratio_at_judge"] = line_at([([p[1] for p in s], [p[2] for p in s]) for s in points], AT_JUDGE)
@@ -227,28 +271,42 @@ def entropy_section(variants: Sequence[tuple[str, str, list[Path]]]) -> dict:
         kl = [s["objective/kl"][1] for s in scalars]
         windows = [rollout_windows(e) for e in entropy]
         falls = [entropy_fall(e, k) for e, k in zip(entropy, kl)]
-        out[name] = {"windows": {r: stat([w[r] for w in windows]) for r in windows[0] if all(r in w for w in windows)},
-                     "fall": stat([f for f, _ in falls]), "fall_per_nat": stat([f for _, f in falls]),
-                     "at_kl": line_at([(k[WINDOW:], e[WINDOW:]) for e, k in zip(entropy, kl)], AT_KL)}  # fmt: skip
+        out[name] = {
+            "windows": {r: stat([w[r] for w in windows]) for r in windows[0] if all(r in w for w in windows)},
+            "fall": stat([f for f, _ in falls]),
+            "fall_per_nat": stat([f for _, f in falls]),
+            "at_kl": line_at([(k[WINDOW:], e[WINDOW:]) for e, k in zip(entropy, kl)], AT_KL),
+        }
     return out
 
 
 # ------------------------------------------------------------------ the command
 def build_parser() -> argparse.ArgumentParser:
     """Options of ``python -m demo diversity``."""
-    p = argparse.ArgumentParser(prog=COMMAND, description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)  # fmt: skip
-    p.add_argument("--demo", required=True,
-                   help="a finished `make demo` folder (its SFT model, RM, best-of-N samples and SFT evaluation)")
+    p = argparse.ArgumentParser(
+        prog=COMMAND, description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    p.add_argument(
+        "--demo",
+        required=True,
+        help="a finished `make demo` folder (its SFT model, RM, best-of-N samples and SFT evaluation)",
+    )
     p.add_argument("--study", required=True, help="a `python -m demo seeds` output folder of that demo")
     p.add_argument("--out", required=True, help="folder for diversity.json and diversity.md")
     p.add_argument("--prompts", type=int, default=256, help="held-out prompts sampled (the first of the eval range)")
     p.add_argument("--k", type=int, default=8, help="SFT samples per prompt")
     p.add_argument("--seed", type=int, default=0, help="sampling seed, also of the edits' random choices")
-    p.add_argument("--paragraphs", default=str(ASSETS / "data" / "tinystories" / "val.txt"),
-                   help="the held-out stories (the demo's TinyStories val.txt)")
-    p.add_argument("--max-new-tokens", type=int, default=48,
-                   help="most tokens per sampled response: keep it PPO's sampling.max_new_tokens")
+    p.add_argument(
+        "--paragraphs",
+        default=str(ASSETS / "data" / "tinystories" / "val.txt"),
+        help="the held-out stories (the demo's TinyStories val.txt)",
+    )
+    p.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=48,
+        help="most tokens per sampled response: keep it PPO's sampling.max_new_tokens",
+    )
     return p
 
 
@@ -261,15 +319,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     hf_logging.disable_progress_bar()
     demo, study, out = Path(args.demo), Path(args.study), Path(args.out)
-    for need in (demo / "sft" / "model", demo / "reward_model" / "model", demo / "best_of_n" / "best_of_n.json",
-                 demo / "eval" / "sft.json", study / "study.json"):  # fmt: skip
+    for need in (
+        demo / "sft" / "model",
+        demo / "reward_model" / "model",
+        demo / "best_of_n" / "best_of_n.json",
+        demo / "eval" / "sft.json",
+        study / "study.json",
+    ):
         if not need.exists():
-            print(f"error: {need} is missing: --demo takes a finished `make demo` folder, --study a finished "
-                  "`python -m demo seeds` folder", file=sys.stderr)  # fmt: skip
+            print(
+                f"error: {need} is missing: --demo takes a finished `make demo` folder, --study a finished "
+                "`python -m demo seeds` folder",
+                file=sys.stderr,
+            )
             return 2
     if args.prompts < 2 or args.k < 2:
-        print("error: --prompts and --k must be >= 2 (correlations compare responses of a prompt, the "
-              "'other' edit takes another prompt's)", file=sys.stderr)  # fmt: skip
+        print(
+            "error: --prompts and --k must be >= 2 (correlations compare responses of a prompt, the "
+            "'other' edit takes another prompt's)",
+            file=sys.stderr,
+        )
         return 2
     try:
         claim_study(out, MARKER, COMMAND)
@@ -280,9 +349,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     variants = study_variants(study)
     sft_texts = [s["response"] for s in check_json_file(demo / "eval" / "sft.json")["samples"]]
     result = {
-        "config": {"demo": str(demo), "study": str(study), "prompts": args.prompts, "k": args.k, "seed": args.seed,
-                   "paragraphs": args.paragraphs, "max_new_tokens": args.max_new_tokens, "edits": list(EDITS),
-                   "at_kl": list(AT_KL), "at_judge": list(AT_JUDGE), "window": WINDOW},  # fmt: skip
+        "config": {
+            "demo": str(demo),
+            "study": str(study),
+            "prompts": args.prompts,
+            "k": args.k,
+            "seed": args.seed,
+            "paragraphs": args.paragraphs,
+            "max_new_tokens": args.max_new_tokens,
+            "edits": list(EDITS),
+            "at_kl": list(AT_KL),
+            "at_judge": list(AT_JUDGE),
+            "window": WINDOW,
+        },
         "repetition": repetition(demo, args.paragraphs, args.prompts, args.k, args.seed, args.max_new_tokens),
         "best_of_n": best_of_n_section(demo),
         "decomposition": decomposition_section(variants, sft_texts),

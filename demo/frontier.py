@@ -57,8 +57,19 @@ def write_frontier(points: Sequence[FrontierPoint], out_dir: str) -> tuple[str, 
     """``frontier.png`` and ``frontier.json`` in ``out_dir``; returns the PNG path and the markdown table."""
     os.makedirs(out_dir, exist_ok=True)
     png = draw_frontier(points, os.path.join(out_dir, "frontier.png"))
-    rows = [{"method": p.method, "setting": p.setting, "kl": p.kl, "judge": p.score, "judge_se": p.score_se, "n": p.n,
-             "kl_analytic": p.kl_analytic, "note": p.note} for p in points]  # fmt: skip
+    rows = [
+        {
+            "method": p.method,
+            "setting": p.setting,
+            "kl": p.kl,
+            "judge": p.score,
+            "judge_se": p.score_se,
+            "n": p.n,
+            "kl_analytic": p.kl_analytic,
+            "note": p.note,
+        }
+        for p in points
+    ]
     with open(os.path.join(out_dir, "frontier.json"), "w", encoding="utf-8") as f:
         json.dump(rows, f, indent=1)
     return png, frontier_table(points)

@@ -59,23 +59,35 @@ def _rollouts(values: Sequence[int]) -> str:
 def markdown(summary: Mapping) -> list[str]:
     """``study.md``'s tables."""
     s = summary["settings"]
-    lines = [f"Proxy RM: {s.get('proxy_pairs')} demo pairs relabelled by Bradley-Terry (temperature "
-             f"{s.get('bt_temperature')}); PPO: KL coefficient {s.get('kl_coef')}, {s.get('rollouts')} rollouts; "
-             f"guard held-out evaluation every {s.get('held_out_every')} rollouts. Measured on "
-             f"{s.get('eval_count')} held-out prompts (the demo's evaluation).", "",
-             "| seed | kept rollout | judge: export (keep_best) | judge: last | KL: export | KL: last | KL saved |",
-             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        f"Proxy RM: {s.get('proxy_pairs')} demo pairs relabelled by Bradley-Terry (temperature "
+        f"{s.get('bt_temperature')}); PPO: KL coefficient {s.get('kl_coef')}, {s.get('rollouts')} rollouts; "
+        f"guard held-out evaluation every {s.get('held_out_every')} rollouts. Measured on "
+        f"{s.get('eval_count')} held-out prompts (the demo's evaluation).",
+        "",
+        "| seed | kept rollout | judge: export (keep_best) | judge: last | KL: export | KL: last | KL saved |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in summary["seeds"]:
         kept = "last (never fired)" if r["kept_rollout"] is None else str(r["kept_rollout"])
-        lines.append(f"| {r['seed']} | {kept} | {r['export_judge_mean']:.3f} | {r['last_judge_mean']:.3f} | "
-                     f"{r['export_kl_mean']:.2f} | {r['last_kl_mean']:.2f} | {r['kl_saved']:.2f} |")  # fmt: skip
+        lines.append(
+            f"| {r['seed']} | {kept} | {r['export_judge_mean']:.3f} | {r['last_judge_mean']:.3f} | "
+            f"{r['export_kl_mean']:.2f} | {r['last_kl_mean']:.2f} | {r['kl_saved']:.2f} |"
+        )
     m = summary["mean"]
     if m:
-        lines.append(f"| mean ± s.e. | | {_pm(m['export_judge_mean'])} | {_pm(m['last_judge_mean'])} | "
-                     f"{_pm(m['export_kl_mean'], 2)} | {_pm(m['last_kl_mean'], 2)} | {_pm(m['kl_saved'], 2)} |")  # fmt: skip
+        lines.append(
+            f"| mean ± s.e. | | {_pm(m['export_judge_mean'])} | {_pm(m['last_judge_mean'])} | "
+            f"{_pm(m['export_kl_mean'], 2)} | {_pm(m['last_kl_mean'], 2)} | {_pm(m['kl_saved'], 2)} |"
+        )
     signals = sorted({name for r in summary["seeds"] for name in r["fired"]})
-    lines += ["", "Rollouts after which each signal acted:", "",
-              "| seed | " + " | ".join(signals) + " |", "|---|" + "---|" * len(signals)]  # fmt: skip
+    lines += [
+        "",
+        "Rollouts after which each signal acted:",
+        "",
+        "| seed | " + " | ".join(signals) + " |",
+        "|---|" + "---|" * len(signals),
+    ]
     for r in summary["seeds"]:
         lines.append(f"| {r['seed']} | " + " | ".join(_rollouts(r["fired"][n]) for n in signals) + " |")
     return lines + [""]
@@ -91,8 +103,13 @@ def draw(results: Sequence[Mapping], path: str) -> str:
     fig = Figure(figsize=(max(4.2 * len(results), 7.0), 6.0), dpi=100)
     FigureCanvasAgg(fig)
     axes = fig.subplots(2, len(results), squeeze=False, sharex=True)
-    styles = {"proxy_gold": ("C3", "-"), "kl": ("C1", "--"), "distinct": ("C4", ":"), "length": ("C5", "-."),
-              "objective": ("C6", (0, (1, 3)))}  # fmt: skip
+    styles = {
+        "proxy_gold": ("C3", "-"),
+        "kl": ("C1", "--"),
+        "distinct": ("C4", ":"),
+        "length": ("C5", "-."),
+        "objective": ("C6", (0, (1, 3))),
+    }
     for col, r in enumerate(results):
         top, bottom = axes[0][col], axes[1][col]
         scores, judge = r["curves"].get("objective/scores", []), r["curves"].get("objective/judge", [])
@@ -105,7 +122,9 @@ def draw(results: Sequence[Mapping], path: str) -> str:
             color, style = styles.get(name, ("k", "-"))
             for i, n in enumerate(rollouts):
                 for ax in (top, bottom):
-                    ax.axvline(n, color=color, linestyle=style, linewidth=1.2, label=f"{name} fired" if i == 0 else None)
+                    ax.axvline(
+                        n, color=color, linestyle=style, linewidth=1.2, label=f"{name} fired" if i == 0 else None
+                    )
         if r["kept_rollout"] is not None and r["kept_rollout"] in held["rollouts"]:
             k = held["rollouts"].index(r["kept_rollout"])
             bottom.plot([r["kept_rollout"]], [held["judge"][k]], "*", color="k", ms=13, label="kept (exported)")
@@ -130,5 +149,9 @@ def write_study(results: Sequence[Mapping], settings: Mapping, out_dir: str) -> 
     png = draw(results, os.path.join(out_dir, "guard.png"))
     path = os.path.join(out_dir, "study.md")
     with open(path, "w", encoding="utf-8") as f:
-        f.write("\n".join(["# Over-optimisation guard study", "", *markdown(summary), f"![guard]({os.path.basename(png)})", ""]))
+        f.write(
+            "\n".join(
+                ["# Over-optimisation guard study", "", *markdown(summary), f"![guard]({os.path.basename(png)})", ""]
+            )
+        )
     return path

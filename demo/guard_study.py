@@ -46,7 +46,6 @@ from pathlib import Path
 from demo.plan import ASSETS, ROOT
 from demo.runner import (
     claim_study,
-    fit_command as rlhf_lit_fit,
     fresh_run,
     held_out_metrics,
     rollout_checkpointing,
@@ -55,6 +54,7 @@ from demo.runner import (
     seed_overrides,
     tb_logger,
 )
+from demo.runner import fit_command as rlhf_lit_fit
 from rlhf_lit.artifacts import write_text_atomically
 from rlhf_lit.integrity import check_json_file, check_jsonl_file
 
@@ -73,9 +73,24 @@ CURVE_TAGS = ("objective/scores", "objective/judge", "objective/kl", "response/l
 """Per-rollout scalars kept from each run (``objective/scores`` is the proxy's score)."""
 SIGNALS = ("proxy_gold", "kl", "length", "distinct", "objective")
 """The guard's signals this study turns on (no ensemble: no ``disagreement``)."""
-TINY_PPO = ("--data.init_args.batch_size", "8", "--model.init_args.ppo.minibatch_size", "4",
-            "--model.init_args.ppo.epochs", "1", "--model.init_args.sampling.max_new_tokens", "16")  # fmt: skip
-TINY_RM = ("--trainer.max_epochs", "1", "--data.init_args.batch_size", "8", "--model.init_args.optimizer.warmup_steps", "1")
+TINY_PPO = (
+    "--data.init_args.batch_size",
+    "8",
+    "--model.init_args.ppo.minibatch_size",
+    "4",
+    "--model.init_args.ppo.epochs",
+    "1",
+    "--model.init_args.sampling.max_new_tokens",
+    "16",
+)
+TINY_RM = (
+    "--trainer.max_epochs",
+    "1",
+    "--data.init_args.batch_size",
+    "8",
+    "--model.init_args.optimizer.warmup_steps",
+    "1",
+)
 
 
 # ------------------------------------------------------------------ the weaker proxy
@@ -98,8 +113,15 @@ def relabel(pairs: Sequence[dict], count: int, temperature: float, seed: int) ->
         if prefer_first(pair["chosen_score"], pair["rejected_score"], "bradley_terry", temperature, rng):
             out.append(dict(pair))
         else:
-            out.append({**pair, "chosen": pair["rejected"], "rejected": pair["chosen"],
-                        "chosen_score": pair["rejected_score"], "rejected_score": pair["chosen_score"]})  # fmt: skip
+            out.append(
+                {
+                    **pair,
+                    "chosen": pair["rejected"],
+                    "rejected": pair["chosen"],
+                    "chosen_score": pair["rejected_score"],
+                    "rejected_score": pair["chosen_score"],
+                }
+            )
     return out
 
 
@@ -113,14 +135,27 @@ def train_proxy(args: argparse.Namespace, demo: Path, out: Path) -> Path:
     pairs = check_jsonl_file(demo / "prefs" / "preferences.jsonl")  # a copy cut short: named, not a traceback
     chosen = relabel(pairs, args.proxy_pairs, args.bt_temperature, args.proxy_seed)
     write_text_atomically(folder / "preferences.jsonl", "".join(json.dumps(p) + "\n" for p in chosen))
-    cmd = rlhf_lit_fit(ROOT / "configs" / "demo" / "reward_model.yaml", [
-        "--model.init_args.model", str(demo / "sft" / "model"), "--model.init_args.export_dir", str(model),
-        # The demo RM config reads rankings; the proxy's labels are pairs (the weaker signal).
-        "--data.init_args.train_path", str(folder / "preferences.jsonl"),
-        "--data.init_args.format", "fields", "--data.init_args.fields.ranks", "null", *tb_logger(folder),
-        # The config's 10 warmup steps are more than a few dozen pairs make: a tenth of the steps.
-        "--model.init_args.optimizer.warmup_steps", str(max(1, rm_steps(len(chosen)) // 10)),
-        *(TINY_RM if args.tiny else ())])  # fmt: skip
+    cmd = rlhf_lit_fit(
+        ROOT / "configs" / "demo" / "reward_model.yaml",
+        [
+            "--model.init_args.model",
+            str(demo / "sft" / "model"),
+            "--model.init_args.export_dir",
+            str(model),
+            # The demo RM config reads rankings; the proxy's labels are pairs (the weaker signal).
+            "--data.init_args.train_path",
+            str(folder / "preferences.jsonl"),
+            "--data.init_args.format",
+            "fields",
+            "--data.init_args.fields.ranks",
+            "null",
+            *tb_logger(folder),
+            # The config's 10 warmup steps are more than a few dozen pairs make: a tenth of the steps.
+            "--model.init_args.optimizer.warmup_steps",
+            str(max(1, rm_steps(len(chosen)) // 10)),
+            *(TINY_RM if args.tiny else ()),
+        ],
+    )
     run_logged(cmd, folder / "log.txt", "the proxy reward model")
     flips = sum(a["chosen"] != b["chosen"] for a, b in zip(chosen, _picked(pairs, args)))
     write_text_atomically(folder / "done.json", json.dumps({"pairs": len(chosen), "flipped": flips}) + "\n")
@@ -140,13 +175,18 @@ def _picked(pairs: Sequence[dict], args: argparse.Namespace) -> list[dict]:
 def guard_callback(prompts: Sequence[str], every: int, kl_rate: float) -> dict:
     """The guard of every run: ``proxy_gold`` on the held-out judge acts with ``keep_best`` (the export is
     the best held-out judge's policy), the other signals warn."""
-    return {"class_path": "rlhf_lit.callbacks.OverOptimisationGuard", "init_args": {
-        "proxy_gold": {"action": "keep_best"},
-        "kl": {"action": "warn", "max_rate": kl_rate},
-        "length": {"action": "warn"}, "distinct": {"action": "warn"}, "objective": {"action": "warn"},
-        "held_out": {"prompts": list(prompts), "every_n_rollouts": every, "judge": JUDGE},
-        "keep_best": {"metric": "guard/held_out/judge"},
-    }}  # fmt: skip
+    return {
+        "class_path": "rlhf_lit.callbacks.OverOptimisationGuard",
+        "init_args": {
+            "proxy_gold": {"action": "keep_best"},
+            "kl": {"action": "warn", "max_rate": kl_rate},
+            "length": {"action": "warn"},
+            "distinct": {"action": "warn"},
+            "objective": {"action": "warn"},
+            "held_out": {"prompts": list(prompts), "every_n_rollouts": every, "judge": JUDGE},
+            "keep_best": {"metric": "guard/held_out/judge"},
+        },
+    }
 
 
 def write_config(args: argparse.Namespace, out: Path) -> Path:
@@ -167,14 +207,29 @@ def write_config(args: argparse.Namespace, out: Path) -> Path:
 
 def fit_command(args: argparse.Namespace, config: Path, demo: Path, proxy: Path, seed: int, folder: Path) -> list[str]:
     """``rlhf-lit fit`` of one seed: the proxy as reward, ``--kl-coef``, ``--rollouts``, a checkpoint at the end."""
-    return rlhf_lit_fit(config, [
-        "--model.init_args.sft_model", str(demo / "sft" / "model"), "--model.init_args.reward_model", str(proxy),
-        "--data.init_args.train_path", str(demo / "data" / "ppo.txt"),
-        "--model.init_args.kl.kind", "fixed", "--model.init_args.kl.init_coef", f"{args.kl_coef:g}",
-        "--model.init_args.max_rollouts", str(args.rollouts),
-        *rollout_checkpointing(args.rollouts, folder / "checkpoints", keep_all=False),  # one checkpoint: the last
-        *tb_logger(folder), "--model.init_args.export_dir", str(folder / "model"),
-        *seed_overrides(seed, rollouts=True), *(TINY_PPO if args.tiny else ())])  # fmt: skip
+    return rlhf_lit_fit(
+        config,
+        [
+            "--model.init_args.sft_model",
+            str(demo / "sft" / "model"),
+            "--model.init_args.reward_model",
+            str(proxy),
+            "--data.init_args.train_path",
+            str(demo / "data" / "ppo.txt"),
+            "--model.init_args.kl.kind",
+            "fixed",
+            "--model.init_args.kl.init_coef",
+            f"{args.kl_coef:g}",
+            "--model.init_args.max_rollouts",
+            str(args.rollouts),
+            *rollout_checkpointing(args.rollouts, folder / "checkpoints", keep_all=False),  # one checkpoint: the last
+            *tb_logger(folder),
+            "--model.init_args.export_dir",
+            str(folder / "model"),
+            *seed_overrides(seed, rollouts=True),
+            *(TINY_PPO if args.tiny else ()),
+        ],
+    )
 
 
 def fired(scalars: dict, signal: str) -> list[int]:
@@ -190,8 +245,8 @@ def run_seed(args: argparse.Namespace, config: Path, demo: Path, proxy: Path, se
     if result_path.exists():
         return check_json_file(result_path, want_object=False)
     from demo.frontier import export_checkpoint_policy
-    from rlhf_lit.models.checkpoint_policy import rollout_checkpoints
     from demo.report import read_scalars
+    from rlhf_lit.models.checkpoint_policy import rollout_checkpoints
 
     fresh_run(folder, RUN_MARKER, f"seed {seed}", COMMAND)
     log = folder / "log.txt"
@@ -204,14 +259,17 @@ def run_seed(args: argparse.Namespace, config: Path, demo: Path, proxy: Path, se
     result = {
         "seed": seed,
         "curves": {tag: scalars[tag][1] for tag in CURVE_TAGS if tag in scalars},
-        "held_out": {"rollouts": [int(s) + 1 for s in held_steps], "judge": held_judge,
-                     "score": scalars.get("guard/held_out/score", ([], []))[1]},
+        "held_out": {
+            "rollouts": [int(s) + 1 for s in held_steps],
+            "judge": held_judge,
+            "score": scalars.get("guard/held_out/score", ([], []))[1],
+        },
         "fired": {signal: fired(scalars, signal) for signal in SIGNALS},
         "kept_rollout": int(best[-1]) if best and fired(scalars, "proxy_gold") else None,
         "exported": _evaluate(args, folder / "model", demo, folder / "eval_export.json"),
         "last": _evaluate(args, Path(last), demo, folder / "eval_last.json"),
         "log": str(log),
-    }  # fmt: skip
+    }
     write_text_atomically(result_path, json.dumps(result, indent=1))  # written last: the run is finished
     return result
 
@@ -219,8 +277,15 @@ def run_seed(args: argparse.Namespace, config: Path, demo: Path, proxy: Path, se
 def _evaluate(args: argparse.Namespace, policy: Path, demo: Path, out: Path) -> dict:
     """The demo's held-out evaluation of ``policy`` (:func:`demo.runner.held_out_metrics`, its log beside
     ``out``); its metrics."""
-    return held_out_metrics(policy, demo / "sft" / "model", args.paragraphs, args.eval_count, 16 if args.tiny else 48,
-                            out, out.with_suffix(".log"))  # fmt: skip
+    return held_out_metrics(
+        policy,
+        demo / "sft" / "model",
+        args.paragraphs,
+        args.eval_count,
+        16 if args.tiny else 48,
+        out,
+        out.with_suffix(".log"),
+    )
 
 
 def claim(out: Path) -> None:
@@ -241,22 +306,39 @@ def _positive(kind):
 
 def build_parser() -> argparse.ArgumentParser:
     """Options of ``python -m demo guard``."""
-    p = argparse.ArgumentParser(prog="python -m demo guard", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)  # fmt: skip
+    p = argparse.ArgumentParser(
+        prog="python -m demo guard",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     p.add_argument("--demo", required=True, help="a finished `make demo` folder (its sft, prefs and data)")
     p.add_argument("--out", required=True, help="folder for the proxy, the runs and the report")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds of the PPO runs")
-    p.add_argument("--proxy-pairs", type=_positive(int), default=32, help="demo preference pairs the proxy RM learns from")
-    p.add_argument("--bt-temperature", type=_positive(float), default=1.0,
-                   help="Bradley-Terry temperature (judge units) of the proxy's labels")
+    p.add_argument(
+        "--proxy-pairs", type=_positive(int), default=32, help="demo preference pairs the proxy RM learns from"
+    )
+    p.add_argument(
+        "--bt-temperature",
+        type=_positive(float),
+        default=1.0,
+        help="Bradley-Terry temperature (judge units) of the proxy's labels",
+    )
     p.add_argument("--proxy-seed", type=int, default=0, help="seed of the pairs' draw and of their labels")
     p.add_argument("--kl-coef", type=float, default=0.0, help="PPO's fixed KL coefficient")
     p.add_argument("--rollouts", type=_positive(int), default=70, help="PPO rollouts per run")
-    p.add_argument("--held-out-every", type=_positive(int), default=5, help="rollouts between the guard's held-out evaluations")
-    p.add_argument("--held-out-prompts", type=_positive(int), default=None,
-                   help=f"the guard's held-out prompts (default {GUARD_PROMPTS[1]}, from paragraph {GUARD_PROMPTS[0]})")
+    p.add_argument(
+        "--held-out-every", type=_positive(int), default=5, help="rollouts between the guard's held-out evaluations"
+    )
+    p.add_argument(
+        "--held-out-prompts",
+        type=_positive(int),
+        default=None,
+        help=f"the guard's held-out prompts (default {GUARD_PROMPTS[1]}, from paragraph {GUARD_PROMPTS[0]})",
+    )
     p.add_argument("--kl-rate", type=_positive(float), default=0.5, help="the guard's kl.max_rate (nats per rollout)")
-    p.add_argument("--paragraphs", default=str(ASSETS / "data" / "tinystories" / "val.txt"), help="the TinyStories stories")
+    p.add_argument(
+        "--paragraphs", default=str(ASSETS / "data" / "tinystories" / "val.txt"), help="the TinyStories stories"
+    )
     p.add_argument("--eval-count", type=_positive(int), default=256, help="held-out prompts of the final evaluation")
     p.add_argument("--tiny", action="store_true", help="tiny budgets (a smoke test, not a result)")
     return p
@@ -273,8 +355,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     demo, out = Path(args.demo), Path(args.out)
     for need in ("sft/model", "data/ppo.txt", "prefs/preferences.jsonl"):
         if not (demo / need).exists():
-            print(f"error: --demo {demo} has no {need}: run `make demo` (or the pipeline with --out {demo}) first",
-                  file=sys.stderr)  # fmt: skip
+            print(
+                f"error: --demo {demo} has no {need}: run `make demo` (or the pipeline with --out {demo}) first",
+                file=sys.stderr,
+            )
             return 2
     try:
         claim(out)

@@ -5,7 +5,7 @@ KL is the per-response sum over response tokens (EOS included) of ``logprob_poli
 logprob_ref`` on the policy's own samples, a Monte Carlo estimate of ``KL(policy || reference)``
 of whole responses, the quantity PPO's penalty controls. Both logprobs use the sampling
 temperature (``softmax(logits / T)``, over the whole vocabulary as in PPO) and ``position_ids =
-cumsum(mask) - 1`` (:func:`rlhf_lit.models.generation.response_logprobs`). This module picks the
+cumsum(mask) - 1`` (:func:`rlhf_lit.models.teacher_forced.response_logprobs`). This module picks the
 demo's prompts (paragraph openings of a held-out range) and keeps the demo's JSON layout.
 """
 
@@ -14,8 +14,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 
-from rlhf_lit.artifacts import write_json_atomically
 from demo.story_prompts import RANGES, load_prompts
+from rlhf_lit.artifacts import write_json_atomically
 from rlhf_lit.evaluation.judges import DEFAULT_JUDGE, load_judge
 from rlhf_lit.evaluation.policy_metrics import evaluate_policy, format_table  # noqa: F401 (format_table: the demo's CLI)
 from rlhf_lit.models.generation import SamplingConfig
@@ -70,24 +70,46 @@ def evaluate(
     judge_fn = load_judge(judge)
     indices, prompts = load_prompts(paragraphs, start, count, num_words)
     if len(prompts) * samples_per_prompt < MIN_SAMPLES:
-        log.warning("only %d completions: means are noisy below %d",
-                    len(prompts) * samples_per_prompt, MIN_SAMPLES)
+        log.warning("only %d completions: means are noisy below %d", len(prompts) * samples_per_prompt, MIN_SAMPLES)
     measured = evaluate_policy(
-        policy, prompts, reference=reference, judge=judge_fn, samples_per_prompt=samples_per_prompt,
-        sampling=sampling, batch_size=batch_size, seed=seed, tokenizer=tokenizer, device=device,
-    )  # fmt: skip
+        policy,
+        prompts,
+        reference=reference,
+        judge=judge_fn,
+        samples_per_prompt=samples_per_prompt,
+        sampling=sampling,
+        batch_size=batch_size,
+        seed=seed,
+        tokenizer=tokenizer,
+        device=device,
+    )
     result = {
         "config": {
-            "policy": policy, "reference": reference, "judge": judge, "paragraphs": paragraphs,
-            "start": start, "count": count, "num_words": num_words,
-            "samples_per_prompt": samples_per_prompt, "sampling": dataclasses.asdict(sampling),
-            "batch_size": batch_size, "seed": seed, "device": device,
+            "policy": policy,
+            "reference": reference,
+            "judge": judge,
+            "paragraphs": paragraphs,
+            "start": start,
+            "count": count,
+            "num_words": num_words,
+            "samples_per_prompt": samples_per_prompt,
+            "sampling": dataclasses.asdict(sampling),
+            "batch_size": batch_size,
+            "seed": seed,
+            "device": device,
         },
         "metrics": measured["metrics"],
         "timing_s": measured["timing_s"],
         "samples": [
-            {"paragraph": indices[s["prompt_index"]], "prompt": s["prompt"], "response": s["response"],
-             "judge": s["judge"], "kl": s["kl"], "length": s["length"], "ended": s["ended"]}
+            {
+                "paragraph": indices[s["prompt_index"]],
+                "prompt": s["prompt"],
+                "response": s["response"],
+                "judge": s["judge"],
+                "kl": s["kl"],
+                "length": s["length"],
+                "ended": s["ended"],
+            }
             for s in measured["samples"]
         ],
     }

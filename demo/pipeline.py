@@ -45,7 +45,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import get_args
 
-from rlhf_lit.artifacts import write_text_atomically
 from demo.labeling import Labeler
 from demo.plan import (
     ASSETS,
@@ -78,6 +77,7 @@ from demo.runner import (
     wait_stages,
 )
 from demo.summary import format_value, last_scalar, results_table, write_summary
+from rlhf_lit.artifacts import write_text_atomically
 from rlhf_lit.evaluation.judges import DEFAULT_JUDGE
 from rlhf_lit.integrity import DamagedFile, check_json_file
 from rlhf_lit.sources import DamagedSource
@@ -85,34 +85,73 @@ from rlhf_lit.sources import DamagedSource
 
 def build_parser() -> argparse.ArgumentParser:
     """The pipeline's options."""
-    p = argparse.ArgumentParser(prog="python -m demo.pipeline", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m demo.pipeline", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--out", default="logs/demo", help="root of every output (default: %(default)s)")
-    p.add_argument("--tiny", action="store_true",
-                   help="tiny budgets (a few steps per stage, few prompts): a smoke test, not a result")
+    p.add_argument(
+        "--tiny",
+        action="store_true",
+        help="tiny budgets (a few steps per stage, few prompts): a smoke test, not a result",
+    )
     p.add_argument("--skip-kl0", action="store_true", help="skip the second PPO run with KL coefficient 0")
-    p.add_argument("--skip-frontier", action="store_true",
-                   help="skip DPO, best-of-N and the PPO checkpoints: no frontier plot (about half the time)")
-    p.add_argument("--dpo-betas", type=parse_betas, default=DEFAULT_DPO_BETAS, metavar="B,B,...",
-                   help="one DPO run per beta, in parallel (default: %(default)s)")
-    p.add_argument("--config-dir", default=str(ROOT / "configs" / "demo"),
-                   help="folder with sft.yaml, reward_model.yaml, ppo.yaml (default: the checkout's configs/demo)")
-    p.add_argument("--base-model", default=str(ASSETS / "models" / "stories260K"),
-                   help="pretrained model SFT starts from (default: %(default)s)")
-    p.add_argument("--paragraphs", default=str(ASSETS / "data" / "tinystories" / "val.txt"),
-                   help="TinyStories paragraphs, blank-line separated (default: %(default)s)")
-    p.add_argument("--judge", default=DEFAULT_JUDGE,
-                   help="judge spec 'module:function' of preferences, PPO logging and evaluation "
-                        "(default: %(default)s)")
-    p.add_argument("--labeler", choices=get_args(Labeler), default="argmax",
-                   help="argmax: the higher judge score wins; bradley_terry: noisy labels (default: %(default)s)")
-    p.add_argument("--bt-temperature", type=float, default=None,
-                   help="Bradley-Terry temperature in judge units (bradley_terry only; default 0.25)")
-    p.add_argument("--samples-per-prompt", type=int, default=None,
-                   help="K completions per preference prompt (default 4): DPO pairs the best with the worst, the RM reads their ranking")
-    p.add_argument("--seed", type=int, default=None,
-                   help="seed of every stage (seed_everything, PPO rollout_seed, preference sampling); "
-                        "default: the configs' seeds. The evaluation keeps its own fixed seed")
+    p.add_argument(
+        "--skip-frontier",
+        action="store_true",
+        help="skip DPO, best-of-N and the PPO checkpoints: no frontier plot (about half the time)",
+    )
+    p.add_argument(
+        "--dpo-betas",
+        type=parse_betas,
+        default=DEFAULT_DPO_BETAS,
+        metavar="B,B,...",
+        help="one DPO run per beta, in parallel (default: %(default)s)",
+    )
+    p.add_argument(
+        "--config-dir",
+        default=str(ROOT / "configs" / "demo"),
+        help="folder with sft.yaml, reward_model.yaml, ppo.yaml (default: the checkout's configs/demo)",
+    )
+    p.add_argument(
+        "--base-model",
+        default=str(ASSETS / "models" / "stories260K"),
+        help="pretrained model SFT starts from (default: %(default)s)",
+    )
+    p.add_argument(
+        "--paragraphs",
+        default=str(ASSETS / "data" / "tinystories" / "val.txt"),
+        help="TinyStories paragraphs, blank-line separated (default: %(default)s)",
+    )
+    p.add_argument(
+        "--judge",
+        default=DEFAULT_JUDGE,
+        help="judge spec 'module:function' of preferences, PPO logging and evaluation (default: %(default)s)",
+    )
+    p.add_argument(
+        "--labeler",
+        choices=get_args(Labeler),
+        default="argmax",
+        help="argmax: the higher judge score wins; bradley_terry: noisy labels (default: %(default)s)",
+    )
+    p.add_argument(
+        "--bt-temperature",
+        type=float,
+        default=None,
+        help="Bradley-Terry temperature in judge units (bradley_terry only; default 0.25)",
+    )
+    p.add_argument(
+        "--samples-per-prompt",
+        type=int,
+        default=None,
+        help="K completions per preference prompt (default 4): DPO pairs the best with the worst, the RM reads their ranking",
+    )
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="seed of every stage (seed_everything, PPO rollout_seed, preference sampling); "
+        "default: the configs' seeds. The evaluation keeps its own fixed seed",
+    )
     return p
 
 
@@ -148,20 +187,51 @@ def train(args: argparse.Namespace, budget: Budget, paths: Paths, timings: Timin
     ranges = ", ".join(f"{k} {RANGES[k][0]}-{sum(RANGES[k]) - 1}" for k in splits)
     say(f"split: paragraphs {ranges} -> {paths.dir('data')}")
 
-    run_stages({"sft": fit_command(configs / "sft.yaml", [
-        *logger_root, *seed_args, "--model.init_args.model", args.base_model,
-        "--model.init_args.export_dir", str(paths.model("sft")),
-        "--data.init_args.train_path", splits["sft"], *budget.sft,
-    ])}, paths.dir("logs"), timings)  # fmt: skip
+    run_stages(
+        {
+            "sft": fit_command(
+                configs / "sft.yaml",
+                [
+                    *logger_root,
+                    *seed_args,
+                    "--model.init_args.model",
+                    args.base_model,
+                    "--model.init_args.export_dir",
+                    str(paths.model("sft")),
+                    "--data.init_args.train_path",
+                    splits["sft"],
+                    *budget.sft,
+                ],
+            )
+        },
+        paths.dir("logs"),
+        timings,
+    )
 
     temperature, max_new_tokens = ppo_sampling(configs / "ppo.yaml", budget)
     preferences = paths.dir("prefs") / "preferences.jsonl"
     pref_cmd = [
-        sys.executable, "-m", "demo", "preferences", "--model", str(paths.model("sft")),
-        "--out", str(preferences), "--paragraphs", args.paragraphs, "--judge", args.judge,
-        "--samples-per-prompt", str(args.samples_per_prompt or budget.samples_per_prompt),
-        "--labeler", args.labeler, "--temperature", str(temperature), "--max-new-tokens", str(max_new_tokens),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "demo",
+        "preferences",
+        "--model",
+        str(paths.model("sft")),
+        "--out",
+        str(preferences),
+        "--paragraphs",
+        args.paragraphs,
+        "--judge",
+        args.judge,
+        "--samples-per-prompt",
+        str(args.samples_per_prompt or budget.samples_per_prompt),
+        "--labeler",
+        args.labeler,
+        "--temperature",
+        str(temperature),
+        "--max-new-tokens",
+        str(max_new_tokens),
+    ]
     if args.bt_temperature is not None:
         pref_cmd += ["--bt-temperature", str(args.bt_temperature)]
     # The RM reads what its config's data format reads: pairs, or the rankings of the same samples.
@@ -176,14 +246,31 @@ def train(args: argparse.Namespace, budget: Budget, paths: Paths, timings: Timin
     run_stages({"preferences": pref_cmd}, paths.dir("logs"), timings)
 
     # DPO needs only the SFT model and the pairs: it starts beside the RM and runs on while PPO trains.
-    dpo_runs = {} if args.skip_frontier else {
-        dpo_stage(beta): fit_command(configs / "dpo.yaml", [
-            *logger_root, *seed_args, "--model.init_args.model", str(paths.model("sft")),
-            "--model.init_args.beta", str(beta), "--trainer.logger.init_args.name", dpo_stage(beta),
-            "--model.init_args.export_dir", str(paths.model(dpo_stage(beta))),
-            "--data.init_args.train_path", str(preferences), *budget.dpo,
-        ]) for beta in args.dpo_betas
-    }  # fmt: skip
+    dpo_runs = (
+        {}
+        if args.skip_frontier
+        else {
+            dpo_stage(beta): fit_command(
+                configs / "dpo.yaml",
+                [
+                    *logger_root,
+                    *seed_args,
+                    "--model.init_args.model",
+                    str(paths.model("sft")),
+                    "--model.init_args.beta",
+                    str(beta),
+                    "--trainer.logger.init_args.name",
+                    dpo_stage(beta),
+                    "--model.init_args.export_dir",
+                    str(paths.model(dpo_stage(beta))),
+                    "--data.init_args.train_path",
+                    str(preferences),
+                    *budget.dpo,
+                ],
+            )
+            for beta in args.dpo_betas
+        }
+    )
     background = start_stages(dpo_runs, paths.dir("logs"))
     try:
         return _train_rm_and_ppo(args, budget, paths, timings, splits, preferences, rm_data, background)
@@ -191,8 +278,16 @@ def train(args: argparse.Namespace, budget: Budget, paths: Paths, timings: Timin
         stop_stages(background)  # a no-op unless a stage failed: every run was waited for
 
 
-def _train_rm_and_ppo(args: argparse.Namespace, budget: Budget, paths: Paths, timings: Timings,
-                      splits: dict[str, str], preferences: Path, rm_data: Path, background: Running) -> dict:
+def _train_rm_and_ppo(
+    args: argparse.Namespace,
+    budget: Budget,
+    paths: Paths,
+    timings: Timings,
+    splits: dict[str, str],
+    preferences: Path,
+    rm_data: Path,
+    background: Running,
+) -> dict:
     """The RM (trained on ``rm_data``), then PPO (and best-of-N) in parallel with the DPO runs of ``background``; waits for all."""
     dpo_stages = list(background)  # wait_stages removes the stages it reaps from `background`
     configs = Path(args.config_dir)
@@ -200,11 +295,29 @@ def _train_rm_and_ppo(args: argparse.Namespace, budget: Budget, paths: Paths, ti
     logger_root = ["--trainer.logger.init_args.save_dir", str(paths.root)]
     temperature, max_new_tokens = ppo_sampling(configs / "ppo.yaml", budget)
     # The DPO runs of `background` that end while the RM trains are timed to their own exit.
-    wait_stages(start_stages({"reward_model": fit_command(configs / "reward_model.yaml", [
-        *logger_root, *seed_args, "--model.init_args.model", str(paths.model("sft")),
-        "--model.init_args.export_dir", str(paths.model("reward_model")),
-        "--data.init_args.train_path", str(rm_data), *budget.reward_model,
-    ])}, paths.dir("logs")), timings, background)  # fmt: skip
+    wait_stages(
+        start_stages(
+            {
+                "reward_model": fit_command(
+                    configs / "reward_model.yaml",
+                    [
+                        *logger_root,
+                        *seed_args,
+                        "--model.init_args.model",
+                        str(paths.model("sft")),
+                        "--model.init_args.export_dir",
+                        str(paths.model("reward_model")),
+                        "--data.init_args.train_path",
+                        str(rm_data),
+                        *budget.reward_model,
+                    ],
+                )
+            },
+            paths.dir("logs"),
+        ),
+        timings,
+        background,
+    )
     rm_accuracy = last_scalar(paths.run("reward_model"), "val/accuracy")
     with open(preferences, encoding="utf-8") as f:
         num_pairs = sum(1 for _ in f)
@@ -213,34 +326,63 @@ def _train_rm_and_ppo(args: argparse.Namespace, budget: Budget, paths: Paths, ti
     say(f"reward_model: {rm_records}, held-out pair accuracy {format_value(rm_accuracy)}")
 
     ppo_args = [
-        *logger_root, *seed_args, "--model.init_args.sft_model", str(paths.model("sft")),
-        "--model.init_args.reward_model", str(paths.model("reward_model")), "--model.init_args.judge", args.judge,
-        "--data.init_args.train_path", splits["ppo"], *budget.ppo,
+        *logger_root,
+        *seed_args,
+        "--model.init_args.sft_model",
+        str(paths.model("sft")),
+        "--model.init_args.reward_model",
+        str(paths.model("reward_model")),
+        "--model.init_args.judge",
+        args.judge,
+        "--data.init_args.train_path",
+        splits["ppo"],
+        *budget.ppo,
         *([] if budget.max_new_tokens is None else ["--model.init_args.sampling.max_new_tokens", str(max_new_tokens)]),
         *([] if args.seed is None else ["--model.init_args.rollout_seed", str(args.seed)]),
-    ]  # fmt: skip
+    ]
     # The frontier's PPO points: the policy every `checkpoint_every` rollouts (weights only, atomic).
     checkpointing = [] if args.skip_frontier else rollout_checkpointing(budget.checkpoint_every, paths.checkpoints)
-    ppo_runs = {"ppo": fit_command(configs / "ppo.yaml", [
-        *ppo_args, *checkpointing, "--model.init_args.export_dir", str(paths.model("ppo"))])}
+    ppo_runs = {
+        "ppo": fit_command(
+            configs / "ppo.yaml", [*ppo_args, *checkpointing, "--model.init_args.export_dir", str(paths.model("ppo"))]
+        )
+    }
     if not args.skip_kl0:
         # Same config, prompts and seeds; only the KL coefficient differs (and where the run goes).
-        ppo_runs["ppo_kl0"] = fit_command(configs / "ppo.yaml", [
-            *ppo_args, "--model.init_args.kl.kind", "fixed", "--model.init_args.kl.init_coef", "0",
-            "--trainer.logger.init_args.name", "ppo_kl0", "--model.init_args.export_dir", str(paths.model("ppo_kl0")),
-        ])  # fmt: skip
+        ppo_runs["ppo_kl0"] = fit_command(
+            configs / "ppo.yaml",
+            [
+                *ppo_args,
+                "--model.init_args.kl.kind",
+                "fixed",
+                "--model.init_args.kl.init_coef",
+                "0",
+                "--trainer.logger.init_args.name",
+                "ppo_kl0",
+                "--model.init_args.export_dir",
+                str(paths.model("ppo_kl0")),
+            ],
+        )
     others = {}
     if not args.skip_frontier:
         others["best_of_n"] = _best_of_n_command(args, budget, paths, temperature, max_new_tokens)
     # In parallel with each other and the DPO runs: one process and one thread each.
     wait_stages({**start_stages({**ppo_runs, **others}, paths.dir("logs")), **background}, timings)
-    return {"policies": list(ppo_runs), "dpo": dpo_stages, "rm_accuracy": rm_accuracy,
-            "ppo_rollouts": ppo_rollouts(configs / "ppo.yaml", budget),
-            "num_pairs": num_pairs, "rm_records": rm_records, "temperature": temperature, "max_new_tokens": max_new_tokens}
+    return {
+        "policies": list(ppo_runs),
+        "dpo": dpo_stages,
+        "rm_accuracy": rm_accuracy,
+        "ppo_rollouts": ppo_rollouts(configs / "ppo.yaml", budget),
+        "num_pairs": num_pairs,
+        "rm_records": rm_records,
+        "temperature": temperature,
+        "max_new_tokens": max_new_tokens,
+    }
 
 
-def _best_of_n_command(args: argparse.Namespace, budget: Budget, paths: Paths, temperature: float,
-                       max_new_tokens: int) -> list[str]:
+def _best_of_n_command(
+    args: argparse.Namespace, budget: Budget, paths: Paths, temperature: float, max_new_tokens: int
+) -> list[str]:
     """``rlhf-lit best-of-n`` from the SFT model against the RM on the first held-out prompts.
 
     The prompts are written to ``<out>/best_of_n/prompts.jsonl`` (JSONL: an opening may hold a
@@ -256,12 +398,31 @@ def _best_of_n_command(args: argparse.Namespace, budget: Budget, paths: Paths, t
     prompts_file.parent.mkdir(parents=True, exist_ok=True)
     prompts_file.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts), encoding="utf-8")
     return [
-        sys.executable, "-m", "rlhf_lit.cli", "best-of-n", "--policy", str(paths.model("sft")),
-        "--reward-model", str(paths.model("reward_model")), "--prompts", str(prompts_file), "--judge", args.judge,
-        "--n-max", str(budget.bon_n_max), "--temperature", str(temperature), "--max-new-tokens", str(max_new_tokens),
-        "--seed", str(args.seed or 0), "--unfinished", ppo_unfinished(Path(args.config_dir) / "ppo.yaml"),
-        "--out", str(paths.dir("best_of_n") / "best_of_n.json"),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "rlhf_lit.cli",
+        "best-of-n",
+        "--policy",
+        str(paths.model("sft")),
+        "--reward-model",
+        str(paths.model("reward_model")),
+        "--prompts",
+        str(prompts_file),
+        "--judge",
+        args.judge,
+        "--n-max",
+        str(budget.bon_n_max),
+        "--temperature",
+        str(temperature),
+        "--max-new-tokens",
+        str(max_new_tokens),
+        "--seed",
+        str(args.seed or 0),
+        "--unfinished",
+        ppo_unfinished(Path(args.config_dir) / "ppo.yaml"),
+        "--out",
+        str(paths.dir("best_of_n") / "best_of_n.json"),
+    ]
 
 
 def measure(
@@ -275,8 +436,8 @@ def measure(
     from transformers.utils import logging as hf_logging
 
     from demo.held_out_eval import evaluate
-    from demo.story_prompts import RANGES
     from demo.report import write_report
+    from demo.story_prompts import RANGES
     from rlhf_lit.models.generation import SamplingConfig
 
     torch.set_num_threads(1)
@@ -288,10 +449,15 @@ def measure(
 
     def measured(name: str, model: Path) -> dict:
         return evaluate(
-            str(model), str(paths.model("sft")), args.paragraphs, start=start,
-            count=budget.eval_prompts or count, judge=args.judge, sampling=sampling,
+            str(model),
+            str(paths.model("sft")),
+            args.paragraphs,
+            start=start,
+            count=budget.eval_prompts or count,
+            judge=args.judge,
+            sampling=sampling,
             out=str(paths.dir("eval") / f"{name.replace('/', '_')}.json"),
-        )  # fmt: skip
+        )
 
     results = {name: measured(name, paths.model(name)) for name in ("sft", *trained["policies"], *trained["dpo"])}
     timings["evaluate"], timings.cpu["evaluate"] = time.perf_counter() - t0, time.process_time() - c0
@@ -307,10 +473,14 @@ def measure(
     t0 = time.perf_counter()
     with_kl0 = "ppo_kl0" in trained["policies"]
     report = write_report(
-        str(paths.run("ppo")), str(paths.dir("report")), label="PPO",
-        compare=str(paths.run("ppo_kl0")) if with_kl0 else None, compare_label="PPO, KL coef 0",
-        before=str(paths.dir("eval") / "sft.json"), after=str(paths.dir("eval") / "ppo.json"),
-    )  # fmt: skip
+        str(paths.run("ppo")),
+        str(paths.dir("report")),
+        label="PPO",
+        compare=str(paths.run("ppo_kl0")) if with_kl0 else None,
+        compare_label="PPO, KL coef 0",
+        before=str(paths.dir("eval") / "sft.json"),
+        after=str(paths.dir("eval") / "ppo.json"),
+    )
     timings["report"] = time.perf_counter() - t0
     return results, report, frontier
 
@@ -326,8 +496,7 @@ def measure_frontier(paths: Paths, results: dict[str, dict], trained: dict, meas
     Returns:
         ``(frontier.png path, markdown table rows)``.
     """
-    from demo.frontier import export_checkpoint_policy, point_from_evaluation, points_from_best_of_n
-    from demo.frontier import write_frontier
+    from demo.frontier import export_checkpoint_policy, point_from_evaluation, points_from_best_of_n, write_frontier
     from rlhf_lit.models.checkpoint_policy import rollout_checkpoints
 
     sft = str(paths.model("sft"))
@@ -365,11 +534,17 @@ def run(args: argparse.Namespace) -> dict:
 
     models = {name: str(paths.model(name)) for name in ("sft", "reward_model", *trained["policies"], *trained["dpo"])}
     outcome = {
-        "models": models, "preference_pairs": trained["num_pairs"], "rm_val_accuracy": trained["rm_accuracy"],
-        "report": report, "summary": str(summary), "metrics": {n: r["metrics"] for n, r in results.items()},
-        "timings_s": timings, "cpu_s": timings.cpu, "tiny": args.tiny,
+        "models": models,
+        "preference_pairs": trained["num_pairs"],
+        "rm_val_accuracy": trained["rm_accuracy"],
+        "report": report,
+        "summary": str(summary),
+        "metrics": {n: r["metrics"] for n, r in results.items()},
+        "timings_s": timings,
+        "cpu_s": timings.cpu,
+        "tiny": args.tiny,
         "frontier": None if frontier is None else str(paths.dir("report") / "frontier.json"),
-    }  # fmt: skip
+    }
     write_text_atomically(paths.root / RESULTS, json.dumps(outcome, indent=1))
     print("", *results_table(results), "", sep="\n")
     if frontier is not None:
@@ -379,8 +554,11 @@ def run(args: argparse.Namespace) -> dict:
     print(f"[demo] RM held-out pair accuracy: {format_value(trained['rm_accuracy'])} (of {trained['rm_records']})")
     print(f"[demo] report: {report} and {summary}")
     print(f"[demo] TensorBoard: tensorboard --logdir {paths.root}")
-    print(f"[demo] wall time: {wall:.1f} s ({wall / 60:.1f} min); CPU time of the stages: "
-          f"{sum(timings.cpu.values()):.0f} s", flush=True)
+    print(
+        f"[demo] wall time: {wall:.1f} s ({wall / 60:.1f} min); CPU time of the stages: "
+        f"{sum(timings.cpu.values()):.0f} s",
+        flush=True,
+    )
     return outcome
 
 

@@ -58,21 +58,49 @@ class Budget:
 
 FULL = Budget()
 TINY = Budget(
-    sft=("--trainer.max_steps", "3", "--trainer.val_check_interval", "3",
-         "--data.init_args.max_records", "48", "--model.init_args.optimizer.warmup_steps", "1"),
-    reward_model=("--trainer.max_epochs", "1", "--data.init_args.batch_size", "8",
-        "--model.init_args.optimizer.warmup_steps", "1"),
-    ppo=("--model.init_args.max_rollouts", "2", "--data.init_args.batch_size", "8",
-         "--model.init_args.ppo.minibatch_size", "4", "--model.init_args.ppo.epochs", "1"),
+    sft=(
+        "--trainer.max_steps",
+        "3",
+        "--trainer.val_check_interval",
+        "3",
+        "--data.init_args.max_records",
+        "48",
+        "--model.init_args.optimizer.warmup_steps",
+        "1",
+    ),
+    reward_model=(
+        "--trainer.max_epochs",
+        "1",
+        "--data.init_args.batch_size",
+        "8",
+        "--model.init_args.optimizer.warmup_steps",
+        "1",
+    ),
+    ppo=(
+        "--model.init_args.max_rollouts",
+        "2",
+        "--data.init_args.batch_size",
+        "8",
+        "--model.init_args.ppo.minibatch_size",
+        "4",
+        "--model.init_args.ppo.epochs",
+        "1",
+    ),
     pref_prompts=32,
     eval_prompts=16,
     max_new_tokens=16,
-    dpo=("--trainer.max_steps", "2", "--data.init_args.batch_size", "8",
-         "--model.init_args.optimizer.warmup_steps", "1"),
+    dpo=(
+        "--trainer.max_steps",
+        "2",
+        "--data.init_args.batch_size",
+        "8",
+        "--model.init_args.optimizer.warmup_steps",
+        "1",
+    ),
     checkpoint_every=1,
     bon_prompts=8,
     bon_n_max=4,
-)  # fmt: skip
+)
 
 
 @dataclass(frozen=True)
@@ -174,8 +202,13 @@ def claim_out(root: Path) -> None:
             f"refusing to clear --out {root}: it is not empty and has no {MARKER} (the demo did not create it); "
             "give a new or empty folder"
         )
-    claim_directory(root, MARKER, json.dumps({"written_by": "python -m demo.pipeline",
-                                              "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
-                    + "\n")  # fmt: skip
+    claim_directory(
+        root,
+        MARKER,
+        json.dumps(
+            {"written_by": "python -m demo.pipeline", "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        )
+        + "\n",
+    )
     # a rerun replaces the previous run, and TensorBoard runs stay version_0
     clear_owned_entries(root, MARKER, (*STAGE_DIRS, RESULTS))

@@ -78,14 +78,16 @@ def label_pairs(
                 ties += 1
                 continue
             chosen, rejected = (ia, ib) if first else (ib, ia)
-            records.append({
-                "prompt": prompts[chosen],
-                "chosen": responses[chosen],
-                "rejected": responses[rejected],
-                "chosen_score": scores[chosen],
-                "rejected_score": scores[rejected],
-                "paragraph": paragraph,
-            })
+            records.append(
+                {
+                    "prompt": prompts[chosen],
+                    "chosen": responses[chosen],
+                    "rejected": responses[rejected],
+                    "chosen_score": scores[chosen],
+                    "rejected_score": scores[rejected],
+                    "paragraph": paragraph,
+                }
+            )
     return records, ties, empty
 
 
@@ -130,13 +132,15 @@ def label_rankings(
             continue
         order, ranks = rank_samples([scores[i] for i in kept], labeler, temperature, rng)
         ordered = [kept[i] for i in order]
-        records.append({
-            "prompt": prompts[kept[0]],
-            "responses": [responses[i] for i in ordered],
-            "ranks": ranks,
-            "scores": [scores[i] for i in ordered],
-            "paragraph": paragraph,
-        })
+        records.append(
+            {
+                "prompt": prompts[kept[0]],
+                "responses": [responses[i] for i in ordered],
+                "ranks": ranks,
+                "scores": [scores[i] for i in ordered],
+                "paragraph": paragraph,
+            }
+        )
     return records, ties, empty
 
 
@@ -195,14 +199,23 @@ def make_preferences(
     if samples_per_prompt < 2:
         raise ValueError(f"samples_per_prompt must be >= 2 to form pairs, got {samples_per_prompt}")
     if labeler == "argmax" and bt_temperature is not None:
-        raise ValueError(
-            "bt_temperature only applies to labeler='bradley_terry'; drop it or switch labeler"
-        )
+        raise ValueError("bt_temperature only applies to labeler='bradley_terry'; drop it or switch labeler")
     temperature = DEFAULT_BT_TEMPERATURE if bt_temperature is None else bt_temperature
     t0 = time.perf_counter()
-    samples = sample_and_judge(model, paragraphs, start=start, count=count, num_words=num_words,
-                               samples_per_prompt=samples_per_prompt, judge=judge, sampling=sampling,
-                               batch_size=batch_size, seed=seed, tokenizer=tokenizer, device=device)
+    samples = sample_and_judge(
+        model,
+        paragraphs,
+        start=start,
+        count=count,
+        num_words=num_words,
+        samples_per_prompt=samples_per_prompt,
+        judge=judge,
+        sampling=sampling,
+        batch_size=batch_size,
+        seed=seed,
+        tokenizer=tokenizer,
+        device=device,
+    )
     records, ties, empty = label(samples, samples_per_prompt, labeler, pairing, temperature, random.Random(seed))
     write_jsonl(out, records)
     rankings = None
@@ -226,8 +239,19 @@ def make_preferences(
 
 
 def sample_and_judge(
-    model: str, paragraphs: str, *, start: int, count: int, num_words: int, samples_per_prompt: int,
-    judge: str, sampling: SamplingConfig, batch_size: int, seed: int, tokenizer: str | None, device: str,
+    model: str,
+    paragraphs: str,
+    *,
+    start: int,
+    count: int,
+    num_words: int,
+    samples_per_prompt: int,
+    judge: str,
+    sampling: SamplingConfig,
+    batch_size: int,
+    seed: int,
+    tokenizer: str | None,
+    device: str,
 ) -> dict[str, list]:
     """Sample K completions of each prompt and judge each once (arguments as :func:`make_preferences`).
 
@@ -246,7 +270,11 @@ def sample_and_judge(
 
 
 def label(
-    samples: dict[str, list], samples_per_prompt: int, labeler: Labeler, pairing: Pairing, temperature: float,
+    samples: dict[str, list],
+    samples_per_prompt: int,
+    labeler: Labeler,
+    pairing: Pairing,
+    temperature: float,
     rng: random.Random,
 ) -> tuple[list[dict], int, int]:
     """:func:`label_rankings` for ``pairing="ranking"``, else :func:`label_pairs`, of :func:`sample_and_judge`'s output."""
@@ -261,7 +289,7 @@ def count_pairs(record: dict) -> int:
     ranks = record.get("ranks")
     if ranks is None:
         return 1
-    return sum(a != b for n, a in enumerate(ranks) for b in ranks[n + 1:])
+    return sum(a != b for n, a in enumerate(ranks) for b in ranks[n + 1 :])
 
 
 def write_jsonl(path: str, records: Sequence[dict]) -> None:

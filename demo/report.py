@@ -44,10 +44,15 @@ PLOTS: tuple[Plot, ...] = (
     Plot("rm_score.png", "Reward model score", ("objective/scores",), "RM score"),
     Plot("judge_score.png", "Gold judge score", ("objective/judge",), "judge score"),
     Plot("kl.png", "KL to the reference", ("objective/kl",), "KL per response (nats)"),
-    Plot("training_frontier.png", "Judge score against KL during training", ("objective/judge",), "judge score",
-         x_tag="objective/kl", xlabel="KL per response (nats)"),
-    Plot("diversity.png", "Diversity", ("diversity/distinct_1", "diversity/distinct_2"),
-         "distinct-n"),
+    Plot(
+        "training_frontier.png",
+        "Judge score against KL during training",
+        ("objective/judge",),
+        "judge score",
+        x_tag="objective/kl",
+        xlabel="KL per response (nats)",
+    ),
+    Plot("diversity.png", "Diversity", ("diversity/distinct_1", "diversity/distinct_2"), "distinct-n"),
     Plot("length.png", "Response length", ("response/length",), "tokens"),
 )
 """The figures of a report, in order."""
@@ -70,8 +75,12 @@ def read_scalars(run_dir: str) -> dict[str, Series]:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     if not glob.glob(os.path.join(run_dir, "events.out.tfevents.*")):
-        below = sorted({os.path.dirname(p) for p in glob.glob(
-            os.path.join(run_dir, "**", "events.out.tfevents.*"), recursive=True)})
+        below = sorted(
+            {
+                os.path.dirname(p)
+                for p in glob.glob(os.path.join(run_dir, "**", "events.out.tfevents.*"), recursive=True)
+            }
+        )
         hint = f"; runs below it: {', '.join(below)}" if below else ""
         raise FileNotFoundError(f"no TensorBoard event files directly in {run_dir}{hint}")
     acc = EventAccumulator(run_dir, size_guidance={"scalars": 0})  # 0 keeps every point
@@ -115,8 +124,7 @@ def draw(plot: Plot, runs: list[Run], path: str) -> list[str]:
             if plot.x_tag is None:
                 ax.plot(*run.scalars[tag], **style)
             else:
-                ax.plot(*_paired(run.scalars[plot.x_tag], run.scalars[tag]), marker="o",
-                        markersize=3, **style)
+                ax.plot(*_paired(run.scalars[plot.x_tag], run.scalars[tag]), marker="o", markersize=3, **style)
             drawn = True
     if not drawn:
         return missing
@@ -226,9 +234,14 @@ def write_report(
     if before is not None:
         before_result = check_json_file(before, want_object=False)
         after_result = check_json_file(after, want_object=False)
-        md += ["## Before and after PPO (held-out prompts)", "",
-               f"before: `{before}`, after: `{after}`", "",
-               *before_after_tables(before_result, after_result, num_examples), ""]
+        md += [
+            "## Before and after PPO (held-out prompts)",
+            "",
+            f"before: `{before}`, after: `{after}`",
+            "",
+            *before_after_tables(before_result, after_result, num_examples),
+            "",
+        ]
     path = os.path.join(out_dir, "report.md")
     with open(path, "w", encoding="utf-8") as f:
         f.write("\n".join(md))

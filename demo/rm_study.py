@@ -94,11 +94,19 @@ def samples(sampling: Sampling, path: Path, start: int, count: int, seed: int) -
     torch.set_num_threads(1)
     t0 = time.perf_counter()
     judged = sample_and_judge(
-        sampling.sft, sampling.paragraphs, start=start, count=count, num_words=8,
-        samples_per_prompt=sampling.samples_per_prompt, judge=DEFAULT_JUDGE,
+        sampling.sft,
+        sampling.paragraphs,
+        start=start,
+        count=count,
+        num_words=8,
+        samples_per_prompt=sampling.samples_per_prompt,
+        judge=DEFAULT_JUDGE,
         sampling=SamplingConfig(temperature=sampling.temperature, max_new_tokens=sampling.max_new_tokens),
-        batch_size=64, seed=seed, tokenizer=None, device="cpu",
-    )  # fmt: skip
+        batch_size=64,
+        seed=seed,
+        tokenizer=None,
+        device="cpu",
+    )
     judged["seconds"] = time.perf_counter() - t0
     judged["judge_calls"] = len(judged["responses"])
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -114,10 +122,27 @@ def heldout_sets(judged: dict, k: int, folder: Path) -> dict[str, Path]:
     """
     from demo.preferences import label_pairs, write_jsonl
 
-    pairs, _, _ = label_pairs(judged["paragraphs"], judged["prompts"], judged["responses"], judged["scores"], k,
-                              "argmax", "all_pairs", 1.0, random.Random(0))  # fmt: skip
-    rankings = [{"prompt": p["prompt"], "responses": [p["chosen"], p["rejected"]], "ranks": [0, 1],
-                 "scores": [p["chosen_score"], p["rejected_score"]], "paragraph": p["paragraph"]} for p in pairs]
+    pairs, _, _ = label_pairs(
+        judged["paragraphs"],
+        judged["prompts"],
+        judged["responses"],
+        judged["scores"],
+        k,
+        "argmax",
+        "all_pairs",
+        1.0,
+        random.Random(0),
+    )
+    rankings = [
+        {
+            "prompt": p["prompt"],
+            "responses": [p["chosen"], p["rejected"]],
+            "ranks": [0, 1],
+            "scores": [p["chosen_score"], p["rejected_score"]],
+            "paragraph": p["paragraph"],
+        }
+        for p in pairs
+    ]
     out = {"fields": folder / "pairs.jsonl", "rankings": folder / "rankings.jsonl"}
     write_jsonl(str(out["fields"]), pairs)
     write_jsonl(str(out["rankings"]), rankings)
@@ -148,12 +173,27 @@ def fit_command(run: Run, sft: str, train: Path, heldout: dict[str, Path], overr
     """``rlhf-lit fit`` of the demo RM config on ``train``, validated on the held-out set."""
     # Set either way: the config may read rankings (and ties) by default.
     ranks = ["--data.init_args.fields.ranks", "ranks" if run.format == "rankings" else "null"]
-    return rlhf_lit_fit(CONFIG, [
-        "--model.init_args.model", sft, "--model.init_args.export_dir", str(run.dir / "model"),
-        "--data.init_args.train_path", str(train), "--data.init_args.val_path", str(heldout[run.format]),
-        "--data.init_args.val_fraction", "0", "--data.init_args.format", run.format, *ranks,
-        *seed_overrides(run.seed, rollouts=False), *tb_logger(run.dir), *overrides,
-    ])  # fmt: skip
+    return rlhf_lit_fit(
+        CONFIG,
+        [
+            "--model.init_args.model",
+            sft,
+            "--model.init_args.export_dir",
+            str(run.dir / "model"),
+            "--data.init_args.train_path",
+            str(train),
+            "--data.init_args.val_path",
+            str(heldout[run.format]),
+            "--data.init_args.val_fraction",
+            "0",
+            "--data.init_args.format",
+            run.format,
+            *ranks,
+            *seed_overrides(run.seed, rollouts=False),
+            *tb_logger(run.dir),
+            *overrides,
+        ],
+    )
 
 
 def train_records(judged: dict, run: Run, k: int) -> tuple[list[dict], dict]:
@@ -162,8 +202,13 @@ def train_records(judged: dict, run: Run, k: int) -> tuple[list[dict], dict]:
 
     records, ties, empty = label(judged, k, "argmax", run.variant, 1.0, random.Random(run.seed))
     sequences = sum(len(r["responses"]) if "responses" in r else 2 for r in records)
-    return records, {"records": len(records), "comparisons": sum(count_pairs(r) for r in records),
-                     "sequences": sequences, "ties": ties, "empty": empty}  # fmt: skip
+    return records, {
+        "records": len(records),
+        "comparisons": sum(count_pairs(r) for r in records),
+        "sequences": sequences,
+        "ties": ties,
+        "empty": empty,
+    }
 
 
 def run_one(run: Run, judged: dict, k: int, sft: str, heldout: dict[str, Path], overrides: Sequence[str]) -> dict:
@@ -178,12 +223,19 @@ def run_one(run: Run, judged: dict, k: int, sft: str, heldout: dict[str, Path], 
     records, counts = train_records(judged, run, k)
     train = run.dir / "train.jsonl"
     write_jsonl(str(train), records)
-    seconds = run_logged(fit_command(run, sft, train, heldout, overrides), run.dir / "log.txt",
-                         f"{run.variant} seed {run.seed}")  # fmt: skip
+    seconds = run_logged(
+        fit_command(run, sft, train, heldout, overrides), run.dir / "log.txt", f"{run.variant} seed {run.seed}"
+    )
     scalars = read_scalars(str(run.dir / "tb" / "version_0"))
     val = {tag: values for tag, (_, values) in scalars.items() if tag.startswith("val/")}
-    result = {"variant": run.variant, "seed": run.seed, "counts": counts, "fit_seconds": seconds, "val": val,
-              "overrides": list(overrides)}  # fmt: skip
+    result = {
+        "variant": run.variant,
+        "seed": run.seed,
+        "counts": counts,
+        "fit_seconds": seconds,
+        "val": val,
+        "overrides": list(overrides),
+    }
     write_text_atomically(result_path, json.dumps(result, indent=1))  # last: a run with it is finished
     return result
 
@@ -203,31 +255,58 @@ def machine() -> str:
             cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
-    return (f"{cpu}, {os.cpu_count()} cores visible, one thread per process; "
-            f"Python {platform.python_version()}, torch {torch.__version__}")  # fmt: skip
+    return (
+        f"{cpu}, {os.cpu_count()} cores visible, one thread per process; "
+        f"Python {platform.python_version()}, torch {torch.__version__}"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
     """Options of ``python -m demo rm-study``."""
-    p = argparse.ArgumentParser(prog="python -m demo rm-study", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)  # fmt: skip
+    p = argparse.ArgumentParser(
+        prog="python -m demo rm-study",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     p.add_argument("--sft", required=True, help="the demo SFT model directory (read only)")
     p.add_argument("--out", required=True, help="folder for the samples, runs and the report")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds of the samples and the RM runs")
-    p.add_argument("--variants", nargs="+", choices=get_args(Pairing), default=list(VARIANTS),
-                   help="what the K samples of a prompt become")
+    p.add_argument(
+        "--variants",
+        nargs="+",
+        choices=get_args(Pairing),
+        default=list(VARIANTS),
+        help="what the K samples of a prompt become",
+    )
     p.add_argument("--samples-per-prompt", type=int, default=4, help="K completions per prompt")
-    p.add_argument("--count", type=int, default=RANGES["reward_model"][1],
-                   help="training prompts (the first of the RM paragraph range)")
-    p.add_argument("--heldout-count", type=int, default=HELDOUT_RANGE[1],
-                   help=f"held-out prompts, from paragraph {HELDOUT_RANGE[0]}")
-    p.add_argument("--paragraphs", default=str(ASSETS / "data" / "tinystories" / "val.txt"), help="TinyStories paragraphs")
+    p.add_argument(
+        "--count",
+        type=int,
+        default=RANGES["reward_model"][1],
+        help="training prompts (the first of the RM paragraph range)",
+    )
+    p.add_argument(
+        "--heldout-count",
+        type=int,
+        default=HELDOUT_RANGE[1],
+        help=f"held-out prompts, from paragraph {HELDOUT_RANGE[0]}",
+    )
+    p.add_argument(
+        "--paragraphs", default=str(ASSETS / "data" / "tinystories" / "val.txt"), help="TinyStories paragraphs"
+    )
     p.add_argument("--max-new-tokens", type=int, default=None, help="most tokens per sample (default: PPO's)")
     p.add_argument("--jobs", type=int, default=2, help="RM trainings at a time (one thread each)")
-    p.add_argument("--report-only", action="store_true",
-                   help="train and sample nothing: write the report of the runs already finished")
-    p.add_argument("--rm-overrides", type=shlex.split, default=[],
-                   help="extra rlhf-lit fit options of every RM run, shell-quoted (e.g. '--trainer.max_epochs 1')")
+    p.add_argument(
+        "--report-only",
+        action="store_true",
+        help="train and sample nothing: write the report of the runs already finished",
+    )
+    p.add_argument(
+        "--rm-overrides",
+        type=shlex.split,
+        default=[],
+        help="extra rlhf-lit fit options of every RM run, shell-quoted (e.g. '--trainer.max_epochs 1')",
+    )
     return p
 
 
@@ -250,8 +329,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     t0 = time.perf_counter()
     temperature, max_new_tokens = ppo_sampling(ROOT / "configs" / "demo" / "ppo.yaml", FULL)
-    sampling = Sampling(args.sft, args.paragraphs, args.samples_per_prompt, args.count, temperature,
-                        args.max_new_tokens or max_new_tokens)  # fmt: skip
+    sampling = Sampling(
+        args.sft,
+        args.paragraphs,
+        args.samples_per_prompt,
+        args.count,
+        temperature,
+        args.max_new_tokens or max_new_tokens,
+    )
     k = sampling.samples_per_prompt
     if args.report_only and not (out / "heldout" / "samples.json").exists():
         print(f"error: --report-only: --out {out} holds no held-out samples yet", file=sys.stderr)
@@ -259,8 +344,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     held = samples(sampling, out / "heldout" / "samples.json", HELDOUT_RANGE[0], args.heldout_count, HELDOUT_SEED)
     heldout = heldout_sets(held, k, out / "heldout")
     seeds = [s for s in args.seeds if not args.report_only or (out / f"seed_{s}" / "samples.json").exists()]
-    judged = {s: samples(sampling, out / f"seed_{s}" / "samples.json", RANGES["reward_model"][0], sampling.count, s)
-              for s in seeds}  # fmt: skip
+    judged = {
+        s: samples(sampling, out / f"seed_{s}" / "samples.json", RANGES["reward_model"][0], sampling.count, s)
+        for s in seeds
+    }
     print(f"[rm-study] samples ready ({time.perf_counter() - t0:.0f} s)", flush=True)
     runs = [Run(v, s, out / f"seed_{s}" / v) for s in seeds for v in args.variants]
     if args.report_only:  # what is not finished is left out of the report, and said
@@ -282,15 +369,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         heldout_pairs = sum(1 for _ in f)
     setup = {
         "command": "python -m demo rm-study " + shlex.join(argv if argv is not None else sys.argv[1:]),
-        "machine": machine(), "samples_per_prompt": k, "train_prompts": sampling.count,
+        "machine": machine(),
+        "samples_per_prompt": k,
+        "train_prompts": sampling.count,
         "train_paragraphs": [RANGES["reward_model"][0], RANGES["reward_model"][0] + sampling.count],
         "heldout_paragraphs": [HELDOUT_RANGE[0], HELDOUT_RANGE[0] + args.heldout_count],
-        "heldout_seed": HELDOUT_SEED, "heldout_pairs": heldout_pairs,
+        "heldout_seed": HELDOUT_SEED,
+        "heldout_pairs": heldout_pairs,
         "judge_calls_per_seed": judged[seeds[0]]["judge_calls"],
         "sampling_seconds": {str(s): judged[s]["seconds"] for s in seeds},
         "heldout_sampling_seconds": held["seconds"],
         "wall_seconds": time.perf_counter() - t0,
-    }  # fmt: skip
+    }
     report = write_study(results, setup, str(out))
     print(f"[rm-study] report: {report}", flush=True)
     return 0

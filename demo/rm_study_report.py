@@ -48,9 +48,12 @@ def markdown(results: Sequence[Mapping], summary: Mapping[str, Mapping], setup: 
     """``study.md``: the setup, the table over seeds and the per-seed rows."""
     lo, hi = setup["heldout_paragraphs"]
     lines = [
-        "# Rankings against pairs: RM held-out pair accuracy", "",
-        f"Command: `{setup['command']}`", "",
-        f"Machine: {setup['machine']}.", "",
+        "# Rankings against pairs: RM held-out pair accuracy",
+        "",
+        f"Command: `{setup['command']}`",
+        "",
+        f"Machine: {setup['machine']}.",
+        "",
         f"Per seed: {setup['train_prompts']} prompts (paragraphs {setup['train_paragraphs'][0]}-"
         f"{setup['train_paragraphs'][1] - 1}), K = {setup['samples_per_prompt']} SFT samples each, "
         f"{setup['judge_calls_per_seed']} judge calls, shared by every variant. Held-out set: "
@@ -58,11 +61,13 @@ def markdown(results: Sequence[Mapping], summary: Mapping[str, Mapping], setup: 
         f"{setup['heldout_seed']}) of paragraphs {lo}-{hi - 1}, the same for every run. "
         f"Sampling and judging took {_seconds(setup['sampling_seconds'].values())} s per seed (wall) and "
         f"{setup['heldout_sampling_seconds']:.0f} s for the held-out set; every RM fit's wall time is in "
-        f"the tables; this invocation (finished runs reused) took {setup['wall_seconds']:.0f} s.", "",
-        "Mean ± standard error over seeds (accuracy and loss on the held-out pairs after the last epoch):", "",
+        f"the tables; this invocation (finished runs reused) took {setup['wall_seconds']:.0f} s.",
+        "",
+        "Mean ± standard error over seeds (accuracy and loss on the held-out pairs after the last epoch):",
+        "",
         "| variant | seeds | records | comparisons | sequences / epoch | accuracy | accuracy by epoch | loss | fit wall s |",
         "|---|---|---|---|---|---|---|---|---|",
-    ]  # fmt: skip
+    ]
     for variant, entry in summary.items():
         by_epoch = " / ".join(f"{m:.3f}" for m, _ in entry["accuracy_by_epoch"])
         lines.append(
@@ -70,12 +75,19 @@ def markdown(results: Sequence[Mapping], summary: Mapping[str, Mapping], setup: 
             f"{entry['sequences'][0]:.0f} | {_fmt(entry['accuracy'])} | {by_epoch} | {_fmt(entry['loss'])} | "
             f"{entry['fit_seconds'][0]:.0f} |"
         )
-    lines += ["", "Per seed:", "", "| variant | seed | records | comparisons | accuracy by epoch | loss | fit wall s |",
-              "|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines += [
+        "",
+        "Per seed:",
+        "",
+        "| variant | seed | records | comparisons | accuracy by epoch | loss | fit wall s |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in results:
         by_epoch = " / ".join(f"{a:.3f}" for a in r["val"]["val/accuracy"])
-        lines.append(f"| {r['variant']} | {r['seed']} | {r['counts']['records']} | {r['counts']['comparisons']} | "
-                     f"{by_epoch} | {r['val']['val/loss'][-1]:.4f} | {r['fit_seconds']:.0f} |")  # fmt: skip
+        lines.append(
+            f"| {r['variant']} | {r['seed']} | {r['counts']['records']} | {r['counts']['comparisons']} | "
+            f"{by_epoch} | {r['val']['val/loss'][-1]:.4f} | {r['fit_seconds']:.0f} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -93,8 +105,10 @@ def write_study(results: Sequence[Mapping], setup: Mapping, out_dir: str) -> str
     from rlhf_lit.artifacts import write_text_atomically
 
     summary = summarise(results)
-    write_text_atomically(os.path.join(out_dir, "study.json"),
-                          json.dumps({"setup": setup, "summary": summary, "runs": list(results)}, indent=1))
+    write_text_atomically(
+        os.path.join(out_dir, "study.json"),
+        json.dumps({"setup": setup, "summary": summary, "runs": list(results)}, indent=1),
+    )
     path = os.path.join(out_dir, "study.md")
     write_text_atomically(path, markdown(results, summary, setup))
     return path

@@ -53,16 +53,30 @@ def fit_command(config: Path | str, overrides: Sequence[str]) -> list[str]:
 
 def tb_logger(folder: Path) -> list[str]:
     """The run's TensorBoard logs in ``<folder>/tb/version_0`` (the demo configs' logger)."""
-    return ["--trainer.logger.init_args.save_dir", str(folder), "--trainer.logger.init_args.name", "tb",
-            "--trainer.logger.init_args.version", "0"]  # fmt: skip
+    return [
+        "--trainer.logger.init_args.save_dir",
+        str(folder),
+        "--trainer.logger.init_args.name",
+        "tb",
+        "--trainer.logger.init_args.version",
+        "0",
+    ]
 
 
 def rollout_checkpointing(every: int, dirpath: Path, keep_all: bool = True) -> list[str]:
     """A ``RolloutCheckpoint`` (weights only) every ``every`` rollouts into ``dirpath``; ``keep_all``: every one kept."""
-    return ["--trainer.enable_checkpointing", "true", "--trainer.callbacks+=rlhf_lit.callbacks.RolloutCheckpoint",
-            "--trainer.callbacks.every_n_rollouts", str(every), "--trainer.callbacks.dirpath", str(dirpath),
-            *(["--trainer.callbacks.save_top_k", "-1"] if keep_all else []),
-            "--trainer.callbacks.save_weights_only", "true"]  # fmt: skip
+    return [
+        "--trainer.enable_checkpointing",
+        "true",
+        "--trainer.callbacks+=rlhf_lit.callbacks.RolloutCheckpoint",
+        "--trainer.callbacks.every_n_rollouts",
+        str(every),
+        "--trainer.callbacks.dirpath",
+        str(dirpath),
+        *(["--trainer.callbacks.save_top_k", "-1"] if keep_all else []),
+        "--trainer.callbacks.save_weights_only",
+        "true",
+    ]
 
 
 def seed_overrides(seed: int, rollouts: bool) -> list[str]:
@@ -72,12 +86,28 @@ def seed_overrides(seed: int, rollouts: bool) -> list[str]:
     return common + (["--model.init_args.rollout_seed", str(seed)] if rollouts else [])
 
 
-def evaluate_command(policy: Path | str, reference: Path | str, paragraphs: str, count: int, max_new_tokens: int,
-                     out: Path) -> list[str]:  # fmt: skip
+def evaluate_command(
+    policy: Path | str, reference: Path | str, paragraphs: str, count: int, max_new_tokens: int, out: Path
+) -> list[str]:
     """``python -m demo evaluate`` of ``policy`` on the first ``count`` held-out prompts, KL to ``reference``."""
-    return [sys.executable, "-m", "demo", "evaluate", "--policy", str(policy), "--reference", str(reference),
-            "--paragraphs", paragraphs, "--count", str(count), "--max-new-tokens", str(max_new_tokens),
-            "--out", str(out)]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "demo",
+        "evaluate",
+        "--policy",
+        str(policy),
+        "--reference",
+        str(reference),
+        "--paragraphs",
+        paragraphs,
+        "--count",
+        str(count),
+        "--max-new-tokens",
+        str(max_new_tokens),
+        "--out",
+        str(out),
+    ]
 
 
 # ------------------------------------------------------------------ one run, a pool of runs
@@ -233,8 +263,15 @@ def run_stages(stages: dict[str, list[str]], logs: Path, timings: Timings) -> No
 
 
 # ------------------------------------------------------------------ the held-out evaluation
-def held_out_metrics(policy: Path | str, reference: Path | str, paragraphs: str, count: int, max_new_tokens: int,
-                     out: Path, log: Path | IO[str]) -> dict:  # fmt: skip
+def held_out_metrics(
+    policy: Path | str,
+    reference: Path | str,
+    paragraphs: str,
+    count: int,
+    max_new_tokens: int,
+    out: Path,
+    log: Path | IO[str],
+) -> dict:
     """The demo's held-out evaluation of ``policy`` (:func:`demo.held_out_eval.evaluate`, in a subprocess of
     one thread, its output in ``log``), unless ``out`` holds it already; the ``metrics`` of ``out``."""
     if not out.exists():

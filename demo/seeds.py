@@ -40,7 +40,6 @@ from pathlib import Path
 from demo.plan import ASSETS, ROOT, parse_betas
 from demo.runner import (
     claim_study,
-    fit_command as rlhf_lit_fit,
     fresh_run,
     held_out_metrics,
     rollout_checkpointing,
@@ -49,6 +48,7 @@ from demo.runner import (
     seed_overrides,
     tb_logger,
 )
+from demo.runner import fit_command as rlhf_lit_fit
 from rlhf_lit.artifacts import write_text_atomically
 from rlhf_lit.integrity import check_json_file
 
@@ -92,23 +92,41 @@ def parse_variant(text: str) -> tuple[str, tuple[str, ...]]:
     name, _, overrides = text.partition("=")
     if not _NAME.fullmatch(name) or name == "dpo":  # a folder name under --out: no '/', no '..'
         raise argparse.ArgumentTypeError(
-            f"--variant {text!r}: NAME must be letters, digits, '_', '.' or '-' (not first), and not 'dpo'")
+            f"--variant {text!r}: NAME must be letters, digits, '_', '.' or '-' (not first), and not 'dpo'"
+        )
     return name, tuple(shlex.split(overrides))
 
 
 def fit_command(job: Job, demo: Path, checkpoint_every: int) -> list[str]:
     """``rlhf-lit fit`` of ``job`` on the demo folder's models and data (the seed's options: the module docstring)."""
     if job.method == "dpo":
-        inputs = ["--model.init_args.model", str(demo / "sft" / "model"),
-                  "--data.init_args.train_path", str(demo / "prefs" / "preferences.jsonl")]
+        inputs = [
+            "--model.init_args.model",
+            str(demo / "sft" / "model"),
+            "--data.init_args.train_path",
+            str(demo / "prefs" / "preferences.jsonl"),
+        ]
     else:
-        inputs = ["--model.init_args.sft_model", str(demo / "sft" / "model"),
-                  "--model.init_args.reward_model", str(demo / "reward_model" / "model"),
-                  "--data.init_args.train_path", str(demo / "data" / "ppo.txt"),
-                  *rollout_checkpointing(checkpoint_every, job.dir / "checkpoints")]  # fmt: skip
-    return rlhf_lit_fit(CONFIG_DIR / f"{job.method}.yaml", [
-        *inputs, *tb_logger(job.dir), "--model.init_args.export_dir", str(job.dir / "model"),
-        *seed_overrides(job.seed, rollouts=job.method == "ppo"), *job.overrides])  # fmt: skip
+        inputs = [
+            "--model.init_args.sft_model",
+            str(demo / "sft" / "model"),
+            "--model.init_args.reward_model",
+            str(demo / "reward_model" / "model"),
+            "--data.init_args.train_path",
+            str(demo / "data" / "ppo.txt"),
+            *rollout_checkpointing(checkpoint_every, job.dir / "checkpoints"),
+        ]
+    return rlhf_lit_fit(
+        CONFIG_DIR / f"{job.method}.yaml",
+        [
+            *inputs,
+            *tb_logger(job.dir),
+            "--model.init_args.export_dir",
+            str(job.dir / "model"),
+            *seed_overrides(job.seed, rollouts=job.method == "ppo"),
+            *job.overrides,
+        ],
+    )
 
 
 @dataclass(frozen=True)
@@ -128,8 +146,9 @@ class Evaluation:
 
 def _evaluate(policy: Path, demo: Path, out: Path, evaluation: Evaluation, log) -> dict:
     """The demo's held-out evaluation of ``policy`` (:func:`demo.runner.held_out_metrics`); its metrics."""
-    return held_out_metrics(policy, demo / "sft" / "model", evaluation.paragraphs, evaluation.count,
-                            evaluation.max_new_tokens, out, log)  # fmt: skip
+    return held_out_metrics(
+        policy, demo / "sft" / "model", evaluation.paragraphs, evaluation.count, evaluation.max_new_tokens, out, log
+    )
 
 
 def run_job(job: Job, demo: Path, evaluation: Evaluation, checkpoint_every: int) -> dict:
@@ -137,8 +156,8 @@ def run_job(job: Job, demo: Path, evaluation: Evaluation, checkpoint_every: int)
     if job.result_path.exists():
         return check_json_file(job.result_path, want_object=False)
     from demo.frontier import export_checkpoint_policy
-    from rlhf_lit.models.checkpoint_policy import rollout_checkpoints
     from demo.report import read_scalars
+    from rlhf_lit.models.checkpoint_policy import rollout_checkpoints
 
     fresh_run(job.dir, RUN_MARKER, f"{job.method} {job.name} seed {job.seed}", COMMAND)
     with open(job.dir / "log.txt", "w", encoding="utf-8") as log:
@@ -150,15 +169,24 @@ def run_job(job: Job, demo: Path, evaluation: Evaluation, checkpoint_every: int)
             final = len(curves["objective/kl"])
             for rollout, path in sorted(rollout_checkpoints(str(job.dir / "checkpoints")).items()):
                 if rollout != final:  # the final checkpoint holds the export's weights
-                    policy = Path(export_checkpoint_policy(path, str(demo / "sft" / "model"),
-                                                           str(job.dir / f"rollout_{rollout}")))
-                    evaluations[rollout] = _evaluate(policy, demo, job.dir / f"eval_rollout_{rollout}.json", evaluation, log)
+                    policy = Path(
+                        export_checkpoint_policy(path, str(demo / "sft" / "model"), str(job.dir / f"rollout_{rollout}"))
+                    )
+                    evaluations[rollout] = _evaluate(
+                        policy, demo, job.dir / f"eval_rollout_{rollout}.json", evaluation, log
+                    )
             evaluations[final] = _evaluate(job.dir / "model", demo, job.dir / "eval.json", evaluation, log)
         else:
             curves = {}
             evaluations["final"] = _evaluate(job.dir / "model", demo, job.dir / "eval.json", evaluation, log)
-    result = {"method": job.method, "name": job.name, "seed": job.seed, "overrides": list(job.overrides),
-              "curves": curves, "evaluations": evaluations}  # fmt: skip
+    result = {
+        "method": job.method,
+        "name": job.name,
+        "seed": job.seed,
+        "overrides": list(job.overrides),
+        "curves": curves,
+        "evaluations": evaluations,
+    }
     write_text_atomically(job.result_path, json.dumps(result, indent=1))  # a killed run leaves no half-written result
     return result
 
@@ -168,36 +196,52 @@ def claim(out: Path) -> None:
     claim_study(out, MARKER, COMMAND)
 
 
-def plan(out: Path, seeds: Sequence[int], variants: Sequence[tuple[str, tuple[str, ...]]],
-         betas: Sequence[float]) -> list[Job]:
+def plan(
+    out: Path, seeds: Sequence[int], variants: Sequence[tuple[str, tuple[str, ...]]], betas: Sequence[float]
+) -> list[Job]:
     """Every run of the study: each variant and each DPO beta, once per seed."""
     jobs = [Job("ppo", name, s, overrides, out / name / f"seed_{s}") for name, overrides in variants for s in seeds]
     for beta in betas:
         name = f"beta_{beta:g}"
-        jobs += [Job("dpo", name, s, ("--model.init_args.beta", f"{beta:g}"), out / "dpo" / name / f"seed_{s}")
-                 for s in seeds]  # fmt: skip
+        jobs += [
+            Job("dpo", name, s, ("--model.init_args.beta", f"{beta:g}"), out / "dpo" / name / f"seed_{s}")
+            for s in seeds
+        ]
     return jobs
 
 
 def build_parser() -> argparse.ArgumentParser:
     """Options of ``python -m demo seeds``."""
-    p = argparse.ArgumentParser(prog="python -m demo seeds", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)  # fmt: skip
-    p.add_argument("--demo", required=True, help="a finished `make demo` folder (its sft, reward_model, data and prefs)")
+    p = argparse.ArgumentParser(
+        prog="python -m demo seeds",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument(
+        "--demo", required=True, help="a finished `make demo` folder (its sft, reward_model, data and prefs)"
+    )
     p.add_argument("--out", required=True, help="folder for the runs and the report")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds of every run")
-    p.add_argument("--variant", type=parse_variant, action="append", default=None,
-                   help="NAME or NAME=OVERRIDES: the demo PPO config with these rlhf-lit fit options (repeatable; "
-                        "default: one variant 'default' without overrides)")
+    p.add_argument(
+        "--variant",
+        type=parse_variant,
+        action="append",
+        default=None,
+        help="NAME or NAME=OVERRIDES: the demo PPO config with these rlhf-lit fit options (repeatable; "
+        "default: one variant 'default' without overrides)",
+    )
     p.add_argument("--dpo-betas", type=parse_betas, default=(0.05, 0.1, 0.3), help="DPO betas of the sweep")
     p.add_argument("--skip-dpo", action="store_true", help="no DPO runs (and no comparison with DPO)")
     p.add_argument("--checkpoint-every", type=int, default=10, help="PPO rollouts between evaluated checkpoints")
     p.add_argument("--jobs", type=int, default=2, help="runs at a time (one thread each)")
-    p.add_argument("--paragraphs", default=None,
-                   help="the held-out stories (default: the demo's TinyStories val.txt)")
+    p.add_argument("--paragraphs", default=None, help="the held-out stories (default: the demo's TinyStories val.txt)")
     p.add_argument("--eval-count", type=int, default=256, help="held-out prompts each policy is measured on")
-    p.add_argument("--max-new-tokens", type=int, default=48,
-                   help="most tokens per evaluated response: keep it PPO's sampling.max_new_tokens")
+    p.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=48,
+        help="most tokens per evaluated response: keep it PPO's sampling.max_new_tokens",
+    )
     p.add_argument("--baseline", default=None, help="variant that curves.png draws first (default: the first)")
     return p
 
@@ -213,8 +257,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     demo, out = Path(args.demo), Path(args.out)
     for need in ("sft/model", "reward_model/model", "data/ppo.txt", "prefs/preferences.jsonl"):
         if not (demo / need).exists():
-            print(f"error: --demo {demo} has no {need}: run `make demo` (or the pipeline with --out {demo}) first",
-                  file=sys.stderr)  # fmt: skip
+            print(
+                f"error: --demo {demo} has no {need}: run `make demo` (or the pipeline with --out {demo}) first",
+                file=sys.stderr,
+            )
             return 2
     try:
         claim(out)
@@ -222,8 +268,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     variants = args.variant or [("default", ())]
-    evaluation = Evaluation(args.paragraphs or str(ASSETS / "data" / "tinystories" / "val.txt"), args.eval_count,
-                            args.max_new_tokens)  # fmt: skip
+    evaluation = Evaluation(
+        args.paragraphs or str(ASSETS / "data" / "tinystories" / "val.txt"), args.eval_count, args.max_new_tokens
+    )
     jobs = plan(out, args.seeds, variants, () if args.skip_dpo else args.dpo_betas)
     print(f"[seeds] {len(jobs)} runs, {args.jobs} at a time -> {out}", flush=True)
 
@@ -235,8 +282,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     results = run_pool(one, jobs, args.jobs)
     sft = _evaluate(demo / "sft" / "model", demo, out / "eval_sft.json", evaluation, out / "eval_sft.log")
     best_of_n = demo / "best_of_n" / "best_of_n.json"
-    report = write_study(results, sft, str(out), best_of_n=str(best_of_n) if best_of_n.exists() else None,
-                         baseline=args.baseline)  # fmt: skip
+    report = write_study(
+        results, sft, str(out), best_of_n=str(best_of_n) if best_of_n.exists() else None, baseline=args.baseline
+    )
     print(f"[seeds] report: {report}", flush=True)
     return 0
 

@@ -70,8 +70,11 @@ def _against_best_of_n(metrics: Mapping, bon: Sequence[tuple[float, float]]) -> 
 
 def _rise(curve: Sequence[float]) -> dict[str, float]:
     first, last = curve[:WINDOW], curve[-WINDOW:]
-    return {"first": sum(first) / len(first), "last": sum(last) / len(last),
-            "rise": sum(last) / len(last) - sum(first) / len(first)}  # fmt: skip
+    return {
+        "first": sum(first) / len(first),
+        "last": sum(last) / len(last),
+        "rise": sum(last) / len(last) - sum(first) / len(first),
+    }
 
 
 def _final(result: Mapping) -> dict:
@@ -133,13 +136,25 @@ def summarise(results: Sequence[Mapping], sft: Mapping, best_of_n: Mapping | Non
         variant["seeds"].append(row)
         for rollout, metrics in r["evaluations"].items():
             variant["checkpoints"].setdefault(str(rollout), []).append({**metrics, **_against_best_of_n(metrics, bon)})
-    keys = [*METRICS, "objective_first", "objective_last", "objective_rise", "judge_gain", "distinct_2_ratio",
-            "dpo_judge_at_kl", "judge_minus_dpo", "bon_judge_at_kl", "judge_minus_bon"]  # fmt: skip
+    keys = [
+        *METRICS,
+        "objective_first",
+        "objective_last",
+        "objective_rise",
+        "judge_gain",
+        "distinct_2_ratio",
+        "dpo_judge_at_kl",
+        "judge_minus_dpo",
+        "bon_judge_at_kl",
+        "judge_minus_bon",
+    ]
     for variant in variants.values():
         variant["seeds"].sort(key=lambda row: row["seed"])
         variant["mean"] = _over_seeds(variant["seeds"], keys)
-        variant["checkpoints"] = {k: _over_seeds(v, ("judge_mean", "kl_mean", "distinct_2", "judge_minus_bon"))
-                                  for k, v in sorted(variant["checkpoints"].items(), key=lambda kv: int(kv[0]))}  # fmt: skip
+        variant["checkpoints"] = {
+            k: _over_seeds(v, ("judge_mean", "kl_mean", "distinct_2", "judge_minus_bon"))
+            for k, v in sorted(variant["checkpoints"].items(), key=lambda kv: int(kv[0]))
+        }
     dpo_summary = {name: _over_seeds([_final(r) for r in runs], METRICS) for name, runs in dpo.items()}
     return {"sft": {k: sft[k] for k in METRICS}, "window": WINDOW, "ppo": variants, "dpo": dpo_summary}
 
@@ -159,11 +174,17 @@ def markdown(summary: Mapping) -> list[str]:
     """The tables of ``study.md``."""
     sft = summary["sft"]
     w = summary["window"]
-    lines = [f"SFT: judge {sft['judge_mean']:.3f}, distinct-2 {sft['distinct_2']:.3f}, length {sft['length_mean']:.1f}.", ""]
+    lines = [
+        f"SFT: judge {sft['judge_mean']:.3f}, distinct-2 {sft['distinct_2']:.3f}, length {sft['length_mean']:.1f}.",
+        "",
+    ]
     for name, v in summary["ppo"].items():
-        lines += [f"## PPO `{name}`" + (f": `{' '.join(v['overrides'])}`" if v["overrides"] else " (the config as it is)"), "",
-                  f"| seed | rlhf_reward first {w} | last {w} | rise | judge | KL | distinct-2 | length | ended | DPO judge at this KL |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+        lines += [
+            f"## PPO `{name}`" + (f": `{' '.join(v['overrides'])}`" if v["overrides"] else " (the config as it is)"),
+            "",
+            f"| seed | rlhf_reward first {w} | last {w} | rise | judge | KL | distinct-2 | length | ended | DPO judge at this KL |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+        ]
         for row in v["seeds"]:
             lines.append(
                 f"| {row['seed']} | {row['objective_first']:+.3f} | {row['objective_last']:+.3f} | {row['objective_rise']:+.3f} "
@@ -182,16 +203,21 @@ def markdown(summary: Mapping) -> list[str]:
             "interpolated between its N).",
             "",
             "Along training (held-out, mean +- s.e. over seeds): "
-            + "; ".join(f"rollout {k}: judge {_pm(c.get('judge_mean'))} at {_pm(c.get('kl_mean'), 2)} nats, "
-                        f"distinct-2 {_pm(c.get('distinct_2'))}, minus best-of-N {_pm(c.get('judge_minus_bon'))}"
-                        for k, c in v["checkpoints"].items()) + ".",
+            + "; ".join(
+                f"rollout {k}: judge {_pm(c.get('judge_mean'))} at {_pm(c.get('kl_mean'), 2)} nats, "
+                f"distinct-2 {_pm(c.get('distinct_2'))}, minus best-of-N {_pm(c.get('judge_minus_bon'))}"
+                for k, c in v["checkpoints"].items()
+            )
+            + ".",
             "",
-        ]  # fmt: skip
+        ]
     if summary["dpo"]:
         lines += ["## DPO", "", "| beta | judge | KL | distinct-2 | length |", "|---|---|---|---|---|"]
         for name, m in summary["dpo"].items():
-            lines.append(f"| {name.removeprefix('beta_')} | {_pm(m.get('judge_mean'))} | {_pm(m.get('kl_mean'), 2)} "
-                         f"| {_pm(m.get('distinct_2'))} | {_pm(m.get('length_mean'), 1)} |")  # fmt: skip
+            lines.append(
+                f"| {name.removeprefix('beta_')} | {_pm(m.get('judge_mean'))} | {_pm(m.get('kl_mean'), 2)} "
+                f"| {_pm(m.get('distinct_2'))} | {_pm(m.get('length_mean'), 1)} |"
+            )
         lines.append("")
     return lines
 
@@ -205,8 +231,11 @@ def draw_curves(results: Sequence[Mapping], path: str, order: Sequence[str]) -> 
 
     fig = Figure(figsize=(12, 3.6), dpi=100)
     FigureCanvasAgg(fig)
-    titles = {"objective/rlhf_reward": "shaped objective (score - beta KL)", "objective/scores": "RM score",
-              "objective/kl": "KL per response (nats)"}  # fmt: skip
+    titles = {
+        "objective/rlhf_reward": "shaped objective (score - beta KL)",
+        "objective/scores": "RM score",
+        "objective/kl": "KL per response (nats)",
+    }
     for i, tag in enumerate(CURVE_TAGS):
         ax = fig.add_subplot(1, len(CURVE_TAGS), i + 1)
         for c, name in enumerate(order):
@@ -216,8 +245,14 @@ def draw_curves(results: Sequence[Mapping], path: str, order: Sequence[str]) -> 
             means = [m for m, _ in stats]
             ses = [0.0 if se is None else se for _, se in stats]
             ax.plot(range(length), means, color=f"C{c}", label=f"{name} ({len(curves)} seeds)")
-            ax.fill_between(range(length), [m - s for m, s in zip(means, ses)], [m + s for m, s in zip(means, ses)],
-                            color=f"C{c}", alpha=0.25, linewidth=0)  # fmt: skip
+            ax.fill_between(
+                range(length),
+                [m - s for m, s in zip(means, ses)],
+                [m + s for m, s in zip(means, ses)],
+                color=f"C{c}",
+                alpha=0.25,
+                linewidth=0,
+            )
         ax.set(title=titles[tag], xlabel="rollout")
         ax.grid(alpha=0.3)
         if i == 0:
@@ -233,8 +268,15 @@ def frontier_points(summary: Mapping, best_of_n: Mapping | None):
 
     def point(method: str, setting: str, stats: Mapping) -> FrontierPoint:
         judge = stats["judge_mean"]
-        return FrontierPoint(method, setting, kl=stats["kl_mean"]["mean"], score=judge["mean"],
-                             score_se=judge["se"] or 0.0, n=judge["n"], note="mean over seeds")  # fmt: skip
+        return FrontierPoint(
+            method,
+            setting,
+            kl=stats["kl_mean"]["mean"],
+            score=judge["mean"],
+            score_se=judge["se"] or 0.0,
+            n=judge["n"],
+            note="mean over seeds",
+        )
 
     points = [FrontierPoint("SFT", "-", 0.0, summary["sft"]["judge_mean"], 0.0, 1)]
     for name, v in summary["ppo"].items():
@@ -245,8 +287,9 @@ def frontier_points(summary: Mapping, best_of_n: Mapping | None):
     return points
 
 
-def write_study(results: Sequence[Mapping], sft: Mapping, out_dir: str, best_of_n: str | None = None,
-                baseline: str | None = None) -> str:
+def write_study(
+    results: Sequence[Mapping], sft: Mapping, out_dir: str, best_of_n: str | None = None, baseline: str | None = None
+) -> str:
     """``study.json``, ``study.md``, ``curves.png`` and ``frontier.png`` in ``out_dir``; returns the ``.md`` path."""
     from demo.frontier import draw_frontier
 
@@ -263,9 +306,14 @@ def write_study(results: Sequence[Mapping], sft: Mapping, out_dir: str, best_of_
         order = [baseline, *(name for name in order if name != baseline)]
     figures = []
     if order:
-        figures.append(f"![curves]({os.path.basename(draw_curves(results, os.path.join(out_dir, 'curves.png'), order))})")
-    png = draw_frontier(frontier_points(summary, bon), os.path.join(out_dir, "frontier.png"),
-                        title="Judge score against KL to SFT (mean over seeds)")  # fmt: skip
+        figures.append(
+            f"![curves]({os.path.basename(draw_curves(results, os.path.join(out_dir, 'curves.png'), order))})"
+        )
+    png = draw_frontier(
+        frontier_points(summary, bon),
+        os.path.join(out_dir, "frontier.png"),
+        title="Judge score against KL to SFT (mean over seeds)",
+    )
     figures.append(f"![frontier]({os.path.basename(png)})")
     path = os.path.join(out_dir, "study.md")
     with open(path, "w", encoding="utf-8") as f:

@@ -52,9 +52,7 @@ def check_range(start: int, count: int, total: int, path: str) -> None:
     if start < 0 or count < 1:
         raise ValueError(f"need start >= 0 and count >= 1, got start={start}, count={count}")
     if start + count > total:
-        raise ValueError(
-            f"paragraphs [{start}, {start + count}) asked for, but {path} has only {total}"
-        )
+        raise ValueError(f"paragraphs [{start}, {start + count}) asked for, but {path} has only {total}")
 
 
 def load_prompts(path: str, start: int, count: int, num_words: int) -> tuple[list[int], list[str]]:
@@ -65,9 +63,7 @@ def load_prompts(path: str, start: int, count: int, num_words: int) -> tuple[lis
     return indices, [opening_words(paragraphs[i], num_words) for i in indices]
 
 
-def write_splits(
-    path: str, out_dir: str, ranges: dict[str, tuple[int, int]] = RANGES
-) -> dict[str, str]:
+def write_splits(path: str, out_dir: str, ranges: dict[str, tuple[int, int]] = RANGES) -> dict[str, str]:
     """Write each range of paragraphs to ``out_dir/<stage>.txt`` (blank-line separated).
 
     Returns ``stage -> written path``. Ranges must not overlap.

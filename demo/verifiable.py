@@ -69,8 +69,16 @@ def write_prompt_files(paragraphs_path: str, out_dir: Path, heldout: int) -> tup
     return paths[0], paths[1], len(records) - heldout, heldout
 
 
-def satisfaction(model_dir: str, records: list[dict], *, greedy: bool, max_new_tokens: int,
-                 min_count: int, seed: int = 0, batch_size: int = 64) -> dict:
+def satisfaction(
+    model_dir: str,
+    records: list[dict],
+    *,
+    greedy: bool,
+    max_new_tokens: int,
+    min_count: int,
+    seed: int = 0,
+    batch_size: int = 64,
+) -> dict:
     """Rule-satisfaction rate of ``model_dir`` on ``records`` (one response per prompt)."""
     import torch
 
@@ -85,35 +93,67 @@ def satisfaction(model_dir: str, records: list[dict], *, greedy: bool, max_new_t
     model = load_causal_lm(model_dir).eval()
     sampling = SamplingConfig(max_new_tokens=max_new_tokens, do_sample=not greedy)
     with torch.no_grad():
-        batches = sample_batches(model, tokenizer, [r["prompt"] for r in records], sampling,
-                                 batch_size=batch_size, seed=seed)
+        batches = sample_batches(
+            model, tokenizer, [r["prompt"] for r in records], sampling, batch_size=batch_size, seed=seed
+        )
     responses = []
     for g in batches:
         responses += response_texts(tokenizer, g.query_responses, g.attention_mask, g.response_mask, g.ended)
     n = len(responses)
-    batch = RewardBatch(prompts=[r["prompt"] for r in records], responses=responses, response_ids=[[]] * n,
-                        ended=[False] * n, extras={"ground_truth": [r["ground_truth"] for r in records]})
+    batch = RewardBatch(
+        prompts=[r["prompt"] for r in records],
+        responses=responses,
+        response_ids=[[]] * n,
+        ended=[False] * n,
+        extras={"ground_truth": [r["ground_truth"] for r in records]},
+    )
     scores = mentions_ground_truth(batch, min_count=min_count)
-    return {"rate": sum(scores) / n, "n": n,
-            "samples": [{"prompt": r["prompt"], "response": t, "ok": s}
-                        for r, t, s in zip(records[:4], responses[:4], scores[:4])]}
+    return {
+        "rate": sum(scores) / n,
+        "n": n,
+        "samples": [
+            {"prompt": r["prompt"], "response": t, "ok": s} for r, t, s in zip(records[:4], responses[:4], scores[:4])
+        ],
+    }
 
 
 def _fit_command(config: Path, estimator: str, out: Path, train: Path, args: argparse.Namespace) -> list[str]:
     spp = "1" if estimator == "gae" else str(args.samples_per_prompt)
-    cmd = fit_command(config, [
-        "--model.init_args.sft_model", args.base_model,
-        "--model.init_args.ppo.estimator", estimator,
-        "--model.init_args.sampling.samples_per_prompt", spp,
-        "--model.init_args.sampling.max_new_tokens", str(args.max_new_tokens),
-        "--model.init_args.max_rollouts", str(args.rollouts),
-        "--model.init_args.export_dir", str(out / estimator / "model"),
-        "--model.init_args.reward.sources", json.dumps(
-            [{"name": "mentions", "function": "rlhf_lit.rewards.rules:mentions_ground_truth",
-              "kwargs": {"min_count": args.min_count}}]),
-        "--trainer.logger.init_args.save_dir", str(out), "--trainer.logger.init_args.name", estimator,
-        "--trainer.logger.init_args.version", "0",
-        "--data.init_args.train_path", str(train)])  # fmt: skip
+    cmd = fit_command(
+        config,
+        [
+            "--model.init_args.sft_model",
+            args.base_model,
+            "--model.init_args.ppo.estimator",
+            estimator,
+            "--model.init_args.sampling.samples_per_prompt",
+            spp,
+            "--model.init_args.sampling.max_new_tokens",
+            str(args.max_new_tokens),
+            "--model.init_args.max_rollouts",
+            str(args.rollouts),
+            "--model.init_args.export_dir",
+            str(out / estimator / "model"),
+            "--model.init_args.reward.sources",
+            json.dumps(
+                [
+                    {
+                        "name": "mentions",
+                        "function": "rlhf_lit.rewards.rules:mentions_ground_truth",
+                        "kwargs": {"min_count": args.min_count},
+                    }
+                ]
+            ),
+            "--trainer.logger.init_args.save_dir",
+            str(out),
+            "--trainer.logger.init_args.name",
+            estimator,
+            "--trainer.logger.init_args.version",
+            "0",
+            "--data.init_args.train_path",
+            str(train),
+        ],
+    )
     if estimator == "gae":
         cmd += ["--model.init_args.value_model", args.base_model]
         # k = 1: the same number of sampled responses per rollout as the group estimators
@@ -157,25 +197,39 @@ def write_report(out: Path, results: dict, timings: dict, commands: dict, args: 
     fig.savefig(out / "curves.png", dpi=100)
     plt.close(fig)
 
-    lines = ["# Verifiable-reward task", "",
-             f"Rule: the response names the prompt's character at least {args.min_count} time(s) "
-             f"(`rlhf_lit.rewards.rules:mentions_ground_truth`); {results['base']['sampled']['n']} held-out "
-             f"prompts; {args.max_new_tokens} new tokens; {args.rollouts} rollouts of "
-             f"{args.prompts_per_rollout * args.samples_per_prompt} responses each.", "",
-             "| model | rule rate sampled (T=1, seed 0) | rule rate greedy | final KL (nats / response) | run wall (s) | s / rollout |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        "# Verifiable-reward task",
+        "",
+        f"Rule: the response names the prompt's character at least {args.min_count} time(s) "
+        f"(`rlhf_lit.rewards.rules:mentions_ground_truth`); {results['base']['sampled']['n']} held-out "
+        f"prompts; {args.max_new_tokens} new tokens; {args.rollouts} rollouts of "
+        f"{args.prompts_per_rollout * args.samples_per_prompt} responses each.",
+        "",
+        "| model | rule rate sampled (T=1, seed 0) | rule rate greedy | final KL (nats / response) | run wall (s) | s / rollout |",
+        "|---|---|---|---|---|---|",
+    ]
     for name, r in results.items():
         kl = r.get("final_kl")
         t, rs = timings.get(name), r.get("rollout_s")
-        lines.append(f"| {name} | {r['sampled']['rate']:.3f} | {r['greedy']['rate']:.3f} | "
-                     f"{'-' if kl is None else f'{kl:.2f}'} | {'-' if t is None else f'{t:.0f}'} | "
-                     f"{'-' if rs is None else f'{rs:.2f}'} |")
-    lines += ["", "s / rollout = mean of time/generate_s + time/score_s + time/train_s (generation, scoring, the "
-              "PPO update) per rollout; run wall = the whole fit command, model loading included. The three "
-              "runs go in parallel on the machine's cores, one thread each. final KL = objective/kl of the "
-              "last rollout (sum over response tokens of log pi - log pi_ref on the rollout's samples).", "", "![curves](curves.png)", "",
-              "Tags plotted: " + ", ".join(f"{e}: {c[0]}, {c[1]}" for e, c in curves.items()), "",
-              "## Commands", ""]
+        lines.append(
+            f"| {name} | {r['sampled']['rate']:.3f} | {r['greedy']['rate']:.3f} | "
+            f"{'-' if kl is None else f'{kl:.2f}'} | {'-' if t is None else f'{t:.0f}'} | "
+            f"{'-' if rs is None else f'{rs:.2f}'} |"
+        )
+    lines += [
+        "",
+        "s / rollout = mean of time/generate_s + time/score_s + time/train_s (generation, scoring, the "
+        "PPO update) per rollout; run wall = the whole fit command, model loading included. The three "
+        "runs go in parallel on the machine's cores, one thread each. final KL = objective/kl of the "
+        "last rollout (sum over response tokens of log pi - log pi_ref on the rollout's samples).",
+        "",
+        "![curves](curves.png)",
+        "",
+        "Tags plotted: " + ", ".join(f"{e}: {c[0]}, {c[1]}" for e, c in curves.items()),
+        "",
+        "## Commands",
+        "",
+    ]
     lines += [f"- {e}: `{' '.join(c)}`" for e, c in commands.items()]
     lines += ["", "## Samples (sampled, held-out)", ""]
     for name, r in results.items():
@@ -187,8 +241,9 @@ def write_report(out: Path, results: dict, timings: dict, commands: dict, args: 
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m demo.verifiable", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m demo.verifiable", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--out", default="logs/verifiable")
     p.add_argument("--config", default=str(ROOT / "configs" / "offline" / "verifiable.yaml"))
     p.add_argument("--base-model", default=str(ASSETS / "models" / "stories260K"))
@@ -209,18 +264,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = Path(args.out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         # Prompt files, logs, exports and the report would overwrite what is there: never a user's files.
-        print(f"[verifiable] --out {out} exists and is not empty; choose a new directory (an earlier run's "
-              "outputs are left as they are)", file=sys.stderr)
+        print(
+            f"[verifiable] --out {out} exists and is not empty; choose a new directory (an earlier run's "
+            "outputs are left as they are)",
+            file=sys.stderr,
+        )
         return 2
     train, heldout_path, n_train, n_held = write_prompt_files(args.paragraphs, out / "data", args.heldout)
     print(f"[verifiable] {n_train} train prompts, {n_held} held-out -> {out / 'data'}", flush=True)
     held = [json.loads(line) for line in heldout_path.read_text(encoding="utf-8").splitlines()]
     evaluate = lambda model: {  # noqa: E731
-        mode: satisfaction(model, held, greedy=mode == "greedy", max_new_tokens=args.max_new_tokens,
-                           min_count=args.min_count) for mode in ("sampled", "greedy")}
+        mode: satisfaction(
+            model, held, greedy=mode == "greedy", max_new_tokens=args.max_new_tokens, min_count=args.min_count
+        )
+        for mode in ("sampled", "greedy")
+    }
     results = {"base": evaluate(args.base_model)}
-    print(f"[verifiable] base: sampled {results['base']['sampled']['rate']:.3f}, "
-          f"greedy {results['base']['greedy']['rate']:.3f}", flush=True)
+    print(
+        f"[verifiable] base: sampled {results['base']['sampled']['rate']:.3f}, "
+        f"greedy {results['base']['greedy']['rate']:.3f}",
+        flush=True,
+    )
     if args.base_only:
         return 0
     commands = {e: _fit_command(Path(args.config), e, out, train, args) for e in args.estimators}

@@ -25,7 +25,6 @@ import os
 import pickletools
 import struct
 import zipfile
-from typing import Optional
 
 ZIP_START = b"PK\x03\x04"
 """The first bytes of a zip archive (and so of every checkpoint ``torch.save`` writes)."""
@@ -34,17 +33,33 @@ LEGACY_TORCH_START = b"\x80\x02\x8a\x0al\xfc\x9cF\xf9 j\xa8P\x19"
 still loads such files (an old ``pytorch_model.bin``), and they have no directory to check."""
 WEIGHT_NAMES = ("model.safetensors", "pytorch_model.bin", "adapter_model.safetensors", "adapter_model.bin")
 """The single-file weights a Hugging Face model directory (or a peft adapter) may hold."""
-JSON_NAMES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-              "special_tokens_map.json", "added_tokens.json", "vocab.json", "preprocessor_config.json",
-              "chat_template.json", "adapter_config.json", "rlhf_lit_export.json")  # fmt: skip
+JSON_NAMES = (
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "preprocessor_config.json",
+    "chat_template.json",
+    "adapter_config.json",
+    "rlhf_lit_export.json",
+)
 """The JSON files of a model directory that a loader (transformers, peft, rlhf-lit) reads: other JSON
 files beside them (a trainer's ``trainer_state.json``, results) are not the model's and not checked."""
 INDEX_NAMES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 """The index of a model saved in shards: it names every shard file."""
 SAFETENSORS_MAX_HEADER = 100_000_000
 """The largest header the safetensors library reads: a longer one means the file is of another kind."""
-PLAIN_FILES = ("merges.txt", "tokenizer.model", "vocab.txt", "spiece.model", "sentencepiece.bpe.model",
-               "chat_template.jinja")  # fmt: skip
+PLAIN_FILES = (
+    "merges.txt",
+    "tokenizer.model",
+    "vocab.txt",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+    "chat_template.jinja",
+)
 """Tokenizer files that are not JSON: checked for being empty here (an empty ``chat_template.jinja``
 would load as no chat template at all); a chat template cut short is found by
 :func:`rlhf_lit.sources.check_source_files`, which may import jinja2."""
@@ -83,8 +98,9 @@ def check_json_file(path: str | os.PathLike, *, want_object: bool = True) -> obj
         with open(path, encoding="utf-8") as f:
             value = json.load(f)
     except UnicodeDecodeError as error:
-        raise DamagedFile(path, f"not JSON text (byte 0x{error.object[error.start]:02x} at offset {error.start} "
-                                "is not UTF-8)") from None  # fmt: skip
+        raise DamagedFile(
+            path, f"not JSON text (byte 0x{error.object[error.start]:02x} at offset {error.start} is not UTF-8)"
+        ) from None
     except json.JSONDecodeError as error:
         # the text ended before the value did (in a string, the error points at where the string began)
         cut = error.pos >= len(error.doc.rstrip()) or error.msg.startswith("Unterminated string")
@@ -150,13 +166,19 @@ def _storage_keys(pickle_bytes: bytes) -> list[str]:
             continue
         if pickletools.markobject in before:  # TUPLE, LIST, DICT, APPENDS, SETITEMS, ...: the items since MARK
             items, stack = stack, (frames.pop() if frames else [])
-            del stack[len(stack) - before.index(pickletools.markobject):]  # what lay below the mark (a list)
+            del stack[len(stack) - before.index(pickletools.markobject) :]  # what lay below the mark (a list)
             value: object = tuple(items) if name == "TUPLE" else None
         else:
-            del stack[len(stack) - min(len(before), len(stack)):]
-            value = (memo.get(int(arg)) if name in ("GET", "BINGET", "LONG_BINGET")
-                     else _GLOBAL if name in ("GLOBAL", "STACK_GLOBAL")
-                     else arg if isinstance(arg, str) and "UNICODE" in name else None)  # fmt: skip
+            del stack[len(stack) - min(len(before), len(stack)) :]
+            value = (
+                memo.get(int(arg))
+                if name in ("GET", "BINGET", "LONG_BINGET")
+                else _GLOBAL
+                if name in ("GLOBAL", "STACK_GLOBAL")
+                else arg
+                if isinstance(arg, str) and "UNICODE" in name
+                else None
+            )
         stack.extend([value, *[None] * (len(after) - 1)] if after else [])
     return keys
 
@@ -186,12 +208,14 @@ def check_torch_file(path: str | os.PathLike) -> None:
             except (ValueError, zipfile.BadZipFile, EOFError) as error:
                 raise DamagedFile(path, f"damaged checkpoint: {pickles[0]} cannot be read ({error})") from None
     except zipfile.BadZipFile:
-        raise DamagedFile(path, f"cut short ({size} bytes, and the zip directory that ends a complete "
-                                "checkpoint is missing)") from None  # fmt: skip
-    missing = sorted(set(keys) - {n[len(prefix) + len("data/"):] for n in names if n.startswith(prefix + "data/")})
+        raise DamagedFile(
+            path, f"cut short ({size} bytes, and the zip directory that ends a complete checkpoint is missing)"
+        ) from None
+    missing = sorted(set(keys) - {n[len(prefix) + len("data/") :] for n in names if n.startswith(prefix + "data/")})
     if missing:
-        raise DamagedFile(path, f"incomplete checkpoint: {len(missing)} tensor record(s) missing "
-                                f"({prefix}data/{missing[0]} ...)")  # fmt: skip
+        raise DamagedFile(
+            path, f"incomplete checkpoint: {len(missing)} tensor record(s) missing ({prefix}data/{missing[0]} ...)"
+        )
 
 
 def check_checkpoint(path: str | os.PathLike) -> None:
@@ -274,7 +298,7 @@ def check_model_directory(path: str | os.PathLike, *, needs_weights: bool = True
         raise DamagedFile(path, f"holds no weights (none of {', '.join(WEIGHT_NAMES[:2])} or a shard index)")
 
 
-def newest_intact_checkpoint(damaged: str | os.PathLike) -> Optional[str]:
+def newest_intact_checkpoint(damaged: str | os.PathLike) -> str | None:
     """The newest checkpoint beside ``damaged`` (same directory, ``.ckpt``, by modification time) that
     passes :func:`check_checkpoint`, or None."""
     damaged = os.path.abspath(str(damaged))
@@ -283,8 +307,9 @@ def newest_intact_checkpoint(damaged: str | os.PathLike) -> Optional[str]:
         entries = [os.path.join(folder, n) for n in os.listdir(folder) if n.endswith(".ckpt") and not n.startswith(".")]
     except OSError:
         return None
-    candidates = sorted((p for p in entries if os.path.abspath(p) != damaged),
-                        key=lambda p: (os.path.getmtime(p), p), reverse=True)  # fmt: skip
+    candidates = sorted(
+        (p for p in entries if os.path.abspath(p) != damaged), key=lambda p: (os.path.getmtime(p), p), reverse=True
+    )
     for candidate in candidates:
         try:
             check_checkpoint(candidate)

@@ -16,7 +16,7 @@ import os
 import re
 import socket
 from collections.abc import Callable
-from typing import Literal, Optional, TypeVar
+from typing import Literal, TypeVar
 from urllib.parse import urlparse
 
 from rlhf_lit.artifacts import EXPORT_MARKER
@@ -42,8 +42,7 @@ class MissingSource(SourceError):
     """
 
     def __init__(self, what: str, name_or_path: str, config: str | None = None) -> None:
-        hint = (f"; it is the export of {config}: run `rlhf-lit fit --config {config}` first" if config
-                else "")  # fmt: skip
+        hint = f"; it is the export of {config}: run `rlhf-lit fit --config {config}` first" if config else ""
         super().__init__(f"{what} not found: {name_or_path} (no such directory{hint})")
         self.what, self.name_or_path, self.config = what, name_or_path, config
 
@@ -68,7 +67,7 @@ def _looks_local(name: str) -> bool:
     return "/" in name and os.path.isdir(name.split("/")[0])
 
 
-RunDirExport = Callable[[str], Optional[str]]
+RunDirExport = Callable[[str], str | None]
 """``config text -> export path`` for a config that sets ``run_dir`` (its ``<run_dir>/<stage>/model``).
 
 The stage's place in a run directory is declared by the stage class, which this module cannot
@@ -152,9 +151,7 @@ def model_source(name_or_path: str, what: str, kind: SourceKind = "model") -> di
         has_config = os.path.exists(os.path.join(path, "config.json"))
         has_tokenizer = any(os.path.exists(os.path.join(path, f)) for f in TOKENIZER_FILES)
         if not has_config and not (kind == "tokenizer" and has_tokenizer):
-            raise SourceError(
-                f"{what} {name_or_path!r} is not a Hugging Face model directory (no config.json in it)"
-            )
+            raise SourceError(f"{what} {name_or_path!r} is not a Hugging Face model directory (no config.json in it)")
         check_source_files(name_or_path, what, kind)
         return {}
     if _looks_local(name_or_path):
@@ -270,13 +267,13 @@ def unloadable_tokenizer(model_path: str, what: str, error: BaseException) -> Da
     if not present:
         return None
     first = next((line.strip() for line in str(error).splitlines() if line.strip()), type(error).__name__)
-    return DamagedSource(f"{what} {model_path!r} cannot be loaded: its tokenizer files ({', '.join(present)}) do not "
-                         f"load ({first}); restore them from the export")  # fmt: skip
+    return DamagedSource(
+        f"{what} {model_path!r} cannot be loaded: its tokenizer files ({', '.join(present)}) do not "
+        f"load ({first}); restore them from the export"
+    )
 
 
-def from_pretrained(
-    load: Callable[..., T], name_or_path: str, what: str, kind: SourceKind = "model", **kwargs
-) -> T:
+def from_pretrained(load: Callable[..., T], name_or_path: str, what: str, kind: SourceKind = "model", **kwargs) -> T:
     """``load(name_or_path, **kwargs)`` (a ``from_pretrained``) after :func:`model_source`'s checks.
 
     A hub name that fails to load (no network, not cached, no such repository) raises one

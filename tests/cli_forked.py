@@ -87,31 +87,42 @@ class ForkedProcess:
 def _default_warnings() -> None:
     """The warnings filters and printer a fresh interpreter starts with."""
     warnings.resetwarnings()  # (also forgets which warnings were already shown: the registries' version moves)
-    for action, category, module in (("default", DeprecationWarning, "__main__"), ("ignore", DeprecationWarning, ""),
-                                     ("ignore", PendingDeprecationWarning, ""), ("ignore", ImportWarning, ""),
-                                     ("ignore", ResourceWarning, "")):  # fmt: skip
+    for action, category, module in (
+        ("default", DeprecationWarning, "__main__"),
+        ("ignore", DeprecationWarning, ""),
+        ("ignore", PendingDeprecationWarning, ""),
+        ("ignore", ImportWarning, ""),
+        ("ignore", ResourceWarning, ""),
+    ):
         warnings.filterwarnings(action, category=category, module=module, append=True)
     warnings.showwarning = warnings._showwarning_orig  # not pytest's recorder
 
 
 def _loggers() -> list[logging.Logger]:
     """The root logger and every logger created so far."""
-    return [logging.getLogger(), *(v for v in logging.Logger.manager.loggerDict.values() if isinstance(v, logging.Logger))]
+    return [
+        logging.getLogger(),
+        *(v for v in logging.Logger.manager.loggerDict.values() if isinstance(v, logging.Logger)),
+    ]
 
 
 def _streams_on_fds(old: tuple[object, ...]) -> None:
     """``sys.stdout`` / ``sys.stderr`` on file descriptors 1 and 2, and every logging handler that
     wrote to a stream of the test's process writing to them instead (stdout's to stdout)."""
     out = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8", write_through=True)
-    err = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8", errors="backslashreplace",
-                           write_through=True)  # fmt: skip
+    err = io.TextIOWrapper(
+        io.FileIO(2, "w", closefd=False), encoding="utf-8", errors="backslashreplace", write_through=True
+    )
     old_out = {id(stream) for stream in old[:2]}
     sys.stdout = sys.__stdout__ = out
     sys.stderr = sys.__stderr__ = err
     for logger in _loggers():
         for handler in logger.handlers:
-            if (isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler)
-                    and not isinstance(getattr(type(handler), "stream", None), property)):  # (those follow sys.stderr)
+            if (
+                isinstance(handler, logging.StreamHandler)
+                and not isinstance(handler, logging.FileHandler)
+                and not isinstance(getattr(type(handler), "stream", None), property)
+            ):  # (those follow sys.stderr)
                 # not setStream: it flushes the old stream, which an earlier test may have closed
                 handler.stream = out if id(handler.stream) in old_out else err
 
@@ -163,12 +174,11 @@ def _fresh_process(argv: list[str], cwd: Path, environ: dict[str, str]) -> None:
 
     import numpy as np
     import torch
+    from lightning.fabric.utilities.rank_zero import _get_rank, rank_zero_only
     from transformers.utils import logging as hf_logging
 
     import rlhf_lit.cli
     from rlhf_lit.sources import _hub_reachable
-
-    from lightning.fabric.utilities.rank_zero import _get_rank, rank_zero_only
 
     rank_zero_only.rank = _get_rank() or 0  # set at import from the environment (a forked rank's is its own)
     rlhf_lit.cli._debug = False  # noqa: SLF001
@@ -210,8 +220,17 @@ def _exit_status(entry: Callable[[], object]) -> int:
         return 1
 
 
-def _fork(entry: Callable[[], object], argv: list[str], cwd: Path, environ: dict[str, str], stdout: int, stderr: int,
-          new_session: bool, fork_children: bool, fork_ranks: bool = True) -> ForkedProcess:  # fmt: skip
+def _fork(
+    entry: Callable[[], object],
+    argv: list[str],
+    cwd: Path,
+    environ: dict[str, str],
+    stdout: int,
+    stderr: int,
+    new_session: bool,
+    fork_children: bool,
+    fork_ranks: bool = True,
+) -> ForkedProcess:
     """Fork; the child becomes a fresh process (:func:`_fresh_process`) running ``entry`` and exits."""
     sys.stdout.flush()
     sys.stderr.flush()
@@ -267,8 +286,17 @@ def _close(*fds: int) -> None:
         os.close(fd)
 
 
-def start(args: list[str], *, cwd: Path, stdout: Path, stderr: Path | None = None, env: dict[str, str] | None = None,
-          new_session: bool = False, fork_children: bool = False, fork_ranks: bool = True) -> ForkedProcess:  # fmt: skip
+def start(
+    args: list[str],
+    *,
+    cwd: Path,
+    stdout: Path,
+    stderr: Path | None = None,
+    env: dict[str, str] | None = None,
+    new_session: bool = False,
+    fork_children: bool = False,
+    fork_ranks: bool = True,
+) -> ForkedProcess:
     """``rlhf-lit <args>`` in a forked process, its stdout (and stderr, or into ``stdout``) written to
     files; ``new_session``: its own session and process group (``os.killpg(proc.pid, ...)``);
     ``fork_children``: the ``python -m`` processes it starts (``rlhf-lit seeds`` / ``iterate``'s fits)
@@ -278,22 +306,46 @@ def start(args: list[str], *, cwd: Path, stdout: Path, stderr: Path | None = Non
     _refuse_read_at_import(env)
     out_fd, err_fd = _output_fds(stdout, stderr)
     try:
-        return _fork(_console_script, [str(CLI), *args], Path(cwd), subprocess_env(env), out_fd, err_fd, new_session,
-                     fork_children, fork_ranks)  # fmt: skip
+        return _fork(
+            _console_script,
+            [str(CLI), *args],
+            Path(cwd),
+            subprocess_env(env),
+            out_fd,
+            err_fd,
+            new_session,
+            fork_children,
+            fork_ranks,
+        )
     finally:
         _close(out_fd, err_fd)
 
 
-def start_module(module: str, args: list[str], *, cwd: Path, stdout: Path, stderr: Path | None = None,
-                 env: dict[str, str] | None = None) -> ForkedProcess:  # fmt: skip
+def start_module(
+    module: str,
+    args: list[str],
+    *,
+    cwd: Path,
+    stdout: Path,
+    stderr: Path | None = None,
+    env: dict[str, str] | None = None,
+) -> ForkedProcess:
     """``python -m <module> <args>`` in a forked process (output as :func:`start`); the processes it
     starts as ``python -m <module> ...`` (the demo's stages: ``rlhf_lit.cli``, ``demo ...``) are forked
     from it in turn (:class:`ForkingPopen`)."""
     _refuse_read_at_import(env)
     out_fd, err_fd = _output_fds(stdout, stderr)
     try:
-        return _fork(partial(_run_module, module), [module, *args],
-                     Path(cwd), subprocess_env(env), out_fd, err_fd, False, fork_children=True)  # fmt: skip
+        return _fork(
+            partial(_run_module, module),
+            [module, *args],
+            Path(cwd),
+            subprocess_env(env),
+            out_fd,
+            err_fd,
+            False,
+            fork_children=True,
+        )
     finally:
         _close(out_fd, err_fd)
 
@@ -317,18 +369,28 @@ def _report_crash(status: int, stderr: str) -> None:
     where another rank's error about the lost connection comes after the crash)."""
     start = stderr.find("Fatal Python error")
     if status != 0 and start >= 0:
-        print(f"[cli_forked] the run ended with status {status}, and a process of it crashed:\n"
-              f"{stderr[start:start + 6000]}", file=sys.stderr)  # fmt: skip
+        print(
+            f"[cli_forked] the run ended with status {status}, and a process of it crashed:\n"
+            f"{stderr[start : start + 6000]}",
+            file=sys.stderr,
+        )
 
 
-def run(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: int = 600,
-        fork_children: bool = False, fork_ranks: bool = True) -> subprocess.CompletedProcess:  # fmt: skip
+def run(
+    *args: str,
+    cwd: Path,
+    env: dict[str, str] | None = None,
+    timeout: int = 600,
+    fork_children: bool = False,
+    fork_ranks: bool = True,
+) -> subprocess.CompletedProcess:
     """``rlhf-lit <args>`` in a forked process (:func:`start`) until it ends: what
     ``cli_helpers.rlhf_lit`` returns (the exit status, stdout, stderr)."""
     with tempfile.TemporaryDirectory(prefix="rlhf-lit-fork-") as folder:
         out, err = Path(folder, "stdout"), Path(folder, "stderr")
-        proc = start(list(args), cwd=cwd, stdout=out, stderr=err, env=env, fork_children=fork_children,
-                     fork_ranks=fork_ranks)
+        proc = start(
+            list(args), cwd=cwd, stdout=out, stderr=err, env=env, fork_children=fork_children, fork_ranks=fork_ranks
+        )
         return _completed(proc, out, err, timeout)
 
 
@@ -345,16 +407,25 @@ def _run_script(path: str) -> object:
     return runpy.run_path(path, run_name="__main__")
 
 
-def run_script(path: Path, *args: str, cwd: Path, env: dict[str, str] | None = None,
-               timeout: int = 600) -> subprocess.CompletedProcess:  # fmt: skip
+def run_script(
+    path: Path, *args: str, cwd: Path, env: dict[str, str] | None = None, timeout: int = 600
+) -> subprocess.CompletedProcess:
     """``python <path> <args>`` in a forked process until it ends (output as :func:`run`)."""
     _refuse_read_at_import(env)
     with tempfile.TemporaryDirectory(prefix="rlhf-lit-fork-") as folder:
         out, err = Path(folder, "stdout"), Path(folder, "stderr")
         out_fd, err_fd = _output_fds(out, err)
         try:
-            proc = _fork(partial(_run_script, str(path)), [str(path), *args], Path(cwd), subprocess_env(env), out_fd,
-                         err_fd, False, fork_children=False)  # fmt: skip
+            proc = _fork(
+                partial(_run_script, str(path)),
+                [str(path), *args],
+                Path(cwd),
+                subprocess_env(env),
+                out_fd,
+                err_fd,
+                False,
+                fork_children=False,
+            )
         finally:
             _close(out_fd, err_fd)
         return _completed(proc, out, err, timeout)
@@ -403,14 +474,26 @@ class _ForkedChild(ForkedProcess):
 
     def __init__(self, cmd, stdout=None, stderr=None, env=None, cwd=None, stdin=None, **_text_options):
         out = 1 if stdout is None else (stdout if isinstance(stdout, int) else stdout.fileno())
-        err = out if stderr == subprocess.STDOUT else (2 if stderr is None else
-                                                       (stderr if isinstance(stderr, int) else stderr.fileno()))  # fmt: skip
+        err = (
+            out
+            if stderr == subprocess.STDOUT
+            else (2 if stderr is None else (stderr if isinstance(stderr, int) else stderr.fileno()))
+        )
         if cmd[1] == "-m":
             entry, argv, children = partial(_run_module, cmd[2]), [cmd[2], *cmd[3:]], True
         else:  # a rank: the console script again, its children as this process's
             entry, argv, children = _console_script, [str(CLI), *cmd[2:]], _FORKED_HERE["modules"]
-        proc = _fork(entry, argv, Path(cwd or os.getcwd()), dict(env if env is not None else os.environ), out, err,
-                     False, fork_children=children, fork_ranks=_FORKED_HERE["ranks"])  # fmt: skip
+        proc = _fork(
+            entry,
+            argv,
+            Path(cwd or os.getcwd()),
+            dict(env if env is not None else os.environ),
+            out,
+            err,
+            False,
+            fork_children=children,
+            fork_ranks=_FORKED_HERE["ranks"],
+        )
         super().__init__(proc.pid, list(cmd))
 
     def terminate(self) -> None:

@@ -26,8 +26,14 @@ import numpy as np
 import torch
 from suite_env import subprocess_env
 
-_LOGGERS = ("rlhf_lit", "lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero",
-            "transformers.modeling_utils", "lightning.pytorch", "lightning.fabric")  # fmt: skip
+_LOGGERS = (
+    "rlhf_lit",
+    "lightning.pytorch.utilities.rank_zero",
+    "lightning.fabric.utilities.rank_zero",
+    "transformers.modeling_utils",
+    "lightning.pytorch",
+    "lightning.fabric",
+)
 """The loggers main() configures (handlers, filters, level): saved and restored around an in-process run."""
 
 
@@ -52,8 +58,9 @@ def isolated_main_state(cwd: Path, env: dict[str, str] | None = None) -> Iterato
         logger = logging.getLogger(name)
         saved_loggers[name] = (list(logger.handlers), list(logger.filters), logger.level, logger.propagate)
     # A fresh handler for rlhf-lit's own messages, created by main() on the captured stderr.
-    logging.getLogger("rlhf_lit").handlers = [h for h in logging.getLogger("rlhf_lit").handlers
-                                              if not getattr(h, "_rlhf_lit", False)]  # fmt: skip
+    logging.getLogger("rlhf_lit").handlers = [
+        h for h in logging.getLogger("rlhf_lit").handlers if not getattr(h, "_rlhf_lit", False)
+    ]
     saved_debug, saved_bar = rlhf_lit.cli._debug, hf_logging.is_progress_bar_enabled()
     saved_threads, saved_dtype = torch.get_num_threads(), torch.get_default_dtype()
     saved_rng = (torch.random.get_rng_state(), np.random.get_state(), random.getstate())
@@ -109,8 +116,9 @@ def run_entry(
         except Exception:  # noqa: BLE001  (what an uncaught exception does to the process)
             traceback.print_exc(file=sys.stderr)
             status = 1
-    return subprocess.CompletedProcess([getattr(entry, "__module__", "main"), *args], status, stdout.getvalue(),
-                                       stderr.getvalue())  # fmt: skip
+    return subprocess.CompletedProcess(
+        [getattr(entry, "__module__", "main"), *args], status, stdout.getvalue(), stderr.getvalue()
+    )
 
 
 def run_main(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:

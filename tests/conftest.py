@@ -235,14 +235,23 @@ def two_process_run(tmp_path_factory) -> Path:
     # the parts' helpers: tests/ppo (ppo_helpers) and tests/ (assets_paths, two_ranks_worker)
     path = os.pathsep.join([str(tests / "ppo"), str(tests), os.environ.get("PYTHONPATH", "")])
     # Its own session, so a hung run's rank-1 process (started by rank 0) is killed with it.
-    proc = subprocess.Popen([sys.executable, str(worker), str(out)], cwd=out, env=subprocess_env({"PYTHONPATH": path}),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, str(worker), str(out)],
+        cwd=out,
+        env=subprocess_env({"PYTHONPATH": path}),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         _, stderr = proc.communicate(timeout=1500)  # ~1-2 min on 2 idle cores
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         _, stderr = proc.communicate()
-        pytest.fail(f"the two-process launch hung (a rank waited in a collective for a rank that had stopped):\n"
-                    f"{stderr[-4000:]}")  # fmt: skip
+        pytest.fail(
+            f"the two-process launch hung (a rank waited in a collective for a rank that had stopped):\n"
+            f"{stderr[-4000:]}"
+        )
     assert proc.returncode == 0, stderr[-6000:]
     return out

@@ -148,4 +148,3 @@ def adam_first_step_bound(grad: torch.Tensor, bound: torch.Tensor, lr: float, ep
     update's range): an entry near 0 may change sign."""
     smallest = (grad.abs() - bound).clamp(min=0)
     return torch.minimum(lr * bound * eps / (smallest + eps) ** 2, torch.full_like(grad, 2 * lr))
-

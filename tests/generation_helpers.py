@@ -46,8 +46,7 @@ def truncated_stories(folder: Path, layers: int) -> str:
 def prompt_batch(tokenizer, texts: list[str]) -> dict[str, torch.Tensor]:
     """A left-padded prompt batch as the prompt data module makes it."""
     enc = tokenizer(texts, return_tensors="pt", padding=True)
-    return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"],
-            "index": torch.arange(len(texts))}
+    return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"], "index": torch.arange(len(texts))}
 
 
 class EosBias(torch.nn.Module):

@@ -22,22 +22,90 @@ from pathlib import Path
 import cli_forked
 from assets_paths import HH_RLHF, STORIES260K, TINYSTORIES
 
-QUIET = ("--trainer.accelerator", "cpu", "--trainer.enable_progress_bar", "false",
-         "--trainer.enable_model_summary", "false")  # fmt: skip
-SFT = ("fit", "--model", "rlhf_lit.stages.SFTModule", "--model.model", str(STORIES260K),
-       "--data", "rlhf_lit.data.SFTDataModule", "--data.train_path", str(TINYSTORIES), "--data.format", "paragraphs",
-       "--data.max_records", "32", "--data.batch_size", "4", "--data.max_length", "64",
-       "--data.max_prompt_length", "16", "--trainer.max_steps", "3", *QUIET)  # fmt: skip
+QUIET = (
+    "--trainer.accelerator",
+    "cpu",
+    "--trainer.enable_progress_bar",
+    "false",
+    "--trainer.enable_model_summary",
+    "false",
+)
+SFT = (
+    "fit",
+    "--model",
+    "rlhf_lit.stages.SFTModule",
+    "--model.model",
+    str(STORIES260K),
+    "--data",
+    "rlhf_lit.data.SFTDataModule",
+    "--data.train_path",
+    str(TINYSTORIES),
+    "--data.format",
+    "paragraphs",
+    "--data.max_records",
+    "32",
+    "--data.batch_size",
+    "4",
+    "--data.max_length",
+    "64",
+    "--data.max_prompt_length",
+    "16",
+    "--trainer.max_steps",
+    "3",
+    *QUIET,
+)
 """``rlhf-lit`` arguments of the SFT stage (a run directory is added by the caller)."""
-RM = ("fit", "--model", "rlhf_lit.stages.RewardModelModule",
-      "--data", "rlhf_lit.data.PreferenceDataModule", "--data.train_path", str(HH_RLHF), "--data.format", "hh_rlhf",
-      "--data.max_records", "32", "--data.val_fraction", "0.25", "--data.batch_size", "4", "--data.max_length", "64",
-      "--data.max_prompt_length", "48", "--trainer.max_steps", "3", *QUIET)  # fmt: skip
+RM = (
+    "fit",
+    "--model",
+    "rlhf_lit.stages.RewardModelModule",
+    "--data",
+    "rlhf_lit.data.PreferenceDataModule",
+    "--data.train_path",
+    str(HH_RLHF),
+    "--data.format",
+    "hh_rlhf",
+    "--data.max_records",
+    "32",
+    "--data.val_fraction",
+    "0.25",
+    "--data.batch_size",
+    "4",
+    "--data.max_length",
+    "64",
+    "--data.max_prompt_length",
+    "48",
+    "--trainer.max_steps",
+    "3",
+    *QUIET,
+)
 """``rlhf-lit`` arguments of the RM stage: its model is the run directory's SFT export."""
-PPO = ("fit", "--model", "rlhf_lit.stages.PPOModule", "--model.max_rollouts", "2",
-       "--model.sampling.max_new_tokens", "8", "--model.ppo.epochs", "1", "--model.ppo.minibatch_size", "2",
-       "--data", "rlhf_lit.data.PromptDataModule", "--data.train_path", str(TINYSTORIES), "--data.format", "paragraphs",
-       "--data.max_records", "16", "--data.batch_size", "4", "--trainer.max_epochs", "-1", *QUIET)  # fmt: skip
+PPO = (
+    "fit",
+    "--model",
+    "rlhf_lit.stages.PPOModule",
+    "--model.max_rollouts",
+    "2",
+    "--model.sampling.max_new_tokens",
+    "8",
+    "--model.ppo.epochs",
+    "1",
+    "--model.ppo.minibatch_size",
+    "2",
+    "--data",
+    "rlhf_lit.data.PromptDataModule",
+    "--data.train_path",
+    str(TINYSTORIES),
+    "--data.format",
+    "paragraphs",
+    "--data.max_records",
+    "16",
+    "--data.batch_size",
+    "4",
+    "--trainer.max_epochs",
+    "-1",
+    *QUIET,
+)
 """``rlhf-lit`` arguments of the PPO stage: SFT and reward model from the run directory."""
 STAGE_ARGS = {"sft": SFT, "reward_model": RM, "ppo": PPO}
 RUN_DIR = "runs/exp1"
@@ -91,16 +159,20 @@ def build_chain(cwd: Path) -> dict[str, subprocess.CompletedProcess]:
 
 def save_results(path: Path, results: dict[str, subprocess.CompletedProcess]) -> None:
     """Write the stages' exit statuses and output as JSON (what other xdist workers read back)."""
-    data = {stage: {"args": r.args, "returncode": r.returncode, "stdout": r.stdout, "stderr": r.stderr}
-            for stage, r in results.items()}  # fmt: skip
+    data = {
+        stage: {"args": r.args, "returncode": r.returncode, "stdout": r.stdout, "stderr": r.stderr}
+        for stage, r in results.items()
+    }
     path.write_text(json.dumps(data), encoding="utf-8")
 
 
 def load_results(path: Path) -> dict[str, subprocess.CompletedProcess]:
     """The results :func:`save_results` wrote."""
     data = json.loads(path.read_text(encoding="utf-8"))
-    return {stage: subprocess.CompletedProcess(r["args"], r["returncode"], r["stdout"], r["stderr"])
-            for stage, r in data.items()}  # fmt: skip
+    return {
+        stage: subprocess.CompletedProcess(r["args"], r["returncode"], r["stdout"], r["stderr"])
+        for stage, r in data.items()
+    }
 
 
 def shared_chain(root: Path) -> OfflineChain:

@@ -28,16 +28,38 @@ from collections.abc import Mapping
 
 REMOVED = (
     "RLHF_LIT_DEBUG",  # rlhf-lit: tracebacks instead of one error line
-    "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE",  # hub names from the cache only
+    "HF_HUB_OFFLINE",
+    "TRANSFORMERS_OFFLINE",
+    "HF_DATASETS_OFFLINE",  # hub names from the cache only
     "HF_ENDPOINT",  # where the hub (and rlhf-lit's reachability probe) is
-    "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "TRANSFORMERS_CACHE", "HF_DATASETS_CACHE", "HF_ASSETS_CACHE",
-    "HF_TOKEN", "HF_TOKEN_PATH", "HUGGING_FACE_HUB_TOKEN",  # the caller's cache and credentials
-    "TRANSFORMERS_VERBOSITY", "HF_HUB_VERBOSITY", "PYTHONWARNINGS",  # more (or fewer) lines on stderr
-    "HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy",  # no hub probe behind one
-    "PL_GLOBAL_SEED", "PL_SEED_WORKERS",  # Lightning's seed (rlhf-lit derives unset seeds from it)
-    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "MASTER_ADDR",
+    "HF_HUB_CACHE",
+    "HUGGINGFACE_HUB_CACHE",
+    "TRANSFORMERS_CACHE",
+    "HF_DATASETS_CACHE",
+    "HF_ASSETS_CACHE",
+    "HF_TOKEN",
+    "HF_TOKEN_PATH",
+    "HUGGING_FACE_HUB_TOKEN",  # the caller's cache and credentials
+    "TRANSFORMERS_VERBOSITY",
+    "HF_HUB_VERBOSITY",
+    "PYTHONWARNINGS",  # more (or fewer) lines on stderr
+    "HTTPS_PROXY",
+    "https_proxy",
+    "HTTP_PROXY",
+    "http_proxy",
+    "ALL_PROXY",
+    "all_proxy",  # no hub probe behind one
+    "PL_GLOBAL_SEED",
+    "PL_SEED_WORKERS",  # Lightning's seed (rlhf-lit derives unset seeds from it)
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "NODE_RANK",
+    "GROUP_RANK",
+    "MASTER_ADDR",
     "MASTER_PORT",  # a launcher's process group: Lightning would join it
-)  # fmt: skip
+)
 """Variables removed from every test's environment (a test that needs one passes it)."""
 REMOVED_PREFIXES = ("SLURM_", "TORCHELASTIC_", "LSB_", "OMPI_", "PMI_")
 """Cluster schedulers' and launchers' variables: Lightning detects those clusters by them."""

@@ -220,6 +220,7 @@ def test_artifacts_imports_the_standard_library_only():
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'lightning', 'transformers', 'numpy')"
         " or (m.startswith('rlhf_lit.') and m != 'rlhf_lit.artifacts')))"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60,
-                         env=subprocess_env())
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60, env=subprocess_env()
+    )
     assert json.loads(out.stdout.strip().replace("'", '"')) == [], out.stdout + out.stderr

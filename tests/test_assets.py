@@ -40,8 +40,11 @@ def test_nothing_reads_assets_from_outside_the_checkout():
     offenders = []
     for folder in ("rlhf_lit", "configs", "tests", "bench", "docs"):
         for path in (ROOT / folder).rglob("*"):
-            if path.suffix in {".py", ".yaml", ".md", ".sh", ".toml"} and path.name != "ppo_throughput.py" \
-                    and path != Path(__file__).resolve():
+            if (
+                path.suffix in {".py", ".yaml", ".md", ".sh", ".toml"}
+                and path.name != "ppo_throughput.py"
+                and path != Path(__file__).resolve()
+            ):
                 if SOURCES.search(path.read_text(encoding="utf-8")):
                     offenders.append(str(path.relative_to(ROOT)))
     for name in ("README.md", "Makefile"):

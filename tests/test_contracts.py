@@ -14,21 +14,29 @@ PACKAGE = Path(__file__).resolve().parents[1] / "rlhf_lit"
 
 
 def _trees() -> list[tuple[str, ast.AST]]:
-    return [(str(p.relative_to(PACKAGE.parent)), ast.parse(p.read_text(encoding="utf-8")))
-            for p in sorted(PACKAGE.rglob("*.py"))]  # fmt: skip
+    return [
+        (str(p.relative_to(PACKAGE.parent)), ast.parse(p.read_text(encoding="utf-8")))
+        for p in sorted(PACKAGE.rglob("*.py"))
+    ]
 
 
 def _minus_100(tree: ast.AST) -> list[int]:
     """Lines of every ``-100`` literal in code (docstrings and comments are text, not literals)."""
-    return [node.lineno for node in ast.walk(tree)
-            if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub)
-            and isinstance(node.operand, ast.Constant) and node.operand.value == 100]  # fmt: skip
+    return [
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.UnaryOp)
+        and isinstance(node.op, ast.USub)
+        and isinstance(node.operand, ast.Constant)
+        and node.operand.value == 100
+    ]
 
 
 def test_ignore_index_is_written_once():
     found = [f"{path}:{line}" for path, tree in _trees() for line in _minus_100(tree)]
     assert [f.split(":")[0] for f in found] == ["rlhf_lit/functional/losses.py"], (
-        f"{found}: import IGNORE_INDEX from rlhf_lit.functional instead")
+        f"{found}: import IGNORE_INDEX from rlhf_lit.functional instead"
+    )
 
 
 def test_ignore_index_is_what_the_data_modules_write_and_the_loss_skips():
@@ -48,8 +56,12 @@ def _ranking_tests(path: str, tree: ast.AST) -> list[tuple[str, int]]:
     definition of ``is_ranking_batch`` in ``tree``."""
     found = []
     for node in ast.walk(tree):
-        if (isinstance(node, ast.Compare) and any(isinstance(op, (ast.In, ast.NotIn)) for op in node.ops)
-                and isinstance(node.left, ast.Constant) and node.left.value in RANKING_KEYS):  # fmt: skip
+        if (
+            isinstance(node, ast.Compare)
+            and any(isinstance(op, (ast.In, ast.NotIn)) for op in node.ops)
+            and isinstance(node.left, ast.Constant)
+            and node.left.value in RANKING_KEYS
+        ):
             found.append((f"{path} tests {node.left.value!r} in", node.lineno))
         elif isinstance(node, ast.FunctionDef) and node.name == "is_ranking_batch":
             found.append((f"{path} defines is_ranking_batch", node.lineno))
@@ -58,10 +70,9 @@ def _ranking_tests(path: str, tree: ast.AST) -> list[tuple[str, int]]:
 
 def test_the_ranking_batch_predicate_is_written_once():
     found = sorted(f for path, tree in _trees() for f in _ranking_tests(path, tree))
-    assert [what for what, _ in found] == sorted([
-        "rlhf_lit/functional/ranking.py defines is_ranking_batch",
-        "rlhf_lit/functional/ranking.py tests 'group' in",
-    ]), f"{found}: call rlhf_lit.functional.is_ranking_batch (or batch_examples) instead"  # fmt: skip
+    assert [what for what, _ in found] == sorted(
+        ["rlhf_lit/functional/ranking.py defines is_ranking_batch", "rlhf_lit/functional/ranking.py tests 'group' in"]
+    ), f"{found}: call rlhf_lit.functional.is_ranking_batch (or batch_examples) instead"
 
 
 def test_the_predicate_and_the_examples_of_each_batch_kind():
@@ -69,11 +80,17 @@ def test_the_predicate_and_the_examples_of_each_batch_kind():
     from rlhf_lit.functional import batch_examples, is_ranking_batch
 
     ids = [[5, 6], [5, 7, 8], [5, 9]]
-    items = [{"input_ids": ids, "rank": [0, 1, 1], "prompt_length": 1},
-             {"input_ids": ids[:2], "rank": [0, 1], "prompt_length": 1}]  # fmt: skip
+    items = [
+        {"input_ids": ids, "rank": [0, 1, 1], "prompt_length": 1},
+        {"input_ids": ids[:2], "rank": [0, 1], "prompt_length": 1},
+    ]
     ranking = RankingCollator(pad_token_id=0)(items)
     assert is_ranking_batch(ranking) and batch_examples(ranking) == 2 and ranking["input_ids"].shape[0] == 5
-    pair = {"chosen_input_ids": torch.ones(3, 4), "rejected_input_ids": torch.ones(3, 5), "prompt_length": torch.ones(3)}
+    pair = {
+        "chosen_input_ids": torch.ones(3, 4),
+        "rejected_input_ids": torch.ones(3, 5),
+        "prompt_length": torch.ones(3),
+    }
     sft = {"input_ids": torch.ones(4, 6), "labels": torch.ones(4, 6)}
     assert not is_ranking_batch(pair) and batch_examples(pair) == 3
     assert not is_ranking_batch(sft) and batch_examples(sft) == 4
@@ -90,11 +107,19 @@ def test_each_format_option_offers_the_registry_formats_of_its_kind():
     def registry(kind):
         return {"auto", *(name for name, (_, kinds) in ADAPTERS.items() if kind in kinds)}
 
-    options = {(SFTDataModule, "format"): "sft", (PreferenceDataModule, "format"): "preference",
-               (PreferenceDataModule, "reference_format"): "sft", (PromptDataModule, "format"): "prompt",
-               (PromptDataModule, "ptx_format"): "sft"}  # fmt: skip
+    options = {
+        (SFTDataModule, "format"): "sft",
+        (PreferenceDataModule, "format"): "preference",
+        (PreferenceDataModule, "reference_format"): "sft",
+        (PromptDataModule, "format"): "prompt",
+        (PromptDataModule, "ptx_format"): "sft",
+    }
     for (module, option), kind in options.items():
         choices = get_args(get_type_hints(module.__init__)[option])
         assert len(choices) == len(set(choices)) and set(choices) == registry(kind), (module.__name__, option)
-    assert {option for module in (SFTDataModule, PreferenceDataModule, PromptDataModule)
-            for option in get_type_hints(module.__init__) if option.endswith("format")} == {o for _, o in options}  # fmt: skip
+    assert {
+        option
+        for module in (SFTDataModule, PreferenceDataModule, PromptDataModule)
+        for option in get_type_hints(module.__init__)
+        if option.endswith("format")
+    } == {o for _, o in options}

@@ -43,10 +43,19 @@ def test_pip_settings_take_each_key_from_the_first_scope_that_sets_it(install_ve
         "index-url": "https://mirror.example/simple",  # the user file over the global one
     }
     assert install_venv.uv_options(settings) == [
-        "--index-strategy", "unsafe-best-match", "--index-url", "https://mirror.example/simple",
-        "--extra-index-url", "file:///a/simple", "--extra-index-url", "file:///b/simple",
-        "--find-links", "/env/wheels", "--constraint", "/etc/pip/constraints.txt",
-    ]  # fmt: skip
+        "--index-strategy",
+        "unsafe-best-match",
+        "--index-url",
+        "https://mirror.example/simple",
+        "--extra-index-url",
+        "file:///a/simple",
+        "--extra-index-url",
+        "file:///b/simple",
+        "--find-links",
+        "/env/wheels",
+        "--constraint",
+        "/etc/pip/constraints.txt",
+    ]
     assert "--no-index" in install_venv.uv_options({"no-index": "true"})
 
 

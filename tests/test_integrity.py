@@ -28,9 +28,14 @@ def test_a_sharded_model_names_a_missing_shard_and_other_json_files_are_not_the_
     check_model_directory(model)
     (model / "model.safetensors").unlink()
     save_file({"w": torch.ones(4)}, model / "model-00001-of-00002.safetensors")
-    index = {"metadata": {}, "weight_map": {"w": "model-00001-of-00002.safetensors", "v": "model-00002-of-00002.safetensors"}}
+    index = {
+        "metadata": {},
+        "weight_map": {"w": "model-00001-of-00002.safetensors", "v": "model-00002-of-00002.safetensors"},
+    }
     (model / "model.safetensors.index.json").write_text(json.dumps(index))
-    with pytest.raises(DamagedFile, match=r"model-00002-of-00002\.safetensors: missing \(named by model\.safetensors\.index\.json\)"):
+    with pytest.raises(
+        DamagedFile, match=r"model-00002-of-00002\.safetensors: missing \(named by model\.safetensors\.index\.json\)"
+    ):
         check_model_directory(model)
 
 
@@ -54,8 +59,11 @@ def test_the_records_are_read_from_the_persistent_ids_alone(tmp_path, protocol):
 @pytest.mark.parametrize("protocol", [2, 4])
 def test_a_record_missing_behind_memoised_names_is_found(tmp_path, protocol):
     # After the first tensor, "storage" and the device come back from the pickle's memo.
-    torch.save({"a": torch.ones(2), "b": torch.zeros(3), "c": torch.full((4,), 2.0)}, tmp_path / "x.ckpt",
-               pickle_protocol=protocol)  # fmt: skip
+    torch.save(
+        {"a": torch.ones(2), "b": torch.zeros(3), "c": torch.full((4,), 2.0)},
+        tmp_path / "x.ckpt",
+        pickle_protocol=protocol,
+    )
     with zipfile.ZipFile(tmp_path / "x.ckpt") as whole, zipfile.ZipFile(tmp_path / "y.ckpt", "w") as part:
         for name in whole.namelist():
             if not name.endswith("/data/2"):

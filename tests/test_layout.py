@@ -33,10 +33,7 @@ packages only within the same package, and from lower layers freely: never upwar
 as tight as the code: every part sits one rung above the highest part it imports
 (:func:`test_the_ladder_is_as_tight_as_the_code`), and docs/CONTRACTS.md's table is this one."""
 
-NEVER: dict[str, frozenset[str]] = {
-    "stages": frozenset({"data"}),
-    "data": frozenset({"models"}),
-}
+NEVER: dict[str, frozenset[str]] = {"stages": frozenset({"data"}), "data": frozenset({"models"})}
 """What a part never imports although the ladder alone would let it, or would let it after a part
 moved: the stages duck-type the data module; ``models`` and ``data`` know nothing of each other.
 docs/CONTRACTS.md lists the same. (The demo, outside the package, has its own rule:
@@ -139,9 +136,13 @@ def _imported_parts() -> dict[str, set[str]]:
 def test_the_ladder_is_as_tight_as_the_code():
     """No part could move a rung down: each sits one above the highest part it imports (layer 0 when
     it imports none), so a rung left empty, or a part kept higher than its imports need, fails here."""
-    loose = {part: (_layer(part), 1 + max((_layer(t) for t in targets), default=-1))
-             for part, targets in _imported_parts().items()}  # fmt: skip
-    assert {part: (at, lowest) for part, (at, lowest) in loose.items() if at != lowest} == {}, "(layer, lowest possible)"
+    loose = {
+        part: (_layer(part), 1 + max((_layer(t) for t in targets), default=-1))
+        for part, targets in _imported_parts().items()
+    }
+    assert {part: (at, lowest) for part, (at, lowest) in loose.items() if at != lowest} == {}, (
+        "(layer, lowest possible)"
+    )
     assert set().union(*LAYERS) == set(loose), "a part in LAYERS that no longer exists"
 
 
@@ -186,8 +187,11 @@ def test_a_shared_file_name_is_still_in_use(name):
 
 def test_no_two_modules_share_a_file_name_for_different_things():
     counts = Counter(p.stem for p in _modules())
-    shared = {name: sorted(str(p.relative_to(PACKAGE)) for p in _modules() if p.stem == name)
-              for name, n in counts.items() if n > 1 and name not in SAME_CONCEPT_NAMES}  # fmt: skip
+    shared = {
+        name: sorted(str(p.relative_to(PACKAGE)) for p in _modules() if p.stem == name)
+        for name, n in counts.items()
+        if n > 1 and name not in SAME_CONCEPT_NAMES
+    }
     assert shared == {}
 
 

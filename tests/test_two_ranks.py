@@ -15,6 +15,7 @@ from two_ranks_worker import RANK_ROWS, whitening_inputs
 from rlhf_lit.stages.ppo.config import RewardConfig
 from rlhf_lit.stages.ppo.estimator import AdvantageEstimator
 
+
 @pytest.fixture(scope="module")
 def ranks(two_process_run):
     return [torch.load(two_process_run / "two-ranks" / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
@@ -33,8 +34,9 @@ def test_whitening_through_the_strategy_is_that_of_one_process_on_the_whole_batc
     }
     for name, whole in expected.items():
         for rank, record in enumerate(ranks):
-            torch.testing.assert_close(record["whitening"][name], whole[RANK_ROWS[rank]], rtol=1e-6, atol=1e-6,
-                                       msg=name)  # fmt: skip
+            torch.testing.assert_close(
+                record["whitening"][name], whole[RANK_ROWS[rank]], rtol=1e-6, atol=1e-6, msg=name
+            )
     # Whitening rank 0's two short rows by themselves gives another result.
     alone = AdvantageEstimator("gae")(*(full[k][RANK_ROWS[0]] for k in ("rewards", "values", "mask")))[0]
     assert (alone - expected["gae"][RANK_ROWS[0]]).abs().max() > 0.1

@@ -34,9 +34,12 @@ RANK_ROWS = (slice(0, 2), slice(2, 6))
 
 def reference_texts() -> list[list[str]]:
     """Four reference batches for the reward normalisation; rank r scores batches r and r + 2."""
-    return [["Once upon a time there was a cat.", "Tom had a red ball."],
-            ["The dog ran to the park and played.", "Lily was happy.", "A big tree fell."],
-            ["Sam and Mia found a shell.", "It was sunny."], ["Ben was sad because it rained all day."]]  # fmt: skip
+    return [
+        ["Once upon a time there was a cat.", "Tom had a red ball."],
+        ["The dog ran to the park and played.", "Lily was happy.", "A big tree fell."],
+        ["Sam and Mia found a shell.", "It was sunny."],
+        ["Ben was sad because it rained all day."],
+    ]
 
 
 def _whitening(rank: int, trainer) -> dict:
@@ -72,12 +75,21 @@ def _ppo_reductions(rank: int, trainer) -> dict:
     ref_logprobs = zeros.clone()
     ref_logprobs[0, 3] = float("inf")  # off the response mask: not a problem
     rollout = Rollout(
-        query_responses=torch.zeros(2, 6, dtype=torch.long), attention_mask=torch.ones(2, 6, dtype=torch.long),
-        response_ids=torch.zeros(2, 4, dtype=torch.long), response_mask=(torch.arange(4) < 3).expand(2, 4),
-        ended=torch.ones(2, dtype=torch.bool), old_logprobs=zeros, ref_logprobs=ref_logprobs,
-        old_values=zeros, raw_scores=raw_scores, scores=raw_scores, kl=zeros, rewards=zeros, advantages=zeros,
+        query_responses=torch.zeros(2, 6, dtype=torch.long),
+        attention_mask=torch.ones(2, 6, dtype=torch.long),
+        response_ids=torch.zeros(2, 4, dtype=torch.long),
+        response_mask=(torch.arange(4) < 3).expand(2, 4),
+        ended=torch.ones(2, dtype=torch.bool),
+        old_logprobs=zeros,
+        ref_logprobs=ref_logprobs,
+        old_values=zeros,
+        raw_scores=raw_scores,
+        scores=raw_scores,
+        kl=zeros,
+        rewards=zeros,
+        advantages=zeros,
         returns=zeros,
-    )  # fmt: skip
+    )
     return {
         "token_weight": float(rank_token_weight(mask, trainer)),
         "metrics": reduce_over_ranks(DDPStrategy(), local, torch.device("cpu")),
@@ -94,8 +106,11 @@ def _sharded_checks(rank: int) -> dict:
 
     mesh = init_device_mesh("cpu", (WORLD,))
     weight = torch.nn.Parameter(distribute_tensor(torch.ones(4, 2), mesh, [Shard(0)]))
-    out = {"any_rank_none": any_rank(False, [weight]), "any_rank_one": any_rank(rank == 1, [weight]),
-           "any_rank_plain": any_rank(rank == 1, [torch.ones(2)])}  # fmt: skip
+    out = {
+        "any_rank_none": any_rank(False, [weight]),
+        "any_rank_one": any_rank(rank == 1, [weight]),
+        "any_rank_plain": any_rank(rank == 1, [torch.ones(2)]),
+    }
     grad = torch.ones(4, 2)
     grad[3, 1] = float("nan")  # row 3 is in rank 1's shard
     weight.grad = distribute_tensor(grad, mesh, [Shard(0)])
@@ -139,8 +154,12 @@ def run(rank: int, out: str) -> None:
     from lightning.pytorch.strategies import DDPStrategy
 
     trainer = SimpleNamespace(strategy=DDPStrategy(), world_size=WORLD)  # what the stages read of a Trainer
-    record = {"whitening": _whitening(rank, trainer), "ppo": _ppo_reductions(rank, trainer),
-              "sharded": _sharded_checks(rank), "samplers": _samplers(),
-              "reward_normalization": _reward_normalization(rank, trainer)}  # fmt: skip
+    record = {
+        "whitening": _whitening(rank, trainer),
+        "ppo": _ppo_reductions(rank, trainer),
+        "sharded": _sharded_checks(rank),
+        "samplers": _samplers(),
+        "reward_normalization": _reward_normalization(rank, trainer),
+    }
     torch.save(record, f"{out}/rank{rank}.pt")
     dist.barrier()

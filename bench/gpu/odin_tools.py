@@ -29,8 +29,13 @@ SCALES = {
     # GPU: 1 x H100, all 2312 HH harmless-base records, 20% held out.
     "gpu": {
         "trainer": {"accelerator": "gpu", "precision": "bf16-mixed"},
-        "rm_trainer": {"max_steps": -1, "max_epochs": 1, "val_check_interval": 1.0, "limit_val_batches": 1.0,
-                       "log_every_n_steps": 5},
+        "rm_trainer": {
+            "max_steps": -1,
+            "max_epochs": 1,
+            "val_check_interval": 1.0,
+            "limit_val_batches": 1.0,
+            "log_every_n_steps": 5,
+        },
         "data": {"max_records": None, "val_fraction": 0.2, "seed": 0},
         "rm_data": {"max_length": 512, "max_prompt_length": 384, "batch_size": 16},
         "rm_lr": 1.0e-5,
@@ -40,8 +45,13 @@ SCALES = {
     # CPU smoke run of the whole script (minutes on 2 cores): tiny budgets, same code paths.
     "tiny": {
         "trainer": {"accelerator": "cpu", "precision": "32-true"},
-        "rm_trainer": {"max_steps": 2, "max_epochs": 1, "val_check_interval": 2, "limit_val_batches": 1.0,
-                       "log_every_n_steps": 1},
+        "rm_trainer": {
+            "max_steps": 2,
+            "max_epochs": 1,
+            "val_check_interval": 2,
+            "limit_val_batches": 1.0,
+            "log_every_n_steps": 1,
+        },
         "data": {"max_records": 16, "val_fraction": 0.2, "seed": 0},
         "rm_data": {"max_length": 256, "max_prompt_length": 192, "batch_size": 4},
         "rm_lr": 1.0e-5,
@@ -54,8 +64,9 @@ SCALES = {
 QUIET = {"enable_checkpointing": False, "enable_progress_bar": False, "enable_model_summary": False, "callbacks": []}
 
 
-def write_configs(scale: str, model: str, out: Path, ppo_lr: float | None, ppo_epochs: int | None,
-                  ppo_minibatch: int | None) -> None:  # fmt: skip
+def write_configs(
+    scale: str, model: str, out: Path, ppo_lr: float | None, ppo_epochs: int | None, ppo_minibatch: int | None
+) -> None:
     """``<out>/rm.yaml`` and ``<out>/ppo.yaml`` for ``scale`` (:data:`SCALES`)."""
     s = SCALES[scale]
     rm = yaml.safe_load(Path("configs/smollm2_hh/reward_model.yaml").read_text())
@@ -116,8 +127,13 @@ def read_events(stage_dir: Path) -> dict:
     return {tag: [[e.step, e.value, e.wall_time] for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
 
 
-PPO_SERIES = {"response_length": "response/length", "score": "objective/scores", "kl": "objective/kl",
-              "ended_fraction": "response/ended_fraction", "rlhf_reward": "objective/rlhf_reward"}  # fmt: skip
+PPO_SERIES = {
+    "response_length": "response/length",
+    "score": "objective/scores",
+    "kl": "objective/kl",
+    "ended_fraction": "response/ended_fraction",
+    "rlhf_reward": "objective/rlhf_reward",
+}
 """Per-rollout series pulled out of a PPO run's events (names as rlhf_lit/stages/ppo/metrics.py logs them)."""
 
 
@@ -126,14 +142,19 @@ def write_events(run: Path, out: Path) -> None:
     scalars = read_events(run)
     result: dict = {"run": str(run), "scalars": scalars}
     if "response/length" in scalars:
-        result["per_rollout"] = {name: [[int(s), float(v)] for s, v, _ in scalars.get(tag, [])]
-                                 for name, tag in PPO_SERIES.items()}  # fmt: skip
+        result["per_rollout"] = {
+            name: [[int(s), float(v)] for s, v, _ in scalars.get(tag, [])] for name, tag in PPO_SERIES.items()
+        }
     out.write_text(json.dumps(result, indent=1) + "\n")
 
 
 # ------------------------------------------------------------------------------------------- summary
-RM_TRAIN_TAGS = ("train/accuracy", "train/quality_length_correlation", "train/length_head_correlation",
-                 "train/head_orthogonality")  # fmt: skip
+RM_TRAIN_TAGS = (
+    "train/accuracy",
+    "train/quality_length_correlation",
+    "train/length_head_correlation",
+    "train/head_orthogonality",
+)
 """The training tags of an RM fit shown beside its val/* (the last three only with length_debias odin)."""
 
 
@@ -173,28 +194,37 @@ def summary(work: Path) -> str:
     add("\n== reward models on the held-out pairs (bench/rm_length_bias.py)")
     if bench:
         add(f"config: {json.dumps(bench['config'])}")
-        add(f"{'rm':<14}{'n':>5}{'acc':>8}{'r(s,len)':>10}{'r(dm,dlen)':>11}{'RM>long':>9}{'hum>long':>9}"
-            f"{'acc|long':>9}{'acc|short':>10}{'len':>7}")  # fmt: skip
+        add(
+            f"{'rm':<14}{'n':>5}{'acc':>8}{'r(s,len)':>10}{'r(dm,dlen)':>11}{'RM>long':>9}{'hum>long':>9}"
+            f"{'acc|long':>9}{'acc|short':>10}{'len':>7}"
+        )
         for name, r in bench["reward_models"].items():
-            add(f"{name:<14}{r['n_pairs']:>5}{_fmt(r['accuracy']):>8}{_fmt(r['pearson_score_length']):>10}"
+            add(
+                f"{name:<14}{r['n_pairs']:>5}{_fmt(r['accuracy']):>8}{_fmt(r['pearson_score_length']):>10}"
                 f"{_fmt(r['pearson_margin_length_diff']):>11}{_fmt(r['rm_prefers_longer']):>9}"
                 f"{_fmt(r['human_prefers_longer']):>9}{_fmt(r['accuracy_longer_chosen']):>9}"
-                f"{_fmt(r['accuracy_shorter_chosen']):>10}{_fmt(r['length_mean'], 1):>7}")  # fmt: skip
+                f"{_fmt(r['accuracy_shorter_chosen']):>10}{_fmt(r['length_mean'], 1):>7}"
+            )
         for variant in ("plain", "odin"):
             rows = [r for n, r in bench["reward_models"].items() if n.startswith(variant + "_")]
             if rows:
-                add(f"{variant}: accuracy {_mean_se([r['accuracy'] for r in rows])}; r(score, length) "
+                add(
+                    f"{variant}: accuracy {_mean_se([r['accuracy'] for r in rows])}; r(score, length) "
                     f"{_mean_se([r['pearson_score_length'] for r in rows])}; RM prefers longer "
-                    f"{_mean_se([r['rm_prefers_longer'] for r in rows])}")  # fmt: skip
+                    f"{_mean_se([r['rm_prefers_longer'] for r in rows])}"
+                )
     else:
         add("(no results)")
 
     add("\n== reward-model fits: last logged val/* and the length terms of train/* (TensorBoard)")
     for path in sorted((work / "results").glob("events_rm_*.json")):
         ev = _load(path) or {}
-        vals = {tag: series[-1][1] for tag, series in ev.get("scalars", {}).items()
-                if series and (tag.startswith("val/") or tag in RM_TRAIN_TAGS)}  # fmt: skip
-        add(f"{path.stem[len('events_'):]:<14}" + "  ".join(f"{k} {v:.4f}" for k, v in sorted(vals.items())))
+        vals = {
+            tag: series[-1][1]
+            for tag, series in ev.get("scalars", {}).items()
+            if series and (tag.startswith("val/") or tag in RM_TRAIN_TAGS)
+        }
+        add(f"{path.stem[len('events_') :]:<14}" + "  ".join(f"{k} {v:.4f}" for k, v in sorted(vals.items())))
 
     add("\n== PPO per rollout (TensorBoard): first -> last, and mean of the last 5")
     for path in sorted((work / "results").glob("events_ppo_*.json")):
@@ -207,7 +237,7 @@ def summary(work: Path) -> str:
                 tail = statistics.fmean(series[-5:])
                 parts.append(f"{name} {series[0]:.3f} -> {series[-1]:.3f} (last5 {tail:.3f})")
         n = len(per.get("response_length", []))
-        add(f"{path.stem[len('events_'):]:<10} rollouts {n}: " + "; ".join(parts))
+        add(f"{path.stem[len('events_') :]:<10} rollouts {n}: " + "; ".join(parts))
 
     add("\n== held-out evaluation (rlhf-lit evaluate): policy x judging RM")
     add(f"{'policy':<11}{'rm':<7}{'rm_mean':>9}{'rm_std':>8}{'length':>8}{'ended':>7}{'kl':>8}{'dist2':>7}{'n':>5}")
@@ -216,12 +246,14 @@ def summary(work: Path) -> str:
         ev = _load(path)
         if not ev:
             continue
-        policy, rm = path.stem[len("eval_"):].split("__rm_")
+        policy, rm = path.stem[len("eval_") :].split("__rm_")
         evals[(policy, rm)] = ev
         m = ev.get("metrics", {})
-        add(f"{policy:<11}{rm:<7}{_fmt(m.get('rm_mean')):>9}{_fmt(m.get('rm_std')):>8}{_fmt(m.get('length_mean'), 1):>8}"
+        add(
+            f"{policy:<11}{rm:<7}{_fmt(m.get('rm_mean')):>9}{_fmt(m.get('rm_std')):>8}{_fmt(m.get('length_mean'), 1):>8}"
             f"{_fmt(m.get('ended_fraction'), 2):>7}{_fmt(m.get('kl_mean')):>8}{_fmt(m.get('distinct_2'), 2):>7}"
-            f"{m.get('num_samples', 'n/a'):>5}")  # fmt: skip
+            f"{m.get('num_samples', 'n/a'):>5}"
+        )
     for policy in sorted({p for p, _ in evals}):
         pair = [evals.get((policy, rm)) for rm in ("plain", "odin")]
         if all(pair):

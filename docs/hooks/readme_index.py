@@ -15,7 +15,9 @@ _OUTSIDE = re.compile(r"\[([^\]]+)\]\(((?!docs/|https?://|#)[^)]+)\)")
 
 def site_markdown(readme: str) -> str:
     """``readme`` with ``](docs/X)`` links as ``](X)`` and links outside ``docs/`` as code spans."""
-    text = _OUTSIDE.sub(lambda m: m.group(1) if m.group(1).startswith("`") else f"{m.group(1)} (`{m.group(2)}`)", readme)
+    text = _OUTSIDE.sub(
+        lambda m: m.group(1) if m.group(1).startswith("`") else f"{m.group(1)} (`{m.group(2)}`)", readme
+    )
     return text.replace("](docs/", "](")
 
 

@@ -198,23 +198,28 @@ class RolloutCheckpoint(Checkpoint):
             # auto_insert_metric_name turns "{rollout}" into "rollout={rollout}"
             filename = "{rollout}" if auto_insert_metric_name else "rollout={rollout}"
         super().__init__(
-            dirpath=dirpath, filename=filename, monitor=monitor, verbose=verbose,
-            save_last=save_last, save_top_k=save_top_k, save_on_exception=save_on_exception,
-            save_weights_only=save_weights_only, mode=mode,
+            dirpath=dirpath,
+            filename=filename,
+            monitor=monitor,
+            verbose=verbose,
+            save_last=save_last,
+            save_top_k=save_top_k,
+            save_on_exception=save_on_exception,
+            save_weights_only=save_weights_only,
+            mode=mode,
             auto_insert_metric_name=auto_insert_metric_name,
             enable_version_counter=enable_version_counter,
             # 0 (not None) disables both of ModelCheckpoint's own triggers
-            every_n_train_steps=0, every_n_epochs=0,
-        )  # fmt: skip
+            every_n_train_steps=0,
+            every_n_epochs=0,
+        )
         self.every_n_rollouts = every_n_rollouts
         self._last_rollout_saved = 0
 
     @property
     def state_key(self) -> str:
         """Distinguishes several RolloutCheckpoints of one run in the checkpoint's callback states."""
-        return self._generate_state_key(
-            monitor=self.monitor, mode=self.mode, every_n_rollouts=self.every_n_rollouts
-        )
+        return self._generate_state_key(monitor=self.monitor, mode=self.mode, every_n_rollouts=self.every_n_rollouts)
 
     # ------------------------------------------------------------------------------------ hooks
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:

@@ -112,11 +112,14 @@ class OnlineGeneration(Callback):
         prompts = self.rendered(tokenizer, getattr(datamodule, "chat_rendered", None))
         input_ids, attention_mask = pad_ids(prompts.ids, tokenizer.pad_token_id, "left")
         generated = generate_responses(
-            pl_module.policy, input_ids.to(pl_module.device),
-            attention_mask.to(pl_module.device), self.sampling or pl_module.sampling,
-            eos_token_id=getattr(pl_module, "stop_ids", tokenizer.eos_token_id), pad_token_id=tokenizer.pad_token_id,
+            pl_module.policy,
+            input_ids.to(pl_module.device),
+            attention_mask.to(pl_module.device),
+            self.sampling or pl_module.sampling,
+            eos_token_id=getattr(pl_module, "stop_ids", tokenizer.eos_token_id),
+            pad_token_id=tokenizer.pad_token_id,
             generator=torch.Generator().manual_seed(self.seed),
-        )  # fmt: skip
+        )
         # The rows PPO's reward reads (reward.unfinished: a cut response with EOS appended, or as sampled),
         # so the logged score is the proxy PPO optimises; a module without that method reads them as sampled.
         rows = getattr(pl_module, "reward_model_inputs", None)

@@ -172,6 +172,10 @@ class Preemption(Callback):
         if trainer.is_global_zero:
             log.warning(
                 "stopped by %s after %s %d: checkpoint %s; resume with: %s",
-                signum.name, where[0], where[1], path, resume_command(self.command, path),
-            )  # fmt: skip
+                signum.name,
+                where[0],
+                where[1],
+                path,
+                resume_command(self.command, path),
+            )
         raise Preempted(int(signum))

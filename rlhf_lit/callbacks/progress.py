@@ -50,9 +50,7 @@ class RunProgressBar(TQDMProgressBar):
         leave: keep the finished bar on screen.
     """
 
-    BAR_FORMAT = (
-        "{desc} {n_fmt}/{total_fmt} {percentage:3.0f}%|{bar}| [{elapsed}<{remaining}, {rate_fmt}{postfix}]"
-    )
+    BAR_FORMAT = "{desc} {n_fmt}/{total_fmt} {percentage:3.0f}%|{bar}| [{elapsed}<{remaining}, {rate_fmt}{postfix}]"
     """rate_fmt (not Lightning's rate_noinv_fmt): a 40 s rollout reads ``40.0s/rollout``, not ``0.03it/s``."""
 
     def __init__(self, refresh_rate: int = 1, process_position: int = 0, leave: bool = True) -> None:
@@ -62,26 +60,43 @@ class RunProgressBar(TQDMProgressBar):
     def init_train_tqdm(self) -> Tqdm:
         """The training bar, on stderr (progress is a diagnostic: stdout stays clean for results)."""
         return Tqdm(
-            desc=self._unit, unit=self._unit, initial=self._done, total=self._total,
-            position=2 * self.process_position, disable=self.is_disabled, leave=self._leave, dynamic_ncols=True,
-            file=sys.stderr, smoothing=0, bar_format=self.BAR_FORMAT,
-        )  # fmt: skip
+            desc=self._unit,
+            unit=self._unit,
+            initial=self._done,
+            total=self._total,
+            position=2 * self.process_position,
+            disable=self.is_disabled,
+            leave=self._leave,
+            dynamic_ncols=True,
+            file=sys.stderr,
+            smoothing=0,
+            bar_format=self.BAR_FORMAT,
+        )
 
     def init_validation_tqdm(self) -> Tqdm:
         """Lightning's validation bar, on stderr below the training bar."""
         has_main_bar = self.trainer.state.fn != "validate"  # as Lightning's: no training bar in `validate`
         return Tqdm(
-            desc=self.validation_description, position=2 * self.process_position + has_main_bar,
-            disable=self.is_disabled, leave=not has_main_bar, dynamic_ncols=True, file=sys.stderr,
+            desc=self.validation_description,
+            position=2 * self.process_position + has_main_bar,
+            disable=self.is_disabled,
+            leave=not has_main_bar,
+            dynamic_ncols=True,
+            file=sys.stderr,
             bar_format=TQDMProgressBar.BAR_FORMAT,
-        )  # fmt: skip
+        )
 
     def init_sanity_tqdm(self) -> Tqdm:
         """Lightning's sanity-check bar, on stderr like the others."""
         return Tqdm(
-            desc=self.sanity_check_description, position=2 * self.process_position, disable=self.is_disabled,
-            leave=False, dynamic_ncols=True, file=sys.stderr, bar_format=TQDMProgressBar.BAR_FORMAT,
-        )  # fmt: skip
+            desc=self.sanity_check_description,
+            position=2 * self.process_position,
+            disable=self.is_disabled,
+            leave=False,
+            dynamic_ncols=True,
+            file=sys.stderr,
+            bar_format=TQDMProgressBar.BAR_FORMAT,
+        )
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """Open the one bar of the fit at the restored count (rate and ETA from this process's work)."""
@@ -94,8 +109,9 @@ class RunProgressBar(TQDMProgressBar):
         if trainer.max_epochs is not None and trainer.max_epochs > 1 and self._unit == STEP:
             self.train_progress_bar.set_description(f"epoch {trainer.current_epoch + 1}/{trainer.max_epochs} {STEP}")
 
-    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:  # fmt: skip
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         """Move to the stage's count (a rollout, or the optimizer steps taken) and show its metrics."""
         _, done, total = run_progress(trainer, pl_module)
         bar = self.train_progress_bar

@@ -63,7 +63,6 @@ from lightning.pytorch.callbacks.progress import ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from rlhf_lit.commands import COMMANDS, commands_help, run_command
 import rlhf_lit.data  # noqa: F401  (the data modules: known subclasses, so --data takes short names)
 import rlhf_lit.stages  # noqa: F401  (the stages, likewise for --model)
 from rlhf_lit.callbacks.preemption import Preemption, exit_status
@@ -72,13 +71,21 @@ from rlhf_lit.cli import jsonargparse_fixes
 from rlhf_lit.cli.option_names import class_options, parser_options
 from rlhf_lit.cli.parser_errors import condense_parser_error
 from rlhf_lit.cli.resume_check import check_checkpoints_when_loaded, check_resume_checkpoint
-from rlhf_lit.cli.run_dir import (RUN_DIR_KEY, add_run_dir_argument, apply_run_dir, stage_dir, stage_layout,
-                                  stage_title, with_run_dir_hint)  # fmt: skip
+from rlhf_lit.cli.run_dir import (
+    RUN_DIR_KEY,
+    add_run_dir_argument,
+    apply_run_dir,
+    stage_dir,
+    stage_layout,
+    stage_title,
+    with_run_dir_hint,
+)
 from rlhf_lit.cli.run_lock import lock_run, release_run_locks
+from rlhf_lit.commands import COMMANDS, commands_help, run_command
 from rlhf_lit.expected_warnings import silence_expected_noise
 from rlhf_lit.run_seed import run_seed
-from rlhf_lit.stages.nonfinite import NonFiniteError
 from rlhf_lit.stages.base import TrainerPlan
+from rlhf_lit.stages.nonfinite import NonFiniteError
 from rlhf_lit.strategies import check_strategy_choice, shards_models  # also registers the fsdp / fsdp2 names
 
 DEFAULT_LOGGER = {
@@ -256,8 +263,11 @@ class RLHFCLI(LightningCLI):
         apply_run_dir(config, self.trainer_defaults, subcommand)
         if subcommand == "fit" and config.get(RUN_DIR_KEY):  # one fit per run directory and stage at once
             stage = stage_layout(str(config["model"]["class_path"])).name
-            lock_run(stage_dir(config[RUN_DIR_KEY], stage),
-                     f"--run_dir {config[RUN_DIR_KEY]}: the {stage_title(stage)} stage", self.command)  # fmt: skip
+            lock_run(
+                stage_dir(config[RUN_DIR_KEY], stage),
+                f"--run_dir {config[RUN_DIR_KEY]}: the {stage_title(stage)} stage",
+                self.command,
+            )
 
     def _set_seed(self) -> None:
         """Lightning's ``seed_everything``, refusing ``--seed_everything true`` in a run whose processes a
@@ -399,8 +409,9 @@ def _run_cli(args: list[str] | None, argv: list[str], debug: bool) -> None:
             raise  # Preemption's stop: checkpoint written, message logged, status 128 + signal
         # Lightning's own stop: the signal came while Lightning's handler was still in place (the
         # sanity check before training), so no step was taken and nothing is lost; status as if killed.
-        sys.stderr.write("rlhf-lit: stopped by SIGTERM before training began; nothing new to save, run the same "
-                         "command again\n")
+        sys.stderr.write(
+            "rlhf-lit: stopped by SIGTERM before training began; nothing new to save, run the same command again\n"
+        )
         sys.exit(exit_status(signal.SIGTERM))
     except EXPECTED_ERRORS as error:
         if debug:

@@ -21,8 +21,11 @@ import math
 from typing import Any
 
 import yaml
-from jsonargparse import Namespace, set_loader
-from jsonargparse import _typehints  # the nested-option path has no public hook
+from jsonargparse import (
+    Namespace,
+    _typehints,  # the nested-option path has no public hook
+    set_loader,
+)
 
 _NestedArg = getattr(_typehints, "NestedArg", None)
 

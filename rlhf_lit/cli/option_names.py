@@ -11,6 +11,7 @@ import sys
 import typing
 from collections.abc import Sequence
 
+
 def import_class(class_path: str) -> type | None:
     """The class a dotted path names, or None."""
     module_name, _, name = str(class_path).rpartition(".")

@@ -16,7 +16,6 @@ from pathlib import Path
 import yaml
 
 
-
 @dataclass(frozen=True)
 class Where:
     """Where a key was given: a config file (``file``, ``line``), or a command-line ``option``.
@@ -90,8 +89,10 @@ def _find(node, path: list[str], key: list[str], value: str | None):
         if path[0] == "init_args":
             return _find(node, path[1:], [*key, "init_args"], value)
     if isinstance(node, yaml.SequenceNode):
-        hits = [(i, _find(child, path, [*key[:-1], f"{key[-1]}[{i}]"] if key else [f"[{i}]"], value))
-                for i, child in enumerate(node.value)]  # fmt: skip
+        hits = [
+            (i, _find(child, path, [*key[:-1], f"{key[-1]}[{i}]"] if key else [f"[{i}]"], value))
+            for i, child in enumerate(node.value)
+        ]
         hits = [(i, hit) for i, hit in hits if hit is not None]
         matching = [hit for _, hit in hits if isinstance(hit[0], yaml.ScalarNode) and hit[0].value == value]
         return (matching or [hit for _, hit in hits] or [None])[0]

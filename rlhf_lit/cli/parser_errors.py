@@ -116,8 +116,9 @@ def _best(nodes: list[Node], path, scope, scope_class, base=None) -> tuple[int, 
     union = subtypes = given = None
     if any(n.text.startswith(_UNION) for n in nodes):
         subtypes = next((n.text.removeprefix("Subtypes:").strip() for n in nodes if n.text.startswith("Subtypes:")), "")
-        given = next((n.text.removeprefix("Given value:").strip() for n in nodes
-                      if n.text.startswith("Given value:")), None)  # fmt: skip
+        given = next(
+            (n.text.removeprefix("Given value:").strip() for n in nodes if n.text.startswith("Given value:")), None
+        )
         base, union = _base_class(subtypes) or base, True
         errors = next((n.children for n in nodes if n.text.startswith("Errors:")), [])
         others = [n for n in nodes if not n.text.startswith((_UNION, "Subtypes:", "Errors:", "Given value"))]
@@ -221,7 +222,7 @@ def describe(
     else:
         head, shown = "", None
     if problem.kind == "unknown_key":
-        relative = problem.path[len(problem.scope):]
+        relative = problem.path[len(problem.scope) :]
         nearest = nearest_option(relative, options_in(problem.scope_class)) if options_in else None
         if shown is not None:  # the wrong part (the key's last segments) replaced, list indexes kept
             mean = ".".join([*shown.split(".")[: -len(relative) or None], nearest]) if nearest else None

@@ -41,8 +41,9 @@ def resume_hint(path: str, command: Sequence[str] | None) -> str:
     return f"; the newest intact checkpoint beside it is {shown}: resume from it with `{again}`"
 
 
-def check_resume_checkpoint(ckpt_path: str | None, command: Sequence[str] | None = None,
-                            label: str | None = None) -> None:
+def check_resume_checkpoint(
+    ckpt_path: str | None, command: Sequence[str] | None = None, label: str | None = None
+) -> None:
     """Refuse a ``--ckpt_path`` that does not exist or is damaged, before any model is loaded.
 
     Args:
@@ -87,8 +88,13 @@ class CheckedCheckpointLoad:
         """Check ``checkpoint_path`` (a local one), then load it as the strategy does."""
         path = os.fspath(checkpoint_path)
         if "://" not in path:
-            label = (None if self.given == path else f"--ckpt_path {self.given} ({path})" if self.given
-                     else f"the checkpoint Lightning resumes from by itself ({path})")  # fmt: skip
+            label = (
+                None
+                if self.given == path
+                else f"--ckpt_path {self.given} ({path})"
+                if self.given
+                else f"the checkpoint Lightning resumes from by itself ({path})"
+            )
             check_resume_checkpoint(path, self.command, label)
         return type(self.strategy).load_checkpoint(self.strategy, checkpoint_path, *args, **kwargs)
 

@@ -37,7 +37,7 @@ import logging
 import os
 import re
 from collections.abc import Mapping
-from typing import Any, Optional
+from typing import Any
 
 from rlhf_lit.artifacts import EXPORT_MARKER
 from rlhf_lit.sources import MissingSource, producing_config
@@ -64,7 +64,7 @@ class RunDirError(ValueError):
 
 def add_run_dir_argument(parser) -> None:
     """Add ``--run_dir`` (top-level key ``run_dir``) to a subcommand's parser."""
-    parser.add_argument(f"--{RUN_DIR_KEY}", type=Optional[str], default=None, help=RUN_DIR_HELP)
+    parser.add_argument(f"--{RUN_DIR_KEY}", type=str | None, default=None, help=RUN_DIR_HELP)
 
 
 def stage_title(stage: str) -> str:

@@ -50,8 +50,7 @@ def _holder(handle) -> str:
     try:
         handle.seek(0)
         about = json.loads(handle.read() or "{}")
-        return (f"pid {about['pid']} on {about['host']}, started {about['started']}: "
-                f"{shlex.join(about['command'])}")  # fmt: skip
+        return f"pid {about['pid']} on {about['host']}, started {about['started']}: {shlex.join(about['command'])}"
     except (OSError, ValueError, KeyError, TypeError):
         return "a process that has not written its details yet"
 
@@ -79,12 +78,15 @@ class RunLock:
             except BlockingIOError:
                 holder = _holder(handle)
                 handle.close()
-                raise RunLocked(f"{what} is already running there ({holder}); wait for it to end, or give another "
-                                f"--run_dir (lock file {self.path})") from None  # fmt: skip
+                raise RunLocked(
+                    f"{what} is already running there ({holder}); wait for it to end, or give another "
+                    f"--run_dir (lock file {self.path})"
+                ) from None
             except OSError as error:  # no locks on this file system: say so, never block the run
                 handle.close()
-                log.warning("%s: cannot lock %s (%s); two runs started here at once are not told apart",
-                            what, self.path, error)  # fmt: skip
+                log.warning(
+                    "%s: cannot lock %s (%s); two runs started here at once are not told apart", what, self.path, error
+                )
                 return
             # The holder before us may have removed the file between our open and our flock: then we
             # hold a lock on a name nobody else opens. Lock the file that is there now instead.
@@ -96,8 +98,12 @@ class RunLock:
                 self.handle = handle
             else:
                 handle.close()
-        about = {"pid": os.getpid(), "host": socket.gethostname(), "command": list(command or ["rlhf-lit", "fit"]),
-                 "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}  # fmt: skip
+        about = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "command": list(command or ["rlhf-lit", "fit"]),
+            "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        }
         self.handle.seek(0)
         self.handle.truncate()
         self.handle.write(json.dumps(about) + "\n")
@@ -126,8 +132,10 @@ def _open_lock_file(path: str, what: str):
     try:
         fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
     except OSError as error:
-        raise RunLocked(f"{what}: the lock file {path} cannot be opened as a plain file ({error.strerror}); "
-                        "remove what is at that name or give another --run_dir") from None  # fmt: skip
+        raise RunLocked(
+            f"{what}: the lock file {path} cannot be opened as a plain file ({error.strerror}); "
+            "remove what is at that name or give another --run_dir"
+        ) from None
     return os.fdopen(fd, "a+", encoding="utf-8")
 
 

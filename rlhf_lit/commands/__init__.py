@@ -17,12 +17,30 @@ import sys
 from collections.abc import Sequence
 
 COMMANDS: dict[str, tuple[str, str]] = {
-    "evaluate": ("rlhf_lit.commands.evaluate_command", "sample from a policy on prompts: judge, RM score, KL, distinct-n, length"),
-    "best-of-n": ("rlhf_lit.commands.best_of_n_command", "best-of-N by a reward model over N = 1, 2, 4, ...: judge score and analytic KL"),
-    "export-policy": ("rlhf_lit.commands.export_policy_command", "the policy of a training checkpoint (or of each rollout=<n>.ckpt) as an export"),
-    "frontier": ("rlhf_lit.commands.frontier_command", "judge or RM score against KL over evaluate (and best-of-n) results: table, plot"),
-    "seeds": ("rlhf_lit.commands.seeds_command", "run a command (after --) once per seed: --seed_everything S, --run_dir DIR/seed_S"),
-    "iterate": ("rlhf_lit.commands.iterate_command", "iterated RLHF: label the policy's samples, refit the reward model, PPO; T times"),
+    "evaluate": (
+        "rlhf_lit.commands.evaluate_command",
+        "sample from a policy on prompts: judge, RM score, KL, distinct-n, length",
+    ),
+    "best-of-n": (
+        "rlhf_lit.commands.best_of_n_command",
+        "best-of-N by a reward model over N = 1, 2, 4, ...: judge score and analytic KL",
+    ),
+    "export-policy": (
+        "rlhf_lit.commands.export_policy_command",
+        "the policy of a training checkpoint (or of each rollout=<n>.ckpt) as an export",
+    ),
+    "frontier": (
+        "rlhf_lit.commands.frontier_command",
+        "judge or RM score against KL over evaluate (and best-of-n) results: table, plot",
+    ),
+    "seeds": (
+        "rlhf_lit.commands.seeds_command",
+        "run a command (after --) once per seed: --seed_everything S, --run_dir DIR/seed_S",
+    ),
+    "iterate": (
+        "rlhf_lit.commands.iterate_command",
+        "iterated RLHF: label the policy's samples, refit the reward model, PPO; T times",
+    ),
 }
 """``command -> (module with main(argv), one-line help)``."""
 

@@ -55,21 +55,35 @@ def parse_n_list(text: str) -> list[int]:
 def build_parser() -> CommandParser:
     """The options of ``rlhf-lit best-of-n``."""
     parser = CommandParser(
-        prog="rlhf-lit best-of-n", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        prog="rlhf-lit best-of-n",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         description="Sample M responses per prompt once, pick the best of N by a reward model for N in a sweep, "
         "and report the pick's judge score, RM score and length with the analytic KL log N - (N-1)/N.",
-    )  # fmt: skip
+    )
     parser.add_argument("--policy", required=True, metavar="DIR", help="the model to sample from")
-    parser.add_argument("--reward-model", required=True, metavar="DIR",
-                        help="the reward model that picks the best (an ensemble directory: its members' mean)")
+    parser.add_argument(
+        "--reward-model",
+        required=True,
+        metavar="DIR",
+        help="the reward model that picks the best (an ensemble directory: its members' mean)",
+    )
     add_unfinished_option(parser)
     which = parser.add_mutually_exclusive_group()
     which.add_argument("--n-max", type=int, default=64, help="sweep N = 1, 2, 4, ... up to this")
     which.add_argument("--n", default=None, metavar="N,N,...", help="the N values, e.g. 1,2,4,8 (instead of --n-max)")
-    parser.add_argument("--num-samples", type=int, default=None, metavar="M",
-                        help="responses sampled per prompt (default: the largest N); more lowers the variance of 'subsets'")
-    parser.add_argument("--estimator", choices=["subsets", "first_n"], default="subsets",
-                        help="subsets: exact mean over all N-subsets of the M samples; first_n: best of the first N")
+    parser.add_argument(
+        "--num-samples",
+        type=int,
+        default=None,
+        metavar="M",
+        help="responses sampled per prompt (default: the largest N); more lowers the variance of 'subsets'",
+    )
+    parser.add_argument(
+        "--estimator",
+        choices=["subsets", "first_n"],
+        default="subsets",
+        help="subsets: exact mean over all N-subsets of the M samples; first_n: best of the first N",
+    )
     add_common_options(parser, max_new_tokens=48, batch_size=64)
     return parser
 
@@ -81,23 +95,49 @@ def main(argv: Sequence[str]) -> int:
     check_positive(num_samples=args.num_samples)
     if args.num_samples is not None and args.num_samples < ns[-1]:
         raise OptionError(f"--num-samples {args.num_samples} is below the largest N ({ns[-1]})")
-    prompts, sampling, judge = prepare(args, policy=args.policy, reward_model=args.reward_model, tokenizer=args.tokenizer)
+    prompts, sampling, judge = prepare(
+        args, policy=args.policy, reward_model=args.reward_model, tokenizer=args.tokenizer
+    )
     m = args.num_samples or ns[-1]
     log.info("best-of-n: %d prompts x %d samples from %s, N in %s", len(prompts), m, args.policy, ns)
     result = best_of_n(
-        args.policy, args.reward_model, prompts, ns, num_samples=m, judge=judge, estimator=args.estimator,
-        sampling=sampling, batch_size=args.batch_size, seed=args.seed, tokenizer=args.tokenizer, device=args.device,
-        unfinished=args.unfinished, judge_reads=args.judge_reads, chat_template=args.chat_template,
-    )  # fmt: skip
+        args.policy,
+        args.reward_model,
+        prompts,
+        ns,
+        num_samples=m,
+        judge=judge,
+        estimator=args.estimator,
+        sampling=sampling,
+        batch_size=args.batch_size,
+        seed=args.seed,
+        tokenizer=args.tokenizer,
+        device=args.device,
+        unfinished=args.unfinished,
+        judge_reads=args.judge_reads,
+        chat_template=args.chat_template,
+    )
     result = {
         WRITTEN_BY_KEY: "rlhf-lit best-of-n",
         "config": {
-            "policy": args.policy, "reward_model": args.reward_model, "judge": args.judge, "prompts": args.prompts,
-            "num_prompts": len(prompts), "ns": ns, "num_samples": m, "estimator": args.estimator,
-            "unfinished": args.unfinished, "judge_reads": args.judge_reads, "chat_template": args.chat_template,
-            "tie_break": "equal RM scores: the sample drawn first wins", "sampling": dataclasses.asdict(sampling),
-            "batch_size": args.batch_size, "seed": args.seed, "tokenizer": args.tokenizer, "device": args.device,
-        },  # fmt: skip
+            "policy": args.policy,
+            "reward_model": args.reward_model,
+            "judge": args.judge,
+            "prompts": args.prompts,
+            "num_prompts": len(prompts),
+            "ns": ns,
+            "num_samples": m,
+            "estimator": args.estimator,
+            "unfinished": args.unfinished,
+            "judge_reads": args.judge_reads,
+            "chat_template": args.chat_template,
+            "tie_break": "equal RM scores: the sample drawn first wins",
+            "sampling": dataclasses.asdict(sampling),
+            "batch_size": args.batch_size,
+            "seed": args.seed,
+            "tokenizer": args.tokenizer,
+            "device": args.device,
+        },
         **result,
     }
     print(format_table(result["rows"]))

@@ -55,16 +55,26 @@ log = logging.getLogger(__name__)
 def build_parser() -> CommandParser:
     """The options of ``rlhf-lit evaluate``."""
     parser = CommandParser(
-        prog="rlhf-lit evaluate", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        prog="rlhf-lit evaluate",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         description="Sample responses from a policy on prompts; print judge score, RM score, KL to a reference, "
         "distinct-n and length, and write them (with every sample) as JSON.",
-    )  # fmt: skip
-    parser.add_argument("--policy", required=True, nargs="+", metavar="DIR",
-                        help="the model to evaluate (an export directory), or several: each on the same prompts and "
-                        "seed, one table row each, and --out names a directory of one <name>.json per policy")
+    )
+    parser.add_argument(
+        "--policy",
+        required=True,
+        nargs="+",
+        metavar="DIR",
+        help="the model to evaluate (an export directory), or several: each on the same prompts and "
+        "seed, one table row each, and --out names a directory of one <name>.json per policy",
+    )
     parser.add_argument("--reference", default=None, metavar="DIR", help="reference model for the KL (none: no KL)")
-    parser.add_argument("--reward-model", default=None, metavar="DIR",
-                        help="reward model to score responses, or an ensemble directory (its members' mean; none: no RM score)")
+    parser.add_argument(
+        "--reward-model",
+        default=None,
+        metavar="DIR",
+        help="reward model to score responses, or an ensemble directory (its members' mean; none: no RM score)",
+    )
     add_unfinished_option(parser)
     parser.add_argument("--samples-per-prompt", type=int, default=1, help="responses per prompt")
     add_common_options(parser, max_new_tokens=48, batch_size=64)
@@ -92,8 +102,9 @@ def out_files(out: str | None, policies: Sequence[str]) -> list[str | None]:
     if len(policies) == 1 or out is None:
         return [out] * len(policies)
     if os.path.exists(out) and not os.path.isdir(out):
-        raise OptionError(f"--out {out} is a file; with several --policy it names a directory "
-                          "(one <name>.json per policy)")
+        raise OptionError(
+            f"--out {out} is a file; with several --policy it names a directory (one <name>.json per policy)"
+        )
     return [os.path.join(out, f"{name}.json") for name in result_names(policies)]
 
 
@@ -103,8 +114,14 @@ def main(argv: Sequence[str]) -> int:
     check_positive(samples_per_prompt=args.samples_per_prompt)
     policies = args.policy
     outs = out_files(args.out, policies)
-    prompts, sampling, judge = prepare(args, policy=policies[0], reference=args.reference,
-                                       reward_model=args.reward_model, tokenizer=args.tokenizer, outs=outs)  # fmt: skip
+    prompts, sampling, judge = prepare(
+        args,
+        policy=policies[0],
+        reference=args.reference,
+        reward_model=args.reward_model,
+        tokenizer=args.tokenizer,
+        outs=outs,
+    )
     for policy in policies[1:]:
         check_sources(policy=policy)
     results = {}
@@ -127,19 +144,39 @@ def _evaluate(args: argparse.Namespace, policy: str, prompts, sampling, judge) -
     """The result of one policy, as ``--out`` holds it."""
     log.info("evaluate: %d prompts x %d samples from %s", len(prompts), args.samples_per_prompt, policy)
     result = evaluate_policy(
-        policy, prompts, reference=args.reference, reward_model=args.reward_model, judge=judge,
-        samples_per_prompt=args.samples_per_prompt, sampling=sampling, batch_size=args.batch_size, seed=args.seed,
-        tokenizer=args.tokenizer, device=args.device, unfinished=args.unfinished, judge_reads=args.judge_reads,
+        policy,
+        prompts,
+        reference=args.reference,
+        reward_model=args.reward_model,
+        judge=judge,
+        samples_per_prompt=args.samples_per_prompt,
+        sampling=sampling,
+        batch_size=args.batch_size,
+        seed=args.seed,
+        tokenizer=args.tokenizer,
+        device=args.device,
+        unfinished=args.unfinished,
+        judge_reads=args.judge_reads,
         chat_template=args.chat_template,
-    )  # fmt: skip
+    )
     return {
         WRITTEN_BY_KEY: "rlhf-lit evaluate",
         "config": {
-            "policy": policy, "reference": args.reference, "reward_model": args.reward_model,
-            "judge": args.judge, "prompts": args.prompts, "num_prompts": len(prompts),
-            "samples_per_prompt": args.samples_per_prompt, "sampling": dataclasses.asdict(sampling),
-            "unfinished": args.unfinished, "judge_reads": args.judge_reads, "chat_template": args.chat_template,
-            "batch_size": args.batch_size, "seed": args.seed, "tokenizer": args.tokenizer, "device": args.device,
-        },  # fmt: skip
+            "policy": policy,
+            "reference": args.reference,
+            "reward_model": args.reward_model,
+            "judge": args.judge,
+            "prompts": args.prompts,
+            "num_prompts": len(prompts),
+            "samples_per_prompt": args.samples_per_prompt,
+            "sampling": dataclasses.asdict(sampling),
+            "unfinished": args.unfinished,
+            "judge_reads": args.judge_reads,
+            "chat_template": args.chat_template,
+            "batch_size": args.batch_size,
+            "seed": args.seed,
+            "tokenizer": args.tokenizer,
+            "device": args.device,
+        },
         **result,
     }

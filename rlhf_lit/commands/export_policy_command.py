@@ -32,18 +32,34 @@ def build_parser() -> CommandParser:
     from rlhf_lit.models.checkpoint_policy import POLICY_PREFIX
 
     parser = CommandParser(
-        prog="rlhf-lit export-policy", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        prog="rlhf-lit export-policy",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         description="Write the policy of a training checkpoint (or of every rollout=<n>.ckpt in a folder) as a "
         "Hugging Face export that rlhf-lit evaluate, a later stage or from_pretrained loads.",
-    )  # fmt: skip
-    parser.add_argument("--checkpoint", required=True, metavar="CKPT|DIR",
-                        help="a Lightning .ckpt file, or a folder of RolloutCheckpoint files rollout=<n>.ckpt")
-    parser.add_argument("--base-model", required=True, metavar="DIR",
-                        help="the model the run started from (PPO: its sft_model): the architecture and the tokenizer")
-    parser.add_argument("--out", required=True, metavar="DIR",
-                        help="the export folder (a folder of checkpoints: the parent of one rollout_<n> per file)")
-    parser.add_argument("--prefix", default=POLICY_PREFIX,
-                        help="where the stage keeps the policy in its state_dict: policy. (PPO), model. (SFT, DPO)")
+    )
+    parser.add_argument(
+        "--checkpoint",
+        required=True,
+        metavar="CKPT|DIR",
+        help="a Lightning .ckpt file, or a folder of RolloutCheckpoint files rollout=<n>.ckpt",
+    )
+    parser.add_argument(
+        "--base-model",
+        required=True,
+        metavar="DIR",
+        help="the model the run started from (PPO: its sft_model): the architecture and the tokenizer",
+    )
+    parser.add_argument(
+        "--out",
+        required=True,
+        metavar="DIR",
+        help="the export folder (a folder of checkpoints: the parent of one rollout_<n> per file)",
+    )
+    parser.add_argument(
+        "--prefix",
+        default=POLICY_PREFIX,
+        help="where the stage keeps the policy in its state_dict: policy. (PPO), model. (SFT, DPO)",
+    )
     parser.add_argument("--overwrite", action="store_true", help="replace an earlier rlhf-lit export at the target")
     return parser
 
@@ -57,8 +73,10 @@ def targets(checkpoint: str, out: str) -> dict[str, str]:
     if not os.path.isdir(checkpoint):
         return {checkpoint: out}
     if os.path.isfile(os.path.join(checkpoint, ".metadata")):
-        raise OptionError(f"--checkpoint {checkpoint} is a sharded (FSDP) checkpoint; give a single-file checkpoint "
-                          "(save_weights_only, or Lightning's consolidate_checkpoint)")  # fmt: skip
+        raise OptionError(
+            f"--checkpoint {checkpoint} is a sharded (FSDP) checkpoint; give a single-file checkpoint "
+            "(save_weights_only, or Lightning's consolidate_checkpoint)"
+        )
     found = rollout_checkpoints(checkpoint)
     if not found:
         raise OptionError(f"--checkpoint {checkpoint}: a folder without rollout=<n>.ckpt files")
@@ -83,11 +101,17 @@ def main(argv: Sequence[str]) -> int:
     check_sources(base_model=args.base_model)
     for checkpoint, target in exports.items():
         try:
-            written = export_checkpoint_policy(checkpoint, args.base_model, target, prefix=args.prefix,
-                                               existing="replace" if args.overwrite else "refuse")  # fmt: skip
+            written = export_checkpoint_policy(
+                checkpoint,
+                args.base_model,
+                target,
+                prefix=args.prefix,
+                existing="replace" if args.overwrite else "refuse",
+            )
         except (KeyError, RuntimeError) as error:  # nothing under --prefix, or weights that do not fit the base model
             message = str(error.args[0] if isinstance(error, KeyError) else error).splitlines()[0]
-            raise ValueError(f"--checkpoint {checkpoint}: {message} (--prefix {args.prefix}, --base-model "
-                             f"{args.base_model})") from None  # fmt: skip
+            raise ValueError(
+                f"--checkpoint {checkpoint}: {message} (--prefix {args.prefix}, --base-model {args.base_model})"
+            ) from None
         print(f"{checkpoint} -> {written}")
     return 0

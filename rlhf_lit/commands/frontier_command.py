@@ -29,21 +29,37 @@ from rlhf_lit.commands.options import WRITTEN_BY_KEY, CommandParser, OptionError
 def build_parser() -> CommandParser:
     """The options of ``rlhf-lit frontier``."""
     parser = CommandParser(
-        prog="rlhf-lit frontier", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        prog="rlhf-lit frontier",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         description="Judge or RM score against KL to the reference, one point per rlhf-lit evaluate result (and per N "
         "of an rlhf-lit best-of-n sweep): a markdown table, a PNG plot and a JSON of the points.",
-    )  # fmt: skip
-    parser.add_argument("--eval", dest="evals", nargs="+", action="extend", default=[], metavar="[METHOD[:SETTING]=]FILE",
-                        help="rlhf-lit evaluate results (with --reference); one METHOD's points are joined in this order, "
-                        "and one METHOD:SETTING given several times (seeds) is their mean")
+    )
+    parser.add_argument(
+        "--eval",
+        dest="evals",
+        nargs="+",
+        action="extend",
+        default=[],
+        metavar="[METHOD[:SETTING]=]FILE",
+        help="rlhf-lit evaluate results (with --reference); one METHOD's points are joined in this order, "
+        "and one METHOD:SETTING given several times (seeds) is their mean",
+    )
     parser.add_argument("--best-of-n", default=None, metavar="FILE", help="an rlhf-lit best-of-n result")
-    parser.add_argument("--score", choices=["judge", "rm"], default="judge",
-                        help="the judge's score (evaluated with --judge) or the reward model's (--reward-model)")
+    parser.add_argument(
+        "--score",
+        choices=["judge", "rm"],
+        default="judge",
+        help="the judge's score (evaluated with --judge) or the reward model's (--reward-model)",
+    )
     parser.add_argument("--reference-name", default="SFT", help="what the KL is to, on the axis and in the table")
     parser.add_argument("--title", default=None, help="the plot's title (default: '<score> against KL to <reference>')")
     parser.add_argument("--plot", default=None, metavar="FILE.png", help="draw the frontier here (needs matplotlib)")
-    parser.add_argument("--out", default=None, metavar="FILE.json", help="JSON of the points (never replaces a file "
-                        "rlhf-lit did not write)")
+    parser.add_argument(
+        "--out",
+        default=None,
+        metavar="FILE.json",
+        help="JSON of the points (never replaces a file rlhf-lit did not write)",
+    )
     parser.add_argument("--overwrite", action="store_true", help="replace --out if an earlier rlhf-lit run wrote it")
     return parser
 
@@ -103,11 +119,19 @@ def main(argv: Sequence[str]) -> int:
     print("\n".join(frontier_table(points, label, args.reference_name)))
     if args.plot is not None:
         title = args.title or f"{label[0].upper()}{label[1:]} against KL to {args.reference_name}"
-        draw_frontier(points, args.plot, title=title, ylabel=label,
-                      xlabel=f"KL to {args.reference_name} (nats per response)")  # fmt: skip
+        draw_frontier(
+            points, args.plot, title=title, ylabel=label, xlabel=f"KL to {args.reference_name} (nats per response)"
+        )
         print(f"wrote {args.plot}")
     if args.out is not None:
-        write_json(args.out, {WRITTEN_BY_KEY: "rlhf-lit frontier", "score": args.score,
-                              "reference": args.reference_name, "points": [p.__dict__ for p in points]})  # fmt: skip
+        write_json(
+            args.out,
+            {
+                WRITTEN_BY_KEY: "rlhf-lit frontier",
+                "score": args.score,
+                "reference": args.reference_name,
+                "points": [p.__dict__ for p in points],
+            },
+        )
         print(f"wrote {args.out}")
     return 0

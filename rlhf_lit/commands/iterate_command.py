@@ -43,8 +43,23 @@ from rlhf_lit.commands.iterate_config import IterateConfig, as_dict, read_config
 from rlhf_lit.commands.iterate_labels import JudgeScorer, read_labels_file
 from rlhf_lit.commands.options import CommandParser, OptionError
 
-COLUMNS = ("iteration", "labelled_prompts", "labelled_pairs", "rm_train_records", "held_out_pairs", "rm_acc_before",
-           "rm_acc_after", "gold", "proxy", "kl", "length", "ppo_proxy", "ppo_judge", "ppo_kl", "guard_fired")  # fmt: skip
+COLUMNS = (
+    "iteration",
+    "labelled_prompts",
+    "labelled_pairs",
+    "rm_train_records",
+    "held_out_pairs",
+    "rm_acc_before",
+    "rm_acc_after",
+    "gold",
+    "proxy",
+    "kl",
+    "length",
+    "ppo_proxy",
+    "ppo_judge",
+    "ppo_kl",
+    "guard_fired",
+)
 """The summary's columns, one row per iteration (0: the SFT model)."""
 STAGE_CLASSES = {"reward_model": "RewardModelModule", "ppo": "PPOModule"}
 
@@ -55,10 +70,11 @@ run_fit: steps.FitRunner = steps.run_fit_in_subprocess
 def build_parser() -> CommandParser:
     """The options of ``rlhf-lit iterate``."""
     parser = CommandParser(
-        prog="rlhf-lit iterate", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        prog="rlhf-lit iterate",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         description="Iterated RLHF: per iteration sample the policy on fresh prompts, label the samples, refit the "
         "reward model, run PPO; each fit an ordinary `rlhf-lit fit` under RUN_DIR/iter_<t>. Resumable: run it again.",
-    )  # fmt: skip
+    )
     parser.add_argument("--config", required=True, metavar="FILE.yaml", help="the loop's config (docs/iterate.md)")
     return parser
 
@@ -109,8 +125,10 @@ def read_loop_prompts(config: IterateConfig, where: str) -> tuple[list, list]:
         prompts = [" ".join(p.split()[: config.prompts.words]) if isinstance(p, str) else p for p in prompts]
     need = config.prompts.held_out + config.iterations * config.prompts.per_iteration
     if len(prompts) < need:
-        raise OptionError(f"{where}: prompts.path {config.prompts.path} holds {len(prompts)} prompts after skip; "
-                          f"held_out + iterations x per_iteration needs {need}")  # fmt: skip
+        raise OptionError(
+            f"{where}: prompts.path {config.prompts.path} holds {len(prompts)} prompts after skip; "
+            f"held_out + iterations x per_iteration needs {need}"
+        )
     return prompts[: config.prompts.held_out], prompts[config.prompts.held_out :]
 
 
@@ -121,15 +139,19 @@ def check_run_dir(config: IterateConfig, where: str) -> None:
         return
     kept = steps.intact_json(snapshot)
     if kept is None:
-        raise OptionError(f"{where}: run_dir {config.run_dir} is not empty and holds no iterate.json of rlhf-lit "
-                          "iterate; give a new or empty run_dir")  # fmt: skip
+        raise OptionError(
+            f"{where}: run_dir {config.run_dir} is not empty and holds no iterate.json of rlhf-lit "
+            "iterate; give a new or empty run_dir"
+        )
     old, new = dict(kept["config"]), as_dict(config)
     old.pop("iterations", None)
     new.pop("iterations", None)
     changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
     if changed:
-        raise OptionError(f"{where}: run_dir {config.run_dir} was started with another config ({', '.join(changed)} "
-                          f"differ from {snapshot}); give a new run_dir, or put those back to resume it")  # fmt: skip
+        raise OptionError(
+            f"{where}: run_dir {config.run_dir} was started with another config ({', '.join(changed)} "
+            f"differ from {snapshot}); give a new run_dir, or put those back to resume it"
+        )
 
 
 def prepare(config: IterateConfig, where: str) -> tuple[list, list, list]:
@@ -167,9 +189,16 @@ def format_table(rows: Sequence[dict]) -> str:
 
 def write_summary(config: IterateConfig, rows: list[dict], timing: dict) -> None:
     """``summary.json`` (rows, config, timings) and ``summary.csv`` in the run directory."""
-    write_json_atomically(os.path.join(config.run_dir, "summary.json"),
-                          {WRITTEN_BY_KEY: steps.WRITTEN_BY, "columns": list(COLUMNS), "rows": rows,
-                           "config": as_dict(config), "timing_s": timing})  # fmt: skip
+    write_json_atomically(
+        os.path.join(config.run_dir, "summary.json"),
+        {
+            WRITTEN_BY_KEY: steps.WRITTEN_BY,
+            "columns": list(COLUMNS),
+            "rows": rows,
+            "config": as_dict(config),
+            "timing_s": timing,
+        },
+    )
     text = io.StringIO()
     writer = csv.DictWriter(text, fieldnames=list(COLUMNS), extrasaction="ignore", lineterminator="\n")
     writer.writeheader()
@@ -183,15 +212,19 @@ def baseline_row(config: IterateConfig, gold, held_out: list) -> dict:
     done = steps.intact_json(path)
     if done is not None:
         return done["row"]
-    row = {"iteration": 0, **steps.evaluate(config, config.sft_model, config.reward_model.initial_model, gold, held_out)}
+    row = {
+        "iteration": 0,
+        **steps.evaluate(config, config.sft_model, config.reward_model.initial_model, gold, held_out),
+    }
     write_json_atomically(path, {WRITTEN_BY_KEY: steps.WRITTEN_BY, "row": row})
     return row
 
 
 def run_loop(config: IterateConfig, held_out: list, fresh: list, initial: list) -> list[dict]:
     """The iterations (each step skipped when its output is there and intact); the summary rows."""
-    write_json_atomically(os.path.join(config.run_dir, "iterate.json"),
-                          {WRITTEN_BY_KEY: steps.WRITTEN_BY, "config": as_dict(config)})  # fmt: skip
+    write_json_atomically(
+        os.path.join(config.run_dir, "iterate.json"), {WRITTEN_BY_KEY: steps.WRITTEN_BY, "config": as_dict(config)}
+    )
     scorer = steps.labeler_scorer(config)
     gold = JudgeScorer(config.evaluation.judge) if config.evaluation.judge is not None else scorer
     rows = [baseline_row(config, gold, held_out)]
@@ -204,8 +237,11 @@ def run_loop(config: IterateConfig, held_out: list, fresh: list, initial: list) 
         train, held = steps.label(config, paths, samples, scorer)
         seconds["sample_and_label"] = time.perf_counter() - t0
         data = steps.reward_data(config, paths, initial)
-        print(f"iteration {t}: {len(train) + len(held)} prompts labelled ({len(held)} held out); the reward model "
-              f"trains on {len(data)} records ({config.reward_model.data})", flush=True)  # fmt: skip
+        print(
+            f"iteration {t}: {len(train) + len(held)} prompts labelled ({len(held)} held out); the reward model "
+            f"trains on {len(data)} records ({config.reward_model.data})",
+            flush=True,
+        )
         for stage in steps.STAGES:
             seconds[stage] = steps.fit(config, paths, stage, run_fit)
         t0 = time.perf_counter()
@@ -216,8 +252,9 @@ def run_loop(config: IterateConfig, held_out: list, fresh: list, initial: list) 
 
 def stopped_by_sigterm(signum, frame) -> None:
     """SIGTERM as an exit (status 143) that unwinds the loop: the running fit is stopped with it."""
-    sys.stderr.write("rlhf-lit: iterate stopped by SIGTERM (its running fit too); run the same command again to "
-                     "continue\n")  # fmt: skip
+    sys.stderr.write(
+        "rlhf-lit: iterate stopped by SIGTERM (its running fit too); run the same command again to continue\n"
+    )
     raise SystemExit(128 + signal.SIGTERM)
 
 
@@ -237,6 +274,9 @@ def main(argv: Sequence[str]) -> int:
             signal.signal(signal.SIGTERM, before)
     write_summary(config, rows, {"total": time.perf_counter() - t0})
     print(format_table(rows))
-    print(f"summary: {os.path.join(config.run_dir, 'summary.csv')} and summary.json; the final policy: "
-          f"{steps.Paths(config.run_dir, config.iterations).export('ppo')}", flush=True)  # fmt: skip
+    print(
+        f"summary: {os.path.join(config.run_dir, 'summary.csv')} and summary.json; the final policy: "
+        f"{steps.Paths(config.run_dir, config.iterations).export('ppo')}",
+        flush=True,
+    )
     return 0

@@ -232,15 +232,20 @@ def check_values(config: IterateConfig, where: str) -> None:
     if config.prompts.words is not None and config.prompts.words < 1:
         raise OptionError(f"{where}: prompts.words must be >= 1 or null, got {config.prompts.words}")
     if config.sampling.responses_per_prompt < 2:
-        raise OptionError(f"{where}: sampling.responses_per_prompt must be >= 2 (a ranking needs two), "
-                          f"got {config.sampling.responses_per_prompt}")  # fmt: skip
+        raise OptionError(
+            f"{where}: sampling.responses_per_prompt must be >= 2 (a ranking needs two), "
+            f"got {config.sampling.responses_per_prompt}"
+        )
     if not config.sampling.temperature > 0:
         raise OptionError(f"{where}: sampling.temperature must be > 0, got {config.sampling.temperature}")
     if not 0 <= config.reward_model.held_out_fraction < 1:
-        raise OptionError(f"{where}: reward_model.held_out_fraction must be in [0, 1), "
-                          f"got {config.reward_model.held_out_fraction}")  # fmt: skip
+        raise OptionError(
+            f"{where}: reward_model.held_out_fraction must be in [0, 1), got {config.reward_model.held_out_fraction}"
+        )
     if config.labeler.kind == "file" and "{t}" not in config.labeler.source:
-        raise OptionError(f"{where}: labeler.source {config.labeler.source!r} needs {{t}} (one labels file per iteration)")
+        raise OptionError(
+            f"{where}: labeler.source {config.labeler.source!r} needs {{t}} (one labels file per iteration)"
+        )
     for key in ("reward_model.config", "ppo.config", "prompts.path", "reward_model.initial_data"):
         path = _get(config, key)
         if path is not None and not os.path.isfile(path):

@@ -84,8 +84,12 @@ def rank_by_scores(prompt: Any, responses: Sequence[str], scores: Sequence[float
     ranks: list[int] = []
     for n, i in enumerate(order):
         ranks.append(0 if n == 0 else ranks[-1] + (scores[i] < scores[order[n - 1]]))
-    return {"prompt": prompt, "responses": [responses[i] for i in order], RANKS_FIELD: ranks,
-            "scores": [float(scores[i]) for i in order]}  # fmt: skip
+    return {
+        "prompt": prompt,
+        "responses": [responses[i] for i in order],
+        RANKS_FIELD: ranks,
+        "scores": [float(scores[i]) for i in order],
+    }
 
 
 def read_labels_file(path: str) -> list[dict]:
@@ -125,8 +129,10 @@ def read_labels_file(path: str) -> list[dict]:
                 ranks = [0, 1]
             else:
                 keys = ", ".join(map(str, row.data)) or "none"
-                raise InvalidRecord(f"{row.where}: neither a rankings record (field 'responses') nor a pairs "
-                                    f"record (fields 'chosen', 'rejected'); record keys: {keys}")  # fmt: skip
+                raise InvalidRecord(
+                    f"{row.where}: neither a rankings record (field 'responses') nor a pairs "
+                    f"record (fields 'chosen', 'rejected'); record keys: {keys}"
+                )
         except InvalidRecord as error:
             raise ValueError(f"labels file {error}") from None
         records.append({"prompt": prompt, "responses": list(responses), RANKS_FIELD: list(ranks)})

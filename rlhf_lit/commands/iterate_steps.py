@@ -66,8 +66,12 @@ def run_fit_in_subprocess(args: list[str], log_path: str) -> int:
     with open(log_path, "a", encoding="utf-8") as log:
         log.write(f"$ rlhf-lit {' '.join(args)}\n")
         log.flush()
-        child = subprocess.Popen([sys.executable, "-m", "rlhf_lit.cli", *args], stdout=log, stderr=subprocess.STDOUT,
-                                 stdin=subprocess.DEVNULL)  # fmt: skip
+        child = subprocess.Popen(
+            [sys.executable, "-m", "rlhf_lit.cli", *args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
         try:
             return child.wait()
         except BaseException:
@@ -186,10 +190,13 @@ def sample(config: IterateConfig, paths: Paths, prompts: Sequence) -> list[dict]
     k = config.sampling.responses_per_prompt
     sampling = SamplingConfig(max_new_tokens=config.sampling.max_new_tokens, temperature=config.sampling.temperature)
     models = load_models(policy_of(config, paths.t), prompts=list(prompts), repeat=k, device=config.device)
-    out, _ = sample_and_measure(models, models.prompts, sampling, batch_size=config.sampling.batch_size,
-                                seed=config.seed + paths.t)  # fmt: skip
-    records = [{"prompt": prompt, "prompt_text": out.prompts[n * k], "responses": out.responses[n * k : (n + 1) * k]}
-               for n, prompt in enumerate(prompts)]  # fmt: skip
+    out, _ = sample_and_measure(
+        models, models.prompts, sampling, batch_size=config.sampling.batch_size, seed=config.seed + paths.t
+    )
+    records = [
+        {"prompt": prompt, "prompt_text": out.prompts[n * k], "responses": out.responses[n * k : (n + 1) * k]}
+        for n, prompt in enumerate(prompts)
+    ]
     os.makedirs(paths.dir, exist_ok=True)
     write_text_atomically(paths.file("samples.jsonl"), jsonl_text(records))
     return records
@@ -203,8 +210,10 @@ def label(config: IterateConfig, paths: Paths, samples: list[dict], scorer: Scor
     if scorer is None:
         source = labels_file(config, paths.t)
         if not os.path.isfile(source):
-            raise ValueError(f"iteration {paths.t}: label the responses in {paths.file('samples.jsonl')} and write "
-                             f"them to {source} (rankings or pairs records), then run the same command again")  # fmt: skip
+            raise ValueError(
+                f"iteration {paths.t}: label the responses in {paths.file('samples.jsonl')} and write "
+                f"them to {source} (rankings or pairs records), then run the same command again"
+            )
         records = read_labels_file(source)
     else:
         flat_prompts = [s["prompt_text"] for s in samples for _ in s["responses"]]
@@ -216,8 +225,10 @@ def label(config: IterateConfig, paths: Paths, samples: list[dict], scorer: Scor
             if record is not None:
                 records.append(record)
         if not records:
-            raise ValueError(f"iteration {paths.t}: the labeller ranked no prompt (every prompt's responses tie or "
-                             "repeat); sample more responses per prompt or longer ones")  # fmt: skip
+            raise ValueError(
+                f"iteration {paths.t}: the labeller ranked no prompt (every prompt's responses tie or "
+                "repeat); sample more responses per prompt or longer ones"
+            )
     records = [{**r, "iteration": paths.t} for r in records]
     train, held = split_held_out(records, config.reward_model.held_out_fraction, config.seed + paths.t)
     write_json_atomically(paths.file("labels.json"), {WRITTEN_BY_KEY: WRITTEN_BY, "train": train, "held_out": held})
@@ -232,8 +243,10 @@ def reward_data(config: IterateConfig, paths: Paths, initial: list[dict]) -> lis
     for t in range(first, paths.t + 1):
         part = intact_json(Paths(config.run_dir, t).file("labels.json"))
         if part is None:
-            raise ValueError(f"iteration {paths.t}: {Paths(config.run_dir, t).file('labels.json')} is missing "
-                             "or damaged; the reward data of an `all` run needs every earlier iteration's labels")  # fmt: skip
+            raise ValueError(
+                f"iteration {paths.t}: {Paths(config.run_dir, t).file('labels.json')} is missing "
+                "or damaged; the reward data of an `all` run needs every earlier iteration's labels"
+            )
         records += part["train"]
     write_text_atomically(paths.file("reward_data.jsonl"), jsonl_text(records))
     return records
@@ -245,12 +258,23 @@ def fit_args(config: IterateConfig, paths: Paths, stage: str, replace: bool) -> 
     group = config.reward_model if stage == "reward_model" else config.ppo
     args = ["fit", "--config", group.config, "--run_dir", paths.dir, "--seed_everything", str(config.seed)]
     if stage == "reward_model":
-        args += ["--model.init_args.model", reward_model_start(config, paths.t),
-                 "--data.init_args.train_path", paths.file("reward_data.jsonl"),
-                 "--data.init_args.format", "rankings", "--data.init_args.fields.ranks", "ranks"]  # fmt: skip
+        args += [
+            "--model.init_args.model",
+            reward_model_start(config, paths.t),
+            "--data.init_args.train_path",
+            paths.file("reward_data.jsonl"),
+            "--data.init_args.format",
+            "rankings",
+            "--data.init_args.fields.ranks",
+            "ranks",
+        ]
     else:
-        args += ["--model.init_args.sft_model", ppo_start(config, paths.t),
-                 "--model.init_args.reward_model", paths.export("reward_model")]  # fmt: skip
+        args += [
+            "--model.init_args.sft_model",
+            ppo_start(config, paths.t),
+            "--model.init_args.reward_model",
+            paths.export("reward_model"),
+        ]
     if replace:
         args += ["--model.init_args.export_existing", "replace"]
     return [*args, *group.options]
@@ -269,26 +293,40 @@ def fit(config: IterateConfig, paths: Paths, stage: str, runner: FitRunner) -> f
     t0 = time.perf_counter()
     status = runner(fit_args(config, paths, stage, replace=state == "damaged"), log_path)
     if status != 0 or export_state(paths.export(stage)) != "done":
-        raise ValueError(f"iteration {paths.t}: the {stage} fit failed (exit status {status}): {last_error(log_path)}; "
-                         f"its log: {log_path}")  # fmt: skip
+        raise ValueError(
+            f"iteration {paths.t}: the {stage} fit failed (exit status {status}): {last_error(log_path)}; "
+            f"its log: {log_path}"
+        )
     return time.perf_counter() - t0
 
 
-def evaluate(config: IterateConfig, policy: str, reward_model: str | None, gold: Scorer | None,
-             eval_prompts: Sequence) -> dict:  # fmt: skip
+def evaluate(
+    config: IterateConfig, policy: str, reward_model: str | None, gold: Scorer | None, eval_prompts: Sequence
+) -> dict:
     """The policy on the held-out prompts: ``gold`` (labeller) and ``proxy`` (reward model) means, KL to SFT."""
     from rlhf_lit.evaluation.policy_metrics import evaluate_policy
     from rlhf_lit.models.generation import SamplingConfig
 
     sampling = SamplingConfig(max_new_tokens=config.sampling.max_new_tokens, temperature=config.sampling.temperature)
-    result = evaluate_policy(policy, list(eval_prompts), reference=config.sft_model, reward_model=reward_model,
-                             sampling=sampling, batch_size=config.sampling.batch_size, seed=config.seed,
-                             device=config.device)  # fmt: skip
+    result = evaluate_policy(
+        policy,
+        list(eval_prompts),
+        reference=config.sft_model,
+        reward_model=reward_model,
+        sampling=sampling,
+        batch_size=config.sampling.batch_size,
+        seed=config.seed,
+        device=config.device,
+    )
     metrics = result["metrics"]
     rows = result["samples"]
     gold_scores = gold([r["prompt_text"] for r in rows], [r["response"] for r in rows]) if gold is not None else None
-    return {"gold": None if gold_scores is None else sum(gold_scores) / len(gold_scores),
-            "proxy": metrics.get("rm_mean"), "kl": metrics.get("kl_mean"), "length": metrics["length_mean"]}  # fmt: skip
+    return {
+        "gold": None if gold_scores is None else sum(gold_scores) / len(gold_scores),
+        "proxy": metrics.get("rm_mean"),
+        "kl": metrics.get("kl_mean"),
+        "length": metrics["length_mean"],
+    }
 
 
 def ppo_log_signals(paths: Paths) -> dict:
@@ -318,8 +356,16 @@ def ppo_log_signals(paths: Paths) -> dict:
     return out
 
 
-def iteration_metrics(config: IterateConfig, paths: Paths, train: list, held: list, data: list,
-                      gold: Scorer | None, eval_prompts: Sequence, seconds: dict) -> dict:  # fmt: skip
+def iteration_metrics(
+    config: IterateConfig,
+    paths: Paths,
+    train: list,
+    held: list,
+    data: list,
+    gold: Scorer | None,
+    eval_prompts: Sequence,
+    seconds: dict,
+) -> dict:
     """Step 6: ``metrics.json`` (reused when intact): the row of iteration t in the summary."""
     done = intact_json(paths.file("metrics.json"))
     if done is not None:
@@ -328,9 +374,16 @@ def iteration_metrics(config: IterateConfig, paths: Paths, train: list, held: li
     acc_before = pairwise_accuracy(RewardModelScorer(before, config.device), held)[0] if before and held else None
     after = paths.export("reward_model")
     acc_after, held_pairs = pairwise_accuracy(RewardModelScorer(after, config.device), held) if held else (None, 0)
-    row = {"iteration": paths.t, "labelled_prompts": len(train) + len(held), "labelled_pairs": count_pairs(train + held),
-           "rm_train_records": len(data), "held_out_pairs": held_pairs, "rm_acc_before": acc_before,
-           "rm_acc_after": acc_after,
-           **evaluate(config, paths.export("ppo"), after, gold, eval_prompts), **ppo_log_signals(paths)}  # fmt: skip
+    row = {
+        "iteration": paths.t,
+        "labelled_prompts": len(train) + len(held),
+        "labelled_pairs": count_pairs(train + held),
+        "rm_train_records": len(data),
+        "held_out_pairs": held_pairs,
+        "rm_acc_before": acc_before,
+        "rm_acc_after": acc_after,
+        **evaluate(config, paths.export("ppo"), after, gold, eval_prompts),
+        **ppo_log_signals(paths),
+    }
     write_json_atomically(paths.file("metrics.json"), {WRITTEN_BY_KEY: WRITTEN_BY, "row": row, "timing_s": seconds})
     return row

@@ -19,7 +19,6 @@ from rlhf_lit.evaluation import samples
 from rlhf_lit.evaluation.prompt_files import read_prompts
 from rlhf_lit.integrity import DamagedFile, check_json_file
 
-
 OWNER_PREFIX = "rlhf-lit "
 """What the ``written_by`` of a file rlhf-lit's commands wrote starts with."""
 
@@ -42,45 +41,75 @@ def add_unfinished_option(parser: argparse.ArgumentParser) -> None:
 
     from rlhf_lit.models.scoring import UnfinishedScoring
 
-    parser.add_argument("--unfinished", choices=get_args(UnfinishedScoring), default="as_sampled",
-                        help="how the reward model reads a response cut at --max-new-tokens: as sampled, or with EOS "
-                        "appended (as rlhf-lit's RM stage trained it; PPO's reward.unfinished)")  # fmt: skip
+    parser.add_argument(
+        "--unfinished",
+        choices=get_args(UnfinishedScoring),
+        default="as_sampled",
+        help="how the reward model reads a response cut at --max-new-tokens: as sampled, or with EOS "
+        "appended (as rlhf-lit's RM stage trained it; PPO's reward.unfinished)",
+    )
 
 
 def add_common_options(parser: argparse.ArgumentParser, *, max_new_tokens: int, batch_size: int) -> None:
     """Options both commands take: prompts, tokenizer, sampling, seed, device, output."""
-    from rlhf_lit.evaluation.judges import DEFAULT_JUDGE
-
     from rlhf_lit.data.rendering import TEMPLATE_CHOICES
-    from rlhf_lit.evaluation.judges import JudgeReads
+    from rlhf_lit.evaluation.judges import DEFAULT_JUDGE, JudgeReads
 
-    parser.add_argument("--prompts", required=True, metavar="FILE",
-                        help="prompts: one per line, or JSONL (*.jsonl) with the prompt in --prompt-field (a string, "
-                        "or a list of messages ending with the user's turn)")
-    parser.add_argument("--chat-template", default="auto", metavar="{" + ",".join(TEMPLATE_CHOICES) + "}",
-                        help="render string prompts as one user turn with the policy's chat template: auto (when its "
-                        "tokenizer has one, as the data's hh_render), always, never (the older chat_template, raw "
-                        "are aliases of always, never); conversations always are")
+    parser.add_argument(
+        "--prompts",
+        required=True,
+        metavar="FILE",
+        help="prompts: one per line, or JSONL (*.jsonl) with the prompt in --prompt-field (a string, "
+        "or a list of messages ending with the user's turn)",
+    )
+    parser.add_argument(
+        "--chat-template",
+        default="auto",
+        metavar="{" + ",".join(TEMPLATE_CHOICES) + "}",
+        help="render string prompts as one user turn with the policy's chat template: auto (when its "
+        "tokenizer has one, as the data's hh_render), always, never (the older chat_template, raw "
+        "are aliases of always, never); conversations always are",
+    )
     parser.add_argument("--prompt-field", default="prompt", help="JSONL field holding the prompt")
-    parser.add_argument("--prompt-format", choices=["auto", "lines", "jsonl"], default="auto",
-                        help="auto: *.jsonl is JSONL, anything else one prompt per line")
+    parser.add_argument(
+        "--prompt-format",
+        choices=["auto", "lines", "jsonl"],
+        default="auto",
+        help="auto: *.jsonl is JSONL, anything else one prompt per line",
+    )
     parser.add_argument("--max-prompts", type=int, default=None, metavar="K", help="use only the first K prompts")
-    parser.add_argument("--judge", default=None, metavar="MODULE:FUNCTION",
-                        help=f"judge scoring each response text, higher is better (e.g. {DEFAULT_JUDGE}); none by default")
-    parser.add_argument("--judge-reads", choices=get_args(JudgeReads), default="response",
-                        help="what --judge reads: the response, or the prompt as the policy read it (rendered) + "
-                        "the response, e.g. for a held-out reward model")
+    parser.add_argument(
+        "--judge",
+        default=None,
+        metavar="MODULE:FUNCTION",
+        help=f"judge scoring each response text, higher is better (e.g. {DEFAULT_JUDGE}); none by default",
+    )
+    parser.add_argument(
+        "--judge-reads",
+        choices=get_args(JudgeReads),
+        default="response",
+        help="what --judge reads: the response, or the prompt as the policy read it (rendered) + "
+        "the response, e.g. for a held-out reward model",
+    )
     parser.add_argument("--tokenizer", default=None, metavar="DIR", help="tokenizer when not beside the policy")
     parser.add_argument("--max-new-tokens", type=int, default=max_new_tokens, help="most tokens per response")
     parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (KL logprobs use it too)")
     parser.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens; 0 = off")
     parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling threshold; 1.0 = off")
-    parser.add_argument("--batch-size", type=int, default=batch_size,
-                        help="responses per generate call (changing it changes the samples of a seed)")
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=batch_size,
+        help="responses per generate call (changing it changes the samples of a seed)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="sampling seed")
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
-    parser.add_argument("--out", default=None, metavar="FILE.json", help="JSON file for the result (never replaces a file "
-                        "rlhf-lit did not write)")
+    parser.add_argument(
+        "--out",
+        default=None,
+        metavar="FILE.json",
+        help="JSON file for the result (never replaces a file rlhf-lit did not write)",
+    )
     parser.add_argument("--overwrite", action="store_true", help="replace --out if an earlier rlhf-lit run wrote it")
 
 
@@ -89,8 +118,9 @@ def sampling_from(args: argparse.Namespace):
     from rlhf_lit.models.generation import SamplingConfig
 
     try:
-        return SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                              top_p=args.top_p)  # fmt: skip
+        return SamplingConfig(
+            max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p
+        )
     except ValueError as e:
         raise OptionError(str(e).replace("sampling.", "--").replace("_", "-")) from None
 
@@ -120,9 +150,13 @@ def check_out(path: str | None, overwrite: bool) -> None:
         try:
             check_json_file(path)
         except (DamagedFile, OSError) as damage:  # cut short, say, so its writer cannot be told: kept all the same
-            raise OptionError(f"--out {damage}, so it cannot be told as rlhf-lit's output; it is not replaced even "
-                              "with --overwrite: delete it or choose another file") from None  # fmt: skip
-        raise OptionError(f"--out {path} exists and was not written by rlhf-lit; it is not replaced even with --overwrite")
+            raise OptionError(
+                f"--out {damage}, so it cannot be told as rlhf-lit's output; it is not replaced even "
+                "with --overwrite: delete it or choose another file"
+            ) from None
+        raise OptionError(
+            f"--out {path} exists and was not written by rlhf-lit; it is not replaced even with --overwrite"
+        )
 
 
 def write_json(path: str, result: dict) -> None:
@@ -164,8 +198,9 @@ def chat_template_option(value: str) -> str:
         raise OptionError(str(error)) from None
 
 
-def prepare(args: argparse.Namespace, outs: list[str | None] | None = None,
-            **sources: str | None) -> tuple[list[str], object, object | None]:
+def prepare(
+    args: argparse.Namespace, outs: list[str | None] | None = None, **sources: str | None
+) -> tuple[list[str], object, object | None]:
     """Every check a command makes before loading a model: ``(prompts, sampling, judge or None)``.
 
     ``outs``: the files the command will write (default: ``--out``), each checked by :func:`check_out`.

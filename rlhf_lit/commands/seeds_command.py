@@ -37,12 +37,13 @@ from rlhf_lit.commands.options import CommandParser, OptionError
 def build_parser() -> CommandParser:
     """The options of ``rlhf-lit seeds`` (the command to run follows ``--``)."""
     parser = CommandParser(
-        prog="rlhf-lit seeds", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        prog="rlhf-lit seeds",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         usage="rlhf-lit seeds --seeds S [S ...] [--jobs N] -- <command> ... --run_dir DIR ...",
         description="Run an rlhf-lit command (after --) once per seed, with --seed_everything S and its --run_dir DIR "
         "suffixed to DIR/seed_S; each run's output goes to DIR/seed_S.log. A seed whose run directory holds the "
         "stage's finished export is skipped; the first failure stops the rest.",
-    )  # fmt: skip
+    )
     parser.add_argument("--seeds", nargs="+", type=int, required=True, metavar="S", help="the seeds, one run each")
     parser.add_argument("--jobs", type=int, default=1, metavar="N", help="runs at a time")
     return parser
@@ -59,11 +60,17 @@ def split_argv(argv: Sequence[str]) -> tuple[list[str], list[str]]:
 
 def run_dir_of(command: Sequence[str]) -> tuple[str, int, bool]:
     """``(DIR, index, joined)`` of the command's one ``--run_dir``; :class:`OptionError` without exactly one."""
-    found = [(i, arg.startswith("--run_dir=")) for i, arg in enumerate(command)
-             if arg == "--run_dir" or arg.startswith("--run_dir=")]  # fmt: skip
+    found = [
+        (i, arg.startswith("--run_dir="))
+        for i, arg in enumerate(command)
+        if arg == "--run_dir" or arg.startswith("--run_dir=")
+    ]
     if len(found) != 1:
-        raise OptionError("the command after -- needs one --run_dir DIR (each seed runs in DIR/seed_S)"
-                          if not found else "--run_dir is given more than once in the command after --")  # fmt: skip
+        raise OptionError(
+            "the command after -- needs one --run_dir DIR (each seed runs in DIR/seed_S)"
+            if not found
+            else "--run_dir is given more than once in the command after --"
+        )
     index, joined = found[0]
     if joined:
         return command[index].split("=", 1)[1], index, True
@@ -141,8 +148,12 @@ def run_seed(command: list[str], log_path: str) -> int:
     with open(log_path, "a", encoding="utf-8") as log:
         log.write(f"$ rlhf-lit {' '.join(command)}\n")
         log.flush()
-        return subprocess.run([sys.executable, "-m", "rlhf_lit.cli", *command], stdout=log, stderr=subprocess.STDOUT,
-                              stdin=subprocess.DEVNULL).returncode  # fmt: skip
+        return subprocess.run(
+            [sys.executable, "-m", "rlhf_lit.cli", *command],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        ).returncode
 
 
 def main(argv: Sequence[str]) -> int:
@@ -188,7 +199,8 @@ def main(argv: Sequence[str]) -> int:
                     failed = (seed, status, log_path)
     if failed is not None:
         seed, status, log_path = failed
-        sys.stderr.write(f"rlhf-lit: error: seed {seed} failed (exit status {status}): {last_error(log_path)}; "
-                         f"its log: {log_path}\n")  # fmt: skip
+        sys.stderr.write(
+            f"rlhf-lit: error: seed {seed} failed (exit status {status}): {last_error(log_path)}; its log: {log_path}\n"
+        )
         return 1
     return 0

@@ -24,12 +24,12 @@ from rlhf_lit.data.collate import (
     SFTCollator,
     pad,
 )
-from rlhf_lit.functional.losses import IGNORE_INDEX
 from rlhf_lit.data.preference import PreferenceDataModule
 from rlhf_lit.data.prompts import PromptDataModule
 from rlhf_lit.data.records import InvalidRecord, read_rows
 from rlhf_lit.data.sampler import PassSampler, ResumableSampler
 from rlhf_lit.data.sft import SFTDataModule
+from rlhf_lit.functional.losses import IGNORE_INDEX
 
 __all__ = [
     "ALPACA_PROMPT",

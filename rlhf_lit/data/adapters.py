@@ -73,11 +73,38 @@ from rlhf_lit.data.record_parts import conversational, get_prompt, get_response,
 from rlhf_lit.data.records import InvalidRecord, Row, get_text
 
 __all__ = [  # the adapters' helpers live in record_parts, implicit_prompt and rankings; importable here too
-    "ADAPTERS", "ALPACA_PROMPT", "ALPACA_PROMPT_NO_INPUT", "AUTO", "Adapted", "AdapterOptions", "Example", "Fields",
-    "Format", "Kind", "PreferenceFormat", "PromptFormat", "SFTFormat", "Skip", "adapt", "alpaca", "alpaca_prompt",
-    "check_fields", "check_format", "conversational", "fields", "formats_for", "get_prompt", "get_response",
-    "implicit_prompt", "messages", "paragraphs", "prompt_completion", "rankings", "read_ranking", "text",
-]  # fmt: skip
+    "ADAPTERS",
+    "ALPACA_PROMPT",
+    "ALPACA_PROMPT_NO_INPUT",
+    "AUTO",
+    "Adapted",
+    "AdapterOptions",
+    "Example",
+    "Fields",
+    "Format",
+    "Kind",
+    "PreferenceFormat",
+    "PromptFormat",
+    "SFTFormat",
+    "Skip",
+    "adapt",
+    "alpaca",
+    "alpaca_prompt",
+    "check_fields",
+    "check_format",
+    "conversational",
+    "fields",
+    "formats_for",
+    "get_prompt",
+    "get_response",
+    "implicit_prompt",
+    "messages",
+    "paragraphs",
+    "prompt_completion",
+    "rankings",
+    "read_ranking",
+    "text",
+]
 
 log = logging.getLogger("rlhf_lit.data")
 
@@ -209,10 +236,7 @@ def check_format(format: str, kind: Kind) -> None:
         raise ValueError(f"unknown format {format!r}; choose one of {AUTO}, {', '.join(ADAPTERS)}")
     if kind not in ADAPTERS[format][1]:
         supported = [f for f, (_, kinds) in ADAPTERS.items() if kind in kinds]
-        raise ValueError(
-            f"format {format!r} has no {kind} examples; for {kind} data use one of "
-            f"{', '.join(supported)}"
-        )
+        raise ValueError(f"format {format!r} has no {kind} examples; for {kind} data use one of {', '.join(supported)}")
 
 
 def check_fields(format: str, fields: Fields) -> None:
@@ -278,6 +302,9 @@ def adapt(
     if out.invalid:
         log.info(
             "%s: skipped %d of %d invalid records (skip_invalid=True); first: %s",
-            source, out.invalid, len(rows), first_invalid,
+            source,
+            out.invalid,
+            len(rows),
+            first_invalid,
         )
     return out

@@ -22,10 +22,10 @@ from torch.utils.data import DataLoader
 
 from rlhf_lit.data.adapters import AUTO, AdapterOptions, Example, Fields, Kind, adapt, check_fields, check_format
 from rlhf_lit.data.collate import require_pad_id
-from rlhf_lit.data.chat import AssistantTurns, encode_conversations, require_chat_tokenizer
 from rlhf_lit.data.conversation import is_conversation
+from rlhf_lit.data.demonstrations import refused_conversation, template_errors
 from rlhf_lit.data.detect import resolve_format
-from rlhf_lit.data.encoding import TextEncoder, encode_sft, require_tokenizer
+from rlhf_lit.data.encoding import TextEncoder, require_tokenizer
 from rlhf_lit.data.records import is_text_file, read_rows
 from rlhf_lit.data.rendering import (
     TemplateOption,
@@ -57,9 +57,7 @@ LEGACY_FORMAT = "fields"
 """The default of every ``format`` option before ``auto``: what older checkpoints hold for an unused source."""
 
 
-def check_sft_source(
-    name: str, path: str | None, format: str, max_records: int | None
-) -> None:
+def check_sft_source(name: str, path: str | None, format: str, max_records: int | None) -> None:
     """Clear errors for the options of a second source of SFT-style examples named ``name``
     (``reference`` or ``ptx``): a format that has no SFT examples, or a bad ``max_records``, or
     ``max_records`` given without the source itself."""
@@ -69,77 +67,6 @@ def check_sft_source(
             raise ValueError(f"{name}_max_records must be >= 1 or None, got {max_records}")
         if path is None:
             raise ValueError(f"{name}_max_records={max_records} is set but {name}_path is not")
-
-
-def encode_demonstrations(
-    encoder: TextEncoder, examples: list[Example], *, turns: AssistantTurns, max_prompt_length: int,
-    max_length: int, counts: Counter | None = None,
-) -> list[dict[str, list[int]]]:
-    """SFT items ``{"input_ids", "labels"}`` of one source's SFT examples: whole conversations
-    (``messages``) with the loss on their assistant turns (``turns``:
-    :func:`~rlhf_lit.data.chat.encode_conversations`), else prompt + response pairs
-    (:func:`~rlhf_lit.data.encoding.encode_sft`). Shared by SFT data, the reward-normalisation
-    reference set and the PPO-ptx source. A source has one format, so its examples are all of one kind."""
-    if examples and examples[0].messages is not None:
-        encoder.require_chat_template()
-        require_chat_tokenizer(encoder.tokenizer)
-
-        def encode(some: list[Example]) -> list[dict[str, list[int]]]:
-            return encode_conversations(
-                encoder, [e.messages or () for e in some], turns=turns, max_prompt_length=max_prompt_length,
-                max_length=max_length, counts=counts,
-            )  # fmt: skip
-
-        try:
-            return encode(examples)
-        except ValueError as error:  # a conversation the template cannot split into turns: which one
-            for example in examples:
-                try:
-                    encode([example])
-                except ValueError as own:
-                    raise ValueError(f"{example.where}: {own}") from None
-            raise error
-    return encode_sft(
-        encoder, [e.prompt for e in examples], [e.response or "" for e in examples],
-        max_prompt_length=max_prompt_length, max_length=max_length, counts=counts,
-    )  # fmt: skip
-
-
-def template_errors() -> tuple[type[Exception], ...]:
-    """The errors a chat template raises for a conversation it refuses (jinja2's ``TemplateError``,
-    e.g. from its ``raise_exception``); none without jinja2, which rendering then needs anyway."""
-    try:
-        from jinja2 import TemplateError
-    except ImportError:
-        return ()
-    return (TemplateError,)
-
-
-def refused_conversation(encoder: TextEncoder, examples: list[Example], error: Exception) -> ValueError:
-    """The one error for a conversation the tokenizer's chat template refuses to render (Gemma's
-    refuses system messages, Llama 2's roles that do not alternate), naming the first such record:
-    the batched encoding that raised does not say which one it was."""
-    name = getattr(encoder.tokenizer, "name_or_path", None) or type(encoder.tokenizer).__name__
-    for example in examples:
-        try:
-            _render(encoder, example)
-        except template_errors() as refusal:
-            return ValueError(f"{example.where}: the chat template of tokenizer {name!r} cannot render this "
-                              f"conversation: {refusal}")  # fmt: skip
-    return ValueError(f"the chat template of tokenizer {name!r} cannot render a conversation: {error}")
-
-
-def _render(encoder: TextEncoder, example: Example) -> None:
-    """Render every conversation of ``example`` as its encoding does (see :func:`refused_conversation`)."""
-    if example.messages is not None:
-        encoder.tokenizer.apply_chat_template(list(example.messages), tokenize=False)
-        return
-    responses = [example.response, example.chosen, example.rejected, *(example.responses or ())]
-    responses = [r for r in responses if r is not None]
-    for response in responses or [None]:
-        rendered = encoder.render_prompt(example.prompt, response)
-        if response is not None:
-            encoder.render_response(example.prompt, rendered, response)
 
 
 class PositionedLoader(DataLoader):
@@ -191,9 +118,7 @@ class TextDataModule(L.LightningDataModule):
         check_format(format, self.kind)
         template_choice(hh_render, "hh_render")  # a bad value refused here, not at setup; kept as given for the log
         if val_path is not None and val_fraction > 0:
-            raise ValueError(
-                f"give either val_path ({val_path!r}) or val_fraction ({val_fraction}), not both"
-            )
+            raise ValueError(f"give either val_path ({val_path!r}) or val_fraction ({val_fraction}), not both")
         if not 0.0 <= val_fraction < 1.0:
             raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
         for name, value in [("batch_size", batch_size), ("prompt_words", prompt_words)]:
@@ -240,9 +165,10 @@ class TextDataModule(L.LightningDataModule):
         resume check compares them)."""
         defaults = Fields()
         self.hparams["fields"] = {
-            name: value for name, value in dataclasses.asdict(self.fields).items()
+            name: value
+            for name, value in dataclasses.asdict(self.fields).items()
             if name not in LATER_COLUMNS or value != getattr(defaults, name)
-        }  # fmt: skip
+        }
 
     def _hh_render_hparam(self) -> None:
         """Drop ``hh_render`` from the hyperparameters (call after ``save_hyperparameters``): ``setup``
@@ -267,24 +193,15 @@ class TextDataModule(L.LightningDataModule):
         self.hparams[option] = format
 
     # ---------------------------------------------------------------------------------- setup
-    def _examples(
-        self, source: str, *, format: str, kind: Kind, max_records: int | None
-    ) -> tuple[list[Example], str]:
+    def _examples(self, source: str, *, format: str, kind: Kind, max_records: int | None) -> tuple[list[Example], str]:
         """The ``kind`` examples of ``source`` read in ``format`` (at most ``max_records``
         records), and that format (``auto`` resolved on the source); the train and validation
         sources pass the module's own settings, a second source (reference or ptx set) its own."""
         text_file = is_text_file(source)
         if text_file and format not in ("paragraphs", AUTO):
-            raise ValueError(
-                f"{source} is plain text, which only the 'paragraphs' format reads "
-                f"(format is {format!r})"
-            )
+            raise ValueError(f"{source} is plain text, which only the 'paragraphs' format reads (format is {format!r})")
         rows = read_rows(
-            source,
-            split=self.split,
-            subset=self.subset,
-            max_records=max_records,
-            skip_invalid=self.skip_invalid,
+            source, split=self.split, subset=self.subset, max_records=max_records, skip_invalid=self.skip_invalid
         )
         if not rows:
             raise ValueError(f"{source}: no usable {kind} examples in 0 records")
@@ -294,10 +211,17 @@ class TextDataModule(L.LightningDataModule):
         assert self._hh is not None  # resolved at the start of setup, which reads every source
         if format == "hh_rlhf":
             self._note_hh(source, self._hh)
-        options = AdapterOptions(self.fields, self.prompt_words, tuple(getattr(self, "extra_fields", ())),
-                                 hh_conversations=self._hh.chat)  # fmt: skip
-        adapted = adapt(rows, format=format, kind=kind, options=options, skip_invalid=self.skip_invalid,  # type: ignore[arg-type]
-                        source=source)  # fmt: skip
+        options = AdapterOptions(
+            self.fields, self.prompt_words, tuple(getattr(self, "extra_fields", ())), hh_conversations=self._hh.chat
+        )
+        adapted = adapt(
+            rows,
+            format=format,
+            kind=kind,
+            options=options,
+            skip_invalid=self.skip_invalid,  # type: ignore[arg-type]
+            source=source,
+        )
         if not adapted.examples:
             raise ValueError(f"{source}: no usable {kind} examples in {len(rows)} records")
         return adapted.examples, format
@@ -321,7 +245,9 @@ class TextDataModule(L.LightningDataModule):
         self._hh = resolve_template(self.hh_render, tokenizer, "hh_render", "HH-RLHF transcripts")
         self._hh_noted = False
         encoder = TextEncoder(tokenizer, apply_chat_template=self.apply_chat_template)
-        train, format = self._examples(self.train_path, format=self.format, kind=self.kind, max_records=self.max_records)
+        train, format = self._examples(
+            self.train_path, format=self.format, kind=self.kind, max_records=self.max_records
+        )
         self._record_format("format", format)
         val: list[Example] = []
         if self.val_path is not None:  # read in the format of the training data
@@ -337,8 +263,9 @@ class TextDataModule(L.LightningDataModule):
         self._setup_extra(encoder)
         # assigned last: a failed setup (e.g. a missing extra source) is retried whole
         self.train_dataset, self.val_dataset = train_items, val_items
-        self.sampler = ResumableSampler(len(train_items), shuffle=self.shuffle, seed=self.seed, order=self.shuffle_order,
-                                        batch_size=self.batch_size)  # fmt: skip
+        self.sampler = ResumableSampler(
+            len(train_items), shuffle=self.shuffle, seed=self.seed, order=self.shuffle_order, batch_size=self.batch_size
+        )
         if self._pending_state is not None:
             self.sampler.load_state_dict(self._pending_state)
             self._pending_state = None
@@ -372,7 +299,9 @@ class TextDataModule(L.LightningDataModule):
         if dropped:
             log.info(
                 "%s: dropped %d of %d examples whose response keeps no token after truncation",
-                name, dropped, len(examples),
+                name,
+                dropped,
+                len(examples),
             )
         if not items:
             raise ValueError(f"{name}: no examples left after tokenization and truncation")
@@ -440,8 +369,10 @@ class TextDataModule(L.LightningDataModule):
         if state is None:
             # A checkpoint from before the position was saved: the epoch restarts from its first batch
             # (Lightning's own counter is restored, so a mid-epoch resume repeats some examples).
-            log.warning("the checkpoint holds no data position (written by an older rlhf-lit): a resume in the "
-                        "middle of an epoch starts that epoch's data from its first batch")
+            log.warning(
+                "the checkpoint holds no data position (written by an older rlhf-lit): a resume in the "
+                "middle of an epoch starts that epoch's data from its first batch"
+            )
             return
         if self.sampler is not None:
             self.sampler.load_state_dict(state)

@@ -108,9 +108,7 @@ def _generation_turns(
     conversation whose mask cannot be used as it is (it then takes the prefix rule)."""
     if not GENERATION_BLOCK.search(tokenizer.get_chat_template()):
         return None
-    out = tokenizer.apply_chat_template(
-        convs, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
-    )
+    out = tokenizer.apply_chat_template(convs, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
     result: list[Turns | None] = []
     for conv, own_ids, their_ids, mask in zip(convs, ids, out["input_ids"], out["assistant_masks"]):
         runs = _runs(mask)
@@ -162,6 +160,7 @@ def _prefix_turns(
 def _assistant_span(tokenizer: Any, conv: list[dict[str, str]], text: str, i: int) -> tuple[int, int]:
     """The characters of ``text`` (the whole conversation rendered) that assistant message ``i``
     adds after the generation prompt, trailing whitespace excluded."""
+
     def cannot_split(why: str) -> ValueError:
         return ValueError(
             f"the chat template of tokenizer {_name(tokenizer)!r} cannot be split into turns: {why}; the "
@@ -171,16 +170,20 @@ def _assistant_span(tokenizer: Any, conv: list[dict[str, str]], text: str, i: in
         )
 
     if i == 0:
-        raise cannot_split("the conversation starts with an assistant message, so there is no "
-                           "generation prompt before it to render")
+        raise cannot_split(
+            "the conversation starts with an assistant message, so there is no generation prompt before it to render"
+        )
     before = tokenizer.apply_chat_template(conv[:i], tokenize=False, add_generation_prompt=True)
     upto = tokenizer.apply_chat_template(conv[: i + 1], tokenize=False)
     if not upto.startswith(before):
-        raise cannot_split(f"the rendering of messages[:{i + 1}] does not start with the rendering "
-                           f"of messages[:{i}] with add_generation_prompt=True")
+        raise cannot_split(
+            f"the rendering of messages[:{i + 1}] does not start with the rendering "
+            f"of messages[:{i}] with add_generation_prompt=True"
+        )
     if not text.startswith(upto):
-        raise cannot_split(f"the rendering of the whole conversation does not start with the "
-                           f"rendering of messages[:{i + 1}]")
+        raise cannot_split(
+            f"the rendering of the whole conversation does not start with the rendering of messages[:{i + 1}]"
+        )
     return len(before), len(upto.rstrip())
 
 
@@ -206,7 +209,11 @@ def _name(tokenizer: Any) -> str:
 
 # ------------------------------------------------------------------------------- truncation
 def _truncate(
-    ids: list[int], trained: list[bool], prefix: list[int], max_prompt_length: int, max_length: int,
+    ids: list[int],
+    trained: list[bool],
+    prefix: list[int],
+    max_prompt_length: int,
+    max_length: int,
     counts: Counter | None,
 ) -> dict[str, list[int]] | None:
     """The truncation rule of the module docstring; None when no trained token is left."""

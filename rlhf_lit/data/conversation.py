@@ -12,7 +12,7 @@ roles: system, user, assistant``.
 
 from __future__ import annotations
 
-from typing import Any, Union
+from typing import Any
 
 from rlhf_lit.data.records import InvalidRecord, Row, get_list, get_text
 
@@ -22,7 +22,7 @@ ROLES = ("system", "user", "assistant")
 Conversation = tuple[dict[str, str], ...]
 """Chat messages, each ``{"role": ..., "content": ...}``, in order."""
 
-TextOrConversation = Union[str, Conversation]
+TextOrConversation = str | Conversation
 """A prompt or a response: plain text, or chat messages rendered by the tokenizer's chat template."""
 
 

@@ -103,8 +103,9 @@ def detect_format(row: Row, kind: Kind, fields: Fields, source: str) -> str:
     return format
 
 
-def resolve_format(format: str, rows: Sequence[Row], *, kind: Kind, fields: Fields, source: str,
-                   text_file: bool) -> str:  # fmt: skip
+def resolve_format(
+    format: str, rows: Sequence[Row], *, kind: Kind, fields: Fields, source: str, text_file: bool
+) -> str:
     """``format`` itself, or for ``auto`` the format of ``rows`` (``paragraphs`` for a plain-text
     source, ``text_file``); ``auto`` over no rows stays ``auto`` (the caller reports the empty source)."""
     if format != AUTO:

@@ -229,8 +229,7 @@ def truncate_prompt(
     keep = max_prompt_length - n
     if keep < 1:
         raise ValueError(
-            f"max_prompt_length={max_prompt_length} leaves no room for prompt tokens after "
-            f"{n} special token(s)"
+            f"max_prompt_length={max_prompt_length} leaves no room for prompt tokens after {n} special token(s)"
         )
     if len(ids) <= max_prompt_length:
         return ids
@@ -240,8 +239,7 @@ def truncate_prompt(
 
 
 def truncate_response(
-    prompt_ids: list[int], response_ids: list[int], eos_token_id: int, max_length: int,
-    counts: Counter | None = None,
+    prompt_ids: list[int], response_ids: list[int], eos_token_id: int, max_length: int, counts: Counter | None = None
 ) -> list[int] | None:
     """The response ids to append to ``prompt_ids``: the whole response + EOS when that fits in
     ``max_length``, else the response cut from the right to fill it, without EOS (counted in

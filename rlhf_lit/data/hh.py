@@ -92,8 +92,12 @@ def _as_strings(row: Row, kind: Kind, f: Fields) -> Example:
     rejected_parts = split_hh(get_text(row, f.rejected))
     if rejected_parts is None or rejected_parts[0] != prompt:
         raise Skip(NOT_SHARED)
-    return Example(row.where, prompt, chosen=_require_response(chosen_response, "chosen"),
-                   rejected=_require_response(rejected_parts[1], "rejected"))  # fmt: skip
+    return Example(
+        row.where,
+        prompt,
+        chosen=_require_response(chosen_response, "chosen"),
+        rejected=_require_response(rejected_parts[1], "rejected"),
+    )
 
 
 def _response(turns: Conversation, name: str) -> Conversation:

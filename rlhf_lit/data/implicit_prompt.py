@@ -18,8 +18,9 @@ from rlhf_lit.data.record_parts import pair
 from rlhf_lit.data.records import InvalidRecord, Row
 
 
-def _implicit_conversations(row: Row, f: Fields, chosen: Conversation, rejected: Conversation
-                            ) -> tuple[Conversation, Conversation, Conversation]:  # fmt: skip
+def _implicit_conversations(
+    row: Row, f: Fields, chosen: Conversation, rejected: Conversation
+) -> tuple[Conversation, Conversation, Conversation]:
     """(prompt, chosen, rejected): the prompt is the whole messages both share at their start."""
     n = shared_turns(chosen, rejected)
     if n == 0:

@@ -12,8 +12,9 @@ from typing import Any
 from torch.utils.data import DataLoader
 
 from rlhf_lit.data.adapters import Example, Fields, PreferenceFormat, SFTFormat
-from rlhf_lit.data.base import TextDataModule, check_sft_source, encode_demonstrations
+from rlhf_lit.data.base import TextDataModule, check_sft_source
 from rlhf_lit.data.collate import PreferenceCollator, RankingCollator, SequenceCollator
+from rlhf_lit.data.demonstrations import encode_demonstrations
 from rlhf_lit.data.encoding import TextEncoder, truncate_prompt, truncate_response
 from rlhf_lit.data.rendering import TemplateOption
 
@@ -134,12 +135,23 @@ class PreferenceDataModule(TextDataModule):
                 f"{max_prompt_length}, max_length={max_length}"
             )
         self._init_common(
-            tokenizer=tokenizer, train_path=train_path, val_path=val_path,
-            val_fraction=val_fraction, seed=seed, format=format, fields=fields, split=split,
-            subset=subset, max_records=max_records, skip_invalid=skip_invalid, prompt_words=1,
-            apply_chat_template=apply_chat_template, hh_render=hh_render, batch_size=batch_size,
+            tokenizer=tokenizer,
+            train_path=train_path,
+            val_path=val_path,
+            val_fraction=val_fraction,
+            seed=seed,
+            format=format,
+            fields=fields,
+            split=split,
+            subset=subset,
+            max_records=max_records,
+            skip_invalid=skip_invalid,
+            prompt_words=1,
+            apply_chat_template=apply_chat_template,
+            hh_render=hh_render,
+            batch_size=batch_size,
             num_workers=num_workers,
-        )  # fmt: skip
+        )
         check_sft_source("reference", reference_path, reference_format, reference_max_records)
         self.max_length, self.max_prompt_length = max_length, max_prompt_length
         self.reference_path, self.reference_format = reference_path, reference_format
@@ -169,8 +181,9 @@ class PreferenceDataModule(TextDataModule):
             if e.margin is not None:
                 item["margin"] = e.margin
             items.append(item)
-        self.truncated.update({"chosen response": chosen_cut["response"],
-                               "rejected response": rejected_cut["response"]})
+        self.truncated.update(
+            {"chosen response": chosen_cut["response"], "rejected response": rejected_cut["response"]}
+        )
         return items
 
     def _encode_rankings(self, encoder: TextEncoder, examples: list[Example]) -> list[dict[str, Any]]:
@@ -197,8 +210,13 @@ class PreferenceDataModule(TextDataModule):
             if len(distinct) < 2:
                 continue
             dense = {rank: i for i, rank in enumerate(distinct)}
-            items.append({"input_ids": [ids for ids, _ in kept], "rank": [dense[rank] for _, rank in kept],
-                          "prompt_length": len(p)})  # fmt: skip
+            items.append(
+                {
+                    "input_ids": [ids for ids, _ in kept],
+                    "rank": [dense[rank] for _, rank in kept],
+                    "prompt_length": len(p),
+                }
+            )
         return items
 
     def _encode_split(
@@ -209,12 +227,18 @@ class PreferenceDataModule(TextDataModule):
         items = super()._encode_split(encoder, examples, name, encode)
         total, cut, dropped = self.ranked["responses"], self.ranked["response"], self.ranked["dropped"]
         if cut:
-            log.info("%s: %d of %d ranked responses did not fit in max_length: cut at the end, without EOS",
-                     name, cut, total)  # fmt: skip
+            log.info(
+                "%s: %d of %d ranked responses did not fit in max_length: cut at the end, without EOS", name, cut, total
+            )
             self.stats[f"{name}_truncated_ranked_response"] = cut
         if dropped:
-            log.info("%s: dropped %d of %d ranked responses that keep no token after truncation "
-                     "(a ranking left with fewer than 2 ranks is dropped whole)", name, dropped, total)  # fmt: skip
+            log.info(
+                "%s: dropped %d of %d ranked responses that keep no token after truncation "
+                "(a ranking left with fewer than 2 ranks is dropped whole)",
+                name,
+                dropped,
+                total,
+            )
             self.stats[f"{name}_dropped_responses"] = dropped
         return items
 
@@ -235,17 +259,20 @@ class PreferenceDataModule(TextDataModule):
         if self.reference_path is None:
             return
         examples, format = self._examples(
-            self.reference_path, format=self.reference_format, kind="sft",
-            max_records=self.reference_max_records,
-        )  # fmt: skip
+            self.reference_path, format=self.reference_format, kind="sft", max_records=self.reference_max_records
+        )
         self._record_format("reference_format", format)
         self.reference_dataset = self._encode_split(encoder, examples, "reference", self._encode_sft)
 
     def _encode_sft(self, encoder: TextEncoder, examples: list[Example]) -> list[dict[str, Any]]:
         return encode_demonstrations(
-            encoder, examples, turns="all", max_prompt_length=self.max_prompt_length, max_length=self.max_length,
+            encoder,
+            examples,
+            turns="all",
+            max_prompt_length=self.max_prompt_length,
+            max_length=self.max_length,
             counts=self.truncated,
-        )  # fmt: skip
+        )
 
     @property
     def reference_dataloader(self) -> Callable[[], DataLoader]:

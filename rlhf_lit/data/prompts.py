@@ -10,8 +10,9 @@ from typing import Any
 from torch.utils.data import DataLoader
 
 from rlhf_lit.data.adapters import Example, Fields, PromptFormat, SFTFormat
-from rlhf_lit.data.base import TextDataModule, check_sft_source, encode_demonstrations
+from rlhf_lit.data.base import TextDataModule, check_sft_source
 from rlhf_lit.data.collate import PromptCollator, SFTCollator
+from rlhf_lit.data.demonstrations import encode_demonstrations
 from rlhf_lit.data.encoding import TextEncoder, require_tokenizer, truncate_prompt
 from rlhf_lit.data.rendering import TemplateOption
 from rlhf_lit.data.sampler import PassSampler
@@ -138,12 +139,23 @@ class PromptDataModule(TextDataModule):
         if max_prompt_length < 1:
             raise ValueError(f"max_prompt_length must be >= 1, got {max_prompt_length}")
         self._init_common(
-            tokenizer=tokenizer, train_path=train_path, val_path=val_path,
-            val_fraction=val_fraction, seed=seed, format=format, fields=fields, split=split,
-            subset=subset, max_records=max_records, skip_invalid=skip_invalid,
-            prompt_words=prompt_words, apply_chat_template=apply_chat_template, hh_render=hh_render,
-            batch_size=batch_size, num_workers=num_workers,
-        )  # fmt: skip
+            tokenizer=tokenizer,
+            train_path=train_path,
+            val_path=val_path,
+            val_fraction=val_fraction,
+            seed=seed,
+            format=format,
+            fields=fields,
+            split=split,
+            subset=subset,
+            max_records=max_records,
+            skip_invalid=skip_invalid,
+            prompt_words=prompt_words,
+            apply_chat_template=apply_chat_template,
+            hh_render=hh_render,
+            batch_size=batch_size,
+            num_workers=num_workers,
+        )
         check_sft_source("ptx", ptx_path, ptx_format, ptx_max_records)
         if ptx_batch_size is not None:
             if ptx_batch_size < 1:
@@ -205,9 +217,13 @@ class PromptDataModule(TextDataModule):
 
     def _encode_sft(self, encoder: TextEncoder, examples: list[Example]) -> list[dict[str, Any]]:
         return encode_demonstrations(
-            encoder, examples, turns="all", max_prompt_length=self.max_prompt_length, max_length=self.ptx_max_length,
+            encoder,
+            examples,
+            turns="all",
+            max_prompt_length=self.max_prompt_length,
+            max_length=self.ptx_max_length,
             counts=self.truncated,
-        )  # fmt: skip
+        )
 
     @property
     def ptx_dataloader(self) -> Callable[[], DataLoader]:
@@ -226,6 +242,5 @@ class PromptDataModule(TextDataModule):
         assert self.ptx_dataset is not None  # set by setup() since ptx_path is set
         sampler = PassSampler(len(self.ptx_dataset), seed=self.seed)
         return self._loader(
-            self.ptx_dataset, SFTCollator(self.pad_token_id), batch_size=self.ptx_batch_size,
-            sampler=sampler,
-        )  # fmt: skip
+            self.ptx_dataset, SFTCollator(self.pad_token_id), batch_size=self.ptx_batch_size, sampler=sampler
+        )

@@ -33,10 +33,13 @@ def conversational(example: Example) -> Example:
         return None if x is None else as_response(x)
 
     return replace(
-        example, prompt=as_prompt(example.prompt), response=response(example.response),
-        chosen=response(example.chosen), rejected=response(example.rejected),
+        example,
+        prompt=as_prompt(example.prompt),
+        response=response(example.response),
+        chosen=response(example.chosen),
+        rejected=response(example.rejected),
         responses=None if example.responses is None else tuple(as_response(r) for r in example.responses),
-    )  # fmt: skip
+    )
 
 
 def get_prompt(row: Row, field: str) -> TextOrConversation:
@@ -62,8 +65,9 @@ def get_response(row: Row, field: str, prompt: TextOrConversation | None = None)
     return response
 
 
-def pair(row: Row, f: Fields, prompt: TextOrConversation, chosen: TextOrConversation, rejected: TextOrConversation
-          ) -> Example:  # fmt: skip
+def pair(
+    row: Row, f: Fields, prompt: TextOrConversation, chosen: TextOrConversation, rejected: TextOrConversation
+) -> Example:
     """A preference example (with the margin when ``f.margin`` is set); a conversational pair must differ."""
     margin = get_number(row, f.margin) if f.margin is not None else None
     example = conversational(Example(row.where, prompt, chosen=chosen, rejected=rejected, margin=margin))

@@ -72,9 +72,7 @@ def read_rows(
         source = os.path.expanduser(source)
     if os.path.exists(source):
         if os.path.isdir(source):
-            raise ValueError(
-                f"{source} is a directory; give a .jsonl, .json or .txt file (optionally .gz)"
-            )
+            raise ValueError(f"{source} is a directory; give a .jsonl, .json or .txt file (optionally .gz)")
         rows = _read_file(source, skip_invalid=skip_invalid)
     elif looks_like_path(source):
         raise FileNotFoundError(f"data file not found: {source}")
@@ -139,8 +137,7 @@ class _SkippingReader:
                     self.skipped += 1
                     continue
                 raise InvalidRecord(
-                    f"{where}: not valid JSON ({e.msg} at column {e.colno}); "
-                    "set skip_invalid=True to skip such lines"
+                    f"{where}: not valid JSON ({e.msg} at column {e.colno}); set skip_invalid=True to skip such lines"
                 ) from None
             if not isinstance(data, dict):
                 if self.skip_invalid:
@@ -246,9 +243,7 @@ def get_text(row: Row, field: str, *, required: bool = True) -> str:
         raise missing_field(row, field)
     value = data[field]
     if not isinstance(value, str):
-        raise InvalidRecord(
-            f"{row.where}: field {field!r} must be a string, got {type(value).__name__}"
-        )
+        raise InvalidRecord(f"{row.where}: field {field!r} must be a string, got {type(value).__name__}")
     if required and not value.strip():
         raise InvalidRecord(f"{row.where}: field {field!r} is empty")
     return value
@@ -261,7 +256,5 @@ def get_number(row: Row, field: str) -> float:
         raise missing_field(row, field)
     value = data[field]
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InvalidRecord(
-            f"{row.where}: field {field!r} must be a number, got {type(value).__name__}"
-        )
+        raise InvalidRecord(f"{row.where}: field {field!r} must be a number, got {type(value).__name__}")
     return float(value)

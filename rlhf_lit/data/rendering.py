@@ -26,9 +26,19 @@ from rlhf_lit.data.example import Example
 from rlhf_lit.tokenizer import TEMPLATE_ALIASES, TEMPLATE_CHOICES, TemplateChoice, TemplateOption, template_choice
 
 __all__ = [
-    "TEMPLATE_ALIASES", "TEMPLATE_CHOICES", "TemplateChoice", "TemplateOption", "TemplateRendering", "has_chat_template",
-    "hh_rendering_line", "raw_prompt_warning", "resolve_template", "template_choice", "tokenizer_name",
-]  # fmt: skip
+    "TEMPLATE_ALIASES",
+    "TEMPLATE_CHOICES",
+    "TemplateChoice",
+    "TemplateOption",
+    "TemplateRendering",
+    "has_chat_template",
+    "hh_rendering_line",
+    "raw_prompt_warning",
+    "resolve_template",
+    "template_choice",
+    "tokenizer_name",
+]
+
 
 class TemplateRendering(NamedTuple):
     """What a :data:`TemplateChoice` option resolved to for one tokenizer, and why (logged once):
@@ -86,12 +96,17 @@ def resolve_template(
 
 def hh_rendering_line(source: str, rendering: TemplateRendering) -> str:
     """The one log line saying how a data module rendered the HH transcripts of ``source``, and why."""
-    how = ("read as conversations and rendered with the tokenizer's chat template" if rendering.chat
-           else "kept as raw strings (split at the last '\\n\\nAssistant:')")  # fmt: skip
+    how = (
+        "read as conversations and rendered with the tokenizer's chat template"
+        if rendering.chat
+        else "kept as raw strings (split at the last '\\n\\nAssistant:')"
+    )
     return f"{source}: hh_rlhf transcripts {how} ({rendering.why})"
 
 
-def raw_prompt_warning(tokenizer: Any, format: str, examples: Sequence[Example], apply_chat_template: bool) -> str | None:
+def raw_prompt_warning(
+    tokenizer: Any, format: str, examples: Sequence[Example], apply_chat_template: bool
+) -> str | None:
     """The warning for plain-string prompts (``examples`` of one data module, read in ``format``)
     given to a tokenizer with a chat template that will not render them; None when nothing is amiss.
 
@@ -104,11 +119,17 @@ def raw_prompt_warning(tokenizer: Any, format: str, examples: Sequence[Example],
         return None
     head = f"the tokenizer {tokenizer_name(tokenizer)!r} has a chat template, but"
     if format == "hh_rlhf":
-        return (f"{head} the hh_rlhf transcripts are kept as raw strings (hh_render: never): the model is trained and "
-                "sampled outside its template; set hh_render: auto (or always) to render them with it")  # fmt: skip
+        return (
+            f"{head} the hh_rlhf transcripts are kept as raw strings (hh_render: never): the model is trained and "
+            "sampled outside its template; set hh_render: auto (or always) to render them with it"
+        )
     if format == "text":
-        return (f"{head} format text gives plain strings, which are not rendered with the chat template (language "
-                "modelling has no turns); to train inside the template, give conversational records (messages)")  # fmt: skip
-    return (f"{head} the {format} prompts are plain strings, not rendered with the chat template: the model is trained "
-            "and sampled outside it; set apply_chat_template: true to render each as one user turn, or give "
-            "conversational records (lists of messages)")  # fmt: skip
+        return (
+            f"{head} format text gives plain strings, which are not rendered with the chat template (language "
+            "modelling has no turns); to train inside the template, give conversational records (messages)"
+        )
+    return (
+        f"{head} the {format} prompts are plain strings, not rendered with the chat template: the model is trained "
+        "and sampled outside it; set apply_chat_template: true to render each as one user turn, or give "
+        "conversational records (lists of messages)"
+    )

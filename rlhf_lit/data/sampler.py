@@ -35,7 +35,6 @@ import torch.distributed as dist
 from torch.utils.data import Sampler
 from torch.utils.data.distributed import DistributedSampler
 
-
 ShuffleOrder = Literal["seed_per_epoch", "dataloader"]
 """How :class:`ResumableSampler` permutes an epoch: :func:`seed_per_epoch_order` or :func:`dataloader_order`."""
 
@@ -113,8 +112,12 @@ class ResumableSampler(DistributedSampler):
         rank = this_rank if rank is None else rank
         super().__init__(
             range(dataset_size),  # type: ignore[arg-type]
-            num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed, drop_last=True,
-        )  # fmt: skip
+            num_replicas=num_replicas,
+            rank=rank,
+            shuffle=shuffle,
+            seed=seed,
+            drop_last=True,
+        )
         self.dataset_size, self.shuffle_order, self.batch_size = dataset_size, order, batch_size
         self.consumed = 0
 
@@ -182,21 +185,12 @@ class PassSampler(Sampler[int]):
         rank: this rank (default: the process group's rank, else 0).
     """
 
-    def __init__(
-        self,
-        dataset_size: int,
-        *,
-        seed: int = 0,
-        num_replicas: int | None = None,
-        rank: int | None = None,
-    ):
+    def __init__(self, dataset_size: int, *, seed: int = 0, num_replicas: int | None = None, rank: int | None = None):
         world, this_rank = _world()
         self.num_replicas = world if num_replicas is None else num_replicas
         self.rank = this_rank if rank is None else rank
         if dataset_size < self.num_replicas:
-            raise ValueError(
-                f"{dataset_size} examples cannot give each of {self.num_replicas} ranks one"
-            )
+            raise ValueError(f"{dataset_size} examples cannot give each of {self.num_replicas} ranks one")
         self.dataset_size, self.seed = dataset_size, seed
         self.passes = 0  # iterations started so far
 

@@ -9,9 +9,10 @@ from typing import Any
 from torch.utils.data import DataLoader
 
 from rlhf_lit.data.adapters import Example, Fields, SFTFormat
-from rlhf_lit.data.base import TextDataModule, encode_demonstrations
+from rlhf_lit.data.base import TextDataModule
 from rlhf_lit.data.chat import AssistantTurns
 from rlhf_lit.data.collate import SFTCollator
+from rlhf_lit.data.demonstrations import encode_demonstrations
 from rlhf_lit.data.encoding import TextEncoder
 from rlhf_lit.data.rendering import TemplateOption
 
@@ -113,12 +114,23 @@ class SFTDataModule(TextDataModule):
                 f"{max_prompt_length}, max_length={max_length}"
             )
         self._init_common(
-            tokenizer=tokenizer, train_path=train_path, val_path=val_path,
-            val_fraction=val_fraction, seed=seed, format=format, fields=fields, split=split,
-            subset=subset, max_records=max_records, skip_invalid=skip_invalid,
-            prompt_words=prompt_words, apply_chat_template=apply_chat_template, hh_render=hh_render,
-            batch_size=batch_size, num_workers=num_workers,
-        )  # fmt: skip
+            tokenizer=tokenizer,
+            train_path=train_path,
+            val_path=val_path,
+            val_fraction=val_fraction,
+            seed=seed,
+            format=format,
+            fields=fields,
+            split=split,
+            subset=subset,
+            max_records=max_records,
+            skip_invalid=skip_invalid,
+            prompt_words=prompt_words,
+            apply_chat_template=apply_chat_template,
+            hh_render=hh_render,
+            batch_size=batch_size,
+            num_workers=num_workers,
+        )
         if assistant_turns not in ("all", "last"):
             raise ValueError(f"assistant_turns must be 'all' or 'last', got {assistant_turns!r}")
         self.max_length, self.max_prompt_length = max_length, max_prompt_length
@@ -132,13 +144,16 @@ class SFTDataModule(TextDataModule):
 
     def _encode(self, encoder: TextEncoder, examples: list[Example]) -> list[dict[str, Any]]:
         return encode_demonstrations(
-            encoder, examples, turns=self.assistant_turns, max_prompt_length=self.max_prompt_length,
-            max_length=self.max_length, counts=self.truncated,
-        )  # fmt: skip
+            encoder,
+            examples,
+            turns=self.assistant_turns,
+            max_prompt_length=self.max_prompt_length,
+            max_length=self.max_length,
+            counts=self.truncated,
+        )
 
     def train_dataloader(self) -> DataLoader:
         return self._shuffled_train_loader(SFTCollator(self.pad_token_id))
 
     def val_dataloader(self) -> DataLoader | list:
         return self._val_loader(SFTCollator(self.pad_token_id))
-

@@ -10,9 +10,7 @@ import torch
 T = TypeVar("T")
 
 
-def split_by_fraction(
-    items: Sequence[T], fraction: float, seed: int
-) -> tuple[list[T], list[T]]:
+def split_by_fraction(items: Sequence[T], fraction: float, seed: int) -> tuple[list[T], list[T]]:
     """``(train, val)``: ``round(fraction * len(items))`` items drawn by a permutation seeded
     with ``seed`` go to val, the rest to train; both keep the original order.
 

@@ -21,5 +21,14 @@ from rlhf_lit.evaluation.diversity import distinct_n, distinct_n_factors, ngrams
 from rlhf_lit.evaluation.judges import DEFAULT_JUDGE, Judge, load_judge, vader
 from rlhf_lit.evaluation.texts import prompt_texts, response_texts
 
-__all__ = ["DEFAULT_JUDGE", "Judge", "distinct_n", "distinct_n_factors", "load_judge", "ngrams", "prompt_texts",
-           "response_texts", "vader"]
+__all__ = [
+    "DEFAULT_JUDGE",
+    "Judge",
+    "distinct_n",
+    "distinct_n_factors",
+    "load_judge",
+    "ngrams",
+    "prompt_texts",
+    "response_texts",
+    "vader",
+]

@@ -65,18 +65,25 @@ def sweep(
     for n in ns:
         weights = best_of_n_weights(rm_scores, n, estimator)  # (P, M)
 
-        def picked(values: torch.Tensor | None) -> tuple[float, float] | tuple[None, None]:
+        def picked(values: torch.Tensor | None, weights=weights) -> tuple[float, float] | tuple[None, None]:
             if values is None:
                 return None, None
             return _mean_stderr((weights * values.to(torch.float64)).sum(-1))  # per prompt (P,)
 
         judge_mean, judge_stderr = picked(judge_scores)
         rm_mean, rm_stderr = picked(rm_scores)
-        rows.append({
-            "n": n, "kl_analytic": best_of_n_kl(n), "judge_mean": judge_mean, "judge_stderr": judge_stderr,
-            "rm_mean": rm_mean, "rm_stderr": rm_stderr, "length_mean": picked(lengths)[0],
-            "ended_fraction": picked(ended)[0],
-        })  # fmt: skip
+        rows.append(
+            {
+                "n": n,
+                "kl_analytic": best_of_n_kl(n),
+                "judge_mean": judge_mean,
+                "judge_stderr": judge_stderr,
+                "rm_mean": rm_mean,
+                "rm_stderr": rm_stderr,
+                "length_mean": picked(lengths)[0],
+                "ended_fraction": picked(ended)[0],
+            }
+        )
     return rows
 
 
@@ -135,11 +142,19 @@ def best_of_n(
         raise ValueError("no prompts to sample from")
     sampling = sampling or SamplingConfig(max_new_tokens=48)
     t0 = time.perf_counter()
-    models = load_models(policy, reward_model=reward_model, tokenizer=tokenizer, device=device, prompts=prompts,
-                         chat_template=chat_template, repeat=m)  # prompt p's samples: rows [p*M, (p+1)*M)
+    models = load_models(
+        policy,
+        reward_model=reward_model,
+        tokenizer=tokenizer,
+        device=device,
+        prompts=prompts,
+        chat_template=chat_template,
+        repeat=m,
+    )  # prompt p's samples: rows [p*M, (p+1)*M)
     t_loaded = time.perf_counter()
-    samples, t_generate = sample_and_measure(models, models.prompts, sampling, batch_size=batch_size, seed=seed,
-                                             unfinished=unfinished)  # fmt: skip
+    samples, t_generate = sample_and_measure(
+        models, models.prompts, sampling, batch_size=batch_size, seed=seed, unfinished=unfinished
+    )
     t_scored = time.perf_counter()
     judge_list = judge(judge_texts(samples.prompts, samples.responses, judge_reads)) if judge is not None else None
     t_judged = time.perf_counter()
@@ -148,22 +163,35 @@ def best_of_n(
         return torch.tensor(values, dtype=torch.float64).view(len(prompts), m)  # (P, M)
 
     rows = sweep(
-        grid(samples.rm_scores), ns, judge_scores=None if judge_list is None else grid(judge_list),
-        lengths=grid(samples.lengths), ended=grid(samples.ended), estimator=estimator,
-    )  # fmt: skip
+        grid(samples.rm_scores),
+        ns,
+        judge_scores=None if judge_list is None else grid(judge_list),
+        lengths=grid(samples.lengths),
+        ended=grid(samples.ended),
+        estimator=estimator,
+    )
     return {
         "rows": rows,
         "timing_s": {
-            "load": t_loaded - t0, "generate": t_generate, "score": t_scored - t_loaded - t_generate,
-            "judge": t_judged - t_scored, "total": time.perf_counter() - t0,
-        },  # fmt: skip
+            "load": t_loaded - t0,
+            "generate": t_generate,
+            "score": t_scored - t_loaded - t_generate,
+            "judge": t_judged - t_scored,
+            "total": time.perf_counter() - t0,
+        },
         "prompt_texts": samples.prompts[::m],
         "samples": [
-            {"prompt_index": i // m, "sample_index": i % m, "response": samples.responses[i],
-             "rm": samples.rm_scores[i], "judge": None if judge_list is None else judge_list[i],
-             "length": samples.lengths[i], "ended": samples.ended[i]}
+            {
+                "prompt_index": i // m,
+                "sample_index": i % m,
+                "response": samples.responses[i],
+                "rm": samples.rm_scores[i],
+                "judge": None if judge_list is None else judge_list[i],
+                "length": samples.lengths[i],
+                "ended": samples.ended[i],
+            }
             for i in range(len(samples.responses))
-        ],  # fmt: skip
+        ],
     }
 
 
@@ -171,8 +199,10 @@ def format_table(rows: Sequence[dict]) -> str:
     """The sweep as a plain-text table, one line per N."""
     header = ["N", "KL(analytic)", "judge", "+-stderr", "RM", "+-stderr", "length"]
     keys = ["n", "kl_analytic", "judge_mean", "judge_stderr", "rm_mean", "rm_stderr", "length_mean"]
-    cells = [[str(r["n"]), *("-" if r[k] is None else f"{r[k]:.4f}" for k in keys[1:-1]), f"{r['length_mean']:.1f}"]
-             for r in rows]  # fmt: skip
+    cells = [
+        [str(r["n"]), *("-" if r[k] is None else f"{r[k]:.4f}" for k in keys[1:-1]), f"{r['length_mean']:.1f}"]
+        for r in rows
+    ]
     widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(header)]
     lines = ["  ".join(h.rjust(w) for h, w in zip(header, widths))]
     lines += ["  ".join(c.rjust(w) for c, w in zip(cell, widths)) for cell in cells]

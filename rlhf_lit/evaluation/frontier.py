@@ -81,8 +81,14 @@ def point_from_evaluation(result: Mapping, method: str, setting: str, score: Sco
             raise ValueError(f"the evaluation of {name} has no {key!r} per sample (evaluate with {option})")
     scores = [s[score] for s in samples]
     kls = [s["kl"] for s in samples]
-    return FrontierPoint(method, setting, kl=sum(kls) / len(kls), score=sum(scores) / len(scores),
-                         score_se=standard_error(scores), n=len(scores))  # fmt: skip
+    return FrontierPoint(
+        method,
+        setting,
+        kl=sum(kls) / len(kls),
+        score=sum(scores) / len(scores),
+        score_se=standard_error(scores),
+        n=len(scores),
+    )
 
 
 def points_from_best_of_n(result: Mapping, method: str = "best-of-N", score: Score = "judge") -> list[FrontierPoint]:
@@ -97,11 +103,22 @@ def points_from_best_of_n(result: Mapping, method: str = "best-of-N", score: Sco
     points = []
     for row in result["rows"]:
         if row.get(f"{score}_mean") is None:
-            raise ValueError(f"the best-of-n result has no {SCORE_LABELS[score]}s"
-                             + (" (run it with --judge)" if score == "judge" else ""))  # fmt: skip
-        points.append(FrontierPoint(method, f"N {row['n']}", kl=row["kl_analytic"], score=row[f"{score}_mean"],
-                                    score_se=row[f"{score}_stderr"], n=config["num_prompts"], kl_analytic=True,
-                                    note=note))  # fmt: skip
+            raise ValueError(
+                f"the best-of-n result has no {SCORE_LABELS[score]}s"
+                + (" (run it with --judge)" if score == "judge" else "")
+            )
+        points.append(
+            FrontierPoint(
+                method,
+                f"N {row['n']}",
+                kl=row["kl_analytic"],
+                score=row[f"{score}_mean"],
+                score_se=row[f"{score}_stderr"],
+                n=config["num_prompts"],
+                kl_analytic=True,
+                note=note,
+            )
+        )
     return points
 
 
@@ -122,25 +139,42 @@ def mean_over_runs(points: Sequence[FrontierPoint]) -> list[FrontierPoint]:
             out.append(mine[0])
             continue
         scores = [p.score for p in mine]
-        out.append(FrontierPoint(method, setting, kl=sum(p.kl for p in mine) / len(mine), score=sum(scores) / len(scores),
-                                 score_se=standard_error(scores), n=len(mine),
-                                 kl_analytic=all(p.kl_analytic for p in mine), note=f"mean over {len(mine)} runs"))  # fmt: skip
+        out.append(
+            FrontierPoint(
+                method,
+                setting,
+                kl=sum(p.kl for p in mine) / len(mine),
+                score=sum(scores) / len(scores),
+                score_se=standard_error(scores),
+                n=len(mine),
+                kl_analytic=all(p.kl_analytic for p in mine),
+                note=f"mean over {len(mine)} runs",
+            )
+        )
     return out
 
 
-def frontier_table(points: Iterable[FrontierPoint], score_label: str = "judge score",
-                   reference: str = "SFT") -> list[str]:  # fmt: skip
+def frontier_table(
+    points: Iterable[FrontierPoint], score_label: str = "judge score", reference: str = "SFT"
+) -> list[str]:
     """Markdown rows: method, setting, KL, score +- standard error, responses, note."""
-    lines = [f"| method | setting | KL to {reference} (nats) | {score_label} +- s.e. | n | note |",
-             "|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        f"| method | setting | KL to {reference} (nats) | {score_label} +- s.e. | n | note |",
+        "|---|---|---|---|---|---|",
+    ]
     for p in points:
         kl = f"{p.kl:.2f}" + (" (analytic)" if p.kl_analytic else "")
         lines.append(f"| {p.method} | {p.setting} | {kl} | {p.score:.3f} +- {p.score_se:.3f} | {p.n} | {p.note} |")
     return lines
 
 
-def draw_frontier(points: Sequence[FrontierPoint], path: str, title: str = "Judge score against KL to SFT",
-                  ylabel: str = "judge score (held-out prompts)", xlabel: str = "KL to SFT (nats per response)") -> str:  # fmt: skip
+def draw_frontier(
+    points: Sequence[FrontierPoint],
+    path: str,
+    title: str = "Judge score against KL to SFT",
+    ylabel: str = "judge score (held-out prompts)",
+    xlabel: str = "KL to SFT (nats per response)",
+) -> str:
     """Draw every method's points (joined in the given order, error bars = 1 s.e.) to a PNG; returns ``path``.
 
     The KL axis is linear up to 10 nats and logarithmic beyond (``symlog``), so best-of-N (at most
@@ -162,13 +196,27 @@ def draw_frontier(points: Sequence[FrontierPoint], path: str, title: str = "Judg
     methods = list(dict.fromkeys(p.method for p in points))  # first-seen order, for stable colours
     for i, method in enumerate(methods):
         mine = [p for p in points if p.method == method]
-        ax.errorbar([p.kl for p in mine], [p.score for p in mine], yerr=[p.score_se for p in mine],
-                    color=f"C{i}", marker="os^Dv<>p"[i % 8], markersize=5, capsize=2,
-                    linestyle="-" if len(mine) > 1 else "none", label=method)  # fmt: skip
+        ax.errorbar(
+            [p.kl for p in mine],
+            [p.score for p in mine],
+            yerr=[p.score_se for p in mine],
+            color=f"C{i}",
+            marker="os^Dv<>p"[i % 8],
+            markersize=5,
+            capsize=2,
+            linestyle="-" if len(mine) > 1 else "none",
+            label=method,
+        )
         for p in mine:
             if len(mine) > 1:
-                ax.annotate(p.setting.split()[-1], (p.kl, p.score), textcoords="offset points",
-                            xytext=(4, -10), fontsize=7, color=f"C{i}")  # fmt: skip
+                ax.annotate(
+                    p.setting.split()[-1],
+                    (p.kl, p.score),
+                    textcoords="offset points",
+                    xytext=(4, -10),
+                    fontsize=7,
+                    color=f"C{i}",
+                )
     if max(p.kl for p in points) > 10:
         ax.set_xscale("symlog", linthresh=10)
     ax.set(title=title, xlabel=xlabel, ylabel=ylabel)

@@ -40,9 +40,7 @@ def _vader_analyzer():
     try:
         from vaderSentiment.vaderSentiment import SentimentIntensityAnalyzer
     except ImportError as e:
-        raise ImportError(
-            "the 'vader' judge needs the vaderSentiment package: pip install 'rlhf-lit[demo]'"
-        ) from e
+        raise ImportError("the 'vader' judge needs the vaderSentiment package: pip install 'rlhf-lit[demo]'") from e
     return SentimentIntensityAnalyzer()
 
 

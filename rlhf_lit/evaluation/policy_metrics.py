@@ -80,13 +80,22 @@ def evaluate_policy(
         raise ValueError("no prompts to evaluate")
     sampling = sampling or SamplingConfig(max_new_tokens=48)
     t0 = time.perf_counter()
-    models = load_models(policy, reference=reference, reward_model=reward_model, tokenizer=tokenizer, device=device,
-                         prompts=prompts, chat_template=chat_template, repeat=samples_per_prompt)  # fmt: skip
+    models = load_models(
+        policy,
+        reference=reference,
+        reward_model=reward_model,
+        tokenizer=tokenizer,
+        device=device,
+        prompts=prompts,
+        chat_template=chat_template,
+        repeat=samples_per_prompt,
+    )
     t_loaded = time.perf_counter()
 
     repeated = [p for p in prompts for _ in range(samples_per_prompt)]
-    samples, t_generate = sample_and_measure(models, models.prompts, sampling, batch_size=batch_size, seed=seed,
-                                             unfinished=unfinished)  # fmt: skip
+    samples, t_generate = sample_and_measure(
+        models, models.prompts, sampling, batch_size=batch_size, seed=seed, unfinished=unfinished
+    )
     t_scored = time.perf_counter()
     judge_scores = judge(judge_texts(samples.prompts, samples.responses, judge_reads)) if judge is not None else None
     t_judged = time.perf_counter()
@@ -96,15 +105,24 @@ def evaluate_policy(
         if values is not None:
             metrics[f"{name}_mean"], metrics[f"{name}_std"] = mean_std(values)
     n = len(samples.responses)
-    metrics.update({
-        "distinct_1": distinct_n(samples.responses, 1), "distinct_2": distinct_n(samples.responses, 2),
-        **dict(zip(("distinct_2_within", "distinct_2_across"), distinct_n_factors(samples.responses, 2))),
-        "length_mean": sum(samples.lengths) / n, "ended_fraction": sum(samples.ended) / n, "num_samples": n,
-    })  # fmt: skip
+    metrics.update(
+        {
+            "distinct_1": distinct_n(samples.responses, 1),
+            "distinct_2": distinct_n(samples.responses, 2),
+            **dict(zip(("distinct_2_within", "distinct_2_across"), distinct_n_factors(samples.responses, 2))),
+            "length_mean": sum(samples.lengths) / n,
+            "ended_fraction": sum(samples.ended) / n,
+            "num_samples": n,
+        }
+    )
     rows = []
     for i in range(n):
-        row = {"prompt_index": i // samples_per_prompt, "prompt": repeated[i], "prompt_text": samples.prompts[i],
-               "response": samples.responses[i]}  # fmt: skip
+        row = {
+            "prompt_index": i // samples_per_prompt,
+            "prompt": repeated[i],
+            "prompt_text": samples.prompts[i],
+            "response": samples.responses[i],
+        }
         for name, values in (("judge", judge_scores), ("rm", samples.rm_scores), ("kl", samples.kls)):
             if values is not None:
                 row[name] = values[i]
@@ -113,9 +131,12 @@ def evaluate_policy(
     return {
         "metrics": metrics,
         "timing_s": {
-            "load": t_loaded - t0, "generate": t_generate, "logprobs": t_scored - t_loaded - t_generate,
-            "judge": t_judged - t_scored, "total": t_judged - t0,
-        },  # fmt: skip
+            "load": t_loaded - t0,
+            "generate": t_generate,
+            "logprobs": t_scored - t_loaded - t_generate,
+            "judge": t_judged - t_scored,
+            "total": t_judged - t0,
+        },
         "samples": rows,
     }
 

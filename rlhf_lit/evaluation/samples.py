@@ -3,7 +3,7 @@
 What ``rlhf-lit evaluate`` and ``rlhf-lit best-of-n`` share. Sampling is the library's
 (:func:`rlhf_lit.models.generation.sample_batches`: one seeded generator, left-padded batches),
 KL is the per-response sum over response tokens (EOS included) of ``logprob_policy -
-logprob_ref`` at the sampling temperature (:func:`rlhf_lit.models.generation.response_logprobs`),
+logprob_ref`` at the sampling temperature (:func:`rlhf_lit.models.teacher_forced.response_logprobs`),
 the reward is the reward model's score at the last response token plus its stored normalisation
 offset (as the PPO stage reads it), and responses are decoded as every judge reads them
 (:func:`rlhf_lit.evaluation.response_texts`).
@@ -187,9 +187,10 @@ def sample_and_measure(
     import time
 
     from rlhf_lit.evaluation import response_texts
-    from rlhf_lit.models.generation import response_logprobs, sample_batches, stop_token_ids
+    from rlhf_lit.models.generation import sample_batches, stop_token_ids
     from rlhf_lit.models.reward_ensemble import reward_scores
     from rlhf_lit.models.scoring import reward_model_rows
+    from rlhf_lit.models.teacher_forced import response_logprobs
 
     eos_id = stop_token_ids(models.policy, models.tokenizer)[0]  # appended to cut responses for the RM (with_eos)
     t0 = time.perf_counter()
@@ -206,14 +207,20 @@ def sample_and_measure(
                 kl = torch.where(gen.response_mask, logprobs - ref_logprobs, 0.0).sum(-1)  # (B,)
                 out.kls += kl.tolist()
             if out.rm_scores is not None:
-                rows = reward_model_rows(gen.query_responses, gen.attention_mask, gen.ended, unfinished, eos_id,
-                                         models.tokenizer.pad_token_id)  # fmt: skip
+                rows = reward_model_rows(
+                    gen.query_responses,
+                    gen.attention_mask,
+                    gen.ended,
+                    unfinished,
+                    eos_id,
+                    models.tokenizer.pad_token_id,
+                )
                 out.rm_scores += reward_scores(models.reward_model, *rows).tolist()  # an ensemble: the members' mean
         out.lengths += gen.response_mask.sum(-1).tolist()
         out.ended += gen.ended.tolist()
         out.responses += response_texts(
             models.tokenizer, gen.query_responses, gen.attention_mask, gen.response_mask, gen.ended
-        )  # fmt: skip
+        )
     if out.rm_scores is not None and not all(math.isfinite(s) for s in out.rm_scores):
         raise ValueError("the reward model returned a non-finite score (NaN or inf); check the reward model")
     return out, seconds

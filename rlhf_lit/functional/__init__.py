@@ -3,7 +3,6 @@
 Shapes: ``(B, T)`` unless noted; a ``mask`` is a bool tensor, True where a position counts.
 """
 
-from rlhf_lit.functional.dpo import DPOLossKind, averages_over_tokens, check_dpo_settings, dpo_loss
 from rlhf_lit.functional.advantages import (
     EstimatorKind,
     gae,
@@ -14,20 +13,19 @@ from rlhf_lit.functional.advantages import (
     rloo_advantages,
 )
 from rlhf_lit.functional.calibration import (
-    CALIBRATION_TRANSFORMS, CalibrationTransform, calibrated_scores, quantile_bounds, reference_quantiles,
+    CALIBRATION_TRANSFORMS,
+    CalibrationTransform,
+    calibrated_scores,
+    quantile_bounds,
+    reference_quantiles,
     transform_quantiles,
 )
+from rlhf_lit.functional.dpo import DPOLossKind, averages_over_tokens, check_dpo_settings, dpo_loss
 from rlhf_lit.functional.ensemble import AGGREGATES, Aggregate, aggregate_scores, member_std
 from rlhf_lit.functional.kl import KLKind, kl_loss, kl_penalized_rewards, kl_penalty
 from rlhf_lit.functional.kl_control import AdaptiveKLController, FixedKLController, KLController
 from rlhf_lit.functional.logprobs import entropy_from_logits, sequence_logprobs, token_logprobs
-from rlhf_lit.functional.losses import (
-    IGNORE_INDEX,
-    clipped_value_loss,
-    pairwise_reward_loss,
-    ppo_policy_loss,
-    sft_loss,
-)
+from rlhf_lit.functional.losses import IGNORE_INDEX, clipped_value_loss, pairwise_reward_loss, ppo_policy_loss, sft_loss
 from rlhf_lit.functional.masked_stats import (
     Reducer,
     explained_variance,
@@ -35,6 +33,14 @@ from rlhf_lit.functional.masked_stats import (
     masked_mean_var,
     masked_var,
     masked_whiten,
+)
+from rlhf_lit.functional.masks import (
+    append_eos_to_unfinished,
+    attended_span,
+    last_true_index,
+    length_groups,
+    response_mask_from_eos,
+    response_mask_from_prompt_length,
 )
 from rlhf_lit.functional.pairs import concat_pairs, pad_ids, pad_right
 from rlhf_lit.functional.ranking import (
@@ -47,10 +53,6 @@ from rlhf_lit.functional.ranking import (
     ranking_pairs,
 )
 from rlhf_lit.functional.score_shaping import ScoreWhitening, shape_scores
-from rlhf_lit.functional.masks import (
-    append_eos_to_unfinished, attended_span, last_true_index, length_groups, response_mask_from_eos,
-    response_mask_from_prompt_length,
-)
 
 __all__ = [
     "AGGREGATES",

@@ -82,8 +82,7 @@ def _grouped_scores(scores: torch.Tensor, mask: torch.Tensor, k: int, name: str)
         raise ValueError(f"{name}: scores must be (B,), got shape {tuple(scores.shape)}.")
     if mask.ndim != 2 or mask.shape[0] != scores.shape[0]:
         raise ValueError(
-            f"{name}: mask must be (B, T) with B = len(scores) = {scores.shape[0]}, "
-            f"got shape {tuple(mask.shape)}."
+            f"{name}: mask must be (B, T) with B = len(scores) = {scores.shape[0]}, got shape {tuple(mask.shape)}."
         )
     if mask.dtype != torch.bool:
         raise ValueError(f"{name}: mask must be a bool tensor (True where a position counts), got {mask.dtype}.")
@@ -226,6 +225,7 @@ def reinforce_pp_advantages(
     returns = torch.stack(returns_reversed[::-1], dim=1)  # (B, T)
     advantages = masked_whiten(returns, mask, reduce_sum=reduce_sum)  # (B, T), 0 where mask is False
     return advantages, returns
+
 
 def gae(
     rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float

@@ -72,8 +72,10 @@ def quantile_bounds(scores: torch.Tensor, reference_scores: torch.Tensor) -> tup
         reference_scores: ``(B, K)`` finite scores of ``K`` reference samples of each row's prompt.
     """
     if reference_scores.dim() != 2 or scores.dim() != 1 or reference_scores.shape[0] != scores.shape[0]:
-        raise ValueError(f"scores (B,) and reference_scores (B, K) expected, got {tuple(scores.shape)} and "
-                         f"{tuple(reference_scores.shape)}")  # fmt: skip
+        raise ValueError(
+            f"scores (B,) and reference_scores (B, K) expected, got {tuple(scores.shape)} and "
+            f"{tuple(reference_scores.shape)}"
+        )
     if reference_scores.shape[1] < 1:
         raise ValueError("calibration needs at least one reference sample per prompt")
     if not (torch.isfinite(scores).all() and torch.isfinite(reference_scores).all()):

@@ -33,7 +33,9 @@ def batch_pearson(x: torch.Tensor, y: torch.Tensor, eps: float = PEARSON_EPS) ->
     matters when one of the two is constant (see :data:`PEARSON_EPS`).
     """
     if x.dim() != 1 or x.shape != y.shape:
-        raise ValueError(f"batch_pearson takes two (N,) vectors of one length, got {tuple(x.shape)} and {tuple(y.shape)}")
+        raise ValueError(
+            f"batch_pearson takes two (N,) vectors of one length, got {tuple(x.shape)} and {tuple(y.shape)}"
+        )
     dtype = torch.float64 if torch.float64 in (x.dtype, y.dtype) else torch.float32
     xc = x.to(dtype) - x.to(dtype).mean()  # (N,)
     yc = y.to(dtype) - y.to(dtype).mean()  # (N,)

@@ -21,11 +21,7 @@ def _check_clip_range(clip_range: float) -> None:
 
 
 def ppo_policy_loss(
-    logprobs: torch.Tensor,
-    old_logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    clip_range: float,
+    logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, clip_range: float
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO clipped surrogate loss (Schulman et al. 2017, eq. 7), averaged over masked tokens.
 
@@ -63,11 +59,7 @@ def ppo_policy_loss(
 
 
 def clipped_value_loss(
-    values: torch.Tensor,
-    old_values: torch.Tensor,
-    returns: torch.Tensor,
-    mask: torch.Tensor,
-    clip_range: float,
+    values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, clip_range: float
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Clipped value loss (the PPO2 baselines detail): the value may move at most eps from its rollout value.
 

@@ -27,9 +27,7 @@ process; it must not change its argument (e.g. ``torch.distributed.all_reduce`` 
 process must call it the same number of times, in the same order."""
 
 
-def masked_mean(
-    x: torch.Tensor, mask: torch.Tensor, dim: int | tuple[int, ...] | None = None
-) -> torch.Tensor:
+def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | tuple[int, ...] | None = None) -> torch.Tensor:
     """Mean of ``x`` over the positions where ``mask`` is True.
 
     Args:
@@ -98,8 +96,9 @@ def masked_mean_var(
     """
     zero = torch.zeros((), dtype=x.dtype, device=x.device)  # ()
     # torch.where rather than x * mask: garbage (inf / nan) in padding must not leak into the sum.
-    local = torch.stack([torch.where(mask, x, zero).sum().to(torch.float64),
-                         mask.expand_as(x).sum().to(torch.float64)])  # (2,) sum, count  fmt: skip
+    local = torch.stack(
+        [torch.where(mask, x, zero).sum().to(torch.float64), mask.expand_as(x).sum().to(torch.float64)]
+    )  # (2,) sum, count
     total, count = _sum_over(local, reduce_sum).unbind()  # () x2
     count = count.to(torch.int64)  # () exact: a count is an integer below 2**53
     n = int(count)
@@ -139,8 +138,7 @@ def masked_var(x: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> to
 
 
 def masked_whiten(
-    x: torch.Tensor, mask: torch.Tensor, keep_mean: bool = False, eps: float = 1e-8,
-    reduce_sum: Reducer | None = None,
+    x: torch.Tensor, mask: torch.Tensor, keep_mean: bool = False, eps: float = 1e-8, reduce_sum: Reducer | None = None
 ) -> torch.Tensor:
     """Shift and scale ``x`` to mean 0 and unit (unbiased) variance over the masked positions.
 

@@ -7,8 +7,12 @@ from collections.abc import Sequence
 import torch
 
 __all__ = [
-    "response_mask_from_eos", "last_true_index", "response_mask_from_prompt_length", "append_eos_to_unfinished",
-    "attended_span", "length_groups",
+    "response_mask_from_eos",
+    "last_true_index",
+    "response_mask_from_prompt_length",
+    "append_eos_to_unfinished",
+    "attended_span",
+    "length_groups",
 ]
 
 

@@ -12,10 +12,7 @@ __all__ = ["concat_pairs", "pad_ids", "pad_right"]
 
 
 def pad_ids(
-    seqs: Sequence[Sequence[int]],
-    value: int,
-    side: Literal["right", "left"],
-    length: int | None = None,
+    seqs: Sequence[Sequence[int]], value: int, side: Literal["right", "left"], length: int | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Pad lists of ids to one length (the longest, or ``length``), on the right or the left.
 

@@ -20,9 +20,14 @@ import torch
 import torch.nn.functional as F
 
 __all__ = [
-    "RankingMetrics", "batch_examples", "is_ranking_batch", "ranking_loss", "ranking_metrics", "ranking_pair_mask",
+    "RankingMetrics",
+    "batch_examples",
+    "is_ranking_batch",
+    "ranking_loss",
+    "ranking_metrics",
+    "ranking_pair_mask",
     "ranking_pairs",
-]  # fmt: skip
+]
 
 
 def is_ranking_batch(batch: Mapping[str, object]) -> bool:

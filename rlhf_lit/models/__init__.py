@@ -1,11 +1,6 @@
 """Model loading, reward/value scoring and generation helpers."""
 
-from rlhf_lit.models.loading import (
-    disable_dropout,
-    init_reward_head,
-    load_causal_lm,
-    load_reward_model,
-)
+from rlhf_lit.models.loading import disable_dropout, init_reward_head, load_causal_lm, load_reward_model
 from rlhf_lit.models.scoring import (
     backbone,
     position_ids_from_mask,
@@ -16,6 +11,14 @@ from rlhf_lit.models.scoring import (
 )
 
 __all__ = [
-    "backbone", "disable_dropout", "init_reward_head", "load_causal_lm",
-    "load_reward_model", "position_ids_from_mask", "response_sequence_logprobs", "score_head", "sequence_scores", "token_scores",
+    "backbone",
+    "disable_dropout",
+    "init_reward_head",
+    "load_causal_lm",
+    "load_reward_model",
+    "position_ids_from_mask",
+    "response_sequence_logprobs",
+    "score_head",
+    "sequence_scores",
+    "token_scores",
 ]

@@ -32,7 +32,7 @@ def policy_state_dict(state_dict: Mapping[str, object], prefix: str = POLICY_PRE
         KeyError: there is none (the checkpoint is not one of that stage, or the prefix is wrong):
             loading an empty dict non-strictly would silently keep the starting weights.
     """
-    weights = {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
+    weights = {k[len(prefix) :]: v for k, v in state_dict.items() if k.startswith(prefix)}
     if not weights:
         sample = ", ".join(list(state_dict)[:5])
         raise KeyError(f"no weights under {prefix!r} in the checkpoint (its first keys: {sample})")

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import os
 import time
-
 from contextlib import contextmanager
 from dataclasses import dataclass
 

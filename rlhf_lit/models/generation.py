@@ -1,4 +1,4 @@
-"""Sampling responses from a policy, and the teacher-forced forward pass that scores them.
+"""Sampling responses from a policy (the teacher-forced pass that scores them: :mod:`rlhf_lit.models.teacher_forced`).
 
 Generation uses Hugging Face ``generate`` (KV cache, left-padded prompts, per-row stop at EOS).
 ``generate`` draws from the global torch RNG and takes no generator, so :func:`generate_responses`
@@ -15,23 +15,17 @@ decides.
 
 from __future__ import annotations
 
-import inspect
-
 from collections.abc import Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Literal
 
 import torch
-from torch import nn
 from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel, PreTrainedTokenizerBase
 
-from rlhf_lit.functional import attended_span, pad_ids, response_mask_from_eos, token_logprobs
+from rlhf_lit.functional import attended_span, pad_ids, response_mask_from_eos
 from rlhf_lit.models.compiled_generation import compiled_generate_settings, counting_compiles
-from rlhf_lit.models.packing import pack_rows, packing_applies, place_rows
-from rlhf_lit.models.scoring import model_attention_mask, position_ids_from_mask
 from rlhf_lit.models.step_logprobs import StepLogprobs
-
 
 Decode = Literal["eager", "compiled"]
 """How ``generate`` runs each decode step (``SamplingConfig.decode``)."""
@@ -148,9 +142,20 @@ class Generated:
     def rows(self, start: int | torch.Tensor, stop: int | None = None) -> Generated:
         """Rows ``start:stop`` of every field, or the rows a ``(M,)`` index tensor ``start`` names."""
         index = start if stop is None else slice(start, stop)
-        return Generated(*(None if t is None else t[index] for t in (
-            self.query_responses, self.attention_mask, self.response_ids, self.response_mask, self.ended, self.logprobs,
-            self.entropy)))
+        return Generated(
+            *(
+                None if t is None else t[index]
+                for t in (
+                    self.query_responses,
+                    self.attention_mask,
+                    self.response_ids,
+                    self.response_mask,
+                    self.ended,
+                    self.logprobs,
+                    self.entropy,
+                )
+            )
+        )
 
     def trimmed(self) -> Generated:
         """These rows without the columns none of them attends (:func:`~rlhf_lit.functional.attended_span`):
@@ -164,10 +169,13 @@ class Generated:
         first, stop = attended_span(self.attention_mask, prompt_length)
         kept = stop - prompt_length  # R'
         return Generated(
-            self.query_responses[:, first:stop], self.attention_mask[:, first:stop], self.response_ids[:, :kept],
-            self.response_mask[:, :kept], self.ended,
+            self.query_responses[:, first:stop],
+            self.attention_mask[:, first:stop],
+            self.response_ids[:, :kept],
+            self.response_mask[:, :kept],
+            self.ended,
             *(None if t is None else t[:, :kept] for t in (self.logprobs, self.entropy)),
-        )  # fmt: skip
+        )
 
 
 def complete_generation(
@@ -235,7 +243,11 @@ def generate_responses(
         top_k=sampling.top_k if sampling.do_sample else None,
         top_p=sampling.top_p if sampling.do_sample else None,
         # ignore_eos: no stop id at all, so every row runs to max_new_tokens with untouched logits.
-        eos_token_id=None if sampling.ignore_eos else eos_token_id if isinstance(eos_token_id, int) else list(eos_token_id),
+        eos_token_id=None
+        if sampling.ignore_eos
+        else eos_token_id
+        if isinstance(eos_token_id, int)
+        else list(eos_token_id),
         pad_token_id=pad_token_id,
         use_cache=True,
         **decode_settings(sampling, policy, input_ids.shape[1]),
@@ -253,8 +265,11 @@ def generate_responses(
         with counting:
             if generator is None:
                 sequences = policy.generate(
-                    input_ids=input_ids, attention_mask=attention_mask, generation_config=config,
-                    synced_gpus=synced_gpus, logits_processor=processors,
+                    input_ids=input_ids,
+                    attention_mask=attention_mask,
+                    generation_config=config,
+                    synced_gpus=synced_gpus,
+                    logits_processor=processors,
                 )  # (B, P + R)
             else:
                 seed = int(torch.randint(0, 2**62, (1,), generator=generator))
@@ -262,115 +277,20 @@ def generate_responses(
                 with torch.random.fork_rng(devices=[device] if device.type == "cuda" else [], device_type=device.type):
                     torch.manual_seed(seed)
                     sequences = policy.generate(
-                        input_ids=input_ids, attention_mask=attention_mask, generation_config=config,
-                        synced_gpus=synced_gpus, logits_processor=processors,
+                        input_ids=input_ids,
+                        attention_mask=attention_mask,
+                        generation_config=config,
+                        synced_gpus=synced_gpus,
+                        logits_processor=processors,
                     )  # (B, P + R)
     finally:
         policy.generation_config = model_defaults
-    generated = complete_generation(sequences, attention_mask, () if sampling.ignore_eos else eos_token_id, pad_token_id)
+    generated = complete_generation(
+        sequences, attention_mask, () if sampling.ignore_eos else eos_token_id, pad_token_id
+    )
     if recorder is not None:  # the tokens as drawn (generate writes pad after EOS itself)
         generated.logprobs, generated.entropy = recorder.finish(sequences[:, input_ids.shape[1] :])  # (B, R) x2
     return generated
-
-
-def forward_with_positions(
-    model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, output_hidden_states: bool = False
-):
-    """One causal-LM forward pass with ``position_ids = cumsum(mask) - 1``, as ``generate`` uses.
-
-    Matching the positions of ``generate`` is what makes teacher-forced logprobs equal the
-    sampling distribution exactly under left padding (N details #2).
-    """
-    return model(
-        input_ids=input_ids,
-        attention_mask=model_attention_mask(model, attention_mask),
-        position_ids=position_ids_from_mask(attention_mask),
-        output_hidden_states=output_hidden_states,
-        use_cache=False,
-    )
-
-
-def _accepts_logits_to_keep(model: nn.Module) -> bool:
-    """Whether ``model``'s forward takes ``logits_to_keep`` (transformers' causal LMs; a peft or
-    FSDP wrapper passes it through its ``**kwargs``)."""
-    try:
-        params = inspect.signature(model.forward).parameters
-    except (TypeError, ValueError):
-        return False
-    return "logits_to_keep" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
-
-
-def forward_response_logits(
-    model: nn.Module, query_responses: torch.Tensor, attention_mask: torch.Tensor, prompt_length: int,
-    output_hidden_states: bool = False,
-):
-    """One forward pass (:func:`forward_with_positions`) that returns only the logits predicting the
-    response tokens, ``(B, R, V)``, and the model output (for its hidden states).
-
-    The LM head is applied only at positions ``P - 1 .. P + R - 2`` (``logits_to_keep``): the
-    prompt positions' logits are never read, and at a large vocabulary the head is a third of a
-    forward pass. A model that ignores ``logits_to_keep`` returns every position; then the
-    response positions are sliced out (:func:`response_logits`), with the same result.
-    """
-    if packing_applies(model, attention_mask):
-        return _packed_response_logits(model, query_responses, attention_mask, prompt_length, output_hidden_states)
-    total = query_responses.shape[1]
-    kwargs = {}
-    if _accepts_logits_to_keep(model):
-        kwargs["logits_to_keep"] = torch.arange(prompt_length - 1, total - 1, device=query_responses.device)  # (R,)
-    out = model(
-        input_ids=query_responses, attention_mask=model_attention_mask(model, attention_mask),
-        position_ids=position_ids_from_mask(attention_mask),
-        output_hidden_states=output_hidden_states, use_cache=False, **kwargs,
-    )  # fmt: skip
-    logits = out.logits if out.logits.shape[1] == total - prompt_length else response_logits(out.logits, prompt_length)
-    return logits, out  # (B, R, V)
-
-
-def _packed_response_logits(
-    model: nn.Module, query_responses: torch.Tensor, attention_mask: torch.Tensor, prompt_length: int,
-    output_hidden_states: bool,
-):
-    """:func:`forward_response_logits` over the rows packed (:mod:`rlhf_lit.models.packing`): the
-    same ``(B, R, V)`` logits (zeros where the predicting position is padding: after a response
-    ended, never read), and an output whose ``hidden_states[-1]`` is unpacked to ``(B, T, D)``."""
-    rows = pack_rows(query_responses, attention_mask)
-    predicting = rows.index[:, prompt_length - 1 : -1]  # (B, R): the packed place of the logits of token t
-    keep = predicting[predicting >= 0]  # (K,)
-    kwargs = {"logits_to_keep": keep} if _accepts_logits_to_keep(model) else {}
-    out = model(input_ids=rows.input_ids, position_ids=rows.position_ids, output_hidden_states=output_hidden_states,
-                use_cache=False, **kwargs)  # fmt: skip
-    kept = out.logits[0] if kwargs else out.logits[0, keep]  # (K, V), in the (B, R) row-major order of ``keep``
-    logits = place_rows(kept, predicting >= 0)  # (B, R, V)
-    if output_hidden_states:
-        out.hidden_states = (*out.hidden_states[:-1], rows.unpack(out.hidden_states[-1]))  # last: (B, T, D)
-    return logits, out
-
-
-def response_logits(logits: torch.Tensor, prompt_length: int) -> torch.Tensor:
-    """The logits that predict the response tokens: position ``P - 1 + t`` predicts token ``P + t``.
-
-    Args:
-        logits: ``(B, P + R, V)``.
-        prompt_length: P.
-
-    Returns:
-        ``(B, R, V)``.
-    """
-    return logits[:, prompt_length - 1 : -1]  # (B, R, V)
-
-
-def response_logprobs(model: nn.Module, generated: Generated, temperature: float) -> torch.Tensor:
-    """``(B, R)`` logprobs of ``generated``'s response tokens under ``softmax(logits / temperature)``.
-
-    The one place that turns a model and a generation into response logprobs: the positions of
-    ``generate`` (:func:`forward_with_positions`), the one-position shift (:func:`forward_response_logits`)
-    and the sampling temperature (N details #7). Called under ``torch.no_grad()`` by callers that
-    need no gradient.
-    """
-    prompt_length = generated.query_responses.shape[1] - generated.response_ids.shape[1]  # P
-    logits, _ = forward_response_logits(model, generated.query_responses, generated.attention_mask, prompt_length)
-    return token_logprobs(logits, generated.response_ids, temperature)  # (B, R)
 
 
 def sample_batches(
@@ -412,8 +332,15 @@ def sample_batches(
             ids, mask = encoded["input_ids"], encoded["attention_mask"]
         else:
             ids, mask = pad_ids(chunk, tokenizer.pad_token_id, "left")  # generate continues the last column
-        batches.append(generate_responses(
-            model, ids.to(model.device), mask.to(model.device), sampling,
-            eos_token_id=stop_ids, pad_token_id=tokenizer.pad_token_id, generator=generator,
-        ))  # fmt: skip
+        batches.append(
+            generate_responses(
+                model,
+                ids.to(model.device),
+                mask.to(model.device),
+                sampling,
+                eos_token_id=stop_ids,
+                pad_token_id=tokenizer.pad_token_id,
+                generator=generator,
+            )
+        )
     return batches

@@ -53,8 +53,9 @@ def _fit_to_tokenizer(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
         return
     embeddings = model.get_input_embeddings()
     if embeddings is not None and len(tokenizer) > embeddings.num_embeddings:
-        log.warning("resizing token embeddings %d -> %d to fit the tokenizer",
-                    embeddings.num_embeddings, len(tokenizer))
+        log.warning(
+            "resizing token embeddings %d -> %d to fit the tokenizer", embeddings.num_embeddings, len(tokenizer)
+        )
         model.resize_token_embeddings(len(tokenizer))
     model.config.pad_token_id = tokenizer.pad_token_id
     if getattr(model, "generation_config", None) is not None:
@@ -108,17 +109,29 @@ def _load(
     quiet = _without_load_report() if new_head else contextlib.nullcontext()
     with quiet:
         loaded = from_pretrained(
-            auto_class.from_pretrained, name_or_path, what, dtype=_torch_dtype(dtype), revision=revision,
-            trust_remote_code=trust_remote_code, output_loading_info=new_head, **kwargs,
+            auto_class.from_pretrained,
+            name_or_path,
+            what,
+            dtype=_torch_dtype(dtype),
+            revision=revision,
+            trust_remote_code=trust_remote_code,
+            output_loading_info=new_head,
+            **kwargs,
         )
     model = loaded[0] if new_head else loaded
     if new_head:
         info = loaded[1]
-        surprises = {kind: [k for k in info.get(kind) or [] if not _is_score_head(str(k))]
-                     for kind in ("missing_keys", "unexpected_keys", "mismatched_keys")}  # fmt: skip
+        surprises = {
+            kind: [k for k in info.get(kind) or [] if not _is_score_head(str(k))]
+            for kind in ("missing_keys", "unexpected_keys", "mismatched_keys")
+        }
         if any(surprises.values()):
-            log.warning("%s %s: weights not as expected besides the new score head: %s", what, name_or_path,
-                        {k: v for k, v in surprises.items() if v})
+            log.warning(
+                "%s %s: weights not as expected besides the new score head: %s",
+                what,
+                name_or_path,
+                {k: v for k, v in surprises.items() if v},
+            )
     _fit_to_tokenizer(model, tokenizer)
     if not keep_dropout:
         disable_dropout(model)
@@ -144,8 +157,7 @@ def load_causal_lm(
         revision: Hub revision.
         trust_remote_code: Passed to ``from_pretrained``.
     """
-    return _load(AutoModelForCausalLM, name_or_path, tokenizer, dtype, keep_dropout, revision,
-                 trust_remote_code)
+    return _load(AutoModelForCausalLM, name_or_path, tokenizer, dtype, keep_dropout, revision, trust_remote_code)
 
 
 def load_reward_model(
@@ -166,8 +178,17 @@ def load_reward_model(
     (other missing weights still are). A frozen reward model is loaded without it: there a missing
     head is a mistake worth the report.
     """
-    return _load(AutoModelForSequenceClassification, name_or_path, tokenizer, dtype, keep_dropout,
-                 revision, trust_remote_code, new_head, num_labels=1)
+    return _load(
+        AutoModelForSequenceClassification,
+        name_or_path,
+        tokenizer,
+        dtype,
+        keep_dropout,
+        revision,
+        trust_remote_code,
+        new_head,
+        num_labels=1,
+    )
 
 
 def init_reward_head(head: nn.Linear) -> None:

@@ -89,7 +89,9 @@ class LoRAConfig:
         if self.target_modules is not None and (
             len(self.target_modules) == 0 or not all(isinstance(t, str) and t for t in self.target_modules)
         ):
-            raise ValueError(f"lora.target_modules must be null or a non-empty list of names, got {self.target_modules!r}")
+            raise ValueError(
+                f"lora.target_modules must be null or a non-empty list of names, got {self.target_modules!r}"
+            )
 
 
 @dataclass
@@ -161,12 +163,15 @@ def with_lora(model: PreTrainedModel, config: LoRAConfig | None, task: LoRATask)
     targets = resolve_target_modules(model, config)
     fused = any(isinstance(m, Conv1D) and n.rsplit(".", 1)[-1] in targets for n, m in model.named_modules())
     peft_config = LoraConfig(
-        r=config.r, lora_alpha=config.alpha, lora_dropout=config.dropout, target_modules=targets,
+        r=config.r,
+        lora_alpha=config.alpha,
+        lora_dropout=config.dropout,
+        target_modules=targets,
         fan_in_fan_out=fused,  # GPT-2's Conv1D stores (in, out) weights
         # No task type for the RM: peft's sequence-classification wrapper would replace `score` by a
         # ModulesToSaveWrapper, and the scoring helpers read `score` as a plain linear layer.
         task_type="CAUSAL_LM" if task == "causal_lm" else None,
-    )  # fmt: skip
+    )
     peft_model = get_peft_model(model, peft_config)
     base = peft_model.get_base_model()
     if task == "reward":
@@ -314,5 +319,7 @@ def _unsharded_copy(model: nn.Module, handle: _LoRAHandle, weights: dict[str, to
     _tie_again(base)  # assign=True replaced tied parameters one by one: tie them again, as in the live model
     left = [n for n, t in itertools.chain(base.named_parameters(), base.named_buffers()) if t.is_meta]
     if left:
-        raise RuntimeError(f"the unsharded copy of {hf_class.__name__} lacks {len(left)} weights ({', '.join(left[:3])})")
+        raise RuntimeError(
+            f"the unsharded copy of {hf_class.__name__} lacks {len(left)} weights ({', '.join(left[:3])})"
+        )
     return peft_model

@@ -63,7 +63,9 @@ class MemoryConfig:
         if self.frozen_device not in ("same", "cpu"):
             raise ValueError(f"memory.frozen_device must be 'same' or 'cpu', got {self.frozen_device!r}")
         if self.frozen_dtype not in (None, "auto", "float32", "bfloat16", "float16"):
-            raise ValueError(f"memory.frozen_dtype must be null, auto, float32, bfloat16 or float16, got {self.frozen_dtype!r}")
+            raise ValueError(
+                f"memory.frozen_dtype must be null, auto, float32, bfloat16 or float16, got {self.frozen_dtype!r}"
+            )
 
 
 def enable_gradient_checkpointing(*modules: nn.Module) -> None:

@@ -114,8 +114,9 @@ def packs_correctly(model: nn.Module) -> bool:
         if not verdict:
             log.warning(
                 "[rlhf-lit] %s does not pack rows correctly (its attention mask ignores position-id restarts): "
-                "its passes keep the padding (ppo.remove_padding has no effect on it)", type(model).__name__,
-            )  # fmt: skip
+                "its passes keep the padding (ppo.remove_padding has no effect on it)",
+                type(model).__name__,
+            )
     return verdict
 
 
@@ -130,11 +131,13 @@ def _check(model: nn.Module) -> bool:
     mask = torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]], device=device)  # (2, 6)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (2, 6)
     try:
-        padded = model(input_ids=ids, attention_mask=mask, position_ids=positions, output_hidden_states=True,
-                       use_cache=False).hidden_states[-1]  # (2, 6, D)  fmt: skip
+        padded = model(
+            input_ids=ids, attention_mask=mask, position_ids=positions, output_hidden_states=True, use_cache=False
+        ).hidden_states[-1]  # (2, 6, D)
         rows = pack_rows(ids, mask)
-        packed = model(input_ids=rows.input_ids, position_ids=rows.position_ids, output_hidden_states=True,
-                       use_cache=False).hidden_states[-1]  # (1, 10, D)  fmt: skip
+        packed = model(
+            input_ids=rows.input_ids, position_ids=rows.position_ids, output_hidden_states=True, use_cache=False
+        ).hidden_states[-1]  # (1, 10, D)
     except (TypeError, ValueError, RuntimeError) as err:  # a forward that takes no position_ids, ...
         log.debug("packing check of %s failed: %s", type(model).__name__, err)
         return False

@@ -21,9 +21,10 @@ from typing import Any, Protocol, TypeVar
 import torch
 from torch import nn
 
-from rlhf_lit.models.generation import Generated, response_logprobs
+from rlhf_lit.models.generation import Generated
 from rlhf_lit.models.lora import adapter_disabled, peft_model_of
 from rlhf_lit.models.memory import call_on_own_device
+from rlhf_lit.models.teacher_forced import response_logprobs
 
 T = TypeVar("T")
 

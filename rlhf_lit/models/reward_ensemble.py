@@ -68,8 +68,9 @@ class RewardEnsemble(nn.Module):
         offsets = torch.tensor([reward_offset(m.config) for m in self.members], device=input_ids.device)  # (M,)
         return self.raw_scores(input_ids, attention_mask) + offsets  # (B, M)
 
-    def save_pretrained(self, save_directory: str | os.PathLike, state_dict: dict[str, torch.Tensor] | None = None,
-                        **kwargs: Any) -> None:
+    def save_pretrained(
+        self, save_directory: str | os.PathLike, state_dict: dict[str, torch.Tensor] | None = None, **kwargs: Any
+    ) -> None:
         """Write ``members/member_<m>/`` (Hugging Face directories) and ``ensemble.json``.
 
         ``state_dict``: weights to write instead of the members' own, keyed ``members.<m>.<name>``.
@@ -80,16 +81,21 @@ class RewardEnsemble(nn.Module):
         for m, member in enumerate(self.members):
             relative = f"members/member_{m}"
             prefix = f"members.{m}."
-            weights = None if state_dict is None else {
-                k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)
-            }  # fmt: skip
-            exportable(member).save_pretrained(root / relative, **({} if weights is None else {"state_dict": weights}),
-                                               **kwargs)
-            records.append({
-                "path": relative,
-                "seed": None if self.seeds is None else self.seeds[m],
-                "normalization": getattr(member.config, NORMALIZATION_KEY, None),
-            })  # fmt: skip
+            weights = (
+                None
+                if state_dict is None
+                else {k[len(prefix) :]: v for k, v in state_dict.items() if k.startswith(prefix)}
+            )
+            exportable(member).save_pretrained(
+                root / relative, **({} if weights is None else {"state_dict": weights}), **kwargs
+            )
+            records.append(
+                {
+                    "path": relative,
+                    "seed": None if self.seeds is None else self.seeds[m],
+                    "normalization": getattr(member.config, NORMALIZATION_KEY, None),
+                }
+            )
         manifest = {"format": ENSEMBLE_FORMAT, "version": ENSEMBLE_VERSION, "design": self.design, "members": records}
         (root / ENSEMBLE_FILE).write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
 
@@ -111,11 +117,14 @@ def read_manifest(path: str | os.PathLike) -> dict[str, Any]:
     if not isinstance(manifest, dict) or manifest.get("format") != ENSEMBLE_FORMAT:
         raise ValueError(f"{file}: field 'format' must be {ENSEMBLE_FORMAT!r}")
     if manifest.get("version") != ENSEMBLE_VERSION:
-        raise ValueError(f"{file}: field 'version' is {manifest.get('version')!r}; this rlhf-lit reads version "
-                         f"{ENSEMBLE_VERSION}")
+        raise ValueError(
+            f"{file}: field 'version' is {manifest.get('version')!r}; this rlhf-lit reads version {ENSEMBLE_VERSION}"
+        )
     members = manifest.get("members")
-    if not isinstance(members, list) or not members or not all(
-        isinstance(m, dict) and isinstance(m.get("path"), str) for m in members
+    if (
+        not isinstance(members, list)
+        or not members
+        or not all(isinstance(m, dict) and isinstance(m.get("path"), str) for m in members)
     ):
         raise ValueError(f"{file}: field 'members' must be a non-empty list of {{\"path\": ...}} entries")
     return manifest

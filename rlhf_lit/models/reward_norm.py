@@ -41,12 +41,7 @@ REWARD_BIAS_KEY = "reward_bias"
 
 # Model types whose named final LayerNorm feeds the score head directly (nothing in between).
 # Others (OPT has an optional project_out after its final norm) fall back to config.reward_bias.
-_FINAL_LAYERNORM = {
-    "gpt2": "ln_f",
-    "gpt_neo": "ln_f",
-    "gptj": "ln_f",
-    "gpt_neox": "final_layer_norm",
-}
+_FINAL_LAYERNORM = {"gpt2": "ln_f", "gpt_neo": "ln_f", "gptj": "ln_f", "gpt_neox": "final_layer_norm"}
 
 
 def gain_and_bias(mean: float, std: float, normalize: Normalize) -> tuple[float, float]:
@@ -114,9 +109,7 @@ def fold_normalization(model: PreTrainedModel, gain: float, bias: float) -> bool
     return True
 
 
-def record_normalization(
-    config: PretrainedConfig, gain: float, bias: float, reference: str, folded: bool
-) -> None:
+def record_normalization(config: PretrainedConfig, gain: float, bias: float, reference: str, folded: bool) -> None:
     """Write the normalisation into a model config (saved by ``save_pretrained``).
 
     Always sets ``config.rlhf_lit_reward_normalization``; sets ``config.reward_bias`` to ``bias``
@@ -129,7 +122,9 @@ def record_normalization(
             "reward bias %.6g could not be folded into %s (no head bias, no known final LayerNorm with a "
             "bias): stored as config.%s; the exported logit is gain * raw and the normalised reward is "
             "logit + reward_offset(config)",
-            bias, config.model_type, REWARD_BIAS_KEY,
+            bias,
+            config.model_type,
+            REWARD_BIAS_KEY,
         )
 
 

@@ -22,8 +22,12 @@ ending a story rather than for what it said (docs/DEMO.md, "PPO that climbs its 
 
 
 def reward_model_rows(
-    input_ids: torch.Tensor, attention_mask: torch.Tensor, ended: torch.Tensor, unfinished: UnfinishedScoring,
-    eos_token_id: int, pad_token_id: int,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    ended: torch.Tensor,
+    unfinished: UnfinishedScoring,
+    eos_token_id: int,
+    pad_token_id: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The rows a reward model reads for prompt + response rows ``(B, T)``: as they are, or with EOS
     after every response that did not end (``(B, T + 1)``; see :data:`UnfinishedScoring`)."""
@@ -110,8 +114,12 @@ def token_scores(model: PreTrainedModel, input_ids: torch.Tensor, attention_mask
     if rows is not None:  # padding-free (rlhf_lit.models.packing): the real tokens as one sequence
         inputs = dict(input_ids=rows.input_ids, position_ids=rows.position_ids, use_cache=False)
     else:
-        inputs = dict(input_ids=input_ids, attention_mask=model_attention_mask(model, attention_mask),
-                      position_ids=position_ids_from_mask(attention_mask), use_cache=False)  # fmt: skip
+        inputs = dict(
+            input_ids=input_ids,
+            attention_mask=model_attention_mask(model, attention_mask),
+            position_ids=position_ids_from_mask(attention_mask),
+            use_cache=False,
+        )
     if torch.compiler.is_compiling():
         # A hook cannot be registered inside a compiled graph; compiled passes are refused under
         # FSDP (the reason for the hook), so the trunk and the head are called apart.

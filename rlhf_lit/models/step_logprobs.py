@@ -18,7 +18,7 @@ from rlhf_lit.functional import entropy_from_logits, token_logprobs
 class StepLogprobs(LogitsProcessor):
     """A logits processor that records, per step, the sampled token's logprob and the entropy under
     ``softmax(logits / temperature)`` of the step's raw logits, the distribution the training pass
-    scores (:func:`~rlhf_lit.models.generation.response_logprobs`); it returns the logits unchanged.
+    scores (:func:`~rlhf_lit.models.teacher_forced.response_logprobs`); it returns the logits unchanged.
 
     ``generate`` runs the processors it is given before its sampling warpers (temperature, top-k,
     top-p), so :meth:`__call__` sees the float32 logits ``output_logits`` would keep; the values are

@@ -18,8 +18,8 @@ from transformers import AutoConfig, PreTrainedModel, PreTrainedTokenizerBase
 from rlhf_lit.models.loading import DType, load_reward_model
 from rlhf_lit.models.lora import LoRAConfig, with_lora
 from rlhf_lit.models.reward_norm import reward_offset
-from rlhf_lit.sources import from_pretrained
 from rlhf_lit.models.scoring import score_head, token_scores
+from rlhf_lit.sources import from_pretrained
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +88,9 @@ def _has_score_head(name_or_path: str) -> bool:
 
 
 def load_value_model(
-    name_or_path: str, tokenizer: PreTrainedTokenizerBase | None = None, dtype: DType = "float32",
+    name_or_path: str,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    dtype: DType = "float32",
     lora: LoRAConfig | None = None,
 ) -> SeparateCritic:
     """A separate critic from a reward model (its head kept) or from a causal LM (a new, zeroed head),

@@ -99,17 +99,14 @@ def _as_scores(value: Any, size: int, who: str) -> torch.Tensor:
         scores = value.detach().to("cpu", torch.float32)  # (B,)
     elif isinstance(value, (list, tuple)):
         for i, v in enumerate(value):
-            real = isinstance(v, numbers.Real) or (
-                isinstance(v, torch.Tensor) and v.ndim == 0 and not v.is_complex()
-            )
+            real = isinstance(v, numbers.Real) or (isinstance(v, torch.Tensor) and v.ndim == 0 and not v.is_complex())
             if not real:
                 hint = " (skipping a response with None is not supported)" if v is None else ""
                 raise ValueError(f"{who} returned {_describe(v)} at index {i}; expected a real number{hint}")
         scores = torch.tensor([float(v) for v in value], dtype=torch.float32)  # (B,)
     else:
         raise ValueError(
-            f"{who} returned {_describe(value)}; expected a list of floats (one per response) "
-            "or a dict of named lists"
+            f"{who} returned {_describe(value)}; expected a list of floats (one per response) or a dict of named lists"
         )
     if scores.shape[0] != size:
         raise ValueError(f"{who} returned {scores.shape[0]} values for {size} responses")
@@ -117,8 +114,7 @@ def _as_scores(value: Any, size: int, who: str) -> torch.Tensor:
     if bad.numel():
         i = int(bad[0, 0])
         raise ValueError(
-            f"{who} returned a non-finite value {scores[i].item()} at index {i} "
-            "(NaN, inf, or beyond float32)"
+            f"{who} returned a non-finite value {scores[i].item()} at index {i} (NaN, inf, or beyond float32)"
         )
     return scores
 
@@ -204,9 +200,7 @@ class RewardFunction:
         return f"RewardFunction({self.spec!r}, kwargs={self.kwargs!r}, name={self.name!r})"
 
 
-def load_reward_function(
-    spec: str, kwargs: Mapping[str, Any] | None = None, name: str | None = None
-) -> RewardFunction:
+def load_reward_function(spec: str, kwargs: Mapping[str, Any] | None = None, name: str | None = None) -> RewardFunction:
     """Load the reward function named by ``spec`` with its parameters bound.
 
     Args:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import re
 
-from rlhf_lit.rewards.functions import RewardBatch
 from rlhf_lit.callable_specs import resolve_callable
+from rlhf_lit.rewards.functions import RewardBatch
 
 __all__ = ["count_word", "judge_score", "mentions_ground_truth"]
 

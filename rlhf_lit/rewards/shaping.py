@@ -60,12 +60,7 @@ def length_target(batch: RewardBatch, *, target: int, per_token: float = 0.01) -
 
 
 def regex_format(
-    batch: RewardBatch,
-    *,
-    pattern: str,
-    matched: float = 1.0,
-    unmatched: float = 0.0,
-    whole_response: bool = False,
+    batch: RewardBatch, *, pattern: str, matched: float = 1.0, unmatched: float = 0.0, whole_response: bool = False
 ) -> list[float]:
     """``matched`` where the regular expression matches the response text, else ``unmatched``.
 

@@ -35,7 +35,6 @@ from typing import Any, NamedTuple, TypeVar
 
 import lightning.pytorch as pl
 import torch
-from lightning.pytorch.accelerators import CPUAccelerator
 
 from rlhf_lit.functional.ranking import batch_examples
 from rlhf_lit.models.loading import DType
@@ -43,13 +42,18 @@ from rlhf_lit.models.lora import LoRAConfig, with_lora
 from rlhf_lit.models.memory import enable_gradient_checkpointing, release_frozen, release_optimizer_states
 from rlhf_lit.models.sharding import shard_models
 from rlhf_lit.sources import check_local_source
-from rlhf_lit.stages.amp import has_gradient_scaler, loss_scale
+from rlhf_lit.stages.amp import has_gradient_scaler, loss_scale, warn_if_slow_precision
 from rlhf_lit.stages.export import ExportExisting, check_export_at_fit_start, export_at_fit_end
-from rlhf_lit.stages.optim import lightning_optimizers
 from rlhf_lit.stages.nonfinite import NonFiniteGuard, assert_finite
+from rlhf_lit.stages.optim import lightning_optimizers
 from rlhf_lit.stages.resume import (
-    RUN_FACTS, check_loaded_keys, check_module_resume, run_fact_changes, run_facts, unset_seeds,
-)  # fmt: skip
+    RUN_FACTS,
+    check_loaded_keys,
+    check_module_resume,
+    run_fact_changes,
+    run_facts,
+    unset_seeds,
+)
 from rlhf_lit.tokenizer import MissingPad, load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -114,10 +118,13 @@ def stage_tokenizer(
     """
     check_local_source(model, model_arg)
     return load_tokenizer(
-        tokenizer or model, padding_side=padding_side, missing_pad=missing_pad,
-        revision=revision if tokenizer is None else None, trust_remote_code=trust_remote_code,
+        tokenizer or model,
+        padding_side=padding_side,
+        missing_pad=missing_pad,
+        revision=revision if tokenizer is None else None,
+        trust_remote_code=trust_remote_code,
         what=tokenizer_arg if tokenizer else model_arg,
-    )  # fmt: skip
+    )
 
 
 def require_input(value: str | None, arg: str, what: str) -> str:
@@ -125,31 +132,6 @@ def require_input(value: str | None, arg: str, what: str) -> str:
     if value is None:
         raise ValueError(f"{arg} is not set: give {what}, or --run_dir of a run whose SFT stage has finished")
     return value
-
-
-CPU_SLOWDOWN = (
-    "bf16-mixed took 2.0x the time of 32-true on the offline PPO config (2.92 vs 1.49 s/rollout, +73 MiB "
-    "peak RSS) and 1.06x at 25M parameters (bench/memory.py, 2-core development CPU)"
-)
-"""How ``bf16-mixed`` compared with ``32-true`` on a CPU, and where it was measured (``bench/memory.py``,
-variants ``full (32-true)`` and ``bf16-mixed precision``, at commit 2166731)."""
-
-_warned = False
-
-
-def warn_if_slow_precision(trainer: pl.Trainer) -> None:
-    """Warn once per process, in one line, when a 16-bit precision runs on a CPU accelerator.
-
-    CPUs without native bfloat16 matrix units emulate it: mixed precision then only adds casts.
-    It changes nothing; the user decides.
-    """
-    global _warned
-    precision = str(trainer.precision)
-    if _warned or not isinstance(trainer.accelerator, CPUAccelerator) or precision.startswith(("32", "64")):
-        return
-    _warned = True
-    log.warning("precision %s on a CPU is no faster than 32-true (%s); use --trainer.precision 32-true on CPUs",
-                precision, CPU_SLOWDOWN)
 
 
 class StageModule(pl.LightningModule):
@@ -216,8 +198,9 @@ class StageModule(pl.LightningModule):
     def configure_optimizers(self) -> dict:
         """AdamW over the trained model with warmup and decay over the whole run
         (``self.optimizer_config``, :class:`~rlhf_lit.stages.optim.OptimizerConfig`)."""
-        return lightning_optimizers(self.trained_model(), self.optimizer_config, self.trainer.estimated_stepping_batches,
-                                    self.trainer)  # fmt: skip
+        return lightning_optimizers(
+            self.trained_model(), self.optimizer_config, self.trainer.estimated_stepping_batches, self.trainer
+        )
 
     def check_before_fit(self) -> None:
         """A stage's own refusals before any training step (the data module is set up by now)."""
@@ -275,8 +258,9 @@ class StageModule(pl.LightningModule):
     def on_before_optimizer_step(self, optimizer) -> None:
         """Drop non-finite gradients (the step then changes nothing) and count the skip; under fp16
         count the steps the GradScaler skips (Lightning has unscaled the gradients by now)."""
-        self.nonfinite.check_optimizer(optimizer, "the optimizer", f"step {self.global_step}",
-                                       loss_scale(self.trainer), self.any_rank)  # fmt: skip
+        self.nonfinite.check_optimizer(
+            optimizer, "the optimizer", f"step {self.global_step}", loss_scale(self.trainer), self.any_rank
+        )
 
     def any_rank(self, flag: bool) -> bool:
         """``flag`` OR-ed over the processes (a collective under ddp / fsdp: every rank must call it)."""
@@ -311,8 +295,12 @@ class StageModule(pl.LightningModule):
         (:meth:`kept_run_facts`; the run seed when a seed option follows it); {} unless resuming a fit."""
         if self._trainer is None or getattr(self._trainer.state, "fn", None) != "fit":
             return {}
-        return run_fact_changes(checkpoint.get(RUN_FACTS, {}), run_facts(self.trainer), self.kept_run_facts(),
-                                unset_seeds(self, self.SEED_OPTIONS))  # fmt: skip
+        return run_fact_changes(
+            checkpoint.get(RUN_FACTS, {}),
+            run_facts(self.trainer),
+            self.kept_run_facts(),
+            unset_seeds(self, self.SEED_OPTIONS),
+        )
 
     def drop_frozen(self, checkpoint: dict) -> None:
         """Remove the :attr:`FROZEN_PREFIXES` weights from ``checkpoint`` (reloaded from paths on resume)."""
@@ -396,12 +384,17 @@ class PretrainedStage(StageModule):
         self.gradient_checkpointing = gradient_checkpointing
         self.keep_export(export_dir, export_existing, max_skipped_updates)
         self._shared_settings = {
-            "tokenizer": tokenizer, "missing_pad": missing_pad, "dtype": dtype, "export_dir": export_dir,
-            "export_existing": export_existing, "max_skipped_updates": max_skipped_updates, "revision": revision,
+            "tokenizer": tokenizer,
+            "missing_pad": missing_pad,
+            "dtype": dtype,
+            "export_dir": export_dir,
+            "export_existing": export_existing,
+            "max_skipped_updates": max_skipped_updates,
+            "revision": revision,
             "trust_remote_code": trust_remote_code,
             "lora": None if self.lora_config is None else asdict(self.lora_config),
             "gradient_checkpointing": gradient_checkpointing,
-        }  # fmt: skip
+        }
 
     def on_train_batch_start(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
         """Report the batch's examples (of every process) to the data module, whose position goes
@@ -413,8 +406,9 @@ class PretrainedStage(StageModule):
 
     def load_tokenizer(self, model: str, padding_side: str):
         """The run's tokenizer: ``tokenizer`` when given, else ``model``'s (:func:`stage_tokenizer`)."""
-        return stage_tokenizer(self.tokenizer_name, model, padding_side, self.missing_pad, self.revision,
-                               self.trust_remote_code)  # fmt: skip
+        return stage_tokenizer(
+            self.tokenizer_name, model, padding_side, self.missing_pad, self.revision, self.trust_remote_code
+        )
 
     def loading_args(self) -> dict[str, Any]:
         """The keyword arguments of the model loaders: dtype, revision, remote code."""

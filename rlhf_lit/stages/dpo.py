@@ -149,8 +149,11 @@ class DPOModule(PretrainedStage):
                 "(rlhf_lit.data.PreferenceDataModule gives it; see docs/CONTRACTS.md)"
             )
         input_ids, attention_mask = concat_pairs(
-            batch["chosen_input_ids"], batch["chosen_attention_mask"], batch["rejected_input_ids"],
-            batch["rejected_attention_mask"], self.tokenizer.pad_token_id,
+            batch["chosen_input_ids"],
+            batch["chosen_attention_mask"],
+            batch["rejected_input_ids"],
+            batch["rejected_attention_mask"],
+            self.tokenizer.pad_token_id,
         )  # (2B, T) x2
         prompt_length = batch["prompt_length"].repeat(2)  # (2B,)
         response_mask = response_mask_from_prompt_length(attention_mask, prompt_length)  # (2B, T)
@@ -160,8 +163,9 @@ class DPOModule(PretrainedStage):
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_mask: torch.Tensor
     ) -> torch.Tensor:
         """``(2B,)`` reference sequence logprobs of a pair batch: one no-grad pass."""
-        ref = self.reference.apply(response_sequence_logprobs, input_ids, attention_mask, response_mask,
-                                   self.average_logprobs)  # (2B,) fmt: skip
+        ref = self.reference.apply(
+            response_sequence_logprobs, input_ids, attention_mask, response_mask, self.average_logprobs
+        )  # (2B,)
         ref_model = self._modules.get("ref_model")
         if ref_model is not None:
             reshard(ref_model)  # under FSDP: free the root weights a no-grad pass leaves gathered
@@ -172,9 +176,13 @@ class DPOModule(PretrainedStage):
         """One key per pair from its content (real chosen and rejected tokens, prompt length), so a
         pair is found again in any batch, order or padding."""
         keys = []
-        rows = zip(batch["chosen_input_ids"].tolist(), batch["chosen_attention_mask"].tolist(),
-                   batch["rejected_input_ids"].tolist(), batch["rejected_attention_mask"].tolist(),
-                   batch["prompt_length"].tolist())  # fmt: skip
+        rows = zip(
+            batch["chosen_input_ids"].tolist(),
+            batch["chosen_attention_mask"].tolist(),
+            batch["rejected_input_ids"].tolist(),
+            batch["rejected_attention_mask"].tolist(),
+            batch["prompt_length"].tolist(),
+        )
         for c_ids, c_mask, r_ids, r_mask, prompt_length in rows:
             chosen = [t for t, m in zip(c_ids, c_mask) if m]
             rejected = [t for t, m in zip(r_ids, r_mask) if m]
@@ -204,14 +212,25 @@ class DPOModule(PretrainedStage):
             ref = self._reference_logprobs(input_ids, attention_mask, response_mask)  # (2B,)
         with train_mode(self.model):  # what activates gradient checkpointing (dropout is off)
             policy = response_sequence_logprobs(self.model, input_ids, attention_mask, response_mask, average)  # (2B,)
-        return {"logps_chosen": policy[:B], "logps_rejected": policy[B:],
-                "ref_logps_chosen": ref[:B], "ref_logps_rejected": ref[B:]}  # fmt: skip
+        return {
+            "logps_chosen": policy[:B],
+            "logps_rejected": policy[B:],
+            "ref_logps_chosen": ref[:B],
+            "ref_logps_rejected": ref[B:],
+        }
 
     def loss(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The configured DPO-family loss of ``batch`` and its statistics (:func:`~rlhf_lit.functional.dpo_loss`)."""
         lp = self.pair_logprobs(batch)
-        return dpo_loss(lp["logps_chosen"], lp["logps_rejected"], lp["ref_logps_chosen"], lp["ref_logps_rejected"],
-                        self.beta, self.loss_kind, self.label_smoothing)  # fmt: skip
+        return dpo_loss(
+            lp["logps_chosen"],
+            lp["logps_rejected"],
+            lp["ref_logps_chosen"],
+            lp["ref_logps_rejected"],
+            self.beta,
+            self.loss_kind,
+            self.label_smoothing,
+        )
 
     # ----- training and validation -------------------------------------------------------------------
 
@@ -250,7 +269,9 @@ class DPOModule(PretrainedStage):
                 "ranking as chosen and rejected), or train a reward model on the rankings (RewardModelModule)"
             )
         if self.precompute_ref and self.trainer.datamodule is None:
-            raise ValueError("precompute_ref needs a data module (fit with datamodule=...), or set precompute_ref: false")
+            raise ValueError(
+                "precompute_ref needs a data module (fit with datamodule=...), or set precompute_ref: false"
+            )
 
     def on_train_start(self) -> None:
         """With ``precompute_ref``: the reference logprobs of every training and validation pair, once."""

@@ -72,7 +72,9 @@ class EnsembleConfig:
         if not isinstance(self.members, int) or self.members < 1:
             raise ValueError(f"ensemble.members must be an integer >= 1, got {self.members!r}")
         if self.design not in get_args(EnsembleDesign):
-            raise ValueError(f"ensemble.design must be one of {', '.join(get_args(EnsembleDesign))}; got {self.design!r}")
+            raise ValueError(
+                f"ensemble.design must be one of {', '.join(get_args(EnsembleDesign))}; got {self.design!r}"
+            )
         if self.data_weights not in get_args(DataWeights):
             raise ValueError(
                 f"ensemble.data_weights must be one of {', '.join(get_args(DataWeights))}; got {self.data_weights!r}"
@@ -112,8 +114,9 @@ def bootstrap_weight(seed: int, prompts: int, epoch: int, batch_idx: int, rank: 
     return torch.poisson(torch.ones(prompts), generator=generator).to(device)  # (B,)
 
 
-def member_losses(module: RewardModelModule, scores: torch.Tensor, batch: dict[str, torch.Tensor],
-                  weights: list[torch.Tensor | None]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+def member_losses(
+    module: RewardModelModule, scores: torch.Tensor, batch: dict[str, torch.Tensor], weights: list[torch.Tensor | None]
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Each member's ``(loss, pair accuracy)`` from its column of ``scores (N, M)``, through the
     stage's ``preference_loss`` (pairs or rankings alike)."""
     losses, accuracies = [], []
@@ -127,15 +130,18 @@ def member_losses(module: RewardModelModule, scores: torch.Tensor, batch: dict[s
     return losses, accuracies
 
 
-def training_step(module: RewardModelModule, scores: torch.Tensor, batch: dict[str, torch.Tensor],
-                  batch_idx: int) -> torch.Tensor:
+def training_step(
+    module: RewardModelModule, scores: torch.Tensor, batch: dict[str, torch.Tensor], batch_idx: int
+) -> torch.Tensor:
     """The sum of the members' losses on raw scores ``(N, M)`` (each member gets its own loss's
     gradient); logs their mean, the accuracy of the members' mean score and each member's accuracy."""
     config = module.ensemble
     B = batch_examples(batch)
     if config.data_weights == "bootstrap":
-        weights = [bootstrap_weight(seed, B, module.current_epoch, batch_idx, module.global_rank, scores.device)
-                   for seed in module.model.seeds]  # fmt: skip
+        weights = [
+            bootstrap_weight(seed, B, module.current_epoch, batch_idx, module.global_rank, scores.device)
+            for seed in module.model.seeds
+        ]
     else:
         weights = [None] * module.model.size
     losses, accuracies = member_losses(module, scores, batch, weights)
@@ -189,8 +195,9 @@ class ValidationMetrics(nn.Module):
 
 
 @torch.no_grad()
-def normalize(module: RewardModelModule, batches: Iterable[dict[str, torch.Tensor]], reference: str,
-              kind: Normalize) -> tuple[list[float], list[float]]:
+def normalize(
+    module: RewardModelModule, batches: Iterable[dict[str, torch.Tensor]], reference: str, kind: Normalize
+) -> tuple[list[float], list[float]]:
     """Each member's gain and bias so that its reference scores have mean 0 (and std 1); the
     moments are per member (a member on a larger scale gets a smaller gain), summed over processes."""
     M = module.model.size

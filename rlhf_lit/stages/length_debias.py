@@ -98,11 +98,13 @@ def add_length_head(model: nn.Module) -> None:
     """Give ``model`` a two-row score head: its own head as row :data:`QUALITY`, a freshly initialised
     length head as row :data:`LENGTH` (drawn from the global RNG, so the run's seed fixes it)."""
     head = score_head(model)
-    fresh = nn.Linear(head.in_features, 1, bias=head.bias is not None, dtype=head.weight.dtype,
-                      device=head.weight.device)  # fmt: skip
+    fresh = nn.Linear(
+        head.in_features, 1, bias=head.bias is not None, dtype=head.weight.dtype, device=head.weight.device
+    )
     init_reward_head(fresh)
-    both = nn.Linear(head.in_features, 2, bias=head.bias is not None, dtype=head.weight.dtype,
-                     device=head.weight.device)  # fmt: skip
+    both = nn.Linear(
+        head.in_features, 2, bias=head.bias is not None, dtype=head.weight.dtype, device=head.weight.device
+    )
     with torch.no_grad():
         both.weight.copy_(torch.cat([head.weight, fresh.weight]))
         if head.bias is not None:
@@ -116,8 +118,9 @@ def drop_length_head(model: nn.Module) -> None:
     head = score_head(model)
     if head.out_features != 2:
         return
-    quality = nn.Linear(head.in_features, 1, bias=head.bias is not None, dtype=head.weight.dtype,
-                        device=head.weight.device)  # fmt: skip
+    quality = nn.Linear(
+        head.in_features, 1, bias=head.bias is not None, dtype=head.weight.dtype, device=head.weight.device
+    )
     with torch.no_grad():
         quality.weight.copy_(head.weight[QUALITY : QUALITY + 1])
         if head.bias is not None:
@@ -165,6 +168,11 @@ def odin_loss(
     weight = score_head(module.model).weight  # (2, D)
     orthogonality = head_orthogonality(weight[QUALITY], weight[LENGTH])  # ()
     loss = preference + config.correlation_weight * correlation + config.orthogonality_weight * orthogonality
-    stats = {"preference_loss": preference, "accuracy": accuracy, "quality_length_correlation": rho_quality,
-             "length_head_correlation": rho_length, "head_orthogonality": orthogonality}  # fmt: skip
+    stats = {
+        "preference_loss": preference,
+        "accuracy": accuracy,
+        "quality_length_correlation": rho_quality,
+        "length_head_correlation": rho_length,
+        "head_orthogonality": orthogonality,
+    }
     return loss, {k: v.detach() for k, v in stats.items()}

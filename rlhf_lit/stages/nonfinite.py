@@ -133,7 +133,11 @@ class NonFiniteGuard:
             self._losses_finite = self._losses_finite & finite
 
     def check_optimizer(
-        self, optimizer: torch.optim.Optimizer, kind: str, where: str, loss_scale: float | None = None,
+        self,
+        optimizer: torch.optim.Optimizer,
+        kind: str,
+        where: str,
+        loss_scale: float | None = None,
         any_rank: Callable[[bool], bool] = lambda flag: flag,
     ) -> bool:
         """Whether ``optimizer``'s gradients are finite; when not, the step is skipped and counted.
@@ -160,8 +164,13 @@ class NonFiniteGuard:
         what = f"non-finite gradients of {kind} at {where}, skipped by the fp16 GradScaler at loss scale {loss_scale:g}"
         if losses_finite and loss_scale > 1:  # the scaler's calibration (module docstring)
             self.total += 1
-            log.info("skipped an update: %s; not counted toward %s (a finite loss, a scale above 1: the scaler "
-                     "lowers it) (%d in all)", what, self.option, self.total)  # fmt: skip
+            log.info(
+                "skipped an update: %s; not counted toward %s (a finite loss, a scale above 1: the scaler "
+                "lowers it) (%d in all)",
+                what,
+                self.option,
+                self.total,
+            )
             return False
         self.skipped(kind, what if losses_finite else f"{what}; the loss was not finite")
         return False

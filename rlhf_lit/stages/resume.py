@@ -94,7 +94,9 @@ def init_defaults(cls: type) -> dict[str, Any]:
 
 
 def check_module_resume(
-    module: Any, checkpoint: Mapping[str, Any], safe_model_keys: Collection[str],
+    module: Any,
+    checkpoint: Mapping[str, Any],
+    safe_model_keys: Collection[str],
     extra: Mapping[str, tuple[Any, Any]] | None = None,
 ) -> None:
     """:func:`check_resume` for a LightningModule resuming a fit (its trainer's data module too).
@@ -156,7 +158,9 @@ def check_resume(
     """
     changed = differences(checkpoint.get("hyper_parameters", {}), model_hparams, "model.", model_defaults)
     if datamodule_hparams is not None and "datamodule_hyper_parameters" in checkpoint:
-        changed.update(differences(_canonical(checkpoint["datamodule_hyper_parameters"]), _canonical(datamodule_hparams), "data."))
+        changed.update(
+            differences(_canonical(checkpoint["datamodule_hyper_parameters"]), _canonical(datamodule_hparams), "data.")
+        )
     changed.update({k: v for k, v in (extra or {}).items() if v[0] != v[1]})
 
     def is_safe(key: str) -> bool:
@@ -169,7 +173,9 @@ def check_resume(
         if key not in unsafe:
             log.info("resuming with %s changed: %s -> %s", key, _describe(old), _describe(new))
     if unsafe:
-        lines = "\n".join(f"  {k}: checkpoint {_describe(old)}, now {_describe(new)}" for k, (old, new) in unsafe.items())
+        lines = "\n".join(
+            f"  {k}: checkpoint {_describe(old)}, now {_describe(new)}" for k, (old, new) in unsafe.items()
+        )
         raise ResumeMismatch(
             "cannot resume: the configuration differs from the checkpoint's where continuing would break "
             f"the run:\n{lines}\nresume with the checkpoint's settings (only {', '.join(sorted(safe_model_keys))} "
@@ -249,8 +255,12 @@ def check_loaded_keys(
         more = lambda keys: ", ".join(sorted(keys)[:5]) + (", ..." if len(keys) > 5 else "")  # noqa: E731
         raise RuntimeError(
             "the checkpoint does not fit the model: "
-            + "; ".join(part for part in (
-                f"missing {len(missing)} weights ({more(missing)})" if missing else "",
-                f"unexpected {len(unexpected)} weights ({more(list(unexpected))})" if unexpected else "",
-            ) if part)
-        )  # fmt: skip
+            + "; ".join(
+                part
+                for part in (
+                    f"missing {len(missing)} weights ({more(missing)})" if missing else "",
+                    f"unexpected {len(unexpected)} weights ({more(list(unexpected))})" if unexpected else "",
+                )
+                if part
+            )
+        )

@@ -32,7 +32,13 @@ from torchmetrics.regression import PearsonCorrCoef
 from transformers import AutoConfig
 
 from rlhf_lit.functional import (
-    batch_examples, concat_pairs, is_ranking_batch, pairwise_reward_loss, ranking_loss, ranking_metrics, ranking_pair_mask,
+    batch_examples,
+    concat_pairs,
+    is_ranking_batch,
+    pairwise_reward_loss,
+    ranking_loss,
+    ranking_metrics,
+    ranking_pair_mask,
 )
 from rlhf_lit.models import init_reward_head, load_reward_model, score_head, sequence_scores
 from rlhf_lit.models.memory import train_mode
@@ -40,19 +46,21 @@ from rlhf_lit.models.reward_ensemble import RewardEnsemble
 from rlhf_lit.models.reward_norm import Normalize, fold_normalization, gain_and_bias, record_normalization
 from rlhf_lit.models.sharding import reshard
 from rlhf_lit.sources import from_pretrained
+from rlhf_lit.stages import ensemble_training
+from rlhf_lit.stages import length_debias as debias
 from rlhf_lit.stages.base import PretrainedStage, RunLayout, as_config, require_input
-from rlhf_lit.stages import ensemble_training, length_debias as debias
-from rlhf_lit.stages.optim import OptimizerConfig
 from rlhf_lit.stages.ensemble_training import EnsembleConfig
 from rlhf_lit.stages.length_debias import LengthDebiasConfig
+from rlhf_lit.stages.optim import OptimizerConfig
 
 log = logging.getLogger(__name__)
 
 
 def has_trained_score_head(name_or_path: str, revision: str | None = None, trust_remote_code: bool = False) -> bool:
     """True when the checkpoint is a sequence-classification model, i.e. it ships its own score head."""
-    config = from_pretrained(AutoConfig.from_pretrained, name_or_path, "model", revision=revision,
-                             trust_remote_code=trust_remote_code)
+    config = from_pretrained(
+        AutoConfig.from_pretrained, name_or_path, "model", revision=revision, trust_remote_code=trust_remote_code
+    )
     return any(a.endswith("ForSequenceClassification") for a in (config.architectures or []))
 
 
@@ -95,7 +103,9 @@ class RewardModelModule(PretrainedStage):
             LayerNorm's bias), which an adapter alone would not carry.
     """
 
-    run_layout = RunLayout("reward_model", inputs={"model": "sft"})  # --run_dir: RUN_DIR/reward_model/, model from RUN_DIR/sft/model
+    run_layout = RunLayout(
+        "reward_model", inputs={"model": "sft"}
+    )  # --run_dir: RUN_DIR/reward_model/, model from RUN_DIR/sft/model
     EXPORT_WHAT = "reward model"
 
     def __init__(
@@ -170,8 +180,11 @@ class RewardModelModule(PretrainedStage):
             return batch["input_ids"], batch["attention_mask"]  # (N, T) x2
         # Padding values never matter: scores are read through the attention mask.
         return concat_pairs(
-            batch["chosen_input_ids"], batch["chosen_attention_mask"], batch["rejected_input_ids"],
-            batch["rejected_attention_mask"], self.tokenizer.pad_token_id,
+            batch["chosen_input_ids"],
+            batch["chosen_attention_mask"],
+            batch["rejected_input_ids"],
+            batch["rejected_attention_mask"],
+            self.tokenizer.pad_token_id,
         )  # (2B, T) x2
 
     def preference_loss(
@@ -374,8 +387,15 @@ class RewardModelModule(PretrainedStage):
         self.reward_gain.fill_(gain)
         self.reward_bias.fill_(bias)
         self.reference_name = reference
-        log.info("reward normalisation from %s (%d sequences): raw mean %.6g std %.6g -> gain %.6g bias %.6g",
-                 reference, int(count), mean, std, gain, bias)
+        log.info(
+            "reward normalisation from %s (%d sequences): raw mean %.6g std %.6g -> gain %.6g bias %.6g",
+            reference,
+            int(count),
+            mean,
+            std,
+            gain,
+            bias,
+        )
         return gain, bias
 
     def on_train_end(self) -> None:

@@ -38,9 +38,25 @@ def _smoke_workload(tmp_path) -> dict[str, str]:
         masks.append([0] * (6 - len(ids)) + [1] * len(ids))
     prompt_file = tmp_path / "prompt_ids.json"
     prompt_file.write_text(json.dumps({"input_ids": rows, "attention_mask": masks}))
-    workload = dict(POLICY=STORIES, REWARD=STORIES, TOKENIZER=STORIES, BATCH=4, PROMPT_LEN=6, RESP_LEN=5, EPOCHS=1,
-                    MINIBATCHES=2, ITERS=2, THREADS=1, TEMPERATURE=0.7, KL_COEF=0.05, SEED=0, LR=1e-5,
-                    WORKLOAD="smoke", PROMPT_IDS=prompt_file, JSON=tmp_path / "out.json")  # fmt: skip
+    workload = dict(
+        POLICY=STORIES,
+        REWARD=STORIES,
+        TOKENIZER=STORIES,
+        BATCH=4,
+        PROMPT_LEN=6,
+        RESP_LEN=5,
+        EPOCHS=1,
+        MINIBATCHES=2,
+        ITERS=2,
+        THREADS=1,
+        TEMPERATURE=0.7,
+        KL_COEF=0.05,
+        SEED=0,
+        LR=1e-5,
+        WORKLOAD="smoke",
+        PROMPT_IDS=prompt_file,
+        JSON=tmp_path / "out.json",
+    )
     return {f"PEERBENCH_{k}": str(v) for k, v in workload.items()}
 
 
@@ -90,12 +106,18 @@ def test_the_compiled_options_reach_the_module_and_its_compile_counts_the_report
     def counted_run(w, iters, accelerator, precision, out_dir, *settings):
         runs.append(settings)
         rows = [{f"time/{p}_s": 0.1 for p in ("generate", "score", "train", "text")}] * iters
-        return {"iter_s": [0.5] * iters, "cpu_s": [0.5] * iters, "metrics": rows,
-                "forward_stats": CompileStats(graphs=3, compile_calls_s=3.0, calls=5)}  # fmt: skip
+        return {
+            "iter_s": [0.5] * iters,
+            "cpu_s": [0.5] * iters,
+            "metrics": rows,
+            "forward_stats": CompileStats(graphs=3, compile_calls_s=3.0, calls=5),
+        }
 
     real_run = bench.run
     monkeypatch.setattr(bench, "run", counted_run)
-    monkeypatch.setattr(compiled_generation, "compile_stats", lambda: CompileStats(graphs=7, compile_calls_s=2.0, calls=9))
+    monkeypatch.setattr(
+        compiled_generation, "compile_stats", lambda: CompileStats(graphs=7, compile_calls_s=2.0, calls=9)
+    )
     monkeypatch.setattr(torch, "set_num_threads", lambda n: None)  # main() sets the workload's: not this process's
     assert bench.main(options) == 0
     assert runs == [("sampling", "compiled", "compiled", False, True)]
@@ -120,10 +142,17 @@ def test_the_compiled_options_reach_the_module_and_its_compile_counts_the_report
     monkeypatch.setattr(bench, "build_module", recording_build)
     monkeypatch.setattr(Trainer, "fit", lambda *args, **kwargs: None)
     monkeypatch.delenv("PL_GLOBAL_SEED", raising=False)  # run() seeds Lightning: undone after the test
-    result = real_run(bench.workload_from_env(), 1, "cpu", "32-true", str(tmp_path), "sampling", "compiled",
-                      "compiled", False, True)  # fmt: skip
+    result = real_run(
+        bench.workload_from_env(), 1, "cpu", "32-true", str(tmp_path), "sampling", "compiled", "compiled", False, True
+    )
     ((settings, module),) = built
-    assert settings | {"export_dir": None} == dict(export_dir=None, old_logprobs="sampling", decode="compiled",
-                                                   forward="compiled", remove_padding=False, reuse_first_forward=True)
+    assert settings | {"export_dir": None} == dict(
+        export_dir=None,
+        old_logprobs="sampling",
+        decode="compiled",
+        forward="compiled",
+        remove_padding=False,
+        reuse_first_forward=True,
+    )
     assert (module.sampling.decode, module.ppo.forward, module.ppo.old_logprobs) == ("compiled", "compiled", "sampling")
     assert result["forward_stats"] is module.forward_passes.stats

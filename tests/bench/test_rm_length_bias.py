@@ -19,8 +19,22 @@ from rlhf_lit.tokenizer import load_tokenizer
 sys.path.insert(0, str(ROOT / "bench"))
 from rm_length_bias import length_bias, pearson  # noqa: E402
 
-DATA = ["--train-path", str(HH_RLHF), "--format", "hh_rlhf", "--max-records", "32", "--val-fraction", "0.25",
-        "--seed", "3", "--max-length", "64", "--max-prompt-length", "48"]  # fmt: skip
+DATA = [
+    "--train-path",
+    str(HH_RLHF),
+    "--format",
+    "hh_rlhf",
+    "--max-records",
+    "32",
+    "--val-fraction",
+    "0.25",
+    "--seed",
+    "3",
+    "--max-length",
+    "64",
+    "--max-prompt-length",
+    "48",
+]
 """The offline chain's RM data (tests/offline_chain.py), with an explicit split seed."""
 
 
@@ -36,18 +50,42 @@ def by_hand_pearson(x: list[float], y: list[float]) -> float:
 def test_the_figures_are_those_of_its_own_scores_on_the_held_out_pairs(offline_chain, tmp_path):
     rm = offline_chain.export("reward_model")
     out = tmp_path / "bias.json"
-    result = subprocess.run([sys.executable, str(ROOT / "bench" / "rm_length_bias.py"), f"first={rm}", str(rm),
-                             *DATA, "--batch-size", "3", "--device", "cpu", "--out", str(out)],
-                            cwd=ROOT, capture_output=True, text=True, timeout=300, env=subprocess_env())  # fmt: skip
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "rm_length_bias.py"),
+            f"first={rm}",
+            str(rm),
+            *DATA,
+            "--batch-size",
+            "3",
+            "--device",
+            "cpu",
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=subprocess_env(),
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(out.read_text())
     assert list(report["reward_models"]) == ["first", str(rm)]  # NAME=DIR, or the directory as its name
     first = report["reward_models"]["first"]
 
     # The pairs are the data module's held-out ones, with response = real tokens - prompt_length.
-    data = PreferenceDataModule(tokenizer=load_tokenizer(str(rm), padding_side="right"), train_path=str(HH_RLHF),
-                                format="hh_rlhf", max_records=32, val_fraction=0.25, seed=3, max_length=64,
-                                max_prompt_length=48)  # fmt: skip
+    data = PreferenceDataModule(
+        tokenizer=load_tokenizer(str(rm), padding_side="right"),
+        train_path=str(HH_RLHF),
+        format="hh_rlhf",
+        max_records=32,
+        val_fraction=0.25,
+        seed=3,
+        max_length=64,
+        max_prompt_length=48,
+    )
     data.setup("fit")
     pairs = first["pairs"]
     assert first["n_pairs"] == len(data.val_dataset) == len(pairs["chosen_score"]) == 8
@@ -59,7 +97,8 @@ def test_the_figures_are_those_of_its_own_scores_on_the_held_out_pairs(offline_c
     cl, rl = pairs["chosen_length"], pairs["rejected_length"]
     assert first["pearson_score_length"] == pytest.approx(by_hand_pearson(c + r, cl + rl), abs=1e-12)
     assert first["pearson_margin_length_diff"] == pytest.approx(
-        by_hand_pearson([a - b for a, b in zip(c, r)], [a - b for a, b in zip(cl, rl)]), abs=1e-12)
+        by_hand_pearson([a - b for a, b in zip(c, r)], [a - b for a, b in zip(cl, rl)]), abs=1e-12
+    )
     assert first["accuracy"] == sum(a > b for a, b in zip(c, r)) / 8
     unequal = [i for i in range(8) if cl[i] != rl[i]]
     assert first["n_unequal_length"] == len(unequal)

@@ -13,8 +13,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-
 from assets_paths import STORIES260K, STORIES260K_CHAT
+
 from rlhf_lit.callbacks import OnlineGeneration
 from rlhf_lit.callbacks.guard import HeldOut, OverOptimisationGuard
 from rlhf_lit.models import load_causal_lm
@@ -38,8 +38,14 @@ def stand_in(path) -> SimpleNamespace:
         fed.extend(row[m.bool()].tolist() for row, m in zip(ids, mask))  # the rows the reward model reads
         return torch.zeros(ids.shape[0])
 
-    return SimpleNamespace(policy=load_causal_lm(str(path), tokenizer).eval(), tokenizer=tokenizer, fed=fed, score=score,
-                           sampling=SamplingConfig(max_new_tokens=3), device=torch.device("cpu"))  # fmt: skip
+    return SimpleNamespace(
+        policy=load_causal_lm(str(path), tokenizer).eval(),
+        tokenizer=tokenizer,
+        fed=fed,
+        score=score,
+        sampling=SamplingConfig(max_new_tokens=3),
+        device=torch.device("cpu"),
+    )
 
 
 def ids_of(tokenizer, text: str) -> list[int]:
@@ -49,23 +55,30 @@ def ids_of(tokenizer, text: str) -> list[int]:
 
 def test_online_generation_renders_its_prompts_and_its_judge_reads_them(caplog):
     module = stand_in(STORIES260K_CHAT)
-    callback = OnlineGeneration(["Once upon a time"], judge="test_callback_prompts:characters",
-                                judge_reads="query_response")  # fmt: skip
+    callback = OnlineGeneration(
+        ["Once upon a time"], judge="test_callback_prompts:characters", judge_reads="query_response"
+    )
     with caplog.at_level(logging.INFO):
         responses, columns = callback.sample(module)
     rendered = ids_of(module.tokenizer, "User: Once upon a time\nAssistant:")
     assert module.fed[0][: len(rendered)] == rendered  # the prompt the policy (and the RM) read
     assert columns["judge"] == [float(len(RENDERED + responses[0]))]
-    assert "1 string prompt(s) rendered as one user turn with the chat template (OnlineGeneration chat_template " \
-           "auto, and the tokenizer" in caplog.text  # fmt: skip
+    assert (
+        "1 string prompt(s) rendered as one user turn with the chat template (OnlineGeneration chat_template "
+        "auto, and the tokenizer" in caplog.text
+    )
 
 
 @pytest.mark.parametrize("path", [STORIES260K_CHAT, STORIES260K], ids=["never", "no template"])
 def test_online_generation_keeps_plain_strings_with_never_or_without_a_template(path):
     module = stand_in(path)
     option = "never" if path == STORIES260K_CHAT else "auto"
-    callback = OnlineGeneration(["Once upon a time"], judge="test_callback_prompts:characters",
-                                judge_reads="query_response", chat_template=option)  # fmt: skip
+    callback = OnlineGeneration(
+        ["Once upon a time"],
+        judge="test_callback_prompts:characters",
+        judge_reads="query_response",
+        chat_template=option,
+    )
     responses, columns = callback.sample(module)
     prompt = ids_of(module.tokenizer, "Once upon a time")
     assert module.fed[0][: len(prompt)] == prompt
@@ -91,8 +104,9 @@ def test_auto_follows_how_the_training_prompts_were_rendered(trained_rendered, c
 def test_the_guard_held_out_prompts_follow_the_same_rule():
     module = stand_in(STORIES260K_CHAT)
     rendered = ids_of(module.tokenizer, "User: Once upon a time\nAssistant:")
-    held_out = HeldOut(prompts=["Once upon a time"], judge="test_callback_prompts:characters",
-                       judge_reads="query_response")  # fmt: skip
+    held_out = HeldOut(
+        prompts=["Once upon a time"], judge="test_callback_prompts:characters", judge_reads="query_response"
+    )
     guard = OverOptimisationGuard(held_out=held_out)
     responses, columns = guard.sampler.sample(module)
     assert module.fed[0][: len(rendered)] == rendered
@@ -110,5 +124,7 @@ def test_bad_options_name_the_option():
         callback.sample(stand_in(STORIES260K))
     with pytest.raises(ValueError, match="judge_reads must be one of response, query_response"):
         OnlineGeneration(["x"], judge_reads="prompt")
-    with pytest.raises(ValueError, match="OnlineGeneration chat_template must be one of auto, always, never; got 'yes'"):
+    with pytest.raises(
+        ValueError, match="OnlineGeneration chat_template must be one of auto, always, never; got 'yes'"
+    ):
         OnlineGeneration(["x"], chat_template="yes")  # at construction, before any rollout

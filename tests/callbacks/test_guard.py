@@ -30,8 +30,13 @@ class Logger:
 
 
 def _trainer() -> SimpleNamespace:
-    return SimpleNamespace(should_stop=False, is_global_zero=True, loggers=[Logger()], callbacks=[],
-                           strategy=SimpleNamespace(broadcast=lambda x: x))  # fmt: skip
+    return SimpleNamespace(
+        should_stop=False,
+        is_global_zero=True,
+        loggers=[Logger()],
+        callbacks=[],
+        strategy=SimpleNamespace(broadcast=lambda x: x),
+    )
 
 
 def _module() -> SimpleNamespace:
@@ -82,8 +87,9 @@ def test_stop_ends_the_run_after_the_rollout_it_acts_on():
 
 
 def test_keep_best_exports_the_policy_that_sampled_the_best_rollout():
-    guard = OverOptimisationGuard(kl=KLSignal(action="keep_best", ceiling=-1.0),
-                                  keep_best=KeepBest(metric="objective/scores"))  # fmt: skip
+    guard = OverOptimisationGuard(
+        kl=KLSignal(action="keep_best", ceiling=-1.0), keep_best=KeepBest(metric="objective/scores")
+    )
     trainer, module = _trainer(), _module()
     scores = [0.1, 0.5, 0.3, 0.2]  # the best: rollout 2, sampled by the policy after 1 update
     _feed(guard, trainer, module, [{"objective/kl": 0.0, "objective/scores": s} for s in scores])
@@ -94,20 +100,24 @@ def test_keep_best_exports_the_policy_that_sampled_the_best_rollout():
 
 
 def test_keep_best_without_a_value_of_its_metric_exports_the_last_and_says_so(caplog):
-    guard = OverOptimisationGuard(kl=KLSignal(action="keep_best", ceiling=-1.0),
-                                  keep_best=KeepBest(metric="objective/judge"))  # a run without a judge
+    guard = OverOptimisationGuard(
+        kl=KLSignal(action="keep_best", ceiling=-1.0), keep_best=KeepBest(metric="objective/judge")
+    )  # a run without a judge
     trainer, module = _trainer(), _module()
     _feed(guard, trainer, module, [{"objective/kl": 0.0, "objective/scores": 1.0}] * 2)
     with caplog.at_level(logging.WARNING, "rlhf_lit"):
         guard.on_fit_end(trainer, module)
     assert module.policy.weight.flatten().tolist() == [2.0, 2.0]
-    assert caplog.records[-1].getMessage() == ("over-optimisation guard: keep_best acted but no policy had a value "
-                                               "of objective/judge: exporting the last policy")
+    assert caplog.records[-1].getMessage() == (
+        "over-optimisation guard: keep_best acted but no policy had a value "
+        "of objective/judge: exporting the last policy"
+    )
 
 
 def test_keep_best_changes_nothing_unless_a_keep_best_signal_fired():
-    guard = OverOptimisationGuard(kl=KLSignal(action="keep_best", ceiling=10.0),
-                                  keep_best=KeepBest(metric="objective/scores"))  # fmt: skip
+    guard = OverOptimisationGuard(
+        kl=KLSignal(action="keep_best", ceiling=10.0), keep_best=KeepBest(metric="objective/scores")
+    )
     trainer, module = _trainer(), _module()
     _feed(guard, trainer, module, [{"objective/kl": 0.0, "objective/scores": s} for s in (0.5, 0.1, 0.1)])
     guard.on_fit_end(trainer, module)
@@ -117,9 +127,11 @@ def test_keep_best_changes_nothing_unless_a_keep_best_signal_fired():
 def test_held_out_keep_best_judges_the_policy_after_the_evaluated_rollout(monkeypatch):
     from rlhf_lit.callbacks.guard import HeldOut
 
-    guard = OverOptimisationGuard(kl=KLSignal(action="keep_best", ceiling=-1.0),
-                                  held_out=HeldOut(prompts=["a"], every_n_rollouts=2), keep_best=KeepBest(
-                                      metric="guard/held_out/score"))  # fmt: skip
+    guard = OverOptimisationGuard(
+        kl=KLSignal(action="keep_best", ceiling=-1.0),
+        held_out=HeldOut(prompts=["a"], every_n_rollouts=2),
+        keep_best=KeepBest(metric="guard/held_out/score"),
+    )
     # the evaluation's RM score: the policy's weight (its number of updates) times -1 after 4 updates
     monkeypatch.setattr(guard.sampler, "sample", lambda m: ([""], {"score": [m.policy.weight[0, 0].item() % 4]}))
     trainer, module = _trainer(), _module()
@@ -133,13 +145,18 @@ def test_held_out_keep_best_judges_the_policy_after_the_evaluated_rollout(monkey
 @pytest.mark.parametrize("split", [2, 3, 5])
 def test_the_state_resumes_exactly(split):
     def guard() -> OverOptimisationGuard:
-        return OverOptimisationGuard(kl=KLSignal(action="keep_best", ceiling=1.0, patience=2),
-                                     objective=ObjectiveSignal(action="warn", window=3, patience=1),
-                                     keep_best=KeepBest(metric="objective/scores"))  # fmt: skip
+        return OverOptimisationGuard(
+            kl=KLSignal(action="keep_best", ceiling=1.0, patience=2),
+            objective=ObjectiveSignal(action="warn", window=3, patience=1),
+            keep_best=KeepBest(metric="objective/scores"),
+        )
 
-    rollouts = [{"objective/kl": k, "objective/scores": s, "objective/rlhf_reward": r}
-                for k, s, r in zip([0, 2, 2, 0, 2, 2, 2], [0.1, 0.9, 0.3, 0.4, 0.5, 0.2, 0.6],
-                                   [1.0, 0.9, 0.7, 0.6, 0.8, 0.7, 0.6])]  # fmt: skip
+    rollouts = [
+        {"objective/kl": k, "objective/scores": s, "objective/rlhf_reward": r}
+        for k, s, r in zip(
+            [0, 2, 2, 0, 2, 2, 2], [0.1, 0.9, 0.3, 0.4, 0.5, 0.2, 0.6], [1.0, 0.9, 0.7, 0.6, 0.8, 0.7, 0.6]
+        )
+    ]
     straight, trainer, module = guard(), _trainer(), _module()
     _feed(straight, trainer, module, rollouts)
 
@@ -222,17 +239,30 @@ def test_a_strategy_order_or_reward_source_the_guard_cannot_serve_is_refused_bef
     no_rm.reward_cfg = SimpleNamespace(uses_reward_model=False)
     ensemble = OverOptimisationGuard(disagreement=DisagreementSignal(action="warn"))
     assert "reads reward/reward_model/std, but this run has no reward model source" in _refused_at_fit_start(
-        ensemble, module=no_rm)
+        ensemble, module=no_rm
+    )
     with pytest.raises(ValueError, match="PPO runs"):
         ensemble.on_fit_start(_trainer(), SimpleNamespace())  # an SFT module: no rollout counter
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [
-    ({"kl": KLSignal(action="keep_best", ceiling=1.0)}, "keep_best.metric guard/held_out/judge needs held_out"),
-    ({"kl": KLSignal(action="keep_best", ceiling=1.0), "held_out": {"prompts": ["a"]},
-      "keep_best": {"metric": "guard/held_out/jugde"}}, "the held-out evaluation logs guard/held_out/score and"),
-    ({"proxy_gold": {"action": "warn"}}, r"proxy_gold \(source: held_out\) needs held_out with prompts and a judge"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"kl": KLSignal(action="keep_best", ceiling=1.0)}, "keep_best.metric guard/held_out/judge needs held_out"),
+        (
+            {
+                "kl": KLSignal(action="keep_best", ceiling=1.0),
+                "held_out": {"prompts": ["a"]},
+                "keep_best": {"metric": "guard/held_out/jugde"},
+            },
+            "the held-out evaluation logs guard/held_out/score and",
+        ),
+        (
+            {"proxy_gold": {"action": "warn"}},
+            r"proxy_gold \(source: held_out\) needs held_out with prompts and a judge",
+        ),
+    ],
+)
 def test_settings_that_read_a_missing_evaluation_are_refused(kwargs, message):
     with pytest.raises(ValueError, match=message):
         OverOptimisationGuard(**kwargs)

@@ -8,8 +8,13 @@ import math
 import pytest
 
 from rlhf_lit.callbacks.guard import (
-    DisagreementSignal, DistinctSignal, KLSignal, LengthSignal, ObjectiveSignal, ProxyGoldSignal,
-)  # fmt: skip
+    DisagreementSignal,
+    DistinctSignal,
+    KLSignal,
+    LengthSignal,
+    ObjectiveSignal,
+    ProxyGoldSignal,
+)
 from rlhf_lit.callbacks.guard.signals import Evaluation
 from rlhf_lit.callbacks.guard.verdicts import drift, falling, fitted_line
 
@@ -86,12 +91,21 @@ def test_zero_one_reward_healthy_run_is_silent_and_a_real_fall_fires():
     # mean 0.5; Sxy = -0.25, Sxx = 82.5 -> slope -0.00303, a fall of 0.027 across 10 rollouts
     assert not ObjectiveSignal(action="stop").verdict({"objective/rlhf_reward": noisy}).holds
     for constant in ([1.0] * 10, [0.0] * 10):
-        history = {"objective/rlhf_reward": constant, "objective/scores": constant, "objective/kl": [0.0] * 10,
-                   "reward/reward_model/std": [0.0] * 10, "response/length": [12.0] * 10,
-                   "diversity/distinct_2": [0.5] * 10}  # fmt: skip
-        for signal in (ObjectiveSignal(action="stop"), DisagreementSignal(action="stop"),
-                       LengthSignal(action="stop"), DistinctSignal(action="stop"),
-                       KLSignal(action="stop", max_rate=0.0)):  # fmt: skip
+        history = {
+            "objective/rlhf_reward": constant,
+            "objective/scores": constant,
+            "objective/kl": [0.0] * 10,
+            "reward/reward_model/std": [0.0] * 10,
+            "response/length": [12.0] * 10,
+            "diversity/distinct_2": [0.5] * 10,
+        }
+        for signal in (
+            ObjectiveSignal(action="stop"),
+            DisagreementSignal(action="stop"),
+            LengthSignal(action="stop"),
+            DistinctSignal(action="stop"),
+            KLSignal(action="stop", max_rate=0.0),
+        ):
             assert not signal.verdict(history).holds, signal
     # a 0/1 reward really collapsing: mean 0.6, Sxy -9.5 -> slope -0.11515, a fall of 1.036; t far below -3
     collapsing = [1.0, 1.0, 1.0, 0.75, 0.75, 0.5, 0.5, 0.25, 0.25, 0.0]
@@ -124,12 +138,15 @@ def test_drift_and_falling_skip_unlogged_rollouts():
     assert falling([1.0, None, 0.9, 0.8], 3, 0.1, 3.0, "m").holds
 
 
-@pytest.mark.parametrize(("signal", "message"), [
-    (KLSignal(action="warn"), "set kl.ceiling or kl.max_rate"),
-    (ObjectiveSignal(action="warn", window=2), "objective.window must be >= 3"),
-    (LengthSignal(action="warn", relative=0.0, absolute=0.0), "length: relative or absolute must be > 0"),
-    (DistinctSignal(patience=0), "distinct.patience must be >= 1"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("signal", "message"),
+    [
+        (KLSignal(action="warn"), "set kl.ceiling or kl.max_rate"),
+        (ObjectiveSignal(action="warn", window=2), "objective.window must be >= 3"),
+        (LengthSignal(action="warn", relative=0.0, absolute=0.0), "length: relative or absolute must be > 0"),
+        (DistinctSignal(patience=0), "distinct.patience must be >= 1"),
+    ],
+)
 def test_settings_no_run_can_use_are_refused(signal, message):
     with pytest.raises(ValueError, match=message):
         signal.check()

@@ -14,7 +14,10 @@ def test_the_resume_command_is_the_run_command_with_its_ckpt_path_replaced():
     # a resumed run stopped again: its old checkpoint (both spellings) gives way to the new one
     for old in (["--ckpt_path", "old.ckpt"], ["--ckpt_path=old.ckpt"]):
         command = ["rlhf-lit", "fit", "--config", "ppo.yaml", *old, "--run_dir", "runs/x"]
-        assert resume_command(command, "new.ckpt") == "rlhf-lit fit --config ppo.yaml --run_dir runs/x --ckpt_path new.ckpt"
+        assert (
+            resume_command(command, "new.ckpt")
+            == "rlhf-lit fit --config ppo.yaml --run_dir runs/x --ckpt_path new.ckpt"
+        )
 
 
 def test_the_exit_status_is_a_shells_for_a_process_that_signal_killed():

@@ -12,8 +12,15 @@ from rlhf_lit.cli import default_progress_bar
 
 
 def _trainer(**kwargs) -> SimpleNamespace:
-    base = {"global_step": 0, "estimated_stepping_batches": float("inf"), "max_epochs": -1, "current_epoch": 0,
-            "progress_bar_metrics": {}, "loggers": [], "num_training_batches": 16}  # fmt: skip
+    base = {
+        "global_step": 0,
+        "estimated_stepping_batches": float("inf"),
+        "max_epochs": -1,
+        "current_epoch": 0,
+        "progress_bar_metrics": {},
+        "loggers": [],
+        "num_training_batches": 16,
+    }
     return SimpleNamespace(**{**base, **kwargs})
 
 

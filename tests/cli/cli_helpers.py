@@ -45,11 +45,14 @@ FIT_CONFIGS = sorted(p for p in (ROOT / "configs").rglob("*.yaml") if not is_loo
 """Every shipped ``rlhf-lit fit`` config."""
 
 
-def rlhf_lit(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
+def rlhf_lit(
+    *args: str, cwd: Path, env: dict[str, str] | None = None, timeout: int = 600
+) -> subprocess.CompletedProcess:
     """``rlhf-lit <args>`` in a subprocess in ``cwd``, in the suite's environment (one thread, no debug
     switch, no Hugging Face offline flags: :func:`suite_env.subprocess_env`) plus ``env``."""
-    return subprocess.run([str(CLI), *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
-                          env=subprocess_env(env))  # fmt: skip
+    return subprocess.run(
+        [str(CLI), *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=subprocess_env(env)
+    )
 
 
 def write_yaml(path: Path, config: dict) -> Path:
@@ -62,28 +65,49 @@ def write_yaml(path: Path, config: dict) -> Path:
 def ppo_config(root: Path, sft: Path, rm: Path, **model_overrides) -> dict:
     """A PPO run of a few seconds: stories260K policy, 4 prompts a rollout, a checkpoint every rollout."""
     model = {
-        "sft_model": str(sft), "reward_model": str(rm),
+        "sft_model": str(sft),
+        "reward_model": str(rm),
         "sampling": {"max_new_tokens": 12, "temperature": 1.0},
         "ppo": {"epochs": 2, "minibatch_size": 2},
         "kl": {"kind": "adaptive", "init_coef": 0.1, "target": 1.0, "horizon": 100},
         "optimizer": {"lr": 3.0e-4, "eps": 1.0e-5, "warmup_steps": 1, "schedule": "linear"},
-        "max_rollouts": 4, "rollout_seed": 3, "export_dir": str(root / "export"),
-    }  # fmt: skip
+        "max_rollouts": 4,
+        "rollout_seed": 3,
+        "export_dir": str(root / "export"),
+    }
     model.update(model_overrides)
     return {
         "seed_everything": 7,
         "trainer": {
-            "accelerator": "cpu", "devices": 1, "max_epochs": -1, "enable_progress_bar": False,
+            "accelerator": "cpu",
+            "devices": 1,
+            "max_epochs": -1,
+            "enable_progress_bar": False,
             "enable_model_summary": False,
-            "logger": {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": str(root / "logs")}},
-            "callbacks": [{"class_path": "rlhf_lit.callbacks.RolloutCheckpoint",
-                           "init_args": {"dirpath": str(root / "ckpt"), "every_n_rollouts": 1, "save_last": True}}],
+            "logger": {
+                "class_path": "lightning.pytorch.loggers.CSVLogger",
+                "init_args": {"save_dir": str(root / "logs")},
+            },
+            "callbacks": [
+                {
+                    "class_path": "rlhf_lit.callbacks.RolloutCheckpoint",
+                    "init_args": {"dirpath": str(root / "ckpt"), "every_n_rollouts": 1, "save_last": True},
+                }
+            ],
         },
         "model": {"class_path": "rlhf_lit.stages.PPOModule", "init_args": model},
-        "data": {"class_path": "rlhf_lit.data.PromptDataModule", "init_args": {
-            "train_path": str(TINYSTORIES), "format": "paragraphs", "prompt_words": 6, "max_records": 64,
-            "batch_size": 4, "seed": 5}},
-    }  # fmt: skip
+        "data": {
+            "class_path": "rlhf_lit.data.PromptDataModule",
+            "init_args": {
+                "train_path": str(TINYSTORIES),
+                "format": "paragraphs",
+                "prompt_words": 6,
+                "max_records": 64,
+                "batch_size": 4,
+                "seed": 5,
+            },
+        },
+    }
 
 
 TWO_PROCESS_ROLLOUTS = 4
@@ -108,22 +132,39 @@ def unseeded(config: dict) -> dict:
 def sft_config(root: Path, train_path: Path | str, **overrides) -> dict:
     """An SFT run of a few steps on stories260K."""
     model = {"model": str(STORIES), "optimizer": {"lr": 1.0e-3}, "export_dir": str(root / "export")}
-    data = {"train_path": str(train_path), "format": "paragraphs", "max_records": 32, "batch_size": 4,
-            "max_length": 64, "max_prompt_length": 16}  # fmt: skip
+    data = {
+        "train_path": str(train_path),
+        "format": "paragraphs",
+        "max_records": 32,
+        "batch_size": 4,
+        "max_length": 64,
+        "max_prompt_length": 16,
+    }
     data.update(overrides.pop("data", {}))
     model.update(overrides.pop("model", {}))
     return {
         "seed_everything": 7,
         "trainer": {
-            "accelerator": "cpu", "devices": 1, "max_steps": overrides.pop("max_steps", 3), "enable_progress_bar": False,
-            "enable_model_summary": False, "log_every_n_steps": 1,
-            "logger": {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": str(root / "logs")}},
-            "callbacks": [{"class_path": "rlhf_lit.callbacks.Checkpoint",
-                           "init_args": {"dirpath": str(root / "ckpt"), "save_last": True, "every_n_train_steps": 2}}],
+            "accelerator": "cpu",
+            "devices": 1,
+            "max_steps": overrides.pop("max_steps", 3),
+            "enable_progress_bar": False,
+            "enable_model_summary": False,
+            "log_every_n_steps": 1,
+            "logger": {
+                "class_path": "lightning.pytorch.loggers.CSVLogger",
+                "init_args": {"save_dir": str(root / "logs")},
+            },
+            "callbacks": [
+                {
+                    "class_path": "rlhf_lit.callbacks.Checkpoint",
+                    "init_args": {"dirpath": str(root / "ckpt"), "save_last": True, "every_n_train_steps": 2},
+                }
+            ],
         },
         "model": {"class_path": "rlhf_lit.stages.SFTModule", "init_args": model},
         "data": {"class_path": "rlhf_lit.data.SFTDataModule", "init_args": data},
-    }  # fmt: skip
+    }
 
 
 def error_line(result: subprocess.CompletedProcess) -> str:
@@ -148,9 +189,29 @@ def failure_tail(stderr: str, chars: int = 3000) -> str:
 def tiny_ppo_overrides(run: str) -> tuple[str, ...]:
     """Options after ``--config configs/offline/ppo*.yaml`` for a 2-rollout PPO run on stories260K (the run's
     reward model from ``--run_dir``), logging every rollout to ``<run>/ppo/.../metrics.csv``."""
-    return ("--model.init_args.sft_model", str(STORIES), "--model.init_args.max_rollouts", "2",
-            "--model.init_args.sampling.max_new_tokens", "8", "--model.init_args.ppo.epochs", "1",
-            "--model.init_args.ppo.minibatch_size", "2", "--data.init_args.train_path", str(TINYSTORIES),
-            "--data.init_args.max_records", "16", "--data.init_args.batch_size", "4",
-            "--trainer.logger", "lightning.pytorch.loggers.CSVLogger", "--trainer.logger.init_args.save_dir", f"{run}/ppo",
-            "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false")  # fmt: skip
+    return (
+        "--model.init_args.sft_model",
+        str(STORIES),
+        "--model.init_args.max_rollouts",
+        "2",
+        "--model.init_args.sampling.max_new_tokens",
+        "8",
+        "--model.init_args.ppo.epochs",
+        "1",
+        "--model.init_args.ppo.minibatch_size",
+        "2",
+        "--data.init_args.train_path",
+        str(TINYSTORIES),
+        "--data.init_args.max_records",
+        "16",
+        "--data.init_args.batch_size",
+        "4",
+        "--trainer.logger",
+        "lightning.pytorch.loggers.CSVLogger",
+        "--trainer.logger.init_args.save_dir",
+        f"{run}/ppo",
+        "--trainer.enable_progress_bar",
+        "false",
+        "--trainer.enable_model_summary",
+        "false",
+    )

@@ -24,9 +24,12 @@ class SendSignal(Callback):
         at: which call of ``hook`` sends it.
     """
 
-    def __init__(self, signal: Literal["SIGTERM", "SIGUSR1"],
-                 hook: Literal["on_train_batch_start", "on_before_optimizer_step", "on_validation_batch_start"],
-                 at: int) -> None:  # fmt: skip
+    def __init__(
+        self,
+        signal: Literal["SIGTERM", "SIGUSR1"],
+        hook: Literal["on_train_batch_start", "on_before_optimizer_step", "on_validation_batch_start"],
+        at: int,
+    ) -> None:
         self.signal, self.hook, self.at, self.calls = signal, hook, at, 0
 
     def _count(self, hook: str) -> None:

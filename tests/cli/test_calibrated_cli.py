@@ -13,11 +13,23 @@ RUN = "runs/calibrated"
 
 
 def test_the_calibrated_config_runs_and_logs_the_quantile(tmp_path):
-    result = run_main("fit", "--config", CONFIG, "--run_dir", RUN, *tiny_ppo_overrides(RUN),
-                      "--model.init_args.reward_model", str(STORIES), "--model.init_args.reward.calibration_samples", "3",
-                      cwd=tmp_path)  # fmt: skip
+    result = run_main(
+        "fit",
+        "--config",
+        CONFIG,
+        "--run_dir",
+        RUN,
+        *tiny_ppo_overrides(RUN),
+        "--model.init_args.reward_model",
+        str(STORIES),
+        "--model.init_args.reward.calibration_samples",
+        "3",
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
-    rows = [r for r in csv.DictReader(next((tmp_path / RUN / "ppo").rglob("metrics.csv")).open()) if r["reward/quantile"]]
+    rows = [
+        r for r in csv.DictReader(next((tmp_path / RUN / "ppo").rglob("metrics.csv")).open()) if r["reward/quantile"]
+    ]
     assert len(rows) == 2  # one per rollout
     for row in rows:
         # K = 3: q in {0.5, 1, ..., 3.5} / 4; its rollout mean within those ends, the log transform below 0

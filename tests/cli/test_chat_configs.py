@@ -12,21 +12,56 @@ from transformers import AutoTokenizer
 
 CHAT = ROOT / "configs" / "offline" / "chat"
 TINY = {
-    "sft": ("--trainer.max_steps", "3", "--trainer.val_check_interval", "3", "--data.init_args.max_records", "40",
-            "--model.init_args.optimizer.warmup_steps", "1"),
+    "sft": (
+        "--trainer.max_steps",
+        "3",
+        "--trainer.val_check_interval",
+        "3",
+        "--data.init_args.max_records",
+        "40",
+        "--model.init_args.optimizer.warmup_steps",
+        "1",
+    ),
     "reward_model": ("--trainer.max_steps", "3", "--data.init_args.max_records", "40"),
-    "dpo": ("--trainer.max_steps", "2", "--data.init_args.max_records", "30", "--model.init_args.optimizer.warmup_steps", "1"),
-    "ppo": ("--model.init_args.max_rollouts", "2", "--model.init_args.sampling.max_new_tokens", "8",
-            "--model.init_args.ppo.epochs", "1", "--data.init_args.batch_size", "8",
-            "--model.init_args.ppo.minibatch_size", "4", "--data.init_args.max_records", "16"),
-}  # fmt: skip
+    "dpo": (
+        "--trainer.max_steps",
+        "2",
+        "--data.init_args.max_records",
+        "30",
+        "--model.init_args.optimizer.warmup_steps",
+        "1",
+    ),
+    "ppo": (
+        "--model.init_args.max_rollouts",
+        "2",
+        "--model.init_args.sampling.max_new_tokens",
+        "8",
+        "--model.init_args.ppo.epochs",
+        "1",
+        "--data.init_args.batch_size",
+        "8",
+        "--model.init_args.ppo.minibatch_size",
+        "4",
+        "--data.init_args.max_records",
+        "16",
+    ),
+}
 QUIET = ("--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false")
 
 
 def _fit(stage: str, run_dir, *extra: str):
     """``rlhf-lit fit --config configs/offline/chat/<stage>.yaml --run_dir <run_dir>`` with a tiny budget."""
-    return rlhf_lit_forked("fit", "--config", str(CHAT / f"{stage}.yaml"), "--run_dir", str(run_dir), *TINY[stage], *QUIET,
-                    *extra, cwd=ROOT)  # fmt: skip
+    return rlhf_lit_forked(
+        "fit",
+        "--config",
+        str(CHAT / f"{stage}.yaml"),
+        "--run_dir",
+        str(run_dir),
+        *TINY[stage],
+        *QUIET,
+        *extra,
+        cwd=ROOT,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -61,9 +96,20 @@ def test_the_chat_configs_train_every_stage_from_conversational_files(chat_run):
 def test_ppo_refuses_a_reward_model_trained_without_the_chat_template(chat_run, offline_chain, tmp_path):
     run_dir, _ = chat_run
     plain_rm = offline_chain.export("reward_model")  # the offline chain's RM: stories260K, no chat template
-    result = run_main("fit", "--config", str(CHAT / "ppo.yaml"), "--run_dir", str(tmp_path / "run"),
-                      "--model.init_args.sft_model", str(run_dir / "sft" / "model"),
-                      "--model.init_args.reward_model", str(plain_rm), *TINY["ppo"], *QUIET, cwd=ROOT)  # fmt: skip
+    result = run_main(
+        "fit",
+        "--config",
+        str(CHAT / "ppo.yaml"),
+        "--run_dir",
+        str(tmp_path / "run"),
+        "--model.init_args.sft_model",
+        str(run_dir / "sft" / "model"),
+        "--model.init_args.reward_model",
+        str(plain_rm),
+        *TINY["ppo"],
+        *QUIET,
+        cwd=ROOT,
+    )
     assert result.returncode != 0
     assert result.stderr.strip().splitlines()[-2] == (
         f"rlhf-lit: error: reward_model {plain_rm}: its tokenizer has no chat template, and the prompts are rendered "

@@ -10,10 +10,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from assets_paths import STORIES260K, STORIES260K_CHAT
 from cli_helpers import error_line, run_main
 
 import rlhf_lit.models.generation as generation
-from assets_paths import STORIES260K, STORIES260K_CHAT
 from rlhf_lit.tokenizer import load_tokenizer
 
 CHAT, STORIES = str(STORIES260K_CHAT), str(STORIES260K)
@@ -59,15 +59,28 @@ def evaluate(tmp_path, policy: str, prompts: str, *extra: str) -> tuple[dict, st
     path = tmp_path / ("p.jsonl" if prompts.startswith("{") else "p.txt")
     path.write_text(prompts, encoding="utf-8")
     out = tmp_path / "eval.json"
-    result = run_main("evaluate", "--policy", policy, "--prompts", str(path), "--max-new-tokens", "4",
-                      "--out", str(out), "--overwrite", *extra, cwd=tmp_path)  # fmt: skip
+    result = run_main(
+        "evaluate",
+        "--policy",
+        policy,
+        "--prompts",
+        str(path),
+        "--max-new-tokens",
+        "4",
+        "--out",
+        str(out),
+        "--overwrite",
+        *extra,
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(out.read_text()), result.stderr
 
 
 def test_evaluate_renders_string_prompts_with_the_chat_template_by_default(tmp_path, fed):
-    data, stderr = evaluate(tmp_path, CHAT, "Once upon a time\nThe dog ran\n", "--judge", JUDGE,
-                            "--judge-reads", "query_response")  # fmt: skip
+    data, stderr = evaluate(
+        tmp_path, CHAT, "Once upon a time\nThe dog ran\n", "--judge", JUDGE, "--judge-reads", "query_response"
+    )
     assert fed == [ids_of("User: Once upon a time\nAssistant:"), ids_of("User: The dog ran\nAssistant:")]
     texts = [s["prompt_text"] for s in data["samples"]]
     assert texts == ["<s>User: Once upon a time\nAssistant:", "<s>User: The dog ran\nAssistant:"]
@@ -75,15 +88,23 @@ def test_evaluate_renders_string_prompts_with_the_chat_template_by_default(tmp_p
     # The judge read the rendered prompt + the response: the text the policy continued.
     assert [s["judge"] for s in data["samples"]] == [len(t + s["response"]) for t, s in zip(texts, data["samples"])]
     assert data["config"]["chat_template"] == "auto"
-    assert (f"--prompts: 2 string prompt(s) rendered as one user turn with the chat template (--chat-template auto, "
-            f"and the tokenizer '{CHAT}' has a chat template)") in stderr  # fmt: skip
+    assert (
+        f"--prompts: 2 string prompt(s) rendered as one user turn with the chat template (--chat-template auto, "
+        f"and the tokenizer '{CHAT}' has a chat template)"
+    ) in stderr
 
 
 def test_a_judge_reading_the_prompt_gets_the_ids_the_policy_read(tmp_path, fed):
     TOKENIZED.clear()
-    evaluate(tmp_path, CHAT, '{"prompt": [{"role": "system", "content": "Be kind."}, {"role": "user", "content": '
-             '"Tell a story"}]}\n', "--judge", "test_chat_prompts_cli:reward_model_like", "--judge-reads",
-             "query_response")  # fmt: skip
+    evaluate(
+        tmp_path,
+        CHAT,
+        '{"prompt": [{"role": "system", "content": "Be kind."}, {"role": "user", "content": "Tell a story"}]}\n',
+        "--judge",
+        "test_chat_prompts_cli:reward_model_like",
+        "--judge-reads",
+        "query_response",
+    )
     assert fed == [ids_of("System: Be kind.\nUser: Tell a story\nAssistant:")]
     assert TOKENIZED[0][: len(fed[0])] == fed[0]  # the rendered prompt, its <s> once, then the response
 
@@ -113,8 +134,9 @@ def test_always_without_a_template_and_messages_without_one_are_refused_before_a
 
     monkeypatch.setattr(rlhf_lit.models, "load_causal_lm", no_weights)
     (tmp_path / "p.txt").write_text("Once upon a time\n", encoding="utf-8")
-    result = run_main("evaluate", "--policy", STORIES, "--prompts", str(tmp_path / "p.txt"),
-                      "--chat-template", "always", cwd=tmp_path)  # fmt: skip
+    result = run_main(
+        "evaluate", "--policy", STORIES, "--prompts", str(tmp_path / "p.txt"), "--chat-template", "always", cwd=tmp_path
+    )
     assert result.returncode == 1
     assert error_line(result).startswith("rlhf-lit: error: --chat-template always, but the tokenizer")
     (tmp_path / "c.jsonl").write_text('{"prompt": [{"role": "user", "content": "Hi"}]}\n', encoding="utf-8")
@@ -124,12 +146,32 @@ def test_always_without_a_template_and_messages_without_one_are_refused_before_a
 
 def test_best_of_n_samples_conversational_and_string_prompts_in_the_template(tmp_path, fed, stories_rm):
     prompts = tmp_path / "p.jsonl"
-    prompts.write_text('{"prompt": [{"role": "system", "content": "Be kind."}, {"role": "user", "content": "Tell a '
-                       'story"}]}\n{"prompt": "The cat"}\n', encoding="utf-8")  # fmt: skip
+    prompts.write_text(
+        '{"prompt": [{"role": "system", "content": "Be kind."}, {"role": "user", "content": "Tell a '
+        'story"}]}\n{"prompt": "The cat"}\n',
+        encoding="utf-8",
+    )
     out = tmp_path / "bon.json"
-    result = run_main("best-of-n", "--policy", CHAT, "--reward-model", stories_rm, "--prompts", str(prompts),
-                      "--n", "1,2", "--max-new-tokens", "4", "--judge", JUDGE, "--judge-reads", "query_response",
-                      "--out", str(out), cwd=tmp_path)  # fmt: skip
+    result = run_main(
+        "best-of-n",
+        "--policy",
+        CHAT,
+        "--reward-model",
+        stories_rm,
+        "--prompts",
+        str(prompts),
+        "--n",
+        "1,2",
+        "--max-new-tokens",
+        "4",
+        "--judge",
+        JUDGE,
+        "--judge-reads",
+        "query_response",
+        "--out",
+        str(out),
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     system = "System: Be kind.\nUser: Tell a story\nAssistant:"
     assert fed == [ids_of(system)] * 2 + [ids_of("User: The cat\nAssistant:")] * 2  # M = 2 samples per prompt
@@ -143,9 +185,24 @@ def test_best_of_n_samples_conversational_and_string_prompts_in_the_template(tmp
 def test_best_of_n_with_never_keeps_plain_strings(tmp_path, fed, stories_rm):
     (tmp_path / "p.txt").write_text("The cat\n", encoding="utf-8")
     out = tmp_path / "bon.json"
-    result = run_main("best-of-n", "--policy", CHAT, "--reward-model", stories_rm, "--prompts", str(tmp_path / "p.txt"),
-                      "--n", "1", "--max-new-tokens", "4", "--chat-template", "never", "--out", str(out),
-                      cwd=tmp_path)  # fmt: skip
+    result = run_main(
+        "best-of-n",
+        "--policy",
+        CHAT,
+        "--reward-model",
+        stories_rm,
+        "--prompts",
+        str(tmp_path / "p.txt"),
+        "--n",
+        "1",
+        "--max-new-tokens",
+        "4",
+        "--chat-template",
+        "never",
+        "--out",
+        str(out),
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert fed == [ids_of("The cat")]
     assert json.loads(out.read_text())["prompt_texts"] == ["The cat"]

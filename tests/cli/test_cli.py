@@ -10,7 +10,6 @@ from cli_helpers import FIT_CONFIGS
 from cli_in_process import run_main
 from suite_env import subprocess_env
 
-
 CONFIGS = FIT_CONFIGS
 
 
@@ -36,12 +35,15 @@ def test_console_script_exits_zero_on_help():
     assert "fit" in result.stdout
 
 
-@pytest.mark.parametrize("args,built", [
-    (("fit", "--config", "configs/offline/sft.yaml", "--print_config"), ["fit"]),  # what a run parses with
-    (("validate", "--help"), ["validate"]),
-    (("--help",), ["fit", "validate", "test", "predict"]),  # the help lists Lightning's four
-    (("fti", "--config", "configs/offline/sft.yaml"), ["fit", "validate", "test", "predict"]),  # the choices named
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "args,built",
+    [
+        (("fit", "--config", "configs/offline/sft.yaml", "--print_config"), ["fit"]),  # what a run parses with
+        (("validate", "--help"), ["validate"]),
+        (("--help",), ["fit", "validate", "test", "predict"]),  # the help lists Lightning's four
+        (("fti", "--config", "configs/offline/sft.yaml"), ["fit", "validate", "test", "predict"]),  # the choices named
+    ],
+)
 def test_only_the_subcommand_a_command_line_starts_with_gets_its_parser(monkeypatch, args, built):
     # Each subcommand's parser takes every stage's signature: a run builds only its own (RLHFCLI.subcommands).
     from lightning.pytorch.cli import LightningCLI
@@ -89,8 +91,14 @@ def test_config_parses_against_class_signatures(config):
 
 
 def test_the_composed_reward_overlay_keeps_the_demo_config_and_adds_its_sources():
-    result = _cli("fit", "--config", str(ROOT / "configs/demo/ppo.yaml"),
-                  "--config", str(ROOT / "configs/demo/ppo_composed.yaml"), "--print_config")  # fmt: skip
+    result = _cli(
+        "fit",
+        "--config",
+        str(ROOT / "configs/demo/ppo.yaml"),
+        "--config",
+        str(ROOT / "configs/demo/ppo_composed.yaml"),
+        "--print_config",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     printed = result.stdout
     assert "sft_model: logs/demo/sft/model" in printed and "batch_size: 64" in printed  # the demo's
@@ -101,18 +109,27 @@ def test_the_composed_reward_overlay_keeps_the_demo_config_and_adds_its_sources(
 
 @pytest.mark.parametrize("estimator", ["gae", "grpo", "dr_grpo", "rloo", "reinforce_pp"])
 def test_each_estimator_overlay_on_the_verifiable_task_parses(estimator):
-    result = _cli("fit", "--config", str(ROOT / "configs/offline/verifiable.yaml"),
-                  "--config", str(ROOT / f"configs/offline/estimators/{estimator}.yaml"), "--print_config")  # fmt: skip
+    result = _cli(
+        "fit",
+        "--config",
+        str(ROOT / "configs/offline/verifiable.yaml"),
+        "--config",
+        str(ROOT / f"configs/offline/estimators/{estimator}.yaml"),
+        "--print_config",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"estimator: {estimator}\n" in result.stdout
     assert "function: rlhf_lit.rewards.rules:mentions_ground_truth" in result.stdout  # the task's reward
 
 
-@pytest.mark.parametrize("option,default,other,bad,choices", [
-    ("ppo.whiten_scope", "global", "rank", "all", "'global', 'rank'"),
-    ("sampling.decode", "eager", "compiled", "fast", "'eager', 'compiled'"),
-    ("ppo.forward", "eager", "compiled", "jit", "'eager', 'compiled'"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "option,default,other,bad,choices",
+    [
+        ("ppo.whiten_scope", "global", "rank", "all", "'global', 'rank'"),
+        ("sampling.decode", "eager", "compiled", "fast", "'eager', 'compiled'"),
+        ("ppo.forward", "eager", "compiled", "jit", "'eager', 'compiled'"),
+    ],
+)
 def test_a_choice_option_shows_its_default_takes_its_other_value_and_names_itself_otherwise(
     option, default, other, bad, choices
 ):
@@ -132,11 +149,24 @@ def test_a_choice_option_shows_its_default_takes_its_other_value_and_names_itsel
 
 def test_compiled_passes_refuse_lora_with_gradient_checkpointing_in_one_line():
     ppo = str(ROOT / "configs/offline/ppo.yaml")
-    refused = _cli("fit", "--config", ppo, "--model.init_args.ppo.forward", "compiled",
-                   "--model.init_args.memory.gradient_checkpointing", "true", "--model.init_args.lora.r", "4",
-                   "--model.init_args.sft_model", str(ROOT / "assets/models/stories260K"),
-                   "--model.init_args.reward_model", str(ROOT / "assets/models/stories260K"))  # fmt: skip
+    refused = _cli(
+        "fit",
+        "--config",
+        ppo,
+        "--model.init_args.ppo.forward",
+        "compiled",
+        "--model.init_args.memory.gradient_checkpointing",
+        "true",
+        "--model.init_args.lora.r",
+        "4",
+        "--model.init_args.sft_model",
+        str(ROOT / "assets/models/stories260K"),
+        "--model.init_args.reward_model",
+        str(ROOT / "assets/models/stories260K"),
+    )
     assert refused.returncode != 0 and "Traceback" not in refused.stderr
     lines = [line for line in refused.stderr.splitlines() if line.startswith("rlhf-lit: error:")]
-    assert lines == ["rlhf-lit: error: ppo.forward: compiled does not run with memory.gradient_checkpointing and LoRA "
-                     "together; leave ppo.forward eager, or turn off one of them"], refused.stderr[-2000:]
+    assert lines == [
+        "rlhf-lit: error: ppo.forward: compiled does not run with memory.gradient_checkpointing and LoRA "
+        "together; leave ppo.forward eager, or turn off one of them"
+    ], refused.stderr[-2000:]

@@ -9,10 +9,9 @@ import os
 import signal
 import time
 
-import torch
-
 import cli_forked
 import pytest
+import torch
 from cli_helpers import error_line, rlhf_lit
 
 
@@ -50,10 +49,12 @@ def test_the_fork_starts_with_nothing_compiled_as_a_new_interpreter_does(tmp_pat
     saved = vars(compiled_generation.COMPILE_STATS).copy()
     compiled_generation.COMPILE_STATS.graphs += 1
     script = tmp_path / "totals.py"
-    script.write_text("import torch\n"
-                      "from torch._dynamo.utils import counters\n"
-                      "from rlhf_lit.models.compiled_generation import compile_stats\n"
-                      "print(compile_stats().graphs, counters['stats']['unique_graphs'])\n")  # fmt: skip
+    script.write_text(
+        "import torch\n"
+        "from torch._dynamo.utils import counters\n"
+        "from rlhf_lit.models.compiled_generation import compile_stats\n"
+        "print(compile_stats().graphs, counters['stats']['unique_graphs'])\n"
+    )
     try:
         forked = cli_forked.run_script(script, cwd=tmp_path)
     finally:
@@ -67,11 +68,13 @@ def test_a_crash_in_the_fork_is_reported_with_its_python_stack(tmp_path, capfd):
     Python's crash report into its own stderr, and the test's stderr repeats it (a test's message
     quotes the end of the output, where the other rank's lost-connection error comes last)."""
     script = tmp_path / "crash.py"
-    script.write_text("import ctypes\nimport resource\n\nresource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # no core file\n\n\n"
-                      "def read_address_zero():\n    ctypes.string_at(0)\n\n\nread_address_zero()\n")  # fmt: skip
+    script.write_text(
+        "import ctypes\nimport resource\n\nresource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # no core file\n\n\n"
+        "def read_address_zero():\n    ctypes.string_at(0)\n\n\nread_address_zero()\n"
+    )
     forked = cli_forked.run_script(script, cwd=tmp_path)
     assert forked.returncode == -signal.SIGSEGV
-    report = forked.stderr[forked.stderr.index("Fatal Python error: Segmentation fault"):]
+    report = forked.stderr[forked.stderr.index("Fatal Python error: Segmentation fault") :]
     assert "read_address_zero" in report and "crash.py" in report
     assert "the run ended with status -11, and a process of it crashed" in capfd.readouterr().err
 
@@ -80,9 +83,11 @@ def test_a_crash_of_a_process_the_run_started_is_reported_when_the_run_fails(tmp
     """The other way round: a child sharing the run's stderr crashes (a rank), the run itself exits 1
     (the lost connection); the child's report is repeated on the test's stderr too."""
     script = tmp_path / "child_crash.py"
-    script.write_text("import ctypes, os, resource, sys\n\nresource.setrlimit(resource.RLIMIT_CORE, (0, 0))\n"
-                      "pid = os.fork()\nif pid == 0:\n    ctypes.string_at(0)\n"
-                      "os.waitpid(pid, 0)\nsys.exit(1)\n")  # fmt: skip
+    script.write_text(
+        "import ctypes, os, resource, sys\n\nresource.setrlimit(resource.RLIMIT_CORE, (0, 0))\n"
+        "pid = os.fork()\nif pid == 0:\n    ctypes.string_at(0)\n"
+        "os.waitpid(pid, 0)\nsys.exit(1)\n"
+    )
     forked = cli_forked.run_script(script, cwd=tmp_path)
     assert forked.returncode == 1
     assert "Fatal Python error: Segmentation fault" in forked.stderr
@@ -146,7 +151,11 @@ def test_a_rank_forked_from_rank_0_prints_and_trains_what_a_rank_in_a_new_interp
         result = cli_forked.run("fit", "--config", str(root / "config.yaml"), cwd=root, fork_ranks=fork_ranks)
         assert result.returncode == 0, result.stderr[-3000:]
         lines = [line for line in result.stderr.replace(str(root), "ROOT").splitlines() if line and "it/s]" not in line]
-        runs[fork_ranks] = set(lines), result.stdout.replace(str(root), "ROOT"), load_file(root / "export" / "model.safetensors")
+        runs[fork_ranks] = (
+            set(lines),
+            result.stdout.replace(str(root), "ROOT"),
+            load_file(root / "export" / "model.safetensors"),
+        )
     assert "Initializing distributed: GLOBAL_RANK: 1, MEMBER: 2/2" in runs[True][0]
     # The same messages (a fork of the test process may print a Lightning message twice: its loggers
     # were set up under pytest's) and the same stdout: rank 0's export line once.

@@ -10,17 +10,52 @@ from assets_paths import STORIES260K_CHAT
 from cli_helpers import STORIES, error_line, run_main
 
 JUDGE = "rlhf_lit.evaluation.judges:vader"
-METRICS = ["judge_mean", "judge_std", "rm_mean", "rm_std", "kl_mean", "kl_std", "distinct_1", "distinct_2",
-           "distinct_2_within", "distinct_2_across", "length_mean", "ended_fraction", "num_samples"]  # fmt: skip
+METRICS = [
+    "judge_mean",
+    "judge_std",
+    "rm_mean",
+    "rm_std",
+    "kl_mean",
+    "kl_std",
+    "distinct_1",
+    "distinct_2",
+    "distinct_2_within",
+    "distinct_2_across",
+    "length_mean",
+    "ended_fraction",
+    "num_samples",
+]
 
 
 def test_evaluate_writes_json_and_prints_the_table(tmp_path, stories_rm):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"text": "Once upon a time"}\n{"text": "Tom had a big red"}\n\n{"text": "The cat"}\n')
     out = tmp_path / "eval.json"
-    args = ["evaluate", "--policy", str(STORIES), "--reference", str(STORIES), "--reward-model", stories_rm,
-            "--judge", JUDGE, "--prompts", str(prompts), "--prompt-field", "text", "--samples-per-prompt", "2",
-            "--max-new-tokens", "8", "--batch-size", "4", "--seed", "3", "--out", str(out)]  # fmt: skip
+    args = [
+        "evaluate",
+        "--policy",
+        str(STORIES),
+        "--reference",
+        str(STORIES),
+        "--reward-model",
+        stories_rm,
+        "--judge",
+        JUDGE,
+        "--prompts",
+        str(prompts),
+        "--prompt-field",
+        "text",
+        "--samples-per-prompt",
+        "2",
+        "--max-new-tokens",
+        "8",
+        "--batch-size",
+        "4",
+        "--seed",
+        "3",
+        "--out",
+        str(out),
+    ]
     result = run_main(*args, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "kl_mean" in result.stdout and "rm_mean" in result.stdout  # the table
@@ -42,14 +77,27 @@ def test_evaluate_writes_json_and_prints_the_table(tmp_path, stories_rm):
     assert json.loads(out.read_text())["samples"] == samples
 
 
-
 def test_evaluate_several_policies_on_one_prompt_file(tmp_path):
     # Two policies, one prompt file, one seed: a directory of one result per policy (each what a
     # one-policy run writes, so frontier reads it), one table row per policy, nothing written over.
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("Once upon a time\nThe dog ran\n")
-    common = ["--reference", str(STORIES), "--judge", JUDGE, "--prompts", str(prompts), "--chat-template", "never",
-              "--samples-per-prompt", "2", "--max-new-tokens", "6", "--seed", "4"]  # fmt: skip
+    common = [
+        "--reference",
+        str(STORIES),
+        "--judge",
+        JUDGE,
+        "--prompts",
+        str(prompts),
+        "--chat-template",
+        "never",
+        "--samples-per-prompt",
+        "2",
+        "--max-new-tokens",
+        "6",
+        "--seed",
+        "4",
+    ]
     several = ["evaluate", "--policy", str(STORIES), str(STORIES260K_CHAT), *common, "--out", "evals"]
     result = run_main(*several, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -78,22 +126,39 @@ def test_evaluate_several_policies_on_one_prompt_file(tmp_path):
     replaced = run_main(*several, "--overwrite", cwd=tmp_path)
     assert replaced.returncode == 0, replaced.stderr[-3000:]
     assert json.loads(files["stories260K"].read_text())["samples"] == data["stories260K"]["samples"]
-    into_file = run_main("evaluate", "--policy", str(STORIES), str(STORIES260K_CHAT), *common, "--out", "alone.json",
-                         cwd=tmp_path)  # fmt: skip
+    into_file = run_main(
+        "evaluate", "--policy", str(STORIES), str(STORIES260K_CHAT), *common, "--out", "alone.json", cwd=tmp_path
+    )
     assert into_file.returncode == 2
     assert "--out alone.json is a file; with several --policy it names a directory" in error_line(into_file)
     twice = run_main("evaluate", "--policy", str(STORIES), str(STORIES), *common, cwd=tmp_path)
     assert twice.returncode == 2 and error_line(twice).endswith("--policy: the same directory is given twice")
+
 
 def test_best_of_n_sweep_json(tmp_path, stories_rm):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("Once upon a time\nThe dog ran\n")
     out = tmp_path / "bon" / "best.json"
     result = run_main(
-        "best-of-n", "--policy", str(STORIES), "--reward-model", stories_rm, "--judge", JUDGE,
-        "--prompts", str(prompts), "--n-max", "4", "--max-new-tokens", "6", "--seed", "1", "--out", str(out),
+        "best-of-n",
+        "--policy",
+        str(STORIES),
+        "--reward-model",
+        stories_rm,
+        "--judge",
+        JUDGE,
+        "--prompts",
+        str(prompts),
+        "--n-max",
+        "4",
+        "--max-new-tokens",
+        "6",
+        "--seed",
+        "1",
+        "--out",
+        str(out),
         cwd=tmp_path,
-    )  # fmt: skip
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "KL(analytic)" in result.stdout
     data = json.loads(out.read_text())
@@ -101,8 +166,16 @@ def test_best_of_n_sweep_json(tmp_path, stories_rm):
     assert data["config"]["ns"] == [1, 2, 4] and data["config"]["num_samples"] == 4
     rows = data["rows"]
     assert [r["n"] for r in rows] == [1, 2, 4]
-    assert set(rows[0]) == {"n", "kl_analytic", "judge_mean", "judge_stderr", "rm_mean", "rm_stderr",
-                            "length_mean", "ended_fraction"}  # fmt: skip
+    assert set(rows[0]) == {
+        "n",
+        "kl_analytic",
+        "judge_mean",
+        "judge_stderr",
+        "rm_mean",
+        "rm_stderr",
+        "length_mean",
+        "ended_fraction",
+    }
     assert [r["kl_analytic"] for r in rows] == [0.0, math.log(2) - 0.5, math.log(4) - 0.75]
     samples = data["samples"]
     assert len(samples) == 8 and [s["sample_index"] for s in samples[:4]] == [0, 1, 2, 3]
@@ -118,8 +191,9 @@ def test_best_of_n_sweep_json(tmp_path, stories_rm):
 def test_bad_input_is_one_line_before_sampling(tmp_path, stories_rm):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"prompt": "Once"}\n{"prompt": "The"\n')
-    result = run_main("best-of-n", "--policy", str(STORIES), "--reward-model", stories_rm, "--prompts", str(prompts),
-                      cwd=tmp_path)  # fmt: skip
+    result = run_main(
+        "best-of-n", "--policy", str(STORIES), "--reward-model", stories_rm, "--prompts", str(prompts), cwd=tmp_path
+    )
     assert result.returncode == 1
     assert error_line(result).endswith("prompts.jsonl line 2: not JSON (Expecting ',' delimiter)")
 
@@ -130,9 +204,26 @@ def test_unfinished_with_eos_changes_only_the_rm_scores_of_cut_responses(tmp_pat
     runs = {}
     for how in ("as_sampled", "with_eos"):
         out = tmp_path / f"{how}.json"
-        result = run_main("evaluate", "--policy", str(STORIES), "--reward-model", stories_rm, "--prompts", str(prompts),
-                          "--samples-per-prompt", "4", "--max-new-tokens", "6", "--seed", "2", "--unfinished", how,
-                          "--out", str(out), cwd=tmp_path)  # fmt: skip
+        result = run_main(
+            "evaluate",
+            "--policy",
+            str(STORIES),
+            "--reward-model",
+            stories_rm,
+            "--prompts",
+            str(prompts),
+            "--samples-per-prompt",
+            "4",
+            "--max-new-tokens",
+            "6",
+            "--seed",
+            "2",
+            "--unfinished",
+            how,
+            "--out",
+            str(out),
+            cwd=tmp_path,
+        )
         assert result.returncode == 0, result.stderr[-3000:]
         runs[how] = json.loads(out.read_text())
         assert runs[how]["config"]["unfinished"] == how
@@ -154,13 +245,32 @@ def test_evaluate_measures_the_kl_of_a_trained_policy_to_its_reference(tmp_path,
     runs = {}
     for name, against in (("ppo", reference), ("self", policy)):
         out = tmp_path / f"{name}.json"
-        result = run_main("evaluate", "--policy", policy, "--reference", against, "--reward-model", rm,
-                          "--prompts", str(prompts), "--samples-per-prompt", "2", "--max-new-tokens", "8",
-                          "--seed", "3", "--out", str(out), cwd=tmp_path)  # fmt: skip
+        result = run_main(
+            "evaluate",
+            "--policy",
+            policy,
+            "--reference",
+            against,
+            "--reward-model",
+            rm,
+            "--prompts",
+            str(prompts),
+            "--samples-per-prompt",
+            "2",
+            "--max-new-tokens",
+            "8",
+            "--seed",
+            "3",
+            "--out",
+            str(out),
+            cwd=tmp_path,
+        )
         assert result.returncode == 0, result.stderr[-3000:]
         runs[name] = json.loads(out.read_text())
     assert runs["ppo"]["metrics"]["num_samples"] == 4
-    assert runs["ppo"]["samples"] == [{**s, "kl": a["kl"]} for s, a in zip(runs["self"]["samples"], runs["ppo"]["samples"])]
+    assert runs["ppo"]["samples"] == [
+        {**s, "kl": a["kl"]} for s, a in zip(runs["self"]["samples"], runs["ppo"]["samples"])
+    ]
     assert runs["self"]["metrics"]["kl_mean"] == 0.0  # against itself
     assert any(s["kl"] != 0.0 for s in runs["ppo"]["samples"])  # against the SFT model PPO moved away from
     assert all(math.isfinite(s["rm"]) for s in runs["ppo"]["samples"])

@@ -21,8 +21,9 @@ COMPILED = ("--model.init_args.sampling.decode", "compiled")
 
 
 @pytest.mark.slow
-def test_ppo_fit_logs_the_decode_compile_cost_and_a_smaller_last_batch_compiles_once_more(tmp_path, stories_rm,
-                                                                                             two_layer_stories):  # fmt: skip
+def test_ppo_fit_logs_the_decode_compile_cost_and_a_smaller_last_batch_compiles_once_more(
+    tmp_path, stories_rm, two_layer_stories
+):
     # 6 prompts in batches of 4 with the last batch kept: rollout 0 samples 4 rows, rollout 1 samples 2.
     config = ppo_config(tmp_path, two_layer_stories, stories_rm, max_rollouts=2)
     config["data"]["init_args"].update(max_records=6, drop_last=False)
@@ -71,6 +72,8 @@ def test_compiled_scoring_and_training_passes_under_fsdp2_are_refused_too(tmp_pa
     write_yaml(tmp_path / "ppo.yaml", config)
     result = run_main("fit", "--config", str(tmp_path / "ppo.yaml"), cwd=tmp_path)
     assert result.returncode == 2
-    assert error_line(result) == ("rlhf-lit: error: ppo.forward compiled is not supported under fsdp / fsdp2; use "
-                                  "ppo.forward eager, or --trainer.strategy ddp (or one device)")
+    assert error_line(result) == (
+        "rlhf-lit: error: ppo.forward compiled is not supported under fsdp / fsdp2; use "
+        "ppo.forward eager, or --trainer.strategy ddp (or one device)"
+    )
     assert not (tmp_path / "logs").exists()

@@ -34,8 +34,12 @@ def _cut(data: bytes) -> bytes:
     return data[: len(data) // 2]
 
 
-DAMAGES = {"truncated": _cut, "empty": lambda data: b"", "not_the_format": lambda data: NOT_THE_FORMAT,
-           "unparsable": lambda data: data.replace(b"{", b"{,", 1)}  # fmt: skip
+DAMAGES = {
+    "truncated": _cut,
+    "empty": lambda data: b"",
+    "not_the_format": lambda data: NOT_THE_FORMAT,
+    "unparsable": lambda data: data.replace(b"{", b"{,", 1),
+}
 """Each damage as bytes -> bytes (``unparsable``: a JSON file with one stray comma)."""
 
 
@@ -118,16 +122,21 @@ def test_an_export_missing_its_tokenizer_json_is_not_taken_for_one_without_a_tok
     write_yaml(tmp_path / "ppo.yaml", ppo_config(tmp_path, sft, rm))
     result = run_main("fit", "--config", "ppo.yaml", cwd=tmp_path)
     assert result.returncode == 1, result.stderr[-3000:]
-    assert error_line(result).startswith(f"rlhf-lit: error: {option} '{damaged}' cannot be loaded: its tokenizer "
-                                         "files (tokenizer_config.json) do not load (")  # fmt: skip
+    assert error_line(result).startswith(
+        f"rlhf-lit: error: {option} '{damaged}' cannot be loaded: its tokenizer "
+        "files (tokenizer_config.json) do not load ("
+    )
     assert not (tmp_path / "ckpt").exists() and not (tmp_path / "export").exists()
 
 
 CHAT_TEMPLATE = "{% for message in messages %}{{ message['role'] }}: {{ message['content'] }}\n{% endfor %}"
 
 
-@pytest.mark.parametrize(("text", "problem"), [(CHAT_TEMPLATE[:40], "cut short (line 1: "),
-                                               ("", "the file is empty (0 bytes)")], ids=["truncated", "empty"])
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [(CHAT_TEMPLATE[:40], "cut short (line 1: "), ("", "the file is empty (0 bytes)")],
+    ids=["truncated", "empty"],
+)
 def test_a_damaged_chat_template_file_is_named_not_taken_for_no_template(tmp_path, stories_rm, text, problem):
     # transformers reads chat_template.jinja as it is: an empty one is "no chat template" (prompts rendered
     # without one), a cut one fails only when the first prompt is rendered.
@@ -140,8 +149,9 @@ def test_a_damaged_chat_template_file_is_named_not_taken_for_no_template(tmp_pat
     write_yaml(tmp_path / "ppo.yaml", ppo_config(tmp_path, sft, _export_copy(stories_rm, tmp_path / "rm")))
     result = run_main("fit", "--config", "ppo.yaml", cwd=tmp_path)
     assert result.returncode == 1, result.stderr[-3000:]
-    assert error_line(result).startswith(f"rlhf-lit: error: sft_model '{sft}' cannot be loaded: "
-                                         f"{sft / 'chat_template.jinja'}: {problem}")  # fmt: skip
+    assert error_line(result).startswith(
+        f"rlhf-lit: error: sft_model '{sft}' cannot be loaded: {sft / 'chat_template.jinja'}: {problem}"
+    )
 
 
 @pytest.fixture
@@ -149,15 +159,21 @@ def ensemble(tmp_path, stories_rm) -> Path:
     """A reward-model ensemble of one member (a copy of the stories RM), as the RM stage exports it."""
     root = tmp_path / "ensemble"
     _export_copy(stories_rm, root / "members" / "member_0")
-    manifest = {"format": "rlhf-lit-reward-ensemble", "version": 1, "design": {},
-                "members": [{"path": "members/member_0", "seed": 0, "normalization": None}]}  # fmt: skip
+    manifest = {
+        "format": "rlhf-lit-reward-ensemble",
+        "version": 1,
+        "design": {},
+        "members": [{"path": "members/member_0", "seed": 0, "normalization": None}],
+    }
     (root / "ensemble.json").write_text(json.dumps(manifest, indent=1) + "\n")
     (root / MARKER).write_text(json.dumps({"what": "reward-model ensemble"}) + "\n")
     return root
 
 
-@pytest.mark.parametrize(("damage", "problem"), [("truncated", "cut short (line"), ("empty", "the file is empty"),
-                                                 ("unparsable", "not valid JSON")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("damage", "problem"),
+    [("truncated", "cut short (line"), ("empty", "the file is empty"), ("unparsable", "not valid JSON")],
+)
 def test_a_damaged_ensemble_manifest_is_named(tmp_path, ensemble, damage, problem):
     _damage(ensemble / "ensemble.json", damage)
     write_yaml(tmp_path / "ppo.yaml", ppo_config(tmp_path, STORIES, ensemble))
@@ -165,8 +181,18 @@ def test_a_damaged_ensemble_manifest_is_named(tmp_path, ensemble, damage, proble
     assert result.returncode == 1
     assert f"{ensemble / 'ensemble.json'}: {problem}" in error_line(result)
     # the same file through the commands, before any model is loaded
-    best = run_main("best-of-n", "--policy", str(STORIES), "--reward-model", str(ensemble), "--prompts",
-                    str(tmp_path / "prompts.txt"), "--out", "bon.json", cwd=tmp_path)  # fmt: skip
+    best = run_main(
+        "best-of-n",
+        "--policy",
+        str(STORIES),
+        "--reward-model",
+        str(ensemble),
+        "--prompts",
+        str(tmp_path / "prompts.txt"),
+        "--out",
+        "bon.json",
+        cwd=tmp_path,
+    )
     assert best.returncode != 0 and "Traceback" not in best.stderr
     assert f"{ensemble / 'ensemble.json'}: {problem}" in best.stderr
 
@@ -174,8 +200,18 @@ def test_a_damaged_ensemble_manifest_is_named(tmp_path, ensemble, damage, proble
 def test_a_damaged_ensemble_member_is_named_by_the_commands(tmp_path, ensemble):
     _damage(ensemble / "members" / "member_0" / "model.safetensors", "truncated")
     (tmp_path / "prompts.txt").write_text("Once upon a time\n")
-    best = run_main("best-of-n", "--policy", str(STORIES), "--reward-model", str(ensemble), "--prompts",
-                    "prompts.txt", "--out", "bon.json", cwd=tmp_path)  # fmt: skip
+    best = run_main(
+        "best-of-n",
+        "--policy",
+        str(STORIES),
+        "--reward-model",
+        str(ensemble),
+        "--prompts",
+        "prompts.txt",
+        "--out",
+        "bon.json",
+        cwd=tmp_path,
+    )
     assert best.returncode == 1 and "Traceback" not in best.stderr, best.stderr[-3000:]
     assert f"{ensemble / 'members' / 'member_0' / 'model.safetensors'}: cut short (" in best.stderr
 
@@ -197,8 +233,9 @@ def test_the_commands_name_a_damaged_export(tmp_path, stories_rm, command, optio
     _damage(damaged / name, damage)
     (tmp_path / "prompts.txt").write_text("Once upon a time\n")
     extra = ("--reward-model", str(rm)) if command == "best-of-n" else ()
-    result = run_main(command, "--policy", str(policy), *extra, "--prompts", "prompts.txt", "--out", "out.json",
-                      cwd=tmp_path)  # fmt: skip
+    result = run_main(
+        command, "--policy", str(policy), *extra, "--prompts", "prompts.txt", "--out", "out.json", cwd=tmp_path
+    )
     assert result.returncode == 1, result.stderr[-3000:]
     assert "Traceback" not in result.stderr
     line = next(line for line in result.stderr.splitlines() if str(damaged / name) in line)
@@ -235,10 +272,13 @@ def test_a_damaged_checkpoint_is_named_before_any_model_is_loaded(sft_run, tmp_p
     _damage(step2, damage)
     result = run_main("fit", "--config", "sft.yaml", "--ckpt_path", f"ckpt/{step2.name}", cwd=run)
     assert result.returncode == 1
-    problem = {"truncated": "cut short (", "empty": "the file is empty (0 bytes)",
-               "not_the_format": "not a PyTorch checkpoint (it does not start as a zip archive)",
-               "missing_member": "incomplete checkpoint: 1 tensor record(s) missing",
-               "missing": "no such file"}[damage]  # fmt: skip
+    problem = {
+        "truncated": "cut short (",
+        "empty": "the file is empty (0 bytes)",
+        "not_the_format": "not a PyTorch checkpoint (it does not start as a zip archive)",
+        "missing_member": "incomplete checkpoint: 1 tensor record(s) missing",
+        "missing": "no such file",
+    }[damage]
     assert error_line(result).startswith(f"rlhf-lit: error: --ckpt_path ckpt/{step2.name}: {problem}")
     assert "the newest intact" not in result.stderr  # only last.ckpt points elsewhere
 
@@ -247,8 +287,17 @@ def test_a_damaged_last_checkpoint_names_the_newest_intact_one_and_its_command_r
     run = _run_copy(sft_run, tmp_path)
     (step4,) = (run / "ckpt").glob("*step=4.ckpt")
     _damage(run / "ckpt" / "last.ckpt", "truncated")
-    given = ("fit", "--config", "sft.yaml", "--ckpt_path", "ckpt/last.ckpt", "--trainer.max_steps", "5",
-             "--model.init_args.export_existing", "replace")  # fmt: skip
+    given = (
+        "fit",
+        "--config",
+        "sft.yaml",
+        "--ckpt_path",
+        "ckpt/last.ckpt",
+        "--trainer.max_steps",
+        "5",
+        "--model.init_args.export_existing",
+        "replace",
+    )
     result = run_main(*given, cwd=run)
     assert result.returncode == 1
     line = error_line(result)
@@ -267,8 +316,10 @@ def test_a_damaged_last_checkpoint_alone_says_to_start_again(sft_run, tmp_path):
         _damage(ckpt, "empty")
     result = run_main("fit", "--config", "sft.yaml", "--ckpt_path", "ckpt/last.ckpt", cwd=run)
     assert result.returncode == 1
-    assert error_line(result) == ("rlhf-lit: error: --ckpt_path ckpt/last.ckpt: the file is empty (0 bytes); no intact "
-                                  "checkpoint beside it to resume from: start the run again without --ckpt_path")
+    assert error_line(result) == (
+        "rlhf-lit: error: --ckpt_path ckpt/last.ckpt: the file is empty (0 bytes); no intact "
+        "checkpoint beside it to resume from: start the run again without --ckpt_path"
+    )
 
 
 def test_ckpt_path_last_is_checked_where_lightning_resolves_and_loads_it(sft_run, tmp_path):
@@ -278,8 +329,18 @@ def test_ckpt_path_last_is_checked_where_lightning_resolves_and_loads_it(sft_run
     (step4,) = (run / "ckpt").glob("*step=4.ckpt")
     _damage(run / "ckpt" / "last.ckpt", "truncated")
     before = {p.name: p.read_bytes() for p in (run / "ckpt").glob("*.ckpt")}
-    result = run_main("fit", "--config", "sft.yaml", "--ckpt_path", "last", "--trainer.max_steps", "5",
-                      "--model.init_args.export_existing", "replace", cwd=run)  # fmt: skip
+    result = run_main(
+        "fit",
+        "--config",
+        "sft.yaml",
+        "--ckpt_path",
+        "last",
+        "--trainer.max_steps",
+        "5",
+        "--model.init_args.export_existing",
+        "replace",
+        cwd=run,
+    )
     assert result.returncode == 1
     line = error_line(result)
     assert line.startswith("rlhf-lit: error: --ckpt_path last (") and "last.ckpt): cut short (" in line, line
@@ -306,8 +367,18 @@ def test_a_disk_full_during_a_checkpoint_keeps_the_earlier_checkpoints_and_the_e
         raise OSError(errno.ENOSPC, "No space left on device", str(path))
 
     monkeypatch.setattr(torch_io, "_atomic_save", full_disk)  # what TorchCheckpointIO writes with
-    result = run_main("fit", "--config", "sft.yaml", "--ckpt_path", "ckpt/last.ckpt", "--trainer.max_steps", "6",
-                      "--model.init_args.export_existing", "replace", cwd=run)  # fmt: skip
+    result = run_main(
+        "fit",
+        "--config",
+        "sft.yaml",
+        "--ckpt_path",
+        "ckpt/last.ckpt",
+        "--trainer.max_steps",
+        "6",
+        "--model.init_args.export_existing",
+        "replace",
+        cwd=run,
+    )
     assert result.returncode == 1
     assert "No space left on device" in error_line(result)
     assert {p.name: p.read_bytes() for p in (run / "ckpt").glob("*.ckpt")} == before  # no final name was touched
@@ -324,8 +395,17 @@ def test_a_cut_short_output_of_a_command_is_kept_and_named(tmp_path):
     (tmp_path / "prompts.txt").write_text("Once upon a time\n")
     out = tmp_path / "out.json"
     out.write_text('{"written_by": "rlhf-lit evaluate", "metrics": {"judge_mean"')  # a copy cut short
-    result = run_main("evaluate", "--policy", str(STORIES), "--prompts", "prompts.txt", "--out", "out.json",
-                      "--overwrite", cwd=tmp_path)  # fmt: skip
+    result = run_main(
+        "evaluate",
+        "--policy",
+        str(STORIES),
+        "--prompts",
+        "prompts.txt",
+        "--out",
+        "out.json",
+        "--overwrite",
+        cwd=tmp_path,
+    )
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "--out out.json: cut short (line 1, column " in result.stderr
     assert "so it cannot be told as rlhf-lit's output; it is not replaced even with --overwrite" in result.stderr
@@ -344,8 +424,18 @@ def test_a_disk_full_during_the_export_keeps_the_earlier_export_and_the_checkpoi
         raise OSError(errno.ENOSPC, "No space left on device", str(Path(directory) / "model.safetensors"))
 
     monkeypatch.setattr(PreTrainedModel, "save_pretrained", full_disk)
-    result = run_main("fit", "--config", "sft.yaml", "--ckpt_path", "ckpt/last.ckpt", "--trainer.max_steps", "5",
-                      "--model.init_args.export_existing", "replace", cwd=run)  # fmt: skip
+    result = run_main(
+        "fit",
+        "--config",
+        "sft.yaml",
+        "--ckpt_path",
+        "ckpt/last.ckpt",
+        "--trainer.max_steps",
+        "5",
+        "--model.init_args.export_existing",
+        "replace",
+        cwd=run,
+    )
     assert result.returncode == 1
     assert "No space left on device" in error_line(result)
     assert (run / "export" / "model.safetensors").read_bytes() == export

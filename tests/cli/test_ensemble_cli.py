@@ -14,17 +14,39 @@ from cli_helpers import ROOT, error_line, rlhf_lit_forked, run_main, tiny_ppo_ov
 RM_CONFIG = str(ROOT / "configs" / "offline" / "reward_model_ensemble.yaml")
 PPO_CONFIG = str(ROOT / "configs" / "offline" / "ppo_ensemble.yaml")
 RUN = "runs/ens"
-TINY_RM = ("--model.init_args.model", str(STORIES260K), "--data.init_args.train_path", str(HH_RLHF),
-           "--data.init_args.max_records", "32", "--data.init_args.val_fraction", "0.25", "--data.init_args.batch_size", "4",
-           "--data.init_args.max_length", "64", "--data.init_args.max_prompt_length", "48",
-           "--data.init_args.reference_path", str(TINYSTORIES), "--data.init_args.reference_max_records", "8",
-           "--trainer.val_check_interval", "1.0", "--trainer.enable_progress_bar", "false",
-           "--trainer.enable_model_summary", "false")  # fmt: skip
+TINY_RM = (
+    "--model.init_args.model",
+    str(STORIES260K),
+    "--data.init_args.train_path",
+    str(HH_RLHF),
+    "--data.init_args.max_records",
+    "32",
+    "--data.init_args.val_fraction",
+    "0.25",
+    "--data.init_args.batch_size",
+    "4",
+    "--data.init_args.max_length",
+    "64",
+    "--data.init_args.max_prompt_length",
+    "48",
+    "--data.init_args.reference_path",
+    str(TINYSTORIES),
+    "--data.init_args.reference_max_records",
+    "8",
+    "--trainer.val_check_interval",
+    "1.0",
+    "--trainer.enable_progress_bar",
+    "false",
+    "--trainer.enable_model_summary",
+    "false",
+)
 TINY_PPO = tiny_ppo_overrides(RUN)
 
 
 def test_an_ensemble_trains_exports_and_drives_ppo_from_the_shipped_configs(tmp_path):
-    rm = rlhf_lit_forked("fit", "--config", RM_CONFIG, "--run_dir", RUN, *TINY_RM, "--trainer.max_steps", "2", cwd=tmp_path)
+    rm = rlhf_lit_forked(
+        "fit", "--config", RM_CONFIG, "--run_dir", RUN, *TINY_RM, "--trainer.max_steps", "2", cwd=tmp_path
+    )
     assert rm.returncode == 0, rm.stderr[-3000:]
     (last,) = (tmp_path / RUN / "reward_model").rglob("last.ckpt")  # the checkpoint holds every member
     state = torch.load(last, map_location="cpu", weights_only=True)["state_dict"]
@@ -39,7 +61,11 @@ def test_an_ensemble_trains_exports_and_drives_ppo_from_the_shipped_configs(tmp_
 
     ppo = rlhf_lit_forked("fit", "--config", PPO_CONFIG, "--run_dir", RUN, *TINY_PPO, cwd=tmp_path)
     assert ppo.returncode == 0, ppo.stderr[-3000:]
-    rows = [r for r in csv.DictReader(next((tmp_path / RUN / "ppo").rglob("metrics.csv")).open()) if r["reward/reward_model"]]
+    rows = [
+        r
+        for r in csv.DictReader(next((tmp_path / RUN / "ppo").rglob("metrics.csv")).open())
+        if r["reward/reward_model"]
+    ]
     assert len(rows) == 2  # one per rollout
     for row in rows:
         members = [float(row[f"reward/reward_model/member_{m}"]) for m in range(4)]
@@ -51,21 +77,44 @@ def test_an_ensemble_trains_exports_and_drives_ppo_from_the_shipped_configs(tmp_
 
 def test_bad_aggregate_settings_are_one_error_line(tmp_path):
     bad = '{"sources": [{"name": "reward_model", "aggregate": "median"}]}'
-    result = run_main("fit", "--config", PPO_CONFIG, "--run_dir", RUN, *TINY_PPO, "--model.init_args.reward", bad,
-                      cwd=tmp_path)  # fmt: skip
+    result = run_main(
+        "fit", "--config", PPO_CONFIG, "--run_dir", RUN, *TINY_PPO, "--model.init_args.reward", bad, cwd=tmp_path
+    )
     assert result.returncode == 2
     assert error_line(result) == (
         "rlhf-lit: error: option --model.init_args.reward: sources[0].aggregate: expected one of 'mean', "
         "'uncertainty_weighted', 'worst_case', got median; did you mean 'mean'?"
     )
     negative = '{"sources": [{"name": "reward_model", "aggregate": "uncertainty_weighted", "lam": -1}]}'
-    result = run_main("fit", "--config", PPO_CONFIG, "--run_dir", RUN, *TINY_PPO, "--model.init_args.reward_model",
-                      str(STORIES260K), "--model.init_args.reward", negative, cwd=tmp_path)  # fmt: skip
+    result = run_main(
+        "fit",
+        "--config",
+        PPO_CONFIG,
+        "--run_dir",
+        RUN,
+        *TINY_PPO,
+        "--model.init_args.reward_model",
+        str(STORIES260K),
+        "--model.init_args.reward",
+        negative,
+        cwd=tmp_path,
+    )
     assert result.returncode == 1
     assert error_line(result) == "rlhf-lit: error: reward source 'reward_model': lam must be >= 0, got -1.0"
     single = '{"sources": [{"name": "reward_model", "aggregate": "worst_case", "lam": null}]}'
-    result = run_main("fit", "--config", PPO_CONFIG, "--run_dir", RUN, *TINY_PPO, "--model.init_args.reward_model",
-                      str(STORIES260K), "--model.init_args.reward", single, cwd=tmp_path)  # fmt: skip
+    result = run_main(
+        "fit",
+        "--config",
+        PPO_CONFIG,
+        "--run_dir",
+        RUN,
+        *TINY_PPO,
+        "--model.init_args.reward_model",
+        str(STORIES260K),
+        "--model.init_args.reward",
+        single,
+        cwd=tmp_path,
+    )
     assert result.returncode == 1
     assert error_line(result) == (
         f"rlhf-lit: error: reward source 'reward_model': aggregate worst_case needs a reward-model ensemble; "
@@ -91,9 +140,24 @@ def test_evaluate_scores_with_the_members_mean(tmp_path, stories_rm):
     scores = {}
     for name, rm in (("single", stories_rm), ("ensemble", str(tmp_path / "ens"))):
         out = tmp_path / f"{name}.json"
-        result = run_main("evaluate", "--policy", str(STORIES260K), "--reward-model", rm, "--prompts", str(prompts),
-                          "--samples-per-prompt", "2", "--max-new-tokens", "6", "--seed", "2", "--out", str(out),
-                          cwd=tmp_path)  # fmt: skip
+        result = run_main(
+            "evaluate",
+            "--policy",
+            str(STORIES260K),
+            "--reward-model",
+            rm,
+            "--prompts",
+            str(prompts),
+            "--samples-per-prompt",
+            "2",
+            "--max-new-tokens",
+            "6",
+            "--seed",
+            "2",
+            "--out",
+            str(out),
+            cwd=tmp_path,
+        )
         assert result.returncode == 0, result.stderr[-3000:]
         scores[name] = [s["rm"] for s in json.loads(out.read_text())["samples"]]
     assert len(scores["single"]) == 4

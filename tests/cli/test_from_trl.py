@@ -12,15 +12,26 @@ TRL_PPO = ROOT / "configs" / "from_trl" / "ppo_tldr.yaml"
 def test_a_positive_missing_eos_penalty_stops_fit_with_one_line_before_any_model_loads(tmp_path):
     # A TRL user's `missing_eos_penalty 1.0`, ported as it is, would pay every cut response +1. The
     # models do not exist: the refusal must come first (not "sft_model not found").
-    result = run_main("fit", "--config", "configs/offline/ppo.yaml", "--run_dir", str(tmp_path / "run"),
-                      "--model.init_args.sft_model", str(tmp_path / "no_sft"),
-                      "--model.init_args.reward_model", str(tmp_path / "no_rm"),
-                      "--model.init_args.reward.missing_eos_penalty", "1.0", cwd=ROOT)  # fmt: skip
+    result = run_main(
+        "fit",
+        "--config",
+        "configs/offline/ppo.yaml",
+        "--run_dir",
+        str(tmp_path / "run"),
+        "--model.init_args.sft_model",
+        str(tmp_path / "no_sft"),
+        "--model.init_args.reward_model",
+        str(tmp_path / "no_rm"),
+        "--model.init_args.reward.missing_eos_penalty",
+        "1.0",
+        cwd=ROOT,
+    )
     assert result.returncode == 1
     assert error_line(result) == (
         "rlhf-lit: error: reward.missing_eos_penalty=1.0 is positive: it REPLACES the score of a response without "
         "EOS (TRL's missing_eos_penalty is subtracted from it instead), so a positive value pays unfinished "
-        "responses; give the score they get instead, e.g. -1.0, or null")
+        "responses; give the score they get instead, e.g. -1.0, or null"
+    )
     assert not (tmp_path / "run" / "ppo").exists()
 
 

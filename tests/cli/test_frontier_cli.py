@@ -11,7 +11,9 @@ from cli_helpers import error_line, run_main
 
 
 def _evaluation(path, judges, kls, rms=None) -> str:
-    samples = [{"judge": j, "kl": k, **({} if rms is None else {"rm": rms[i]})} for i, (j, k) in enumerate(zip(judges, kls))]
+    samples = [
+        {"judge": j, "kl": k, **({} if rms is None else {"rm": rms[i]})} for i, (j, k) in enumerate(zip(judges, kls))
+    ]
     path.write_text(json.dumps({"written_by": "rlhf-lit evaluate", "metrics": {}, "samples": samples}))
     return path.name
 
@@ -20,29 +22,63 @@ def test_the_frontier_of_checkpoints_and_best_of_n_table_plot_and_json(tmp_path)
     _evaluation(tmp_path / "sft.json", [0.0, 0.2], [0.0, 0.0], rms=[0.0, 0.0])
     _evaluation(tmp_path / "rollout=10.json", [0.4, 0.6], [1.0, 3.0], rms=[1.0, 1.0])  # '=' in a file name
     _evaluation(tmp_path / "r20.json", [0.8, 0.8], [4.0, 6.0], rms=[2.0, 2.0])
-    bon = {"config": {"num_samples": 4, "num_prompts": 2, "estimator": "subsets"},
-           "rows": [{"n": 4, "kl_analytic": math.log(4) - 0.75, "judge_mean": 0.5, "judge_stderr": 0.05,
-                     "rm_mean": 1.5, "rm_stderr": 0.2}]}  # fmt: skip
+    bon = {
+        "config": {"num_samples": 4, "num_prompts": 2, "estimator": "subsets"},
+        "rows": [
+            {
+                "n": 4,
+                "kl_analytic": math.log(4) - 0.75,
+                "judge_mean": 0.5,
+                "judge_stderr": 0.05,
+                "rm_mean": 1.5,
+                "rm_stderr": 0.2,
+            }
+        ],
+    }
     (tmp_path / "bon.json").write_text(json.dumps(bon))
-    done = run_main("frontier", "--eval", "SFT=sft.json", "PPO:rollout 10=rollout=10.json", "--eval",
-                    "PPO:rollout 20=r20.json", "--best-of-n", "bon.json", "--plot", "f.png", "--out", "f.json",
-                    cwd=tmp_path)  # fmt: skip
+    done = run_main(
+        "frontier",
+        "--eval",
+        "SFT=sft.json",
+        "PPO:rollout 10=rollout=10.json",
+        "--eval",
+        "PPO:rollout 20=r20.json",
+        "--best-of-n",
+        "bon.json",
+        "--plot",
+        "f.png",
+        "--out",
+        "f.json",
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0] == "| method | setting | KL to SFT (nats) | judge score +- s.e. | n | note |"
     # rollout 10: judges 0.4, 0.6 -> mean 0.5, sample std 0.1414, s.e. 0.1; KL (1 + 3) / 2 = 2
     assert lines[3] == "| PPO | rollout 10 | 2.00 | 0.500 +- 0.100 | 2 |  |"
-    assert lines[5] == "| best-of-N | N 4 | 0.64 (analytic) | 0.500 +- 0.050 | 2 | 4 samples per prompt, exact mean over N-subsets |"
+    assert (
+        lines[5]
+        == "| best-of-N | N 4 | 0.64 (analytic) | 0.500 +- 0.050 | 2 | 4 samples per prompt, exact mean over N-subsets |"
+    )
     assert (tmp_path / "f.png").stat().st_size > 1000
     saved = json.loads((tmp_path / "f.json").read_text())
     assert saved["written_by"] == "rlhf-lit frontier" and [p["setting"] for p in saved["points"]] == [
-        "-", "rollout 10", "rollout 20", "N 4"]
+        "-",
+        "rollout 10",
+        "rollout 20",
+        "N 4",
+    ]
     assert saved["points"][1]["score"] == 0.5
 
     # The reward-KL frontier of the same results; a file without a label is a method named by the file.
-    done = run_main("frontier", "--eval", "r20.json", "--score", "rm", "--reference-name", "the base model", cwd=tmp_path)
+    done = run_main(
+        "frontier", "--eval", "r20.json", "--score", "rm", "--reference-name", "the base model", cwd=tmp_path
+    )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines()[0] == "| method | setting | KL to the base model (nats) | RM score +- s.e. | n | note |"
+    assert (
+        done.stdout.splitlines()[0]
+        == "| method | setting | KL to the base model (nats) | RM score +- s.e. | n | note |"
+    )
     assert done.stdout.splitlines()[2] == "| r20 | - | 5.00 | 2.000 +- 0.000 | 2 |  |"
 
 
@@ -66,13 +102,24 @@ def test_refusals_name_the_file_and_write_nothing(tmp_path):
     (tmp_path / "other.json").write_text(json.dumps({"rows": []}))
     cases = [
         (["--eval", "a.json", "--plot", "taken.png"], 2, "--plot taken.png exists; it is never replaced"),
-        (["--eval", "a.json", "--score", "rm"], 1, "--eval a.json: the evaluation of a has no 'rm' per sample (evaluate with --reward-model)"),
-        (["--eval", "nokl.json"], 1, "--eval nokl.json: the evaluation of nokl has no 'kl' per sample (evaluate with --reference)"),
+        (
+            ["--eval", "a.json", "--score", "rm"],
+            1,
+            "--eval a.json: the evaluation of a has no 'rm' per sample (evaluate with --reward-model)",
+        ),
+        (
+            ["--eval", "nokl.json"],
+            1,
+            "--eval nokl.json: the evaluation of nokl has no 'kl' per sample (evaluate with --reference)",
+        ),
         (["--eval", "other.json"], 1, "--eval other.json: not an rlhf-lit evaluate result (no samples)"),
         (["--eval", "=a.json"], 2, "--eval '=a.json': give [METHOD[:SETTING]=]FILE"),
         ([], 2, "give at least one --eval result or a --best-of-n result"),
-    ]  # fmt: skip
+    ]
     for args, status, message in cases:
         done = run_main("frontier", *args, cwd=tmp_path)
-        assert done.returncode == status and error_line(done).startswith(f"rlhf-lit: error: {message}"), (args, done.stderr)
+        assert done.returncode == status and error_line(done).startswith(f"rlhf-lit: error: {message}"), (
+            args,
+            done.stderr,
+        )
     assert (tmp_path / "taken.png").read_bytes() == b"mine"

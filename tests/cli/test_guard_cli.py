@@ -26,13 +26,16 @@ def _guard(**init_args) -> dict:
 KEEP_BEST = _guard(
     kl={"action": "keep_best", "ceiling": -1.0},  # the KL per response is always above -1: fires after rollout 1
     keep_best={"metric": "objective/scores"},
-    held_out={"prompts": ["Once upon a time", "The little dog"], "every_n_rollouts": 2,
-              "judge": "rlhf_lit.evaluation.judges:vader"},
+    held_out={
+        "prompts": ["Once upon a time", "The little dog"],
+        "every_n_rollouts": 2,
+        "judge": "rlhf_lit.evaluation.judges:vader",
+    },
     proxy_gold={"action": "warn", "window": 3},
     length={"action": "warn", "baseline": 2, "window": 2},
     distinct={"action": "warn", "baseline": 2, "window": 2},
     objective={"action": "warn", "window": 3},
-)  # fmt: skip
+)
 
 
 def _config(root: Path, rm: str, guard: dict, rollouts: int = ROLLOUTS) -> Path:
@@ -97,8 +100,10 @@ def test_keep_best_exports_the_policy_of_the_best_rollout(guarded):
     scores = _metrics(root)["objective/scores"]  # rollout i was sampled by the policy after i rollouts
     best = max(range(ROLLOUTS), key=lambda i: (scores[i], -i))
     assert 0 < best < ROLLOUTS - 1, scores  # a run where the best is neither the start nor the last
-    assert (f"exporting the policy after rollout {best} (the best: objective/scores = {scores[best]:.6g}), "
-            f"not the last (after rollout {ROLLOUTS})") in stderr  # fmt: skip
+    assert (
+        f"exporting the policy after rollout {best} (the best: objective/scores = {scores[best]:.6g}), "
+        f"not the last (after rollout {ROLLOUTS})"
+    ) in stderr
     exported = load_file(root / "export" / "model.safetensors")
     kept, last = _policy(root / "ckpt" / f"rollout={best}.ckpt"), _policy(root / "ckpt" / f"rollout={ROLLOUTS}.ckpt")
     assert exported and exported.keys() <= kept.keys()

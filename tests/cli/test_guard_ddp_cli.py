@@ -14,12 +14,17 @@ from test_guard_cli import _guard, _guard_lines, _metrics
 def test_under_ddp_stop_ends_both_ranks_after_the_same_rollout(tmp_path, stories_rm):
     config = ppo_config(tmp_path, STORIES, stories_rm, max_rollouts=6)
     config["trainer"].update(strategy="ddp", devices=2)
-    config["trainer"]["callbacks"].append(_guard(
-        kl={"action": "stop", "ceiling": -1.0, "patience": 2},  # holds after every rollout: stops after rollout 2
-        held_out={"prompts": ["Once upon a time", "The little dog"], "every_n_rollouts": 1,
-                  "judge": "rlhf_lit.evaluation.judges:vader"},
-        proxy_gold={"action": "warn", "window": 3},
-    ))  # fmt: skip
+    config["trainer"]["callbacks"].append(
+        _guard(
+            kl={"action": "stop", "ceiling": -1.0, "patience": 2},  # holds after every rollout: stops after rollout 2
+            held_out={
+                "prompts": ["Once upon a time", "The little dog"],
+                "every_n_rollouts": 1,
+                "judge": "rlhf_lit.evaluation.judges:vader",
+            },
+            proxy_gold={"action": "warn", "window": 3},
+        )
+    )
     result = rlhf_lit_forked("fit", "--config", str(write_yaml(tmp_path / "ppo.yaml", config)), cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert _guard_lines(result.stderr) == [("kl", 2, "stop")]  # rank 0 says it, once

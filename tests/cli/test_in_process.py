@@ -24,12 +24,19 @@ import rlhf_lit.cli
 def _state() -> dict:
     """What main() may change in the process, copied."""
     return {
-        "environ": dict(os.environ), "argv": list(sys.argv), "cwd": os.getcwd(), "filters": list(warnings.filters),
+        "environ": dict(os.environ),
+        "argv": list(sys.argv),
+        "cwd": os.getcwd(),
+        "filters": list(warnings.filters),
         "handlers": {n: list(logging.getLogger(n).handlers) for n in ("rlhf_lit", "lightning.pytorch")},
-        "level": logging.getLogger("rlhf_lit").level, "debug": rlhf_lit.cli._debug,
-        "bar": hf_logging.is_progress_bar_enabled(), "threads": torch.get_num_threads(),
-        "torch_rng": torch.random.get_rng_state(), "random": random.getstate(), "numpy": np.random.get_state()[1].copy(),
-    }  # fmt: skip
+        "level": logging.getLogger("rlhf_lit").level,
+        "debug": rlhf_lit.cli._debug,
+        "bar": hf_logging.is_progress_bar_enabled(),
+        "threads": torch.get_num_threads(),
+        "torch_rng": torch.random.get_rng_state(),
+        "random": random.getstate(),
+        "numpy": np.random.get_state()[1].copy(),
+    }
 
 
 def _assert_same(before: dict, after: dict) -> None:
@@ -56,8 +63,20 @@ def test_a_run_with_the_debug_switch_and_a_fit_leave_no_trace(tmp_path):
 
 def test_output_and_status_are_the_runs_own(tmp_path):
     # Each run's output is captured on its own: a second run does not see the first one's lines.
-    first = run_main("fit", "--model", "SFTModule", "--model.model", str(STORIES), "--data", "SFTDataModule",
-                     "--data.train_path", "no-such-file.txt", "--trainer.max_steps", "abc", cwd=tmp_path)  # fmt: skip
+    first = run_main(
+        "fit",
+        "--model",
+        "SFTModule",
+        "--model.model",
+        str(STORIES),
+        "--data",
+        "SFTDataModule",
+        "--data.train_path",
+        "no-such-file.txt",
+        "--trainer.max_steps",
+        "abc",
+        cwd=tmp_path,
+    )
     assert first.returncode == 2 and "trainer.max_steps" in error_line(first)
     second = run_main("--version", cwd=tmp_path)
     assert second.returncode == 0 and second.stdout.startswith("rlhf-lit ") and second.stderr == ""

@@ -14,12 +14,34 @@ from cli_helpers import ROOT, error_line, run_main, tiny_ppo_overrides
 RM_CONFIG = str(ROOT / "configs" / "offline" / "reward_model_debiased.yaml")
 PPO_CONFIG = str(ROOT / "configs" / "offline" / "ppo.yaml")
 RUN = "runs/odin"
-TINY_RM = ("--model.init_args.model", str(STORIES260K), "--data.init_args.train_path", str(HH_RLHF),
-           "--data.init_args.max_records", "40", "--data.init_args.val_fraction", "0.2", "--data.init_args.batch_size", "8",
-           "--data.init_args.max_length", "64", "--data.init_args.max_prompt_length", "48",
-           "--data.init_args.reference_path", str(TINYSTORIES), "--data.init_args.reference_max_records", "8",
-           "--trainer.val_check_interval", "1.0", "--trainer.enable_progress_bar", "false",
-           "--trainer.enable_model_summary", "false", "--trainer.max_steps", "4")  # fmt: skip
+TINY_RM = (
+    "--model.init_args.model",
+    str(STORIES260K),
+    "--data.init_args.train_path",
+    str(HH_RLHF),
+    "--data.init_args.max_records",
+    "40",
+    "--data.init_args.val_fraction",
+    "0.2",
+    "--data.init_args.batch_size",
+    "8",
+    "--data.init_args.max_length",
+    "64",
+    "--data.init_args.max_prompt_length",
+    "48",
+    "--data.init_args.reference_path",
+    str(TINYSTORIES),
+    "--data.init_args.reference_max_records",
+    "8",
+    "--trainer.val_check_interval",
+    "1.0",
+    "--trainer.enable_progress_bar",
+    "false",
+    "--trainer.enable_model_summary",
+    "false",
+    "--trainer.max_steps",
+    "4",
+)
 TINY_PPO = tiny_ppo_overrides(RUN)
 
 
@@ -37,13 +59,26 @@ def test_the_shipped_config_trains_two_heads_exports_one_and_drives_ppo(tmp_path
 
     ppo = run_main("fit", "--config", PPO_CONFIG, "--run_dir", RUN, *TINY_PPO, cwd=tmp_path)
     assert ppo.returncode == 0, ppo.stderr[-3000:]
-    rows = [r for r in csv.DictReader(next((tmp_path / RUN / "ppo").rglob("metrics.csv")).open()) if r["reward/reward_model"]]
+    rows = [
+        r
+        for r in csv.DictReader(next((tmp_path / RUN / "ppo").rglob("metrics.csv")).open())
+        if r["reward/reward_model"]
+    ]
     assert len(rows) == 2  # one per rollout, scored by the exported quality head
 
 
 def test_odin_with_an_ensemble_is_one_error_line(tmp_path):
-    result = run_main("fit", "--config", RM_CONFIG, "--run_dir", RUN, *TINY_RM, "--model.init_args.ensemble.members", "2",
-                      cwd=tmp_path)  # fmt: skip
+    result = run_main(
+        "fit",
+        "--config",
+        RM_CONFIG,
+        "--run_dir",
+        RUN,
+        *TINY_RM,
+        "--model.init_args.ensemble.members",
+        "2",
+        cwd=tmp_path,
+    )
     assert result.returncode == 1
     assert error_line(result) == (
         "rlhf-lit: error: length_debias.method odin is not supported with ensemble.members > 1; train one reward model"

@@ -42,8 +42,14 @@ def _preference_config(root, stage: str, strategy: str) -> dict:
     config = sft_config(root, TINYSTORIES, max_steps=3)
     model = config["model"]["init_args"]
     model["lora"] = {"r": 4, "export": "adapter" if stage == "dpo" else "merged"}
-    data = {"train_path": str(HH_RLHF), "format": "hh_rlhf", "max_records": 48, "max_length": 96,
-            "max_prompt_length": 64, "batch_size": 4}  # fmt: skip
+    data = {
+        "train_path": str(HH_RLHF),
+        "format": "hh_rlhf",
+        "max_records": 48,
+        "max_length": 96,
+        "max_prompt_length": 64,
+        "batch_size": 4,
+    }
     if stage == "rm":
         config["model"]["class_path"] = "rlhf_lit.stages.RewardModelModule"
         model["normalize"] = "gain_bias"
@@ -81,12 +87,16 @@ def test_lora_under_fsdp2_trains_what_ddp_trains(stage, tmp_path):
         assert type(AutoPeftModelForCausalLM.from_pretrained(fsdp2).get_base_model()).__name__ == "LlamaForCausalLM"
         config = json.loads((fsdp2 / "adapter_config.json").read_text())
         assert config["r"] == 4 and config["base_model_name_or_path"] == str(STORIES.resolve())
-        adapters = {name: load_file(path / "adapter_model.safetensors") for name, path in (("ddp", ddp), ("fsdp2", fsdp2))}
+        adapters = {
+            name: load_file(path / "adapter_model.safetensors") for name, path in (("ddp", ddp), ("fsdp2", fsdp2))
+        }
         start = {n: torch.zeros_like(v) if "lora_B" in n else v for n, v in adapters["ddp"].items()}  # B starts at 0
         _assert_close_and_moved(adapters["fsdp2"], adapters["ddp"], start)
         return
-    models = {name: AutoModelForSequenceClassification.from_pretrained(path, num_labels=1)
-              for name, path in (("ddp", ddp), ("fsdp2", fsdp2))}  # fmt: skip
+    models = {
+        name: AutoModelForSequenceClassification.from_pretrained(path, num_labels=1)
+        for name, path in (("ddp", ddp), ("fsdp2", fsdp2))
+    }
     for model in models.values():  # merged: plain transformers, the gain folded into the head
         assert not any("lora" in n for n in model.state_dict())
         assert model.config.rlhf_lit_reward_normalization["gain"] != 1.0
@@ -100,8 +110,12 @@ def test_lora_under_fsdp2_trains_what_ddp_trains(stage, tmp_path):
 
 def _kl_by_rollout(root) -> dict[int, float]:
     """``objective/kl`` of every rollout logged under ``root/logs`` (a resumed run logs in a new version)."""
-    return {int(row["step"]): float(row["objective/kl"]) for path in (root / "logs").rglob("metrics.csv")
-            for row in csv.DictReader(path.open()) if row.get("objective/kl")}  # fmt: skip
+    return {
+        int(row["step"]): float(row["objective/kl"])
+        for path in (root / "logs").rglob("metrics.csv")
+        for row in csv.DictReader(path.open())
+        if row.get("objective/kl")
+    }
 
 
 @pytest.mark.slow
@@ -113,8 +127,11 @@ def test_ppo_with_lora_under_fsdp2_resumes_to_the_ddp_run(tmp_path, stories_rm):
     # shards on entry and unfreezes the gathered copies on exit: unless adapter_disabled unfreezes
     # the shards too, the adapter stops training after the first minibatch.
     def config(root, strategy: str, rollouts: int) -> dict:
-        model = {"lora": {"r": 4, "target_modules": ["q_proj", "v_proj", "down_proj", "embed_tokens"]},
-                 "critic_lora": {"r": 4}, "memory": {"gradient_checkpointing": True}}  # fmt: skip
+        model = {
+            "lora": {"r": 4, "target_modules": ["q_proj", "v_proj", "down_proj", "embed_tokens"]},
+            "critic_lora": {"r": 4},
+            "memory": {"gradient_checkpointing": True},
+        }
         config = ppo_config(root, STORIES, stories_rm, max_rollouts=rollouts, **model)
         config["model"]["init_args"]["ppo"]["old_logprobs"] = "sampling"
         config["model"]["init_args"]["optimizer"]["schedule"] = "constant"
@@ -124,8 +141,16 @@ def test_ppo_with_lora_under_fsdp2_resumes_to_the_ddp_run(tmp_path, stories_rm):
     ddp, fsdp2 = tmp_path / "ddp", tmp_path / "fsdp2"
     _fit(ddp, config(ddp, "ddp", 2))
     _fit(fsdp2, config(fsdp2, "fsdp2", 1))  # one rollout, then resumed from its checkpoint for the second
-    _fit(fsdp2, config(fsdp2, "fsdp2", 1), "--model.init_args.max_rollouts", "2", "--model.init_args.export_existing",
-         "replace", "--ckpt_path", str(fsdp2 / "ckpt" / "last.ckpt"))  # fmt: skip
+    _fit(
+        fsdp2,
+        config(fsdp2, "fsdp2", 1),
+        "--model.init_args.max_rollouts",
+        "2",
+        "--model.init_args.export_existing",
+        "replace",
+        "--ckpt_path",
+        str(fsdp2 / "ckpt" / "last.ckpt"),
+    )
 
     # The reference is the base: KL 0 before any update (to the rounding between the sampling pass's
     # logits and the reference's full pass), far from 0 once the adapters moved (a reference that

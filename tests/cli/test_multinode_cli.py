@@ -46,8 +46,22 @@ def start_node(launcher: str, node_rank: int, port: int, args: list[str], log: P
     same path through its SLURMEnvironment).
     """
     if launcher == "torchrun":
-        command = [str(TORCHRUN), "--nnodes", "2", "--nproc-per-node", "1", "--node-rank", str(node_rank),
-                   "--master-addr", "127.0.0.1", "--master-port", str(port), "-m", "rlhf_lit.cli", *args]  # fmt: skip
+        command = [
+            str(TORCHRUN),
+            "--nnodes",
+            "2",
+            "--nproc-per-node",
+            "1",
+            "--node-rank",
+            str(node_rank),
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            str(port),
+            "-m",
+            "rlhf_lit.cli",
+            *args,
+        ]
         with open(log, "w") as out:  # one thread per process: the one-node launcher gives each process one core
             return subprocess.Popen(command, cwd=log.parent, env=subprocess_env(), stdout=out, stderr=subprocess.STDOUT)
     env = {"NODE_RANK": str(node_rank), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
@@ -105,13 +119,16 @@ def kill_after_checkpoint(proc: cli_forked.ForkedProcess, root: Path, rollout: i
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-    assert not (root / "ckpt" / f"rollout={rollout + 1}.ckpt").exists(), "killed too late: the next rollout had finished"
+    assert not (root / "ckpt" / f"rollout={rollout + 1}.ckpt").exists(), (
+        "killed too late: the next rollout had finished"
+    )
     assert final_state(root)["ppo"]["rollout_index"] == rollout
 
 
 @pytest.mark.slow
 def test_two_nodes_launched_by_torchrun_train_under_ddp_what_one_node_of_two_processes_trains(
-        tmp_path, straight_ddp, stories_rm):  # fmt: skip
+    tmp_path, straight_ddp, stories_rm
+):
     """2 nodes x 1 process == 1 node x 2 processes (the shared run, tests/cli/conftest.py), bit for bit."""
     fit_on_two_nodes("torchrun", "--config", str(two_process_ppo(tmp_path, stories_rm, "ddp")), cwd=tmp_path)
     assert_same_run(straight_ddp, tmp_path)
@@ -120,7 +137,8 @@ def test_two_nodes_launched_by_torchrun_train_under_ddp_what_one_node_of_two_pro
 
 @pytest.mark.slow
 def test_under_fsdp2_two_nodes_train_what_one_node_trains_and_a_run_killed_on_one_node_resumes_on_two(
-        tmp_path, straight_fsdp2, stories_rm):  # fmt: skip
+    tmp_path, straight_fsdp2, stories_rm
+):
     """2 nodes x 1 process (Lightning's variables) == 1 node x 2 processes, bit for bit; and a run
     killed mid-rollout on one node (both ranks, SIGKILL) resumed with the README's command on two
     nodes ends where the straight one-node run ends: the checkpoint, written sharded by one layout,
@@ -132,8 +150,12 @@ def test_under_fsdp2_two_nodes_train_what_one_node_trains_and_a_run_killed_on_on
 
     config = two_process_ppo(killed, stories_rm, "fsdp2")
     # Its own session: the kill reaches rank 1 too (Lightning's launcher starts it from rank 0).
-    proc = cli_forked.start(["fit", "--config", str(config)], cwd=killed, stdout=killed / "output.txt", new_session=True)
+    proc = cli_forked.start(
+        ["fit", "--config", str(config)], cwd=killed, stdout=killed / "output.txt", new_session=True
+    )
     kill_after_checkpoint(proc, killed, rollout=2)
-    fit_on_two_nodes("lightning", "--config", str(config), "--ckpt_path", str(killed / "ckpt" / "last.ckpt"), cwd=killed)
+    fit_on_two_nodes(
+        "lightning", "--config", str(config), "--ckpt_path", str(killed / "ckpt" / "last.ckpt"), cwd=killed
+    )
     assert_same_run(straight_fsdp2, killed)
     assert "model.safetensors" in [p.name for p in (killed / "export").iterdir()]

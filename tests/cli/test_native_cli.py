@@ -12,7 +12,17 @@ import re
 from pathlib import Path
 
 import pytest
-from cli_helpers import HH_RLHF, STORIES, TINYSTORIES, error_line, ppo_config, rlhf_lit, run_main, sft_config, write_yaml
+from cli_helpers import (
+    HH_RLHF,
+    STORIES,
+    TINYSTORIES,
+    error_line,
+    ppo_config,
+    rlhf_lit,
+    run_main,
+    sft_config,
+    write_yaml,
+)
 
 # ------------------------------------------------------------------------------------ discovery and options
 
@@ -20,7 +30,14 @@ from cli_helpers import HH_RLHF, STORIES, TINYSTORIES, error_line, ppo_config, r
 def test_fit_help_lists_the_stages_and_data_modules_and_no_optimizer_options(tmp_path):
     result = run_main("fit", "--help", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
-    for name in ("SFTModule", "RewardModelModule", "PPOModule", "SFTDataModule", "PreferenceDataModule", "PromptDataModule"):
+    for name in (
+        "SFTModule",
+        "RewardModelModule",
+        "PPOModule",
+        "SFTDataModule",
+        "PreferenceDataModule",
+        "PromptDataModule",
+    ):
         assert re.search(rf"rlhf_lit\.(stages|data)\.{name}\b", result.stdout), name
     # The stages own their optimizers: LightningCLI's would crash PPO or replace SFT's AdamW.
     assert "--optimizer" not in result.stdout and "--lr_scheduler" not in result.stdout
@@ -30,8 +47,19 @@ def test_fit_help_lists_the_stages_and_data_modules_and_no_optimizer_options(tmp
 
 
 def test_short_class_names_are_taken_for_model_and_data(tmp_path):
-    result = run_main("fit", "--model", "SFTModule", "--model.model", str(STORIES), "--data", "SFTDataModule",
-                      "--data.train_path", str(TINYSTORIES), "--print_config", cwd=tmp_path)  # fmt: skip
+    result = run_main(
+        "fit",
+        "--model",
+        "SFTModule",
+        "--model.model",
+        str(STORIES),
+        "--data",
+        "SFTDataModule",
+        "--data.train_path",
+        str(TINYSTORIES),
+        "--print_config",
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "class_path: rlhf_lit.stages.SFTModule" in result.stdout
     assert "class_path: rlhf_lit.data.SFTDataModule" in result.stdout
@@ -67,11 +95,17 @@ def test_the_cli_asks_the_stage_it_builds_what_it_refuses():
 
 EXPECTED_STDERR = (
     "[rlhf-lit] ",  # rlhf-lit's own messages (record counts, normalisation)
-    "Seed set to ", "GPU available: ", "TPU available: ", "`Trainer.fit` stopped: ",  # Lightning's facts
-    "Loading weights:", "Writing model shards:",  # transformers' progress on large checkpoints
-    "Sanity Checking", "Validation",  # Lightning's validation bars
-    "rollout ", "step ",  # RunProgressBar
-)  # fmt: skip
+    "Seed set to ",
+    "GPU available: ",
+    "TPU available: ",
+    "`Trainer.fit` stopped: ",  # Lightning's facts
+    "Loading weights:",
+    "Writing model shards:",  # transformers' progress on large checkpoints
+    "Sanity Checking",
+    "Validation",  # Lightning's validation bars
+    "rollout ",
+    "step ",  # RunProgressBar
+)
 """Starts of the stderr lines a run may print; anything else (a warning, a report) is noise."""
 
 
@@ -120,11 +154,22 @@ def test_ppo_bar_counts_rollouts_and_the_run_prints_no_warning(tmp_path, stories
 def test_sft_and_rm_bars_count_steps_of_the_run_and_print_no_warning(stage, tmp_path):
     config = sft_config(tmp_path, TINYSTORIES, max_steps=3, data={"val_fraction": 0.2})
     if stage == "rm":  # stories260K is a causal LM: the reward head is created on purpose, without a report
-        config["model"] = {"class_path": "rlhf_lit.stages.RewardModelModule", "init_args": {
-            "model": str(STORIES), "optimizer": {"lr": 1.0e-3}, "export_dir": str(tmp_path / "export")}}
-        config["data"] = {"class_path": "rlhf_lit.data.PreferenceDataModule", "init_args": {
-            "train_path": str(HH_RLHF), "format": "hh_rlhf", "max_records": 48, "max_length": 96,
-            "max_prompt_length": 64, "batch_size": 4, "val_fraction": 0.2}}  # fmt: skip
+        config["model"] = {
+            "class_path": "rlhf_lit.stages.RewardModelModule",
+            "init_args": {"model": str(STORIES), "optimizer": {"lr": 1.0e-3}, "export_dir": str(tmp_path / "export")},
+        }
+        config["data"] = {
+            "class_path": "rlhf_lit.data.PreferenceDataModule",
+            "init_args": {
+                "train_path": str(HH_RLHF),
+                "format": "hh_rlhf",
+                "max_records": 48,
+                "max_length": 96,
+                "max_prompt_length": 64,
+                "batch_size": 4,
+                "val_fraction": 0.2,
+            },
+        }
     write_yaml(tmp_path / "run.yaml", as_a_user_runs_it(config))
     result = rlhf_lit("fit", "--config", "run.yaml", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -47,7 +47,8 @@ def test_a_mistyped_option_is_named_with_its_nearest_option_before_any_model_loa
     result = cli_forked.run("fit", "--config", "ppo.yaml", "--model.init_args.ppo.epochz", "3", cwd=tmp_path)
     assert result.returncode == 2
     assert error_line(result) == (
-        "rlhf-lit: error: unknown option --model.init_args.ppo.epochz; did you mean --model.init_args.ppo.epochs?")
+        "rlhf-lit: error: unknown option --model.init_args.ppo.epochz; did you mean --model.init_args.ppo.epochs?"
+    )
     assert "Union subtypes" not in result.stderr and "usage:" not in result.stderr
     assert not (tmp_path / "logs").exists() and not (tmp_path / "ckpt").exists()
 
@@ -75,21 +76,47 @@ def test_an_unknown_option_of_any_stage_data_module_or_trainer_names_the_nearest
 @pytest.mark.parametrize(
     ("config", "overlay", "line", "told"),
     [
-        ("ppo", "model:\n  init_args:\n    ppo: {epochz: 3}\n", 3,
-         "unknown key model.init_args.ppo.epochz; did you mean model.init_args.ppo.epochs?"),
-        ("sft", "model:\n  init_args:\n    lora:\n      rr: 8\n", 4,
-         "unknown key model.init_args.lora.rr; did you mean model.init_args.lora.r?"),
-        ("dpo", "data:\n  init_args:\n    max_lenght: 64\n", 3,
-         "unknown key data.init_args.max_lenght; did you mean data.init_args.max_length?"),
-        ("reward_model", "trainer:\n  max_stepz: 3\n", 2, "unknown key trainer.max_stepz; did you mean trainer.max_steps?"),
-        ("reward_model", "traner:\n  max_steps: 3\n", 2, "unknown key traner.max_steps; did you mean trainer.max_steps?"),
-        ("ppo", "trainer:\n  callbacks:\n    - class_path: rlhf_lit.callbacks.Checkpoint\n"
-                "    - class_path: rlhf_lit.callbacks.OnlineGeneration\n      init_args: {every_n_rolouts: 5}\n", 5,
-         "unknown key trainer.callbacks[1].init_args.every_n_rolouts; "
-         "did you mean trainer.callbacks[1].init_args.every_n_rollouts?"),
+        (
+            "ppo",
+            "model:\n  init_args:\n    ppo: {epochz: 3}\n",
+            3,
+            "unknown key model.init_args.ppo.epochz; did you mean model.init_args.ppo.epochs?",
+        ),
+        (
+            "sft",
+            "model:\n  init_args:\n    lora:\n      rr: 8\n",
+            4,
+            "unknown key model.init_args.lora.rr; did you mean model.init_args.lora.r?",
+        ),
+        (
+            "dpo",
+            "data:\n  init_args:\n    max_lenght: 64\n",
+            3,
+            "unknown key data.init_args.max_lenght; did you mean data.init_args.max_length?",
+        ),
+        (
+            "reward_model",
+            "trainer:\n  max_stepz: 3\n",
+            2,
+            "unknown key trainer.max_stepz; did you mean trainer.max_steps?",
+        ),
+        (
+            "reward_model",
+            "traner:\n  max_steps: 3\n",
+            2,
+            "unknown key traner.max_steps; did you mean trainer.max_steps?",
+        ),
+        (
+            "ppo",
+            "trainer:\n  callbacks:\n    - class_path: rlhf_lit.callbacks.Checkpoint\n"
+            "    - class_path: rlhf_lit.callbacks.OnlineGeneration\n      init_args: {every_n_rolouts: 5}\n",
+            5,
+            "unknown key trainer.callbacks[1].init_args.every_n_rolouts; "
+            "did you mean trainer.callbacks[1].init_args.every_n_rollouts?",
+        ),
     ],
     ids=["ppo-group", "sft-lora", "dpo-data", "trainer", "top-level", "callback-in-a-list"],
-)  # fmt: skip
+)
 def test_an_unknown_key_in_a_config_file_names_the_file_and_line(tmp_path, config, overlay, line, told):
     path = _overlay(tmp_path, overlay)
     result = _parse("--config", str(OFFLINE / f"{config}.yaml"), "--config", path)
@@ -109,53 +136,71 @@ def test_a_yaml_syntax_error_names_the_file_line_and_column(tmp_path):
     assert told.endswith("(while parsing a flow mapping that starts at line 3, column 15)")
 
 
-STAGES = "(choices: rlhf_lit.stages.DPOModule, rlhf_lit.stages.PPOModule, rlhf_lit.stages.RewardModelModule, rlhf_lit.stages.SFTModule)"  # fmt: skip
+STAGES = "(choices: rlhf_lit.stages.DPOModule, rlhf_lit.stages.PPOModule, rlhf_lit.stages.RewardModelModule, rlhf_lit.stages.SFTModule)"
 
 
 def test_a_class_that_does_not_exist_is_named_with_the_valid_choices(tmp_path):
-    config = (OFFLINE / "sft.yaml").read_text(encoding="utf-8").replace("rlhf_lit.stages.SFTModule", "rlhf_lit.stages.SFTModul")
+    config = (
+        (OFFLINE / "sft.yaml")
+        .read_text(encoding="utf-8")
+        .replace("rlhf_lit.stages.SFTModule", "rlhf_lit.stages.SFTModul")
+    )
     path = _overlay(tmp_path, config)
     line = config.splitlines().index("  class_path: rlhf_lit.stages.SFTModul") + 1
     assert _refused(_parse("--config", path)) == (
         f"{path}, line {line}: model.class_path: no class rlhf_lit.stages.SFTModul; "
-        f"did you mean rlhf_lit.stages.SFTModule? {STAGES}")
+        f"did you mean rlhf_lit.stages.SFTModule? {STAGES}"
+    )
     assert _refused(_parse("--config", str(OFFLINE / "ppo.yaml"), "--data", "PromptDataModul")) == (
         "option --data: no class PromptDataModul; did you mean rlhf_lit.data.PromptDataModule? (choices: "
-        "rlhf_lit.data.PreferenceDataModule, rlhf_lit.data.PromptDataModule, rlhf_lit.data.SFTDataModule)")
+        "rlhf_lit.data.PreferenceDataModule, rlhf_lit.data.PromptDataModule, rlhf_lit.data.SFTDataModule)"
+    )
     callback = _overlay(tmp_path, "trainer:\n  callbacks:\n    - class_path: rlhf_lit.callbacks.RolloutCheckpont\n")
     assert _refused(_parse("--config", str(OFFLINE / "ppo.yaml"), "--config", callback)) == (
         f"{callback}, line 3: trainer.callbacks[0].class_path: no class rlhf_lit.callbacks.RolloutCheckpont; did you "
         "mean rlhf_lit.callbacks.RolloutCheckpoint? (choices: rlhf_lit.callbacks.Checkpoint, "
         "rlhf_lit.callbacks.OnlineGeneration, rlhf_lit.callbacks.OverOptimisationGuard, rlhf_lit.callbacks.Preemption, "
-        "rlhf_lit.callbacks.RolloutCheckpoint, rlhf_lit.callbacks.RunProgressBar)")
+        "rlhf_lit.callbacks.RolloutCheckpoint, rlhf_lit.callbacks.RunProgressBar)"
+    )
 
 
 def test_a_value_of_the_wrong_type_names_the_option_and_the_type(tmp_path):
     ppo = str(OFFLINE / "ppo.yaml")
     path = _overlay(tmp_path, "model:\n  init_args:\n    max_rollouts: ten\n")
     assert _refused(_parse("--config", ppo, "--config", path)) == (
-        f"{path}, line 3: model.init_args.max_rollouts: expected int, got ten")
+        f"{path}, line 3: model.init_args.max_rollouts: expected int, got ten"
+    )
     assert _refused(_parse("--config", ppo, "--model.init_args.kl.init_coef", "high")) == (
-        "option --model.init_args.kl.init_coef: expected float, got high")
+        "option --model.init_args.kl.init_coef: expected float, got high"
+    )
     assert _refused(_parse("--config", ppo, "--model.init_args.critic", "seperate")) == (
         "option --model.init_args.critic: expected one of 'separate', 'shared_trunk', got seperate; "
-        "did you mean 'separate'?")
+        "did you mean 'separate'?"
+    )
     assert _refused(_parse("--config", ppo, "--trainer.max_epochs", "1.5")) == (
-        "option --trainer.max_epochs: expected int or null, got 1.5")
+        "option --trainer.max_epochs: expected int or null, got 1.5"
+    )
 
 
 def test_a_wrong_element_in_a_list_names_the_element(tmp_path):
     ppo = str(OFFLINE / "ppo.yaml")
-    path = _overlay(tmp_path, "model:\n  init_args:\n    reward:\n      sources:\n        - {name: rm}\n"
-                              "        - {name: len, weight: heavy}\n")  # fmt: skip
+    path = _overlay(
+        tmp_path,
+        "model:\n  init_args:\n    reward:\n      sources:\n        - {name: rm}\n"
+        "        - {name: len, weight: heavy}\n",
+    )
     assert _refused(_parse("--config", ppo, "--config", path)) == (
-        f"{path}, line 6: model.init_args.reward.sources[1].weight: expected float, got heavy")
-    assert _refused(_parse("--config", ppo, "--model.init_args.reward.sources", "[{name: rm}, {name: x, wieght: 2}]")) == (
-        "option --model.init_args.reward.sources: unknown key [1].wieght; did you mean [1].weight?")
+        f"{path}, line 6: model.init_args.reward.sources[1].weight: expected float, got heavy"
+    )
+    assert _refused(
+        _parse("--config", ppo, "--model.init_args.reward.sources", "[{name: rm}, {name: x, wieght: 2}]")
+    ) == ("option --model.init_args.reward.sources: unknown key [1].wieght; did you mean [1].weight?")
     assert _refused(_parse("--config", ppo, "--model.init_args.reward.sources", "[rm]")) == (
-        "option --model.init_args.reward.sources: no class rm (a class path or a mapping of arguments)")
+        "option --model.init_args.reward.sources: no class rm (a class path or a mapping of arguments)"
+    )
     assert _refused(_parse("--config", ppo, "--model.init_args.reward.sources", "[3]")) == (
-        "option --model.init_args.reward.sources: expected RewardSource, got 3")
+        "option --model.init_args.reward.sources: expected RewardSource, got 3"
+    )
 
 
 # ------------------------------------------------------------------------------------ every config value, typed
@@ -214,16 +259,33 @@ def test_every_value_a_config_sets_can_be_given_on_the_command_line(config):
 
 def test_null_mappings_and_lists_on_the_command_line_replace_the_config_values():
     ppo = str(OFFLINE / "ppo.yaml")  # sets reward: {missing_eos_penalty: null}
-    result = _parse("--config", ppo, "--model.init_args.reward.missing_eos_penalty", "1.5",
-                    "--model.init_args.reward.missing_eos_penalty", "null", "--model.init_args.ppo.max_grad_norm", "null",
-                    "--model.init_args.reward", "{clip: null, unfinished: as_sampled}",
-                    "--model.init_args.reward.sources", '[{name: rm, function: null}, {name: len, function: '
-                    '"rlhf_lit.rewards.shaping:length_target", kwargs: {target: 3}, weight: 1.0e-2}]')  # fmt: skip
+    result = _parse(
+        "--config",
+        ppo,
+        "--model.init_args.reward.missing_eos_penalty",
+        "1.5",
+        "--model.init_args.reward.missing_eos_penalty",
+        "null",
+        "--model.init_args.ppo.max_grad_norm",
+        "null",
+        "--model.init_args.reward",
+        "{clip: null, unfinished: as_sampled}",
+        "--model.init_args.reward.sources",
+        "[{name: rm, function: null}, {name: len, function: "
+        '"rlhf_lit.rewards.shaping:length_target", kwargs: {target: 3}, weight: 1.0e-2}]',
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     model = yaml.safe_load(result.stdout)["model"]["init_args"]
     assert model["reward"]["missing_eos_penalty"] is None and model["reward"]["clip"] is None
     assert model["reward"]["unfinished"] == "as_sampled" and model["ppo"]["max_grad_norm"] is None
     assert model["reward"]["sources"] == [
         {"name": "rm", "weight": 1.0, "function": None, "kwargs": {}, "aggregate": "mean", "lam": None},
-        {"name": "len", "weight": 0.01, "function": "rlhf_lit.rewards.shaping:length_target", "kwargs": {"target": 3},
-         "aggregate": "mean", "lam": None}]
+        {
+            "name": "len",
+            "weight": 0.01,
+            "function": "rlhf_lit.rewards.shaping:length_target",
+            "kwargs": {"target": 3},
+            "aggregate": "mean",
+            "lam": None,
+        },
+    ]

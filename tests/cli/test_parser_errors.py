@@ -19,7 +19,7 @@ from rlhf_lit.cli.parser_errors import ParserProblem, describe, find_problem, re
 
 # ------------------------------------------------------------------------------------ jsonargparse's reports
 
-TYPO_ON_THE_COMMAND_LINE = '''Parser key "model":
+TYPO_ON_THE_COMMAND_LINE = """Parser key "model":
   Does not validate against any of the Union subtypes
   Subtypes: [<class 'lightning.pytorch.core.module.LightningModule'>, <class 'NoneType'>]
   Errors:
@@ -27,9 +27,9 @@ TYPO_ON_THE_COMMAND_LINE = '''Parser key "model":
         unrecognized arguments: --ppo.epochz=3
     - Expected a <class 'NoneType'>
   Given value type: <class 'jsonargparse._util.NestedArg'>
-  Given value: NestedArg(key='ppo.epochz', val='3')'''
+  Given value: NestedArg(key='ppo.epochz', val='3')"""
 
-TYPO_IN_A_LIST_ELEMENT = '''Parser key "trainer.callbacks":
+TYPO_IN_A_LIST_ELEMENT = """Parser key "trainer.callbacks":
   Does not validate against any of the Union subtypes
   Subtypes: [list[lightning.pytorch.callbacks.callback.Callback], <class 'lightning.pytorch.callbacks.callback.Callback'>, <class 'NoneType'>]
   Errors:
@@ -41,9 +41,9 @@ TYPO_IN_A_LIST_ELEMENT = '''Parser key "trainer.callbacks":
       - a dict with class_path entry
     - Expected a <class 'NoneType'>
   Given value type: <class 'list'>
-  Given value: [{'class_path': 'rlhf_lit.callbacks.OnlineGeneration'}]'''
+  Given value: [{'class_path': 'rlhf_lit.callbacks.OnlineGeneration'}]"""
 
-NO_SUCH_CLASS = '''Parser key "model":
+NO_SUCH_CLASS = """Parser key "model":
   Does not validate against any of the Union subtypes
   Subtypes: [<class 'lightning.pytorch.core.module.LightningModule'>, <class 'NoneType'>]
   Errors:
@@ -51,9 +51,9 @@ NO_SUCH_CLASS = '''Parser key "model":
         module 'rlhf_lit.stages' has no attribute 'PPOModul'
     - Expected a <class 'NoneType'>
   Given value type: <class 'dict'>
-  Given value: {'class_path': 'rlhf_lit.stages.PPOModul'}'''
+  Given value: {'class_path': 'rlhf_lit.stages.PPOModul'}"""
 
-NO_SUCH_SHORT_NAME = '''Parser key "model":
+NO_SUCH_SHORT_NAME = """Parser key "model":
 
   - Expected a path but PPOModul either not accessible or invalid
   - Does not validate against any of the Union subtypes
@@ -62,9 +62,9 @@ NO_SUCH_SHORT_NAME = '''Parser key "model":
     - Expected a dot import path string: PPOModul
     - Expected a <class 'NoneType'>
   Given value type: <class 'str'>
-  Given value: PPOModul'''
+  Given value: PPOModul"""
 
-WRONG_TYPE_IN_A_LIST = '''Parser key "model":
+WRONG_TYPE_IN_A_LIST = """Parser key "model":
   Does not validate against any of the Union subtypes
   Subtypes: [<class 'lightning.pytorch.core.module.LightningModule'>, <class 'NoneType'>]
   Errors:
@@ -74,9 +74,9 @@ WRONG_TYPE_IN_A_LIST = '''Parser key "model":
             Parser key "weight":
               Expected a <class 'float'>. Got value: abc
     - Expected a <class 'NoneType'>
-  Given value type: <class 'dict'>'''
+  Given value type: <class 'dict'>"""
 
-NOT_AN_ELEMENT = '''Parser key "model":
+NOT_AN_ELEMENT = """Parser key "model":
   Does not validate against any of the Union subtypes
   Subtypes: [<class 'lightning.pytorch.core.module.LightningModule'>, <class 'NoneType'>]
   Errors:
@@ -87,57 +87,143 @@ NOT_AN_ELEMENT = '''Parser key "model":
           - Not a valid subclass of RewardSource. Got value: 3
           Subclass types expect one of:
           - a class path (str)
-    - Expected a <class 'NoneType'>'''
+    - Expected a <class 'NoneType'>"""
 
 
 def test_the_report_is_read_as_a_tree_by_indentation():
     (root,) = read_report(TYPO_ON_THE_COMMAND_LINE)
     assert root.text == 'Parser key "model":'
     assert [c.text.split(":")[0] for c in root.children] == [
-        "Does not validate against any of the Union subtypes", "Subtypes", "Errors", "Given value type", "Given value"]  # fmt: skip
+        "Does not validate against any of the Union subtypes",
+        "Subtypes",
+        "Errors",
+        "Given value type",
+        "Given value",
+    ]
     errors = root.children[2].children
-    assert [e.text for e in errors] == ["Problem with given class_path 'rlhf_lit.stages.PPOModule':",
-                                        "Expected a <class 'NoneType'>"]  # fmt: skip
+    assert [e.text for e in errors] == [
+        "Problem with given class_path 'rlhf_lit.stages.PPOModule':",
+        "Expected a <class 'NoneType'>",
+    ]
     assert [c.text for c in errors[0].children] == ["unrecognized arguments: --ppo.epochz=3"]
 
 
 @pytest.mark.parametrize(
     ("report", "expected"),
     [
-        (TYPO_ON_THE_COMMAND_LINE, ParserProblem("unknown_key", ("model", "init_args", "ppo", "epochz"),
-         "unrecognized arguments: --ppo.epochz=3", ("model", "init_args"), "rlhf_lit.stages.PPOModule")),
-        (TYPO_IN_A_LIST_ELEMENT, ParserProblem("unknown_key", ("trainer", "callbacks", "init_args", "every_n_rolouts"),
-         "Option 'every_n_rolouts' is not accepted", ("trainer", "callbacks", "init_args"),
-         "rlhf_lit.callbacks.OnlineGeneration")),
+        (
+            TYPO_ON_THE_COMMAND_LINE,
+            ParserProblem(
+                "unknown_key",
+                ("model", "init_args", "ppo", "epochz"),
+                "unrecognized arguments: --ppo.epochz=3",
+                ("model", "init_args"),
+                "rlhf_lit.stages.PPOModule",
+            ),
+        ),
+        (
+            TYPO_IN_A_LIST_ELEMENT,
+            ParserProblem(
+                "unknown_key",
+                ("trainer", "callbacks", "init_args", "every_n_rolouts"),
+                "Option 'every_n_rolouts' is not accepted",
+                ("trainer", "callbacks", "init_args"),
+                "rlhf_lit.callbacks.OnlineGeneration",
+            ),
+        ),
         # a top-level report: no Union around it
-        ("Group 'trainer' does not accept option 'max_stepz'", ParserProblem("unknown_key", ("trainer", "max_stepz"),
-         "Group 'trainer' does not accept option 'max_stepz'")),
-        ("unrecognized arguments: --trainer.max_stepz 3 --x 1", ParserProblem("unknown_key", ("trainer", "max_stepz"),
-         "unrecognized arguments: --trainer.max_stepz 3 --x 1")),
-        (NO_SUCH_CLASS, ParserProblem("unknown_class", ("model",), "module 'rlhf_lit.stages' has no attribute 'PPOModul'",
-         value="rlhf_lit.stages.PPOModul", expected="lightning.pytorch.core.module.LightningModule")),
-        (NO_SUCH_SHORT_NAME, ParserProblem("unknown_class", ("model",), "Expected a dot import path string: PPOModul",
-         value="PPOModul", expected="lightning.pytorch.core.module.LightningModule")),
+        (
+            "Group 'trainer' does not accept option 'max_stepz'",
+            ParserProblem(
+                "unknown_key", ("trainer", "max_stepz"), "Group 'trainer' does not accept option 'max_stepz'"
+            ),
+        ),
+        (
+            "unrecognized arguments: --trainer.max_stepz 3 --x 1",
+            ParserProblem(
+                "unknown_key", ("trainer", "max_stepz"), "unrecognized arguments: --trainer.max_stepz 3 --x 1"
+            ),
+        ),
+        (
+            NO_SUCH_CLASS,
+            ParserProblem(
+                "unknown_class",
+                ("model",),
+                "module 'rlhf_lit.stages' has no attribute 'PPOModul'",
+                value="rlhf_lit.stages.PPOModul",
+                expected="lightning.pytorch.core.module.LightningModule",
+            ),
+        ),
+        (
+            NO_SUCH_SHORT_NAME,
+            ParserProblem(
+                "unknown_class",
+                ("model",),
+                "Expected a dot import path string: PPOModul",
+                value="PPOModul",
+                expected="lightning.pytorch.core.module.LightningModule",
+            ),
+        ),
         # RewardSource is a dataclass: its keys sit directly under the list element, no init_args
-        (WRONG_TYPE_IN_A_LIST, ParserProblem("bad_value", ("model", "init_args", "reward", "sources", "weight"),
-         "Expected a <class 'float'>. Got value: abc", ("model", "init_args", "reward", "sources"),
-         "rlhf_lit.stages.ppo.RewardSource", value="abc", expected="<class 'float'>")),
-        (NOT_AN_ELEMENT, ParserProblem("bad_value", ("model", "init_args", "reward", "sources"),
-         "Not a valid subclass of RewardSource. Got value: 3", ("model", "init_args"), "rlhf_lit.stages.PPOModule",
-         value="3", expected="RewardSource")),
-        ("Configuration check failed :: something new", ParserProblem("other", (), "Configuration check failed :: something new")),
+        (
+            WRONG_TYPE_IN_A_LIST,
+            ParserProblem(
+                "bad_value",
+                ("model", "init_args", "reward", "sources", "weight"),
+                "Expected a <class 'float'>. Got value: abc",
+                ("model", "init_args", "reward", "sources"),
+                "rlhf_lit.stages.ppo.RewardSource",
+                value="abc",
+                expected="<class 'float'>",
+            ),
+        ),
+        (
+            NOT_AN_ELEMENT,
+            ParserProblem(
+                "bad_value",
+                ("model", "init_args", "reward", "sources"),
+                "Not a valid subclass of RewardSource. Got value: 3",
+                ("model", "init_args"),
+                "rlhf_lit.stages.PPOModule",
+                value="3",
+                expected="RewardSource",
+            ),
+        ),
+        (
+            "Configuration check failed :: something new",
+            ParserProblem("other", (), "Configuration check failed :: something new"),
+        ),
     ],
-    ids=["cli-typo", "list-element-typo", "group", "unrecognized", "no-class", "no-short-name", "list-type", "not-element",
-         "unknown"],
-)  # fmt: skip
+    ids=[
+        "cli-typo",
+        "list-element-typo",
+        "group",
+        "unrecognized",
+        "no-class",
+        "no-short-name",
+        "list-type",
+        "not-element",
+        "unknown",
+    ],
+)
 def test_the_telling_alternative_is_found(report, expected):
     assert find_problem(report) == expected
 
 
 # ------------------------------------------------------------------------------------ the nearest valid key
 
-PPO_KEYS = ["sft_model", "critic", "ppo.epochs", "ppo.minibatch_size", "ppo.lam", "reward.sources", "reward.clip",
-            "max_rollouts", "lora.r", "lora.alpha"]  # fmt: skip
+PPO_KEYS = [
+    "sft_model",
+    "critic",
+    "ppo.epochs",
+    "ppo.minibatch_size",
+    "ppo.lam",
+    "reward.sources",
+    "reward.clip",
+    "max_rollouts",
+    "lora.r",
+    "lora.alpha",
+]
 
 
 @pytest.mark.parametrize(
@@ -159,13 +245,22 @@ def test_nearest_option(wrong, nearest):
 
 
 def test_class_choices_are_the_exported_concrete_subclasses_of_the_package_named():
-    stages = ["rlhf_lit.stages.DPOModule", "rlhf_lit.stages.PPOModule", "rlhf_lit.stages.RewardModelModule",
-              "rlhf_lit.stages.SFTModule"]  # fmt: skip
+    stages = [
+        "rlhf_lit.stages.DPOModule",
+        "rlhf_lit.stages.PPOModule",
+        "rlhf_lit.stages.RewardModelModule",
+        "rlhf_lit.stages.SFTModule",
+    ]
     assert known_subclasses("lightning.pytorch.core.module.LightningModule", "PPOModul") == stages  # no base classes
     callbacks = known_subclasses("lightning.pytorch.callbacks.callback.Callback", "rlhf_lit.callbacks.OnlineGen")
-    assert callbacks == ["rlhf_lit.callbacks.Checkpoint", "rlhf_lit.callbacks.OnlineGeneration",
-                         "rlhf_lit.callbacks.OverOptimisationGuard", "rlhf_lit.callbacks.Preemption",
-                         "rlhf_lit.callbacks.RolloutCheckpoint", "rlhf_lit.callbacks.RunProgressBar"]  # fmt: skip
+    assert callbacks == [
+        "rlhf_lit.callbacks.Checkpoint",
+        "rlhf_lit.callbacks.OnlineGeneration",
+        "rlhf_lit.callbacks.OverOptimisationGuard",
+        "rlhf_lit.callbacks.Preemption",
+        "rlhf_lit.callbacks.RolloutCheckpoint",
+        "rlhf_lit.callbacks.RunProgressBar",
+    ]
 
 
 # ------------------------------------------------------------------------------------ where a key was given
@@ -185,9 +280,13 @@ CONFIG = textwrap.dedent("""\
 
 def test_a_key_is_found_on_its_line_with_list_indexes():
     assert find_in_yaml(CONFIG, ["trainer", "callbacks", "init_args", "every_n_rolouts"]) == (
-        5, "trainer.callbacks[1].init_args.every_n_rolouts")
+        5,
+        "trainer.callbacks[1].init_args.every_n_rolouts",
+    )
     assert find_in_yaml(CONFIG, ["model", "init_args", "reward", "sources", "weight"], "abc") == (
-        9, "model.init_args.reward.sources[1].weight")  # the element whose value is the bad one
+        9,
+        "model.init_args.reward.sources[1].weight",
+    )  # the element whose value is the bad one
     assert find_in_yaml(CONFIG, ["model", "init_args", "ppo", "epochs"]) is None
     assert find_in_yaml("model: [unclosed", ["model"]) is None
 
@@ -197,15 +296,24 @@ def test_the_last_setting_of_a_key_is_the_one_located(tmp_path):
     (tmp_path / "b.yaml").write_text("trainer: {}\nmodel:\n  init_args:\n    ppo:\n      epochz: 4\n")
     path = ("model", "init_args", "ppo", "epochz")
     assert given_settings(["fit", "--config", "a.yaml", "--x=1", "--y", "2", "--z"]) == [
-        ("config", "a.yaml", None), ("option", "x", "1"), ("option", "y", "2"), ("option", "z", None)]  # fmt: skip
+        ("config", "a.yaml", None),
+        ("option", "x", "1"),
+        ("option", "y", "2"),
+        ("option", "z", None),
+    ]
     assert locate(path, ["fit", "--config", "a.yaml", "--config", "b.yaml"], cwd=tmp_path) == Where(
-        file="b.yaml", line=5, key="model.init_args.ppo.epochz")
+        file="b.yaml", line=5, key="model.init_args.ppo.epochz"
+    )
     assert locate(path, ["fit", "--config", "b.yaml", "--config", "a.yaml"], cwd=tmp_path).file == "a.yaml"
     assert locate(path, ["fit", "--config", "a.yaml", "--model.ppo.epochz", "5"], cwd=tmp_path) == Where(
-        option="model.ppo.epochz")  # the short form (no init_args) names the same key
-    assert locate(path, ["fit", "--model.init_args.ppo.epochz", "5", "--config", "a.yaml"], cwd=tmp_path).file == "a.yaml"
+        option="model.ppo.epochz"
+    )  # the short form (no init_args) names the same key
+    assert (
+        locate(path, ["fit", "--model.init_args.ppo.epochz", "5", "--config", "a.yaml"], cwd=tmp_path).file == "a.yaml"
+    )
     assert locate(path, ["fit", "--model.init_args.ppo", "{epochs: 2, epochz: 3}"], cwd=tmp_path) == Where(
-        option="model.init_args.ppo", key="epochz")  # a mapping given to the option above the key
+        option="model.init_args.ppo", key="epochz"
+    )  # a mapping given to the option above the key
     assert locate(path, ["fit", "--model", "PPOModule"], cwd=tmp_path) is None
 
 
@@ -216,28 +324,39 @@ def test_describe_says_where_what_and_the_nearest_choice():
     problem = find_problem(TYPO_ON_THE_COMMAND_LINE)
     keys = {"rlhf_lit.stages.PPOModule": PPO_KEYS}.get
     assert describe(problem, None, keys) == (
-        "unknown option --model.init_args.ppo.epochz; did you mean --model.init_args.ppo.epochs?")
+        "unknown option --model.init_args.ppo.epochz; did you mean --model.init_args.ppo.epochs?"
+    )
     in_file = Where(file="x.yaml", line=4, key="model.init_args.ppo.epochz")
     assert describe(problem, in_file, keys) == (
-        "x.yaml, line 4: unknown key model.init_args.ppo.epochz; did you mean model.init_args.ppo.epochs?")
+        "x.yaml, line 4: unknown key model.init_args.ppo.epochz; did you mean model.init_args.ppo.epochs?"
+    )
     in_list = find_problem(TYPO_IN_A_LIST_ELEMENT)
     where = Where(file="x.yaml", line=5, key="trainer.callbacks[1].init_args.every_n_rolouts")
     assert describe(in_list, where, lambda c: ["every_n_rollouts", "prompts"]) == (
         "x.yaml, line 5: unknown key trainer.callbacks[1].init_args.every_n_rolouts; "
-        "did you mean trainer.callbacks[1].init_args.every_n_rollouts?")
+        "did you mean trainer.callbacks[1].init_args.every_n_rollouts?"
+    )
     bad = find_problem(WRONG_TYPE_IN_A_LIST)
     assert describe(bad, Where(option="model.init_args.reward.sources", key="[1].weight")) == (
-        "option --model.init_args.reward.sources: [1].weight: expected float, got abc")
-    literal = ParserProblem("bad_value", ("model", "init_args", "critic"), "", value="sepparate",
-                            expected="typing.Literal['separate', 'shared_trunk']")  # fmt: skip
+        "option --model.init_args.reward.sources: [1].weight: expected float, got abc"
+    )
+    literal = ParserProblem(
+        "bad_value",
+        ("model", "init_args", "critic"),
+        "",
+        value="sepparate",
+        expected="typing.Literal['separate', 'shared_trunk']",
+    )
     assert describe(literal) == (
         "option --model.init_args.critic: expected one of 'separate', 'shared_trunk', got sepparate; "
-        "did you mean 'separate'?")
+        "did you mean 'separate'?"
+    )
     no_class = find_problem(NO_SUCH_CLASS)
     assert describe(no_class, Where(file="x.yaml", line=2, key="model.class_path")) == (
         "x.yaml, line 2: model.class_path: no class rlhf_lit.stages.PPOModul; did you mean rlhf_lit.stages.PPOModule? "
         "(choices: rlhf_lit.stages.DPOModule, rlhf_lit.stages.PPOModule, rlhf_lit.stages.RewardModelModule, "
-        "rlhf_lit.stages.SFTModule)")
+        "rlhf_lit.stages.SFTModule)"
+    )
 
 
 # ------------------------------------------------------------------------------------ jsonargparse adjustments
@@ -245,9 +364,18 @@ def test_describe_says_where_what_and_the_nearest_choice():
 
 @pytest.mark.parametrize(
     ("value", "text"),
-    [(None, "null"), (True, "true"), (3, "3"), (1e-05, "1.0e-05"), (float("inf"), ".inf"), ("a b", "a b"),
-     ([1, None], "[1, null]"), ({"a": None, "b": "x: y"}, "{a: null, b: 'x: y'}"), (["café"], "[café]")],
-)  # fmt: skip
+    [
+        (None, "null"),
+        (True, "true"),
+        (3, "3"),
+        (1e-05, "1.0e-05"),
+        (float("inf"), ".inf"),
+        ("a b", "a b"),
+        ([1, None], "[1, null]"),
+        ({"a": None, "b": "x: y"}, "{a: null, b: 'x: y'}"),
+        (["café"], "[café]"),
+    ],
+)
 def test_option_text_is_yaml_that_reads_back_as_the_value(value, text):
     from jsonargparse._loaders_dumpers import get_yaml_default_loader
 
@@ -262,7 +390,8 @@ def test_a_yaml_syntax_error_names_the_file_line_and_column():
         yaml.load("model:\n  init_args: [a, b\n", Loader=get_yaml_default_loader())
     problem = raised.value.problem  # libyaml: "did not find expected ',' or ']'"; pure Python words it otherwise
     assert yaml_error_text(raised.value, "configs/x.yaml") == (
-        f"configs/x.yaml, line 3, column 1: {problem} (while parsing a flow sequence that starts at line 2, column 14)")
+        f"configs/x.yaml, line 3, column 1: {problem} (while parsing a flow sequence that starts at line 2, column 14)"
+    )
 
 
 def test_a_report_that_cannot_be_read_still_ends_in_its_first_line(monkeypatch, capsys):

@@ -21,13 +21,23 @@ import cli_forked
 import pytest
 import torch
 from cli_helpers import (
-    STORIES, TINYSTORIES, TWO_PROCESS_ROLLOUTS, error_line, ppo_config, rlhf_lit_forked, run_main, sft_config,
-    two_process_ppo, write_yaml,
-)  # fmt: skip
+    STORIES,
+    TINYSTORIES,
+    TWO_PROCESS_ROLLOUTS,
+    error_line,
+    ppo_config,
+    rlhf_lit_forked,
+    run_main,
+    sft_config,
+    two_process_ppo,
+    write_yaml,
+)
 
 ROLLOUTS = 8
 STEPS = 24  # SFT optimizer steps of 2 batches each (accumulate_grad_batches: 2), 6 epochs of 4 steps
-STOP_LINE = re.compile(r"^\[rlhf-lit\] stopped by (SIG\w+) after (rollout|step) (\d+): checkpoint (.+); resume with: (.+)$")
+STOP_LINE = re.compile(
+    r"^\[rlhf-lit\] stopped by (SIG\w+) after (rollout|step) (\d+): checkpoint (.+); resume with: (.+)$"
+)
 EXPORT_MARKER = "rlhf_lit_export.json"  # what and when: its time differs between two runs
 
 
@@ -113,8 +123,9 @@ def _start(root: Path, config: str) -> tuple[cli_forked.ForkedProcess, Path]:
     """``rlhf-lit fit --config <config>`` in a process of its own session (forked: tests/cli_forked.py);
     stderr goes to a file."""
     log = root / "stderr.txt"
-    proc = cli_forked.start(["fit", "--config", config], cwd=root, stdout=root / "stdout.txt", stderr=log,
-                            new_session=True)  # fmt: skip
+    proc = cli_forked.start(
+        ["fit", "--config", config], cwd=root, stdout=root / "stdout.txt", stderr=log, new_session=True
+    )
     return proc, log
 
 
@@ -137,7 +148,9 @@ def _signal_after_first_checkpoint(proc: cli_forked.ForkedProcess, root: Path, s
 
 
 @pytest.mark.slow
-def test_ppo_sigterm_stops_after_the_rollout_and_the_logged_command_resumes_it_exactly(straight_ppo, stories_rm, tmp_path):
+def test_ppo_sigterm_stops_after_the_rollout_and_the_logged_command_resumes_it_exactly(
+    straight_ppo, stories_rm, tmp_path
+):
     _ppo(tmp_path, stories_rm)
     proc, log = _start(tmp_path, "ppo.yaml")
     assert _signal_after_first_checkpoint(proc, tmp_path, signal.SIGTERM) == 128 + signal.SIGTERM
@@ -146,8 +159,10 @@ def test_ppo_sigterm_stops_after_the_rollout_and_the_logged_command_resumes_it_e
 
     _resume(tmp_path, command)
     _assert_same_export(straight_ppo / "export", tmp_path / "export")
-    final, expected = (torch.load(root / "ckpt" / "last.ckpt", map_location="cpu", weights_only=True)
-                       for root in (tmp_path, straight_ppo))  # fmt: skip
+    final, expected = (
+        torch.load(root / "ckpt" / "last.ckpt", map_location="cpu", weights_only=True)
+        for root in (tmp_path, straight_ppo)
+    )
     assert final["ppo"]["kl_controller"] == expected["ppo"]["kl_controller"]
     assert final["PromptDataModule"] == expected["PromptDataModule"]  # the data position
 
@@ -195,8 +210,9 @@ def test_sigterm_between_two_batches_of_gradient_accumulation_stops_after_the_st
     _assert_same_export(straight_sft / "export", tmp_path / "export")
 
 
-def test_a_signal_during_the_last_rollout_or_step_lets_the_run_finish_and_export(straight_ppo, straight_sft, stories_rm,
-                                                                                  tmp_path):  # fmt: skip
+def test_a_signal_during_the_last_rollout_or_step_lets_the_run_finish_and_export(
+    straight_ppo, straight_sft, stories_rm, tmp_path
+):
     # PPO's last rollout makes optimizer steps 57 to 64; SFT's last step takes batches 47 and 48.
     for root, config, sender, straight in (
         (tmp_path / "ppo", "ppo.yaml", _send("SIGUSR1", "on_before_optimizer_step", at=8 * ROLLOUTS - 5), straight_ppo),
@@ -241,13 +257,17 @@ def test_a_sigterm_before_training_begins_exits_143_in_one_line_with_nothing_sav
     result = run_main("fit", "--config", "sft.yaml", cwd=tmp_path)
     assert result.returncode == 128 + signal.SIGTERM
     lines = [line for line in result.stderr.splitlines() if line.startswith("rlhf-lit: stopped by SIGTERM")]
-    assert lines == ["rlhf-lit: stopped by SIGTERM before training began; nothing new to save, run the same command again"]
+    assert lines == [
+        "rlhf-lit: stopped by SIGTERM before training began; nothing new to save, run the same command again"
+    ]
     assert "Traceback" not in result.stderr
     assert not (tmp_path / "ckpt" / "last.ckpt").exists() and not (tmp_path / "export").exists()
 
 
 @pytest.mark.slow
-def test_under_ddp_a_sigterm_to_rank_0_alone_stops_both_ranks_after_the_same_rollout(tmp_path, straight_ddp, stories_rm):
+def test_under_ddp_a_sigterm_to_rank_0_alone_stops_both_ranks_after_the_same_rollout(
+    tmp_path, straight_ddp, stories_rm
+):
     """As Kubernetes does (only the container's main process is signalled): rank 1 learns of the stop
     from rank 0 at the end of the rollout, both write their part of the checkpoint and exit; the
     logged command resumes both to the end of the uninterrupted run (tests/cli/conftest.py)."""

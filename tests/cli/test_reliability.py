@@ -52,8 +52,16 @@ def test_an_earlier_export_is_kept_unless_replace_is_asked_and_the_run_says_wher
     assert "export_existing replace" in again.stderr
     assert (export / "model.safetensors").read_bytes() == weights
 
-    replaced = run_main("fit", "--config", str(tmp_path / "sft.yaml"), "--model.init_args.export_existing", "replace",
-                        "--trainer.max_steps", "4", cwd=tmp_path)  # fmt: skip
+    replaced = run_main(
+        "fit",
+        "--config",
+        str(tmp_path / "sft.yaml"),
+        "--model.init_args.export_existing",
+        "replace",
+        "--trainer.max_steps",
+        "4",
+        cwd=tmp_path,
+    )
     assert replaced.returncode == 0, replaced.stderr[-3000:]
     assert (export / "model.safetensors").read_bytes() != weights
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # no temporary left
@@ -88,9 +96,14 @@ def test_a_nan_reward_is_skipped_and_stops_the_run_without_nan_weights_on_disk(t
         assert all(torch.isfinite(v).all() for v in state.values() if v.is_floating_point()), ckpt
 
 
-FP16_PLUGIN = {"class_path": "lightning.pytorch.plugins.precision.MixedPrecision", "init_args": {
-    "precision": "16-mixed", "device": "cpu",
-    "scaler": {"class_path": "torch.amp.GradScaler", "init_args": {"device": "cpu"}}}}  # fmt: skip
+FP16_PLUGIN = {
+    "class_path": "lightning.pytorch.plugins.precision.MixedPrecision",
+    "init_args": {
+        "precision": "16-mixed",
+        "device": "cpu",
+        "scaler": {"class_path": "torch.amp.GradScaler", "init_args": {"device": "cpu"}},
+    },
+}
 """fp16 with a GradScaler on a CPU (``--trainer.precision 16-mixed`` is turned into bf16-mixed there)."""
 
 
@@ -104,9 +117,11 @@ def test_a_diverged_fp16_run_stops_instead_of_skipping_every_step_silently(tmp_p
     write_yaml(tmp_path / "sft.yaml", config)
     result = run_main("fit", "--config", "sft.yaml", cwd=tmp_path)
     assert result.returncode == 1
-    assert error_line(result).startswith("rlhf-lit: error: stopping: 2 updates in a row skipped for non-finite values; "
-                                         "the last: non-finite gradients of the optimizer at step 2, skipped by the "
-                                         "fp16 GradScaler at loss scale 32768; the loss was not finite")  # fmt: skip
+    assert error_line(result).startswith(
+        "rlhf-lit: error: stopping: 2 updates in a row skipped for non-finite values; "
+        "the last: non-finite gradients of the optimizer at step 2, skipped by the "
+        "fp16 GradScaler at loss scale 32768; the loss was not finite"
+    )
     assert result.stderr.count("skipped an update:") == 2
     assert not (tmp_path / "export").exists()
 
@@ -116,7 +131,8 @@ def test_a_reward_model_with_another_vocabulary_is_refused(tmp_path, gpt2_rm):
     result = run_main("fit", "--config", str(tmp_path / "ppo.yaml"), cwd=tmp_path)
     assert result.returncode == 1
     assert f"reward_model {gpt2_rm} has a different vocabulary from the policy's tokenizer (50257 vs 512 tokens)" in (
-        error_line(result))
+        error_line(result)
+    )
 
 
 # ------------------------------------------------------------------------------------ bad models
@@ -141,7 +157,10 @@ def test_a_data_folder_given_as_a_model_is_named(tmp_path, stories_rm):
     write_yaml(tmp_path / "ppo.yaml", ppo_config(tmp_path, data, stories_rm))
     result = run_main("fit", "--config", "ppo.yaml", cwd=tmp_path)
     assert result.returncode == 1
-    assert error_line(result) == f"rlhf-lit: error: sft_model '{data}' is not a Hugging Face model directory (no config.json in it)"
+    assert (
+        error_line(result)
+        == f"rlhf-lit: error: sft_model '{data}' is not a Hugging Face model directory (no config.json in it)"
+    )
 
 
 def test_a_hub_model_without_network_fails_at_once_with_the_cause(tmp_path, stories_rm):
@@ -149,11 +168,14 @@ def test_a_hub_model_without_network_fails_at_once_with_the_cause(tmp_path, stor
     offline = run_main("fit", "--config", "ppo.yaml", cwd=tmp_path, env={"HF_HUB_OFFLINE": "1"})
     assert offline.returncode == 1
     assert "sft_model 'no-such-org/no-such-model' is not in the local Hugging Face cache and HF_HUB_OFFLINE is set" in (
-        error_line(offline))
+        error_line(offline)
+    )
     # A hub that does not answer (a closed local port): the same at once, no minute of retries.
     unreachable = run_main("fit", "--config", "ppo.yaml", cwd=tmp_path, env={"HF_ENDPOINT": "http://127.0.0.1:9"})
     assert unreachable.returncode == 1
-    assert "is not in the local Hugging Face cache and the Hugging Face hub cannot be reached" in error_line(unreachable)
+    assert "is not in the local Hugging Face cache and the Hugging Face hub cannot be reached" in error_line(
+        unreachable
+    )
 
 
 # ------------------------------------------------------------------------------------ bad data
@@ -179,7 +201,9 @@ def test_jsonl_with_a_byte_order_mark_is_read(tmp_path):
 
 def test_a_file_that_is_not_utf8_is_named_with_its_line(tmp_path):
     data = tmp_path / "latin1.jsonl"
-    data.write_bytes(("\n".join(_records(2)) + "\n").encode() + '{"prompt": "caf\xe9", "response": "x"}\n'.encode("latin-1"))
+    data.write_bytes(
+        ("\n".join(_records(2)) + "\n").encode() + '{"prompt": "caf\xe9", "response": "x"}\n'.encode("latin-1")
+    )
     result = _sft_on(tmp_path, data)
     assert result.returncode == 1
     assert error_line(result).startswith(f"rlhf-lit: error: {data} line 3: not UTF-8 text (byte 0xe9")
@@ -229,6 +253,7 @@ def test_a_bad_option_value_is_one_line_and_debug_shows_the_full_report(tmp_path
     bad_value = run_main("fit", "--config", "ppo.yaml", "--model.init_args.kl.estimator", "k2", cwd=tmp_path)
     assert bad_value.returncode == 1
     assert "kl.estimator='k2' does not estimate the KL in nats" in error_line(bad_value)
-    traced = run_main("fit", "--config", "ppo.yaml", "--model.init_args.kl.estimator", "k2", cwd=tmp_path,
-                      env={"RLHF_LIT_DEBUG": "1"})  # fmt: skip
+    traced = run_main(
+        "fit", "--config", "ppo.yaml", "--model.init_args.kl.estimator", "k2", cwd=tmp_path, env={"RLHF_LIT_DEBUG": "1"}
+    )
     assert traced.returncode == 1 and "Traceback" in traced.stderr

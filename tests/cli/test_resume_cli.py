@@ -17,9 +17,17 @@ import cli_forked
 import pytest
 import torch
 from cli_helpers import (
-    STORIES, TINYSTORIES, error_line, failure_tail, ppo_config, rlhf_lit_forked, run_main, sft_config, unseeded,
+    STORIES,
+    TINYSTORIES,
+    error_line,
+    failure_tail,
+    ppo_config,
+    rlhf_lit_forked,
+    run_main,
+    sft_config,
+    unseeded,
     write_yaml,
-)  # fmt: skip
+)
 
 ROLLOUTS = 6
 CONSTANT_LR = {"lr": 3.0e-4, "eps": 1.0e-5}  # a constant schedule: max_rollouts may grow on resume
@@ -66,16 +74,18 @@ def test_killed_mid_rollout_and_resumed_with_the_readme_command_equals_a_straigh
     under ddp: stopped by SIGTERM in test_preemption_cli.py."""
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     for root in (straight, killed):
-        config = ppo_config(root, STORIES, stories_rm, max_rollouts=ROLLOUTS,
-                            sampling={"max_new_tokens": 24, "temperature": 1.0})  # fmt: skip
+        config = ppo_config(
+            root, STORIES, stories_rm, max_rollouts=ROLLOUTS, sampling={"max_new_tokens": 24, "temperature": 1.0}
+        )
         write_yaml(root / "ppo.yaml", config)
     done = run_main("fit", "--config", str(straight / "ppo.yaml"), cwd=straight)
     assert done.returncode == 0, failure_tail(done.stderr)
     assert len(list((straight / "logs").rglob("metrics.csv"))) == 1  # one log run
 
     # Its own session, killed with SIGKILL: no handler runs.
-    proc = cli_forked.start(["fit", "--config", str(killed / "ppo.yaml")], cwd=killed, stdout=killed / "output.txt",
-                            new_session=True)  # fmt: skip
+    proc = cli_forked.start(
+        ["fit", "--config", str(killed / "ppo.yaml")], cwd=killed, stdout=killed / "output.txt", new_session=True
+    )
     deadline = time.monotonic() + 300
     third, last = killed / "ckpt" / "rollout=3.ckpt", killed / "ckpt" / "last.ckpt"
     # last.ckpt is replaced (atomically) after rollout=3.ckpt is written; rollout 4 starts then.
@@ -89,8 +99,9 @@ def test_killed_mid_rollout_and_resumed_with_the_readme_command_equals_a_straigh
     assert _load(killed / "ckpt" / "last.ckpt")["ppo"]["rollout_index"] == 3
 
     # The README's resume command.
-    resumed = run_main("fit", "--config", str(killed / "ppo.yaml"), "--ckpt_path", str(killed / "ckpt" / "last.ckpt"),
-                       cwd=killed)  # fmt: skip
+    resumed = run_main(
+        "fit", "--config", str(killed / "ppo.yaml"), "--ckpt_path", str(killed / "ckpt" / "last.ckpt"), cwd=killed
+    )
     assert resumed.returncode == 0, failure_tail(resumed.stderr)
     assert "exported PPO policy to" in resumed.stdout
     _assert_same_state(_load(straight / "ckpt" / "last.ckpt"), _load(killed / "ckpt" / "last.ckpt"))
@@ -113,12 +124,15 @@ def test_a_checkpoint_resumes_under_another_strategy_exactly(tmp_path, stories_r
         result = _fit(first, "--config", str(root / "first.yaml"), cwd=root)
         assert result.returncode == 0, result.stderr[-3000:]
         if name != "straight":
-            config = ppo_config(root, STORIES, stories_rm, max_rollouts=2, optimizer=CONSTANT_LR, export_existing="replace")
+            config = ppo_config(
+                root, STORIES, stories_rm, max_rollouts=2, optimizer=CONSTANT_LR, export_existing="replace"
+            )
             if then:
                 config["trainer"]["strategy"] = then
             write_yaml(root / "then.yaml", config)
-            result = _fit(then, "--config", str(root / "then.yaml"), "--ckpt_path", str(root / "ckpt" / "last.ckpt"),
-                          cwd=root)  # fmt: skip
+            result = _fit(
+                then, "--config", str(root / "then.yaml"), "--ckpt_path", str(root / "ckpt" / "last.ckpt"), cwd=root
+            )
             assert result.returncode == 0, result.stderr[-3000:]
         finals[name] = _load(root / "ckpt" / "last.ckpt")
     _assert_same_state(finals["straight"], finals["to_fsdp2"], rollouts=2)
@@ -132,8 +146,11 @@ def test_grpo_with_several_samples_per_prompt_resumes_exactly(tmp_path, stories_
     finals = {}
     for name in ("straight", "resumed"):
         root = tmp_path / name
-        grpo = {"optimizer": CONSTANT_LR, "ppo": {"epochs": 2, "minibatch_size": 4, "estimator": "grpo"},
-                "sampling": {"max_new_tokens": 12, "temperature": 1.0, "samples_per_prompt": 2}}  # fmt: skip
+        grpo = {
+            "optimizer": CONSTANT_LR,
+            "ppo": {"epochs": 2, "minibatch_size": 4, "estimator": "grpo"},
+            "sampling": {"max_new_tokens": 12, "temperature": 1.0, "samples_per_prompt": 2},
+        }
         config = unseeded(ppo_config(root, STORIES, stories_rm, max_rollouts=2 if name == "straight" else 1, **grpo))
         write_yaml(root / "first.yaml", config)
         result = run_main("fit", "--config", str(root / "first.yaml"), cwd=root)
@@ -141,8 +158,9 @@ def test_grpo_with_several_samples_per_prompt_resumes_exactly(tmp_path, stories_
         if name == "resumed":
             config = unseeded(ppo_config(root, STORIES, stories_rm, max_rollouts=2, export_existing="replace", **grpo))
             write_yaml(root / "then.yaml", config)
-            result = run_main("fit", "--config", str(root / "then.yaml"), "--ckpt_path", str(root / "ckpt" / "last.ckpt"),
-                              cwd=root)  # fmt: skip
+            result = run_main(
+                "fit", "--config", str(root / "then.yaml"), "--ckpt_path", str(root / "ckpt" / "last.ckpt"), cwd=root
+            )
             assert result.returncode == 0, result.stderr[-3000:]
         finals[name] = _load(root / "ckpt" / "last.ckpt")
     _assert_same_state(finals["straight"], finals["resumed"], rollouts=2, optimizers=1)
@@ -178,27 +196,43 @@ def test_resume_with_a_changed_model_or_batch_is_refused_listing_every_differenc
     config["trainer"]["precision"] = "bf16-mixed"
     write_yaml(tmp_path / "changed.yaml", config)
     before = _load(finished_run / "ckpt" / "last.ckpt")
-    result = run_main("fit", "--config", str(tmp_path / "changed.yaml"), "--ckpt_path",
-                      str(finished_run / "ckpt" / "last.ckpt"), cwd=tmp_path)  # fmt: skip
+    result = run_main(
+        "fit",
+        "--config",
+        str(tmp_path / "changed.yaml"),
+        "--ckpt_path",
+        str(finished_run / "ckpt" / "last.ckpt"),
+        cwd=tmp_path,
+    )
     assert result.returncode == 1
     assert error_line(result).startswith("rlhf-lit: error: cannot resume: the configuration differs")
-    for line in (f"model.sft_model: checkpoint '{STORIES}', now '{stories_rm}'",
-                 "model.kl.target: checkpoint 1.0, now 3.0",
-                 "data.batch_size: checkpoint 4, now 8", "model.max_rollouts: checkpoint 2, now 3",
-                 "model.optimizer.schedule: checkpoint 'constant', now 'linear'",
-                 "trainer.precision: checkpoint '32-true', now 'bf16-mixed'"):  # fmt: skip
+    for line in (
+        f"model.sft_model: checkpoint '{STORIES}', now '{stories_rm}'",
+        "model.kl.target: checkpoint 1.0, now 3.0",
+        "data.batch_size: checkpoint 4, now 8",
+        "model.max_rollouts: checkpoint 2, now 3",
+        "model.optimizer.schedule: checkpoint 'constant', now 'linear'",
+        "trainer.precision: checkpoint '32-true', now 'bf16-mixed'",
+    ):
         assert line in result.stderr, result.stderr[-2000:]
     # Nothing was trained or written: the checkpoint is as it was.
     assert _load(finished_run / "ckpt" / "last.ckpt")["global_step"] == before["global_step"]
 
 
 def test_resume_with_more_rollouts_continues(finished_run, stories_rm, tmp_path):
-    config = ppo_config(finished_run, STORIES, stories_rm, max_rollouts=3, export_dir=str(tmp_path / "export3"),
-                        optimizer=CONSTANT_LR)  # fmt: skip
+    config = ppo_config(
+        finished_run, STORIES, stories_rm, max_rollouts=3, export_dir=str(tmp_path / "export3"), optimizer=CONSTANT_LR
+    )
     config["trainer"]["callbacks"][0]["init_args"]["dirpath"] = str(tmp_path / "ckpt")
     write_yaml(tmp_path / "more.yaml", config)
-    result = run_main("fit", "--config", str(tmp_path / "more.yaml"), "--ckpt_path",
-                      str(finished_run / "ckpt" / "last.ckpt"), cwd=tmp_path)  # fmt: skip
+    result = run_main(
+        "fit",
+        "--config",
+        str(tmp_path / "more.yaml"),
+        "--ckpt_path",
+        str(finished_run / "ckpt" / "last.ckpt"),
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "resuming with model.max_rollouts changed: 2 -> 3" in result.stderr
     assert _load(tmp_path / "ckpt" / "last.ckpt")["ppo"]["rollout_index"] == 3
@@ -210,8 +244,16 @@ def test_a_checkpoint_without_optimizer_states_is_refused_in_one_line(finished_r
     assert checkpoint["optimizer_states"][0]["state"]  # last.ckpt was written before the release
     del checkpoint["optimizer_states"]
     torch.save(checkpoint, tmp_path / "weights.ckpt")
-    result = run_main("fit", "--config", str(finished_run / "ppo.yaml"), "--ckpt_path", str(tmp_path / "weights.ckpt"),
-                      "--model.init_args.export_dir", str(tmp_path / "export"), cwd=tmp_path)  # fmt: skip
+    result = run_main(
+        "fit",
+        "--config",
+        str(finished_run / "ppo.yaml"),
+        "--ckpt_path",
+        str(tmp_path / "weights.ckpt"),
+        "--model.init_args.export_dir",
+        str(tmp_path / "export"),
+        cwd=tmp_path,
+    )
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert error_line(result) == (
         "rlhf-lit: error: cannot resume: the checkpoint holds no optimizer states (written with weights_only, or "
@@ -222,8 +264,9 @@ def test_a_checkpoint_without_optimizer_states_is_refused_in_one_line(finished_r
 
 def test_a_remote_checkpoint_is_refused(finished_config, tmp_path):
     # Refused while the arguments are parsed: the run's config is enough, the run itself is not needed.
-    result = run_main("fit", "--config", str(finished_config / "ppo.yaml"), "--ckpt_path", "https://example.com/x.ckpt",
-                      cwd=tmp_path)  # fmt: skip
+    result = run_main(
+        "fit", "--config", str(finished_config / "ppo.yaml"), "--ckpt_path", "https://example.com/x.ckpt", cwd=tmp_path
+    )
     assert result.returncode == 1
     assert "remote checkpoints are not loaded" in error_line(result)
 
@@ -241,16 +284,40 @@ def test_an_sft_resume_with_other_trainer_settings_is_refused_and_an_unchanged_o
     step2 = next((tmp_path / "ckpt").glob("*step=2.ckpt"))
     assert _load(step2)["run_facts"]["trainer.precision"] == "32-true"
 
-    changed = rlhf_lit_forked("fit", "--config", "sft.yaml", "--ckpt_path", str(step2), "--trainer.precision", "bf16-mixed",
-                       "--trainer.accumulate_grad_batches", "2", "--trainer.max_steps", "6",
-                       "--model.init_args.export_existing", "replace", cwd=tmp_path)  # fmt: skip
+    changed = rlhf_lit_forked(
+        "fit",
+        "--config",
+        "sft.yaml",
+        "--ckpt_path",
+        str(step2),
+        "--trainer.precision",
+        "bf16-mixed",
+        "--trainer.accumulate_grad_batches",
+        "2",
+        "--trainer.max_steps",
+        "6",
+        "--model.init_args.export_existing",
+        "replace",
+        cwd=tmp_path,
+    )
     assert changed.returncode == 1
     assert error_line(changed).startswith("rlhf-lit: error: cannot resume: the configuration differs")
     differences = [line.strip() for line in changed.stderr.splitlines() if line.startswith("  ")]
-    assert differences == ["trainer.accumulate_grad_batches: checkpoint 1, now 2", "trainer.max_steps: checkpoint 4, now 6",
-                           "trainer.precision: checkpoint '32-true', now 'bf16-mixed'"]  # fmt: skip
+    assert differences == [
+        "trainer.accumulate_grad_batches: checkpoint 1, now 2",
+        "trainer.max_steps: checkpoint 4, now 6",
+        "trainer.precision: checkpoint '32-true', now 'bf16-mixed'",
+    ]
 
-    same = run_main("fit", "--config", "sft.yaml", "--ckpt_path", str(step2), "--model.init_args.export_existing",
-                    "replace", cwd=tmp_path)  # fmt: skip
+    same = run_main(
+        "fit",
+        "--config",
+        "sft.yaml",
+        "--ckpt_path",
+        str(step2),
+        "--model.init_args.export_existing",
+        "replace",
+        cwd=tmp_path,
+    )
     assert same.returncode == 0, same.stderr[-3000:]
     assert _load(tmp_path / "ckpt" / "last.ckpt")["global_step"] == 4

@@ -83,8 +83,14 @@ def test_each_stage_read_the_previous_stages_export_without_it_being_named(chain
     assert _config(cwd, "reward_model")["model"]["init_args"]["model"] == "runs/exp1/sft/model"
     ppo = _config(cwd, "ppo")["model"]["init_args"]
     assert (ppo["sft_model"], ppo["reward_model"]) == ("runs/exp1/sft/model", "runs/exp1/reward_model/model")
-    assert "[rlhf-lit] model: runs/exp1/sft/model (the sft export of --run_dir runs/exp1)" in results["reward_model"].stderr
-    assert "[rlhf-lit] reward_model: runs/exp1/reward_model/model (the reward_model export of --run_dir runs/exp1)" in results["ppo"].stderr
+    assert (
+        "[rlhf-lit] model: runs/exp1/sft/model (the sft export of --run_dir runs/exp1)"
+        in results["reward_model"].stderr
+    )
+    assert (
+        "[rlhf-lit] reward_model: runs/exp1/reward_model/model (the reward_model export of --run_dir runs/exp1)"
+        in results["ppo"].stderr
+    )
 
 
 @pytest.mark.slow
@@ -110,8 +116,18 @@ def test_resuming_from_a_checkpoint_in_the_run_dir_logs_into_the_same_version(pr
     version = cwd / "runs/exp1/ppo/version_0"
     events_before = set(version.glob("events.out.tfevents.*"))
     (checkpoint,) = (version / "checkpoints").glob("*.ckpt")
-    resumed = run_main(*PPO, "--run_dir", "runs/exp1", "--ckpt_path", str(checkpoint.relative_to(cwd)),
-                       "--model.max_rollouts", "3", "--model.export_existing", "replace", cwd=cwd)  # fmt: skip
+    resumed = run_main(
+        *PPO,
+        "--run_dir",
+        "runs/exp1",
+        "--ckpt_path",
+        str(checkpoint.relative_to(cwd)),
+        "--model.max_rollouts",
+        "3",
+        "--model.export_existing",
+        "replace",
+        cwd=cwd,
+    )
     _ok(resumed)
     assert sorted(os.listdir(cwd / "runs/exp1/ppo")) == ["model", "version_0"]  # no version_1
     assert set(version.glob("events.out.tfevents.*")) > events_before  # this run's events beside the first's
@@ -123,7 +139,9 @@ def test_resuming_from_a_checkpoint_in_the_run_dir_logs_into_the_same_version(pr
 
 def test_a_missing_earlier_stage_is_one_error_naming_the_command_to_run(tmp_path):
     # configs/offline/reward_model.yaml as it is, only --run_dir added: the RM reads the run's SFT export.
-    result = run_main("fit", "--config", str(ROOT / "configs/offline/reward_model.yaml"), "--run_dir", "runs/exp1", cwd=tmp_path)
+    result = run_main(
+        "fit", "--config", str(ROOT / "configs/offline/reward_model.yaml"), "--run_dir", "runs/exp1", cwd=tmp_path
+    )
     assert result.returncode == 1
     assert error_line(result) == (
         "rlhf-lit: error: runs/exp1/sft/model not found: run the SFT stage with --run_dir runs/exp1 first "
@@ -153,8 +171,16 @@ def test_an_export_dir_elsewhere_contradicts_the_run_dir(tmp_path):
 
 
 def test_a_logger_writing_elsewhere_contradicts_the_run_dir(tmp_path):
-    result = run_main(*SFT, "--run_dir", "runs/exp1", "--trainer.logger", "lightning.pytorch.loggers.CSVLogger",
-                      "--trainer.logger.save_dir", "csv", cwd=tmp_path)  # fmt: skip
+    result = run_main(
+        *SFT,
+        "--run_dir",
+        "runs/exp1",
+        "--trainer.logger",
+        "lightning.pytorch.loggers.CSVLogger",
+        "--trainer.logger.save_dir",
+        "csv",
+        cwd=tmp_path,
+    )
     assert result.returncode == 1
     assert error_line(result).startswith(
         "rlhf-lit: error: --run_dir runs/exp1: trainer.logger (CSVLogger) writes to save_dir csv, outside the run directory"
@@ -172,9 +198,12 @@ def test_fit_help_documents_run_dir():
 
 def _parsed(run_dir: str | None = "runs/x", stage: str = "rlhf_lit.stages.SFTModule", **init_args) -> Namespace:
     """A config as LightningCLI has it before instantiation, with the CLI's default logger."""
-    logger = Namespace(class_path=DEFAULT_LOGGER["class_path"],
-                       init_args=Namespace(**DEFAULT_LOGGER["init_args"], version=None))  # fmt: skip
-    model = Namespace(class_path=stage, init_args=Namespace(**{"export_dir": None, "export_existing": "refuse", **init_args}))
+    logger = Namespace(
+        class_path=DEFAULT_LOGGER["class_path"], init_args=Namespace(**DEFAULT_LOGGER["init_args"], version=None)
+    )
+    model = Namespace(
+        class_path=stage, init_args=Namespace(**{"export_dir": None, "export_existing": "refuse", **init_args})
+    )
     trainer = Namespace(logger=logger, default_root_dir="logs", callbacks=None)
     return Namespace(run_dir=run_dir, ckpt_path=None, trainer=trainer, model=model)
 
@@ -191,8 +220,9 @@ def test_unset_outputs_are_filled_and_explicit_ones_under_the_run_dir_are_kept(t
     assert cfg.model.init_args.export_dir == os.path.join("runs/x", "sft", "model")
 
     cfg = _parsed(export_dir=str(tmp_path / "runs/x/sft/model"))  # the same place, spelled absolute
-    cfg.trainer.logger = Namespace(class_path="lightning.pytorch.loggers.CSVLogger",
-                                   init_args=Namespace(save_dir="runs/x/csv", name="mine"))  # fmt: skip
+    cfg.trainer.logger = Namespace(
+        class_path="lightning.pytorch.loggers.CSVLogger", init_args=Namespace(save_dir="runs/x/csv", name="mine")
+    )
     apply_run_dir(cfg, DEFAULTS, "fit")
     assert cfg.trainer.logger.init_args.save_dir == "runs/x/csv" and cfg.trainer.logger.init_args.name == "mine"
     assert cfg.model.init_args.export_dir == str(tmp_path / "runs/x/sft/model")
@@ -221,7 +251,9 @@ def test_an_input_given_explicitly_is_used_and_a_function_only_reward_needs_no_r
     monkeypatch.chdir(tmp_path)
     shutil.copytree(STORIES, tmp_path / "runs/x/sft/model")
     sources = [Namespace(name="len", weight=1.0, function="rlhf_lit.rewards.shaping:length_target", kwargs={})]
-    cfg = _parsed(stage="rlhf_lit.stages.PPOModule", sft_model=None, reward_model=None, reward=Namespace(sources=sources))
+    cfg = _parsed(
+        stage="rlhf_lit.stages.PPOModule", sft_model=None, reward_model=None, reward=Namespace(sources=sources)
+    )
     apply_run_dir(cfg, DEFAULTS, "fit")
     assert cfg.model.init_args.sft_model == os.path.join("runs/x", "sft", "model")
     assert cfg.model.init_args.reward_model is None  # no source is the reward model: not looked for
@@ -248,7 +280,8 @@ def test_a_missing_export_of_a_run_dir_config_is_named_by_the_cli_not_by_sources
     monkeypatch.chdir(tmp_path)
     (tmp_path / "configs").mkdir()
     (tmp_path / "configs" / "sft.yaml").write_text(
-        "run_dir: runs/exp\nmodel:\n  class_path: rlhf_lit.stages.SFTModule\n", encoding="utf-8")
+        "run_dir: runs/exp\nmodel:\n  class_path: rlhf_lit.stages.SFTModule\n", encoding="utf-8"
+    )
     with pytest.raises(MissingSource) as missing:
         model_source("runs/exp/sft/model", "sft_model")
     assert str(missing.value) == "sft_model not found: runs/exp/sft/model (no such directory)"

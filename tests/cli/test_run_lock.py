@@ -42,17 +42,25 @@ def _wait_for_holder(lock: Path, process: cli_forked.ForkedProcess, stderr: Path
 
 def test_a_second_run_on_the_same_run_dir_and_stage_refuses_and_a_killed_run_leaves_no_stuck_lock(tmp_path):
     long_run = _sft_in_run_dir(tmp_path, max_steps=100000)  # runs until it is killed
-    first = cli_forked.start(["fit", "--config", long_run.name, "--run_dir", RUN], cwd=tmp_path,
-                             stdout=tmp_path / "first.out", stderr=tmp_path / "first.err")  # fmt: skip
+    first = cli_forked.start(
+        ["fit", "--config", long_run.name, "--run_dir", RUN],
+        cwd=tmp_path,
+        stdout=tmp_path / "first.out",
+        stderr=tmp_path / "first.err",
+    )
     lock = tmp_path / RUN / "sft" / LOCK_NAME
     try:
         about = _wait_for_holder(lock, first, tmp_path / "first.err")
-        second = run_main("fit", "--config", _sft_in_run_dir(tmp_path, max_steps=1).name, "--run_dir", RUN, cwd=tmp_path)
+        second = run_main(
+            "fit", "--config", _sft_in_run_dir(tmp_path, max_steps=1).name, "--run_dir", RUN, cwd=tmp_path
+        )
         assert second.returncode == 1
         line = error_line(second)
-        assert line.startswith(f"rlhf-lit: error: --run_dir {RUN}: the SFT stage is already running there (pid "
-                               f"{first.pid} on {about['host']}, started {about['started']}: rlhf-lit fit --config "
-                               f"{long_run.name} --run_dir {RUN}); wait for it to end, or give another --run_dir")  # fmt: skip
+        assert line.startswith(
+            f"rlhf-lit: error: --run_dir {RUN}: the SFT stage is already running there (pid "
+            f"{first.pid} on {about['host']}, started {about['started']}: rlhf-lit fit --config "
+            f"{long_run.name} --run_dir {RUN}); wait for it to end, or give another --run_dir"
+        )
         # the refused run wrote nothing: no log folder of its own beside the first run's, no export
         assert not [p for p in (tmp_path / RUN).rglob("version_1")]
         assert not (tmp_path / RUN / "sft" / "model").exists()
@@ -79,11 +87,14 @@ def test_the_lock_is_released_by_a_run_that_fails_and_taken_over_from_a_removed_
     again = RunLock(folder, "the stage")
     again.release()
     # A run that fails after taking the lock (here: a refused config) releases it: the next run starts.
-    write_yaml(tmp_path / "bad.yaml", {"model": {"class_path": "rlhf_lit.stages.SFTModule",
-                                                 "init_args": {"model": str(tmp_path / "nowhere")}}})  # fmt: skip
+    write_yaml(
+        tmp_path / "bad.yaml",
+        {"model": {"class_path": "rlhf_lit.stages.SFTModule", "init_args": {"model": str(tmp_path / "nowhere")}}},
+    )
     for _ in range(2):
-        result = run_main("fit", "--config", _sft_in_run_dir(tmp_path, 1).name, "--config", "bad.yaml", "--run_dir",
-                          RUN, cwd=tmp_path)  # fmt: skip
+        result = run_main(
+            "fit", "--config", _sft_in_run_dir(tmp_path, 1).name, "--config", "bad.yaml", "--run_dir", RUN, cwd=tmp_path
+        )
         assert result.returncode == 1 and "already running" not in result.stderr, result.stderr[-3000:]
     assert not (tmp_path / RUN / "sft" / LOCK_NAME).exists()
 

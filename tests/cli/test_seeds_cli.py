@@ -10,9 +10,17 @@ from cli_helpers import STORIES, error_line, ppo_config, rlhf_lit_forked, run_ma
 
 def _unseeded_config(root, rm) -> dict:
     """A critic-free (GRPO) PPO run of one rollout whose only seed is ``seed_everything``."""
-    return unseeded(ppo_config(root, STORIES, rm, max_rollouts=1, optimizer={"lr": 3.0e-4, "eps": 1.0e-5},
-                               ppo={"epochs": 1, "minibatch_size": 4, "estimator": "grpo"},
-                               sampling={"max_new_tokens": 8, "temperature": 1.0, "samples_per_prompt": 2}))  # fmt: skip
+    return unseeded(
+        ppo_config(
+            root,
+            STORIES,
+            rm,
+            max_rollouts=1,
+            optimizer={"lr": 3.0e-4, "eps": 1.0e-5},
+            ppo={"epochs": 1, "minibatch_size": 4, "estimator": "grpo"},
+            sampling={"max_new_tokens": 8, "temperature": 1.0, "samples_per_prompt": 2},
+        )
+    )
 
 
 def test_seed_everything_changes_the_run_and_the_same_seed_repeats_it(tmp_path, stories_rm):
@@ -31,8 +39,18 @@ def test_seed_everything_changes_the_run_and_the_same_seed_repeats_it(tmp_path, 
 
     # A resume under another run seed would sample and shuffle with other seeds: refused.
     root = tmp_path / "a"
-    resumed = run_main("fit", "--config", "ppo.yaml", "--seed_everything", "12", "--ckpt_path",
-                       str(root / "ckpt" / "last.ckpt"), "--model.init_args.export_existing", "replace", cwd=root)  # fmt: skip
+    resumed = run_main(
+        "fit",
+        "--config",
+        "ppo.yaml",
+        "--seed_everything",
+        "12",
+        "--ckpt_path",
+        str(root / "ckpt" / "last.ckpt"),
+        "--model.init_args.export_existing",
+        "replace",
+        cwd=root,
+    )
     assert resumed.returncode == 1
     assert error_line(resumed).startswith("rlhf-lit: error: cannot resume: the configuration differs")
     assert "  seed_everything (model.rollout_seed and data.seed follow it): checkpoint 11, now 12\n" in resumed.stderr

@@ -47,24 +47,35 @@ def test_seeds_runs_the_tiny_sft_once_per_seed_and_skips_finished_ones(tmp_path,
 
 @pytest.mark.slow
 def test_seeds_stops_at_the_first_failure_naming_the_seed_and_its_log(tmp_path, forked_runs):
-    result = run_main("seeds", "--seeds", "5", "6", "--", *SFT, "--trainer.max_stepz", "3", "--run_dir", "runs/bad",
-                      cwd=tmp_path)  # fmt: skip
+    result = run_main(
+        "seeds", "--seeds", "5", "6", "--", *SFT, "--trainer.max_stepz", "3", "--run_dir", "runs/bad", cwd=tmp_path
+    )
     assert result.returncode == 1
-    assert error_line(result) == ("rlhf-lit: error: seed 5 failed (exit status 2): unknown option --trainer.max_stepz; "
-                                  "did you mean --trainer.max_steps?; its log: runs/bad/seed_5.log")  # fmt: skip
+    assert error_line(result) == (
+        "rlhf-lit: error: seed 5 failed (exit status 2): unknown option --trainer.max_stepz; "
+        "did you mean --trainer.max_steps?; its log: runs/bad/seed_5.log"
+    )
     assert "seed 6" not in result.stdout and not (tmp_path / "runs" / "bad" / "seed_6.log").exists()
 
 
 def test_seeds_refuses_a_bad_option_before_any_run(tmp_path):
     cases = {
         ("--seeds", "1", "--", *SFT): "the command after -- needs one --run_dir DIR (each seed runs in DIR/seed_S)",
-        ("--seeds", "1", "--", *SFT, "--run_dir", "r", "--seed_everything", "3"):
-            "the command after -- sets --seed_everything; rlhf-lit seeds sets it per seed",
+        (
+            "--seeds",
+            "1",
+            "--",
+            *SFT,
+            "--run_dir",
+            "r",
+            "--seed_everything",
+            "3",
+        ): "the command after -- sets --seed_everything; rlhf-lit seeds sets it per seed",
         ("--seeds", "1", "1", "--", *SFT, "--run_dir", "r"): "--seeds: a seed is given twice (1 1)",
         ("--seeds", "1", "--jobs", "0", "--", *SFT, "--run_dir", "r"): "--jobs must be at least 1, got 0",
         ("--seeds", "1"): "give the command to run after --, e.g. -- fit --config X.yaml --run_dir runs/exp",
         ("--seeds", "x", "--", *SFT, "--run_dir", "r"): "argument --seeds: invalid int value: 'x'",
-    }  # fmt: skip
+    }
     for argv, message in cases.items():
         result = run_main("seeds", *argv, cwd=tmp_path)
         assert result.returncode == 2, (argv, result.stderr)

@@ -16,12 +16,29 @@ from transformers import AutoModelForCausalLM, AutoModelForSequenceClassificatio
 def rm_config(root, strategy: str) -> dict:
     """A reward model of a few steps on HH-RLHF pairs, stories260K with a fresh head, 2 processes."""
     config = sft_config(root, TINYSTORIES, max_steps=3)
-    config["model"] = {"class_path": "rlhf_lit.stages.RewardModelModule", "init_args": {
-        "model": str(STORIES), "optimizer": {"lr": 1.0e-3}, "normalize": "gain_bias", "export_dir": str(root / "export")}}
-    config["data"] = {"class_path": "rlhf_lit.data.PreferenceDataModule", "init_args": {
-        "train_path": str(HH_RLHF), "format": "hh_rlhf", "max_records": 48, "max_length": 96,
-        "max_prompt_length": 64, "batch_size": 4, "reference_path": str(TINYSTORIES), "reference_format": "paragraphs",
-        "reference_max_records": 16}}  # fmt: skip
+    config["model"] = {
+        "class_path": "rlhf_lit.stages.RewardModelModule",
+        "init_args": {
+            "model": str(STORIES),
+            "optimizer": {"lr": 1.0e-3},
+            "normalize": "gain_bias",
+            "export_dir": str(root / "export"),
+        },
+    }
+    config["data"] = {
+        "class_path": "rlhf_lit.data.PreferenceDataModule",
+        "init_args": {
+            "train_path": str(HH_RLHF),
+            "format": "hh_rlhf",
+            "max_records": 48,
+            "max_length": 96,
+            "max_prompt_length": 64,
+            "batch_size": 4,
+            "reference_path": str(TINYSTORIES),
+            "reference_format": "paragraphs",
+            "reference_max_records": 16,
+        },
+    }
     config["trainer"].update(strategy=strategy, devices=2)
     return config
 

@@ -7,9 +7,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from cli_helpers import error_line, run_main
-
 from assets_paths import ROOT, STORIES260K_CHAT
+from cli_helpers import error_line, run_main
 
 CHAT = str(STORIES260K_CHAT)
 PAIRS = [("chat_template", "always"), ("raw", "never")]
@@ -20,8 +19,21 @@ def run(tmp_path, command: str, value: str, *extra: str) -> dict:
     prompts = tmp_path / "p.txt"
     prompts.write_text("Once upon a time\nThe cat\n", encoding="utf-8")
     out = tmp_path / f"{command}-{value}.json"
-    result = run_main(command, "--policy", CHAT, "--prompts", str(prompts), "--max-new-tokens", "4",
-                      "--chat-template", value, "--out", str(out), *extra, cwd=tmp_path)  # fmt: skip
+    result = run_main(
+        command,
+        "--policy",
+        CHAT,
+        "--prompts",
+        str(prompts),
+        "--max-new-tokens",
+        "4",
+        "--chat-template",
+        value,
+        "--out",
+        str(out),
+        *extra,
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(out.read_text())
 
@@ -47,8 +59,18 @@ def test_best_of_n_runs_an_alias_as_its_canonical_value(tmp_path, alias, canonic
 @pytest.mark.parametrize("command", ["evaluate", "best-of-n"])
 def test_a_bad_value_is_one_line_naming_the_option_and_the_canonical_choices(tmp_path, command):
     (tmp_path / "p.txt").write_text("Once upon a time\n", encoding="utf-8")
-    result = run_main(command, "--policy", CHAT, "--reward-model", CHAT, "--prompts", str(tmp_path / "p.txt"),
-                      "--chat-template", "yes", cwd=tmp_path)  # fmt: skip
+    result = run_main(
+        command,
+        "--policy",
+        CHAT,
+        "--reward-model",
+        CHAT,
+        "--prompts",
+        str(tmp_path / "p.txt"),
+        "--chat-template",
+        "yes",
+        cwd=tmp_path,
+    )
     assert result.returncode == 2
     assert error_line(result) == "rlhf-lit: error: --chat-template must be one of auto, always, never; got 'yes'"
 

@@ -113,15 +113,24 @@ def test_errors_before_any_model_is_loaded(tmp_path, stories_path, monkeypatch, 
     cases = [
         ("evaluate", [*base, "--judge", "no_such_module:judge"], 1, "judge spec 'no_such_module:judge': no module"),
         ("evaluate", ["--policy", stories_path, "--prompts", str(bad)], 1, "bad.jsonl line 3: not JSON"),
-        ("evaluate", [*base, "--reference", str(tmp_path / "nope")], 1, "--reference " + str(tmp_path / "nope") + ": no such directory"),
+        (
+            "evaluate",
+            [*base, "--reference", str(tmp_path / "nope")],
+            1,
+            "--reference " + str(tmp_path / "nope") + ": no such directory",
+        ),
         ("evaluate", [*base, "--out", str(tmp_path / "taken.json")], 2, "exists; pass --overwrite"),
         ("evaluate", [*base, "--temperature", "-1"], 2, "--temperature must be > 0"),
         ("evaluate", [*base, "--batch-size", "0"], 2, "--batch-size must be >= 1"),
         ("evaluate", ["--prompts", str(prompts)], 2, "the following arguments are required: --policy"),
         ("best-of-n", [*base, "--reward-model", stories_path, "--n", "2,x"], 2, "--n '2,x'"),
-        ("best-of-n", [*base, "--reward-model", stories_path, "--n-max", "8", "--num-samples", "4"], 2,
-         "--num-samples 4 is below the largest N (8)"),
-    ]  # fmt: skip
+        (
+            "best-of-n",
+            [*base, "--reward-model", stories_path, "--n-max", "8", "--num-samples", "4"],
+            2,
+            "--num-samples 4 is below the largest N (8)",
+        ),
+    ]
     for command, argv, status, message in cases:
         assert run_command(command, argv) == status, (command, argv)
         err = capsys.readouterr().err
@@ -143,10 +152,15 @@ def test_rlhf_lit_help_lists_the_commands(capsys):
 
 def test_prompts_jsonl_reads_conversations_as_the_data_modules_do(tmp_path):
     path = tmp_path / "p.jsonl"
-    path.write_text('{"prompt": [{"role": "system", "content": "Be kind."}, {"role": "user", "content": "Hi"}]}\n'
-                    '{"prompt": "The cat"}\n', encoding="utf-8")  # fmt: skip
+    path.write_text(
+        '{"prompt": [{"role": "system", "content": "Be kind."}, {"role": "user", "content": "Hi"}]}\n'
+        '{"prompt": "The cat"}\n',
+        encoding="utf-8",
+    )
     assert read_prompts(str(path)) == [
-        ({"role": "system", "content": "Be kind."}, {"role": "user", "content": "Hi"}), "The cat"]  # fmt: skip
+        ({"role": "system", "content": "Be kind."}, {"role": "user", "content": "Hi"}),
+        "The cat",
+    ]
     path.write_text('{"prompt": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}]}\n')
     with pytest.raises(ValueError, match=r"p.jsonl line 1: field 'prompt\[1\]' ends the prompt on an assistant turn"):
         read_prompts(str(path))

@@ -72,13 +72,16 @@ class FakeFits:
 def loop_config(tmp_path: Path, **groups) -> Path:
     """A tiny loop config in ``tmp_path`` (4 fresh prompts x 3 responses per iteration), groups overridden."""
     config = {
-        "run_dir": str(tmp_path / "run"), "iterations": 2, "seed": 3, "sft_model": str(STORIES260K),
+        "run_dir": str(tmp_path / "run"),
+        "iterations": 2,
+        "seed": 3,
+        "sft_model": str(STORIES260K),
         "prompts": {"path": str(TINYSTORIES), "skip": 1000, "words": 6, "held_out": 2, "per_iteration": 4},
         "sampling": {"responses_per_prompt": 3, "max_new_tokens": 6, "batch_size": 16},
         "labeler": {"kind": "judge", "source": JUDGE},
         "reward_model": {"config": str(CONFIGS / "offline/iterate/reward_model.yaml"), "held_out_fraction": 0.25},
         "ppo": {"config": str(CONFIGS / "offline/iterate/ppo.yaml")},
-    }  # fmt: skip
+    }
     for group, values in groups.items():
         config[group] = {**config.get(group, {}), **values} if isinstance(values, dict) else values
     path = tmp_path / "iterate.yaml"
@@ -137,8 +140,9 @@ def test_reward_data_accumulates_as_configured(tmp_path, monkeypatch, tiny_rm, d
     assert (run / "summary.csv").read_text(encoding="utf-8").startswith("iteration,labelled_prompts,")
 
 
-@pytest.mark.parametrize(("group", "value"), [("reward_model", "previous"), ("reward_model", "sft"),
-                                              ("ppo", "restart"), ("ppo", "continue")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("group", "value"), [("reward_model", "previous"), ("reward_model", "sft"), ("ppo", "restart"), ("ppo", "continue")]
+)
 def test_each_start_choice_starts_where_it_says(tmp_path, monkeypatch, tiny_rm, group, value):
     fits = FakeFits(tiny_rm)
     key = "init" if group == "reward_model" else "start"
@@ -155,17 +159,23 @@ def test_each_start_choice_starts_where_it_says(tmp_path, monkeypatch, tiny_rm, 
 @pytest.mark.parametrize("data", ["all", "latest"])
 def test_initial_data_and_model_come_before_iteration_one(tmp_path, monkeypatch, tiny_rm, data):
     initial = tmp_path / "initial.jsonl"
-    initial.write_text('{"prompt": "Tom", "chosen": "ran home.", "rejected": "sat."}\n'
-                       '{"prompt": "Sue", "responses": ["sang.", "ate.", "slept."]}\n', encoding="utf-8")  # fmt: skip
+    initial.write_text(
+        '{"prompt": "Tom", "chosen": "ran home.", "rejected": "sat."}\n'
+        '{"prompt": "Sue", "responses": ["sang.", "ate.", "slept."]}\n',
+        encoding="utf-8",
+    )
     fits = FakeFits(tiny_rm)
-    config = loop_config(tmp_path, iterations=1, reward_model={"data": data, "initial_data": str(initial),
-                                                               "initial_model": str(tiny_rm)})  # fmt: skip
+    config = loop_config(
+        tmp_path, iterations=1, reward_model={"data": data, "initial_data": str(initial), "initial_model": str(tiny_rm)}
+    )
     result = iterate(config, fits, monkeypatch, tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     run = tmp_path / "run"
     train = labels(run, 1)["train"]
-    kept = [{"prompt": "Tom", "responses": ["ran home.", "sat."], "ranks": [0, 1]},
-            {"prompt": "Sue", "responses": ["sang.", "ate.", "slept."], "ranks": [0, 1, 2]}]  # fmt: skip
+    kept = [
+        {"prompt": "Tom", "responses": ["ran home.", "sat."], "ranks": [0, 1]},
+        {"prompt": "Sue", "responses": ["sang.", "ate.", "slept."], "ranks": [0, 1, 2]},
+    ]
     assert jsonl(run / "iter_1" / "reward_data.jsonl") == (kept + train if data == "all" else train)
     assert fits.starts(1, "reward_model") == str(tiny_rm)  # `previous` at t = 1: the initial model
     rows = json.loads((run / "summary.json").read_text(encoding="utf-8"))["rows"]
@@ -197,12 +207,17 @@ def test_the_shipped_loop_config_reads():
 def test_labels_from_files_of_either_shape(tmp_path, monkeypatch, tiny_rm):
     (tmp_path / "labels").mkdir()
     pairs = [{"prompt": f"Tom went to the {w}", "chosen": "park and smiled.", "rejected": "rain."} for w in "abcd"]
-    rankings = [{"prompt": "Sue had a cat", "responses": ["x y", "z", "w v u"], "ranks": [0, 1, 1]},
-                {"prompt": "The sun was", "responses": ["hot.", "up."]}]  # fmt: skip
+    rankings = [
+        {"prompt": "Sue had a cat", "responses": ["x y", "z", "w v u"], "ranks": [0, 1, 1]},
+        {"prompt": "The sun was", "responses": ["hot.", "up."]},
+    ]
     (tmp_path / "labels" / "iter_1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in pairs), encoding="utf-8")
     (tmp_path / "labels" / "iter_2.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rankings), encoding="utf-8")
-    config = loop_config(tmp_path, labeler={"kind": "file", "source": str(tmp_path / "labels" / "iter_{t}.jsonl")},
-                         evaluation={"judge": JUDGE})  # fmt: skip
+    config = loop_config(
+        tmp_path,
+        labeler={"kind": "file", "source": str(tmp_path / "labels" / "iter_{t}.jsonl")},
+        evaluation={"judge": JUDGE},
+    )
     result = iterate(config, FakeFits(tiny_rm), monkeypatch, tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     first, second = labels(tmp_path / "run", 1), labels(tmp_path / "run", 2)
@@ -215,8 +230,12 @@ def test_labels_from_files_of_either_shape(tmp_path, monkeypatch, tiny_rm):
 def test_a_missing_labels_file_asks_for_it_after_writing_the_samples(tmp_path, monkeypatch, tiny_rm):
     wanted = tmp_path / "labels" / "iter_1.jsonl"
     fits = FakeFits(tiny_rm)
-    result = iterate(loop_config(tmp_path, labeler={"kind": "file", "source": str(tmp_path / "labels" / "iter_{t}.jsonl")}),
-                     fits, monkeypatch, tmp_path)  # fmt: skip
+    result = iterate(
+        loop_config(tmp_path, labeler={"kind": "file", "source": str(tmp_path / "labels" / "iter_{t}.jsonl")}),
+        fits,
+        monkeypatch,
+        tmp_path,
+    )
     assert result.returncode == 1
     line = error_line(result)
     samples = tmp_path / "run" / "iter_1" / "samples.jsonl"
@@ -224,33 +243,46 @@ def test_a_missing_labels_file_asks_for_it_after_writing_the_samples(tmp_path, m
     assert [len(r["responses"]) for r in jsonl(samples)] == [3, 3, 3, 3] and fits.calls == []
 
 
-@pytest.mark.parametrize(("content", "named"), [
-    ('{"prompt": "a", "chosen": "b", "rejected": "c"}\n{"prompt": "a", "chosen": "b"}\n', "line 2: field 'rejected' missing"),
-    ('{"prompt": "a", "responses": ["b", "c"], "ranks": [1, 0]}\n', "line 1: field 'ranks[1]' is 0"),
-    ('{"prompt": "a", "text": "b"}\n', "line 1: neither a rankings record"),
-    ('{"prompt": "a", "responses": ["b", "c"]}\n{"prompt": \n', "line 2"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("content", "named"),
+    [
+        (
+            '{"prompt": "a", "chosen": "b", "rejected": "c"}\n{"prompt": "a", "chosen": "b"}\n',
+            "line 2: field 'rejected' missing",
+        ),
+        ('{"prompt": "a", "responses": ["b", "c"], "ranks": [1, 0]}\n', "line 1: field 'ranks[1]' is 0"),
+        ('{"prompt": "a", "text": "b"}\n', "line 1: neither a rankings record"),
+        ('{"prompt": "a", "responses": ["b", "c"]}\n{"prompt": \n', "line 2"),
+    ],
+)
 def test_a_bad_labels_file_is_one_line_before_any_fit(tmp_path, monkeypatch, tiny_rm, content, named):
     (tmp_path / "labels").mkdir()
     (tmp_path / "labels" / "iter_2.jsonl").write_text(content, encoding="utf-8")  # iteration 2's: checked first
     fits = FakeFits(tiny_rm)
-    result = iterate(loop_config(tmp_path, labeler={"kind": "file", "source": str(tmp_path / "labels" / "iter_{t}.jsonl")}),
-                     fits, monkeypatch, tmp_path)  # fmt: skip
+    result = iterate(
+        loop_config(tmp_path, labeler={"kind": "file", "source": str(tmp_path / "labels" / "iter_{t}.jsonl")}),
+        fits,
+        monkeypatch,
+        tmp_path,
+    )
     line = error_line(result)
     assert str(tmp_path / "labels" / "iter_2.jsonl") in line and named in line, line
     assert fits.calls == [] and not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize(("groups", "named"), [
-    ({"reward_model": {"data": "some"}}, "reward_model.data must be one of all, latest, got 'some'"),
-    ({"ppo": {"start": "resume"}}, "ppo.start must be one of restart, continue"),
-    ({"reward_model": {"init": "sft", "lr": 1}}, "unknown key 'reward_model.lr'"),
-    ({"sampling": {"responses_per_prompt": 1}}, "sampling.responses_per_prompt must be >= 2"),
-    ({"labeler": {"kind": "judge", "source": "no_such_module:judge"}}, "no_such_module"),
-    ({"ppo": {"config": str(CONFIGS / "offline/iterate/reward_model.yaml")}}, "ppo.config"),
-    ({"sft_model": "./no/such/model"}, "sft_model ./no/such/model: no such model directory"),
-    ({"labeler": {"kind": "reward_model", "source": str(STORIES260K)}}, "not a reward model"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("groups", "named"),
+    [
+        ({"reward_model": {"data": "some"}}, "reward_model.data must be one of all, latest, got 'some'"),
+        ({"ppo": {"start": "resume"}}, "ppo.start must be one of restart, continue"),
+        ({"reward_model": {"init": "sft", "lr": 1}}, "unknown key 'reward_model.lr'"),
+        ({"sampling": {"responses_per_prompt": 1}}, "sampling.responses_per_prompt must be >= 2"),
+        ({"labeler": {"kind": "judge", "source": "no_such_module:judge"}}, "no_such_module"),
+        ({"ppo": {"config": str(CONFIGS / "offline/iterate/reward_model.yaml")}}, "ppo.config"),
+        ({"sft_model": "./no/such/model"}, "sft_model ./no/such/model: no such model directory"),
+        ({"labeler": {"kind": "reward_model", "source": str(STORIES260K)}}, "not a reward model"),
+    ],
+)
 def test_a_bad_option_is_one_line_before_any_fit(tmp_path, monkeypatch, tiny_rm, groups, named):
     fits = FakeFits(tiny_rm)
     result = iterate(loop_config(tmp_path, **groups), fits, monkeypatch, tmp_path)
@@ -261,8 +293,9 @@ def test_a_bad_option_is_one_line_before_any_fit(tmp_path, monkeypatch, tiny_rm,
 
 def test_a_rerun_with_another_config_is_refused(tmp_path, monkeypatch, tiny_rm):
     assert iterate(loop_config(tmp_path, iterations=1), FakeFits(tiny_rm), monkeypatch, tmp_path).returncode == 0
-    result = iterate(loop_config(tmp_path, iterations=1, reward_model={"data": "latest"}), FakeFits(tiny_rm),
-                     monkeypatch, tmp_path)  # fmt: skip
+    result = iterate(
+        loop_config(tmp_path, iterations=1, reward_model={"data": "latest"}), FakeFits(tiny_rm), monkeypatch, tmp_path
+    )
     assert "was started with another config (reward_model differ" in error_line(result)
 
 
@@ -274,13 +307,17 @@ def test_a_kill_in_a_fit_redoes_that_fit_and_skips_what_is_done(tmp_path, monkey
     run = tmp_path / "run"
     samples = (run / "iter_2" / "samples.jsonl").read_text(encoding="utf-8")
     (run / "iter_2" / "samples.jsonl").write_text(samples[:-20], encoding="utf-8")  # a copy cut short: sampled again
-    (run / "iter_1" / "metrics.json").write_text('{"written_by": "rlhf-lit iterate", "row": {', encoding="utf-8")  # cut short
+    (run / "iter_1" / "metrics.json").write_text(
+        '{"written_by": "rlhf-lit iterate", "row": {', encoding="utf-8"
+    )  # cut short
     fits = FakeFits(tiny_rm)
     resumed = iterate(config, fits, monkeypatch, tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     redone = [(t, s) for (t, s, _) in fits.calls]
     assert redone == ([(2, "reward_model"), (2, "ppo")] if stage == "reward_model" else [(2, "ppo")])
-    assert (run / "iter_2" / "samples.jsonl").read_text(encoding="utf-8") == samples  # the same samples again (seed + t)
+    assert (run / "iter_2" / "samples.jsonl").read_text(
+        encoding="utf-8"
+    ) == samples  # the same samples again (seed + t)
     assert json.loads((run / "iter_1" / "metrics.json").read_text(encoding="utf-8"))["row"]["iteration"] == 1  # redone
     assert "iteration 1: ppo: done" in resumed.stdout
 
@@ -297,13 +334,37 @@ def in_process_fits(args: list[str], log_path: str) -> int:
 
 
 TINY_FITS = {
-    "reward_model": {"options": ["--trainer.max_epochs", "1", "--trainer.max_steps", "2", "--data.init_args.batch_size", "2",
-                                 "--data.init_args.val_fraction", "0.34"]},
-    "ppo": {"options": ["--model.init_args.max_rollouts", "1", "--model.init_args.sampling.max_new_tokens", "6",
-                        "--model.init_args.ppo.epochs", "1", "--model.init_args.ppo.minibatch_size", "2",
-                        "--data.init_args.batch_size", "4", "--data.init_args.max_records", "16",
-                        "--data.init_args.train_path", str(TINYSTORIES)]},
-}  # fmt: skip
+    "reward_model": {
+        "options": [
+            "--trainer.max_epochs",
+            "1",
+            "--trainer.max_steps",
+            "2",
+            "--data.init_args.batch_size",
+            "2",
+            "--data.init_args.val_fraction",
+            "0.34",
+        ]
+    },
+    "ppo": {
+        "options": [
+            "--model.init_args.max_rollouts",
+            "1",
+            "--model.init_args.sampling.max_new_tokens",
+            "6",
+            "--model.init_args.ppo.epochs",
+            "1",
+            "--model.init_args.ppo.minibatch_size",
+            "2",
+            "--data.init_args.batch_size",
+            "4",
+            "--data.init_args.max_records",
+            "16",
+            "--data.init_args.train_path",
+            str(TINYSTORIES),
+        ]
+    },
+}
 """1-2 steps per stage: the shipped stage configs, shortened through the loop's ``options``."""
 
 
@@ -405,9 +466,14 @@ def test_sigterm_stops_the_loop_and_its_fit_and_a_rerun_finishes(tmp_path, monke
     import os
 
     path = os.pathsep.join(p for p in (str(Path(__file__).parent), os.environ.get("PYTHONPATH")) if p)  # the judge
-    loop = subprocess.Popen([str(cli), "iterate", "--config", str(config)], cwd=tmp_path,
-                            env=subprocess_env({"PYTHONPATH": path}),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    loop = subprocess.Popen(
+        [str(cli), "iterate", "--config", str(config)],
+        cwd=tmp_path,
+        env=subprocess_env({"PYTHONPATH": path}),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     log = tmp_path / "run" / "iter_1" / "reward_model.log"
     deadline = time.monotonic() + 120
     while not log.exists() and loop.poll() is None and time.monotonic() < deadline:

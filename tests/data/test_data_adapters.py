@@ -38,9 +38,7 @@ def test_hh_split_at_last_assistant_marker():
             rejected=" No.",
         )
     ]
-    assert dict(out.skipped) == {
-        "chosen and rejected do not share the prompt up to the last '\\n\\nAssistant:'": 1
-    }
+    assert dict(out.skipped) == {"chosen and rejected do not share the prompt up to the last '\\n\\nAssistant:'": 1}
 
 
 def test_hh_sft_is_prompt_plus_chosen_and_prompts_the_prompt():
@@ -110,9 +108,7 @@ def test_field_mapping_and_margin():
     fields = Fields(prompt="q", response="a", chosen="good", rejected="bad", margin="m")
     opt = AdapterOptions(fields, prompt_words=3)
     rows = [Row("r0", {"q": "Q?", "a": "A.", "good": "yes", "bad": "no", "m": 2})]
-    assert adapt(rows, format="fields", kind="sft", options=opt).examples == [
-        Example("r0", "Q?", response="A.")
-    ]
+    assert adapt(rows, format="fields", kind="sft", options=opt).examples == [Example("r0", "Q?", response="A.")]
     assert adapt(rows, format="fields", kind="preference", options=opt).examples == [
         Example("r0", "Q?", chosen="yes", rejected="no", margin=2.0)
     ]
@@ -130,8 +126,7 @@ def test_skip_invalid_counts_bad_records(caplog):
         out = adapt(rows, format="fields", kind="sft", options=OPT, skip_invalid=True, source="s")
     assert (len(out.examples), out.invalid) == (1, 1)
     assert [r.getMessage() for r in caplog.records] == [
-        "s: skipped 1 of 2 invalid records (skip_invalid=True); first: "
-        "l2: field 'prompt' must be a string, got int"
+        "s: skipped 1 of 2 invalid records (skip_invalid=True); first: l2: field 'prompt' must be a string, got int"
     ]
 
 

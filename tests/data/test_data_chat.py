@@ -29,26 +29,128 @@ CONV = [
 # with ' ' + content + '</s>' of each assistant turn inside the template's generation block.
 # Its 60 tokens (sentencepiece writes a '▁' after '</s>', at the offsets of the '\n' that follows):
 TOKENS = [
-    "<s>", "▁S", "y", "st", "e", "m", ":", "▁B", "e", "▁k", "i", "nd", ".", "<0x0A>",  # 0-13
-    "U", "s", "er", ":", "▁H", "i", "<0x0A>",  # 14-20
-    "A", "s", "s", "is", "t", "an", "t", ":",  # 21-28
-    "▁He", "ll", "o", ".", "</s>",  # 29-33: ' Hello.</s>', trained
-    "▁", "<0x0A>",  # 34-35
-    "U", "s", "er", ":", "▁M", "o", "re", "?", "<0x0A>",  # 36-44
-    "A", "s", "s", "is", "t", "an", "t", ":",  # 45-52
-    "▁B", "y", "e", ".", "</s>",  # 53-57: ' Bye.</s>', trained
-    "▁", "<0x0A>",  # 58-59
+    "<s>",
+    "▁S",
+    "y",
+    "st",
+    "e",
+    "m",
+    ":",
+    "▁B",
+    "e",
+    "▁k",
+    "i",
+    "nd",
+    ".",
+    "<0x0A>",  # 0-13
+    "U",
+    "s",
+    "er",
+    ":",
+    "▁H",
+    "i",
+    "<0x0A>",  # 14-20
+    "A",
+    "s",
+    "s",
+    "is",
+    "t",
+    "an",
+    "t",
+    ":",  # 21-28
+    "▁He",
+    "ll",
+    "o",
+    ".",
+    "</s>",  # 29-33: ' Hello.</s>', trained
+    "▁",
+    "<0x0A>",  # 34-35
+    "U",
+    "s",
+    "er",
+    ":",
+    "▁M",
+    "o",
+    "re",
+    "?",
+    "<0x0A>",  # 36-44
+    "A",
+    "s",
+    "s",
+    "is",
+    "t",
+    "an",
+    "t",
+    ":",  # 45-52
+    "▁B",
+    "y",
+    "e",
+    ".",
+    "</s>",  # 53-57: ' Bye.</s>', trained
+    "▁",
+    "<0x0A>",  # 58-59
 ]
 IDS = [
-    1, 301, 422, 356, 411, 423, 467, 368, 411, 409, 417, 264, 426, 13,
-    471, 419, 285, 467, 320, 417, 13,
-    447, 419, 419, 293, 413, 303, 413, 467,
-    346, 306, 414, 426, 2,
-    410, 13,
-    471, 419, 285, 467, 392, 414, 276, 450, 13,
-    447, 419, 419, 293, 413, 303, 413, 467,
-    368, 422, 411, 426, 2,
-    410, 13,
+    1,
+    301,
+    422,
+    356,
+    411,
+    423,
+    467,
+    368,
+    411,
+    409,
+    417,
+    264,
+    426,
+    13,
+    471,
+    419,
+    285,
+    467,
+    320,
+    417,
+    13,
+    447,
+    419,
+    419,
+    293,
+    413,
+    303,
+    413,
+    467,
+    346,
+    306,
+    414,
+    426,
+    2,
+    410,
+    13,
+    471,
+    419,
+    285,
+    467,
+    392,
+    414,
+    276,
+    450,
+    13,
+    447,
+    419,
+    419,
+    293,
+    413,
+    303,
+    413,
+    467,
+    368,
+    422,
+    411,
+    426,
+    2,
+    410,
+    13,
 ]
 FIRST_TURN = [29, 30, 31, 32, 33]
 LAST_TURN = [53, 54, 55, 56, 57]
@@ -64,15 +166,90 @@ END_MARKER_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}"
 )
 END_MARKER_TOKENS = [
-    "▁", "<", "|", "s", "y", "st", "e", "m", "|", ">", "<0x0A>",  # 0-10
-    "B", "e", "▁k", "i", "nd", ".", "<0x0A>",  # 11-17
-    "<", "|", "u", "s", "er", "|", ">", "<0x0A>", "H", "i", "<0x0A>",  # 18-28
-    "<", "|", "a", "s", "s", "is", "t", "an", "t", "|", ">", "<0x0A>",  # 29-40
-    "H", "e", "ll", "o", ".", "▁", "[", "end", "]",  # 41-49: 'Hello. [end]', trained
+    "▁",
+    "<",
+    "|",
+    "s",
+    "y",
+    "st",
+    "e",
+    "m",
+    "|",
+    ">",
+    "<0x0A>",  # 0-10
+    "B",
+    "e",
+    "▁k",
+    "i",
+    "nd",
+    ".",
+    "<0x0A>",  # 11-17
+    "<",
+    "|",
+    "u",
+    "s",
+    "er",
+    "|",
+    ">",
+    "<0x0A>",
+    "H",
+    "i",
+    "<0x0A>",  # 18-28
+    "<",
+    "|",
+    "a",
+    "s",
+    "s",
+    "is",
+    "t",
+    "an",
+    "t",
+    "|",
+    ">",
+    "<0x0A>",  # 29-40
+    "H",
+    "e",
+    "ll",
+    "o",
+    ".",
+    "▁",
+    "[",
+    "end",
+    "]",  # 41-49: 'Hello. [end]', trained
     "<0x0A>",  # 50: the trailing newline, not trained
-    "<", "|", "u", "s", "er", "|", ">", "<0x0A>", "M", "o", "re", "?", "<0x0A>",  # 51-63
-    "<", "|", "a", "s", "s", "is", "t", "an", "t", "|", ">", "<0x0A>",  # 64-75
-    "B", "y", "e", ".", "▁", "[", "end", "]",  # 76-83: 'Bye. [end]', trained
+    "<",
+    "|",
+    "u",
+    "s",
+    "er",
+    "|",
+    ">",
+    "<0x0A>",
+    "M",
+    "o",
+    "re",
+    "?",
+    "<0x0A>",  # 51-63
+    "<",
+    "|",
+    "a",
+    "s",
+    "s",
+    "is",
+    "t",
+    "an",
+    "t",
+    "|",
+    ">",
+    "<0x0A>",  # 64-75
+    "B",
+    "y",
+    "e",
+    ".",
+    "▁",
+    "[",
+    "end",
+    "]",  # 76-83: 'Bye. [end]', trained
     "<0x0A>",  # 84
 ]
 
@@ -100,8 +277,12 @@ def prefix_tok(chat_tok):
 
 def encode(tok, convs, turns="all", max_prompt_length=100, max_length=100, counts=None, **encoder_kw):
     return encode_conversations(
-        TextEncoder(tok, **encoder_kw), convs, turns=turns, max_prompt_length=max_prompt_length,
-        max_length=max_length, counts=counts,
+        TextEncoder(tok, **encoder_kw),
+        convs,
+        turns=turns,
+        max_prompt_length=max_prompt_length,
+        max_length=max_length,
+        counts=counts,
     )
 
 
@@ -235,8 +416,32 @@ def test_example_whose_trained_tokens_are_all_cut_is_dropped(chat_tok):
     items = encode(chat_tok, [CONV, short], turns="last", max_length=40, counts=counts)
     # `short`: '<s>User: Hi\nAssistant: Bye.</s>\n' ('▁U' is not in the vocabulary: '▁', 'U')
     assert [chat_tok.convert_ids_to_tokens(i["input_ids"]) for i in items] == [
-        ["<s>", "▁", "U", "s", "er", ":", "▁H", "i", "<0x0A>", "A", "s", "s", "is", "t", "an", "t", ":",
-         "▁B", "y", "e", ".", "</s>", "▁", "<0x0A>"]
+        [
+            "<s>",
+            "▁",
+            "U",
+            "s",
+            "er",
+            ":",
+            "▁H",
+            "i",
+            "<0x0A>",
+            "A",
+            "s",
+            "s",
+            "is",
+            "t",
+            "an",
+            "t",
+            ":",
+            "▁B",
+            "y",
+            "e",
+            ".",
+            "</s>",
+            "▁",
+            "<0x0A>",
+        ]
     ]
     assert trained_positions(items[0]) == [17, 18, 19, 20, 21]
     assert counts == Counter()  # a dropped example is not counted as a cut

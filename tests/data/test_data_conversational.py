@@ -33,7 +33,9 @@ def test_messages_sft_is_the_whole_conversation_and_prompts_drop_the_last_answer
     conversation = [sys_("Be kind."), user("Hi"), bot("Hello"), user("Bye"), bot("See you")]
     # other keys of a message are ignored; the copies hold role and content only
     record = {"messages": [{**m, "name": "x"} for m in conversation]}
-    assert read(record, "messages", "sft") == Example(WHERE, (sys_("Be kind."), user("Hi")), messages=tuple(conversation))
+    assert read(record, "messages", "sft") == Example(
+        WHERE, (sys_("Be kind."), user("Hi")), messages=tuple(conversation)
+    )
     assert read(record, "messages", "prompt") == Example(WHERE, tuple(conversation[:4]))
     ends_on_user = {"messages": conversation[:4]}
     assert read(ends_on_user, "messages", "prompt") == Example(WHERE, tuple(conversation[:4]))
@@ -121,56 +123,133 @@ def test_rankings_with_a_conversational_prompt():
 
 # ------------------------------------------------------------------------------------ bad records
 BAD = [
-    ({"messages": [user("Hi"), {"role": "bot", "content": "x"}]}, "messages", "sft",
-     "field 'messages[1]' has role 'bot'; known roles: system, user, assistant"),
-    ({"messages": [user("Hi"), "Hello"]}, "messages", "sft",
-     "field 'messages[1]' must be a message (an object with role and content), got str"),
+    (
+        {"messages": [user("Hi"), {"role": "bot", "content": "x"}]},
+        "messages",
+        "sft",
+        "field 'messages[1]' has role 'bot'; known roles: system, user, assistant",
+    ),
+    (
+        {"messages": [user("Hi"), "Hello"]},
+        "messages",
+        "sft",
+        "field 'messages[1]' must be a message (an object with role and content), got str",
+    ),
     ({"messages": [{"content": "Hi"}]}, "messages", "sft", "field 'messages[0]' has no 'role' (message keys: content)"),
     ({"messages": [{"role": "user"}]}, "messages", "sft", "field 'messages[0]' has no 'content' (message keys: role)"),
-    ({"messages": [user("Hi"), {"role": "assistant", "content": 5}]}, "messages", "sft",
-     "field 'messages[1].content' must be a string, got int"),
+    (
+        {"messages": [user("Hi"), {"role": "assistant", "content": 5}]},
+        "messages",
+        "sft",
+        "field 'messages[1].content' must be a string, got int",
+    ),
     ({"messages": [user("Hi"), bot(" ")]}, "messages", "sft", "field 'messages[1].content' is empty"),
     ({"messages": []}, "messages", "sft", "field 'messages' is empty"),
     ({"messages": "Hi"}, "messages", "sft", "field 'messages' must be a list of messages, got str"),
     ({"text": "x"}, "messages", "sft", "field 'messages' missing (record keys: text)"),
-    ({"messages": [user("Hi"), bot("Hello"), user("Bye")]}, "messages", "sft",
-     "field 'messages[2]' ends the conversation on a user turn; SFT needs a conversation that ends with the "
-     "assistant's response"),
-    ({"messages": [sys_("S"), bot("Hello")]}, "messages", "prompt",
-     "field 'messages[0]' ends the prompt on a system turn; a prompt must end with the user's turn"),
-    ({"messages": [bot("Hello")]}, "messages", "prompt",
-     "field 'messages' holds only an assistant turn; a prompt needs the user's turn"),
-    ({"prompt": [user("Hi"), bot("Hello")], "completion": "x"}, "prompt_completion", "sft",
-     "field 'prompt[1]' ends the prompt on an assistant turn; a prompt must end with the user's turn"),
-    ({"prompt": ["Hi"], "completion": "x"}, "prompt_completion", "sft",
-     "field 'prompt' must be a string, got list of str; a conversation is a list of messages (objects with role "
-     "and content)"),
-    ({"prompt": [user("Hi")], "completion": [user("Hello")]}, "prompt_completion", "sft",
-     "field 'completion[0]' is a user turn; a response must start with the assistant's message"),
-    ({"prompt": [user("Hi")], "chosen": "Yes", "rejected": [bot("Yes")]}, "fields", "preference",
-     "fields 'chosen' and 'rejected' are the same; a pair must differ"),
-    ({"chosen": [user("Hi"), bot("A")], "rejected": [user("Hey"), bot("B")]}, "implicit_prompt", "preference",
-     "fields 'chosen' and 'rejected' share no first turn; an implicit prompt is the messages both start with"),
-    ({"chosen": [user("Hi"), bot("A"), user("X"), bot("B")], "rejected": [user("Hi"), bot("A"), user("Y"), bot("C")]},
-     "implicit_prompt", "preference",
-     "field 'chosen[2]' is a user turn; a response must start with the assistant's message"),
-    ({"chosen": [user("Hi"), bot("A")], "rejected": [user("Hi"), bot("A"), user("More")]}, "implicit_prompt",
-     "preference", "field 'chosen' has no message after the 2 it shares with the other; a response must follow the "
-     "shared prompt"),
-    ({"chosen": [user("Hi"), bot("A")], "rejected": [user("Hi"), bot("A")]}, "implicit_prompt", "preference",
-     "fields 'chosen' and 'rejected' are the same; a pair must differ"),
-    ({"chosen": "Yes.", "rejected": "No."}, "implicit_prompt", "preference",
-     "fields 'chosen' and 'rejected' share no whole word at their start; an implicit prompt is the text both "
-     "start with"),
-    ({"chosen": "It is ", "rejected": "It is now"}, "implicit_prompt", "preference",
-     "field 'chosen' has nothing after the prompt both share ('It is'); a response must follow it"),
-    ({"chosen": "A b", "rejected": [user("A b")]}, "implicit_prompt", "preference",
-     "fields 'chosen' and 'rejected' must both be strings or both conversations to share an implicit prompt"),
-    ({"prompt": "Hi", "responses": ["Yes", [bot("Yes")]]}, "rankings", "preference",
-     "field 'responses[1]' repeats 'responses[0]' (responses must differ)"),
-    ({"prompt": "Hi", "responses": ["Yes", [{"role": "bot", "content": "x"}]]}, "rankings", "preference",
-     "field 'responses[1][0]' has role 'bot'; known roles: system, user, assistant"),
-]  # fmt: skip
+    (
+        {"messages": [user("Hi"), bot("Hello"), user("Bye")]},
+        "messages",
+        "sft",
+        "field 'messages[2]' ends the conversation on a user turn; SFT needs a conversation that ends with the "
+        "assistant's response",
+    ),
+    (
+        {"messages": [sys_("S"), bot("Hello")]},
+        "messages",
+        "prompt",
+        "field 'messages[0]' ends the prompt on a system turn; a prompt must end with the user's turn",
+    ),
+    (
+        {"messages": [bot("Hello")]},
+        "messages",
+        "prompt",
+        "field 'messages' holds only an assistant turn; a prompt needs the user's turn",
+    ),
+    (
+        {"prompt": [user("Hi"), bot("Hello")], "completion": "x"},
+        "prompt_completion",
+        "sft",
+        "field 'prompt[1]' ends the prompt on an assistant turn; a prompt must end with the user's turn",
+    ),
+    (
+        {"prompt": ["Hi"], "completion": "x"},
+        "prompt_completion",
+        "sft",
+        "field 'prompt' must be a string, got list of str; a conversation is a list of messages (objects with role "
+        "and content)",
+    ),
+    (
+        {"prompt": [user("Hi")], "completion": [user("Hello")]},
+        "prompt_completion",
+        "sft",
+        "field 'completion[0]' is a user turn; a response must start with the assistant's message",
+    ),
+    (
+        {"prompt": [user("Hi")], "chosen": "Yes", "rejected": [bot("Yes")]},
+        "fields",
+        "preference",
+        "fields 'chosen' and 'rejected' are the same; a pair must differ",
+    ),
+    (
+        {"chosen": [user("Hi"), bot("A")], "rejected": [user("Hey"), bot("B")]},
+        "implicit_prompt",
+        "preference",
+        "fields 'chosen' and 'rejected' share no first turn; an implicit prompt is the messages both start with",
+    ),
+    (
+        {
+            "chosen": [user("Hi"), bot("A"), user("X"), bot("B")],
+            "rejected": [user("Hi"), bot("A"), user("Y"), bot("C")],
+        },
+        "implicit_prompt",
+        "preference",
+        "field 'chosen[2]' is a user turn; a response must start with the assistant's message",
+    ),
+    (
+        {"chosen": [user("Hi"), bot("A")], "rejected": [user("Hi"), bot("A"), user("More")]},
+        "implicit_prompt",
+        "preference",
+        "field 'chosen' has no message after the 2 it shares with the other; a response must follow the shared prompt",
+    ),
+    (
+        {"chosen": [user("Hi"), bot("A")], "rejected": [user("Hi"), bot("A")]},
+        "implicit_prompt",
+        "preference",
+        "fields 'chosen' and 'rejected' are the same; a pair must differ",
+    ),
+    (
+        {"chosen": "Yes.", "rejected": "No."},
+        "implicit_prompt",
+        "preference",
+        "fields 'chosen' and 'rejected' share no whole word at their start; an implicit prompt is the text both "
+        "start with",
+    ),
+    (
+        {"chosen": "It is ", "rejected": "It is now"},
+        "implicit_prompt",
+        "preference",
+        "field 'chosen' has nothing after the prompt both share ('It is'); a response must follow it",
+    ),
+    (
+        {"chosen": "A b", "rejected": [user("A b")]},
+        "implicit_prompt",
+        "preference",
+        "fields 'chosen' and 'rejected' must both be strings or both conversations to share an implicit prompt",
+    ),
+    (
+        {"prompt": "Hi", "responses": ["Yes", [bot("Yes")]]},
+        "rankings",
+        "preference",
+        "field 'responses[1]' repeats 'responses[0]' (responses must differ)",
+    ),
+    (
+        {"prompt": "Hi", "responses": ["Yes", [{"role": "bot", "content": "x"}]]},
+        "rankings",
+        "preference",
+        "field 'responses[1][0]' has role 'bot'; known roles: system, user, assistant",
+    ),
+]
 
 
 @pytest.mark.parametrize(("record", "format", "kind", "message"), BAD)
@@ -182,7 +261,9 @@ def test_each_bad_record_is_one_message_naming_place_and_field(record, format, k
 
 def test_a_bad_message_in_a_file_names_the_file_and_line(chat_tok, tmp_path):
     good = {"messages": [user("Hi"), bot("Hello")]}
-    path = write_jsonl(tmp_path / "data.jsonl", [good, good, {"messages": [user("Hi"), {"role": "bot", "content": "x"}]}])
+    path = write_jsonl(
+        tmp_path / "data.jsonl", [good, good, {"messages": [user("Hi"), {"role": "bot", "content": "x"}]}]
+    )
     with pytest.raises(InvalidRecord) as e:
         SFTDataModule(tokenizer=chat_tok, train_path=path).setup()
     assert str(e.value) == f"{path} line 3: field 'messages[1]' has role 'bot'; known roles: system, user, assistant"
@@ -204,7 +285,11 @@ def test_a_conversational_pair_renders_as_the_template_writes_it(chat_tok, tmp_p
     chosen = ids(chat_tok, prompt + " Hello")[len(p) :]
     rejected = ids(chat_tok, prompt + " Go away")[len(p) :]
     assert chat_tok.convert_ids_to_tokens(chosen) == ["▁He", "ll", "o"]
-    assert item == {"chosen_input_ids": p + chosen + [2], "rejected_input_ids": p + rejected + [2], "prompt_length": len(p)}
+    assert item == {
+        "chosen_input_ids": p + chosen + [2],
+        "rejected_input_ids": p + rejected + [2],
+        "prompt_length": len(p),
+    }
 
 
 def test_a_conversational_completion_trains_only_the_response(chat_tok, tmp_path):
@@ -223,7 +308,10 @@ def test_conversational_prompts_end_with_the_generation_prompt(chat_tok, tmp_pat
         dm = PromptDataModule(tokenizer=chat_tok, train_path=write_jsonl(tmp_path / f"{i}.jsonl", [record]))
         dm.setup()
         out.append(dm.train_dataset[0]["input_ids"])
-    assert out == [ids(chat_tok, "<s>System: S\nUser: Hi\nAssistant:"), ids(chat_tok, "<s>User: Tell me a story\nAssistant:")]
+    assert out == [
+        ids(chat_tok, "<s>System: S\nUser: Hi\nAssistant:"),
+        ids(chat_tok, "<s>User: Tell me a story\nAssistant:"),
+    ]
     assert dm.chat_rendered  # PPO checks the reward model's template then
     for prompt in out:
         # "\nAssistant:" as the tokenizer splits it, read off by hand
@@ -264,7 +352,9 @@ def test_messages_sft_trains_the_assistant_turns(chat_tok, tmp_path):
         dm.setup()
         assert dm.train_dataset == [{"input_ids": whole, "labels": labels}]
     assert "assistant_turns" not in SFTDataModule(tokenizer=chat_tok, train_path=path).hparams
-    assert SFTDataModule(tokenizer=chat_tok, train_path=path, assistant_turns="last").hparams["assistant_turns"] == "last"
+    assert (
+        SFTDataModule(tokenizer=chat_tok, train_path=path, assistant_turns="last").hparams["assistant_turns"] == "last"
+    )
 
 
 def test_no_chat_template_is_one_error(stories_tok, tmp_path):
@@ -310,8 +400,11 @@ def test_an_implicit_string_pair_is_tokenized_as_its_whole_text(chat_tok, tmp_pa
     dm.setup()
     (item,) = dm.train_dataset
     p = [1] + ids(chat_tok, "The sky is")
-    assert item == {"chosen_input_ids": [1] + ids(chat_tok, "The sky is blue.") + [2],
-                    "rejected_input_ids": [1] + ids(chat_tok, "The sky is red.") + [2], "prompt_length": len(p)}
+    assert item == {
+        "chosen_input_ids": [1] + ids(chat_tok, "The sky is blue.") + [2],
+        "rejected_input_ids": [1] + ids(chat_tok, "The sky is red.") + [2],
+        "prompt_length": len(p),
+    }
     assert chat_tok.decode(item["chosen_input_ids"], skip_special_tokens=True) == "The sky is blue."
     prompts = PromptDataModule(tokenizer=chat_tok, train_path=path)
     prompts.setup()
@@ -329,10 +422,12 @@ def test_a_prompt_cut_from_the_left_keeps_the_template_bos(chat_tok, tmp_path, a
     assert chat_tok.convert_ids_to_tokens(cut) == ["<s>", "is", "t", "an", "t", ":"]
     hello = ids(chat_tok, "<s>User: Hi\nAssistant: Hello")[len(ids(chat_tok, "<s>User: Hi\nAssistant:")) :]
     common = {"tokenizer": chat_tok, "apply_chat_template": apply_chat_template, "max_prompt_length": 6}
-    sft = SFTDataModule(train_path=write_jsonl(tmp_path / "s.jsonl", [{"prompt": prompt, "completion": "Hello"}]),
-                        **common)  # fmt: skip
+    sft = SFTDataModule(
+        train_path=write_jsonl(tmp_path / "s.jsonl", [{"prompt": prompt, "completion": "Hello"}]), **common
+    )
     pairs = PreferenceDataModule(
-        train_path=write_jsonl(tmp_path / "p.jsonl", [{"prompt": prompt, "chosen": "Hello", "rejected": "No"}]), **common
+        train_path=write_jsonl(tmp_path / "p.jsonl", [{"prompt": prompt, "chosen": "Hello", "rejected": "No"}]),
+        **common,
     )
     prompts = PromptDataModule(train_path=write_jsonl(tmp_path / "q.jsonl", [{"prompt": prompt}]), **common)
     for dm in (sft, pairs, prompts):
@@ -389,8 +484,9 @@ def test_a_response_ends_with_the_template_end_of_turn_and_no_eos_after_it(end_o
     messages = SFTDataModule(tokenizer=tok, train_path=write_jsonl(tmp_path / "m.jsonl", [conversation]))
     for dm in (pairs, rankings, completion, messages):
         dm.setup()
-    assert pairs.train_dataset == [{"chosen_input_ids": p + hello + [512], "rejected_input_ids": p + no + [512],
-                                    "prompt_length": len(p)}]  # fmt: skip
+    assert pairs.train_dataset == [
+        {"chosen_input_ids": p + hello + [512], "rejected_input_ids": p + no + [512], "prompt_length": len(p)}
+    ]
     assert rankings.train_dataset[0]["input_ids"] == [p + hello + [512], p + no + [512]]
     sft = {"input_ids": p + hello + [512], "labels": [-100] * len(p) + hello + [512]}
     assert completion.train_dataset == [sft]

@@ -19,11 +19,15 @@ def _fit(tmp_path, records, model):
     (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
     config = {
         "trainer": {"accelerator": "cpu", "devices": 1, "max_steps": 1, "logger": False, "enable_progress_bar": False},
-        "model": {"class_path": "rlhf_lit.stages.SFTModule",
-                  "init_args": {"model": str(model), "export_dir": str(tmp_path / "export")}},
-        "data": {"class_path": "rlhf_lit.data.SFTDataModule",
-                 "init_args": {"train_path": str(tmp_path / "d.jsonl"), "max_length": 64, "max_prompt_length": 32}},
-    }  # fmt: skip
+        "model": {
+            "class_path": "rlhf_lit.stages.SFTModule",
+            "init_args": {"model": str(model), "export_dir": str(tmp_path / "export")},
+        },
+        "data": {
+            "class_path": "rlhf_lit.data.SFTDataModule",
+            "init_args": {"train_path": str(tmp_path / "d.jsonl"), "max_length": 64, "max_prompt_length": 32},
+        },
+    }
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
     result = run_main("fit", "--config", "c.yaml", cwd=tmp_path)
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
@@ -34,17 +38,26 @@ def _fit(tmp_path, records, model):
 @pytest.mark.parametrize(
     ("records", "model", "message"),
     [
-        ([{"messages": TURNS}, {"messages": [TURNS[0], {"role": "bot", "content": "Hi"}]}], CHAT_MODEL,
-         "{path} line 2: field 'messages[1]' has role 'bot'; known roles: system, user, assistant"),
-        ([{"question": "q", "answer": "a"}], CHAT_MODEL,
-         "{path} record 1 ({path} line 1): cannot tell the record format from its keys (question, answer); set "
-         "format: one of fields, hh_rlhf, alpaca, paragraphs, rankings, messages, prompt_completion, implicit_prompt, "
-         "text"),
-        ([{"messages": TURNS}], STORIES260K,
-         f"the data is conversational (lists of messages) but the tokenizer '{STORIES260K}' has no chat template to "
-         "render them; use a tokenizer that has one, or data with string prompts and responses"),
+        (
+            [{"messages": TURNS}, {"messages": [TURNS[0], {"role": "bot", "content": "Hi"}]}],
+            CHAT_MODEL,
+            "{path} line 2: field 'messages[1]' has role 'bot'; known roles: system, user, assistant",
+        ),
+        (
+            [{"question": "q", "answer": "a"}],
+            CHAT_MODEL,
+            "{path} record 1 ({path} line 1): cannot tell the record format from its keys (question, answer); set "
+            "format: one of fields, hh_rlhf, alpaca, paragraphs, rankings, messages, prompt_completion, implicit_prompt, "
+            "text",
+        ),
+        (
+            [{"messages": TURNS}],
+            STORIES260K,
+            f"the data is conversational (lists of messages) but the tokenizer '{STORIES260K}' has no chat template to "
+            "render them; use a tokenizer that has one, or data with string prompts and responses",
+        ),
     ],
-)  # fmt: skip
+)
 def test_bad_conversational_data_is_one_error_line(tmp_path, records, model, message):
     line, stderr = _fit(tmp_path, records, model)
     path = tmp_path / "d.jsonl"

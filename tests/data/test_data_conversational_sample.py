@@ -9,7 +9,9 @@ FILES = ("sft.jsonl", "preferences.jsonl", "preferences_implicit.jsonl", "rankin
 
 
 def test_the_shipped_sample_is_what_its_script_writes(tmp_path, monkeypatch):
-    monkeypatch.setattr(sys, "dont_write_bytecode", True)  # no __pycache__ among the shipped assets (tests/test_assets.py)
+    monkeypatch.setattr(
+        sys, "dont_write_bytecode", True
+    )  # no __pycache__ among the shipped assets (tests/test_assets.py)
     spec = importlib.util.spec_from_file_location("make_conversational", CONVERSATIONAL / "make_conversational.py")
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
@@ -25,14 +27,20 @@ def test_the_conversational_rankings_load_as_rankings_of_rendered_conversations(
     from rlhf_lit.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(str(STORIES260K_CHAT))
-    dm = PreferenceDataModule(tokenizer=tokenizer, train_path=str(CONVERSATIONAL / "rankings.jsonl"),
-                              fields={"ranks": "ranks"}, max_length=96, max_prompt_length=64)  # fmt: skip
+    dm = PreferenceDataModule(
+        tokenizer=tokenizer,
+        train_path=str(CONVERSATIONAL / "rankings.jsonl"),
+        fields={"ranks": "ranks"},
+        max_length=96,
+        max_prompt_length=64,
+    )
     dm.setup()
     assert dm.format == "rankings" and dm.chat_rendered
     assert dm.stats["train_records"] == 60 and dm.stats["train_dropped"] == 0
     item = dm.train_dataset[0]
-    prompt = tokenizer("<s>User: Continue the story: \"Thank you, Ant. You are very\nAssistant:",
-                       add_special_tokens=False)["input_ids"]  # fmt: skip
+    prompt = tokenizer(
+        '<s>User: Continue the story: "Thank you, Ant. You are very\nAssistant:', add_special_tokens=False
+    )["input_ids"]
     assert item["prompt_length"] == len(prompt) and item["rank"] == [0, 1, 2]
     for ids in item["input_ids"]:  # each response after the same rendered prompt, ending with the template's </s>
         assert ids[: len(prompt)] == prompt and ids[-1] == tokenizer.eos_token_id

@@ -21,11 +21,18 @@ PICKS = [
     ({"prompt": "p", "chosen": "a", "rejected": "b"}, "preference", "fields"),
     ({"prompt": [USER], "chosen": [ASSISTANT], "rejected": "No"}, "preference", "fields"),
     ({"prompt": "p", "chosen": "a", "rejected": "b"}, "prompt", "fields"),
-    ({"chosen": "\n\nHuman: Hi\n\nAssistant: Yo", "rejected": "\n\nHuman: Hi\n\nAssistant: No"}, "preference", "hh_rlhf"),
+    (
+        {"chosen": "\n\nHuman: Hi\n\nAssistant: Yo", "rejected": "\n\nHuman: Hi\n\nAssistant: No"},
+        "preference",
+        "hh_rlhf",
+    ),
     ({"chosen": "Hi\n\nAssistant: Yo", "rejected": "x"}, "preference", "hh_rlhf"),  # holds the marker
     ({"chosen": "The sky is blue.", "rejected": "The sky is red."}, "preference", "implicit_prompt"),
-    ({"chosen": [USER, ASSISTANT], "rejected": [USER, {"role": "assistant", "content": "No"}]}, "prompt",
-     "implicit_prompt"),
+    (
+        {"chosen": [USER, ASSISTANT], "rejected": [USER, {"role": "assistant", "content": "No"}]},
+        "prompt",
+        "implicit_prompt",
+    ),
     ({"prompt": "p", "completion": "c"}, "sft", "prompt_completion"),
     ({"prompt": [USER], "completion": [ASSISTANT]}, "prompt", "prompt_completion"),
     ({"prompt": "p", "response": "r"}, "sft", "fields"),
@@ -37,11 +44,17 @@ PICKS = [
     ({"prompt": "p", "chosen": "a", "rejected": "b", "responses": ["a", "b"]}, "preference", "fields"),
     # HuggingFaceH4/ultrafeedback_binarized's train_prefs: pairs with a messages column, read as pairs for
     # pairs and as the conversation for SFT
-    ({"prompt": "p", "chosen": [USER, ASSISTANT], "rejected": [USER, ASSISTANT], "messages": [USER, ASSISTANT]},
-     "preference", "fields"),
-    ({"prompt": "p", "chosen": [USER, ASSISTANT], "rejected": [USER, ASSISTANT], "messages": [USER, ASSISTANT]},
-     "sft", "messages"),
-]  # fmt: skip
+    (
+        {"prompt": "p", "chosen": [USER, ASSISTANT], "rejected": [USER, ASSISTANT], "messages": [USER, ASSISTANT]},
+        "preference",
+        "fields",
+    ),
+    (
+        {"prompt": "p", "chosen": [USER, ASSISTANT], "rejected": [USER, ASSISTANT], "messages": [USER, ASSISTANT]},
+        "sft",
+        "messages",
+    ),
+]
 
 
 @pytest.mark.parametrize(("record", "kind", "format"), PICKS)
@@ -79,25 +92,41 @@ def test_an_undecidable_record_is_one_error_naming_source_record_and_keys(storie
 @pytest.mark.parametrize(
     ("module", "record", "message"),
     [
-        (SFTDataModule, {"prompt": "p", "chosen": "a", "rejected": "b"},
-         "looks like fields (keys prompt, chosen, rejected), which has no sft examples under format auto; set "
-         "format: fields and fields.response: chosen to train on the chosen responses"),
-        (SFTDataModule, {"chosen": "The sky is blue.", "rejected": "The sky is red."},
-         "looks like implicit_prompt (keys chosen, rejected), which has no sft examples under format auto; set "
-         "format: implicit_prompt to train on the prompt and the chosen (best) response"),
-        (SFTDataModule, {"prompt": "p"},
-         "looks like fields (keys prompt), which has no sft examples under format auto; sft data needs one of the "
-         "formats fields, hh_rlhf, alpaca, paragraphs, rankings, messages, prompt_completion, implicit_prompt, text"),
-        (PreferenceDataModule, {"messages": [USER, ASSISTANT]},
-         "looks like messages (keys messages), which has no preference examples under format auto; preference data "
-         "needs one of the formats fields, hh_rlhf, rankings, implicit_prompt"),
-        (PreferenceDataModule, {"prompt": "p", "response": "r"},
-         "looks like fields (keys prompt, response), which has no preference examples under format auto; preference "
-         "data needs one of the formats fields, hh_rlhf, rankings, implicit_prompt"),
+        (
+            SFTDataModule,
+            {"prompt": "p", "chosen": "a", "rejected": "b"},
+            "looks like fields (keys prompt, chosen, rejected), which has no sft examples under format auto; set "
+            "format: fields and fields.response: chosen to train on the chosen responses",
+        ),
+        (
+            SFTDataModule,
+            {"chosen": "The sky is blue.", "rejected": "The sky is red."},
+            "looks like implicit_prompt (keys chosen, rejected), which has no sft examples under format auto; set "
+            "format: implicit_prompt to train on the prompt and the chosen (best) response",
+        ),
+        (
+            SFTDataModule,
+            {"prompt": "p"},
+            "looks like fields (keys prompt), which has no sft examples under format auto; sft data needs one of the "
+            "formats fields, hh_rlhf, alpaca, paragraphs, rankings, messages, prompt_completion, implicit_prompt, text",
+        ),
+        (
+            PreferenceDataModule,
+            {"messages": [USER, ASSISTANT]},
+            "looks like messages (keys messages), which has no preference examples under format auto; preference data "
+            "needs one of the formats fields, hh_rlhf, rankings, implicit_prompt",
+        ),
+        (
+            PreferenceDataModule,
+            {"prompt": "p", "response": "r"},
+            "looks like fields (keys prompt, response), which has no preference examples under format auto; preference "
+            "data needs one of the formats fields, hh_rlhf, rankings, implicit_prompt",
+        ),
     ],
-)  # fmt: skip
-def test_a_record_of_the_wrong_kind_is_one_error_saying_what_it_looks_like(stories_tok, tmp_path, module, record,
-                                                                          message):  # fmt: skip
+)
+def test_a_record_of_the_wrong_kind_is_one_error_saying_what_it_looks_like(
+    stories_tok, tmp_path, module, record, message
+):
     path = write_jsonl(tmp_path / "d.jsonl", [record])
     with pytest.raises(ValueError) as e:
         module(tokenizer=stories_tok, train_path=path).setup()
@@ -107,11 +136,18 @@ def test_a_record_of_the_wrong_kind_is_one_error_saying_what_it_looks_like(stori
 def test_plain_text_is_paragraphs_and_the_shipped_sets_resolve(stories_tok):
     assert resolve_format("auto", [], kind="sft", fields=Fields(), source="x.txt", text_file=True) == "paragraphs"
     assert resolve_format("alpaca", [], kind="sft", fields=Fields(), source="x", text_file=False) == "alpaca"
-    sft = SFTDataModule(tokenizer=stories_tok, train_path=str(TINYSTORIES), max_records=20, max_length=64,
-                        max_prompt_length=16)  # fmt: skip
+    sft = SFTDataModule(
+        tokenizer=stories_tok, train_path=str(TINYSTORIES), max_records=20, max_length=64, max_prompt_length=16
+    )
     sft.setup()
-    explicit = SFTDataModule(tokenizer=stories_tok, train_path=str(TINYSTORIES), format="paragraphs", max_records=20,
-                             max_length=64, max_prompt_length=16)  # fmt: skip
+    explicit = SFTDataModule(
+        tokenizer=stories_tok,
+        train_path=str(TINYSTORIES),
+        format="paragraphs",
+        max_records=20,
+        max_length=64,
+        max_prompt_length=16,
+    )
     explicit.setup()
     assert sft.format == "paragraphs" and sft.train_dataset == explicit.train_dataset
     prompts = PromptDataModule(tokenizer=stories_tok, train_path=str(HH), max_records=8, max_prompt_length=64)
@@ -128,8 +164,9 @@ def test_second_sources_resolve_on_their_own_and_unused_ones_record_the_old_defa
     assert (dm.hparams["format"], dm.hparams["reference_format"]) == ("fields", "prompt_completion")
     # no reference set: its format reads nothing and is recorded as the default before auto, "fields"
     assert PreferenceDataModule(tokenizer=stories_tok, train_path=pairs).hparams["reference_format"] == "fields"
-    prompts = PromptDataModule(tokenizer=stories_tok, train_path=demos, ptx_path=str(TINYSTORIES), ptx_max_records=4,
-                               max_prompt_length=8)  # fmt: skip
+    prompts = PromptDataModule(
+        tokenizer=stories_tok, train_path=demos, ptx_path=str(TINYSTORIES), ptx_max_records=4, max_prompt_length=8
+    )
     prompts.setup()
     assert (prompts.format, prompts.ptx_format) == ("prompt_completion", "paragraphs")
     assert PromptDataModule(tokenizer=stories_tok, train_path=demos).hparams["ptx_format"] == "fields"

@@ -14,26 +14,71 @@ import torch
 from rlhf_lit.data import PreferenceDataModule, PromptDataModule, SFTDataModule
 from rlhf_lit.stages.resume import ResumeMismatch, check_module_resume, check_resume
 
-FIELDS = {"prompt": "prompt", "response": "response", "chosen": "chosen", "rejected": "rejected", "margin": None,
-          "text": "text"}  # fmt: skip
+FIELDS = {
+    "prompt": "prompt",
+    "response": "response",
+    "chosen": "chosen",
+    "rejected": "rejected",
+    "margin": None,
+    "text": "text",
+}
 
 
 def older(module: str, train_path: str) -> dict:
     """The data hyperparameters rlhf-lit wrote before ``auto`` for a module left at its defaults
     (printed from that version's modules, commit cf5d627)."""
-    common = {"train_path": train_path, "val_path": None, "val_fraction": 0.0, "seed": None, "format": "fields",
-              "split": "train", "subset": None, "max_records": None, "skip_invalid": False}  # fmt: skip
+    common = {
+        "train_path": train_path,
+        "val_path": None,
+        "val_fraction": 0.0,
+        "seed": None,
+        "format": "fields",
+        "split": "train",
+        "subset": None,
+        "max_records": None,
+        "skip_invalid": False,
+    }
     return {
-        "sft": {**common, "prompt_words": 8, "apply_chat_template": False, "max_length": 512, "max_prompt_length": 256,
-                "batch_size": 8, "num_workers": 0, "fields": FIELDS},
-        "preference": {**common, "apply_chat_template": False, "max_length": 512, "max_prompt_length": 256,
-                       "batch_size": 8, "num_workers": 0, "reference_path": None, "reference_format": "fields",
-                       "reference_max_records": None, "fields": FIELDS},
-        "prompt": {**common, "prompt_words": 8, "apply_chat_template": False, "max_prompt_length": 256, "batch_size": 8,
-                   "shuffle": True, "drop_last": True, "num_workers": 0, "ptx_path": None, "ptx_format": "fields",
-                   "ptx_max_records": None, "ptx_batch_size": None, "ptx_max_length": 512, "extra_fields": None,
-                   "fields": FIELDS},
-    }[module]  # fmt: skip
+        "sft": {
+            **common,
+            "prompt_words": 8,
+            "apply_chat_template": False,
+            "max_length": 512,
+            "max_prompt_length": 256,
+            "batch_size": 8,
+            "num_workers": 0,
+            "fields": FIELDS,
+        },
+        "preference": {
+            **common,
+            "apply_chat_template": False,
+            "max_length": 512,
+            "max_prompt_length": 256,
+            "batch_size": 8,
+            "num_workers": 0,
+            "reference_path": None,
+            "reference_format": "fields",
+            "reference_max_records": None,
+            "fields": FIELDS,
+        },
+        "prompt": {
+            **common,
+            "prompt_words": 8,
+            "apply_chat_template": False,
+            "max_prompt_length": 256,
+            "batch_size": 8,
+            "shuffle": True,
+            "drop_last": True,
+            "num_workers": 0,
+            "ptx_path": None,
+            "ptx_format": "fields",
+            "ptx_max_records": None,
+            "ptx_batch_size": None,
+            "ptx_max_length": 512,
+            "extra_fields": None,
+            "fields": FIELDS,
+        },
+    }[module]
 
 
 def _write(path, record) -> str:
@@ -86,10 +131,16 @@ def test_lightning_resumes_an_older_checkpoint_with_format_left_unset(stories_to
     path = _write(tmp_path / "d.jsonl", {"prompt": "Once upon a", "response": " time"})
 
     def fit(max_steps, ckpt_path=None, **data):
-        trainer = L.Trainer(max_steps=max_steps, logger=False, enable_progress_bar=False, enable_model_summary=False,
-                            accelerator="cpu", default_root_dir=tmp_path, enable_checkpointing=False)  # fmt: skip
-        trainer.fit(_Stage(), SFTDataModule(tokenizer=stories_tok, train_path=path, **data),
-                    ckpt_path=ckpt_path)  # fmt: skip
+        trainer = L.Trainer(
+            max_steps=max_steps,
+            logger=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            accelerator="cpu",
+            default_root_dir=tmp_path,
+            enable_checkpointing=False,
+        )
+        trainer.fit(_Stage(), SFTDataModule(tokenizer=stories_tok, train_path=path, **data), ckpt_path=ckpt_path)
         return trainer
 
     ckpt = tmp_path / "older.ckpt"

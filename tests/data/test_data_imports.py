@@ -16,6 +16,7 @@ print(bad)
 
 
 def test_data_imports_one_way():
-    out = subprocess.run([sys.executable, "-c", CODE], capture_output=True, text=True, check=True, timeout=120,
-                         env=subprocess_env())
+    out = subprocess.run(
+        [sys.executable, "-c", CODE], capture_output=True, text=True, check=True, timeout=120, env=subprocess_env()
+    )
     assert out.stdout.strip() == "[]", out.stdout + out.stderr

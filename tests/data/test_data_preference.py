@@ -60,8 +60,16 @@ def test_missing_margin_is_an_error(stories_tok, tmp_path):
 
 
 def test_hh_asset_pairs(stories_tok):
-    dm = PreferenceDataModule(tokenizer=stories_tok, train_path=str(HH), format="hh_rlhf", max_records=64,
-                              max_length=96, max_prompt_length=64, batch_size=8, val_fraction=0.25)  # fmt: skip
+    dm = PreferenceDataModule(
+        tokenizer=stories_tok,
+        train_path=str(HH),
+        format="hh_rlhf",
+        max_records=64,
+        max_length=96,
+        max_prompt_length=64,
+        batch_size=8,
+        val_fraction=0.25,
+    )
     dm.setup("fit")
     assert dm.stats["val_examples"] == 16
     batch = next(iter(dm.val_dataloader()))
@@ -87,8 +95,15 @@ def test_hub_name_goes_through_datasets(stories_tok, monkeypatch):
         return local
 
     monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
-    dm = PreferenceDataModule(tokenizer=stories_tok, train_path="Anthropic/hh-rlhf", format="hh_rlhf",
-                              split="test", max_records=8, max_length=64, max_prompt_length=32)  # fmt: skip
+    dm = PreferenceDataModule(
+        tokenizer=stories_tok,
+        train_path="Anthropic/hh-rlhf",
+        format="hh_rlhf",
+        split="test",
+        max_records=8,
+        max_length=64,
+        max_prompt_length=32,
+    )
     dm.setup("fit")
     assert calls == [("Anthropic/hh-rlhf", None, "test")]
     assert dm.stats["train_records"] == 8

@@ -19,10 +19,7 @@ def test_left_padded_with_index_and_left_truncation(stories_tok, tmp_path):
     batch = next(iter(dm.val_dataloader()))
     # the second prompt is cut from the LEFT to 6 tokens with its BOS kept in front:
     # [1] + the last 5 of 403 407 261 378 383 286 261 280 294 ("there was a cat")
-    assert batch["input_ids"].tolist() == [
-        [0, 0, 0, 1, 320, 417],
-        [1, 383, 286, 261, 280, 294],
-    ]
+    assert batch["input_ids"].tolist() == [[0, 0, 0, 1, 320, 417], [1, 383, 286, 261, 280, 294]]
     assert batch["attention_mask"].tolist() == [[0, 0, 0, 1, 1, 1], [1, 1, 1, 1, 1, 1]]
     assert batch["index"].tolist() == [0, 1] and batch["index"].dtype == torch.long
 
@@ -45,7 +42,7 @@ def test_hh_prompts_end_with_assistant_marker(stories_tok):
     )
     dm.setup()
     marker = stories_tok("\n\nAssistant:", add_special_tokens=False)["input_ids"][1:]  # drop the lone "▁"
-    assert all(x["input_ids"][-len(marker):] == marker for x in dm.train_dataset)
+    assert all(x["input_ids"][-len(marker) :] == marker for x in dm.train_dataset)
 
 
 def test_sampler_deterministic_per_epoch():
@@ -130,12 +127,25 @@ class _Consumer(L.LightningModule):
 
 def test_lightning_checkpoint_resume_is_exact(stories_tok, tmp_path):
     def data():
-        return PromptDataModule(tokenizer=stories_tok, train_path=str(TINYSTORIES), format="paragraphs",
-                                max_records=20, batch_size=4, max_prompt_length=8)  # fmt: skip
+        return PromptDataModule(
+            tokenizer=stories_tok,
+            train_path=str(TINYSTORIES),
+            format="paragraphs",
+            max_records=20,
+            batch_size=4,
+            max_prompt_length=8,
+        )
 
     def trainer(**kw):
-        return L.Trainer(max_epochs=2, logger=False, enable_progress_bar=False, enable_model_summary=False,
-                         accelerator="cpu", default_root_dir=tmp_path, **kw)  # fmt: skip
+        return L.Trainer(
+            max_epochs=2,
+            logger=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            accelerator="cpu",
+            default_root_dir=tmp_path,
+            **kw,
+        )
 
     ckpt = L.pytorch.callbacks.ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=3, save_top_k=-1)
     full = _Consumer()

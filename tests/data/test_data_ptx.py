@@ -33,8 +33,9 @@ def _prompts(tmp_path):
 
 def test_ptx_batches_are_sft_batches_in_a_new_seeded_order_per_pass(stories_tok, tmp_path):
     demos = write_jsonl(tmp_path / "demos.jsonl", DEMOS)
-    dm = PromptDataModule(tokenizer=stories_tok, train_path=_prompts(tmp_path), batch_size=2, seed=5,
-                          ptx_path=demos, ptx_batch_size=1)  # fmt: skip
+    dm = PromptDataModule(
+        tokenizer=stories_tok, train_path=_prompts(tmp_path), batch_size=2, seed=5, ptx_path=demos, ptx_batch_size=1
+    )
     dm.setup("fit")
     loader = dm.ptx_dataloader()
     passes = [list(loader) for _ in range(2)]
@@ -54,12 +55,27 @@ def test_ptx_batches_are_sft_batches_in_a_new_seeded_order_per_pass(stories_tok,
 
 def test_ptx_paragraphs_asset_matches_sft_data(stories_tok):
     common = dict(format="paragraphs", prompt_words=4)
-    dm = PromptDataModule(tokenizer=stories_tok, train_path=str(TINYSTORIES), max_records=8, max_prompt_length=16,
-                          ptx_path=str(TINYSTORIES), ptx_format="paragraphs", ptx_max_records=16,
-                          ptx_batch_size=4, ptx_max_length=64, **common)  # fmt: skip
+    dm = PromptDataModule(
+        tokenizer=stories_tok,
+        train_path=str(TINYSTORIES),
+        max_records=8,
+        max_prompt_length=16,
+        ptx_path=str(TINYSTORIES),
+        ptx_format="paragraphs",
+        ptx_max_records=16,
+        ptx_batch_size=4,
+        ptx_max_length=64,
+        **common,
+    )
     dm.setup()
-    sft = SFTDataModule(tokenizer=stories_tok, train_path=str(TINYSTORIES), max_records=16, max_prompt_length=16,
-                        max_length=64, **common)  # fmt: skip
+    sft = SFTDataModule(
+        tokenizer=stories_tok,
+        train_path=str(TINYSTORIES),
+        max_records=16,
+        max_prompt_length=16,
+        max_length=64,
+        **common,
+    )
     sft.setup()
     batches = list(dm.ptx_dataloader())
     assert [b["input_ids"].shape[0] for b in batches] == [4, 4, 4, 4] and dm.stats["ptx_records"] == 16
@@ -112,20 +128,44 @@ def _ppo_run(tmp_path, **data_kwargs):
     from rlhf_lit.stages.ppo.config import PPOConfig
 
     torch.manual_seed(0)
-    module = PPOModule(sft_model=str(STORIES260K), reward_model=str(STORIES260K), max_rollouts=1,
-                       sampling=SamplingConfig(max_new_tokens=4),
-                       ppo=PPOConfig(epochs=1, minibatch_size=2, ptx_coef=0.5))  # fmt: skip
-    dm = PromptDataModule(tokenizer=module.tokenizer, train_path=str(TINYSTORIES), format="paragraphs",
-                          max_records=4, batch_size=2, max_prompt_length=16, **data_kwargs)  # fmt: skip
-    trainer = Trainer(accelerator="cpu", devices=1, logger=RecordingLogger(), enable_checkpointing=False,
-                      enable_progress_bar=False, enable_model_summary=False, max_epochs=1,
-                      default_root_dir=str(tmp_path))  # fmt: skip
+    module = PPOModule(
+        sft_model=str(STORIES260K),
+        reward_model=str(STORIES260K),
+        max_rollouts=1,
+        sampling=SamplingConfig(max_new_tokens=4),
+        ppo=PPOConfig(epochs=1, minibatch_size=2, ptx_coef=0.5),
+    )
+    dm = PromptDataModule(
+        tokenizer=module.tokenizer,
+        train_path=str(TINYSTORIES),
+        format="paragraphs",
+        max_records=4,
+        batch_size=2,
+        max_prompt_length=16,
+        **data_kwargs,
+    )
+    trainer = Trainer(
+        accelerator="cpu",
+        devices=1,
+        logger=RecordingLogger(),
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        max_epochs=1,
+        default_root_dir=str(tmp_path),
+    )
     return trainer, module, dm
 
 
 def test_ppo_ptx_draws_from_the_ptx_dataloader(tmp_path):
-    trainer, module, dm = _ppo_run(tmp_path, ptx_path=str(TINYSTORIES), ptx_format="paragraphs",
-                                   ptx_max_records=6, ptx_batch_size=2, ptx_max_length=32)  # fmt: skip
+    trainer, module, dm = _ppo_run(
+        tmp_path,
+        ptx_path=str(TINYSTORIES),
+        ptx_format="paragraphs",
+        ptx_max_records=6,
+        ptx_batch_size=2,
+        ptx_max_length=32,
+    )
     trainer.fit(module, datamodule=dm)
     ptx_loss = trainer.logger.history[0]["loss/ptx"]
     assert ptx_loss > 0 and ptx_loss == ptx_loss  # an SFT loss was added (0.0 when ptx is off)

@@ -12,7 +12,14 @@ import yaml
 from assets_paths import CONFIGS, ROOT
 from data_assets import TINYSTORIES, write_jsonl
 
-from rlhf_lit.data import Fields, PreferenceCollator, PreferenceDataModule, PromptDataModule, RankingCollator, SFTDataModule
+from rlhf_lit.data import (
+    Fields,
+    PreferenceCollator,
+    PreferenceDataModule,
+    PromptDataModule,
+    RankingCollator,
+    SFTDataModule,
+)
 from rlhf_lit.data.adapters import Example
 from rlhf_lit.functional.pairs import concat_pairs
 
@@ -81,8 +88,13 @@ def test_k2_rankings_are_the_pair_batch_concatenated(stories_tok, tmp_path):
     assert pairs.truncated["chosen response"] > 0 and pairs.stats["train_truncated_prompt"] > 0
     pair_batch = PreferenceCollator(0)(pairs.train_dataset)
     batch = RankingCollator(0)(ranked.train_dataset)
-    ids, mask = concat_pairs(pair_batch["chosen_input_ids"], pair_batch["chosen_attention_mask"],
-                             pair_batch["rejected_input_ids"], pair_batch["rejected_attention_mask"], 0)  # fmt: skip
+    ids, mask = concat_pairs(
+        pair_batch["chosen_input_ids"],
+        pair_batch["chosen_attention_mask"],
+        pair_batch["rejected_input_ids"],
+        pair_batch["rejected_attention_mask"],
+        0,
+    )
     assert torch.equal(batch["input_ids"], ids) and torch.equal(batch["attention_mask"], mask)
     B = 6
     assert batch["group"].tolist() == list(range(B)) * 2
@@ -94,8 +106,13 @@ def test_k2_rankings_are_the_pair_batch_concatenated(stories_tok, tmp_path):
 def test_truncation_is_the_pair_rule(stories_tok, tmp_path):
     dm = rankings(stories_tok, write_jsonl(tmp_path / "r.jsonl", MIXED[:1]), max_length=6, max_prompt_length=3)
     # prompt cut from the left to [1, 407, 261]; the first response cut to 3 tokens without EOS
-    assert dm.train_dataset == [{"input_ids": [[1, 407, 261, 378, 383, 286], [1, 407, 261, 378, 2],
-                                               [1, 407, 261, 400, 428, 2]], "rank": [0, 1, 2], "prompt_length": 3}]  # fmt: skip
+    assert dm.train_dataset == [
+        {
+            "input_ids": [[1, 407, 261, 378, 383, 286], [1, 407, 261, 378, 2], [1, 407, 261, 400, 428, 2]],
+            "rank": [0, 1, 2],
+            "prompt_length": 3,
+        }
+    ]
     assert dm.stats["train_truncated_prompt"] == 1 and dm.stats["train_truncated_ranked_response"] == 1
 
 
@@ -111,7 +128,9 @@ class _StubEncoder:
 
 
 def test_responses_without_tokens_are_dropped_and_counted(stories_tok, caplog):
-    dm = PreferenceDataModule(tokenizer=stories_tok, train_path="unused.jsonl", format="rankings", fields=Fields(ranks="r"))
+    dm = PreferenceDataModule(
+        tokenizer=stories_tok, train_path="unused.jsonl", format="rankings", fields=Fields(ranks="r")
+    )
     examples = [
         Example("l1", "p", responses=("a", "", "b"), ranks=(0, 1, 2)),  # keeps a, b: ranks 0, 2 -> 0, 1
         Example("l2", "p", responses=("", "a", "b"), ranks=(0, 1, 1)),  # keeps a tie only: dropped
@@ -137,14 +156,22 @@ BAD = [
     ({"prompt": "Hi", "responses": [" there"]}, "field 'responses' must hold at least 2 responses, got 1"),
     ({"prompt": "Hi", "responses": [" a", " b", 3]}, "field 'responses[2]' must be a string, got int"),
     ({"prompt": "Hi", "responses": [" a", "  "]}, "field 'responses[1]' is empty"),
-    ({"prompt": "Hi", "responses": [" a", " b", " a"]}, "field 'responses[2]' repeats 'responses[0]' (responses must differ)"),
-    ({"prompt": "Hi", "responses": [" a", " b"], "r": [0]}, "field 'r' must be a list of 2 ints (one per response), got 1 values"),
+    (
+        {"prompt": "Hi", "responses": [" a", " b", " a"]},
+        "field 'responses[2]' repeats 'responses[0]' (responses must differ)",
+    ),
+    (
+        {"prompt": "Hi", "responses": [" a", " b"], "r": [0]},
+        "field 'r' must be a list of 2 ints (one per response), got 1 values",
+    ),
     ({"prompt": "Hi", "responses": [" a", " b"], "r": [0, 1.5]}, "field 'r[1]' must be an int, got float"),
     ({"prompt": "Hi", "responses": [" a", " b"], "r": [0, True]}, "field 'r[1]' must be an int, got bool"),
     ({"prompt": "Hi", "responses": [" a", " b"]}, "field 'r' missing (record keys: prompt, responses)"),
-    ({"prompt": "Hi", "responses": [" a", " b"], "r": [1, 0]},
-     "field 'r[1]' is 0, below 'r[0]' (1): responses are listed best first and a lower rank is better, so ranks never decrease"),
-]  # fmt: skip
+    (
+        {"prompt": "Hi", "responses": [" a", " b"], "r": [1, 0]},
+        "field 'r[1]' is 0, below 'r[0]' (1): responses are listed best first and a lower rank is better, so ranks never decrease",
+    ),
+]
 
 
 @pytest.mark.parametrize("record, message", BAD)
@@ -172,11 +199,22 @@ def test_an_all_tied_ranking_is_skipped_and_counted(stories_tok, tmp_path, caplo
     assert f"{path}: skipped 1 of 2 records (all responses tie (no pair to learn from))" in caplog.text
 
 
-@pytest.mark.parametrize("format, fields, message", [
-    ("rankings", Fields(margin="m"), "fields.margin is set ('m') but format 'rankings' has no margin: a ranking only "
-                                     "orders its responses (ties through fields.ranks); unset fields.margin"),
-    ("fields", Fields(ranks="r"), "fields.ranks is set ('r') but only format 'rankings' reads it (format is 'fields')"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "format, fields, message",
+    [
+        (
+            "rankings",
+            Fields(margin="m"),
+            "fields.margin is set ('m') but format 'rankings' has no margin: a ranking only "
+            "orders its responses (ties through fields.ranks); unset fields.margin",
+        ),
+        (
+            "fields",
+            Fields(ranks="r"),
+            "fields.ranks is set ('r') but only format 'rankings' reads it (format is 'fields')",
+        ),
+    ],
+)
 def test_columns_the_format_cannot_use_are_refused(stories_tok, format, fields, message):
     with pytest.raises(ValueError) as error:
         PreferenceDataModule(tokenizer=stories_tok, train_path="x.jsonl", format=format, fields=fields)
@@ -221,7 +259,9 @@ def test_the_shipped_sample_is_read_with_the_offline_config(stories_tok):
 
 
 def test_the_shipped_sample_is_what_its_script_writes(tmp_path, monkeypatch):
-    monkeypatch.setattr(sys, "dont_write_bytecode", True)  # no __pycache__ among the shipped assets (tests/test_assets.py)
+    monkeypatch.setattr(
+        sys, "dont_write_bytecode", True
+    )  # no __pycache__ among the shipped assets (tests/test_assets.py)
     spec = importlib.util.spec_from_file_location("make_rankings", RANKINGS.parent / "make_rankings.py")
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
@@ -232,7 +272,8 @@ def test_the_shipped_sample_is_what_its_script_writes(tmp_path, monkeypatch):
 def test_hparams_of_other_runs_keep_their_keys_and_rankings_columns_are_stored_when_set(stories_tok, tmp_path):
     pairs = PreferenceDataModule(tokenizer=stories_tok, train_path="x.jsonl")
     assert set(pairs.hparams["fields"]) == {"prompt", "response", "chosen", "rejected", "margin", "text"}
-    dm = PreferenceDataModule(tokenizer=stories_tok, train_path="x.jsonl", format="rankings",
-                              fields=Fields(responses="rs", ranks="r"))  # fmt: skip
+    dm = PreferenceDataModule(
+        tokenizer=stories_tok, train_path="x.jsonl", format="rankings", fields=Fields(responses="rs", ranks="r")
+    )
     assert dm.hparams["fields"]["responses"] == "rs" and dm.hparams["fields"]["ranks"] == "r"
     assert Fields(**dm.hparams["fields"]) == dm.fields  # what a checkpoint's hparams rebuild

@@ -29,10 +29,7 @@ def test_gz_jsonl_json_array_and_max_records(tmp_path):
     with gzip.open(arr, "wt", encoding="utf-8") as f:
         json.dump([{"x": "a"}, {"x": "b"}], f)
     rows = read_rows(str(arr))
-    assert [(r.where, r.data) for r in rows] == [
-        (f"{arr} record 0", {"x": "a"}),
-        (f"{arr} record 1", {"x": "b"}),
-    ]
+    assert [(r.where, r.data) for r in rows] == [(f"{arr} record 0", {"x": "a"}), (f"{arr} record 1", {"x": "b"})]
 
 
 def test_txt_paragraphs_blank_line_separated(tmp_path):

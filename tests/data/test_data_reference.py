@@ -2,8 +2,8 @@
 
 import pytest
 import torch
-from lightning.pytorch import Trainer
 from data_assets import ALPACA_V1, HH, STORIES260K, write_jsonl
+from lightning.pytorch import Trainer
 
 from rlhf_lit.data import PreferenceDataModule, SFTDataModule
 from rlhf_lit.stages import RewardModelModule
@@ -11,10 +11,7 @@ from rlhf_lit.stages.optim import OptimizerConfig
 
 # stories260K ids: "Once upon a" -> 1 | 403 407 261; " time there was a cat" -> 378 383 286 261 280
 # 294; "Hi" -> 1 | 320 417; " there" -> 383; EOS 2, pad 0
-DEMOS = [
-    {"prompt": "Once upon a", "response": " time there was a cat"},
-    {"prompt": "Hi", "response": " there"},
-]
+DEMOS = [{"prompt": "Once upon a", "response": " time there was a cat"}, {"prompt": "Hi", "response": " there"}]
 PAIRS = [{"prompt": "Hi", "chosen": " there", "rejected": " there"}]
 
 
@@ -38,8 +35,14 @@ def test_reference_batches_are_right_padded_sft_sequences(stories_tok, tmp_path)
 
 def test_reference_uses_the_sft_truncation_rule_and_its_own_max_records(stories_tok, tmp_path):
     demos = write_jsonl(tmp_path / "demos.jsonl", DEMOS)
-    dm = PreferenceDataModule(tokenizer=stories_tok, train_path=_pairs(tmp_path), reference_path=demos,
-                              reference_max_records=1, max_length=6, max_prompt_length=3)  # fmt: skip
+    dm = PreferenceDataModule(
+        tokenizer=stories_tok,
+        train_path=_pairs(tmp_path),
+        reference_path=demos,
+        reference_max_records=1,
+        max_length=6,
+        max_prompt_length=3,
+    )
     dm.setup()
     # prompt cut from the LEFT to [1, 407, 261]; the response cut to 3 tokens, so no EOS
     assert [b["input_ids"].tolist() for b in dm.reference_dataloader()] == [[[1, 407, 261, 378, 383, 286]]]
@@ -51,15 +54,31 @@ def test_reference_uses_the_sft_truncation_rule_and_its_own_max_records(stories_
 
 
 def test_reference_from_alpaca_asset(stories_tok, tmp_path):
-    dm = PreferenceDataModule(tokenizer=stories_tok, train_path=_pairs(tmp_path), reference_path=str(ALPACA_V1),
-                              reference_format="alpaca", reference_max_records=12, max_length=48,
-                              max_prompt_length=32, batch_size=4)  # fmt: skip
+    dm = PreferenceDataModule(
+        tokenizer=stories_tok,
+        train_path=_pairs(tmp_path),
+        reference_path=str(ALPACA_V1),
+        reference_format="alpaca",
+        reference_max_records=12,
+        max_length=48,
+        max_prompt_length=32,
+        batch_size=4,
+    )
     dm.setup()
-    sft = SFTDataModule(tokenizer=stories_tok, train_path=str(ALPACA_V1), format="alpaca", max_records=12,
-                        max_length=48, max_prompt_length=32)  # fmt: skip
+    sft = SFTDataModule(
+        tokenizer=stories_tok,
+        train_path=str(ALPACA_V1),
+        format="alpaca",
+        max_records=12,
+        max_length=48,
+        max_prompt_length=32,
+    )
     sft.setup()
-    rows = [ids[:n] for b in dm.reference_dataloader()
-            for ids, n in zip(b["input_ids"].tolist(), b["attention_mask"].sum(1).tolist())]
+    rows = [
+        ids[:n]
+        for b in dm.reference_dataloader()
+        for ids, n in zip(b["input_ids"].tolist(), b["attention_mask"].sum(1).tolist())
+    ]
     assert rows == [x["input_ids"] for x in sft.train_dataset]  # in file order, as SFT builds them
     assert len(rows) == dm.stats["reference_examples"] == sft.stats["train_examples"] > 0
 
@@ -72,19 +91,40 @@ def test_without_reference_path_there_is_no_reference_dataloader(stories_tok, tm
     with pytest.raises(ValueError, match="reference_max_records=5 is set but reference_path is not"):
         PreferenceDataModule(tokenizer=stories_tok, train_path="x.jsonl", reference_max_records=5)
     with pytest.raises(ValueError, match="reference_max_records must be >= 1"):
-        PreferenceDataModule(tokenizer=stories_tok, train_path="x.jsonl", reference_path="r.jsonl",
-                             reference_max_records=0)  # fmt: skip
+        PreferenceDataModule(
+            tokenizer=stories_tok, train_path="x.jsonl", reference_path="r.jsonl", reference_max_records=0
+        )
 
 
 def _fit_rm(tmp_path, **data_kwargs):
     torch.manual_seed(0)  # the fresh score head
-    module = RewardModelModule(str(STORIES260K), optimizer=OptimizerConfig(lr=1e-3, schedule="linear"),
-                          normalize="bias", export_dir=str(tmp_path / "rm"))  # fmt: skip
-    dm = PreferenceDataModule(tokenizer=module.tokenizer, train_path=str(HH), format="hh_rlhf", max_records=12,
-                              max_length=48, max_prompt_length=32, batch_size=4, **data_kwargs)  # fmt: skip
-    trainer = Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                      enable_progress_bar=False, enable_model_summary=False, max_steps=2,
-                      num_sanity_val_steps=0, default_root_dir=str(tmp_path))  # fmt: skip
+    module = RewardModelModule(
+        str(STORIES260K),
+        optimizer=OptimizerConfig(lr=1e-3, schedule="linear"),
+        normalize="bias",
+        export_dir=str(tmp_path / "rm"),
+    )
+    dm = PreferenceDataModule(
+        tokenizer=module.tokenizer,
+        train_path=str(HH),
+        format="hh_rlhf",
+        max_records=12,
+        max_length=48,
+        max_prompt_length=32,
+        batch_size=4,
+        **data_kwargs,
+    )
+    trainer = Trainer(
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        max_steps=2,
+        num_sanity_val_steps=0,
+        default_root_dir=str(tmp_path),
+    )
     trainer.fit(module, datamodule=dm)
     return module, dm
 
@@ -94,16 +134,19 @@ def _normalised_scores(module, batches) -> torch.Tensor:
     out = []
     for b in batches:
         if "chosen_input_ids" in b:
-            out += [module(b["chosen_input_ids"], b["chosen_attention_mask"]),
-                    module(b["rejected_input_ids"], b["rejected_attention_mask"])]  # fmt: skip
+            out += [
+                module(b["chosen_input_ids"], b["chosen_attention_mask"]),
+                module(b["rejected_input_ids"], b["rejected_attention_mask"]),
+            ]
         else:
             out.append(module(b["input_ids"], b["attention_mask"]))
     return torch.cat(out)  # (N,)
 
 
 def test_reward_model_is_normalised_to_mean_zero_on_the_reference_set(tmp_path):
-    module, dm = _fit_rm(tmp_path, val_fraction=0.25, reference_path=str(ALPACA_V1), reference_format="alpaca",
-                         reference_max_records=10)  # fmt: skip
+    module, dm = _fit_rm(
+        tmp_path, val_fraction=0.25, reference_path=str(ALPACA_V1), reference_format="alpaca", reference_max_records=10
+    )
     assert module.reference_name == "PreferenceDataModule.reference_dataloader()"
     reference = _normalised_scores(module, dm.reference_dataloader())
     assert reference.shape == (dm.stats["reference_examples"],)

@@ -43,19 +43,34 @@ class _Recorder(L.LightningModule):
 @pytest.mark.parametrize(("size", "batch_size"), [(5, 2), (8, 4), (7, 7)])
 def test_dataloader_order_is_what_lightning_took_from_a_seeded_shuffling_dataloader(size, batch_size, tmp_path):
     # (8, 4): the last batch is full, Lightning reads no further and RandomSampler's trailing draw never happens
-    old_loader = DataLoader(torch.arange(size), batch_size=batch_size, shuffle=True,
-                            generator=torch.Generator().manual_seed(11))  # fmt: skip
+    old_loader = DataLoader(
+        torch.arange(size), batch_size=batch_size, shuffle=True, generator=torch.Generator().manual_seed(11)
+    )
     recorder = _Recorder(old_loader)
-    L.Trainer(max_epochs=3, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-              enable_model_summary=False, accelerator="cpu", default_root_dir=tmp_path).fit(recorder)  # fmt: skip
+    L.Trainer(
+        max_epochs=3,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+        default_root_dir=tmp_path,
+    ).fit(recorder)
     assert recorder.seen == sum((dataloader_order(size, 11, epoch, batch_size) for epoch in range(3)), [])
     assert sorted(dataloader_order(size, 11, 2, batch_size)) == list(range(size))
 
 
 def test_a_module_position_loaded_before_setup_is_applied_in_setup(stories_tok):
     def data():
-        return SFTDataModule(tokenizer=stories_tok, train_path=str(TINYSTORIES), format="paragraphs",
-                             max_records=10, batch_size=4, max_length=32, max_prompt_length=8)  # fmt: skip
+        return SFTDataModule(
+            tokenizer=stories_tok,
+            train_path=str(TINYSTORIES),
+            format="paragraphs",
+            max_records=10,
+            batch_size=4,
+            max_length=32,
+            max_prompt_length=8,
+        )
 
     dm = data()
     dm.setup()
@@ -83,15 +98,23 @@ class _Messages(logging.Handler):
 
 
 def test_a_checkpoint_without_a_data_position_says_the_epoch_restarts(stories_tok):
-    dm = SFTDataModule(tokenizer=stories_tok, train_path=str(TINYSTORIES), format="paragraphs", max_records=10,
-                       batch_size=4, max_length=32, max_prompt_length=8)  # fmt: skip
+    dm = SFTDataModule(
+        tokenizer=stories_tok,
+        train_path=str(TINYSTORIES),
+        format="paragraphs",
+        max_records=10,
+        batch_size=4,
+        max_length=32,
+        max_prompt_length=8,
+    )
     logger, said = logging.getLogger("rlhf_lit.data"), _Messages()
     logger.addHandler(said)
     try:
         dm.load_state_dict({})  # what an SFT checkpoint of an older rlhf-lit holds
         assert said.messages == [
             "the checkpoint holds no data position (written by an older rlhf-lit): a resume in the middle of an "
-            "epoch starts that epoch's data from its first batch"]
+            "epoch starts that epoch's data from its first batch"
+        ]
         said.messages.clear()
         dm.load_state_dict({"sampler": {"epoch": 0, "consumed": 4, "dataset_size": 10, "shuffle": True, "seed": 0}})
         assert said.messages == []
@@ -119,20 +142,43 @@ class _Trainee(L.LightningModule):
 
 def _sft(tok):
     # 18 examples in batches of 4: 5 batches an epoch, the last one of 2
-    return SFTDataModule(tokenizer=tok, train_path=str(TINYSTORIES), format="paragraphs", max_records=18,
-                         batch_size=4, max_length=32, max_prompt_length=8, seed=3)  # fmt: skip
+    return SFTDataModule(
+        tokenizer=tok,
+        train_path=str(TINYSTORIES),
+        format="paragraphs",
+        max_records=18,
+        batch_size=4,
+        max_length=32,
+        max_prompt_length=8,
+        seed=3,
+    )
 
 
 def _pairs(tok):
-    return PreferenceDataModule(tokenizer=tok, train_path=str(HH), format="hh_rlhf", max_records=10, batch_size=4,
-                                max_length=64, max_prompt_length=32, seed=3)  # fmt: skip
+    return PreferenceDataModule(
+        tokenizer=tok,
+        train_path=str(HH),
+        format="hh_rlhf",
+        max_records=10,
+        batch_size=4,
+        max_length=64,
+        max_prompt_length=32,
+        seed=3,
+    )
 
 
 @pytest.mark.parametrize("make_data", [_sft, _pairs], ids=["sft", "preference"])
 def test_a_resume_mid_epoch_or_at_its_end_sees_exactly_the_batches_left(stories_tok, tmp_path, make_data):
     def trainer(**kw):
-        return L.Trainer(max_epochs=3, logger=False, enable_progress_bar=False, enable_model_summary=False,
-                         accelerator="cpu", default_root_dir=tmp_path, **kw)  # fmt: skip
+        return L.Trainer(
+            max_epochs=3,
+            logger=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            accelerator="cpu",
+            default_root_dir=tmp_path,
+            **kw,
+        )
 
     every_step = L.pytorch.callbacks.ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=1, save_top_k=-1)
     straight = _Trainee()

@@ -40,9 +40,7 @@ def test_labels_count_response_and_eos_only(stories_tok, tmp_path):
     assert all(v.dtype == torch.long for v in batch.values())
     # the train loader gives the same rows, shuffled with the seed
     loader_batch = next(iter(dm.train_dataloader()))
-    assert sorted(map(tuple, loader_batch["input_ids"].tolist())) == sorted(
-        map(tuple, batch["input_ids"].tolist())
-    )
+    assert sorted(map(tuple, loader_batch["input_ids"].tolist())) == sorted(map(tuple, batch["input_ids"].tolist()))
 
 
 def test_truncation_rule_exact_ids(stories_tok, tmp_path):
@@ -124,8 +122,16 @@ def test_val_fraction_seeded_and_disjoint(stories_tok):
         split_by_fraction(list(range(3)), 0.1, seed=0)
 
     def split(seed):
-        dm = sft(stories_tok, str(TINYSTORIES), format="paragraphs", max_records=50,
-                 val_fraction=0.2, seed=seed, max_length=48, max_prompt_length=16)  # fmt: skip
+        dm = sft(
+            stories_tok,
+            str(TINYSTORIES),
+            format="paragraphs",
+            max_records=50,
+            val_fraction=0.2,
+            seed=seed,
+            max_length=48,
+            max_prompt_length=16,
+        )
         return [tuple(x["input_ids"]) for x in dm.train_dataset], [tuple(x["input_ids"]) for x in dm.val_dataset]
 
     train, val = split(0)
@@ -170,8 +176,13 @@ def test_hparams_hold_no_dataclass(stories_tok, tmp_path):
     assert len(dm.train_dataset) == 1
     assert "tokenizer" not in dm.hparams
     assert dm.hparams["fields"] == {
-        "prompt": "q", "response": "a", "chosen": "chosen", "rejected": "rejected", "margin": None, "text": "text"
-    }  # fmt: skip
+        "prompt": "q",
+        "response": "a",
+        "chosen": "chosen",
+        "rejected": "rejected",
+        "margin": None,
+        "text": "text",
+    }
     torch.save(dict(dm.hparams), tmp_path / "h.pt")
     torch.load(tmp_path / "h.pt", weights_only=True)
     # the saved dict rebuilds the module
@@ -180,8 +191,16 @@ def test_hparams_hold_no_dataclass(stories_tok, tmp_path):
 
 
 def test_alpaca_asset_batches(stories_tok):
-    dm = sft(stories_tok, str(ALPACA_V2), format="alpaca", skip_invalid=True, max_records=300,
-             max_length=96, max_prompt_length=48, batch_size=4)  # fmt: skip
+    dm = sft(
+        stories_tok,
+        str(ALPACA_V2),
+        format="alpaca",
+        skip_invalid=True,
+        max_records=300,
+        max_length=96,
+        max_prompt_length=48,
+        batch_size=4,
+    )
     assert 0 < len(dm.train_dataset) < 300  # status filter
     batch = next(iter(dm.train_dataloader()))
     mask, labels, ids = batch["attention_mask"], batch["labels"], batch["input_ids"]

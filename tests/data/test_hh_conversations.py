@@ -54,13 +54,16 @@ def test_a_two_exchange_transcript_is_read_as_its_turns():
     assert pair == [Example("hh line 1", prompt, chosen=(bot("Sure."),), rejected=(bot("No."),))]
     sft = adapt([row], format="hh_rlhf", kind="sft", options=CONVERSATIONS).examples
     assert sft == [Example("hh line 1", prompt, response=(bot("Sure."),))]
-    assert adapt([row], format="hh_rlhf", kind="prompt", options=CONVERSATIONS).examples == [Example("hh line 1", prompt)]
+    assert adapt([row], format="hh_rlhf", kind="prompt", options=CONVERSATIONS).examples == [
+        Example("hh line 1", prompt)
+    ]
 
 
 def test_only_the_one_space_after_a_marker_is_dropped_and_paragraphs_stay_in_their_turn():
     chosen = "\n\nHuman:  Two spaces\n\nAssistant: One.\n\nTwo.\n\nHuman: x\n\nAssistant:y"
-    (example,) = adapt([Row("w", {"chosen": chosen, "rejected": "-"})], format="hh_rlhf", kind="sft",
-                       options=CONVERSATIONS).examples  # fmt: skip
+    (example,) = adapt(
+        [Row("w", {"chosen": chosen, "rejected": "-"})], format="hh_rlhf", kind="sft", options=CONVERSATIONS
+    ).examples
     assert example.prompt == (user(" Two spaces"), bot("One.\n\nTwo."), user("x"))
     assert example.response == (bot("y"),)
 
@@ -68,10 +71,18 @@ def test_only_the_one_space_after_a_marker_is_dropped_and_paragraphs_stay_in_the
 MALFORMED = {
     "no Human turn": ("\n\nAssistant: Hi", "chosen does not open with a '\\n\\nHuman:' turn"),
     "text before it": ("Hi\n\nHuman: Yo\n\nAssistant: No", "chosen does not open with a '\\n\\nHuman:' turn"),
-    "two Human turns": ("\n\nHuman: A\n\nHuman: B\n\nAssistant: C",
-                        "chosen has two turns of one role in a row (turns must alternate Human, Assistant)"),
-    "ends on Human": ("\n\nHuman: A\n\nAssistant: B\n\nHuman: C", "chosen ends on a Human turn (no assistant response after it)"),
-    "empty turn": ("\n\nHuman: A\n\nAssistant: \n\nHuman: C\n\nAssistant: D", "chosen has an empty turn before its last"),
+    "two Human turns": (
+        "\n\nHuman: A\n\nHuman: B\n\nAssistant: C",
+        "chosen has two turns of one role in a row (turns must alternate Human, Assistant)",
+    ),
+    "ends on Human": (
+        "\n\nHuman: A\n\nAssistant: B\n\nHuman: C",
+        "chosen ends on a Human turn (no assistant response after it)",
+    ),
+    "empty turn": (
+        "\n\nHuman: A\n\nAssistant: \n\nHuman: C\n\nAssistant: D",
+        "chosen has an empty turn before its last",
+    ),
     "no Assistant": ("\n\nHuman: A", "no '\\n\\nAssistant:' in chosen"),
     "empty answer": ("\n\nHuman: A\n\nAssistant: ", "empty chosen after the last '\\n\\nAssistant:'"),
 }
@@ -89,12 +100,17 @@ def test_a_malformed_transcript_is_skipped_and_counted_with_its_reason(case, cap
 
 def test_pairs_whose_turns_differ_before_the_last_answer_are_skipped():
     rejected = "\n\nHuman: Hi\n\nAssistant: Hey!\n\nHuman: Help me?\n\nAssistant: No."
-    out = adapt([Row("w", {"chosen": CHOSEN, "rejected": rejected})], format="hh_rlhf", kind="preference",
-                options=CONVERSATIONS)  # fmt: skip
+    out = adapt(
+        [Row("w", {"chosen": CHOSEN, "rejected": rejected})], format="hh_rlhf", kind="preference", options=CONVERSATIONS
+    )
     assert out.examples == []
     assert dict(out.skipped) == {"chosen and rejected do not share the prompt up to the last '\\n\\nAssistant:'": 1}
-    bad = adapt([Row("w", {"chosen": CHOSEN, "rejected": "\n\nHuman: Hi\n\nAssistant: "})], format="hh_rlhf",
-                kind="preference", options=CONVERSATIONS)  # fmt: skip
+    bad = adapt(
+        [Row("w", {"chosen": CHOSEN, "rejected": "\n\nHuman: Hi\n\nAssistant: "})],
+        format="hh_rlhf",
+        kind="preference",
+        options=CONVERSATIONS,
+    )
     assert dict(bad.skipped) == {"chosen and rejected do not share the prompt up to the last '\\n\\nAssistant:'": 1}
 
 
@@ -105,8 +121,9 @@ def test_the_hh_asset_reads_as_alternating_turns_without_markers():
         roles = [m["role"] for m in e.prompt]
         assert roles == ["user", "assistant"] * (len(roles) // 2) + ["user"]
         assert [m["role"] for m in e.chosen + e.rejected] == ["assistant", "assistant"]
-        assert not any("\n\nHuman:" in m["content"] or "\n\nAssistant:" in m["content"]
-                       for m in e.prompt + e.chosen + e.rejected)  # fmt: skip
+        assert not any(
+            "\n\nHuman:" in m["content"] or "\n\nAssistant:" in m["content"] for m in e.prompt + e.chosen + e.rejected
+        )
 
 
 # ------------------------------------------------------------- the data modules, chat template
@@ -142,7 +159,9 @@ def test_prompt_batch_ends_with_the_generation_prompt(chat_tok, hh_file):
 
 
 def test_the_reference_and_ptx_sources_render_hh_the_same_way(chat_tok, tmp_path, hh_file):
-    pairs = write_jsonl(tmp_path / "pairs.jsonl", [{"prompt": [user("A")], "chosen": [bot("B")], "rejected": [bot("C")]}])
+    pairs = write_jsonl(
+        tmp_path / "pairs.jsonl", [{"prompt": [user("A")], "chosen": [bot("B")], "rejected": [bot("C")]}]
+    )
     dm = PreferenceDataModule(tokenizer=chat_tok, train_path=pairs, reference_path=hh_file, reference_format="hh_rlhf")
     dm.setup()
     assert [item["input_ids"] for item in dm.reference_dataset] == [ids(chat_tok, CHAT_CHOSEN)]
@@ -150,7 +169,9 @@ def test_the_reference_and_ptx_sources_render_hh_the_same_way(chat_tok, tmp_path
     dm = PromptDataModule(tokenizer=chat_tok, train_path=prompts, ptx_path=hh_file, ptx_format="hh_rlhf")
     dm.setup()
     n = len(ids(chat_tok, CHAT_PROMPT))
-    assert dm.ptx_dataset == [{"input_ids": ids(chat_tok, CHAT_CHOSEN), "labels": [-100] * n + ids(chat_tok, CHAT_CHOSEN)[n:]}]
+    assert dm.ptx_dataset == [
+        {"input_ids": ids(chat_tok, CHAT_CHOSEN), "labels": [-100] * n + ids(chat_tok, CHAT_CHOSEN)[n:]}
+    ]
 
 
 # ------------------------------------------------------------------- GPT-2: raw, as before
@@ -183,8 +204,9 @@ def log_lines(caplog, text):
 
 def test_one_log_line_says_which_rendering_and_why(chat_tok, gpt2, hh_file, caplog):
     with caplog.at_level(logging.INFO, logger="rlhf_lit.data"):  # three HH sources, one line
-        PreferenceDataModule(tokenizer=chat_tok, train_path=hh_file, val_path=hh_file, reference_path=hh_file,
-                             reference_format="hh_rlhf").setup()  # fmt: skip
+        PreferenceDataModule(
+            tokenizer=chat_tok, train_path=hh_file, val_path=hh_file, reference_path=hh_file, reference_format="hh_rlhf"
+        ).setup()
     assert log_lines(caplog, "hh_rlhf transcripts") == [
         f"{hh_file}: hh_rlhf transcripts read as conversations and rendered with the tokenizer's chat template "
         f"(hh_render: auto, and the tokenizer {chat_tok.name_or_path!r} has a chat template)"
@@ -203,8 +225,10 @@ def test_a_chat_rendering_is_recorded_for_the_resume_check_and_raw_is_not(chat_t
     assert "hh_render" not in chat.hparams
     chat.setup()
     assert chat.hparams["hh_render"] == "always"  # canonical (older checkpoints: chat_template, its alias)
-    for dm in (PreferenceDataModule(tokenizer=gpt2, train_path=hh_file),
-               PreferenceDataModule(tokenizer=chat_tok, train_path=hh_file, hh_render="raw")):  # fmt: skip
+    for dm in (
+        PreferenceDataModule(tokenizer=gpt2, train_path=hh_file),
+        PreferenceDataModule(tokenizer=chat_tok, train_path=hh_file, hh_render="raw"),
+    ):
         dm.setup()
         assert "hh_render" not in dm.hparams  # as in checkpoints written before the option
 
@@ -231,8 +255,10 @@ def test_string_prompts_on_a_chat_model_warn_once_naming_apply_chat_template(cha
         "plain strings, not rendered with the chat template: the model is trained and sampled outside it; set "
         "apply_chat_template: true to render each as one user turn, or give conversational records (lists of messages)"
     ]
-    for quiet in (SFTDataModule(tokenizer=chat_tok, train_path=path, apply_chat_template=True),
-                  SFTDataModule(tokenizer=gpt2, train_path=path)):  # fmt: skip
+    for quiet in (
+        SFTDataModule(tokenizer=chat_tok, train_path=path, apply_chat_template=True),
+        SFTDataModule(tokenizer=gpt2, train_path=path),
+    ):
         caplog.clear()
         with caplog.at_level(logging.INFO, logger="rlhf_lit.data"):
             quiet.setup()

@@ -101,7 +101,9 @@ def test_the_callbacks_take_the_aliases(alias, canonical, chat_tok):
 
 
 def test_the_callbacks_refuse_a_bad_value_naming_the_option():
-    with pytest.raises(ValueError, match=r"^OnlineGeneration chat_template must be one of auto, always, never; got 'x'$"):
+    with pytest.raises(
+        ValueError, match=r"^OnlineGeneration chat_template must be one of auto, always, never; got 'x'$"
+    ):
         OnlineGeneration(["Hi"], chat_template="x")
     with pytest.raises(ValueError, match=r"^guard held_out.chat_template must be one of auto, always, never; got 'x'$"):
         HeldOut(prompts=["Hi"], chat_template="x")

@@ -12,9 +12,9 @@ import pytest
 from assets_paths import STORIES260K, TINYSTORIES
 
 from demo.__main__ import main
-from rlhf_lit.models.checkpoint_policy import load_checkpoint_policy
 from demo.rm_study import MARKER
 from rlhf_lit.integrity import DamagedFile
+from rlhf_lit.models.checkpoint_policy import load_checkpoint_policy
 
 
 def test_a_cut_short_cached_sample_file_of_the_rm_study_is_named(tmp_path, capsys):
@@ -36,8 +36,19 @@ def test_a_damaged_policy_is_named_by_the_demo_evaluation(tmp_path, capsys, monk
         monkeypatch.setattr(logging.getLogger(name), "handlers", [])
     policy = shutil.copytree(STORIES260K, tmp_path / "policy")
     (policy / "model.safetensors").write_bytes((policy / "model.safetensors").read_bytes()[:1000])
-    status = main(["evaluate", "--policy", str(policy), "--reference", str(STORIES260K), "--paragraphs", str(TINYSTORIES),
-                   "--count", "2"])
+    status = main(
+        [
+            "evaluate",
+            "--policy",
+            str(policy),
+            "--reference",
+            str(STORIES260K),
+            "--paragraphs",
+            str(TINYSTORIES),
+            "--count",
+            "2",
+        ]
+    )
     err = capsys.readouterr().err
     assert status == 1 and "Traceback" not in err
     assert f"{policy / 'model.safetensors'}: cut short (1000 bytes; its header alone says " in err

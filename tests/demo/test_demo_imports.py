@@ -5,10 +5,10 @@ source, nothing is imported)."""
 from __future__ import annotations
 
 import re
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 from source_imports import imports_of, under
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -178,8 +178,12 @@ def _samples(rows):
 
 
 TABLE = [
-    _samples([("the cat sat", 0.1, 0.9), ("a happy day", 0.5, 0.2), ("a happy dog", 0.3, 0.3), ("a happy hat", 0.3, 0.1)]),
-    _samples([("a happy day", 0.7, 0.0), ("one red ball", 0.2, 0.8), ("we sang songs", 0.0, 0.6), ("a happy hat", 0.9, 0.5)]),
+    _samples(
+        [("the cat sat", 0.1, 0.9), ("a happy day", 0.5, 0.2), ("a happy dog", 0.3, 0.3), ("a happy hat", 0.3, 0.1)]
+    ),
+    _samples(
+        [("a happy day", 0.7, 0.0), ("one red ball", 0.2, 0.8), ("we sang songs", 0.0, 0.6), ("a happy hat", 0.9, 0.5)]
+    ),
 ]
 """2 prompts x 4 samples: the RM likes "a happy ..." stories, the judge others; prompt 0's samples 2 and 3 tie on RM."""
 
@@ -187,11 +191,15 @@ TABLE = [
 def test_best_of_n_picks_the_highest_score_in_each_subset_first_drawn_on_a_tie():
     by_rm = best_of_n_picks(TABLE, 2, "rm")
     # Subset 0: 0.5 > 0.1 and 0.7 > 0.2. Subset 1: 0.3 = 0.3, the first drawn wins; 0.9 > 0.0.
-    assert [[p["response"] for p in picks] for picks in by_rm] == [["a happy day", "a happy day"],
-                                                                     ["a happy dog", "a happy hat"]]
+    assert [[p["response"] for p in picks] for picks in by_rm] == [
+        ["a happy day", "a happy day"],
+        ["a happy dog", "a happy hat"],
+    ]
     by_judge = best_of_n_picks(TABLE, 2, "judge")
-    assert [[p["response"] for p in picks] for picks in by_judge] == [["the cat sat", "one red ball"],
-                                                                        ["a happy dog", "we sang songs"]]
+    assert [[p["response"] for p in picks] for picks in by_judge] == [
+        ["the cat sat", "one red ball"],
+        ["a happy dog", "we sang songs"],
+    ]
 
 
 def test_selection_measures_distinct2_of_the_picks_against_n_1():
@@ -210,8 +218,11 @@ def test_selection_measures_distinct2_of_the_picks_against_n_1():
     assert judge["d2_ratio"] == {"mean": pytest.approx(8 / 7), "se": pytest.approx(0.0), "n": 2}
     assert judge["judge"]["mean"] == pytest.approx(0.65)
     # Paired: (0.5 - 1) / 0.875 = -4/7 and (0.75 - 1) / 0.875 = -2/7 -> -3/7, se 1/7.
-    assert result["by_n"]["2"]["d2_ratio_rm_minus_judge"] == {"mean": pytest.approx(-3 / 7), "se": pytest.approx(1 / 7),
-                                                               "n": 2}
+    assert result["by_n"]["2"]["d2_ratio_rm_minus_judge"] == {
+        "mean": pytest.approx(-3 / 7),
+        "se": pytest.approx(1 / 7),
+        "n": 2,
+    }
 
 
 # ------------------------------------------------------------------ 3. where the fall is
@@ -272,23 +283,43 @@ def test_the_command_writes_every_section_from_a_demo_and_a_seeds_folder(tmp_pat
         (demo_dir / model).mkdir(parents=True)
     _write(demo_dir / "eval" / "sft.json", _evaluation(["a b c", "d e f"], 0.0, 0.1))
     samples = [{**s, "prompt_index": p, "sample_index": i} for p, rows in enumerate(TABLE) for i, s in enumerate(rows)]
-    _write(demo_dir / "best_of_n" / "best_of_n.json", {"samples": samples, "rows": [
-        {"n": 1, "kl_analytic": 0.0}, {"n": 2, "kl_analytic": math.log(2) - 0.5}]})  # fmt: skip
+    _write(
+        demo_dir / "best_of_n" / "best_of_n.json",
+        {"samples": samples, "rows": [{"n": 1, "kl_analytic": 0.0}, {"n": 2, "kl_analytic": math.log(2) - 0.5}]},
+    )
     _write(study / "study.json", {"ppo": {"raw": {}}, "dpo": {"beta_0.1": {}}})
     for seed in (0, 1):
         run = study / "raw" / f"seed_{seed}"
         _write(run / "eval_rollout_10.json", _evaluation(["a b c", "a b d"], 1.0 + seed, 0.5))
         _write(run / "eval.json", _evaluation(["a b a b", "a b c"], 2.0 + seed, 0.7 + seed / 10))
         _write(study / "dpo" / "beta_0.1" / f"seed_{seed}" / "eval.json", _evaluation(["a b", "c d"], 1.0, 0.6))
-    curves = {"objective/entropy": ([], [1.5 - r / 100 for r in range(12)]), "objective/kl": ([], [r / 4 for r in range(12)])}
+    curves = {
+        "objective/entropy": ([], [1.5 - r / 100 for r in range(12)]),
+        "objective/kl": ([], [r / 4 for r in range(12)]),
+    }
     monkeypatch.setattr(demo.report, "read_scalars", lambda run_dir: curves)
     effects = edit_effects([0, 1], [0.5, 0.1], [0.4, 0.2], [-0.2, -0.1])
-    correlation = {f"{s}_vs_{x}": stat([0.1, 0.2]) for s in ("rm", "judge") for x in ("distinct2_within", "distinct1_within", "words")}
-    canned = {"samples": {"responses": 4, "prompts": 2, "k": 2, "sampling_seconds": 0.0, "words_mean": 3.0,
-                          "distinct2_within_mean": 1.0, "fraction_repeating_a_bigram": 0.0, "rm_std": 1.0, "judge_std": 0.5,
-                          "rescored_rm_correlation": 0.99},
-              "correlation": {**correlation, "rm_vs_judge": stat([0.7, 0.8])},
-              "intervention": {"edited_responses": 2, "edits": {name: effects for name in EDITS}}}  # fmt: skip
+    correlation = {
+        f"{s}_vs_{x}": stat([0.1, 0.2])
+        for s in ("rm", "judge")
+        for x in ("distinct2_within", "distinct1_within", "words")
+    }
+    canned = {
+        "samples": {
+            "responses": 4,
+            "prompts": 2,
+            "k": 2,
+            "sampling_seconds": 0.0,
+            "words_mean": 3.0,
+            "distinct2_within_mean": 1.0,
+            "fraction_repeating_a_bigram": 0.0,
+            "rm_std": 1.0,
+            "judge_std": 0.5,
+            "rescored_rm_correlation": 0.99,
+        },
+        "correlation": {**correlation, "rm_vs_judge": stat([0.7, 0.8])},
+        "intervention": {"edited_responses": 2, "edits": {name: effects for name in EDITS}},
+    }
     monkeypatch.setattr(diversity_study, "repetition", lambda *args: canned)
 
     argv = ["--demo", str(demo_dir), "--study", str(study), "--out", str(out)]
@@ -335,8 +366,9 @@ def test_repetition_pairs_each_edit_with_its_own_response_and_prompt(monkeypatch
         return [t.count("happy") + 0.01 * len(t) for t in texts]
 
     repeated = [p for p in prompts for _ in range(3)]
-    sampled = types.SimpleNamespace(responses=responses, prompts=repeated,
-                                    rm_scores=[rm(p, r) for p, r in zip(repeated, responses)])  # fmt: skip
+    sampled = types.SimpleNamespace(
+        responses=responses, prompts=repeated, rm_scores=[rm(p, r) for p, r in zip(repeated, responses)]
+    )
     monkeypatch.setattr(diversity_study, "load_prompts", lambda *args: (None, prompts))
     monkeypatch.setattr(samples_module, "load_models", lambda *args, **kwargs: types.SimpleNamespace(prompts=repeated))
     monkeypatch.setattr(samples_module, "sample_and_measure", lambda *args, **kwargs: (sampled, 1.0))
@@ -350,8 +382,9 @@ def test_repetition_pairs_each_edit_with_its_own_response_and_prompt(monkeypatch
     rm_std = math.sqrt(sum((x - sum(sampled.rm_scores) / 6) ** 2 for x in sampled.rm_scores) / 6)  # population std
     judged = judge(responses)
     judge_std = math.sqrt(sum((x - sum(judged) / 6) ** 2 for x in judged) / 6)
-    rows, edited = edited_texts(responses, [0, 0, 0, 1, 1, 1], random.Random(7),
-                                word_valence(SentimentIntensityAnalyzer().lexicon))  # fmt: skip
+    rows, edited = edited_texts(
+        responses, [0, 0, 0, 1, 1, 1], random.Random(7), word_valence(SentimentIntensityAnalyzer().lexicon)
+    )
     assert rows == list(range(6))
 
     def per_prompt_then_over_prompts(changes: dict[int, float]) -> float:  # row -> change

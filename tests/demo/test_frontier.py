@@ -27,10 +27,12 @@ def ppo_run(tmp_path_factory):
     """Two PPO rollouts on stories260K with a weights-only checkpoint after each and an export at the end."""
     root = tmp_path_factory.mktemp("ppo")
     module = tiny_module(max_rollouts=2, export_dir=str(root / "export"))
-    ckpt = RolloutCheckpoint(dirpath=str(root / "checkpoints"), every_n_rollouts=1, save_top_k=-1,
-                             save_weights_only=True)  # fmt: skip
-    data = PromptDataModule(tokenizer=module.tokenizer, train_path=TINYSTORIES, format="paragraphs",
-                            max_records=16, batch_size=4, seed=3)  # fmt: skip
+    ckpt = RolloutCheckpoint(
+        dirpath=str(root / "checkpoints"), every_n_rollouts=1, save_top_k=-1, save_weights_only=True
+    )
+    data = PromptDataModule(
+        tokenizer=module.tokenizer, train_path=TINYSTORIES, format="paragraphs", max_records=16, batch_size=4, seed=3
+    )
     tiny_trainer(root, enable_checkpointing=True, callbacks=[ckpt]).fit(module, data)
     return root
 
@@ -68,8 +70,12 @@ def test_an_exported_checkpoint_policy_loads_with_its_tokenizer(ppo_run, tmp_pat
 
 def test_policy_state_dict_strips_the_prefix_and_drops_other_modules():
     a, b, c = torch.zeros(1), torch.ones(1), torch.full((1,), 2.0)
-    state = {"policy.model.embed_tokens.weight": a, "policy.lm_head.weight": b, "critic.v_head.weight": c,
-             "ref_policy.lm_head.weight": c}  # fmt: skip
+    state = {
+        "policy.model.embed_tokens.weight": a,
+        "policy.lm_head.weight": b,
+        "critic.v_head.weight": c,
+        "ref_policy.lm_head.weight": c,
+    }
     assert policy_state_dict(state) == {"model.embed_tokens.weight": a, "lm_head.weight": b}
     with pytest.raises(KeyError, match="no weights under 'actor.'"):
         policy_state_dict(state, prefix="actor.")
@@ -78,20 +84,26 @@ def test_policy_state_dict_strips_the_prefix_and_drops_other_modules():
 def test_rollout_checkpoints_reads_rollout_files_only(tmp_path):
     for name in ("rollout=20.ckpt", "rollout=3.ckpt", "last.ckpt", ".rollout=30.ckpt.tmp", "rollout=4.ckpt.old"):
         (tmp_path / name).write_text("")
-    assert rollout_checkpoints(str(tmp_path)) == {3: str(tmp_path / "rollout=3.ckpt"),
-                                                  20: str(tmp_path / "rollout=20.ckpt")}  # fmt: skip
+    assert rollout_checkpoints(str(tmp_path)) == {
+        3: str(tmp_path / "rollout=3.ckpt"),
+        20: str(tmp_path / "rollout=20.ckpt"),
+    }
     assert rollout_checkpoints(str(tmp_path / "missing")) == {}
 
 
 def test_frontier_table_and_plot(tmp_path):
-    points = [FrontierPoint("SFT", "-", 0.0, 0.28, 0.03, 256),
-              FrontierPoint("PPO", "rollout 10", 3.5, 0.5, 0.02, 256),
-              FrontierPoint("PPO", "rollout 30", 6.9, 0.59, 0.02, 256),
-              FrontierPoint("PPO, KL coef 0", "rollout 30", 43.0, 0.94, 0.005, 256),
-              FrontierPoint("best-of-N", "N 4", math.log(4) - 0.75, 0.6, 0.01, 64, kl_analytic=True, note="M 64")]
+    points = [
+        FrontierPoint("SFT", "-", 0.0, 0.28, 0.03, 256),
+        FrontierPoint("PPO", "rollout 10", 3.5, 0.5, 0.02, 256),
+        FrontierPoint("PPO", "rollout 30", 6.9, 0.59, 0.02, 256),
+        FrontierPoint("PPO, KL coef 0", "rollout 30", 43.0, 0.94, 0.005, 256),
+        FrontierPoint("best-of-N", "N 4", math.log(4) - 0.75, 0.6, 0.01, 64, kl_analytic=True, note="M 64"),
+    ]
     png, table = write_frontier(points, str(tmp_path))
-    assert table[:2] == ["| method | setting | KL to SFT (nats) | judge score +- s.e. | n | note |",
-                         "|---|---|---|---|---|---|"]  # fmt: skip
+    assert table[:2] == [
+        "| method | setting | KL to SFT (nats) | judge score +- s.e. | n | note |",
+        "|---|---|---|---|---|---|",
+    ]
     assert table[3] == "| PPO | rollout 10 | 3.50 | 0.500 +- 0.020 | 256 |  |"
     assert table[6] == "| best-of-N | N 4 | 0.64 (analytic) | 0.600 +- 0.010 | 64 | M 64 |"
     assert table == frontier_table(points)

@@ -18,7 +18,13 @@ from demo.guard_study import MARKER, RUN_MARKER, fired, relabel, rm_steps
 
 
 def _pair(i: int, chosen: float, rejected: float) -> dict:
-    return {"prompt": f"p{i}", "chosen": f"c{i}", "rejected": f"r{i}", "chosen_score": chosen, "rejected_score": rejected}
+    return {
+        "prompt": f"p{i}",
+        "chosen": f"c{i}",
+        "rejected": f"r{i}",
+        "chosen_score": chosen,
+        "rejected_score": rejected,
+    }
 
 
 def test_relabel_draws_each_label_from_the_bradley_terry_probability():
@@ -29,8 +35,13 @@ def test_relabel_draws_each_label_from_the_bradley_terry_probability():
     assert abs(kept / 200 - 1 / (1 + math.exp(-1))) < 0.1  # 200 draws: s.e. 0.031
     flipped = next(p for p in out if p["chosen"].startswith("r"))
     i = flipped["prompt"][1:]
-    assert flipped == {"prompt": f"p{i}", "chosen": f"r{i}", "rejected": f"c{i}", "chosen_score": 0.0,
-                       "rejected_score": 0.5}  # the scores travel with their responses  # fmt: skip
+    assert flipped == {
+        "prompt": f"p{i}",
+        "chosen": f"r{i}",
+        "rejected": f"c{i}",
+        "chosen_score": 0.0,
+        "rejected_score": 0.5,
+    }  # the scores travel with their responses
     # A temperature far below the gaps keeps every label; the same seed draws the same pairs.
     sharp = relabel(pairs, 50, 1e-6, seed=3)
     assert all(p["chosen"].startswith("c") for p in sharp)
@@ -55,8 +66,13 @@ def _result(seed: int, export: tuple[float, float], last: tuple[float, float], k
     def metrics(judge: float, kl: float) -> dict:
         return {"judge_mean": judge, "kl_mean": kl, "distinct_2": 0.5, "length_mean": 40.0}
 
-    return {"seed": seed, "kept_rollout": kept, "fired": {"proxy_gold": [30] if kept else [], "kl": [11]},
-            "exported": metrics(*export), "last": metrics(*last)}  # fmt: skip
+    return {
+        "seed": seed,
+        "kept_rollout": kept,
+        "fired": {"proxy_gold": [30] if kept else [], "kl": [11]},
+        "exported": metrics(*export),
+        "last": metrics(*last),
+    }
 
 
 def test_summarise_compares_the_export_with_the_last_policy_per_seed_and_over_seeds():
@@ -69,7 +85,9 @@ def test_summarise_compares_the_export_with_the_last_policy_per_seed_and_over_se
     mean = summary["mean"]
     assert mean["kl_saved"]["mean"] == pytest.approx(24.0)
     assert mean["kl_saved"]["se"] == pytest.approx(4.0)  # sample std 5.657 / sqrt(2)
-    assert mean["export_judge_mean"]["mean"] == pytest.approx(0.75) and mean["last_judge_mean"]["mean"] == pytest.approx(0.55)
+    assert mean["export_judge_mean"]["mean"] == pytest.approx(0.75) and mean["last_judge_mean"][
+        "mean"
+    ] == pytest.approx(0.55)
     text = "\n".join(markdown(summary))
     assert "| 0 | 20 | 0.800 | 0.500 | 12.00 | 40.00 | 28.00 |" in text
     assert "| mean ± s.e. | | 0.750 ± 0.050 | 0.550 ± 0.050 | 11.00 ± 1.00 | 35.00 ± 5.00 | 24.00 ± 4.00 |" in text
@@ -87,13 +105,34 @@ def _tiny_demo(root) -> None:
     paragraphs = TINYSTORIES.read_text(encoding="utf-8").split("\n\n")[2500:2540]
     (root / "data" / "ppo.txt").write_text("\n\n".join(paragraphs) + "\n", encoding="utf-8")
     (root / "prefs").mkdir()
-    pairs = [{"prompt": "Once upon a time", "chosen": f" a happy dog {i}.", "rejected": f" a sad cat {i}.",
-              "chosen_score": 0.6, "rejected_score": -0.4} for i in range(40)]  # fmt: skip
+    pairs = [
+        {
+            "prompt": "Once upon a time",
+            "chosen": f" a happy dog {i}.",
+            "rejected": f" a sad cat {i}.",
+            "chosen_score": 0.6,
+            "rejected_score": -0.4,
+        }
+        for i in range(40)
+    ]
     (root / "prefs" / "preferences.jsonl").write_text("".join(json.dumps(p) + "\n" for p in pairs), encoding="utf-8")
 
 
-TINY = ("--seeds", "0", "--rollouts", "4", "--held-out-every", "1", "--held-out-prompts", "4", "--eval-count", "8",
-        "--proxy-pairs", "32", "--tiny")  # fmt: skip
+TINY = (
+    "--seeds",
+    "0",
+    "--rollouts",
+    "4",
+    "--held-out-every",
+    "1",
+    "--held-out-prompts",
+    "4",
+    "--eval-count",
+    "8",
+    "--proxy-pairs",
+    "32",
+    "--tiny",
+)
 
 
 def _guard(*args: str, cwd) -> subprocess.CompletedProcess:
@@ -128,7 +167,9 @@ def test_a_tiny_study_trains_the_proxy_runs_the_guarded_ppo_and_reports_and_a_re
     assert all(torch.equal(last[k], policy[k]) for k in last)
     assert json.loads((study / "seed_0" / "eval_last.json").read_text())["config"]["policy"].endswith("last")
     log = (study / "seed_0" / "log.txt").read_text()
-    assert "OverOptimisationGuard" in (study / "ppo_guard.yaml").read_text() and "--model.init_args.kl.init_coef 0" in log
+    assert (
+        "OverOptimisationGuard" in (study / "ppo_guard.yaml").read_text() and "--model.init_args.kl.init_coef 0" in log
+    )
     summary = json.loads((study / "study.json").read_text())
     assert summary["seeds"][0]["kl_saved"] == pytest.approx(result["last"]["kl_mean"] - result["exported"]["kl_mean"])
     assert "| seed | kept rollout |" in (study / "study.md").read_text()
@@ -150,8 +191,9 @@ def _main(argv):
 def test_refusals_a_demo_without_its_models_a_foreign_out_and_a_foreign_run_folder(tmp_path):
     result = _guard("--demo", "nowhere", "--out", "study", cwd=tmp_path)
     assert result.returncode == 2
-    assert result.stderr.strip() == ("error: --demo nowhere has no sft/model: run `make demo` (or the pipeline "
-                                     "with --out nowhere) first")  # fmt: skip
+    assert result.stderr.strip() == (
+        "error: --demo nowhere has no sft/model: run `make demo` (or the pipeline with --out nowhere) first"
+    )
     assert not (tmp_path / "study").exists()
     _tiny_demo(tmp_path / "demo")
     mine = tmp_path / "mine"

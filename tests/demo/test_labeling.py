@@ -120,7 +120,7 @@ def _plackett_luce_by_hand(scores, temperature, draws):
     for u in draws:
         weights = [math.exp(scores[i] / temperature) for i in left]
         total, acc = sum(weights), 0.0
-        for n, w in enumerate(weights):
+        for n, w in enumerate(weights):  # noqa: B007 (n is the sample drawn, read after the loop)
             acc += w / total
             if u < acc:
                 break
@@ -145,7 +145,10 @@ def test_plackett_luce_known_draws_and_their_count():
 
 def test_plackett_luce_is_reproducible_per_seed():
     scores = [0.3, -0.1, 0.2, 0.25, 0.0]
-    orders = lambda seed: [plackett_luce_order(scores, 0.25, r) for r in [random.Random(seed)] for _ in range(40)]
+
+    def orders(seed):
+        return [plackett_luce_order(scores, 0.25, r) for r in [random.Random(seed)] for _ in range(40)]
+
     assert orders(3) == orders(3)
     assert orders(3) != orders(4)
 

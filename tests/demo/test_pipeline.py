@@ -13,12 +13,21 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
-from rlhf_lit.models.checkpoint_policy import load_checkpoint_policy
 from demo.plan import MARKER, STAGE_DIRS, claim_out
 from demo.report import read_scalars
+from rlhf_lit.models.checkpoint_policy import load_checkpoint_policy
 
-EVAL_METRICS = ("judge_mean", "judge_std", "kl_mean", "kl_std", "distinct_1", "distinct_2",
-                "length_mean", "ended_fraction", "num_samples")
+EVAL_METRICS = (
+    "judge_mean",
+    "judge_std",
+    "kl_mean",
+    "kl_std",
+    "distinct_1",
+    "distinct_2",
+    "length_mean",
+    "ended_fraction",
+    "num_samples",
+)
 
 
 def _pipeline(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
@@ -51,8 +60,10 @@ def test_tiny_pipeline_runs_every_stage_and_leaves_models_evals_and_report(tmp_p
     # The RM config reads rankings: the judge's order of the same samples, best first.
     rankings = [json.loads(line) for line in (out / "prefs" / "rankings.jsonl").read_text().splitlines()]
     assert rankings and all(1000 <= r["paragraph"] < 1032 for r in rankings)
-    assert all(r["scores"] == sorted(r["scores"], reverse=True) and len(r["ranks"]) == len(r["responses"]) >= 2
-               for r in rankings)  # fmt: skip
+    assert all(
+        r["scores"] == sorted(r["scores"], reverse=True) and len(r["ranks"]) == len(r["responses"]) >= 2
+        for r in rankings
+    )
     assert f"reward_model: {len(rankings)} judge-labelled rankings" in result.stdout
 
     # Evaluations on the held-out range, same prompts for every model.
@@ -81,10 +92,17 @@ def test_tiny_pipeline_runs_every_stage_and_leaves_models_evals_and_report(tmp_p
     # The frontier: every method on the held-out prompts, in the summary and in frontier.json.
     frontier = [(p["method"], p["setting"], p["n"]) for p in json.loads((report / "frontier.json").read_text())]
     assert frontier == [
-        ("SFT", "-", 16), ("PPO", "rollout 1", 16), ("PPO", "rollout 2", 16), ("PPO, KL coef 0", "rollout 2", 16),
-        ("DPO", "beta 0.05", 16), ("DPO", "beta 0.1", 16), ("DPO", "beta 0.3", 16),
-        ("best-of-N", "N 1", 8), ("best-of-N", "N 2", 8), ("best-of-N", "N 4", 8),
-    ]  # fmt: skip
+        ("SFT", "-", 16),
+        ("PPO", "rollout 1", 16),
+        ("PPO", "rollout 2", 16),
+        ("PPO, KL coef 0", "rollout 2", 16),
+        ("DPO", "beta 0.05", 16),
+        ("DPO", "beta 0.1", 16),
+        ("DPO", "beta 0.3", 16),
+        ("best-of-N", "N 1", 8),
+        ("best-of-N", "N 2", 8),
+        ("best-of-N", "N 4", 8),
+    ]
     assert "![frontier](frontier.png)" in summary and "| PPO | rollout 1 |" in summary
     assert "| best-of-N | N 4 | 0.64 (analytic) |" in summary
     # The PPO point at the last rollout is the export; its checkpoint holds the same policy.
@@ -98,10 +116,23 @@ def test_tiny_pipeline_runs_every_stage_and_leaves_models_evals_and_report(tmp_p
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("".join(f"{s['prompt']}\n" for s in evals["ppo"]["samples"][:4]))
     evaluated = cli_forked.run(
-        "evaluate", "--policy", str(out / "ppo" / "model"), "--reference", str(out / "sft" / "model"),
-        "--reward-model", str(out / "reward_model" / "model"), "--judge", "rlhf_lit.evaluation.judges:vader",
-        "--prompts", str(prompts), "--max-new-tokens", "16", "--out", str(tmp_path / "evaluate.json"), cwd=tmp_path,
-    )  # fmt: skip
+        "evaluate",
+        "--policy",
+        str(out / "ppo" / "model"),
+        "--reference",
+        str(out / "sft" / "model"),
+        "--reward-model",
+        str(out / "reward_model" / "model"),
+        "--judge",
+        "rlhf_lit.evaluation.judges:vader",
+        "--prompts",
+        str(prompts),
+        "--max-new-tokens",
+        "16",
+        "--out",
+        str(tmp_path / "evaluate.json"),
+        cwd=tmp_path,
+    )
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     metrics = json.loads((tmp_path / "evaluate.json").read_text())["metrics"]
     assert metrics["num_samples"] == 4

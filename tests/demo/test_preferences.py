@@ -7,10 +7,10 @@ import random
 
 import pytest
 
-from rlhf_lit.data.adapters import Fields
-from rlhf_lit.data.preference import PreferenceDataModule
 from demo.__main__ import main
 from demo.preferences import count_pairs, label_pairs, label_rankings, make_preferences
+from rlhf_lit.data.adapters import Fields
+from rlhf_lit.data.preference import PreferenceDataModule
 from rlhf_lit.tokenizer import load_tokenizer
 
 
@@ -18,21 +18,21 @@ def test_label_pairs_argmax_best_worst_drops_ties():
     prompts = ["p0", "p0", "p1", "p1", "p2", "p2"]
     responses = ["a", "b", "c", "d", "e", "f"]
     scores = [0.5, 0.1, 0.2, 0.2, -0.3, 0.4]
-    records, ties, empty = label_pairs([10, 11, 12], prompts, responses, scores, 2, "argmax", "best_worst",
-                                0.25, random.Random(0))
+    records, ties, empty = label_pairs(
+        [10, 11, 12], prompts, responses, scores, 2, "argmax", "best_worst", 0.25, random.Random(0)
+    )
     assert ties == 1  # prompt p1: 0.2 vs 0.2
     assert records == [
-        {"prompt": "p0", "chosen": "a", "rejected": "b", "chosen_score": 0.5, "rejected_score": 0.1,
-         "paragraph": 10},
-        {"prompt": "p2", "chosen": "f", "rejected": "e", "chosen_score": 0.4, "rejected_score": -0.3,
-         "paragraph": 12},
+        {"prompt": "p0", "chosen": "a", "rejected": "b", "chosen_score": 0.5, "rejected_score": 0.1, "paragraph": 10},
+        {"prompt": "p2", "chosen": "f", "rejected": "e", "chosen_score": 0.4, "rejected_score": -0.3, "paragraph": 12},
     ]
 
 
 def test_label_pairs_all_pairs_of_three():
     scores = [0.1, 0.7, 0.1]
-    records, ties, empty = label_pairs([5], ["p"] * 3, ["x", "y", "z"], scores, 3, "argmax", "all_pairs",
-                                0.25, random.Random(0))
+    records, ties, empty = label_pairs(
+        [5], ["p"] * 3, ["x", "y", "z"], scores, 3, "argmax", "all_pairs", 0.25, random.Random(0)
+    )
     # pairs (0,1): y wins; (0,2): tie, dropped; (1,2): y wins
     assert ties == 1
     assert [(r["chosen"], r["rejected"]) for r in records] == [("y", "x"), ("y", "z")]
@@ -40,16 +40,24 @@ def test_label_pairs_all_pairs_of_three():
 
 def test_label_pairs_bradley_terry_keeps_ties_as_coin_flips():
     # random.Random(7) draws 0.3238, 0.1508: both below 0.5, so A (index 0) wins both equal pairs.
-    records, ties, empty = label_pairs([0, 1], ["p", "p", "q", "q"], ["a", "b", "c", "d"], [0.3] * 4, 2,
-                                "bradley_terry", "best_worst", 0.25, random.Random(7))
+    records, ties, empty = label_pairs(
+        [0, 1],
+        ["p", "p", "q", "q"],
+        ["a", "b", "c", "d"],
+        [0.3] * 4,
+        2,
+        "bradley_terry",
+        "best_worst",
+        0.25,
+        random.Random(7),
+    )
     assert ties == 0
     assert [(r["chosen"], r["rejected"]) for r in records] == [("a", "b"), ("c", "d")]
 
 
 def test_label_pairs_checks_lengths():
     with pytest.raises(ValueError, match="K entries per paragraph"):
-        label_pairs([0, 1], ["p"] * 3, ["a"] * 3, [0.0] * 3, 2, "argmax", "best_worst", 0.25,
-                    random.Random(0))
+        label_pairs([0, 1], ["p"] * 3, ["a"] * 3, [0.0] * 3, 2, "argmax", "best_worst", 0.25, random.Random(0))
 
 
 def test_incompatible_settings_raise(stories_path, tinystories, tmp_path):
@@ -62,11 +70,31 @@ def test_incompatible_settings_raise(stories_path, tinystories, tmp_path):
 def test_preferences_end_to_end(stories_path, tinystories, tmp_path, capsys):
     out = tmp_path / "prefs" / "pairs.jsonl"
     rankings_out = tmp_path / "prefs" / "rankings.jsonl"
-    status = main([
-        "preferences", "--model", stories_path, "--paragraphs", tinystories, "--out", str(out),
-        "--start", "1000", "--count", "4", "--samples-per-prompt", "2", "--max-new-tokens", "8",
-        "--labeler", "bradley_terry", "--seed", "1", "--rankings-out", str(rankings_out),
-    ])
+    status = main(
+        [
+            "preferences",
+            "--model",
+            stories_path,
+            "--paragraphs",
+            tinystories,
+            "--out",
+            str(out),
+            "--start",
+            "1000",
+            "--count",
+            "4",
+            "--samples-per-prompt",
+            "2",
+            "--max-new-tokens",
+            "8",
+            "--labeler",
+            "bradley_terry",
+            "--seed",
+            "1",
+            "--rankings-out",
+            str(rankings_out),
+        ]
+    )
     assert status == 0
     stats = json.loads(capsys.readouterr().out)
     assert stats["prompts"] == 4 and stats["samples"] == 8 and stats["ties"] == 0
@@ -85,23 +113,30 @@ def test_preferences_end_to_end(stories_path, tinystories, tmp_path, capsys):
     # in a Plackett-Luce order of its own (the draw is the same, the probability is sample 0's).
     rankings = [json.loads(line) for line in rankings_out.read_text().splitlines()]
     assert [(r["prompt"], r["paragraph"], r["ranks"]) for r in rankings] == [
-        (p["prompt"], p["paragraph"], [0, 1]) for p in records]
+        (p["prompt"], p["paragraph"], [0, 1]) for p in records
+    ]
     for r, p in zip(rankings, records):
         scored = {p["chosen"]: p["chosen_score"], p["rejected"]: p["rejected_score"]}
         assert dict(zip(r["responses"], r["scores"])) == scored
 
     # The data module reads the rankings with format "rankings" (ties through fields.ranks): one
     # batch element per prompt, its 2 responses, the best first.
-    ranked = PreferenceDataModule(tokenizer=load_tokenizer(stories_path), train_path=str(rankings_out),
-                                  format="rankings", fields=Fields(ranks="ranks"), batch_size=4)
+    ranked = PreferenceDataModule(
+        tokenizer=load_tokenizer(stories_path),
+        train_path=str(rankings_out),
+        format="rankings",
+        fields=Fields(ranks="ranks"),
+        batch_size=4,
+    )
     ranked.setup("fit")
     batch = next(iter(ranked.train_dataloader()))
     assert batch["responses_per_prompt"].tolist() == [2, 2, 2, 2]
     assert batch["rank"].tolist() == [0, 0, 0, 0, 1, 1, 1, 1]  # position-major: every best, then every second
 
     # The preference data module reads the file as format "fields".
-    data = PreferenceDataModule(tokenizer=load_tokenizer(stories_path), train_path=str(out),
-                                format="fields", batch_size=4)
+    data = PreferenceDataModule(
+        tokenizer=load_tokenizer(stories_path), train_path=str(out), format="fields", batch_size=4
+    )
     data.setup("fit")
     batch = next(iter(data.train_dataloader()))
     assert batch["chosen_input_ids"].shape[0] == 4
@@ -111,9 +146,17 @@ def test_preferences_end_to_end(stories_path, tinystories, tmp_path, capsys):
 def test_label_pairs_drops_pairs_with_an_empty_response():
     # Prompt 0: samples "" (0.9) and "ok" (0.1) -> the best-vs-worst pair has an empty side: dropped.
     # Prompt 1: samples "fine" (0.2) and "good" (0.6) -> kept, "good" chosen.
-    records, ties, empty = label_pairs([0, 1], ["p", "p", "q", "q"], ["", "ok", "fine", "good"],
-                                       [0.9, 0.1, 0.2, 0.6], 2, "argmax", "best_worst", 0.25,
-                                       random.Random(0))
+    records, ties, empty = label_pairs(
+        [0, 1],
+        ["p", "p", "q", "q"],
+        ["", "ok", "fine", "good"],
+        [0.9, 0.1, 0.2, 0.6],
+        2,
+        "argmax",
+        "best_worst",
+        0.25,
+        random.Random(0),
+    )
     assert (ties, empty) == (0, 1)
     assert [(r["chosen"], r["rejected"]) for r in records] == [("good", "fine")]
 
@@ -126,11 +169,11 @@ def test_label_rankings_argmax_by_hand():
     prompts = ["p"] * 4 + ["q"] * 4 + ["r"] * 4 + ["s"] * 4
     responses = ["a", "b", " ", "d", "e", "f", "g", "", "h", "", "", "", "i", "", "i", ""]
     scores = [0.2, 0.9, 0.7, 0.2, 0.5, 0.5, 0.5, 0.1, 0.3, 0.0, 0.0, 0.0, 0.4, 0.0, 0.4, 0.0]
-    records, ties, empty = label_rankings([7, 8, 9, 10], prompts, responses, scores, 4, "argmax", 1.0,
-                                          random.Random(0))
+    records, ties, empty = label_rankings([7, 8, 9, 10], prompts, responses, scores, 4, "argmax", 1.0, random.Random(0))
     assert (ties, empty) == (1, 2)
-    assert records == [{"prompt": "p", "responses": ["b", "a", "d"], "ranks": [0, 1, 1],
-                        "scores": [0.9, 0.2, 0.2], "paragraph": 7}]
+    assert records == [
+        {"prompt": "p", "responses": ["b", "a", "d"], "ranks": [0, 1, 1], "scores": [0.9, 0.2, 0.2], "paragraph": 7}
+    ]
     assert count_pairs(records[0]) == 2  # b > a, b > d; a = d is no pair
 
 

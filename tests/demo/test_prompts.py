@@ -61,9 +61,7 @@ def test_demo_ranges_disjoint_and_inside_tinystories(tinystories):
 def test_write_splits(small_file, tmp_path):
     written = write_splits(small_file, str(tmp_path / "out"), {"a": (0, 1), "b": (1, 2)})
     assert read_paragraphs(written["a"]) == ["One day  a cat sat.\nIt was happy."]
-    assert read_paragraphs(written["b"]) == [
-        "Tom ran home fast to see his mom and dad today.", "The end."
-    ]
+    assert read_paragraphs(written["b"]) == ["Tom ran home fast to see his mom and dad today.", "The end."]
 
 
 def test_write_splits_rejects_overlap(small_file, tmp_path):

@@ -21,14 +21,29 @@ def _write_run(path, tags, steps=5):
     writer.close()
 
 
-ALL_TAGS = ["objective/scores", "objective/judge", "objective/kl", "diversity/distinct_1",
-            "diversity/distinct_2", "response/length"]
+ALL_TAGS = [
+    "objective/scores",
+    "objective/judge",
+    "objective/kl",
+    "diversity/distinct_1",
+    "diversity/distinct_2",
+    "response/length",
+]
 
 
 def _evaluation(path, responses, judges):
-    samples = [{"paragraph": 3000 + i, "prompt": f"Prompt {i} | with pipe", "response": r,
-                "judge": j, "kl": 0.0, "length": 8, "ended": False}
-               for i, (r, j) in enumerate(zip(responses, judges))]
+    samples = [
+        {
+            "paragraph": 3000 + i,
+            "prompt": f"Prompt {i} | with pipe",
+            "response": r,
+            "judge": j,
+            "kl": 0.0,
+            "length": 8,
+            "ended": False,
+        }
+        for i, (r, j) in enumerate(zip(responses, judges))
+    ]
     metrics = {"judge_mean": sum(judges) / len(judges), "kl_mean": 0.0}
     path.write_text(json.dumps({"metrics": metrics, "samples": samples}))
     return str(path)
@@ -55,8 +70,24 @@ def test_report_with_comparison_and_missing_tags(tmp_path):
     before = _evaluation(tmp_path / "before.json", ["a dog.", "it was\nsad"], [0.1, -0.4])
     after = _evaluation(tmp_path / "after.json", ["a happy dog.", "it was fun"], [0.9, 0.6])
     out = tmp_path / "report"
-    assert main(["report", "--run", str(tmp_path / "ppo"), "--compare", str(tmp_path / "kl0"),
-                 "--out-dir", str(out), "--before", before, "--after", after]) == 0
+    assert (
+        main(
+            [
+                "report",
+                "--run",
+                str(tmp_path / "ppo"),
+                "--compare",
+                str(tmp_path / "kl0"),
+                "--out-dir",
+                str(out),
+                "--before",
+                before,
+                "--after",
+                after,
+            ]
+        )
+        == 0
+    )
 
     for name in ["rm_score", "judge_score", "kl", "training_frontier", "diversity", "length"]:
         data = (out / f"{name}.png").read_bytes()

@@ -39,7 +39,10 @@ def test_heldout_set_is_the_same_pairs_in_both_formats(tmp_path):
     rankings = [json.loads(line) for line in files["rankings"].read_text().splitlines()]
     assert [(p["chosen"], p["rejected"]) for p in pairs] == [("a", "b"), ("c", "b"), ("d", "f")]
     assert [(r["responses"], r["ranks"], r["scores"]) for r in rankings] == [
-        (["a", "b"], [0, 1], [0.5, 0.1]), (["c", "b"], [0, 1], [0.5, 0.1]), (["d", "f"], [0, 1], [0.2, -0.3])]
+        (["a", "b"], [0, 1], [0.5, 0.1]),
+        (["c", "b"], [0, 1], [0.5, 0.1]),
+        (["d", "f"], [0, 1], [0.2, -0.3]),
+    ]
 
 
 def test_fit_command_validates_every_run_on_the_held_out_set_in_its_format(tmp_path):
@@ -60,9 +63,13 @@ def test_fit_command_validates_every_run_on_the_held_out_set_in_its_format(tmp_p
 
 
 def _result(variant, seed, accuracy, loss, seconds):
-    return {"variant": variant, "seed": seed, "fit_seconds": seconds,
-            "counts": {"records": 100 + seed, "comparisons": 600, "sequences": 400, "ties": 0, "empty": 0},
-            "val": {"val/accuracy": accuracy, "val/loss": loss}}  # fmt: skip
+    return {
+        "variant": variant,
+        "seed": seed,
+        "fit_seconds": seconds,
+        "counts": {"records": 100 + seed, "comparisons": 600, "sequences": 400, "ties": 0, "empty": 0},
+        "val": {"val/accuracy": accuracy, "val/loss": loss},
+    }
 
 
 def test_summary_over_seeds_by_hand():
@@ -81,10 +88,20 @@ def test_summary_over_seeds_by_hand():
     assert bw["loss"][0] == pytest.approx(0.34) and bw["loss"][1] == pytest.approx(0.04)
     assert bw["fit_seconds"][0] == pytest.approx(12.0) and bw["records"][0] == pytest.approx(100.5)
     assert summary["ranking"]["accuracy"] == (0.91, None)  # one seed: no standard error
-    setup = {"command": "python -m demo rm-study", "machine": "m", "train_prompts": 100,
-             "train_paragraphs": [1000, 1100], "samples_per_prompt": 4, "judge_calls_per_seed": 400,
-             "heldout_pairs": 50, "heldout_seed": 12345, "heldout_paragraphs": [3256, 3266], "wall_seconds": 60.0,
-             "sampling_seconds": {"0": 40.0, "1": 42.4}, "heldout_sampling_seconds": 12.0}
+    setup = {
+        "command": "python -m demo rm-study",
+        "machine": "m",
+        "train_prompts": 100,
+        "train_paragraphs": [1000, 1100],
+        "samples_per_prompt": 4,
+        "judge_calls_per_seed": 400,
+        "heldout_pairs": 50,
+        "heldout_seed": 12345,
+        "heldout_paragraphs": [3256, 3266],
+        "wall_seconds": 60.0,
+        "sampling_seconds": {"0": 40.0, "1": 42.4},
+        "heldout_sampling_seconds": 12.0,
+    }
     text = markdown(results, summary, setup)
     assert "| best_worst | 2 | 100 | 600 | 400 | 0.860 ± 0.020 | 0.810 / 0.860 | 0.340 ± 0.040 | 12 |" in text
     assert "| ranking | 1 | 100 | 600 | 400 | 0.910 | 0.900 / 0.910 | 0.190 | 30 |" in text
@@ -120,10 +137,29 @@ def _study(*args: str, cwd) -> subprocess.CompletedProcess:
 @pytest.mark.slow
 def test_tiny_study_end_to_end_and_resumed(stories_path, tinystories, tmp_path):
     out = tmp_path / "study"
-    args = ["--sft", stories_path, "--paragraphs", tinystories, "--out", str(out), "--seeds", "0",
-            "--variants", "best_worst", "ranking", "--count", "12", "--heldout-count", "6", "--max-new-tokens", "8",
-            "--jobs", "1", "--rm-overrides",
-            "--trainer.max_epochs 1 --data.init_args.batch_size 2 --model.init_args.optimizer.warmup_steps 0"]  # fmt: skip
+    args = [
+        "--sft",
+        stories_path,
+        "--paragraphs",
+        tinystories,
+        "--out",
+        str(out),
+        "--seeds",
+        "0",
+        "--variants",
+        "best_worst",
+        "ranking",
+        "--count",
+        "12",
+        "--heldout-count",
+        "6",
+        "--max-new-tokens",
+        "8",
+        "--jobs",
+        "1",
+        "--rm-overrides",
+        "--trainer.max_epochs 1 --data.init_args.batch_size 2 --model.init_args.optimizer.warmup_steps 0",
+    ]
     first = _study(*args, cwd=tmp_path)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     study = json.loads((out / "study.json").read_text())
@@ -158,5 +194,6 @@ def test_tiny_study_end_to_end_and_resumed(stories_path, tinystories, tmp_path):
     (foreign / "notes.txt").write_text("keep")
     refused = _study("--sft", stories_path, "--out", str(foreign), cwd=tmp_path)
     assert refused.returncode == 2 and refused.stderr.strip().splitlines() == [
-        f"error: --out {foreign} is not empty and was not written by `python -m demo rm-study`"]
+        f"error: --out {foreign} is not empty and was not written by `python -m demo rm-study`"
+    ]
     assert [p.name for p in foreign.iterdir()] == ["notes.txt"]

@@ -14,10 +14,24 @@ from demo.runner import child_env, fit_command, rollout_checkpointing, run_logge
 
 
 def test_the_fit_command_and_its_option_groups(tmp_path):
-    assert fit_command("c.yaml", ["--x", "1"]) == [sys.executable, "-m", "rlhf_lit.cli", "fit", "--config", "c.yaml",
-                                                   "--x", "1"]  # fmt: skip
-    assert tb_logger(tmp_path) == ["--trainer.logger.init_args.save_dir", str(tmp_path), "--trainer.logger.init_args.name",
-                                   "tb", "--trainer.logger.init_args.version", "0"]  # fmt: skip
+    assert fit_command("c.yaml", ["--x", "1"]) == [
+        sys.executable,
+        "-m",
+        "rlhf_lit.cli",
+        "fit",
+        "--config",
+        "c.yaml",
+        "--x",
+        "1",
+    ]
+    assert tb_logger(tmp_path) == [
+        "--trainer.logger.init_args.save_dir",
+        str(tmp_path),
+        "--trainer.logger.init_args.name",
+        "tb",
+        "--trainer.logger.init_args.version",
+        "0",
+    ]
     every = rollout_checkpointing(10, tmp_path)
     assert every[every.index("--trainer.callbacks.every_n_rollouts") + 1] == "10"
     assert every[every.index("--trainer.callbacks.save_top_k") + 1] == "-1"  # every checkpoint kept
@@ -56,7 +70,13 @@ def test_run_pool_keeps_the_order_and_stops_at_the_first_failure():
 
 
 def test_a_demo_child_finds_the_demo_from_any_folder(tmp_path):
-    done = subprocess.run([sys.executable, "-c", "import demo.plan; print(demo.plan.ROOT)"], cwd=tmp_path,
-                          env=child_env(), capture_output=True, text=True, timeout=60)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", "import demo.plan; print(demo.plan.ROOT)"],
+        cwd=tmp_path,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == str(ROOT) and (ROOT / "assets").is_dir() and (ROOT / "configs" / "demo").is_dir()

@@ -45,15 +45,26 @@ def test_dpo_at_starts_the_curve_at_sft():
 def _ppo(seed: int, objective: list[float], judge: float, kl: float, d2: float) -> dict:
     metrics = {"judge_mean": judge, "kl_mean": kl, "distinct_2": d2, "length_mean": 40.0, "ended_fraction": 0.1}
     early = {"judge_mean": 0.5, "kl_mean": kl / 2, "distinct_2": 0.7, "length_mean": 40.0, "ended_fraction": 0.1}
-    return {"method": "ppo", "name": "v", "seed": seed, "overrides": ["--x", "1"],
-            "curves": {"objective/rlhf_reward": objective, "objective/scores": objective, "objective/kl": objective},
-            "evaluations": {"5": early, "10": metrics}}  # fmt: skip
+    return {
+        "method": "ppo",
+        "name": "v",
+        "seed": seed,
+        "overrides": ["--x", "1"],
+        "curves": {"objective/rlhf_reward": objective, "objective/scores": objective, "objective/kl": objective},
+        "evaluations": {"5": early, "10": metrics},
+    }
 
 
 def _dpo(seed: int, beta: str, judge: float, kl: float) -> dict:
     metrics = {"judge_mean": judge, "kl_mean": kl, "distinct_2": 0.7, "length_mean": 46.0, "ended_fraction": 0.1}
-    return {"method": "dpo", "name": f"beta_{beta}", "seed": seed, "overrides": [], "curves": {},
-            "evaluations": {"final": metrics}}  # fmt: skip
+    return {
+        "method": "dpo",
+        "name": f"beta_{beta}",
+        "seed": seed,
+        "overrides": [],
+        "curves": {},
+        "evaluations": {"final": metrics},
+    }
 
 
 def test_summarise_compares_each_ppo_seed_with_dpo_of_the_same_seed():
@@ -63,9 +74,11 @@ def test_summarise_compares_each_ppo_seed_with_dpo_of_the_same_seed():
         _ppo(0, [0, 0, 0, 0, 0, 1, 1, 1, 1, 1], judge=0.7, kl=2.0, d2=0.72),
         # Seed 1: first five 0.2, last five 0.4 -> rise 0.2.
         _ppo(1, [0.2] * 5 + [0.4] * 5, judge=0.6, kl=3.0, d2=0.64),
-        _dpo(0, "0.3", judge=0.66, kl=2.2), _dpo(0, "0.1", judge=0.72, kl=5.0),
-        _dpo(1, "0.3", judge=0.62, kl=2.0), _dpo(1, "0.1", judge=0.70, kl=6.0),
-    ]  # fmt: skip
+        _dpo(0, "0.3", judge=0.66, kl=2.2),
+        _dpo(0, "0.1", judge=0.72, kl=5.0),
+        _dpo(1, "0.3", judge=0.62, kl=2.0),
+        _dpo(1, "0.1", judge=0.70, kl=6.0),
+    ]
     summary = summarise(results, sft)
     rows = summary["ppo"]["v"]["seeds"]
     assert [r["seed"] for r in rows] == [0, 1]
@@ -92,9 +105,14 @@ def test_summarise_compares_each_ppo_evaluation_with_best_of_n_at_its_kl():
     sft = {"judge_mean": 0.3, "kl_mean": 0.0, "distinct_2": 0.8, "length_mean": 46.0, "ended_fraction": 0.1}
     results = [_ppo(0, [0.0] * 10, judge=0.7, kl=2.0, d2=0.72), _ppo(1, [0.0] * 10, judge=0.6, kl=3.0, d2=0.64)]
     # N = 1, 4, 16: KL log N - (N - 1) / N
-    bon = {"rows": [{"n": 1, "kl_analytic": 0.0, "judge_mean": 0.31}, {"n": 4, "kl_analytic": 0.6363, "judge_mean": 0.65},
-                    {"n": 16, "kl_analytic": 1.8351, "judge_mean": 0.82}, {"n": 64, "kl_analytic": 3.1745,
-                    "judge_mean": None}]}  # fmt: skip
+    bon = {
+        "rows": [
+            {"n": 1, "kl_analytic": 0.0, "judge_mean": 0.31},
+            {"n": 4, "kl_analytic": 0.6363, "judge_mean": 0.65},
+            {"n": 16, "kl_analytic": 1.8351, "judge_mean": 0.82},
+            {"n": 64, "kl_analytic": 3.1745, "judge_mean": None},
+        ]
+    }
     summary = summarise(results, sft, bon)
     rows = summary["ppo"]["v"]["seeds"]
     # Seed 0's export at KL 2.0 lies beyond N = 16 (the last N with a judge score): no comparison.
@@ -111,19 +129,29 @@ def test_summarise_compares_each_ppo_evaluation_with_best_of_n_at_its_kl():
 def test_variants_seeds_and_the_folder_rule(tmp_path):
     assert parse_variant("default") == ("default", ())
     assert parse_variant("fast=--model.init_args.optimizer.lr 1e-4 --x 'a b'") == (
-        "fast", ("--model.init_args.optimizer.lr", "1e-4", "--x", "a b"))
+        "fast",
+        ("--model.init_args.optimizer.lr", "1e-4", "--x", "a b"),
+    )
     for bad in ("", "=--x 1", "a/b", "dpo", "..", ".hidden", "a b"):
         with pytest.raises(argparse.ArgumentTypeError):
             parse_variant(bad)
     # PPO's run is decided by rollout_seed and data.seed, DPO's by data.seed.
-    assert seed_overrides(3, rollouts=True) == ["--seed_everything", "3", "--data.init_args.seed", "3",
-                                        "--model.init_args.rollout_seed", "3"]  # fmt: skip
+    assert seed_overrides(3, rollouts=True) == [
+        "--seed_everything",
+        "3",
+        "--data.init_args.seed",
+        "3",
+        "--model.init_args.rollout_seed",
+        "3",
+    ]
     assert seed_overrides(3, rollouts=False) == ["--seed_everything", "3", "--data.init_args.seed", "3"]
     jobs = plan(tmp_path, [0, 1], [("a", ())], [0.1])
     assert [(j.method, j.name, j.seed, j.dir.relative_to(tmp_path).as_posix()) for j in jobs] == [
-        ("ppo", "a", 0, "a/seed_0"), ("ppo", "a", 1, "a/seed_1"),
-        ("dpo", "beta_0.1", 0, "dpo/beta_0.1/seed_0"), ("dpo", "beta_0.1", 1, "dpo/beta_0.1/seed_1"),
-    ]  # fmt: skip
+        ("ppo", "a", 0, "a/seed_0"),
+        ("ppo", "a", 1, "a/seed_1"),
+        ("dpo", "beta_0.1", 0, "dpo/beta_0.1/seed_0"),
+        ("dpo", "beta_0.1", 1, "dpo/beta_0.1/seed_1"),
+    ]
 
     mine = tmp_path / "mine"
     mine.mkdir()
@@ -166,8 +194,9 @@ def _seeds_in_process(*args: str, cwd) -> subprocess.CompletedProcess:
 def test_the_command_refuses_a_missing_demo_and_a_foreign_out_folder_in_one_line(tmp_path):
     result = _seeds("--demo", "nowhere", "--out", "study", cwd=tmp_path)
     assert result.returncode == 2
-    assert result.stderr.strip() == ("error: --demo nowhere has no sft/model: run `make demo` (or the pipeline "
-                                     "with --out nowhere) first")  # fmt: skip
+    assert result.stderr.strip() == (
+        "error: --demo nowhere has no sft/model: run `make demo` (or the pipeline with --out nowhere) first"
+    )
     assert not (tmp_path / "study").exists()  # refused before anything is written
     demo = tmp_path / "demo"
     for need in ("sft/model", "reward_model/model", "data/ppo.txt", "prefs/preferences.jsonl"):

@@ -13,11 +13,13 @@ from rlhf_lit.evaluation.judges import load_judge, vader
 
 
 def test_vader_signs_and_range():
-    positive, negative, neutral = vader([
-        "What a wonderful, happy day! I love my kind friends.",
-        "This is a horrible, awful day. I hate it and I am sad.",
-        "The table is in the kitchen.",
-    ])
+    positive, negative, neutral = vader(
+        [
+            "What a wonderful, happy day! I love my kind friends.",
+            "This is a horrible, awful day. I hate it and I am sad.",
+            "The table is in the kitchen.",
+        ]
+    )
     assert positive > 0.5
     assert negative < -0.5
     assert neutral == 0.0  # no lexicon word: compound is exactly 0

@@ -26,8 +26,10 @@ def test_the_evaluation_library_imports_no_stage_callback_or_demo():
         assert under(imports_of(path), ("rlhf_lit.stages", "rlhf_lit.callbacks", "demo")) == [], path
 
 
-@pytest.mark.parametrize("module, allowed", [("sources.py", {"rlhf_lit.artifacts", "rlhf_lit.integrity"}), ("artifacts.py", set()),
-                                             ("integrity.py", set())])
+@pytest.mark.parametrize(
+    "module, allowed",
+    [("sources.py", {"rlhf_lit.artifacts", "rlhf_lit.integrity"}), ("artifacts.py", set()), ("integrity.py", set())],
+)
 def test_bottom_modules_import_nothing_above_them(module, allowed):
     ours = {n for n in imports_of(PACKAGE / module) if n == "rlhf_lit" or n.startswith("rlhf_lit.")}
     assert ours <= allowed, ours - allowed

@@ -7,13 +7,7 @@ import itertools
 import pytest
 import torch
 
-from rlhf_lit.functional.best_of_n import (
-    best_of_n_kl,
-    best_of_n_weights,
-    first_n_weights,
-    reward_ranks,
-    subset_weights,
-)
+from rlhf_lit.functional.best_of_n import best_of_n_kl, best_of_n_weights, first_n_weights, reward_ranks, subset_weights
 
 
 def test_analytic_kl_by_hand():

@@ -10,21 +10,18 @@ import math
 import pytest
 import torch
 
-from rlhf_lit.functional.calibration import (
-    calibrated_scores,
-    quantile_bounds,
-    reference_quantiles,
-    transform_quantiles,
-)
+from rlhf_lit.functional.calibration import calibrated_scores, quantile_bounds, reference_quantiles, transform_quantiles
 
 # K = 4 reference scores per row; the pooled sample has K + 1 = 5 scores (the row's own included).
-REFERENCES = torch.tensor([
-    [1.0, 2.0, 2.0, 3.0],   # the score 2.0 ties two references and beats one
-    [1.0, 2.0, 2.0, 3.0],   # 0.0: below every reference (the bottom end)
-    [1.0, 2.0, 2.0, 3.0],   # 5.0: above every reference (the top end)
-    [3.0, 3.0, 3.0, 3.0],   # 3.0: equal to all four
-    [0.5, -1.0, 2.5, 1.5],  # 1.5: beats two, ties one, unsorted
-])  # fmt: skip
+REFERENCES = torch.tensor(
+    [
+        [1.0, 2.0, 2.0, 3.0],  # the score 2.0 ties two references and beats one
+        [1.0, 2.0, 2.0, 3.0],  # 0.0: below every reference (the bottom end)
+        [1.0, 2.0, 2.0, 3.0],  # 5.0: above every reference (the top end)
+        [3.0, 3.0, 3.0, 3.0],  # 3.0: equal to all four
+        [0.5, -1.0, 2.5, 1.5],  # 1.5: beats two, ties one, unsorted
+    ]
+)
 SCORES = torch.tensor([2.0, 0.0, 5.0, 3.0, 1.5])
 
 
@@ -48,8 +45,13 @@ def test_the_ends_stay_inside_zero_and_one_and_log_stays_finite():
     above_all = calibrated_scores(torch.tensor([1e30]), torch.zeros(1, 9), "identity")
     assert above_all.item() == pytest.approx(0.95)  # (9 + 0.5) / 10: never 1
     # The table under log: log 0.5, log 0.1, log 0.9, log 0.5, log 0.6
-    expected = [-0.6931471805599453, -2.3025850929940455, -0.10536051565782628, -0.6931471805599453,
-                -0.5108256237659907]  # fmt: skip
+    expected = [
+        -0.6931471805599453,
+        -2.3025850929940455,
+        -0.10536051565782628,
+        -0.6931471805599453,
+        -0.5108256237659907,
+    ]
     torch.testing.assert_close(calibrated_scores(SCORES, REFERENCES, "log"), torch.tensor(expected))
 
 
@@ -61,8 +63,9 @@ def test_best_of_n_transform_by_hand():
     # row 2: l .8, u 1: (1 + .8 + .64) / 3 = 2.44 / 3 -> -0.10330712468149958
     torch.testing.assert_close(got, torch.tensor([-0.6364828379064438, -2.158744056768155, -0.10330712468149958]))
     # n = 2: (u + l) / 2 is the mid-point: best_of_n is log
-    torch.testing.assert_close(calibrated_scores(SCORES, REFERENCES, "best_of_n", n=2),
-                               calibrated_scores(SCORES, REFERENCES, "log"))  # fmt: skip
+    torch.testing.assert_close(
+        calibrated_scores(SCORES, REFERENCES, "best_of_n", n=2), calibrated_scores(SCORES, REFERENCES, "log")
+    )
     with pytest.raises(ValueError, match="n >= 2"):
         calibrated_scores(SCORES, REFERENCES, "best_of_n")
     with pytest.raises(ValueError, match="transform must be one of identity, log, best_of_n"):

@@ -6,12 +6,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from rlhf_lit.functional import (
-    averages_over_tokens,
-    dpo_loss,
-    response_mask_from_prompt_length,
-    sequence_logprobs,
-)
+from rlhf_lit.functional import averages_over_tokens, dpo_loss, response_mask_from_prompt_length, sequence_logprobs
 from rlhf_lit.functional.dpo import ipo_loss, sigmoid_dpo_loss
 
 torch.set_num_threads(1)
@@ -58,7 +53,9 @@ def test_conservative_dpo_label_smoothing_by_hand():
     #   pair 2 (bh = -0.5): 0.9740769841801067 + 0.25 * -0.5  = 0.8490769841801067
     assert_close(loss, torch.tensor((0.56326168751822286 + 0.8490769841801067) / 2))  # 0.7061693358491648
     # eps = 0 is plain DPO; eps only moves the loss (its per-pair form is checked here too)
-    assert_close(sigmoid_dpo_loss(torch.tensor([2.0, -1.0]), BETA, eps), torch.tensor([0.56326168751822286, 0.8490769841801067]))
+    assert_close(
+        sigmoid_dpo_loss(torch.tensor([2.0, -1.0]), BETA, eps), torch.tensor([0.56326168751822286, 0.8490769841801067])
+    )
 
 
 def test_ipo_loss_by_hand():
@@ -107,14 +104,17 @@ def test_dpo_loss_gradcheck(kind, eps):
     assert torch.autograd.gradcheck(lambda c, r: dpo_loss(c, r, ref_c, ref_r, 0.3, kind, eps)[0], (chosen, rejected))
 
 
-@pytest.mark.parametrize("kwargs,message", [
-    (dict(beta=0.0), "beta must be > 0"),
-    (dict(beta=-1.0), "beta must be > 0"),
-    (dict(label_smoothing=0.5), r"label_smoothing must be in \[0, 0.5\)"),
-    (dict(label_smoothing=-0.1), r"label_smoothing must be in \[0, 0.5\)"),
-    (dict(kind="ipo", label_smoothing=0.1), "applies to loss='sigmoid'"),
-    (dict(kind="hinge"), "loss must be one of sigmoid, ipo"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (dict(beta=0.0), "beta must be > 0"),
+        (dict(beta=-1.0), "beta must be > 0"),
+        (dict(label_smoothing=0.5), r"label_smoothing must be in \[0, 0.5\)"),
+        (dict(label_smoothing=-0.1), r"label_smoothing must be in \[0, 0.5\)"),
+        (dict(kind="ipo", label_smoothing=0.1), "applies to loss='sigmoid'"),
+        (dict(kind="hinge"), "loss must be one of sigmoid, ipo"),
+    ],
+)
 def test_bad_settings_name_the_option(kwargs, message):
     args = dict(beta=0.1, kind="sigmoid", label_smoothing=0.0) | kwargs
     with pytest.raises(ValueError, match=message):
@@ -178,9 +178,13 @@ def test_sequence_logprobs_batch_and_gradients_reach_response_positions_only():
     torch.manual_seed(0)
     logits = torch.randn(2, 6, 5, dtype=torch.float64, requires_grad=True)
     ids = torch.tensor([[4, 1, 2, 3, 0, 0], [0, 4, 4, 1, 2, 3]])
-    mask = response_mask_from_prompt_length(torch.tensor([[1, 1, 1, 1, 0, 0], [0, 1, 1, 1, 1, 1]]), torch.tensor([2, 3]))
+    mask = response_mask_from_prompt_length(
+        torch.tensor([[1, 1, 1, 1, 0, 0], [0, 1, 1, 1, 1, 1]]), torch.tensor([2, 3])
+    )
     sequence_logprobs(logits, ids, mask).sum().backward()
     touched = logits.grad.abs().sum(-1) > 0  # (2, 6) positions whose logits got a gradient
     # row 0: response tokens at 2, 3 -> scored by logits 1, 2; row 1: response at 4, 5 -> logits 3, 4
     assert touched.tolist() == [[False, True, True, False, False, False], [False, False, False, True, True, False]]
-    assert torch.autograd.gradcheck(lambda x: sequence_logprobs(x, ids, mask, average=True), (logits.detach().requires_grad_(),))
+    assert torch.autograd.gradcheck(
+        lambda x: sequence_logprobs(x, ids, mask, average=True), (logits.detach().requires_grad_(),)
+    )

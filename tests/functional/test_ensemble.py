@@ -22,7 +22,9 @@ def test_mean():
 
 
 def test_population_std():
-    assert_close(member_std(SCORES), torch.tensor([1.0, 0.0, 3.0]))  # divisor M, not M - 1 (which gives sqrt(2), 0, sqrt(18))
+    assert_close(
+        member_std(SCORES), torch.tensor([1.0, 0.0, 3.0])
+    )  # divisor M, not M - 1 (which gives sqrt(2), 0, sqrt(18))
 
 
 def test_uncertainty_weighted_is_mean_minus_lambda_std():

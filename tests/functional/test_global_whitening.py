@@ -114,8 +114,10 @@ def test_each_rank_calls_the_reducer_twice_with_float64_parts():
 
 def test_score_whitening_over_the_global_batch():
     ended = torch.tensor([True, True])
-    s0, s1 = on_ranks(lambda raw, r: shape_scores(raw, ended, bias=1.0, whiten="scores", reduce_sum=r),
-                      [(torch.tensor([2.0, 4.0]),), (torch.tensor([6.0, 8.0]),)])  # fmt: skip
+    s0, s1 = on_ranks(
+        lambda raw, r: shape_scores(raw, ended, bias=1.0, whiten="scores", reduce_sum=r),
+        [(torch.tensor([2.0, 4.0]),), (torch.tensor([6.0, 8.0]),)],
+    )
     # bias 1 -> 1, 3 | 5, 7: mean 4, unbiased std sqrt(20/3); (s - 4) / (std + 1e-8)
     assert_close(s0, torch.tensor([-3.0 / S, -1.0 / S]))
     assert_close(s1, torch.tensor([1.0 / S, 3.0 / S]))
@@ -124,7 +126,10 @@ def test_score_whitening_over_the_global_batch():
 def test_reinforce_pp_returns_whitened_over_the_global_batch():
     # rank 0: rewards [1, 2] -> returns-to-go [3, 2]; rank 1: [4, garbage (masked)] -> [4, 0].
     # Global valid returns 3, 2, 4: mean 3, unbiased var (0 + 1 + 1) / 2 = 1 -> advantages 0, -1 | 1.
-    parts = [(torch.tensor([[1.0, 2.0]]), torch.tensor([[T, T]])), (torch.tensor([[4.0, 99.0]]), torch.tensor([[T, F]]))]
+    parts = [
+        (torch.tensor([[1.0, 2.0]]), torch.tensor([[T, T]])),
+        (torch.tensor([[4.0, 99.0]]), torch.tensor([[T, F]])),
+    ]
     (a0, r0), (a1, r1) = on_ranks(lambda rw, m, r: reinforce_pp_advantages(rw, m, 1.0, r), parts)
     assert_close(r0, torch.tensor([[3.0, 2.0]]))
     assert_close(r1, torch.tensor([[4.0, 0.0]]))

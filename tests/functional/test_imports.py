@@ -17,6 +17,7 @@ print(heavy, ours)
 
 
 def test_functional_imports_torch_only():
-    out = subprocess.run([sys.executable, "-c", CODE], capture_output=True, text=True, check=True, timeout=120,
-                         env=subprocess_env())
+    out = subprocess.run(
+        [sys.executable, "-c", CODE], capture_output=True, text=True, check=True, timeout=120, env=subprocess_env()
+    )
     assert out.stdout.strip() == "[] []", out.stdout + out.stderr

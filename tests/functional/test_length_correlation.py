@@ -50,7 +50,9 @@ def test_correlation_loss_by_hand():
 
 def test_orthogonality_by_hand():
     assert head_orthogonality(torch.tensor([1.0, 0.0, 1.0]), torch.tensor([1.0, 1.0, 0.0])).item() == pytest.approx(0.5)
-    assert head_orthogonality(torch.tensor([1.0, 0.0, 1.0]), torch.tensor([-2.0, -2.0, 0.0])).item() == pytest.approx(0.5)
+    assert head_orthogonality(torch.tensor([1.0, 0.0, 1.0]), torch.tensor([-2.0, -2.0, 0.0])).item() == pytest.approx(
+        0.5
+    )
     assert head_orthogonality(torch.tensor([1.0, 0.0]), torch.tensor([0.0, 3.0])).item() == 0.0
     assert head_orthogonality(torch.tensor([1.0, 2.0]), torch.tensor([2.0, 4.0])).item() == pytest.approx(1.0)
 

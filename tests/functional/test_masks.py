@@ -5,7 +5,11 @@ import torch
 from torch.testing import assert_close
 
 from rlhf_lit.functional import (
-    append_eos_to_unfinished, attended_span, last_true_index, length_groups, response_mask_from_eos,
+    append_eos_to_unfinished,
+    attended_span,
+    last_true_index,
+    length_groups,
+    response_mask_from_eos,
 )
 
 torch.set_num_threads(1)
@@ -51,12 +55,14 @@ def test_last_true_index():
 def test_append_eos_to_unfinished_ends_only_the_rows_without_eos():
     eos, pad = 2, 0
     # Left-padded prompts, responses right-padded after their EOS; rows 1 and 3 never ended.
-    ids = torch.tensor([
-        [0, 7, 8, 5, 2, 0],  # ended early: EOS at column 4, pad after it
-        [7, 8, 9, 5, 6, 4],  # cut at max_new_tokens
-        [0, 0, 7, 5, 6, 2],  # ended at the last column
-        [0, 7, 9, 5, 6, 4],  # cut, left-padded prompt
-    ])  # fmt: skip
+    ids = torch.tensor(
+        [
+            [0, 7, 8, 5, 2, 0],  # ended early: EOS at column 4, pad after it
+            [7, 8, 9, 5, 6, 4],  # cut at max_new_tokens
+            [0, 0, 7, 5, 6, 2],  # ended at the last column
+            [0, 7, 9, 5, 6, 4],  # cut, left-padded prompt
+        ]
+    )
     mask = torch.tensor([[0, 1, 1, 1, 1, 0], [1, 1, 1, 1, 1, 1], [0, 0, 1, 1, 1, 1], [0, 1, 1, 1, 1, 1]])
     ended = torch.tensor([T, F, T, F])
     new_ids, new_mask = append_eos_to_unfinished(ids, mask, ended, eos, pad)

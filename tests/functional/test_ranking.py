@@ -28,8 +28,12 @@ def position_major(prompts: list[tuple[list[float], list[int]]], dtype=torch.flo
                 scores.append(s[position])
                 group.append(b)
                 rank.append(r[position])
-    return (torch.tensor(scores, dtype=dtype), torch.tensor(group), torch.tensor(rank),
-            torch.tensor([len(s) for s, _ in prompts]))
+    return (
+        torch.tensor(scores, dtype=dtype),
+        torch.tensor(group),
+        torch.tensor(rank),
+        torch.tensor([len(s) for s, _ in prompts]),
+    )
 
 
 def reference_loss(prompts, weight=None) -> tuple[float, float]:

@@ -24,8 +24,11 @@ def test_the_same_template_passes_and_a_model_without_a_tokenizer_cannot_be_chec
 
 
 def test_a_reward_model_without_the_template_or_with_another_is_refused(chat_tokenizer, tmp_path):
-    with pytest.raises(ValueError, match=r"^reward_model .*stories260K: its tokenizer has no chat template, and the "
-                                         r"prompts are rendered with the policy's template"):
+    with pytest.raises(
+        ValueError,
+        match=r"^reward_model .*stories260K: its tokenizer has no chat template, and the "
+        r"prompts are rendered with the policy's template",
+    ):
         check_same_chat_template(chat_tokenizer, str(STORIES260K), "reward_model")
     other = tmp_path / "other"
     shutil.copytree(STORIES260K_CHAT, other)
@@ -50,6 +53,9 @@ def test_an_end_of_turn_that_does_not_stop_generation_is_refused(chat_tokenizer)
     end = TextEncoder(tok, apply_chat_template=True).end_of_turn_id()
     assert end == tok.convert_tokens_to_ids("<|end|>") and end != tok.eos_token_id
     check_end_of_turn_stops(end, [2, end], "<|end|>")
-    with pytest.raises(ValueError, match=rf"^the chat template ends the assistant's turn with '<\|end\|>' \(id {end}\), "
-                                         r"which does not stop generation \(stop ids \[2\]\)"):
+    with pytest.raises(
+        ValueError,
+        match=rf"^the chat template ends the assistant's turn with '<\|end\|>' \(id {end}\), "
+        r"which does not stop generation \(stop ids \[2\]\)",
+    ):
         check_end_of_turn_stops(end, [2], "<|end|>")

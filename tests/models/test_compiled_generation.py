@@ -19,8 +19,9 @@ from float32_bounds import entropy_bound, largest_logit, logprob_bound
 from generation_helpers import EOS, PAD, STORY_PROMPTS, eos_biased_policy, prompt_batch
 
 from rlhf_lit.models.compiled_generation import cache_length, compile_stats
-from rlhf_lit.models.generation import SamplingConfig, decode_settings, generate_responses, response_logprobs
+from rlhf_lit.models.generation import SamplingConfig, decode_settings, generate_responses
 from rlhf_lit.models.lora import LoRAConfig, adapter_disabled, with_lora
+from rlhf_lit.models.teacher_forced import response_logprobs
 
 R = 12
 
@@ -56,8 +57,16 @@ def generate(policy, batch, decode, seed=3, **options):
     """One ``generate_responses`` call with the recorder on, seeded by ``seed``; the result remembers
     its temperature (for :func:`assert_same`'s bounds)."""
     sampling = SamplingConfig(max_new_tokens=R, decode=decode, **options)
-    generated = generate_responses(policy, batch["input_ids"], batch["attention_mask"], sampling, EOS, PAD,
-                                   generator=torch.Generator().manual_seed(seed), return_logprobs=True)
+    generated = generate_responses(
+        policy,
+        batch["input_ids"],
+        batch["attention_mask"],
+        sampling,
+        EOS,
+        PAD,
+        generator=torch.Generator().manual_seed(seed),
+        return_logprobs=True,
+    )
     generated.temperature = sampling.temperature
     return generated
 
@@ -74,11 +83,13 @@ def assert_same(policy, eager, compiled):
     config = policy.config
     prompt_length = eager.query_responses.shape[1] - eager.response_ids.shape[1]
     positions = cache_length(prompt_length, R)  # the static cache the compiled step attends over
-    torch.testing.assert_close(compiled.logprobs, eager.logprobs, rtol=0,
-                               atol=logprob_bound(config, magnitude, positions))  # fmt: skip
+    torch.testing.assert_close(
+        compiled.logprobs, eager.logprobs, rtol=0, atol=logprob_bound(config, magnitude, positions)
+    )
     largest_entropy = float(eager.entropy.max())
-    torch.testing.assert_close(compiled.entropy, eager.entropy, rtol=0,
-                               atol=entropy_bound(config, magnitude, largest_entropy, positions))  # fmt: skip
+    torch.testing.assert_close(
+        compiled.entropy, eager.entropy, rtol=0, atol=entropy_bound(config, magnitude, largest_entropy, positions)
+    )
 
 
 def test_padding_a_batch_would_change_the_real_rows_samples(policy, tokenizer):

@@ -12,13 +12,8 @@ from transformers import GenerationConfig
 
 from rlhf_lit.functional import token_logprobs
 from rlhf_lit.models import load_causal_lm
-from rlhf_lit.models.generation import (
-    SamplingConfig,
-    complete_generation,
-    forward_with_positions,
-    generate_responses,
-    response_logits,
-)
+from rlhf_lit.models.generation import SamplingConfig, complete_generation, generate_responses
+from rlhf_lit.models.teacher_forced import forward_with_positions, response_logits
 from rlhf_lit.tokenizer import load_tokenizer
 
 PROMPTS = STORY_PROMPTS
@@ -26,11 +21,13 @@ PROMPTS = STORY_PROMPTS
 
 def test_complete_generation_masks_and_pads_after_first_eos():
     prompt_mask = torch.tensor([[0, 1], [1, 1], [1, 1]])
-    sequences = torch.tensor([
-        [PAD, 9, 5, EOS, 7, EOS],  # EOS at response position 1, junk after it
-        [8, 9, 5, 6, 7, 8],  # no EOS: all four tokens count
-        [8, 9, EOS, 3, 3, 3],  # EOS first: only the EOS counts
-    ])  # fmt: skip
+    sequences = torch.tensor(
+        [
+            [PAD, 9, 5, EOS, 7, EOS],  # EOS at response position 1, junk after it
+            [8, 9, 5, 6, 7, 8],  # no EOS: all four tokens count
+            [8, 9, EOS, 3, 3, 3],  # EOS first: only the EOS counts
+        ]
+    )
     gen = complete_generation(sequences, prompt_mask, EOS, PAD)
     assert gen.response_mask.tolist() == [[True, True, False, False], [True] * 4, [True, False, False, False]]
     assert gen.ended.tolist() == [True, False, True]
@@ -42,8 +39,15 @@ def test_complete_generation_masks_and_pads_after_first_eos():
 def test_sampled_responses_stop_at_eos_and_are_masked_after_it(policy, tokenizer):
     batch = prompt_batch(tokenizer, PROMPTS * 2)
     sampling = SamplingConfig(max_new_tokens=10, temperature=0.9)
-    gen = generate_responses(policy, batch["input_ids"], batch["attention_mask"], sampling, EOS, PAD,
-                             generator=torch.Generator().manual_seed(5))
+    gen = generate_responses(
+        policy,
+        batch["input_ids"],
+        batch["attention_mask"],
+        sampling,
+        EOS,
+        PAD,
+        generator=torch.Generator().manual_seed(5),
+    )
     lengths = []
     for ids, mask, ended in zip(gen.response_ids.tolist(), gen.response_mask.tolist(), gen.ended.tolist()):
         first = ids.index(EOS) if EOS in ids else None
@@ -65,8 +69,15 @@ def test_generator_decides_samples_and_leaves_global_rng_alone(policy, tokenizer
     sampling = SamplingConfig(max_new_tokens=6)
 
     def run(seed):
-        return generate_responses(policy, batch["input_ids"], batch["attention_mask"], sampling, EOS, PAD,
-                                  generator=torch.Generator().manual_seed(seed)).query_responses
+        return generate_responses(
+            policy,
+            batch["input_ids"],
+            batch["attention_mask"],
+            sampling,
+            EOS,
+            PAD,
+            generator=torch.Generator().manual_seed(seed),
+        ).query_responses
 
     torch.manual_seed(123)
     before = torch.get_rng_state()
@@ -97,8 +108,17 @@ def test_teacher_forced_logprobs_match_generate_exactly(family, policy, tokenize
     eos, pad = tok.eos_token_id, tok.pad_token_id
     batch = prompt_batch(tok, PROMPTS)
     sampling = SamplingConfig(max_new_tokens=8, temperature=0.7)
-    config = GenerationConfig(max_new_tokens=8, do_sample=True, temperature=0.7, top_k=0, top_p=1.0, eos_token_id=eos,
-                              pad_token_id=pad, return_dict_in_generate=True, output_logits=True)
+    config = GenerationConfig(
+        max_new_tokens=8,
+        do_sample=True,
+        temperature=0.7,
+        top_k=0,
+        top_p=1.0,
+        eos_token_id=eos,
+        pad_token_id=pad,
+        return_dict_in_generate=True,
+        output_logits=True,
+    )
     torch.manual_seed(11)
     out = model.generate(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], generation_config=config)
     gen = complete_generation(out.sequences, batch["attention_mask"], eos, pad)
@@ -138,8 +158,9 @@ def test_sampling_config_refuses_no_new_tokens():
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
-def test_teacher_forced_logprobs_are_the_distribution_generate_sampled_from(family, temperature, policy, tokenizer,
-                                                                            gpt2):
+def test_teacher_forced_logprobs_are_the_distribution_generate_sampled_from(
+    family, temperature, policy, tokenizer, gpt2
+):
     """Against generate's processed scores (the logits after its temperature warper), not its raw logits.
 
     The check the demo's evaluation relies on: ``token_logprobs(..., temperature)`` of the
@@ -148,8 +169,17 @@ def test_teacher_forced_logprobs_are_the_distribution_generate_sampled_from(fami
     model, tok = (policy, tokenizer) if family == "llama" else gpt2
     eos, pad = tok.eos_token_id, tok.pad_token_id
     batch = prompt_batch(tok, PROMPTS)
-    config = GenerationConfig(max_new_tokens=6, do_sample=True, temperature=temperature, top_k=0, top_p=1.0,
-                              eos_token_id=eos, pad_token_id=pad, return_dict_in_generate=True, output_scores=True)
+    config = GenerationConfig(
+        max_new_tokens=6,
+        do_sample=True,
+        temperature=temperature,
+        top_k=0,
+        top_p=1.0,
+        eos_token_id=eos,
+        pad_token_id=pad,
+        return_dict_in_generate=True,
+        output_scores=True,
+    )
     torch.manual_seed(3)
     out = model.generate(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], generation_config=config)
     gen = complete_generation(out.sequences, batch["attention_mask"], eos, pad)

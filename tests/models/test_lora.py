@@ -12,14 +12,26 @@ import copy
 
 import pytest
 import torch
+from assets_paths import STORIES260K
 from transformers import AutoModelForCausalLM, GPTNeoXConfig, GPTNeoXForCausalLM
 
-from assets_paths import STORIES260K
-
 from rlhf_lit.models import load_causal_lm, load_reward_model, sequence_scores
-from rlhf_lit.models.generation import forward_with_positions
-from rlhf_lit.models.lora import LoRAConfig, adapter_disabled, default_target_modules, export_parts, exportable, with_lora
-from rlhf_lit.models.memory import MemoryConfig, attach_frozen, call_on_own_device, enable_gradient_checkpointing, train_mode
+from rlhf_lit.models.lora import (
+    LoRAConfig,
+    adapter_disabled,
+    default_target_modules,
+    export_parts,
+    exportable,
+    with_lora,
+)
+from rlhf_lit.models.memory import (
+    MemoryConfig,
+    attach_frozen,
+    call_on_own_device,
+    enable_gradient_checkpointing,
+    train_mode,
+)
+from rlhf_lit.models.teacher_forced import forward_with_positions
 from rlhf_lit.stages.export import MARKER, save_pretrained_atomically
 from rlhf_lit.tokenizer import load_tokenizer
 
@@ -58,7 +70,9 @@ def test_default_targets_follow_the_architecture(tokenizer, gpt2_dir):
     assert default_target_modules(load_causal_lm(STORIES, tokenizer)) == LLAMA_TARGETS
     assert default_target_modules(load_causal_lm(gpt2_dir)) == ["c_attn", "c_proj", "c_fc"]
     # Neither pattern: every linear layer except the output head (GPT-NeoX's embed_out).
-    config = GPTNeoXConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32)
+    config = GPTNeoXConfig(
+        vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32
+    )
     neox = GPTNeoXForCausalLM(config)
     assert default_target_modules(neox) == ["dense", "dense_4h_to_h", "dense_h_to_4h", "query_key_value"]
 
@@ -80,8 +94,11 @@ def test_bad_options_name_the_option(options, message):
 
 def test_unknown_target_names_the_option_and_the_layers(tokenizer):
     model = load_causal_lm(STORIES, tokenizer)
-    with pytest.raises(ValueError, match=r"lora.target_modules: no module of LlamaForCausalLM matches 'c_attn' "
-                                         r"\(its linear layers are named: down_proj, gate_proj"):
+    with pytest.raises(
+        ValueError,
+        match=r"lora.target_modules: no module of LlamaForCausalLM matches 'c_attn' "
+        r"\(its linear layers are named: down_proj, gate_proj",
+    ):
         with_lora(model, LoRAConfig(target_modules=["q_proj", "c_attn"]), "causal_lm")
     with pytest.raises(ValueError, match="lora.target_modules: 'input_layernorm' names a LlamaRMSNorm"):
         with_lora(model, LoRAConfig(target_modules=["input_layernorm"]), "causal_lm")
@@ -94,8 +111,15 @@ def test_an_adapter_on_a_tied_embedding_or_head_is_merged_into_an_untied_copy():
     from float32_bounds import output_bound
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True)  # fmt: skip
+    config = LlamaConfig(
+        vocab_size=64,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        tie_word_embeddings=True,
+    )
     ids = torch.tensor([[1, 5, 9, 33, 63, 2]])
     for targets, tied in ((["embed_tokens"], False), (["lm_head"], False), (None, True)):
         torch.manual_seed(0)
@@ -247,8 +271,9 @@ def test_frozen_on_cpu_stays_out_of_the_module_and_its_moves(tokenizer):
     assert owner.same.score.weight.dtype == torch.float64
     assert owner.cpu.score.weight.dtype == torch.float32  # not moved
     ids, mask = _tokens()
-    torch.testing.assert_close(call_on_own_device(sequence_scores, owner.cpu, ids, mask),
-                               sequence_scores(cpu, ids, mask), rtol=0, atol=0)
+    torch.testing.assert_close(
+        call_on_own_device(sequence_scores, owner.cpu, ids, mask), sequence_scores(cpu, ids, mask), rtol=0, atol=0
+    )
 
 
 def test_memory_options_are_checked():

@@ -11,9 +11,9 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, GPT2Config, GPT2ForSequenceClassification
 
-from rlhf_lit.models.generation import forward_response_logits
 from rlhf_lit.models.packing import gather_rows, pack_rows, packs_correctly, padding_free
 from rlhf_lit.models.scoring import token_scores
+from rlhf_lit.models.teacher_forced import forward_response_logits
 from tests.float32_bounds import output_bound
 
 # Three rows: left-padded prompts of 2, 4 and 1 tokens (P = 4) and responses of 3, 1 and 3 tokens
@@ -67,8 +67,12 @@ def test_packed_logits_and_hidden_states_are_the_padded_ones(which, stories_path
     assert bool((packed[~read] == 0).all())  # never read: after row 1 ended
     hidden, real = padded_out.hidden_states[-1], MASK.bool()
     assert packed_out.hidden_states[-1].shape == hidden.shape
-    torch.testing.assert_close(packed_out.hidden_states[-1][real], hidden[real], rtol=0,
-                               atol=output_bound(model.config, float(hidden.abs().max()), IDS.shape[1]))  # fmt: skip
+    torch.testing.assert_close(
+        packed_out.hidden_states[-1][real],
+        hidden[real],
+        rtol=0,
+        atol=output_bound(model.config, float(hidden.abs().max()), IDS.shape[1]),
+    )
 
 
 def test_packed_token_scores_are_the_padded_ones(gpt2_scorer):

@@ -7,10 +7,9 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from assets_paths import STORIES260K
 from lightning.pytorch.strategies import FSDPStrategy
 from transformers import AutoModelForSequenceClassification
-
-from assets_paths import STORIES260K
 
 from rlhf_lit.models.scoring import position_ids_from_mask, token_scores
 from rlhf_lit.models.sharding import is_sharded, shard_models

@@ -11,8 +11,9 @@ from generation_helpers import EOS, PAD, STORY_PROMPTS, prompt_batch
 from transformers import GenerationConfig, LogitsProcessorList
 
 from rlhf_lit.functional import entropy_from_logits, token_logprobs
-from rlhf_lit.models.generation import SamplingConfig, generate_responses, response_logprobs
+from rlhf_lit.models.generation import SamplingConfig, generate_responses
 from rlhf_lit.models.step_logprobs import StepLogprobs
+from rlhf_lit.models.teacher_forced import response_logprobs
 
 PROMPTS = STORY_PROMPTS
 
@@ -50,12 +51,25 @@ def test_recorded_values_are_those_of_the_stacked_logits(policy, tokenizer, temp
     recorder after them would score the truncated distribution."""
     batch = prompt_batch(tokenizer, PROMPTS * 2)
     recorder = StepLogprobs(temperature)
-    config = GenerationConfig(max_new_tokens=10, do_sample=True, temperature=temperature, top_k=top_k, top_p=top_p,
-                              eos_token_id=EOS, pad_token_id=PAD, output_logits=True, return_dict_in_generate=True)
+    config = GenerationConfig(
+        max_new_tokens=10,
+        do_sample=True,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        eos_token_id=EOS,
+        pad_token_id=PAD,
+        output_logits=True,
+        return_dict_in_generate=True,
+    )
     torch.manual_seed(11)
     with torch.no_grad():
-        out = policy.generate(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                              generation_config=config, logits_processor=LogitsProcessorList([recorder]))
+        out = policy.generate(
+            input_ids=batch["input_ids"],
+            attention_mask=batch["attention_mask"],
+            generation_config=config,
+            logits_processor=LogitsProcessorList([recorder]),
+        )
     P = batch["input_ids"].shape[1]
     tokens = out.sequences[:, P:]  # (B, R)
     logits = torch.stack(out.logits, dim=1)  # (B, R, V): what the former path kept
@@ -73,8 +87,16 @@ def test_generate_responses_records_without_changing_the_samples(policy, tokeniz
     sampling = SamplingConfig(max_new_tokens=10, temperature=0.7)
 
     def run(record: bool):
-        return generate_responses(policy, batch["input_ids"], batch["attention_mask"], sampling, EOS, PAD,
-                                  generator=torch.Generator().manual_seed(4), return_logprobs=record)
+        return generate_responses(
+            policy,
+            batch["input_ids"],
+            batch["attention_mask"],
+            sampling,
+            EOS,
+            PAD,
+            generator=torch.Generator().manual_seed(4),
+            return_logprobs=record,
+        )
 
     plain, recorded = run(False), run(True)
     assert plain.logprobs is None and plain.entropy is None

@@ -14,15 +14,22 @@ from __future__ import annotations
 
 import torch
 from lightning.pytorch import LightningDataModule
-from torch.utils.data import DataLoader
 from ppo_helpers import STORIES, prompt_batch, tiny_module, tiny_trainer
+from torch.utils.data import DataLoader
 
 import rlhf_lit.stages.ppo.experience as experience
 from rlhf_lit.stages.ppo.config import PPOConfig, RewardConfig
 
 ROLLOUT_FIELDS = (
-    "rewards", "returns", "advantages", "raw_scores", "response_mask", "query_responses", "attention_mask",
-    "old_logprobs", "kl",
+    "rewards",
+    "returns",
+    "advantages",
+    "raw_scores",
+    "response_mask",
+    "query_responses",
+    "attention_mask",
+    "old_logprobs",
+    "kl",
 )
 
 
@@ -45,8 +52,9 @@ class SamePrompts(LightningDataModule):
 def main(out: str, forward: str = "eager", model: str = STORIES) -> None:
     torch.set_num_threads(1)
     ppo = PPOConfig(epochs=2, minibatch_size=2, estimator="reinforce_pp", forward=forward)
-    module = tiny_module(sft_model=model, reward_model=model, max_rollouts=3, ppo=ppo,
-                         reward=RewardConfig(whiten="rewards"))  # fmt: skip
+    module = tiny_module(
+        sft_model=model, reward_model=model, max_rollouts=3, ppo=ppo, reward=RewardConfig(whiten="rewards")
+    )
     sampled, shaped, rollouts = [], [], []
     generate = module.generate
 

@@ -7,7 +7,14 @@ from __future__ import annotations
 
 import torch
 from float32_bounds import (
-    EPS, entropy_bound, gradient_bound, largest_logit, logprob_bound, output_bound, weighted_abs_grads, whitened_bound,
+    EPS,
+    entropy_bound,
+    gradient_bound,
+    largest_logit,
+    logprob_bound,
+    output_bound,
+    weighted_abs_grads,
+    whitened_bound,
 )
 
 from rlhf_lit.models.compiled_passes import bucket_length
@@ -45,9 +52,16 @@ def rollout_bounds(
     advantage = (rewards + (1 + ppo.gamma) * value) * discount
     raw_advantages = torch.tensor([r - v for r, v in zip(_flat(expected["returns"]), _flat(expected["values"]))])
     bounds = {
-        "logprobs": lp, "ref_logprobs": ref_lp, "values": value, "raw_scores": score, "scores": score, "kl": kl,
-        "rewards": rewards, "returns": advantage + value, "adv": whitened_bound(raw_advantages, advantage),
-    }  # fmt: skip
+        "logprobs": lp,
+        "ref_logprobs": ref_lp,
+        "values": value,
+        "raw_scores": score,
+        "scores": score,
+        "kl": kl,
+        "rewards": rewards,
+        "returns": advantage + value,
+        "adv": whitened_bound(raw_advantages, advantage),
+    }
     for key in bounds:
         values = expected[key] if key in ("raw_scores", "scores") else _flat(expected[key])
         bounds[key] += 8 * EPS * max(abs(x) for x in values)
@@ -101,15 +115,17 @@ def weight_errors(policy, critic, per_token, rollout_bounds, d_log_ratio, value_
     tokens, _ = per_token
     scale = 1.0 / (len(tokens) * ppo.grad_accum)
     d_advantage = rollout_bounds["adv"]
-    policy_weights = [(t["logprob_out"], scale * policy_weight_error(t, d_log_ratio, d_advantage, ppo.clip_range))
-                      for t in tokens]  # fmt: skip
+    policy_weights = [
+        (t["logprob_out"], scale * policy_weight_error(t, d_log_ratio, d_advantage, ppo.clip_range)) for t in tokens
+    ]
     d_value = value_bound + rollout_bounds["returns"] + rollout_bounds["values"]
     critic_weights = [(t["value_out"], scale * ppo.vf_coef * d_value) for t in tokens]
     return weighted_abs_grads(policy, policy_weights), weighted_abs_grads(critic, critic_weights)
 
 
-def loss_bounds(policy, rollout, ptx_batch, per_token, rollout_bounds, ppo: PPOConfig, temperature: float,
-                reward_offset: float) -> dict[str, float]:  # fmt: skip
+def loss_bounds(
+    policy, rollout, ptx_batch, per_token, rollout_bounds, ppo: PPOConfig, temperature: float, reward_offset: float
+) -> dict[str, float]:
     """How far a minibatch's losses may be from the loop's (another summation order), each a mean
     over tokens of its term's move (:func:`policy_term_bound`; the value term
     ``0.5 max((v - R)^2, (v_clip - R)^2)`` by ``|v - R| (dv + dR)`` per branch, ``dv`` the value's
@@ -124,9 +140,13 @@ def loss_bounds(policy, rollout, ptx_batch, per_token, rollout_bounds, ppo: PPOC
     policy_bound = sum(terms) / len(tokens)
     value = output_bound(config, max(abs(t["value"]) for t in tokens) + abs(reward_offset), positions)
     d_return = rollout_bounds["returns"]
-    value_bound = sum(max(abs(t["value"] - t["return"]) * (value + d_return),
-                          abs(t["value_clipped"] - t["return"]) * (value + rollout_bounds["values"] + d_return))
-                      for t in tokens) / len(tokens)  # fmt: skip
+    value_bound = sum(
+        max(
+            abs(t["value"] - t["return"]) * (value + d_return),
+            abs(t["value_clipped"] - t["return"]) * (value + rollout_bounds["values"] + d_return),
+        )
+        for t in tokens
+    ) / len(tokens)
     entropy = entropy_bound(config, magnitude, largest_entropy, positions)
     ptx_magnitude = largest_logit(policy, ptx_batch["input_ids"], ptx_batch["attention_mask"])
     ptx = logprob_bound(config, ptx_magnitude, ptx_batch["input_ids"].shape[1])
@@ -136,8 +156,14 @@ def loss_bounds(policy, rollout, ptx_batch, per_token, rollout_bounds, ppo: PPOC
     return bounds
 
 
-def assert_grads_close(got: dict[str, torch.Tensor], wanted: dict[str, torch.Tensor],
-                        moves: dict[str, torch.Tensor], config, positions: int, what: str) -> None:  # fmt: skip
+def assert_grads_close(
+    got: dict[str, torch.Tensor],
+    wanted: dict[str, torch.Tensor],
+    moves: dict[str, torch.Tensor],
+    config,
+    positions: int,
+    what: str,
+) -> None:
     """Every gradient entry within :func:`gradient_bound` at the largest gradient entry of the model
     (the backward's own summation order) plus ``moves`` (its loss weights' bounds, :func:`weight_errors`)."""
     assert set(got) == set(wanted), (what, set(got) ^ set(wanted))
@@ -149,4 +175,5 @@ def assert_grads_close(got: dict[str, torch.Tensor], wanted: dict[str, torch.Ten
         worst = int((difference - bound).argmax())
         assert (difference <= bound).all(), (
             f"{what} {name}: |difference| {float(difference.flatten()[worst]):.3g} over its bound "
-            f"{float(bound.flatten()[worst]):.3g} at flat index {worst}")
+            f"{float(bound.flatten()[worst]):.3g} at flat index {worst}"
+        )

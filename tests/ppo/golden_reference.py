@@ -77,7 +77,5 @@ def sft_row_loss_terms(model, input_ids: list[int], labels: list[int]):
     """Cross-entropy terms of one unpadded SFT row: token t + 1 predicted at t wherever its label counts."""
     logits = model(input_ids=torch.tensor([input_ids])).logits[0].float()  # (L, V)
     return [
-        -torch.log_softmax(logits[t], dim=-1)[labels[t + 1]]
-        for t in range(len(input_ids) - 1)
-        if labels[t + 1] != -100
+        -torch.log_softmax(logits[t], dim=-1)[labels[t + 1]] for t in range(len(input_ids) - 1) if labels[t + 1] != -100
     ]

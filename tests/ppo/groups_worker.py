@@ -20,8 +20,11 @@ PROMPTS = ["Once upon a time", "Tom had a red", "The cat", "A big dog"]
 
 def main(out: str) -> None:
     torch.set_num_threads(1)
-    module = tiny_module(ppo=PPOConfig(epochs=1, minibatch_size=4, estimator="grpo"),
-                         sampling=SamplingConfig(max_new_tokens=6, samples_per_prompt=2), max_rollouts=1)  # fmt: skip
+    module = tiny_module(
+        ppo=PPOConfig(epochs=1, minibatch_size=4, estimator="grpo"),
+        sampling=SamplingConfig(max_new_tokens=6, samples_per_prompt=2),
+        max_rollouts=1,
+    )
     rollouts = []
     make_rollout = module.make_rollout
     module.make_rollout = lambda batch, timer, *args: rollouts.append(make_rollout(batch, timer, *args)) or rollouts[-1]
@@ -31,6 +34,15 @@ def main(out: str) -> None:
     trainer.fit(module, datamodule=data)
     rollout = rollouts[0][0]
     prompt_length = rollout.query_responses.shape[1] - rollout.response_ids.shape[1]
-    torch.save({"prompts": rollout.query_responses[:, :prompt_length], "prompt_mask": rollout.attention_mask[:, :prompt_length],
-                "scores": rollout.scores, "advantages": rollout.advantages, "mask": rollout.response_mask,
-                "batch": batch, "consumed": data.consumed}, f"{out}/rank{trainer.global_rank}.pt")  # fmt: skip
+    torch.save(
+        {
+            "prompts": rollout.query_responses[:, :prompt_length],
+            "prompt_mask": rollout.attention_mask[:, :prompt_length],
+            "scores": rollout.scores,
+            "advantages": rollout.advantages,
+            "mask": rollout.response_mask,
+            "batch": batch,
+            "consumed": data.consumed,
+        },
+        f"{out}/rank{trainer.global_rank}.pt",
+    )

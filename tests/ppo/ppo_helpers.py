@@ -7,15 +7,15 @@ from pathlib import Path
 
 import assets_paths
 import torch
+
+# tests/ is on the path: pytest's own, or the PYTHONPATH the DDP tests give their worker scripts.
+from generation_helpers import EOS, PAD, STORIES, STORY_PROMPTS, EosBias, eos_biased_policy, prompt_batch  # noqa: E402, F401
 from lightning.pytorch import Trainer
 from lightning.pytorch.loggers import Logger
 
 from rlhf_lit.models.generation import SamplingConfig
 from rlhf_lit.stages.ppo import PPOModule
 from rlhf_lit.stages.ppo.config import KLConfig, PPOConfig
-
-# tests/ is on the path: pytest's own, or the PYTHONPATH the DDP tests give their worker scripts.
-from generation_helpers import EOS, PAD, STORIES, STORY_PROMPTS, EosBias, eos_biased_policy, prompt_batch  # noqa: E402, F401
 
 TINYSTORIES = str(assets_paths.TINYSTORIES)
 
@@ -61,9 +61,14 @@ def tiny_module(**overrides) -> PPOModule:
 def tiny_trainer(tmp_path: Path, **overrides) -> Trainer:
     """A CPU trainer writing only under ``tmp_path``."""
     kwargs = dict(
-        accelerator="cpu", devices=1, logger=RecordingLogger(), enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, default_root_dir=str(tmp_path),
-    )  # fmt: skip
+        accelerator="cpu",
+        devices=1,
+        logger=RecordingLogger(),
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=str(tmp_path),
+    )
     kwargs.update(overrides)
     return Trainer(**kwargs)
 
@@ -81,7 +86,6 @@ def index_judge(texts: list[str]) -> list[float]:
     """A judge for the PPO tests: records its texts and scores text i with i (batch mean (B - 1) / 2)."""
     JUDGED.append(list(texts))
     return [float(i) for i in range(len(texts))]
-
 
 
 SEEN_REWARD_BATCHES: list = []

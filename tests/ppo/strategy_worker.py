@@ -21,18 +21,17 @@ import dataclasses
 
 import torch
 from lightning.pytorch import LightningDataModule
+from ppo_helpers import prompt_batch, tiny_module, tiny_trainer
 from torch.distributed.tensor import DTensor
 from torch.utils.data import DataLoader
 
 import rlhf_lit.strategies  # noqa: F401  (registers fsdp2)
-from ppo_helpers import prompt_batch, tiny_module, tiny_trainer
 from rlhf_lit.models.compiled_generation import compile_stats
 from rlhf_lit.models.generation import SamplingConfig, generate_responses
 from rlhf_lit.models.sharding import full_state_dict
 from rlhf_lit.stages.ppo.config import KLConfig, PPOConfig, RewardConfig
 
-PROMPTS = ["Tom had a red", "Lily saw a", "Ben was", "Anna", "Once upon a time", "The cat", "A big dog",
-           "Sam and Mia"]  # fmt: skip
+PROMPTS = ["Tom had a red", "Lily saw a", "Ben was", "Anna", "Once upon a time", "The cat", "A big dog", "Sam and Mia"]
 """Greedy responses (with "." as a stop) of 3, 5, 8, 8 tokens, then four of the full 10."""
 
 
@@ -64,27 +63,51 @@ def main(out: str, mode: str, decode: str = "eager") -> None:
         sampling=SamplingConfig(max_new_tokens=10, do_sample=False, decode=decode),
         # max_grad_norm small enough that both optimizers' gradients are clipped
         # the default whitening (advantages, over all processes) and score whitening with it
-        ppo=PPOConfig(epochs=1, minibatch_size=8 // world, max_grad_norm=0.02), reward=RewardConfig(whiten="scores"),
-        kl=KLConfig(kind="fixed", init_coef=0.05), max_rollouts=1, export_dir=f"{out}/export",
-    )  # fmt: skip
+        ppo=PPOConfig(epochs=1, minibatch_size=8 // world, max_grad_norm=0.02),
+        reward=RewardConfig(whiten="scores"),
+        kl=KLConfig(kind="fixed", init_coef=0.05),
+        max_rollouts=1,
+        export_dir=f"{out}/export",
+    )
     # "." ends a response too, so the greedy responses end at different steps (3 to 10 tokens).
     module.stop_ids = (*module.stop_ids, module.tokenizer.convert_tokens_to_ids("."))
     batch = prompt_batch(module.tokenizer, PROMPTS)
     with torch.no_grad():
         eager = dataclasses.replace(module.sampling, decode="eager")  # compiles nothing before the run
-        pre = generate_responses(module.policy, batch["input_ids"], batch["attention_mask"], eager, module.stop_ids,
-                                 module.tokenizer.pad_token_id)  # fmt: skip
+        pre = generate_responses(
+            module.policy,
+            batch["input_ids"],
+            batch["attention_mask"],
+            eager,
+            module.stop_ids,
+            module.tokenizer.pad_token_id,
+        )
     order = torch.argsort(pre.response_mask.sum(1), stable=True)  # shortest responses first (rank 0)
 
-    record: dict = {"responses": [], "eager_responses": [], "minibatches": [], "grads": [], "clipped": [],
-                    "lengths": pre.response_mask.sum(1)[order]}  # fmt: skip
+    record: dict = {
+        "responses": [],
+        "eager_responses": [],
+        "minibatches": [],
+        "grads": [],
+        "clipped": [],
+        "lengths": pre.response_mask.sum(1)[order],
+    }
     generate, minibatch_loss, before_step = module.generate, module.minibatch_loss, module.on_before_optimizer_step
     make_rollout = module.make_rollout
 
     def recording_make_rollout(b, timer, *args):
         rollout, experience = make_rollout(b, timer, *args)
-        fields = ("raw_scores", "scores", "advantages", "response_mask", "response_ids", "query_responses",
-                  "attention_mask", "old_values", "returns")  # fmt: skip
+        fields = (
+            "raw_scores",
+            "scores",
+            "advantages",
+            "response_mask",
+            "response_ids",
+            "query_responses",
+            "attention_mask",
+            "old_values",
+            "returns",
+        )
         record["rollout"] = {k: getattr(rollout, k).clone() for k in fields}
         return rollout, experience
 
@@ -99,8 +122,13 @@ def main(out: str, mode: str, decode: str = "eager") -> None:
 
     def recording_minibatch_loss(mb, *args):
         loss, stats = minibatch_loss(mb, *args)
-        record["minibatches"].append({"policy": float(stats.logged["loss/policy"]), "value": float(stats.logged["loss/value"]),
-                                      "tokens": int(mb.response_mask.sum())})  # fmt: skip
+        record["minibatches"].append(
+            {
+                "policy": float(stats.logged["loss/policy"]),
+                "value": float(stats.logged["loss/value"]),
+                "tokens": int(mb.response_mask.sum()),
+            }
+        )
         return loss, stats
 
     def recording_before_step(optimizer):

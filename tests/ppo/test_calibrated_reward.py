@@ -36,8 +36,12 @@ class LengthScored(PPOModule):
 
 
 def _module(reward: RewardConfig) -> PPOModule:
-    module = tiny_module(reward=reward, sampling=SamplingConfig(max_new_tokens=6, temperature=1.0, samples_per_prompt=2),
-                         ppo=PPOConfig(epochs=1, minibatch_size=2), kl=KLConfig(kind="fixed", init_coef=0.0))  # fmt: skip
+    module = tiny_module(
+        reward=reward,
+        sampling=SamplingConfig(max_new_tokens=6, temperature=1.0, samples_per_prompt=2),
+        ppo=PPOConfig(epochs=1, minibatch_size=2),
+        kl=KLConfig(kind="fixed", init_coef=0.0),
+    )
     module.__class__ = LengthScored
     # Responses end at varied steps (the EOS logit raised to where it competes), earlier under the
     # policy than under the reference: the two draw from different distributions, so a quantile
@@ -57,14 +61,22 @@ def test_a_rollouts_scores_are_its_quantiles_among_the_reference_samples_and_the
     module = _module(CALIBRATED)
     drawn = []
     sample = module.experience_maker.calibration.sample
-    module.experience_maker.calibration.sample = lambda stage, prompts: drawn.append(sample(stage, prompts)) or drawn[-1]
+    module.experience_maker.calibration.sample = lambda stage, prompts: (
+        drawn.append(sample(stage, prompts)) or drawn[-1]
+    )
     batch = prompt_batch(module.tokenizer, PROMPTS)
     rollout, info = module.make_rollout(batch, RolloutTimer(torch.device("cpu")))
 
     # The reference draws, again by hand: the frozen reference, K rows per prompt, the reference stream.
     (gen,) = drawn
-    again = sample_responses(module.ref_policy, repeat_prompts(batch, K), module.sampling, module.stop_ids, PAD,
-                             stream_generator(7, 0, 0, STREAM_REFERENCE))  # rollout_seed 7, rank 0, rollout 0  fmt: skip
+    again = sample_responses(
+        module.ref_policy,
+        repeat_prompts(batch, K),
+        module.sampling,
+        module.stop_ids,
+        PAD,
+        stream_generator(7, 0, 0, STREAM_REFERENCE),
+    )  # rollout_seed 7, rank 0, rollout 0
     assert torch.equal(gen.query_responses, again.query_responses)
     references = gen.attention_mask.sum(1).float().view(len(PROMPTS), K).tolist()  # what LengthScored gives them
     raw = rollout.attention_mask.sum(1).float()
@@ -87,8 +99,9 @@ def test_with_lora_the_references_come_from_the_policy_with_its_adapters_disable
     from rlhf_lit.models import load_causal_lm
     from rlhf_lit.models.lora import LoRAConfig
 
-    module = tiny_module(lora=LoRAConfig(r=4, alpha=8.0), reward=CALIBRATED,
-                         sampling=SamplingConfig(max_new_tokens=6, temperature=1.0))  # fmt: skip
+    module = tiny_module(
+        lora=LoRAConfig(r=4, alpha=8.0), reward=CALIBRATED, sampling=SamplingConfig(max_new_tokens=6, temperature=1.0)
+    )
     with torch.no_grad():  # trained adapters: the policy no longer samples as the SFT model does
         for name, p in module.policy.named_parameters():
             if "lora_B" in name:
@@ -96,11 +109,13 @@ def test_with_lora_the_references_come_from_the_policy_with_its_adapters_disable
     batch = repeat_prompts(prompt_batch(module.tokenizer, PROMPTS), K)
     drawn = module.experience_maker.calibration.sample(module, batch)
     sft = load_causal_lm(STORIES, module.tokenizer).eval()
-    expected = sample_responses(sft, batch, module.sampling, module.stop_ids, PAD,
-                                stream_generator(7, 0, 0, STREAM_REFERENCE))  # fmt: skip
+    expected = sample_responses(
+        sft, batch, module.sampling, module.stop_ids, PAD, stream_generator(7, 0, 0, STREAM_REFERENCE)
+    )
     assert torch.equal(drawn.query_responses, expected.query_responses)
-    adapted = sample_responses(module.policy, batch, module.sampling, module.stop_ids, PAD,
-                               stream_generator(7, 0, 0, STREAM_REFERENCE))  # fmt: skip
+    adapted = sample_responses(
+        module.policy, batch, module.sampling, module.stop_ids, PAD, stream_generator(7, 0, 0, STREAM_REFERENCE)
+    )
     assert not torch.equal(adapted.query_responses, expected.query_responses)  # the test can tell them apart
 
 
@@ -136,12 +151,23 @@ def test_an_ensemble_is_calibrated_on_its_aggregate_with_the_reward_functions_in
     responses = torch.tensor([[EOS, PAD, PAD], [300, EOS, PAD], [300, 301, EOS]])
     gen = complete_generation(torch.cat([prompts["input_ids"], responses], 1), prompts["attention_mask"], EOS, PAD)
     members = torch.tensor([[1.0, 3.0], [0.5, -1.0], [2.0, 2.5]])  # (3, 2)
-    sources = [RewardSource(name="reward_model", aggregate="worst_case"),
-               RewardSource(name="parts", function="ppo_helpers:two_part_reward", weight=0.5)]  # fmt: skip
-    reward = RewardConfig(sources=sources, calibration="reference_quantile", calibration_samples=3,
-                          calibration_transform="log")  # fmt: skip
-    calibration = ReferenceCalibration(reward, SamplingConfig(), PPOConfig(), _Reference(gen), RewardSources(sources),
-                                       tokenizer, (EOS,), sample_responses)  # fmt: skip
+    sources = [
+        RewardSource(name="reward_model", aggregate="worst_case"),
+        RewardSource(name="parts", function="ppo_helpers:two_part_reward", weight=0.5),
+    ]
+    reward = RewardConfig(
+        sources=sources, calibration="reference_quantile", calibration_samples=3, calibration_transform="log"
+    )
+    calibration = ReferenceCalibration(
+        reward,
+        SamplingConfig(),
+        PPOConfig(),
+        _Reference(gen),
+        RewardSources(sources),
+        tokenizer,
+        (EOS,),
+        sample_responses,
+    )
     drawn = calibration.draw(_Stage(members), prompts)
     # worst case of the members + 0.5 * (length + 1): 1.0 + 0.5 * 2 = 2.0; -1.0 + 0.5 * 3 = 0.5; 2.0 + 0.5 * 4 = 4.0
     assert drawn.tolist() == [[2.0, 0.5, 4.0]]
@@ -153,14 +179,17 @@ def test_an_ensemble_is_calibrated_on_its_aggregate_with_the_reward_functions_in
     assert nan.isnan().all()  # a NaN score makes the rollout non-finite: skipped and counted, not ranked
 
 
-@pytest.mark.parametrize("settings, message", [
-    ({"calibration_transform": "log"}, "apply to reward.calibration: reference_quantile"),
-    ({"calibration": "reference_quantile", "calibration_transform": "best_of_n"}, "calibration_n"),
-    ({"calibration": "reference_quantile", "calibration_n": 4}, "goes with calibration_transform: best_of_n"),
-    ({"calibration": "reference_quantile", "calibration_transform": "best_of_n", "calibration_n": 1}, ">= 2"),
-    ({"calibration": "reference_quantile", "calibration_samples": 0}, "calibration_samples must be >= 1"),
-    ({"calibration": "quantile"}, "must be one of none, reference_quantile"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        ({"calibration_transform": "log"}, "apply to reward.calibration: reference_quantile"),
+        ({"calibration": "reference_quantile", "calibration_transform": "best_of_n"}, "calibration_n"),
+        ({"calibration": "reference_quantile", "calibration_n": 4}, "goes with calibration_transform: best_of_n"),
+        ({"calibration": "reference_quantile", "calibration_transform": "best_of_n", "calibration_n": 1}, ">= 2"),
+        ({"calibration": "reference_quantile", "calibration_samples": 0}, "calibration_samples must be >= 1"),
+        ({"calibration": "quantile"}, "must be one of none, reference_quantile"),
+    ],
+)
 def test_calibration_settings_that_cannot_work_are_refused(settings, message):
     with pytest.raises(ValueError, match=message):
         RewardConfig(**settings)
@@ -171,8 +200,9 @@ def test_resume_with_calibration_is_exact(tmp_path):
         return tiny_module(reward=CALIBRATED, ppo=PPOConfig(epochs=1, minibatch_size=2), max_rollouts=2)
 
     def data(m):
-        return PromptDataModule(tokenizer=m.tokenizer, train_path=TINYSTORIES, format="paragraphs", max_records=8,
-                                batch_size=2, seed=3)  # fmt: skip
+        return PromptDataModule(
+            tokenizer=m.tokenizer, train_path=TINYSTORIES, format="paragraphs", max_records=8, batch_size=2, seed=3
+        )
 
     straight = module()
     ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=2, save_top_k=-1, filename="{step}")
@@ -200,5 +230,7 @@ def test_a_checkpoint_from_before_calibration_resumes_with_it_off_and_is_refused
     older = {k: v for k, v in asdict(RewardConfig()).items() if not k.startswith("calibration")}  # as written before
     checkpoint = {"hyper_parameters": {"reward": older}}
     check_resume(checkpoint, {"reward": asdict(RewardConfig())}, None, (), None, init_defaults(PPOModule))
-    with pytest.raises(ResumeMismatch, match=r"model.reward.calibration: checkpoint \(not set\), now 'reference_quantile'"):
+    with pytest.raises(
+        ResumeMismatch, match=r"model.reward.calibration: checkpoint \(not set\), now 'reference_quantile'"
+    ):
         check_resume(checkpoint, {"reward": asdict(CALIBRATED)}, None, (), None, init_defaults(PPOModule))

@@ -22,10 +22,26 @@ from rlhf_lit.stages.ppo.config import PPOConfig
 from rlhf_lit.stages.ppo.forward import ForwardPassRunner
 
 
-@pytest.mark.parametrize("n,bucket", [
-    (1, 16), (16, 16), (17, 20), (20, 20), (21, 24), (31, 32), (32, 32), (33, 40), (47, 48), (49, 56),
-    (64, 64), (65, 80), (100, 112), (129, 160), (1000, 1024),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "n,bucket",
+    [
+        (1, 16),
+        (16, 16),
+        (17, 20),
+        (20, 20),
+        (21, 24),
+        (31, 32),
+        (32, 32),
+        (33, 40),
+        (47, 48),
+        (49, 56),
+        (64, 64),
+        (65, 80),
+        (100, 112),
+        (129, 160),
+        (1000, 1024),
+    ],
+)
 def test_bucket_length_by_hand(n, bucket):
     assert bucket_length(n) == bucket
 
@@ -62,8 +78,9 @@ def _pass(runner: ForwardPassRunner, module, ids, mask, prompt_length, critic_on
 
 
 VARIANTS = {  # each compiles its own graphs: the conditions share cases (checkpointing with LoRA is refused)
-    "shared-trunk critic, gradient checkpointing": dict(critic="shared_trunk",
-                                                        memory=MemoryConfig(gradient_checkpointing=True)),
+    "shared-trunk critic, gradient checkpointing": dict(
+        critic="shared_trunk", memory=MemoryConfig(gradient_checkpointing=True)
+    ),
     "critic alone (old logprobs from sampling)": dict(),
     "LoRA policy and critic": dict(
         lora=LoRAConfig(r=4, alpha=8, target_modules=["q_proj", "v_proj"]),
@@ -82,7 +99,9 @@ def test_compiled_pass_gives_the_eager_outputs_and_gradients(variant, two_layer_
     torch.manual_seed(4)
     heads = [p for n, p in module.critic.named_parameters() if n.endswith(("score.weight", "head.weight"))]
     assert heads
-    with torch.no_grad():  # the value head starts at 0 (N details #4): a trained one, so values and their gradients are not 0
+    with (
+        torch.no_grad()
+    ):  # the value head starts at 0 (N details #4): a trained one, so values and their gradients are not 0
         for head in heads:
             head.normal_(0.0, 0.5)
     critic_only = variant.startswith("critic alone")
@@ -131,15 +150,24 @@ def test_compiled_pass_gives_the_eager_outputs_and_gradients(variant, two_layer_
 
 def test_lora_with_gradient_checkpointing_is_refused_before_any_model_loads():
     lora = LoRAConfig(r=4, alpha=8, target_modules=["q_proj"])
-    with pytest.raises(ValueError, match=r"^ppo.forward: compiled does not run with memory.gradient_checkpointing "
-                                         r"and LoRA together"):  # fmt: skip
-        tiny_module(sft_model="/nonexistent", ppo=PPOConfig(forward="compiled"), lora=lora,
-                    memory=MemoryConfig(gradient_checkpointing=True))  # fmt: skip
+    with pytest.raises(
+        ValueError,
+        match=r"^ppo.forward: compiled does not run with memory.gradient_checkpointing "
+        r"and LoRA together",
+    ):
+        tiny_module(
+            sft_model="/nonexistent",
+            ppo=PPOConfig(forward="compiled"),
+            lora=lora,
+            memory=MemoryConfig(gradient_checkpointing=True),
+        )
 
 
 def test_compiled_passes_are_refused_under_fsdp_and_taken_without_it():
     module = tiny_module(ppo=PPOConfig(forward="compiled"), max_rollouts=1)
     module.configure_model()  # one device: nothing to refuse
     module._device_mesh = object()  # what the fsdp / fsdp2 strategy gives the module
-    with pytest.raises(ValueError, match=r"^ppo.forward compiled is not supported under fsdp / fsdp2; use ppo.forward eager"):
+    with pytest.raises(
+        ValueError, match=r"^ppo.forward compiled is not supported under fsdp / fsdp2; use ppo.forward eager"
+    ):
         module.configure_model()

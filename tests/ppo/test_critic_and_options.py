@@ -53,7 +53,9 @@ def test_shared_trunk_head_trains_with_the_policy_in_one_optimizer(tmp_path):
 def test_checkpoint_leaves_out_frozen_models_and_keeps_ppo_state(tmp_path):
     module = tiny_module(max_rollouts=1)
     # last.ckpt as runs write it (at the end of training; a checkpoint saved after fit has no optimizer states).
-    trainer = tiny_trainer(tmp_path, enable_checkpointing=True, callbacks=[Checkpoint(dirpath=tmp_path, save_last=True)])
+    trainer = tiny_trainer(
+        tmp_path, enable_checkpointing=True, callbacks=[Checkpoint(dirpath=tmp_path, save_last=True)]
+    )
     trainer.fit(module, train_dataloaders=DataLoader([prompt_batch(module.tokenizer, PROMPTS)], batch_size=None))
     checkpoint = torch.load(tmp_path / "last.ckpt", weights_only=True)
     keys = checkpoint["state_dict"].keys()
@@ -72,8 +74,11 @@ class PtxData(LightningDataModule):
         super().__init__()
         self.prompts = prompt_batch(tokenizer, PROMPTS)
         ids = torch.tensor([[1, 300, 301, 302, 2], [1, 310, 311, 2, 0]])
-        self.sft = {"input_ids": ids, "attention_mask": torch.tensor([[1] * 5, [1, 1, 1, 1, 0]]),
-                    "labels": torch.tensor([[-100, -100, 301, 302, 2], [-100, -100, 311, 2, -100]])}
+        self.sft = {
+            "input_ids": ids,
+            "attention_mask": torch.tensor([[1] * 5, [1, 1, 1, 1, 0]]),
+            "labels": torch.tensor([[-100, -100, 301, 302, 2], [-100, -100, 311, 2, -100]]),
+        }
         self.drawn = 0
 
     def train_dataloader(self):
@@ -100,8 +105,9 @@ def test_ptx_loss_is_added_from_the_second_source(tmp_path):
 def test_ptx_without_a_second_source_is_refused(tmp_path):
     module = tiny_module(ppo=PPOConfig(epochs=1, minibatch_size=2, ptx_coef=0.5), max_rollouts=1)
     with pytest.raises(ValueError, match="ptx_dataloader"):
-        tiny_trainer(tmp_path).fit(module, train_dataloaders=DataLoader([prompt_batch(module.tokenizer, PROMPTS)],
-                                                                         batch_size=None))
+        tiny_trainer(tmp_path).fit(
+            module, train_dataloaders=DataLoader([prompt_batch(module.tokenizer, PROMPTS)], batch_size=None)
+        )
 
 
 @pytest.mark.parametrize("bad", [dict(epochs=0), dict(clip_range=0.0), dict(gamma=1.5), dict(max_grad_norm=0.0)])

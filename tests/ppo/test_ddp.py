@@ -101,7 +101,8 @@ def test_data_position_and_logged_metrics_count_both_ranks(ranks):
             seconds = sum(v for name, v in metrics.items() if name.startswith("time/") and name != "time/tokens_per_s")
             assert metrics["time/tokens_per_s"] == pytest.approx(metrics["response/length"] * 8 / seconds, rel=1e-6)
         assert {n: v for n, v in logged[0].items() if not n.startswith("time/")} == {
-            n: v for n, v in logged[1].items() if not n.startswith("time/")}  # one reduced value on both ranks
+            n: v for n, v in logged[1].items() if not n.startswith("time/")
+        }  # one reduced value on both ranks
 
 
 @pytest.mark.slow
@@ -134,8 +135,9 @@ def test_ddp_with_compiled_passes_stays_in_sync_and_scores_as_eager(ranks, two_p
         # The reward model is not compiled: the same tokens through the same eager pass, bit for bit.
         assert torch.equal(got[rank]["raw_scores"], eager[rank]["raw_scores"])
         # Old logprobs (compiled policy) and the KL to the eager reference: per token, the logprob bound.
-        torch.testing.assert_close(got[rank]["old_logprobs"][masks[rank]], eager[rank]["old_logprobs"][masks[rank]],
-                                   rtol=0, atol=per_token)  # fmt: skip
+        torch.testing.assert_close(
+            got[rank]["old_logprobs"][masks[rank]], eager[rank]["old_logprobs"][masks[rank]], rtol=0, atol=per_token
+        )
         torch.testing.assert_close(got[rank]["kl"], eager[rank]["kl"], rtol=0, atol=per_token)
         # objective/kl: a mean over rows of the per-token KL summed over at most `longest` tokens.
         kl, eager_kl = compiled[rank]["logged"][0]["objective/kl"], ranks[rank]["logged"][0]["objective/kl"]
@@ -150,7 +152,9 @@ def test_ddp_with_compiled_passes_stays_in_sync_and_scores_as_eager(ranks, two_p
         torch.testing.assert_close(got[rank]["advantages"], eager[rank]["advantages"], rtol=0, atol=advantages_bound)
     for name, value in compiled[0]["policy"].items():  # DDP's averaged gradients: identical ranks
         torch.testing.assert_close(value, compiled[1]["policy"][name], rtol=0, atol=0, msg=name)
-    moved = sum(float((compiled[0]["policy"][k] - compiled[0]["initial"][k]).abs().sum()) for k in compiled[0]["policy"])
+    moved = sum(
+        float((compiled[0]["policy"][k] - compiled[0]["initial"][k]).abs().sum()) for k in compiled[0]["policy"]
+    )
     assert moved > 0
 
 

@@ -135,7 +135,9 @@ def test_critic_free_estimator_builds_no_critic_and_one_optimizer(grpo_run):
 
 @pytest.mark.parametrize("estimator", ["rloo", "dr_grpo", "reinforce_pp"])
 def test_other_critic_free_estimators(tmp_path, estimator):
-    module, rollout, _, _, trainer = run_one_rollout(tmp_path, ppo=PPOConfig(epochs=1, minibatch_size=3, estimator=estimator))
+    module, rollout, _, _, trainer = run_one_rollout(
+        tmp_path, ppo=PPOConfig(epochs=1, minibatch_size=3, estimator=estimator)
+    )
     assert module.critic is None and len(trainer.optimizers) == 1
     rewards = sequence_rewards(rollout)
     if estimator == "reinforce_pp":  # gamma 1: the return-to-go at token 0 is the whole sequence reward
@@ -175,10 +177,12 @@ BETA = 0.2
 def kl_loss_run(tmp_path_factory):
     record = {}
     out = run_one_rollout(
-        tmp_path_factory.mktemp("kl-loss"), perturb=0.02, record=record,
+        tmp_path_factory.mktemp("kl-loss"),
+        perturb=0.02,
+        record=record,
         ppo=PPOConfig(epochs=1, minibatch_size=6, estimator="grpo"),
         kl=KLConfig(kind="adaptive", init_coef=BETA, target=1.0, horizon=100, estimator="k3", mode="loss"),
-    )  # fmt: skip
+    )
     return (*out, record)
 
 
@@ -243,13 +247,21 @@ def test_grpo_with_a_rule_reward_raises_that_reward(tmp_path):
         sampling=SamplingConfig(max_new_tokens=16, samples_per_prompt=4),
         ppo=PPOConfig(epochs=1, minibatch_size=16, estimator="grpo"),
         kl=KLConfig(kind="fixed", init_coef=0.04, estimator="k3", mode="loss"),
-        reward=RewardConfig(sources=[RewardSource(name="dots", function="ppo_helpers:dot_count_reward",
-                                                  kwargs={"token": dot})]),
+        reward=RewardConfig(
+            sources=[RewardSource(name="dots", function="ppo_helpers:dot_count_reward", kwargs={"token": dot})]
+        ),
         optimizer=OptimizerConfig(lr=1e-4, eps=1e-5),
         max_rollouts=LEARNING_ROLLOUTS,
     )
-    data = PromptDataModule(tokenizer=module.tokenizer, train_path=TINYSTORIES, format="paragraphs",
-                            max_records=256, batch_size=4, prompt_words=6, seed=0)  # fmt: skip
+    data = PromptDataModule(
+        tokenizer=module.tokenizer,
+        train_path=TINYSTORIES,
+        format="paragraphs",
+        max_records=256,
+        batch_size=4,
+        prompt_words=6,
+        seed=0,
+    )
     trainer = tiny_trainer(tmp_path)
     trainer.fit(module, data)
     history = trainer.logger.history

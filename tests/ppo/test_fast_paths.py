@@ -11,14 +11,9 @@ import torch
 from ppo_helpers import EOS, PAD, STORIES, STORY_PROMPTS, prompt_batch
 
 from rlhf_lit.models import load_causal_lm
-from rlhf_lit.models.generation import (
-    SamplingConfig,
-    forward_response_logits,
-    forward_with_positions,
-    generate_responses,
-    response_logits,
-)
+from rlhf_lit.models.generation import SamplingConfig, generate_responses
 from rlhf_lit.models.scoring import model_attention_mask, position_ids_from_mask, self_attending_causal_mask
+from rlhf_lit.models.teacher_forced import forward_response_logits, forward_with_positions, response_logits
 from rlhf_lit.stages.optim import OptimizerConfig, build_optimizer, fused_adamw_supported
 
 PROMPTS = STORY_PROMPTS
@@ -34,8 +29,15 @@ def test_ignore_eos_runs_every_row_to_full_length_with_the_same_samples(policy, 
 
     def sample(ignore_eos):
         sampling = SamplingConfig(max_new_tokens=R, temperature=0.9, ignore_eos=ignore_eos)
-        return generate_responses(policy, batch["input_ids"], batch["attention_mask"], sampling, EOS, PAD,
-                                  generator=torch.Generator().manual_seed(5))
+        return generate_responses(
+            policy,
+            batch["input_ids"],
+            batch["attention_mask"],
+            sampling,
+            EOS,
+            PAD,
+            generator=torch.Generator().manual_seed(5),
+        )
 
     stopped, full = sample(False), sample(True)
     assert stopped.ended.any(), "the biased EOS must end some rows for this test to mean anything"
@@ -57,8 +59,9 @@ def test_ignore_eos_refuses_a_missing_eos_penalty():
     from rlhf_lit.stages.ppo.config import RewardConfig
 
     with pytest.raises(ValueError, match="ignore_eos.*missing_eos_penalty"):
-        tiny_module(sampling=SamplingConfig(max_new_tokens=4, ignore_eos=True),
-                    reward=RewardConfig(missing_eos_penalty=-1.0))
+        tiny_module(
+            sampling=SamplingConfig(max_new_tokens=4, ignore_eos=True), reward=RewardConfig(missing_eos_penalty=-1.0)
+        )
 
 
 # ---------------------------------------------------------------- logits at response positions
@@ -75,8 +78,15 @@ class _DropsLogitsToKeep(torch.nn.Module):
 
 def test_response_logits_only_equal_the_full_forward_sliced(policy, tokenizer):
     batch = prompt_batch(tokenizer, PROMPTS)
-    gen = generate_responses(policy, batch["input_ids"], batch["attention_mask"], SamplingConfig(max_new_tokens=6),
-                             EOS, PAD, generator=torch.Generator().manual_seed(1))
+    gen = generate_responses(
+        policy,
+        batch["input_ids"],
+        batch["attention_mask"],
+        SamplingConfig(max_new_tokens=6),
+        EOS,
+        PAD,
+        generator=torch.Generator().manual_seed(1),
+    )
     P = batch["input_ids"].shape[1]
     with torch.no_grad():
         full = response_logits(forward_with_positions(policy, gen.query_responses, gen.attention_mask).logits, P)
@@ -109,9 +119,11 @@ def test_self_attending_causal_mask_by_hand():
     low = torch.finfo(torch.bfloat16).min
     assert mask.shape == (2, 1, 4, 4) and mask.dtype == torch.bfloat16
     # Row 0 is left-padded: pad queries 0 and 1 attend only to themselves; real queries to real keys <= them.
-    allowed = [[[1, 0, 0, 0], [0, 1, 0, 0], [0, 0, 1, 0], [0, 0, 1, 1]],
-               # Row 1 is right-padded: the pad query 3 sees the real keys before it and itself.
-               [[1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0], [1, 1, 1, 1]]]  # fmt: skip
+    allowed = [
+        [[1, 0, 0, 0], [0, 1, 0, 0], [0, 0, 1, 0], [0, 0, 1, 1]],
+        # Row 1 is right-padded: the pad query 3 sees the real keys before it and itself.
+        [[1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0], [1, 1, 1, 1]],
+    ]
     expected = torch.where(torch.tensor(allowed, dtype=torch.bool), torch.tensor(0.0), torch.tensor(low))
     assert torch.equal(mask[:, 0].float(), expected.float())
 
@@ -123,8 +135,12 @@ def test_model_attention_mask_is_the_padding_mask_off_cuda_and_keeps_real_positi
     assert model_attention_mask(policy, mask) is mask
     with torch.no_grad():
         plain = forward_with_positions(policy, ids, mask).logits
-        forced = policy(input_ids=ids, attention_mask=self_attending_causal_mask(mask, torch.float32),
-                        position_ids=position_ids_from_mask(mask), use_cache=False).logits
+        forced = policy(
+            input_ids=ids,
+            attention_mask=self_attending_causal_mask(mask, torch.float32),
+            position_ids=position_ids_from_mask(mask),
+            use_cache=False,
+        ).logits
     real = mask.bool()
     assert (~real).any(), "the prompts must be left-padded for this test to mean anything"
     torch.testing.assert_close(forced[real], plain[real], rtol=1e-5, atol=1e-5)
@@ -181,8 +197,11 @@ def test_old_logprobs_from_sampling_equal_the_rescore(critic, tokenizer):
     batch = prompt_batch(tokenizer, PROMPTS * 2)
     rollouts, experiences, kept = {}, {}, {}
     for source in ("rescore", "sampling"):
-        module = tiny_module(critic=critic, sampling=SamplingConfig(max_new_tokens=6, temperature=0.7),
-                             ppo=PPOConfig(epochs=1, minibatch_size=4, old_logprobs=source))
+        module = tiny_module(
+            critic=critic,
+            sampling=SamplingConfig(max_new_tokens=6, temperature=0.7),
+            ppo=PPOConfig(epochs=1, minibatch_size=4, old_logprobs=source),
+        )
         generate = module.generate
         module.generate = lambda b, generate=generate, source=source: kept.setdefault(source, generate(b))
         rollouts[source], experiences[source] = module.make_rollout(batch, RolloutTimer(torch.device("cpu")))
@@ -237,8 +256,19 @@ def test_bf16_mixed_ppo_clips_its_gradients(tmp_path):
 def _tiny_gpt2_config(activation: str):
     from transformers import GPT2Config
 
-    return GPT2Config(vocab_size=50, bos_token_id=0, eos_token_id=0, n_positions=16, n_embd=32, n_layer=2, n_head=2, activation_function=activation,
-                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)  # fmt: skip
+    return GPT2Config(
+        vocab_size=50,
+        bos_token_id=0,
+        eos_token_id=0,
+        n_positions=16,
+        n_embd=32,
+        n_layer=2,
+        n_head=2,
+        activation_function=activation,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+    )
 
 
 @pytest.mark.parametrize("activation", ["gelu_new", "gelu_fast"])
@@ -296,11 +326,21 @@ def test_minibatches_drop_only_the_padding_columns_no_row_attends():
     ids = torch.arange(4 * (P + R)).view(4, P + R) * mask + PAD * (1 - mask)
     per_token = torch.arange(8.0).view(4, R)
     rollout = Rollout(
-        query_responses=ids, attention_mask=mask, response_ids=ids[:, P:], response_mask=torch.ones(4, R, dtype=torch.bool),
-        ended=torch.zeros(4, dtype=torch.bool), old_logprobs=per_token, ref_logprobs=per_token + 1,
-        old_values=per_token + 2, raw_scores=torch.zeros(4), scores=torch.zeros(4), kl=per_token + 3,
-        rewards=per_token + 4, advantages=per_token + 5, returns=per_token + 6,
-    )  # fmt: skip
+        query_responses=ids,
+        attention_mask=mask,
+        response_ids=ids[:, P:],
+        response_mask=torch.ones(4, R, dtype=torch.bool),
+        ended=torch.zeros(4, dtype=torch.bool),
+        old_logprobs=per_token,
+        ref_logprobs=per_token + 1,
+        old_values=per_token + 2,
+        raw_scores=torch.zeros(4),
+        scores=torch.zeros(4),
+        kl=per_token + 3,
+        rewards=per_token + 4,
+        advantages=per_token + 5,
+        returns=per_token + 6,
+    )
 
     generator = torch.Generator().manual_seed(0)
     order = torch.randperm(4, generator=torch.Generator().manual_seed(0))
@@ -342,8 +382,11 @@ def test_dropping_padding_columns_trains_the_same_weights(tmp_path, monkeypatch)
         recorded = lambda mb, n: dropped.append(n) or original(mb, n)  # noqa: E731
         monkeypatch.setattr(rollout_module, "drop_columns", recorded if drop else (lambda mb, n: mb))
         torch.manual_seed(0)
-        module = tiny_module(max_rollouts=2, sampling=SamplingConfig(max_new_tokens=5, temperature=0.9),
-                             ppo=PPOConfig(epochs=2, minibatch_size=2))
+        module = tiny_module(
+            max_rollouts=2,
+            sampling=SamplingConfig(max_new_tokens=5, temperature=0.9),
+            ppo=PPOConfig(epochs=2, minibatch_size=2),
+        )
         batch = prompt_batch(module.tokenizer, texts)
         tiny_trainer(tmp_path / str(drop)).fit(module, train_dataloaders=DataLoader([batch, batch], batch_size=None))
         weights[drop] = {k: v.clone() for k, v in module.policy.state_dict().items()}
@@ -365,6 +408,7 @@ def test_packed_passes_train_the_same_weights(tmp_path, monkeypatch):
 
     texts = ["Once upon a time there was a little girl named", "The", "Tom", "A big dog ran to the park and"]
     weights, packed_rows = {}, []
+
     def recording(ids, mask):
         packed_rows.append(ids.shape)
         return packing.pack_rows(ids, mask)
@@ -373,8 +417,11 @@ def test_packed_passes_train_the_same_weights(tmp_path, monkeypatch):
         monkeypatch.setattr(where, "pack_rows", recording)
     for remove in (True, False):
         torch.manual_seed(0)
-        module = tiny_module(max_rollouts=2, sampling=SamplingConfig(max_new_tokens=5, temperature=0.9),
-                             ppo=PPOConfig(epochs=2, minibatch_size=2, remove_padding=remove))
+        module = tiny_module(
+            max_rollouts=2,
+            sampling=SamplingConfig(max_new_tokens=5, temperature=0.9),
+            ppo=PPOConfig(epochs=2, minibatch_size=2, remove_padding=remove),
+        )
         batch = prompt_batch(module.tokenizer, texts)
         tiny_trainer(tmp_path / str(remove)).fit(module, train_dataloaders=DataLoader([batch, batch], batch_size=None))
         weights[remove] = {k: v.clone() for k, v in module.policy.state_dict().items()}
@@ -409,8 +456,11 @@ def test_length_groups_train_the_same_weights(tmp_path, monkeypatch):
         for where in (experience, forward):  # the scoring chunks, the policy-and-critic passes
             monkeypatch.setattr(where, "length_groups", recording if grouped else one_group)
         torch.manual_seed(0)
-        module = tiny_module(max_rollouts=2, sampling=SamplingConfig(max_new_tokens=5, temperature=0.9),
-                             ppo=PPOConfig(epochs=2, minibatch_size=4))
+        module = tiny_module(
+            max_rollouts=2,
+            sampling=SamplingConfig(max_new_tokens=5, temperature=0.9),
+            ppo=PPOConfig(epochs=2, minibatch_size=4),
+        )
         batch = prompt_batch(module.tokenizer, texts)
         tiny_trainer(tmp_path / str(grouped)).fit(module, train_dataloaders=DataLoader([batch, batch], batch_size=None))
         weights[grouped] = {k: v.clone() for k, v in module.policy.state_dict().items()}

@@ -32,9 +32,12 @@ def _train(tmp_path, monkeypatch, reuse: bool, critic: str, old_logprobs: str) -
 
         monkeypatch.setattr(forward_module, name, counting)
     torch.manual_seed(0)
-    module = tiny_module(max_rollouts=2, critic=critic, sampling=SamplingConfig(max_new_tokens=5, temperature=0.9),
-                         ppo=PPOConfig(epochs=2, minibatch_size=2, old_logprobs=old_logprobs,
-                                       reuse_first_forward=reuse))  # fmt: skip
+    module = tiny_module(
+        max_rollouts=2,
+        critic=critic,
+        sampling=SamplingConfig(max_new_tokens=5, temperature=0.9),
+        ppo=PPOConfig(epochs=2, minibatch_size=2, old_logprobs=old_logprobs, reuse_first_forward=reuse),
+    )
     batch = prompt_batch(module.tokenizer, TEXTS)
     tiny_trainer(tmp_path / str(reuse)).fit(module, train_dataloaders=DataLoader([batch, batch], batch_size=None))
     critic_weights = {} if module.critic is None else {k: v.clone() for k, v in module.critic.state_dict().items()}
@@ -109,6 +112,8 @@ def test_it_is_on_by_default_and_off_where_it_saves_nothing():
     assert _reuses(tiny_module())
     assert not _reuses(tiny_module(ppo=PPOConfig(reuse_first_forward=False)))
     # Sampled old logprobs and no critic: the scoring runs neither the policy nor a critic.
-    no_critic = tiny_module(ppo=PPOConfig(old_logprobs="sampling", estimator="grpo"),
-                            sampling=SamplingConfig(max_new_tokens=4, samples_per_prompt=2))  # fmt: skip
+    no_critic = tiny_module(
+        ppo=PPOConfig(old_logprobs="sampling", estimator="grpo"),
+        sampling=SamplingConfig(max_new_tokens=4, samples_per_prompt=2),
+    )
     assert not _reuses(no_critic)

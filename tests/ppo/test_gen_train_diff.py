@@ -11,7 +11,8 @@ from ppo_helpers import EOS, PAD, STORIES, EosBias, prompt_batch, tiny_module, t
 from torch.utils.data import DataLoader
 
 from rlhf_lit.models.compiled_generation import cache_length
-from rlhf_lit.models.generation import SamplingConfig, complete_generation, response_logprobs
+from rlhf_lit.models.generation import SamplingConfig, complete_generation
+from rlhf_lit.models.teacher_forced import response_logprobs
 from rlhf_lit.stages.ppo import PPOModule
 from rlhf_lit.stages.ppo.config import PPOConfig
 from rlhf_lit.tokenizer import load_tokenizer
@@ -62,8 +63,11 @@ def test_metric_by_hand_on_a_constructed_batch(tmp_path, old_logprobs):
     the token mean over them (not the mean of the two minibatch means), and no later minibatch
     (epoch 2 runs after updates that moved the policy)."""
     tokenizer = load_tokenizer(STORIES, padding_side="left")
-    module = tiny_module(sampling=SamplingConfig(max_new_tokens=6, temperature=0.7), max_rollouts=1,
-                         ppo=PPOConfig(epochs=2, minibatch_size=2, grad_accum=2, old_logprobs=old_logprobs))
+    module = tiny_module(
+        sampling=SamplingConfig(max_new_tokens=6, temperature=0.7),
+        max_rollouts=1,
+        ppo=PPOConfig(epochs=2, minibatch_size=2, grad_accum=2, old_logprobs=old_logprobs),
+    )
     module.__class__ = OffsetPPO
     batch = prompt_batch(tokenizer, PROMPTS)
     rows = torch.cat([batch["input_ids"], torch.tensor(RESPONSES)], dim=1)
@@ -71,14 +75,22 @@ def test_metric_by_hand_on_a_constructed_batch(tmp_path, old_logprobs):
     # orders (other rows beside them, packed or padded): each token's may differ by the logprob bound.
     magnitude = largest_logit(module.policy, rows, torch.ones_like(rows), 0.7)
     logged = _logged(tmp_path, module, tokenizer)
-    assert logged[KEY] == pytest.approx(EXPECTED, rel=0, abs=logprob_bound(module.policy.config, magnitude, rows.shape[1]))
+    assert logged[KEY] == pytest.approx(
+        EXPECTED, rel=0, abs=logprob_bound(module.policy.config, magnitude, rows.shape[1])
+    )
 
 
-@pytest.mark.parametrize("old_logprobs,path", [
-    ("rescore", "eager"), ("sampling", "eager"),
-    pytest.param("rescore", "compiled", marks=[pytest.mark.slow, pytest.mark.kernels]),  # compiles decode and passes
-    pytest.param("sampling", "compiled", marks=[pytest.mark.slow, pytest.mark.kernels]),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "old_logprobs,path",
+    [
+        ("rescore", "eager"),
+        ("sampling", "eager"),
+        pytest.param(
+            "rescore", "compiled", marks=[pytest.mark.slow, pytest.mark.kernels]
+        ),  # compiles decode and passes
+        pytest.param("sampling", "compiled", marks=[pytest.mark.slow, pytest.mark.kernels]),
+    ],
+)
 def test_real_rollout_generation_and_training_agree_in_fp32(tmp_path, request, old_logprobs, path):
     """stories260K, fp32 on the CPU, real sampling of 8 left-padded rows with EOS at varied steps:
     the logprobs recorded while sampling and the training pass's differ by float summation order
@@ -90,12 +102,15 @@ def test_real_rollout_generation_and_training_agree_in_fp32(tmp_path, request, o
     (cheaper to compile: ``two_layer_stories``, tests/conftest.py)."""
     tokenizer = load_tokenizer(STORIES, padding_side="left")
     trunk = request.getfixturevalue("two_layer_stories") if path == "compiled" else STORIES
-    module = tiny_module(sft_model=trunk, reward_model=trunk,
-                         sampling=SamplingConfig(max_new_tokens=10, temperature=0.9, decode=path), max_rollouts=1,
-                         # two minibatches of 4 before the one optimizer step: the first forward scores
-                         # 4 rows, the scoring pass the other 4 (compiled: the critic-alone pass in sampling mode)
-                         ppo=PPOConfig(epochs=1, minibatch_size=4, grad_accum=2, old_logprobs=old_logprobs,
-                                       forward=path))  # fmt: skip
+    module = tiny_module(
+        sft_model=trunk,
+        reward_model=trunk,
+        sampling=SamplingConfig(max_new_tokens=10, temperature=0.9, decode=path),
+        max_rollouts=1,
+        # two minibatches of 4 before the one optimizer step: the first forward scores
+        # 4 rows, the scoring pass the other 4 (compiled: the critic-alone pass in sampling mode)
+        ppo=PPOConfig(epochs=1, minibatch_size=4, grad_accum=2, old_logprobs=old_logprobs, forward=path),
+    )
     for model in (module.policy, module.ref_policy):
         model.lm_head = EosBias(model.lm_head, 24.0)  # EOS at varied steps: pads after it
     module.on_fit_end = lambda: None  # no export: the wrapped head is not a transformers module

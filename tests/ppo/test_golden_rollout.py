@@ -29,6 +29,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import NamedTuple
 
+import golden_bounds
+import golden_reference as ref
 import pytest
 import torch
 from lightning.pytorch import LightningDataModule
@@ -36,8 +38,6 @@ from ppo_helpers import EOS, PAD, STORIES, prompt_batch, tiny_module, tiny_train
 from torch.utils.data import DataLoader
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
-import golden_bounds
-import golden_reference as ref
 from rlhf_lit.models.generation import SamplingConfig, complete_generation
 from rlhf_lit.stages.optim import OptimizerConfig
 from rlhf_lit.stages.ppo import PPOModule
@@ -53,8 +53,17 @@ RESPONSES = [
 ]
 TEMPERATURE, BETA, REWARD_OFFSET, SCORE_BIAS, MISSING_EOS = 0.7, 0.3, 0.5, 0.25, -1.0
 PPO = PPOConfig(
-    epochs=2, minibatch_size=1, grad_accum=2, clip_range=0.2, value_clip_range=0.2, vf_coef=0.3, gamma=0.9,
-    lam=0.8, entropy_coef=0.05, max_grad_norm=None, ptx_coef=0.5,
+    epochs=2,
+    minibatch_size=1,
+    grad_accum=2,
+    clip_range=0.2,
+    value_clip_range=0.2,
+    vf_coef=0.3,
+    gamma=0.9,
+    lam=0.8,
+    entropy_coef=0.05,
+    max_grad_norm=None,
+    ptx_coef=0.5,
 )  # 4 rows / (1 x 2) = 2 optimizer steps per epoch, 4 in all
 
 
@@ -73,11 +82,13 @@ class PromptsAndPtx(LightningDataModule):
         super().__init__()
         self.prompts = prompt_batch(tokenizer, PROMPTS)
         self.ptx = [
-            {"input_ids": torch.tensor([[1, 300 + i, 301, 302, EOS], [1, 310, 311 + i, EOS, PAD]]),
-             "attention_mask": torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 1, 0]]),
-             "labels": torch.tensor([[-100, -100, 301, 302, EOS], [-100, 310, 311 + i, EOS, -100]])}
+            {
+                "input_ids": torch.tensor([[1, 300 + i, 301, 302, EOS], [1, 310, 311 + i, EOS, PAD]]),
+                "attention_mask": torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 1, 0]]),
+                "labels": torch.tensor([[-100, -100, 301, 302, EOS], [-100, 310, 311 + i, EOS, -100]]),
+            }
             for i in range(3)
-        ]  # fmt: skip
+        ]
         self.drawn: list[dict[str, torch.Tensor]] = []
 
     def train_dataloader(self):
@@ -103,7 +114,9 @@ class Case(NamedTuple):
     kl_target: float
 
 
-@pytest.fixture(scope="module", params=["eager", pytest.param("compiled", marks=[pytest.mark.slow, pytest.mark.kernels])])
+@pytest.fixture(
+    scope="module", params=["eager", pytest.param("compiled", marks=[pytest.mark.slow, pytest.mark.kernels])]
+)
 def case(request) -> Case:
     """Eager on stories260K (KL 7.9 nats a response at perturbation 0.02); compiled on its 2-layer copy
     (KL 9.9 at 0.05), cheaper to compile."""
@@ -169,8 +182,9 @@ def golden(case, reward_model_dir, tmp_path_factory):
 
     def recording_minibatch_loss(mb, *args):
         loss, stats = minibatch_loss(mb, *args)
-        record["minibatches"].append((mb.query_responses.clone(), float(loss.detach()),
-                                      {k: float(v) for k, v in stats.logged.items()}))
+        record["minibatches"].append(
+            (mb.query_responses.clone(), float(loss.detach()), {k: float(v) for k, v in stats.logged.items()})
+        )
         return loss, stats
 
     module.make_rollout, module.minibatch_loss = recording_make_rollout, recording_minibatch_loss
@@ -180,11 +194,13 @@ def golden(case, reward_model_dir, tmp_path_factory):
     def recording_optimizers():
         optimizers, schedulers = configure()
         for which, opt in zip(("policy", "critic"), optimizers):
+
             def hook(o, args, kwargs, which=which):
                 params = [p for g in o.param_groups for p in g["params"]]
-                record["steps"].append((which, {
-                    names[which][id(p)]: (p.detach().clone(), p.grad.detach().clone()) for p in params
-                }))  # fmt: skip
+                record["steps"].append(
+                    (which, {names[which][id(p)]: (p.detach().clone(), p.grad.detach().clone()) for p in params})
+                )
+
             opt.register_step_pre_hook(hook)
         return optimizers, schedulers
 
@@ -204,7 +220,9 @@ def expected(golden, reward_model_dir, case):
     reference = AutoModelForCausalLM.from_pretrained(case.trunk).eval()  # the SFT model, untouched
     reward_model = AutoModelForSequenceClassification.from_pretrained(reward_model_dir, num_labels=1).eval()
     rows = ref.unpadded_rows(data.prompts["input_ids"], data.prompts["attention_mask"], RESPONSES, {EOS})
-    out = {k: [] for k in ("logprobs", "ref_logprobs", "values", "raw_scores", "scores", "kl", "rewards", "adv", "returns")}
+    out = {
+        k: [] for k in ("logprobs", "ref_logprobs", "values", "raw_scores", "scores", "kl", "rewards", "adv", "returns")
+    }
     beta = record["kl_coef_at_rollout"]
     assert beta == BETA
     with torch.no_grad():
@@ -218,8 +236,20 @@ def expected(golden, reward_model_dir, case):
             rewards = [-beta * k for k in kl]
             rewards[-1] += score  # the score lands on the last response token (its EOS when it ended)
             adv, returns = ref.gae_row(rewards, values, PPO.gamma, PPO.lam)
-            for key, value in zip(out, ([float(x) for x in logprobs], [float(x) for x in ref_logprobs], values,
-                                        raw, score, kl, rewards, adv, returns)):  # fmt: skip
+            for key, value in zip(
+                out,
+                (
+                    [float(x) for x in logprobs],
+                    [float(x) for x in ref_logprobs],
+                    values,
+                    raw,
+                    score,
+                    kl,
+                    rewards,
+                    adv,
+                    returns,
+                ),
+            ):
                 out[key].append(value)
     out["adv"] = ref.whiten_all(out["adv"])
     out["rows"] = rows
@@ -242,8 +272,13 @@ def _on_mask(tensor: torch.Tensor, rows) -> list[list[float]]:
 
 def _close(actual, wanted, bound: float, what=""):
     """Every value within ``bound`` (absolute, derived in golden_bounds.py)."""
-    torch.testing.assert_close(torch.tensor(actual, dtype=torch.float64), torch.tensor(wanted, dtype=torch.float64),
-                               rtol=0, atol=bound, msg=lambda m: f"{what}: {m}")  # fmt: skip
+    torch.testing.assert_close(
+        torch.tensor(actual, dtype=torch.float64),
+        torch.tensor(wanted, dtype=torch.float64),
+        rtol=0,
+        atol=bound,
+        msg=lambda m: f"{what}: {m}",
+    )
 
 
 def _flat(rows: list[list[float]]) -> list[float]:
@@ -259,10 +294,18 @@ def test_rollout_masks_follow_the_first_eos(golden, expected):
     assert rollout.response_ids[0, 3:].tolist() == [PAD] * 3 and rollout.response_ids[2, 1:].tolist() == [PAD] * 5
 
 
-@pytest.mark.parametrize("field,key", [
-    ("old_logprobs", "logprobs"), ("ref_logprobs", "ref_logprobs"), ("old_values", "values"), ("kl", "kl"),
-    ("rewards", "rewards"), ("advantages", "adv"), ("returns", "returns"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "field,key",
+    [
+        ("old_logprobs", "logprobs"),
+        ("ref_logprobs", "ref_logprobs"),
+        ("old_values", "values"),
+        ("kl", "kl"),
+        ("rewards", "rewards"),
+        ("advantages", "adv"),
+        ("returns", "returns"),
+    ],
+)
 def test_rollout_tensor_matches_the_loop_reference(golden, expected, rollout_bounds, field, key):
     rollout = golden[2]["rollouts"][0]
     tensor = getattr(rollout, field)
@@ -308,9 +351,17 @@ def _expected_minibatch(policy, critic, row, ptx_batch, expected, reference_grad
         old_v, ret = expected["values"][row][t], expected["returns"][row][t]
         v_clipped = old_v + (values[t] - old_v).clamp(-eps_v, eps_v)
         vl.append(0.5 * torch.maximum((values[t] - ret) ** 2, (v_clipped - ret) ** 2))
-        tokens.append({"advantage": a, "ratio": float(ratio.detach()), "value": float(values[t].detach()),
-                       "value_clipped": float(v_clipped.detach()), "return": ret,
-                       "logprob_out": logprobs[t], "value_out": values[t]})  # fmt: skip
+        tokens.append(
+            {
+                "advantage": a,
+                "ratio": float(ratio.detach()),
+                "value": float(values[t].detach()),
+                "value_clipped": float(v_clipped.detach()),
+                "return": ret,
+                "logprob_out": logprobs[t],
+                "value_out": values[t],
+            }
+        )
     policy_loss, value_loss = torch.stack(pg).mean(), torch.stack(vl).mean()
     entropy = torch.stack(entropies).mean()
     ptx_terms = []
@@ -336,15 +387,18 @@ def _minibatch_rows(golden) -> list[int]:
 
 
 def _models_at(step_params: dict[str, tuple[torch.Tensor, torch.Tensor]], auto_class, path, prefix: str):
-    model = auto_class.from_pretrained(path, **({"num_labels": 1} if auto_class is AutoModelForSequenceClassification else {}))
-    state = {name[len(prefix):]: value for name, (value, _) in step_params.items()}
+    model = auto_class.from_pretrained(
+        path, **({"num_labels": 1} if auto_class is AutoModelForSequenceClassification else {})
+    )
+    state = {name[len(prefix) :]: value for name, (value, _) in step_params.items()}
     missing, unexpected = model.load_state_dict(state, strict=False)
     assert not unexpected and all("lm_head" in k for k in missing), (missing, unexpected)
     return model.eval()
 
 
-def test_each_step_gradient_and_minibatch_losses_match_the_reference(golden, expected, reward_model_dir,
-                                                                    rollout_bounds, case):  # fmt: skip
+def test_each_step_gradient_and_minibatch_losses_match_the_reference(
+    golden, expected, reward_model_dir, rollout_bounds, case
+):
     module, data, record, _, _ = golden
     rows = _minibatch_rows(golden)
     assert sorted(rows[:4]) == sorted(rows[4:]) == [0, 1, 2, 3]  # each epoch sees every row once
@@ -354,8 +408,12 @@ def test_each_step_gradient_and_minibatch_losses_match_the_reference(golden, exp
     assert len(policy_steps) == len(critic_steps) == 4  # 2 epochs x 4 minibatches / grad_accum 2
     for step in range(4):
         policy = _models_at(policy_steps[step], AutoModelForCausalLM, case.trunk, "")
-        critic = _models_at({k[len("model."):]: v for k, v in critic_steps[step].items()},
-                            AutoModelForSequenceClassification, reward_model_dir, "")  # fmt: skip
+        critic = _models_at(
+            {k[len("model.") :]: v for k, v in critic_steps[step].items()},
+            AutoModelForSequenceClassification,
+            reward_model_dir,
+            "",
+        )
         total = 0.0
         moves = []  # per minibatch: how far its loss weights may move the policy's and critic's gradients
         for j in (2 * step, 2 * step + 1):
@@ -365,13 +423,17 @@ def test_each_step_gradient_and_minibatch_losses_match_the_reference(golden, exp
             # columns none of the minibatch's rows attends: other summation orders than this per-row
             # loop, within the derived bounds (planted bugs move these by 1e-2 and more).
             rollout = golden[2]["rollouts"][0]
-            limits = golden_bounds.loss_bounds(policy, rollout, data.drawn[j], per_token, rollout_bounds, PPO,
-                                               TEMPERATURE, REWARD_OFFSET)  # fmt: skip
+            limits = golden_bounds.loss_bounds(
+                policy, rollout, data.drawn[j], per_token, rollout_bounds, PPO, TEMPERATURE, REWARD_OFFSET
+            )
             _close(recorded_loss, float(loss.detach()), limits["loss"], what=f"minibatch {j} loss")
             for name, value in parts.items():
                 _close(stats[name], float(value.detach()), limits[name], what=f"minibatch {j} {name}")
-            moves.append(golden_bounds.weight_errors(policy, critic, per_token, rollout_bounds,
-                                                     limits["d_log_ratio"], limits["d_value"], PPO))  # fmt: skip
+            moves.append(
+                golden_bounds.weight_errors(
+                    policy, critic, per_token, rollout_bounds, limits["d_log_ratio"], limits["d_value"], PPO
+                )
+            )
             total = total + loss / PPO.grad_accum
         total.backward()
         grads = {n: p.grad for n, p in policy.named_parameters() if p.grad is not None}
@@ -382,8 +444,9 @@ def test_each_step_gradient_and_minibatch_losses_match_the_reference(golden, exp
         critic_grads = {"model." + n: p.grad for n, p in critic.named_parameters() if p.grad is not None}
         critic_moves = {"model." + n: moves[0][1][n] + moves[1][1][n] for n in moves[0][1]}
         got = {n: g for n, (_, g) in critic_steps[step].items()}
-        golden_bounds.assert_grads_close(got, critic_grads, critic_moves, policy.config, positions,
-                                         f"critic step {step}")  # fmt: skip
+        golden_bounds.assert_grads_close(
+            got, critic_grads, critic_moves, policy.config, positions, f"critic step {step}"
+        )
 
 
 def test_the_passes_ran_as_configured_with_one_graph_per_shape_and_grad_mode(golden):

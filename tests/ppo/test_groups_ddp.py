@@ -26,5 +26,6 @@ def test_each_group_is_whole_on_the_rank_of_its_prompt(two_process_run):
             expected = (scores - scores.mean()) / (scores.std() + 1e-4)
             for i, row in enumerate((2 * g, 2 * g + 1)):
                 mask = record["mask"][row]
-                torch.testing.assert_close(record["advantages"][row][mask],
-                                           expected[i].expand(int(mask.sum())), rtol=1e-5, atol=1e-6)  # fmt: skip
+                torch.testing.assert_close(
+                    record["advantages"][row][mask], expected[i].expand(int(mask.sum())), rtol=1e-5, atol=1e-6
+                )

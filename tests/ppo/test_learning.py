@@ -58,13 +58,29 @@ class CountingPPO(PPOModule):
         return torch.tensor(counts, dtype=torch.float32, device=query_responses.device)  # (B,)
 
 
-def fit_curves(module: PPOModule, tmp_path, seed: int, *, kind: type[CountingPPO], records: int, batch_size: int,
-               rollouts: int, tags: tuple[str, ...]) -> tuple[list[float], ...]:
+def fit_curves(
+    module: PPOModule,
+    tmp_path,
+    seed: int,
+    *,
+    kind: type[CountingPPO],
+    records: int,
+    batch_size: int,
+    rollouts: int,
+    tags: tuple[str, ...],
+) -> tuple[list[float], ...]:
     """Fit ``module`` as ``kind`` (rewarded for "."); each of ``tags`` per rollout."""
     module.__class__ = kind
     module.target = module.tokenizer.convert_tokens_to_ids(".")
-    data = PromptDataModule(tokenizer=module.tokenizer, train_path=TINYSTORIES, format="paragraphs",
-                            max_records=records, batch_size=batch_size, prompt_words=6, seed=seed)  # fmt: skip
+    data = PromptDataModule(
+        tokenizer=module.tokenizer,
+        train_path=TINYSTORIES,
+        format="paragraphs",
+        max_records=records,
+        batch_size=batch_size,
+        prompt_words=6,
+        seed=seed,
+    )
     trainer = tiny_trainer(tmp_path)
     trainer.fit(module, data)
     history = trainer.logger.history
@@ -73,8 +89,16 @@ def fit_curves(module: PPOModule, tmp_path, seed: int, *, kind: type[CountingPPO
 
 def learning_curves(module: PPOModule, tmp_path, seed: int) -> tuple[list[float], ...]:
     """Fit ``module`` (rewarded for ".") for ROLLOUTS rollouts; the shaped objective, score and KL per rollout."""
-    return fit_curves(module, tmp_path, seed, kind=CountingPPO, records=256, batch_size=16, rollouts=ROLLOUTS,
-                      tags=("objective/rlhf_reward", "objective/scores", "objective/kl"))  # fmt: skip
+    return fit_curves(
+        module,
+        tmp_path,
+        seed,
+        kind=CountingPPO,
+        records=256,
+        batch_size=16,
+        rollouts=ROLLOUTS,
+        tags=("objective/rlhf_reward", "objective/scores", "objective/kl"),
+    )
 
 
 def _mean(values: list[float]) -> float:
@@ -120,22 +144,34 @@ class CutPenaltyPPO(CountingPPO):
 def demo_settings() -> dict:
     """The update settings and reward reading of ``configs/demo/ppo.yaml``, as a run of it gets them."""
     init = yaml.safe_load(DEMO_PPO.read_text())["model"]["init_args"]
-    return {"ppo": PPOConfig(**init["ppo"]), "kl": KLConfig(**init["kl"]), "optimizer": OptimizerConfig(**init["optimizer"]),
-            "reward": RewardConfig(**init["reward"])}  # fmt: skip
+    return {
+        "ppo": PPOConfig(**init["ppo"]),
+        "kl": KLConfig(**init["kl"]),
+        "optimizer": OptimizerConfig(**init["optimizer"]),
+        "reward": RewardConfig(**init["reward"]),
+    }
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1])
 def test_the_demo_settings_climb_the_shaped_objective_without_ending_early(tmp_path, seed):
     # stories260K with its EOS logit raised, so about a third of 16-token responses end (reference too).
-    module = tiny_module(sampling=SamplingConfig(max_new_tokens=16), max_rollouts=DEMO_ROLLOUTS, rollout_seed=seed,
-                         **demo_settings())  # fmt: skip
+    module = tiny_module(
+        sampling=SamplingConfig(max_new_tokens=16), max_rollouts=DEMO_ROLLOUTS, rollout_seed=seed, **demo_settings()
+    )
     for model in (module.policy, module.ref_policy):
         model.lm_head = EosBias(model.lm_head, 20.0)
     module.on_fit_end = lambda: None  # no export: the wrapped head is not a transformers module
     objective, scores, ended = fit_curves(
-        module, tmp_path, seed, kind=CutPenaltyPPO, records=512, batch_size=64, rollouts=DEMO_ROLLOUTS,
-        tags=("objective/rlhf_reward", "objective/scores", "response/ended_fraction"))  # fmt: skip
+        module,
+        tmp_path,
+        seed,
+        kind=CutPenaltyPPO,
+        records=512,
+        batch_size=64,
+        rollouts=DEMO_ROLLOUTS,
+        tags=("objective/rlhf_reward", "objective/scores", "response/ended_fraction"),
+    )
     print("objective", [round(v, 2) for v in objective], "ended", [round(v, 2) for v in ended])
     rise = _mean(objective[-5:]) - _mean(objective[:5])
     gain = _mean(scores[-5:]) - _mean(scores[:5])

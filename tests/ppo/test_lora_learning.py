@@ -40,8 +40,14 @@ def test_lora_policy_learns(tmp_path, seed):
     )
     assert isinstance(module.reference, AdapterDisabledReference)
     objective, scores, kls = learning_curves(module, tmp_path, seed)
-    print("objective", [round(s, 2) for s in objective], "scores", [round(s, 2) for s in scores],
-          "kl", [round(k, 2) for k in kls])  # fmt: skip
+    print(
+        "objective",
+        [round(s, 2) for s in objective],
+        "scores",
+        [round(s, 2) for s in scores],
+        "kl",
+        [round(k, 2) for k in kls],
+    )
     assert _mean(objective[-10:]) > _mean(objective[:10]) + OBJ_MARGIN
     assert _mean(scores[-10:]) > _mean(scores[:10]) + SCORE_MARGIN
     assert max(kls) < MAX_KL

@@ -4,7 +4,6 @@ really active in the update, the frozen models may live on the CPU / in bfloat16
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -13,10 +12,10 @@ from transformers import AutoModelForCausalLM
 
 from rlhf_lit.data import PromptDataModule
 from rlhf_lit.models import load_causal_lm
-from rlhf_lit.models.generation import forward_with_positions, response_logprobs
 from rlhf_lit.models.lora import LoRAConfig
 from rlhf_lit.models.memory import MemoryConfig
 from rlhf_lit.models.reference import AdapterDisabledReference, FrozenModelReference
+from rlhf_lit.models.teacher_forced import forward_with_positions, response_logprobs
 from rlhf_lit.stages.optim import OptimizerConfig
 
 PROMPTS = ["Once upon a time", "The cat sat", "Tom and his dog went to the park", "She was"]
@@ -25,8 +24,14 @@ FAST = OptimizerConfig(lr=3e-3, eps=1e-5)  # adapters start at 0: a large LR so 
 
 
 def _data(module, batch_size=4, seed=3):
-    return PromptDataModule(tokenizer=module.tokenizer, train_path=TINYSTORIES, format="paragraphs",
-                            max_records=16, batch_size=batch_size, seed=seed)  # fmt: skip
+    return PromptDataModule(
+        tokenizer=module.tokenizer,
+        train_path=TINYSTORIES,
+        format="paragraphs",
+        max_records=16,
+        batch_size=batch_size,
+        seed=seed,
+    )
 
 
 def _n_params(module: torch.nn.Module) -> int:
@@ -72,8 +77,9 @@ def test_reference_stays_the_sft_model_while_the_adapter_trains(tmp_path):
 
 @pytest.mark.parametrize("export", ["merged", "adapter"])
 def test_lora_ppo_export_loads_and_gives_the_live_logits(tmp_path, export):
-    module = tiny_module(lora=LoRAConfig(export=export), max_rollouts=2, optimizer=FAST,
-                         export_dir=str(tmp_path / "policy"))  # fmt: skip
+    module = tiny_module(
+        lora=LoRAConfig(export=export), max_rollouts=2, optimizer=FAST, export_dir=str(tmp_path / "policy")
+    )
     tiny_trainer(tmp_path).fit(module, _data(module))
     batch = prompt_batch(module.tokenizer, PROMPTS)
     ids, mask = batch["input_ids"], batch["attention_mask"]
@@ -98,8 +104,9 @@ def test_lora_ppo_resumes_exactly(tmp_path):
     steps_per_rollout = 8  # 2 epochs x 2 minibatches x 2 optimizers
     kwargs = dict(lora=LORA, critic_lora=LoRAConfig(r=4), max_rollouts=3, optimizer=FAST)
     straight = tiny_module(**kwargs)
-    ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=steps_per_rollout, save_top_k=-1,
-                           filename="{step}")
+    ckpt = ModelCheckpoint(
+        dirpath=tmp_path / "ckpt", every_n_train_steps=steps_per_rollout, save_top_k=-1, filename="{step}"
+    )
     trainer = tiny_trainer(tmp_path, enable_checkpointing=True, callbacks=[ckpt])
     trainer.fit(straight, _data(straight))
     saved = torch.load(tmp_path / "ckpt" / f"step={steps_per_rollout}.ckpt", weights_only=True)
@@ -127,8 +134,9 @@ def _block_calls(tmp_path, **kwargs) -> tuple[int, int]:
 @pytest.mark.parametrize("lora", [None, LORA], ids=["full", "lora"])
 def test_gradient_checkpointing_recomputes_policy_and_critic_in_every_update(tmp_path, lora):
     plain = _block_calls(tmp_path / "plain", lora=lora, critic_lora=lora)
-    checkpointed = _block_calls(tmp_path / "gc", lora=lora, critic_lora=lora,
-                                memory=MemoryConfig(gradient_checkpointing=True))  # fmt: skip
+    checkpointed = _block_calls(
+        tmp_path / "gc", lora=lora, critic_lora=lora, memory=MemoryConfig(gradient_checkpointing=True)
+    )
     # Same samples (same seeds); each of the 2 epochs x 2 minibatches recomputes the block once in
     # its backward pass, in the policy and in the critic. Generation and the no-grad scoring passes
     # are not checkpointed (eval mode).

@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 import rlhf_lit.stages.ppo.module as ppo_stage
 from rlhf_lit.evaluation import distinct_n, response_texts
 from rlhf_lit.models import load_causal_lm
-from rlhf_lit.models.generation import forward_with_positions
+from rlhf_lit.models.teacher_forced import forward_with_positions
 from rlhf_lit.stages.ppo import PPOModule
 from rlhf_lit.stages.ppo.metrics import reduce_over_ranks, text_statistics
 
@@ -28,12 +28,21 @@ def test_text_statistics_judge_mean_and_distinct_n():
     stats = text_statistics(texts, judge=lambda t: [len(x) for x in t])
     # judge: lengths 5 and 3 -> mean 4. unigrams a b a b c: 5, distinct 3 -> 0.6;
     # bigrams (a b) (b a) (b c): 3, all distinct -> 1.0, within each text and across them.
-    assert stats == {"diversity/distinct_1": 0.6, "diversity/distinct_2": 1.0, "diversity/distinct_2_within": 1.0,
-                     "diversity/distinct_2_across": 1.0, "objective/judge": 4.0}  # fmt: skip
+    assert stats == {
+        "diversity/distinct_1": 0.6,
+        "diversity/distinct_2": 1.0,
+        "diversity/distinct_2_within": 1.0,
+        "diversity/distinct_2_across": 1.0,
+        "objective/judge": 4.0,
+    }
     # "a b a b" repeats (a b) within itself, "a b" shares it: T = 3 + 1, W = 2 + 1, U = 2.
     shared = text_statistics(["a b a b", "a b"], judge=None)
-    assert shared == {"diversity/distinct_1": 2 / 6, "diversity/distinct_2": 2 / 4,
-                      "diversity/distinct_2_within": 3 / 4, "diversity/distinct_2_across": 2 / 3}  # fmt: skip
+    assert shared == {
+        "diversity/distinct_1": 2 / 6,
+        "diversity/distinct_2": 2 / 4,
+        "diversity/distinct_2_within": 3 / 4,
+        "diversity/distinct_2_across": 2 / 3,
+    }
 
 
 class _TwoRanks:
@@ -157,24 +166,29 @@ def test_export_defaults_to_the_log_dir(tmp_path):
 
 
 def test_rollout_statistics_by_hand():
-    from rlhf_lit.stages.ppo.rollout import Rollout
     from rlhf_lit.stages.ppo.metrics import rollout_statistics
+    from rlhf_lit.stages.ppo.rollout import Rollout
 
     mask = torch.tensor([[True, True, False], [True, True, True]])  # lengths 2 and 3
     zeros = torch.zeros(2, 3)
     rollout = Rollout(
-        query_responses=torch.zeros(2, 4, dtype=torch.long), attention_mask=torch.ones(2, 4, dtype=torch.long),
-        response_ids=torch.zeros(2, 3, dtype=torch.long), response_mask=mask, ended=torch.tensor([True, False]),
-        old_logprobs=zeros, ref_logprobs=zeros,
+        query_responses=torch.zeros(2, 4, dtype=torch.long),
+        attention_mask=torch.ones(2, 4, dtype=torch.long),
+        response_ids=torch.zeros(2, 3, dtype=torch.long),
+        response_mask=mask,
+        ended=torch.tensor([True, False]),
+        old_logprobs=zeros,
+        ref_logprobs=zeros,
         # values / returns on the mask: values [1, 1 | 2, 2, 2], returns [1, 3 | 2, 2, 2];
         # the masked-out slot holds garbage (0 vs 100) that must not count.
         old_values=torch.tensor([[1.0, 1.0, 0.0], [2.0, 2.0, 2.0]]),
         returns=torch.tensor([[1.0, 3.0, 100.0], [2.0, 2.0, 2.0]]),
-        raw_scores=torch.tensor([1.0, -2.0]), scores=torch.tensor([0.5, -1.0]),
+        raw_scores=torch.tensor([1.0, -2.0]),
+        scores=torch.tensor([0.5, -1.0]),
         kl=torch.tensor([[0.2, 0.4, 0.0], [0.1, 0.1, 0.3]]),
         rewards=torch.full((2, 3), 9.0),  # e.g. after reward whitening: must not enter rlhf_reward
         advantages=zeros,
-    )  # fmt: skip
+    )
     stats = rollout_statistics(rollout, torch.tensor(1.5), {"loss/policy": torch.tensor(0.1)}, kl_coef=0.5)
     expected = {
         "objective/scores": -0.5,  # (1 - 2) / 2

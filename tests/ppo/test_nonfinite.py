@@ -21,7 +21,9 @@ def test_a_critic_with_nan_gradients_at_every_step_stops_the_run_while_the_polic
     policy_before = {k: v.clone() for k, v in module.policy.state_dict().items()}
     next(module.critic.parameters()).register_hook(lambda grad: torch.full_like(grad, float("nan")))
     trainer = tiny_trainer(tmp_path)
-    with pytest.raises(NonFiniteError, match=r"3 updates in a row skipped .*non-finite gradients of the critic at rollout 0"):
+    with pytest.raises(
+        NonFiniteError, match=r"3 updates in a row skipped .*non-finite gradients of the critic at rollout 0"
+    ):
         trainer.fit(module, DataLoader([prompt_batch(module.tokenizer, PROMPTS)] * 5, batch_size=None))
     for key, value in module.critic.state_dict().items():
         assert torch.equal(value, critic_before[key]), key  # dropped gradients: AdamW moved nothing
@@ -42,8 +44,11 @@ def test_under_fp16_a_nan_loss_stops_the_run_as_in_32_bit(tmp_path):
     module.minibatch_loss = nan_loss
     scaler = torch.amp.GradScaler("cpu")  # Lightning makes 16-mixed bf16 on a CPU: the fp16 plugin, as CUDA gets it
     trainer = tiny_trainer(tmp_path, plugins=[MixedPrecision("16-mixed", device="cpu", scaler=scaler)])
-    with pytest.raises(NonFiniteError, match=r"3 updates in a row skipped .*non-finite gradients of the policy at "
-                                             r"rollout 0.*skipped by the fp16 GradScaler.*the loss was not finite"):  # fmt: skip
+    with pytest.raises(
+        NonFiniteError,
+        match=r"3 updates in a row skipped .*non-finite gradients of the policy at "
+        r"rollout 0.*skipped by the fp16 GradScaler.*the loss was not finite",
+    ):
         trainer.fit(module, DataLoader([prompt_batch(module.tokenizer, PROMPTS)] * 5, batch_size=None))
     for key, value in module.state_dict().items():
         assert torch.equal(value, before[key]), key  # the scaler skipped every step

@@ -48,10 +48,13 @@ class Snapshot(Callback):
 
     def on_train_end(self, trainer, pl_module) -> None:
         self.policy, self.critic = _cloned(pl_module.policy), _cloned(pl_module.critic)
-        self.frozen = {name: {k: (v.shape, v.dtype) for k, v in getattr(pl_module, name).state_dict().items()}
-                       for name in ("ref_policy", "reward_model")}  # fmt: skip
-        self.moments = [{k: v.clone() for k, v in state.items()} for opt in trainer.optimizers
-                        for state in opt.state.values()]  # fmt: skip
+        self.frozen = {
+            name: {k: (v.shape, v.dtype) for k, v in getattr(pl_module, name).state_dict().items()}
+            for name in ("ref_policy", "reward_model")
+        }
+        self.moments = [
+            {k: v.clone() for k, v in state.items()} for opt in trainer.optimizers for state in opt.state.values()
+        ]
 
 
 class TeardownSpy:
@@ -66,8 +69,11 @@ class TeardownSpy:
         def spy(strategy) -> None:
             module, optimizers = strategy.lightning_module, strategy.optimizers
             states = [v for opt in optimizers for s in opt.state.values() for v in s.values() if torch.is_tensor(v)]
-            self.seen = {"module": _nbytes(_tensors(module)), "optimizer_states": _nbytes(states),
-                         "reported": teardown_bytes(module, optimizers)}  # fmt: skip
+            self.seen = {
+                "module": _nbytes(_tensors(module)),
+                "optimizer_states": _nbytes(states),
+                "reported": teardown_bytes(module, optimizers),
+            }
             teardown(strategy)
 
         monkeypatch.setattr(Strategy, "teardown", spy)
@@ -77,8 +83,9 @@ class TeardownSpy:
 def test_fit_releases_the_frozen_models_and_optimizer_states_and_keeps_what_users_read(tmp_path, frozen_device):
     module = tiny_module(max_rollouts=1, memory=MemoryConfig(frozen_device=frozen_device))
     snapshot = Snapshot()
-    trainer = tiny_trainer(tmp_path, enable_checkpointing=True,
-                           callbacks=[snapshot, Checkpoint(dirpath=tmp_path / "ckpt", save_last=True)])  # fmt: skip
+    trainer = tiny_trainer(
+        tmp_path, enable_checkpointing=True, callbacks=[snapshot, Checkpoint(dirpath=tmp_path / "ckpt", save_last=True)]
+    )
     trainer.fit(module, train_dataloaders=_loader(module))
     assert snapshot.moments and all(len(m) > 0 for m in snapshot.moments)  # training had Adam moments
 
@@ -91,7 +98,9 @@ def test_fit_releases_the_frozen_models_and_optimizer_states_and_keeps_what_user
         assert all(v.is_meta for v in state.values()) and all(t.is_meta for t in _tensors(model))
     assert module.reference.model is module.ref_policy  # the reference sees the same released model
     ids = prompt_batch(module.tokenizer, PROMPTS)
-    with pytest.raises(ReleasedError, match=r"PPOModule\.ref_policy was released at the end of fit .*load_from_checkpoint"):
+    with pytest.raises(
+        ReleasedError, match=r"PPOModule\.ref_policy was released at the end of fit .*load_from_checkpoint"
+    ):
         module.ref_policy(ids["input_ids"], attention_mask=ids["attention_mask"])
     with pytest.raises(ReleasedError, match=r"PPOModule\.reward_model was released at the end of fit"):
         module.score(ids["input_ids"], ids["attention_mask"])
@@ -114,28 +123,35 @@ def test_fit_releases_the_frozen_models_and_optimizer_states_and_keeps_what_user
     last = torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=True)
     saved = [s for opt in last["optimizer_states"] for s in opt["state"].values()]
     assert len(saved) == len(snapshot.moments)
-    assert all(torch.equal(s["exp_avg"], m["exp_avg"]) and torch.equal(s["exp_avg_sq"], m["exp_avg_sq"])
-               for s, m in zip(saved, snapshot.moments))  # fmt: skip
+    assert all(
+        torch.equal(s["exp_avg"], m["exp_avg"]) and torch.equal(s["exp_avg_sq"], m["exp_avg_sq"])
+        for s, m in zip(saved, snapshot.moments)
+    )
 
     # A checkpoint saved after fit holds the weights but no (emptied) optimizer states; a resume refuses it.
     trainer.save_checkpoint(tmp_path / "after.ckpt")
     after = torch.load(tmp_path / "after.ckpt", weights_only=True)
     assert "optimizer_states" not in after and any(k.startswith("policy.") for k in after["state_dict"])
     resumed = tiny_module(max_rollouts=2, memory=MemoryConfig(frozen_device=frozen_device))
-    with pytest.raises(ResumeMismatch, match="the checkpoint holds no optimizer states .*resume from a checkpoint "
-                                             "written during fit"):  # fmt: skip
+    with pytest.raises(
+        ResumeMismatch, match="the checkpoint holds no optimizer states .*resume from a checkpoint written during fit"
+    ):
         tiny_trainer(tmp_path / "r").fit(resumed, train_dataloaders=_loader(resumed), ckpt_path=tmp_path / "after.ckpt")
 
 
 def test_a_run_resumes_from_the_last_checkpoint_of_a_released_run(tmp_path):
     module = tiny_module(max_rollouts=1)
-    trainer = tiny_trainer(tmp_path, enable_checkpointing=True, callbacks=[Checkpoint(dirpath=tmp_path / "ckpt",
-                                                                                      save_last=True)])  # fmt: skip
+    trainer = tiny_trainer(
+        tmp_path, enable_checkpointing=True, callbacks=[Checkpoint(dirpath=tmp_path / "ckpt", save_last=True)]
+    )
     trainer.fit(module, train_dataloaders=_loader(module))
     resumed = tiny_module(max_rollouts=2)
     again = tiny_trainer(tmp_path / "r")
-    again.fit(resumed, train_dataloaders=DataLoader([prompt_batch(resumed.tokenizer, PROMPTS)] * 2, batch_size=None),
-              ckpt_path=tmp_path / "ckpt" / "last.ckpt")  # fmt: skip
+    again.fit(
+        resumed,
+        train_dataloaders=DataLoader([prompt_batch(resumed.tokenizer, PROMPTS)] * 2, batch_size=None),
+        ckpt_path=tmp_path / "ckpt" / "last.ckpt",
+    )
     assert resumed.rollout_index == 2 and list(again.logger.history) == [1]  # rollout 1 ran, from the moments kept
 
 

@@ -7,10 +7,9 @@ import math
 import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
-
-from rlhf_lit.data import PromptDataModule
 from ppo_helpers import TINYSTORIES, tiny_module, tiny_trainer
 
+from rlhf_lit.data import PromptDataModule
 from rlhf_lit.stages.optim import OptimizerConfig
 
 TIMING = ("time/",)  # wall-clock metrics differ between runs
@@ -24,9 +23,13 @@ def _data(module, batch_size=4):
     # 16 prompts, 4 per rollout: 4 rollouts per epoch; 6 rollouts cross an epoch boundary. Resuming
     # after rollout 2 leaves exactly as many batches in the epoch as were done (a Lightning corner).
     return PromptDataModule(
-        tokenizer=module.tokenizer, train_path=TINYSTORIES, format="paragraphs", max_records=16,
-        batch_size=batch_size, seed=3,
-    )  # fmt: skip
+        tokenizer=module.tokenizer,
+        train_path=TINYSTORIES,
+        format="paragraphs",
+        max_records=16,
+        batch_size=batch_size,
+        seed=3,
+    )
 
 
 def _comparable(metrics: dict[str, float]) -> dict[str, float]:
@@ -37,8 +40,9 @@ def test_resume_after_rollout_k_matches_straight_run(tmp_path):
     # 2 epochs x 2 minibatches x 2 optimizers = 8 optimizer steps (global_step) per rollout.
     steps_per_rollout = 8
     straight = tiny_module(max_rollouts=6, optimizer=SCHEDULE)
-    ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=steps_per_rollout, save_top_k=-1,
-                           filename="{step}")
+    ckpt = ModelCheckpoint(
+        dirpath=tmp_path / "ckpt", every_n_train_steps=steps_per_rollout, save_top_k=-1, filename="{step}"
+    )
     trainer = tiny_trainer(tmp_path, enable_checkpointing=True, callbacks=[ckpt])
     trainer.fit(straight, _data(straight))
     full = trainer.logger.history
@@ -55,7 +59,9 @@ def test_resume_after_rollout_k_matches_straight_run(tmp_path):
             a, b = _comparable(full[step]), _comparable(part[step])
             assert a.keys() == b.keys()
             for name in a:
-                same = (math.isnan(a[name]) and math.isnan(b[name])) or a[name] == pytest.approx(b[name], rel=1e-6, abs=1e-7)
+                same = (math.isnan(a[name]) and math.isnan(b[name])) or a[name] == pytest.approx(
+                    b[name], rel=1e-6, abs=1e-7
+                )
                 assert same, f"rollout {step} {name}: straight {a[name]} resumed {b[name]}"
         for p, q in zip(straight.policy.parameters(), resumed.policy.parameters()):
             torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7)
@@ -81,7 +87,9 @@ def test_resume_refuses_a_model_directory_replaced_in_place(tmp_path):
     config = json.loads((sft / "config.json").read_text())
     (sft / "config.json").write_text(json.dumps({**config, "rms_norm_eps": 1e-6}))
     resumed = tiny_module(sft_model=str(sft), reward_model=STORIES, max_rollouts=2)
-    with pytest.raises(ResumeMismatch, match=r"model.sft_model \(its files\): checkpoint '[0-9a-f]{16}', now '[0-9a-f]{16}'"):
+    with pytest.raises(
+        ResumeMismatch, match=r"model.sft_model \(its files\): checkpoint '[0-9a-f]{16}', now '[0-9a-f]{16}'"
+    ):
         tiny_trainer(tmp_path / "r").fit(resumed, _data(resumed), ckpt_path=str(tmp_path / "ckpt" / "last.ckpt"))
 
 
@@ -125,7 +133,14 @@ def test_a_one_process_checkpoint_is_refused_on_two_processes(one_rollout):
     from rlhf_lit.stages.resume import ResumeMismatch
 
     resumed = tiny_module(max_rollouts=2, reward_model=STORIES)
-    resumed._trainer = SimpleNamespace(world_size=2, state=SimpleNamespace(fn="fit"), datamodule=None, precision="32-true",
-                                       accumulate_grad_batches=1, max_steps=-1, max_epochs=-1)  # fmt: skip
+    resumed._trainer = SimpleNamespace(
+        world_size=2,
+        state=SimpleNamespace(fn="fit"),
+        datamodule=None,
+        precision="32-true",
+        accumulate_grad_batches=1,
+        max_steps=-1,
+        max_epochs=-1,
+    )
     with pytest.raises(ResumeMismatch, match=r"\n  trainer.world_size: checkpoint 1, now 2\n"):
         resumed.on_load_checkpoint(torch.load(one_rollout, weights_only=False))

@@ -81,8 +81,12 @@ def test_a_reward_function_in_a_ppo_rollout_sees_exactly_the_hand_batch():
     # The real rollout path (scoring, reward sources, shaping) with sampling replaced by the hand
     # batch: the function is called once, with the table's rows, and its scores are the raw scores.
     source = RewardSource(name="answer", function="ppo_helpers:answer_reward")
-    module = tiny_module(reward_model=None, value_model=STORIES, reward=RewardConfig(sources=[source]),
-                         kl=KLConfig(kind="fixed", init_coef=0.1))  # fmt: skip
+    module = tiny_module(
+        reward_model=None,
+        value_model=STORIES,
+        reward=RewardConfig(sources=[source]),
+        kl=KLConfig(kind="fixed", init_coef=0.1),
+    )
     batch, gen = hand_batch()
     module.generate = lambda prompts: gen
     SEEN_REWARD_BATCHES.clear()
@@ -113,10 +117,13 @@ def test_a_rollout_decodes_its_responses_once(monkeypatch, with_function):
     calls = []
     for module_ in (experience_module, sources_module):
         original = module_.response_texts
-        monkeypatch.setattr(module_, "response_texts",
-                            lambda *a, original=original, **k: calls.append(1) or original(*a, **k))  # fmt: skip
+        monkeypatch.setattr(
+            module_, "response_texts", lambda *a, original=original, **k: calls.append(1) or original(*a, **k)
+        )
     sources = [RewardSource(name="answer", function="ppo_helpers:answer_reward")] if with_function else None
-    overrides = {"reward_model": None, "value_model": STORIES, "reward": RewardConfig(sources=sources)} if sources else {}
+    overrides = (
+        {"reward_model": None, "value_model": STORIES, "reward": RewardConfig(sources=sources)} if sources else {}
+    )
     module = tiny_module(kl=KLConfig(kind="fixed", init_coef=0.1), **overrides)
     batch, gen = hand_batch()
     module.generate = lambda prompts: gen

@@ -44,14 +44,23 @@ def test_a_single_reward_model_keeps_its_scores_and_logs_no_members():
     assert torch.equal(total, scores) and set(parts) == {"reward/rm"}
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"aggregate": "median"}, "reward source 'rm': aggregate must be one of mean, uncertainty_weighted, worst_case; got 'median'"),
-    ({"aggregate": "uncertainty_weighted"}, "aggregate uncertainty_weighted needs lam"),
-    ({"aggregate": "uncertainty_weighted", "lam": -0.5}, "lam must be >= 0, got -0.5"),
-    ({"aggregate": "worst_case", "lam": 0.5}, "lam applies to aggregate uncertainty_weighted only"),
-    ({"function": "ppo_helpers:answer_reward", "aggregate": "worst_case"}, "is a reward function; aggregate and lam apply"),
-    ({"function": "ppo_helpers:answer_reward", "lam": 1.0}, "is a reward function; aggregate and lam apply"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (
+            {"aggregate": "median"},
+            "reward source 'rm': aggregate must be one of mean, uncertainty_weighted, worst_case; got 'median'",
+        ),
+        ({"aggregate": "uncertainty_weighted"}, "aggregate uncertainty_weighted needs lam"),
+        ({"aggregate": "uncertainty_weighted", "lam": -0.5}, "lam must be >= 0, got -0.5"),
+        ({"aggregate": "worst_case", "lam": 0.5}, "lam applies to aggregate uncertainty_weighted only"),
+        (
+            {"function": "ppo_helpers:answer_reward", "aggregate": "worst_case"},
+            "is a reward function; aggregate and lam apply",
+        ),
+        ({"function": "ppo_helpers:answer_reward", "lam": 1.0}, "is a reward function; aggregate and lam apply"),
+    ],
+)
 def test_bad_aggregate_settings_are_refused(kwargs, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         RewardSource(name="rm", **kwargs)
@@ -59,8 +68,10 @@ def test_bad_aggregate_settings_are_refused(kwargs, message):
 
 def test_an_aggregate_other_than_mean_needs_an_ensemble():
     reward = RewardConfig(sources=[RewardSource(name="rm", aggregate="worst_case")])
-    with pytest.raises(ValueError, match="aggregate worst_case needs a reward-model ensemble; model.reward_model .* is a "
-                                         "single reward model"):
+    with pytest.raises(
+        ValueError,
+        match="aggregate worst_case needs a reward-model ensemble; model.reward_model .* is a single reward model",
+    ):
         tiny_module(reward=reward)
 
 
@@ -79,9 +90,14 @@ def ensemble_dir(tmp_path_factory):
 
 def test_ppo_with_an_ensemble_logs_members_and_std_and_keeps_the_per_response_std(tmp_path, ensemble_dir):
     reward = RewardConfig(sources=[RewardSource(name="rm", aggregate="uncertainty_weighted", lam=0.5)])
-    module = tiny_module(reward_model=str(ensemble_dir), reward=reward, max_rollouts=1,
-                         sampling=SamplingConfig(max_new_tokens=6), ppo=PPOConfig(epochs=1, minibatch_size=2),
-                         kl=KLConfig(kind="fixed", init_coef=0.1))  # fmt: skip
+    module = tiny_module(
+        reward_model=str(ensemble_dir),
+        reward=reward,
+        max_rollouts=1,
+        sampling=SamplingConfig(max_new_tokens=6),
+        ppo=PPOConfig(epochs=1, minibatch_size=2),
+        kl=KLConfig(kind="fixed", init_coef=0.1),
+    )
     assert isinstance(module.reward_model, RewardEnsemble) and module.reward_model.size == 2
     # The separate critic starts from member 0 (value_model unset).
     assert torch.equal(module.critic.model.score.weight, module.reward_model.members[0].score.weight)

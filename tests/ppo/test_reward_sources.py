@@ -18,8 +18,12 @@ from rlhf_lit.models.generation import SamplingConfig
 from rlhf_lit.stages.ppo.config import KLConfig, PPOConfig, RewardConfig, RewardSource
 
 BETA = 0.1
-ANSWERS = {"Once upon a time there was": "1.5", "Tom had a red": "-2.0", "The little cat": "0.25",
-           "A big dog ran": "3.0"}  # fmt: skip
+ANSWERS = {
+    "Once upon a time there was": "1.5",
+    "Tom had a red": "-2.0",
+    "The little cat": "0.25",
+    "A big dog ran": "3.0",
+}
 
 
 @pytest.fixture(scope="module")
@@ -50,8 +54,9 @@ def fit(tmp_path, prompts_file, sources, k=2, max_rollouts=1, **overrides):
         return out
 
     module.make_rollout = recording
-    data = PromptDataModule(tokenizer=module.tokenizer, train_path=prompts_file, batch_size=2, seed=3,
-                            extra_fields=["answer"])  # fmt: skip
+    data = PromptDataModule(
+        tokenizer=module.tokenizer, train_path=prompts_file, batch_size=2, seed=3, extra_fields=["answer"]
+    )
     trainer = tiny_trainer(tmp_path)
     trainer.fit(module, data)
     return module, record, trainer.logger.history
@@ -75,8 +80,9 @@ def test_a_function_source_reads_the_extra_column_of_each_row_after_repetition(t
 
 def test_function_scores_take_the_same_placement_path_as_the_reward_model(tmp_path, prompts_file):
     sources = [RewardSource(name="answer", function="ppo_helpers:answer_reward")]
-    _, (rollout,), _ = fit(tmp_path, prompts_file, sources, reward=RewardConfig(sources=sources, bias=0.5,
-                                                                              missing_eos_penalty=-3.0))  # fmt: skip
+    _, (rollout,), _ = fit(
+        tmp_path, prompts_file, sources, reward=RewardConfig(sources=sources, bias=0.5, missing_eos_penalty=-3.0)
+    )
     mask = rollout.response_mask
     scores = torch.where(rollout.ended, rollout.raw_scores - 0.5, torch.tensor(-3.0))
     torch.testing.assert_close(rollout.scores, scores)
@@ -113,8 +119,12 @@ def test_sources_are_checked_when_the_module_is_built():
     with pytest.raises(ValueError, match="set model.reward_model"):
         tiny_module(reward_model=None, value_model=STORIES)
     with pytest.raises(ValueError, match="names must be unique"):
-        RewardConfig(sources=[RewardSource(name="a", function="ppo_helpers:bad_reward"),
-                              RewardSource(name="a", function="ppo_helpers:bad_reward")])  # fmt: skip
+        RewardConfig(
+            sources=[
+                RewardSource(name="a", function="ppo_helpers:bad_reward"),
+                RewardSource(name="a", function="ppo_helpers:bad_reward"),
+            ]
+        )
     with pytest.raises(ValueError, match="no_such"):
         tiny_module(reward=RewardConfig(sources=[RewardSource(name="x", function="ppo_helpers:no_such")]))
 
@@ -127,16 +137,27 @@ def test_reward_model_and_function_scores_are_placed_alike_on_eos_and_truncated_
     else:
         sources, extra = [RewardSource(name="answer", function="ppo_helpers:answer_reward")], {}
     reward = RewardConfig(sources=sources, bias=0.5, missing_eos_penalty=-3.0)
-    module = tiny_module(**{**dict(
-        reward_model=None, value_model=STORIES, sampling=SamplingConfig(max_new_tokens=8, samples_per_prompt=2),
-        ppo=PPOConfig(epochs=1, minibatch_size=2), reward=reward, kl=KLConfig(kind="fixed", init_coef=BETA),
-        max_rollouts=1), **extra})  # fmt: skip
+    module = tiny_module(
+        **{
+            **dict(
+                reward_model=None,
+                value_model=STORIES,
+                sampling=SamplingConfig(max_new_tokens=8, samples_per_prompt=2),
+                ppo=PPOConfig(epochs=1, minibatch_size=2),
+                reward=reward,
+                kl=KLConfig(kind="fixed", init_coef=BETA),
+                max_rollouts=1,
+            ),
+            **extra,
+        }
+    )
     module.stop_ids = (*module.stop_ids, module.tokenizer.convert_tokens_to_ids("."))  # some rows end early
     rollouts = []
     make_rollout = module.make_rollout
     module.make_rollout = lambda batch, timer, *args: rollouts.append(make_rollout(batch, timer, *args)) or rollouts[-1]
-    data = PromptDataModule(tokenizer=module.tokenizer, train_path=prompts_file, batch_size=4, seed=3,
-                            extra_fields=["answer"])  # fmt: skip
+    data = PromptDataModule(
+        tokenizer=module.tokenizer, train_path=prompts_file, batch_size=4, seed=3, extra_fields=["answer"]
+    )
     tiny_trainer(tmp_path).fit(module, data)
     rollout = rollouts[0][0]
     mask = rollout.response_mask

@@ -4,28 +4,23 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.utils.data import DataLoader
 from float32_bounds import largest_logit, logprob_bound
 from ppo_helpers import EOS, PAD, prompt_batch, tiny_module, tiny_trainer
+from torch.utils.data import DataLoader
 
 import rlhf_lit.stages.ppo.loss as ppo_stage
 from rlhf_lit.functional import kl_penalty
 from rlhf_lit.models import token_scores
-from rlhf_lit.models.generation import complete_generation, forward_with_positions
-from rlhf_lit.stages.ppo.config import PPOConfig
-from rlhf_lit.stages.ppo.rollout import minibatches
+from rlhf_lit.models.generation import complete_generation
+from rlhf_lit.models.teacher_forced import forward_with_positions
 from rlhf_lit.stages.ppo import PPOModule
-from rlhf_lit.stages.ppo.config import KLConfig, RewardConfig
+from rlhf_lit.stages.ppo.config import KLConfig, PPOConfig, RewardConfig
 from rlhf_lit.stages.ppo.metrics import RolloutTimer
+from rlhf_lit.stages.ppo.rollout import minibatches
 
 RAW_SCORES = [1.5, -2.0, 0.25, 3.0]
 # Responses (R = 5) with EOS at positions 1, none, 0 and 4; junk after EOS must become pad.
-RESPONSES = [
-    [300, EOS, 301, 302, 303],
-    [310, 311, 312, 313, 314],
-    [EOS, 320, 321, EOS, 322],
-    [330, 331, 332, 333, EOS],
-]
+RESPONSES = [[300, EOS, 301, 302, 303], [310, 311, 312, 313, 314], [EOS, 320, 321, EOS, 322], [330, 331, 332, 333, EOS]]
 LAST = [1, 4, 0, 4]  # last response token (EOS included)
 ENDED = [True, False, True, True]
 
@@ -96,7 +91,9 @@ def test_logprobs_and_values_are_read_at_the_predicting_position():
     for row in range(4):
         for t in range(LAST[row] + 1):
             token = rollout.response_ids[row, t]
-            assert rollout.old_logprobs[row, t].item() == pytest.approx(logp[row, P - 1 + t, token].item(), rel=2e-6, abs=1e-6)
+            assert rollout.old_logprobs[row, t].item() == pytest.approx(
+                logp[row, P - 1 + t, token].item(), rel=2e-6, abs=1e-6
+            )
             assert rollout.old_values[row, t].item() == values[row, P - 1 + t].item()
     # The reference starts equal to the policy: no KL before any update.
     torch.testing.assert_close(rollout.ref_logprobs, rollout.old_logprobs)
@@ -122,7 +119,9 @@ def test_first_minibatch_has_ratio_one_and_no_clipping(tmp_path, monkeypatch, re
         return loss, stats
 
     monkeypatch.setattr(ppo_stage, "ppo_policy_loss", recording)
-    module = tiny_module(max_rollouts=1, ppo=PPOConfig(epochs=2, minibatch_size=2, reuse_first_forward=reuse_first_forward))
+    module = tiny_module(
+        max_rollouts=1, ppo=PPOConfig(epochs=2, minibatch_size=2, reuse_first_forward=reuse_first_forward)
+    )
     batch = prompt_batch(module.tokenizer, ["Once upon a time", "The", "Tom had a red", "A big dog"])
     make_rollout, rows = module.make_rollout, []
 

@@ -18,11 +18,19 @@ import golden_reference as ref
 import pytest
 import torch
 from float32_bounds import (
-    EPS, adam_first_step_bound, clipped_bound, gradient_bound, largest_logit, logprob_bound, output_bound,
-    weighted_abs_grads, whitened_bound,
+    EPS,
+    adam_first_step_bound,
+    clipped_bound,
+    gradient_bound,
+    largest_logit,
+    logprob_bound,
+    output_bound,
+    weighted_abs_grads,
+    whitened_bound,
 )
 from ppo_helpers import tiny_module
 from transformers import AutoModelForCausalLM
+
 
 def _run(out: Path) -> dict[int, dict]:
     """What each rank of a strategy_worker.py part of the two-process launch (``two_process_run``) wrote
@@ -70,9 +78,13 @@ def _bounds(single: dict) -> dict:
     tokens = int(mask.sum())
     adv = rs["advantages"][mask]
     errors = (rs["old_values"] - rs["returns"])[mask].abs()
-    bounds = {"raw_scores": raw, "scores": scores, "advantages": advantages,
-              "policy": float((adv.abs() * 2 * lp * 1.01 + advantages * 1.01).mean()) + 8 * EPS,
-              "value": float((errors * (2 * value + returns)).mean()) + 8 * EPS * float((0.5 * errors**2).mean())}  # fmt: skip
+    bounds = {
+        "raw_scores": raw,
+        "scores": scores,
+        "advantages": advantages,
+        "policy": float((adv.abs() * 2 * lp * 1.01 + advantages * 1.01).mean()) + 8 * EPS,
+        "value": float((errors * (2 * value + returns)).mean()) + 8 * EPS * float((0.5 * errors**2).mean()),
+    }
     # Per token, the unpadded row through the initial models, as a reference would (never rlhf_lit's passes).
     prompt_width = ids.shape[1] - rs["response_ids"].shape[1]
     policy_terms, critic_terms = [], []
@@ -87,8 +99,10 @@ def _bounds(single: dict) -> dict:
             critic_terms.append((values[t], VF_COEF * (2 * value + returns) / tokens))
     policy_moves = weighted_abs_grads(module.policy, policy_terms)
     critic_moves = weighted_abs_grads(module.critic, critic_terms)
-    bounds["moves"] = [{"policy." + n: m for n, m in policy_moves.items()},
-                       {"critic." + n: m for n, m in critic_moves.items()}]  # fmt: skip
+    bounds["moves"] = [
+        {"policy." + n: m for n, m in policy_moves.items()},
+        {"critic." + n: m for n, m in critic_moves.items()},
+    ]
     bounds["positions"] = tokens * positions
     return bounds
 
@@ -175,8 +189,12 @@ def test_two_processes_make_the_single_process_update(mode, single, two_process_
         # stories260K ties its LM head to the embedding: one parameter, two state-dict entries
         grad, bound = clipped[name if name in clipped else "model.embed_tokens.weight"]
         # + 4 eps of the weight: the update's own float32 rounding (one subtraction, one product)
-        _assert_within(policy[name], value, adam_first_step_bound(grad, bound, LR, ADAM_EPS) + 4 * EPS * value.abs(),
-                       f"updated {name}")  # fmt: skip
+        _assert_within(
+            policy[name],
+            value,
+            adam_first_step_bound(grad, bound, LR, ADAM_EPS) + 4 * EPS * value.abs(),
+            f"updated {name}",
+        )
     assert any(not torch.equal(policy[n], v) for n, v in single["policy"].items())
 
     # The export (rank 0) is the whole updated policy, loadable by plain transformers.

@@ -10,13 +10,13 @@ from __future__ import annotations
 import json
 import shutil
 
+import golden_reference as ref
 import pytest
 import torch
 from lightning.pytorch.plugins.precision import MixedPrecision
 from ppo_helpers import STORIES, prompt_batch, tiny_module, tiny_trainer
 from torch.utils.data import DataLoader
 
-import golden_reference as ref
 from rlhf_lit.models import load_causal_lm, load_reward_model, sequence_scores
 from rlhf_lit.models.generation import Generated, SamplingConfig, complete_generation
 from rlhf_lit.models.packing import padding_free
@@ -33,8 +33,9 @@ PROMPTS = ["Once upon a time, there was", "The", "Tom had a red", "A big dog"]
 def test_learning_rate_schedules_step_once_per_rollout(tmp_path):
     policy_cfg = OptimizerConfig(lr=1e-3, eps=1e-5, warmup_steps=2, schedule="linear")
     critic_cfg = OptimizerConfig(lr=4e-3, eps=1e-5, schedule="cosine", min_lr_ratio=0.5)
-    module = tiny_module(optimizer=policy_cfg, critic_optimizer=critic_cfg, max_rollouts=5,
-                         ppo=PPOConfig(epochs=1, minibatch_size=4))  # fmt: skip
+    module = tiny_module(
+        optimizer=policy_cfg, critic_optimizer=critic_cfg, max_rollouts=5, ppo=PPOConfig(epochs=1, minibatch_size=4)
+    )
     used = {"policy": [], "critic": []}
     configure = module.configure_optimizers
 
@@ -80,8 +81,10 @@ def _one_row(gen: Generated, row: int, prompt_length: int) -> Generated:
     return Generated(
         torch.cat([prompt_ids, gen.response_ids[row]])[None],
         torch.cat([torch.ones_like(prompt_ids), gen.response_mask[row].long()])[None],
-        gen.response_ids[row : row + 1], gen.response_mask[row : row + 1], gen.ended[row : row + 1],
-    )  # fmt: skip
+        gen.response_ids[row : row + 1],
+        gen.response_mask[row : row + 1],
+        gen.ended[row : row + 1],
+    )
 
 
 @pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
@@ -94,8 +97,12 @@ def test_left_padded_rows_score_as_they_do_alone_on_gpt2(gpt2_dir, gpt2_rm_dir, 
     batch = prompt_batch(module.tokenizer, ["Once upon a time there was a", "The", "Tom had a", "A big dog ran"])
     eos = module.tokenizer.eos_token_id
     responses = torch.tensor([[464, 3290, eos, 11], [50, 51, 52, 53], [eos, 7, 8, 9], [100, 200, 300, eos]])
-    gen = complete_generation(torch.cat([batch["input_ids"], responses], 1), batch["attention_mask"],
-                              module.stop_ids, module.tokenizer.pad_token_id)  # fmt: skip
+    gen = complete_generation(
+        torch.cat([batch["input_ids"], responses], 1),
+        batch["attention_mask"],
+        module.stop_ids,
+        module.tokenizer.pad_token_id,
+    )
     assert batch["attention_mask"].sum(1).tolist() == [7, 1, 3, 4]  # left padding of 0 to 6 tokens
     P = batch["input_ids"].shape[1]
     with padding_free(packed):  # ppo.remove_padding: the rows' real tokens as one sequence
@@ -104,8 +111,13 @@ def test_left_padded_rows_score_as_they_do_alone_on_gpt2(gpt2_dir, gpt2_rm_dir, 
         alone = module.experience_maker.score_rollout(_one_row(gen, row, P))
         mask = gen.response_mask[row]
         for key in ("old_logprobs", "ref_logprobs", "old_values"):
-            torch.testing.assert_close(getattr(padded, key)[row][mask], getattr(alone, key)[0][mask], rtol=1e-5, atol=1e-5,
-                                       msg=lambda m, key=key: f"row {row} {key}: {m}")  # fmt: skip
+            torch.testing.assert_close(
+                getattr(padded, key)[row][mask],
+                getattr(alone, key)[0][mask],
+                rtol=1e-5,
+                atol=1e-5,
+                msg=lambda m, key=key, row=row: f"row {row} {key}: {m}",
+            )
         torch.testing.assert_close(padded.rm_scores[row], alone.rm_scores[0], rtol=1e-5, atol=1e-5)
 
 
@@ -161,8 +173,12 @@ def _scripted_gen(module) -> Generated:
     batch = prompt_batch(module.tokenizer, PROMPTS)
     eos = module.tokenizer.eos_token_id
     responses = torch.tensor([[30, eos, 31], [40, 41, 42], [eos, 50, 51], [60, 61, eos]])
-    return complete_generation(torch.cat([batch["input_ids"], responses], 1), batch["attention_mask"],
-                               module.stop_ids, module.tokenizer.pad_token_id)  # fmt: skip
+    return complete_generation(
+        torch.cat([batch["input_ids"], responses], 1),
+        batch["attention_mask"],
+        module.stop_ids,
+        module.tokenizer.pad_token_id,
+    )
 
 
 def test_critic_value_at_the_last_token_equals_the_reward_with_an_unfolded_bias(tmp_path):
@@ -218,8 +234,12 @@ def test_every_eos_id_of_the_model_ends_a_response(tmp_path):
     generation = json.loads((path / "generation_config.json").read_text())
     generation["eos_token_id"] = [2, dot]
     (path / "generation_config.json").write_text(json.dumps(generation))
-    module = tiny_module(sft_model=str(path), reward_model=str(path), sampling=SamplingConfig(max_new_tokens=12),
-                         reward=RewardConfig(missing_eos_penalty=-7.0))  # fmt: skip
+    module = tiny_module(
+        sft_model=str(path),
+        reward_model=str(path),
+        sampling=SamplingConfig(max_new_tokens=12),
+        reward=RewardConfig(missing_eos_penalty=-7.0),
+    )
     assert module.stop_ids == (2, dot)
     module.policy.lm_head = TokenBias(module.policy.lm_head, dot, 2.5)  # "." at varied steps
     raw = []
@@ -258,9 +278,11 @@ def _fp16_run(tmp_path, growth_interval: int):
     def recording_optimizers():
         optimizers, schedulers = configure()
         for which, opt in zip(("policy", "critic"), optimizers):
+
             def hook(o, a, k, which=which):
                 grads = [p.grad for g in o.param_groups for p in g["params"] if p.grad is not None]
                 norms[which].append(float(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads]))))
+
             opt.register_step_pre_hook(hook)
         return optimizers, schedulers
 
@@ -334,7 +356,8 @@ def test_a_positive_missing_eos_penalty_is_refused_because_it_replaces_the_score
     assert str(refused.value) == (
         "reward.missing_eos_penalty=1.0 is positive: it REPLACES the score of a response without EOS (TRL's "
         "missing_eos_penalty is subtracted from it instead), so a positive value pays unfinished responses; give the "
-        "score they get instead, e.g. -1.0, or null")
+        "score they get instead, e.g. -1.0, or null"
+    )
     with pytest.raises(ValueError, match=r"missing_eos_penalty=1e-06 is positive"):
         RewardConfig(missing_eos_penalty=1e-6)
     # Zero and below are scores an unfinished response may be given: they replace its score.

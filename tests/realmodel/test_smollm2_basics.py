@@ -45,20 +45,26 @@ def test_the_end_of_turn_is_eos_and_pad_and_the_model_stops_at_it(smollm2_path, 
 
 def test_a_rendered_prompt_ends_with_the_generation_prompt(tokenizer):
     encoder = TextEncoder(tokenizer, apply_chat_template=True)
-    assert encoder.render_prompt(QUESTIONS[0]).endswith("<|im_start|>user\nWhat is the capital of France?<|im_end|>\n"
-                                                        "<|im_start|>assistant\n")  # fmt: skip
+    assert encoder.render_prompt(QUESTIONS[0]).endswith(
+        "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
+    )
     ids = encoder.encode_prompts([QUESTIONS[0]])[0]
     assert ids[-4:] == tokenizer("<|im_start|>assistant\n", add_special_tokens=False)["input_ids"]
 
 
 def test_greedy_answers_stop_at_the_end_of_turn_which_the_response_mask_counts(policy, tokenizer):
     end = tokenizer.convert_tokens_to_ids(END)
-    batch = tokenizer.pad({"input_ids": TextEncoder(tokenizer, apply_chat_template=True).encode_prompts(QUESTIONS)},
-                          return_tensors="pt")  # fmt: skip
+    batch = tokenizer.pad(
+        {"input_ids": TextEncoder(tokenizer, apply_chat_template=True).encode_prompts(QUESTIONS)}, return_tensors="pt"
+    )
     generated = generate_responses(
-        policy, batch["input_ids"], batch["attention_mask"], SamplingConfig(max_new_tokens=32, do_sample=False),
-        eos_token_id=stop_token_ids(policy, tokenizer), pad_token_id=tokenizer.pad_token_id,
-    )  # fmt: skip
+        policy,
+        batch["input_ids"],
+        batch["attention_mask"],
+        SamplingConfig(max_new_tokens=32, do_sample=False),
+        eos_token_id=stop_token_ids(policy, tokenizer),
+        pad_token_id=tokenizer.pad_token_id,
+    )
     assert generated.ended.tolist() == [True, True]
     lengths = []
     for ids, mask in zip(generated.response_ids.tolist(), generated.response_mask.tolist()):
@@ -80,15 +86,18 @@ def test_the_reward_model_reads_each_rows_end_of_turn_not_the_pad_after_it(smoll
     reward = load_reward_model(str(smollm2_path), tokenizer, new_head=True)
     encoder = TextEncoder(tokenizer, apply_chat_template=True)
     end = tokenizer.convert_tokens_to_ids(END)
-    rows = [encoder.encode_prompts([q])[0] + tokenizer(a, add_special_tokens=False)["input_ids"] + [end]
-            for q, a in zip(QUESTIONS, ("Paris.", "2 + 2 is 4, as anyone can check."))]  # fmt: skip
+    rows = [
+        encoder.encode_prompts([q])[0] + tokenizer(a, add_special_tokens=False)["input_ids"] + [end]
+        for q, a in zip(QUESTIONS, ("Paris.", "2 + 2 is 4, as anyone can check."))
+    ]
     width = max(map(len, rows))
     ids = torch.tensor([r + [tokenizer.pad_token_id] * (width - len(r)) for r in rows])  # right padded with <|im_end|>
     mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
     with torch.no_grad():
         together = sequence_scores(reward, ids, mask)
         # The head read at each row's own last token, its <|im_end|>, computed apart from rlhf-lit's code.
-        alone = torch.stack([reward.score(reward.model(input_ids=torch.tensor([r])).last_hidden_state[0, -1])[0]
-                             for r in rows])  # fmt: skip
+        alone = torch.stack(
+            [reward.score(reward.model(input_ids=torch.tensor([r])).last_hidden_state[0, -1])[0] for r in rows]
+        )
     assert rows[0] != rows[1] and len(rows[0]) < width
     torch.testing.assert_close(together, alone, rtol=1e-4, atol=1e-4)

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from float32_bounds import entropy_bound, largest_logit, logprob_bound, output_bound
+
 from rlhf_lit.data.encoding import TextEncoder
 from rlhf_lit.models import load_causal_lm
 from rlhf_lit.models.compiled_generation import cache_length
@@ -43,7 +43,9 @@ def test_compiled_forward_gives_the_eager_logits_with_grouped_query_attention(sm
     answers = [a + [end] for a in answers[:2]] + answers[2:]
     width_p, width_r = max(map(len, prompts)), max(map(len, answers))
     rows = [[end] * (width_p - len(p)) + p + a + [end] * (width_r - len(a)) for p, a in zip(prompts, answers)]
-    mask = [[0] * (width_p - len(p)) + [1] * (len(p) + len(a)) + [0] * (width_r - len(a)) for p, a in zip(prompts, answers)]
+    mask = [
+        [0] * (width_p - len(p)) + [1] * (len(p) + len(a)) + [0] * (width_r - len(a)) for p, a in zip(prompts, answers)
+    ]
     ids, mask = torch.tensor(rows), torch.tensor(mask)
     assert len({len(p) for p in prompts}) == 3  # three different left paddings
 
@@ -52,8 +54,10 @@ def test_compiled_forward_gives_the_eager_logits_with_grouped_query_attention(sm
         runner = ForwardPassRunner("compiled")
         compiled, _ = runner.policy_and_values(policy, None, ids, mask, width_p)
         # Each row alone, unpadded: the logits that predict its response tokens (positions P-1 .. P+n-2).
-        alone = [policy(input_ids=torch.tensor([p + a])).logits[0, len(p) - 1 : len(p) + len(a) - 1]
-                 for p, a in zip(prompts, answers)]  # fmt: skip
+        alone = [
+            policy(input_ids=torch.tensor([p + a])).logits[0, len(p) - 1 : len(p) + len(a) - 1]
+            for p, a in zip(prompts, answers)
+        ]
     assert runner.stats.graphs == 1
     assert compiled.shape == eager.shape == (3, width_r, config.vocab_size)
     positions = bucket_length(width_p) + bucket_length(width_r)  # the compiled pass's padded rows
@@ -72,9 +76,15 @@ def test_compiled_greedy_decoding_writes_the_eager_tokens_and_stops_at_the_end_o
     out = {}
     for decode in ("eager", "compiled"):
         sampling = SamplingConfig(max_new_tokens=12, do_sample=False, decode=decode)
-        out[decode] = generate_responses(policy, batch["input_ids"], batch["attention_mask"], sampling,
-                                         stop_token_ids(policy, tokenizer), tokenizer.pad_token_id,
-                                         return_logprobs=True)  # fmt: skip
+        out[decode] = generate_responses(
+            policy,
+            batch["input_ids"],
+            batch["attention_mask"],
+            sampling,
+            stop_token_ids(policy, tokenizer),
+            tokenizer.pad_token_id,
+            return_logprobs=True,
+        )
     eager, compiled = out["eager"], out["compiled"]
     config = policy.config
     magnitude = largest_logit(policy, eager.query_responses, eager.attention_mask)
@@ -83,14 +93,21 @@ def test_compiled_greedy_decoding_writes_the_eager_tokens_and_stops_at_the_end_o
     # more than twice the bound (each may move by it): check that first, so equality is derived, not luck.
     with torch.no_grad():
         positions = (eager.attention_mask.cumsum(1) - 1).clamp(min=0)
-        logits = policy(input_ids=eager.query_responses, attention_mask=eager.attention_mask,
-                        position_ids=positions).logits[:, batch["input_ids"].shape[1] - 1 : -1]  # (B, R, V)  fmt: skip
+        logits = policy(
+            input_ids=eager.query_responses, attention_mask=eager.attention_mask, position_ids=positions
+        ).logits[:, batch["input_ids"].shape[1] - 1 : -1]  # (B, R, V)
     top2 = logits.topk(2, dim=-1).values
     margins = (top2[..., 0] - top2[..., 1])[eager.response_mask]
     assert float(margins.min()) > 2 * output_bound(config, magnitude, longest)
     assert eager.ended.all() and len(set(eager.response_mask.sum(1).tolist())) == 2  # two lengths, pad after one
     assert torch.equal(compiled.query_responses, eager.query_responses)
     assert torch.equal(compiled.response_mask, eager.response_mask)
-    torch.testing.assert_close(compiled.logprobs, eager.logprobs, rtol=0, atol=logprob_bound(config, magnitude, longest))
-    torch.testing.assert_close(compiled.entropy, eager.entropy, rtol=0,
-                               atol=entropy_bound(config, magnitude, float(eager.entropy.max()), longest))  # fmt: skip
+    torch.testing.assert_close(
+        compiled.logprobs, eager.logprobs, rtol=0, atol=logprob_bound(config, magnitude, longest)
+    )
+    torch.testing.assert_close(
+        compiled.entropy,
+        eager.entropy,
+        rtol=0,
+        atol=entropy_bound(config, magnitude, float(eager.entropy.max()), longest),
+    )

@@ -24,8 +24,10 @@ REJECTED = "\n\nHuman: Hi\n\nAssistant: Hello!\n\nHuman: Help me?\n\nAssistant: 
 SHORT = "\n\nHuman: Why?\n\nAssistant: Because."  # a one-exchange transcript: a shorter, left-padded prompt
 
 SYSTEM = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
-PROMPT = (SYSTEM + "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello!<|im_end|>\n"
-          "<|im_start|>user\nHelp me?<|im_end|>\n<|im_start|>assistant\n")  # fmt: skip
+PROMPT = (
+    SYSTEM + "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello!<|im_end|>\n"
+    "<|im_start|>user\nHelp me?<|im_end|>\n<|im_start|>assistant\n"
+)
 SHORT_PROMPT = SYSTEM + "<|im_start|>user\nWhy?<|im_end|>\n<|im_start|>assistant\n"
 
 
@@ -40,8 +42,12 @@ def hh_file(tmp_path):
     import json
 
     path = tmp_path / "hh.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in ({"chosen": CHOSEN, "rejected": REJECTED},
-                                                             {"chosen": SHORT, "rejected": SHORT + " No."})))  # fmt: skip
+    path.write_text(
+        "".join(
+            json.dumps(r) + "\n"
+            for r in ({"chosen": CHOSEN, "rejected": REJECTED}, {"chosen": SHORT, "rejected": SHORT + " No."})
+        )
+    )
     return str(path)
 
 
@@ -62,18 +68,26 @@ def test_the_preference_batch_is_chatml_and_its_last_real_position_is_the_end_of
     assert dm.format == "hh_rlhf" and dm.chat_rendered
     batch = {k: v.tolist() for k, v in next(iter(dm.train_dataloader())).items()}
     end = tokenizer.convert_tokens_to_ids(END)
-    chosen, rejected = ids(tokenizer, PROMPT + "Sure." + END), ids(tokenizer, PROMPT + "No, I will not help you with that." + END)
+    chosen, rejected = (
+        ids(tokenizer, PROMPT + "Sure." + END),
+        ids(tokenizer, PROMPT + "No, I will not help you with that." + END),
+    )
     assert len(chosen) < len(rejected)  # the chosen row is the padded one
     padding = len(rejected) - len(chosen)
     assert batch["chosen_input_ids"] == [chosen + [end] * padding]  # padded with <|im_end|> itself
     assert batch["chosen_attention_mask"] == [[1] * len(chosen) + [0] * padding]
     assert batch["rejected_input_ids"] == [rejected] and batch["rejected_attention_mask"] == [[1] * len(rejected)]
     assert batch["prompt_length"] == [len(ids(tokenizer, PROMPT))]
-    for row, mask in ((batch["chosen_input_ids"][0], batch["chosen_attention_mask"][0]),
-                      (batch["rejected_input_ids"][0], batch["rejected_attention_mask"][0])):  # fmt: skip
+    for row, mask in (
+        (batch["chosen_input_ids"][0], batch["chosen_attention_mask"][0]),
+        (batch["rejected_input_ids"][0], batch["rejected_attention_mask"][0]),
+    ):
         last = sum(mask) - 1  # the last position the mask counts: what a reward model reads
         assert row[last] == end and row[last - 1] != end  # the end of turn, right after the answer, not a pad
-    assert tokenizer.decode(batch["chosen_input_ids"][0][: sum(batch["chosen_attention_mask"][0])]) == PROMPT + "Sure." + END
+    assert (
+        tokenizer.decode(batch["chosen_input_ids"][0][: sum(batch["chosen_attention_mask"][0])])
+        == PROMPT + "Sure." + END
+    )
 
 
 def test_the_prompt_batch_is_chatml_left_padded_with_the_generation_prompt_last(tokenizer, hh_file):

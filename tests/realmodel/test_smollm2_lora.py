@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from float32_bounds import output_bound
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM
 
-from float32_bounds import output_bound
 from rlhf_lit.models import load_causal_lm
 from rlhf_lit.models.lora import LoRAConfig, export_parts, peft_model_of, with_lora
 from rlhf_lit.stages.export import save_pretrained_atomically
@@ -32,7 +32,9 @@ def lora_policy(path, tokenizer, targets=None):
     """SmolLM2 with LoRA adapters whose B matrices are moved off 0 (as training would), so merging
     them changes every adapted weight: a merge left out, or landing on the wrong copy, shows."""
     torch.manual_seed(0)
-    model = with_lora(load_causal_lm(str(path), tokenizer), LoRAConfig(r=4, alpha=8, target_modules=targets), "causal_lm")
+    model = with_lora(
+        load_causal_lm(str(path), tokenizer), LoRAConfig(r=4, alpha=8, target_modules=targets), "causal_lm"
+    )
     for name, param in model.named_parameters():
         if "lora_B" in name:
             torch.nn.init.normal_(param, std=0.02)
@@ -46,7 +48,9 @@ def test_a_merged_export_reloads_tied_and_gives_the_lora_models_logits(smollm2_p
         live = model(input_ids=ids).logits  # (1, T, V): base weights plus the adapters, computed apart
     written, weights = export_parts(model, None)
     path = save_pretrained_atomically(written, tokenizer, tmp_path / "sft", "SFT model", state_dict=weights)
-    assert peft_model_of(model) is not None and model.lm_head.weight is model.get_input_embeddings().weight  # live: unmerged
+    assert (
+        peft_model_of(model) is not None and model.lm_head.weight is model.get_input_embeddings().weight
+    )  # live: unmerged
 
     reloaded = AutoModelForCausalLM.from_pretrained(path).eval()
     assert reloaded.config.tie_word_embeddings
@@ -66,8 +70,9 @@ def test_a_merged_export_reloads_tied_and_gives_the_lora_models_logits(smollm2_p
 
 
 @pytest.mark.parametrize("target", ["embed_tokens", "lm_head"])
-def test_an_adapter_on_the_shared_embedding_is_exported_untied_as_the_model_trained(smollm2_path, tokenizer, tmp_path,
-                                                                                      target):  # fmt: skip
+def test_an_adapter_on_the_shared_embedding_is_exported_untied_as_the_model_trained(
+    smollm2_path, tokenizer, tmp_path, target
+):
     # peft adapts the named module only, not its tied twin: the trained model computes the two apart.
     # A merge into the one shared weight would move both (0.26 of a logit apart with adapters this
     # small, measured before the export untied them); the export must hold two weights.

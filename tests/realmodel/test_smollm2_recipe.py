@@ -20,22 +20,63 @@ pytestmark = [pytest.mark.slow, pytest.mark.realmodel]
 RECIPE = ROOT / "configs" / "smollm2_hh"
 DATA = ("--data.init_args.max_records", "20", "--data.init_args.max_prompt_length", "96")
 TINY = {
-    "reward_model": ("--trainer.max_steps", "1", "--trainer.val_check_interval", "1", "--trainer.limit_val_batches", "1",
-                     "--data.init_args.batch_size", "2", "--data.init_args.max_length", "160", *DATA),
-    "dpo": ("--trainer.max_steps", "1", "--trainer.val_check_interval", "1", "--trainer.limit_val_batches", "1",
-            "--data.init_args.batch_size", "2", "--data.init_args.max_length", "160",
-            "--model.init_args.optimizer.warmup_steps", "0", *DATA),
-    "ppo": ("--model.init_args.max_rollouts", "1", "--data.init_args.batch_size", "2",
-            "--model.init_args.sampling.max_new_tokens", "8", "--model.init_args.ppo.epochs", "1",
-            "--model.init_args.ppo.minibatch_size", "2", *DATA),
-}  # fmt: skip
-MODEL_OPTION = {"reward_model": "--model.init_args.model", "dpo": "--model.init_args.model",
-                "ppo": "--model.init_args.sft_model"}  # fmt: skip
+    "reward_model": (
+        "--trainer.max_steps",
+        "1",
+        "--trainer.val_check_interval",
+        "1",
+        "--trainer.limit_val_batches",
+        "1",
+        "--data.init_args.batch_size",
+        "2",
+        "--data.init_args.max_length",
+        "160",
+        *DATA,
+    ),
+    "dpo": (
+        "--trainer.max_steps",
+        "1",
+        "--trainer.val_check_interval",
+        "1",
+        "--trainer.limit_val_batches",
+        "1",
+        "--data.init_args.batch_size",
+        "2",
+        "--data.init_args.max_length",
+        "160",
+        "--model.init_args.optimizer.warmup_steps",
+        "0",
+        *DATA,
+    ),
+    "ppo": (
+        "--model.init_args.max_rollouts",
+        "1",
+        "--data.init_args.batch_size",
+        "2",
+        "--model.init_args.sampling.max_new_tokens",
+        "8",
+        "--model.init_args.ppo.epochs",
+        "1",
+        "--model.init_args.ppo.minibatch_size",
+        "2",
+        *DATA,
+    ),
+}
+MODEL_OPTION = {
+    "reward_model": "--model.init_args.model",
+    "dpo": "--model.init_args.model",
+    "ppo": "--model.init_args.sft_model",
+}
 QUIET = ("--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false")
 NO_CHECKPOINT = {
-    "reward_model": ("--trainer.callbacks.init_args.save_last", "false", "--trainer.callbacks.init_args.save_top_k", "0"),
+    "reward_model": (
+        "--trainer.callbacks.init_args.save_last",
+        "false",
+        "--trainer.callbacks.init_args.save_top_k",
+        "0",
+    ),
     "ppo": ("--trainer.callbacks.init_args.save_last", "false"),
-}  # fmt: skip
+}
 """The recipe's checkpoints switched off: on the whole model 3.1 GB each for the reward model and PPO
 (weights and Adam states of 135M parameters; about a fifth of the test's time to write), about a
 quarter of that on the 2-layer copy by parameter count (its 28M-parameter embedding is most of it); checkpointing and resume
@@ -54,8 +95,18 @@ def test_the_recipe_trains_the_reward_model_dpo_and_ppo_on_the_real_model(smollm
     template = AutoTokenizer.from_pretrained(smollm2_path).chat_template
     assert template and "<|im_start|>" in template
     for stage in ("reward_model", "dpo", "ppo"):
-        result = rlhf_lit("fit", "--config", str(RECIPE / f"{stage}.yaml"), "--run_dir", str(run_dir),
-                          MODEL_OPTION[stage], str(smollm2_path), *TINY[stage], *QUIET, *NO_CHECKPOINT.get(stage, ()))  # fmt: skip
+        result = rlhf_lit(
+            "fit",
+            "--config",
+            str(RECIPE / f"{stage}.yaml"),
+            "--run_dir",
+            str(run_dir),
+            MODEL_OPTION[stage],
+            str(smollm2_path),
+            *TINY[stage],
+            *QUIET,
+            *NO_CHECKPOINT.get(stage, ()),
+        )
         assert result.returncode == 0, (stage, result.stderr[-3000:])
         export = run_dir / stage / "model"
         assert (export / "model.safetensors").exists(), (stage, sorted(p.name for p in export.glob("*")))

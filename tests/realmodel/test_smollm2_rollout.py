@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from float32_bounds import EPS, output_bound
+
 from rlhf_lit.data.encoding import TextEncoder
 from rlhf_lit.models.generation import SamplingConfig, complete_generation
 from rlhf_lit.stages.ppo import PPOModule
@@ -42,10 +42,12 @@ def rollout_case(smollm2_path):
     """A rollout of four scripted responses: the rows, their hand-written masks, the module, the rollout."""
     torch.manual_seed(0)  # the reward model's and the critic's new heads
     module = PPOModule(
-        sft_model=str(smollm2_path), reward_model=str(smollm2_path),
-        sampling=SamplingConfig(max_new_tokens=R), kl=KLConfig(kind="fixed", init_coef=0.1),
+        sft_model=str(smollm2_path),
+        reward_model=str(smollm2_path),
+        sampling=SamplingConfig(max_new_tokens=R),
+        kl=KLConfig(kind="fixed", init_coef=0.1),
         ppo=PPOConfig(epochs=1, minibatch_size=4, whiten_advantages=False),  # raw GAE: comparable with a loop
-    )  # fmt: skip
+    )
     module.__class__ = ScriptedPPO
     # The new value head starts at 0 (N details #4): give it weights, so GAE's values are not all 0
     # and a value read past a row's end (a pad's) would change its advantages.
@@ -61,8 +63,12 @@ def rollout_case(smollm2_path):
 
     # The first <|im_end|> at positions 2, 0 and 5; the last row never ends. Every later position
     # holds <|im_end|> too (the pad), exactly as sampling writes it.
-    rows = [words("Paris.", 2) + [end] * 4, [end] * R, words("It is four, clearly and", 5) + [end],
-            words("Red is a nice warm colour", R)]  # fmt: skip
+    rows = [
+        words("Paris.", 2) + [end] * 4,
+        [end] * R,
+        words("It is four, clearly and", 5) + [end],
+        words("Red is a nice warm colour", R),
+    ]
     masks = [[1, 1, 1, 0, 0, 0], [1, 0, 0, 0, 0, 0], [1] * R, [1] * R]  # by hand from the rows above
     module.scripted = torch.tensor(rows)
     prompts = TextEncoder(tok, apply_chat_template=True).encode_prompts(list(PROMPTS))
@@ -83,10 +89,12 @@ def test_the_reward_model_reads_the_end_of_turn_and_the_score_lands_on_it(rollou
     module, prompts, rows, masks, rollout = rollout_case
     rm = module.reward_model
     with torch.no_grad():  # each row alone, unpadded: prompt, then the response up to its first end of turn
-        alone = torch.stack([
-            rm.score(rm.model(input_ids=torch.tensor([p + r[: int(m.sum())]])).last_hidden_state[0, -1])[0]
-            for p, r, m in zip(prompts, rows, masks)
-        ])  # fmt: skip
+        alone = torch.stack(
+            [
+                rm.score(rm.model(input_ids=torch.tensor([p + r[: int(m.sum())]])).last_hidden_state[0, -1])[0]
+                for p, r, m in zip(prompts, rows, masks)
+            ]
+        )
     # Padded batch against rows alone: one network output in two summation orders (float32_bounds).
     bound = output_bound(rm.config, float(alone.abs().max()), rollout.query_responses.shape[1])
     torch.testing.assert_close(rollout.raw_scores, alone, rtol=0, atol=bound)
@@ -99,7 +107,9 @@ def test_the_reward_model_reads_the_end_of_turn_and_the_score_lands_on_it(rollou
     assert beta == 0.1
     # rewards = -beta * KL per token, plus the score on the last counted token; the KL is 0 off the mask.
     assert torch.equal(rollout.kl[~masks], torch.zeros(int((~masks).sum())))
-    torch.testing.assert_close(rollout.rewards, placed - beta * rollout.kl, rtol=0, atol=4 * EPS * float(placed.abs().max()))
+    torch.testing.assert_close(
+        rollout.rewards, placed - beta * rollout.kl, rtol=0, atol=4 * EPS * float(placed.abs().max())
+    )
     assert torch.equal(rollout.rewards[~masks], torch.zeros(int((~masks).sum())))
 
 
@@ -121,6 +131,7 @@ def test_gae_is_a_loop_over_the_counted_tokens_and_zero_off_them(rollout_case):
     torch.testing.assert_close(rollout.advantages.double(), expected, rtol=0, atol=3 * R * EPS * magnitude)
     assert torch.equal(rollout.advantages[~masks], torch.zeros(int((~masks).sum())))
     # Returns: the value targets, advantage + value on the counted tokens, nothing off them.
-    torch.testing.assert_close(rollout.returns.double(), torch.where(masks, expected + values, 0.0), rtol=0,
-                               atol=3 * R * EPS * magnitude)  # fmt: skip
+    torch.testing.assert_close(
+        rollout.returns.double(), torch.where(masks, expected + values, 0.0), rtol=0, atol=3 * R * EPS * magnitude
+    )
     assert torch.equal(rollout.returns[~masks], torch.zeros(int((~masks).sum())))

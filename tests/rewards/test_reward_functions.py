@@ -273,6 +273,7 @@ print(heavy, ours)
 
 
 def test_rewards_imports_torch_and_stdlib_only():
-    out = subprocess.run([sys.executable, "-c", CODE], capture_output=True, text=True, check=True, timeout=120,
-                         env=subprocess_env())
+    out = subprocess.run(
+        [sys.executable, "-c", CODE], capture_output=True, text=True, check=True, timeout=120, env=subprocess_env()
+    )
     assert out.stdout.strip() == "[] []", out.stdout + out.stderr

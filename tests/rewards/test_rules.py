@@ -10,8 +10,9 @@ from rlhf_lit.rewards.rules import count_word, mentions_ground_truth
 
 def _batch(responses: list[str], names: list[str]) -> RewardBatch:
     n = len(responses)
-    return RewardBatch(prompts=["p"] * n, responses=responses, response_ids=[[1]] * n, ended=[True] * n,
-                       extras={"ground_truth": names})
+    return RewardBatch(
+        prompts=["p"] * n, responses=responses, response_ids=[[1]] * n, ended=[True] * n, extras={"ground_truth": names}
+    )
 
 
 def test_count_word_counts_whole_words_only():
@@ -23,8 +24,7 @@ def test_count_word_counts_whole_words_only():
 
 def test_mentions_ground_truth_by_hand():
     batch = _batch(
-        [" She smiled at Lily.", " He went home.", " Timmy played.", " Max, Max, run!"],
-        ["Lily", "Tom", "Tim", "Max"],
+        [" She smiled at Lily.", " He went home.", " Timmy played.", " Max, Max, run!"], ["Lily", "Tom", "Tim", "Max"]
     )
     # 1: "Lily." whole word -> 1; 2: no "Tom" -> 0; 3: "Timmy" is not "Tim" -> 0; 4: "Max" twice -> 1.
     assert mentions_ground_truth(batch) == [1.0, 0.0, 0.0, 1.0]

@@ -40,7 +40,7 @@ def sft_batch(tokenizer, pairs: list[tuple[str, str]]) -> dict[str, torch.Tensor
         n = len(p) + len(r)
         input_ids[i, :n] = torch.tensor(p + r)
         attention_mask[i, :n] = 1
-        labels[i, len(p):n] = torch.tensor(r)
+        labels[i, len(p) : n] = torch.tensor(r)
     return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
 
 
@@ -68,9 +68,13 @@ def preference_batch(tokenizer, triples: list[tuple[str, str, str]]) -> dict[str
     T = max(len(x) for x in chosen + rejected)
     c_ids, c_mask = pad_rows(chosen, tokenizer.pad_token_id, length=T)
     r_ids, r_mask = pad_rows(rejected, tokenizer.pad_token_id, length=T)
-    return {"chosen_input_ids": c_ids, "chosen_attention_mask": c_mask,
-            "rejected_input_ids": r_ids, "rejected_attention_mask": r_mask,
-            "prompt_length": torch.tensor(prompt_length)}
+    return {
+        "chosen_input_ids": c_ids,
+        "chosen_attention_mask": c_mask,
+        "rejected_input_ids": r_ids,
+        "rejected_attention_mask": r_mask,
+        "prompt_length": torch.tensor(prompt_length),
+    }
 
 
 class BatchListDataModule(pl.LightningDataModule):
@@ -101,9 +105,16 @@ class ReferenceDataModule(BatchListDataModule):
 def cpu_trainer(tmp_path, max_steps: int, logger=False, **kwargs) -> pl.Trainer:
     """A quiet single-process CPU trainer writing only under ``tmp_path``."""
     defaults = dict(
-        accelerator="cpu", devices=1, logger=logger, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, max_steps=max_steps, default_root_dir=str(tmp_path),
-        num_sanity_val_steps=0, log_every_n_steps=1,
+        accelerator="cpu",
+        devices=1,
+        logger=logger,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        max_steps=max_steps,
+        default_root_dir=str(tmp_path),
+        num_sanity_val_steps=0,
+        log_every_n_steps=1,
     )
     defaults.update(kwargs)
     return pl.Trainer(**defaults)
@@ -113,6 +124,11 @@ def cpu_trainer(tmp_path, max_steps: int, logger=False, **kwargs) -> pl.Trainer:
 def helpers() -> SimpleNamespace:
     """The builders above, as a fixture (test modules do not import conftest)."""
     return SimpleNamespace(
-        encode_pair=encode_pair, sft_batch=sft_batch, pad_rows=pad_rows, preference_batch=preference_batch,
-        BatchListDataModule=BatchListDataModule, ReferenceDataModule=ReferenceDataModule, cpu_trainer=cpu_trainer,
+        encode_pair=encode_pair,
+        sft_batch=sft_batch,
+        pad_rows=pad_rows,
+        preference_batch=preference_batch,
+        BatchListDataModule=BatchListDataModule,
+        ReferenceDataModule=ReferenceDataModule,
+        cpu_trainer=cpu_trainer,
     )

@@ -54,106 +54,259 @@ QUOTED: list[Quoted] = [
     Quoted(PPO_DOC, "GAE with gamma 1, lambda 0.95 by default", PPOModule, "ppo.lam", 0.95),
     Quoted(PPO_DOC, "advantages whitened over the batch (N #12; cleanrl)", PPOModule, "ppo.whiten_advantages", True),
     Quoted(PPO_DOC, "Clipped value loss, vf_coef 0.1 (N #13)", PPOModule, "ppo.vf_coef", 0.1),
-    Quoted(PPO_DOC, "Adam eps configurable (N #15: PyTorch placement; default 1e-5 as in cleanrl / N+)", PPOModule,
-           "optimizer.eps", 1e-5),  # fmt: skip
+    Quoted(
+        PPO_DOC,
+        "Adam eps configurable (N #15: PyTorch placement; default 1e-5 as in cleanrl / N+)",
+        PPOModule,
+        "optimizer.eps",
+        1e-5,
+    ),
     Quoted(PPO_DOC, "the critic is a separate model initialised from the RM (N+ #16)", PPOModule, "critic", "separate"),
-    Quoted("docs/DEMO.md", "(`critic: separate`, the library default, N+ details #16)", PPOModule, "critic", "separate"),
+    Quoted(
+        "docs/DEMO.md", "(`critic: separate`, the library default, N+ details #16)", PPOModule, "critic", "separate"
+    ),
     Quoted("docs/ppo.md", "reference responses per prompt (default 8)", PPOModule, "reward.calibration_samples", 8),
     Quoted("docs/ppo.md", "`none` (default) or `reference_quantile`", PPOModule, "reward.calibration", "none"),
     Quoted(PPO_DOC, "Optional entropy bonus (cleanrl) and PPO-ptx", PPOModule, "ppo.entropy_coef", 0.0),
     Quoted(PPO_DOC, "Optional entropy bonus (cleanrl) and PPO-ptx", PPOModule, "ppo.ptx_coef", 0.0),
     # PPOConfig / KLConfig / RewardConfig field documentation.
     Quoted(PPO_CONFIG_DOC, "epochs: passes over the rollout (K in the PPO paper; N+ uses 4)", PPOConfig, "epochs", 4),
-    Quoted(PPO_CONFIG_DOC, "value_clip_range: how far a value may move from its rollout value (N details #13: 0.2)",
-           PPOConfig, "value_clip_range", 0.2),  # fmt: skip
-    Quoted(PPO_CONFIG_DOC, "vf_coef: weight of the value loss in the summed loss (N details #13: 0.1)", PPOConfig,
-           "vf_coef", 0.1),  # fmt: skip
+    Quoted(
+        PPO_CONFIG_DOC,
+        "value_clip_range: how far a value may move from its rollout value (N details #13: 0.2)",
+        PPOConfig,
+        "value_clip_range",
+        0.2,
+    ),
+    Quoted(
+        PPO_CONFIG_DOC,
+        "vf_coef: weight of the value loss in the summed loss (N details #13: 0.1)",
+        PPOConfig,
+        "vf_coef",
+        0.1,
+    ),
     Quoted(PPO_CONFIG_DOC, "gamma: discount of GAE (1 in RLHF: the episode is one response)", PPOConfig, "gamma", 1.0),
     Quoted(PPO_CONFIG_DOC, "lam: lambda of GAE (N details #12: 0.95)", PPOConfig, "lam", 0.95),
-    Quoted(PPO_CONFIG_DOC, "entropy_coef: weight of an entropy bonus (0 = off; InstructGPT uses none)", PPOConfig,
-           "entropy_coef", 0.0),  # fmt: skip
-    Quoted(PPO_CONFIG_DOC, "init_coef: the KL coefficient beta at the start (N details #11: 0.15; N+ fixed 0.05)",
-           PPOModule, "kl.init_coef", 0.15),  # fmt: skip
+    Quoted(
+        PPO_CONFIG_DOC,
+        "entropy_coef: weight of an entropy bonus (0 = off; InstructGPT uses none)",
+        PPOConfig,
+        "entropy_coef",
+        0.0,
+    ),
+    Quoted(
+        PPO_CONFIG_DOC,
+        "init_coef: the KL coefficient beta at the start (N details #11: 0.15; N+ fixed 0.05)",
+        PPOModule,
+        "kl.init_coef",
+        0.15,
+    ),
     Quoted(PPO_CONFIG_DOC, "(Ziegler et al. 2019; the InstructGPT recipe's default)", KLConfig, "kind", "adaptive"),
     Quoted(PPO_CONFIG_DOC, "per token in the reward (InstructGPT, the default)", KLConfig, "mode", "reward"),
-    Quoted(PPO_CONFIG_DOC, "default: the learned reward model with weight 1", RewardConfig, "sources",
-           [RewardSource(name="reward_model", weight=1.0, function=None)]),  # fmt: skip
+    Quoted(
+        PPO_CONFIG_DOC,
+        "default: the learned reward model with weight 1",
+        RewardConfig,
+        "sources",
+        [RewardSource(name="reward_model", weight=1.0, function=None)],
+    ),
     # PPO: estimators, reading cut responses, old logprobs (docs pages).
     Quoted("docs/rewards.md", "gae (default, critic)", PPOModule, "ppo.estimator", "gae"),
     Quoted("docs/ppo.md", "(the default `as_sampled` reads it as it is)", PPOModule, "reward.unfinished", "as_sampled"),
     Quoted("docs/ppo.md", "(`ppo.whiten_scope: global`, the default", PPOModule, "ppo.whiten_scope", "global"),
     Quoted("docs/ppo.md", "(`sampling.decode`): `eager` (the default)", PPOModule, "sampling.decode", "eager"),
-    Quoted("docs/performance.md", "`sampling.decode: compiled` (off by default)", PPOModule, "sampling.decode",
-           "eager"),  # fmt: skip
+    Quoted(
+        "docs/performance.md", "`sampling.decode: compiled` (off by default)", PPOModule, "sampling.decode", "eager"
+    ),
     Quoted(PPO_DOC, "(``ppo.whiten_scope: global``, the default", PPOModule, "ppo.whiten_scope", "global"),
     Quoted("docs/rewards.md", "`as_sampled` (the default) or `with_eos`", RewardConfig, "unfinished", "as_sampled"),
     Quoted("docs/DEMO.md", "the library default stays `as_sampled`", RewardConfig, "unfinished", "as_sampled"),
     Quoted("docs/ppo.md", "(`ppo.forward`): `eager` (the default)", PPOModule, "ppo.forward", "eager"),
     Quoted("docs/performance.md", "`ppo.forward: compiled` (off by default)", PPOConfig, "forward", "eager"),
     Quoted("docs/performance.md", "by default (`data.drop_last: true`)", PromptDataModule, "drop_last", True),
-    Quoted("docs/performance.md", "(off by default): the old logprobs from the logits", PPOConfig, "old_logprobs",
-           "rescore"),  # fmt: skip
+    Quoted(
+        "docs/performance.md",
+        "(off by default): the old logprobs from the logits",
+        PPOConfig,
+        "old_logprobs",
+        "rescore",
+    ),
     Quoted("docs/performance.md", "so the default stays the exact rescore", PPOModule, "ppo.old_logprobs", "rescore"),
     # The reward model's and DPO's schedules.
-    Quoted("rlhf_lit/stages/reward_model.py", 'which is this module\'s default ``optimizer.schedule="linear"``', RewardModelModule,
-           "optimizer.schedule", "linear"),  # fmt: skip
-    Quoted("rlhf_lit/stages/reward_model.py", "by default annealed linearly to 0 over the run", RewardModelModule,
-           "optimizer.min_lr_ratio", 0.0),  # fmt: skip
-    Quoted("rlhf_lit/stages/dpo.py", "by default annealed linearly to 0 over the run", DPOModule, "optimizer.schedule",
-           "linear"),  # fmt: skip
-    Quoted("rlhf_lit/stages/dpo.py", "by default annealed linearly to 0 over the run", DPOModule,
-           "optimizer.min_lr_ratio", 0.0),  # fmt: skip
-    Quoted("rlhf_lit/stages/dpo.py", "By default the reference logprobs are computed per batch", DPOModule,
-           "precompute_ref", False),  # fmt: skip
+    Quoted(
+        "rlhf_lit/stages/reward_model.py",
+        'which is this module\'s default ``optimizer.schedule="linear"``',
+        RewardModelModule,
+        "optimizer.schedule",
+        "linear",
+    ),
+    Quoted(
+        "rlhf_lit/stages/reward_model.py",
+        "by default annealed linearly to 0 over the run",
+        RewardModelModule,
+        "optimizer.min_lr_ratio",
+        0.0,
+    ),
+    Quoted(
+        "rlhf_lit/stages/dpo.py",
+        "by default annealed linearly to 0 over the run",
+        DPOModule,
+        "optimizer.schedule",
+        "linear",
+    ),
+    Quoted(
+        "rlhf_lit/stages/dpo.py",
+        "by default annealed linearly to 0 over the run",
+        DPOModule,
+        "optimizer.min_lr_ratio",
+        0.0,
+    ),
+    Quoted(
+        "rlhf_lit/stages/dpo.py",
+        "By default the reference logprobs are computed per batch",
+        DPOModule,
+        "precompute_ref",
+        False,
+    ),
     # Every stage: skipped updates, pad policy.
-    *(Quoted("docs/reliability.md", "`max_skipped_updates` in a row (default 3)", stage, "max_skipped_updates", 3)
-      for stage in STAGES),
-    *(Quoted("docs/data.md", "`missing_pad` policy (`add` by default", stage, "missing_pad", "add") for stage in STAGES),
+    *(
+        Quoted("docs/reliability.md", "`max_skipped_updates` in a row (default 3)", stage, "max_skipped_updates", 3)
+        for stage in STAGES
+    ),
+    *(
+        Quoted("docs/data.md", "`missing_pad` policy (`add` by default", stage, "missing_pad", "add")
+        for stage in STAGES
+    ),
     Quoted("docs/data.md", "`fields.responses`, default `responses`", Fields, "responses", "responses"),
-    *(Quoted("docs/data.md", "`auto` (default) | `always` when the tokenizer has a chat template", data,
-             "hh_render", "auto") for data in (SFTDataModule, PreferenceDataModule, PromptDataModule)),
+    *(
+        Quoted(
+            "docs/data.md",
+            "`auto` (default) | `always` when the tokenizer has a chat template",
+            data,
+            "hh_render",
+            "auto",
+        )
+        for data in (SFTDataModule, PreferenceDataModule, PromptDataModule)
+    ),
     # Reward-model ensembles.
-    Quoted("docs/reward_model.md", "`members: 1` (the default) is the single reward model", RewardModelModule,
-           "ensemble.members", 1),  # fmt: skip
-    Quoted("docs/reward_model.md", "`data_weights: uniform` is the default", RewardModelModule,
-           "ensemble.data_weights", "uniform"),  # fmt: skip
+    Quoted(
+        "docs/reward_model.md",
+        "`members: 1` (the default) is the single reward model",
+        RewardModelModule,
+        "ensemble.members",
+        1,
+    ),
+    Quoted(
+        "docs/reward_model.md",
+        "`data_weights: uniform` is the default",
+        RewardModelModule,
+        "ensemble.data_weights",
+        "uniform",
+    ),
     Quoted("docs/ppo.md", "| `mean` (default) | the members' mean |", RewardSource, "aggregate", "mean"),
     # LoRA.
     Quoted("docs/lora.md", "`lora.export: merged` (default)", LoRAConfig, "export", "merged"),
     Quoted("docs/lora.md", "target_modules: null = default for the architecture", LoRAConfig, "target_modules", None),
     # The commands' options.
-    Quoted("docs/cli.md", "with the prompt in `--prompt-field`, default `prompt`", evaluate_parser, "--prompt-field",
-           "prompt"),  # fmt: skip
-    Quoted("docs/cli.md", "with the prompt in `--prompt-field`, default `prompt`", best_of_n_parser, "--prompt-field",
-           "prompt"),  # fmt: skip
-    Quoted("docs/cli.md", "(default `as_sampled`; the demo passes its PPO config's)", evaluate_parser, "--unfinished",
-           "as_sampled"),  # fmt: skip
-    Quoted("docs/cli.md", "(default `as_sampled`; the demo passes its PPO config's)", best_of_n_parser, "--unfinished",
-           "as_sampled"),  # fmt: skip
+    Quoted(
+        "docs/cli.md",
+        "with the prompt in `--prompt-field`, default `prompt`",
+        evaluate_parser,
+        "--prompt-field",
+        "prompt",
+    ),
+    Quoted(
+        "docs/cli.md",
+        "with the prompt in `--prompt-field`, default `prompt`",
+        best_of_n_parser,
+        "--prompt-field",
+        "prompt",
+    ),
+    Quoted(
+        "docs/cli.md",
+        "(default `as_sampled`; the demo passes its PPO config's)",
+        evaluate_parser,
+        "--unfinished",
+        "as_sampled",
+    ),
+    Quoted(
+        "docs/cli.md",
+        "(default `as_sampled`; the demo passes its PPO config's)",
+        best_of_n_parser,
+        "--unfinished",
+        "as_sampled",
+    ),
     # Prompts outside the data modules: one default for the commands, the callback and the guard.
-    *(Quoted("docs/cli.md", "as `--chat-template` says: `auto` (default)", parser, "--chat-template", "auto")
-      for parser in (evaluate_parser, best_of_n_parser)),
-    *(Quoted("docs/data.md", "| a string, `chat_template: auto` (default) |", owner, "chat_template", "auto")
-      for owner in (OnlineGeneration, HeldOut)),
+    *(
+        Quoted("docs/cli.md", "as `--chat-template` says: `auto` (default)", parser, "--chat-template", "auto")
+        for parser in (evaluate_parser, best_of_n_parser)
+    ),
+    *(
+        Quoted("docs/data.md", "| a string, `chat_template: auto` (default) |", owner, "chat_template", "auto")
+        for owner in (OnlineGeneration, HeldOut)
+    ),
     Quoted("docs/monitoring.md", "`chat_template: auto` (default)", OnlineGeneration, "chat_template", "auto"),
-    Quoted("docs/monitoring.md", "(`held_out.chat_template: auto | always | never`, default `auto`)", HeldOut,
-           "chat_template", "auto"),  # fmt: skip
-    *(Quoted("docs/data.md", "Every data module takes `apply_chat_template` (default `false`)", data,
-             "apply_chat_template", False) for data in (SFTDataModule, PreferenceDataModule, PromptDataModule)),
+    Quoted(
+        "docs/monitoring.md",
+        "(`held_out.chat_template: auto | always | never`, default `auto`)",
+        HeldOut,
+        "chat_template",
+        "auto",
+    ),
+    *(
+        Quoted(
+            "docs/data.md",
+            "Every data module takes `apply_chat_template` (default `false`)",
+            data,
+            "apply_chat_template",
+            False,
+        )
+        for data in (SFTDataModule, PreferenceDataModule, PromptDataModule)
+    ),
     # The estimators' and shaping functions' signatures as the contracts write them.
-    Quoted("docs/CONTRACTS.md", "`grpo_advantages(scores, mask, k, scale_by_std=True, eps=1e-4)`", grpo_advantages,
-           "scale_by_std", True),  # fmt: skip
-    Quoted("docs/CONTRACTS.md", "`grpo_advantages(scores, mask, k, scale_by_std=True, eps=1e-4)`", grpo_advantages,
-           "eps", 1e-4),  # fmt: skip
-    Quoted("docs/CONTRACTS.md", "`reinforce_pp_advantages(rewards, mask, gamma=1.0)`", reinforce_pp_advantages,
-           "gamma", 1.0),  # fmt: skip
+    Quoted(
+        "docs/CONTRACTS.md",
+        "`grpo_advantages(scores, mask, k, scale_by_std=True, eps=1e-4)`",
+        grpo_advantages,
+        "scale_by_std",
+        True,
+    ),
+    Quoted(
+        "docs/CONTRACTS.md",
+        "`grpo_advantages(scores, mask, k, scale_by_std=True, eps=1e-4)`",
+        grpo_advantages,
+        "eps",
+        1e-4,
+    ),
+    Quoted(
+        "docs/CONTRACTS.md",
+        "`reinforce_pp_advantages(rewards, mask, gamma=1.0)`",
+        reinforce_pp_advantages,
+        "gamma",
+        1.0,
+    ),
     Quoted("docs/CONTRACTS.md", '`kl_loss(logprobs, ref_logprobs, mask, kind="k3")`', kl_loss, "kind", "k3"),
-    Quoted("docs/CONTRACTS.md", "`regex_format(pattern, matched=1, unmatched=0, whole_response=False)`", regex_format,
-           "matched", 1.0),  # fmt: skip
-    Quoted("docs/CONTRACTS.md", "`regex_format(pattern, matched=1, unmatched=0, whole_response=False)`", regex_format,
-           "unmatched", 0.0),  # fmt: skip
-    Quoted("docs/CONTRACTS.md", "`regex_format(pattern, matched=1, unmatched=0, whole_response=False)`", regex_format,
-           "whole_response", False),  # fmt: skip
+    Quoted(
+        "docs/CONTRACTS.md",
+        "`regex_format(pattern, matched=1, unmatched=0, whole_response=False)`",
+        regex_format,
+        "matched",
+        1.0,
+    ),
+    Quoted(
+        "docs/CONTRACTS.md",
+        "`regex_format(pattern, matched=1, unmatched=0, whole_response=False)`",
+        regex_format,
+        "unmatched",
+        0.0,
+    ),
+    Quoted(
+        "docs/CONTRACTS.md",
+        "`regex_format(pattern, matched=1, unmatched=0, whole_response=False)`",
+        regex_format,
+        "whole_response",
+        False,
+    ),
 ]
 """The defaults the documentation states, with where and how it states them."""
 

@@ -121,11 +121,14 @@ def test_lora_reference_is_the_policy_with_adapters_disabled(stories_path, helpe
     assert not hasattr(merged, "peft_config")
 
 
-@pytest.mark.parametrize("kwargs,message", [
-    (dict(beta=0.0), "beta must be > 0"),
-    (dict(label_smoothing=0.5), r"label_smoothing must be in \[0, 0.5\)"),
-    (dict(loss="ipo", label_smoothing=0.1), "applies to loss='sigmoid'"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (dict(beta=0.0), "beta must be > 0"),
+        (dict(label_smoothing=0.5), r"label_smoothing must be in \[0, 0.5\)"),
+        (dict(loss="ipo", label_smoothing=0.1), "applies to loss='sigmoid'"),
+    ],
+)
 def test_bad_settings_are_refused_before_loading(kwargs, message):
     with pytest.raises(ValueError, match=message):
         DPOModule("does-not-matter", **kwargs)
@@ -143,8 +146,11 @@ def test_batches_without_prompt_length_are_refused(dpo, helpers):
 
 def _rule_pairs(names, places, template):
     """Chosen responses say "happy", rejected ones "sad"; everything else is shared."""
-    return [(f"{n} went to the {p}.", template.format(n=n, p=p, w="happy"), template.format(n=n, p=p, w="sad"))
-            for n in names for p in places]
+    return [
+        (f"{n} went to the {p}.", template.format(n=n, p=p, w="happy"), template.format(n=n, p=p, w="sad"))
+        for n in names
+        for p in places
+    ]
 
 
 @pytest.mark.parametrize("loss", ["sigmoid", "ipo"])
@@ -152,15 +158,19 @@ def test_learns_a_known_preference_rule(stories_path, helpers, tmp_path, loss):
     pl.seed_everything(0)
     module = DPOModule(stories_path, beta=0.1, loss=loss, optimizer=OptimizerConfig(lr=1e-3, schedule="linear"))
     tok = module.tokenizer
-    train = _rule_pairs(["Tom", "Lily", "Ben", "Sue", "Max", "Anna", "Tim", "Mia"],
-                        ["park", "garden", "school", "shop", "beach", "forest"], " {n} was {w} all day.")
+    train = _rule_pairs(
+        ["Tom", "Lily", "Ben", "Sue", "Max", "Anna", "Tim", "Mia"],
+        ["park", "garden", "school", "shop", "beach", "forest"],
+        " {n} was {w} all day.",
+    )
     random.Random(0).shuffle(train)
     # Held out: other names, other places and another sentence.
-    held_out = _rule_pairs(["Sam", "Lucy", "Jack", "Emma"], ["farm", "zoo", "river", "house"],
-                           " The {p} made {n} feel very {w}.")
+    held_out = _rule_pairs(
+        ["Sam", "Lucy", "Jack", "Emma"], ["farm", "zoo", "river", "house"], " The {p} made {n} feel very {w}."
+    )
     dm = helpers.BatchListDataModule(
-        train=[helpers.preference_batch(tok, train[i:i + 8]) for i in range(0, len(train), 8)],
-        val=[helpers.preference_batch(tok, held_out[i:i + 8]) for i in range(0, len(held_out), 8)],
+        train=[helpers.preference_batch(tok, train[i : i + 8]) for i in range(0, len(train), 8)],
+        val=[helpers.preference_batch(tok, held_out[i : i + 8]) for i in range(0, len(held_out), 8)],
     )
     trainer = helpers.cpu_trainer(tmp_path, max_steps=12, check_val_every_n_epoch=100)
     trainer.validate(module, datamodule=dm, verbose=False)
@@ -181,8 +191,12 @@ def test_learns_a_known_preference_rule(stories_path, helpers, tmp_path, loss):
     batch = dm.val[0]
     with torch.no_grad():
         ids, mask = batch["chosen_input_ids"], batch["chosen_attention_mask"]
-        torch.testing.assert_close(exported(input_ids=ids, attention_mask=mask).logits,
-                                   module.model(input_ids=ids, attention_mask=mask).logits, rtol=0, atol=1e-5)
+        torch.testing.assert_close(
+            exported(input_ids=ids, attention_mask=mask).logits,
+            module.model(input_ids=ids, attention_mask=mask).logits,
+            rtol=0,
+            atol=1e-5,
+        )
 
 
 def _fit_policy(stories_path, helpers, tmp_path, precompute_ref: bool):
@@ -201,7 +215,9 @@ def _fit_policy(stories_path, helpers, tmp_path, precompute_ref: bool):
             calls["phase"] = "train"
 
     calls["phase"] = "precompute"
-    hook = module.ref_model.register_forward_pre_hook(lambda m, a: calls.__setitem__(calls["phase"], calls[calls["phase"]] + 1))
+    hook = module.ref_model.register_forward_pre_hook(
+        lambda m, a: calls.__setitem__(calls["phase"], calls[calls["phase"]] + 1)
+    )
     trainer = helpers.cpu_trainer(tmp_path, max_steps=3, callbacks=[Count()])
     trainer.fit(module, datamodule=helpers.BatchListDataModule(train=[first, second, first], val=[val]))
     hook.remove()

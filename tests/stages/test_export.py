@@ -41,7 +41,9 @@ def test_an_export_carries_the_marker_and_replaces_an_earlier_one_only_when_aske
     target = tmp_path / "out" / "model"
     _earlier_export(target)
     assert json.loads((target / MARKER).read_text())["what"] == "SFT model"
-    with pytest.raises(ValueError, match="holds an earlier rlhf-lit export .SFT model, written .*export_existing: replace"):
+    with pytest.raises(
+        ValueError, match="holds an earlier rlhf-lit export .SFT model, written .*export_existing: replace"
+    ):
         save_pretrained_atomically(_FakeSaver("weights"), _FakeSaver("tokenizer.json"), target)
     assert (target / "weights").read_text() == "old"
     path = save_pretrained_atomically(_FakeSaver("weights"), _FakeSaver("tokenizer.json"), target, existing="replace")
@@ -54,7 +56,9 @@ def test_an_earlier_export_whose_marker_is_damaged_is_refused_naming_the_marker(
     target = tmp_path / "model"
     _earlier_export(target)
     (target / MARKER).write_text('{"what": "SFT mo')  # a crash or a copy cut short
-    with pytest.raises(ValueError, match=f"its marker is damaged: {target / MARKER}: cut short .*export_existing: replace"):
+    with pytest.raises(
+        ValueError, match=f"its marker is damaged: {target / MARKER}: cut short .*export_existing: replace"
+    ):
         save_pretrained_atomically(_FakeSaver("weights"), _FakeSaver("tokenizer.json"), target)
     assert (target / "weights").read_text() == "old"
 
@@ -76,8 +80,9 @@ def test_failed_save_leaves_the_previous_export_intact(tmp_path):
     target = tmp_path / "model"
     _earlier_export(target)
     with pytest.raises(RuntimeError, match="disk full"):
-        save_pretrained_atomically(_FakeSaver("weights"), _FakeSaver("tokenizer.json", fail=True), target,
-                                   existing="replace")  # fmt: skip
+        save_pretrained_atomically(
+            _FakeSaver("weights"), _FakeSaver("tokenizer.json", fail=True), target, existing="replace"
+        )
     assert (target / "weights").read_text() == "old"
     assert [p.name for p in tmp_path.iterdir()] == ["model"]
 
@@ -106,8 +111,9 @@ class _FakeStrategy:
 
 
 def _fake_trainer(tmp_path, is_global_zero: bool) -> SimpleNamespace:
-    return SimpleNamespace(is_global_zero=is_global_zero, log_dir=None, default_root_dir=str(tmp_path),
-                           strategy=_FakeStrategy())
+    return SimpleNamespace(
+        is_global_zero=is_global_zero, log_dir=None, default_root_dir=str(tmp_path), strategy=_FakeStrategy()
+    )
 
 
 def test_only_rank_zero_exports_and_it_prints_the_path(tmp_path, capsys):
@@ -133,8 +139,9 @@ def test_gpt2_sft_adds_pad_resizes_and_reloads(gpt2_dir, helpers, tmp_path):
     assert batch["input_ids"][1, -1] == 50257  # row 1 is padded with the new token
     before = {k: v.clone() for k, v in module.model.state_dict().items()}
     helpers.cpu_trainer(tmp_path, max_steps=2).fit(module, datamodule=helpers.BatchListDataModule(train=[batch]))
-    assert not torch.equal(before["transformer.h.0.attn.c_attn.weight"],
-                           module.model.state_dict()["transformer.h.0.attn.c_attn.weight"])
+    assert not torch.equal(
+        before["transformer.h.0.attn.c_attn.weight"], module.model.state_dict()["transformer.h.0.attn.c_attn.weight"]
+    )
 
     assert module.exported_path == (tmp_path / "sft").absolute()
     exported = AutoModelForCausalLM.from_pretrained(module.exported_path)
@@ -148,7 +155,9 @@ def test_gpt2_sft_adds_pad_resizes_and_reloads(gpt2_dir, helpers, tmp_path):
     # op: the same function up to float32 rounding. Loaded by rlhf-lit, the export is bit-identical.
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5 * float(expected.abs().max()))
     with torch.no_grad():
-        ours = load_causal_lm(str(module.exported_path))(**{k: batch[k] for k in ("input_ids", "attention_mask")}).logits
+        ours = load_causal_lm(str(module.exported_path))(
+            **{k: batch[k] for k in ("input_ids", "attention_mask")}
+        ).logits
     assert torch.equal(ours, expected)
 
 
@@ -163,5 +172,7 @@ def test_a_directory_that_changes_after_the_check_is_put_back_untouched(tmp_path
     monkeypatch.setattr(export, "check_export_target", lambda path, existing: None)
     with pytest.raises(ValueError, match="changed while the export was written"):
         save_pretrained_atomically(_FakeSaver("weights"), _FakeSaver("tokenizer.json"), target, existing="replace")
-    assert [p.name for p in target.iterdir()] == ["thesis.tex"] and (target / "thesis.tex").read_text() == "years of work"
+    assert [p.name for p in target.iterdir()] == ["thesis.tex"] and (
+        target / "thesis.tex"
+    ).read_text() == "years of work"
     assert [p.name for p in tmp_path.iterdir()] == ["mine"]  # nothing left beside it

@@ -50,7 +50,7 @@ def test_overflows_while_the_scale_calibrates_are_not_counted_and_those_at_scale
         (2.0, False, {}),
         (1.0, False, {"the optimizer": 1}),  # an overflow at scale 1: the gradients do not fit in fp16
         (0.5, True, {"the optimizer": 0}),  # 45000: finite, stepped, the run of skips is over
-    ]  # fmt: skip
+    ]
     assert guard.total == 3
     assert caplog.text.count("not counted toward max_skipped_updates") == 2
     assert "skipped by the fp16 GradScaler at loss scale 1" in caplog.text
@@ -63,9 +63,14 @@ def test_a_non_finite_loss_counts_at_any_scale_and_stops_the_run():
     assert _scaled_step(guard, scaler, weight, loss_factor=float("nan")) is False
     assert guard.consecutive == {"the optimizer": 1}
     # Another rank's loss was NaN (the gradients are averaged, so every rank's overflow): counted here too.
-    assert _scaled_step(NonFiniteGuard(2, "m"), torch.amp.GradScaler("cpu"), weight, any_rank=lambda flag: True) is False
-    with pytest.raises(NonFiniteError, match=r"2 updates in a row skipped .*GradScaler at loss scale 32768; the loss "
-                                             r"was not finite \(max_skipped_updates=2\)"):  # fmt: skip
+    assert (
+        _scaled_step(NonFiniteGuard(2, "m"), torch.amp.GradScaler("cpu"), weight, any_rank=lambda flag: True) is False
+    )
+    with pytest.raises(
+        NonFiniteError,
+        match=r"2 updates in a row skipped .*GradScaler at loss scale 32768; the loss "
+        r"was not finite \(max_skipped_updates=2\)",
+    ):
         _scaled_step(guard, scaler, weight, loss_factor=float("nan"))
     assert torch.equal(weight.detach(), torch.ones(1, 2))  # the scaler skipped both steps
 
@@ -97,8 +102,11 @@ def test_sft_under_fp16_stops_after_max_skipped_updates_of_a_nan_loss(stories_pa
     module.loss = lambda b: loss(b) * float("nan")
     before = {k: v.clone() for k, v in module.model.state_dict().items()}
     trainer = _fp16_trainer(helpers, tmp_path, 4, torch.amp.GradScaler("cpu"))
-    with pytest.raises(NonFiniteError, match=r"2 updates in a row skipped .*optimizer at step 1, skipped by the fp16 "
-                                             r"GradScaler at loss scale 32768; the loss was not finite"):  # fmt: skip
+    with pytest.raises(
+        NonFiniteError,
+        match=r"2 updates in a row skipped .*optimizer at step 1, skipped by the fp16 "
+        r"GradScaler at loss scale 32768; the loss was not finite",
+    ):
         trainer.fit(module, datamodule=helpers.BatchListDataModule(train=[batch] * 4))
     for key, value in module.model.state_dict().items():
         assert torch.equal(value, before[key]), key

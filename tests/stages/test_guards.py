@@ -28,7 +28,10 @@ def test_sft_steps_with_a_nan_loss_change_nothing_and_stop_the_run(stories_path,
     after_clean = {k: v.clone() for k, v in module.model.state_dict().items()}
     poisoned["on"] = True
     trainer = helpers.cpu_trainer(tmp_path / "poisoned", max_steps=3)
-    with pytest.raises(NonFiniteError, match=r"2 updates in a row skipped .*non-finite gradients of the optimizer at step \d.*max_skipped_updates=2"):
+    with pytest.raises(
+        NonFiniteError,
+        match=r"2 updates in a row skipped .*non-finite gradients of the optimizer at step \d.*max_skipped_updates=2",
+    ):
         trainer.fit(module, datamodule=helpers.BatchListDataModule(train=[batch] * 3))
     for key, value in module.model.state_dict().items():  # the skipped steps moved no weight
         assert torch.equal(value, after_clean[key]), key

@@ -50,7 +50,11 @@ def _hand_odin_loss(heads: np.ndarray, lengths: np.ndarray, weight: np.ndarray, 
     rho_quality = np.corrcoef(heads[:, 0], lengths)[0, 1]
     rho_length = np.corrcoef(heads[:, 1], lengths)[0, 1]
     cos = abs(weight[0] @ weight[1]) / (np.linalg.norm(weight[0]) * np.linalg.norm(weight[1]))
-    return preference + config["correlation_weight"] * (abs(rho_quality) - rho_length) + config["orthogonality_weight"] * cos
+    return (
+        preference
+        + config["correlation_weight"] * (abs(rho_quality) - rho_length)
+        + config["orthogonality_weight"] * cos
+    )
 
 
 def test_the_loss_equals_an_independent_reimplementation(stories_path, helpers):
@@ -62,8 +66,12 @@ def test_the_loss_equals_an_independent_reimplementation(stories_path, helpers):
         heads = sequence_scores(module.model, *module.batch_sequences(batch))  # (2B, 2)
         loss, stats = debias.odin_loss(module, heads, batch)
         # Hugging Face's own pooling (its last non-pad token; the stories pad id never occurs in the text)
-        hf = torch.cat([module.model(input_ids=batch[f"{s}_input_ids"], attention_mask=batch[f"{s}_attention_mask"]).logits
-                        for s in ("chosen", "rejected")])  # fmt: skip
+        hf = torch.cat(
+            [
+                module.model(input_ids=batch[f"{s}_input_ids"], attention_mask=batch[f"{s}_attention_mask"]).logits
+                for s in ("chosen", "rejected")
+            ]
+        )
     torch.testing.assert_close(heads, hf, rtol=0, atol=1e-5)
     lengths = []  # response tokens: the encoded response (ending with EOS) of each row, chosen then rejected
     for side in (1, 2):
@@ -72,14 +80,20 @@ def test_the_loss_equals_an_independent_reimplementation(stories_path, helpers):
     weight = module.model.score.weight.detach().double().numpy()
     expected = _hand_odin_loss(hf.double().numpy(), np.array(lengths, dtype=float), weight, ODIN)
     assert float(loss) == pytest.approx(expected, abs=2e-5)
-    assert float(stats["quality_length_correlation"]) == pytest.approx(np.corrcoef(hf[:, 0].double().numpy(), lengths)[0, 1], abs=1e-5)
+    assert float(stats["quality_length_correlation"]) == pytest.approx(
+        np.corrcoef(hf[:, 0].double().numpy(), lengths)[0, 1], abs=1e-5
+    )
 
 
 def test_ranking_batches_measure_each_row_after_its_prompt():
-    batch = {"input_ids": torch.zeros(3, 6, dtype=torch.long),
-             "attention_mask": torch.tensor([[1, 1, 1, 1, 1, 0], [1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 1, 1]]),
-             "group": torch.tensor([0, 1, 0]), "rank": torch.tensor([0, 0, 1]), "prompt_length": torch.tensor([2, 1, 2]),
-             "responses_per_prompt": torch.tensor([2, 1])}  # fmt: skip
+    batch = {
+        "input_ids": torch.zeros(3, 6, dtype=torch.long),
+        "attention_mask": torch.tensor([[1, 1, 1, 1, 1, 0], [1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 1, 1]]),
+        "group": torch.tensor([0, 1, 0]),
+        "rank": torch.tensor([0, 0, 1]),
+        "prompt_length": torch.tensor([2, 1, 2]),
+        "responses_per_prompt": torch.tensor([2, 1]),
+    }
     assert debias.response_lengths(batch).tolist() == [3, 2, 4]
     with pytest.raises(ValueError, match="needs each batch's prompt_length"):
         debias.response_lengths({k: v for k, v in batch.items() if k != "prompt_length"})
@@ -126,8 +140,9 @@ def test_the_preference_loss_is_taken_on_the_sum_of_the_heads(stories_path, help
     torch.manual_seed(0)
     module = _odin(stories_path)
     batch = helpers.preference_batch(module.tokenizer, TRIPLES)
-    heads = torch.tensor([[0.3, 1.0], [0.1, -0.2], [0.0, 0.5], [2.0, 0.0],
-                          [0.2, -1.0], [0.4, 0.1], [1.0, 0.2], [-0.5, 0.3]])  # fmt: skip
+    heads = torch.tensor(
+        [[0.3, 1.0], [0.1, -0.2], [0.0, 0.5], [2.0, 0.0], [0.2, -1.0], [0.4, 0.1], [1.0, 0.2], [-0.5, 0.3]]
+    )
     _, stats = debias.odin_loss(module, heads, batch)
     total = heads.sum(dim=1)
     expected = -F.logsigmoid(total[:4] - total[4:]).mean()

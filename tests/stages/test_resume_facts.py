@@ -6,8 +6,14 @@ import pytest
 
 from rlhf_lit.stages.resume import run_fact_changes
 
-SAVED = {"trainer.precision": "32-true", "trainer.accumulate_grad_batches": 1, "trainer.world_size": 1,
-         "trainer.max_steps": 4, "trainer.max_epochs": -1, "seed_everything": 11}  # fmt: skip
+SAVED = {
+    "trainer.precision": "32-true",
+    "trainer.accumulate_grad_batches": 1,
+    "trainer.world_size": 1,
+    "trainer.max_steps": 4,
+    "trainer.max_epochs": -1,
+    "seed_everything": 11,
+}
 NOW = {**SAVED, "trainer.precision": "bf16-mixed", "trainer.max_steps": 6, "seed_everything": 12}
 KEPT = ["trainer.precision", "trainer.accumulate_grad_batches", "trainer.world_size"]
 

@@ -69,8 +69,9 @@ def test_score_is_read_at_the_last_real_token(rm, helpers):
 
 def test_chosen_and_rejected_share_one_forward(rm, helpers):
     tok = rm.tokenizer
-    batch = helpers.preference_batch(tok, [("Tom went out.", " He was happy.", " He was sad and cried a lot."),
-                                           ("Lily", " smiled.", " frowned.")])
+    batch = helpers.preference_batch(
+        tok, [("Tom went out.", " He was happy.", " He was sad and cried a lot."), ("Lily", " smiled.", " frowned.")]
+    )
     calls = []
     hook = rm.model.model.register_forward_pre_hook(lambda m, a: calls.append("backbone"))
     with torch.no_grad():
@@ -84,8 +85,10 @@ def test_chosen_and_rejected_share_one_forward(rm, helpers):
     torch.testing.assert_close(rejected, rejected_alone, rtol=0, atol=1e-6)
 
     # Chosen and rejected padded to different lengths are brought to one T; scores are unchanged.
-    short = {k: v[:, : int(batch["chosen_attention_mask"].sum(1).max())] if k.startswith("chosen") else v
-             for k, v in batch.items()}
+    short = {
+        k: v[:, : int(batch["chosen_attention_mask"].sum(1).max())] if k.startswith("chosen") else v
+        for k, v in batch.items()
+    }
     assert short["chosen_input_ids"].shape[1] < short["rejected_input_ids"].shape[1]
     with torch.no_grad():
         chosen_short, rejected_short = rm.pair_scores(short)
@@ -111,8 +114,11 @@ def test_fresh_head_gets_rm_init_and_trained_head_is_kept(rm, tmp_path):
 
 def _rule_pairs(names, places, template):
     """Chosen responses say "happy", rejected ones "sad"; everything else is shared."""
-    return [(f"{n} went to the {p}.", template.format(n=n, p=p, w="happy"), template.format(n=n, p=p, w="sad"))
-            for n in names for p in places]
+    return [
+        (f"{n} went to the {p}.", template.format(n=n, p=p, w="happy"), template.format(n=n, p=p, w="sad"))
+        for n in names
+        for p in places
+    ]
 
 
 def test_learns_a_known_preference_rule(stories_path, helpers, tmp_path):
@@ -122,15 +128,19 @@ def test_learns_a_known_preference_rule(stories_path, helpers, tmp_path):
     with torch.no_grad():
         module.model.score.weight.zero_()
     tok = module.tokenizer
-    train = _rule_pairs(["Tom", "Lily", "Ben", "Sue", "Max", "Anna", "Tim", "Mia"],
-                        ["park", "garden", "school", "shop", "beach", "forest"], " {n} was {w} all day.")
+    train = _rule_pairs(
+        ["Tom", "Lily", "Ben", "Sue", "Max", "Anna", "Tim", "Mia"],
+        ["park", "garden", "school", "shop", "beach", "forest"],
+        " {n} was {w} all day.",
+    )
     random.Random(0).shuffle(train)
     # Held out: other names, other places and another sentence.
-    held_out = _rule_pairs(["Sam", "Lucy", "Jack", "Emma"], ["farm", "zoo", "river", "house"],
-                           " The {p} made {n} feel very {w}.")
+    held_out = _rule_pairs(
+        ["Sam", "Lucy", "Jack", "Emma"], ["farm", "zoo", "river", "house"], " The {p} made {n} feel very {w}."
+    )
     dm = helpers.BatchListDataModule(
-        train=[helpers.preference_batch(tok, train[i:i + 8]) for i in range(0, len(train), 8)],
-        val=[helpers.preference_batch(tok, held_out[i:i + 8]) for i in range(0, len(held_out), 8)],
+        train=[helpers.preference_batch(tok, train[i : i + 8]) for i in range(0, len(train), 8)],
+        val=[helpers.preference_batch(tok, held_out[i : i + 8]) for i in range(0, len(held_out), 8)],
     )
     trainer = helpers.cpu_trainer(tmp_path, max_steps=12, check_val_every_n_epoch=100)
     trainer.validate(module, datamodule=dm, verbose=False)
@@ -159,8 +169,11 @@ class _CaptureBeforeFold(pl.Callback):
 
 
 def _train_pairs(helpers, tok):
-    return [helpers.preference_batch(tok, [("Tom went out.", " He was happy.", " He was sad."),
-                                           ("Lily", " smiled and sang.", " cried.")])]
+    return [
+        helpers.preference_batch(
+            tok, [("Tom went out.", " He was happy.", " He was sad."), ("Lily", " smiled and sang.", " cried.")]
+        )
+    ]
 
 
 def test_llama_bias_is_normalised_on_the_reference_set_and_kept_in_config(stories_path, helpers, tmp_path):
@@ -171,7 +184,9 @@ def test_llama_bias_is_normalised_on_the_reference_set_and_kept_in_config(storie
     for texts in (TEXTS, ["The dog barked.", "Mia had a small boat and a big hat."]):
         ids, mask = helpers.pad_rows(_rows(tok, texts), tok.pad_token_id, "right")
         reference.append({"input_ids": ids, "attention_mask": mask})
-    dm = helpers.ReferenceDataModule(train=_train_pairs(helpers, tok), val=_train_pairs(helpers, tok), reference=reference)
+    dm = helpers.ReferenceDataModule(
+        train=_train_pairs(helpers, tok), val=_train_pairs(helpers, tok), reference=reference
+    )
     capture = _CaptureBeforeFold(reference)
     trainer = helpers.cpu_trainer(tmp_path, max_steps=3, callbacks=[capture])
     trainer.fit(module, datamodule=dm)
@@ -207,12 +222,22 @@ def test_gpt2_gain_and_bias_fold_exactly_into_the_export(gpt2_dir, helpers, tmp_
     tok = module.tokenizer
     assert tok.pad_token == "<|pad|>" and tok.pad_token_id == 50257
     assert module.model.get_input_embeddings().num_embeddings == 50258
-    val = [helpers.preference_batch(tok, [("A cat", " sat on the mat.", " ran."),
-                                          ("The sky", " is blue today.", " fell down on everyone."),
-                                          ("Hello", " there, friend!", " go away.")])]
+    val = [
+        helpers.preference_batch(
+            tok,
+            [
+                ("A cat", " sat on the mat.", " ran."),
+                ("The sky", " is blue today.", " fell down on everyone."),
+                ("Hello", " there, friend!", " go away."),
+            ],
+        )
+    ]
     # The reference defaults to the validation pairs: chosen and rejected pooled.
-    pooled = [{"input_ids": b[f"{side}_input_ids"], "attention_mask": b[f"{side}_attention_mask"]}
-              for b in val for side in ("chosen", "rejected")]
+    pooled = [
+        {"input_ids": b[f"{side}_input_ids"], "attention_mask": b[f"{side}_attention_mask"]}
+        for b in val
+        for side in ("chosen", "rejected")
+    ]
     capture = _CaptureBeforeFold(pooled)
     trainer = helpers.cpu_trainer(tmp_path, max_steps=3, callbacks=[capture])
     trainer.fit(module, datamodule=helpers.BatchListDataModule(train=_train_pairs(helpers, tok), val=val))
@@ -231,8 +256,9 @@ def test_gpt2_gain_and_bias_fold_exactly_into_the_export(gpt2_dir, helpers, tmp_
     with torch.no_grad():
         got = torch.cat([sequence_scores(exported, b["input_ids"], b["attention_mask"]) for b in pooled])
         # Hugging Face's own pooling (last non-pad id) agrees on these right-padded rows.
-        native = torch.cat([exported(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits[:, 0]
-                            for b in pooled])
+        native = torch.cat(
+            [exported(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits[:, 0] for b in pooled]
+        )
     torch.testing.assert_close(got, capture.scores, rtol=0, atol=1e-5)
     torch.testing.assert_close(native, capture.scores, rtol=0, atol=1e-5)
 

@@ -29,8 +29,11 @@ from rlhf_lit.stages.optim import OptimizerConfig
 torch.set_num_threads(1)
 
 OPT = OptimizerConfig(lr=1e-3, schedule="constant")
-TRIPLES = [("Tom went out.", " He was happy.", " He was sad."), ("Lily", " smiled and sang.", " cried."),
-           ("A dog", " ran in the sun.", " bit.")]  # fmt: skip
+TRIPLES = [
+    ("Tom went out.", " He was happy.", " He was sad."),
+    ("Lily", " smiled and sang.", " cried."),
+    ("A dog", " ran in the sun.", " bit."),
+]
 TEXTS = ["Once upon a time there was a cat.", "Tom ran.", "Lily saw a big red ball in the park.", "The dog barked."]
 
 
@@ -46,8 +49,9 @@ def _train(helpers, tok):
 
 def test_each_member_takes_the_steps_of_the_single_rm_with_its_seed(stories_path, helpers, tmp_path):
     """Sum of the members' losses and per-member clipping: member m is the single RM its head init gives."""
-    ensemble = RewardModelModule(stories_path, optimizer=OPT, normalize="none",
-                                 ensemble=EnsembleConfig(members=2, seeds=[5, 6]))  # fmt: skip
+    ensemble = RewardModelModule(
+        stories_path, optimizer=OPT, normalize="none", ensemble=EnsembleConfig(members=2, seeds=[5, 6])
+    )
     assert isinstance(ensemble.model, RewardEnsemble) and ensemble.model.size == 2
     heads = [m.score.weight.detach().clone() for m in ensemble.model.members]
     assert not torch.equal(heads[0], heads[1])  # own seeds, own heads
@@ -69,7 +73,9 @@ def test_each_member_takes_the_steps_of_the_single_rm_with_its_seed(stories_path
     # gradient_clip_val 0.05 is below these gradients' norms: clipping is active on every step.
     for i, module in enumerate((ensemble, *singles)):
         dm = helpers.BatchListDataModule(train=_train(helpers, tok))
-        trainer = helpers.cpu_trainer(tmp_path / str(i), max_steps=2, gradient_clip_val=0.05, callbacks=[FirstGradients()])
+        trainer = helpers.cpu_trainer(
+            tmp_path / str(i), max_steps=2, gradient_clip_val=0.05, callbacks=[FirstGradients()]
+        )
         trainer.fit(module, datamodule=dm)
     for m in range(2):  # each member's gradient is its own loss's, not a share of the members' mean
         assert_close(grads[0][m], grads[1 + m][0])
@@ -113,12 +119,19 @@ def test_each_member_is_normalised_on_its_own_scale(stories_path, helpers):
     assert_close(scores[:, 0], scores[:, 1], rtol=0, atol=1e-5)
 
 
-@pytest.mark.parametrize("lora", [None, LoRAConfig(r=4, alpha=8, target_modules=["q_proj", "v_proj"])],
-                         ids=["full", "lora"])
+@pytest.mark.parametrize(
+    "lora", [None, LoRAConfig(r=4, alpha=8, target_modules=["q_proj", "v_proj"])], ids=["full", "lora"]
+)
 def test_export_and_reload_give_the_module_scores(stories_path, helpers, tmp_path, lora, monkeypatch):
     monkeypatch.setenv("PL_GLOBAL_SEED", "41")  # seed_everything(41): unset seeds follow it, 41 + m
-    module = RewardModelModule(stories_path, optimizer=OPT, normalize="gain_bias", export_dir=str(tmp_path / "ens"),
-                               ensemble=EnsembleConfig(members=3, data_weights="bootstrap"), lora=lora)  # fmt: skip
+    module = RewardModelModule(
+        stories_path,
+        optimizer=OPT,
+        normalize="gain_bias",
+        export_dir=str(tmp_path / "ens"),
+        ensemble=EnsembleConfig(members=3, data_weights="bootstrap"),
+        lora=lora,
+    )
     tok = module.tokenizer
     reference = _reference(helpers, tok)
     dm = helpers.ReferenceDataModule(train=_train(helpers, tok), val=_train(helpers, tok), reference=reference)
@@ -196,13 +209,16 @@ def test_bootstrap_weights_are_poisson_counts_fixed_by_seed_and_batch():
     assert float(a.mean()) == pytest.approx(1.0, abs=0.1) and float(a.var()) == pytest.approx(1.0, abs=0.15)
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"members": 0}, "ensemble.members must be an integer >= 1"),
-    ({"members": 2, "seeds": [1]}, "one seed per member"),
-    ({"members": 2, "data_weights": "boot"}, "ensemble.data_weights must be one of uniform, bootstrap"),
-    ({"members": 2, "design": "shared_trunk"}, "ensemble.design must be one of separate"),
-    ({"members": 1, "data_weights": "bootstrap"}, "apply to ensemble.members > 1"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"members": 0}, "ensemble.members must be an integer >= 1"),
+        ({"members": 2, "seeds": [1]}, "one seed per member"),
+        ({"members": 2, "data_weights": "boot"}, "ensemble.data_weights must be one of uniform, bootstrap"),
+        ({"members": 2, "design": "shared_trunk"}, "ensemble.design must be one of separate"),
+        ({"members": 1, "data_weights": "bootstrap"}, "apply to ensemble.members > 1"),
+    ],
+)
 def test_bad_ensemble_settings(kwargs, message):
     with pytest.raises(ValueError, match=message):
         EnsembleConfig(**kwargs)
@@ -216,7 +232,9 @@ def test_a_copy_of_an_ensemble_scores_like_it(stories_path, helpers):
     ens = copy.deepcopy(module.model)
     ref = _reference(helpers, module.tokenizer)[0]
     with torch.no_grad():
-        assert torch.equal(ens(ref["input_ids"], ref["attention_mask"]), module(ref["input_ids"], ref["attention_mask"]))
+        assert torch.equal(
+            ens(ref["input_ids"], ref["attention_mask"]), module(ref["input_ids"], ref["attention_mask"])
+        )
 
 
 def test_an_ensemble_is_refused_under_fsdp_before_any_step(stories_path):

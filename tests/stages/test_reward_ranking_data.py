@@ -26,18 +26,22 @@ def test_normalisation_falls_back_to_every_response_of_the_validation_rankings(s
     module = RewardModelModule(stories_path, normalize="gain_bias")
     path = tmp_path / "r.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in RECORDS), encoding="utf-8")
-    dm = PreferenceDataModule(tokenizer=module.tokenizer, train_path=str(path), format="rankings", val_fraction=0.5,
-                              batch_size=2, seed=3)  # fmt: skip
+    dm = PreferenceDataModule(
+        tokenizer=module.tokenizer, train_path=str(path), format="rankings", val_fraction=0.5, batch_size=2, seed=3
+    )
     dm.setup("fit")
     assert dm.stats["val_examples"] == 3
     gain, bias = module.normalize(dm.val_dataloader(), "val")
 
     # Independently: each validation response scored alone, unpadded, then the population moments.
     with torch.no_grad():
-        scores = torch.cat([
-            sequence_scores(module.model, torch.tensor([ids]), torch.ones(1, len(ids), dtype=torch.long))
-            for item in dm.val_dataset for ids in item["input_ids"]
-        ]).double()  # fmt: skip
+        scores = torch.cat(
+            [
+                sequence_scores(module.model, torch.tensor([ids]), torch.ones(1, len(ids), dtype=torch.long))
+                for item in dm.val_dataset
+                for ids in item["input_ids"]
+            ]
+        ).double()
     assert len(scores) == sum(len(item["input_ids"]) for item in dm.val_dataset) > 6
     mean, std = float(scores.mean()), float(scores.std(unbiased=False))
     assert gain == pytest.approx(1 / std, rel=1e-5) and bias == pytest.approx(-mean / std, rel=1e-5)

@@ -39,9 +39,14 @@ def ranking_batch(helpers, tokenizer, records: list[tuple]) -> dict[str, torch.T
                 group.append(b)
                 rank.append(ranks[position])
     input_ids, attention_mask = helpers.pad_rows(ids, tokenizer.pad_token_id)
-    return {"input_ids": input_ids, "attention_mask": attention_mask, "group": torch.tensor(group),
-            "rank": torch.tensor(rank), "responses_per_prompt": torch.tensor([len(r) for r, _ in per_prompt]),
-            "prompt_length": torch.tensor(prompt_length)}
+    return {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "group": torch.tensor(group),
+        "rank": torch.tensor(rank),
+        "responses_per_prompt": torch.tensor([len(r) for r, _ in per_prompt]),
+        "prompt_length": torch.tensor(prompt_length),
+    }
 
 
 def rule_records(names, places, template, words):
@@ -49,15 +54,18 @@ def rule_records(names, places, template, words):
     return [(f"{n} went to the {p}.", [template.format(n=n, p=p, w=w) for w in words]) for n in names for p in places]
 
 
-PAIRS = [("Tom went out.", " He was happy.", " He was sad and cried a lot."),
-         ("Lily", " smiled.", " frowned."),
-         ("The dog", " wagged its tail at the boy.", " bit.")]
+PAIRS = [
+    ("Tom went out.", " He was happy.", " He was sad and cried a lot."),
+    ("Lily", " smiled.", " frowned."),
+    ("The dog", " wagged its tail at the boy.", " bit."),
+]
 
 
 def fresh_module(stories_path, **kwargs) -> RewardModelModule:
     torch.manual_seed(0)
-    return RewardModelModule(stories_path, optimizer=OptimizerConfig(lr=1e-3, schedule="linear"), normalize="none",
-                             **kwargs)
+    return RewardModelModule(
+        stories_path, optimizer=OptimizerConfig(lr=1e-3, schedule="linear"), normalize="none", **kwargs
+    )
 
 
 # ----- K = 2: the pair batch, bit for bit -------------------------------------------------------------
@@ -69,9 +77,13 @@ def test_k2_ranking_batch_trains_as_the_pair_batch_bit_for_bit(stories_path, hel
     pairs = helpers.preference_batch(tok, PAIRS)
     ranking = ranking_batch(helpers, tok, [(p, [c, r]) for p, c, r in PAIRS])
     # The contract: the K = 2 rows are concat_pairs(chosen, rejected) of the same records.
-    expected_ids, expected_mask = concat_pairs(pairs["chosen_input_ids"], pairs["chosen_attention_mask"],
-                                               pairs["rejected_input_ids"], pairs["rejected_attention_mask"],
-                                               tok.pad_token_id)
+    expected_ids, expected_mask = concat_pairs(
+        pairs["chosen_input_ids"],
+        pairs["chosen_attention_mask"],
+        pairs["rejected_input_ids"],
+        pairs["rejected_attention_mask"],
+        tok.pad_token_id,
+    )
     assert torch.equal(ranking["input_ids"], expected_ids) and torch.equal(ranking["attention_mask"], expected_mask)
 
     def loss_and_grads(batch):
@@ -110,9 +122,11 @@ def test_k2_ranking_batch_trains_as_the_pair_batch_bit_for_bit(stories_path, hel
 def test_each_response_goes_through_one_forward(stories_path, helpers, tmp_path):
     module = fresh_module(stories_path)
     tok = module.tokenizer
-    records = [("Tom went out.", [" He was happy.", " He was sad.", " He slept."]),
-               ("Lily", [" smiled.", " frowned.", " sang a song.", " left."]),
-               ("The dog", [" wagged its tail.", " bit."])]
+    records = [
+        ("Tom went out.", [" He was happy.", " He was sad.", " He slept."]),
+        ("Lily", [" smiled.", " frowned.", " sang a song.", " left."]),
+        ("The dog", [" wagged its tail.", " bit."]),
+    ]
     batch = ranking_batch(helpers, tok, records)
     assert batch["input_ids"].shape[0] == 9
     rows = []
@@ -141,9 +155,15 @@ def test_validation_metrics_pool_pairs_and_prompts_over_batches(stories_path, he
     tok = module.tokenizer
     val = [
         ranking_batch(helpers, tok, [("Tom went out.", [" He was happy.", " He was sad.", " He slept."])]),
-        ranking_batch(helpers, tok, [("Lily", [" smiled.", " frowned.", " sang a song.", " left."], [0, 1, 1, 2]),
-                                     ("The dog", [" wagged its tail.", " bit."]),
-                                     ("A cat", [" sat.", " ran off fast.", " hissed at me.", " purred.", " ate."])]),
+        ranking_batch(
+            helpers,
+            tok,
+            [
+                ("Lily", [" smiled.", " frowned.", " sang a song.", " left."], [0, 1, 1, 2]),
+                ("The dog", [" wagged its tail.", " bit."]),
+                ("A cat", [" sat.", " ran off fast.", " hissed at me.", " purred.", " ate."]),
+            ],
+        ),
     ]
     trainer = helpers.cpu_trainer(tmp_path, max_steps=1)
     trainer.validate(module, datamodule=helpers.BatchListDataModule(train=[], val=val), verbose=False)
@@ -187,15 +207,20 @@ def test_learns_a_known_ranking_rule(stories_path, helpers, tmp_path):
     with torch.no_grad():
         module.model.score.weight.zero_()
     tok = module.tokenizer
-    train = rule_records(["Tom", "Lily", "Ben", "Sue", "Max", "Anna", "Tim", "Mia"],
-                         ["park", "garden", "school", "shop", "beach", "forest"], " {n} was {w} all day.", WORDS)
+    train = rule_records(
+        ["Tom", "Lily", "Ben", "Sue", "Max", "Anna", "Tim", "Mia"],
+        ["park", "garden", "school", "shop", "beach", "forest"],
+        " {n} was {w} all day.",
+        WORDS,
+    )
     random.Random(0).shuffle(train)
     # Held out: other names, other places and another sentence.
-    held_out = rule_records(["Sam", "Lucy", "Jack", "Emma"], ["farm", "zoo", "river", "house"],
-                            " The {p} made {n} feel {w}.", WORDS)
+    held_out = rule_records(
+        ["Sam", "Lucy", "Jack", "Emma"], ["farm", "zoo", "river", "house"], " The {p} made {n} feel {w}.", WORDS
+    )
     dm = helpers.BatchListDataModule(
-        train=[ranking_batch(helpers, tok, train[i:i + 8]) for i in range(0, len(train), 8)],
-        val=[ranking_batch(helpers, tok, held_out[i:i + 8]) for i in range(0, len(held_out), 8)],
+        train=[ranking_batch(helpers, tok, train[i : i + 8]) for i in range(0, len(train), 8)],
+        val=[ranking_batch(helpers, tok, held_out[i : i + 8]) for i in range(0, len(held_out), 8)],
     )
     trainer = helpers.cpu_trainer(tmp_path, max_steps=24, check_val_every_n_epoch=100)
     trainer.validate(module, datamodule=dm, verbose=False)
@@ -212,7 +237,9 @@ def test_learns_a_known_ranking_rule(stories_path, helpers, tmp_path):
 
 def test_preference_loss_passes_the_prompt_weight(stories_path, helpers):
     module = fresh_module(stories_path)
-    batch = ranking_batch(helpers, module.tokenizer, [("Tom", [" ran.", " sat.", " slept."]), ("Lily", [" sang.", " cried."])])
+    batch = ranking_batch(
+        helpers, module.tokenizer, [("Tom", [" ran.", " sat.", " slept."]), ("Lily", [" sang.", " cried."])]
+    )
     scores = torch.tensor([0.3, -0.2, 1.0, 0.4, -0.5])  # rows: Tom 1st, Lily 1st, Tom 2nd, Lily 2nd, Tom 3rd
     weight = torch.tensor([3.0, 1.0])
     loss, accuracy = module.preference_loss(scores, batch, weight=weight)
@@ -239,9 +266,17 @@ def test_normalisation_pools_every_response_of_ranking_batches(stories_path, hel
     module = fresh_module(stories_path)
     module.normalization = "gain_bias"
     tok = module.tokenizer
-    val = [ranking_batch(helpers, tok, [("Tom went out.", [" He was happy.", " He was sad.", " He slept."]),
-                                        ("The dog", [" wagged its tail.", " bit."])]),
-           ranking_batch(helpers, tok, [("Lily", [" smiled.", " frowned.", " sang a song.", " left."])])]
+    val = [
+        ranking_batch(
+            helpers,
+            tok,
+            [
+                ("Tom went out.", [" He was happy.", " He was sad.", " He slept."]),
+                ("The dog", [" wagged its tail.", " bit."]),
+            ],
+        ),
+        ranking_batch(helpers, tok, [("Lily", [" smiled.", " frowned.", " sang a song.", " left."])]),
+    ]
     capture = _MeanBeforeFold(val)
     trainer = helpers.cpu_trainer(tmp_path, max_steps=1, callbacks=[capture], check_val_every_n_epoch=100)
     trainer.fit(module, datamodule=helpers.BatchListDataModule(train=val[:1], val=val))
@@ -256,8 +291,16 @@ def test_an_ensemble_logs_the_ranking_metrics_of_its_members_mean(stories_path, 
 
     module = fresh_module(stories_path, ensemble=EnsembleConfig(members=2, seeds=[5, 6]))
     tok = module.tokenizer
-    val = [ranking_batch(helpers, tok, [("Lily", [" smiled.", " frowned.", " sang a song.", " left."], [0, 1, 1, 2]),
-                                        ("A cat", [" purred.", " hissed at me.", " ran off fast.", " sat."])])]
+    val = [
+        ranking_batch(
+            helpers,
+            tok,
+            [
+                ("Lily", [" smiled.", " frowned.", " sang a song.", " left."], [0, 1, 1, 2]),
+                ("A cat", [" purred.", " hissed at me.", " ran off fast.", " sat."]),
+            ],
+        )
+    ]
     trainer = helpers.cpu_trainer(tmp_path, max_steps=1)
     trainer.validate(module, datamodule=helpers.BatchListDataModule(train=[], val=val), verbose=False)
     logged = {k: float(v) for k, v in trainer.callback_metrics.items()}

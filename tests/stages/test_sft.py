@@ -62,6 +62,7 @@ def test_loss_counts_exactly_the_response_tokens(sft, helpers):
                 for t in ts:
                     output.logits[i, t] += 50.0 * torch.randn_like(output.logits[i, t])
             return output
+
         return hook
 
     outside = [[t for t in range(T) if not (s - 1 <= t < e - 1)] for s, e in spans]
@@ -83,8 +84,13 @@ def test_loss_counts_exactly_the_response_tokens(sft, helpers):
 def test_validation_loss_is_token_weighted(sft, helpers, tmp_path):
     tok = sft.tokenizer
     short = helpers.sft_batch(tok, [("Lily", " smiled.")])
-    long = helpers.sft_batch(tok, [("One day", " a big dog saw a little bird in the tree and barked loudly."),
-                                   ("The sun", " was warm and the children played outside all day long.")])
+    long = helpers.sft_batch(
+        tok,
+        [
+            ("One day", " a big dog saw a little bird in the tree and barked loudly."),
+            ("The sun", " was warm and the children played outside all day long."),
+        ],
+    )
     total, count, batch_means = 0.0, 0, []
     for batch in (short, long):
         spans = [(int(row.ne(-100).nonzero()[0]), int(row.ne(-100).nonzero()[-1]) + 1) for row in batch["labels"]]
@@ -110,7 +116,9 @@ def _scalars(log_dir: str) -> dict[str, list[float]]:
 
 def test_overfits_logs_exports_and_resumes(stories_path, helpers, paragraphs, tmp_path):
     torch.manual_seed(0)
-    module = SFTModule(stories_path, optimizer=OptimizerConfig(lr=3e-3, warmup_steps=2, schedule="cosine", min_lr_ratio=0.1))
+    module = SFTModule(
+        stories_path, optimizer=OptimizerConfig(lr=3e-3, warmup_steps=2, schedule="cosine", min_lr_ratio=0.1)
+    )
     tok = module.tokenizer
     pairs = []
     for text in paragraphs[:4]:
@@ -182,7 +190,9 @@ def test_constant_schedule_and_real_scheduler_steps():
 
 def test_weight_decay_only_on_matrices():
     model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.LayerNorm(2))
-    opt, _ = build_optimizer(model.named_parameters(), OptimizerConfig(weight_decay=0.1, betas=(0.8, 0.9), eps=1e-6), 10)
+    opt, _ = build_optimizer(
+        model.named_parameters(), OptimizerConfig(weight_decay=0.1, betas=(0.8, 0.9), eps=1e-6), 10
+    )
     decayed, plain = opt.param_groups
     assert [p.shape for p in decayed["params"]] == [torch.Size([2, 3])] and decayed["weight_decay"] == 0.1
     assert [p.shape for p in plain["params"]] == [torch.Size([2])] * 3 and plain["weight_decay"] == 0.0

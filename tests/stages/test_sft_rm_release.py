@@ -49,25 +49,35 @@ def _sft(stories_path, helpers):
 def _reward_model(stories_path, helpers):
     module = RewardModelModule(stories_path, optimizer=OptimizerConfig(lr=1e-3), normalize="bias")
     tok = module.tokenizer
-    pairs = [helpers.preference_batch(tok, [("Tom went out.", " He was happy.", " He was sad."),
-                                            ("Lily", " smiled and sang.", " cried.")])]  # fmt: skip
+    pairs = [
+        helpers.preference_batch(
+            tok, [("Tom went out.", " He was happy.", " He was sad."), ("Lily", " smiled and sang.", " cried.")]
+        )
+    ]
     rows = [tok(t).input_ids + [tok.eos_token_id] for t in ("Tom ran.", "Lily saw a big red ball.")]
     ids, mask = helpers.pad_rows(rows, tok.pad_token_id)
-    return module, helpers.ReferenceDataModule(train=pairs * 2, val=pairs, reference=[{"input_ids": ids, "attention_mask": mask}])
+    return module, helpers.ReferenceDataModule(
+        train=pairs * 2, val=pairs, reference=[{"input_ids": ids, "attention_mask": mask}]
+    )
 
 
 @pytest.mark.parametrize("build", [_sft, _reward_model], ids=["sft", "reward_model"])
 @pytest.mark.parametrize("release", ["released", "kept (before)"])
-def test_the_teardown_copies_no_optimizer_states_and_last_ckpt_keeps_them(stories_path, helpers, tmp_path, monkeypatch,
-                                                                          build, release):  # fmt: skip
+def test_the_teardown_copies_no_optimizer_states_and_last_ckpt_keeps_them(
+    stories_path, helpers, tmp_path, monkeypatch, build, release
+):
     if release == "kept (before)":  # how it was: the teardown copied Adam's moments to the host
         monkeypatch.setattr(StageModule, "release_after_fit", lambda self: None)
     at_teardown, moments = AtTeardown(monkeypatch), Moments()
     torch.manual_seed(0)
     module, data = build(stories_path, helpers)
     module.export_dir = str(tmp_path / "export")
-    trainer = helpers.cpu_trainer(tmp_path, max_steps=2, enable_checkpointing=True,
-                                  callbacks=[moments, Checkpoint(dirpath=tmp_path / "ckpt", save_last=True)])  # fmt: skip
+    trainer = helpers.cpu_trainer(
+        tmp_path,
+        max_steps=2,
+        enable_checkpointing=True,
+        callbacks=[moments, Checkpoint(dirpath=tmp_path / "ckpt", save_last=True)],
+    )
     trainer.fit(module, datamodule=data)
 
     trainable = [p for opt in trainer.optimizers for g in opt.param_groups for p in g["params"]]

@@ -4,8 +4,25 @@
 
 from rlhf_lit.callbacks.guard.callback import SIGNALS, OverOptimisationGuard
 from rlhf_lit.callbacks.guard.signals import (
-    DisagreementSignal, DistinctSignal, HeldOut, KeepBest, KLSignal, LengthSignal, ObjectiveSignal, ProxyGoldSignal,
-)  # fmt: skip
+    DisagreementSignal,
+    DistinctSignal,
+    HeldOut,
+    KeepBest,
+    KLSignal,
+    LengthSignal,
+    ObjectiveSignal,
+    ProxyGoldSignal,
+)
 
-__all__ = ["SIGNALS", "DisagreementSignal", "DistinctSignal", "HeldOut", "KLSignal", "KeepBest", "LengthSignal",
-           "ObjectiveSignal", "OverOptimisationGuard", "ProxyGoldSignal"]  # fmt: skip
+__all__ = [
+    "SIGNALS",
+    "DisagreementSignal",
+    "DistinctSignal",
+    "HeldOut",
+    "KLSignal",
+    "KeepBest",
+    "LengthSignal",
+    "ObjectiveSignal",
+    "OverOptimisationGuard",
+    "ProxyGoldSignal",
+]

@@ -21,9 +21,19 @@ from lightning.pytorch.utilities import rank_zero_only
 
 from rlhf_lit.callbacks.guard.policy_copy import copy_weights, restore_weights
 from rlhf_lit.callbacks.guard.signals import (
-    HELD_OUT_JUDGE, HELD_OUT_SCORE, Action, DisagreementSignal, DistinctSignal, Evaluation, HeldOut, KeepBest,
-    KLSignal, LengthSignal, ObjectiveSignal, ProxyGoldSignal,
-)  # fmt: skip
+    HELD_OUT_JUDGE,
+    HELD_OUT_SCORE,
+    Action,
+    DisagreementSignal,
+    DistinctSignal,
+    Evaluation,
+    HeldOut,
+    KeepBest,
+    KLSignal,
+    LengthSignal,
+    ObjectiveSignal,
+    ProxyGoldSignal,
+)
 from rlhf_lit.callbacks.guard.verdicts import Verdict, persistent
 from rlhf_lit.callbacks.online_generation import OnlineGeneration
 from rlhf_lit.callbacks.preemption import Preemption
@@ -77,8 +87,15 @@ class OverOptimisationGuard(Callback):
             self.signal(name).check()
         self.sampler = self._held_out_sampler()  # loads the judge: a bad spec fails before any model
         self._check_sources()
-        tracked = {"objective/kl", "objective/scores", "objective/judge", self.disagreement.metric,
-                   self.length.metric, self.distinct.metric, self.objective.metric}  # fmt: skip
+        tracked = {
+            "objective/kl",
+            "objective/scores",
+            "objective/judge",
+            self.disagreement.metric,
+            self.length.metric,
+            self.distinct.metric,
+            self.objective.metric,
+        }
         if self.keeps_best and not self.keep_best.held_out:
             tracked |= {self.keep_best.metric} | ({self.keep_best.penalty_metric} - {None})
         # The state a resume restores (state_dict): everything below.
@@ -115,9 +132,15 @@ class OverOptimisationGuard(Callback):
             raise ValueError("guard held_out.prompts is empty: give the held-out prompts, or drop held_out")
         if self.held_out.every_n_rollouts < 1:
             raise ValueError(f"guard held_out.every_n_rollouts must be >= 1, got {self.held_out.every_n_rollouts}")
-        return OnlineGeneration(self.held_out.prompts, self.held_out.every_n_rollouts, self.held_out.sampling,
-                                self.held_out.seed, self.held_out.judge, self.held_out.judge_reads,
-                                chat_template=self.held_out.chat_template)  # fmt: skip
+        return OnlineGeneration(
+            self.held_out.prompts,
+            self.held_out.every_n_rollouts,
+            self.held_out.sampling,
+            self.held_out.seed,
+            self.held_out.judge,
+            self.held_out.judge_reads,
+            chat_template=self.held_out.chat_template,
+        )
 
     def _check_sources(self) -> None:
         """Refuse a signal or keep_best that reads a held-out evaluation the settings do not make."""
@@ -126,11 +149,15 @@ class OverOptimisationGuard(Callback):
             raise ValueError("guard proxy_gold (source: held_out) needs held_out with prompts and a judge")
         if self.keeps_best and self.keep_best.held_out:
             if self.keep_best.metric not in (HELD_OUT_SCORE, HELD_OUT_JUDGE):
-                raise ValueError(f"guard keep_best.metric {self.keep_best.metric}: the held-out evaluation logs "
-                                 f"{HELD_OUT_SCORE} and {HELD_OUT_JUDGE} only")  # fmt: skip
+                raise ValueError(
+                    f"guard keep_best.metric {self.keep_best.metric}: the held-out evaluation logs "
+                    f"{HELD_OUT_SCORE} and {HELD_OUT_JUDGE} only"
+                )
             if self.held_out is None or (self.keep_best.metric == HELD_OUT_JUDGE and not judge):
-                raise ValueError(f"guard keep_best.metric {self.keep_best.metric} needs held_out"
-                                 + (" with a judge" if self.keep_best.metric == HELD_OUT_JUDGE else ""))  # fmt: skip
+                raise ValueError(
+                    f"guard keep_best.metric {self.keep_best.metric} needs held_out"
+                    + (" with a judge" if self.keep_best.metric == HELD_OUT_JUDGE else "")
+                )
 
     # ------------------------------------------------------------------ hooks
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -142,17 +169,27 @@ class OverOptimisationGuard(Callback):
         callbacks = trainer.callbacks
         preemption = [i for i, c in enumerate(callbacks) if isinstance(c, Preemption)]
         if preemption and preemption[0] < callbacks.index(self):
-            raise ValueError("list OverOptimisationGuard before Preemption in trainer.callbacks (a preemption "
-                             "checkpoint must hold the guard's state of the rollout it stops after)")  # fmt: skip
+            raise ValueError(
+                "list OverOptimisationGuard before Preemption in trainer.callbacks (a preemption "
+                "checkpoint must hold the guard's state of the rollout it stops after)"
+            )
         no_judge = getattr(pl_module, "judge", None) is None
         if self.proxy_gold.action is not None and self.proxy_gold.source == "rollout" and no_judge:
-            raise ValueError("guard proxy_gold (source: rollout) reads objective/judge: set the model's judge "
-                             "(model.init_args.judge), or use source: held_out")  # fmt: skip
+            raise ValueError(
+                "guard proxy_gold (source: rollout) reads objective/judge: set the model's judge "
+                "(model.init_args.judge), or use source: held_out"
+            )
         reward_cfg = getattr(pl_module, "reward_cfg", None)
-        if (self.disagreement.action is not None and self.disagreement.metric.startswith("reward/reward_model/")
-                and reward_cfg is not None and not reward_cfg.uses_reward_model):  # fmt: skip
-            raise ValueError(f"guard disagreement reads {self.disagreement.metric}, but this run has no reward "
-                             "model source: set disagreement.metric to the ensemble's, or drop the action")  # fmt: skip
+        if (
+            self.disagreement.action is not None
+            and self.disagreement.metric.startswith("reward/reward_model/")
+            and reward_cfg is not None
+            and not reward_cfg.uses_reward_model
+        ):
+            raise ValueError(
+                f"guard disagreement reads {self.disagreement.metric}, but this run has no reward "
+                "model source: set disagreement.metric to the ensemble's, or drop the action"
+            )
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch, batch_idx: int) -> None:
         """Copy the policy that samples this rollout when ``keep_best`` judges it by a rollout metric."""
@@ -171,20 +208,32 @@ class OverOptimisationGuard(Callback):
             return
         if self.best is None or self.best_weights is None:
             if trainer.is_global_zero:
-                log.warning("over-optimisation guard: keep_best acted but no policy had a value of %s: exporting the "
-                            "last policy", self.keep_best.metric)  # fmt: skip
+                log.warning(
+                    "over-optimisation guard: keep_best acted but no policy had a value of %s: exporting the "
+                    "last policy",
+                    self.keep_best.metric,
+                )
             return
         kept, value = self.best
         if kept == self.rollouts:
             if trainer.is_global_zero:
-                log.warning("over-optimisation guard: the last policy (after rollout %d) is the best "
-                            "(%s = %.6g); exporting it", kept, self.keep_best.metric, value)  # fmt: skip
+                log.warning(
+                    "over-optimisation guard: the last policy (after rollout %d) is the best (%s = %.6g); exporting it",
+                    kept,
+                    self.keep_best.metric,
+                    value,
+                )
             return
         restore_weights(pl_module.policy, self.best_weights)
         if trainer.is_global_zero:
-            log.warning("over-optimisation guard: exporting the policy after rollout %d (the best: %s = %.6g), "
-                        "not the last (after rollout %d)", kept, self.keep_best.metric, value,
-                        self.rollouts)  # fmt: skip
+            log.warning(
+                "over-optimisation guard: exporting the policy after rollout %d (the best: %s = %.6g), "
+                "not the last (after rollout %d)",
+                kept,
+                self.keep_best.metric,
+                value,
+                self.rollouts,
+            )
 
     # ------------------------------------------------------------------ one rollout
     def observe(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -224,8 +273,14 @@ class OverOptimisationGuard(Callback):
         due = self.streaks[name] >= self.signal(name).patience
         acts = due and not self.active[name]
         self.active[name] = due
-        logged.update({f"guard/{name}/value": verdict.value, f"guard/{name}/threshold": verdict.threshold,
-                       f"guard/{name}/holds": float(verdict.holds), f"guard/{name}/acted": float(acts)})  # fmt: skip
+        logged.update(
+            {
+                f"guard/{name}/value": verdict.value,
+                f"guard/{name}/threshold": verdict.threshold,
+                f"guard/{name}/holds": float(verdict.holds),
+                f"guard/{name}/acted": float(acts),
+            }
+        )
         return [self._act(trainer, name, n, verdict)] if acts else []
 
     def _act(self, trainer: Trainer, name: str, n: int, verdict: Verdict) -> str:
@@ -289,12 +344,18 @@ class OverOptimisationGuard(Callback):
     def state_dict(self) -> dict[str, Any]:
         """Everything a resumed run needs to continue the guard exactly (in the Lightning checkpoint)."""
         return {
-            "version": STATE_VERSION, "rollouts": self.rollouts, "history": self.history,
+            "version": STATE_VERSION,
+            "rollouts": self.rollouts,
+            "history": self.history,
             "evaluations": [(e.rollouts, e.score, e.judge) for e in self.evaluations],
-            "streaks": self.streaks, "active": self.active, "stopped_at": self.stopped_at,
-            "keep_best_from": self.keep_best_from, "best": self.best, "best_weights": self.best_weights,
+            "streaks": self.streaks,
+            "active": self.active,
+            "stopped_at": self.stopped_at,
+            "keep_best_from": self.keep_best_from,
+            "best": self.best,
+            "best_weights": self.best_weights,
             "unavailable": sorted(self.unavailable),
-        }  # fmt: skip
+        }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`'s state."""

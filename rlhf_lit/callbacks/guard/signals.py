@@ -112,8 +112,15 @@ class DriftSignal:
 
     def verdict(self, history: History, evaluations: Sequence[Evaluation] = ()) -> Verdict | None:
         """The drift rule on ``metric``'s history."""
-        return drift(history.get(self.metric, []), self.baseline, self.window, self.direction, self.relative,
-                     self.absolute, self.metric)  # fmt: skip
+        return drift(
+            history.get(self.metric, []),
+            self.baseline,
+            self.window,
+            self.direction,
+            self.relative,
+            self.absolute,
+            self.metric,
+        )
 
 
 @dataclass

@@ -84,9 +84,13 @@ def rate_above(values: Sequence[float | None], window: int, max_rate: float, wha
     if len(logged) < max(window, 3):
         return None
     slope, _ = fitted_line(logged[-window:])
-    return Verdict(slope > max_rate, slope, max_rate,
-                   f"{what} growing {slope:.4g} per rollout over the last {window} "
-                   f"{'>' if slope > max_rate else '<='} rate {max_rate:.4g}")  # fmt: skip
+    return Verdict(
+        slope > max_rate,
+        slope,
+        max_rate,
+        f"{what} growing {slope:.4g} per rollout over the last {window} "
+        f"{'>' if slope > max_rate else '<='} rate {max_rate:.4g}",
+    )
 
 
 def line_change(ys: Sequence[float], xs: Sequence[float] | None = None) -> tuple[float, float]:
@@ -97,9 +101,7 @@ def line_change(ys: Sequence[float], xs: Sequence[float] | None = None) -> tuple
     return slope * (xs[-1] - xs[0]), t
 
 
-def falling(
-    values: Sequence[float | None], window: int, min_drop: float, min_t: float, what: str
-) -> Verdict | None:
+def falling(values: Sequence[float | None], window: int, min_drop: float, min_t: float, what: str) -> Verdict | None:
     """Holds when the line through the last ``window`` logged values falls by at least ``min_drop``
     across the window with a t-statistic of at most ``-min_t`` (a fall larger than its noise)."""
     logged = present(values)
@@ -107,14 +109,23 @@ def falling(
         return None
     change, t = line_change(logged[-window:])
     holds = change <= -min_drop and t <= -min_t
-    return Verdict(holds, -change, min_drop,
-                   f"{what} fell {-change:.4g} over the last {window} rollouts (t = {t:.3g}); "
-                   f"threshold: a fall >= {min_drop:.4g} with t <= -{min_t:.3g}")  # fmt: skip
+    return Verdict(
+        holds,
+        -change,
+        min_drop,
+        f"{what} fell {-change:.4g} over the last {window} rollouts (t = {t:.3g}); "
+        f"threshold: a fall >= {min_drop:.4g} with t <= -{min_t:.3g}",
+    )
 
 
 def drift(
-    values: Sequence[float | None], baseline: int, window: int, direction: Direction, relative: float,
-    absolute: float, what: str,
+    values: Sequence[float | None],
+    baseline: int,
+    window: int,
+    direction: Direction,
+    relative: float,
+    absolute: float,
+    what: str,
 ) -> Verdict | None:
     """Holds when the mean of the last ``window`` logged values moved from the mean of the first
     ``baseline`` ones (``direction``-wise) by more than ``max(relative * |baseline mean|, absolute)``.
@@ -130,14 +141,22 @@ def drift(
     signed = {"up": change, "down": -change, "either": abs(change)}[direction]
     threshold = max(relative * abs(base), absolute)
     holds = signed > threshold
-    return Verdict(holds, signed, threshold,
-                   f"{what} {base:.4g} -> {recent:.4g} (first {baseline} -> last {window} rollouts): "
-                   f"a change of {change:+.4g}, threshold {direction} by more than {threshold:.4g}")  # fmt: skip
+    return Verdict(
+        holds,
+        signed,
+        threshold,
+        f"{what} {base:.4g} -> {recent:.4g} (first {baseline} -> last {window} rollouts): "
+        f"a change of {change:+.4g}, threshold {direction} by more than {threshold:.4g}",
+    )
 
 
 def proxy_without_gold(
-    rollouts: Sequence[int], proxy: Sequence[float], gold: Sequence[float], window: int,
-    min_proxy_rise: float, max_gold_rise: float,
+    rollouts: Sequence[int],
+    proxy: Sequence[float],
+    gold: Sequence[float],
+    window: int,
+    min_proxy_rise: float,
+    max_gold_rise: float,
 ) -> Verdict | None:
     """Holds when, over the last ``window`` evaluations (at ``rollouts``), the least-squares line of
     the proxy (the RM score) rises by at least ``min_proxy_rise`` while the gold's (the held-out
@@ -148,8 +167,10 @@ def proxy_without_gold(
     proxy_rise, _ = line_change(proxy[-window:], xs)
     gold_rise, _ = line_change(gold[-window:], xs)
     holds = proxy_rise >= min_proxy_rise and gold_rise <= max_gold_rise
-    text = (f"proxy (RM score) rose {proxy_rise:+.4g} (threshold >= {min_proxy_rise:.4g}) while the judge rose "
-            f"{gold_rise:+.4g} (threshold <= {max_gold_rise:.4g}) over the last {window} evaluations")
+    text = (
+        f"proxy (RM score) rose {proxy_rise:+.4g} (threshold >= {min_proxy_rise:.4g}) while the judge rose "
+        f"{gold_rise:+.4g} (threshold <= {max_gold_rise:.4g}) over the last {window} evaluations"
+    )
     return Verdict(holds, gold_rise, max_gold_rise, text)
 
 

@@ -34,9 +34,15 @@ if TYPE_CHECKING:
 
 
 def build_models(
-    stage: PPOModule, sft_model: str, reward_model: str | None, value_model: str | None, tokenizer_path: str | None,
-    missing_pad: MissingPad, critic: CriticKind, dtype: DType,
-) -> None:  # fmt: skip
+    stage: PPOModule,
+    sft_model: str,
+    reward_model: str | None,
+    value_model: str | None,
+    tokenizer_path: str | None,
+    missing_pad: MissingPad,
+    critic: CriticKind,
+    dtype: DType,
+) -> None:
     """Set ``stage``'s tokenizer, policy, ``stop_ids``, reference, reward model and critic, as its
     settings ask (``lora_cfg``, ``critic_lora_cfg``, ``memory``, ``reward_cfg``, ``estimator``).
 
@@ -46,9 +52,11 @@ def build_models(
     for what, path in (("sft_model", sft_model), ("reward_model", reward_model), ("value_model", value_model)):
         check_local_source(path, what)  # a damaged file of any of them: named before the first is loaded
     stage.tokenizer = tokenizer = load_tokenizer(
-        tokenizer_path or sft_model, padding_side="left", missing_pad=missing_pad,
+        tokenizer_path or sft_model,
+        padding_side="left",
+        missing_pad=missing_pad,
         what="tokenizer_path" if tokenizer_path else "sft_model",
-    )  # fmt: skip
+    )
     stage.policy = policy = with_lora(load_causal_lm(sft_model, tokenizer, dtype=dtype), stage.lora_cfg, "causal_lm")
     # Every id that ends a response (the model may list several): sampling, masks, the reward
     # position and the missing-EOS penalty all follow from this one set.
@@ -77,7 +85,7 @@ def build_models(
     critic_start = value_model or (member_paths(reward_model)[0] if ensemble else reward_model)
     stage.critic = (
         build_critic(critic, policy, critic_start, tokenizer, dtype, stage.critic_lora_cfg) if uses_critic else None
-    )  # fmt: skip
+    )
     if stage.memory.gradient_checkpointing:
         enable_gradient_checkpointing(*stage.trained_models)
 
@@ -90,9 +98,14 @@ def kl_controller(kl: KLConfig) -> KLController:
 
 
 def build_optimizers(
-    policy: torch.nn.Module, critic: torch.nn.Module | None, shared_trunk: bool, optimizer: OptimizerConfig,
-    critic_optimizer: OptimizerConfig | None, max_rollouts: int, fused: bool,
-) -> tuple[list, list]:  # fmt: skip
+    policy: torch.nn.Module,
+    critic: torch.nn.Module | None,
+    shared_trunk: bool,
+    optimizer: OptimizerConfig,
+    critic_optimizer: OptimizerConfig | None,
+    max_rollouts: int,
+    fused: bool,
+) -> tuple[list, list]:
     """Policy and critic optimizers and their schedules (stepped per rollout, ``max_rollouts`` long):
     one for the policy without a critic, one for policy and value head with ``shared_trunk``, else two
     (the critic's with ``critic_optimizer``, None = ``optimizer``)."""
@@ -104,8 +117,9 @@ def build_optimizers(
         opt, sched = build_optimizer(params, optimizer, max_rollouts, fused)
         return [opt], [sched]
     policy_opt, policy_sched = build_optimizer(policy.named_parameters(), optimizer, max_rollouts, fused)
-    critic_opt, critic_sched = build_optimizer(critic.named_parameters(), critic_optimizer or optimizer, max_rollouts,
-                                               fused)  # fmt: skip
+    critic_opt, critic_sched = build_optimizer(
+        critic.named_parameters(), critic_optimizer or optimizer, max_rollouts, fused
+    )
     return [policy_opt, critic_opt], [policy_sched, critic_sched]
 
 
@@ -120,6 +134,8 @@ def shard_stage_models(stage: PPOModule, sharded: bool) -> None:
     """
     check_sharded_compile(stage.sampling.decode, stage.ppo.forward, sharded)
     if sharded and isinstance(getattr(stage, "reward_model", None), RewardEnsemble):
-        raise ValueError("a reward-model ensemble (model.reward_model with ensemble.json) is not supported under "
-                         "fsdp / fsdp2; use one device or --trainer.strategy ddp")
+        raise ValueError(
+            "a reward-model ensemble (model.reward_model with ensemble.json) is not supported under "
+            "fsdp / fsdp2; use one device or --trainer.strategy ddp"
+        )
     shard_models(stage, {"policy": stage.policy, "critic": stage.critic, **stage.frozen_submodules()})

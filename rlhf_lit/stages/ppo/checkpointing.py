@@ -16,7 +16,6 @@ SAFE_ON_RESUME = ("max_rollouts", "judge", "judge_reads", "export_dir", "export_
 """Settings a resume may change: how far the run goes, what is logged beside it, where it exports."""
 
 
-
 def fill_whiten_scope(checkpoint: dict) -> None:
     """Give a checkpoint written before ``ppo.whiten_scope`` existed the scope it was trained with.
 
@@ -27,7 +26,6 @@ def fill_whiten_scope(checkpoint: dict) -> None:
     ppo = checkpoint.get("hyper_parameters", {}).get("ppo")
     if isinstance(ppo, MutableMapping) and "whiten_scope" not in ppo:
         ppo["whiten_scope"] = "rank" if checkpoint.get("ppo", {}).get("world_size", 1) > 1 else "global"
-
 
 
 class PPOCheckpoints:
@@ -59,8 +57,11 @@ class PPOCheckpoints:
 
     def _source_fingerprints(self) -> dict[str, str]:
         """The models the run reads by path, as they are on disk now (see :func:`source_fingerprint`)."""
-        paths = {"sft_model": self.hparams.sft_model, "reward_model": self.hparams.reward_model,
-                 "value_model": self.hparams.value_model}  # fmt: skip
+        paths = {
+            "sft_model": self.hparams.sft_model,
+            "reward_model": self.hparams.reward_model,
+            "value_model": self.hparams.value_model,
+        }
         return {what: source_fingerprint(path) for what, path in paths.items() if path is not None}
 
     def kept_run_facts(self) -> list[str]:
@@ -76,7 +77,10 @@ class PPOCheckpoints:
         ppo_state = checkpoint["ppo"]
         extra = self.run_changes(checkpoint)
         if self._trainer is not None:
-            extra["trainer.world_size"] = (ppo_state.get("world_size", self.trainer.world_size), self.trainer.world_size)
+            extra["trainer.world_size"] = (
+                ppo_state.get("world_size", self.trainer.world_size),
+                self.trainer.world_size,
+            )
         now = self._source_fingerprints()
         for what, saved in ppo_state.get("sources", {}).items():  # a model directory replaced in place
             extra[f"model.{what} (its files)"] = (saved, now.get(what))

@@ -22,8 +22,10 @@ from rlhf_lit.tokenizer import check_same_chat_template
 def check_reward_settings(sampling: SamplingConfig, reward: RewardConfig, reward_model: str | None) -> None:
     """The reward settings against sampling and the reward model given."""
     if sampling.ignore_eos and reward.missing_eos_penalty is not None:
-        raise ValueError("sampling.ignore_eos: no response ends at EOS, so reward.missing_eos_penalty would hit "
-                         "every one; leave it null")
+        raise ValueError(
+            "sampling.ignore_eos: no response ends at EOS, so reward.missing_eos_penalty would hit "
+            "every one; leave it null"
+        )
     if reward.uses_reward_model and reward_model is None:
         raise ValueError("reward.sources uses the reward model (a source with function: null); set model.reward_model")
     for source in reward.sources:
@@ -34,18 +36,24 @@ def check_reward_settings(sampling: SamplingConfig, reward: RewardConfig, reward
             )
 
 
-def check_compiled_passes(ppo: PPOConfig, memory: MemoryConfig, lora: LoRAConfig | None,
-                          critic_lora: LoRAConfig | None) -> None:
+def check_compiled_passes(
+    ppo: PPOConfig, memory: MemoryConfig, lora: LoRAConfig | None, critic_lora: LoRAConfig | None
+) -> None:
     """``ppo.forward: compiled`` with settings its graph cannot hold."""
     if ppo.forward == "compiled" and memory.gradient_checkpointing and (lora is not None or critic_lora is not None):
         # Gradient checkpointing over frozen base weights makes the embeddings' output require grad
         # through a hook (transformers' enable_input_require_grads), which torch.compile refuses.
-        raise ValueError("ppo.forward: compiled does not run with memory.gradient_checkpointing and LoRA together; "
-                         "leave ppo.forward eager, or turn off one of them")
+        raise ValueError(
+            "ppo.forward: compiled does not run with memory.gradient_checkpointing and LoRA together; "
+            "leave ppo.forward eager, or turn off one of them"
+        )
 
 
 def check_model_settings(
-    lora: LoRAConfig | None, critic_lora: LoRAConfig | None, critic: str, critic_optimizer_given: bool,
+    lora: LoRAConfig | None,
+    critic_lora: LoRAConfig | None,
+    critic: str,
+    critic_optimizer_given: bool,
     max_rollouts: int,
 ) -> None:
     """LoRA, critic and run-length settings that contradict each other."""
@@ -55,16 +63,23 @@ def check_model_settings(
     if critic == "shared_trunk" and critic_lora is not None:
         raise ValueError("critic_lora applies to a separate critic; with critic='shared_trunk' leave it null")
     if critic == "shared_trunk" and critic_optimizer_given:
-        raise ValueError("critic='shared_trunk' trains the head with the policy's optimizer; leave critic_optimizer null")
+        raise ValueError(
+            "critic='shared_trunk' trains the head with the policy's optimizer; leave critic_optimizer null"
+        )
     if max_rollouts < 1:
         raise ValueError(f"max_rollouts must be >= 1, got {max_rollouts}")
 
 
-def check_critic_free(ppo: PPOConfig, critic: str, value_model: str | None, critic_lora: LoRAConfig | None,
-                      critic_optimizer_given: bool) -> None:
+def check_critic_free(
+    ppo: PPOConfig, critic: str, value_model: str | None, critic_lora: LoRAConfig | None, critic_optimizer_given: bool
+) -> None:
     """A critic-free estimator (``ppo.estimator`` other than ``gae``) with critic settings changed."""
-    critic_settings = {"critic": critic != "separate", "value_model": value_model is not None,
-                       "critic_lora": critic_lora is not None, "critic_optimizer": critic_optimizer_given}  # fmt: skip
+    critic_settings = {
+        "critic": critic != "separate",
+        "value_model": value_model is not None,
+        "critic_lora": critic_lora is not None,
+        "critic_optimizer": critic_optimizer_given,
+    }
     if any(critic_settings.values()):
         given = ", ".join(k for k, v in critic_settings.items() if v)
         raise ValueError(f"ppo.estimator={ppo.estimator!r} trains no critic; leave {given} at the default")
@@ -74,9 +89,12 @@ def check_rollout_rows(rows: int, ppo: PPOConfig, samples_per_prompt: int) -> No
     """The rows per rollout (per process) must split into whole optimizer steps."""
     if rows % ppo.rows_per_step != 0:
         k = samples_per_prompt
-        size = (f"{rows} prompts per process: the data module's batch_size" if k == 1 else
-                f"{rows} rows per process: the data module's batch_size {rows // k} prompts x "
-                f"sampling.samples_per_prompt {k}")  # fmt: skip
+        size = (
+            f"{rows} prompts per process: the data module's batch_size"
+            if k == 1
+            else f"{rows} rows per process: the data module's batch_size {rows // k} prompts x "
+            f"sampling.samples_per_prompt {k}"
+        )
         raise ValueError(
             f"the rollout batch ({size}) must be a multiple "
             f"of ppo.minibatch_size * ppo.grad_accum = {ppo.minibatch_size} * {ppo.grad_accum}"
@@ -91,11 +109,14 @@ def check_whitening_rows(rows: int, world_size: int, ppo: PPOConfig, reward: Rew
     # A batch statistic of one row is NaN (score whitening) or an error; per rank, the error could
     # come on one rank only (a one-token response) and leave the other ranks waiting in a collective.
     if ppo.whiten_scope == "global" and rows * world_size < 2:
-        raise ValueError("whitening (ppo.whiten_advantages or reward.whiten) needs >= 2 prompts over all "
-                         "processes (ppo.whiten_scope: global)")
+        raise ValueError(
+            "whitening (ppo.whiten_advantages or reward.whiten) needs >= 2 prompts over all "
+            "processes (ppo.whiten_scope: global)"
+        )
     if ppo.whiten_scope == "rank" and rows < 2:
-        raise ValueError("whitening (ppo.whiten_advantages or reward.whiten) needs >= 2 prompts per rank "
-                         "(ppo.whiten_scope: rank)")
+        raise ValueError(
+            "whitening (ppo.whiten_advantages or reward.whiten) needs >= 2 prompts per rank (ppo.whiten_scope: rank)"
+        )
 
 
 def check_sharded_compile(decode: Decode, forward: ForwardPasses, sharded: bool) -> None:
@@ -117,8 +138,10 @@ def check_sharded_compile(decode: Decode, forward: ForwardPasses, sharded: bool)
             "--trainer.strategy ddp (or one device)"
         )
     if sharded and forward == "compiled":
-        raise ValueError("ppo.forward compiled is not supported under fsdp / fsdp2; use ppo.forward eager, or "
-                         "--trainer.strategy ddp (or one device)")
+        raise ValueError(
+            "ppo.forward compiled is not supported under fsdp / fsdp2; use ppo.forward eager, or "
+            "--trainer.strategy ddp (or one device)"
+        )
 
 
 def check_end_of_turn_stops(end_of_turn: int | None, stop_ids: Sequence[int], token: str) -> None:
@@ -143,9 +166,14 @@ def check_end_of_turn_stops(end_of_turn: int | None, stop_ids: Sequence[int], to
 
 
 def check_data_module(
-    datamodule: Any, sampling: SamplingConfig, ppo: PPOConfig, reward: RewardConfig, tokenizer: Any,
-    stop_ids: Sequence[int], reward_model: str | None,
-) -> None:  # fmt: skip
+    datamodule: Any,
+    sampling: SamplingConfig,
+    ppo: PPOConfig,
+    reward: RewardConfig,
+    tokenizer: Any,
+    stop_ids: Sequence[int],
+    reward_model: str | None,
+) -> None:
     """Refuse, before any work is done: PPO-ptx without a second data source, a prompt batch the
     minibatches cannot divide, and for prompts rendered with the chat template (``chat_rendered``) a
     template end of turn that does not stop generation (:func:`check_end_of_turn_stops`) or a reward

@@ -12,12 +12,18 @@ from typing import Any, Literal, get_args
 import torch
 
 from rlhf_lit.functional import (
-    AGGREGATES, CALIBRATION_TRANSFORMS, Aggregate, CalibrationTransform, KLKind, Reducer, ScoreWhitening, shape_scores,
+    AGGREGATES,
+    CALIBRATION_TRANSFORMS,
+    Aggregate,
+    CalibrationTransform,
+    KLKind,
+    Reducer,
+    ScoreWhitening,
+    shape_scores,
 )
+from rlhf_lit.functional.advantages import EstimatorKind
 from rlhf_lit.models.compiled_passes import ForwardPasses
 from rlhf_lit.models.scoring import UnfinishedScoring
-from rlhf_lit.functional.advantages import EstimatorKind
-
 
 OldLogprobs = Literal["rescore", "sampling"]
 """Where a rollout's old logprobs come from (see ``PPOConfig.old_logprobs``)."""
@@ -130,11 +136,17 @@ class PPOConfig:
         if self.forward not in get_args(ForwardPasses):
             raise ValueError(f"ppo.forward must be one of {', '.join(get_args(ForwardPasses))}; got {self.forward!r}")
         if self.old_logprobs not in get_args(OldLogprobs):
-            raise ValueError(f"ppo.old_logprobs must be one of {', '.join(get_args(OldLogprobs))}; got {self.old_logprobs!r}")
+            raise ValueError(
+                f"ppo.old_logprobs must be one of {', '.join(get_args(OldLogprobs))}; got {self.old_logprobs!r}"
+            )
         if self.whiten_scope not in get_args(WhitenScope):
-            raise ValueError(f"ppo.whiten_scope must be one of {', '.join(get_args(WhitenScope))}; got {self.whiten_scope!r}")
+            raise ValueError(
+                f"ppo.whiten_scope must be one of {', '.join(get_args(WhitenScope))}; got {self.whiten_scope!r}"
+            )
         if self.estimator not in get_args(EstimatorKind):
-            raise ValueError(f"ppo.estimator must be one of {', '.join(get_args(EstimatorKind))}; got {self.estimator!r}")
+            raise ValueError(
+                f"ppo.estimator must be one of {', '.join(get_args(EstimatorKind))}; got {self.estimator!r}"
+            )
         for name in ("epochs", "minibatch_size", "grad_accum"):
             if getattr(self, name) < 1:
                 raise ValueError(f"ppo.{name} must be >= 1, got {getattr(self, name)}")
@@ -194,13 +206,19 @@ class RewardSource:
         if self.aggregate not in AGGREGATES:
             raise ValueError(f"{where}: aggregate must be one of {', '.join(AGGREGATES)}; got {self.aggregate!r}")
         if self.function is not None and (self.aggregate != "mean" or self.lam is not None):
-            raise ValueError(f"{where} is a reward function; aggregate and lam apply to the reward model (function: null)")
+            raise ValueError(
+                f"{where} is a reward function; aggregate and lam apply to the reward model (function: null)"
+            )
         if self.lam is not None and not self.lam >= 0:
             raise ValueError(f"{where}: lam must be >= 0, got {self.lam}")
         if self.aggregate == "uncertainty_weighted" and self.lam is None:
-            raise ValueError(f"{where}: aggregate uncertainty_weighted needs lam (the weight of the members' std), e.g. lam: 0.5")
+            raise ValueError(
+                f"{where}: aggregate uncertainty_weighted needs lam (the weight of the members' std), e.g. lam: 0.5"
+            )
         if self.aggregate != "uncertainty_weighted" and self.lam is not None:
-            raise ValueError(f"{where}: lam applies to aggregate uncertainty_weighted only (aggregate is {self.aggregate})")
+            raise ValueError(
+                f"{where}: lam applies to aggregate uncertainty_weighted only (aggregate is {self.aggregate})"
+            )
 
     @property
     def reward_model_source(self) -> bool:
@@ -306,7 +324,9 @@ class RewardConfig:
         if self.clip is not None and self.clip <= 0:
             raise ValueError(f"reward.clip must be > 0 or null, got {self.clip}")
         if self.unfinished not in get_args(UnfinishedScoring):
-            raise ValueError(f"reward.unfinished must be one of {', '.join(get_args(UnfinishedScoring))}; got {self.unfinished!r}")
+            raise ValueError(
+                f"reward.unfinished must be one of {', '.join(get_args(UnfinishedScoring))}; got {self.unfinished!r}"
+            )
         if self.missing_eos_penalty is not None and self.missing_eos_penalty > 0:
             # Refused, not warned: the sign is the whole meaning of the setting, and a positive
             # score is above the normalised RM's mean of 0, a reward for running out of tokens.
@@ -329,21 +349,31 @@ class RewardConfig:
 
     def _check_calibration(self) -> None:
         if self.calibration not in get_args(Calibration):
-            raise ValueError(f"reward.calibration must be one of {', '.join(get_args(Calibration))}; got {self.calibration!r}")
+            raise ValueError(
+                f"reward.calibration must be one of {', '.join(get_args(Calibration))}; got {self.calibration!r}"
+            )
         if self.calibration_transform not in CALIBRATION_TRANSFORMS:
-            raise ValueError(f"reward.calibration_transform must be one of {', '.join(CALIBRATION_TRANSFORMS)}; "
-                             f"got {self.calibration_transform!r}")  # fmt: skip
+            raise ValueError(
+                f"reward.calibration_transform must be one of {', '.join(CALIBRATION_TRANSFORMS)}; "
+                f"got {self.calibration_transform!r}"
+            )
         if self.calibration_samples < 1:
             raise ValueError(f"reward.calibration_samples must be >= 1, got {self.calibration_samples}")
         # Settings that would do nothing are refused, not ignored: they say the user meant calibration on.
         if not self.calibrated and (self.calibration_transform != "identity" or self.calibration_n is not None):
-            raise ValueError("reward.calibration_transform / calibration_n apply to reward.calibration: "
-                             "reference_quantile; reward.calibration is none")  # fmt: skip
+            raise ValueError(
+                "reward.calibration_transform / calibration_n apply to reward.calibration: "
+                "reference_quantile; reward.calibration is none"
+            )
         if (self.calibration_transform == "best_of_n") != (self.calibration_n is not None):
-            raise ValueError("reward.calibration_n (best-of-n's n) goes with calibration_transform: best_of_n, and "
-                             f"only with it; got transform {self.calibration_transform}, n {self.calibration_n}")
+            raise ValueError(
+                "reward.calibration_n (best-of-n's n) goes with calibration_transform: best_of_n, and "
+                f"only with it; got transform {self.calibration_transform}, n {self.calibration_n}"
+            )
         if self.calibration_n is not None and self.calibration_n < 2:
-            raise ValueError(f"reward.calibration_n must be >= 2 (the KL coefficient is 1 / (n - 1)), got {self.calibration_n}")
+            raise ValueError(
+                f"reward.calibration_n must be >= 2 (the KL coefficient is 1 / (n - 1)), got {self.calibration_n}"
+            )
 
 
 KL_IN_NATS = ("k1", "k3")

@@ -71,8 +71,7 @@ class AdvantageEstimator:
         return needs_critic(self.kind)
 
     def __call__(
-        self, rewards: torch.Tensor, values: torch.Tensor | None, mask: torch.Tensor,
-        reduce_sum: Reducer | None = None,
+        self, rewards: torch.Tensor, values: torch.Tensor | None, mask: torch.Tensor, reduce_sum: Reducer | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(advantages, returns)``, both ``(B, R)`` and 0 off ``mask``.
 

@@ -30,13 +30,20 @@ import torch
 from rlhf_lit.evaluation import prompt_texts, response_texts
 from rlhf_lit.evaluation.judges import JudgeReads, judge_texts
 from rlhf_lit.functional import (
-    KLController, attended_span, entropy_from_logits, kl_penalized_rewards, length_groups, masked_mean, masked_whiten,
-    member_std, token_logprobs,
+    KLController,
+    attended_span,
+    entropy_from_logits,
+    kl_penalized_rewards,
+    length_groups,
+    masked_mean,
+    masked_whiten,
+    member_std,
+    token_logprobs,
 )
 from rlhf_lit.models import sequence_scores
-from rlhf_lit.models.reward_ensemble import RewardEnsemble
 from rlhf_lit.models.generation import Generated, SamplingConfig, generate_responses
 from rlhf_lit.models.memory import call_on_own_device
+from rlhf_lit.models.reward_ensemble import RewardEnsemble
 from rlhf_lit.models.reward_norm import reward_offset
 from rlhf_lit.models.sharding import gathered_for_generation, is_sharded, reshard
 from rlhf_lit.stages.ppo.checks import check_whitening_rows
@@ -66,7 +73,9 @@ class Scored:
     ref_logprobs: torch.Tensor
     old_values: torch.Tensor  # zeros without a critic (never read by a loss)
     entropy: torch.Tensor
-    rm_scores: torch.Tensor | None  # (B,) the reward model's scores, (B, M) an ensemble's; None when no source is the RM
+    rm_scores: (
+        torch.Tensor | None
+    )  # (B,) the reward model's scores, (B, M) an ensemble's; None when no source is the RM
 
     @staticmethod
     def cat(parts: list[Scored]) -> Scored:
@@ -79,8 +88,9 @@ class Scored:
 
     def rows(self, index: torch.Tensor) -> Scored:
         """The rows a ``(M,)`` index tensor names, of every field."""
-        return Scored(**{f.name: None if getattr(self, f.name) is None else getattr(self, f.name)[index]
-                         for f in fields(Scored)})  # fmt: skip
+        return Scored(
+            **{f.name: None if getattr(self, f.name) is None else getattr(self, f.name)[index] for f in fields(Scored)}
+        )
 
     def padded_to(self, response_length: int) -> Scored:
         """The per-token fields right-padded with zeros to ``response_length`` columns (positions a
@@ -89,8 +99,9 @@ class Scored:
         if extra == 0:
             return self
         pad = lambda t: torch.nn.functional.pad(t, (0, extra))  # noqa: E731
-        return Scored(pad(self.old_logprobs), pad(self.ref_logprobs), pad(self.old_values), pad(self.entropy),
-                      self.rm_scores)  # fmt: skip
+        return Scored(
+            pad(self.old_logprobs), pad(self.ref_logprobs), pad(self.old_values), pad(self.entropy), self.rm_scores
+        )
 
 
 @dataclass
@@ -101,7 +112,9 @@ class RolloutInfo:
     entropy: torch.Tensor  # () masked mean entropy of the policy at rollout time
     reward_parts: dict[str, torch.Tensor]  # reward/<source> -> (B,) each source's unweighted score
     texts: list[str] | None = None  # the responses as a judge reads them
-    reward_std: torch.Tensor | None = None  # (B,) population std of a reward-model ensemble's member scores per response
+    reward_std: torch.Tensor | None = (
+        None  # (B,) population std of a reward-model ensemble's member scores per response
+    )
     # The old logprobs are the ones recorded while sampling (ppo.old_logprobs: sampling): then the
     # update's first forward measures policy/logprob_gen_train_diff, not the rollout.
     old_logprobs_sampled: bool = False
@@ -117,8 +130,13 @@ Experience = RolloutInfo
 
 
 def sample_responses(
-    policy: torch.nn.Module, batch: dict[str, torch.Tensor], sampling: SamplingConfig, stop_ids: tuple[int, ...],
-    pad_token_id: int, generator: torch.Generator, return_logprobs: bool = True,
+    policy: torch.nn.Module,
+    batch: dict[str, torch.Tensor],
+    sampling: SamplingConfig,
+    stop_ids: tuple[int, ...],
+    pad_token_id: int,
+    generator: torch.Generator,
+    return_logprobs: bool = True,
 ) -> Generated:
     """Sample responses to the prompts of ``batch`` with the unwrapped ``policy``, recording their logprobs
     (``return_logprobs``: the old logprobs or the mismatch metric; a calibrated reward's reference
@@ -130,14 +148,21 @@ def sample_responses(
     synced = is_sharded(policy) and torch.distributed.is_initialized()
     with gathered_for_generation(policy):
         return generate_responses(
-            policy, batch["input_ids"], batch["attention_mask"], sampling, eos_token_id=stop_ids,
-            pad_token_id=pad_token_id, generator=generator, synced_gpus=synced,
+            policy,
+            batch["input_ids"],
+            batch["attention_mask"],
+            sampling,
+            eos_token_id=stop_ids,
+            pad_token_id=pad_token_id,
+            generator=generator,
+            synced_gpus=synced,
             return_logprobs=return_logprobs,  # (B, R)
-        )  # fmt: skip
+        )
 
 
-def reward_model_scores(reward_model: torch.nn.Module, query_responses: torch.Tensor,
-                        attention_mask: torch.Tensor) -> torch.Tensor:  # fmt: skip
+def reward_model_scores(
+    reward_model: torch.nn.Module, query_responses: torch.Tensor, attention_mask: torch.Tensor
+) -> torch.Tensor:
     """The reward model's score ``(B,)`` at the last attended token (the last response token).
 
     Adds the normalisation bias an exported RM could not fold into its weights (stored in its
@@ -160,18 +185,39 @@ class ExperienceMaker:
     """
 
     def __init__(
-        self, stage: RolloutStage, *, tokenizer: PreTrainedTokenizerBase, sampling: SamplingConfig, ppo: PPOConfig,
-        reward: RewardConfig, kl: KLConfig, kl_ctl: KLController, reference: Reference, estimator: AdvantageEstimator,
-        reward_sources: RewardSources, forward_passes: ForwardPassRunner, stop_ids: tuple[int, ...],
-    ) -> None:  # fmt: skip
+        self,
+        stage: RolloutStage,
+        *,
+        tokenizer: PreTrainedTokenizerBase,
+        sampling: SamplingConfig,
+        ppo: PPOConfig,
+        reward: RewardConfig,
+        kl: KLConfig,
+        kl_ctl: KLController,
+        reference: Reference,
+        estimator: AdvantageEstimator,
+        reward_sources: RewardSources,
+        forward_passes: ForwardPassRunner,
+        stop_ids: tuple[int, ...],
+    ) -> None:
         self.stage, self.tokenizer, self.sampling, self.ppo = stage, tokenizer, sampling, ppo
         self.reward_cfg, self.kl_cfg, self.kl_ctl, self.reference = reward, kl, kl_ctl, reference
         self.estimator, self.reward_sources, self.forward_passes = estimator, reward_sources, forward_passes
         # reward.calibration: the reference's K samples per prompt rank the raw scores; None when off.
-        self.calibration = ReferenceCalibration(
-            reward, sampling, ppo, reference, reward_sources, tokenizer, stop_ids,
-            partial(sample_responses, return_logprobs=False),
-        ) if reward.calibrated else None  # fmt: skip
+        self.calibration = (
+            ReferenceCalibration(
+                reward,
+                sampling,
+                ppo,
+                reference,
+                reward_sources,
+                tokenizer,
+                stop_ids,
+                partial(sample_responses, return_logprobs=False),
+            )
+            if reward.calibrated
+            else None
+        )
 
     @property
     def old_logprobs_from_sampling(self) -> bool:
@@ -209,9 +255,13 @@ class ExperienceMaker:
                 old_logprobs, entropy = gen.logprobs, gen.entropy  # (B, R) x2
         elif self.uses_sampled_logprobs(gen):  # ppo.old_logprobs "sampling": recorded while generate sampled
             old_logprobs, entropy = gen.logprobs, gen.entropy  # (B, R) x2
-            values = None if m.critic is None else self.forward_passes.critic_values(m.critic, ids, mask, prompt_length)  # (B, R)
+            values = (
+                None if m.critic is None else self.forward_passes.critic_values(m.critic, ids, mask, prompt_length)
+            )  # (B, R)
         else:
-            logits, values = self.forward_passes.policy_and_values(m.policy, m.critic, ids, mask, prompt_length)  # (B, R, V), (B, R)
+            logits, values = self.forward_passes.policy_and_values(
+                m.policy, m.critic, ids, mask, prompt_length
+            )  # (B, R, V), (B, R)
             old_logprobs = token_logprobs(logits, gen.response_ids, temperature)  # (B, R)
             entropy = entropy_from_logits(logits, temperature)  # (B, R)
         return Scored(
@@ -254,7 +304,10 @@ class ExperienceMaker:
         return scored.rows(torch.argsort(order))  # back to the rollout's order
 
     def make(
-        self, batch: dict[str, torch.Tensor], timer: RolloutTimer | None, reuse_first_forward: bool = False,
+        self,
+        batch: dict[str, torch.Tensor],
+        timer: RolloutTimer | None,
+        reuse_first_forward: bool = False,
         trainer: Trainer | None = None,
     ) -> tuple[Rollout, RolloutInfo]:
         """Generate, score, shape rewards and compute advantages (the module docstring's steps).
@@ -273,7 +326,9 @@ class ExperienceMaker:
         _mark(timer, "generate")
         reference = None
         if self.calibration is not None:  # after the policy sampled: its own stream, the policy's untouched
-            reference = self.calibration.draw(m, without_common_padding(repeat_prompts(prompts, self.calibration.k)))  # (P, K)
+            reference = self.calibration.draw(
+                m, without_common_padding(repeat_prompts(prompts, self.calibration.k))
+            )  # (P, K)
             _mark(timer, "reference")
         first = first_forward(m, self.forward_passes, self.ppo.minibatch_size, gen) if reuse_first_forward else None
         scored = self.score_rollout(gen, first)
@@ -303,12 +358,21 @@ class ExperienceMaker:
         advantages, returns = self.estimator(rewards, values, mask, reduce_sum)  # (B, R) x2
         _mark(timer, "score")
         rollout = Rollout(
-            query_responses=gen.query_responses, attention_mask=gen.attention_mask,
-            response_ids=gen.response_ids, response_mask=mask, ended=gen.ended,
-            old_logprobs=scored.old_logprobs, ref_logprobs=scored.ref_logprobs,
-            old_values=scored.old_values, raw_scores=raw_scores, scores=scores, kl=kl,
-            rewards=rewards, advantages=advantages, returns=returns,
-        )  # fmt: skip
+            query_responses=gen.query_responses,
+            attention_mask=gen.attention_mask,
+            response_ids=gen.response_ids,
+            response_mask=mask,
+            ended=gen.ended,
+            old_logprobs=scored.old_logprobs,
+            ref_logprobs=scored.ref_logprobs,
+            old_values=scored.old_values,
+            raw_scores=raw_scores,
+            scores=scores,
+            kl=kl,
+            rewards=rewards,
+            advantages=advantages,
+            returns=returns,
+        )
         entropy = masked_mean(scored.entropy, mask)  # ()
         ensemble = scored.rm_scores is not None and scored.rm_scores.dim() == 2
         reward_std = member_std(scored.rm_scores) if ensemble else None  # (B,): for a watchdog reading disagreement
@@ -325,7 +389,7 @@ class ExperienceMaker:
         if info.texts is None:
             info.texts = response_texts(
                 self.tokenizer, rollout.query_responses, rollout.attention_mask, rollout.response_mask, rollout.ended
-            )  # fmt: skip
+            )
         return info.texts
 
 

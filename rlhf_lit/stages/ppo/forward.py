@@ -10,8 +10,8 @@ import torch
 from rlhf_lit.functional import attended_span, length_groups
 from rlhf_lit.models.compiled_generation import CompileStats
 from rlhf_lit.models.compiled_passes import BucketedCompile, ForwardPasses
-from rlhf_lit.models.generation import forward_response_logits
 from rlhf_lit.models.sharding import is_sharded
+from rlhf_lit.models.teacher_forced import forward_response_logits
 
 
 def policy_and_values(
@@ -90,8 +90,12 @@ class ForwardPassRunner:
             self._critic = BucketedCompile(critic_values, self.stats)
 
     def policy_and_values(
-        self, policy: torch.nn.Module, critic: torch.nn.Module | None, query_responses: torch.Tensor,
-        attention_mask: torch.Tensor, prompt_length: int,
+        self,
+        policy: torch.nn.Module,
+        critic: torch.nn.Module | None,
+        query_responses: torch.Tensor,
+        attention_mask: torch.Tensor,
+        prompt_length: int,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """:func:`policy_and_values`, eager or compiled."""
         if self.kind == "eager":
@@ -99,7 +103,9 @@ class ForwardPassRunner:
             grouped = not is_sharded(policy)
             run = grouped_policy_and_values if grouped else policy_and_values
             return run(policy, critic, query_responses, attention_mask, prompt_length)
-        return self._both(policy, critic, ids=query_responses, attention_mask=attention_mask, prompt_length=prompt_length)
+        return self._both(
+            policy, critic, ids=query_responses, attention_mask=attention_mask, prompt_length=prompt_length
+        )
 
     def critic_values(
         self, critic: torch.nn.Module, query_responses: torch.Tensor, attention_mask: torch.Tensor, prompt_length: int

@@ -17,6 +17,7 @@ from rlhf_lit.functional import (
 from rlhf_lit.stages.ppo.config import KLConfig, PPOConfig
 from rlhf_lit.stages.ppo.rollout import Rollout
 
+
 @dataclass
 class LossStats:
     """The statistics of a minibatch's loss (:func:`ppo_loss`, plus ``loss/ptx`` in
@@ -70,11 +71,14 @@ def ppo_loss(
     entropy = masked_mean(entropy_from_logits(entropy_logits, temperature), mask)  # ()
     loss = policy_loss + ppo.vf_coef * value_loss - ppo.entropy_coef * entropy  # ()
     stats = {
-        "loss/policy": policy_loss.detach(), "loss/value": value_loss.detach(),
-        "policy/entropy": entropy.detach(), "policy/clipfrac": policy_stats["clipfrac"],
-        "policy/approxkl": policy_stats["approx_kl"], "policy/ratio": policy_stats["ratio_mean"],
+        "loss/policy": policy_loss.detach(),
+        "loss/value": value_loss.detach(),
+        "policy/entropy": entropy.detach(),
+        "policy/clipfrac": policy_stats["clipfrac"],
+        "policy/approxkl": policy_stats["approx_kl"],
+        "policy/ratio": policy_stats["ratio_mean"],
         "value/clipfrac": value_stats["clipfrac"],
-    }  # fmt: skip
+    }
     old_logprob_diff = masked_mean((logprobs.detach() - mb.old_logprobs).abs(), mask)  # ()
     if kl.mode == "loss":
         kl_term = kl_loss(logprobs, mb.ref_logprobs, mask, kl.estimator)  # ()

@@ -47,8 +47,12 @@ of the same tokens, under the same weights: the generation / training mismatch (
 
 
 def rollout_statistics(
-    rollout: Rollout, entropy: torch.Tensor, train_stats: dict[str, torch.Tensor], kl_coef: float,
-    has_critic: bool = True, gen_train_diff: torch.Tensor | None = None,
+    rollout: Rollout,
+    entropy: torch.Tensor,
+    train_stats: dict[str, torch.Tensor],
+    kl_coef: float,
+    has_critic: bool = True,
+    gen_train_diff: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
     """This rank's rollout and update statistics, as 0-dim tensors on the device (no host sync).
 
@@ -97,8 +101,12 @@ def text_statistics(texts: Sequence[str], judge: Judge | None, judged: Sequence[
     mean over the global batch (every rank has the same number of rows).
     """
     within, across = distinct_n_factors(texts, 2)
-    stats = {"diversity/distinct_1": distinct_n(texts, 1), "diversity/distinct_2": distinct_n(texts, 2),
-             "diversity/distinct_2_within": within, "diversity/distinct_2_across": across}
+    stats = {
+        "diversity/distinct_1": distinct_n(texts, 1),
+        "diversity/distinct_2": distinct_n(texts, 2),
+        "diversity/distinct_2_within": within,
+        "diversity/distinct_2_across": across,
+    }
     if judge is not None:
         scores = judge(list(texts if judged is None else judged))
         stats["objective/judge"] = sum(scores) / len(scores)
@@ -136,11 +144,7 @@ def reduce_over_ranks(
 
 
 def logged_metrics(
-    metrics: dict[str, float],
-    timer: RolloutTimer,
-    learning_rates: Sequence[float],
-    kl_coef: float,
-    global_rows: int,
+    metrics: dict[str, float], timer: RolloutTimer, learning_rates: Sequence[float], kl_coef: float, global_rows: int
 ) -> dict[str, float]:
     """The reduced metrics plus ``objective/kl_coef``, ``lr`` (``lr_critic``), ``time/*`` and throughput.
 

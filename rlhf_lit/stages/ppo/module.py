@@ -18,12 +18,13 @@ from rlhf_lit.evaluation import load_judge
 from rlhf_lit.evaluation.judges import JudgeReads, judge_texts
 from rlhf_lit.functional import sft_loss
 from rlhf_lit.models.compiled_generation import compile_stats
-from rlhf_lit.models.generation import Generated, SamplingConfig, forward_with_positions
+from rlhf_lit.models.generation import Generated, SamplingConfig
 from rlhf_lit.models.loading import DType
 from rlhf_lit.models.lora import LoRAConfig
 from rlhf_lit.models.memory import MemoryConfig, train_mode
 from rlhf_lit.models.packing import padding_free
 from rlhf_lit.models.scoring import reward_model_rows
+from rlhf_lit.models.teacher_forced import forward_with_positions
 from rlhf_lit.models.value import CriticKind
 from rlhf_lit.run_seed import seed_or_run_seed
 from rlhf_lit.stages.amp import loss_scale
@@ -44,17 +45,26 @@ from rlhf_lit.stages.ppo.checks import (
 from rlhf_lit.stages.ppo.config import KLConfig, PPOConfig, RewardConfig
 from rlhf_lit.stages.ppo.estimator import AdvantageEstimator
 from rlhf_lit.stages.ppo.experience import (
-    ExperienceMaker, RolloutInfo, judged_texts, reward_model_scores, sample_responses,
+    ExperienceMaker,
+    RolloutInfo,
+    judged_texts,
+    reward_model_scores,
+    sample_responses,
 )
 from rlhf_lit.stages.ppo.first_forward import reuses_first_forward
 from rlhf_lit.stages.ppo.forward import ForwardPassRunner
 from rlhf_lit.stages.ppo.loss import LossStats, ppo_loss
 from rlhf_lit.stages.ppo.metrics import (
-    RolloutTimer, compile_statistics, logged_metrics, reduce_over_ranks, rollout_statistics, text_statistics,
+    RolloutTimer,
+    compile_statistics,
+    logged_metrics,
+    reduce_over_ranks,
+    rollout_statistics,
+    text_statistics,
 )
+from rlhf_lit.stages.ppo.ranks import sum_over_ranks
 from rlhf_lit.stages.ppo.reward_sources import RewardSources, reward_model_unused
 from rlhf_lit.stages.ppo.rollout import Rollout, nonfinite_rollout_parts
-from rlhf_lit.stages.ppo.ranks import sum_over_ranks
 from rlhf_lit.stages.ppo.seeding import STREAM_SAMPLE, stream_generator
 from rlhf_lit.stages.ppo.update import cycle, rank_token_weight, train_on_rollout
 from rlhf_lit.tokenizer import MissingPad
@@ -172,28 +182,46 @@ class PPOModule(PPOCheckpoints, StageModule):
         check_compiled_passes(self.ppo, self.memory, self.lora_cfg, self.critic_lora_cfg)
         # The one place the estimator is chosen: it decides whether a critic exists at all.
         self.estimator = AdvantageEstimator(
-            self.ppo.estimator, self.sampling.samples_per_prompt, self.ppo.gamma, self.ppo.lam,
+            self.ppo.estimator,
+            self.sampling.samples_per_prompt,
+            self.ppo.gamma,
+            self.ppo.lam,
             self.ppo.whiten_advantages,
-        )  # fmt: skip
+        )
         if not self.estimator.uses_critic:
             check_critic_free(self.ppo, critic, value_model, critic_lora, critic_optimizer is not None)
         # Resolved now: LightningCLI has called seed_everything before it builds the stage.
         self.max_rollouts, self.rollout_seed = max_rollouts, seed_or_run_seed(rollout_seed)
         self.keep_settings(
-            sampling=self.sampling, ppo=self.ppo, reward=self.reward_cfg, kl=self.kl_cfg, optimizer=self.optimizer_cfg,
-            critic_optimizer=self.critic_optimizer_cfg, lora=self.lora_cfg, critic_lora=self.critic_lora_cfg,
+            sampling=self.sampling,
+            ppo=self.ppo,
+            reward=self.reward_cfg,
+            kl=self.kl_cfg,
+            optimizer=self.optimizer_cfg,
+            critic_optimizer=self.critic_optimizer_cfg,
+            lora=self.lora_cfg,
+            critic_lora=self.critic_lora_cfg,
             memory=self.memory,
-        )  # fmt: skip
+        )
         self.keep_export(export_dir, export_existing, max_skipped_updates)
         self.automatic_optimization = False
         build_models(self, sft_model, reward_model, value_model, tokenizer_path, missing_pad, critic, dtype)
         self.kl_ctl = kl_controller(self.kl_cfg)
         self.forward_passes = ForwardPassRunner(self.ppo.forward)  # ppo.forward: eager or compiled
         self.experience_maker = ExperienceMaker(
-            self, tokenizer=self.tokenizer, sampling=self.sampling, ppo=self.ppo, reward=self.reward_cfg, kl=self.kl_cfg,
-            kl_ctl=self.kl_ctl, reference=self.reference, estimator=self.estimator, reward_sources=self.reward_sources,
-            forward_passes=self.forward_passes, stop_ids=self.stop_ids,
-        )  # fmt: skip
+            self,
+            tokenizer=self.tokenizer,
+            sampling=self.sampling,
+            ppo=self.ppo,
+            reward=self.reward_cfg,
+            kl=self.kl_cfg,
+            kl_ctl=self.kl_ctl,
+            reference=self.reference,
+            estimator=self.estimator,
+            reward_sources=self.reward_sources,
+            forward_passes=self.forward_passes,
+            stop_ids=self.stop_ids,
+        )
         self.rollout_index = 0  # rollouts completed; the step of every logged metric
         # The last rollout's logged metrics (averaged over ranks, the same on every rank): what
         # callbacks that act on them read (rlhf_lit.callbacks.OverOptimisationGuard).
@@ -223,8 +251,15 @@ class PPOModule(PPOCheckpoints, StageModule):
     def configure_optimizers(self):
         """Policy and critic optimizers (one with ``shared_trunk`` or without a critic), schedules
         stepped per rollout (:func:`~rlhf_lit.stages.ppo.building.build_optimizers`)."""
-        return build_optimizers(self.policy, self.critic, self.hparams.critic == "shared_trunk", self.optimizer_cfg,
-                                self.critic_optimizer_cfg, self.max_rollouts, fused_adamw_supported(self))  # fmt: skip
+        return build_optimizers(
+            self.policy,
+            self.critic,
+            self.hparams.critic == "shared_trunk",
+            self.optimizer_cfg,
+            self.critic_optimizer_cfg,
+            self.max_rollouts,
+            fused_adamw_supported(self),
+        )
 
     def optimizer_list(self) -> list:
         """The Lightning-wrapped optimizers as a list (one or two)."""
@@ -234,8 +269,15 @@ class PPOModule(PPOCheckpoints, StageModule):
     def check_before_fit(self) -> None:
         """Refuse, before any work is done, a data module this run cannot use
         (:func:`~rlhf_lit.stages.ppo.checks.check_data_module`)."""
-        check_data_module(self.trainer.datamodule, self.sampling, self.ppo, self.reward_cfg, self.tokenizer,
-                          self.stop_ids, self.hparams.reward_model)  # fmt: skip
+        check_data_module(
+            self.trainer.datamodule,
+            self.sampling,
+            self.ppo,
+            self.reward_cfg,
+            self.tokenizer,
+            self.stop_ids,
+            self.hparams.reward_model,
+        )
 
     def stream_generator(self, stream: int) -> torch.Generator:
         """A generator for (seed, rank, rollout, stream) (:mod:`~rlhf_lit.stages.ppo.seeding`)."""
@@ -264,7 +306,9 @@ class PPOModule(PPOCheckpoints, StageModule):
         metrics = self.rollout_metrics(rollout, info, train_stats, kl_coef, timer)
         # The KL controller sees the KL averaged over all ranks and the global batch size.
         self.kl_ctl.update(metrics["objective/kl"], n_steps=rollout.batch_size * self.trainer.world_size)
-        self.log_dict({"score": metrics["objective/scores"], "kl": metrics["objective/kl"]}, prog_bar=True, logger=False)
+        self.log_dict(
+            {"score": metrics["objective/scores"], "kl": metrics["objective/kl"]}, prog_bar=True, logger=False
+        )
         self._end_rollout(rollout.batch_size, {**metrics, "skipped/nonfinite_rollout": 0.0})
 
     def _end_rollout(self, rows: int, metrics: dict[str, float]) -> None:
@@ -293,8 +337,14 @@ class PPOModule(PPOCheckpoints, StageModule):
     def generate(self, batch: dict[str, torch.Tensor]) -> Generated:
         """Sample responses to the prompts of ``batch``
         (:func:`~rlhf_lit.stages.ppo.experience.sample_responses`)."""
-        return sample_responses(self.policy, batch, self.sampling, self.stop_ids, self.tokenizer.pad_token_id,
-                                self.stream_generator(STREAM_SAMPLE))  # fmt: skip
+        return sample_responses(
+            self.policy,
+            batch,
+            self.sampling,
+            self.stop_ids,
+            self.tokenizer.pad_token_id,
+            self.stream_generator(STREAM_SAMPLE),
+        )
 
     def score(self, query_responses: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """The RM's normalised score ``(B,)``, an ensemble's ``(B, M)``
@@ -304,8 +354,14 @@ class PPOModule(PPOCheckpoints, StageModule):
     def reward_model_inputs(self, gen: Generated) -> tuple[torch.Tensor, torch.Tensor]:
         """The rows the reward model reads: as sampled, or with EOS after unfinished responses
         (``reward.unfinished``, :data:`~rlhf_lit.models.scoring.UnfinishedScoring`)."""
-        return reward_model_rows(gen.query_responses, gen.attention_mask, gen.ended, self.reward_cfg.unfinished,
-                                 self.stop_ids[0], self.tokenizer.pad_token_id)  # (B, T) or (B, T + 1), x2  fmt: skip
+        return reward_model_rows(
+            gen.query_responses,
+            gen.attention_mask,
+            gen.ended,
+            self.reward_cfg.unfinished,
+            self.stop_ids[0],
+            self.tokenizer.pad_token_id,
+        )  # (B, T) or (B, T + 1), x2
 
     def minibatch_loss(self, mb: Rollout, passes: tuple | None = None) -> tuple[torch.Tensor, LossStats]:
         """:func:`~rlhf_lit.stages.ppo.loss.ppo_loss` of the policy (and critic) now, as this rank's share
@@ -313,7 +369,7 @@ class PPOModule(PPOCheckpoints, StageModule):
         ``passes``: the minibatch's ``(logits, values)`` computed already (a :class:`FirstForward`)."""
         logits, values = passes or self.forward_passes.policy_and_values(
             self.policy, self.critic, mb.query_responses, mb.attention_mask, mb.prompt_length
-        )  # (B, R, V), (B, R) or None  fmt: skip
+        )  # (B, R, V), (B, R) or None
         # beta is the rollout's: the controller updates after the update
         loss, stats = ppo_loss(mb, logits, values, self.ppo, self.sampling.temperature, self.kl_cfg, self.kl_ctl.value)
         loss = loss * rank_token_weight(mb.response_mask, self._trainer)  # (): a token mean over every rank's minibatch
@@ -349,8 +405,7 @@ class PPOModule(PPOCheckpoints, StageModule):
 
     # ------------------------------------------------------------------ metrics
     def rollout_metrics(
-        self, rollout: Rollout, info: RolloutInfo, train_stats: LossStats, kl_coef: float,
-        timer: RolloutTimer,
+        self, rollout: Rollout, info: RolloutInfo, train_stats: LossStats, kl_coef: float, timer: RolloutTimer
     ) -> dict[str, float]:
         """Everything logged for a rollout, averaged over ranks (see :mod:`rlhf_lit.stages.ppo.metrics`).
 
@@ -360,8 +415,9 @@ class PPOModule(PPOCheckpoints, StageModule):
         # The generation / training mismatch: a rescored rollout measured it against the rescore;
         # with the recorded old logprobs, the update's forward before its first step measured it.
         gen_train_diff = train_stats.old_logprob_diff if info.old_logprobs_sampled else info.gen_train_diff
-        local = rollout_statistics(rollout, info.entropy, train_stats.logged, kl_coef, self.critic is not None,
-                                   gen_train_diff)  # no sync  fmt: skip
+        local = rollout_statistics(
+            rollout, info.entropy, train_stats.logged, kl_coef, self.critic is not None, gen_train_diff
+        )  # no sync
         local.update(info.reward_parts)  # each source
         judged = None if self.judge is None else judged_texts(self.experience_maker, rollout, info, self.judge_reads)
         local.update(text_statistics(self.experience_maker.texts(rollout, info), self.judge, judged))

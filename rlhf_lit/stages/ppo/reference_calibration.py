@@ -55,10 +55,16 @@ class ReferenceCalibration:
     """
 
     def __init__(
-        self, reward: RewardConfig, sampling: SamplingConfig, ppo: PPOConfig, reference: Reference,
-        reward_sources: RewardSources, tokenizer: Any, stop_ids: tuple[int, ...],
+        self,
+        reward: RewardConfig,
+        sampling: SamplingConfig,
+        ppo: PPOConfig,
+        reference: Reference,
+        reward_sources: RewardSources,
+        tokenizer: Any,
+        stop_ids: tuple[int, ...],
         sample: Callable[..., Generated],
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.reward, self.sampling, self.ppo, self.reference = reward, sampling, ppo, reference
         self.reward_sources, self.tokenizer, self.stop_ids, self.sample_fn = reward_sources, tokenizer, stop_ids, sample
 
@@ -71,8 +77,16 @@ class ReferenceCalibration:
         """K responses per prompt from the reference, from this rollout's reference stream."""
         generator = stage.stream_generator(STREAM_REFERENCE)
         # The prompt tensors passed apart: the reference moves tensor arguments to its own device.
-        return self.reference.apply(_sample_with, prompts["input_ids"], prompts["attention_mask"], self.sample_fn,
-                                    self.sampling, self.stop_ids, self.tokenizer.pad_token_id, generator)  # fmt: skip
+        return self.reference.apply(
+            _sample_with,
+            prompts["input_ids"],
+            prompts["attention_mask"],
+            self.sample_fn,
+            self.sampling,
+            self.stop_ids,
+            self.tokenizer.pad_token_id,
+            generator,
+        )
 
     @torch.no_grad()
     def reference_scores(self, stage: RolloutStage, prompts: dict[str, Any], gen: Generated) -> torch.Tensor:
@@ -81,10 +95,12 @@ class ReferenceCalibration:
         if self.reward.uses_reward_model:
             rows = gen.response_ids.shape[0]
             size = self.ppo.score_chunk_size or rows
-            rm_scores = torch.cat([
-                stage.score(*stage.reward_model_inputs(gen.rows(i, i + size).trimmed())).float()
-                for i in range(0, rows, size)
-            ])  # (P*K,) or (P*K, M)  fmt: skip
+            rm_scores = torch.cat(
+                [
+                    stage.score(*stage.reward_model_inputs(gen.rows(i, i + size).trimmed())).float()
+                    for i in range(0, rows, size)
+                ]
+            )  # (P*K,) or (P*K, M)
         decoded = reward_batch(self.tokenizer, prompts, gen) if self.reward_sources.needs_texts else None
         raw, _ = self.reward_sources(rm_scores, decoded)  # (P*K,); each source's parts are the policy rows' to log
         return raw
@@ -99,7 +115,9 @@ class ReferenceCalibration:
         gen = self.sample(stage, prompts)
         return self.reference_scores(stage, prompts, gen).view(-1, self.k)  # (P, K)
 
-    def calibrate(self, raw_scores: torch.Tensor, reference: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def calibrate(
+        self, raw_scores: torch.Tensor, reference: torch.Tensor
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """``(calibrated (B,), parts)``: the rollout's raw scores calibrated against their prompts' references.
 
         Args:
@@ -110,19 +128,31 @@ class ReferenceCalibration:
         mid-quantile: the chance of beating a reference response, 1/2 for the reference itself) and
         ``reward/reference`` (the reference responses' raw scores).
         """
-        per_row = reference.to(raw_scores.device).repeat_interleave(raw_scores.shape[0] // reference.shape[0], 0)  # (B, K)
+        per_row = reference.to(raw_scores.device).repeat_interleave(
+            raw_scores.shape[0] // reference.shape[0], 0
+        )  # (B, K)
         if not (torch.isfinite(raw_scores).all() and torch.isfinite(per_row).all()):
             # No quantile for a NaN: the rollout is made non-finite, which the stage skips and counts
             # (max_skipped_updates) as it does a non-finite raw score.
             nan = torch.full_like(raw_scores, float("nan"))  # (B,)
             return nan, {"reward/calibrated": nan, "reward/quantile": nan, "reward/reference": reference.flatten()}
-        calibrated = calibrated_scores(raw_scores, per_row, self.reward.calibration_transform, self.reward.calibration_n)
+        calibrated = calibrated_scores(
+            raw_scores, per_row, self.reward.calibration_transform, self.reward.calibration_n
+        )
         quantiles = reference_quantiles(raw_scores, per_row).float()  # (B,)
-        return calibrated, {"reward/calibrated": calibrated, "reward/quantile": quantiles,
-                            "reward/reference": reference.flatten()}  # fmt: skip
+        return calibrated, {
+            "reward/calibrated": calibrated,
+            "reward/quantile": quantiles,
+            "reward/reference": reference.flatten(),
+        }
 
 
-def _sample_with(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                 sample_fn: Callable[..., Generated], *args: Any) -> Generated:  # fmt: skip
+def _sample_with(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    sample_fn: Callable[..., Generated],
+    *args: Any,
+) -> Generated:
     """``sample_fn(model, prompt batch, *args)``, the batch rebuilt from tensors the reference has moved."""
     return sample_fn(model, {"input_ids": input_ids, "attention_mask": attention_mask}, *args)

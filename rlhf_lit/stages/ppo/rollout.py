@@ -115,7 +115,9 @@ def drop_columns(rollout: Rollout, n: int) -> Rollout:
     """
     if n <= 0:
         return rollout
-    return replace(rollout, query_responses=rollout.query_responses[:, n:], attention_mask=rollout.attention_mask[:, n:])
+    return replace(
+        rollout, query_responses=rollout.query_responses[:, n:], attention_mask=rollout.attention_mask[:, n:]
+    )
 
 
 def nonfinite_rollout_parts(rollout: Rollout, reduce_sum) -> list[str]:
