@@ -37,6 +37,7 @@ import lightning.pytorch as pl
 import torch
 
 from rlhf_lit.functional.ranking import batch_examples
+from rlhf_lit.models.freezing import check_trainable_layers, freeze_lower_layers
 from rlhf_lit.models.loading import DType
 from rlhf_lit.models.lora import LoRAConfig, with_lora
 from rlhf_lit.models.memory import enable_gradient_checkpointing, release_frozen, release_optimizer_states
@@ -362,6 +363,9 @@ class PretrainedStage(StageModule):
         gradient_checkpointing: recompute each transformer block's activations of the trained model
             in the backward pass instead of storing them (less activation memory, about one more
             forward pass).
+        trainable_layers: train only the top N transformer blocks and what follows them (final
+            norm, score head, an untied LM head); embeddings and lower blocks stay frozen and get no
+            gradient (:mod:`rlhf_lit.models.freezing`). None trains every weight; refused with ``lora``.
     """
 
     def __init__(
@@ -376,9 +380,12 @@ class PretrainedStage(StageModule):
         trust_remote_code: bool = False,
         lora: LoRAConfig | None = None,
         gradient_checkpointing: bool = False,
+        trainable_layers: int | None = None,
     ) -> None:
         super().__init__()
         self.lora_config = as_config(LoRAConfig, lora)
+        check_trainable_layers(trainable_layers, lora=self.lora_config)
+        self.trainable_layers = trainable_layers
         self.tokenizer_name, self.missing_pad, self.weight_dtype = tokenizer, missing_pad, dtype
         self.revision, self.trust_remote_code = revision, trust_remote_code
         self.gradient_checkpointing = gradient_checkpointing
@@ -394,6 +401,7 @@ class PretrainedStage(StageModule):
             "trust_remote_code": trust_remote_code,
             "lora": None if self.lora_config is None else asdict(self.lora_config),
             "gradient_checkpointing": gradient_checkpointing,
+            "trainable_layers": trainable_layers,
         }
 
     def on_train_batch_start(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
@@ -415,9 +423,10 @@ class PretrainedStage(StageModule):
         return {"dtype": self.weight_dtype, "revision": self.revision, "trust_remote_code": self.trust_remote_code}
 
     def adapted(self, model: torch.nn.Module, kind: str) -> torch.nn.Module:
-        """``model`` with the LoRA adapters of ``lora`` (``kind``: ``causal_lm`` or ``reward``) and
-        gradient checkpointing when asked; the same object when neither is."""
-        model = with_lora(model, self.lora_config, kind)
+        """``model`` with the LoRA adapters of ``lora`` (``kind``: ``causal_lm`` or ``reward``), its lower
+        layers frozen (``trainable_layers``) and gradient checkpointing when asked; the same object
+        when none is."""
+        model = freeze_lower_layers(with_lora(model, self.lora_config, kind), self.trainable_layers)
         if self.gradient_checkpointing:
             enable_gradient_checkpointing(model)
         return model

@@ -15,6 +15,7 @@ import torch
 
 from rlhf_lit.functional import AdaptiveKLController, FixedKLController, KLController
 from rlhf_lit.models import load_causal_lm, load_reward_model
+from rlhf_lit.models.freezing import freeze_lower_layers
 from rlhf_lit.models.generation import stop_token_ids
 from rlhf_lit.models.loading import DType
 from rlhf_lit.models.lora import with_lora
@@ -86,6 +87,9 @@ def build_models(
     stage.critic = (
         build_critic(critic, policy, critic_start, tokenizer, dtype, stage.critic_lora_cfg) if uses_critic else None
     )
+    for model in (policy, stage.critic if critic == "separate" else None):
+        if model is not None:
+            freeze_lower_layers(model, stage.trainable_layers)
     if stage.memory.gradient_checkpointing:
         enable_gradient_checkpointing(*stage.trained_models)
 

@@ -18,6 +18,7 @@ from rlhf_lit.evaluation import load_judge
 from rlhf_lit.evaluation.judges import JudgeReads, judge_texts
 from rlhf_lit.functional import sft_loss
 from rlhf_lit.models.compiled_generation import compile_stats
+from rlhf_lit.models.freezing import check_trainable_layers
 from rlhf_lit.models.generation import Generated, SamplingConfig
 from rlhf_lit.models.loading import DType
 from rlhf_lit.models.lora import LoRAConfig
@@ -124,6 +125,10 @@ class PPOModule(PPOCheckpoints, StageModule):
         memory: memory levers (:class:`~rlhf_lit.models.memory.MemoryConfig`): gradient
             checkpointing of policy and critic, the frozen reference and reward model on the CPU
             and/or in another dtype. ``ppo.score_chunk_size`` bounds the scoring passes' memory.
+        trainable_layers: train only the top N transformer blocks of the policy and of a separate
+            critic, and what follows them (final norm, score head; a shared-trunk value head always
+            trains); embeddings, lower blocks and a tied LM head stay frozen
+            (:mod:`rlhf_lit.models.freezing`). None trains every weight; refused with LoRA.
     """
 
     SAFE_ON_RESUME = SAFE_ON_RESUME
@@ -160,6 +165,7 @@ class PPOModule(PPOCheckpoints, StageModule):
         lora: LoRAConfig | None = None,
         critic_lora: LoRAConfig | None = None,
         memory: MemoryConfig = MemoryConfig(),
+        trainable_layers: int | None = None,
     ) -> None:
         super().__init__()
         sft_model = require_input(sft_model, "sft_model", "the SFT model")
@@ -180,6 +186,8 @@ class PPOModule(PPOCheckpoints, StageModule):
         self.memory: MemoryConfig = as_config(MemoryConfig, memory)
         check_model_settings(self.lora_cfg, self.critic_lora_cfg, critic, critic_optimizer is not None, max_rollouts)
         check_compiled_passes(self.ppo, self.memory, self.lora_cfg, self.critic_lora_cfg)
+        check_trainable_layers(trainable_layers, lora=self.lora_cfg, critic_lora=self.critic_lora_cfg)
+        self.trainable_layers = trainable_layers
         # The one place the estimator is chosen: it decides whether a critic exists at all.
         self.estimator = AdvantageEstimator(
             self.ppo.estimator,

@@ -1,0 +1,51 @@
+"""trainable_layers: only the top blocks and what follows them train; nothing below gets a gradient."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlhf_lit.models import load_causal_lm, load_reward_model
+from rlhf_lit.models.freezing import check_trainable_layers, freeze_lower_layers, transformer_blocks
+from rlhf_lit.models.lora import LoRAConfig
+from rlhf_lit.tokenizer import load_tokenizer
+
+
+def _trainable(model) -> set[str]:
+    return {n for n, p in model.named_parameters() if p.requires_grad}
+
+
+def test_the_top_blocks_and_the_final_norm_train_embeddings_and_lower_blocks_do_not(stories_path):
+    tok = load_tokenizer(stories_path)
+    model = freeze_lower_layers(load_causal_lm(stories_path, tok), 2)
+    assert len(transformer_blocks(model)) == 5  # stories260K: model.layers, 5 blocks
+    trainable = _trainable(model)
+    # By name: blocks 3 and 4 and the final norm; never block 2, the embeddings or the head tied to them.
+    assert {n.split(".")[2] for n in trainable if n.startswith("model.layers.")} == {"3", "4"}
+    assert "model.norm.weight" in trainable
+    assert not any(n.startswith(("model.embed_tokens", "lm_head")) for n in trainable)
+    ids = torch.tensor([[1, 20, 30, 40, 50]])
+    model(input_ids=ids, labels=ids).loss.backward()
+    for name, p in model.named_parameters():
+        assert (p.grad is not None) == (name in trainable), name
+    assert model.model.layers[3].self_attn.q_proj.weight.grad.abs().sum() > 0
+
+
+def test_a_reward_models_score_head_trains(stories_path):
+    tok = load_tokenizer(stories_path)
+    model = freeze_lower_layers(load_reward_model(stories_path, tok), 1)
+    assert _trainable(model) >= {"score.weight", "model.norm.weight"}
+    assert {n.split(".")[2] for n in _trainable(model) if n.startswith("model.layers.")} == {"4"}
+
+
+def test_nothing_changes_without_it_and_bad_counts_are_refused(stories_path):
+    tok = load_tokenizer(stories_path)
+    model = load_causal_lm(stories_path, tok)
+    before = _trainable(model)
+    assert freeze_lower_layers(model, None) is model and _trainable(model) == before
+    with pytest.raises(ValueError, match="between 1 and the model's 5 transformer blocks, got 6"):
+        freeze_lower_layers(model, 6)
+    with pytest.raises(ValueError, match="trainable_layers must be >= 1 or null, got 0"):
+        check_trainable_layers(0)
+    with pytest.raises(ValueError, match="trainable_layers and lora both choose what trains"):
+        check_trainable_layers(2, lora=LoRAConfig(r=4))
