@@ -63,12 +63,9 @@ def sft(paras: list[str]) -> list[dict]:
         first, after = paras[2 * i], paras[2 * i + 1]
         opening = " ".join(first.split()[:OPENING_WORDS])
         messages = [{"role": "system", "content": SYSTEM}] if i % 2 == 0 else []
-        messages += [
-            ask(opening),
-            {"role": "assistant", "content": shorten(first)},
-            {"role": "user", "content": "What happened next?"},
-            {"role": "assistant", "content": shorten(after)},
-        ]
+        messages += [ask(opening), {"role": "assistant", "content": shorten(first)},
+                     {"role": "user", "content": "What happened next?"},
+                     {"role": "assistant", "content": shorten(after)}]  # fmt: skip
         records.append({"messages": messages})
     return records
 
@@ -80,20 +77,11 @@ def preferences(rankings: list[dict]) -> tuple[list[dict], list[dict], list[dict
         user = {"role": "user", "content": f"Continue the story: {r['prompt']}"}
         best, worst = r["responses"][0].strip(), r["responses"][-1].strip()
         if i < PAIRS:
-            pairs.append(
-                {
-                    "prompt": [user],
-                    "chosen": [{"role": "assistant", "content": best}],
-                    "rejected": [{"role": "assistant", "content": worst}],
-                }
-            )
+            pairs.append({"prompt": [user], "chosen": [{"role": "assistant", "content": best}],
+                          "rejected": [{"role": "assistant", "content": worst}]})  # fmt: skip
         elif i < PAIRS + IMPLICIT:
-            implicit.append(
-                {
-                    "chosen": [user, {"role": "assistant", "content": best}],
-                    "rejected": [user, {"role": "assistant", "content": worst}],
-                }
-            )
+            implicit.append({"chosen": [user, {"role": "assistant", "content": best}],
+                             "rejected": [user, {"role": "assistant", "content": worst}]})  # fmt: skip
         else:
             ranked.append({"prompt": [user], "responses": [x.strip() for x in r["responses"]], "ranks": r["ranks"]})
     return pairs, implicit, ranked

@@ -52,14 +52,12 @@ def rankings(words: list[list[str]], analyzer: SentimentIntensityAnalyzer) -> li
             continue
         order = sorted(range(k), key=lambda i: -scores[i])  # stable: equal scores keep file order
         distinct = sorted(set(scores), reverse=True)
-        records.append(
-            {
-                "prompt": " ".join(group[0][:PROMPT_WORDS]),
-                "responses": [responses[i] for i in order],
-                "ranks": [distinct.index(scores[i]) for i in order],
-                "scores": [scores[i] for i in order],
-            }
-        )
+        records.append({
+            "prompt": " ".join(group[0][:PROMPT_WORDS]),
+            "responses": [responses[i] for i in order],
+            "ranks": [distinct.index(scores[i]) for i in order],
+            "scores": [scores[i] for i in order],
+        })  # fmt: skip
     return records
 
 
