@@ -42,8 +42,8 @@ TEMPLATE_CHOICES: tuple[str, ...] = get_args(TemplateChoice)
 """The canonical values of :data:`TemplateChoice`, for option parsers and messages."""
 
 TEMPLATE_ALIASES: Mapping[str, TemplateChoice] = {"chat_template": "always", "raw": "never"}
-"""The older spelling of ``hh_render`` (``auto | chat_template | raw``), still accepted everywhere
-and mapped here, and only here, to the canonical value."""
+"""Deprecated, removed in 0.3.0: ``hh_render``'s older spelling (``auto | chat_template | raw``), taken by every
+:data:`TemplateChoice` option and mapped here only, by :func:`template_choice` (resumed checkpoints too)."""
 
 TemplateOption = TemplateChoice | str
 """What an option's annotation accepts: a :data:`TemplateChoice`, or an alias (or a typo) that
@@ -51,8 +51,9 @@ TemplateOption = TemplateChoice | str
 
 
 def template_choice(value: Any, name: str) -> TemplateChoice:
-    """``value`` of the option ``name`` as its canonical :data:`TemplateChoice` (an alias mapped by
-    :data:`TEMPLATE_ALIASES`); ``ValueError`` naming ``name`` and the canonical choices otherwise."""
+    """``value`` of the option ``name`` as its canonical :data:`TemplateChoice` (a deprecated alias,
+    removed in 0.3.0, mapped by :data:`TEMPLATE_ALIASES`); ``ValueError`` naming ``name`` and the
+    canonical choices otherwise."""
     choice = TEMPLATE_ALIASES.get(value, value) if isinstance(value, str) else value
     if choice not in TEMPLATE_CHOICES:
         raise ValueError(f"{name} must be one of {', '.join(TEMPLATE_CHOICES)}; got {value!r}")

@@ -123,3 +123,26 @@ def test_each_format_option_offers_the_registry_formats_of_its_kind():
         for option in get_type_hints(module.__init__)
         if option.endswith("format")
     } == {o for _, o in options}
+
+
+def test_each_format_option_points_to_the_registry_instead_of_listing_it():
+    """The formats are described once, in ``data.adapters`` (the registry and its docstring): a format
+    option's documentation (its ``--help``) names the registry and at most the few formats it reads
+    its own way."""
+    import re
+
+    from rlhf_lit.data import PreferenceDataModule, PromptDataModule, SFTDataModule
+    from rlhf_lit.data.adapters import ADAPTERS
+
+    options = {
+        SFTDataModule: ("format",),
+        PreferenceDataModule: ("format", "reference_format"),
+        PromptDataModule: ("format", "ptx_format"),
+    }
+    for module, names in options.items():
+        for option in names:
+            entry = re.search(rf"\n {{8}}{option}: (.*?)(?=\n {{8}}\w+:|\Z)", module.__doc__, re.S)
+            assert entry, (module.__name__, option)
+            text = entry.group(1)
+            listed = [name for name in ADAPTERS if f"``{name}``" in text]
+            assert "rlhf_lit.data.adapters.ADAPTERS" in text and len(listed) <= 2, (module.__name__, option, listed)

@@ -67,7 +67,8 @@ class OnlineGeneration(Callback):
         tag: TensorBoard tag of the text table (scalars go under ``{tag}/``).
         chat_template: whether the prompts are rendered as one user turn with the module tokenizer's chat
             template (:data:`~rlhf_lit.data.rendering.TemplateChoice`): ``auto`` when it has one, ``always``,
-            ``never`` (the aliases ``chat_template`` and ``raw`` are ``always`` and ``never``).
+            ``never`` (the deprecated aliases ``chat_template`` and ``raw``, removed in 0.3.0, are
+            ``always`` and ``never``).
     """
 
     def __init__(

@@ -67,8 +67,8 @@ def add_common_options(parser: argparse.ArgumentParser, *, max_new_tokens: int, 
         default="auto",
         metavar="{" + ",".join(TEMPLATE_CHOICES) + "}",
         help="render string prompts as one user turn with the policy's chat template: auto (when its "
-        "tokenizer has one, as the data's hh_render), always, never (the older chat_template, raw "
-        "are aliases of always, never); conversations always are",
+        "tokenizer has one, as the data's hh_render), always, never (chat_template, raw: deprecated "
+        "aliases of always, never, removed in 0.3.0); conversations always are",
     )
     parser.add_argument("--prompt-field", default="prompt", help="JSONL field holding the prompt")
     parser.add_argument(

@@ -8,9 +8,8 @@
   an optional second source of SFT batches for PPO-ptx.
 
 Sources are local files (.jsonl, .json, .txt paragraphs, optionally .gz) or hub dataset names;
-formats (``messages``, ``prompt_completion``, ``fields``, ``implicit_prompt``, ``text``,
-``hh_rlhf``, ``alpaca``, ``paragraphs``, ``rankings``) are in :mod:`.adapters` (HH-RLHF
-transcripts in :mod:`.hh`, rendered as ``hh_render`` says: :mod:`.rendering`), ``auto`` (the
+the record formats are the registry :data:`.adapters.ADAPTERS` (each described in :mod:`.adapters`;
+HH-RLHF transcripts in :mod:`.hh`, rendered as ``hh_render`` says: :mod:`.rendering`), ``auto`` (the
 default) in :mod:`.detect`, conversations in :mod:`.conversation`. Prompts given to a policy outside
 these modules (``rlhf-lit evaluate``, ``best-of-n``, the callbacks) are rendered by :mod:`.prompt_rendering`.
 """

@@ -172,10 +172,10 @@ class TextDataModule(L.LightningDataModule):
 
     def _hh_render_hparam(self) -> None:
         """Drop ``hh_render`` from the hyperparameters (call after ``save_hyperparameters``): ``setup``
-        stores ``always`` there when HH transcripts were rendered with the chat template (checkpoints
-        written before #37 unified the vocabulary say ``chat_template``, its alias, which the resume
-        check reads as ``always``), and nothing for raw strings, the only reading before the option
-        existed, so a checkpoint written before it resumes exactly when its data is read as it was."""
+        stores ``always`` there when HH transcripts were rendered with the chat template (a checkpoint
+        may hold the deprecated alias ``chat_template``, which the resume check reads as ``always``
+        until the alias is removed in 0.3.0), and nothing for raw strings, the only reading before the
+        option existed, so a checkpoint written before it resumes exactly when its data is read as it was."""
         self.hparams.pop("hh_render", None)
 
     def _record_format(self, option: str, format: str | None) -> None:

@@ -21,12 +21,9 @@ Kind = Literal["sft", "preference", "prompt"]
 
 @dataclass(frozen=True)
 class Fields:
-    """Column names of the records. The ``fields`` format reads ``prompt`` with ``response``
-    (SFT), ``chosen``/``rejected`` (preference) or nothing else (prompts); ``hh_rlhf`` and
-    ``implicit_prompt`` read ``chosen``/``rejected``; ``prompt_completion`` reads ``prompt`` and
-    ``completion``; ``messages`` reads ``messages``; ``paragraphs`` and ``text`` read ``text`` from
-    JSON records; ``alpaca`` uses its own fixed names (instruction, input, output, status);
-    ``rankings`` reads ``prompt``, ``responses`` and, when set, ``ranks``. Format ``auto`` looks
+    """Column names of the records, read by the formats of the registry
+    :data:`rlhf_lit.data.adapters.ADAPTERS` (which format reads which column: the arguments below
+    and :mod:`rlhf_lit.data.adapters`; ``alpaca`` keeps its own fixed names). Format ``auto`` looks
     for these names in the first record.
 
     Args:

@@ -62,16 +62,12 @@ class PreferenceDataModule(TextDataModule):
         seed: seed of the validation split and of the training shuffle; None: the run's
             ``seed_everything`` (:mod:`rlhf_lit.run_seed`), so another run seed holds out other
             examples and shuffles them in another order.
-        format: record format: ``auto`` (picked from the first record's keys: ``responses``,
-            ``prompt``/``chosen``/``rejected``, or ``chosen``/``rejected`` alone, HH-RLHF
-            transcripts or an implicit prompt), ``fields`` (prompt/chosen/rejected[/margin]
-            columns named by ``fields``, each a string or a list of messages), ``implicit_prompt``
-            (``chosen``/``rejected`` only, the prompt being what both start with),
-            ``hh_rlhf`` (transcripts, prompt = the turns before the last assistant turn, rendered as
-            ``hh_render`` says; pairs that do not share the prompt are skipped and counted) or ``rankings`` (prompt and a list of K >= 2
-            responses, best first, strings or lists of messages, optional ties in
-            ``fields.ranks``; no margin). ``val_path`` is read in the format of ``train_path``;
-            after ``setup`` this attribute holds the format ``auto`` picked.
+        format: record format: ``auto`` (detected from the first record, :mod:`rlhf_lit.data.detect`)
+            or one of the registry :data:`rlhf_lit.data.adapters.ADAPTERS` that gives preference
+            examples (what each reads: :mod:`rlhf_lit.data.adapters`; ``hh_rlhf`` pairs that do not
+            share the prompt are skipped and counted; ``rankings`` carry no margin). ``val_path`` is
+            read in the format of ``train_path``; after ``setup`` this attribute holds the format
+            ``auto`` picked.
         fields: column names of the records.
         split: hub split to read.
         subset: hub dataset configuration (subset) name.
@@ -83,8 +79,8 @@ class PreferenceDataModule(TextDataModule):
             Conversations are always rendered with it.
         hh_render: how ``hh_rlhf`` transcripts are rendered
             (:data:`rlhf_lit.data.rendering.TemplateChoice`: ``auto``, with the chat template when the
-            tokenizer has one; ``always``; ``never``, kept as strings; the older ``chat_template`` and
-            ``raw`` are aliases of ``always`` and ``never``), for every source read as
+            tokenizer has one; ``always``; ``never``, kept as strings; ``chat_template`` and ``raw`` are
+            deprecated aliases of ``always`` and ``never``, removed in 0.3.0), for every source read as
             ``hh_rlhf`` (``reference_path`` too). One INFO line says which was used and why.
         max_length: the most tokens of prompt + response + EOS, per sequence.
         max_prompt_length: the most prompt tokens (must be below ``max_length``).
@@ -93,12 +89,10 @@ class PreferenceDataModule(TextDataModule):
         reference_path: demonstrations (prompt + response, e.g. the SFT training data) on which
             the trained reward is normalised; same source rules as ``train_path``. None: the
             reward model normalises on the validation pairs.
-        reference_format: record format of ``reference_path``, read as SFT examples: ``auto``
-            (picked from its first record as ``SFTDataModule`` picks it), ``messages`` (whole
-            conversations), ``prompt_completion``, ``fields`` (``fields.prompt`` /
-            ``fields.response`` columns), ``text``, ``hh_rlhf`` (prompt + chosen), ``alpaca``,
-            ``paragraphs`` (each whole paragraph, cut to ``max_length``), ``rankings`` (prompt +
-            the first best response) or ``implicit_prompt`` (prompt + chosen).
+        reference_format: record format of ``reference_path``, read as SFT examples (prompt +
+            response: a ``paragraphs`` record is its whole paragraph, cut to ``max_length``): ``auto``
+            (detected from its first record as ``SFTDataModule`` detects it) or one of the registry
+            :data:`rlhf_lit.data.adapters.ADAPTERS` that gives SFT examples (:mod:`rlhf_lit.data.adapters`).
         reference_max_records: read at most this many reference records (None: all).
     """
 

@@ -6,8 +6,8 @@ and its generation prompt. A plain-string prompt is rendered as one user turn as
 the option (``chat_template``, ``--chat-template``) says, in the one vocabulary of
 :data:`rlhf_lit.data.rendering.TemplateChoice` that ``hh_render`` speaks too: ``auto`` (the
 default) when the tokenizer has a chat template, ``always`` (a tokenizer without a template is
-refused), ``never`` (kept as the string it is); the older ``chat_template`` and ``raw`` are aliases
-of ``always`` and ``never``. Rendering and tokenizing are the data modules'
+refused), ``never`` (kept as the string it is); ``chat_template`` and ``raw`` are deprecated aliases
+of ``always`` and ``never``, removed in 0.3.0. Rendering and tokenizing are the data modules'
 (:class:`rlhf_lit.data.encoding.TextEncoder`, the same as ``apply_chat_template: true``), so a chat
 model is sampled in the template it was trained in, its BOS written once.
 """

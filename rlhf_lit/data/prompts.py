@@ -54,15 +54,11 @@ class PromptDataModule(TextDataModule):
         seed: seed of the validation split, of the per-epoch permutation and of the ptx order;
             None: the run's ``seed_everything`` (:mod:`rlhf_lit.run_seed`), so another run seed
             draws the prompts in another order.
-        format: record format: ``auto`` (picked from the first record's keys, as the other data
-            modules pick it; a ``text`` column or a ``.txt`` file is ``paragraphs``), ``fields``
-            (the ``fields.prompt`` column, a string or a list of messages), ``messages`` (the
-            conversation without its last assistant turn), ``prompt_completion`` (the prompt),
-            ``implicit_prompt`` (what chosen and rejected start with), ``hh_rlhf`` (the dialogue
-            of ``chosen`` before its last assistant turn, rendered as ``hh_render`` says), ``alpaca`` (the
-            instruction prompt template), ``paragraphs`` (first ``prompt_words`` words),
-            ``rankings`` (the ``fields.prompt`` column; the responses are not read). ``val_path``
-            is read in the format of ``train_path``.
+        format: record format: ``auto`` (detected from the first record as the other data modules
+            detect it, :mod:`rlhf_lit.data.detect`; a ``text`` column or a ``.txt`` file is
+            ``paragraphs``) or one of the registry :data:`rlhf_lit.data.adapters.ADAPTERS` that gives
+            prompts (the prompt each reads: :mod:`rlhf_lit.data.adapters`). ``val_path`` is read in
+            the format of ``train_path``.
         fields: column names of the records.
         split: hub split to read.
         subset: hub dataset configuration (subset) name.
@@ -75,8 +71,8 @@ class PromptDataModule(TextDataModule):
             always rendered with it.
         hh_render: how ``hh_rlhf`` transcripts are rendered
             (:data:`rlhf_lit.data.rendering.TemplateChoice`: ``auto``, with the chat template when the
-            tokenizer has one; ``always``; ``never``, kept as strings; the older ``chat_template`` and
-            ``raw`` are aliases of ``always`` and ``never``), for every source read as
+            tokenizer has one; ``always``; ``never``, kept as strings; ``chat_template`` and ``raw`` are
+            deprecated aliases of ``always`` and ``never``, removed in 0.3.0), for every source read as
             ``hh_rlhf`` (``ptx_path`` too). One INFO line says which was used and why.
         max_prompt_length: the most tokens of a prompt.
         batch_size: prompts per batch (per rollout).
@@ -86,13 +82,10 @@ class PromptDataModule(TextDataModule):
         num_workers: DataLoader worker processes.
         ptx_path: SFT-style data for PPO-ptx (prompt + response; e.g. the SFT data or plain text
             paragraphs); same source rules as ``train_path``. None: no ptx data.
-        ptx_format: record format of ``ptx_path``, read as SFT examples: ``auto`` (picked from
-            its first record as ``SFTDataModule`` picks it; a ``.txt`` file is ``paragraphs``, a
-            ``text`` column ``text``), ``messages`` (labels on the assistant turns),
-            ``prompt_completion``, ``fields`` (``fields.prompt`` / ``fields.response``), ``text``
-            (labels on the whole text), ``hh_rlhf`` (prompt + chosen), ``alpaca``, ``paragraphs``
-            (first ``prompt_words`` words -> rest; labels on the rest), ``rankings`` (prompt + the
-            first best response) or ``implicit_prompt`` (prompt + chosen).
+        ptx_format: record format of ``ptx_path``, read as SFT examples: ``auto`` (detected from
+            its first record as ``SFTDataModule`` detects it; a ``.txt`` file is ``paragraphs``, a
+            ``text`` column ``text``) or one of the registry :data:`rlhf_lit.data.adapters.ADAPTERS`
+            that gives SFT examples (:mod:`rlhf_lit.data.adapters`).
         ptx_max_records: read at most this many ptx records (None: all).
         ptx_batch_size: ptx examples per PPO minibatch, per process; None: ``batch_size``.
         ptx_max_length: the most tokens of a ptx prompt + response + EOS (its prompt is cut to

@@ -47,17 +47,10 @@ class SFTDataModule(TextDataModule):
         seed: seed of the validation split and of the training shuffle; None: the run's
             ``seed_everything`` (:mod:`rlhf_lit.run_seed`), so another run seed holds out other
             examples and shuffles them in another order.
-        format: record format: ``auto`` (picked from the first record's keys: ``messages``,
-            ``prompt``/``completion``, ``prompt``/``response``, ``instruction``/``output``,
-            ``text``; a ``.txt`` file is ``paragraphs``; pairs and rankings are refused: set their
-            format), ``messages`` (whole conversations, loss on the assistant turns),
-            ``prompt_completion`` (loss on the completion), ``fields`` (column names from
-            ``fields``; prompt and response strings or lists of messages), ``text`` (the whole
-            text trained), ``hh_rlhf`` (prompt + chosen of HH-RLHF transcripts), ``alpaca``
-            (instruction/input/output, status ok), ``paragraphs`` (first ``prompt_words`` words ->
-            rest), ``rankings`` (prompt + the first best of the ranked responses),
-            ``implicit_prompt`` (the prompt chosen and rejected share + chosen).
-            ``val_path`` is read in the format of ``train_path``.
+        format: record format: ``auto`` (detected from the first record, :mod:`rlhf_lit.data.detect`;
+            pairs and rankings are refused: set their format) or one of the registry
+            :data:`rlhf_lit.data.adapters.ADAPTERS` that gives SFT examples (what each reads and
+            trains: :mod:`rlhf_lit.data.adapters`). ``val_path`` is read in the format of ``train_path``.
         fields: column names of the records (every format but ``alpaca``).
         split: hub split to read.
         subset: hub dataset configuration (subset) name.
@@ -70,8 +63,8 @@ class SFTDataModule(TextDataModule):
             error if the tokenizer has none. Conversations are always rendered with it.
         hh_render: how ``hh_rlhf`` transcripts are rendered
             (:data:`rlhf_lit.data.rendering.TemplateChoice`: ``auto``, with the chat template when the
-            tokenizer has one; ``always``; ``never``, kept as strings; the older ``chat_template`` and
-            ``raw`` are aliases of ``always`` and ``never``), for every source read as
+            tokenizer has one; ``always``; ``never``, kept as strings; ``chat_template`` and ``raw`` are
+            deprecated aliases of ``always`` and ``never``, removed in 0.3.0), for every source read as
             ``hh_rlhf``. One INFO line says which was used and why.
         assistant_turns: which assistant turns of a conversation (``messages``) are trained:
             ``all`` of them, or the ``last`` one only (the earlier ones are context).

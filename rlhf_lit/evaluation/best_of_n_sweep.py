@@ -116,8 +116,8 @@ def best_of_n(
         judge: a judge (``texts -> scores``) for the gold score of the pick, or None.
         judge_reads: what the judge reads (:data:`~rlhf_lit.evaluation.judges.JudgeReads`).
         chat_template: whether string prompts are rendered with the policy's chat template
-            (:data:`~rlhf_lit.data.rendering.TemplateChoice`; the aliases ``chat_template`` and ``raw``
-            are ``always`` and ``never``).
+            (:data:`~rlhf_lit.data.rendering.TemplateChoice`; the deprecated aliases ``chat_template``
+            and ``raw``, removed in 0.3.0, are ``always`` and ``never``).
         estimator: ``subsets`` (exact expectation over N-subsets) or ``first_n`` (nested prefixes).
         sampling, batch_size, seed, tokenizer, device: as in
             :func:`rlhf_lit.evaluation.policy_metrics.evaluate_policy`.

@@ -52,8 +52,8 @@ def evaluate_policy(
         judge: a judge (``texts -> scores``, e.g. :func:`rlhf_lit.evaluation.load_judge`) or None.
         judge_reads: what the judge reads (:data:`~rlhf_lit.evaluation.judges.JudgeReads`).
         chat_template: whether string prompts are rendered with the policy's chat template
-            (:data:`~rlhf_lit.data.rendering.TemplateChoice`; the aliases ``chat_template`` and ``raw``
-            are ``always`` and ``never``).
+            (:data:`~rlhf_lit.data.rendering.TemplateChoice`; the deprecated aliases ``chat_template``
+            and ``raw``, removed in 0.3.0, are ``always`` and ``never``).
         samples_per_prompt: responses per prompt, as consecutive rows.
         sampling: :class:`~rlhf_lit.models.generation.SamplingConfig` (default: 48 new tokens, T = 1).
         batch_size: responses per ``generate`` call (changing it changes the samples of a seed).

@@ -12,7 +12,7 @@ __all__ = ["ScoreWhitening", "shape_scores"]
 
 ScoreWhitening = Literal["none", "scores", "rewards"]
 """``scores``: standardise the scores over the rollout batch (mean 0, std 1); ``rewards``: scale the
-KL-shaped per-token rewards to unit std without re-centring (N details #12, TRL's
+KL-shaped per-token rewards to unit std without re-centring (N detail 12, TRL's
 ``whiten_rewards``; done after the KL shaping, not here); ``none``: use them as they are."""
 
 

@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 
 CriticKind = Literal["separate", "shared_trunk"]
 """``separate``: a value model of its own (``AutoModelForSequenceClassification`` whose score head is
-applied at every token), initialised from the reward model by default (N+ details #16).
+applied at every token), initialised from the reward model by default (N+ detail 16).
 ``shared_trunk``: a zero-initialised linear head on the policy's last hidden state; the value loss
 then also trains the policy's trunk (cheaper: one model fewer, one forward pass fewer)."""
 
@@ -53,12 +53,12 @@ class SeparateCritic(nn.Module):
     def forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, policy_hidden: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """Values ``(B, T)``; the value model reads query + response (N details #1)."""
+        """Values ``(B, T)``; the value model reads query + response (N detail 1)."""
         return token_scores(self.model, input_ids, attention_mask) + self.offset  # (B, T)
 
 
 class ValueHead(nn.Module):
-    """A linear value head on the policy's last hidden state, zero-initialised (N details #4).
+    """A linear value head on the policy's last hidden state, zero-initialised (N detail 4).
 
     Args:
         hidden_size: width of the policy's hidden state.
@@ -98,7 +98,7 @@ def load_value_model(
     new_head = not _has_score_head(name_or_path)
     model = load_reward_model(name_or_path, tokenizer, dtype=dtype, new_head=new_head)
     if new_head:
-        # A brand-new value head starts at 0 so early value errors equal the returns (N details #4).
+        # A brand-new value head starts at 0 so early value errors equal the returns (N detail 4).
         log.info("value model %s has no score head: the new head is zero-initialised", name_or_path)
         head = score_head(model)
         nn.init.zeros_(head.weight)

@@ -1,7 +1,7 @@
-"""Deprecated: the PPO settings moved to :mod:`rlhf_lit.stages.ppo.config` (PPO is a package now).
+"""Deprecated, removed in 0.3.0: the PPO settings are in :mod:`rlhf_lit.stages.ppo.config`.
 
-Kept one release so that code importing ``rlhf_lit.stages.ppo_config`` keeps working; importing it
-warns. Import from ``rlhf_lit.stages.ppo.config`` (or ``rlhf_lit.stages.ppo``) instead.
+Code importing ``rlhf_lit.stages.ppo_config`` keeps working until then; importing it warns. Import
+from ``rlhf_lit.stages.ppo.config`` (or ``rlhf_lit.stages.ppo``) instead.
 """
 
 import warnings
@@ -9,7 +9,7 @@ import warnings
 from rlhf_lit.stages.ppo.config import KLConfig, PPOConfig, RewardConfig, RewardSource
 
 warnings.warn(
-    "rlhf_lit.stages.ppo_config is deprecated: import from rlhf_lit.stages.ppo.config", DeprecationWarning, stacklevel=2
+    "rlhf_lit.stages.ppo_config: removed in 0.3.0; import rlhf_lit.stages.ppo.config", DeprecationWarning, stacklevel=2
 )
 
 __all__ = ["KLConfig", "PPOConfig", "RewardConfig", "RewardSource"]

@@ -125,8 +125,9 @@ def _describe(value: Any) -> str:
 
 def _canonical(data_hparams: Mapping[str, Any]) -> Mapping[str, Any]:
     """Data hyperparameters as the resume check compares them: ``hh_render`` in its canonical spelling
-    (a checkpoint written before #37 unified the vocabulary records ``chat_template`` for ``always``)."""
-    from rlhf_lit.tokenizer import template_choice  # deferred, as before: transformers loads with it
+    (a checkpoint may record ``chat_template`` for ``always``: the deprecated alias, read here through
+    :func:`~rlhf_lit.tokenizer.template_choice` until it is removed in 0.3.0)."""
+    from rlhf_lit.tokenizer import template_choice  # deferred: importing it loads transformers
 
     if isinstance(data_hparams.get("hh_render"), str):
         return {**data_hparams, "hh_render": template_choice(data_hparams["hh_render"], "data.hh_render")}

@@ -52,19 +52,25 @@ QUOTED: list[Quoted] = [
     # PPO: GAE, value loss, optimizer, critic (ppo.py's implementation details).
     Quoted(PPO_DOC, "GAE with gamma 1, lambda 0.95 by default", PPOModule, "ppo.gamma", 1.0),
     Quoted(PPO_DOC, "GAE with gamma 1, lambda 0.95 by default", PPOModule, "ppo.lam", 0.95),
-    Quoted(PPO_DOC, "advantages whitened over the batch (N #12; cleanrl)", PPOModule, "ppo.whiten_advantages", True),
-    Quoted(PPO_DOC, "Clipped value loss, vf_coef 0.1 (N #13)", PPOModule, "ppo.vf_coef", 0.1),
+    Quoted(
+        PPO_DOC, "advantages whitened over the batch (N detail 12; cleanrl)", PPOModule, "ppo.whiten_advantages", True
+    ),
+    Quoted(PPO_DOC, "Clipped value loss, vf_coef 0.1 (N detail 13)", PPOModule, "ppo.vf_coef", 0.1),
     Quoted(
         PPO_DOC,
-        "Adam eps configurable (N #15: PyTorch placement; default 1e-5 as in cleanrl / N+)",
+        "Adam eps configurable (N detail 15: PyTorch placement; default 1e-5 as in cleanrl / N+)",
         PPOModule,
         "optimizer.eps",
         1e-5,
     ),
-    Quoted(PPO_DOC, "the critic is a separate model initialised from the RM (N+ #16)", PPOModule, "critic", "separate"),
     Quoted(
-        "docs/DEMO.md", "(`critic: separate`, the library default, N+ details #16)", PPOModule, "critic", "separate"
+        PPO_DOC,
+        "the critic is a separate model initialised from the RM (N+ detail 16)",
+        PPOModule,
+        "critic",
+        "separate",
     ),
+    Quoted("docs/DEMO.md", "(`critic: separate`, the library default, N+ detail 16)", PPOModule, "critic", "separate"),
     Quoted("docs/ppo.md", "reference responses per prompt (default 8)", PPOModule, "reward.calibration_samples", 8),
     Quoted("docs/ppo.md", "`none` (default) or `reference_quantile`", PPOModule, "reward.calibration", "none"),
     Quoted(PPO_DOC, "Optional entropy bonus (cleanrl) and PPO-ptx", PPOModule, "ppo.entropy_coef", 0.0),
@@ -73,20 +79,20 @@ QUOTED: list[Quoted] = [
     Quoted(PPO_CONFIG_DOC, "epochs: passes over the rollout (K in the PPO paper; N+ uses 4)", PPOConfig, "epochs", 4),
     Quoted(
         PPO_CONFIG_DOC,
-        "value_clip_range: how far a value may move from its rollout value (N details #13: 0.2)",
+        "value_clip_range: how far a value may move from its rollout value (N detail 13: 0.2)",
         PPOConfig,
         "value_clip_range",
         0.2,
     ),
     Quoted(
         PPO_CONFIG_DOC,
-        "vf_coef: weight of the value loss in the summed loss (N details #13: 0.1)",
+        "vf_coef: weight of the value loss in the summed loss (N detail 13: 0.1)",
         PPOConfig,
         "vf_coef",
         0.1,
     ),
     Quoted(PPO_CONFIG_DOC, "gamma: discount of GAE (1 in RLHF: the episode is one response)", PPOConfig, "gamma", 1.0),
-    Quoted(PPO_CONFIG_DOC, "lam: lambda of GAE (N details #12: 0.95)", PPOConfig, "lam", 0.95),
+    Quoted(PPO_CONFIG_DOC, "lam: lambda of GAE (N detail 12: 0.95)", PPOConfig, "lam", 0.95),
     Quoted(
         PPO_CONFIG_DOC,
         "entropy_coef: weight of an entropy bonus (0 = off; InstructGPT uses none)",
@@ -96,7 +102,7 @@ QUOTED: list[Quoted] = [
     ),
     Quoted(
         PPO_CONFIG_DOC,
-        "init_coef: the KL coefficient beta at the start (N details #11: 0.15; N+ fixed 0.05)",
+        "init_coef: the KL coefficient beta at the start (N detail 11: 0.15; N+ fixed 0.05)",
         PPOModule,
         "kl.init_coef",
         0.15,

@@ -17,34 +17,35 @@ One ``training_step`` is one rollout: generate -> score -> rewards -> GAE -> K e
 updates -> KL controller -> metrics. Manual optimization; the module owns the whole update.
 
 Implementation details followed (N = "The N Implementation Details of RLHF with PPO", Huang et
-al. 2022 blog; N+ = "The N+ Implementation Details of RLHF with PPO", Huang et al. 2024):
+al. 2022 blog; N+ = "The N+ Implementation Details of RLHF with PPO", Huang et al. 2024; "N detail
+k" is the k-th item of the blog's list):
 
 - Reward = RM score at the last response token (EOS included) plus ``-beta * KL`` per token
-  (Ziegler et al. 2019; Ouyang et al. 2022; N #10). RM and critic read query + response (N #1).
+  (Ziegler et al. 2019; Ouyang et al. 2022; N detail 10). RM and critic read query + response (N detail 1).
   With ``kl.mode: loss`` the KL is a loss term instead (GRPO, Shao et al. 2024: k3, token mean).
-- Stop at EOS; tokens after the first EOS are set to pad and masked (N+ / N #3). "EOS" is every
+- Stop at EOS; tokens after the first EOS are set to pad and masked (N+ / N detail 3). "EOS" is every
   stop id of the policy (:func:`~rlhf_lit.models.generation.stop_token_ids`: the tokenizer's and
   the ``generation_config`` list chat models carry), for sampling, masks, the RM score position
   and the missing-EOS penalty alike. Masks come from
   EOS positions, never from pad ids; ``position_ids = cumsum(mask) - 1`` in every forward pass so
-  left-padded rows see the positions ``generate`` used (N #2).
-- Logits are divided by the sampling temperature whenever logprobs are computed (N #7), so the
+  left-padded rows see the positions ``generate`` used (N detail 2).
+- Logits are divided by the sampling temperature whenever logprobs are computed (N detail 7), so the
   ratio is exactly 1 on the first minibatch.
-- Dropout off in policy, reference, RM and critic (N #8; done by the loaders, and it stays off in
+- Dropout off in policy, reference, RM and critic (N detail 8; done by the loaders, and it stays off in
   train mode: ``nn.Dropout`` modules and the attention dropout rates Llama-family code reads).
-- Missing-EOS penalty replaces the score (N+ / N #9); optional score bias, whitening, clipping,
-  and TRL-style reward whitening without re-centring (N #5, #12).
-- Adaptive KL controller (Ziegler et al. 2019; N #11: error clipped to +-0.2) or fixed (N+), fed
+- Missing-EOS penalty replaces the score (N+ / N detail 9); optional score bias, whitening, clipping,
+  and TRL-style reward whitening without re-centring (N details 5 and 12).
+- Adaptive KL controller (Ziegler et al. 2019; N detail 11: error clipped to +-0.2) or fixed (N+), fed
   with the KL per response (summed over tokens) averaged over all ranks, and the global sample
   count. Its target is in nats, so it takes only the ``k1`` / ``k3`` estimators.
-- GAE with gamma 1, lambda 0.95 by default; advantages whitened over the batch (N #12; cleanrl).
+- GAE with gamma 1, lambda 0.95 by default; advantages whitened over the batch (N detail 12; cleanrl).
 - Whitening over the global batch: with several processes every whitening (GAE advantages,
   REINFORCE++ returns, ``reward.whiten``) takes its mean and variance over the rows of all ranks
   (``ppo.whiten_scope: global``, the default; two small all-reduces each), so the update does not
   depend on the number of processes, and REINFORCE++ whitens over the global batch as its paper
   does. ``whiten_scope: rank`` whitens each rank's rows, as TRL does.
-- Clipped value loss, vf_coef 0.1 (N #13); the critic is a separate model initialised from the
-  RM (N+ #16) with a zeroed head when new (N #4), or a zeroed head on the policy's trunk. A
+- Clipped value loss, vf_coef 0.1 (N detail 13); the critic is a separate model initialised from the
+  RM (N+ detail 16) with a zeroed head when new (N detail 4), or a zeroed head on the policy's trunk. A
   critic from an RM whose normalisation bias lives in ``config.reward_bias`` (Llama) adds it to
   every value, as the reward does, so its last-token value starts equal to the reward.
 - A reward-model ensemble as the RM (Coste et al. 2023): the members' scores, each normalised on
@@ -58,8 +59,8 @@ al. 2022 blog; N+ = "The N+ Implementation Details of RLHF with PPO", Huang et a
   ``log`` or ``best_of_n`` (:mod:`~rlhf_lit.stages.ppo.reference_calibration`); with ``log`` and a
   fixed KL coefficient 1 / (n - 1) the optimum is the best-of-n policy. K more responses are
   sampled and scored per prompt.
-- Adam eps configurable (N #15: PyTorch placement; default 1e-5 as in cleanrl / N+).
-- Per-process seeds ``seed + rank * 100003`` (N #14), folded with the rollout index and a stream
+- Adam eps configurable (N detail 15: PyTorch placement; default 1e-5 as in cleanrl / N+).
+- Per-process seeds ``seed + rank * 100003`` (N detail 14), folded with the rollout index and a stream
   id into fresh generators, so sampling and shuffling are reproducible and resume exactly. The
   seed is ``rollout_seed``, or the run's ``seed_everything`` when it is unset (the default).
 - Optional entropy bonus (cleanrl) and PPO-ptx (Ouyang et al. 2022, eq. 2).

@@ -50,10 +50,10 @@ class PPOConfig:
             rollout batch must be a multiple of that.
         grad_accum: minibatches whose gradients are summed before one optimizer step.
         clip_range: epsilon of the clipped policy surrogate.
-        value_clip_range: how far a value may move from its rollout value (N details #13: 0.2).
-        vf_coef: weight of the value loss in the summed loss (N details #13: 0.1).
+        value_clip_range: how far a value may move from its rollout value (N detail 13: 0.2).
+        vf_coef: weight of the value loss in the summed loss (N detail 13: 0.1).
         gamma: discount of GAE (1 in RLHF: the episode is one response).
-        lam: lambda of GAE (N details #12: 0.95).
+        lam: lambda of GAE (N detail 12: 0.95).
         whiten_advantages: whiten GAE advantages over the rollout batch (masked), as every PPO-RLHF
             implementation does. Applies to ``estimator: gae``; the critic-free estimators
             normalise as their papers define (group std, leave-one-out, batch whitening).
@@ -248,7 +248,7 @@ class RewardConfig:
             or of each (``ppo.whiten_scope``).
         clip: clip the (biased, whitened) score to ``[-clip, clip]``; None = no clipping.
         missing_eos_penalty: when set, a response that never produced EOS gets this score
-            INSTEAD of its RM score (replace, as in N+ details #9, not add: a truncated response
+            INSTEAD of its RM score (replace, as in N+ detail 9, not add: a truncated response
             is not a response the RM was trained to judge). None = no penalty. Must be <= 0:
             TRL's option of the same name is a positive amount subtracted from the score, so a
             ported ``1.0`` here would pay every unfinished response +1 (docs/from-trl.md).
@@ -387,7 +387,7 @@ class KLConfig:
     Args:
         kind: ``adaptive`` steers the coefficient so the KL per response tracks ``target``
             (Ziegler et al. 2019; the InstructGPT recipe's default); ``fixed`` keeps ``init_coef``.
-        init_coef: the KL coefficient beta at the start (N details #11: 0.15; N+ fixed 0.05).
+        init_coef: the KL coefficient beta at the start (N detail 11: 0.15; N+ fixed 0.05).
         target: KL per response (nats, summed over tokens) the adaptive controller aims for.
         horizon: samples over which the adaptive controller corrects a full error.
         estimator: per-token KL estimator (k1 = logprob - ref_logprob, the InstructGPT penalty).

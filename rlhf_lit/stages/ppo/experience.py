@@ -12,8 +12,8 @@ else after the update for the text metrics (:class:`RolloutInfo` carries them th
 Names, against OpenRLHF's: what its experience maker makes, an ``Experience`` (the sequences, old
 and reference logprobs, values, advantages, returns of a batch), is our
 :class:`~rlhf_lit.stages.ppo.rollout.Rollout`; what it keeps in ``Experience.info`` (per-rollout
-statistics beside the tensors the loss reads) is our :class:`RolloutInfo` (called ``Experience``
-before; the name stays as an alias).
+statistics beside the tensors the loss reads) is our :class:`RolloutInfo` (``Experience`` is its
+deprecated alias, removed in 0.3.0).
 
 The maker reads of the stage only what a :class:`~rlhf_lit.stages.ppo.protocols.RolloutStage` names
 (the trained models, the sampling and reward-model seams, the seeds); the rest is passed in.
@@ -126,7 +126,7 @@ class RolloutInfo:
 
 
 Experience = RolloutInfo
-"""The former name of :class:`RolloutInfo`, kept for user code that reads ``Experience.reward_std``."""
+"""Deprecated, removed in 0.3.0: the former name of :class:`RolloutInfo` (``Experience.reward_std``)."""
 
 
 def sample_responses(

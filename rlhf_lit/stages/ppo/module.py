@@ -87,7 +87,7 @@ class PPOModule(PPOCheckpoints, StageModule):
             when a ``reward.sources`` entry is the reward model (the default); null otherwise
             (it may still be where a separate critic starts). With ``--run_dir`` and a source
             that is the reward model it defaults to the run's RM export (``RUN_DIR/reward_model/model``).
-        value_model: where a separate critic starts; None = the reward model (N+ #16); for an
+        value_model: where a separate critic starts; None = the reward model (N+ detail 16); for an
             ensemble, its member 0.
         tokenizer_path: the tokenizer; None = the SFT model's. The RM must share it.
         missing_pad: what to do if the tokenizer has no pad token (see ``load_tokenizer``).

@@ -1,6 +1,6 @@
 """Seeds of a PPO run, in one place: every random draw of sampling and shuffling comes from here.
 
-Per-process seeds are ``rollout_seed + rank * 100003`` (N details #14), folded with the rollout
+Per-process seeds are ``rollout_seed + rank * 100003`` (N detail 14), folded with the rollout
 index and a stream id into a fresh generator per use. The seed is a function of (seed, rank,
 rollout, stream) only, so a resumed run draws the same numbers as an uninterrupted one.
 ``rollout_seed`` is the stage's option, or the run's ``seed_everything`` when the option is unset
@@ -16,7 +16,7 @@ STREAM_SAMPLE, STREAM_SHUFFLE, STREAM_REFERENCE = 0, 1, 2
 sampling the reference policy's responses for a calibrated reward (``reward.calibration``: its own
 stream, so turning calibration on leaves the policy's samples and the shuffles as they were)."""
 RANK_STRIDE = 100003
-"""Added to the seed per rank (N details #14), so ranks sample different responses."""
+"""Added to the seed per rank (N detail 14), so ranks sample different responses."""
 
 
 def stream_seed(rollout_seed: int, rank: int, rollout_index: int, stream: int) -> int:
