@@ -49,6 +49,7 @@ from demo.runner import (
     tb_logger,
 )
 from demo.runner import fit_command as rlhf_lit_fit
+from demo.seeds_report import CURVE_TAGS, write_study
 from rlhf_lit.artifacts import write_text_atomically
 from rlhf_lit.integrity import check_json_file
 
@@ -57,8 +58,6 @@ MARKER = ".rlhf-lit-seeds.json"
 RUN_MARKER = ".rlhf-lit-seeds-run"
 """Written first into each run's folder: only a folder holding it is cleared to start an unfinished run again."""
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
-CURVE_TAGS = ("objective/rlhf_reward", "objective/scores", "objective/kl")
-"""The per-rollout scalars kept from each PPO run."""
 CONFIG_DIR = ROOT / "configs" / "demo"
 COMMAND = "python -m demo seeds"
 
@@ -249,8 +248,6 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the study; exit status 2 on a refused ``--out`` or a demo folder without its models."""
     from transformers.utils import logging as hf_logging
-
-    from demo.seeds_report import write_study
 
     args = build_parser().parse_args(argv)
     hf_logging.disable_progress_bar()  # a bar per exported checkpoint would bury the progress lines

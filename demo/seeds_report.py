@@ -25,6 +25,8 @@ from collections.abc import Mapping, Sequence
 
 from rlhf_lit.integrity import check_json_file
 
+CURVE_TAGS = ("objective/rlhf_reward", "objective/scores", "objective/kl")
+"""The per-rollout scalars kept from each PPO run (:func:`demo.seeds.run_job`) and drawn in ``curves.png``."""
 WINDOW = 5
 """Rollouts averaged at each end of a run for the rise of the shaped objective."""
 METRICS = ("judge_mean", "kl_mean", "distinct_2", "length_mean", "ended_fraction")
@@ -226,8 +228,6 @@ def draw_curves(results: Sequence[Mapping], path: str, order: Sequence[str]) -> 
     """``curves.png``: the shaped objective, the RM score and the KL per rollout, mean +- s.e. over seeds."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
-
-    from demo.seeds import CURVE_TAGS
 
     fig = Figure(figsize=(12, 3.6), dpi=100)
     FigureCanvasAgg(fig)

@@ -1,6 +1,7 @@
 """The house's layout rules, checked on the source: imports run one way through the layers (the
 ladder as tight as the code, the parts that never import each other, both equal to docs/CONTRACTS.md's
-"Layers"), and no two modules share a file name for different things.
+"Layers"), no import circle inside a package (``rlhf_lit/`` and ``demo/``), and no two modules share
+a file name for different things.
 
 ``tests/functional/test_imports.py`` holds the stricter rule of ``functional/`` (torch only).
 """
@@ -14,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[1] / "rlhf_lit"
-CONTRACTS = Path(__file__).resolve().parents[1] / "docs" / "CONTRACTS.md"
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "rlhf_lit"
+CONTRACTS = ROOT / "docs" / "CONTRACTS.md"
 
 LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"", "functional", "artifacts", "callable_specs", "expected_warnings", "integrity", "run_seed"}),
@@ -120,6 +122,97 @@ def test_the_layer_check_catches_an_upward_a_deferred_a_sideways_and_a_never_imp
         "rlhf_lit/models/bad.py:2 imports rlhf_lit.tokenizer (layer 2 from layer 2)",
         "rlhf_lit/models/bad.py:4 imports rlhf_lit.stages.ppo (layer 5 from layer 2)",
         "rlhf_lit/stages/bad.py:2 imports rlhf_lit.data (rlhf_lit.stages never imports rlhf_lit.data)",
+    ]
+
+
+def import_graph(root: Path = ROOT, packages: tuple[str, ...] = ("rlhf_lit", "demo")) -> dict[str, list[str]]:
+    """Each module of ``packages`` (under ``root``) -> ``"<file>:<line> imports <module>"`` for every
+    import of another of their modules: at the top, inside a function, under ``TYPE_CHECKING``,
+    relative or absolute. ``from a import b`` imports the module ``a.b`` when there is one, else ``a``;
+    a package's ``__init__`` is a module like the others (importing ``a.b`` does not count as
+    importing ``a``: every package's ``__init__`` would otherwise sit in a circle with its modules)."""
+    files = {}
+    for package in packages:
+        for path in sorted((root / package).rglob("*.py")):
+            parts = path.relative_to(root).with_suffix("").parts
+            files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph: dict[str, list[str]] = {}
+    for module, path in files.items():
+        here = module if path.stem == "__init__" else module.rpartition(".")[0]
+        graph[module] = []
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:  # ``from ..x import y``: up level - 1 packages from this module's own
+                    anchor = ".".join(here.split(".")[: len(here.split(".")) - node.level + 1])
+                    base = f"{anchor}.{base}" if base else anchor
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in files else base for a in node.names]
+            else:
+                continue
+            where = f"{path.relative_to(root)}:{node.lineno} imports "
+            graph[module] += sorted({where + t for t in targets if t in files and t != module})
+    return graph
+
+
+def import_circles(graph: dict[str, list[str]]) -> list[str]:
+    """Every import circle of ``graph``: a strongly connected component of more than one module
+    (Tarjan), as its modules and the imports that close it."""
+    targets = {m: [edge.rpartition(" imports ")[2] for edge in edges] for m, edges in graph.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for target in targets[module]:
+            if target not in index:
+                visit(target)
+                low[module] = min(low[module], low[target])
+            elif target in stack:
+                low[module] = min(low[module], index[target])
+        if low[module] == index[module]:
+            component = set()
+            while not component or module not in component:
+                component.add(stack.pop())
+            if len(component) > 1:
+                inside = [e for m in sorted(component) for e in graph[m] if e.rpartition(" imports ")[2] in component]
+                circles.append(f"{' <-> '.join(sorted(component))}: {'; '.join(inside)}")
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return sorted(circles)
+
+
+def test_no_import_circle_inside_a_package():
+    """Type-only imports included: a circle under ``TYPE_CHECKING`` is the same knot for a reader, and
+    one moved out of it is an import error. Move the shared name down, or pass the object in."""
+    circles = import_circles(import_graph())
+    assert not circles, "import circles:\n" + "\n".join(circles)
+
+
+def test_the_circle_check_catches_type_only_deferred_relative_and_submodule_circles(tmp_path):
+    files = {
+        "pkg/__init__.py": "from pkg.a import A\n",  # a package and its modules: no circle
+        "pkg/a.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.b import B\nA = 1\n",
+        "pkg/b.py": "import os\n\ndef f():\n    from . import a\n",
+        "pkg/sub/__init__.py": "",
+        "pkg/sub/c.py": "from pkg.sub import d\n",
+        "pkg/sub/d.py": "from ..sub.e import E\n",
+        "pkg/sub/e.py": "import pkg.sub.c\nimport pkg.a\nE = 2\n",
+        "pkg/sub/f.py": "from pkg import a, sub\nfrom pkg.sub import c\n",  # into circles, in none
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text, encoding="utf-8")
+    assert import_circles(import_graph(tmp_path, ("pkg",))) == [
+        "pkg.a <-> pkg.b: pkg/a.py:3 imports pkg.b; pkg/b.py:4 imports pkg.a",
+        "pkg.sub.c <-> pkg.sub.d <-> pkg.sub.e: pkg/sub/c.py:1 imports pkg.sub.d; "
+        "pkg/sub/d.py:1 imports pkg.sub.e; pkg/sub/e.py:1 imports pkg.sub.c",
     ]
 
 

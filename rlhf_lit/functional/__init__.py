@@ -25,7 +25,7 @@ from rlhf_lit.functional.ensemble import AGGREGATES, Aggregate, aggregate_scores
 from rlhf_lit.functional.kl import KLKind, kl_loss, kl_penalized_rewards, kl_penalty
 from rlhf_lit.functional.kl_control import AdaptiveKLController, FixedKLController, KLController
 from rlhf_lit.functional.logprobs import entropy_from_logits, sequence_logprobs, token_logprobs
-from rlhf_lit.functional.losses import IGNORE_INDEX, clipped_value_loss, pairwise_reward_loss, ppo_policy_loss, sft_loss
+from rlhf_lit.functional.losses import IGNORE_INDEX, clipped_value_loss, pairwise_reward_loss, sft_loss
 from rlhf_lit.functional.masked_stats import (
     Reducer,
     explained_variance,
@@ -43,6 +43,7 @@ from rlhf_lit.functional.masks import (
     response_mask_from_prompt_length,
 )
 from rlhf_lit.functional.pairs import concat_pairs, pad_ids, pad_right
+from rlhf_lit.functional.policy_losses import POLICY_LOSSES, PolicyLoss, PolicyLossKind, ppo_policy_loss
 from rlhf_lit.functional.ranking import (
     RankingMetrics,
     batch_examples,
@@ -58,6 +59,7 @@ __all__ = [
     "AGGREGATES",
     "CALIBRATION_TRANSFORMS",
     "IGNORE_INDEX",
+    "POLICY_LOSSES",
     "Aggregate",
     "CalibrationTransform",
     "AdaptiveKLController",
@@ -66,6 +68,8 @@ __all__ = [
     "FixedKLController",
     "KLController",
     "KLKind",
+    "PolicyLoss",
+    "PolicyLossKind",
     "RankingMetrics",
     "Reducer",
     "ScoreWhitening",

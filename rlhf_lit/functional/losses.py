@@ -1,13 +1,14 @@
-"""Training losses: clipped PPO policy and value losses, Bradley-Terry reward loss, SFT loss."""
+"""Training losses: the clipped PPO value loss, Bradley-Terry reward loss, SFT loss (the PPO policy
+loss: :mod:`rlhf_lit.functional.policy_losses`)."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-from rlhf_lit.functional.masked_stats import _masked_var, masked_mean
+from rlhf_lit.functional.masked_stats import masked_mean
 
-__all__ = ["IGNORE_INDEX", "ppo_policy_loss", "clipped_value_loss", "pairwise_reward_loss", "sft_loss"]
+__all__ = ["IGNORE_INDEX", "clipped_value_loss", "pairwise_reward_loss", "sft_loss"]
 
 IGNORE_INDEX = -100
 """Label of positions that do not count in the SFT loss (prompt and padding): the one definition,
@@ -18,44 +19,6 @@ default ``ignore_index``)."""
 def _check_clip_range(clip_range: float) -> None:
     if clip_range <= 0:
         raise ValueError(f"clip_range must be > 0, got {clip_range}.")
-
-
-def ppo_policy_loss(
-    logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, clip_range: float
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """PPO clipped surrogate loss (Schulman et al. 2017, eq. 7), averaged over masked tokens.
-
-    Per token: ``max(-A * ratio, -A * clip(ratio, 1 - eps, 1 + eps))`` with
-    ``ratio = exp(logprobs - old_logprobs)``; the max of the negated terms is the pessimistic
-    (min) bound of the surrogate objective.
-
-    Args:
-        logprobs: ``(B, T)`` current policy log-probabilities (with grad).
-        old_logprobs: ``(B, T)`` log-probabilities at rollout time.
-        advantages: ``(B, T)`` (usually whitened) advantages.
-        mask: bool ``(B, T)``, True on response tokens.
-        clip_range: eps > 0.
-
-    Returns:
-        ``(loss, stats)``: loss a 0-dim tensor; stats maps ``clipfrac`` (fraction of masked tokens
-        where the clipped term is strictly larger, i.e. active), ``approx_kl`` (mean of
-        ``(ratio - 1) - log ratio``, the k3 estimator of KL(old || new)), ``ratio_mean`` and
-        ``ratio_var`` (population variance) to detached 0-dim tensors. No host syncs.
-    """
-    _check_clip_range(clip_range)
-    log_ratio = logprobs - old_logprobs  # (B, T)
-    ratio = torch.exp(log_ratio)  # (B, T)
-    loss_unclipped = -advantages * ratio  # (B, T)
-    loss_clipped = -advantages * torch.clamp(ratio, 1.0 - clip_range, 1.0 + clip_range)  # (B, T)
-    loss = masked_mean(torch.maximum(loss_unclipped, loss_clipped), mask)  # ()
-    with torch.no_grad():
-        stats = {
-            "clipfrac": masked_mean((loss_clipped > loss_unclipped).to(ratio.dtype), mask),  # ()
-            "approx_kl": masked_mean((ratio - 1) - log_ratio, mask),  # ()
-            "ratio_mean": masked_mean(ratio, mask),  # ()
-            "ratio_var": _masked_var(ratio, mask, unbiased=False),  # ()
-        }
-    return loss, stats
 
 
 def clipped_value_loss(

@@ -8,8 +8,7 @@ from float32_bounds import largest_logit, logprob_bound
 from ppo_helpers import EOS, PAD, prompt_batch, tiny_module, tiny_trainer
 from torch.utils.data import DataLoader
 
-import rlhf_lit.stages.ppo.loss as ppo_stage
-from rlhf_lit.functional import kl_penalty
+from rlhf_lit.functional import POLICY_LOSSES, kl_penalty
 from rlhf_lit.models import token_scores
 from rlhf_lit.models.generation import complete_generation
 from rlhf_lit.models.teacher_forced import forward_with_positions
@@ -111,14 +110,14 @@ def test_minibatches_cover_every_row_once_in_generator_order():
 @pytest.mark.parametrize("reuse_first_forward", [False, True], ids=["rescored", "first-forward-reused"])
 def test_first_minibatch_has_ratio_one_and_no_clipping(tmp_path, monkeypatch, reuse_first_forward):
     calls = []
-    original = ppo_stage.ppo_policy_loss
+    original = POLICY_LOSSES["clipped"]
 
     def recording(logprobs, old_logprobs, advantages, mask, clip_range):
         loss, stats = original(logprobs, old_logprobs, advantages, mask, clip_range)
         calls.append((logprobs.detach(), old_logprobs, mask, stats))
         return loss, stats
 
-    monkeypatch.setattr(ppo_stage, "ppo_policy_loss", recording)
+    monkeypatch.setitem(POLICY_LOSSES, "clipped", recording)
     module = tiny_module(
         max_rollouts=1, ppo=PPOConfig(epochs=2, minibatch_size=2, reuse_first_forward=reuse_first_forward)
     )

@@ -69,6 +69,9 @@ k" is the k-th item of the blog's list):
   2024) and REINFORCE++ (Hu 2025), which build no critic and have one optimizer. With
   ``sampling.samples_per_prompt = k`` each prompt is repeated k times as consecutive rows before
   generation (TRL's layout); the group estimators score the sequence reward ``rewards.sum(1)``.
+- ``ppo.policy_loss`` (:mod:`rlhf_lit.functional.policy_losses`, read only by
+  :func:`~rlhf_lit.stages.ppo.loss.ppo_loss`): ``clipped``, the clipped surrogate (Schulman et al.
+  2017, eq. 7), a token mean; a variant is one function of the same signature and its name there.
 
 Departures from textbook PPO (Schulman et al. 2017) and their reasons:
 

@@ -4,12 +4,15 @@ four models (:func:`build_models`, sharded by :func:`shard_stage_models`), the K
 
 The models are loaded in one fixed order (tokenizer, policy, reference, reward model, critic): a
 fresh score head draws from the global RNG, so the order is part of what a seed reproduces.
+
+:func:`build_models` and :func:`shard_stage_models` take the stage object, typed by its base class
+(:class:`~rlhf_lit.stages.base.StageModule`): ``module.py`` imports this file, never the reverse, and
+each function names the settings it reads of the stage.
 """
 
 from __future__ import annotations
 
 import itertools
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -25,17 +28,15 @@ from rlhf_lit.models.reward_ensemble import RewardEnsemble, is_reward_ensemble, 
 from rlhf_lit.models.sharding import shard_models
 from rlhf_lit.models.value import CriticKind, build_critic
 from rlhf_lit.sources import check_local_source
+from rlhf_lit.stages.base import StageModule
 from rlhf_lit.stages.optim import OptimizerConfig, build_optimizer
 from rlhf_lit.stages.ppo.checks import check_sharded_compile
 from rlhf_lit.stages.ppo.config import KLConfig
 from rlhf_lit.tokenizer import MissingPad, check_same_vocabulary, load_tokenizer
 
-if TYPE_CHECKING:
-    from rlhf_lit.stages.ppo.module import PPOModule
-
 
 def build_models(
-    stage: PPOModule,
+    stage: StageModule,
     sft_model: str,
     reward_model: str | None,
     value_model: str | None,
@@ -127,7 +128,7 @@ def build_optimizers(
     return [policy_opt, critic_opt], [policy_sched, critic_sched]
 
 
-def shard_stage_models(stage: PPOModule, sharded: bool) -> None:
+def shard_stage_models(stage: StageModule, sharded: bool) -> None:
     """Shard ``stage``'s policy, critic, reference and reward model when the strategy gives a device
     mesh (``sharded``; ``configure_model``).
 

@@ -17,6 +17,7 @@ from rlhf_lit.functional import (
     Aggregate,
     CalibrationTransform,
     KLKind,
+    PolicyLossKind,
     Reducer,
     ScoreWhitening,
     shape_scores,
@@ -50,6 +51,9 @@ class PPOConfig:
             rollout batch must be a multiple of that.
         grad_accum: minibatches whose gradients are summed before one optimizer step.
         clip_range: epsilon of the clipped policy surrogate.
+        policy_loss: the policy loss (:data:`~rlhf_lit.functional.policy_losses.PolicyLossKind`):
+            ``clipped``, PPO's clipped surrogate, a token mean over the minibatch (Schulman et al.
+            2017, eq. 7). How a variant is added: :mod:`rlhf_lit.functional.policy_losses`.
         value_clip_range: how far a value may move from its rollout value (N detail 13: 0.2).
         vf_coef: weight of the value loss in the summed loss (N detail 13: 0.1).
         gamma: discount of GAE (1 in RLHF: the episode is one response).
@@ -131,6 +135,7 @@ class PPOConfig:
     forward: ForwardPasses = "eager"
     remove_padding: bool = False
     reuse_first_forward: bool = True
+    policy_loss: PolicyLossKind = "clipped"
 
     def __post_init__(self) -> None:
         if self.forward not in get_args(ForwardPasses):
@@ -142,6 +147,10 @@ class PPOConfig:
         if self.whiten_scope not in get_args(WhitenScope):
             raise ValueError(
                 f"ppo.whiten_scope must be one of {', '.join(get_args(WhitenScope))}; got {self.whiten_scope!r}"
+            )
+        if self.policy_loss not in get_args(PolicyLossKind):
+            raise ValueError(
+                f"ppo.policy_loss must be one of {', '.join(get_args(PolicyLossKind))}; got {self.policy_loss!r}"
             )
         if self.estimator not in get_args(EstimatorKind):
             raise ValueError(

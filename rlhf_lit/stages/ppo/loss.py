@@ -7,11 +7,11 @@ from dataclasses import dataclass
 import torch
 
 from rlhf_lit.functional import (
+    POLICY_LOSSES,
     clipped_value_loss,
     entropy_from_logits,
     kl_loss,
     masked_mean,
-    ppo_policy_loss,
     token_logprobs,
 )
 from rlhf_lit.stages.ppo.config import KLConfig, PPOConfig
@@ -44,14 +44,17 @@ def ppo_loss(
     kl: KLConfig,
     kl_coef: float,
 ) -> tuple[torch.Tensor, LossStats]:
-    """Clipped policy loss + vf_coef * clipped value loss - entropy_coef * entropy (+ kl_coef * KL
-    with ``kl.mode: loss``), each a token mean over the minibatch's response tokens.
+    """Policy loss + vf_coef * clipped value loss - entropy_coef * entropy (+ kl_coef * KL with
+    ``kl.mode: loss``): the last three token means over the minibatch's response tokens, the policy
+    loss aggregated as its variant says (``clipped``: a token mean too). The one place
+    ``ppo.policy_loss`` is read: it names the function in
+    :data:`~rlhf_lit.functional.policy_losses.POLICY_LOSSES`.
 
     Args:
         mb: the minibatch (old logprobs, values, advantages, returns, reference logprobs, mask).
         logits: ``(B, R, V)`` the policy's response logits now (with gradient).
         values: ``(B, R)`` the critic's values now; None without a critic (no value loss).
-        ppo: clip ranges and coefficients.
+        ppo: the policy loss, clip ranges and coefficients.
         temperature: the sampling temperature the logits are divided by.
         kl: where the KL is paid and its estimator.
         kl_coef: beta of this rollout (the controller updates after the update).
@@ -62,7 +65,8 @@ def ppo_loss(
     mask = mb.response_mask  # (B, R)
     zero = torch.zeros((), device=mask.device)
     logprobs = token_logprobs(logits, mb.response_ids, temperature)  # (B, R)
-    policy_loss, policy_stats = ppo_policy_loss(logprobs, mb.old_logprobs, mb.advantages, mask, ppo.clip_range)
+    policy_loss_fn = POLICY_LOSSES[ppo.policy_loss]
+    policy_loss, policy_stats = policy_loss_fn(logprobs, mb.old_logprobs, mb.advantages, mask, ppo.clip_range)
     value_loss, value_stats = zero, {"clipfrac": zero}
     if values is not None:
         value_loss, value_stats = clipped_value_loss(values, mb.old_values, mb.returns, mask, ppo.value_clip_range)
