@@ -1,6 +1,6 @@
 """The reward-model checkpoints of tests/stages/reward_checkpoints/ and how they were made.
 
-``test_reward_checkpoints.py`` loads them with the code of today: a checkpoint a user wrote with an
+``test_reward_checkpoints.py`` loads them with the current code: a checkpoint a user wrote with an
 earlier rlhf-lit must keep loading (``load_from_checkpoint``) and resuming (``--ckpt_path``), and give
 the scores it gave then. Three kinds, one per reward head: ``plain`` (one reward model, normalised
 ``gain_bias``), ``ensemble`` (2 members, bootstrap weights, per-member ``gain_bias``) and ``odin``
@@ -16,6 +16,8 @@ Regenerate (with the checkout whose checkpoint format is wanted; ``OMP_NUM_THREA
 repository root::
 
     OMP_NUM_THREADS=1 PYTHONPATH=tests .venv/bin/python tests/stages/reward_checkpoint_fixtures.py
+
+(``*.ckpt`` is git-ignored: commit them with ``git add -f``.)
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""Reward-model checkpoints written by an earlier rlhf-lit load and resume with today's code.
+"""Reward-model checkpoints of the released format load and resume, and score as they did.
 
-The checkpoints (a plain RM, a 2-member ensemble, an ODIN RM; tests/stages/reward_checkpoints/, about
-0.7 MB in all) and the scores that code computed from them (``expected.json``) were made by
+The checkpoints (a plain RM, a 2-member ensemble, an ODIN RM; tests/stages/reward_checkpoints/, 0.8 MB
+in all) and the scores the code that wrote them computed (``expected.json``) were made by
 ``reward_checkpoint_fixtures.py``, whose docstring says how. Nothing here recomputes an expected value
 with the code under test: every number comes from the file.
 """
