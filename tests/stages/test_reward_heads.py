@@ -15,8 +15,8 @@ import torch
 from assets_paths import ROOT
 
 from rlhf_lit.stages import RewardModelModule
-from rlhf_lit.stages.reward_heads.ensemble_head import EnsembleConfig, EnsembleHead, member_losses
-from rlhf_lit.stages.reward_heads.head import preference_loss
+from rlhf_lit.stages.reward_heads.ensemble_head import EnsembleConfig, EnsembleHead, bootstrap_weight, member_losses
+from rlhf_lit.stages.reward_heads.head import TrainingStep, preference_loss
 from rlhf_lit.stages.reward_heads.odin_head import LengthDebiasConfig, OdinHead
 from rlhf_lit.stages.reward_heads.plain_head import PlainHead
 from rlhf_lit.stages.reward_heads.registry import HEADS, HeadKind, build_head, head_kind
@@ -150,3 +150,27 @@ def test_each_member_is_scored_on_its_own_column_with_its_own_weights():
     expected = [(3 * softplus(-1) + math.log(2)) / 2, (softplus(1) + math.log(2)) / 2]
     torch.testing.assert_close(losses, torch.tensor(expected), rtol=0, atol=1e-6)
     assert accuracies.tolist() == [0.5, 0.0]
+
+
+class TwoMembers:
+    """What the ensemble head reads of a :class:`~rlhf_lit.models.reward_ensemble.RewardEnsemble`: given scores."""
+
+    size, seeds = 2, [9, 11]
+
+    def raw_scores(self, input_ids, attention_mask) -> torch.Tensor:
+        # Member 0: chosen [1, 0], rejected [0, 0.5]; member 1: chosen [0, 2], rejected [1, 0].
+        return torch.tensor([[1.0, 0.0], [0.0, 2.0], [0.0, 1.0], [0.5, 0.0]])  # (2B, M)
+
+
+def test_the_ensemble_loss_is_the_sum_of_each_members_loss_under_its_own_bootstrap_weights():
+    head = EnsembleHead(EnsembleConfig(members=2, seeds=[9, 11], data_weights="bootstrap"))
+    step = TrainingStep(epoch=1, batch_idx=3, rank=0)
+    weights = [bootstrap_weight(seed, 2, 1, 3, 0, "cpu").tolist() for seed in (9, 11)]
+    assert weights[0] != weights[1] and weights != [bootstrap_weight(s, 2, 3, 1, 0, "cpu").tolist() for s in (9, 11)]
+    loss, stats = head.loss(TwoMembers(), (None, None), _pairs(2), step)
+    differences = [[1.0, -0.5], [-1.0, 2.0]]  # chosen - rejected, per member and pair
+    expected = [sum(w * softplus(-d) for w, d in zip(weights[m], differences[m])) / 2 for m in range(2)]
+    assert float(loss) == pytest.approx(sum(expected), abs=1e-6)
+    assert float(stats["loss"]) == pytest.approx(sum(expected) / 2, abs=1e-6)  # logged: the members' mean
+    assert [float(stats[f"member_{m}/accuracy"]) for m in range(2)] == [0.5, 0.5]
+    assert float(stats["accuracy"]) == 0.5  # the mean score: chosen [0.5, 1], rejected [0.5, 0.25]
