@@ -273,12 +273,11 @@ class RewardModelModule(PretrainedStage):
         self.reward_gain.copy_(gain)
         self.reward_bias.copy_(bias)
         self.reference_name = reference
-        log.info(
-            "reward normalisation from %s (%d sequences): raw mean %s std %s -> gain %s bias %s",
-            reference,
-            int(counts[0]),
-            *(", ".join(f"{x:.6g}" for x in values) for values in (means, stds, gains, biases)),
+        summary = "; ".join(
+            f"raw mean {m:.6g} std {s:.6g} -> gain {g:.6g} bias {b:.6g}"
+            for m, s, g, b in zip(means, stds, gains, biases)
         )
+        log.info("reward normalisation from %s (%d sequences): %s", reference, int(counts[0]), summary)
         return gain.tolist(), bias.tolist()
 
     def on_train_end(self) -> None:

@@ -184,11 +184,9 @@ class EnsembleHead(nn.Module):
         as M single runs would."""
         if clip_val is None or clip_val == 0:
             return
+        clip = torch.nn.utils.clip_grad_value_ if algorithm == "value" else torch.nn.utils.clip_grad_norm_
         for member in model.members:
-            if algorithm == "value":
-                torch.nn.utils.clip_grad_value_(member.parameters(), clip_val)
-            else:
-                torch.nn.utils.clip_grad_norm_(member.parameters(), clip_val)
+            clip(member.parameters(), clip_val)
 
     def ready_for_export(self, model: RewardEnsemble) -> list[nn.Module]:
         """The members, each normalised on its own; the ensemble exports as a directory of them."""

@@ -81,14 +81,9 @@ def batch_sequences(batch: Batch, pad_token_id: int) -> Sequences:
     ``attention_mask`` as they are."""
     if "chosen_input_ids" not in batch:
         return batch["input_ids"], batch["attention_mask"]  # (N, T) x2
+    halves = [batch[f"{side}_{key}"] for side in ("chosen", "rejected") for key in ("input_ids", "attention_mask")]
     # Padding values never matter: scores are read through the attention mask.
-    return concat_pairs(
-        batch["chosen_input_ids"],
-        batch["chosen_attention_mask"],
-        batch["rejected_input_ids"],
-        batch["rejected_attention_mask"],
-        pad_token_id,
-    )  # (2B, T) x2
+    return concat_pairs(*halves, pad_token_id)  # (2B, T) x2
 
 
 def preference_loss(
