@@ -141,7 +141,7 @@ def token_scores(model: PreTrainedModel, input_ids: torch.Tensor, attention_mask
 
 def sequence_scores(model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
     """The reward: the score head read at the last real token of each row, ``(B,)``; a head of K > 1
-    rows (a reward model training a length head, :mod:`rlhf_lit.stages.length_debias`) gives ``(B, K)``.
+    rows (a reward model training a length head, :mod:`rlhf_lit.stages.reward_heads.odin_head`) gives ``(B, K)``.
 
     Never relies on pad ids (the pad may equal EOS), only on the attention mask.
     """

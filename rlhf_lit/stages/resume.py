@@ -82,14 +82,19 @@ def differences(
 
 
 def init_defaults(cls: type) -> dict[str, Any]:
-    """The default of every ``cls.__init__`` argument that has one, config dataclasses as dicts (as
-    :meth:`~rlhf_lit.stages.base.StageModule.keep_settings` records them)."""
+    """The default of every ``__init__`` argument of ``cls`` and of the classes it passes ``**kwargs`` on to
+    (a stage's ``**stage_args`` reach :class:`~rlhf_lit.stages.base.PretrainedStage`), config dataclasses as
+    dicts (as :meth:`~rlhf_lit.stages.base.StageModule.keep_settings` records them): a setting added after a
+    checkpoint was written is compared at its default."""
     defaults = {}
-    for name, parameter in inspect.signature(cls.__init__).parameters.items():
-        if parameter.default is inspect.Parameter.empty:
+    for klass in reversed(cls.__mro__):  # the subclass's own default wins
+        if "__init__" not in vars(klass):
             continue
-        value = parameter.default
-        defaults[name] = asdict(value) if is_dataclass(value) and not isinstance(value, type) else value
+        for name, parameter in inspect.signature(klass.__init__).parameters.items():
+            if parameter.default is inspect.Parameter.empty:
+                continue
+            value = parameter.default
+            defaults[name] = asdict(value) if is_dataclass(value) and not isinstance(value, type) else value
     return defaults
 
 

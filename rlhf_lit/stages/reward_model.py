@@ -16,6 +16,11 @@ Chosen and rejected sequences go through the model in one forward pass (concaten
 batch), which halves the number of calls. A ranking batch (K ranked responses per prompt, marked by
 its ``group`` key, docs/CONTRACTS.md) goes through in one forward too, each response once, and is
 trained with InstructGPT's loss: the mean over prompts of the mean over each prompt's C(K, 2) pairs.
+
+The variant (one reward model, an ensemble, ODIN's length head) is a reward head
+(:mod:`rlhf_lit.stages.reward_heads`), chosen once from the ``ensemble`` and ``length_debias``
+settings: its scores, loss, validation metrics, clipping and export. This module keeps what every
+variant shares (loading, the normalisation and its fold, the export) and never asks which head it holds.
 """
 
 from __future__ import annotations
@@ -27,31 +32,20 @@ from typing import Any
 
 import torch
 from lightning.pytorch.utilities.model_helpers import is_overridden
-from torchmetrics import MeanMetric
-from torchmetrics.regression import PearsonCorrCoef
 from transformers import AutoConfig
 
-from rlhf_lit.functional import (
-    batch_examples,
-    concat_pairs,
-    is_ranking_batch,
-    pairwise_reward_loss,
-    ranking_loss,
-    ranking_metrics,
-    ranking_pair_mask,
-)
-from rlhf_lit.models import init_reward_head, load_reward_model, score_head, sequence_scores
+from rlhf_lit.functional import batch_examples
+from rlhf_lit.models import init_reward_head, load_reward_model, score_head
 from rlhf_lit.models.memory import train_mode
-from rlhf_lit.models.reward_ensemble import RewardEnsemble
 from rlhf_lit.models.reward_norm import Normalize, fold_normalization, gain_and_bias, record_normalization
 from rlhf_lit.models.sharding import reshard
 from rlhf_lit.sources import from_pretrained
-from rlhf_lit.stages import ensemble_training
-from rlhf_lit.stages import length_debias as debias
 from rlhf_lit.stages.base import PretrainedStage, RunLayout, as_config, require_input
-from rlhf_lit.stages.ensemble_training import EnsembleConfig
-from rlhf_lit.stages.length_debias import LengthDebiasConfig
 from rlhf_lit.stages.optim import OptimizerConfig
+from rlhf_lit.stages.reward_heads import head
+from rlhf_lit.stages.reward_heads.ensemble_head import EnsembleConfig
+from rlhf_lit.stages.reward_heads.odin_head import LengthDebiasConfig
+from rlhf_lit.stages.reward_heads.registry import build_head
 
 log = logging.getLogger(__name__)
 
@@ -90,11 +84,11 @@ class RewardModelModule(PretrainedStage):
         normalize: After training, shift the reward so the reference set scores mean 0 (``bias``),
             also scale it to std 1 (``gain_bias``), or leave it (``none``); per member in an ensemble.
         ensemble: train M reward models in one run and export them as an ensemble directory
-            (:class:`~rlhf_lit.stages.ensemble_training.EnsembleConfig`); ``members: 1`` (the default)
-            is the single reward model.
+            (:class:`~rlhf_lit.stages.reward_heads.ensemble_head.EnsembleConfig`); ``members: 1``
+            (the default) is the single reward model.
         length_debias: ``method: odin`` trains a length head beside the reward (quality) head and
-            exports the quality head alone (:mod:`rlhf_lit.stages.length_debias`); ``none`` (the
-            default) is the plain reward model.
+            exports the quality head alone (:mod:`rlhf_lit.stages.reward_heads.odin_head`); ``none``
+            (the default) is the plain reward model.
         stage_args: the loading, LoRA and export arguments of :class:`~rlhf_lit.stages.base.PretrainedStage`
             (``tokenizer``, ``missing_pad``, ``dtype``, ``export_dir``, ``export_existing``,
             ``max_skipped_updates``, ``revision``, ``trust_remote_code``, ``lora``,
@@ -129,78 +123,44 @@ class RewardModelModule(PretrainedStage):
         self.optimizer_config = as_config(OptimizerConfig, optimizer)
         self.ensemble: EnsembleConfig = as_config(EnsembleConfig, ensemble)
         self.length_debias: LengthDebiasConfig = as_config(LengthDebiasConfig, length_debias)
-        debias.refuse_unsupported(self.length_debias, self.ensemble.members, self.lora_config is not None)
+        self.head = build_head(self.ensemble, self.length_debias, lora=self.lora_config is not None)
         self.keep_settings(optimizer=self.optimizer_config, ensemble=self.ensemble, length_debias=self.length_debias)
         self.normalization: Normalize = normalize
         self.reference_name = "none"
         self.tokenizer = self.load_tokenizer(model, "right")  # preference batches are right padded (docs/CONTRACTS.md)
         new_head = not has_trained_score_head(model, self.revision, self.trust_remote_code)
-        self.model = load_reward_model(model, self.tokenizer, **self.loading_args(), new_head=new_head)
+        start = load_reward_model(model, self.tokenizer, **self.loading_args(), new_head=new_head)
         if new_head:
             # Hugging Face initialised the missing head N(0, 0.02); use the RM init instead.
-            init_reward_head(score_head(self.model))
-        if self.length_debias.enabled:  # a length head beside the quality head, dropped at export
-            debias.add_length_head(self.model)
-        if self.ensemble.members > 1:  # M members, each head from its seed (stages/ensemble_training.py)
-            adapt = functools.partial(self.adapted, kind="reward")  # LoRA and checkpointing, per member
-            self.model = ensemble_training.build_ensemble(self.model, new_head, self.ensemble, adapt)
-            self.val_ensemble = ensemble_training.ValidationMetrics(self.ensemble.members)
-        else:
-            self.model = self.adapted(self.model, "reward")  # after the head init: the head trains in full
-        # The normalised reward is gain * raw + bias (one per member); buffers, so checkpoints carry them.
-        shape = (self.ensemble.members,) if self.ensemble.members > 1 else ()
-        self.register_buffer("reward_gain", torch.ones(shape))
-        self.register_buffer("reward_bias", torch.zeros(shape))
-        self.val_loss = MeanMetric()
-        self.val_accuracy = MeanMetric()
-        self.val_margin = MeanMetric()
-        self.val_ranking_exact = MeanMetric()  # ranking batches only
-        self.val_kendall_tau = MeanMetric()  # ranking batches only
-        self.val_length_correlation = PearsonCorrCoef()  # score vs response tokens, batches with prompt_length
+            init_reward_head(score_head(start))
+        self.model = self.head.build(start, new_head, functools.partial(self.adapted, kind="reward"))
+        # The normalised reward is gain * raw + bias (one per score column); buffers, so checkpoints carry them.
+        self.register_buffer("reward_gain", torch.ones(self.head.normalization_shape))
+        self.register_buffer("reward_bias", torch.zeros(self.head.normalization_shape))
 
     # ----- scoring -----------------------------------------------------------------------------
 
     def raw_scores(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """The head read at the last real token, before normalisation, ``(B,)`` (an ensemble: ``(B, M)``;
+        """The head's scores at the last real token, before normalisation, ``(B,)`` (an ensemble: ``(B, M)``;
         with a length head, the quality head's)."""
-        if isinstance(self.model, RewardEnsemble):
-            return self.model.raw_scores(input_ids, attention_mask)  # (B, M)
-        scores = sequence_scores(self.model, input_ids, attention_mask)  # (B,), or both heads' (B, 2)
-        return scores[:, debias.QUALITY] if scores.dim() == 2 else scores  # (B,)
+        return self.head.scores(self.model, input_ids, attention_mask)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """The normalised reward ``gain * raw + bias``, ``(B,)`` (an ensemble: ``(B, M)``, per member)."""
         return self.reward_gain * self.raw_scores(input_ids, attention_mask) + self.reward_bias  # (B,)
 
     def batch_sequences(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Every sequence of a preference batch as one ``(N, T)`` batch: the chosen rows then the
-        rejected rows (``N = 2B``), so each response goes through the model once, in one forward.
-        A ranking batch is already one: its ``input_ids`` and ``attention_mask`` as they are."""
-        if is_ranking_batch(batch):
-            return batch["input_ids"], batch["attention_mask"]  # (N, T) x2
-        # Padding values never matter: scores are read through the attention mask.
-        return concat_pairs(
-            batch["chosen_input_ids"],
-            batch["chosen_attention_mask"],
-            batch["rejected_input_ids"],
-            batch["rejected_attention_mask"],
-            self.tokenizer.pad_token_id,
-        )  # (2B, T) x2
+        """Every sequence of a batch as one ``(N, T)`` batch
+        (:func:`~rlhf_lit.stages.reward_heads.head.batch_sequences`: pairs' chosen rows then their
+        rejected rows, a ranking batch's or a reference batch's rows as they are)."""
+        return head.batch_sequences(batch, self.tokenizer.pad_token_id)
 
     def preference_loss(
         self, scores: torch.Tensor, batch: dict[str, torch.Tensor], weight: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(loss, pair accuracy)`` of the scores of :meth:`batch_sequences`' rows, ``(N,)``.
-
-        ``weight`` weighs the batch's examples (an ensemble member's bootstrap counts): ``(B,)`` one per
-        prompt of a ranking batch, one per pair of a pair batch; None is the plain mean.
-        """
-        if is_ranking_batch(batch):
-            return ranking_loss(scores, batch["group"], batch["rank"], batch["responses_per_prompt"], weight)
-        B = batch["chosen_input_ids"].shape[0]
-        if weight is None:
-            return pairwise_reward_loss(scores[:B], scores[B:], batch.get("margin"))  # (), ()
-        return pairwise_reward_loss(scores[:B], scores[B:], batch.get("margin"), weight)  # (), ()
+        """``(loss, pair accuracy)`` of the scores ``(N,)`` of :meth:`batch_sequences`' rows
+        (:func:`~rlhf_lit.stages.reward_heads.head.preference_loss`; ``weight``: per example)."""
+        return head.preference_loss(scores, batch, weight)
 
     def pair_scores(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """Raw scores of the chosen and rejected sequences from ONE forward pass, each ``(B,)``."""
@@ -211,104 +171,33 @@ class RewardModelModule(PretrainedStage):
     # ----- training and validation ---------------------------------------------------------------
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        """Bradley-Terry loss on the raw scores (the bias cancels; the gain is 1 while training)."""
+        """The head's loss on the raw scores (the bias cancels; the gain is 1 while training), logged
+        with its statistics as ``train/<name>``."""
+        step = head.TrainingStep(self.current_epoch, batch_idx, self.global_rank)
         with train_mode(self.model):  # what activates gradient checkpointing (dropout is off)
-            if self.length_debias.enabled:
-                return self._train_both_heads(sequence_scores(self.model, *self.batch_sequences(batch)), batch)
-            scores = self.raw_scores(*self.batch_sequences(batch))  # (N,) or, an ensemble, (N, M)
-        if isinstance(self.model, RewardEnsemble):
-            return ensemble_training.training_step(self, scores, batch, batch_idx)
-        loss, accuracy = self.preference_loss(scores, batch)  # (), ()
+            loss, stats = self.head.loss(self.model, self.batch_sequences(batch), batch, step)
         B = batch_examples(batch)
-        self.log("train/loss", loss, prog_bar=True, batch_size=B)
-        self.log("train/accuracy", accuracy, batch_size=B)
-        self.log("lr", self.optimizers().param_groups[0]["lr"], batch_size=B)
-        return loss
-
-    def _train_both_heads(self, heads: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """The quality and length heads' scores ``(N, 2)`` -> ODIN's loss
-        (:func:`~rlhf_lit.stages.length_debias.odin_loss`), logged with its parts."""
-        loss, stats = debias.odin_loss(self, heads, batch)
-        B = batch_examples(batch)
-        self.log("train/loss", loss.detach(), prog_bar=True, batch_size=B)
         for name, value in stats.items():
-            self.log(f"train/{name}", value, batch_size=B)
+            self.log(f"train/{name}", value, prog_bar=name == "loss", batch_size=B)
         self.log("lr", self.optimizers().param_groups[0]["lr"], batch_size=B)
         return loss
-
-    def _log_length_correlation(self, scores: torch.Tensor, batch: dict[str, torch.Tensor]) -> None:
-        """Pool the normalised scores ``(N,)`` of :meth:`batch_sequences`' rows with their response
-        lengths into ``val/length_correlation`` (batches without ``prompt_length`` are left out)."""
-        if "prompt_length" not in batch:
-            return
-        lengths = debias.response_lengths(batch).to(scores.device)  # (N,)
-        self.val_length_correlation.update(scores.float(), lengths.float())
-        self.log("val/length_correlation", self.val_length_correlation, batch_size=batch_examples(batch))
 
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
-        """Pair-weighted loss, accuracy and margin of the normalised scores (a ranking batch: also the
-        ranking metrics; an ensemble: :class:`~rlhf_lit.stages.ensemble_training.ValidationMetrics`)."""
-        if isinstance(self.model, RewardEnsemble):
-            return self.val_ensemble.step(self, batch)
-        if is_ranking_batch(batch):
-            self._validate_rankings(batch)
-            return
-        chosen, rejected = self.pair_scores(batch)  # (B,), (B,)
-        chosen = self.reward_gain * chosen + self.reward_bias  # (B,)
-        rejected = self.reward_gain * rejected + self.reward_bias  # (B,)
-        loss, _ = pairwise_reward_loss(chosen, rejected, batch.get("margin"))  # ()
-        B = chosen.shape[0]
-        self.val_loss.update(loss, weight=B)
-        self.val_accuracy.update((chosen > rejected).float())  # (B,) per-pair wins
-        self.val_margin.update(chosen - rejected)  # (B,)
-        self.log("val/loss", self.val_loss, prog_bar=True, batch_size=B)
-        self.log("val/accuracy", self.val_accuracy, prog_bar=True, batch_size=B)
-        self.log("val/margin", self.val_margin, batch_size=B)
-        self._log_length_correlation(torch.cat([chosen, rejected]), batch)
-
-    def _validate_rankings(self, batch: dict[str, torch.Tensor]) -> None:
-        """A ranking batch's loss (weighted by its prompts), accuracy and margin (by its pairs) and
-        ranking metrics (by its prompts), of the normalised scores, pooled over the validation run."""
-        scores = self.reward_gain * self.raw_scores(*self.batch_sequences(batch)) + self.reward_bias  # (N,)
-        group, rank, per_prompt = batch["group"], batch["rank"], batch["responses_per_prompt"]
-        loss, _ = ranking_loss(scores, group, rank, per_prompt)  # ()
-        prompts = self.log_ranking_metrics(scores, batch)  # (B,) prompts with a pair weigh 1
-        pairs = ranking_pair_mask(group, rank).to(scores.dtype)  # (N, N) pairs weigh 1
-        diff = scores[:, None] - scores[None, :]  # (N, N) better - worse at [better, worse]
-        self.val_loss.update(loss, weight=prompts.sum())
-        self.val_accuracy.update((diff > 0).to(scores.dtype), weight=pairs)  # pooled over pairs
-        self.val_margin.update(torch.where(pairs > 0, diff, 0), weight=pairs)
-        B = batch_examples(batch)
-        self.log("val/loss", self.val_loss, prog_bar=True, batch_size=B)
-        self.log("val/accuracy", self.val_accuracy, prog_bar=True, batch_size=B)
-        self.log("val/margin", self.val_margin, batch_size=B)
-        self._log_length_correlation(scores, batch)
-
-    def log_ranking_metrics(self, scores: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """Update and log ``val/ranking_exact`` and ``val/kendall_tau`` of a ranking batch's ``scores``
-        ``(N,)`` (a single RM's, or an ensemble's mean), pooled over the prompts that hold a pair;
-        returns those prompts' weights ``(B,)``."""
-        ranking = ranking_metrics(scores, batch["group"], batch["rank"], batch["responses_per_prompt"])  # (B,) x3
-        prompts = ranking.has_pairs.to(scores.dtype)  # (B,)
-        self.val_ranking_exact.update(ranking.exact, weight=prompts)
-        self.val_kendall_tau.update(ranking.kendall_tau, weight=prompts)
-        B = batch_examples(batch)
-        self.log("val/ranking_exact", self.val_ranking_exact, batch_size=B)
-        self.log("val/kendall_tau", self.val_kendall_tau, batch_size=B)
-        return prompts
+        """The head's validation metrics of the normalised scores (what the exported model gives)."""
+        self.head.validate(self(*self.batch_sequences(batch)), batch, self.log)
 
     def configure_model(self) -> None:
-        """Shard the model under FSDP; an ensemble is refused there (one clear line, before any step)."""
-        if isinstance(self.model, RewardEnsemble):
-            ensemble_training.refuse_sharding(self)
-        debias.refuse_sharding(self)
+        """Shard the model under FSDP; a head that cannot be sharded is refused (one line, before any step)."""
+        if getattr(self, "_device_mesh", None) is not None and self.head.fsdp_refusal:
+            raise ValueError(self.head.fsdp_refusal)
         super().configure_model()
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
-        """``trainer.gradient_clip_val``; an ensemble clips each member on its own (as M single runs would)."""
-        if isinstance(self.model, RewardEnsemble):
-            return ensemble_training.clip_each_member(self.model, gradient_clip_val, gradient_clip_algorithm)
-        super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
+        """``trainer.gradient_clip_val`` as the head clips (an ensemble: each member on its own)."""
+        clip_whole = functools.partial(
+            super().configure_gradient_clipping, optimizer, gradient_clip_val, gradient_clip_algorithm
+        )
+        self.head.clip_gradients(self.model, gradient_clip_val, gradient_clip_algorithm, clip_whole)
 
     # ----- normalisation and export --------------------------------------------------------------
 
@@ -346,8 +235,9 @@ class RewardModelModule(PretrainedStage):
         reference_batches: Iterable[dict[str, torch.Tensor]],
         reference: str = "custom",
         kind: Normalize | None = None,
-    ) -> tuple[float, float]:
-        """Set ``reward_gain`` / ``reward_bias`` so the reference sequences score mean 0 (and std 1).
+    ) -> tuple[float | list[float], float | list[float]]:
+        """Set ``reward_gain`` / ``reward_bias`` so the reference sequences score mean 0 (and std 1),
+        each score column (ensemble member) on its own.
 
         Scores every sequence of ``reference_batches`` (``input_ids`` / ``attention_mask`` batches, such
         as ranking batches, whose responses are pooled, or pair batches, whose chosen and rejected
@@ -364,39 +254,31 @@ class RewardModelModule(PretrainedStage):
         Returns:
             ``(gain, bias)`` as floats (also stored in the buffers); an ensemble: lists, one per member.
         """
-        if isinstance(self.model, RewardEnsemble):
-            return ensemble_training.normalize(self, reference_batches, reference, kind or self.normalization)
-        moments = torch.zeros(3, dtype=torch.float64, device=self.device)  # count, sum, sum of squares
+        columns = self.reward_gain.numel()  # 1, or M members
+        moments = torch.zeros(3, columns, dtype=torch.float64, device=self.device)  # count, sum, sum of squares
         for batch in reference_batches:
             batch = {k: v.to(self.device) for k, v in batch.items() if isinstance(v, torch.Tensor)}
-            if "chosen_input_ids" in batch:
-                scores = self.raw_scores(*self.batch_sequences(batch))  # (2B,)
-            else:
-                scores = self.raw_scores(batch["input_ids"], batch["attention_mask"])  # (B,)
-            scores = scores.double()  # (N,)
-            count = torch.tensor(float(scores.numel()), dtype=torch.float64, device=self.device)  # ()
-            moments += torch.stack([count, scores.sum(), (scores**2).sum()])  # (3,)
+            scores = self.raw_scores(*self.batch_sequences(batch)).double().reshape(-1, columns)  # (N, columns)
+            moments += torch.stack([scores**0, scores, scores**2]).sum(dim=1)  # (3, columns)
         if self._trainer is not None:
             moments = self.trainer.strategy.reduce(moments, reduce_op="sum")
-        count, total, total_sq = moments.tolist()
-        if count == 0:
+        counts, totals, squares = moments.tolist()
+        if counts[0] == 0:
             raise ValueError(f"reference set {reference!r} is empty; cannot normalise the reward")
-        mean = total / count
-        std = max(total_sq / count - mean**2, 0.0) ** 0.5
-        gain, bias = gain_and_bias(mean, std, kind or self.normalization)
-        self.reward_gain.fill_(gain)
-        self.reward_bias.fill_(bias)
+        means = [total / count for total, count in zip(totals, counts)]
+        stds = [max(square / count - mean**2, 0.0) ** 0.5 for square, count, mean in zip(squares, counts, means)]
+        gains, biases = zip(*(gain_and_bias(mean, std, kind or self.normalization) for mean, std in zip(means, stds)))
+        # float64 and of the buffers' shape: what is returned is exact, a float for one score column
+        gain, bias = (torch.tensor(x, dtype=torch.float64).reshape(self.reward_gain.shape) for x in (gains, biases))
+        self.reward_gain.copy_(gain)
+        self.reward_bias.copy_(bias)
         self.reference_name = reference
-        log.info(
-            "reward normalisation from %s (%d sequences): raw mean %.6g std %.6g -> gain %.6g bias %.6g",
-            reference,
-            int(count),
-            mean,
-            std,
-            gain,
-            bias,
+        summary = "; ".join(
+            f"raw mean {m:.6g} std {s:.6g} -> gain {g:.6g} bias {b:.6g}"
+            for m, s, g, b in zip(means, stds, gains, biases)
         )
-        return gain, bias
+        log.info("reward normalisation from %s (%d sequences): %s", reference, int(counts[0]), summary)
+        return gain.tolist(), bias.tolist()
 
     def on_train_end(self) -> None:
         """Normalise with the final weights, while the model is still on its device and processes are up;
@@ -407,17 +289,16 @@ class RewardModelModule(PretrainedStage):
         super().on_train_end()
 
     def on_fit_end(self) -> None:
-        """Fold the normalisation into the weights (every rank) and export the model (rank 0)."""
-        if isinstance(self.model, RewardEnsemble):  # per member; exported as an ensemble directory
-            ensemble_training.fold(self)
-            return super().on_fit_end()
-        debias.drop_length_head(self.model)  # the export carries the quality head alone
-        gain, bias = float(self.reward_gain), float(self.reward_bias)
-        reshard(self.model)  # under FSDP the fold must change the shards, not a gathered copy
-        folded = fold_normalization(self.model, gain, bias)
-        record_normalization(self.model.config, gain, bias, self.reference_name, folded)
+        """Fold each score column's normalisation into its reward model (every rank) and export (rank 0)."""
+        models = self.head.ready_for_export(self.model)  # e.g. without a length head, or the members
+        kept = []
+        for model, gain, bias in zip(models, self.reward_gain.flatten().tolist(), self.reward_bias.flatten().tolist()):
+            reshard(model)  # under FSDP the fold must change the shards, not a gathered copy
+            folded = fold_normalization(model, gain, bias)
+            record_normalization(model.config, gain, bias, self.reference_name, folded)
+            kept.append(0.0 if folded else bias)
         # The weights now carry the gain (and the bias when folded); the buffers keep the rest, so
         # forward() still returns the normalised reward.
         self.reward_gain.fill_(1.0)
-        self.reward_bias.fill_(0.0 if folded else bias)
+        self.reward_bias.copy_(torch.tensor(kept).reshape(self.reward_bias.shape))
         super().on_fit_end()

@@ -1,4 +1,4 @@
-"""The length-disentangled reward model (``length_debias.method: odin``, rlhf_lit/stages/length_debias.py):
+"""The length-disentangled reward model (``length_debias.method: odin``, rlhf_lit/stages/reward_heads/odin_head.py):
 its two heads, its loss against an independent re-implementation, its export (the quality head alone)
 and its refusals."""
 
@@ -12,8 +12,9 @@ import torch.nn.functional as F
 
 from rlhf_lit.models import load_reward_model, sequence_scores
 from rlhf_lit.stages import RewardModelModule
-from rlhf_lit.stages import length_debias as debias
 from rlhf_lit.stages.optim import OptimizerConfig
+from rlhf_lit.stages.reward_heads import odin_head as debias
+from rlhf_lit.stages.reward_heads.head import TrainingStep, response_lengths
 
 ODIN = {"method": "odin", "correlation_weight": 0.7, "orthogonality_weight": 1.3}
 TRIPLES = [  # responses of different lengths, so the length terms are not degenerate
@@ -64,7 +65,7 @@ def test_the_loss_equals_an_independent_reimplementation(stories_path, helpers):
     batch = helpers.preference_batch(tok, TRIPLES)
     with torch.no_grad():
         heads = sequence_scores(module.model, *module.batch_sequences(batch))  # (2B, 2)
-        loss, stats = debias.odin_loss(module, heads, batch)
+        loss, stats = module.head.loss(module.model, module.batch_sequences(batch), batch, TrainingStep(0, 0, 0))
         # Hugging Face's own pooling (its last non-pad token; the stories pad id never occurs in the text)
         hf = torch.cat(
             [
@@ -76,7 +77,7 @@ def test_the_loss_equals_an_independent_reimplementation(stories_path, helpers):
     lengths = []  # response tokens: the encoded response (ending with EOS) of each row, chosen then rejected
     for side in (1, 2):
         lengths += [len(helpers.encode_pair(tok, t[0], t[side])[1]) for t in TRIPLES]
-    np.testing.assert_array_equal(debias.response_lengths(batch).numpy(), lengths)
+    np.testing.assert_array_equal(response_lengths(batch).numpy(), lengths)
     weight = module.model.score.weight.detach().double().numpy()
     expected = _hand_odin_loss(hf.double().numpy(), np.array(lengths, dtype=float), weight, ODIN)
     assert float(loss) == pytest.approx(expected, abs=2e-5)
@@ -94,9 +95,9 @@ def test_ranking_batches_measure_each_row_after_its_prompt():
         "prompt_length": torch.tensor([2, 1, 2]),
         "responses_per_prompt": torch.tensor([2, 1]),
     }
-    assert debias.response_lengths(batch).tolist() == [3, 2, 4]
+    assert response_lengths(batch).tolist() == [3, 2, 4]
     with pytest.raises(ValueError, match="needs each batch's prompt_length"):
-        debias.response_lengths({k: v for k, v in batch.items() if k != "prompt_length"})
+        response_lengths({k: v for k, v in batch.items() if k != "prompt_length"})
 
 
 class _HeadsAtFitEnd(pl.Callback):
@@ -143,7 +144,7 @@ def test_the_preference_loss_is_taken_on_the_sum_of_the_heads(stories_path, help
     heads = torch.tensor(
         [[0.3, 1.0], [0.1, -0.2], [0.0, 0.5], [2.0, 0.0], [0.2, -1.0], [0.4, 0.1], [1.0, 0.2], [-0.5, 0.3]]
     )
-    _, stats = debias.odin_loss(module, heads, batch)
+    _, stats = debias.odin_loss(module.length_debias, heads, module.model.score.weight, batch)
     total = heads.sum(dim=1)
     expected = -F.logsigmoid(total[:4] - total[4:]).mean()
     assert float(stats["preference_loss"]) == pytest.approx(float(expected), abs=1e-6)

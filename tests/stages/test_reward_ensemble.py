@@ -23,8 +23,8 @@ from rlhf_lit.models.reward_ensemble import (
 )
 from rlhf_lit.models.reward_norm import reward_offset
 from rlhf_lit.stages import RewardModelModule
-from rlhf_lit.stages.ensemble_training import EnsembleConfig, bootstrap_weight
 from rlhf_lit.stages.optim import OptimizerConfig
+from rlhf_lit.stages.reward_heads.ensemble_head import EnsembleConfig, bootstrap_weight
 
 torch.set_num_threads(1)
 

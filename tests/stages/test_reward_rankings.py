@@ -287,7 +287,7 @@ def test_normalisation_pools_every_response_of_ranking_batches(stories_path, hel
 
 def test_an_ensemble_logs_the_ranking_metrics_of_its_members_mean(stories_path, helpers, tmp_path):
     from rlhf_lit.models import sequence_scores
-    from rlhf_lit.stages.ensemble_training import EnsembleConfig
+    from rlhf_lit.stages.reward_heads.ensemble_head import EnsembleConfig
 
     module = fresh_module(stories_path, ensemble=EnsembleConfig(members=2, seeds=[5, 6]))
     tok = module.tokenizer
