@@ -18,7 +18,9 @@ PACKAGE = Path(__file__).resolve().parents[1] / "rlhf_lit"
 CONTRACTS = Path(__file__).resolve().parents[1] / "docs" / "CONTRACTS.md"
 
 LAYERS: tuple[frozenset[str], ...] = (
-    frozenset({"", "functional", "artifacts", "callable_specs", "expected_warnings", "integrity", "run_seed"}),
+    frozenset(
+        {"", "functional", "artifacts", "callable_specs", "child_runs", "expected_warnings", "integrity", "run_seed"}
+    ),
     frozenset({"sources", "rewards"}),
     frozenset({"tokenizer", "models"}),
     frozenset({"data"}),
