@@ -28,6 +28,8 @@ import random
 from collections.abc import Sequence
 from typing import Literal
 
+from rlhf_lit.data.rankings import order_by_scores
+
 Labeler = Literal["argmax", "bradley_terry"]
 Pairing = Literal["best_worst", "all_pairs", "ranking"]
 
@@ -77,19 +79,6 @@ def prefer_first(
     raise ValueError(f"labeler must be 'argmax' or 'bradley_terry', got {labeler!r}")
 
 
-def score_ranks(scores: Sequence[float]) -> list[int]:
-    """Dense ranks of ``scores`` sorted best first: 0 for the highest, +1 at each lower score.
-
-    ``[0.9, 0.5, 0.5, 0.1] -> [0, 1, 1, 2]``: equal scores share a rank (a tie: no pair between them).
-    """
-    ranks = []
-    for n, score in enumerate(scores):
-        if n > 0 and score > scores[n - 1]:
-            raise ValueError(f"scores must be sorted best first, got {list(scores)}")
-        ranks.append(0 if n == 0 else ranks[-1] + (score < scores[n - 1]))
-    return ranks
-
-
 def plackett_luce_order(scores: Sequence[float], temperature: float, rng: random.Random) -> list[int]:
     """A seeded Plackett-Luce draw of an order of ``scores`` (indices, best first).
 
@@ -122,14 +111,13 @@ def rank_samples(
     """``(order, ranks)``: the samples' indices best first and their ranks (lower = better, equal = tie).
 
     ``argmax``: by score, highest first (equal scores keep their sample order and share a rank,
-    :func:`score_ranks`), no draw. ``bradley_terry``: :func:`plackett_luce_order`, a strict order
-    (ranks ``0 .. K - 1``), ``K - 1`` draws.
+    :func:`rlhf_lit.data.rankings.order_by_scores`), no draw. ``bradley_terry``: :func:`plackett_luce_order`,
+    a strict order (ranks ``0 .. K - 1``), ``K - 1`` draws.
     """
     if len(scores) < 2:
         raise ValueError(f"need at least 2 samples per prompt to rank, got {len(scores)}")
     if labeler == "argmax":
-        order = sorted(range(len(scores)), key=lambda i: -scores[i])  # sorted is stable
-        return order, score_ranks([scores[i] for i in order])
+        return order_by_scores(scores)
     if labeler == "bradley_terry":
         return plackett_luce_order(scores, temperature, rng), list(range(len(scores)))
     raise ValueError(f"labeler must be 'argmax' or 'bradley_terry', got {labeler!r}")

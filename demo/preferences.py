@@ -4,7 +4,8 @@ Output: a JSONL file. Pairings ``best_worst`` and ``all_pairs`` write one pair p
 ``{"prompt", "chosen", "rejected", "chosen_score", "rejected_score", "paragraph"}``, read by the
 preference data module with ``format: fields``; ``ranking`` writes one prompt per line,
 ``{"prompt", "responses": [best, ..., worst], "ranks", "scores", "paragraph"}`` (``ranks``: lower
-is better, equal is a tie; ``scores``: the judge's, in the same order), read with
+is better, equal is a tie; ``scores``: the judge's, in the same order), written by the library's
+ranking writer (:func:`rlhf_lit.data.rankings.ranking_record`, as ``rlhf-lit iterate``'s labels) and read with
 ``format: rankings``. ``paragraph`` is the source paragraph's index, for checking that ranges stay
 disjoint. ``prompt`` is the prompt string as given and a response is
 decoded by :func:`rlhf_lit.evaluation.response_texts`, so ``prompt + chosen`` is the sampled text
@@ -23,6 +24,7 @@ from collections.abc import Sequence
 
 from demo.labeling import Labeler, Pairing, candidate_pairs, prefer_first, rank_samples
 from demo.story_prompts import RANGES, load_prompts
+from rlhf_lit.data.rankings import RANKS_FIELD, count_ranked_pairs, distinct_responses, ranking_record
 from rlhf_lit.evaluation import response_texts
 from rlhf_lit.evaluation.judges import DEFAULT_JUDGE, load_judge
 from rlhf_lit.models import load_causal_lm
@@ -118,29 +120,17 @@ def label_rankings(
         raise ValueError("prompts, responses and scores need K entries per paragraph")
     records, ties, empty = [], 0, 0
     for n, paragraph in enumerate(paragraphs):
-        kept, seen = [], set()
-        for i in range(n * k, (n + 1) * k):
-            # A repeat is the same text, scored alike by the judge: it adds no comparison.
-            if responses[i].strip() and responses[i] not in seen:
-                kept.append(i)
-                seen.add(responses[i])
+        kept = [n * k + i for i in distinct_responses(responses[n * k : (n + 1) * k])]
         if len(kept) < 2:
             empty += 1
             continue
         if labeler == "argmax" and len({scores[i] for i in kept}) == 1:
             ties += 1
             continue
-        order, ranks = rank_samples([scores[i] for i in kept], labeler, temperature, rng)
-        ordered = [kept[i] for i in order]
-        records.append(
-            {
-                "prompt": prompts[kept[0]],
-                "responses": [responses[i] for i in ordered],
-                "ranks": ranks,
-                "scores": [scores[i] for i in ordered],
-                "paragraph": paragraph,
-            }
-        )
+        kept_scores = [scores[i] for i in kept]
+        order, ranks = rank_samples(kept_scores, labeler, temperature, rng)
+        record = ranking_record(prompts[kept[0]], [responses[i] for i in kept], order, ranks, kept_scores)
+        records.append({**record, "paragraph": paragraph})
     return records, ties, empty
 
 
@@ -286,10 +276,7 @@ def label(
 
 def count_pairs(record: dict) -> int:
     """Comparisons a record holds: 1 for a pair, the untied pairs of a ranking's ``ranks``."""
-    ranks = record.get("ranks")
-    if ranks is None:
-        return 1
-    return sum(a != b for n, a in enumerate(ranks) for b in ranks[n + 1 :])
+    return count_ranked_pairs(record[RANKS_FIELD]) if RANKS_FIELD in record else 1
 
 
 def write_jsonl(path: str, records: Sequence[dict]) -> None:

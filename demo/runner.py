@@ -1,6 +1,6 @@
-"""The one study runner the demo's pipeline and its studies share: ``rlhf-lit fit`` commands, runs as
-logged subprocesses (one at a time, a pool of them, or stages started together), the held-out
-evaluation of a policy, and the folders a study owns.
+"""The demo's side of running its studies: ``rlhf-lit fit`` commands, the environment and timing of its
+runs (the runs themselves are the library's, :mod:`rlhf_lit.child_runs`), the held-out evaluation of a
+policy, and the folders a study owns.
 
 Every training stage, the preference command and the evaluation run as the commands a user would
 type, one thread each (:data:`THREAD_ENV`), with the checkout on ``PYTHONPATH`` (:func:`child_env`);
@@ -8,9 +8,10 @@ a failing run names its log (:class:`StageFailed` carries its tail).
 
 - commands: :func:`fit_command` (``rlhf-lit fit --config C ...``) and the option groups the studies
   add to it: :func:`tb_logger`, :func:`rollout_checkpointing`, :func:`seed_overrides`;
-- runs: :func:`run_logged` (one run, its command line and output in a log), :func:`run_pool` (a
-  function over jobs, N at a time), :func:`start_stages` / :func:`wait_stages` / :func:`run_stages`
-  (commands started together, each timed to its own exit, the rest stopped on a failure);
+- runs: :func:`run_logged` (one run in the demo's environment, its log written anew), ``run_pool``
+  (:func:`rlhf_lit.child_runs.run_pool`: a function over jobs, N at a time), :func:`start_stages` /
+  :func:`wait_stages` / :func:`run_stages` (commands started together, each timed to its own exit with
+  its CPU time, the rest stopped on a failure);
 - evaluation: :func:`held_out_metrics` (``python -m demo evaluate`` of a policy, cached in its JSON);
 - folders: :func:`claim_study` (``--out`` marked by the study) and :func:`fresh_run` (a run's folder,
   cleared only when the study started it).
@@ -23,15 +24,16 @@ import os
 import shlex
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Sequence
 from pathlib import Path
-from typing import IO, TypeVar
+from typing import IO
 
 from demo.plan import ROOT
+from rlhf_lit import child_runs
 from rlhf_lit.artifacts import NotOwned, claim_directory, directory_state, remove_owned_directory, write_text_atomically
+from rlhf_lit.child_runs import RunFailed, rlhf_lit_command
+from rlhf_lit.child_runs import run_pool as run_pool
 from rlhf_lit.integrity import check_json_file
 
 THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -48,7 +50,7 @@ def child_env() -> dict[str, str]:
 
 def fit_command(config: Path | str, overrides: Sequence[str]) -> list[str]:
     """``rlhf-lit fit --config <config> <overrides>``, run with this interpreter (``python -m rlhf_lit.cli``)."""
-    return [sys.executable, "-m", "rlhf_lit.cli", "fit", "--config", str(config), *overrides]
+    return rlhf_lit_command(["fit", "--config", str(config), *overrides])
 
 
 def tb_logger(folder: Path) -> list[str]:
@@ -110,22 +112,15 @@ def evaluate_command(
     ]
 
 
-# ------------------------------------------------------------------ one run, a pool of runs
-class StageFailed(RuntimeError):
-    """A stage's subprocess exited non-zero; ``returncode`` is its exit status."""
+# ------------------------------------------------------------------ one run, stages started together
+class StageFailed(RunFailed):
+    """A stage of the demo failed: :class:`~rlhf_lit.child_runs.RunFailed`, its log's last 40 lines in the message."""
 
     def __init__(self, stage: str, returncode: int, log_path: Path) -> None:
-        tail = log_tail(log_path, 40)
-        super().__init__(f"stage {stage!r} failed with exit status {returncode}; log: {log_path}\n{tail}")
-        self.returncode = returncode
+        super().__init__(f"stage {stage!r}", returncode, log_path)
 
-
-def log_tail(path: Path, lines: int) -> str:
-    """The last ``lines`` lines of the log ``path`` ("" when it cannot be read)."""
-    try:
-        return "".join(path.read_text(encoding="utf-8", errors="replace").splitlines(True)[-lines:])
-    except OSError:
-        return ""
+    def __str__(self) -> str:
+        return f"{super().__str__()}\n{self.tail(40)}"
 
 
 def say(message: str) -> None:
@@ -134,64 +129,26 @@ def say(message: str) -> None:
 
 
 def run_logged(cmd: Sequence[str], log: Path | IO[str], what: str) -> float:
-    """Run ``cmd`` with one thread, its command line then its output in ``log``; returns its wall seconds.
+    """Run ``cmd`` in the demo's environment (:func:`child_env`), its command line then its output in ``log``;
+    returns its wall seconds (:func:`rlhf_lit.child_runs.run_logged`).
 
     ``log`` is a path (written anew) or an open text file (appended to: a study's log of one run).
 
     Raises:
-        RuntimeError: ``cmd`` exited non-zero (``"<what> failed (exit N); log: <log>"``).
+        RunFailed: ``cmd`` exited non-zero (``"<what> failed (exit status N): <its last line>; its log: <log>"``).
     """
     if not isinstance(log, Path):
-        log.write(shlex.join(cmd) + "\n")
-        log.flush()
-        t0 = time.perf_counter()
-        done = subprocess.run(list(cmd), stdout=log, stderr=subprocess.STDOUT, env=child_env())
-        seconds = time.perf_counter() - t0
-        if done.returncode != 0:
-            raise RuntimeError(f"{what} failed (exit {done.returncode}); log: {log.name}")
-        return seconds
+        return child_runs.run_logged(cmd, log, what, env=child_env())
     with open(log, "w", encoding="utf-8") as f:
         return run_logged(cmd, f, what)
 
 
-Job = TypeVar("Job")
-Result = TypeVar("Result")
-
-
-def run_pool(fn: Callable[[Job], Result], jobs: Iterable[Job], workers: int) -> list[Result]:
-    """``fn`` of every job, ``workers`` at a time in threads (each waits on its subprocesses); the results in order.
-
-    After a failure no further job starts; the failure is raised once the jobs already running end
-    (with ``workers=1`` this is a plain loop that stops at the failing job).
-    """
-    failed = threading.Event()
-
-    def guarded(job: Job) -> Result:
-        if failed.is_set():
-            raise _NotStarted
-        try:
-            return fn(job)
-        except BaseException:
-            failed.set()
-            raise
-
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        futures = [pool.submit(guarded, job) for job in jobs]
-    # A job is skipped only after an earlier-started one failed: in order, a real failure comes first.
-    return [future.result() for future in futures]
-
-
-class _NotStarted(Exception):
-    """A job :func:`run_pool` did not start because another one had failed."""
-
-
-# ------------------------------------------------------------------ stages started together (the pipeline)
 def _start(stage: str, cmd: list[str], logs: Path) -> tuple[subprocess.Popen, Path]:
-    """Start ``cmd`` with one thread, its output going to ``<logs>/<stage>.log``."""
+    """Start ``cmd`` (:func:`rlhf_lit.child_runs.start`), its output going to ``<logs>/<stage>.log``."""
     log_path = logs / f"{stage.replace('/', '_')}.log"  # dpo/beta_0.1 -> dpo_beta_0.1.log
     say(f"{stage}: {shlex.join(cmd)}")
     with open(log_path, "w", encoding="utf-8") as f:  # the child keeps its own handle
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=child_env())
+        proc = child_runs.start(cmd, f, env=child_env())
     return proc, log_path
 
 
@@ -205,12 +162,9 @@ def start_stages(stages: dict[str, list[str]], logs: Path) -> Running:
 
 
 def stop_stages(running: Running) -> None:
-    """Stop the stages of ``running`` still alive (their results would be discarded) and reap them."""
-    for proc, _, _ in running.values():
-        if proc.poll() is None:
-            proc.terminate()
-    for proc, _, _ in running.values():
-        proc.wait()
+    """Stop the stages of ``running`` still alive (their results would be discarded) and reap them
+    (:func:`rlhf_lit.child_runs.stop`: SIGTERM, a grace period, SIGKILL)."""
+    child_runs.stop(*(proc for proc, _, _ in running.values()))
 
 
 class Timings(dict):

@@ -20,7 +20,9 @@ PACKAGE = ROOT / "rlhf_lit"
 CONTRACTS = ROOT / "docs" / "CONTRACTS.md"
 
 LAYERS: tuple[frozenset[str], ...] = (
-    frozenset({"", "functional", "artifacts", "callable_specs", "expected_warnings", "integrity", "run_seed"}),
+    frozenset(
+        {"", "functional", "artifacts", "callable_specs", "child_runs", "expected_warnings", "integrity", "run_seed"}
+    ),
     frozenset({"sources", "rewards"}),
     frozenset({"tokenizer", "models"}),
     frozenset({"data"}),

@@ -31,16 +31,14 @@ import argparse
 import csv
 import io
 import os
-import signal
-import sys
-import threading
 import time
 from collections.abc import Sequence
 
 from rlhf_lit.artifacts import WRITTEN_BY_KEY, write_json_atomically, write_text_atomically
+from rlhf_lit.child_runs import run_rlhf_lit, stop_on_signals
 from rlhf_lit.commands import iterate_steps as steps
 from rlhf_lit.commands.iterate_config import IterateConfig, as_dict, read_config
-from rlhf_lit.commands.iterate_labels import JudgeScorer, read_labels_file
+from rlhf_lit.commands.iterate_labels import JudgeScorer, as_policy_read, read_labels_file
 from rlhf_lit.commands.options import CommandParser, OptionError
 
 COLUMNS = (
@@ -63,8 +61,8 @@ COLUMNS = (
 """The summary's columns, one row per iteration (0: the SFT model)."""
 STAGE_CLASSES = {"reward_model": "RewardModelModule", "ppo": "PPOModule"}
 
-run_fit: steps.FitRunner = steps.run_fit_in_subprocess
-"""How each stage's ``rlhf-lit fit`` runs (a process of its own); the tests swap in an in-process runner."""
+run_fit: steps.FitRunner = run_rlhf_lit
+"""How each stage's ``rlhf-lit fit`` runs (a child process); the tests swap in an in-process runner."""
 
 
 def build_parser() -> CommandParser:
@@ -154,16 +152,33 @@ def check_run_dir(config: IterateConfig, where: str) -> None:
         )
 
 
-def prepare(config: IterateConfig, where: str) -> tuple[list, list, list]:
-    """Every check before the first fit; ``(held-out prompts, prompts to label, initial reward data)``."""
+def check_labeler_template(config: IterateConfig, where: str, chat: bool) -> None:
+    """Refuse a labelling reward model that cannot read the policy's chats (its tokenizer has no chat template)."""
+    from rlhf_lit.data.rendering import has_chat_template
+    from rlhf_lit.tokenizer import load_tokenizer
+
+    if chat and config.labeler.kind == "reward_model" and not has_chat_template(load_tokenizer(config.labeler.source)):
+        raise OptionError(
+            f"{where}: labeler.source {config.labeler.source}: its tokenizer has no chat template, but the policy "
+            f"({config.sft_model}) reads its prompts in one; label with a reward model that has it"
+        )
+
+
+def prepare(config: IterateConfig, where: str) -> tuple[list, list, list, bool]:
+    """Every check before the first fit; ``(held-out prompts, prompts to label, initial reward data as the policy
+    reads it, whether it reads string prompts in its chat template)``."""
+    from rlhf_lit.tokenizer import load_tokenizer
+
     check_run_dir(config, where)
     check_model_path(where, "sft_model", config.sft_model)
     check_reward_model_path(where, "reward_model.initial_model", config.reward_model.initial_model)
     check_stage_config(where, "reward_model.config", config.reward_model.config, "reward_model")
     check_stage_config(where, "ppo.config", config.ppo.config, "ppo")
     held_out, fresh = read_loop_prompts(config, where)
+    chat = steps.policy_reads_chat(load_tokenizer(config.sft_model))
     if config.labeler.kind == "reward_model":
         check_reward_model_path(where, "labeler.source", config.labeler.source)
+        check_labeler_template(config, where, chat)
     elif config.labeler.kind == "judge":
         JudgeScorer(config.labeler.source, config.labeler.judge_reads)  # a bad spec fails now
     else:
@@ -173,7 +188,7 @@ def prepare(config: IterateConfig, where: str) -> tuple[list, list, list]:
     if config.evaluation.judge is not None:
         JudgeScorer(config.evaluation.judge)
     initial = read_labels_file(config.reward_model.initial_data) if config.reward_model.initial_data else []
-    return held_out, fresh, initial
+    return held_out, fresh, [as_policy_read(r, chat) for r in initial], chat
 
 
 def format_table(rows: Sequence[dict]) -> str:
@@ -206,7 +221,7 @@ def write_summary(config: IterateConfig, rows: list[dict], timing: dict) -> None
     write_text_atomically(os.path.join(config.run_dir, "summary.csv"), text.getvalue())
 
 
-def baseline_row(config: IterateConfig, gold, held_out: list) -> dict:
+def baseline_row(config: IterateConfig, gold, held_out: list, chat: bool) -> dict:
     """Row 0: the SFT model on the held-out prompts (proxy: ``initial_model`` when given); kept in ``baseline.json``."""
     path = os.path.join(config.run_dir, "baseline.json")
     done = steps.intact_json(path)
@@ -214,27 +229,29 @@ def baseline_row(config: IterateConfig, gold, held_out: list) -> dict:
         return done["row"]
     row = {
         "iteration": 0,
-        **steps.evaluate(config, config.sft_model, config.reward_model.initial_model, gold, held_out),
+        **steps.evaluate(config, config.sft_model, config.reward_model.initial_model, gold, held_out, chat),
     }
     write_json_atomically(path, {WRITTEN_BY_KEY: steps.WRITTEN_BY, "row": row})
     return row
 
 
-def run_loop(config: IterateConfig, held_out: list, fresh: list, initial: list) -> list[dict]:
+def run_loop(config: IterateConfig, held_out: list, fresh: list, initial: list, chat: bool) -> list[dict]:
     """The iterations (each step skipped when its output is there and intact); the summary rows."""
+    from rlhf_lit.tokenizer import load_tokenizer
+
     write_json_atomically(
         os.path.join(config.run_dir, "iterate.json"), {WRITTEN_BY_KEY: steps.WRITTEN_BY, "config": as_dict(config)}
     )
-    scorer = steps.labeler_scorer(config)
+    scorer = steps.labeler_scorer(config, load_tokenizer(config.sft_model))
     gold = JudgeScorer(config.evaluation.judge) if config.evaluation.judge is not None else scorer
-    rows = [baseline_row(config, gold, held_out)]
+    rows = [baseline_row(config, gold, held_out, chat)]
     n = config.prompts.per_iteration
     for t in range(1, config.iterations + 1):
         paths = steps.Paths(config.run_dir, t)
         seconds: dict = {}
         t0 = time.perf_counter()
-        samples = steps.sample(config, paths, fresh[(t - 1) * n : t * n])
-        train, held = steps.label(config, paths, samples, scorer)
+        samples = steps.sample(config, paths, fresh[(t - 1) * n : t * n], chat)
+        train, held = steps.label(config, paths, samples, scorer, chat)
         seconds["sample_and_label"] = time.perf_counter() - t0
         data = steps.reward_data(config, paths, initial)
         print(
@@ -245,33 +262,20 @@ def run_loop(config: IterateConfig, held_out: list, fresh: list, initial: list) 
         for stage in steps.STAGES:
             seconds[stage] = steps.fit(config, paths, stage, run_fit)
         t0 = time.perf_counter()
-        rows.append(steps.iteration_metrics(config, paths, train, held, data, gold, held_out, seconds))
+        rows.append(steps.iteration_metrics(config, paths, train, held, data, gold, held_out, seconds, chat))
         seconds["metrics"] = time.perf_counter() - t0
     return rows
-
-
-def stopped_by_sigterm(signum, frame) -> None:
-    """SIGTERM as an exit (status 143) that unwinds the loop: the running fit is stopped with it."""
-    sys.stderr.write(
-        "rlhf-lit: iterate stopped by SIGTERM (its running fit too); run the same command again to continue\n"
-    )
-    raise SystemExit(128 + signal.SIGTERM)
 
 
 def main(argv: Sequence[str]) -> int:
     """Run ``rlhf-lit iterate`` with ``argv`` (the options after the command name); returns the exit status."""
     args = build_parser().parse_args(list(argv))
     config = read_config(args.config)
-    held_out, fresh, initial = prepare(config, args.config)
+    held_out, fresh, initial, chat = prepare(config, args.config)
     os.makedirs(config.run_dir, exist_ok=True)
     t0 = time.perf_counter()
-    in_main_thread = threading.current_thread() is threading.main_thread()
-    before = signal.signal(signal.SIGTERM, stopped_by_sigterm) if in_main_thread else None
-    try:
-        rows = run_loop(config, held_out, fresh, initial)
-    finally:
-        if in_main_thread:
-            signal.signal(signal.SIGTERM, before)
+    with stop_on_signals("iterate"):  # SIGTERM and SIGINT unwind the loop (exit status 143, 130) and stop the fit
+        rows = run_loop(config, held_out, fresh, initial, chat)
     write_summary(config, rows, {"total": time.perf_counter() - t0})
     print(format_table(rows))
     print(

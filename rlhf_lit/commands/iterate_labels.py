@@ -1,12 +1,17 @@
 """The labels of ``rlhf-lit iterate``: scoring the policy's samples, ranking them, reading a person's labels
 file, splitting off the held-out part, and a reward model's pairwise accuracy on ranked records.
 
-Every label is a ranking record, the shape of the ``rankings`` format (:mod:`rlhf_lit.data.rankings`):
-``{"prompt", "responses": [best, ..., worst], "ranks": [0, ...]}`` (equal ranks tie), plus ``scores`` (the
-labeller's, when it scores) and ``iteration``. A pairs record ``{"prompt", "chosen", "rejected"}`` in a labels
-file is the ranking ``[chosen, rejected]``, ``ranks [0, 1]`` (for K = 2 the reward model's ranking loss is
-its pairwise loss bit for bit, docs/CONTRACTS.md). The reward model reads them with ``format: rankings`` and
-``fields: {ranks: ranks}``.
+Every label is a ranking record, the shape of the ``rankings`` format, written by its one writer
+(:func:`rlhf_lit.data.rankings.ranking_record`): ``{"prompt", "responses": [best, ..., worst], "ranks": [0, ...]}``
+(equal ranks tie), plus ``scores`` (the labeller's, when it scores) and ``iteration``. A pairs record
+``{"prompt", "chosen", "rejected"}`` in a labels file is the ranking ``[chosen, rejected]``, ``ranks [0, 1]`` (for
+K = 2 the reward model's ranking loss is its pairwise loss bit for bit, docs/CONTRACTS.md). The reward model reads
+them with ``format: rankings`` and ``fields: {ranks: ranks}``.
+
+A record keeps the prompt and responses as the policy read them (:func:`as_policy_read`): a policy that reads its
+prompts in its chat template gets a messages list and assistant turns, which the reward model's data module and
+:class:`RewardModelScorer` render with the same template and generation prompt; a judge reads the rendered prompt
+(``query_response``) and the response's text.
 """
 
 from __future__ import annotations
@@ -16,29 +21,57 @@ import random
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-RANKS_FIELD = "ranks"
+
+def from_json(value: Any) -> Any:
+    """A prompt or response as a JSON file holds it (a conversation as a list) in the data package's form (a tuple)."""
+    return tuple(dict(m) for m in value) if isinstance(value, list) else value
+
+
+def as_policy_read(record: dict, chat: bool) -> dict:
+    """``record`` with its ``prompt`` and ``responses`` as the policy read them: with ``chat`` (string prompts
+    rendered with the chat template) or a conversation prompt, the prompt as messages (a string: one user turn)
+    and each response as an assistant turn, which the data module renders with the same template and generation
+    prompt; else as they are."""
+    from rlhf_lit.data.conversation import as_prompt, as_response, is_conversation
+
+    prompt = from_json(record["prompt"])
+    if not (chat or is_conversation(prompt)):
+        return record
+    return {
+        **record,
+        "prompt": as_prompt(prompt),
+        "responses": [as_response(from_json(r)) for r in record["responses"]],
+    }
 
 
 class Scorer(Protocol):
-    """A labeller that scores: ``(prompts as the policy read them, responses) -> one float each``, higher is better."""
+    """A labeller that scores: ``(prompts, responses)`` as the labels keep them (:func:`as_policy_read`) -> one
+    float each, higher is better."""
 
-    def __call__(self, prompts: Sequence[str], responses: Sequence[str]) -> list[float]: ...
+    def __call__(self, prompts: Sequence[Any], responses: Sequence[Any]) -> list[float]: ...
 
 
 class JudgeScorer:
-    """A ``module:function`` judge (:func:`rlhf_lit.evaluation.load_judge`) reading the response or prompt + response."""
+    """A ``module:function`` judge (:func:`rlhf_lit.evaluation.load_judge`) reading the response's text, or the
+    prompt rendered as the policy read it (``tokenizer``'s chat template for a conversation) + the response."""
 
-    def __init__(self, spec: str, reads: str = "response") -> None:
+    def __init__(self, spec: str, reads: str = "response", tokenizer: Any = None) -> None:
         from rlhf_lit.evaluation.judges import judge_texts, load_judge
 
         judge_texts([], [], reads)  # an unknown judge_reads fails here
-        self.judge, self.reads = load_judge(spec), reads
+        self.judge, self.reads, self.tokenizer = load_judge(spec), reads, tokenizer
 
-    def __call__(self, prompts: Sequence[str], responses: Sequence[str]) -> list[float]:
+    def __call__(self, prompts: Sequence[Any], responses: Sequence[Any]) -> list[float]:
         """The judge's scores of the texts it reads (:func:`rlhf_lit.evaluation.judges.judge_texts`)."""
+        from rlhf_lit.data.conversation import is_conversation
+        from rlhf_lit.data.encoding import TextEncoder
         from rlhf_lit.evaluation.judges import judge_texts
 
-        return self.judge(judge_texts(prompts, responses, self.reads))
+        texts = [r if isinstance(r, str) else "".join(m["content"] for m in r) for r in responses]
+        read = [from_json(p) for p in prompts] if self.reads == "query_response" else []
+        if any(map(is_conversation, read)):
+            read = [TextEncoder(self.tokenizer).render_prompt(p) for p in read]
+        return self.judge(judge_texts(read, texts, self.reads))
 
 
 class RewardModelScorer:
@@ -52,16 +85,23 @@ class RewardModelScorer:
         self.model = load_any_reward_model(path, self.tokenizer).to(device).eval()
         self.device, self.batch_size = device, batch_size
 
-    def __call__(self, prompts: Sequence[str], responses: Sequence[str]) -> list[float]:
-        """Normalised scores (:func:`rlhf_lit.models.reward_ensemble.reward_scores`), one per (prompt, response)."""
+    def rows(self, prompts: Sequence[Any], responses: Sequence[Any]) -> list[list[int]]:
+        """The ids the reward model reads for each (prompt, response): prompt + response + its end, encoded as its
+        data module encodes a record (conversations rendered with the chat template), not truncated."""
+        from rlhf_lit.data.encoding import TextEncoder
+
+        prompts, responses = [from_json(p) for p in prompts], [from_json(r) for r in responses]
+        prompt_ids, response_ids, ends = TextEncoder(self.tokenizer).encode_pairs(prompts, responses)
+        return [p + r + [e] for p, r, e in zip(prompt_ids, response_ids, ends)]
+
+    def __call__(self, prompts: Sequence[Any], responses: Sequence[Any]) -> list[float]:
+        """Normalised scores (:func:`rlhf_lit.models.reward_ensemble.reward_scores`) of :meth:`rows`."""
         import torch
 
-        from rlhf_lit.data.encoding import TextEncoder
         from rlhf_lit.functional import pad_ids
         from rlhf_lit.models.reward_ensemble import reward_scores
 
-        prompt_ids, response_ids, ends = TextEncoder(self.tokenizer).encode_pairs(list(prompts), list(responses))
-        rows = [p + r + [e] for p, r, e in zip(prompt_ids, response_ids, ends)]
+        rows = self.rows(prompts, responses)
         scores: list[float] = []
         for start in range(0, len(rows), self.batch_size):
             ids, mask = pad_ids(rows[start : start + self.batch_size], int(self.tokenizer.pad_token_id), "right")
@@ -73,23 +113,14 @@ class RewardModelScorer:
 def rank_by_scores(prompt: Any, responses: Sequence[str], scores: Sequence[float]) -> dict | None:
     """One ranking record of a prompt's responses by score (best first, equal scores tie), or None when fewer
     than 2 distinct non-empty responses are left or all of them tie (no pair to learn from)."""
-    kept, seen = [], set()
-    for i, response in enumerate(responses):
-        if response.strip() and response not in seen:  # a repeat adds no comparison; the data refuses it
-            kept.append(i)
-            seen.add(response)
-    if len(kept) < 2 or len({scores[i] for i in kept}) == 1:
+    from rlhf_lit.data.rankings import distinct_responses, order_by_scores, ranking_record
+
+    kept = distinct_responses(responses)
+    kept_scores = [scores[i] for i in kept]
+    if len(kept) < 2 or len(set(kept_scores)) == 1:
         return None
-    order = sorted(kept, key=lambda i: -scores[i])  # stable: equal scores keep sample order
-    ranks: list[int] = []
-    for n, i in enumerate(order):
-        ranks.append(0 if n == 0 else ranks[-1] + (scores[i] < scores[order[n - 1]]))
-    return {
-        "prompt": prompt,
-        "responses": [responses[i] for i in order],
-        RANKS_FIELD: ranks,
-        "scores": [float(scores[i]) for i in order],
-    }
+    order, ranks = order_by_scores(kept_scores)
+    return ranking_record(prompt, [responses[i] for i in kept], order, ranks, kept_scores)
 
 
 def read_labels_file(path: str) -> list[dict]:
@@ -100,7 +131,7 @@ def read_labels_file(path: str) -> list[dict]:
     import os
 
     from rlhf_lit.data.example import Fields, Skip
-    from rlhf_lit.data.rankings import read_ranking
+    from rlhf_lit.data.rankings import RANKS_FIELD, ranking_record, read_ranking
     from rlhf_lit.data.record_parts import get_prompt, get_response
     from rlhf_lit.data.records import InvalidRecord, read_rows
 
@@ -135,7 +166,7 @@ def read_labels_file(path: str) -> list[dict]:
                 )
         except InvalidRecord as error:
             raise ValueError(f"labels file {error}") from None
-        records.append({"prompt": prompt, "responses": list(responses), RANKS_FIELD: list(ranks)})
+        records.append(ranking_record(prompt, responses, range(len(responses)), ranks, None))
     if not records:
         raise ValueError(f"labels file {path}: every record ties all its responses (no pair to learn from)")
     return records
@@ -153,6 +184,8 @@ def split_held_out(records: Sequence[dict], fraction: float, seed: int) -> tuple
 def pairwise_accuracy(scorer: Scorer, records: Sequence[dict]) -> tuple[float | None, int]:
     """``(accuracy, pairs)``: over every (better, worse) pair of the ranking records, the fraction the
     scorer orders as labelled (an equal score counts one half); ``(None, 0)`` with no pair."""
+    from rlhf_lit.data.rankings import RANKS_FIELD
+
     prompts, responses, where = [], [], []
     for n, record in enumerate(records):
         prompt = record["prompt"]
@@ -177,7 +210,9 @@ def pairwise_accuracy(scorer: Scorer, records: Sequence[dict]) -> tuple[float | 
 
 def count_pairs(records: Sequence[dict]) -> int:
     """The labelled (untied) pairs the ranking records hold."""
-    return sum(a < b for r in records for a in r[RANKS_FIELD] for b in r[RANKS_FIELD])
+    from rlhf_lit.data.rankings import RANKS_FIELD, count_ranked_pairs
+
+    return sum(count_ranked_pairs(r[RANKS_FIELD]) for r in records)
 
 
 def jsonl_text(records: Sequence[dict]) -> str:

@@ -3,9 +3,11 @@
 Iteration t, in ``<run_dir>/iter_<t>/``:
 
 1. ``samples.jsonl``: K responses to each of the iteration's fresh prompts from the current policy
-   (the SFT model at t = 1, else iteration t - 1's PPO export), sampled with seed ``seed + t``.
+   (the SFT model at t = 1, else iteration t - 1's PPO export), sampled with seed ``seed + t``, its prompts
+   rendered as :func:`policy_reads_chat` says.
 2. ``labels.json``: those samples ranked by the labeller (or a person's labels file), split into ``train``
-   and ``held_out`` by ``reward_model.held_out_fraction``.
+   and ``held_out`` by ``reward_model.held_out_fraction``, kept as the policy read them
+   (:func:`~rlhf_lit.commands.iterate_labels.as_policy_read`).
 3. ``reward_data.jsonl``: the reward model's training data, ``all`` or ``latest`` (:data:`RewardData`).
 4. ``reward_model/``: ``rlhf-lit fit --config <reward_model.config> --run_dir iter_<t>`` (export ``reward_model/model``).
 5. ``ppo/``: ``rlhf-lit fit --config <ppo.config> --run_dir iter_<t>`` (export ``ppo/model``).
@@ -26,13 +28,16 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from rlhf_lit.artifacts import EXPORT_MARKER, WRITTEN_BY_KEY, write_json_atomically, write_text_atomically
+from rlhf_lit.child_runs import RunFailed
 from rlhf_lit.commands.iterate_config import IterateConfig
 from rlhf_lit.commands.iterate_labels import (
     JudgeScorer,
     RewardModelScorer,
     Scorer,
+    as_policy_read,
     count_pairs,
     jsonl_text,
     pairwise_accuracy,
@@ -49,39 +54,8 @@ STAGES = ("reward_model", "ppo")
 """The run-directory stages of one iteration (:class:`rlhf_lit.stages.base.RunLayout` names), in order."""
 
 FitRunner = Callable[[list[str], str], int]
-"""``(fit arguments after rlhf-lit, log file) -> exit status``: how a stage's ``rlhf-lit fit`` is run."""
-
-
-def run_fit_in_subprocess(args: list[str], log_path: str) -> int:
-    """``rlhf-lit <args>`` in a process of its own, its output appended to ``log_path``; its exit status.
-
-    Whatever stops the wait (SIGTERM turned into an exception by ``rlhf-lit iterate``, Ctrl-C) stops the fit
-    too, by SIGTERM (a fit then ends its step and writes ``last.ckpt``; killed after 60 s): no fit outlives
-    the loop to hold its run directory's lock.
-    """
-    import subprocess
-    import sys
-
-    os.makedirs(os.path.dirname(log_path) or ".", exist_ok=True)
-    with open(log_path, "a", encoding="utf-8") as log:
-        log.write(f"$ rlhf-lit {' '.join(args)}\n")
-        log.flush()
-        child = subprocess.Popen(
-            [sys.executable, "-m", "rlhf_lit.cli", *args],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-        )
-        try:
-            return child.wait()
-        except BaseException:
-            child.terminate()
-            try:
-                child.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                child.kill()
-                child.wait()
-            raise
+"""``(fit arguments after rlhf-lit, log file) -> exit status``: how a stage's ``rlhf-lit fit`` is run
+(:func:`rlhf_lit.child_runs.run_rlhf_lit`: a child process, stopped with the loop)."""
 
 
 @dataclass
@@ -165,10 +139,25 @@ def ppo_start(config: IterateConfig, t: int) -> str:
     return config.sft_model if config.ppo.start == "restart" else policy_of(config, t)
 
 
-def labeler_scorer(config: IterateConfig) -> Scorer | None:
-    """The labeller as a scorer (a judge or a reward model); None for labels from files."""
+def policy_reads_chat(tokenizer: Any) -> bool:
+    """Whether the loop's policies read string prompts in their chat template: ``auto`` (as ``rlhf-lit evaluate``
+    samples) for the SFT model's ``tokenizer``, which every PPO export keeps. The one answer for the sampling, the
+    labels, the reward data and the summary, so that the reward model trains on what it later scores."""
+    from rlhf_lit.data.rendering import resolve_template
+
+    return resolve_template("auto", tokenizer, "sft_model").chat
+
+
+def template_option(chat: bool) -> str:
+    """:func:`policy_reads_chat`'s answer as the sampling's ``chat_template`` option."""
+    return "always" if chat else "never"
+
+
+def labeler_scorer(config: IterateConfig, tokenizer: Any) -> Scorer | None:
+    """The labeller as a scorer (a judge, reading prompts rendered by the policy's ``tokenizer``, or a reward
+    model); None for labels from files."""
     if config.labeler.kind == "judge":
-        return JudgeScorer(config.labeler.source, config.labeler.judge_reads)
+        return JudgeScorer(config.labeler.source, config.labeler.judge_reads, tokenizer)
     if config.labeler.kind == "reward_model":
         return RewardModelScorer(config.labeler.source, config.device)
     return None
@@ -179,7 +168,7 @@ def labels_file(config: IterateConfig, t: int) -> str:
     return config.labeler.source.replace("{t}", str(t))
 
 
-def sample(config: IterateConfig, paths: Paths, prompts: Sequence) -> list[dict]:
+def sample(config: IterateConfig, paths: Paths, prompts: Sequence, chat: bool) -> list[dict]:
     """Step 1: ``samples.jsonl`` (reused when intact): per prompt ``{"prompt", "prompt_text", "responses"}``."""
     done = intact_jsonl(paths.file("samples.jsonl"))
     if done is not None:
@@ -189,7 +178,13 @@ def sample(config: IterateConfig, paths: Paths, prompts: Sequence) -> list[dict]
 
     k = config.sampling.responses_per_prompt
     sampling = SamplingConfig(max_new_tokens=config.sampling.max_new_tokens, temperature=config.sampling.temperature)
-    models = load_models(policy_of(config, paths.t), prompts=list(prompts), repeat=k, device=config.device)
+    models = load_models(
+        policy_of(config, paths.t),
+        prompts=list(prompts),
+        chat_template=template_option(chat),
+        repeat=k,
+        device=config.device,
+    )
     out, _ = sample_and_measure(
         models, models.prompts, sampling, batch_size=config.sampling.batch_size, seed=config.seed + paths.t
     )
@@ -202,8 +197,11 @@ def sample(config: IterateConfig, paths: Paths, prompts: Sequence) -> list[dict]
     return records
 
 
-def label(config: IterateConfig, paths: Paths, samples: list[dict], scorer: Scorer | None) -> tuple[list, list]:
-    """Step 2: the iteration's labels, ``(train, held_out)`` (reused when ``labels.json`` is intact)."""
+def label(
+    config: IterateConfig, paths: Paths, samples: list[dict], scorer: Scorer | None, chat: bool
+) -> tuple[list, list]:
+    """Step 2: the iteration's labels as the policy read them, ``(train, held_out)`` (reused when ``labels.json``
+    is intact)."""
     done = intact_json(paths.file("labels.json"))
     if done is not None:
         return done["train"], done["held_out"]
@@ -216,8 +214,8 @@ def label(config: IterateConfig, paths: Paths, samples: list[dict], scorer: Scor
             )
         records = read_labels_file(source)
     else:
-        flat_prompts = [s["prompt_text"] for s in samples for _ in s["responses"]]
-        scores = scorer(flat_prompts, [r for s in samples for r in s["responses"]])
+        read = [as_policy_read(s, chat) for s in samples]
+        scores = scorer([r["prompt"] for r in read for _ in r["responses"]], [x for r in read for x in r["responses"]])
         records, at = [], 0
         for s in samples:
             record = rank_by_scores(s["prompt"], s["responses"], scores[at : at + len(s["responses"])])
@@ -229,7 +227,7 @@ def label(config: IterateConfig, paths: Paths, samples: list[dict], scorer: Scor
                 f"iteration {paths.t}: the labeller ranked no prompt (every prompt's responses tie or "
                 "repeat); sample more responses per prompt or longer ones"
             )
-    records = [{**r, "iteration": paths.t} for r in records]
+    records = [{**as_policy_read(r, chat), "iteration": paths.t} for r in records]
     train, held = split_held_out(records, config.reward_model.held_out_fraction, config.seed + paths.t)
     write_json_atomically(paths.file("labels.json"), {WRITTEN_BY_KEY: WRITTEN_BY, "train": train, "held_out": held})
     return train, held
@@ -255,6 +253,8 @@ def reward_data(config: IterateConfig, paths: Paths, initial: list[dict]) -> lis
 def fit_args(config: IterateConfig, paths: Paths, stage: str, replace: bool) -> list[str]:
     """The ``rlhf-lit fit`` arguments of a stage of iteration t: the user's config, the iteration's run
     directory and seed, the inputs the loop decides, then the user's extra options."""
+    from rlhf_lit.data.rankings import RANKS_FIELD
+
     group = config.reward_model if stage == "reward_model" else config.ppo
     args = ["fit", "--config", group.config, "--run_dir", paths.dir, "--seed_everything", str(config.seed)]
     if stage == "reward_model":
@@ -266,7 +266,7 @@ def fit_args(config: IterateConfig, paths: Paths, stage: str, replace: bool) -> 
             "--data.init_args.format",
             "rankings",
             "--data.init_args.fields.ranks",
-            "ranks",
+            RANKS_FIELD,
         ]
     else:
         args += [
@@ -282,8 +282,6 @@ def fit_args(config: IterateConfig, paths: Paths, stage: str, replace: bool) -> 
 
 def fit(config: IterateConfig, paths: Paths, stage: str, runner: FitRunner) -> float | None:
     """Steps 4 and 5: the stage's fit unless its export is done; seconds it took (None when skipped)."""
-    from rlhf_lit.commands.seeds_command import last_error
-
     state = export_state(paths.export(stage))
     if state == "done":
         print(f"iteration {paths.t}: {stage}: done, {paths.export(stage)} (skipped)", flush=True)
@@ -293,15 +291,17 @@ def fit(config: IterateConfig, paths: Paths, stage: str, runner: FitRunner) -> f
     t0 = time.perf_counter()
     status = runner(fit_args(config, paths, stage, replace=state == "damaged"), log_path)
     if status != 0 or export_state(paths.export(stage)) != "done":
-        raise ValueError(
-            f"iteration {paths.t}: the {stage} fit failed (exit status {status}): {last_error(log_path)}; "
-            f"its log: {log_path}"
-        )
+        raise ValueError(f"iteration {paths.t}: {RunFailed(f'the {stage} fit', status, log_path)}")
     return time.perf_counter() - t0
 
 
 def evaluate(
-    config: IterateConfig, policy: str, reward_model: str | None, gold: Scorer | None, eval_prompts: Sequence
+    config: IterateConfig,
+    policy: str,
+    reward_model: str | None,
+    gold: Scorer | None,
+    eval_prompts: Sequence,
+    chat: bool,
 ) -> dict:
     """The policy on the held-out prompts: ``gold`` (labeller) and ``proxy`` (reward model) means, KL to SFT."""
     from rlhf_lit.evaluation.policy_metrics import evaluate_policy
@@ -313,6 +313,7 @@ def evaluate(
         list(eval_prompts),
         reference=config.sft_model,
         reward_model=reward_model,
+        chat_template=template_option(chat),
         sampling=sampling,
         batch_size=config.sampling.batch_size,
         seed=config.seed,
@@ -320,7 +321,8 @@ def evaluate(
     )
     metrics = result["metrics"]
     rows = result["samples"]
-    gold_scores = gold([r["prompt_text"] for r in rows], [r["response"] for r in rows]) if gold is not None else None
+    read = [as_policy_read({"prompt": r["prompt"], "responses": [r["response"]]}, chat) for r in rows]
+    gold_scores = gold([r["prompt"] for r in read], [r["responses"][0] for r in read]) if gold is not None else None
     return {
         "gold": None if gold_scores is None else sum(gold_scores) / len(gold_scores),
         "proxy": metrics.get("rm_mean"),
@@ -365,6 +367,7 @@ def iteration_metrics(
     gold: Scorer | None,
     eval_prompts: Sequence,
     seconds: dict,
+    chat: bool,
 ) -> dict:
     """Step 6: ``metrics.json`` (reused when intact): the row of iteration t in the summary."""
     done = intact_json(paths.file("metrics.json"))
@@ -382,7 +385,7 @@ def iteration_metrics(
         "held_out_pairs": held_pairs,
         "rm_acc_before": acc_before,
         "rm_acc_after": acc_after,
-        **evaluate(config, paths.export("ppo"), after, gold, eval_prompts),
+        **evaluate(config, paths.export("ppo"), after, gold, eval_prompts, chat),
         **ppo_log_signals(paths),
     }
     write_json_atomically(paths.file("metrics.json"), {WRITTEN_BY_KEY: WRITTEN_BY, "row": row, "timing_s": seconds})

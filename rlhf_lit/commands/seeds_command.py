@@ -10,7 +10,9 @@ after ``--`` as given, with its ``--run_dir DIR`` (required) suffixed per seed, 
 output goes to ``DIR/seed_S.log`` (appended to); the runs go one after another, or ``--jobs N`` at
 a time. The first run that fails stops the rest (runs already going are let finish) with one line
 ``rlhf-lit: error: seed S failed (exit status N): <its last error line>; its log: DIR/seed_S.log``,
-exit status 1. Each seed's run directory and log are printed.
+exit status 1. Each seed's run directory and log are printed. The runs are :mod:`rlhf_lit.child_runs`': SIGTERM
+or SIGINT to ``rlhf-lit seeds`` is passed on to the running ones, which are waited for (a fit ends its step and
+writes ``last.ckpt``; killed after :data:`~rlhf_lit.child_runs.GRACE_S` s), and it exits with status 143 or 130.
 
 Resumable: a seed whose run directory already holds the finished export of the command's stage is
 skipped. The stage is the ``--model`` class (an option, or ``model.class_path`` of the last
@@ -25,12 +27,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
-import subprocess
 import sys
 from collections.abc import Sequence
-from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
 from rlhf_lit.artifacts import EXPORT_MARKER
+from rlhf_lit.child_runs import RunFailed, rlhf_lit_command, run_logged, run_pool, stop_on_signals
 from rlhf_lit.commands.options import CommandParser, OptionError
 
 
@@ -131,31 +132,6 @@ def finished_export(seed_dir: str, stage: str | None) -> str | None:
     return export if os.path.isfile(os.path.join(export, EXPORT_MARKER)) else None
 
 
-def last_error(log_path: str) -> str:
-    """The last ``rlhf-lit: error:`` line of a log (or its last non-empty line)."""
-    try:
-        with open(log_path, encoding="utf-8", errors="replace") as f:
-            lines = [line.strip() for line in f if line.strip()]
-    except OSError:
-        return "no log"
-    errors = [line for line in lines if line.startswith("rlhf-lit: error:")]
-    return (errors or lines or ["no output"])[-1].removeprefix("rlhf-lit: error: ")
-
-
-def run_seed(command: list[str], log_path: str) -> int:
-    """Run ``rlhf-lit <command>`` in a process of its own, its output appended to ``log_path``; its exit status."""
-    os.makedirs(os.path.dirname(log_path) or ".", exist_ok=True)
-    with open(log_path, "a", encoding="utf-8") as log:
-        log.write(f"$ rlhf-lit {' '.join(command)}\n")
-        log.flush()
-        return subprocess.run(
-            [sys.executable, "-m", "rlhf_lit.cli", *command],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-        ).returncode
-
-
 def main(argv: Sequence[str]) -> int:
     """Run ``rlhf-lit seeds`` with ``argv`` (the options after the command name); returns the exit status."""
     options, command = split_argv(argv)
@@ -178,29 +154,17 @@ def main(argv: Sequence[str]) -> int:
             print(f"seed {seed}: skipped, {export} holds a finished export ({EXPORT_MARKER})", flush=True)
         else:
             todo.append((seed, seed_dir, f"{seed_dir}.log"))
-    failed = None
-    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        running, pending = {}, list(todo)
-        while pending or running:
-            while pending and failed is None and len(running) < args.jobs:
-                seed, seed_dir, log_path = pending.pop(0)
-                print(f"seed {seed}: running in {seed_dir} (log {log_path})", flush=True)
-                future = pool.submit(run_seed, seed_command(command, seed, seed_dir), log_path)
-                running[future] = (seed, seed_dir, log_path)
-            if not running:
-                break
-            done, _ = wait(running, return_when=FIRST_COMPLETED)
-            for future in done:
-                seed, seed_dir, log_path = running.pop(future)
-                status = future.result()
-                if status == 0:
-                    print(f"seed {seed}: done: {seed_dir} (log {log_path})", flush=True)
-                elif failed is None:
-                    failed = (seed, status, log_path)
-    if failed is not None:
-        seed, status, log_path = failed
-        sys.stderr.write(
-            f"rlhf-lit: error: seed {seed} failed (exit status {status}): {last_error(log_path)}; its log: {log_path}\n"
-        )
-        return 1
+
+    def run_seed(job: tuple[int, str, str]) -> None:
+        seed, seed_dir, log_path = job
+        print(f"seed {seed}: running in {seed_dir} (log {log_path})", flush=True)
+        run_logged(rlhf_lit_command(seed_command(command, seed, seed_dir)), log_path, f"seed {seed}")
+        print(f"seed {seed}: done: {seed_dir} (log {log_path})", flush=True)
+
+    with stop_on_signals("seeds"):
+        try:
+            run_pool(run_seed, todo, args.jobs)
+        except RunFailed as failure:
+            sys.stderr.write(f"rlhf-lit: error: {failure}\n")
+            return 1
     return 0

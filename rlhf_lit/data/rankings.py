@@ -1,10 +1,15 @@
 """Format ``rankings``: ``{"prompt", "responses": [best, ..., worst]}``, optionally with ties in a
 ``ranks`` column (:func:`read_ranking`): K >= 2 distinct responses per record, read as a preference
 example carrying every response and its dense rank, an SFT example (the first, a best response) or a
-prompt."""
+prompt.
+
+The one writer of such records (``rlhf-lit iterate``'s labels, the offline demo's): :func:`distinct_responses`
+(which samples a ranking keeps), :func:`order_by_scores` / :func:`dense_ranks` (best first, equal scores tied)
+and :func:`ranking_record` (the record, its ranks in :data:`RANKS_FIELD`)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from rlhf_lit.data.conversation import (
@@ -17,6 +22,55 @@ from rlhf_lit.data.conversation import (
 from rlhf_lit.data.example import AdapterOptions, Example, Fields, Kind, Skip
 from rlhf_lit.data.record_parts import conversational, get_prompt
 from rlhf_lit.data.records import InvalidRecord, Row, get_list, missing_field
+
+RANKS_FIELD = "ranks"
+"""The column :func:`ranking_record` writes the ranks to (read with ``fields: {ranks: ranks}``)."""
+
+
+def distinct_responses(responses: Sequence[str]) -> list[int]:
+    """The indices of the responses a ranking keeps: the non-blank ones, each text at its first place (a repeat
+    adds no comparison, and :func:`read_ranking` refuses it)."""
+    kept, seen = [], set()
+    for i, response in enumerate(responses):
+        if response.strip() and response not in seen:
+            kept.append(i)
+            seen.add(response)
+    return kept
+
+
+def dense_ranks(scores: Sequence[float]) -> list[int]:
+    """Dense ranks of ``scores`` sorted best first: 0 for the highest, +1 at each lower score, equal scores
+    sharing a rank (a tie: no pair between them). ``[0.9, 0.5, 0.5, 0.1] -> [0, 1, 1, 2]``."""
+    ranks: list[int] = []
+    for n, score in enumerate(scores):
+        if n > 0 and score > scores[n - 1]:
+            raise ValueError(f"scores must be sorted best first, got {list(scores)}")
+        ranks.append(0 if n == 0 else ranks[-1] + (score < scores[n - 1]))
+    return ranks
+
+
+def order_by_scores(scores: Sequence[float]) -> tuple[list[int], list[int]]:
+    """``(order, ranks)``: the indices by score, highest first (equal scores keep their order and tie), and
+    their :func:`dense_ranks`."""
+    order = sorted(range(len(scores)), key=lambda i: -scores[i])  # sorted is stable
+    return order, dense_ranks([scores[i] for i in order])
+
+
+def ranking_record(
+    prompt: Any, responses: Sequence[Any], order: Sequence[int], ranks: Sequence[int], scores: Sequence[float] | None
+) -> dict:
+    """The ``rankings`` record of ``prompt``'s ``responses`` taken in ``order`` (best first) with their ``ranks``
+    (never decreasing, equal = tie): ``{"prompt", "responses", "ranks"}``, and ``"scores"`` in the same order
+    when given."""
+    record = {"prompt": prompt, "responses": [responses[i] for i in order], RANKS_FIELD: list(ranks)}
+    if scores is not None:
+        record["scores"] = [float(scores[i]) for i in order]
+    return record
+
+
+def count_ranked_pairs(ranks: Sequence[int]) -> int:
+    """The (better, worse) pairs a ranking's ``ranks`` hold; tied responses make none."""
+    return sum(a < b for a in ranks for b in ranks)
 
 
 def _ranks(row: Row, field: str, k: int) -> list[int]:

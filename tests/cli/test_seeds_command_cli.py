@@ -1,13 +1,19 @@
-"""`rlhf-lit seeds`: one run per seed in DIR/seed_S, resumable, stopping at the first failure."""
+"""`rlhf-lit seeds`: one run per seed in DIR/seed_S, resumable, stopping at the first failure, and a signal passed
+on to its running fits, none outliving it."""
 
 from __future__ import annotations
 
 import hashlib
+import os
+import signal
 import subprocess
+import time
+from pathlib import Path
 
 import cli_forked
 import pytest
 from cli_helpers import error_line, run_main
+from lightning.pytorch import Callback
 from offline_chain import SFT
 
 
@@ -81,3 +87,71 @@ def test_seeds_refuses_a_bad_option_before_any_run(tmp_path):
         assert result.returncode == 2, (argv, result.stderr)
         assert error_line(result) == f"rlhf-lit: error: {message}", argv
     assert not (tmp_path / "r").exists()
+
+
+class MidRun(Callback):
+    """Marks a fit as mid-run: at its second training batch it writes its pid's start time to ``<folder>/<pid>``
+    (``/proc/<pid>/stat``), then every batch pauses ``pause_s`` so that it stays mid-run while a test signals."""
+
+    def __init__(self, folder: str, pause_s: float = 0.2) -> None:
+        self.folder, self.pause_s, self.batches = Path(folder), pause_s, 0
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        """Counts batches; writes the mark at the second, then pauses."""
+        self.batches += 1
+        if self.batches == 2:
+            pid = os.getpid()
+            (self.folder / f".{pid}").write_text(str(_started(pid)), encoding="utf-8")
+            (self.folder / f".{pid}").rename(self.folder / str(pid))  # whole when the test reads it
+        time.sleep(self.pause_s)
+
+
+def _started(pid: int) -> str | None:
+    """The start time of the process ``pid`` (``/proc/<pid>/stat`` field 22); None when none runs under that pid
+    (or only what is left of an ended one)."""
+    try:
+        state, *rest = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return None if state in ("Z", "X") else rest[18]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_to_seeds_reaches_its_running_fits_and_none_outlives_it(tmp_path, signum):
+    """``rlhf-lit seeds --jobs 2`` (a process of its own session, its fits forked from it: tests/cli_forked.py),
+    signalled while both fits train: it passes the signal on, waits for them, exits with 128 + the signal, and
+    neither fit's pid runs after it (a fit left running would hold its run directory's lock)."""
+    name = signal.Signals(signum).name
+    marks = tmp_path / "mid_run"
+    marks.mkdir()
+    fit = [*SFT, "--trainer.max_steps", "100000", "--trainer.callbacks+=test_seeds_command_cli.MidRun"]
+    fit += ["--trainer.callbacks.folder", str(marks), "--run_dir", "runs/exp"]
+    command = ["seeds", "--seeds", "1", "2", "--jobs", "2", "--", *fit]
+    out, err = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
+    proc = cli_forked.start(command, cwd=tmp_path, stdout=out, stderr=err, new_session=True, fork_children=True)
+    try:
+        deadline = time.monotonic() + 60
+        while len([p for p in marks.iterdir() if p.name.isdigit()]) < 2:  # both fits mid-run
+            assert proc.poll() is None, err.read_text()[-3000:]
+            assert time.monotonic() < deadline, "the fits did not reach their second batch within 60 s"
+            time.sleep(0.05)
+        fits = {int(p.name): p.read_text(encoding="utf-8") for p in marks.iterdir() if p.name.isdigit()}
+        assert all(_started(pid) == started for pid, started in fits.items())  # running now
+        proc.send_signal(signum)
+        status = proc.wait(timeout=120)
+        outlived = [pid for pid, started in fits.items() if _started(pid) == started]
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # whatever is left of its session
+        except ProcessLookupError:
+            pass
+        if proc.poll() is None:
+            proc.wait()
+    stderr = err.read_text()
+    assert status == 128 + signum, stderr[-3000:]
+    assert f"rlhf-lit: seeds stopped by {name} (its running fits too)" in stderr
+    assert outlived == []  # no fit runs after it
+    for seed in (1, 2):
+        log = (tmp_path / "runs" / "exp" / f"seed_{seed}.log").read_text()
+        if signum == signal.SIGTERM:  # the fit got it: it ended its step and wrote last.ckpt (Preemption)
+            assert "[rlhf-lit] stopped by SIGTERM after step" in log, log[-3000:]

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from assets_paths import CONFIGS, STORIES260K, TINYSTORIES
+from assets_paths import CONFIGS, STORIES260K, STORIES260K_CHAT, TINYSTORIES
 from cli_in_process import run_main
 
 from rlhf_lit.artifacts import EXPORT_MARKER
@@ -30,23 +30,33 @@ JUDGE = "iterate_judges:length_judge"
 # ------------------------------------------------------------------------------------------ set-up
 
 
+def reward_model_of(policy: Path, path: Path) -> Path:
+    """A reward model (random head) from ``policy`` with its tokenizer, written to ``path``."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    torch.manual_seed(0)
+    AutoModelForSequenceClassification.from_pretrained(str(policy), num_labels=1).save_pretrained(path)
+    AutoTokenizer.from_pretrained(str(policy)).save_pretrained(path)
+    return path
+
+
 @pytest.fixture(scope="module")
 def tiny_rm(tmp_path_factory) -> Path:
     """A stories260K reward model (random head) with the policy's tokenizer: the fake reward-model export."""
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    return reward_model_of(STORIES260K, tmp_path_factory.mktemp("rm"))
 
-    path = tmp_path_factory.mktemp("rm")
-    torch.manual_seed(0)
-    AutoModelForSequenceClassification.from_pretrained(str(STORIES260K), num_labels=1).save_pretrained(path)
-    AutoTokenizer.from_pretrained(str(STORIES260K)).save_pretrained(path)
-    return path
+
+@pytest.fixture(scope="module")
+def chat_rm(tmp_path_factory) -> Path:
+    """The same from stories260K-chat, with its chat template: the fake reward-model export of a chat policy."""
+    return reward_model_of(STORIES260K_CHAT, tmp_path_factory.mktemp("chat-rm"))
 
 
 class FakeFits:
     """A stand-in for ``rlhf-lit fit``: records the arguments, copies a tiny model to the stage's export."""
 
-    def __init__(self, rm: Path, kill_at: tuple[int, str] | None = None) -> None:
-        self.rm, self.kill_at, self.calls = rm, kill_at, []
+    def __init__(self, rm: Path, kill_at: tuple[int, str] | None = None, policy: Path = STORIES260K) -> None:
+        self.rm, self.kill_at, self.policy, self.calls = rm, kill_at, policy, []
 
     def __call__(self, args: list[str], log_path: str) -> int:
         options = dict(zip(args[1::2], args[2::2]))  # ["fit", "--config", X, ...]: option -> value
@@ -58,7 +68,7 @@ class FakeFits:
             (export.parent / "version_0" / "checkpoints").mkdir(parents=True, exist_ok=True)
             (export.parent / ".model.tmp-killed").mkdir(parents=True, exist_ok=True)
             raise RuntimeError(f"killed during the {stage} fit of iteration {t}")
-        shutil.copytree(self.rm if stage == "reward_model" else STORIES260K, export)
+        shutil.copytree(self.rm if stage == "reward_model" else self.policy, export)
         (export / EXPORT_MARKER).write_text("{}", encoding="utf-8")
         Path(log_path).write_text("fake fit\n", encoding="utf-8")
         return 0
@@ -193,6 +203,106 @@ def test_a_reward_model_labels_by_its_scores(tmp_path, monkeypatch, tiny_rm):
         sample = samples[record["prompt"]]
         scores = scorer([sample["prompt_text"]] * len(record["responses"]), record["responses"])
         assert scores == pytest.approx(record["scores"], abs=1e-5) and scores == sorted(scores, reverse=True)
+
+
+def test_a_chat_policy_is_labelled_as_it_read_its_prompts(tmp_path, monkeypatch, chat_rm):
+    """stories260K-chat samples inside its chat template: its labels keep the conversation, so the reward model
+    trains on the rendering PPO later scores, and the summary's accuracies read that rendering too."""
+    from transformers import AutoTokenizer
+
+    from rlhf_lit.commands.iterate_labels import RewardModelScorer
+    from rlhf_lit.data import Fields, PreferenceDataModule, RankingCollator
+
+    initial = tmp_path / "initial.jsonl"
+    initial.write_text('{"prompt": "Tom", "chosen": "ran home.", "rejected": "sat."}\n', encoding="utf-8")
+    config = loop_config(
+        tmp_path, iterations=1, sft_model=str(STORIES260K_CHAT), reward_model={"initial_data": str(initial)}
+    )
+    result = iterate(config, FakeFits(chat_rm, policy=STORIES260K_CHAT), monkeypatch, tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = tmp_path / "run"
+    samples = {s["prompt"]: s for s in jsonl(run / "iter_1" / "samples.jsonl")}
+    data = jsonl(run / "iter_1" / "reward_data.jsonl")
+    tom = [{"role": "user", "content": "Tom"}]
+    answers = [[{"role": "assistant", "content": "ran home."}], [{"role": "assistant", "content": "sat."}]]
+    assert data[0] == {"prompt": tom, "responses": answers, "ranks": [0, 1]}  # the initial data, rendered alike
+    tokenizer = AutoTokenizer.from_pretrained(str(STORIES260K_CHAT))
+    # By hand from the shipped template: "<s>User: {prompt}\nAssistant:", then " {response}</s>".
+    rendered = []
+    for record in data + labels(run, 1)["held_out"]:
+        (turn,) = record["prompt"]
+        assert turn["role"] == "user"
+        if turn["content"] != "Tom":  # the policy's own samples: what it read
+            assert samples[turn["content"]]["prompt_text"] == f"<s>User: {turn['content']}\nAssistant:"
+        for response in record["responses"]:
+            (answer,) = response
+            assert answer["role"] == "assistant"
+            text = f"<s>User: {turn['content']}\nAssistant: {answer['content']}</s>"
+            rendered.append(tokenizer(text, add_special_tokens=False)["input_ids"])
+    # What the reward model trains on: the data module reads the file into those rows.
+    module = PreferenceDataModule(
+        tokenizer=tokenizer,
+        train_path=str(run / "iter_1" / "reward_data.jsonl"),
+        format="rankings",
+        fields=Fields(ranks="ranks"),
+        val_fraction=0.0,
+    )
+    module.setup("fit")
+    batch = RankingCollator(module.pad_token_id)(module.train_dataset)
+    trained = [row[mask.bool()].tolist() for row, mask in zip(batch["input_ids"], batch["attention_mask"])]
+    assert sorted(trained) == sorted(rendered[: len(trained)])
+    # What the summary's accuracies read: the same rows.
+    scorer = RewardModelScorer(str(chat_rm))
+    pairs = [(r["prompt"], x) for r in data + labels(run, 1)["held_out"] for x in r["responses"]]
+    assert scorer.rows(*zip(*pairs)) == rendered
+
+
+def test_a_judge_reads_the_prompt_as_the_chat_policy_read_it_and_the_response_text():
+    from transformers import AutoTokenizer
+
+    from rlhf_lit.commands.iterate_labels import JudgeScorer, as_policy_read
+
+    read = as_policy_read({"prompt": "Tom ran", "responses": ["Fast.", "Home now."]}, chat=True)
+    tokenizer = AutoTokenizer.from_pretrained(str(STORIES260K_CHAT))
+    both = JudgeScorer(JUDGE, "query_response", tokenizer)([read["prompt"]] * 2, read["responses"])
+    # By hand: "<s>User: Tom ran\nAssistant:" is 27 characters, then the response's text (5, 9).
+    assert both == [32.0, 36.0]
+    assert JudgeScorer(JUDGE)([read["prompt"]] * 2, read["responses"]) == [5.0, 9.0]
+
+
+def test_the_summary_s_gold_scorer_reads_the_chat_policy_s_samples_as_it_read_them(monkeypatch):
+    """The held-out rows reach a gold reward model as the labels do: the prompt as messages, the response as the
+    assistant's turn (not the rendered prompt text glued to the response); the policy samples in its template."""
+    from rlhf_lit.commands.iterate_steps import evaluate
+    from rlhf_lit.evaluation import policy_metrics
+
+    rows = [{"prompt": "Tom ran", "prompt_text": "<s>User: Tom ran\nAssistant:", "response": "Fast."}]
+    asked = {}
+
+    def evaluate_policy(policy, prompts, **options):
+        asked.update(options)
+        return {"metrics": {"length_mean": 3.0}, "samples": rows}
+
+    monkeypatch.setattr(policy_metrics, "evaluate_policy", evaluate_policy)
+    read = []
+
+    def gold(prompts, responses):
+        read.append((list(prompts), list(responses)))
+        return [0.5]
+
+    assert evaluate(IterateConfig(), "policy", None, gold, ["Tom ran"], chat=True)["gold"] == 0.5
+    assert read == [([({"role": "user", "content": "Tom ran"},)], [({"role": "assistant", "content": "Fast."},)])]
+    assert asked["chat_template"] == "always"
+
+
+def test_a_labelling_reward_model_must_read_the_chat_policy_s_template(tmp_path, monkeypatch, tiny_rm):
+    fits = FakeFits(tiny_rm)
+    config = loop_config(
+        tmp_path, sft_model=str(STORIES260K_CHAT), labeler={"kind": "reward_model", "source": str(tiny_rm)}
+    )
+    line = error_line(iterate(config, fits, monkeypatch, tmp_path))
+    assert f"labeler.source {tiny_rm}: its tokenizer has no chat template, but the policy" in line, line
+    assert fits.calls == [] and not (tmp_path / "run").exists()
 
 
 def test_the_default_policy_start_is_restart_from_sft():

@@ -7,14 +7,7 @@ import random
 
 import pytest
 
-from demo.labeling import (
-    bradley_terry_probability,
-    candidate_pairs,
-    plackett_luce_order,
-    prefer_first,
-    rank_samples,
-    score_ranks,
-)
+from demo.labeling import bradley_terry_probability, candidate_pairs, plackett_luce_order, prefer_first, rank_samples
 
 
 def test_all_pairs_of_three():
@@ -105,13 +98,6 @@ def test_argmax_ranking_by_hand_with_a_tie():
     state = rng.getstate()
     assert rank_samples([0.2, 0.9, -0.4, 0.2], "argmax", 1.0, rng) == ([1, 0, 3, 2], [0, 1, 1, 2])
     assert rng.getstate() == state  # argmax draws nothing
-
-
-def test_score_ranks_are_dense_and_need_sorted_scores():
-    assert score_ranks([0.5, 0.5, 0.5]) == [0, 0, 0]
-    assert score_ranks([0.9, 0.1, 0.1, -0.2, -0.2]) == [0, 1, 1, 2, 2]
-    with pytest.raises(ValueError, match="sorted best first"):
-        score_ranks([0.1, 0.3])
 
 
 def _plackett_luce_by_hand(scores, temperature, draws):

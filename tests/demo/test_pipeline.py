@@ -218,8 +218,9 @@ def test_wait_stages_times_each_stage_to_its_own_exit_and_stops_the_rest_on_a_fa
 
     started = time.perf_counter()
     running = start_stages({"long": sleep(60), "bad": sleep(0.0, status=3)}, paths.dir("logs"))
-    with pytest.raises(StageFailed, match="stage 'bad' failed with exit status 3") as failure:
+    with pytest.raises(StageFailed, match=r"stage 'bad' failed \(exit status 3\): no output; its log: ") as failure:
         wait_stages(running, Timings())
     assert failure.value.returncode == 3
+    assert str(failure.value).splitlines()[1].startswith("$ ")  # the tail of its log, from its command line
     assert time.perf_counter() - started < 30  # the 60 s stage was stopped, not waited for
     assert running["long"][0].returncode is not None
