@@ -68,9 +68,10 @@ def evaluate_policy(
         judge), ``rm_mean``/``rm_std`` (with an RM), ``kl_mean``/``kl_std`` (with a reference),
         ``distinct_1``, ``distinct_2`` and its factors ``distinct_2_within`` / ``distinct_2_across``
         (:func:`~rlhf_lit.evaluation.diversity.distinct_n_factors`), ``length_mean`` (response tokens, EOS included),
-        ``ended_fraction``, ``num_samples``; stds are population stds over responses. Each
+        ``ended_fraction``, ``other_turn_fraction`` (responses holding another turn's role markers,
+        :mod:`rlhf_lit.evaluation.turns`), ``num_samples``; stds are population stds over responses. Each
         sample: ``prompt_index``, ``prompt`` (as given), ``prompt_text`` (as the policy read it),
-        ``response``, ``judge``, ``rm``, ``kl`` (those measured), ``length``, ``ended``.
+        ``response``, ``judge``, ``rm``, ``kl`` (those measured), ``length``, ``ended``, ``other_turn``.
     """
     from rlhf_lit.evaluation.diversity import distinct_n, distinct_n_factors
     from rlhf_lit.models.generation import SamplingConfig
@@ -112,6 +113,7 @@ def evaluate_policy(
             **dict(zip(("distinct_2_within", "distinct_2_across"), distinct_n_factors(samples.responses, 2))),
             "length_mean": sum(samples.lengths) / n,
             "ended_fraction": sum(samples.ended) / n,
+            "other_turn_fraction": sum(samples.other_turns) / n,
             "num_samples": n,
         }
     )
@@ -126,7 +128,7 @@ def evaluate_policy(
         for name, values in (("judge", judge_scores), ("rm", samples.rm_scores), ("kl", samples.kls)):
             if values is not None:
                 row[name] = values[i]
-        row.update(length=samples.lengths[i], ended=samples.ended[i])
+        row.update(length=samples.lengths[i], ended=samples.ended[i], other_turn=samples.other_turns[i])
         rows.append(row)
     return {
         "metrics": metrics,

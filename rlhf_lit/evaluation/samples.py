@@ -164,6 +164,7 @@ class Samples:
     responses: list[str] = field(default_factory=list)
     lengths: list[int] = field(default_factory=list)
     ended: list[bool] = field(default_factory=list)
+    other_turns: list[bool] = field(default_factory=list)
     kls: list[float] | None = None
     rm_scores: list[float] | None = None
 
@@ -187,12 +188,15 @@ def sample_and_measure(
     import time
 
     from rlhf_lit.evaluation import response_texts
+    from rlhf_lit.evaluation.turns import holds_other_turn, marker_token_ids
     from rlhf_lit.models.generation import sample_batches, stop_token_ids
     from rlhf_lit.models.reward_ensemble import reward_scores
     from rlhf_lit.models.scoring import reward_model_rows
     from rlhf_lit.models.teacher_forced import response_logprobs
 
-    eos_id = stop_token_ids(models.policy, models.tokenizer)[0]  # appended to cut responses for the RM (with_eos)
+    stop_ids = stop_token_ids(models.policy, models.tokenizer)
+    eos_id = stop_ids[0]  # appended to cut responses for the RM (with_eos)
+    markers = marker_token_ids(models.tokenizer, stop_ids)
     t0 = time.perf_counter()
     batches = sample_batches(models.policy, models.tokenizer, prompts.ids, sampling, batch_size=batch_size, seed=seed)
     seconds = time.perf_counter() - t0
@@ -218,9 +222,9 @@ def sample_and_measure(
                 out.rm_scores += reward_scores(models.reward_model, *rows).tolist()  # an ensemble: the members' mean
         out.lengths += gen.response_mask.sum(-1).tolist()
         out.ended += gen.ended.tolist()
-        out.responses += response_texts(
-            models.tokenizer, gen.query_responses, gen.attention_mask, gen.response_mask, gen.ended
-        )
+        texts = response_texts(models.tokenizer, gen.query_responses, gen.attention_mask, gen.response_mask, gen.ended)
+        out.responses += texts
+        out.other_turns += holds_other_turn(texts, gen.response_ids, gen.response_mask, markers)
     if out.rm_scores is not None and not all(math.isfinite(s) for s in out.rm_scores):
         raise ValueError("the reward model returned a non-finite score (NaN or inf); check the reward model")
     return out, seconds

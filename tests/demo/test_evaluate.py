@@ -26,6 +26,7 @@ METRICS = {
     "distinct_2_across",
     "length_mean",
     "ended_fraction",
+    "other_turn_fraction",
     "num_samples",
 }
 
