@@ -71,6 +71,8 @@ def rollout_statistics(
     non_score_reward = -kl_coef * kl_per_response  # (B,)
     stats = {
         "objective/scores": rollout.raw_scores.mean(),
+        # The spread the reward model's scores give the update: near 0, every response gets one reward.
+        "objective/scores_std": rollout.raw_scores.float().std(unbiased=False),
         "objective/scores_shaped": rollout.scores.mean(),
         # score + KL part, as TRL defines it; not rewards.sum(1), which reward whitening rescales.
         "objective/rlhf_reward": (rollout.scores + non_score_reward).mean(),

@@ -427,6 +427,9 @@ class PPOModule(PPOCheckpoints, StageModule):
             rollout, info.entropy, train_stats.logged, kl_coef, self.critic is not None, gen_train_diff
         )  # no sync
         local.update(info.reward_parts)  # each source
+        # The share of scores the missing-EOS penalty replaced: what no reward-model signal reaches.
+        replaced = ~rollout.ended if self.reward_cfg.missing_eos_penalty is not None else rollout.ended & False
+        local["objective/replaced_fraction"] = replaced.float().mean()
         judged = None if self.judge is None else judged_texts(self.experience_maker, rollout, info, self.judge_reads)
         local.update(text_statistics(self.experience_maker.texts(rollout, info), self.judge, judged))
         local.update(compile_statistics("decode", self.sampling.decode, compile_stats()))  # none when eager
