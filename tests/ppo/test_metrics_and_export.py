@@ -192,6 +192,7 @@ def test_rollout_statistics_by_hand():
     stats = rollout_statistics(rollout, torch.tensor(1.5), {"loss/policy": torch.tensor(0.1)}, kl_coef=0.5)
     expected = {
         "objective/scores": -0.5,  # (1 - 2) / 2
+        "objective/scores_std": 1.5,  # population std of 1 and -2: |1 - (-2)| / 2
         "objective/scores_shaped": -0.25,  # (0.5 - 1) / 2
         "objective/kl": 0.55,  # per response 0.6 and 0.5
         "objective/non_score_reward": -0.275,  # -0.5 * 0.6 = -0.3, -0.5 * 0.5 = -0.25
