@@ -85,6 +85,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="also write one ranking record per prompt of the same samples here (format: rankings)",
     )
+    p.add_argument(
+        "--prompts",
+        default=None,
+        help="a prompts file (text lines, or JSONL of strings or conversations) instead of the paragraph range",
+    )
 
     p = sub.add_parser("evaluate", formatter_class=fmt, help="judge score, KL to the reference, distinct-n, length")
     p.add_argument("--policy", required=True, help="policy directory to evaluate")
@@ -210,6 +215,7 @@ def _run(argv: list[str]) -> int:
             tokenizer=args.tokenizer,
             device=args.device,
             rankings_out=args.rankings_out,
+            prompts_file=args.prompts,
         )
         print(json.dumps(stats, indent=1))
     elif args.command == "evaluate":

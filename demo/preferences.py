@@ -11,6 +11,12 @@ disjoint. ``prompt`` is the prompt string as given and a response is
 decoded by :func:`rlhf_lit.evaluation.response_texts`, so ``prompt + chosen`` is the sampled text
 whenever the tokenizer decodes the encoded prompt back to itself (true of every TinyStories prompt
 with the demo's tokenizer).
+
+The prompts come from a paragraph range of the stories (the toy demo), or from a prompts file
+(``prompts_file``: the chat demo's one-turn conversations, :mod:`demo.chat_prompts`; any file
+``rlhf-lit evaluate --prompts`` reads). A conversation is sampled inside the model's chat template with
+its generation prompt (:mod:`rlhf_lit.data.prompt_rendering`), kept as the record's ``prompt``, and
+``paragraph`` is then the prompt's index in the file; the judge reads the reply alone.
 """
 
 from __future__ import annotations
@@ -24,9 +30,12 @@ from collections.abc import Sequence
 
 from demo.labeling import Labeler, Pairing, candidate_pairs, prefer_first, rank_samples
 from demo.story_prompts import RANGES, load_prompts
+from rlhf_lit.data.conversation import TextOrConversation, is_conversation
 from rlhf_lit.data.rankings import RANKS_FIELD, count_ranked_pairs, distinct_responses, ranking_record
 from rlhf_lit.evaluation import response_texts
 from rlhf_lit.evaluation.judges import DEFAULT_JUDGE, load_judge
+from rlhf_lit.evaluation.prompt_files import read_prompts
+from rlhf_lit.evaluation.samples import policy_prompts
 from rlhf_lit.models import load_causal_lm
 from rlhf_lit.models.generation import SamplingConfig, sample_batches
 from rlhf_lit.tokenizer import load_tokenizer
@@ -153,12 +162,13 @@ def make_preferences(
     tokenizer: str | None = None,
     device: str = "cpu",
     rankings_out: str | None = None,
+    prompts_file: str | None = None,
 ) -> dict:
     """Sample, judge and label; write the preference JSONL to ``out``.
 
     Args:
         model: the SFT model directory (or hub name) to sample from.
-        paragraphs: blank-line separated text file of stories.
+        paragraphs: blank-line separated text file of stories (not read with ``prompts_file``).
         out: JSONL file to write (parent directories are created).
         start, count: the paragraphs ``[start, start + count)`` whose openings are the prompts.
         num_words: words of each paragraph used as the prompt.
@@ -179,6 +189,9 @@ def make_preferences(
         rankings_out: also write the ranking records of the same samples and judge scores here
             (the same labeller, seeded as ``out``'s): pairs for DPO and rankings for the RM from
             one labelling cost.
+        prompts_file: the prompts instead of a paragraph range (``start``, ``count`` and
+            ``num_words`` are then not read): a file :func:`rlhf_lit.evaluation.prompt_files.read_prompts`
+            reads, strings or conversations.
 
     Returns:
         Counts and timings: prompts, samples, records (pairs or rankings written), pairs (the
@@ -192,12 +205,15 @@ def make_preferences(
         raise ValueError("bt_temperature only applies to labeler='bradley_terry'; drop it or switch labeler")
     temperature = DEFAULT_BT_TEMPERATURE if bt_temperature is None else bt_temperature
     t0 = time.perf_counter()
+    if prompts_file is not None:
+        prompts = read_prompts(prompts_file)
+        indices = list(range(len(prompts)))
+    else:
+        indices, prompts = load_prompts(paragraphs, start, count, num_words)
     samples = sample_and_judge(
         model,
-        paragraphs,
-        start=start,
-        count=count,
-        num_words=num_words,
+        indices,
+        prompts,
         samples_per_prompt=samples_per_prompt,
         judge=judge,
         sampling=sampling,
@@ -230,11 +246,9 @@ def make_preferences(
 
 def sample_and_judge(
     model: str,
-    paragraphs: str,
+    indices: Sequence[int],
+    prompts: Sequence[TextOrConversation],
     *,
-    start: int,
-    count: int,
-    num_words: int,
     samples_per_prompt: int,
     judge: str,
     sampling: SamplingConfig,
@@ -243,20 +257,31 @@ def sample_and_judge(
     tokenizer: str | None,
     device: str,
 ) -> dict[str, list]:
-    """Sample K completions of each prompt and judge each once (arguments as :func:`make_preferences`).
+    """Sample K completions of each prompt and judge each reply once (other arguments as :func:`make_preferences`).
+
+    Args:
+        indices: each prompt's index (its paragraph, or its line in the prompts file), ``(N,)``.
+        prompts: ``(N,)`` strings (sampled as they are) or conversations (sampled in the model's chat
+            template with its generation prompt).
 
     Returns ``{"paragraphs": (N,), "prompts", "responses", "scores": (N * K,) grouped by prompt}``,
     what :func:`label` takes.
     """
     judge_fn = load_judge(judge)
-    indices, prompts = load_prompts(paragraphs, start, count, num_words)
     tok = load_tokenizer(tokenizer or model, padding_side="left")
     lm = load_causal_lm(model, tok).to(device).eval()
     repeated = [p for p in prompts for _ in range(samples_per_prompt)]
+    # A conversation reaches the model as the one rule for prompts outside the data modules renders it.
+    inputs = policy_prompts(tok, repeated, "auto").ids if any(map(is_conversation, prompts)) else repeated
     responses = []
-    for gen in sample_batches(lm, tok, repeated, sampling, batch_size=batch_size, seed=seed):
+    for gen in sample_batches(lm, tok, inputs, sampling, batch_size=batch_size, seed=seed):
         responses += response_texts(tok, gen.query_responses, gen.attention_mask, gen.response_mask, gen.ended)
-    return {"paragraphs": indices, "prompts": repeated, "responses": responses, "scores": list(judge_fn(responses))}
+    return {
+        "paragraphs": list(indices),
+        "prompts": [list(p) if is_conversation(p) else p for p in repeated],  # a conversation as JSON writes it
+        "responses": responses,
+        "scores": list(judge_fn(responses)),
+    }
 
 
 def label(

@@ -88,6 +88,7 @@ def samples(sampling: Sampling, path: Path, start: int, count: int, seed: int) -
     import torch
 
     from demo.preferences import sample_and_judge
+    from demo.story_prompts import load_prompts
     from rlhf_lit.evaluation.judges import DEFAULT_JUDGE
     from rlhf_lit.models.generation import SamplingConfig
 
@@ -95,10 +96,7 @@ def samples(sampling: Sampling, path: Path, start: int, count: int, seed: int) -
     t0 = time.perf_counter()
     judged = sample_and_judge(
         sampling.sft,
-        sampling.paragraphs,
-        start=start,
-        count=count,
-        num_words=8,
+        *load_prompts(sampling.paragraphs, start, count, 8),
         samples_per_prompt=sampling.samples_per_prompt,
         judge=DEFAULT_JUDGE,
         sampling=SamplingConfig(temperature=sampling.temperature, max_new_tokens=sampling.max_new_tokens),

@@ -191,3 +191,35 @@ def test_label_rankings_bradley_terry_draws_k_minus_one_per_kept_prompt():
     assert records[0]["ranks"] == [0, 1, 2]
     by_response = dict(zip(responses[:3], scores[:3]))
     assert records[0]["scores"] == [by_response[r] for r in records[0]["responses"]]
+
+
+def test_preferences_from_a_file_of_conversations_sample_inside_the_chat_template(tmp_path, capsys, monkeypatch):
+    from assets_paths import STORIES260K_CHAT
+
+    from rlhf_lit.models import generation
+    from rlhf_lit.tokenizer import load_tokenizer
+
+    prompts = tmp_path / "label.jsonl"
+    asked = ["Tell a story about a cat.", "Tell a story about a dog."]
+    prompts.write_text("".join(json.dumps({"prompt": [{"role": "user", "content": q}]}) + "\n" for q in asked))
+    seen = []
+    original = generation.sample_batches
+
+    def spy(model, tokenizer, inputs, *args, **kwargs):
+        seen.extend(inputs)
+        return original(model, tokenizer, inputs, *args, **kwargs)
+
+    monkeypatch.setattr("demo.preferences.sample_batches", spy)
+    out, rankings_out = tmp_path / "pairs.jsonl", tmp_path / "rankings.jsonl"
+    args = ["preferences", "--model", str(STORIES260K_CHAT), "--prompts", str(prompts), "--out", str(out)]
+    args += ["--samples-per-prompt", "3", "--max-new-tokens", "8", "--seed", "2", "--rankings-out", str(rankings_out)]
+    assert main(args) == 0
+    assert json.loads(capsys.readouterr().out)["samples"] == 6
+    tok = load_tokenizer(str(STORIES260K_CHAT))
+    rendered = [tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True) for q in asked]
+    rendered = [r["input_ids"] if hasattr(r, "keys") else r for r in rendered]
+    assert seen == [rendered[0]] * 3 + [rendered[1]] * 3  # ids in the template, not the raw request
+    for path in (out, rankings_out):
+        for line in path.read_text().splitlines():
+            record = json.loads(line)
+            assert record["prompt"] == [{"role": "user", "content": asked[record["paragraph"]]}]
