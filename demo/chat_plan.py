@@ -1,0 +1,220 @@
+"""The chat demo's plan: how much work each stage does (:class:`ChatBudget`), the commands it runs and
+what it reads from ``configs/demo_chat`` (the toy demo's plan: :mod:`demo.plan`, whose :class:`Paths`
+and ``--out`` folder rules it shares).
+
+The chat demo has no SFT stage: SmolLM2-135M-Instruct is already instruction-tuned, so it is the
+policy's start, PPO's and DPO's reference and the model the labels are sampled from.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from demo.plan import ROOT, Paths, ppo_init_args
+from demo.runner import fit_command, rollout_checkpointing
+
+CONFIGS = ROOT / "configs" / "demo_chat"
+"""``reward_model.yaml``, ``dpo.yaml``, ``ppo.yaml`` of the chat demo."""
+HH_FILE = ROOT / "assets" / "data" / "hh-rlhf" / "harmless-base-test.jsonl.gz"
+"""The shipped HH-RLHF harmless-base transcripts whose first human turns are the prompts."""
+
+
+@dataclass(frozen=True)
+class ChatBudget:
+    """How much work each stage does; ``CHAT_TINY`` is the smoke-test budget.
+
+    Override lists are extra ``rlhf-lit fit`` options (empty: as the config says).
+    """
+
+    eval_prompts: int = 128
+    label_prompts: int = 320
+    samples_per_prompt: int = 4
+    reward_model: tuple[str, ...] = ()
+    dpo: tuple[str, ...] = ()
+    ppo: tuple[str, ...] = ()
+    bon_n_max: int = 16
+    checkpoint_every: int = 10  # PPO rollouts between the checkpoints evaluated on the frontier
+    max_new_tokens: int | None = None  # None: the PPO config's; else every stage samples this many
+    threads: int = 2  # torch threads of a stage that runs alone
+
+
+CHAT_FULL = ChatBudget()
+WARMUP_1 = ("--model.init_args.optimizer.warmup_steps", "1")
+CHAT_TINY = ChatBudget(
+    eval_prompts=4,
+    label_prompts=12,
+    samples_per_prompt=3,
+    reward_model=("--trainer.max_epochs", "1", "--data.init_args.batch_size", "4", *WARMUP_1),
+    dpo=("--trainer.max_steps", "2", "--data.init_args.batch_size", "4", *WARMUP_1),
+    ppo=(
+        "--model.init_args.max_rollouts",
+        "2",
+        "--data.init_args.batch_size",
+        "4",
+        "--model.init_args.ppo.minibatch_size",
+        "4",
+        "--model.init_args.ppo.epochs",
+        "1",
+    ),
+    bon_n_max=2,
+    checkpoint_every=1,
+    max_new_tokens=8,
+    threads=1,
+)
+
+
+def sampling_settings(budget: ChatBudget) -> tuple[float, int]:
+    """``(temperature, max_new_tokens)`` PPO samples with: labels, best-of-N and the evaluation use the same."""
+    sampling = ppo_init_args(CONFIGS / "ppo.yaml").get("sampling", {})
+    return float(sampling.get("temperature", 1.0)), budget.max_new_tokens or int(sampling["max_new_tokens"])
+
+
+def rollouts(budget: ChatBudget) -> int:
+    """How many rollouts PPO makes: the budget's override, else the config's ``max_rollouts``."""
+    flag = "--model.init_args.max_rollouts"
+    if flag in budget.ppo:
+        return int(budget.ppo[budget.ppo.index(flag) + 1])
+    return int(ppo_init_args(CONFIGS / "ppo.yaml")["max_rollouts"])
+
+
+def logger_root(paths: Paths, seed: int | None) -> list[str]:
+    """The options every fit takes: its TensorBoard logs under ``--out``, and the run seed when given."""
+    seeds = [] if seed is None else ["--seed_everything", str(seed)]
+    return ["--trainer.logger.init_args.save_dir", str(paths.root), *seeds]
+
+
+def preferences_command(model: str, paths: Paths, budget: ChatBudget, judge: str, seed: int | None) -> list[str]:
+    """``python -m demo preferences``: K replies per labelling request, judged, as best-vs-worst pairs
+    (DPO's data) and rankings (the reward model's), at PPO's sampling settings."""
+    temperature, max_new_tokens = sampling_settings(budget)
+    return [
+        sys.executable,
+        "-m",
+        "demo",
+        "preferences",
+        "--model",
+        model,
+        "--prompts",
+        str(paths.dir("data") / "label.jsonl"),
+        "--out",
+        str(paths.dir("prefs") / "pairs.jsonl"),
+        "--rankings-out",
+        str(paths.dir("prefs") / "rankings.jsonl"),
+        "--samples-per-prompt",
+        str(budget.samples_per_prompt),
+        "--judge",
+        judge,
+        "--temperature",
+        str(temperature),
+        "--max-new-tokens",
+        str(max_new_tokens),
+        "--seed",
+        str(seed or 0),
+    ]
+
+
+def reward_model_command(model: str, paths: Paths, budget: ChatBudget, seed: int | None) -> list[str]:
+    """``rlhf-lit fit`` of the reward model on the rankings."""
+    return fit_command(
+        CONFIGS / "reward_model.yaml",
+        [
+            *logger_root(paths, seed),
+            "--model.init_args.model",
+            model,
+            "--model.init_args.export_dir",
+            str(paths.model("reward_model")),
+            "--data.init_args.train_path",
+            str(paths.dir("prefs") / "rankings.jsonl"),
+            *budget.reward_model,
+        ],
+    )
+
+
+def dpo_command(model: str, paths: Paths, budget: ChatBudget, beta: float, seed: int | None) -> list[str]:
+    """``rlhf-lit fit`` of DPO at ``beta`` on the best-vs-worst pairs (its folder: ``dpo/beta_<b>``)."""
+    stage = f"dpo/beta_{beta:g}"
+    return fit_command(
+        CONFIGS / "dpo.yaml",
+        [
+            *logger_root(paths, seed),
+            "--trainer.logger.init_args.name",
+            stage,
+            "--model.init_args.model",
+            model,
+            "--model.init_args.beta",
+            str(beta),
+            "--model.init_args.export_dir",
+            str(paths.model(stage)),
+            "--data.init_args.train_path",
+            str(paths.dir("prefs") / "pairs.jsonl"),
+            *budget.dpo,
+        ],
+    )
+
+
+def ppo_command(model: str, paths: Paths, budget: ChatBudget, judge: str, seed: int | None) -> list[str]:
+    """``rlhf-lit fit`` of PPO against the reward model, with checkpoints for the frontier."""
+    max_new_tokens = budget.max_new_tokens
+    return fit_command(
+        CONFIGS / "ppo.yaml",
+        [
+            *logger_root(paths, seed),
+            "--model.init_args.sft_model",
+            model,
+            "--model.init_args.reward_model",
+            str(paths.model("reward_model")),
+            "--model.init_args.judge",
+            judge,
+            "--model.init_args.export_dir",
+            str(paths.model("ppo")),
+            "--data.init_args.train_path",
+            str(paths.dir("data") / "ppo.jsonl"),
+            *rollout_checkpointing(budget.checkpoint_every, paths.checkpoints),
+            *budget.ppo,
+            *([] if max_new_tokens is None else ["--model.init_args.sampling.max_new_tokens", str(max_new_tokens)]),
+            *([] if seed is None else ["--model.init_args.rollout_seed", str(seed)]),
+        ],
+    )
+
+
+def best_of_n_command(model: str, paths: Paths, budget: ChatBudget, judge: str, seed: int | None) -> list[str]:
+    """``rlhf-lit best-of-n``: N = 1 .. ``bon_n_max`` replies of the instruction model to each held-out
+    request, the reward model's pick, scored as PPO's reward reads a cut reply (``reward.unfinished``)."""
+    temperature, max_new_tokens = sampling_settings(budget)
+    unfinished = (ppo_init_args(CONFIGS / "ppo.yaml").get("reward") or {}).get("unfinished", "as_sampled")
+    return [
+        sys.executable,
+        "-m",
+        "rlhf_lit.cli",
+        "best-of-n",
+        "--policy",
+        model,
+        "--reward-model",
+        str(paths.model("reward_model")),
+        "--prompts",
+        str(paths.dir("data") / "eval.jsonl"),
+        "--judge",
+        judge,
+        "--n-max",
+        str(budget.bon_n_max),
+        "--temperature",
+        str(temperature),
+        "--max-new-tokens",
+        str(max_new_tokens),
+        "--seed",
+        str(seed or 0),
+        "--unfinished",
+        unfinished,
+        "--out",
+        str(paths.dir("best_of_n") / "best_of_n.json"),
+    ]
+
+
+def default_model() -> str:
+    """Where ``make smollm2`` caches SmolLM2-135M-Instruct (``scripts/fetch_smollm2.py`` without fetching)."""
+    import os
+
+    cache = os.environ.get("RLHF_LIT_CACHE") or str(Path.home() / ".cache" / "rlhf-lit")
+    return str(Path(cache) / "models" / "SmolLM2-135M-Instruct")
