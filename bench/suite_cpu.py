@@ -17,8 +17,10 @@ on a shared machine also counts the waiting. This file is both:
 Commands (from the project root; the log is appended to, so start from an empty one)::
 
     rm -f cpu.jsonl
-    PYTHONPATH=bench make test PYTEST_ARGS="-p suite_cpu --suite-cpu-log $PWD/cpu.jsonl"
+    PYTHONPATH=bench make test-all PYTEST_ARGS="-p suite_cpu --suite-cpu-log $PWD/cpu.jsonl"
     python bench/suite_cpu.py cpu.jsonl --top 30
+
+(``make test`` in its place: the tests not marked slow only.)
 
 What it does not count: pytest's start and collection in each worker, and a process that outlives
 the worker's knowledge of it (one that exits and is reaped by a process other than the worker or

@@ -45,45 +45,13 @@ def pytest_configure(config):
         config.addinivalue_line("filterwarnings", f"ignore:{message}")
 
 
-# ---------------------------------------------------------------- pytest-xdist (make test: -n 2)
-CHAIN_GROUP = "offline-chain"
-CHAIN_MODULES = ("tests/cli/test_run_dir.py", "tests/cli/test_commands_cli.py", "tests/demo/test_frontier.py")
-"""The modules with tests that read the session's SFT -> RM -> PPO chain (:func:`offline_chain`): one
-xdist scope, so one worker builds the chain while the other goes on with the rest. A reader in
-another module still works (the build is shared under a file lock); it may wait for it, though."""
-
-
-MULTIPROCESS_GROUP = "two-process-runs"
-MULTIPROCESS_MODULES = (
-    "tests/cli/test_resume_cli.py",
-    "tests/cli/test_strategies_cli.py",
-    "tests/cli/test_multinode_cli.py",
-    "tests/cli/test_lora_fsdp_cli.py",
-    "tests/cli/test_preemption_cli.py",
-    "tests/cli/test_guard_ddp_cli.py",
-    "tests/ppo/test_ddp.py",
-    "tests/ppo/test_groups_ddp.py",
-    "tests/ppo/test_strategies.py",
-    "tests/test_two_ranks.py",
-)
-"""The modules that launch runs of two processes (ddp, fsdp2 over gloo): one xdist scope, so at most
-one such run shares the 2 cores with the other worker's test. Two of them at once (four processes
-on two cores) once lost a rank in the fsdp2 kill-and-resume test."""
-
-
-def xdist_scope(nodeid: str) -> str:
-    """The unit of work pytest-xdist sends to one worker: the test's module (its module-scoped
-    fixtures are then built once), :data:`CHAIN_GROUP` for the modules in :data:`CHAIN_MODULES`, or
-    :data:`MULTIPROCESS_GROUP` for those in :data:`MULTIPROCESS_MODULES`."""
-    module = nodeid.split("::")[0]
-    if module in CHAIN_MODULES:
-        return CHAIN_GROUP
-    return MULTIPROCESS_GROUP if module in MULTIPROCESS_MODULES else module
+# ---------------------------------------------------------------- pytest-xdist (make test, make test-all: -n 2)
+from xdist_units import longest_units_first, xdist_scope  # noqa: E402
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
-    """``--dist loadscope`` with :func:`xdist_scope` as the scope (other modes as pytest-xdist has them).
+    """``--dist loadscope`` with :func:`xdist_units.xdist_scope` as the scope (other modes as pytest-xdist has them).
 
     The units are sent in the order :func:`pytest_collection_modifyitems` gives them: pytest-xdist's
     own reordering (``--loadscope-reorder``, on by default: the units with the most tests first)
@@ -98,20 +66,12 @@ def pytest_xdist_make_scheduler(config, log):
     config.option.loadscopereorder = False
 
     class ModuleScopeScheduling(LoadScopeScheduling):
-        """Load-scope scheduling whose scopes are :func:`xdist_scope`'s."""
+        """Load-scope scheduling whose scopes are :func:`xdist_units.xdist_scope`'s."""
 
         def _split_scope(self, nodeid: str) -> str:
             return xdist_scope(nodeid)
 
     return ModuleScopeScheduling(config, log)
-
-
-def _unit_order(scope: str, items: list[pytest.Item]) -> tuple[int, int]:
-    """The longest units first: :data:`MULTIPROCESS_GROUP` (the suite's longest), :data:`CHAIN_GROUP`,
-    then the units with slow tests (the most slow tests first), then the rest."""
-    slow = sum(1 for item in items if item.get_closest_marker("slow"))
-    rank = {MULTIPROCESS_GROUP: 0, CHAIN_GROUP: 1}.get(scope, 2 if slow else 3)
-    return rank, -slow
 
 
 COMMAND_DIRS = ("tests/cli/", "tests/bench/")
@@ -121,20 +81,19 @@ the ``command`` marker, which ``make test-portable`` leaves out unless a test is
 none of them bounds a float32 difference between two summation orders."""
 
 
+@pytest.hookimpl(wrapper=True)
 def pytest_collection_modifyitems(config, items):
-    """Mark the tests in :data:`COMMAND_DIRS` ``command``, and run the :func:`xdist_scope` units
-    longest first (:func:`_unit_order`), in collection order otherwise: two workers then start on
-    the long runs and end on short tests (pytest-xdist sends the units in this order,
-    :func:`pytest_xdist_make_scheduler`). The order differs from the files' with or without xdist;
-    results must not depend on it."""
+    """Mark the tests in :data:`COMMAND_DIRS` ``command`` before ``-m`` selects by markers (a wrapper:
+    this part runs before pytest's own hook), then order the tests ``-m`` and ``-k`` kept by
+    :func:`xdist_units.longest_units_first`: two workers then start on the long runs and end on short
+    tests (pytest-xdist sends the units in this order, :func:`pytest_xdist_make_scheduler`). The order
+    differs from the files' with or without xdist; results must not depend on it."""
     for item in items:
         if item.nodeid.startswith(COMMAND_DIRS):
             item.add_marker(pytest.mark.command)
-    scopes: dict[str, list[pytest.Item]] = {}
-    for item in items:
-        scopes.setdefault(xdist_scope(item.nodeid), []).append(item)
-    heavy_first = sorted(scopes.items(), key=lambda scope: _unit_order(*scope))
-    items[:] = [item for _, scope in heavy_first for item in scope]
+    result = yield
+    items[:] = longest_units_first(items)
+    return result
 
 
 # The offline assets shipped with the project (see assets/README.md), named in one module.
@@ -222,7 +181,7 @@ def offline_chain(tmp_path_factory):
 def two_process_run(tmp_path_factory) -> Path:
     """The folder of the suite's one two-process launch (tests/ppo/two_process_worker.py): every part's
     ``<part>/rank<r>.pt``. Started once per session, on the worker that runs the two-process tests
-    (:data:`MULTIPROCESS_MODULES`, one xdist scope); a failed or hung launch fails each test reading it."""
+    (:data:`xdist_units.MULTIPROCESS_MODULES`, one xdist scope); a failed or hung launch fails each test reading it."""
     import signal
     import subprocess
     import sys

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 from assets_paths import ROOT
+from suite_env import subprocess_env
 
 SCRIPT = ROOT / "scripts" / "code_lines.py"
 
@@ -50,5 +51,7 @@ def test_the_command_prints_the_total_of_a_tree(tmp_path):
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "a.py").write_text(SOURCE)
     (tmp_path / "pkg" / "b.py").write_text("x = 1\n\n# comment\n")
-    out = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path / "pkg")], capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, str(SCRIPT), str(tmp_path / "pkg")], capture_output=True, text=True, env=subprocess_env()
+    )
     assert out.returncode == 0 and out.stdout.split() == ["9"]

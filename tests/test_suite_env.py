@@ -8,7 +8,6 @@ import os
 import subprocess
 import sys
 
-import pytest
 from assets_paths import ROOT
 from suite_env import FIXED, controlled, subprocess_env
 
@@ -88,7 +87,6 @@ def test_this_process_and_the_processes_it_starts_run_in_the_suite_environment()
     assert huggingface_hub.constants.ENDPOINT == "https://huggingface.co"
 
 
-@pytest.mark.slow
 def test_the_environment_sensitive_tests_pass_with_the_callers_switches_exported(tmp_path):
     """The hub error (it once failed under an exported ``HF_HUB_OFFLINE``) and the check above, run by
     pytest with :data:`HOSTILE` exported."""

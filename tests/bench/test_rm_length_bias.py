@@ -46,7 +46,6 @@ def by_hand_pearson(x: list[float], y: list[float]) -> float:
     return sxy / math.sqrt(sxx * syy)
 
 
-@pytest.mark.slow  # reads the shared SFT -> RM -> PPO chain (built once per session)
 def test_the_figures_are_those_of_its_own_scores_on_the_held_out_pairs(offline_chain, tmp_path):
     rm = offline_chain.export("reward_model")
     out = tmp_path / "bias.json"

@@ -75,7 +75,6 @@ def chat_run(tmp_path_factory):
     return run_dir, results
 
 
-@pytest.mark.slow
 def test_the_chat_configs_train_every_stage_from_conversational_files(chat_run):
     run_dir, results = chat_run
     template = AutoTokenizer.from_pretrained(STORIES260K_CHAT).chat_template
@@ -92,7 +91,6 @@ def test_the_chat_configs_train_every_stage_from_conversational_files(chat_run):
     assert "prompts.jsonl: format auto read as fields" in detected["ppo"]
 
 
-@pytest.mark.slow
 def test_ppo_refuses_a_reward_model_trained_without_the_chat_template(chat_run, offline_chain, tmp_path):
     run_dir, _ = chat_run
     plain_rm = offline_chain.export("reward_model")  # the offline chain's RM: stories260K, no chat template

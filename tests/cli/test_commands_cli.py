@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import math
 
-import pytest
 from assets_paths import STORIES260K_CHAT
 from cli_helpers import STORIES, error_line, run_main
 
@@ -236,7 +235,6 @@ def test_unfinished_with_eos_changes_only_the_rm_scores_of_cut_responses(tmp_pat
     assert all(a["rm"] == b["rm"] for a, b in pairs if a["ended"])  # an ended response already ends at EOS
 
 
-@pytest.mark.slow
 def test_evaluate_measures_the_kl_of_a_trained_policy_to_its_reference(tmp_path, offline_chain):
     # The exports of the session's `rlhf-lit fit` chain (tests/offline_chain.py): the PPO policy
     # against the SFT model it started from, scored by the chain's reward model.

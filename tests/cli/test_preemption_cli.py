@@ -147,7 +147,6 @@ def _signal_after_first_checkpoint(proc: cli_forked.ForkedProcess, root: Path, s
             proc.wait()
 
 
-@pytest.mark.slow
 def test_ppo_sigterm_stops_after_the_rollout_and_the_logged_command_resumes_it_exactly(
     straight_ppo, stories_rm, tmp_path
 ):
@@ -167,7 +166,6 @@ def test_ppo_sigterm_stops_after_the_rollout_and_the_logged_command_resumes_it_e
     assert final["PromptDataModule"] == expected["PromptDataModule"]  # the data position
 
 
-@pytest.mark.slow
 def test_sft_sigterm_stops_after_the_optimizer_step_and_the_logged_command_resumes_it_exactly(straight_sft, tmp_path):
     _sft(tmp_path)
     proc, log = _start(tmp_path, "sft.yaml")

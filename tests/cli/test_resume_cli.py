@@ -68,7 +68,6 @@ def _fit(strategy: str | None, *args: str, cwd: Path) -> subprocess.CompletedPro
     return rlhf_lit_forked("fit", *args, cwd=cwd) if strategy else run_main("fit", *args, cwd=cwd)
 
 
-@pytest.mark.slow
 def test_killed_mid_rollout_and_resumed_with_the_readme_command_equals_a_straight_run(tmp_path, stories_rm):
     """One process. Two under fsdp2: killed on one node and resumed on two in test_multinode_cli.py;
     under ddp: stopped by SIGTERM in test_preemption_cli.py."""

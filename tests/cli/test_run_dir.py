@@ -59,7 +59,6 @@ def private_chain(offline_chain, tmp_path) -> tuple[Path, dict]:
     return copy.cwd, copy.results
 
 
-@pytest.mark.slow
 def test_the_chain_writes_logs_checkpoints_config_and_exports_under_the_run_dir_and_nothing_else(chain):
     cwd, _ = chain
     assert sorted(os.listdir(cwd)) == ["runs"]  # no logs/, lightning_logs/, checkpoints/ beside it
@@ -77,7 +76,6 @@ def test_the_chain_writes_logs_checkpoints_config_and_exports_under_the_run_dir_
         assert _config(cwd, stage)["run_dir"] == "runs/exp1"
 
 
-@pytest.mark.slow
 def test_each_stage_read_the_previous_stages_export_without_it_being_named(chain):
     cwd, results = chain
     assert _config(cwd, "reward_model")["model"]["init_args"]["model"] == "runs/exp1/sft/model"
@@ -93,7 +91,6 @@ def test_each_stage_read_the_previous_stages_export_without_it_being_named(chain
     )
 
 
-@pytest.mark.slow
 def test_a_stage_run_again_is_refused_and_a_second_run_dir_is_a_second_experiment(private_chain):
     cwd, _ = private_chain
     before = _snapshot(cwd / "runs/exp1")
@@ -110,7 +107,6 @@ def test_a_stage_run_again_is_refused_and_a_second_run_dir_is_a_second_experimen
     assert sorted(os.listdir(cwd)) == ["runs"]
 
 
-@pytest.mark.slow
 def test_resuming_from_a_checkpoint_in_the_run_dir_logs_into_the_same_version(private_chain):
     cwd, _ = private_chain
     version = cwd / "runs/exp1/ppo/version_0"

@@ -51,7 +51,6 @@ def test_seeds_runs_the_tiny_sft_once_per_seed_and_skips_finished_ones(tmp_path,
     assert before == {s: (_digest(exports[s] / "model.safetensors"), logs[s].read_text()) for s in (1, 2)}
 
 
-@pytest.mark.slow
 def test_seeds_stops_at_the_first_failure_naming_the_seed_and_its_log(tmp_path, forked_runs):
     result = run_main(
         "seeds", "--seeds", "5", "6", "--", *SFT, "--trainer.max_stepz", "3", "--run_dir", "runs/bad", cwd=tmp_path

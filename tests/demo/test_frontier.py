@@ -114,7 +114,6 @@ def test_frontier_table_and_plot(tmp_path):
     assert (saved[1]["judge"], saved[1]["judge_se"]) == (0.5, 0.02)
 
 
-@pytest.mark.slow
 def test_the_loader_reads_a_checkpoint_that_rlhf_lit_fit_wrote(offline_chain):
     # The session's SFT -> RM -> PPO chain (tests/offline_chain.py): its PPO run's Lightning checkpoint,
     # written by `rlhf-lit fit` at the end of the run, holds the policy that run exported.

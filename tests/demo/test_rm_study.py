@@ -134,7 +134,6 @@ def _study(*args: str, cwd) -> subprocess.CompletedProcess:
     return cli_forked.run_module("demo", "rm-study", *args, cwd=cwd)
 
 
-@pytest.mark.slow
 def test_tiny_study_end_to_end_and_resumed(stories_path, tinystories, tmp_path):
     out = tmp_path / "study"
     args = [
