@@ -12,8 +12,11 @@ from torch.utils.data import DataLoader
 from rlhf_lit.callbacks import Checkpoint
 from rlhf_lit.models import load_reward_model, sequence_scores
 from rlhf_lit.models.generation import SamplingConfig
+from rlhf_lit.models.lora import LoRAConfig
+from rlhf_lit.models.memory import MemoryConfig
 from rlhf_lit.models.value import SeparateCritic, ValueHead, build_critic
 from rlhf_lit.stages.optim import OptimizerConfig
+from rlhf_lit.stages.ppo import PPOModule
 from rlhf_lit.stages.ppo.checks import check_whitening_rows
 from rlhf_lit.stages.ppo.config import PPOConfig, RewardConfig
 from rlhf_lit.tokenizer import load_tokenizer
@@ -108,6 +111,40 @@ def test_ptx_without_a_second_source_is_refused(tmp_path):
         tiny_trainer(tmp_path).fit(
             module, train_dataloaders=DataLoader([prompt_batch(module.tokenizer, PROMPTS)], batch_size=None)
         )
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"max_rollouts": 0}, "^max_rollouts must be >= 1, got 0$"),
+        ({"critic": "shared_trunk", "critic_optimizer": OptimizerConfig()}, "trains the head with the policy's optim"),
+        ({"critic": "shared_trunk", "critic_lora": LoRAConfig()}, "^critic_lora applies to a separate critic"),
+        ({"lora": LoRAConfig(dropout=0.1)}, r"^lora\.dropout must be 0 in PPO"),
+        ({"trainable_layers": 0}, "^trainable_layers must be >= 1 or null, got 0$"),
+        ({"trainable_layers": 1, "lora": LoRAConfig()}, "^trainable_layers and lora both choose what trains"),
+        ({"reward_model": None}, r"^reward\.sources uses the reward model .*; set model\.reward_model$"),
+        (
+            {"sampling": SamplingConfig(ignore_eos=True), "reward": RewardConfig(missing_eos_penalty=-1.0)},
+            "^sampling.ignore_eos: no response ends at EOS",
+        ),
+        (
+            {
+                "ppo": PPOConfig(forward="compiled"),
+                "memory": MemoryConfig(gradient_checkpointing=True),
+                "lora": LoRAConfig(),
+            },
+            "^ppo.forward: compiled does not run with memory.gradient_checkpointing and LoRA together",
+        ),
+        (
+            {"ppo": PPOConfig(estimator="rloo"), "sampling": SamplingConfig(samples_per_prompt=2), "value_model": "v"},
+            "^ppo.estimator='rloo' trains no critic; leave value_model at the default$",
+        ),
+    ],
+)
+def test_settings_that_contradict_each_other_are_refused_before_any_model_loads(settings, message):
+    # The models' paths name nothing: a refusal that came after loading began would name them instead.
+    with pytest.raises(ValueError, match=message):
+        PPOModule(**{"sft_model": "./no/such/sft", "reward_model": "./no/such/rm", **settings})
 
 
 @pytest.mark.parametrize("bad", [dict(epochs=0), dict(clip_range=0.0), dict(gamma=1.5), dict(max_grad_norm=0.0)])
