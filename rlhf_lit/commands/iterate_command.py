@@ -138,10 +138,8 @@ def check_run_dir(config: IterateConfig, where: str) -> None:
             f"{where}: run_dir {config.run_dir} is not empty and holds no iterate.json of rlhf-lit "
             "iterate; give a new or empty run_dir"
         )
-    old, new = dict(kept["config"]), as_dict(config)
-    old.pop("iterations", None)
-    new.pop("iterations", None)
-    changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+    old, new = kept["config"], as_dict(config)
+    changed = sorted(k for k in set(old) | set(new) if k != "iterations" and old.get(k) != new.get(k))
     if changed:
         raise OptionError(
             f"{where}: run_dir {config.run_dir} was started with another config ({', '.join(changed)} "

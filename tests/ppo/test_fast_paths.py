@@ -401,9 +401,9 @@ def test_packed_passes_train_the_same_weights(tmp_path, monkeypatch):
     from ppo_helpers import tiny_module, tiny_trainer
     from torch.utils.data import DataLoader
 
-    import rlhf_lit.models.generation as generation
     import rlhf_lit.models.packing as packing
     import rlhf_lit.models.scoring as scoring
+    import rlhf_lit.models.teacher_forced as teacher_forced
     from rlhf_lit.stages.ppo.config import PPOConfig
 
     texts = ["Once upon a time there was a little girl named", "The", "Tom", "A big dog ran to the park and"]
@@ -413,7 +413,7 @@ def test_packed_passes_train_the_same_weights(tmp_path, monkeypatch):
         packed_rows.append(ids.shape)
         return packing.pack_rows(ids, mask)
 
-    for where in (generation, scoring):  # the logits passes (policy, reference) and the score heads (critic, RM)
+    for where in (teacher_forced, scoring):  # the logits passes (policy, reference) and the score heads (critic, RM)
         monkeypatch.setattr(where, "pack_rows", recording)
     for remove in (True, False):
         torch.manual_seed(0)

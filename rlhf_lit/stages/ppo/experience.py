@@ -216,18 +216,13 @@ class ExperienceMaker:
             else None
         )
 
-    @property
-    def old_logprobs_from_sampling(self) -> bool:
-        """``ppo.old_logprobs: sampling``, unless the policy forward runs anyway (a shared-trunk critic)."""
+    def uses_sampled_logprobs(self, gen: Generated) -> bool:
+        """The rollout's old logprobs (and entropy) are the ones recorded while sampling: ``ppo.old_logprobs:
+        sampling``, unless the policy forward runs anyway (a shared-trunk critic), and a generation that recorded
+        them (a ``generate`` replaced by a script records none: then the policy rescores)."""
         critic = self.stage.critic
         shared = critic is not None and critic.needs_policy_hidden
-        return self.ppo.old_logprobs == "sampling" and not shared
-
-    def uses_sampled_logprobs(self, gen: Generated) -> bool:
-        """The rollout's old logprobs (and entropy) are the ones recorded while sampling: ppo.old_logprobs
-        sampling (:attr:`old_logprobs_from_sampling`) and a generation that recorded them (a
-        ``generate`` replaced by a script records none: then the policy rescores)."""
-        return self.old_logprobs_from_sampling and gen.logprobs is not None
+        return self.ppo.old_logprobs == "sampling" and not shared and gen.logprobs is not None
 
     @torch.no_grad()
     def score_chunk(self, gen: Generated, first: FirstForward | None = None) -> Scored:

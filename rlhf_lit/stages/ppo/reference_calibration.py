@@ -128,15 +128,15 @@ class ReferenceCalibration:
         per_row = reference.to(raw_scores.device).repeat_interleave(
             raw_scores.shape[0] // reference.shape[0], 0
         )  # (B, K)
-        if not (torch.isfinite(raw_scores).all() and torch.isfinite(per_row).all()):
+        if torch.isfinite(raw_scores).all() and torch.isfinite(per_row).all():
+            calibrated = calibrated_scores(
+                raw_scores, per_row, self.reward.calibration_transform, self.reward.calibration_n
+            )  # (B,)
+            quantiles = reference_quantiles(raw_scores, per_row).float()  # (B,)
+        else:
             # No quantile for a NaN: the rollout is made non-finite, which the stage skips and counts
             # (max_skipped_updates) as it does a non-finite raw score.
-            nan = torch.full_like(raw_scores, float("nan"))  # (B,)
-            return nan, {"reward/calibrated": nan, "reward/quantile": nan, "reward/reference": reference.flatten()}
-        calibrated = calibrated_scores(
-            raw_scores, per_row, self.reward.calibration_transform, self.reward.calibration_n
-        )
-        quantiles = reference_quantiles(raw_scores, per_row).float()  # (B,)
+            calibrated = quantiles = torch.full_like(raw_scores, float("nan"))  # (B,)
         return calibrated, {
             "reward/calibrated": calibrated,
             "reward/quantile": quantiles,
