@@ -444,6 +444,14 @@ def test_a_rerun_with_another_config_is_refused(tmp_path, monkeypatch, tiny_rm):
     assert "was started with another config (reward_model differ" in error_line(result)
 
 
+def test_more_iterations_extend_a_run(tmp_path, monkeypatch, tiny_rm):
+    assert iterate(loop_config(tmp_path, iterations=1), FakeFits(tiny_rm), monkeypatch, tmp_path).returncode == 0
+    fits = FakeFits(tiny_rm)
+    result = iterate(loop_config(tmp_path, iterations=2), fits, monkeypatch, tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert [(t, s) for (t, s, _) in fits.calls] == [(2, "reward_model"), (2, "ppo")]  # iteration 1 kept
+
+
 @pytest.mark.parametrize("stage", ["reward_model", "ppo"])
 def test_a_kill_in_a_fit_redoes_that_fit_and_skips_what_is_done(tmp_path, monkeypatch, tiny_rm, stage):
     config = loop_config(tmp_path)
