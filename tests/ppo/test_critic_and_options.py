@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from lightning.pytorch import LightningDataModule
@@ -189,6 +191,36 @@ def test_gradients_are_clipped_after_fp16_unscaling(tmp_path):
     assert scaler.get_scale() == 65536.0  # no step was skipped for inf gradients
     # One step of each optimizer, each at exactly the clip norm (the raw norms are larger).
     assert seen == [pytest.approx(1e-3, rel=1e-3)] * 2
+
+
+def test_before_fit_the_data_module_is_checked_against_what_the_stage_holds():
+    # check_data_module(stage) reads the data module, the settings, the tokenizer, the stop ids and the reward
+    # model's path of the stage: a chat-rendered prompt set needs a reward model with the policy's template,
+    # and the prompts of a batch must split into whole optimizer steps.
+    from types import SimpleNamespace
+
+    from assets_paths import STORIES260K, STORIES260K_CHAT
+
+    from rlhf_lit.stages.ppo.checks import check_data_module
+
+    tokenizer = load_tokenizer(str(STORIES260K_CHAT), padding_side="left")
+    data = SimpleNamespace(batch_size=4, chat_rendered=True, end_of_turn_id=lambda: tokenizer.eos_token_id)
+    stage = SimpleNamespace(
+        trainer=SimpleNamespace(datamodule=data),
+        sampling=SamplingConfig(),
+        ppo=PPOConfig(minibatch_size=4),
+        reward_cfg=RewardConfig(),
+        tokenizer=tokenizer,
+        stop_ids=(tokenizer.eos_token_id,),
+        hparams=SimpleNamespace(reward_model=str(STORIES260K)),
+    )
+    with pytest.raises(ValueError, match=f"^reward_model {re.escape(str(STORIES260K))}: its tokenizer has no chat"):
+        check_data_module(stage)
+    stage.hparams.reward_model = str(STORIES260K_CHAT)
+    check_data_module(stage)  # the policy's template: nothing to refuse
+    data.batch_size = 3
+    with pytest.raises(ValueError, match=r"^the rollout batch \(3 prompts per process"):
+        check_data_module(stage)
 
 
 def test_whitening_with_one_prompt_is_refused():
