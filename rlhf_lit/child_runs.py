@@ -50,27 +50,25 @@ def header(cmd: Sequence[str]) -> str:
     return f"{HEADER}{shlex.join(shown)}\n"
 
 
+def log_lines(log_path: str | os.PathLike) -> list[str] | None:
+    """The log's lines, each with its line break; None when it cannot be read."""
+    try:
+        with open(log_path, encoding="utf-8", errors="replace") as f:
+            return f.read().splitlines(True)
+    except OSError:
+        return None
+
+
 def last_error(log_path: str | os.PathLike) -> str:
     """The last ``rlhf-lit: error:`` line of the log's last run (after its last header), else its last non-empty
     line; ``no output`` when it printed nothing, ``no log`` when the log cannot be read."""
-    try:
-        with open(log_path, encoding="utf-8", errors="replace") as f:
-            lines = f.read().splitlines()
-    except OSError:
+    lines = log_lines(log_path)
+    if lines is None:
         return "no log"
     since = max((i + 1 for i, line in enumerate(lines) if line.startswith(HEADER)), default=0)
     lines = [line.strip() for line in lines[since:] if line.strip()]
     errors = [line for line in lines if line.startswith(ERROR_PREFIX)]
     return (errors or lines or ["no output"])[-1].removeprefix(ERROR_PREFIX)
-
-
-def log_tail(log_path: str | os.PathLike, lines: int) -> str:
-    """The last ``lines`` lines of the log (``""`` when it cannot be read)."""
-    try:
-        with open(log_path, encoding="utf-8", errors="replace") as f:
-            return "".join(f.read().splitlines(True)[-lines:])
-    except OSError:
-        return ""
 
 
 class RunFailed(RuntimeError):
@@ -81,8 +79,8 @@ class RunFailed(RuntimeError):
         self.returncode, self.log_path = returncode, log_path
 
     def tail(self, lines: int = 40) -> str:
-        """The last ``lines`` lines of the failed run's log."""
-        return log_tail(self.log_path, lines)
+        """The last ``lines`` lines of the failed run's log (``""`` when it cannot be read)."""
+        return "".join((log_lines(self.log_path) or [])[-lines:])
 
 
 class Stopped(SystemExit):

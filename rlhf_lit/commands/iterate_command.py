@@ -40,6 +40,7 @@ from rlhf_lit.commands import iterate_steps as steps
 from rlhf_lit.commands.iterate_config import IterateConfig, as_dict, read_config
 from rlhf_lit.commands.iterate_labels import JudgeScorer, as_policy_read, read_labels_file
 from rlhf_lit.commands.options import CommandParser, OptionError
+from rlhf_lit.commands.seeds_command import model_class_path
 
 COLUMNS = (
     "iteration",
@@ -102,15 +103,11 @@ def check_reward_model_path(where: str, key: str, path: str | None) -> None:
 
 def check_stage_config(where: str, key: str, path: str, stage: str) -> None:
     """Refuse a stage config that is not YAML or names another stage class (``model.class_path``)."""
-    import yaml
-
     try:
-        with open(path, encoding="utf-8") as f:
-            model = (yaml.safe_load(f) or {}).get("model")
-    except (OSError, yaml.YAMLError, AttributeError) as error:
+        class_path = model_class_path(path)
+    except (OSError, ValueError) as error:
         raise OptionError(f"{where}: {key} {path}: not a stage config ({error})") from None
-    class_path = model.get("class_path") if isinstance(model, dict) else model
-    if not isinstance(class_path, str) or class_path.rsplit(".", 1)[-1] != STAGE_CLASSES[stage]:
+    if class_path is None or class_path.rsplit(".", 1)[-1] != STAGE_CLASSES[stage]:
         raise OptionError(f"{where}: {key} {path}: model.class_path is {class_path!r}, not {STAGE_CLASSES[stage]}")
 
 
@@ -141,10 +138,8 @@ def check_run_dir(config: IterateConfig, where: str) -> None:
             f"{where}: run_dir {config.run_dir} is not empty and holds no iterate.json of rlhf-lit "
             "iterate; give a new or empty run_dir"
         )
-    old, new = dict(kept["config"]), as_dict(config)
-    old.pop("iterations", None)
-    new.pop("iterations", None)
-    changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+    old, new = kept["config"], as_dict(config)
+    changed = sorted(k for k in set(old) | set(new) if k != "iterations" and old.get(k) != new.get(k))
     if changed:
         raise OptionError(
             f"{where}: run_dir {config.run_dir} was started with another config ({', '.join(changed)} "

@@ -181,31 +181,25 @@ def split_held_out(records: Sequence[dict], fraction: float, seed: int) -> tuple
     return [r for i, r in enumerate(records) if i not in picked], [r for i, r in enumerate(records) if i in picked]
 
 
+def score_responses(scorer: Scorer, records: Sequence[dict]) -> list[list[float]]:
+    """Each ``{"prompt", "responses"}`` record's responses' scores, from one call of ``scorer`` (none without
+    a response)."""
+    prompts = [r["prompt"] for r in records for _ in r["responses"]]
+    scores = iter(scorer(prompts, [x for r in records for x in r["responses"]]) if prompts else [])
+    return [[next(scores) for _ in r["responses"]] for r in records]
+
+
 def pairwise_accuracy(scorer: Scorer, records: Sequence[dict]) -> tuple[float | None, int]:
     """``(accuracy, pairs)``: over every (better, worse) pair of the ranking records, the fraction the
     scorer orders as labelled (an equal score counts one half); ``(None, 0)`` with no pair."""
-    from rlhf_lit.data.rankings import RANKS_FIELD
+    from rlhf_lit.data.rankings import RANKS_FIELD, ranked_pairs
 
-    prompts, responses, where = [], [], []
-    for n, record in enumerate(records):
-        prompt = record["prompt"]
-        for i, response in enumerate(record["responses"]):
-            prompts.append(prompt)
-            responses.append(response)
-            where.append((n, i))
-    if not prompts:
-        return None, 0
-    scores = dict(zip(where, scorer(prompts, responses)))
-    right, pairs = 0.0, 0
-    for n, record in enumerate(records):
-        ranks = record[RANKS_FIELD]
-        for i in range(len(ranks)):
-            for j in range(len(ranks)):
-                if ranks[i] < ranks[j]:
-                    pairs += 1
-                    a, b = scores[(n, i)], scores[(n, j)]
-                    right += 1.0 if a > b else 0.5 if a == b else 0.0
-    return (right / pairs if pairs else None), pairs
+    outcomes = [
+        1.0 if scores[i] > scores[j] else 0.5 if scores[i] == scores[j] else 0.0
+        for record, scores in zip(records, score_responses(scorer, records))
+        for i, j in ranked_pairs(record[RANKS_FIELD])
+    ]
+    return (sum(outcomes) / len(outcomes) if outcomes else None), len(outcomes)
 
 
 def count_pairs(records: Sequence[dict]) -> int:

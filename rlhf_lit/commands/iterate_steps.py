@@ -43,6 +43,7 @@ from rlhf_lit.commands.iterate_labels import (
     pairwise_accuracy,
     rank_by_scores,
     read_labels_file,
+    score_responses,
     split_held_out,
 )
 from rlhf_lit.integrity import DamagedFile, check_json_file, check_jsonl_file, check_model_directory
@@ -79,12 +80,13 @@ class Paths:
         return os.path.join(self.dir, stage, "model")
 
 
-def intact_jsonl(path: str) -> list | None:
-    """The records of a JSONL file rlhf-lit wrote, or None when it is missing or damaged (then redone)."""
+def intact(path: str, read: Callable[[str], Any] = check_jsonl_file) -> Any:
+    """What ``read`` (an :mod:`rlhf_lit.integrity` check: by default the records of a JSONL file) gives of a file
+    rlhf-lit wrote, or None when it is missing or damaged (then redone)."""
     if not os.path.isfile(path):
         return None
     try:
-        return check_jsonl_file(path)
+        return read(path)
     except (DamagedFile, OSError) as damage:
         log.info("%s: redoing it (%s)", path, damage)
         return None
@@ -92,13 +94,7 @@ def intact_jsonl(path: str) -> list | None:
 
 def intact_json(path: str) -> dict | None:
     """A JSON object rlhf-lit's iterate wrote, or None when missing, damaged or not its own."""
-    if not os.path.isfile(path):
-        return None
-    try:
-        value = check_json_file(path)
-    except (DamagedFile, OSError) as damage:
-        log.info("%s: redoing it (%s)", path, damage)
-        return None
+    value = intact(path, check_json_file)
     return value if isinstance(value, dict) and value.get(WRITTEN_BY_KEY) == WRITTEN_BY else None
 
 
@@ -170,7 +166,7 @@ def labels_file(config: IterateConfig, t: int) -> str:
 
 def sample(config: IterateConfig, paths: Paths, prompts: Sequence, chat: bool) -> list[dict]:
     """Step 1: ``samples.jsonl`` (reused when intact): per prompt ``{"prompt", "prompt_text", "responses"}``."""
-    done = intact_jsonl(paths.file("samples.jsonl"))
+    done = intact(paths.file("samples.jsonl"))
     if done is not None:
         return done
     from rlhf_lit.evaluation.samples import load_models, sample_and_measure
@@ -214,14 +210,9 @@ def label(
             )
         records = read_labels_file(source)
     else:
-        read = [as_policy_read(s, chat) for s in samples]
-        scores = scorer([r["prompt"] for r in read for _ in r["responses"]], [x for r in read for x in r["responses"]])
-        records, at = [], 0
-        for s in samples:
-            record = rank_by_scores(s["prompt"], s["responses"], scores[at : at + len(s["responses"])])
-            at += len(s["responses"])
-            if record is not None:
-                records.append(record)
+        scores = score_responses(scorer, [as_policy_read(s, chat) for s in samples])
+        ranked = [rank_by_scores(s["prompt"], s["responses"], x) for s, x in zip(samples, scores)]
+        records = [r for r in ranked if r is not None]
         if not records:
             raise ValueError(
                 f"iteration {paths.t}: the labeller ranked no prompt (every prompt's responses tie or "
@@ -322,7 +313,7 @@ def evaluate(
     metrics = result["metrics"]
     rows = result["samples"]
     read = [as_policy_read({"prompt": r["prompt"], "responses": [r["response"]]}, chat) for r in rows]
-    gold_scores = gold([r["prompt"] for r in read], [r["responses"][0] for r in read]) if gold is not None else None
+    gold_scores = [score for (score,) in score_responses(gold, read)] if gold is not None else None
     return {
         "gold": None if gold_scores is None else sum(gold_scores) / len(gold_scores),
         "proxy": metrics.get("rm_mean"),

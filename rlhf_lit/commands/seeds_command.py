@@ -91,10 +91,22 @@ def seed_command(command: Sequence[str], seed: int, seed_dir: str) -> list[str]:
     return [*command, "--seed_everything", str(seed)]
 
 
-def stage_of(command: Sequence[str]) -> str | None:
-    """The run-directory stage of the command's ``--model`` (the option, or the last ``--config`` naming one), or None."""
+def model_class_path(config: str) -> str | None:
+    """The stage class a ``fit`` config file names (``model.class_path``, or ``model`` as a string), or None.
+    ``OSError`` when it cannot be read, ``ValueError`` (the parser's words) when it is not a YAML mapping."""
     import yaml
 
+    try:
+        with open(config, encoding="utf-8") as f:
+            model = (yaml.safe_load(f) or {}).get("model")
+    except (yaml.YAMLError, AttributeError) as error:
+        raise ValueError(str(error)) from None
+    class_path = model.get("class_path") if isinstance(model, dict) else model
+    return class_path if isinstance(class_path, str) else None
+
+
+def stage_of(command: Sequence[str]) -> str | None:
+    """The run-directory stage of the command's ``--model`` (the option, or the last ``--config`` naming one), or None."""
     class_path = None
     for i, arg in enumerate(command):
         value = arg.split("=", 1)[1] if "=" in arg else command[i + 1] if i + 1 < len(command) else None
@@ -104,14 +116,9 @@ def stage_of(command: Sequence[str]) -> str | None:
             class_path = value
         elif arg.split("=", 1)[0] == "--config" and os.path.isfile(value):
             try:
-                with open(value, encoding="utf-8") as f:
-                    model = (yaml.safe_load(f) or {}).get("model")
-            except (OSError, yaml.YAMLError):
+                class_path = model_class_path(value) or class_path
+            except (OSError, ValueError):
                 continue  # the command reports it
-            if isinstance(model, dict) and isinstance(model.get("class_path"), str):
-                class_path = model["class_path"]
-            elif isinstance(model, str):
-                class_path = model
     if class_path is None:
         return None
     if "." not in class_path:

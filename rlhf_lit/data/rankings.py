@@ -68,9 +68,14 @@ def ranking_record(
     return record
 
 
+def ranked_pairs(ranks: Sequence[int]) -> list[tuple[int, int]]:
+    """The (better, worse) index pairs a ranking's ``ranks`` hold; tied responses make none."""
+    return [(i, j) for i, a in enumerate(ranks) for j, b in enumerate(ranks) if a < b]
+
+
 def count_ranked_pairs(ranks: Sequence[int]) -> int:
-    """The (better, worse) pairs a ranking's ``ranks`` hold; tied responses make none."""
-    return sum(a < b for a in ranks for b in ranks)
+    """How many :func:`ranked_pairs` a ranking's ``ranks`` hold."""
+    return len(ranked_pairs(ranks))
 
 
 def _ranks(row: Row, field: str, k: int) -> list[int]:

@@ -164,9 +164,7 @@ class RewardModelModule(PretrainedStage):
 
     def pair_scores(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """Raw scores of the chosen and rejected sequences from ONE forward pass, each ``(B,)``."""
-        scores = self.raw_scores(*self.batch_sequences(batch))  # (2B,)
-        B = batch["chosen_input_ids"].shape[0]
-        return scores[:B], scores[B:]  # (B,), (B,)
+        return self.raw_scores(*self.batch_sequences(batch)).chunk(2)  # (2B,): chosen rows, then rejected rows
 
     # ----- training and validation ---------------------------------------------------------------
 

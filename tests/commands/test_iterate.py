@@ -305,6 +305,27 @@ def test_a_labelling_reward_model_must_read_the_chat_policy_s_template(tmp_path,
     assert fits.calls == [] and not (tmp_path / "run").exists()
 
 
+def test_pairwise_accuracy_counts_every_labelled_pair_and_an_equal_score_as_one_half():
+    from rlhf_lit.commands.iterate_labels import pairwise_accuracy
+
+    records = [
+        {"prompt": "p", "responses": ["a", "b", "c"], "ranks": [0, 1, 1]},  # a > b, a > c; b = c is no pair
+        {"prompt": "q", "responses": ["d", "e"], "ranks": [0, 1]},  # d > e
+        {"prompt": "r", "responses": ["f", "g"], "ranks": [0, 0]},  # a tie: no pair
+    ]
+    scores = {"a": 2.0, "b": 3.0, "c": 1.0, "d": 0.5, "e": 0.5, "f": 9.0, "g": 0.0}
+    calls = []
+
+    def scorer(prompts, responses):
+        calls.append((list(prompts), list(responses)))
+        return [scores[r] for r in responses]
+
+    # a > b scored 2 < 3: 0; a > c: 1; d > e scored equal: 1/2. (0 + 1 + 0.5) / 3 pairs.
+    assert pairwise_accuracy(scorer, records) == (0.5, 3)
+    assert calls == [(["p", "p", "p", "q", "q", "r", "r"], ["a", "b", "c", "d", "e", "f", "g"])]  # one call
+    assert pairwise_accuracy(scorer, []) == (None, 0) and len(calls) == 1  # nothing to score: no call
+
+
 def test_the_default_policy_start_is_restart_from_sft():
     assert IterateConfig().ppo.start == "restart"  # Wolf, Kirk and Musolesi 2025: the robust choice
 
@@ -401,12 +422,34 @@ def test_a_bad_option_is_one_line_before_any_fit(tmp_path, monkeypatch, tiny_rm,
     assert fits.calls == [] and not (tmp_path / "run").exists()
 
 
+def test_a_stage_config_of_another_stage_or_not_a_mapping_is_refused(tmp_path, monkeypatch, tiny_rm):
+    listed = tmp_path / "listed.yaml"
+    listed.write_text("- model\n", encoding="utf-8")
+    rm_config = CONFIGS / "offline/iterate/reward_model.yaml"
+    for ppo_config, named in (
+        (listed, f"ppo.config {listed}: not a stage config ('list' object has no attribute 'get')"),
+        (rm_config, f"ppo.config {rm_config}: model.class_path is 'rlhf_lit.stages.RewardModelModule', not PPOModule"),
+    ):
+        fits = FakeFits(tiny_rm)
+        line = error_line(iterate(loop_config(tmp_path, ppo={"config": str(ppo_config)}), fits, monkeypatch, tmp_path))
+        assert line.endswith(named), line
+        assert fits.calls == [] and not (tmp_path / "run").exists()
+
+
 def test_a_rerun_with_another_config_is_refused(tmp_path, monkeypatch, tiny_rm):
     assert iterate(loop_config(tmp_path, iterations=1), FakeFits(tiny_rm), monkeypatch, tmp_path).returncode == 0
     result = iterate(
         loop_config(tmp_path, iterations=1, reward_model={"data": "latest"}), FakeFits(tiny_rm), monkeypatch, tmp_path
     )
     assert "was started with another config (reward_model differ" in error_line(result)
+
+
+def test_more_iterations_extend_a_run(tmp_path, monkeypatch, tiny_rm):
+    assert iterate(loop_config(tmp_path, iterations=1), FakeFits(tiny_rm), monkeypatch, tmp_path).returncode == 0
+    fits = FakeFits(tiny_rm)
+    result = iterate(loop_config(tmp_path, iterations=2), fits, monkeypatch, tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert [(t, s) for (t, s, _) in fits.calls] == [(2, "reward_model"), (2, "ppo")]  # iteration 1 kept
 
 
 @pytest.mark.parametrize("stage", ["reward_model", "ppo"])

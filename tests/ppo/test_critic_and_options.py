@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from lightning.pytorch import LightningDataModule
@@ -12,8 +14,11 @@ from torch.utils.data import DataLoader
 from rlhf_lit.callbacks import Checkpoint
 from rlhf_lit.models import load_reward_model, sequence_scores
 from rlhf_lit.models.generation import SamplingConfig
+from rlhf_lit.models.lora import LoRAConfig
+from rlhf_lit.models.memory import MemoryConfig
 from rlhf_lit.models.value import SeparateCritic, ValueHead, build_critic
 from rlhf_lit.stages.optim import OptimizerConfig
+from rlhf_lit.stages.ppo import PPOModule
 from rlhf_lit.stages.ppo.checks import check_whitening_rows
 from rlhf_lit.stages.ppo.config import PPOConfig, RewardConfig
 from rlhf_lit.tokenizer import load_tokenizer
@@ -110,6 +115,40 @@ def test_ptx_without_a_second_source_is_refused(tmp_path):
         )
 
 
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"max_rollouts": 0}, "^max_rollouts must be >= 1, got 0$"),
+        ({"critic": "shared_trunk", "critic_optimizer": OptimizerConfig()}, "trains the head with the policy's optim"),
+        ({"critic": "shared_trunk", "critic_lora": LoRAConfig()}, "^critic_lora applies to a separate critic"),
+        ({"lora": LoRAConfig(dropout=0.1)}, r"^lora\.dropout must be 0 in PPO"),
+        ({"trainable_layers": 0}, "^trainable_layers must be >= 1 or null, got 0$"),
+        ({"trainable_layers": 1, "lora": LoRAConfig()}, "^trainable_layers and lora both choose what trains"),
+        ({"reward_model": None}, r"^reward\.sources uses the reward model .*; set model\.reward_model$"),
+        (
+            {"sampling": SamplingConfig(ignore_eos=True), "reward": RewardConfig(missing_eos_penalty=-1.0)},
+            "^sampling.ignore_eos: no response ends at EOS",
+        ),
+        (
+            {
+                "ppo": PPOConfig(forward="compiled"),
+                "memory": MemoryConfig(gradient_checkpointing=True),
+                "lora": LoRAConfig(),
+            },
+            "^ppo.forward: compiled does not run with memory.gradient_checkpointing and LoRA together",
+        ),
+        (
+            {"ppo": PPOConfig(estimator="rloo"), "sampling": SamplingConfig(samples_per_prompt=2), "value_model": "v"},
+            "^ppo.estimator='rloo' trains no critic; leave value_model at the default$",
+        ),
+    ],
+)
+def test_settings_that_contradict_each_other_are_refused_before_any_model_loads(settings, message):
+    # The models' paths name nothing: a refusal that came after loading began would name them instead.
+    with pytest.raises(ValueError, match=message):
+        PPOModule(**{"sft_model": "./no/such/sft", "reward_model": "./no/such/rm", **settings})
+
+
 @pytest.mark.parametrize("bad", [dict(epochs=0), dict(clip_range=0.0), dict(gamma=1.5), dict(max_grad_norm=0.0)])
 def test_ppo_config_refuses_bad_values(bad):
     with pytest.raises(ValueError):
@@ -152,6 +191,36 @@ def test_gradients_are_clipped_after_fp16_unscaling(tmp_path):
     assert scaler.get_scale() == 65536.0  # no step was skipped for inf gradients
     # One step of each optimizer, each at exactly the clip norm (the raw norms are larger).
     assert seen == [pytest.approx(1e-3, rel=1e-3)] * 2
+
+
+def test_before_fit_the_data_module_is_checked_against_what_the_stage_holds():
+    # check_data_module(stage) reads the data module, the settings, the tokenizer, the stop ids and the reward
+    # model's path of the stage: a chat-rendered prompt set needs a reward model with the policy's template,
+    # and the prompts of a batch must split into whole optimizer steps.
+    from types import SimpleNamespace
+
+    from assets_paths import STORIES260K, STORIES260K_CHAT
+
+    from rlhf_lit.stages.ppo.checks import check_data_module
+
+    tokenizer = load_tokenizer(str(STORIES260K_CHAT), padding_side="left")
+    data = SimpleNamespace(batch_size=4, chat_rendered=True, end_of_turn_id=lambda: tokenizer.eos_token_id)
+    stage = SimpleNamespace(
+        trainer=SimpleNamespace(datamodule=data),
+        sampling=SamplingConfig(),
+        ppo=PPOConfig(minibatch_size=4),
+        reward_cfg=RewardConfig(),
+        tokenizer=tokenizer,
+        stop_ids=(tokenizer.eos_token_id,),
+        hparams=SimpleNamespace(reward_model=str(STORIES260K)),
+    )
+    with pytest.raises(ValueError, match=f"^reward_model {re.escape(str(STORIES260K))}: its tokenizer has no chat"):
+        check_data_module(stage)
+    stage.hparams.reward_model = str(STORIES260K_CHAT)
+    check_data_module(stage)  # the policy's template: nothing to refuse
+    data.batch_size = 3
+    with pytest.raises(ValueError, match=r"^the rollout batch \(3 prompts per process"):
+        check_data_module(stage)
 
 
 def test_whitening_with_one_prompt_is_refused():

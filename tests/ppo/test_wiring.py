@@ -121,6 +121,22 @@ def test_left_padded_rows_score_as_they_do_alone_on_gpt2(gpt2_dir, gpt2_rm_dir, 
         torch.testing.assert_close(padded.rm_scores[row], alone.rm_scores[0], rtol=1e-5, atol=1e-5)
 
 
+def test_scores_taken_in_chunks_of_rows_come_back_in_the_rollouts_order():
+    # ppo.score_chunk_size: the rows by prompt length in chunks of 3 (then 1): the prompts of 8, 2, 7 and 6
+    # tokens are taken as rows 1, 3, 2 | 0, so scores put back out of that order would land on other rows.
+    module = tiny_module()
+    gen = _scripted_gen(module)
+    assert gen.attention_mask[:, : -gen.response_ids.shape[1]].sum(1).tolist() == [8, 2, 7, 6]
+    with torch.no_grad():
+        whole = module.experience_maker.score_rollout(gen)
+        module.experience_maker.ppo = PPOConfig(score_chunk_size=3)
+        chunked = module.experience_maker.score_rollout(gen)
+    mask = gen.response_mask
+    for key in ("old_logprobs", "ref_logprobs", "old_values", "entropy"):
+        torch.testing.assert_close(getattr(chunked, key)[mask], getattr(whole, key)[mask], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(chunked.rm_scores, whole.rm_scores, rtol=1e-5, atol=1e-5)
+
+
 # ---------------------------------------------------------------- dropout
 def _llama_with_dropout(tmp_path) -> str:
     path = tmp_path / "llama-dropout"

@@ -20,43 +20,38 @@ from rlhf_lit.functional import AdaptiveKLController, FixedKLController, KLContr
 from rlhf_lit.models import load_causal_lm, load_reward_model
 from rlhf_lit.models.freezing import freeze_lower_layers
 from rlhf_lit.models.generation import stop_token_ids
-from rlhf_lit.models.loading import DType
 from rlhf_lit.models.lora import with_lora
 from rlhf_lit.models.memory import attach_frozen, enable_gradient_checkpointing
 from rlhf_lit.models.reference import build_reference
 from rlhf_lit.models.reward_ensemble import RewardEnsemble, is_reward_ensemble, load_reward_ensemble, member_paths
 from rlhf_lit.models.sharding import shard_models
-from rlhf_lit.models.value import CriticKind, build_critic
+from rlhf_lit.models.value import build_critic
 from rlhf_lit.sources import check_local_source
 from rlhf_lit.stages.base import StageModule
-from rlhf_lit.stages.optim import OptimizerConfig, build_optimizer
+from rlhf_lit.stages.optim import build_optimizer, fused_adamw_supported
 from rlhf_lit.stages.ppo.checks import check_sharded_compile
 from rlhf_lit.stages.ppo.config import KLConfig
-from rlhf_lit.tokenizer import MissingPad, check_same_vocabulary, load_tokenizer
+from rlhf_lit.tokenizer import check_same_vocabulary, load_tokenizer
 
 
-def build_models(
-    stage: StageModule,
-    sft_model: str,
-    reward_model: str | None,
-    value_model: str | None,
-    tokenizer_path: str | None,
-    missing_pad: MissingPad,
-    critic: CriticKind,
-    dtype: DType,
-) -> None:
+def build_models(stage: StageModule) -> None:
     """Set ``stage``'s tokenizer, policy, ``stop_ids``, reference, reward model and critic, as its
-    settings ask (``lora_cfg``, ``critic_lora_cfg``, ``memory``, ``reward_cfg``, ``estimator``).
+    settings ask (``lora_cfg``, ``critic_lora_cfg``, ``memory``, ``reward_cfg``, ``estimator``, and of its
+    hyperparameters the models' paths, ``tokenizer_path``, ``missing_pad``, ``critic``, ``dtype`` and
+    ``trainable_layers``).
 
     The frozen reference copy and the reward model are attached with
     :func:`~rlhf_lit.models.memory.attach_frozen` (submodules, unless kept on the CPU).
     """
+    settings = stage.hparams
+    sft_model, reward_model, value_model = settings.sft_model, settings.reward_model, settings.value_model
+    tokenizer_path, critic, dtype = settings.tokenizer_path, settings.critic, settings.dtype
     for what, path in (("sft_model", sft_model), ("reward_model", reward_model), ("value_model", value_model)):
         check_local_source(path, what)  # a damaged file of any of them: named before the first is loaded
     stage.tokenizer = tokenizer = load_tokenizer(
         tokenizer_path or sft_model,
         padding_side="left",
-        missing_pad=missing_pad,
+        missing_pad=settings.missing_pad,
         what="tokenizer_path" if tokenizer_path else "sft_model",
     )
     stage.policy = policy = with_lora(load_causal_lm(sft_model, tokenizer, dtype=dtype), stage.lora_cfg, "causal_lm")
@@ -90,7 +85,7 @@ def build_models(
     )
     for model in (policy, stage.critic if critic == "separate" else None):
         if model is not None:
-            freeze_lower_layers(model, stage.trainable_layers)
+            freeze_lower_layers(model, settings.trainable_layers)
     if stage.memory.gradient_checkpointing:
         enable_gradient_checkpointing(*stage.trained_models)
 
@@ -102,30 +97,21 @@ def kl_controller(kl: KLConfig) -> KLController:
     return FixedKLController(kl.init_coef)
 
 
-def build_optimizers(
-    policy: torch.nn.Module,
-    critic: torch.nn.Module | None,
-    shared_trunk: bool,
-    optimizer: OptimizerConfig,
-    critic_optimizer: OptimizerConfig | None,
-    max_rollouts: int,
-    fused: bool,
-) -> tuple[list, list]:
+def build_optimizers(stage: StageModule) -> tuple[list, list]:
     """Policy and critic optimizers and their schedules (stepped per rollout, ``max_rollouts`` long):
-    one for the policy without a critic, one for policy and value head with ``shared_trunk``, else two
-    (the critic's with ``critic_optimizer``, None = ``optimizer``)."""
+    one for the policy without a critic, one for policy and value head with ``critic: shared_trunk``,
+    else two (the critic's with ``critic_optimizer_cfg``, None = ``optimizer_cfg``)."""
+    policy, critic, optimizer = stage.policy, stage.critic, stage.optimizer_cfg
     if critic is None:
-        opt, sched = build_optimizer(policy.named_parameters(), optimizer, max_rollouts, fused)
-        return [opt], [sched]
-    if shared_trunk:
-        params = itertools.chain(policy.named_parameters(), critic.named_parameters())
-        opt, sched = build_optimizer(params, optimizer, max_rollouts, fused)
-        return [opt], [sched]
-    policy_opt, policy_sched = build_optimizer(policy.named_parameters(), optimizer, max_rollouts, fused)
-    critic_opt, critic_sched = build_optimizer(
-        critic.named_parameters(), critic_optimizer or optimizer, max_rollouts, fused
-    )
-    return [policy_opt, critic_opt], [policy_sched, critic_sched]
+        groups = [(policy.named_parameters(), optimizer)]
+    elif stage.hparams.critic == "shared_trunk":
+        groups = [(itertools.chain(policy.named_parameters(), critic.named_parameters()), optimizer)]
+    else:
+        critic_optimizer = stage.critic_optimizer_cfg or optimizer
+        groups = [(policy.named_parameters(), optimizer), (critic.named_parameters(), critic_optimizer)]
+    fused = fused_adamw_supported(stage)
+    built = [build_optimizer(params, config, stage.max_rollouts, fused) for params, config in groups]
+    return [opt for opt, _ in built], [sched for _, sched in built]
 
 
 def shard_stage_models(stage: StageModule, sharded: bool) -> None:

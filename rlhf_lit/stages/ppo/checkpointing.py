@@ -57,11 +57,7 @@ class PPOCheckpoints:
 
     def _source_fingerprints(self) -> dict[str, str]:
         """The models the run reads by path, as they are on disk now (see :func:`source_fingerprint`)."""
-        paths = {
-            "sft_model": self.hparams.sft_model,
-            "reward_model": self.hparams.reward_model,
-            "value_model": self.hparams.value_model,
-        }
+        paths = {what: self.hparams[what] for what in ("sft_model", "reward_model", "value_model")}
         return {what: source_fingerprint(path) for what, path in paths.items() if path is not None}
 
     def kept_run_facts(self) -> list[str]:

@@ -10,18 +10,22 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rlhf_lit.models.compiled_passes import ForwardPasses
-from rlhf_lit.models.generation import Decode, SamplingConfig
-from rlhf_lit.models.lora import LoRAConfig
-from rlhf_lit.models.memory import MemoryConfig
+from rlhf_lit.models.freezing import check_trainable_layers
+from rlhf_lit.models.generation import Decode
 from rlhf_lit.models.reward_ensemble import is_reward_ensemble, member_paths
-from rlhf_lit.stages.base import TrainerPlan
+from rlhf_lit.stages.base import StageModule, TrainerPlan
 from rlhf_lit.stages.ppo.config import PPOConfig, RewardConfig
 from rlhf_lit.tokenizer import check_same_chat_template
 
 
-def check_reward_settings(sampling: SamplingConfig, reward: RewardConfig, reward_model: str | None) -> None:
-    """The reward settings against sampling and the reward model given."""
-    if sampling.ignore_eos and reward.missing_eos_penalty is not None:
+def check_settings(stage: StageModule) -> None:
+    """The stage's settings that contradict each other, checked once its config groups, estimator and
+    hyperparameters are kept and before any model is loaded: the reward against sampling and the reward
+    model given; LoRA, critic and run length; ``ppo.forward: compiled`` with what its graph cannot hold;
+    critic settings changed under a critic-free estimator (``ppo.estimator`` other than ``gae``)."""
+    settings, reward, lora, critic_lora = stage.hparams, stage.reward_cfg, stage.lora_cfg, stage.critic_lora_cfg
+    reward_model, shared_trunk = settings.reward_model, settings.critic == "shared_trunk"
+    if stage.sampling.ignore_eos and reward.missing_eos_penalty is not None:
         raise ValueError(
             "sampling.ignore_eos: no response ends at EOS, so reward.missing_eos_penalty would hit "
             "every one; leave it null"
@@ -29,60 +33,43 @@ def check_reward_settings(sampling: SamplingConfig, reward: RewardConfig, reward
     if reward.uses_reward_model and reward_model is None:
         raise ValueError("reward.sources uses the reward model (a source with function: null); set model.reward_model")
     for source in reward.sources:
-        if source.reward_model_source and source.aggregate != "mean" and not is_reward_ensemble(reward_model):
+        if source.function is None and source.aggregate != "mean" and not is_reward_ensemble(reward_model):
             raise ValueError(
                 f"reward source {source.name!r}: aggregate {source.aggregate} needs a reward-model ensemble; "
                 f"model.reward_model {reward_model} is a single reward model (no ensemble.json)"
             )
-
-
-def check_compiled_passes(
-    ppo: PPOConfig, memory: MemoryConfig, lora: LoRAConfig | None, critic_lora: LoRAConfig | None
-) -> None:
-    """``ppo.forward: compiled`` with settings its graph cannot hold."""
-    if ppo.forward == "compiled" and memory.gradient_checkpointing and (lora is not None or critic_lora is not None):
+    for what, cfg in (("lora", lora), ("critic_lora", critic_lora)):
+        if cfg is not None and cfg.dropout != 0.0:
+            raise ValueError(f"{what}.dropout must be 0 in PPO: old and new logprobs must agree before an update")
+    if shared_trunk and critic_lora is not None:
+        raise ValueError("critic_lora applies to a separate critic; with critic='shared_trunk' leave it null")
+    if shared_trunk and settings.critic_optimizer is not None:
+        raise ValueError(
+            "critic='shared_trunk' trains the head with the policy's optimizer; leave critic_optimizer null"
+        )
+    check_trainable_layers(settings.trainable_layers, lora=lora, critic_lora=critic_lora)
+    if settings.max_rollouts < 1:
+        raise ValueError(f"max_rollouts must be >= 1, got {settings.max_rollouts}")
+    if (
+        stage.ppo.forward == "compiled"
+        and stage.memory.gradient_checkpointing
+        and (lora is not None or critic_lora is not None)
+    ):
         # Gradient checkpointing over frozen base weights makes the embeddings' output require grad
         # through a hook (transformers' enable_input_require_grads), which torch.compile refuses.
         raise ValueError(
             "ppo.forward: compiled does not run with memory.gradient_checkpointing and LoRA together; "
             "leave ppo.forward eager, or turn off one of them"
         )
-
-
-def check_model_settings(
-    lora: LoRAConfig | None,
-    critic_lora: LoRAConfig | None,
-    critic: str,
-    critic_optimizer_given: bool,
-    max_rollouts: int,
-) -> None:
-    """LoRA, critic and run-length settings that contradict each other."""
-    for what, cfg in (("lora", lora), ("critic_lora", critic_lora)):
-        if cfg is not None and cfg.dropout != 0.0:
-            raise ValueError(f"{what}.dropout must be 0 in PPO: old and new logprobs must agree before an update")
-    if critic == "shared_trunk" and critic_lora is not None:
-        raise ValueError("critic_lora applies to a separate critic; with critic='shared_trunk' leave it null")
-    if critic == "shared_trunk" and critic_optimizer_given:
-        raise ValueError(
-            "critic='shared_trunk' trains the head with the policy's optimizer; leave critic_optimizer null"
-        )
-    if max_rollouts < 1:
-        raise ValueError(f"max_rollouts must be >= 1, got {max_rollouts}")
-
-
-def check_critic_free(
-    ppo: PPOConfig, critic: str, value_model: str | None, critic_lora: LoRAConfig | None, critic_optimizer_given: bool
-) -> None:
-    """A critic-free estimator (``ppo.estimator`` other than ``gae``) with critic settings changed."""
     critic_settings = {
-        "critic": critic != "separate",
-        "value_model": value_model is not None,
+        "critic": settings.critic != "separate",
+        "value_model": settings.value_model is not None,
         "critic_lora": critic_lora is not None,
-        "critic_optimizer": critic_optimizer_given,
+        "critic_optimizer": settings.critic_optimizer is not None,
     }
-    if any(critic_settings.values()):
+    if not stage.estimator.uses_critic and any(critic_settings.values()):
         given = ", ".join(k for k, v in critic_settings.items() if v)
-        raise ValueError(f"ppo.estimator={ppo.estimator!r} trains no critic; leave {given} at the default")
+        raise ValueError(f"ppo.estimator={stage.ppo.estimator!r} trains no critic; leave {given} at the default")
 
 
 def check_rollout_rows(rows: int, ppo: PPOConfig, samples_per_prompt: int) -> None:
@@ -108,14 +95,11 @@ def check_whitening_rows(rows: int, world_size: int, ppo: PPOConfig, reward: Rew
         return
     # A batch statistic of one row is NaN (score whitening) or an error; per rank, the error could
     # come on one rank only (a one-token response) and leave the other ranks waiting in a collective.
-    if ppo.whiten_scope == "global" and rows * world_size < 2:
+    over_all = ppo.whiten_scope == "global"
+    if (rows * world_size if over_all else rows) < 2:
         raise ValueError(
-            "whitening (ppo.whiten_advantages or reward.whiten) needs >= 2 prompts over all "
-            "processes (ppo.whiten_scope: global)"
-        )
-    if ppo.whiten_scope == "rank" and rows < 2:
-        raise ValueError(
-            "whitening (ppo.whiten_advantages or reward.whiten) needs >= 2 prompts per rank (ppo.whiten_scope: rank)"
+            "whitening (ppo.whiten_advantages or reward.whiten) needs >= 2 prompts "
+            f"{'over all processes' if over_all else 'per rank'} (ppo.whiten_scope: {ppo.whiten_scope})"
         )
 
 
@@ -165,23 +149,17 @@ def check_end_of_turn_stops(end_of_turn: int | None, stop_ids: Sequence[int], to
     )
 
 
-def check_data_module(
-    datamodule: Any,
-    sampling: SamplingConfig,
-    ppo: PPOConfig,
-    reward: RewardConfig,
-    tokenizer: Any,
-    stop_ids: Sequence[int],
-    reward_model: str | None,
-) -> None:
+def check_data_module(stage: StageModule) -> None:
     """Refuse, before any work is done: PPO-ptx without a second data source, a prompt batch the
     minibatches cannot divide, and for prompts rendered with the chat template (``chat_rendered``) a
     template end of turn that does not stop generation (:func:`check_end_of_turn_stops`) or a reward
     model trained on another rendering (it reads the rendered conversation's ids as they are).
 
-    The data module is duck-typed (stages never import data): ``batch_size``, ``ptx_dataloader``,
-    ``chat_rendered`` and ``end_of_turn_id()`` are looked for, not required.
+    The data module (``stage.trainer.datamodule``) is duck-typed (stages never import data): ``batch_size``,
+    ``ptx_dataloader``, ``chat_rendered`` and ``end_of_turn_id()`` are looked for, not required. Of the stage it
+    reads ``sampling``, ``ppo``, ``reward_cfg``, ``tokenizer``, ``stop_ids`` and the ``reward_model`` setting.
     """
+    datamodule, sampling, ppo, tokenizer = stage.trainer.datamodule, stage.sampling, stage.ppo, stage.tokenizer
     batch_size = getattr(datamodule, "batch_size", None)
     if isinstance(batch_size, int):
         check_rollout_rows(batch_size * sampling.samples_per_prompt, ppo, sampling.samples_per_prompt)
@@ -190,8 +168,9 @@ def check_data_module(
     if not getattr(datamodule, "chat_rendered", False):
         return
     end = datamodule.end_of_turn_id()  # PromptDataModule.end_of_turn_id: no data import
-    check_end_of_turn_stops(end, stop_ids, tokenizer.convert_ids_to_tokens(end) if end is not None else "")
-    if reward.uses_reward_model and reward_model:
+    check_end_of_turn_stops(end, stage.stop_ids, tokenizer.convert_ids_to_tokens(end) if end is not None else "")
+    reward_model = stage.hparams.reward_model
+    if stage.reward_cfg.uses_reward_model and reward_model:
         model = member_paths(reward_model)[0] if is_reward_ensemble(reward_model) else reward_model
         check_same_chat_template(tokenizer, model, "reward_model")
 

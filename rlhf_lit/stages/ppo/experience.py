@@ -21,7 +21,7 @@ The maker reads of the stage only what a :class:`~rlhf_lit.stages.ppo.protocols.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import KW_ONLY, dataclass, fields
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -175,62 +175,54 @@ def reward_model_scores(
     return raw + reward_offset(reward_model.config)  # (B,)
 
 
+@dataclass(eq=False)
 class ExperienceMaker:
     """Turns a batch of prompts into a rollout for a PPO stage.
 
     ``stage`` (:class:`~rlhf_lit.stages.ppo.protocols.RolloutStage`) is read when the maker runs: its
     models as it holds them then (sharded, moved to its device, or changed by a test) and its seams
     (``generate``, ``score``, ``reward_model_inputs``: a test's or a callback's override is the one
-    used). The rest is what the stage fixed when it was built, passed here.
+    used). The rest, passed by keyword, is what the stage fixed when it was built.
     """
 
-    def __init__(
-        self,
-        stage: RolloutStage,
-        *,
-        tokenizer: PreTrainedTokenizerBase,
-        sampling: SamplingConfig,
-        ppo: PPOConfig,
-        reward: RewardConfig,
-        kl: KLConfig,
-        kl_ctl: KLController,
-        reference: Reference,
-        estimator: AdvantageEstimator,
-        reward_sources: RewardSources,
-        forward_passes: ForwardPassRunner,
-        stop_ids: tuple[int, ...],
-    ) -> None:
-        self.stage, self.tokenizer, self.sampling, self.ppo = stage, tokenizer, sampling, ppo
-        self.reward_cfg, self.kl_cfg, self.kl_ctl, self.reference = reward, kl, kl_ctl, reference
-        self.estimator, self.reward_sources, self.forward_passes = estimator, reward_sources, forward_passes
+    stage: RolloutStage
+    _: KW_ONLY
+    tokenizer: PreTrainedTokenizerBase
+    sampling: SamplingConfig
+    ppo: PPOConfig
+    reward: RewardConfig
+    kl: KLConfig
+    kl_ctl: KLController
+    reference: Reference
+    estimator: AdvantageEstimator
+    reward_sources: RewardSources
+    forward_passes: ForwardPassRunner
+    stop_ids: tuple[int, ...]
+
+    def __post_init__(self) -> None:
         # reward.calibration: the reference's K samples per prompt rank the raw scores; None when off.
         self.calibration = (
             ReferenceCalibration(
-                reward,
-                sampling,
-                ppo,
-                reference,
-                reward_sources,
-                tokenizer,
-                stop_ids,
+                self.reward,
+                self.sampling,
+                self.ppo,
+                self.reference,
+                self.reward_sources,
+                self.tokenizer,
+                self.stop_ids,
                 partial(sample_responses, return_logprobs=False),
             )
-            if reward.calibrated
+            if self.reward.calibrated
             else None
         )
 
-    @property
-    def old_logprobs_from_sampling(self) -> bool:
-        """``ppo.old_logprobs: sampling``, unless the policy forward runs anyway (a shared-trunk critic)."""
+    def uses_sampled_logprobs(self, gen: Generated) -> bool:
+        """The rollout's old logprobs (and entropy) are the ones recorded while sampling: ``ppo.old_logprobs:
+        sampling``, unless the policy forward runs anyway (a shared-trunk critic), and a generation that recorded
+        them (a ``generate`` replaced by a script records none: then the policy rescores)."""
         critic = self.stage.critic
         shared = critic is not None and critic.needs_policy_hidden
-        return self.ppo.old_logprobs == "sampling" and not shared
-
-    def uses_sampled_logprobs(self, gen: Generated) -> bool:
-        """The rollout's old logprobs (and entropy) are the ones recorded while sampling: ppo.old_logprobs
-        sampling (:attr:`old_logprobs_from_sampling`) and a generation that recorded them (a
-        ``generate`` replaced by a script records none: then the policy rescores)."""
-        return self.old_logprobs_from_sampling and gen.logprobs is not None
+        return self.ppo.old_logprobs == "sampling" and not shared and gen.logprobs is not None
 
     @torch.no_grad()
     def score_chunk(self, gen: Generated, first: FirstForward | None = None) -> Scored:
@@ -248,13 +240,11 @@ class ExperienceMaker:
         m = self.stage
         temperature = self.sampling.temperature
         ids, mask = gen.query_responses, gen.attention_mask
+        sampled = self.uses_sampled_logprobs(gen)
         if first is not None:  # the first minibatch's forward, cut to the scored columns
             kept = gen.response_ids.shape[1]
             old_logprobs, entropy, values = (None if t is None else t[:, :kept] for t in first.scores(temperature))
-            if self.uses_sampled_logprobs(gen):
-                old_logprobs, entropy = gen.logprobs, gen.entropy  # (B, R) x2
-        elif self.uses_sampled_logprobs(gen):  # ppo.old_logprobs "sampling": recorded while generate sampled
-            old_logprobs, entropy = gen.logprobs, gen.entropy  # (B, R) x2
+        elif sampled:  # the critic alone: the logprobs come from sampling (below)
             values = (
                 None if m.critic is None else self.forward_passes.critic_values(m.critic, ids, mask, prompt_length)
             )  # (B, R)
@@ -264,12 +254,14 @@ class ExperienceMaker:
             )  # (B, R, V), (B, R)
             old_logprobs = token_logprobs(logits, gen.response_ids, temperature)  # (B, R)
             entropy = entropy_from_logits(logits, temperature)  # (B, R)
+        if sampled:  # ppo.old_logprobs "sampling": recorded while generate sampled
+            old_logprobs, entropy = gen.logprobs, gen.entropy  # (B, R) x2
         return Scored(
             old_logprobs=old_logprobs,
             ref_logprobs=self.reference.logprobs(gen, temperature),  # (B, R)
             old_values=torch.zeros_like(old_logprobs) if values is None else values.float(),  # (B, R)
             entropy=entropy,  # (B, R)
-            rm_scores=m.score(*m.reward_model_inputs(gen)).float() if self.reward_cfg.uses_reward_model else None,
+            rm_scores=m.score(*m.reward_model_inputs(gen)).float() if self.reward.uses_reward_model else None,
         ).padded_to(response_length)
 
     def score_rollout(self, gen: Generated, first: FirstForward | None = None) -> Scored:
@@ -290,18 +282,16 @@ class ExperienceMaker:
         rows = gen.response_ids.shape[0]
         size = self.ppo.score_chunk_size or rows
         if size >= rows:  # one chunk, or the rows' length groups when a long prompt would pad the others
-            groups = [g.to(gen.response_ids.device) for g in length_groups(gen.attention_mask)]
-            if len(groups) == 1 or is_sharded(self.stage.policy):
+            chunks = [g.to(gen.response_ids.device) for g in length_groups(gen.attention_mask)]
+            if len(chunks) == 1 or is_sharded(self.stage.policy):
                 return self.score_chunk(gen)
-            order = torch.cat(groups)  # (B,)
-            scored = Scored.cat([self.score_chunk(gen.rows(g)) for g in groups])
-            return scored.rows(torch.argsort(order))  # back to the rollout's order
-        prompt_length = gen.query_responses.shape[1] - gen.response_ids.shape[1]
-        # stable: rows of equal length keep their order; the sort needs no host read
-        order = torch.argsort(gen.attention_mask[:, :prompt_length].sum(dim=1), stable=True)  # (B,)
-        by_length = gen.rows(order)
-        scored = Scored.cat([self.score_chunk(by_length.rows(i, i + size)) for i in range(0, rows, size)])
-        return scored.rows(torch.argsort(order))  # back to the rollout's order
+        else:
+            prompt_length = gen.query_responses.shape[1] - gen.response_ids.shape[1]
+            # stable: rows of equal length keep their order; the sort needs no host read
+            order = torch.argsort(gen.attention_mask[:, :prompt_length].sum(dim=1), stable=True)  # (B,)
+            chunks = list(order.split(size))
+        scored = Scored.cat([self.score_chunk(gen.rows(chunk)) for chunk in chunks])
+        return scored.rows(torch.argsort(torch.cat(chunks)))  # back to the rollout's order
 
     def make(
         self,
@@ -318,7 +308,7 @@ class ExperienceMaker:
         """
         m = self.stage
         world_size = trainer.world_size if trainer is not None else 1
-        check_whitening_rows(batch["input_ids"].shape[0], world_size, self.ppo, self.reward_cfg)  # before any work
+        check_whitening_rows(batch["input_ids"].shape[0], world_size, self.ppo, self.reward)  # before any work
         prompts = batch
         batch = repeat_prompts(batch, self.sampling.samples_per_prompt)  # k consecutive rows per prompt
         batch = without_common_padding(batch)  # nothing of the rollout reads a column no prompt attends
@@ -346,13 +336,13 @@ class ExperienceMaker:
             reward_parts.update(calibration_parts)
         # Every whitening below is over the rows of all processes (ppo.whiten_scope: global) or of this one.
         reduce_sum = whitening_reducer(self.ppo.whiten_scope, trainer)
-        scores = self.reward_cfg.shape(calibrated, gen.ended, reduce_sum)  # (B,): one placement path for every source
+        scores = self.reward.shape(calibrated, gen.ended, reduce_sum)  # (B,): one placement path for every source
         # kl.mode "loss": the KL is measured (metrics, controller) but paid in the loss, not here.
-        reward_kl_coef = self.kl_ctl.value if self.kl_cfg.mode == "reward" else 0.0
+        reward_kl_coef = self.kl_ctl.value if self.kl.mode == "reward" else 0.0
         rewards, kl = kl_penalized_rewards(
-            scores, scored.old_logprobs, scored.ref_logprobs, mask, reward_kl_coef, self.kl_cfg.estimator
+            scores, scored.old_logprobs, scored.ref_logprobs, mask, reward_kl_coef, self.kl.estimator
         )  # (B, R), (B, R)
-        if self.reward_cfg.whiten == "rewards":
+        if self.reward.whiten == "rewards":
             rewards = masked_whiten(rewards, mask, keep_mean=True, reduce_sum=reduce_sum)  # (B, R)
         values = scored.old_values if m.critic is not None else None
         advantages, returns = self.estimator(rewards, values, mask, reduce_sum)  # (B, R) x2

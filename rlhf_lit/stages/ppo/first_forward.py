@@ -93,8 +93,7 @@ def first_forward(stage: RolloutStage, passes: ForwardPassRunner, minibatch_size
     rows, others = order[:minibatch_size], order[minibatch_size:]  # (M,), (B - M,)
     mb = gen.rows(rows)
     prompt_length = mb.query_responses.shape[1] - mb.response_ids.shape[1]
-    first = leading_padding(mb.attention_mask, prompt_length)  # (M,) on the CPU
-    n = columns_to_drop(first, prompt_length)  # as the update's minibatch drops them
+    n = columns_to_drop(leading_padding(mb.attention_mask, prompt_length), prompt_length)  # as the update drops them
     ids, mask = mb.query_responses[:, n:], mb.attention_mask[:, n:]  # (M, T - n) x2
     trained = [m for m in (stage.policy, stage.critic) if m is not None]
     with train_mode(*trained), torch.enable_grad():

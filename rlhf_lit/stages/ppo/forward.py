@@ -98,14 +98,13 @@ class ForwardPassRunner:
         prompt_length: int,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """:func:`policy_and_values`, eager or compiled."""
-        if self.kind == "eager":
-            # Sharded (FSDP) models gather their weights per forward: one pass, not one per group.
-            grouped = not is_sharded(policy)
-            run = grouped_policy_and_values if grouped else policy_and_values
-            return run(policy, critic, query_responses, attention_mask, prompt_length)
-        return self._both(
-            policy, critic, ids=query_responses, attention_mask=attention_mask, prompt_length=prompt_length
-        )
+        if self.kind == "compiled":
+            return self._both(
+                policy, critic, ids=query_responses, attention_mask=attention_mask, prompt_length=prompt_length
+            )
+        # Sharded (FSDP) models gather their weights per forward: one pass, not one per group.
+        run = policy_and_values if is_sharded(policy) else grouped_policy_and_values
+        return run(policy, critic, query_responses, attention_mask, prompt_length)
 
     def critic_values(
         self, critic: torch.nn.Module, query_responses: torch.Tensor, attention_mask: torch.Tensor, prompt_length: int

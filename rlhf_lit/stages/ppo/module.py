@@ -18,7 +18,6 @@ from rlhf_lit.evaluation import load_judge
 from rlhf_lit.evaluation.judges import JudgeReads, judge_texts
 from rlhf_lit.functional import sft_loss
 from rlhf_lit.models.compiled_generation import compile_stats
-from rlhf_lit.models.freezing import check_trainable_layers
 from rlhf_lit.models.generation import Generated, SamplingConfig
 from rlhf_lit.models.loading import DType
 from rlhf_lit.models.lora import LoRAConfig
@@ -31,18 +30,10 @@ from rlhf_lit.run_seed import seed_or_run_seed
 from rlhf_lit.stages.amp import loss_scale
 from rlhf_lit.stages.base import RunLayout, StageModule, as_config, require_input
 from rlhf_lit.stages.export import ExportExisting
-from rlhf_lit.stages.optim import OptimizerConfig, fused_adamw_supported
+from rlhf_lit.stages.optim import OptimizerConfig
 from rlhf_lit.stages.ppo.building import build_models, build_optimizers, kl_controller, shard_stage_models
 from rlhf_lit.stages.ppo.checkpointing import SAFE_ON_RESUME, PPOCheckpoints
-from rlhf_lit.stages.ppo.checks import (
-    check_compiled_passes,
-    check_critic_free,
-    check_data_module,
-    check_model_settings,
-    check_reward_settings,
-    check_rollout_rows,
-    refusal_before_build,
-)
+from rlhf_lit.stages.ppo.checks import check_data_module, check_rollout_rows, check_settings, refusal_before_build
 from rlhf_lit.stages.ppo.config import KLConfig, PPOConfig, RewardConfig
 from rlhf_lit.stages.ppo.estimator import AdvantageEstimator
 from rlhf_lit.stages.ppo.experience import (
@@ -168,7 +159,7 @@ class PPOModule(PPOCheckpoints, StageModule):
         trainable_layers: int | None = None,
     ) -> None:
         super().__init__()
-        sft_model = require_input(sft_model, "sft_model", "the SFT model")
+        require_input(sft_model, "sft_model", "the SFT model")
         # Loaded first: a bad spec fails before any model is.
         self.judge = None if judge is None else load_judge(judge)
         judge_texts([], [], judge_reads)  # an unknown judge_reads fails here, before any model loads
@@ -178,16 +169,11 @@ class PPOModule(PPOCheckpoints, StageModule):
         self.reward_cfg: RewardConfig = as_config(RewardConfig, reward)
         self.kl_cfg: KLConfig = as_config(KLConfig, kl)
         self.reward_sources = RewardSources(self.reward_cfg.sources)  # a bad function spec fails here
-        check_reward_settings(self.sampling, self.reward_cfg, reward_model)
         self.optimizer_cfg = as_config(OptimizerConfig, optimizer)
         self.critic_optimizer_cfg = as_config(OptimizerConfig, critic_optimizer)
         self.lora_cfg = as_config(LoRAConfig, lora)
         self.critic_lora_cfg = as_config(LoRAConfig, critic_lora)
         self.memory: MemoryConfig = as_config(MemoryConfig, memory)
-        check_model_settings(self.lora_cfg, self.critic_lora_cfg, critic, critic_optimizer is not None, max_rollouts)
-        check_compiled_passes(self.ppo, self.memory, self.lora_cfg, self.critic_lora_cfg)
-        check_trainable_layers(trainable_layers, lora=self.lora_cfg, critic_lora=self.critic_lora_cfg)
-        self.trainable_layers = trainable_layers
         # The one place the estimator is chosen: it decides whether a critic exists at all.
         self.estimator = AdvantageEstimator(
             self.ppo.estimator,
@@ -196,8 +182,6 @@ class PPOModule(PPOCheckpoints, StageModule):
             self.ppo.lam,
             self.ppo.whiten_advantages,
         )
-        if not self.estimator.uses_critic:
-            check_critic_free(self.ppo, critic, value_model, critic_lora, critic_optimizer is not None)
         # Resolved now: LightningCLI has called seed_everything before it builds the stage.
         self.max_rollouts, self.rollout_seed = max_rollouts, seed_or_run_seed(rollout_seed)
         self.keep_settings(
@@ -211,9 +195,10 @@ class PPOModule(PPOCheckpoints, StageModule):
             critic_lora=self.critic_lora_cfg,
             memory=self.memory,
         )
+        check_settings(self)  # what contradicts itself, refused before any model loads
         self.keep_export(export_dir, export_existing, max_skipped_updates)
         self.automatic_optimization = False
-        build_models(self, sft_model, reward_model, value_model, tokenizer_path, missing_pad, critic, dtype)
+        build_models(self)
         self.kl_ctl = kl_controller(self.kl_cfg)
         self.forward_passes = ForwardPassRunner(self.ppo.forward)  # ppo.forward: eager or compiled
         self.experience_maker = ExperienceMaker(
@@ -259,15 +244,7 @@ class PPOModule(PPOCheckpoints, StageModule):
     def configure_optimizers(self):
         """Policy and critic optimizers (one with ``shared_trunk`` or without a critic), schedules
         stepped per rollout (:func:`~rlhf_lit.stages.ppo.building.build_optimizers`)."""
-        return build_optimizers(
-            self.policy,
-            self.critic,
-            self.hparams.critic == "shared_trunk",
-            self.optimizer_cfg,
-            self.critic_optimizer_cfg,
-            self.max_rollouts,
-            fused_adamw_supported(self),
-        )
+        return build_optimizers(self)
 
     def optimizer_list(self) -> list:
         """The Lightning-wrapped optimizers as a list (one or two)."""
@@ -277,15 +254,7 @@ class PPOModule(PPOCheckpoints, StageModule):
     def check_before_fit(self) -> None:
         """Refuse, before any work is done, a data module this run cannot use
         (:func:`~rlhf_lit.stages.ppo.checks.check_data_module`)."""
-        check_data_module(
-            self.trainer.datamodule,
-            self.sampling,
-            self.ppo,
-            self.reward_cfg,
-            self.tokenizer,
-            self.stop_ids,
-            self.hparams.reward_model,
-        )
+        check_data_module(self)
 
     def stream_generator(self, stream: int) -> torch.Generator:
         """A generator for (seed, rank, rollout, stream) (:mod:`~rlhf_lit.stages.ppo.seeding`)."""

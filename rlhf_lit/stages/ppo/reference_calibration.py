@@ -24,6 +24,7 @@ so a cache would only pay from the second epoch on, and fresh draws are exact fo
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -39,10 +40,11 @@ if TYPE_CHECKING:
     from rlhf_lit.stages.ppo.protocols import RolloutStage
 
 
+@dataclass(eq=False)
 class ReferenceCalibration:
     """Samples the reference's K responses per prompt and calibrates a rollout's raw scores against them.
 
-    Args:
+    Attributes:
         reward: ``reward`` (its ``calibration_*`` settings).
         sampling: the policy's sampling settings, which the reference samples with.
         ppo: ``ppo`` (its ``score_chunk_size``).
@@ -50,23 +52,18 @@ class ReferenceCalibration:
         reward_sources: the loaded sources, which give the reference responses their raw scores.
         tokenizer: decodes the reference responses for the reward functions.
         stop_ids: the ids that end a response.
-        sample: draws responses from a model
+        sample_fn: draws responses from a model
             (:func:`~rlhf_lit.stages.ppo.experience.sample_responses`'s signature).
     """
 
-    def __init__(
-        self,
-        reward: RewardConfig,
-        sampling: SamplingConfig,
-        ppo: PPOConfig,
-        reference: Reference,
-        reward_sources: RewardSources,
-        tokenizer: Any,
-        stop_ids: tuple[int, ...],
-        sample: Callable[..., Generated],
-    ) -> None:
-        self.reward, self.sampling, self.ppo, self.reference = reward, sampling, ppo, reference
-        self.reward_sources, self.tokenizer, self.stop_ids, self.sample_fn = reward_sources, tokenizer, stop_ids, sample
+    reward: RewardConfig
+    sampling: SamplingConfig
+    ppo: PPOConfig
+    reference: Reference
+    reward_sources: RewardSources
+    tokenizer: Any
+    stop_ids: tuple[int, ...]
+    sample_fn: Callable[..., Generated]
 
     @property
     def k(self) -> int:
@@ -131,15 +128,15 @@ class ReferenceCalibration:
         per_row = reference.to(raw_scores.device).repeat_interleave(
             raw_scores.shape[0] // reference.shape[0], 0
         )  # (B, K)
-        if not (torch.isfinite(raw_scores).all() and torch.isfinite(per_row).all()):
+        if torch.isfinite(raw_scores).all() and torch.isfinite(per_row).all():
+            calibrated = calibrated_scores(
+                raw_scores, per_row, self.reward.calibration_transform, self.reward.calibration_n
+            )  # (B,)
+            quantiles = reference_quantiles(raw_scores, per_row).float()  # (B,)
+        else:
             # No quantile for a NaN: the rollout is made non-finite, which the stage skips and counts
             # (max_skipped_updates) as it does a non-finite raw score.
-            nan = torch.full_like(raw_scores, float("nan"))  # (B,)
-            return nan, {"reward/calibrated": nan, "reward/quantile": nan, "reward/reference": reference.flatten()}
-        calibrated = calibrated_scores(
-            raw_scores, per_row, self.reward.calibration_transform, self.reward.calibration_n
-        )
-        quantiles = reference_quantiles(raw_scores, per_row).float()  # (B,)
+            calibrated = quantiles = torch.full_like(raw_scores, float("nan"))  # (B,)
         return calibrated, {
             "reward/calibrated": calibrated,
             "reward/quantile": quantiles,

@@ -83,17 +83,14 @@ def _linear_like(head: nn.Linear, rows: int) -> nn.Linear:
 
 def _set_head(model: nn.Module, head: nn.Linear, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
     """Make ``head`` (filled with ``weight`` and ``bias``) ``model``'s score head, and the config's
-    label count (and its default label names) match its rows."""
+    label count (and so its default label names: transformers' ``num_labels`` setter) match its rows."""
     with torch.no_grad():
         head.weight.copy_(weight)
         if bias is not None:
             head.bias.copy_(bias)
     model.score = head
-    n = head.out_features
-    model.config.num_labels = n
-    model.config.id2label = {i: f"LABEL_{i}" for i in range(n)}
-    model.config.label2id = {v: k for k, v in model.config.id2label.items()}
-    model.num_labels = n
+    model.config.num_labels = head.out_features
+    model.num_labels = head.out_features
 
 
 def add_length_head(model: nn.Module) -> None:

@@ -8,15 +8,8 @@ from torch import nn
 from torchmetrics import MeanMetric
 from torchmetrics.regression import PearsonCorrCoef
 
-from rlhf_lit.functional import (
-    batch_examples,
-    is_ranking_batch,
-    pairwise_reward_loss,
-    ranking_loss,
-    ranking_metrics,
-    ranking_pair_mask,
-)
-from rlhf_lit.stages.reward_heads.head import Batch, Log, response_lengths
+from rlhf_lit.functional import batch_examples, is_ranking_batch, ranking_metrics, ranking_pair_mask
+from rlhf_lit.stages.reward_heads.head import Batch, Log, preference_loss, response_lengths
 
 
 class RankingValidation(nn.Module):
@@ -55,17 +48,15 @@ class ScoreValidation(nn.Module):
 
     def update(self, scores: torch.Tensor, batch: Batch, log: Log) -> None:
         """Update and log from the normalised ``scores`` ``(N,)`` of one validation batch."""
+        loss, _ = preference_loss(scores, batch)  # ()
         if is_ranking_batch(batch):
-            group, rank = batch["group"], batch["rank"]
-            loss, _ = ranking_loss(scores, group, rank, batch["responses_per_prompt"])  # ()
             weight = self.ranking.update(scores, batch, log).sum()  # prompts with a pair weigh 1
-            pairs = ranking_pair_mask(group, rank).to(scores.dtype)  # (N, N) pairs weigh 1
+            pairs = ranking_pair_mask(batch["group"], batch["rank"]).to(scores.dtype)  # (N, N) pairs weigh 1
             diff = scores[:, None] - scores[None, :]  # (N, N) better - worse at [better, worse]
             wins, margins = (diff > 0).to(scores.dtype), torch.where(pairs > 0, diff, 0)  # (N, N) x2
         else:
             B = scores.shape[0] // 2
             chosen, rejected = scores[:B], scores[B:]  # (B,), (B,)
-            loss, _ = pairwise_reward_loss(chosen, rejected, batch.get("margin"))  # ()
             weight, pairs = B, 1.0
             wins, margins = (chosen > rejected).float(), chosen - rejected  # (B,) x2, per-pair
         self.loss.update(loss, weight=weight)
