@@ -92,11 +92,6 @@ def _same(a: str, b: str) -> bool:
     return os.path.abspath(os.path.expanduser(a)) == os.path.abspath(os.path.expanduser(b))
 
 
-def _plain(value: Any) -> Any:
-    """A jsonargparse Namespace (or anything with ``as_dict``) as nested dicts; other values as they are."""
-    return value.as_dict() if hasattr(value, "as_dict") else value
-
-
 def _class_name(class_path: str) -> str:
     return class_path.rsplit(".", 1)[-1]
 
