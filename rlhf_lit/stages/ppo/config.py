@@ -6,6 +6,7 @@ its own values; settings that cannot work together raise here, nothing is rewrit
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
@@ -37,6 +38,12 @@ WhitenScope = Literal["global", "rank"]
 ``global``, the rollout batch of all processes together (one statistic, whatever the number of
 processes; two small all-reduces per whitening); ``rank``, each process's own rows (TRL's way: the
 update then depends on how the batch is split). On one process the two are the same statistic."""
+
+
+def check_choice(name: str, value: Any, choices: Sequence[str]) -> None:
+    """The one error for the option ``name`` set to none of its ``choices``."""
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(choices)}; got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -133,20 +140,10 @@ class PPOConfig:
     reuse_first_forward: bool = True
 
     def __post_init__(self) -> None:
-        if self.forward not in get_args(ForwardPasses):
-            raise ValueError(f"ppo.forward must be one of {', '.join(get_args(ForwardPasses))}; got {self.forward!r}")
-        if self.old_logprobs not in get_args(OldLogprobs):
-            raise ValueError(
-                f"ppo.old_logprobs must be one of {', '.join(get_args(OldLogprobs))}; got {self.old_logprobs!r}"
-            )
-        if self.whiten_scope not in get_args(WhitenScope):
-            raise ValueError(
-                f"ppo.whiten_scope must be one of {', '.join(get_args(WhitenScope))}; got {self.whiten_scope!r}"
-            )
-        if self.estimator not in get_args(EstimatorKind):
-            raise ValueError(
-                f"ppo.estimator must be one of {', '.join(get_args(EstimatorKind))}; got {self.estimator!r}"
-            )
+        check_choice("ppo.forward", self.forward, get_args(ForwardPasses))
+        check_choice("ppo.old_logprobs", self.old_logprobs, get_args(OldLogprobs))
+        check_choice("ppo.whiten_scope", self.whiten_scope, get_args(WhitenScope))
+        check_choice("ppo.estimator", self.estimator, get_args(EstimatorKind))
         for name in ("epochs", "minibatch_size", "grad_accum"):
             if getattr(self, name) < 1:
                 raise ValueError(f"ppo.{name} must be >= 1, got {getattr(self, name)}")
@@ -203,8 +200,7 @@ class RewardSource:
         if self.function is None and self.kwargs:
             raise ValueError(f"reward source {self.name!r} is the reward model (function: null); it takes no kwargs")
         where = f"reward source {self.name!r}"
-        if self.aggregate not in AGGREGATES:
-            raise ValueError(f"{where}: aggregate must be one of {', '.join(AGGREGATES)}; got {self.aggregate!r}")
+        check_choice(f"{where}: aggregate", self.aggregate, AGGREGATES)
         if self.function is not None and (self.aggregate != "mean" or self.lam is not None):
             raise ValueError(
                 f"{where} is a reward function; aggregate and lam apply to the reward model (function: null)"
@@ -323,10 +319,7 @@ class RewardConfig:
             raise ValueError(f"reward.whiten must be none, scores or rewards; got {self.whiten!r}")
         if self.clip is not None and self.clip <= 0:
             raise ValueError(f"reward.clip must be > 0 or null, got {self.clip}")
-        if self.unfinished not in get_args(UnfinishedScoring):
-            raise ValueError(
-                f"reward.unfinished must be one of {', '.join(get_args(UnfinishedScoring))}; got {self.unfinished!r}"
-            )
+        check_choice("reward.unfinished", self.unfinished, get_args(UnfinishedScoring))
         if self.missing_eos_penalty is not None and self.missing_eos_penalty > 0:
             # Refused, not warned: the sign is the whole meaning of the setting, and a positive
             # score is above the normalised RM's mean of 0, a reward for running out of tokens.
@@ -348,15 +341,8 @@ class RewardConfig:
         return self.calibration != "none"
 
     def _check_calibration(self) -> None:
-        if self.calibration not in get_args(Calibration):
-            raise ValueError(
-                f"reward.calibration must be one of {', '.join(get_args(Calibration))}; got {self.calibration!r}"
-            )
-        if self.calibration_transform not in CALIBRATION_TRANSFORMS:
-            raise ValueError(
-                f"reward.calibration_transform must be one of {', '.join(CALIBRATION_TRANSFORMS)}; "
-                f"got {self.calibration_transform!r}"
-            )
+        check_choice("reward.calibration", self.calibration, get_args(Calibration))
+        check_choice("reward.calibration_transform", self.calibration_transform, CALIBRATION_TRANSFORMS)
         if self.calibration_samples < 1:
             raise ValueError(f"reward.calibration_samples must be >= 1, got {self.calibration_samples}")
         # Settings that would do nothing are refused, not ignored: they say the user meant calibration on.
