@@ -28,16 +28,6 @@ import torch
 
 from rlhf_lit.functional.masked_stats import Reducer, masked_whiten
 
-__all__ = [
-    "gae",
-    "EstimatorKind",
-    "grpo_advantages",
-    "needs_critic",
-    "needs_groups",
-    "reinforce_pp_advantages",
-    "rloo_advantages",
-]
-
 EstimatorKind = Literal["gae", "grpo", "dr_grpo", "rloo", "reinforce_pp"]
 """The advantage estimator, one typed choice:
 

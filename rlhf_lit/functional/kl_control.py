@@ -6,8 +6,6 @@ from typing import Any, Protocol
 
 import torch
 
-__all__ = ["KLController", "AdaptiveKLController", "FixedKLController"]
-
 
 class KLController(Protocol):
     """What the PPO stage needs from a KL controller."""
