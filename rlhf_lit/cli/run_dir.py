@@ -83,13 +83,12 @@ def stage_export(run_dir: str, stage: str) -> str:
     return os.path.join(run_dir, stage, EXPORT_NAME)
 
 
+def _absolute(path: str) -> str:
+    return os.path.abspath(os.path.expanduser(path))
+
+
 def _inside(path: str, root: str) -> bool:
-    path, root = os.path.abspath(os.path.expanduser(path)), os.path.abspath(os.path.expanduser(root))
-    return os.path.commonpath([path, root]) == root
-
-
-def _same(a: str, b: str) -> bool:
-    return os.path.abspath(os.path.expanduser(a)) == os.path.abspath(os.path.expanduser(b))
+    return os.path.commonpath([_absolute(path), _absolute(root)]) == _absolute(root)
 
 
 def _class_name(class_path: str) -> str:
@@ -176,7 +175,7 @@ def _place_export(init_args, run_dir: str, stage: str) -> str | None:
     given = init_args.get("export_dir")
     if given is None:
         init_args["export_dir"] = target
-    elif not _same(str(given), target):
+    elif _absolute(str(given)) != _absolute(target):
         raise RunDirError(
             f"--run_dir {run_dir} puts the {stage_title(stage)} export at {target} (where later stages look for it), but "
             f"model.init_args.export_dir is {given}; drop export_dir (or --model.init_args.export_dir null), "
