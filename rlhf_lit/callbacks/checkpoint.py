@@ -197,22 +197,9 @@ class RolloutCheckpoint(Checkpoint):
         if filename is None:
             # auto_insert_metric_name turns "{rollout}" into "rollout={rollout}"
             filename = "{rollout}" if auto_insert_metric_name else "rollout={rollout}"
-        super().__init__(
-            dirpath=dirpath,
-            filename=filename,
-            monitor=monitor,
-            verbose=verbose,
-            save_last=save_last,
-            save_top_k=save_top_k,
-            save_on_exception=save_on_exception,
-            save_weights_only=save_weights_only,
-            mode=mode,
-            auto_insert_metric_name=auto_insert_metric_name,
-            enable_version_counter=enable_version_counter,
-            # 0 (not None) disables both of ModelCheckpoint's own triggers
-            every_n_train_steps=0,
-            every_n_epochs=0,
-        )
+        # ModelCheckpoint's arguments as given (filename filled); 0 (not None) disables its own triggers
+        checkpoint_args = {k: v for k, v in locals().items() if k not in ("self", "__class__", "every_n_rollouts")}
+        super().__init__(**checkpoint_args, every_n_train_steps=0, every_n_epochs=0)
         self.every_n_rollouts = every_n_rollouts
         self._last_rollout_saved = 0
 
