@@ -21,7 +21,7 @@ The maker reads of the stage only what a :class:`~rlhf_lit.stages.ppo.protocols.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import KW_ONLY, dataclass, fields
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -175,6 +175,7 @@ def reward_model_scores(
     return raw + reward_offset(reward_model.config)  # (B,)
 
 
+@dataclass(eq=False)
 class ExperienceMaker:
     """Turns a batch of prompts into a rollout for a PPO stage.
 
@@ -184,40 +185,25 @@ class ExperienceMaker:
     used). The rest is what the stage fixed when it was built, passed here.
     """
 
-    def __init__(
-        self,
-        stage: RolloutStage,
-        *,
-        tokenizer: PreTrainedTokenizerBase,
-        sampling: SamplingConfig,
-        ppo: PPOConfig,
-        reward: RewardConfig,
-        kl: KLConfig,
-        kl_ctl: KLController,
-        reference: Reference,
-        estimator: AdvantageEstimator,
-        reward_sources: RewardSources,
-        forward_passes: ForwardPassRunner,
-        stop_ids: tuple[int, ...],
-    ) -> None:
-        self.stage, self.tokenizer, self.sampling, self.ppo = stage, tokenizer, sampling, ppo
-        self.reward_cfg, self.kl_cfg, self.kl_ctl, self.reference = reward, kl, kl_ctl, reference
-        self.estimator, self.reward_sources, self.forward_passes = estimator, reward_sources, forward_passes
+    stage: RolloutStage
+    _: KW_ONLY
+    tokenizer: PreTrainedTokenizerBase
+    sampling: SamplingConfig
+    ppo: PPOConfig
+    reward: RewardConfig
+    kl: KLConfig
+    kl_ctl: KLController
+    reference: Reference
+    estimator: AdvantageEstimator
+    reward_sources: RewardSources
+    forward_passes: ForwardPassRunner
+    stop_ids: tuple[int, ...]
+
+    def __post_init__(self) -> None:
         # reward.calibration: the reference's K samples per prompt rank the raw scores; None when off.
-        self.calibration = (
-            ReferenceCalibration(
-                reward,
-                sampling,
-                ppo,
-                reference,
-                reward_sources,
-                tokenizer,
-                stop_ids,
-                partial(sample_responses, return_logprobs=False),
-            )
-            if reward.calibrated
-            else None
-        )
+        shared = {f.name: getattr(self, f.name) for f in fields(ReferenceCalibration) if f.name != "sample_fn"}
+        sample = partial(sample_responses, return_logprobs=False)
+        self.calibration = ReferenceCalibration(**shared, sample_fn=sample) if self.reward.calibrated else None
 
     @property
     def old_logprobs_from_sampling(self) -> bool:
@@ -269,7 +255,7 @@ class ExperienceMaker:
             ref_logprobs=self.reference.logprobs(gen, temperature),  # (B, R)
             old_values=torch.zeros_like(old_logprobs) if values is None else values.float(),  # (B, R)
             entropy=entropy,  # (B, R)
-            rm_scores=m.score(*m.reward_model_inputs(gen)).float() if self.reward_cfg.uses_reward_model else None,
+            rm_scores=m.score(*m.reward_model_inputs(gen)).float() if self.reward.uses_reward_model else None,
         ).padded_to(response_length)
 
     def score_rollout(self, gen: Generated, first: FirstForward | None = None) -> Scored:
@@ -318,7 +304,7 @@ class ExperienceMaker:
         """
         m = self.stage
         world_size = trainer.world_size if trainer is not None else 1
-        check_whitening_rows(batch["input_ids"].shape[0], world_size, self.ppo, self.reward_cfg)  # before any work
+        check_whitening_rows(batch["input_ids"].shape[0], world_size, self.ppo, self.reward)  # before any work
         prompts = batch
         batch = repeat_prompts(batch, self.sampling.samples_per_prompt)  # k consecutive rows per prompt
         batch = without_common_padding(batch)  # nothing of the rollout reads a column no prompt attends
@@ -346,13 +332,13 @@ class ExperienceMaker:
             reward_parts.update(calibration_parts)
         # Every whitening below is over the rows of all processes (ppo.whiten_scope: global) or of this one.
         reduce_sum = whitening_reducer(self.ppo.whiten_scope, trainer)
-        scores = self.reward_cfg.shape(calibrated, gen.ended, reduce_sum)  # (B,): one placement path for every source
+        scores = self.reward.shape(calibrated, gen.ended, reduce_sum)  # (B,): one placement path for every source
         # kl.mode "loss": the KL is measured (metrics, controller) but paid in the loss, not here.
-        reward_kl_coef = self.kl_ctl.value if self.kl_cfg.mode == "reward" else 0.0
+        reward_kl_coef = self.kl_ctl.value if self.kl.mode == "reward" else 0.0
         rewards, kl = kl_penalized_rewards(
-            scores, scored.old_logprobs, scored.ref_logprobs, mask, reward_kl_coef, self.kl_cfg.estimator
+            scores, scored.old_logprobs, scored.ref_logprobs, mask, reward_kl_coef, self.kl.estimator
         )  # (B, R), (B, R)
-        if self.reward_cfg.whiten == "rewards":
+        if self.reward.whiten == "rewards":
             rewards = masked_whiten(rewards, mask, keep_mean=True, reduce_sum=reduce_sum)  # (B, R)
         values = scored.old_values if m.critic is not None else None
         advantages, returns = self.estimator(rewards, values, mask, reduce_sum)  # (B, R) x2

@@ -24,6 +24,7 @@ so a cache would only pay from the second epoch on, and fresh draws are exact fo
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
     from rlhf_lit.stages.ppo.protocols import RolloutStage
 
 
+@dataclass
 class ReferenceCalibration:
     """Samples the reference's K responses per prompt and calibrates a rollout's raw scores against them.
 
@@ -50,23 +52,18 @@ class ReferenceCalibration:
         reward_sources: the loaded sources, which give the reference responses their raw scores.
         tokenizer: decodes the reference responses for the reward functions.
         stop_ids: the ids that end a response.
-        sample: draws responses from a model
+        sample_fn: draws responses from a model
             (:func:`~rlhf_lit.stages.ppo.experience.sample_responses`'s signature).
     """
 
-    def __init__(
-        self,
-        reward: RewardConfig,
-        sampling: SamplingConfig,
-        ppo: PPOConfig,
-        reference: Reference,
-        reward_sources: RewardSources,
-        tokenizer: Any,
-        stop_ids: tuple[int, ...],
-        sample: Callable[..., Generated],
-    ) -> None:
-        self.reward, self.sampling, self.ppo, self.reference = reward, sampling, ppo, reference
-        self.reward_sources, self.tokenizer, self.stop_ids, self.sample_fn = reward_sources, tokenizer, stop_ids, sample
+    reward: RewardConfig
+    sampling: SamplingConfig
+    ppo: PPOConfig
+    reference: Reference
+    reward_sources: RewardSources
+    tokenizer: Any
+    stop_ids: tuple[int, ...]
+    sample_fn: Callable[..., Generated]
 
     @property
     def k(self) -> int:
