@@ -372,9 +372,8 @@ class TextDataModule(L.LightningDataModule):
     def mark_consumed(self, n: int) -> None:
         """Report that training took ``n`` more training examples (of all processes together);
         this is what a resumed run skips."""
-        if self.sampler is None:
-            raise RuntimeError(f"{type(self).__name__}.setup() has not been called")
-        self.sampler.mark_consumed(n)
+        self._require_setup()  # the sampler is built with the training data
+        self.sampler.mark_consumed(n)  # type: ignore[union-attr]
 
     def state_dict(self) -> dict[str, Any]:
         """The data position (epoch and examples consumed), saved into Lightning checkpoints."""

@@ -44,6 +44,8 @@ log = logging.getLogger(__name__)
 SIGNALS: tuple[str, ...] = ("proxy_gold", "disagreement", "kl", "length", "distinct", "objective")
 """The guard's signals, in the order they are evaluated (and named in ``guard/<signal>/*``)."""
 STATE_VERSION = 1
+RESTORED = ("rollouts", "stopped_at", "keep_best_from", "best_weights")
+"""The parts of the guard's state a resume restores as they were saved (the others are rebuilt or merged)."""
 
 
 class OverOptimisationGuard(Callback):
@@ -343,29 +345,18 @@ class OverOptimisationGuard(Callback):
     # ------------------------------------------------------------------ resume
     def state_dict(self) -> dict[str, Any]:
         """Everything a resumed run needs to continue the guard exactly (in the Lightning checkpoint)."""
-        return {
-            "version": STATE_VERSION,
-            "rollouts": self.rollouts,
-            "history": self.history,
-            "evaluations": [(e.rollouts, e.score, e.judge) for e in self.evaluations],
-            "streaks": self.streaks,
-            "active": self.active,
-            "stopped_at": self.stopped_at,
-            "keep_best_from": self.keep_best_from,
-            "best": self.best,
-            "best_weights": self.best_weights,
-            "unavailable": sorted(self.unavailable),
-        }
+        kept = {name: getattr(self, name) for name in (*RESTORED, "history", "streaks", "active", "best")}
+        evaluations = [(e.rollouts, e.score, e.judge) for e in self.evaluations]
+        return {"version": STATE_VERSION, **kept, "evaluations": evaluations, "unavailable": sorted(self.unavailable)}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`'s state."""
-        self.rollouts = state_dict["rollouts"]
+        for name in RESTORED:
+            setattr(self, name, state_dict[name])
         for name in self.history:  # a metric this guard tracks that the saved one did not: unknown so far
             self.history[name] = list(state_dict["history"].get(name, [None] * self.rollouts))
         self.evaluations = [Evaluation(*e) for e in state_dict["evaluations"]]
         self.streaks.update(state_dict["streaks"])
         self.active.update(state_dict["active"])
-        self.stopped_at, self.keep_best_from = state_dict["stopped_at"], state_dict["keep_best_from"]
         self.best = tuple(state_dict["best"]) if state_dict["best"] is not None else None
-        self.best_weights = state_dict["best_weights"]
         self.unavailable = set(state_dict["unavailable"])
