@@ -71,7 +71,8 @@ def minibatches(rollout: Rollout, minibatch_size: int, generator: torch.Generato
             f"the rollout has {rollout.batch_size} rows, not a multiple of the minibatch size {minibatch_size}"
         )
     order = shuffled_rows(rollout.batch_size, generator)  # (B,)
-    first = first_attended_columns(rollout)  # (B,) on the CPU: one host sync per pass, none per minibatch
+    # (B,) on the CPU: one host sync per pass, none per minibatch
+    first = leading_padding(rollout.attention_mask, rollout.prompt_length)
     device_order = order.to(rollout.response_ids.device)  # (B,)
     for start in range(0, rollout.batch_size, minibatch_size):
         rows = order[start : start + minibatch_size]  # (M,)
@@ -84,11 +85,6 @@ def shuffled_rows(batch_size: int, generator: torch.Generator) -> torch.Tensor:
     The shuffle stream is stateless per rollout (:mod:`~rlhf_lit.stages.ppo.seeding`), so the scoring
     can know the update's first minibatch before the update draws it (:mod:`~rlhf_lit.stages.ppo.first_forward`)."""
     return torch.randperm(batch_size, generator=generator)  # (B,)
-
-
-def first_attended_columns(rollout: Rollout) -> torch.Tensor:
-    """``(B,)`` CPU long: each row's first attended prompt column (:func:`leading_padding`)."""
-    return leading_padding(rollout.attention_mask, rollout.prompt_length)
 
 
 def leading_padding(attention_mask: torch.Tensor, prompt_length: int) -> torch.Tensor:
