@@ -12,6 +12,7 @@ rollout's checkpoint holds the guard's state with that rollout in it.
 from __future__ import annotations
 
 import logging
+from dataclasses import fields
 from typing import Any
 
 import torch
@@ -134,15 +135,8 @@ class OverOptimisationGuard(Callback):
             raise ValueError("guard held_out.prompts is empty: give the held-out prompts, or drop held_out")
         if self.held_out.every_n_rollouts < 1:
             raise ValueError(f"guard held_out.every_n_rollouts must be >= 1, got {self.held_out.every_n_rollouts}")
-        return OnlineGeneration(
-            self.held_out.prompts,
-            self.held_out.every_n_rollouts,
-            self.held_out.sampling,
-            self.held_out.seed,
-            self.held_out.judge,
-            self.held_out.judge_reads,
-            chat_template=self.held_out.chat_template,
-        )
+        # every HeldOut setting is the OnlineGeneration argument of its name
+        return OnlineGeneration(**{f.name: getattr(self.held_out, f.name) for f in fields(HeldOut)})
 
     def _check_sources(self) -> None:
         """Refuse a signal or keep_best that reads a held-out evaluation the settings do not make."""
