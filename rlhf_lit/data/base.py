@@ -14,7 +14,6 @@ import dataclasses
 import logging
 from collections import Counter
 from collections.abc import Callable, Mapping
-from types import SimpleNamespace
 from typing import Any, ClassVar
 
 import lightning as L
@@ -106,43 +105,43 @@ class TextDataModule(L.LightningDataModule):
     their position was saved in checkpoints."""
 
     def _init_common(self, arguments: Mapping[str, Any]) -> None:
-        """Check and keep the options every data module takes, read from its constructor's
-        ``arguments`` (its ``locals()``; a module without ``prompt_words`` reads 1), and save the
-        constructor's arguments as the hyperparameters (:meth:`_keep_hparams`)."""
-        o = SimpleNamespace(**{"prompt_words": 1, **arguments})
-        check_format(o.format, self.kind)
-        template_choice(o.hh_render, "hh_render")  # a bad value refused here, not at setup; kept as given for the log
-        if o.val_path is not None and o.val_fraction > 0:
-            raise ValueError(f"give either val_path ({o.val_path!r}) or val_fraction ({o.val_fraction}), not both")
-        if not 0.0 <= o.val_fraction < 1.0:
-            raise ValueError(f"val_fraction must be in [0, 1), got {o.val_fraction}")
+        """Keep every argument of the data module's constructor (``arguments``: its ``locals()``) as the
+        attribute of its name, check the options every data module takes, and save the arguments as
+        the hyperparameters (:meth:`_keep_hparams`). A module without ``prompt_words`` reads 1, one
+        without ``shuffle`` (an option of PromptDataModule only) shuffles."""
+        self.prompt_words, self.shuffle = 1, True
+        for name, value in arguments.items():
+            if name not in ("self", "__class__"):
+                setattr(self, name, value)
+        check_format(self.format, self.kind)
+        template_choice(
+            self.hh_render, "hh_render"
+        )  # a bad value refused here, not at setup; kept as given for the log
+        if self.val_path is not None and self.val_fraction > 0:
+            raise ValueError(
+                f"give either val_path ({self.val_path!r}) or val_fraction ({self.val_fraction}), not both"
+            )
+        if not 0.0 <= self.val_fraction < 1.0:
+            raise ValueError(f"val_fraction must be in [0, 1), got {self.val_fraction}")
         for name in ("batch_size", "prompt_words"):
-            if getattr(o, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(o, name)}")
-        if o.num_workers < 0:
-            raise ValueError(f"num_workers must be >= 0, got {o.num_workers}")
-        if o.max_records is not None and o.max_records < 1:
-            raise ValueError(f"max_records must be >= 1 or None, got {o.max_records}")
-        self.tokenizer = o.tokenizer
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.num_workers < 0:
+            raise ValueError(f"num_workers must be >= 0, got {self.num_workers}")
+        if self.max_records is not None and self.max_records < 1:
+            raise ValueError(f"max_records must be >= 1 or None, got {self.max_records}")
         # Resolved now (LightningCLI has called seed_everything by the time it builds the module);
         # the hyperparameters keep the option as given (None), the checkpoint the run seed.
-        self.seed = seed_or_run_seed(o.seed)
-        self.train_path, self.val_path, self.val_fraction = o.train_path, o.val_path, o.val_fraction
-        self.format = o.format
-        self.fields = Fields(**o.fields) if isinstance(o.fields, Mapping) else o.fields
-        check_fields(o.format, self.fields)
-        self.split, self.subset, self.max_records = o.split, o.subset, o.max_records
-        self.skip_invalid, self.prompt_words = o.skip_invalid, o.prompt_words
-        self.apply_chat_template, self.hh_render = o.apply_chat_template, o.hh_render
+        self.seed = seed_or_run_seed(self.seed)
+        self.fields = Fields(**self.fields) if isinstance(self.fields, Mapping) else self.fields
+        check_fields(self.format, self.fields)
         self._hh: TemplateRendering | None = None  # hh_render for the tokenizer, resolved in setup
-        self.batch_size, self.num_workers = o.batch_size, o.num_workers
-        self.shuffle = True  # PromptDataModule makes it an option
         self.sampler: ResumableSampler | None = None  # the training order, built in setup
         self._pending_state: dict[str, Any] | None = None  # a checkpoint's position, loaded before setup
         self.pad_token_id: int | None = None  # from the tokenizer, in setup
         self.train_dataset: list[dict[str, Any]] | None = None
         self.val_dataset: list[dict[str, Any]] | None = None
-        self.chat_rendered = o.apply_chat_template
+        self.chat_rendered = self.apply_chat_template
         """Whether the prompts are rendered with the tokenizer's chat template: with
         ``apply_chat_template``, and after ``setup`` when the training or validation prompts are
         conversations (PPO then checks that the reward model's tokenizer has the same template)."""

@@ -131,9 +131,6 @@ class PreferenceDataModule(TextDataModule):
         check_lengths(max_prompt_length, max_length)
         self._init_common(locals())
         check_sft_source("reference", reference_path, reference_format, max_records=reference_max_records)
-        self.max_length, self.max_prompt_length = max_length, max_prompt_length
-        self.reference_path, self.reference_format = reference_path, reference_format
-        self.reference_max_records = reference_max_records
         self.reference_dataset: list[dict[str, Any]] | None = None
         if reference_path is None:
             self._record_format("reference_format", None)

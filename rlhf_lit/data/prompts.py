@@ -144,9 +144,6 @@ class PromptDataModule(TextDataModule):
                 f"ptx examples need max_prompt_length < ptx_max_length, got max_prompt_length="
                 f"{max_prompt_length}, ptx_max_length={ptx_max_length}"
             )
-        self.max_prompt_length, self.shuffle, self.drop_last = max_prompt_length, shuffle, drop_last
-        self.ptx_path, self.ptx_format, self.ptx_max_records = ptx_path, ptx_format, ptx_max_records
-        self.ptx_batch_size, self.ptx_max_length = ptx_batch_size, ptx_max_length
         self.extra_fields = list(extra_fields or [])
         if len(set(self.extra_fields)) != len(self.extra_fields):
             raise ValueError(f"extra_fields must not repeat a name, got {self.extra_fields}")

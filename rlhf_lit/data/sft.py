@@ -112,8 +112,6 @@ class SFTDataModule(TextDataModule):
         self._init_common(locals())
         if assistant_turns not in ("all", "last"):
             raise ValueError(f"assistant_turns must be 'all' or 'last', got {assistant_turns!r}")
-        self.max_length, self.max_prompt_length = max_length, max_prompt_length
-        self.assistant_turns = assistant_turns
         if assistant_turns == "all":
             # stored only when set, so that a checkpoint written before the option resumes (its check compares them)
             del self.hparams["assistant_turns"]
