@@ -108,14 +108,11 @@ def check_whitening_rows(rows: int, world_size: int, ppo: PPOConfig, reward: Rew
         return
     # A batch statistic of one row is NaN (score whitening) or an error; per rank, the error could
     # come on one rank only (a one-token response) and leave the other ranks waiting in a collective.
-    if ppo.whiten_scope == "global" and rows * world_size < 2:
+    prompts, where = (rows * world_size, "over all processes") if ppo.whiten_scope == "global" else (rows, "per rank")
+    if prompts < 2:
         raise ValueError(
-            "whitening (ppo.whiten_advantages or reward.whiten) needs >= 2 prompts over all "
-            "processes (ppo.whiten_scope: global)"
-        )
-    if ppo.whiten_scope == "rank" and rows < 2:
-        raise ValueError(
-            "whitening (ppo.whiten_advantages or reward.whiten) needs >= 2 prompts per rank (ppo.whiten_scope: rank)"
+            f"whitening (ppo.whiten_advantages or reward.whiten) needs >= 2 prompts {where} "
+            f"(ppo.whiten_scope: {ppo.whiten_scope})"
         )
 
 
