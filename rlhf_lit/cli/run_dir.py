@@ -32,7 +32,6 @@ A stage takes part by declaring ``run_layout = RunLayout("<name>", inputs={...})
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
 import re
@@ -40,6 +39,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from rlhf_lit.artifacts import EXPORT_MARKER
+from rlhf_lit.cli.option_names import import_class
 from rlhf_lit.sources import MissingSource, producing_config
 from rlhf_lit.stages.base import RunLayout
 from rlhf_lit.stages.export import check_export_target
@@ -97,9 +97,7 @@ def _class_name(class_path: str) -> str:
 
 def stage_layout(class_path: str) -> RunLayout:
     """The :class:`RunLayout` the stage class at ``class_path`` declares (``run_layout``)."""
-    module_name, _, attr = class_path.rpartition(".")
-    cls = getattr(importlib.import_module(module_name), attr)
-    layout = getattr(cls, "run_layout", None)
+    layout = getattr(import_class(class_path), "run_layout", None)
     if not isinstance(layout, RunLayout):
         raise RunDirError(
             f"--run_dir: {_class_name(class_path)} declares no run_layout (rlhf_lit.stages.base.RunLayout), so it has "
@@ -276,7 +274,7 @@ def run_dir_export(text: str) -> str | None:
         return None
     try:
         layout = stage_layout(stage_class.group(1))
-    except (ImportError, AttributeError, ValueError):
+    except RunDirError:  # a class that does not import, or declares no run_layout
         return None
     return stage_export(run_dir.group(1).strip("'\""), layout.name)
 
