@@ -125,7 +125,7 @@ def _describe(value: Any) -> str:
 
 def _canonical(data_hparams: Mapping[str, Any]) -> Mapping[str, Any]:
     """Data hyperparameters as the resume check compares them: ``hh_render`` in its canonical spelling
-    (a checkpoint written before #37 unified the vocabulary records ``chat_template`` for ``always``)."""
+    (an older checkpoint records its alias ``chat_template`` for ``always``)."""
     from rlhf_lit.tokenizer import template_choice  # deferred, as before: transformers loads with it
 
     if isinstance(data_hparams.get("hh_render"), str):
