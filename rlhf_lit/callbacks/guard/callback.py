@@ -18,7 +18,6 @@ from typing import Any
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
-from lightning.pytorch.utilities import rank_zero_only
 
 from rlhf_lit.callbacks.guard.policy_copy import copy_weights, restore_weights
 from rlhf_lit.callbacks.guard.signals import (
@@ -36,7 +35,7 @@ from rlhf_lit.callbacks.guard.signals import (
     ProxyGoldSignal,
 )
 from rlhf_lit.callbacks.guard.verdicts import Verdict, persistent
-from rlhf_lit.callbacks.online_generation import OnlineGeneration
+from rlhf_lit.callbacks.online_generation import OnlineGeneration, log_to_loggers
 from rlhf_lit.callbacks.preemption import Preemption
 from rlhf_lit.stages.base import as_config
 
@@ -256,7 +255,7 @@ class OverOptimisationGuard(Callback):
             if self.action(name) is not None:
                 texts += self._apply(trainer, name, n, metrics, logged)
         self.rollouts = n
-        self._log(trainer, n - 1, logged, texts)
+        log_to_loggers(trainer, n - 1, logged, "guard", "\n\n".join(texts))
 
     def _apply(self, trainer: Trainer, name: str, n: int, metrics: dict, logged: dict[str, float]) -> list[str]:
         """Signal ``name``'s verdict, streak and action for rollout ``n``; the lines it wrote."""
@@ -326,15 +325,6 @@ class OverOptimisationGuard(Callback):
             return
         self.best = (policy_rollouts, float(value))
         self.best_weights = weights if weights is not None else copy_weights(pl_module.policy)
-
-    @rank_zero_only
-    def _log(self, trainer: Trainer, step: int, metrics: dict[str, float], texts: list[str]) -> None:
-        for logger in trainer.loggers:
-            if metrics:
-                logger.log_metrics(metrics, step=step)
-            experiment = getattr(logger, "experiment", None)
-            if texts and hasattr(experiment, "add_text"):
-                experiment.add_text("guard", "\n\n".join(texts), global_step=step)
 
     # ------------------------------------------------------------------ resume
     def state_dict(self) -> dict[str, Any]:
