@@ -48,6 +48,12 @@ RESTORED = ("rollouts", "stopped_at", "keep_best_from", "best_weights")
 """The parts of the guard's state a resume restores as they were saved (the others are rebuilt or merged)."""
 
 
+def _warn(trainer: Trainer, message: str, *args: Any) -> None:
+    """One warning line of the guard, on rank 0 (every rank takes the same decision)."""
+    if trainer.is_global_zero:
+        log.warning("over-optimisation guard: " + message, *args)
+
+
 class OverOptimisationGuard(Callback):
     """Watch a PPO run for over-optimisation (reward hacking) and warn, stop, or keep the best policy.
 
@@ -202,33 +208,17 @@ class OverOptimisationGuard(Callback):
         if self.keep_best_from is None:
             return
         if self.best is None or self.best_weights is None:
-            if trainer.is_global_zero:
-                log.warning(
-                    "over-optimisation guard: keep_best acted but no policy had a value of %s: exporting the "
-                    "last policy",
-                    self.keep_best.metric,
-                )
+            message = "keep_best acted but no policy had a value of %s: exporting the last policy"
+            _warn(trainer, message, self.keep_best.metric)
             return
         kept, value = self.best
         if kept == self.rollouts:
-            if trainer.is_global_zero:
-                log.warning(
-                    "over-optimisation guard: the last policy (after rollout %d) is the best (%s = %.6g); exporting it",
-                    kept,
-                    self.keep_best.metric,
-                    value,
-                )
+            message = "the last policy (after rollout %d) is the best (%s = %.6g); exporting it"
+            _warn(trainer, message, kept, self.keep_best.metric, value)
             return
         restore_weights(pl_module.policy, self.best_weights)
-        if trainer.is_global_zero:
-            log.warning(
-                "over-optimisation guard: exporting the policy after rollout %d (the best: %s = %.6g), "
-                "not the last (after rollout %d)",
-                kept,
-                self.keep_best.metric,
-                value,
-                self.rollouts,
-            )
+        message = "exporting the policy after rollout %d (the best: %s = %.6g), not the last (after rollout %d)"
+        _warn(trainer, message, kept, self.keep_best.metric, value, self.rollouts)
 
     # ------------------------------------------------------------------ one rollout
     def observe(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -299,8 +289,7 @@ class OverOptimisationGuard(Callback):
         if metric is None or name in self.unavailable or metric in metrics or "objective/scores" not in metrics:
             return  # a skipped rollout (non-finite) logs no metrics: that says nothing about the run
         self.unavailable.add(name)
-        if trainer.is_global_zero:
-            log.warning("over-optimisation guard: %s is not available: this run does not log %s", name, metric)
+        _warn(trainer, "%s is not available: this run does not log %s", name, metric)
 
     def _evaluate(self, trainer: Trainer, pl_module: LightningModule, n: int) -> Evaluation:
         """The held-out evaluation of the policy now; rank 0's means, the same on every rank."""
