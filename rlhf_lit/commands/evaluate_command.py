@@ -128,8 +128,7 @@ def main(argv: Sequence[str]) -> int:
         results[policy] = _evaluate(args, policy, prompts, sampling, judge)
         if len(policies) == 1:
             print(format_table(results[policy]))
-        if out is not None:
-            os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+        if out is not None:  # the writer makes the folder of several policies' results
             write_json(out, results[policy])
             log.info("wrote %s", out)
     if len(policies) > 1:
