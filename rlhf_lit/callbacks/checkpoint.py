@@ -115,10 +115,8 @@ class Checkpoint(ModelCheckpoint):
         return bool(self._last_checkpoint_saved) and self._last_global_step_saved == trainer.global_step
 
     def _save_checkpoint(self, trainer: Trainer, filepath: str) -> None:
-        """Write to ``.<name>.tmp`` (all ranks, for sharded strategies), then rename (rank 0)."""
-        if not _is_local_file_protocol(filepath):
-            super()._save_checkpoint(trainer, filepath)
-            return
+        """Write to ``.<name>.tmp`` (all ranks, for sharded strategies), then rename (rank 0); a remote
+        path as Lightning writes it (:func:`save_atomically`)."""
         save_atomically(trainer, filepath, self.save_weights_only)
         # what ModelCheckpoint._save_checkpoint records after its write
         self._last_global_step_saved = trainer.global_step
