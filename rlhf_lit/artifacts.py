@@ -146,11 +146,7 @@ def clear_owned_entries(root: str | os.PathLike, marker: str, names: Iterable[st
     if not (base / marker).is_file():
         raise NotOwned(f"{base} holds no {marker}; nothing in it is removed")
     for name in names:
-        entry = base / name
-        if entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry)
-        elif entry.is_symlink() or entry.exists():
-            entry.unlink()
+        remove_path(base / name)
 
 
 class TargetChanged(ValueError):

@@ -115,10 +115,8 @@ class Checkpoint(ModelCheckpoint):
         return bool(self._last_checkpoint_saved) and self._last_global_step_saved == trainer.global_step
 
     def _save_checkpoint(self, trainer: Trainer, filepath: str) -> None:
-        """Write to ``.<name>.tmp`` (all ranks, for sharded strategies), then rename (rank 0)."""
-        if not _is_local_file_protocol(filepath):
-            super()._save_checkpoint(trainer, filepath)
-            return
+        """Write to ``.<name>.tmp`` (all ranks, for sharded strategies), then rename (rank 0); a remote
+        path as Lightning writes it (:func:`save_atomically`)."""
         save_atomically(trainer, filepath, self.save_weights_only)
         # what ModelCheckpoint._save_checkpoint records after its write
         self._last_global_step_saved = trainer.global_step
@@ -197,22 +195,9 @@ class RolloutCheckpoint(Checkpoint):
         if filename is None:
             # auto_insert_metric_name turns "{rollout}" into "rollout={rollout}"
             filename = "{rollout}" if auto_insert_metric_name else "rollout={rollout}"
-        super().__init__(
-            dirpath=dirpath,
-            filename=filename,
-            monitor=monitor,
-            verbose=verbose,
-            save_last=save_last,
-            save_top_k=save_top_k,
-            save_on_exception=save_on_exception,
-            save_weights_only=save_weights_only,
-            mode=mode,
-            auto_insert_metric_name=auto_insert_metric_name,
-            enable_version_counter=enable_version_counter,
-            # 0 (not None) disables both of ModelCheckpoint's own triggers
-            every_n_train_steps=0,
-            every_n_epochs=0,
-        )
+        # ModelCheckpoint's arguments as given (filename filled); 0 (not None) disables its own triggers
+        checkpoint_args = {k: v for k, v in locals().items() if k not in ("self", "__class__", "every_n_rollouts")}
+        super().__init__(**checkpoint_args, every_n_train_steps=0, every_n_epochs=0)
         self.every_n_rollouts = every_n_rollouts
         self._last_rollout_saved = 0
 

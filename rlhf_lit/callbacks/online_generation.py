@@ -146,12 +146,17 @@ class OnlineGeneration(Callback):
         responses, columns = self.sample(pl_module)
         self.last_table = markdown_table(self.prompts, responses, columns)
         # Logged at the index of the rollout just finished, next to that rollout's metrics.
-        self._log(trainer, done - 1, columns)
+        means = {f"{self.tag}/{k}_mean": sum(v) / len(v) for k, v in columns.items()}
+        log_to_loggers(trainer, done - 1, means, self.tag, self.last_table)
 
-    @rank_zero_only
-    def _log(self, trainer: Trainer, step: int, columns: dict[str, list[float]]) -> None:
-        for logger in trainer.loggers:
-            experiment = getattr(logger, "experiment", None)
-            if hasattr(experiment, "add_text"):
-                experiment.add_text(self.tag, self.last_table, global_step=step)
-            logger.log_metrics({f"{self.tag}/{k}_mean": sum(v) / len(v) for k, v in columns.items()}, step=step)
+
+@rank_zero_only
+def log_to_loggers(trainer: Trainer, step: int, metrics: dict[str, float], tag: str, text: str) -> None:
+    """On rank 0, ``metrics`` (when any) and ``text`` under ``tag`` (when any, to each logger that
+    takes text: TensorBoard) at ``step``, in every logger of the run."""
+    for logger in trainer.loggers:
+        if metrics:
+            logger.log_metrics(metrics, step=step)
+        experiment = getattr(logger, "experiment", None)
+        if text and hasattr(experiment, "add_text"):
+            experiment.add_text(tag, text, global_step=step)

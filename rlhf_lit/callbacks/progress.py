@@ -57,46 +57,41 @@ class RunProgressBar(TQDMProgressBar):
         super().__init__(refresh_rate=refresh_rate, process_position=process_position, leave=leave)
         self._unit, self._done, self._total = STEP, 0, None
 
-    def init_train_tqdm(self) -> Tqdm:
-        """The training bar, on stderr (progress is a diagnostic: stdout stays clean for results)."""
+    def _tqdm(self, description: str, position: int, leave: bool, **settings: Any) -> Tqdm:
+        """A bar at line ``position`` on stderr (progress is a diagnostic: stdout stays clean for
+        results), in Lightning's format unless ``settings`` say otherwise."""
+        settings = {"bar_format": TQDMProgressBar.BAR_FORMAT, **settings}
         return Tqdm(
-            desc=self._unit,
+            desc=description,
+            position=position,
+            disable=self.is_disabled,
+            leave=leave,
+            dynamic_ncols=True,
+            file=sys.stderr,
+            **settings,
+        )
+
+    def init_train_tqdm(self) -> Tqdm:
+        """The training bar: the count of the fit (rollouts or steps), with its rate per unit."""
+        return self._tqdm(
+            self._unit,
+            2 * self.process_position,
+            self._leave,
             unit=self._unit,
             initial=self._done,
             total=self._total,
-            position=2 * self.process_position,
-            disable=self.is_disabled,
-            leave=self._leave,
-            dynamic_ncols=True,
-            file=sys.stderr,
             smoothing=0,
             bar_format=self.BAR_FORMAT,
         )
 
     def init_validation_tqdm(self) -> Tqdm:
-        """Lightning's validation bar, on stderr below the training bar."""
+        """Lightning's validation bar, below the training bar."""
         has_main_bar = self.trainer.state.fn != "validate"  # as Lightning's: no training bar in `validate`
-        return Tqdm(
-            desc=self.validation_description,
-            position=2 * self.process_position + has_main_bar,
-            disable=self.is_disabled,
-            leave=not has_main_bar,
-            dynamic_ncols=True,
-            file=sys.stderr,
-            bar_format=TQDMProgressBar.BAR_FORMAT,
-        )
+        return self._tqdm(self.validation_description, 2 * self.process_position + has_main_bar, not has_main_bar)
 
     def init_sanity_tqdm(self) -> Tqdm:
-        """Lightning's sanity-check bar, on stderr like the others."""
-        return Tqdm(
-            desc=self.sanity_check_description,
-            position=2 * self.process_position,
-            disable=self.is_disabled,
-            leave=False,
-            dynamic_ncols=True,
-            file=sys.stderr,
-            bar_format=TQDMProgressBar.BAR_FORMAT,
-        )
+        """Lightning's sanity-check bar."""
+        return self._tqdm(self.sanity_check_description, 2 * self.process_position, False)
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """Open the one bar of the fit at the restored count (rate and ETA from this process's work)."""

@@ -47,7 +47,6 @@ What the command offers beyond LightningCLI's defaults:
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import os
 import signal
@@ -68,7 +67,7 @@ import rlhf_lit.stages  # noqa: F401  (the stages, likewise for --model)
 from rlhf_lit.callbacks.preemption import Preemption, exit_status
 from rlhf_lit.callbacks.progress import RunProgressBar
 from rlhf_lit.cli import jsonargparse_fixes
-from rlhf_lit.cli.option_names import class_options, parser_options
+from rlhf_lit.cli.option_names import class_options, import_class, parser_options
 from rlhf_lit.cli.parser_errors import condense_parser_error
 from rlhf_lit.cli.resume_check import check_checkpoints_when_loaded, check_resume_checkpoint
 from rlhf_lit.cli.run_dir import (
@@ -157,33 +156,29 @@ def refuse_remote_checkpoint(ckpt_path: str | None) -> None:
         )
 
 
-def _import_class(class_path: str) -> type | None:
-    """The class a parsed ``class_path`` names (jsonargparse has already resolved short names)."""
-    module_name, _, name = str(class_path).rpartition(".")
-    try:
-        return getattr(importlib.import_module(module_name), name)
-    except (ImportError, AttributeError, ValueError):
-        return None  # not ours to report: instantiation names the bad class
-
-
 def stage_refusal(model: Mapping[str, Any] | None, trainer: Mapping[str, Any]) -> str | None:
     """The refusal of the stage the config names (:meth:`~rlhf_lit.stages.base.StageModule.refusal_before_build`:
     PPO's ``--trainer.max_steps``, its compiled passes under FSDP), or None. The CLI reads no stage's
     option names: it hands the stage its parsed ``init_args`` and what it knows of the Trainer."""
-    ask = getattr(_import_class((model or {}).get("class_path") or ""), "refusal_before_build", None)
+    # jsonargparse has resolved short names; a bad class is not ours to report: instantiation names it
+    ask = getattr(import_class((model or {}).get("class_path") or ""), "refusal_before_build", None)
     if ask is None:  # not a StageModule: nothing of ours to ask
         return None
     plan = TrainerPlan(max_steps=trainer.get("max_steps"), shards_models=shards_models(trainer.get("strategy")))
     return ask((model or {}).get("init_args") or {}, plan)
 
 
+def config_callbacks(trainer_config: dict) -> list:
+    """The callbacks the trainer config lists (one given alone, or none, as a list)."""
+    callbacks = trainer_config.get("callbacks") or []
+    return callbacks if isinstance(callbacks, list) else [callbacks]
+
+
 def default_progress_bar(trainer_config: dict) -> ProgressBar | None:
     """:class:`RunProgressBar`, unless the config turns the bar off or lists a progress bar of its own."""
     if trainer_config.get("enable_progress_bar") is False:
         return None
-    callbacks = trainer_config.get("callbacks") or []
-    callbacks = callbacks if isinstance(callbacks, list) else [callbacks]
-    return None if any(isinstance(c, ProgressBar) for c in callbacks) else RunProgressBar()
+    return None if any(isinstance(c, ProgressBar) for c in config_callbacks(trainer_config)) else RunProgressBar()
 
 
 def launched_processes() -> int:
@@ -199,11 +194,9 @@ def launched_processes() -> int:
 def added_callbacks(trainer_config: dict, command: Sequence[str] | None) -> list:
     """The callbacks rlhf-lit adds to the config's: :class:`RunProgressBar` (see
     :func:`default_progress_bar`) and :class:`Preemption`, unless the config lists one."""
-    callbacks = trainer_config.get("callbacks") or []
-    callbacks = callbacks if isinstance(callbacks, list) else [callbacks]
     bar = default_progress_bar(trainer_config)
     added = [] if bar is None else [bar]
-    if not any(isinstance(c, Preemption) for c in callbacks):
+    if not any(isinstance(c, Preemption) for c in config_callbacks(trainer_config)):
         added.append(Preemption(command))
     return added
 
@@ -247,19 +240,22 @@ class RLHFCLI(LightningCLI):
         parser.link_arguments("model.tokenizer", "data.init_args.tokenizer", apply_on="instantiate")
         add_run_dir_argument(parser)  # --run_dir: one directory per experiment (rlhf_lit.cli.run_dir)
 
+    def _subcommand_config(self) -> tuple[str | None, Any]:
+        """The subcommand run (``fit``; None without one) and its part of the parsed config."""
+        subcommand = self.config.get("subcommand")
+        return subcommand, self.config[subcommand] if subcommand else self.config
+
     def before_instantiate_classes(self) -> None:
         """Refuse ``--trainer.strategy fsdp`` without GPUs (names ``fsdp2``), and what the stage refuses
         (:func:`stage_refusal`), before anything is built; with ``--run_dir``, fill the config from it and
         take the run directory's lock for the stage (:mod:`rlhf_lit.cli.run_lock`)."""
-        subcommand = self.config.get("subcommand")
-        trainer = self.config[subcommand].get("trainer", {}) if subcommand else self.config.get("trainer", {})
+        subcommand, config = self._subcommand_config()
+        trainer = config.get("trainer", {})
         check_strategy_choice(trainer.get("strategy"), trainer.get("accelerator", "auto"))
-        model = self.config[subcommand].get("model") if subcommand else self.config.get("model")
-        refusal = stage_refusal(model, trainer)
+        refusal = stage_refusal(config.get("model"), trainer)
         if refusal:
             self.parser.error(refusal)  # an option error: one line, exit 2, before any model is built
         # --run_dir: fill unset outputs and inputs, refuse contradicting ones (rlhf_lit.cli.run_dir)
-        config = self.config[subcommand] if subcommand else self.config
         apply_run_dir(config, self.trainer_defaults, subcommand)
         if subcommand == "fit" and config.get(RUN_DIR_KEY):  # one fit per run directory and stage at once
             stage = stage_layout(str(config["model"]["class_path"])).name
@@ -276,8 +272,7 @@ class RLHFCLI(LightningCLI):
         split follow it (:mod:`rlhf_lit.run_seed`), so the ranks could read overlapping data. Under
         Lightning's own launcher the processes inherit rank 0's seed. The seed ``true`` chose is added
         to the resume command the preemption stop logs, so the resumed run draws the same data."""
-        subcommand = self.config.get("subcommand")
-        config = self.config[subcommand] if subcommand else self.config
+        _, config = self._subcommand_config()
         drawn = config.get("seed_everything") is True
         if drawn and run_seed() is None and launched_processes() > 1:
             self.parser.error(
@@ -294,8 +289,7 @@ class RLHFCLI(LightningCLI):
         trainer_config = self._get(self.config_init, "trainer", default={})
         added = added_callbacks(trainer_config, self.command)
         if added and "callbacks" not in kwargs:
-            callbacks = trainer_config.get("callbacks") or []
-            kwargs["callbacks"] = [*(callbacks if isinstance(callbacks, list) else [callbacks]), *added]
+            kwargs["callbacks"] = [*config_callbacks(trainer_config), *added]
         trainer = super().instantiate_trainer(**kwargs)
         subcommand = self.config.get("subcommand")  # --ckpt_path last / best: checked where Lightning loads it
         given = self.config[subcommand].get("ckpt_path") if subcommand else None

@@ -32,7 +32,6 @@ A stage takes part by declaring ``run_layout = RunLayout("<name>", inputs={...})
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
 import re
@@ -40,6 +39,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from rlhf_lit.artifacts import EXPORT_MARKER
+from rlhf_lit.cli.option_names import import_class
 from rlhf_lit.sources import MissingSource, producing_config
 from rlhf_lit.stages.base import RunLayout
 from rlhf_lit.stages.export import check_export_target
@@ -83,18 +83,12 @@ def stage_export(run_dir: str, stage: str) -> str:
     return os.path.join(run_dir, stage, EXPORT_NAME)
 
 
+def _absolute(path: str) -> str:
+    return os.path.abspath(os.path.expanduser(path))
+
+
 def _inside(path: str, root: str) -> bool:
-    path, root = os.path.abspath(os.path.expanduser(path)), os.path.abspath(os.path.expanduser(root))
-    return os.path.commonpath([path, root]) == root
-
-
-def _same(a: str, b: str) -> bool:
-    return os.path.abspath(os.path.expanduser(a)) == os.path.abspath(os.path.expanduser(b))
-
-
-def _plain(value: Any) -> Any:
-    """A jsonargparse Namespace (or anything with ``as_dict``) as nested dicts; other values as they are."""
-    return value.as_dict() if hasattr(value, "as_dict") else value
+    return os.path.commonpath([_absolute(path), _absolute(root)]) == _absolute(root)
 
 
 def _class_name(class_path: str) -> str:
@@ -103,9 +97,7 @@ def _class_name(class_path: str) -> str:
 
 def stage_layout(class_path: str) -> RunLayout:
     """The :class:`RunLayout` the stage class at ``class_path`` declares (``run_layout``)."""
-    module_name, _, attr = class_path.rpartition(".")
-    cls = getattr(importlib.import_module(module_name), attr)
-    layout = getattr(cls, "run_layout", None)
+    layout = getattr(import_class(class_path), "run_layout", None)
     if not isinstance(layout, RunLayout):
         raise RunDirError(
             f"--run_dir: {_class_name(class_path)} declares no run_layout (rlhf_lit.stages.base.RunLayout), so it has "
@@ -181,7 +173,7 @@ def _place_export(init_args, run_dir: str, stage: str) -> str | None:
     given = init_args.get("export_dir")
     if given is None:
         init_args["export_dir"] = target
-    elif not _same(str(given), target):
+    elif _absolute(str(given)) != _absolute(target):
         raise RunDirError(
             f"--run_dir {run_dir} puts the {stage_title(stage)} export at {target} (where later stages look for it), but "
             f"model.init_args.export_dir is {given}; drop export_dir (or --model.init_args.export_dir null), "
@@ -282,7 +274,7 @@ def run_dir_export(text: str) -> str | None:
         return None
     try:
         layout = stage_layout(stage_class.group(1))
-    except (ImportError, AttributeError, ValueError):
+    except RunDirError:  # a class that does not import, or declares no run_layout
         return None
     return stage_export(run_dir.group(1).strip("'\""), layout.name)
 

@@ -24,8 +24,8 @@ from rlhf_lit.commands.options import (
     CommandParser,
     OptionError,
     add_common_options,
-    add_unfinished_option,
     check_positive,
+    library_options,
     prepare,
     write_json,
 )
@@ -67,7 +67,6 @@ def build_parser() -> CommandParser:
         metavar="DIR",
         help="the reward model that picks the best (an ensemble directory: its members' mean)",
     )
-    add_unfinished_option(parser)
     which = parser.add_mutually_exclusive_group()
     which.add_argument("--n-max", type=int, default=64, help="sweep N = 1, 2, 4, ... up to this")
     which.add_argument("--n", default=None, metavar="N,N,...", help="the N values, e.g. 1,2,4,8 (instead of --n-max)")
@@ -109,13 +108,7 @@ def main(argv: Sequence[str]) -> int:
         judge=judge,
         estimator=args.estimator,
         sampling=sampling,
-        batch_size=args.batch_size,
-        seed=args.seed,
-        tokenizer=args.tokenizer,
-        device=args.device,
-        unfinished=args.unfinished,
-        judge_reads=args.judge_reads,
-        chat_template=args.chat_template,
+        **library_options(args),
     )
     result = {
         WRITTEN_BY_KEY: "rlhf-lit best-of-n",
@@ -128,15 +121,9 @@ def main(argv: Sequence[str]) -> int:
             "ns": ns,
             "num_samples": m,
             "estimator": args.estimator,
-            "unfinished": args.unfinished,
-            "judge_reads": args.judge_reads,
-            "chat_template": args.chat_template,
             "tie_break": "equal RM scores: the sample drawn first wins",
             "sampling": dataclasses.asdict(sampling),
-            "batch_size": args.batch_size,
-            "seed": args.seed,
-            "tokenizer": args.tokenizer,
-            "device": args.device,
+            **library_options(args),
         },
         **result,
     }

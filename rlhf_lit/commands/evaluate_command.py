@@ -41,9 +41,9 @@ from rlhf_lit.commands.options import (
     CommandParser,
     OptionError,
     add_common_options,
-    add_unfinished_option,
     check_positive,
     check_sources,
+    library_options,
     prepare,
     write_json,
 )
@@ -75,7 +75,6 @@ def build_parser() -> CommandParser:
         metavar="DIR",
         help="reward model to score responses, or an ensemble directory (its members' mean; none: no RM score)",
     )
-    add_unfinished_option(parser)
     parser.add_argument("--samples-per-prompt", type=int, default=1, help="responses per prompt")
     add_common_options(parser, max_new_tokens=48, batch_size=64)
     return parser
@@ -129,8 +128,7 @@ def main(argv: Sequence[str]) -> int:
         results[policy] = _evaluate(args, policy, prompts, sampling, judge)
         if len(policies) == 1:
             print(format_table(results[policy]))
-        if out is not None:
-            os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+        if out is not None:  # the writer makes the folder of several policies' results
             write_json(out, results[policy])
             log.info("wrote %s", out)
     if len(policies) > 1:
@@ -151,13 +149,7 @@ def _evaluate(args: argparse.Namespace, policy: str, prompts, sampling, judge) -
         judge=judge,
         samples_per_prompt=args.samples_per_prompt,
         sampling=sampling,
-        batch_size=args.batch_size,
-        seed=args.seed,
-        tokenizer=args.tokenizer,
-        device=args.device,
-        unfinished=args.unfinished,
-        judge_reads=args.judge_reads,
-        chat_template=args.chat_template,
+        **library_options(args),
     )
     return {
         WRITTEN_BY_KEY: "rlhf-lit evaluate",
@@ -170,13 +162,7 @@ def _evaluate(args: argparse.Namespace, policy: str, prompts, sampling, judge) -
             "num_prompts": len(prompts),
             "samples_per_prompt": args.samples_per_prompt,
             "sampling": dataclasses.asdict(sampling),
-            "unfinished": args.unfinished,
-            "judge_reads": args.judge_reads,
-            "chat_template": args.chat_template,
-            "batch_size": args.batch_size,
-            "seed": args.seed,
-            "tokenizer": args.tokenizer,
-            "device": args.device,
+            **library_options(args),
         },
         **result,
     }

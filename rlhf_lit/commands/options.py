@@ -14,7 +14,9 @@ import argparse
 import os
 from typing import get_args
 
-from rlhf_lit.artifacts import WRITTEN_BY_KEY, json_file_state, write_json_atomically  # noqa: F401 (WRITTEN_BY_KEY: the commands stamp their JSON with it)
+# WRITTEN_BY_KEY: the commands stamp their JSON with it; write_json: how each writes its result (atomically)
+from rlhf_lit.artifacts import WRITTEN_BY_KEY, json_file_state  # noqa: F401
+from rlhf_lit.artifacts import write_json_atomically as write_json  # noqa: F401
 from rlhf_lit.evaluation import samples
 from rlhf_lit.evaluation.prompt_files import read_prompts
 from rlhf_lit.integrity import DamagedFile, check_json_file
@@ -35,10 +37,20 @@ class CommandParser(argparse.ArgumentParser):
         self.exit(2, f"rlhf-lit: error: {message}\n(`{self.prog} --help` lists the options)\n")
 
 
-def add_unfinished_option(parser: argparse.ArgumentParser) -> None:
-    """``--unfinished``: how ``--reward-model`` reads a response that did not end (PPO's ``reward.unfinished``)."""
-    from typing import get_args
+LIBRARY_OPTIONS = ("batch_size", "seed", "tokenizer", "device", "unfinished", "judge_reads", "chat_template")
+"""The options both commands pass to the library as they are, and record in their result's ``config``."""
 
+
+def library_options(args: argparse.Namespace) -> dict:
+    """The values of :data:`LIBRARY_OPTIONS`, by the library's argument names."""
+    return {name: getattr(args, name) for name in LIBRARY_OPTIONS}
+
+
+def add_common_options(parser: argparse.ArgumentParser, *, max_new_tokens: int, batch_size: int) -> None:
+    """Options both commands take: how the reward model reads a cut response, prompts, tokenizer,
+    sampling, seed, device, output."""
+    from rlhf_lit.data.rendering import TEMPLATE_CHOICES
+    from rlhf_lit.evaluation.judges import DEFAULT_JUDGE, JudgeReads
     from rlhf_lit.models.scoring import UnfinishedScoring
 
     parser.add_argument(
@@ -48,13 +60,6 @@ def add_unfinished_option(parser: argparse.ArgumentParser) -> None:
         help="how the reward model reads a response cut at --max-new-tokens: as sampled, or with EOS "
         "appended (as rlhf-lit's RM stage trained it; PPO's reward.unfinished)",
     )
-
-
-def add_common_options(parser: argparse.ArgumentParser, *, max_new_tokens: int, batch_size: int) -> None:
-    """Options both commands take: prompts, tokenizer, sampling, seed, device, output."""
-    from rlhf_lit.data.rendering import TEMPLATE_CHOICES
-    from rlhf_lit.evaluation.judges import DEFAULT_JUDGE, JudgeReads
-
     parser.add_argument(
         "--prompts",
         required=True,
@@ -157,11 +162,6 @@ def check_out(path: str | None, overwrite: bool) -> None:
         raise OptionError(
             f"--out {path} exists and was not written by rlhf-lit; it is not replaced even with --overwrite"
         )
-
-
-def write_json(path: str, result: dict) -> None:
-    """Write ``result`` to ``path`` atomically (a temporary file beside it, then renamed)."""
-    write_json_atomically(path, result)
 
 
 def check_sources(**paths: str | None) -> None:

@@ -64,7 +64,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from rlhf_lit.data.conversation import get_conversation, require_prompt_end
+from rlhf_lit.data.conversation import a_role, get_conversation, require_prompt_end
 from rlhf_lit.data.example import Adapter, AdapterOptions, Example, Fields, Kind, Skip
 from rlhf_lit.data.hh import hh_rlhf
 from rlhf_lit.data.implicit_prompt import implicit_prompt
@@ -146,10 +146,6 @@ def paragraphs(row: Row, kind: Kind, opt: AdapterOptions) -> Example:
     return Example(row.where, text[:cut], response=text[cut:])
 
 
-def _an(role: str) -> str:
-    return "an assistant" if role == "assistant" else f"a {role}"
-
-
 def fields(row: Row, kind: Kind, opt: AdapterOptions) -> Example:
     f = opt.fields
     prompt = get_prompt(row, f.prompt)
@@ -169,7 +165,7 @@ def messages(row: Row, kind: Kind, opt: AdapterOptions) -> Example:
     if kind == "sft":
         if last != "assistant":
             raise InvalidRecord(
-                f"{row.where}: field '{name}[{len(conversation) - 1}]' ends the conversation on {_an(last)} turn; SFT "
+                f"{row.where}: field '{name}[{len(conversation) - 1}]' ends the conversation on {a_role(last)} turn; SFT "
                 "needs a conversation that ends with the assistant's response"
             )
         first = next(i for i, m in enumerate(conversation) if m["role"] == "assistant")

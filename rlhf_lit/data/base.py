@@ -23,12 +23,11 @@ from torch.utils.data import DataLoader
 from rlhf_lit.data.adapters import AUTO, AdapterOptions, Example, Fields, Kind, adapt, check_fields, check_format
 from rlhf_lit.data.collate import require_pad_id
 from rlhf_lit.data.conversation import is_conversation
-from rlhf_lit.data.demonstrations import refused_conversation, template_errors
+from rlhf_lit.data.demonstrations import encode_demonstrations, refused_conversation, template_errors
 from rlhf_lit.data.detect import resolve_format
 from rlhf_lit.data.encoding import TextEncoder, require_tokenizer
 from rlhf_lit.data.records import is_text_file, read_rows
 from rlhf_lit.data.rendering import (
-    TemplateOption,
     TemplateRendering,
     hh_rendering_line,
     raw_prompt_warning,
@@ -52,21 +51,31 @@ log = logging.getLogger("rlhf_lit.data")
 
 LATER_COLUMNS = ("responses", "ranks", "completion", "messages")
 """The :class:`Fields` columns added after checkpoints were first written (for rankings, prompt /
-completion and conversations): stored in the hyperparameters only when set (:meth:`TextDataModule._fields_hparam`)."""
+completion and conversations): stored in the hyperparameters only when set (:meth:`TextDataModule._keep_hparams`)."""
 LEGACY_FORMAT = "fields"
 """The default of every ``format`` option before ``auto``: what older checkpoints hold for an unused source."""
 
 
-def check_sft_source(name: str, path: str | None, format: str, max_records: int | None) -> None:
+def check_lengths(max_prompt_length: int, max_length: int) -> None:
+    """The one error for a prompt length that leaves no room for a response."""
+    if not 1 <= max_prompt_length < max_length:
+        raise ValueError(
+            f"need 1 <= max_prompt_length < max_length, got max_prompt_length="
+            f"{max_prompt_length}, max_length={max_length}"
+        )
+
+
+def check_sft_source(name: str, path: str | None, format: str, **counts: int | None) -> None:
     """Clear errors for the options of a second source of SFT-style examples named ``name``
-    (``reference`` or ``ptx``): a format that has no SFT examples, or a bad ``max_records``, or
-    ``max_records`` given without the source itself."""
+    (``reference`` or ``ptx``): a format that has no SFT examples, or a count option (``counts``:
+    ``max_records``, ``batch_size``, each ``<name>_<option>``) below 1 or given without the source."""
     check_format(format, "sft")
-    if max_records is not None:
-        if max_records < 1:
-            raise ValueError(f"{name}_max_records must be >= 1 or None, got {max_records}")
-        if path is None:
-            raise ValueError(f"{name}_max_records={max_records} is set but {name}_path is not")
+    for option, value in counts.items():
+        if value is not None:
+            if value < 1:
+                raise ValueError(f"{name}_{option} must be >= 1 or None, got {value}")
+            if path is None:
+                raise ValueError(f"{name}_{option}={value} is set but {name}_path is not")
 
 
 class PositionedLoader(DataLoader):
@@ -95,87 +104,73 @@ class TextDataModule(L.LightningDataModule):
     by default the order a seeded shuffling DataLoader gives, which these modules used before
     their position was saved in checkpoints."""
 
-    def _init_common(
-        self,
-        *,
-        tokenizer: Any,
-        train_path: str,
-        val_path: str | None,
-        val_fraction: float,
-        seed: int | None,
-        format: str,
-        fields: Fields | Mapping[str, Any],
-        split: str,
-        subset: str | None,
-        max_records: int | None,
-        skip_invalid: bool,
-        prompt_words: int,
-        apply_chat_template: bool,
-        hh_render: TemplateOption,
-        batch_size: int,
-        num_workers: int,
-    ) -> None:
-        check_format(format, self.kind)
-        template_choice(hh_render, "hh_render")  # a bad value refused here, not at setup; kept as given for the log
-        if val_path is not None and val_fraction > 0:
-            raise ValueError(f"give either val_path ({val_path!r}) or val_fraction ({val_fraction}), not both")
-        if not 0.0 <= val_fraction < 1.0:
-            raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
-        for name, value in [("batch_size", batch_size), ("prompt_words", prompt_words)]:
-            if value < 1:
-                raise ValueError(f"{name} must be >= 1, got {value}")
-        if num_workers < 0:
-            raise ValueError(f"num_workers must be >= 0, got {num_workers}")
-        if max_records is not None and max_records < 1:
-            raise ValueError(f"max_records must be >= 1 or None, got {max_records}")
-        self.tokenizer = tokenizer
+    def _init_common(self, arguments: Mapping[str, Any]) -> None:
+        """Keep every argument of the data module's constructor (``arguments``: its ``locals()``) as the
+        attribute of its name, check the options every data module takes, and save the arguments as
+        the hyperparameters (:meth:`_keep_hparams`). A module without ``prompt_words`` reads 1, one
+        without ``shuffle`` (an option of PromptDataModule only) shuffles."""
+        self.prompt_words, self.shuffle = 1, True
+        for name, value in arguments.items():
+            if name not in ("self", "__class__"):
+                setattr(self, name, value)
+        check_format(self.format, self.kind)
+        template_choice(
+            self.hh_render, "hh_render"
+        )  # a bad value refused here, not at setup; kept as given for the log
+        if self.val_path is not None and self.val_fraction > 0:
+            raise ValueError(
+                f"give either val_path ({self.val_path!r}) or val_fraction ({self.val_fraction}), not both"
+            )
+        if not 0.0 <= self.val_fraction < 1.0:
+            raise ValueError(f"val_fraction must be in [0, 1), got {self.val_fraction}")
+        for name in ("batch_size", "prompt_words"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.num_workers < 0:
+            raise ValueError(f"num_workers must be >= 0, got {self.num_workers}")
+        if self.max_records is not None and self.max_records < 1:
+            raise ValueError(f"max_records must be >= 1 or None, got {self.max_records}")
         # Resolved now (LightningCLI has called seed_everything by the time it builds the module);
         # the hyperparameters keep the option as given (None), the checkpoint the run seed.
-        self.seed = seed_or_run_seed(seed)
-        self.train_path, self.val_path, self.val_fraction = train_path, val_path, val_fraction
-        self.format = format
-        self.fields = Fields(**fields) if isinstance(fields, Mapping) else fields
-        check_fields(format, self.fields)
-        self.split, self.subset, self.max_records = split, subset, max_records
-        self.skip_invalid, self.prompt_words = skip_invalid, prompt_words
-        self.apply_chat_template, self.hh_render = apply_chat_template, hh_render
+        self.seed = seed_or_run_seed(self.seed)
+        self.fields = Fields(**self.fields) if isinstance(self.fields, Mapping) else self.fields
+        check_fields(self.format, self.fields)
         self._hh: TemplateRendering | None = None  # hh_render for the tokenizer, resolved in setup
-        self.batch_size, self.num_workers = batch_size, num_workers
-        self.shuffle = True  # PromptDataModule makes it an option
         self.sampler: ResumableSampler | None = None  # the training order, built in setup
         self._pending_state: dict[str, Any] | None = None  # a checkpoint's position, loaded before setup
         self.pad_token_id: int | None = None  # from the tokenizer, in setup
         self.train_dataset: list[dict[str, Any]] | None = None
         self.val_dataset: list[dict[str, Any]] | None = None
-        self.chat_rendered = apply_chat_template
+        self.chat_rendered = self.apply_chat_template
         """Whether the prompts are rendered with the tokenizer's chat template: with
         ``apply_chat_template``, and after ``setup`` when the training or validation prompts are
         conversations (PPO then checks that the reward model's tokenizer has the same template)."""
         self.stats: dict[str, int] = {}
         """Counts from ``setup``: ``{split}_records``, ``{split}_examples``, ``{split}_dropped``
         for ``train``, ``val`` and a subclass's extra source (``reference``, ``ptx``)."""
+        self._keep_hparams()
 
-    def _fields_hparam(self) -> None:
-        """Store ``fields`` in hparams as a dict (call after ``save_hyperparameters(ignore=[
-        "tokenizer", "fields"])``): a dataclass instance would break weights_only loading.
+    def _keep_hparams(self) -> None:
+        """Save the arguments of the data module's constructor as the hyperparameters (Lightning finds
+        them up the stack, from a constructor that calls ``super().__init__()``), but for
+        the tokenizer (an object) and with two columns stored as older checkpoints hold them.
 
-        The columns added later (:data:`LATER_COLUMNS`: rankings, prompt / completion, messages)
-        are stored only when set to something other than their default, so the hparams of every
-        other run are as before and a checkpoint written before they existed still resumes (the
-        resume check compares them)."""
+        ``fields`` is a dict (a dataclass instance would break weights_only loading) holding the
+        columns added later (:data:`LATER_COLUMNS`: rankings, prompt / completion, messages) only
+        when set to something other than their default, so the hparams of every other run are as
+        before and a checkpoint written before they existed still resumes (the resume check compares
+        them). ``hh_render`` is left out: ``setup`` stores ``always`` there when HH transcripts were
+        rendered with the chat template (older checkpoints say ``chat_template``, its deprecated alias,
+        removed in 0.3.0, which the resume check reads as ``always``), and nothing for raw strings, the only reading before
+        the option existed, so a checkpoint written before it resumes exactly when its data is read
+        as it was."""
+        self.save_hyperparameters(ignore=["tokenizer", "fields"])
         defaults = Fields()
         self.hparams["fields"] = {
             name: value
             for name, value in dataclasses.asdict(self.fields).items()
             if name not in LATER_COLUMNS or value != getattr(defaults, name)
         }
-
-    def _hh_render_hparam(self) -> None:
-        """Drop ``hh_render`` from the hyperparameters (call after ``save_hyperparameters``): ``setup``
-        stores ``always`` there when HH transcripts were rendered with the chat template (a checkpoint
-        may hold the deprecated alias ``chat_template``, which the resume check reads as ``always``
-        until the alias is removed in 0.3.0), and nothing for raw strings, the only reading before the
-        option existed, so a checkpoint written before it resumes exactly when its data is read as it was."""
         self.hparams.pop("hh_render", None)
 
     def _record_format(self, option: str, format: str | None) -> None:
@@ -228,7 +223,7 @@ class TextDataModule(L.LightningDataModule):
 
     def _note_hh(self, source: str, rendering: TemplateRendering) -> None:
         """Log how HH transcripts are rendered, once per setup (the first HH source names it); record
-        a chat-template rendering in the hyperparameters (:meth:`_hh_render_hparam`)."""
+        a chat-template rendering in the hyperparameters (:meth:`_keep_hparams`)."""
         if self._hh_noted:
             return
         self._hh_noted = True
@@ -272,6 +267,29 @@ class TextDataModule(L.LightningDataModule):
 
     def _setup_extra(self, encoder: TextEncoder) -> None:
         """Read and encode a subclass's extra source (reference set, ptx data); called once."""
+
+    def _sft_source(self, encoder: TextEncoder, name: str, max_length: int) -> list[dict[str, Any]] | None:
+        """The SFT items of the second source ``name`` (``reference``, ``ptx``: the module's
+        ``<name>_path``, read in ``<name>_format``, at most ``<name>_max_records`` records), built as
+        SFT data builds them with ``max_prompt_length`` and ``max_length``; None without the source."""
+        path = getattr(self, f"{name}_path")
+        if path is None:
+            return None
+        format, max_records = getattr(self, f"{name}_format"), getattr(self, f"{name}_max_records")
+        examples, format = self._examples(path, format=format, kind="sft", max_records=max_records)
+        self._record_format(f"{name}_format", format)
+
+        def encode(encoder: TextEncoder, examples: list[Example]) -> list[dict[str, Any]]:
+            return encode_demonstrations(
+                encoder,
+                examples,
+                turns="all",
+                max_prompt_length=self.max_prompt_length,
+                max_length=max_length,
+                counts=self.truncated,
+            )
+
+        return self._encode_split(encoder, examples, name, encode)
 
     def _encode_split(
         self,
@@ -353,9 +371,8 @@ class TextDataModule(L.LightningDataModule):
     def mark_consumed(self, n: int) -> None:
         """Report that training took ``n`` more training examples (of all processes together);
         this is what a resumed run skips."""
-        if self.sampler is None:
-            raise RuntimeError(f"{type(self).__name__}.setup() has not been called")
-        self.sampler.mark_consumed(n)
+        self._require_setup()  # the sampler is built with the training data
+        self.sampler.mark_consumed(n)  # type: ignore[union-attr]
 
     def state_dict(self) -> dict[str, Any]:
         """The data position (epoch and examples consumed), saved into Lightning checkpoints."""

@@ -39,6 +39,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from rlhf_lit.data.encoding import TextEncoder, truncate_prompt
+from rlhf_lit.data.rendering import has_chat_template, tokenizer_name
 from rlhf_lit.functional.losses import IGNORE_INDEX
 
 AssistantTurns = Literal["all", "last"]
@@ -163,7 +164,7 @@ def _assistant_span(tokenizer: Any, conv: list[dict[str, str]], text: str, i: in
 
     def cannot_split(why: str) -> ValueError:
         return ValueError(
-            f"the chat template of tokenizer {_name(tokenizer)!r} cannot be split into turns: {why}; the "
+            f"the chat template of tokenizer {tokenizer_name(tokenizer)!r} cannot be split into turns: {why}; the "
             "assistant's tokens are found by rendering the conversation up to each assistant "
             "message, so use a template that renders turns as continuations, or one that marks "
             "the assistant's text with {% generation %} blocks"
@@ -190,21 +191,17 @@ def _assistant_span(tokenizer: Any, conv: list[dict[str, str]], text: str, i: in
 def require_chat_tokenizer(tokenizer: Any) -> None:
     """A chat template to render with, and character offsets (only fast tokenizers give them),
     which both rules read."""
-    if not getattr(tokenizer, "chat_template", None):
+    if not has_chat_template(tokenizer):
         raise ValueError(
-            f"the data is conversational but the tokenizer {_name(tokenizer)!r} has no chat "
+            f"the data is conversational but the tokenizer {tokenizer_name(tokenizer)!r} has no chat "
             "template; conversations are rendered with the tokenizer's own template, so use a "
             "tokenizer that has one"
         )
     if not getattr(tokenizer, "is_fast", False):
         raise ValueError(
-            f"tokenizer {_name(tokenizer)!r} is not a fast tokenizer: multi-turn SFT finds the "
+            f"tokenizer {tokenizer_name(tokenizer)!r} is not a fast tokenizer: multi-turn SFT finds the "
             "assistant's tokens from character offsets, which only fast tokenizers give"
         )
-
-
-def _name(tokenizer: Any) -> str:
-    return getattr(tokenizer, "name_or_path", None) or type(tokenizer).__name__
 
 
 # ------------------------------------------------------------------------------- truncation

@@ -28,19 +28,6 @@ def require_pad_id(tokenizer: Any) -> int:
 
 
 @dataclass(frozen=True)
-class SFTCollator:
-    """Items ``{"input_ids", "labels"}`` -> right padded ``input_ids``, ``attention_mask``,
-    ``labels`` (-100 on padding; the items already hold -100 on the prompt)."""
-
-    pad_token_id: int
-
-    def __call__(self, items: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
-        input_ids, attention_mask = pad([x["input_ids"] for x in items], self.pad_token_id, "right")
-        labels, _ = pad([x["labels"] for x in items], IGNORE_INDEX, "right")
-        return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
-
-
-@dataclass(frozen=True)
 class SequenceCollator:
     """Items ``{"input_ids", ...}`` -> right padded ``input_ids`` and ``attention_mask`` ``(B, T)``
     only (whole sequences to be scored, e.g. the reward-normalisation reference set)."""
@@ -50,6 +37,16 @@ class SequenceCollator:
     def __call__(self, items: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         input_ids, attention_mask = pad([x["input_ids"] for x in items], self.pad_token_id, "right")
         return {"input_ids": input_ids, "attention_mask": attention_mask}
+
+
+@dataclass(frozen=True)
+class SFTCollator(SequenceCollator):
+    """Items ``{"input_ids", "labels"}`` -> right padded ``input_ids``, ``attention_mask``,
+    ``labels`` (-100 on padding; the items already hold -100 on the prompt)."""
+
+    def __call__(self, items: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        labels, _ = pad([x["labels"] for x in items], IGNORE_INDEX, "right")
+        return {**super().__call__(items), "labels": labels}
 
 
 @dataclass(frozen=True)

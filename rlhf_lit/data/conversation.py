@@ -108,15 +108,19 @@ def get_text_or_conversation(row: Row, field: str) -> TextOrConversation:
     return text_or_conversation(row, field, row.data[field])
 
 
+def a_role(role: str) -> str:
+    """The role with its article, for messages (``an assistant``, ``a user``)."""
+    return "an assistant" if role == "assistant" else f"a {role}"
+
+
 def require_prompt_end(row: Row, field: str, prompt: Conversation, offset: int = 0) -> None:
     """A conversational prompt must end with the user's turn: the model answers it next.
 
     ``offset`` is the index of ``prompt[0]`` in the record's field (for the message named)."""
     last = prompt[-1]["role"]
     if last != "user":
-        article = "an" if last == "assistant" else "a"
         raise InvalidRecord(
-            f"{row.where}: field '{field}[{offset + len(prompt) - 1}]' ends the prompt on {article} {last} turn; "
+            f"{row.where}: field '{field}[{offset + len(prompt) - 1}]' ends the prompt on {a_role(last)} turn; "
             "a prompt must end with the user's turn"
         )
 

@@ -8,6 +8,7 @@ from collections import Counter
 from rlhf_lit.data.adapters import Example
 from rlhf_lit.data.chat import AssistantTurns, encode_conversations, require_chat_tokenizer
 from rlhf_lit.data.encoding import TextEncoder, encode_sft
+from rlhf_lit.data.rendering import tokenizer_name
 
 
 def encode_demonstrations(
@@ -71,7 +72,7 @@ def refused_conversation(encoder: TextEncoder, examples: list[Example], error: E
     """The one error for a conversation the tokenizer's chat template refuses to render (Gemma's
     refuses system messages, Llama 2's roles that do not alternate), naming the first such record:
     the batched encoding that raised does not say which one it was."""
-    name = getattr(encoder.tokenizer, "name_or_path", None) or type(encoder.tokenizer).__name__
+    name = tokenizer_name(encoder.tokenizer)
     for example in examples:
         try:
             _render(encoder, example)

@@ -41,6 +41,7 @@ from functools import cached_property
 from typing import Any
 
 from rlhf_lit.data.conversation import Conversation, TextOrConversation, as_prompt, as_response, is_conversation
+from rlhf_lit.data.rendering import has_chat_template, tokenizer_name
 from rlhf_lit.functional.losses import IGNORE_INDEX
 
 
@@ -74,10 +75,9 @@ class TextEncoder:
     """
 
     def __init__(self, tokenizer: Any, *, apply_chat_template: bool = False):
-        if apply_chat_template and not getattr(tokenizer, "chat_template", None):
-            name = getattr(tokenizer, "name_or_path", type(tokenizer).__name__)
+        if apply_chat_template and not has_chat_template(tokenizer):
             raise ValueError(
-                f"apply_chat_template=True but the tokenizer {name!r} has no chat template; "
+                f"apply_chat_template=True but the tokenizer {tokenizer_name(tokenizer)!r} has no chat template; "
                 "set apply_chat_template=False or use a tokenizer that has one"
             )
         self.tokenizer = tokenizer
@@ -96,11 +96,11 @@ class TextEncoder:
     # ------------------------------------------------------------------------------- rendering
     def require_chat_template(self) -> None:
         """Raise the one error for conversational data on a tokenizer without a chat template."""
-        if not getattr(self.tokenizer, "chat_template", None):
-            name = getattr(self.tokenizer, "name_or_path", type(self.tokenizer).__name__)
+        if not has_chat_template(self.tokenizer):
             raise ValueError(
-                f"the data is conversational (lists of messages) but the tokenizer {name!r} has no chat template "
-                "to render them; use a tokenizer that has one, or data with string prompts and responses"
+                f"the data is conversational (lists of messages) but the tokenizer {tokenizer_name(self.tokenizer)!r} "
+                "has no chat template to render them; use a tokenizer that has one, or data with string prompts and "
+                "responses"
             )
 
     def _chat(self, messages: Conversation, *, add_generation_prompt: bool = False) -> str:

@@ -12,9 +12,8 @@ from typing import Any
 from torch.utils.data import DataLoader
 
 from rlhf_lit.data.adapters import Example, Fields, PreferenceFormat, SFTFormat
-from rlhf_lit.data.base import TextDataModule, check_sft_source
+from rlhf_lit.data.base import TextDataModule, check_lengths, check_sft_source
 from rlhf_lit.data.collate import PreferenceCollator, RankingCollator, SequenceCollator
-from rlhf_lit.data.demonstrations import encode_demonstrations
 from rlhf_lit.data.encoding import TextEncoder, truncate_prompt, truncate_response
 from rlhf_lit.data.rendering import TemplateOption
 
@@ -123,37 +122,10 @@ class PreferenceDataModule(TextDataModule):
         reference_max_records: int | None = None,
     ):
         super().__init__()
-        if not 1 <= max_prompt_length < max_length:
-            raise ValueError(
-                f"need 1 <= max_prompt_length < max_length, got max_prompt_length="
-                f"{max_prompt_length}, max_length={max_length}"
-            )
-        self._init_common(
-            tokenizer=tokenizer,
-            train_path=train_path,
-            val_path=val_path,
-            val_fraction=val_fraction,
-            seed=seed,
-            format=format,
-            fields=fields,
-            split=split,
-            subset=subset,
-            max_records=max_records,
-            skip_invalid=skip_invalid,
-            prompt_words=1,
-            apply_chat_template=apply_chat_template,
-            hh_render=hh_render,
-            batch_size=batch_size,
-            num_workers=num_workers,
-        )
-        check_sft_source("reference", reference_path, reference_format, reference_max_records)
-        self.max_length, self.max_prompt_length = max_length, max_prompt_length
-        self.reference_path, self.reference_format = reference_path, reference_format
-        self.reference_max_records = reference_max_records
+        check_lengths(max_prompt_length, max_length)
+        self._init_common(locals())
+        check_sft_source("reference", reference_path, reference_format, max_records=reference_max_records)
         self.reference_dataset: list[dict[str, Any]] | None = None
-        self.save_hyperparameters(ignore=["tokenizer", "fields"])
-        self._fields_hparam()
-        self._hh_render_hparam()
         if reference_path is None:
             self._record_format("reference_format", None)
 
@@ -250,23 +222,7 @@ class PreferenceDataModule(TextDataModule):
 
     # ------------------------------------------------------------------------ reference set
     def _setup_extra(self, encoder: TextEncoder) -> None:
-        if self.reference_path is None:
-            return
-        examples, format = self._examples(
-            self.reference_path, format=self.reference_format, kind="sft", max_records=self.reference_max_records
-        )
-        self._record_format("reference_format", format)
-        self.reference_dataset = self._encode_split(encoder, examples, "reference", self._encode_sft)
-
-    def _encode_sft(self, encoder: TextEncoder, examples: list[Example]) -> list[dict[str, Any]]:
-        return encode_demonstrations(
-            encoder,
-            examples,
-            turns="all",
-            max_prompt_length=self.max_prompt_length,
-            max_length=self.max_length,
-            counts=self.truncated,
-        )
+        self.reference_dataset = self._sft_source(encoder, "reference", self.max_length)
 
     @property
     def reference_dataloader(self) -> Callable[[], DataLoader]:

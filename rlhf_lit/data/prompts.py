@@ -12,7 +12,6 @@ from torch.utils.data import DataLoader
 from rlhf_lit.data.adapters import Example, Fields, PromptFormat, SFTFormat
 from rlhf_lit.data.base import TextDataModule, check_sft_source
 from rlhf_lit.data.collate import PromptCollator, SFTCollator
-from rlhf_lit.data.demonstrations import encode_demonstrations
 from rlhf_lit.data.encoding import TextEncoder, require_tokenizer, truncate_prompt
 from rlhf_lit.data.rendering import TemplateOption
 from rlhf_lit.data.sampler import PassSampler
@@ -131,45 +130,17 @@ class PromptDataModule(TextDataModule):
         super().__init__()
         if max_prompt_length < 1:
             raise ValueError(f"max_prompt_length must be >= 1, got {max_prompt_length}")
-        self._init_common(
-            tokenizer=tokenizer,
-            train_path=train_path,
-            val_path=val_path,
-            val_fraction=val_fraction,
-            seed=seed,
-            format=format,
-            fields=fields,
-            split=split,
-            subset=subset,
-            max_records=max_records,
-            skip_invalid=skip_invalid,
-            prompt_words=prompt_words,
-            apply_chat_template=apply_chat_template,
-            hh_render=hh_render,
-            batch_size=batch_size,
-            num_workers=num_workers,
-        )
-        check_sft_source("ptx", ptx_path, ptx_format, ptx_max_records)
-        if ptx_batch_size is not None:
-            if ptx_batch_size < 1:
-                raise ValueError(f"ptx_batch_size must be >= 1 or None, got {ptx_batch_size}")
-            if ptx_path is None:
-                raise ValueError(f"ptx_batch_size={ptx_batch_size} is set but ptx_path is not")
+        self._init_common(locals())
+        check_sft_source("ptx", ptx_path, ptx_format, max_records=ptx_max_records, batch_size=ptx_batch_size)
         if ptx_path is not None and not max_prompt_length < ptx_max_length:
             raise ValueError(
                 f"ptx examples need max_prompt_length < ptx_max_length, got max_prompt_length="
                 f"{max_prompt_length}, ptx_max_length={ptx_max_length}"
             )
-        self.max_prompt_length, self.shuffle, self.drop_last = max_prompt_length, shuffle, drop_last
-        self.ptx_path, self.ptx_format, self.ptx_max_records = ptx_path, ptx_format, ptx_max_records
-        self.ptx_batch_size, self.ptx_max_length = ptx_batch_size, ptx_max_length
         self.extra_fields = list(extra_fields or [])
         if len(set(self.extra_fields)) != len(self.extra_fields):
             raise ValueError(f"extra_fields must not repeat a name, got {self.extra_fields}")
         self.ptx_dataset: list[dict[str, Any]] | None = None
-        self.save_hyperparameters(ignore=["tokenizer", "fields"])
-        self._fields_hparam()
-        self._hh_render_hparam()
         if ptx_path is None:
             self._record_format("ptx_format", None)
 
@@ -200,23 +171,7 @@ class PromptDataModule(TextDataModule):
 
     # ----------------------------------------------------------------------------------- ptx
     def _setup_extra(self, encoder: TextEncoder) -> None:
-        if self.ptx_path is None:
-            return
-        examples, format = self._examples(
-            self.ptx_path, format=self.ptx_format, kind="sft", max_records=self.ptx_max_records
-        )
-        self._record_format("ptx_format", format)
-        self.ptx_dataset = self._encode_split(encoder, examples, "ptx", self._encode_sft)
-
-    def _encode_sft(self, encoder: TextEncoder, examples: list[Example]) -> list[dict[str, Any]]:
-        return encode_demonstrations(
-            encoder,
-            examples,
-            turns="all",
-            max_prompt_length=self.max_prompt_length,
-            max_length=self.ptx_max_length,
-            counts=self.truncated,
-        )
+        self.ptx_dataset = self._sft_source(encoder, "ptx", self.ptx_max_length)
 
     @property
     def ptx_dataloader(self) -> Callable[[], DataLoader]:

@@ -21,7 +21,7 @@ from rlhf_lit.data.conversation import (
 )
 from rlhf_lit.data.example import AdapterOptions, Example, Fields, Kind, Skip
 from rlhf_lit.data.record_parts import conversational, get_prompt
-from rlhf_lit.data.records import InvalidRecord, Row, get_list, missing_field
+from rlhf_lit.data.records import InvalidRecord, Row, get_list
 
 RANKS_FIELD = "ranks"
 """The column :func:`ranking_record` writes the ranks to (read with ``fields: {ranks: ranks}``)."""
@@ -80,12 +80,11 @@ def count_ranked_pairs(ranks: Sequence[int]) -> int:
 
 def _ranks(row: Row, field: str, k: int) -> list[int]:
     """The ``ranks`` column of a ranking record as dense ranks (0 = best); see :func:`read_ranking`."""
-    if field not in row.data:
-        raise missing_field(row, field)
-    value = row.data[field]
-    if not isinstance(value, list) or len(value) != k:
-        got = f"{len(value)} values" if isinstance(value, list) else type(value).__name__
-        raise InvalidRecord(f"{row.where}: field {field!r} must be a list of {k} ints (one per response), got {got}")
+    value = get_list(row, field, f"{k} ints (one per response)")
+    if len(value) != k:
+        raise InvalidRecord(
+            f"{row.where}: field {field!r} must be a list of {k} ints (one per response), got {len(value)} values"
+        )
     for i, r in enumerate(value):
         if isinstance(r, bool) or not isinstance(r, int):
             raise InvalidRecord(f"{row.where}: field '{field}[{i}]' must be an int, got {type(r).__name__}")

@@ -132,19 +132,15 @@ class _SkippingReader:
             where = f"{self.path} line {lineno}"
             try:
                 data = json.loads(line)
+                problem = None if isinstance(data, dict) else f"expected a JSON object, got {type(data).__name__}"
             except json.JSONDecodeError as e:
-                if self.skip_invalid:
-                    self.skipped += 1
-                    continue
-                raise InvalidRecord(
-                    f"{where}: not valid JSON ({e.msg} at column {e.colno}); set skip_invalid=True to skip such lines"
-                ) from None
-            if not isinstance(data, dict):
-                if self.skip_invalid:
-                    self.skipped += 1
-                    continue
-                raise InvalidRecord(f"{where}: expected a JSON object, got {type(data).__name__}")
-            yield Row(where, data)
+                problem = f"not valid JSON ({e.msg} at column {e.colno}); set skip_invalid=True to skip such lines"
+            if problem is None:
+                yield Row(where, data)
+            elif self.skip_invalid:
+                self.skipped += 1
+            else:
+                raise InvalidRecord(f"{where}: {problem}")
 
 
 def _read_file(path: str, *, skip_invalid: bool) -> Any:

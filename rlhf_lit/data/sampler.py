@@ -72,10 +72,12 @@ ORDERS: dict[ShuffleOrder, Callable[[int, int, int, int], list[int]]] = {
 """The function behind each :data:`ShuffleOrder`: ``(size, seed, epoch, batch_size) -> permutation``."""
 
 
-def _world() -> tuple[int, int]:
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_world_size(), dist.get_rank()
-    return 1, 0
+def _world(num_replicas: int | None, rank: int | None) -> tuple[int, int]:
+    """``(num_replicas, rank)``: each as given, or the process group's (one process without one)."""
+    world, this_rank = (
+        (dist.get_world_size(), dist.get_rank()) if dist.is_available() and dist.is_initialized() else (1, 0)
+    )
+    return world if num_replicas is None else num_replicas, this_rank if rank is None else rank
 
 
 class ResumableSampler(DistributedSampler):
@@ -107,9 +109,7 @@ class ResumableSampler(DistributedSampler):
             raise ValueError(f"order must be one of {sorted(ORDERS)}, got {order!r}")
         if dataset_size < 1:
             raise ValueError(f"dataset_size must be >= 1, got {dataset_size}")
-        world, this_rank = _world()
-        num_replicas = world if num_replicas is None else num_replicas
-        rank = this_rank if rank is None else rank
+        num_replicas, rank = _world(num_replicas, rank)
         super().__init__(
             range(dataset_size),  # type: ignore[arg-type]
             num_replicas=num_replicas,
@@ -186,9 +186,7 @@ class PassSampler(Sampler[int]):
     """
 
     def __init__(self, dataset_size: int, *, seed: int = 0, num_replicas: int | None = None, rank: int | None = None):
-        world, this_rank = _world()
-        self.num_replicas = world if num_replicas is None else num_replicas
-        self.rank = this_rank if rank is None else rank
+        self.num_replicas, self.rank = _world(num_replicas, rank)
         if dataset_size < self.num_replicas:
             raise ValueError(f"{dataset_size} examples cannot give each of {self.num_replicas} ranks one")
         self.dataset_size, self.seed = dataset_size, seed

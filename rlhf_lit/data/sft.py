@@ -9,7 +9,7 @@ from typing import Any
 from torch.utils.data import DataLoader
 
 from rlhf_lit.data.adapters import Example, Fields, SFTFormat
-from rlhf_lit.data.base import TextDataModule
+from rlhf_lit.data.base import TextDataModule, check_lengths
 from rlhf_lit.data.chat import AssistantTurns
 from rlhf_lit.data.collate import SFTCollator
 from rlhf_lit.data.demonstrations import encode_demonstrations
@@ -101,36 +101,10 @@ class SFTDataModule(TextDataModule):
         num_workers: int = 0,
     ):
         super().__init__()
-        if not 1 <= max_prompt_length < max_length:
-            raise ValueError(
-                f"need 1 <= max_prompt_length < max_length, got max_prompt_length="
-                f"{max_prompt_length}, max_length={max_length}"
-            )
-        self._init_common(
-            tokenizer=tokenizer,
-            train_path=train_path,
-            val_path=val_path,
-            val_fraction=val_fraction,
-            seed=seed,
-            format=format,
-            fields=fields,
-            split=split,
-            subset=subset,
-            max_records=max_records,
-            skip_invalid=skip_invalid,
-            prompt_words=prompt_words,
-            apply_chat_template=apply_chat_template,
-            hh_render=hh_render,
-            batch_size=batch_size,
-            num_workers=num_workers,
-        )
+        check_lengths(max_prompt_length, max_length)
+        self._init_common(locals())
         if assistant_turns not in ("all", "last"):
             raise ValueError(f"assistant_turns must be 'all' or 'last', got {assistant_turns!r}")
-        self.max_length, self.max_prompt_length = max_length, max_prompt_length
-        self.assistant_turns = assistant_turns
-        self.save_hyperparameters(ignore=["tokenizer", "fields"])
-        self._fields_hparam()
-        self._hh_render_hparam()
         if assistant_turns == "all":
             # stored only when set, so that a checkpoint written before the option resumes (its check compares them)
             del self.hparams["assistant_turns"]

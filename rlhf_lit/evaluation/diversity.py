@@ -18,14 +18,8 @@ def distinct_n(texts: Sequence[str], n: int) -> float:
     1.0 means no n-gram repeats anywhere in the set; a policy that collapses to one story scores
     near ``1 / len(texts)``. 0.0 when the texts hold no n-gram at all.
     """
-    if n < 1:
-        raise ValueError(f"n must be >= 1, got {n}")
-    total, unique = 0, set()
-    for text in texts:
-        grams = ngrams(text.split(), n)
-        total += len(grams)
-        unique.update(grams)
-    return len(unique) / total if total else 0.0
+    total, _, unique = _counts(texts, n)
+    return unique / total if total else 0.0
 
 
 def distinct_n_factors(texts: Sequence[str], n: int) -> tuple[float, float]:
@@ -44,15 +38,21 @@ def distinct_n_factors(texts: Sequence[str], n: int) -> tuple[float, float]:
     repetition penalty cannot fix.
     Both are 0.0 when the texts hold no n-gram at all.
     """
+    total, own_distinct, unique = _counts(texts, n)
+    if not total:
+        return 0.0, 0.0
+    return own_distinct / total, unique / own_distinct
+
+
+def _counts(texts: Sequence[str], n: int) -> tuple[int, int, int]:
+    """``(T, W, U)`` of :func:`distinct_n_factors`: the n-grams of all texts, the sum of each text's own
+    distinct n-grams, and the distinct n-grams of the whole set."""
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
     total, own_distinct, unique = 0, 0, set()
     for text in texts:
-        grams = ngrams(text.split(), n)
-        total += len(grams)
-        own = set(grams)
-        own_distinct += len(own)
+        own = ngrams(text.split(), n)
+        total += len(own)
+        own_distinct += len(set(own))
         unique.update(own)
-    if not total:
-        return 0.0, 0.0
-    return own_distinct / total, len(unique) / own_distinct
+    return total, own_distinct, len(unique)

@@ -79,16 +79,14 @@ def point_from_evaluation(result: Mapping, method: str, setting: str, score: Sco
     for key, option in (("kl", "--reference"), (score, "--judge" if score == "judge" else "--reward-model")):
         if key not in samples[0]:
             raise ValueError(f"the evaluation of {name} has no {key!r} per sample (evaluate with {option})")
-    scores = [s[score] for s in samples]
-    kls = [s["kl"] for s in samples]
-    return FrontierPoint(
-        method,
-        setting,
-        kl=sum(kls) / len(kls),
-        score=sum(scores) / len(scores),
-        score_se=standard_error(scores),
-        n=len(scores),
-    )
+    return mean_point(method, setting, [s["kl"] for s in samples], [s[score] for s in samples])
+
+
+def mean_point(method: str, setting: str, kls: Sequence[float], scores: Sequence[float], **extra) -> FrontierPoint:
+    """The point of the mean KL and mean score of ``n = len(scores)`` values, with the score's
+    standard error (``extra``: more :class:`FrontierPoint` fields)."""
+    mean = sum(scores) / len(scores)
+    return FrontierPoint(method, setting, sum(kls) / len(kls), mean, standard_error(scores), len(scores), **extra)
 
 
 def points_from_best_of_n(result: Mapping, method: str = "best-of-N", score: Score = "judge") -> list[FrontierPoint]:
@@ -138,15 +136,12 @@ def mean_over_runs(points: Sequence[FrontierPoint]) -> list[FrontierPoint]:
         if len(mine) == 1:
             out.append(mine[0])
             continue
-        scores = [p.score for p in mine]
         out.append(
-            FrontierPoint(
+            mean_point(
                 method,
                 setting,
-                kl=sum(p.kl for p in mine) / len(mine),
-                score=sum(scores) / len(scores),
-                score_se=standard_error(scores),
-                n=len(mine),
+                [p.kl for p in mine],
+                [p.score for p in mine],
                 kl_analytic=all(p.kl_analytic for p in mine),
                 note=f"mean over {len(mine)} runs",
             )

@@ -28,16 +28,6 @@ import torch
 
 from rlhf_lit.functional.masked_stats import Reducer, masked_whiten
 
-__all__ = [
-    "gae",
-    "EstimatorKind",
-    "grpo_advantages",
-    "needs_critic",
-    "needs_groups",
-    "reinforce_pp_advantages",
-    "rloo_advantages",
-]
-
 EstimatorKind = Literal["gae", "grpo", "dr_grpo", "rloo", "reinforce_pp"]
 """The advantage estimator, one typed choice:
 
@@ -212,17 +202,8 @@ def reinforce_pp_advantages(
         )
     if mask.dtype != torch.bool:
         raise ValueError(f"reinforce_pp_advantages: mask must be a bool tensor, got {mask.dtype}.")
-    batch, length = rewards.shape
-    zero = torch.zeros((), dtype=rewards.dtype, device=rewards.device)  # ()
-    next_return = torch.zeros(batch, dtype=rewards.dtype, device=rewards.device)  # (B,)
-    returns_reversed = []
-    for t in reversed(range(length)):
-        valid = mask[:, t]  # (B,)
-        ret = rewards[:, t] + gamma * next_return  # (B,)
-        returns_reversed.append(torch.where(valid, ret, zero))  # (B,)
-        # Carry the return only through valid positions, so padding and prompt leave it untouched.
-        next_return = torch.where(valid, ret, next_return)  # (B,)
-    returns = torch.stack(returns_reversed[::-1], dim=1)  # (B, T)
+    # Returns-to-go are GAE's advantages with zero values and lambda 1: delta_t = r_t, A_t = r_t + gamma * A_next.
+    returns, _ = gae(rewards, torch.zeros_like(rewards), mask, gamma, lam=1.0)  # (B, T)
     advantages = masked_whiten(returns, mask, reduce_sum=reduce_sum)  # (B, T), 0 where mask is False
     return advantages, returns
 

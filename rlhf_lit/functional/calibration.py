@@ -42,15 +42,6 @@ from typing import Literal, get_args
 
 import torch
 
-__all__ = [
-    "CALIBRATION_TRANSFORMS",
-    "CalibrationTransform",
-    "calibrated_scores",
-    "quantile_bounds",
-    "reference_quantiles",
-    "transform_quantiles",
-]
-
 CalibrationTransform = Literal["identity", "log", "best_of_n"]
 """What the calibrated quantile becomes (see the module docstring): ``identity``, ``log`` (the
 best-of-n target with KL coefficient ``1 / (n - 1)``, exact for continuous rewards) or ``best_of_n``

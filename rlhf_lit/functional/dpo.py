@@ -27,8 +27,6 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
-__all__ = ["DPOLossKind", "averages_over_tokens", "check_dpo_settings", "dpo_loss", "ipo_loss", "sigmoid_dpo_loss"]
-
 DPOLossKind = Literal["sigmoid", "ipo"]
 """``sigmoid``: DPO (with ``label_smoothing``: conservative DPO); ``ipo``: identity preference optimisation."""
 

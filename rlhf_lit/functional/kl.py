@@ -9,8 +9,6 @@ import torch
 from rlhf_lit.functional.masked_stats import masked_mean
 from rlhf_lit.functional.masks import last_true_index
 
-__all__ = ["KLKind", "kl_loss", "kl_penalty", "kl_penalized_rewards"]
-
 KLKind = Literal["k1", "k2", "k3", "abs"]
 """Per-token KL estimators of KL(policy || reference) from samples of the policy
 (John Schulman, "Approximating KL Divergence", 2020): k1 unbiased, k2 low variance but biased,

@@ -6,8 +6,6 @@ from typing import Any, Protocol
 
 import torch
 
-__all__ = ["KLController", "AdaptiveKLController", "FixedKLController"]
-
 
 class KLController(Protocol):
     """What the PPO stage needs from a KL controller."""
@@ -21,8 +19,33 @@ class KLController(Protocol):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None: ...
 
 
-class AdaptiveKLController:
-    """Proportional controller that moves the KL coefficient so the measured KL tracks ``target``.
+class FixedKLController:
+    """A constant KL coefficient with the controller interface (``update`` does nothing).
+
+    Args:
+        kl_coef: the coefficient (beta), >= 0.
+    """
+
+    def __init__(self, kl_coef: float) -> None:
+        if kl_coef < 0:
+            raise ValueError(f"kl_coef must be >= 0, got {kl_coef}.")
+        self.value = float(kl_coef)
+
+    def update(self, current_kl: float | torch.Tensor, n_steps: int) -> None:
+        """No-op: the coefficient is fixed."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """The coefficient as a plain float (loads with ``torch.load(weights_only=True)``)."""
+        return {"value": self.value}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore the coefficient saved by :meth:`state_dict`."""
+        self.value = float(state_dict["value"])
+
+
+class AdaptiveKLController(FixedKLController):
+    """Proportional controller that moves the KL coefficient so the measured KL tracks ``target`` (a
+    :class:`FixedKLController` whose ``update`` moves it; the same state).
 
     ``error = clip(kl / target - 1, -0.2, 0.2)`` and ``value *= 1 + error * n_steps / horizon``
     (Ziegler et al. 2019, "Fine-Tuning Language Models from Human Preferences", eq. 2).
@@ -49,35 +72,3 @@ class AdaptiveKLController:
         # float() is one host sync per rollout; the controller keeps plain floats for checkpoints.
         error = min(max(float(current_kl) / self.target - 1.0, -0.2), 0.2)
         self.value *= 1.0 + error * n_steps / self.horizon
-
-    def state_dict(self) -> dict[str, Any]:
-        """The coefficient as a plain float (loads with ``torch.load(weights_only=True)``)."""
-        return {"value": self.value}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restore the coefficient saved by :meth:`state_dict`."""
-        self.value = float(state_dict["value"])
-
-
-class FixedKLController:
-    """A constant KL coefficient with the controller interface (``update`` does nothing).
-
-    Args:
-        kl_coef: the coefficient (beta), >= 0.
-    """
-
-    def __init__(self, kl_coef: float) -> None:
-        if kl_coef < 0:
-            raise ValueError(f"kl_coef must be >= 0, got {kl_coef}.")
-        self.value = float(kl_coef)
-
-    def update(self, current_kl: float | torch.Tensor, n_steps: int) -> None:
-        """No-op: the coefficient is fixed."""
-
-    def state_dict(self) -> dict[str, Any]:
-        """The coefficient as a plain float."""
-        return {"value": self.value}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restore the coefficient saved by :meth:`state_dict`."""
-        self.value = float(state_dict["value"])

@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["batch_pearson", "head_orthogonality", "length_correlation_loss"]
-
 PEARSON_EPS = 1e-6
 """Added under the square root of Pearson's denominator, ``sum(xc^2) * sum(yc^2)``: a batch whose
 scores (or lengths) are all equal has correlation 0 and a finite gradient instead of 0/0."""

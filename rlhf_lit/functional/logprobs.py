@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["token_logprobs", "entropy_from_logits", "sequence_logprobs"]
-
 
 def _scaled_float_logits(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     """Upcast half precision logits to float32 (log-softmax in bf16 loses ~2 digits) and divide by T."""

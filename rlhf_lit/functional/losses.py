@@ -8,8 +8,6 @@ import torch.nn.functional as F
 
 from rlhf_lit.functional.masked_stats import masked_mean
 
-__all__ = ["IGNORE_INDEX", "clipped_value_loss", "pairwise_reward_loss", "sft_loss"]
-
 IGNORE_INDEX = -100
 """Label of positions that do not count in the SFT loss (prompt and padding): the one definition,
 which the data modules write and :func:`sft_loss` skips (``torch.nn.functional.cross_entropy``'s

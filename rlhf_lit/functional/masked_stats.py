@@ -19,8 +19,6 @@ from collections.abc import Callable
 
 import torch
 
-__all__ = ["Reducer", "masked_mean", "masked_mean_var", "masked_var", "masked_whiten", "explained_variance"]
-
 Reducer = Callable[[torch.Tensor], torch.Tensor]
 """Sums a tensor over every process of a data-parallel run and returns the sum, the same on every
 process; it must not change its argument (e.g. ``torch.distributed.all_reduce`` on a copy). Every

@@ -6,15 +6,6 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = [
-    "response_mask_from_eos",
-    "last_true_index",
-    "response_mask_from_prompt_length",
-    "append_eos_to_unfinished",
-    "attended_span",
-    "length_groups",
-]
-
 
 def response_mask_from_eos(
     response_ids: torch.Tensor, eos_token_id: int | Sequence[int]

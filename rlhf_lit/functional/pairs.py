@@ -8,8 +8,6 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
-__all__ = ["concat_pairs", "pad_ids", "pad_right"]
-
 
 def pad_ids(
     seqs: Sequence[Sequence[int]], value: int, side: Literal["right", "left"], length: int | None = None

@@ -19,16 +19,6 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-__all__ = [
-    "RankingMetrics",
-    "batch_examples",
-    "is_ranking_batch",
-    "ranking_loss",
-    "ranking_metrics",
-    "ranking_pair_mask",
-    "ranking_pairs",
-]
-
 
 def is_ranking_batch(batch: Mapping[str, object]) -> bool:
     """True for a ranking batch (K responses per prompt, docs/CONTRACTS.md: it has ``group``), False

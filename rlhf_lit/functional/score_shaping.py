@@ -8,8 +8,6 @@ import torch
 
 from rlhf_lit.functional.masked_stats import Reducer, masked_mean_var
 
-__all__ = ["ScoreWhitening", "shape_scores"]
-
 ScoreWhitening = Literal["none", "scores", "rewards"]
 """``scores``: standardise the scores over the rollout batch (mean 0, std 1); ``rewards``: scale the
 KL-shaped per-token rewards to unit std without re-centring (N detail 12, TRL's

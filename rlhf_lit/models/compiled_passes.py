@@ -24,7 +24,7 @@ compiles a handful of graphs: one per bucket pair, batch size and grad mode, cou
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Literal, get_args
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -34,8 +34,6 @@ from rlhf_lit.models.compiled_generation import CompileStats, counting_compiles,
 ForwardPasses = Literal["eager", "compiled"]
 """How the policy and critic forward passes of PPO's scoring and minibatch passes run:
 ``eager``, op by op as PyTorch dispatches them; ``compiled``, through :class:`BucketedCompile`."""
-
-FORWARD_PASSES: tuple[str, ...] = get_args(ForwardPasses)
 
 MIN_BUCKET = 16
 """The shortest bucket: shorter parts are padded to it (a few columns cost less than a graph)."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Literal
 
 import torch
@@ -142,20 +142,7 @@ class Generated:
     def rows(self, start: int | torch.Tensor, stop: int | None = None) -> Generated:
         """Rows ``start:stop`` of every field, or the rows a ``(M,)`` index tensor ``start`` names."""
         index = start if stop is None else slice(start, stop)
-        return Generated(
-            *(
-                None if t is None else t[index]
-                for t in (
-                    self.query_responses,
-                    self.attention_mask,
-                    self.response_ids,
-                    self.response_mask,
-                    self.ended,
-                    self.logprobs,
-                    self.entropy,
-                )
-            )
-        )
+        return Generated(*(None if t is None else t[index] for t in (getattr(self, f.name) for f in fields(self))))
 
     def trimmed(self) -> Generated:
         """These rows without the columns none of them attends (:func:`~rlhf_lit.functional.attended_span`):
@@ -261,28 +248,23 @@ def generate_responses(
     policy.generation_config = GenerationConfig()
     # the compiled path counts the graphs its calls compile (compiled_generation.compile_stats)
     counting = counting_compiles() if sampling.decode == "compiled" else nullcontext()
+    # fork_rng restores the global CPU (and this CUDA device's) RNG afterwards.
+    seeded = (
+        nullcontext()
+        if generator is None
+        else torch.random.fork_rng(devices=[device] if device.type == "cuda" else [], device_type=device.type)
+    )
     try:
-        with counting:
-            if generator is None:
-                sequences = policy.generate(
-                    input_ids=input_ids,
-                    attention_mask=attention_mask,
-                    generation_config=config,
-                    synced_gpus=synced_gpus,
-                    logits_processor=processors,
-                )  # (B, P + R)
-            else:
-                seed = int(torch.randint(0, 2**62, (1,), generator=generator))
-                # fork_rng restores the global CPU (and this CUDA device's) RNG afterwards.
-                with torch.random.fork_rng(devices=[device] if device.type == "cuda" else [], device_type=device.type):
-                    torch.manual_seed(seed)
-                    sequences = policy.generate(
-                        input_ids=input_ids,
-                        attention_mask=attention_mask,
-                        generation_config=config,
-                        synced_gpus=synced_gpus,
-                        logits_processor=processors,
-                    )  # (B, P + R)
+        with counting, seeded:
+            if generator is not None:
+                torch.manual_seed(int(torch.randint(0, 2**62, (1,), generator=generator)))
+            sequences = policy.generate(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                generation_config=config,
+                synced_gpus=synced_gpus,
+                logits_processor=processors,
+            )  # (B, P + R)
     finally:
         policy.generation_config = model_defaults
     generated = complete_generation(

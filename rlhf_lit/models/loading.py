@@ -157,7 +157,7 @@ def load_causal_lm(
         revision: Hub revision.
         trust_remote_code: Passed to ``from_pretrained``.
     """
-    return _load(AutoModelForCausalLM, name_or_path, tokenizer, dtype, keep_dropout, revision, trust_remote_code)
+    return _load(AutoModelForCausalLM, **locals())  # the arguments above, by name
 
 
 def load_reward_model(
@@ -178,17 +178,7 @@ def load_reward_model(
     (other missing weights still are). A frozen reward model is loaded without it: there a missing
     head is a mistake worth the report.
     """
-    return _load(
-        AutoModelForSequenceClassification,
-        name_or_path,
-        tokenizer,
-        dtype,
-        keep_dropout,
-        revision,
-        trust_remote_code,
-        new_head,
-        num_labels=1,
-    )
+    return _load(AutoModelForSequenceClassification, **locals(), num_labels=1)  # the arguments above, by name
 
 
 def init_reward_head(head: nn.Linear) -> None:

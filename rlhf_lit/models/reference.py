@@ -16,7 +16,7 @@ the frozen copy on its own device, or the policy with its adapters off).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
@@ -29,21 +29,22 @@ from rlhf_lit.models.teacher_forced import response_logprobs
 T = TypeVar("T")
 
 
-class Reference(Protocol):
-    """Anything that gives the reference policy's response logprobs."""
+class Reference:
+    """What gives the reference policy's response logprobs: a subclass says how it runs a function on
+    the reference model (:meth:`apply`)."""
 
     def logprobs(self, generated: Generated, temperature: float) -> torch.Tensor:
         """``(B, R)`` float32 logprobs of ``generated``'s response tokens under the reference, on the
         device of ``generated``; no gradient."""
-        ...
+        return self.apply(response_logprobs, generated, temperature).float()  # (B, R)
 
     def apply(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(model, *args)`` with the reference as ``model``, without gradient; a tensor result on
         the device of the first tensor argument."""
-        ...
+        raise NotImplementedError
 
 
-class FrozenModelReference:
+class FrozenModelReference(Reference):
     """A separate frozen model (wherever it was placed); calls run on its own device.
 
     Args:
@@ -54,17 +55,12 @@ class FrozenModelReference:
         self.model = model
 
     @torch.no_grad()
-    def logprobs(self, generated: Generated, temperature: float) -> torch.Tensor:
-        """See :class:`Reference`."""
-        return call_on_own_device(response_logprobs, self.model, generated, temperature).float()  # (B, R)
-
-    @torch.no_grad()
     def apply(self, fn: Callable[..., T], *args: Any) -> T:
         """See :class:`Reference`."""
         return call_on_own_device(fn, self.model, *args)
 
 
-class AdapterDisabledReference:
+class AdapterDisabledReference(Reference):
     """The LoRA policy with its adapters disabled: exactly the base (SFT) weights, never trained.
 
     Args:
@@ -76,12 +72,6 @@ class AdapterDisabledReference:
         if peft_model_of(policy) is None:
             raise ValueError("an adapter-disabled reference needs a policy with LoRA adapters")
         self.policy = policy
-
-    @torch.no_grad()
-    def logprobs(self, generated: Generated, temperature: float) -> torch.Tensor:
-        """See :class:`Reference`."""
-        with adapter_disabled(self.policy):
-            return response_logprobs(self.policy, generated, temperature).float()  # (B, R)
 
     @torch.no_grad()
     def apply(self, fn: Callable[..., T], *args: Any) -> T:

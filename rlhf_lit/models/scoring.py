@@ -175,10 +175,12 @@ def response_sequence_logprobs(
         response_mask: bool ``(B, T)``, True on the response tokens.
         average: token mean instead of sum.
     """
-    logits = model(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids_from_mask(attention_mask),
-        use_cache=False,
-    ).logits  # (B, T, V)
+    logits = causal_lm_logits(model, input_ids, attention_mask)  # (B, T, V)
     return sequence_logprobs(logits, input_ids, response_mask, average)  # (B,)
+
+
+def causal_lm_logits(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """``(B, T, V)`` logits of one causal-LM forward pass whose positions count real tokens only
+    (:func:`position_ids_from_mask`: left or right padding give the same numbers)."""
+    position_ids = position_ids_from_mask(attention_mask)  # (B, T)
+    return model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False).logits

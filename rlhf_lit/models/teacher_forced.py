@@ -19,9 +19,14 @@ from rlhf_lit.models.scoring import model_attention_mask, position_ids_from_mask
 
 
 def forward_with_positions(
-    model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, output_hidden_states: bool = False
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    output_hidden_states: bool = False,
+    **kwargs,
 ):
-    """One causal-LM forward pass with ``position_ids = cumsum(mask) - 1``, as ``generate`` uses.
+    """One causal-LM forward pass with ``position_ids = cumsum(mask) - 1``, as ``generate`` uses
+    (``kwargs``: more arguments of the model's forward, e.g. ``logits_to_keep``).
 
     Matching the positions of ``generate`` is what makes teacher-forced logprobs equal the
     sampling distribution exactly under left padding (N details #2).
@@ -32,6 +37,7 @@ def forward_with_positions(
         position_ids=position_ids_from_mask(attention_mask),
         output_hidden_states=output_hidden_states,
         use_cache=False,
+        **kwargs,
     )
 
 
@@ -66,14 +72,7 @@ def forward_response_logits(
     kwargs = {}
     if _accepts_logits_to_keep(model):
         kwargs["logits_to_keep"] = torch.arange(prompt_length - 1, total - 1, device=query_responses.device)  # (R,)
-    out = model(
-        input_ids=query_responses,
-        attention_mask=model_attention_mask(model, attention_mask),
-        position_ids=position_ids_from_mask(attention_mask),
-        output_hidden_states=output_hidden_states,
-        use_cache=False,
-        **kwargs,
-    )
+    out = forward_with_positions(model, query_responses, attention_mask, output_hidden_states, **kwargs)
     logits = out.logits if out.logits.shape[1] == total - prompt_length else response_logits(out.logits, prompt_length)
     return logits, out  # (B, R, V)
 

@@ -30,6 +30,14 @@ applied at every token), initialised from the reward model by default (N+ detail
 then also trains the policy's trunk (cheaper: one model fewer, one forward pass fewer)."""
 
 
+def zeroed(head: nn.Linear) -> nn.Linear:
+    """``head`` with its weight and bias set to 0: a new value head starts predicting 0 (N details #4)."""
+    nn.init.zeros_(head.weight)
+    if head.bias is not None:
+        nn.init.zeros_(head.bias)
+    return head
+
+
 class SeparateCritic(nn.Module):
     """A value model of its own: the score head of a sequence-classification model at every token.
 
@@ -68,9 +76,7 @@ class ValueHead(nn.Module):
 
     def __init__(self, hidden_size: int) -> None:
         super().__init__()
-        self.head = nn.Linear(hidden_size, 1)
-        nn.init.zeros_(self.head.weight)
-        nn.init.zeros_(self.head.bias)
+        self.head = zeroed(nn.Linear(hidden_size, 1))
 
     def forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, policy_hidden: torch.Tensor | None = None
@@ -100,10 +106,7 @@ def load_value_model(
     if new_head:
         # A brand-new value head starts at 0 so early value errors equal the returns (N detail 4).
         log.info("value model %s has no score head: the new head is zero-initialised", name_or_path)
-        head = score_head(model)
-        nn.init.zeros_(head.weight)
-        if head.bias is not None:
-            nn.init.zeros_(head.bias)
+        zeroed(score_head(model))
     return SeparateCritic(with_lora(model, lora, "reward"))
 
 

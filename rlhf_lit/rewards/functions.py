@@ -44,8 +44,6 @@ import torch
 
 from rlhf_lit.callable_specs import resolve_callable
 
-__all__ = ["RewardBatch", "RewardFunction", "call_reward_function", "load_reward_function"]
-
 
 @dataclass(frozen=True)
 class RewardBatch:

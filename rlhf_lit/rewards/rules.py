@@ -13,8 +13,6 @@ import re
 from rlhf_lit.callable_specs import resolve_callable
 from rlhf_lit.rewards.functions import RewardBatch
 
-__all__ = ["count_word", "judge_score", "mentions_ground_truth"]
-
 
 def count_word(text: str, word: str) -> int:
     """How many times ``word`` occurs in ``text`` as a whole word (case-sensitive).

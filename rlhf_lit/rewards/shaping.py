@@ -15,8 +15,6 @@ import re
 
 from rlhf_lit.rewards.functions import RewardBatch
 
-__all__ = ["length_penalty", "length_target", "regex_format"]
-
 
 def _check_per_token(fn: str, per_token: float) -> None:
     # A negative rate would turn the penalty into a bonus for length: refuse, never reinterpret.

@@ -382,27 +382,17 @@ class PretrainedStage(StageModule):
         gradient_checkpointing: bool = False,
         trainable_layers: int | None = None,
     ) -> None:
+        shared = {name: value for name, value in locals().items() if name not in ("self", "__class__")}
         super().__init__()
         self.lora_config = as_config(LoRAConfig, lora)
         check_trainable_layers(trainable_layers, lora=self.lora_config)
         self.trainable_layers = trainable_layers
+        # the arguments, defaults included, that the subclass's keep_settings keeps (lora as a dict)
+        self._shared_settings = {**shared, "lora": None if self.lora_config is None else asdict(self.lora_config)}
         self.tokenizer_name, self.missing_pad, self.weight_dtype = tokenizer, missing_pad, dtype
         self.revision, self.trust_remote_code = revision, trust_remote_code
         self.gradient_checkpointing = gradient_checkpointing
         self.keep_export(export_dir, export_existing, max_skipped_updates)
-        self._shared_settings = {
-            "tokenizer": tokenizer,
-            "missing_pad": missing_pad,
-            "dtype": dtype,
-            "export_dir": export_dir,
-            "export_existing": export_existing,
-            "max_skipped_updates": max_skipped_updates,
-            "revision": revision,
-            "trust_remote_code": trust_remote_code,
-            "lora": None if self.lora_config is None else asdict(self.lora_config),
-            "gradient_checkpointing": gradient_checkpointing,
-            "trainable_layers": trainable_layers,
-        }
 
     def on_train_batch_start(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
         """Report the batch's examples (of every process) to the data module, whose position goes

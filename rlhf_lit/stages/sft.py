@@ -14,8 +14,9 @@ import torch
 from torchmetrics import MeanMetric
 
 from rlhf_lit.functional import IGNORE_INDEX, sft_loss
-from rlhf_lit.models import load_causal_lm, position_ids_from_mask
+from rlhf_lit.models import load_causal_lm
 from rlhf_lit.models.memory import train_mode
+from rlhf_lit.models.scoring import causal_lm_logits
 from rlhf_lit.stages.base import PretrainedStage, RunLayout, as_config
 from rlhf_lit.stages.optim import OptimizerConfig
 
@@ -50,12 +51,7 @@ class SFTModule(PretrainedStage):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """Causal-LM logits ``(B, T, V)``; positions count real tokens only."""
-        return self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids_from_mask(attention_mask),
-            use_cache=False,
-        ).logits  # (B, T, V)
+        return causal_lm_logits(self.model, input_ids, attention_mask)  # (B, T, V)
 
     def loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Mean next-token NLL over the response tokens of ``batch`` (labels != IGNORE_INDEX), ``()``."""

@@ -160,6 +160,32 @@ def test_names_and_argument_checks(tmp_path):
     assert RolloutCheckpoint(every_n_rollouts=2).state_key != RolloutCheckpoint(every_n_rollouts=3).state_key
     with pytest.raises(ValueError, match="every_n_rollouts must be >= 1, got 0"):
         RolloutCheckpoint(every_n_rollouts=0)
+    # Every ModelCheckpoint argument reaches it as given; its own step and epoch triggers are off (0).
+    given = RolloutCheckpoint(
+        dirpath=d,
+        monitor="score",
+        verbose=True,
+        save_last="link",
+        save_top_k=3,
+        save_on_exception=True,
+        save_weights_only=True,
+        mode="max",
+        enable_version_counter=False,
+    )
+    assert (given.dirpath, given.monitor, given.verbose, given.save_last, given.save_top_k) == (
+        d,
+        "score",
+        True,
+        "link",
+        3,
+    )
+    assert (given.save_on_exception, given.save_weights_only, given.mode, given._enable_version_counter) == (
+        True,
+        True,
+        "max",
+        False,
+    )
+    assert (given._every_n_train_steps, given._every_n_epochs, given.filename) == (0, 0, "{rollout}")
 
 
 class _NoRollouts(pl.LightningModule):

@@ -142,6 +142,19 @@ def test_held_out_keep_best_judges_the_policy_after_the_evaluated_rollout(monkey
     assert module.policy.weight.flatten().tolist() == [2.0, 2.0]
 
 
+def test_the_held_out_sampler_takes_every_held_out_setting():
+    from rlhf_lit.callbacks.guard import HeldOut
+    from rlhf_lit.models.generation import SamplingConfig
+
+    sampling = SamplingConfig(max_new_tokens=5)
+    judge = "rlhf_lit.evaluation.judges:vader"
+    settings = dict(prompts=["a", "b"], every_n_rollouts=3, judge=judge, seed=7, sampling=sampling)
+    held_out = HeldOut(**settings, chat_template="never", judge_reads="query_response")
+    sampler = OverOptimisationGuard(held_out=held_out).sampler
+    assert (sampler.prompts, sampler.every_n_rollouts, sampler.seed, sampler.sampling) == (["a", "b"], 3, 7, sampling)
+    assert (sampler.chat_template, sampler.judge_reads, sampler.judge.spec) == ("never", "query_response", judge)
+
+
 @pytest.mark.parametrize("split", [2, 3, 5])
 def test_the_state_resumes_exactly(split):
     def guard() -> OverOptimisationGuard:

@@ -59,3 +59,21 @@ def test_the_cli_adds_the_bar_only_where_a_bar_is_wanted_and_none_is_configured(
     assert default_progress_bar({"enable_progress_bar": False}) is None  # Lightning refuses a bar then
     assert default_progress_bar({"callbacks": [TQDMProgressBar()]}) is None  # the config's own bar
     assert default_progress_bar({"callbacks": TQDMProgressBar()}) is None
+
+
+def test_every_bar_writes_to_stderr_and_the_training_bar_reads_seconds_per_unit():
+    import sys
+
+    trainer = _trainer(state=SimpleNamespace(fn="fit"))
+    bar = _started(trainer, SimpleNamespace(rollout_index=0, max_rollouts=4))
+    bars = {"train": bar.train_progress_bar, "validation": bar.init_validation_tqdm(), "sanity": bar.init_sanity_tqdm()}
+    assert all(b.fp._wrapped is sys.stderr for b in bars.values())  # stdout stays clean for results
+    assert bars["train"].bar_format == RunProgressBar.BAR_FORMAT  # rate_fmt: "40.0s/rollout"
+    assert "{rate_fmt}" in RunProgressBar.BAR_FORMAT
+    assert bars["validation"].bar_format == bars["sanity"].bar_format == TQDMProgressBar.BAR_FORMAT
+    # Below the training bar while fitting; the validation bar is cleared, the sanity bar too.
+    assert (-bars["validation"].pos, bars["validation"].leave, bars["sanity"].leave) == (
+        1,
+        False,
+        False,
+    )  # tqdm: -position

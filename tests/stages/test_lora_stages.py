@@ -106,3 +106,22 @@ def test_cpu_flags_are_read_from_the_flags_line(tmp_path):
     info.write_text("processor\t: 0\nflags\t\t: fpu avx2 amx_bf16\nbugs\t\t: spectre\n")
     assert cpu_flags(str(info)) == frozenset({"fpu", "avx2", "amx_bf16"})
     assert cpu_flags(str(tmp_path / "missing")) is None
+
+
+def test_the_shared_stage_settings_are_kept_with_their_defaults_and_lora_as_a_dict(stories_path):
+    # Written out by hand: the PretrainedStage arguments (defaults unless given) and how hparams keep them.
+    module = SFTModule(stories_path, lora=LoRAConfig(r=4), max_skipped_updates=5)
+    expected = {
+        "tokenizer": None,
+        "missing_pad": "add",
+        "dtype": "float32",
+        "export_dir": None,
+        "export_existing": "refuse",
+        "max_skipped_updates": 5,
+        "revision": None,
+        "trust_remote_code": False,
+        "lora": {"r": 4, "alpha": 16.0, "dropout": 0.0, "target_modules": None, "export": "merged"},
+        "gradient_checkpointing": False,
+    }
+    assert {name: module.hparams[name] for name in expected} == expected
+    assert module.hparams["model"] == stories_path

@@ -12,12 +12,12 @@ rollout's checkpoint holds the guard's state with that rollout in it.
 from __future__ import annotations
 
 import logging
+from dataclasses import fields
 from typing import Any
 
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
-from lightning.pytorch.utilities import rank_zero_only
 
 from rlhf_lit.callbacks.guard.policy_copy import copy_weights, restore_weights
 from rlhf_lit.callbacks.guard.signals import (
@@ -35,7 +35,7 @@ from rlhf_lit.callbacks.guard.signals import (
     ProxyGoldSignal,
 )
 from rlhf_lit.callbacks.guard.verdicts import Verdict, persistent
-from rlhf_lit.callbacks.online_generation import OnlineGeneration
+from rlhf_lit.callbacks.online_generation import OnlineGeneration, log_to_loggers
 from rlhf_lit.callbacks.preemption import Preemption
 from rlhf_lit.stages.base import as_config
 
@@ -44,6 +44,14 @@ log = logging.getLogger(__name__)
 SIGNALS: tuple[str, ...] = ("proxy_gold", "disagreement", "kl", "length", "distinct", "objective")
 """The guard's signals, in the order they are evaluated (and named in ``guard/<signal>/*``)."""
 STATE_VERSION = 1
+RESTORED = ("rollouts", "stopped_at", "keep_best_from", "best_weights")
+"""The parts of the guard's state a resume restores as they were saved (the others are rebuilt or merged)."""
+
+
+def _warn(trainer: Trainer, message: str, *args: Any) -> None:
+    """One warning line of the guard, on rank 0 (every rank takes the same decision)."""
+    if trainer.is_global_zero:
+        log.warning("over-optimisation guard: " + message, *args)
 
 
 class OverOptimisationGuard(Callback):
@@ -132,15 +140,8 @@ class OverOptimisationGuard(Callback):
             raise ValueError("guard held_out.prompts is empty: give the held-out prompts, or drop held_out")
         if self.held_out.every_n_rollouts < 1:
             raise ValueError(f"guard held_out.every_n_rollouts must be >= 1, got {self.held_out.every_n_rollouts}")
-        return OnlineGeneration(
-            self.held_out.prompts,
-            self.held_out.every_n_rollouts,
-            self.held_out.sampling,
-            self.held_out.seed,
-            self.held_out.judge,
-            self.held_out.judge_reads,
-            chat_template=self.held_out.chat_template,
-        )
+        # every HeldOut setting is the OnlineGeneration argument of its name
+        return OnlineGeneration(**{f.name: getattr(self.held_out, f.name) for f in fields(HeldOut)})
 
     def _check_sources(self) -> None:
         """Refuse a signal or keep_best that reads a held-out evaluation the settings do not make."""
@@ -207,33 +208,17 @@ class OverOptimisationGuard(Callback):
         if self.keep_best_from is None:
             return
         if self.best is None or self.best_weights is None:
-            if trainer.is_global_zero:
-                log.warning(
-                    "over-optimisation guard: keep_best acted but no policy had a value of %s: exporting the "
-                    "last policy",
-                    self.keep_best.metric,
-                )
+            message = "keep_best acted but no policy had a value of %s: exporting the last policy"
+            _warn(trainer, message, self.keep_best.metric)
             return
         kept, value = self.best
         if kept == self.rollouts:
-            if trainer.is_global_zero:
-                log.warning(
-                    "over-optimisation guard: the last policy (after rollout %d) is the best (%s = %.6g); exporting it",
-                    kept,
-                    self.keep_best.metric,
-                    value,
-                )
+            message = "the last policy (after rollout %d) is the best (%s = %.6g); exporting it"
+            _warn(trainer, message, kept, self.keep_best.metric, value)
             return
         restore_weights(pl_module.policy, self.best_weights)
-        if trainer.is_global_zero:
-            log.warning(
-                "over-optimisation guard: exporting the policy after rollout %d (the best: %s = %.6g), "
-                "not the last (after rollout %d)",
-                kept,
-                self.keep_best.metric,
-                value,
-                self.rollouts,
-            )
+        message = "exporting the policy after rollout %d (the best: %s = %.6g), not the last (after rollout %d)"
+        _warn(trainer, message, kept, self.keep_best.metric, value, self.rollouts)
 
     # ------------------------------------------------------------------ one rollout
     def observe(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -260,7 +245,7 @@ class OverOptimisationGuard(Callback):
             if self.action(name) is not None:
                 texts += self._apply(trainer, name, n, metrics, logged)
         self.rollouts = n
-        self._log(trainer, n - 1, logged, texts)
+        log_to_loggers(trainer, n - 1, logged, "guard", "\n\n".join(texts))
 
     def _apply(self, trainer: Trainer, name: str, n: int, metrics: dict, logged: dict[str, float]) -> list[str]:
         """Signal ``name``'s verdict, streak and action for rollout ``n``; the lines it wrote."""
@@ -304,8 +289,7 @@ class OverOptimisationGuard(Callback):
         if metric is None or name in self.unavailable or metric in metrics or "objective/scores" not in metrics:
             return  # a skipped rollout (non-finite) logs no metrics: that says nothing about the run
         self.unavailable.add(name)
-        if trainer.is_global_zero:
-            log.warning("over-optimisation guard: %s is not available: this run does not log %s", name, metric)
+        _warn(trainer, "%s is not available: this run does not log %s", name, metric)
 
     def _evaluate(self, trainer: Trainer, pl_module: LightningModule, n: int) -> Evaluation:
         """The held-out evaluation of the policy now; rank 0's means, the same on every rank."""
@@ -331,41 +315,21 @@ class OverOptimisationGuard(Callback):
         self.best = (policy_rollouts, float(value))
         self.best_weights = weights if weights is not None else copy_weights(pl_module.policy)
 
-    @rank_zero_only
-    def _log(self, trainer: Trainer, step: int, metrics: dict[str, float], texts: list[str]) -> None:
-        for logger in trainer.loggers:
-            if metrics:
-                logger.log_metrics(metrics, step=step)
-            experiment = getattr(logger, "experiment", None)
-            if texts and hasattr(experiment, "add_text"):
-                experiment.add_text("guard", "\n\n".join(texts), global_step=step)
-
     # ------------------------------------------------------------------ resume
     def state_dict(self) -> dict[str, Any]:
         """Everything a resumed run needs to continue the guard exactly (in the Lightning checkpoint)."""
-        return {
-            "version": STATE_VERSION,
-            "rollouts": self.rollouts,
-            "history": self.history,
-            "evaluations": [(e.rollouts, e.score, e.judge) for e in self.evaluations],
-            "streaks": self.streaks,
-            "active": self.active,
-            "stopped_at": self.stopped_at,
-            "keep_best_from": self.keep_best_from,
-            "best": self.best,
-            "best_weights": self.best_weights,
-            "unavailable": sorted(self.unavailable),
-        }
+        kept = {name: getattr(self, name) for name in (*RESTORED, "history", "streaks", "active", "best")}
+        evaluations = [(e.rollouts, e.score, e.judge) for e in self.evaluations]
+        return {"version": STATE_VERSION, **kept, "evaluations": evaluations, "unavailable": sorted(self.unavailable)}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`'s state."""
-        self.rollouts = state_dict["rollouts"]
+        for name in RESTORED:
+            setattr(self, name, state_dict[name])
         for name in self.history:  # a metric this guard tracks that the saved one did not: unknown so far
             self.history[name] = list(state_dict["history"].get(name, [None] * self.rollouts))
         self.evaluations = [Evaluation(*e) for e in state_dict["evaluations"]]
         self.streaks.update(state_dict["streaks"])
         self.active.update(state_dict["active"])
-        self.stopped_at, self.keep_best_from = state_dict["stopped_at"], state_dict["keep_best_from"]
         self.best = tuple(state_dict["best"]) if state_dict["best"] is not None else None
-        self.best_weights = state_dict["best_weights"]
         self.unavailable = set(state_dict["unavailable"])

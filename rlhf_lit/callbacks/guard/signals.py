@@ -37,13 +37,16 @@ class Evaluation:
     judge: float | None
 
 
-def _check_common(name: str, action: Action | None, patience: int, *windows: int) -> None:
+def _check_common(name: str, action: Action | None, patience: int, *windows: int, fitted: bool = False) -> None:
+    """The settings every signal has; ``fitted``: the first window is a fitted line's (3 points at least)."""
     if action not in (None, "warn", "stop", "keep_best"):
         raise ValueError(f"guard {name}.action must be warn, stop or keep_best, got {action!r}")
     if patience < 1:
         raise ValueError(f"guard {name}.patience must be >= 1, got {patience}")
     if any(w < 1 for w in windows):
         raise ValueError(f"guard {name}: windows must be >= 1, got {list(windows)}")
+    if fitted and windows[0] < 3:
+        raise ValueError(f"guard {name}.window must be >= 3 (a fitted line), got {windows[0]}")
 
 
 @dataclass
@@ -66,9 +69,7 @@ class ProxyGoldSignal:
 
     def check(self) -> None:
         """Refuse settings no run can use."""
-        _check_common("proxy_gold", self.action, self.patience, self.window)
-        if self.window < 3:
-            raise ValueError(f"guard proxy_gold.window must be >= 3 (a fitted line), got {self.window}")
+        _check_common("proxy_gold", self.action, self.patience, self.window, fitted=True)
 
     def verdict(self, history: History, evaluations: Sequence[Evaluation]) -> Verdict | None:
         """The rule on the held-out evaluations or on the rollouts' scores and judge."""
@@ -171,11 +172,9 @@ class KLSignal:
 
     def check(self) -> None:
         """Refuse settings no run can use."""
-        _check_common("kl", self.action, self.patience, self.window)
+        _check_common("kl", self.action, self.patience, self.window, fitted=True)
         if self.action is not None and self.ceiling is None and self.max_rate is None:
             raise ValueError("guard kl: set kl.ceiling or kl.max_rate (or both) with kl.action")
-        if self.window < 3:
-            raise ValueError(f"guard kl.window must be >= 3 (a fitted line), got {self.window}")
 
     def verdict(self, history: History, evaluations: Sequence[Evaluation] = ()) -> Verdict | None:
         """The ceiling's verdict if it holds, else the rate's; None when neither is available."""
@@ -208,9 +207,7 @@ class ObjectiveSignal:
 
     def check(self) -> None:
         """Refuse settings no run can use."""
-        _check_common("objective", self.action, self.patience, self.window)
-        if self.window < 3:
-            raise ValueError(f"guard objective.window must be >= 3 (a fitted line), got {self.window}")
+        _check_common("objective", self.action, self.patience, self.window, fitted=True)
 
     def verdict(self, history: History, evaluations: Sequence[Evaluation] = ()) -> Verdict | None:
         """The falling rule on ``metric``'s history."""
