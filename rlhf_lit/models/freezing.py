@@ -2,11 +2,13 @@
 
 :func:`freeze_lower_layers` leaves the top N transformer blocks trainable, with everything that runs
 after them (the final norm, a reward model's score head, a value head, an LM head of its own) and
-freezes the rest: every embedding (token and position) and the blocks below. A frozen parameter has
-``requires_grad`` False, so it receives no gradient and has no optimizer state, and since nothing
-below the top blocks requires a gradient, autograd records nothing there: the backward pass stops at
-the first trainable block (the time saved is the lower blocks' backward, about two thirds of their
-cost, and their stored activations).
+freezes the rest: every embedding (token and position), whatever runs before the blocks (an
+embedding norm, an input projection) and the blocks below. What runs before or after the blocks is
+found by running the model once on one token and noting the order its modules are called in, so no
+architecture is named here. A frozen parameter has ``requires_grad`` False, so it receives no
+gradient and has no optimizer state, and since nothing below the top blocks requires a gradient,
+autograd records nothing there: the backward pass stops at the first trainable block (the time saved
+is the lower blocks' backward, about two thirds of their cost, and their stored activations).
 
 An LM head tied to the input embeddings (SmolLM2, GPT-2, Llama 3.2 1B) is the embedding matrix itself:
 it stays frozen, for training it would send a gradient through every block down to the input
@@ -15,6 +17,7 @@ lookup and save nothing.
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 
@@ -29,6 +32,27 @@ def transformer_blocks(model: nn.Module) -> nn.ModuleList:
     return max(lists, key=lambda m: sum(p.numel() for p in m.parameters()))
 
 
+def modules_run_before(model: nn.Module, first: nn.Module) -> list[nn.Module]:
+    """The modules with parameters of their own that ``model`` calls before ``first`` in a forward pass
+    of one token (found with pre-hooks; the pass runs without gradients)."""
+    order: list[nn.Module] = []
+    hooks = [
+        m.register_forward_pre_hook(lambda module, args: order.append(module))
+        for m in model.modules()
+        if any(True for _ in m.parameters(recurse=False))
+    ]
+    hooks.append(first.register_forward_pre_hook(lambda module, args: order.append(first)))
+    device = next(model.parameters()).device
+    try:
+        with torch.no_grad():
+            one = torch.ones(1, 1, dtype=torch.long, device=device)
+            model(input_ids=one, attention_mask=one)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return order[: order.index(first)] if first in order else []
+
+
 def freeze_lower_layers(model: nn.Module, trainable_layers: int | None) -> nn.Module:
     """Freeze all of ``model`` but its top ``trainable_layers`` blocks and what follows them (see the
     module docstring); None leaves it as it is. Returns the same model.
@@ -41,19 +65,14 @@ def freeze_lower_layers(model: nn.Module, trainable_layers: int | None) -> nn.Mo
         raise ValueError(
             f"trainable_layers must be between 1 and the model's {len(blocks)} transformer blocks, got {trainable_layers}"
         )
+    for module in modules_run_before(model, blocks[0]):  # an embedding norm, an input projection
+        module.requires_grad_(False)
     for block in blocks[: len(blocks) - trainable_layers]:
         block.requires_grad_(False)
     for module in model.modules():
         if isinstance(module, nn.Embedding):  # token and position embeddings (and a head tied to them)
             module.requires_grad_(False)
     return model
-
-
-def trainable_share(model: nn.Module) -> float:
-    """The fraction of ``model``'s parameters (each counted once) that train."""
-    params = list(model.parameters())  # shared (tied) parameters are listed once
-    total = sum(p.numel() for p in params)
-    return sum(p.numel() for p in params if p.requires_grad) / max(total, 1)
 
 
 def check_trainable_layers(trainable_layers: int | None, **adapters: object) -> None:

@@ -49,3 +49,35 @@ def test_nothing_changes_without_it_and_bad_counts_are_refused(stories_path):
         check_trainable_layers(0)
     with pytest.raises(ValueError, match="trainable_layers and lora both choose what trains"):
         check_trainable_layers(2, lora=LoRAConfig(r=4))
+
+
+@pytest.mark.parametrize("kind", ["bloom", "opt"])
+def test_what_runs_before_the_blocks_is_frozen_too(kind):
+    # BLOOM normalises its embeddings and OPT-350m projects them in before block 0: neither may train,
+    # or the backward pass would run through every frozen block to reach them.
+    from transformers import BloomConfig, BloomForCausalLM, OPTConfig, OPTForCausalLM
+
+    torch.manual_seed(0)
+    if kind == "bloom":
+        model, before = (
+            BloomForCausalLM(BloomConfig(vocab_size=64, hidden_size=16, n_layer=3, n_head=2)),
+            "word_embeddings_layernorm",
+        )
+    else:
+        config = OPTConfig(
+            vocab_size=64,
+            hidden_size=16,
+            num_hidden_layers=3,
+            num_attention_heads=2,
+            ffn_dim=32,
+            word_embed_proj_dim=8,
+            max_position_embeddings=32,
+        )
+        model, before = OPTForCausalLM(config), "project_in"
+    freeze_lower_layers(model, 1)
+    assert not any(before in n for n in _trainable(model))
+    ids = torch.tensor([[1, 5, 7, 9]])
+    model(input_ids=ids, labels=ids).loss.backward()
+    lower = [n for n, p in model.named_parameters() if p.grad is not None and (before in n or ".0." in n or ".1." in n)]
+    assert lower == []
+    assert any(p.grad is not None for n, p in model.named_parameters() if ".2." in n)
