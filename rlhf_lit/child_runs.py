@@ -92,10 +92,10 @@ class Stopped(SystemExit):
 
 
 def signal_for(error: BaseException) -> int:
-    """The signal children get when ``error`` stops their wait: the one received, SIGINT for Ctrl-C, else SIGTERM."""
-    if isinstance(error, Stopped):
-        return error.signum
-    return signal.SIGINT if isinstance(error, KeyboardInterrupt) else signal.SIGTERM
+    """The signal children get when ``error`` stops their wait, whatever it is (SIGTERM, SIGINT, Ctrl-C, any
+    exception): SIGTERM, on which an rlhf-lit fit finishes its step and writes ``last.ckpt``
+    (:class:`~rlhf_lit.callbacks.preemption.Preemption`); on SIGINT it would stop without one."""
+    return signal.SIGTERM
 
 
 @contextmanager
@@ -130,7 +130,10 @@ def start(cmd: Sequence[str], log: IO[str], env: dict[str, str] | None = None) -
     """``cmd`` in a child process, its :func:`header` then its output written to ``log`` (an open text file)."""
     log.write(header(cmd))
     log.flush()
-    return subprocess.Popen(list(cmd), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+    # A session of its own: a terminal's Ctrl-C reaches the parent alone, which stops the child with SIGTERM.
+    return subprocess.Popen(
+        list(cmd), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True
+    )
 
 
 def _send(child: subprocess.Popen, signum: int) -> None:

@@ -463,7 +463,7 @@ def _forkable(cmd, args: tuple, kwargs: dict) -> bool:
     stdout, stderr = kwargs.get("stdout"), kwargs.get("stderr")
     if subprocess.PIPE in (stdout, stderr) or kwargs.get("stdin") not in (None, subprocess.DEVNULL):
         return False  # (a fork's stdin is /dev/null)
-    if set(kwargs) - {"stdout", "stderr", "stdin", "env", "cwd", "text", "encoding", "errors"}:
+    if set(kwargs) - {"stdout", "stderr", "stdin", "env", "cwd", "text", "encoding", "errors", "start_new_session"}:
         return False
     environ = kwargs.get("env") or os.environ
     return all(environ.get(name) == os.environ.get(name) for name in READ_AT_IMPORT)
@@ -472,7 +472,9 @@ def _forkable(cmd, args: tuple, kwargs: dict) -> bool:
 class _ForkedChild(ForkedProcess):
     """A forked ``python -m <module>`` child with what :mod:`subprocess` and the demo's runner use."""
 
-    def __init__(self, cmd, stdout=None, stderr=None, env=None, cwd=None, stdin=None, **_text_options):
+    def __init__(
+        self, cmd, stdout=None, stderr=None, env=None, cwd=None, stdin=None, start_new_session=False, **_text_options
+    ):
         out = 1 if stdout is None else (stdout if isinstance(stdout, int) else stdout.fileno())
         err = (
             out
@@ -490,7 +492,7 @@ class _ForkedChild(ForkedProcess):
             dict(env if env is not None else os.environ),
             out,
             err,
-            False,
+            start_new_session,
             fork_children=children,
             fork_ranks=_FORKED_HERE["ranks"],
         )
