@@ -2,10 +2,10 @@
 the offline demo's runs.
 
 - :func:`start`: a child whose log opens with its command line (:func:`header`), then its output (stdout and
-  stderr), stdin closed;
+  stderr), stdin closed, in a session of its own (a terminal's Ctrl-C reaches the parent alone);
 - :func:`run`: start and wait; its exit status (:func:`run_logged`: timed, :class:`RunFailed` unless 0). Whatever
   ends the wait first (an exception; SIGTERM or SIGINT raised by :func:`stop_on_signals`) stops the child too
-  (:func:`stop`): it gets the same signal (SIGTERM for anything else), :data:`GRACE_S` seconds to end (a fit ends
+  (:func:`stop`): it gets SIGTERM (:func:`signal_for`), :data:`GRACE_S` seconds to end (a fit ends
   its step or rollout and writes ``last.ckpt``), then SIGKILL. No child outlives the wait to hold its run
   directory's lock.
 - :func:`run_pool`: a function over jobs, N at a time in threads that each wait on their children. After a failure

@@ -11,7 +11,7 @@ output goes to ``DIR/seed_S.log`` (appended to); the runs go one after another, 
 a time. The first run that fails stops the rest (runs already going are let finish) with one line
 ``rlhf-lit: error: seed S failed (exit status N): <its last error line>; its log: DIR/seed_S.log``,
 exit status 1. Each seed's run directory and log are printed. The runs are :mod:`rlhf_lit.child_runs`': SIGTERM
-or SIGINT to ``rlhf-lit seeds`` is passed on to the running ones, which are waited for (a fit ends its step and
+or SIGINT to ``rlhf-lit seeds`` stops the running ones with SIGTERM, and they are waited for (a fit ends its step and
 writes ``last.ckpt``; killed after :data:`~rlhf_lit.child_runs.GRACE_S` s), and it exits with status 143 or 130.
 
 Resumable: a seed whose run directory already holds the finished export of the command's stage is
