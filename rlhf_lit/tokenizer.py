@@ -11,6 +11,7 @@ from typing import Any, Literal, get_args
 
 from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerBase
 
+from rlhf_lit.choices import check_choice
 from rlhf_lit.sources import TOKENIZER_FILES, DamagedSource, SourceError, from_pretrained, unloadable_tokenizer
 
 log = logging.getLogger(__name__)
@@ -55,8 +56,7 @@ def template_choice(value: Any, name: str) -> TemplateChoice:
     removed in 0.3.0, mapped by :data:`TEMPLATE_ALIASES`); ``ValueError`` naming ``name`` and the
     canonical choices otherwise."""
     choice = TEMPLATE_ALIASES.get(value, value) if isinstance(value, str) else value
-    if choice not in TEMPLATE_CHOICES:
-        raise ValueError(f"{name} must be one of {', '.join(TEMPLATE_CHOICES)}; got {value!r}")
+    check_choice(name, choice, TEMPLATE_CHOICES)  # an alias maps into the choices: a refused value is as given
     return choice
 
 

@@ -14,6 +14,7 @@ import dataclasses
 import logging
 from collections import Counter
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any, ClassVar
 
 import lightning as L
@@ -21,6 +22,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from rlhf_lit.data.adapters import AUTO, AdapterOptions, Example, Fields, Kind, adapt, check_fields, check_format
+from rlhf_lit.data.chat import AssistantTurns
 from rlhf_lit.data.collate import require_pad_id
 from rlhf_lit.data.conversation import is_conversation
 from rlhf_lit.data.demonstrations import encode_demonstrations, refused_conversation, template_errors
@@ -278,18 +280,23 @@ class TextDataModule(L.LightningDataModule):
         format, max_records = getattr(self, f"{name}_format"), getattr(self, f"{name}_max_records")
         examples, format = self._examples(path, format=format, kind="sft", max_records=max_records)
         self._record_format(f"{name}_format", format)
+        return self._encode_split(
+            encoder, examples, name, partial(self._demonstrations, turns="all", max_length=max_length)
+        )
 
-        def encode(encoder: TextEncoder, examples: list[Example]) -> list[dict[str, Any]]:
-            return encode_demonstrations(
-                encoder,
-                examples,
-                turns="all",
-                max_prompt_length=self.max_prompt_length,
-                max_length=max_length,
-                counts=self.truncated,
-            )
-
-        return self._encode_split(encoder, examples, name, encode)
+    def _demonstrations(
+        self, encoder: TextEncoder, examples: list[Example], turns: AssistantTurns, max_length: int
+    ) -> list[dict[str, Any]]:
+        """SFT items of ``examples`` (:func:`~rlhf_lit.data.demonstrations.encode_demonstrations`) with the
+        module's ``max_prompt_length``, the cuts counted as this source's."""
+        return encode_demonstrations(
+            encoder,
+            examples,
+            turns=turns,
+            max_prompt_length=self.max_prompt_length,
+            max_length=max_length,
+            counts=self.truncated,
+        )
 
     def _encode_split(
         self,

@@ -49,13 +49,6 @@ def freeze_lower_layers(model: nn.Module, trainable_layers: int | None) -> nn.Mo
     return model
 
 
-def trainable_share(model: nn.Module) -> float:
-    """The fraction of ``model``'s parameters (each counted once) that train."""
-    params = list(model.parameters())  # shared (tied) parameters are listed once
-    total = sum(p.numel() for p in params)
-    return sum(p.numel() for p in params if p.requires_grad) / max(total, 1)
-
-
 def check_trainable_layers(trainable_layers: int | None, **adapters: object) -> None:
     """Refuse ``trainable_layers`` below 1, or beside LoRA adapters (the ``adapters`` given by option
     name, e.g. ``lora=...``): both choose what trains, so one of them must be left unset."""

@@ -139,6 +139,11 @@ class Generated:
     logprobs: torch.Tensor | None = None
     entropy: torch.Tensor | None = None
 
+    @property
+    def prompt_length(self) -> int:
+        """P, the padded prompt length."""
+        return self.query_responses.shape[1] - self.response_ids.shape[1]
+
     def rows(self, start: int | torch.Tensor, stop: int | None = None) -> Generated:
         """Rows ``start:stop`` of every field, or the rows a ``(M,)`` index tensor ``start`` names."""
         index = start if stop is None else slice(start, stop)
@@ -152,9 +157,8 @@ class Generated:
         the order of float sums) for less work; its per-token fields have ``R'`` <= R columns, the
         first ``R'`` response positions.
         """
-        prompt_length = self.query_responses.shape[1] - self.response_ids.shape[1]
-        first, stop = attended_span(self.attention_mask, prompt_length)
-        kept = stop - prompt_length  # R'
+        first, stop = attended_span(self.attention_mask, self.prompt_length)
+        kept = stop - self.prompt_length  # R'
         return Generated(
             self.query_responses[:, first:stop],
             self.attention_mask[:, first:stop],

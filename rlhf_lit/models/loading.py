@@ -10,6 +10,7 @@ from typing import Literal
 import torch
 from torch import nn
 from transformers import (
+    AutoConfig,
     AutoModelForCausalLM,
     AutoModelForSequenceClassification,
     PreTrainedModel,
@@ -179,6 +180,17 @@ def load_reward_model(
     head is a mistake worth the report.
     """
     return _load(AutoModelForSequenceClassification, **locals(), num_labels=1)  # the arguments above, by name
+
+
+def has_score_head(
+    name_or_path: str, what: str = "model", revision: str | None = None, trust_remote_code: bool = False
+) -> bool:
+    """True when the checkpoint is a sequence-classification model: it ships its own score head (else
+    :func:`load_reward_model` creates one). ``what`` names it in errors."""
+    config = from_pretrained(
+        AutoConfig.from_pretrained, name_or_path, what, revision=revision, trust_remote_code=trust_remote_code
+    )
+    return any(a.endswith("ForSequenceClassification") for a in config.architectures or [])
 
 
 def init_reward_head(head: nn.Linear) -> None:

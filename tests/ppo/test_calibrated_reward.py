@@ -130,10 +130,16 @@ class _Reference:
 
 
 class _Stage:
-    """Scores every row with two ensemble members' fixed scores."""
+    """Scores every row with two ensemble members' fixed scores; the reference, sources and tokenizer given."""
 
-    def __init__(self, members):
-        self.members = members
+    def __init__(self, members, reference, reward_sources, tokenizer):
+        self.members, self.reference, self.reward_sources, self.tokenizer = (
+            members,
+            reference,
+            reward_sources,
+            tokenizer,
+        )
+        self.sampling, self.ppo, self.stop_ids = SamplingConfig(), PPOConfig(), (EOS,)
 
     def stream_generator(self, stream):
         return torch.Generator().manual_seed(stream)
@@ -158,17 +164,8 @@ def test_an_ensemble_is_calibrated_on_its_aggregate_with_the_reward_functions_in
     reward = RewardConfig(
         sources=sources, calibration="reference_quantile", calibration_samples=3, calibration_transform="log"
     )
-    calibration = ReferenceCalibration(
-        reward,
-        SamplingConfig(),
-        PPOConfig(),
-        _Reference(gen),
-        RewardSources(sources),
-        tokenizer,
-        (EOS,),
-        sample_responses,
-    )
-    drawn = calibration.draw(_Stage(members), prompts)
+    calibration = ReferenceCalibration(reward, sample_responses)
+    drawn = calibration.draw(_Stage(members, _Reference(gen), RewardSources(sources), tokenizer), prompts)
     # worst case of the members + 0.5 * (length + 1): 1.0 + 0.5 * 2 = 2.0; -1.0 + 0.5 * 3 = 0.5; 2.0 + 0.5 * 4 = 4.0
     assert drawn.tolist() == [[2.0, 0.5, 4.0]]
     calibrated, parts = calibration.calibrate(torch.tensor([2.0, 5.0]), torch.tensor([[2.0, 0.5, 4.0]]))

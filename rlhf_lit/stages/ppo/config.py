@@ -6,12 +6,12 @@ its own values; settings that cannot work together raise here, nothing is rewrit
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
 import torch
 
+from rlhf_lit.choices import check_choice
 from rlhf_lit.functional import (
     AGGREGATES,
     CALIBRATION_TRANSFORMS,
@@ -39,12 +39,6 @@ WhitenScope = Literal["global", "rank"]
 ``global``, the rollout batch of all processes together (one statistic, whatever the number of
 processes; two small all-reduces per whitening); ``rank``, each process's own rows (TRL's way: the
 update then depends on how the batch is split). On one process the two are the same statistic."""
-
-
-def check_choice(name: str, value: Any, choices: Sequence[str]) -> None:
-    """The one error for the option ``name`` set to none of its ``choices``."""
-    if value not in choices:
-        raise ValueError(f"{name} must be one of {', '.join(choices)}; got {value!r}")
 
 
 @dataclass(frozen=True)
