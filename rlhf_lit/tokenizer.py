@@ -11,7 +11,7 @@ from typing import Any, Literal, get_args
 
 from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerBase
 
-from rlhf_lit.choices import check_choice
+from rlhf_lit.option_values import check_choice
 from rlhf_lit.sources import TOKENIZER_FILES, DamagedSource, SourceError, from_pretrained, unloadable_tokenizer
 
 log = logging.getLogger(__name__)

@@ -27,7 +27,7 @@ LAYERS: tuple[frozenset[str], ...] = (
             "artifacts",
             "callable_specs",
             "child_runs",
-            "choices",
+            "option_values",
             "expected_warnings",
             "integrity",
             "run_seed",

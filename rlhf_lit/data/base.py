@@ -38,6 +38,7 @@ from rlhf_lit.data.rendering import (
 )
 from rlhf_lit.data.sampler import ResumableSampler, ShuffleOrder
 from rlhf_lit.data.splits import split_by_fraction
+from rlhf_lit.option_values import check_least
 from rlhf_lit.run_seed import seed_or_run_seed
 
 TRUNCATION_MESSAGES = {
@@ -126,10 +127,8 @@ class TextDataModule(L.LightningDataModule):
         if not 0.0 <= self.val_fraction < 1.0:
             raise ValueError(f"val_fraction must be in [0, 1), got {self.val_fraction}")
         for name in ("batch_size", "prompt_words"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.num_workers < 0:
-            raise ValueError(f"num_workers must be >= 0, got {self.num_workers}")
+            check_least(name, getattr(self, name), 1)
+        check_least("num_workers", self.num_workers, 0)
         if self.max_records is not None and self.max_records < 1:
             raise ValueError(f"max_records must be >= 1 or None, got {self.max_records}")
         # Resolved now (LightningCLI has called seed_everything by the time it builds the module);

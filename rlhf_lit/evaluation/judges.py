@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from typing import Literal, get_args
 
 from rlhf_lit.callable_specs import resolve_callable
-from rlhf_lit.choices import check_choice
+from rlhf_lit.option_values import check_choice
 
 JudgeReads = Literal["response", "query_response"]
 """What a judge reads: the response alone, or the prompt as the policy read it + the response."""

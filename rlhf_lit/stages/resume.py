@@ -119,8 +119,7 @@ def check_module_resume(
             "fit ended, when rlhf-lit had released them); resume from a checkpoint written during fit (last.ckpt), "
             "or load its weights with load_from_checkpoint and start a new run"
         )
-    datamodule = getattr(trainer, "datamodule", None) if trainer is not None else None
-    data_hparams = getattr(datamodule, "hparams", None) if datamodule is not None else None
+    data_hparams = getattr(getattr(trainer, "datamodule", None), "hparams", None)
     check_resume(checkpoint, module.hparams, data_hparams, safe_model_keys, extra, init_defaults(type(module)))
 
 

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from lightning.pytorch.utilities.model_helpers import is_overridden
 
-from rlhf_lit.functional import batch_examples
+from rlhf_lit.functional import batch_examples, batch_sequences
 from rlhf_lit.models import init_reward_head, load_reward_model, score_head
 from rlhf_lit.models.loading import has_score_head
 from rlhf_lit.models.memory import train_mode
@@ -142,9 +142,9 @@ class RewardModelModule(PretrainedStage):
 
     def batch_sequences(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """Every sequence of a batch as one ``(N, T)`` batch
-        (:func:`~rlhf_lit.stages.reward_heads.head.batch_sequences`: pairs' chosen rows then their
+        (:func:`~rlhf_lit.functional.batch_sequences`: pairs' chosen rows then their
         rejected rows, a ranking batch's or a reference batch's rows as they are)."""
-        return head.batch_sequences(batch, self.tokenizer.pad_token_id)
+        return batch_sequences(batch, self.tokenizer.pad_token_id)
 
     def pair_scores(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """Raw scores of the chosen and rejected sequences from ONE forward pass, each ``(B,)``."""

@@ -37,6 +37,7 @@ from rlhf_lit.callbacks.guard.signals import (
 from rlhf_lit.callbacks.guard.verdicts import Verdict, persistent
 from rlhf_lit.callbacks.online_generation import OnlineGeneration, log_to_loggers
 from rlhf_lit.callbacks.preemption import Preemption
+from rlhf_lit.option_values import check_least
 from rlhf_lit.stages.base import as_config
 
 log = logging.getLogger(__name__)
@@ -138,8 +139,7 @@ class OverOptimisationGuard(Callback):
             return None
         if not self.held_out.prompts:
             raise ValueError("guard held_out.prompts is empty: give the held-out prompts, or drop held_out")
-        if self.held_out.every_n_rollouts < 1:
-            raise ValueError(f"guard held_out.every_n_rollouts must be >= 1, got {self.held_out.every_n_rollouts}")
+        check_least("guard held_out.every_n_rollouts", self.held_out.every_n_rollouts, 1)
         # every HeldOut setting is the OnlineGeneration argument of its name
         return OnlineGeneration(**{f.name: getattr(self.held_out, f.name) for f in fields(HeldOut)})
 

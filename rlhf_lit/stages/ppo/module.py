@@ -314,14 +314,7 @@ class PPOModule(PPOCheckpoints, StageModule):
     def reward_model_inputs(self, gen: Generated) -> tuple[torch.Tensor, torch.Tensor]:
         """The rows the reward model reads: as sampled, or with EOS after unfinished responses
         (``reward.unfinished``, :data:`~rlhf_lit.models.scoring.UnfinishedScoring`)."""
-        return reward_model_rows(
-            gen.query_responses,
-            gen.attention_mask,
-            gen.ended,
-            self.reward_cfg.unfinished,
-            self.stop_ids[0],
-            self.tokenizer.pad_token_id,
-        )  # (B, T) or (B, T + 1), x2
+        return reward_model_rows(gen, self.reward_cfg.unfinished, self.stop_ids[0], self.tokenizer.pad_token_id)
 
     def minibatch_loss(self, mb: Rollout, passes: tuple | None = None) -> tuple[torch.Tensor, LossStats]:
         """:func:`~rlhf_lit.stages.ppo.loss.ppo_loss` of the policy (and critic) now, as this rank's share

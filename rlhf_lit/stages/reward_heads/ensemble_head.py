@@ -35,10 +35,10 @@ import torch
 from torch import nn
 from torchmetrics import MeanMetric
 
-from rlhf_lit.choices import check_choice
 from rlhf_lit.functional import batch_examples, is_ranking_batch, member_std
 from rlhf_lit.models import init_reward_head, score_head
 from rlhf_lit.models.reward_ensemble import RewardEnsemble
+from rlhf_lit.option_values import check_choice
 from rlhf_lit.run_seed import seed_or_run_seed
 from rlhf_lit.stages.reward_heads.head import Batch, Log, LossAndStatistics, Sequences, TrainingStep, preference_loss
 from rlhf_lit.stages.reward_heads.validation import RankingValidation

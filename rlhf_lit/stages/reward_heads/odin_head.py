@@ -30,9 +30,9 @@ from typing import Literal, get_args
 import torch
 from torch import nn
 
-from rlhf_lit.choices import check_choice
 from rlhf_lit.functional.length_correlation import head_orthogonality, length_correlation_loss
 from rlhf_lit.models import init_reward_head, score_head, sequence_scores
+from rlhf_lit.option_values import check_choice
 from rlhf_lit.stages.reward_heads.head import (
     Batch,
     LossAndStatistics,
