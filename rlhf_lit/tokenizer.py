@@ -93,6 +93,7 @@ def load_tokenizer(
     if tokenizer.eos_token_id is None:
         raise ValueError(f"tokenizer {name_or_path!r} has no EOS token; rlhf-lit ends responses with EOS")
     if tokenizer.pad_token_id is None:
+        check_choice("missing_pad", missing_pad, get_args(MissingPad))
         if missing_pad == "error":
             raise ValueError(f"tokenizer {name_or_path!r} has no pad token and missing_pad='error'")
         if missing_pad == "add":
@@ -103,8 +104,6 @@ def load_tokenizer(
             if tokenizer.unk_token is None:
                 raise ValueError(f"tokenizer {name_or_path!r} has no pad and no UNK token; use missing_pad='add'")
             tokenizer.pad_token = tokenizer.unk_token
-        else:
-            raise ValueError(f"missing_pad must be one of add, eos, unk, error; got {missing_pad!r}")
         log.warning(
             "tokenizer %s has no pad token: missing_pad=%r set pad_token=%r (id %d)",
             name_or_path,

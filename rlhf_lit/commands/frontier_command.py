@@ -18,7 +18,6 @@ This module is the argparse shell: it reads the results and calls :mod:`rlhf_lit
 
 from __future__ import annotations
 
-import argparse
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -30,7 +29,6 @@ def build_parser() -> CommandParser:
     """The options of ``rlhf-lit frontier``."""
     parser = CommandParser(
         prog="rlhf-lit frontier",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         description="Judge or RM score against KL to the reference, one point per rlhf-lit evaluate result (and per N "
         "of an rlhf-lit best-of-n sweep): a markdown table, a PNG plot and a JSON of the points.",
     )

@@ -27,7 +27,6 @@ prompts, the judge, every labels file already written.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import io
 import os
@@ -71,7 +70,6 @@ def build_parser() -> CommandParser:
     """The options of ``rlhf-lit iterate``."""
     parser = CommandParser(
         prog="rlhf-lit iterate",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         description="Iterated RLHF: per iteration sample the policy on fresh prompts, label the samples, refit the "
         "reward model, run PPO; each fit an ordinary `rlhf-lit fit` under RUN_DIR/iter_<t>. Resumable: run it again.",
     )

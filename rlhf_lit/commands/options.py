@@ -30,7 +30,11 @@ class OptionError(ValueError):
 
 
 class CommandParser(argparse.ArgumentParser):
-    """An argparse parser whose errors read like the rest of rlhf-lit: one ``rlhf-lit: error:`` line, exit 2."""
+    """An argparse parser whose errors read like the rest of rlhf-lit: one ``rlhf-lit: error:`` line, exit 2;
+    its ``--help`` shows each option's default."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(formatter_class=argparse.ArgumentDefaultsHelpFormatter, **kwargs)
 
     def error(self, message: str):
         """Print ``rlhf-lit: error: <message>`` and where the options are listed; exit 2."""

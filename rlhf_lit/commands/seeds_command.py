@@ -24,7 +24,6 @@ export exists then stops at once, as ``--run_dir`` has it).
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from collections.abc import Sequence
@@ -39,7 +38,6 @@ def build_parser() -> CommandParser:
     """The options of ``rlhf-lit seeds`` (the command to run follows ``--``)."""
     parser = CommandParser(
         prog="rlhf-lit seeds",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         usage="rlhf-lit seeds --seeds S [S ...] [--jobs N] -- <command> ... --run_dir DIR ...",
         description="Run an rlhf-lit command (after --) once per seed, with --seed_everything S and its --run_dir DIR "
         "suffixed to DIR/seed_S; each run's output goes to DIR/seed_S.log. A seed whose run directory holds the "

@@ -64,20 +64,8 @@ def sweep(
             per_prompt = (weights * values.to(torch.float64)).sum(-1).tolist()  # (P,)
             return sum(per_prompt) / len(per_prompt), standard_error(per_prompt)  # sample std / sqrt(P)
 
-        judge_mean, judge_stderr = picked(judge_scores)
-        rm_mean, rm_stderr = picked(rm_scores)
-        rows.append(
-            {
-                "n": n,
-                "kl_analytic": best_of_n_kl(n),
-                "judge_mean": judge_mean,
-                "judge_stderr": judge_stderr,
-                "rm_mean": rm_mean,
-                "rm_stderr": rm_stderr,
-                "length_mean": picked(lengths)[0],
-                "ended_fraction": picked(ended)[0],
-            }
-        )
+        values = (n, best_of_n_kl(n), *picked(judge_scores), *picked(rm_scores), picked(lengths)[0], picked(ended)[0])
+        rows.append(dict(zip(ROW_KEYS, values, strict=True)))
     return rows
 
 

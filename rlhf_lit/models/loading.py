@@ -158,7 +158,7 @@ def load_causal_lm(
         revision: Hub revision.
         trust_remote_code: Passed to ``from_pretrained``.
     """
-    return _load(AutoModelForCausalLM, **locals())  # the arguments above, by name
+    return _load(AutoModelForCausalLM, name_or_path, tokenizer, dtype, keep_dropout, revision, trust_remote_code)
 
 
 def load_reward_model(
@@ -179,7 +179,8 @@ def load_reward_model(
     (other missing weights still are). A frozen reward model is loaded without it: there a missing
     head is a mistake worth the report.
     """
-    return _load(AutoModelForSequenceClassification, **locals(), num_labels=1)  # the arguments above, by name
+    args = (name_or_path, tokenizer, dtype, keep_dropout, revision, trust_remote_code, new_head)
+    return _load(AutoModelForSequenceClassification, *args, num_labels=1)
 
 
 def has_score_head(

@@ -215,15 +215,9 @@ class DPOModule(PretrainedStage):
 
     def loss(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The configured DPO-family loss of ``batch`` and its statistics (:func:`~rlhf_lit.functional.dpo_loss`)."""
-        lp = self.pair_logprobs(batch)
+        # the pair logprobs by the names dpo_loss takes them by
         return dpo_loss(
-            lp["logps_chosen"],
-            lp["logps_rejected"],
-            lp["ref_logps_chosen"],
-            lp["ref_logps_rejected"],
-            self.beta,
-            self.loss_kind,
-            self.label_smoothing,
+            **self.pair_logprobs(batch), beta=self.beta, kind=self.loss_kind, label_smoothing=self.label_smoothing
         )
 
     # ----- training and validation -------------------------------------------------------------------

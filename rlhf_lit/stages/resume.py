@@ -257,15 +257,9 @@ def check_loaded_keys(
     """
     missing = [key for key in missing if not key.startswith(frozen_prefixes)]
     if strict and (missing or unexpected):
-        more = lambda keys: ", ".join(sorted(keys)[:5]) + (", ..." if len(keys) > 5 else "")  # noqa: E731
-        raise RuntimeError(
-            "the checkpoint does not fit the model: "
-            + "; ".join(
-                part
-                for part in (
-                    f"missing {len(missing)} weights ({more(missing)})" if missing else "",
-                    f"unexpected {len(unexpected)} weights ({more(list(unexpected))})" if unexpected else "",
-                )
-                if part
-            )
-        )
+        parts = [
+            f"{what} {len(keys)} weights ({', '.join(sorted(keys)[:5])}{', ...' if len(keys) > 5 else ''})"
+            for what, keys in (("missing", missing), ("unexpected", list(unexpected)))
+            if keys
+        ]
+        raise RuntimeError("the checkpoint does not fit the model: " + "; ".join(parts))

@@ -69,14 +69,10 @@ def test_a_rollouts_scores_are_its_quantiles_among_the_reference_samples_and_the
 
     # The reference draws, again by hand: the frozen reference, K rows per prompt, the reference stream.
     (gen,) = drawn
+    # with the module's sampling settings, stop ids and pad (PAD); rollout_seed 7, rank 0, rollout 0
     again = sample_responses(
-        module.ref_policy,
-        repeat_prompts(batch, K),
-        module.sampling,
-        module.stop_ids,
-        PAD,
-        stream_generator(7, 0, 0, STREAM_REFERENCE),
-    )  # rollout_seed 7, rank 0, rollout 0
+        module.ref_policy, repeat_prompts(batch, K), module, stream_generator(7, 0, 0, STREAM_REFERENCE)
+    )
     assert torch.equal(gen.query_responses, again.query_responses)
     references = gen.attention_mask.sum(1).float().view(len(PROMPTS), K).tolist()  # what LengthScored gives them
     raw = rollout.attention_mask.sum(1).float()
@@ -109,13 +105,9 @@ def test_with_lora_the_references_come_from_the_policy_with_its_adapters_disable
     batch = repeat_prompts(prompt_batch(module.tokenizer, PROMPTS), K)
     drawn = module.experience_maker.calibration.sample(module, batch)
     sft = load_causal_lm(STORIES, module.tokenizer).eval()
-    expected = sample_responses(
-        sft, batch, module.sampling, module.stop_ids, PAD, stream_generator(7, 0, 0, STREAM_REFERENCE)
-    )
+    expected = sample_responses(sft, batch, module, stream_generator(7, 0, 0, STREAM_REFERENCE))
     assert torch.equal(drawn.query_responses, expected.query_responses)
-    adapted = sample_responses(
-        module.policy, batch, module.sampling, module.stop_ids, PAD, stream_generator(7, 0, 0, STREAM_REFERENCE)
-    )
+    adapted = sample_responses(module.policy, batch, module, stream_generator(7, 0, 0, STREAM_REFERENCE))
     assert not torch.equal(adapted.query_responses, expected.query_responses)  # the test can tell them apart
 
 

@@ -39,7 +39,7 @@ from rlhf_lit.functional import (
     member_std,
     token_logprobs,
 )
-from rlhf_lit.models.generation import Generated, SamplingConfig, generate_responses
+from rlhf_lit.models.generation import Generated, generate_responses
 from rlhf_lit.models.sharding import gathered_for_generation, is_sharded, reshard
 from rlhf_lit.stages.ppo.checks import check_whitening_rows
 from rlhf_lit.stages.ppo.estimator import repeat_prompts
@@ -123,13 +123,12 @@ Experience = RolloutInfo
 def sample_responses(
     policy: torch.nn.Module,
     batch: dict[str, torch.Tensor],
-    sampling: SamplingConfig,
-    stop_ids: tuple[int, ...],
-    pad_token_id: int,
+    stage: RolloutStage,
     generator: torch.Generator,
     return_logprobs: bool = True,
 ) -> Generated:
-    """Sample responses to the prompts of ``batch`` with the unwrapped ``policy``, recording their logprobs
+    """Sample responses to the prompts of ``batch`` with the unwrapped ``policy`` (the stage's, or its
+    reference), as the ``stage`` samples (its ``sampling``, stop ids and pad id), recording their logprobs
     (``return_logprobs``: the old logprobs or the mismatch metric; a calibrated reward's reference
     samples need none, and are drawn the same without them).
 
@@ -142,9 +141,9 @@ def sample_responses(
             policy,
             batch["input_ids"],
             batch["attention_mask"],
-            sampling,
-            eos_token_id=stop_ids,
-            pad_token_id=pad_token_id,
+            stage.sampling,
+            eos_token_id=stage.stop_ids,
+            pad_token_id=stage.tokenizer.pad_token_id,
             generator=generator,
             synced_gpus=synced,
             return_logprobs=return_logprobs,  # (B, R)

@@ -170,13 +170,7 @@ class PPOModule(PPOCheckpoints, StageModule):
         self.critic_lora_cfg = as_config(LoRAConfig, critic_lora)
         self.memory: MemoryConfig = as_config(MemoryConfig, memory)
         # The one place the estimator is chosen: it decides whether a critic exists at all.
-        self.estimator = AdvantageEstimator(
-            self.ppo.estimator,
-            self.sampling.samples_per_prompt,
-            self.ppo.gamma,
-            self.ppo.lam,
-            self.ppo.whiten_advantages,
-        )
+        self.estimator = AdvantageEstimator(self.ppo, self.sampling.samples_per_prompt)
         # Resolved now: LightningCLI has called seed_everything before it builds the stage.
         self.max_rollouts, self.rollout_seed = max_rollouts, seed_or_run_seed(rollout_seed)
         self.keep_settings(
@@ -296,14 +290,7 @@ class PPOModule(PPOCheckpoints, StageModule):
     def generate(self, batch: dict[str, torch.Tensor]) -> Generated:
         """Sample responses to the prompts of ``batch``
         (:func:`~rlhf_lit.stages.ppo.experience.sample_responses`)."""
-        return sample_responses(
-            self.policy,
-            batch,
-            self.sampling,
-            self.stop_ids,
-            self.tokenizer.pad_token_id,
-            self.stream_generator(STREAM_SAMPLE),
-        )
+        return sample_responses(self.policy, batch, self, self.stream_generator(STREAM_SAMPLE))
 
     def score(self, query_responses: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """The RM's normalised score ``(B,)``, an ensemble's ``(B, M)``

@@ -65,16 +65,8 @@ class ReferenceCalibration:
         """K responses per prompt from the reference, from this rollout's reference stream."""
         generator = stage.stream_generator(STREAM_REFERENCE)
         # The prompt tensors passed apart: the reference moves tensor arguments to its own device.
-        return stage.reference.apply(
-            _sample_with,
-            prompts["input_ids"],
-            prompts["attention_mask"],
-            self.sample_fn,
-            stage.sampling,
-            stage.stop_ids,
-            stage.tokenizer.pad_token_id,
-            generator,
-        )
+        ids, mask = prompts["input_ids"], prompts["attention_mask"]
+        return stage.reference.apply(_sample_with, ids, mask, self.sample_fn, stage, generator)
 
     @torch.no_grad()
     def reference_scores(self, stage: RolloutStage, prompts: dict[str, Any], gen: Generated) -> torch.Tensor:
