@@ -1,4 +1,5 @@
-"""Resolving ``"module:function"`` specs (judges, reward functions) to the callables they name.
+"""Resolving ``"module:function"`` specs (judges, reward functions) to the callables they name, and dotted
+class paths (a config's ``class_path``) to their classes (:func:`import_class`).
 
 One place for the rules and the messages: the spec must have the form ``module:attr[.attr]``, a
 module named by the spec that does not exist is the spec's fault (a ``ValueError`` naming it),
@@ -8,7 +9,18 @@ while a missing dependency inside an existing module is reported as itself.
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Callable
+
+
+def import_class(class_path: str) -> type | None:
+    """The class a dotted path names, or None."""
+    module_name, _, name = str(class_path).rpartition(".")
+    try:
+        found = getattr(importlib.import_module(module_name), name)
+    except (ImportError, AttributeError, ValueError):
+        return None
+    return found if inspect.isclass(found) else None
 
 
 def resolve_callable(spec: str, what: str, example: str) -> Callable:

@@ -11,6 +11,7 @@ from typing import Any, Literal, get_args
 
 from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerBase
 
+from rlhf_lit.option_values import check_choice
 from rlhf_lit.sources import TOKENIZER_FILES, DamagedSource, SourceError, from_pretrained, unloadable_tokenizer
 
 log = logging.getLogger(__name__)
@@ -55,8 +56,7 @@ def template_choice(value: Any, name: str) -> TemplateChoice:
     removed in 0.3.0, mapped by :data:`TEMPLATE_ALIASES`); ``ValueError`` naming ``name`` and the
     canonical choices otherwise."""
     choice = TEMPLATE_ALIASES.get(value, value) if isinstance(value, str) else value
-    if choice not in TEMPLATE_CHOICES:
-        raise ValueError(f"{name} must be one of {', '.join(TEMPLATE_CHOICES)}; got {value!r}")
+    check_choice(name, choice, TEMPLATE_CHOICES)  # an alias maps into the choices: a refused value is as given
     return choice
 
 
@@ -93,6 +93,7 @@ def load_tokenizer(
     if tokenizer.eos_token_id is None:
         raise ValueError(f"tokenizer {name_or_path!r} has no EOS token; rlhf-lit ends responses with EOS")
     if tokenizer.pad_token_id is None:
+        check_choice("missing_pad", missing_pad, get_args(MissingPad))
         if missing_pad == "error":
             raise ValueError(f"tokenizer {name_or_path!r} has no pad token and missing_pad='error'")
         if missing_pad == "add":
@@ -103,8 +104,6 @@ def load_tokenizer(
             if tokenizer.unk_token is None:
                 raise ValueError(f"tokenizer {name_or_path!r} has no pad and no UNK token; use missing_pad='add'")
             tokenizer.pad_token = tokenizer.unk_token
-        else:
-            raise ValueError(f"missing_pad must be one of add, eos, unk, error; got {missing_pad!r}")
         log.warning(
             "tokenizer %s has no pad token: missing_pad=%r set pad_token=%r (id %d)",
             name_or_path,

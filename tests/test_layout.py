@@ -21,7 +21,17 @@ CONTRACTS = ROOT / "docs" / "CONTRACTS.md"
 
 LAYERS: tuple[frozenset[str], ...] = (
     frozenset(
-        {"", "functional", "artifacts", "callable_specs", "child_runs", "expected_warnings", "integrity", "run_seed"}
+        {
+            "",
+            "functional",
+            "artifacts",
+            "callable_specs",
+            "child_runs",
+            "option_values",
+            "expected_warnings",
+            "integrity",
+            "run_seed",
+        }
     ),
     frozenset({"sources", "rewards"}),
     frozenset({"tokenizer", "models"}),

@@ -12,7 +12,7 @@ import pytest
 import torch
 from two_ranks_worker import RANK_ROWS, whitening_inputs
 
-from rlhf_lit.stages.ppo.config import RewardConfig
+from rlhf_lit.stages.ppo.config import PPOConfig, RewardConfig
 from rlhf_lit.stages.ppo.estimator import AdvantageEstimator
 
 
@@ -28,8 +28,8 @@ def test_whitening_through_the_strategy_is_that_of_one_process_on_the_whole_batc
     full = whitening_inputs()
     ended = torch.ones(6, dtype=torch.bool)
     expected = {
-        "gae": AdvantageEstimator("gae")(full["rewards"], full["values"], full["mask"])[0],
-        "reinforce_pp": AdvantageEstimator("reinforce_pp")(full["rewards"], None, full["mask"])[0],
+        "gae": AdvantageEstimator(PPOConfig(estimator="gae"))(full["rewards"], full["values"], full["mask"])[0],
+        "reinforce_pp": AdvantageEstimator(PPOConfig(estimator="reinforce_pp"))(full["rewards"], None, full["mask"])[0],
         "scores": RewardConfig(whiten="scores").shape(full["raw_scores"], ended),
     }
     for name, whole in expected.items():
@@ -38,7 +38,9 @@ def test_whitening_through_the_strategy_is_that_of_one_process_on_the_whole_batc
                 record["whitening"][name], whole[RANK_ROWS[rank]], rtol=1e-6, atol=1e-6, msg=name
             )
     # Whitening rank 0's two short rows by themselves gives another result.
-    alone = AdvantageEstimator("gae")(*(full[k][RANK_ROWS[0]] for k in ("rewards", "values", "mask")))[0]
+    alone = AdvantageEstimator(PPOConfig(estimator="gae"))(
+        *(full[k][RANK_ROWS[0]] for k in ("rewards", "values", "mask"))
+    )[0]
     assert (alone - expected["gae"][RANK_ROWS[0]]).abs().max() > 0.1
     for rank, record in enumerate(ranks):
         assert record["whitening"]["rank_scope_reducer"] is None  # ppo.whiten_scope: rank sums nothing

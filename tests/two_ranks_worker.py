@@ -43,15 +43,19 @@ def reference_texts() -> list[list[str]]:
 
 
 def _whitening(rank: int, trainer) -> dict:
-    from rlhf_lit.stages.ppo.config import RewardConfig
+    from rlhf_lit.stages.ppo.config import PPOConfig, RewardConfig
     from rlhf_lit.stages.ppo.estimator import AdvantageEstimator
     from rlhf_lit.stages.ppo.ranks import sum_over_ranks, whitening_reducer
 
     inputs = {k: v[RANK_ROWS[rank]] for k, v in whitening_inputs().items()}
     reduce_sum = whitening_reducer("global", trainer)
     out = {"rank_scope_reducer": whitening_reducer("rank", trainer)}
-    out["gae"] = AdvantageEstimator("gae")(inputs["rewards"], inputs["values"], inputs["mask"], reduce_sum)[0]
-    out["reinforce_pp"] = AdvantageEstimator("reinforce_pp")(inputs["rewards"], None, inputs["mask"], reduce_sum)[0]
+    out["gae"] = AdvantageEstimator(PPOConfig(estimator="gae"))(
+        inputs["rewards"], inputs["values"], inputs["mask"], reduce_sum
+    )[0]
+    out["reinforce_pp"] = AdvantageEstimator(PPOConfig(estimator="reinforce_pp"))(
+        inputs["rewards"], None, inputs["mask"], reduce_sum
+    )[0]
     ended = torch.ones_like(inputs["raw_scores"], dtype=torch.bool)
     out["scores"] = RewardConfig(whiten="scores").shape(inputs["raw_scores"], ended, reduce_sum)
     given = torch.tensor([1.0, 2.0 + rank])

@@ -38,6 +38,7 @@ from lightning.pytorch.plugins.io import AsyncCheckpointIO
 from lightning.pytorch.trainer.states import TrainerFn
 
 from rlhf_lit.artifacts import hidden_sibling, remove_path, replace_path
+from rlhf_lit.option_values import check_least
 
 ROLLOUT_ATTRIBUTE = "rollout_index"
 """The module attribute holding the number of finished rollouts (``PPOModule.rollout_index``)."""
@@ -50,14 +51,6 @@ OLD_SUFFIX = ".old"
 def temporary_path(filepath: str) -> str:
     """The hidden sibling ``.<name>.tmp`` a checkpoint is written to before its rename."""
     return hidden_sibling(filepath, TMP_SUFFIX)
-
-
-def replace(src: str, dst: str) -> None:
-    """Move ``src`` to ``dst`` in one ``os.replace`` (atomic for files and links). A directory
-    (a sharded checkpoint) cannot replace an existing entry in one rename: the old one is moved
-    aside to ``.<name>.old`` first (:func:`rlhf_lit.artifacts.replace_path`), so ``dst`` is
-    briefly missing but never partial."""
-    replace_path(src, dst, OLD_SUFFIX)
 
 
 def save_atomically(trainer: Trainer, filepath: str, weights_only: bool = False) -> None:
@@ -73,7 +66,7 @@ def save_atomically(trainer: Trainer, filepath: str, weights_only: bool = False)
     trainer.strategy.barrier("rlhf_lit.Checkpoint.clean")
     trainer.save_checkpoint(tmp, weights_only)  # returns after a barrier
     if trainer.is_global_zero:
-        replace(tmp, filepath)
+        replace_path(tmp, filepath, OLD_SUFFIX)  # a directory (sharded) old one: moved aside first
     trainer.strategy.barrier("rlhf_lit.Checkpoint.replace")
 
 
@@ -139,7 +132,7 @@ class Checkpoint(ModelCheckpoint):
                     shutil.copytree(filepath, tmp)
                 else:
                     shutil.copy(filepath, tmp)
-            replace(tmp, linkpath)
+            replace_path(tmp, linkpath, OLD_SUFFIX)
         trainer.strategy.barrier()
 
 
@@ -190,8 +183,7 @@ class RolloutCheckpoint(Checkpoint):
         auto_insert_metric_name: bool = True,
         enable_version_counter: bool = True,
     ) -> None:
-        if every_n_rollouts < 1:
-            raise ValueError(f"every_n_rollouts must be >= 1, got {every_n_rollouts}")
+        check_least("every_n_rollouts", every_n_rollouts, 1)
         if filename is None:
             # auto_insert_metric_name turns "{rollout}" into "rollout={rollout}"
             filename = "{rollout}" if auto_insert_metric_name else "rollout={rollout}"

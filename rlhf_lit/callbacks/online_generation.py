@@ -26,6 +26,7 @@ from rlhf_lit.evaluation import load_judge, response_texts
 from rlhf_lit.evaluation.judges import JudgeReads, judge_texts
 from rlhf_lit.functional import member_std, pad_ids
 from rlhf_lit.models.generation import SamplingConfig, generate_responses
+from rlhf_lit.option_values import check_least
 
 log = logging.getLogger(__name__)
 
@@ -84,8 +85,7 @@ class OnlineGeneration(Callback):
     ) -> None:
         if not prompts:
             raise ValueError("OnlineGeneration needs at least one prompt")
-        if every_n_rollouts < 1:
-            raise ValueError(f"every_n_rollouts must be >= 1, got {every_n_rollouts}")
+        check_least("every_n_rollouts", every_n_rollouts, 1)
         judge_texts([], [], judge_reads)  # an unknown judge_reads: the one message, at construction
         template_choice(chat_template, f"{type(self).__name__} chat_template")  # before fit, not at rollout n
         self.prompts, self.every_n_rollouts, self.sampling = list(prompts), every_n_rollouts, sampling
@@ -108,8 +108,7 @@ class OnlineGeneration(Callback):
     def sample(self, pl_module: LightningModule) -> tuple[list[str], dict[str, list[float]]]:
         """Responses to the fixed prompts and their scores (RM, and the judge when set)."""
         tokenizer = pl_module.tokenizer
-        trainer = getattr(pl_module, "_trainer", None)  # None outside fit
-        datamodule = getattr(trainer, "datamodule", None) if trainer is not None else None
+        datamodule = getattr(getattr(pl_module, "_trainer", None), "datamodule", None)  # None outside fit
         prompts = self.rendered(tokenizer, getattr(datamodule, "chat_rendered", None))
         input_ids, attention_mask = pad_ids(prompts.ids, tokenizer.pad_token_id, "left")
         generated = generate_responses(

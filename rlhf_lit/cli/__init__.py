@@ -64,10 +64,11 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 import rlhf_lit.data  # noqa: F401  (the data modules: known subclasses, so --data takes short names)
 import rlhf_lit.stages  # noqa: F401  (the stages, likewise for --model)
+from rlhf_lit.callable_specs import import_class
 from rlhf_lit.callbacks.preemption import Preemption, exit_status
 from rlhf_lit.callbacks.progress import RunProgressBar
 from rlhf_lit.cli import jsonargparse_fixes
-from rlhf_lit.cli.option_names import class_options, import_class, parser_options
+from rlhf_lit.cli.option_names import class_options, parser_options
 from rlhf_lit.cli.parser_errors import condense_parser_error
 from rlhf_lit.cli.resume_check import check_checkpoints_when_loaded, check_resume_checkpoint
 from rlhf_lit.cli.run_dir import (
@@ -291,8 +292,7 @@ class RLHFCLI(LightningCLI):
         if added and "callbacks" not in kwargs:
             kwargs["callbacks"] = [*config_callbacks(trainer_config), *added]
         trainer = super().instantiate_trainer(**kwargs)
-        subcommand = self.config.get("subcommand")  # --ckpt_path last / best: checked where Lightning loads it
-        given = self.config[subcommand].get("ckpt_path") if subcommand else None
+        given = self._subcommand_config()[1].get("ckpt_path")  # last / best: checked where Lightning loads it
         check_checkpoints_when_loaded(trainer.strategy, self.command, None if given is None else str(given))
         return trainer
 
@@ -307,11 +307,10 @@ class RLHFCLI(LightningCLI):
         would break the run are refused, listed; safe ones (more rollouts, another export
         directory) are applied.
         """
-        subcommand = self.config.get("subcommand")
-        if subcommand:
-            refuse_remote_checkpoint(self.config[subcommand].get("ckpt_path"))
-            # a checkpoint cut short by a crash or a full disk: one line now, not torch's traceback later
-            check_resume_checkpoint(self.config[subcommand].get("ckpt_path"), self.command)
+        ckpt_path = self._subcommand_config()[1].get("ckpt_path")
+        refuse_remote_checkpoint(ckpt_path)
+        # a checkpoint cut short by a crash or a full disk: one line now, not torch's traceback later
+        check_resume_checkpoint(ckpt_path, self.command)
 
 
 def _raised_in_jsonargparse(error: BaseException) -> bool:

@@ -5,21 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import importlib
 import inspect
 import sys
 import typing
 from collections.abc import Sequence
 
-
-def import_class(class_path: str) -> type | None:
-    """The class a dotted path names, or None."""
-    module_name, _, name = str(class_path).rpartition(".")
-    try:
-        found = getattr(importlib.import_module(module_name), name)
-    except (ImportError, AttributeError, ValueError):
-        return None
-    return found if inspect.isclass(found) else None
+from rlhf_lit.callable_specs import import_class
 
 
 def _dataclass_keys(prefix: str, typehint) -> list[str]:

@@ -20,7 +20,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from rlhf_lit.cli.option_names import import_class, known_subclasses, nearest_option
+from rlhf_lit.callable_specs import import_class
+from rlhf_lit.cli.option_names import known_subclasses, nearest_option
 from rlhf_lit.cli.option_sources import Where, config_named, locate
 
 ProblemKind = Literal["unknown_key", "unknown_class", "bad_value", "other"]

@@ -39,7 +39,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from rlhf_lit.artifacts import EXPORT_MARKER
-from rlhf_lit.cli.option_names import import_class
+from rlhf_lit.callable_specs import import_class
 from rlhf_lit.sources import MissingSource, producing_config
 from rlhf_lit.stages.base import RunLayout
 from rlhf_lit.stages.export import check_export_target

@@ -14,7 +14,6 @@ This module is the argparse shell: it parses and checks the options, calls the l
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import logging
 from collections.abc import Sequence
@@ -56,7 +55,6 @@ def build_parser() -> CommandParser:
     """The options of ``rlhf-lit best-of-n``."""
     parser = CommandParser(
         prog="rlhf-lit best-of-n",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         description="Sample M responses per prompt once, pick the best of N by a reward model for N in a sweep, "
         "and report the pick's judge score, RM score and length with the analytic KL log N - (N-1)/N.",
     )

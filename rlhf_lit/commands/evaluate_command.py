@@ -56,7 +56,6 @@ def build_parser() -> CommandParser:
     """The options of ``rlhf-lit evaluate``."""
     parser = CommandParser(
         prog="rlhf-lit evaluate",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         description="Sample responses from a policy on prompts; print judge score, RM score, KL to a reference, "
         "distinct-n and length, and write them (with every sample) as JSON.",
     )

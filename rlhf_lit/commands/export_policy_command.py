@@ -17,7 +17,6 @@ then calls :func:`rlhf_lit.stages.checkpoint_export.export_checkpoint_policy`.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 from collections.abc import Sequence
@@ -33,7 +32,6 @@ def build_parser() -> CommandParser:
 
     parser = CommandParser(
         prog="rlhf-lit export-policy",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         description="Write the policy of a training checkpoint (or of every rollout=<n>.ckpt in a folder) as a "
         "Hugging Face export that rlhf-lit evaluate, a later stage or from_pretrained loads.",
     )

@@ -18,19 +18,17 @@ This module is the argparse shell: it reads the results and calls :mod:`rlhf_lit
 
 from __future__ import annotations
 
-import argparse
 import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from rlhf_lit.commands.options import WRITTEN_BY_KEY, CommandParser, OptionError, check_out, write_json
+from rlhf_lit.commands.options import WRITTEN_BY_KEY, CommandParser, OptionError, add_out_options, check_out, write_json
 
 
 def build_parser() -> CommandParser:
     """The options of ``rlhf-lit frontier``."""
     parser = CommandParser(
         prog="rlhf-lit frontier",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         description="Judge or RM score against KL to the reference, one point per rlhf-lit evaluate result (and per N "
         "of an rlhf-lit best-of-n sweep): a markdown table, a PNG plot and a JSON of the points.",
     )
@@ -54,13 +52,7 @@ def build_parser() -> CommandParser:
     parser.add_argument("--reference-name", default="SFT", help="what the KL is to, on the axis and in the table")
     parser.add_argument("--title", default=None, help="the plot's title (default: '<score> against KL to <reference>')")
     parser.add_argument("--plot", default=None, metavar="FILE.png", help="draw the frontier here (needs matplotlib)")
-    parser.add_argument(
-        "--out",
-        default=None,
-        metavar="FILE.json",
-        help="JSON of the points (never replaces a file rlhf-lit did not write)",
-    )
-    parser.add_argument("--overwrite", action="store_true", help="replace --out if an earlier rlhf-lit run wrote it")
+    add_out_options(parser, "JSON of the points")
     return parser
 
 

@@ -27,18 +27,18 @@ prompts, the judge, every labels file already written.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import io
 import os
 import time
 from collections.abc import Sequence
+from dataclasses import asdict
 
 from rlhf_lit.artifacts import WRITTEN_BY_KEY, write_json_atomically, write_text_atomically
 from rlhf_lit.child_runs import run_rlhf_lit, stop_on_signals
 from rlhf_lit.commands import iterate_steps as steps
-from rlhf_lit.commands.iterate_config import IterateConfig, as_dict, read_config
-from rlhf_lit.commands.iterate_labels import JudgeScorer, as_policy_read, read_labels_file
+from rlhf_lit.commands.iterate_config import IterateConfig, read_config
+from rlhf_lit.commands.iterate_labels import JudgeScorer, Scorer, as_policy_read, read_labels_file
 from rlhf_lit.commands.options import CommandParser, OptionError
 from rlhf_lit.commands.seeds_command import model_class_path
 
@@ -70,7 +70,6 @@ def build_parser() -> CommandParser:
     """The options of ``rlhf-lit iterate``."""
     parser = CommandParser(
         prog="rlhf-lit iterate",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         description="Iterated RLHF: per iteration sample the policy on fresh prompts, label the samples, refit the "
         "reward model, run PPO; each fit an ordinary `rlhf-lit fit` under RUN_DIR/iter_<t>. Resumable: run it again.",
     )
@@ -138,7 +137,7 @@ def check_run_dir(config: IterateConfig, where: str) -> None:
             f"{where}: run_dir {config.run_dir} is not empty and holds no iterate.json of rlhf-lit "
             "iterate; give a new or empty run_dir"
         )
-    old, new = kept["config"], as_dict(config)
+    old, new = kept["config"], asdict(config)
     changed = sorted(k for k in set(old) | set(new) if k != "iterations" and old.get(k) != new.get(k))
     if changed:
         raise OptionError(
@@ -159,9 +158,11 @@ def check_labeler_template(config: IterateConfig, where: str, chat: bool) -> Non
         )
 
 
-def prepare(config: IterateConfig, where: str) -> tuple[list, list, list, bool]:
-    """Every check before the first fit; ``(held-out prompts, prompts to label, initial reward data as the policy
-    reads it, whether it reads string prompts in its chat template)``."""
+def prepare(config: IterateConfig, where: str) -> tuple[list, list, list, bool, Scorer | None, Scorer | None]:
+    """Every check before the first fit; what the iterations run on: ``(held-out prompts, prompts to label, initial
+    reward data as the policy reads it, whether it reads string prompts in its chat template, the labeller as a
+    scorer or None for labels from files, the summary's gold scorer)``, the scorers built once (a bad judge spec
+    fails here)."""
     from rlhf_lit.tokenizer import load_tokenizer
 
     check_run_dir(config, where)
@@ -170,20 +171,19 @@ def prepare(config: IterateConfig, where: str) -> tuple[list, list, list, bool]:
     check_stage_config(where, "reward_model.config", config.reward_model.config, "reward_model")
     check_stage_config(where, "ppo.config", config.ppo.config, "ppo")
     held_out, fresh = read_loop_prompts(config, where)
-    chat = steps.policy_reads_chat(load_tokenizer(config.sft_model))
+    tokenizer = load_tokenizer(config.sft_model)
+    chat = steps.policy_reads_chat(tokenizer)
     if config.labeler.kind == "reward_model":
         check_reward_model_path(where, "labeler.source", config.labeler.source)
         check_labeler_template(config, where, chat)
-    elif config.labeler.kind == "judge":
-        JudgeScorer(config.labeler.source, config.labeler.judge_reads)  # a bad spec fails now
-    else:
+    elif config.labeler.kind == "file":
         for t in range(1, config.iterations + 1):  # those a person has written already: every record checked
             if os.path.isfile(steps.labels_file(config, t)):
                 read_labels_file(steps.labels_file(config, t))
-    if config.evaluation.judge is not None:
-        JudgeScorer(config.evaluation.judge)
+    scorer = steps.labeler_scorer(config, tokenizer)
+    gold = JudgeScorer(config.evaluation.judge) if config.evaluation.judge is not None else scorer
     initial = read_labels_file(config.reward_model.initial_data) if config.reward_model.initial_data else []
-    return held_out, fresh, [as_policy_read(r, chat) for r in initial], chat
+    return held_out, fresh, [as_policy_read(r, chat) for r in initial], chat, scorer, gold
 
 
 def format_table(rows: Sequence[dict]) -> str:
@@ -205,7 +205,7 @@ def write_summary(config: IterateConfig, rows: list[dict], timing: dict) -> None
             WRITTEN_BY_KEY: steps.WRITTEN_BY,
             "columns": list(COLUMNS),
             "rows": rows,
-            "config": as_dict(config),
+            "config": asdict(config),
             "timing_s": timing,
         },
     )
@@ -230,15 +230,13 @@ def baseline_row(config: IterateConfig, gold, held_out: list, chat: bool) -> dic
     return row
 
 
-def run_loop(config: IterateConfig, held_out: list, fresh: list, initial: list, chat: bool) -> list[dict]:
-    """The iterations (each step skipped when its output is there and intact); the summary rows."""
-    from rlhf_lit.tokenizer import load_tokenizer
-
+def run_loop(config: IterateConfig, loop: tuple) -> list[dict]:
+    """The iterations (each step skipped when its output is there and intact) on what :func:`prepare` gave;
+    the summary rows."""
+    held_out, fresh, initial, chat, scorer, gold = loop
     write_json_atomically(
-        os.path.join(config.run_dir, "iterate.json"), {WRITTEN_BY_KEY: steps.WRITTEN_BY, "config": as_dict(config)}
+        os.path.join(config.run_dir, "iterate.json"), {WRITTEN_BY_KEY: steps.WRITTEN_BY, "config": asdict(config)}
     )
-    scorer = steps.labeler_scorer(config, load_tokenizer(config.sft_model))
-    gold = JudgeScorer(config.evaluation.judge) if config.evaluation.judge is not None else scorer
     rows = [baseline_row(config, gold, held_out, chat)]
     n = config.prompts.per_iteration
     for t in range(1, config.iterations + 1):
@@ -266,11 +264,11 @@ def main(argv: Sequence[str]) -> int:
     """Run ``rlhf-lit iterate`` with ``argv`` (the options after the command name); returns the exit status."""
     args = build_parser().parse_args(list(argv))
     config = read_config(args.config)
-    held_out, fresh, initial, chat = prepare(config, args.config)
+    loop = prepare(config, args.config)
     os.makedirs(config.run_dir, exist_ok=True)
     t0 = time.perf_counter()
     with stop_on_signals("iterate"):  # SIGTERM and SIGINT unwind the loop (exit status 143, 130) and stop the fit
-        rows = run_loop(config, held_out, fresh, initial, chat)
+        rows = run_loop(config, loop)
     write_summary(config, rows, {"total": time.perf_counter() - t0})
     print(format_table(rows))
     print(

@@ -268,8 +268,3 @@ def read_config(path: str) -> IterateConfig:
     config = _build(IterateConfig, values if values is not None else {}, "", path)
     check_values(config, path)
     return config
-
-
-def as_dict(config: IterateConfig) -> dict:
-    """The config as plain data (written beside the run, compared on a resume)."""
-    return dataclasses.asdict(config)

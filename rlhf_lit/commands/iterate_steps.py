@@ -164,16 +164,21 @@ def labels_file(config: IterateConfig, t: int) -> str:
     return config.labeler.source.replace("{t}", str(t))
 
 
+def loop_sampling(config: IterateConfig) -> Any:
+    """The :class:`~rlhf_lit.models.generation.SamplingConfig` of the labelled responses and of the evaluation."""
+    from rlhf_lit.models.generation import SamplingConfig
+
+    return SamplingConfig(max_new_tokens=config.sampling.max_new_tokens, temperature=config.sampling.temperature)
+
+
 def sample(config: IterateConfig, paths: Paths, prompts: Sequence, chat: bool) -> list[dict]:
     """Step 1: ``samples.jsonl`` (reused when intact): per prompt ``{"prompt", "prompt_text", "responses"}``."""
     done = intact(paths.file("samples.jsonl"))
     if done is not None:
         return done
     from rlhf_lit.evaluation.samples import load_models, sample_and_measure
-    from rlhf_lit.models.generation import SamplingConfig
 
     k = config.sampling.responses_per_prompt
-    sampling = SamplingConfig(max_new_tokens=config.sampling.max_new_tokens, temperature=config.sampling.temperature)
     models = load_models(
         policy_of(config, paths.t),
         prompts=list(prompts),
@@ -182,7 +187,7 @@ def sample(config: IterateConfig, paths: Paths, prompts: Sequence, chat: bool) -
         device=config.device,
     )
     out, _ = sample_and_measure(
-        models, models.prompts, sampling, batch_size=config.sampling.batch_size, seed=config.seed + paths.t
+        models, models.prompts, loop_sampling(config), batch_size=config.sampling.batch_size, seed=config.seed + paths.t
     )
     records = [
         {"prompt": prompt, "prompt_text": out.prompts[n * k], "responses": out.responses[n * k : (n + 1) * k]}
@@ -296,16 +301,14 @@ def evaluate(
 ) -> dict:
     """The policy on the held-out prompts: ``gold`` (labeller) and ``proxy`` (reward model) means, KL to SFT."""
     from rlhf_lit.evaluation.policy_metrics import evaluate_policy
-    from rlhf_lit.models.generation import SamplingConfig
 
-    sampling = SamplingConfig(max_new_tokens=config.sampling.max_new_tokens, temperature=config.sampling.temperature)
     result = evaluate_policy(
         policy,
         list(eval_prompts),
         reference=config.sft_model,
         reward_model=reward_model,
         chat_template=template_option(chat),
-        sampling=sampling,
+        sampling=loop_sampling(config),
         batch_size=config.sampling.batch_size,
         seed=config.seed,
         device=config.device,

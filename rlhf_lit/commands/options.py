@@ -30,7 +30,11 @@ class OptionError(ValueError):
 
 
 class CommandParser(argparse.ArgumentParser):
-    """An argparse parser whose errors read like the rest of rlhf-lit: one ``rlhf-lit: error:`` line, exit 2."""
+    """An argparse parser whose errors read like the rest of rlhf-lit: one ``rlhf-lit: error:`` line, exit 2;
+    its ``--help`` shows each option's default."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(formatter_class=argparse.ArgumentDefaultsHelpFormatter, **kwargs)
 
     def error(self, message: str):
         """Print ``rlhf-lit: error: <message>`` and where the options are listed; exit 2."""
@@ -109,11 +113,13 @@ def add_common_options(parser: argparse.ArgumentParser, *, max_new_tokens: int, 
     )
     parser.add_argument("--seed", type=int, default=0, help="sampling seed")
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
+    add_out_options(parser, "JSON file for the result")
+
+
+def add_out_options(parser: argparse.ArgumentParser, what: str) -> None:
+    """``--out FILE.json`` (``what`` it holds, in its help) and ``--overwrite``, checked by :func:`check_out`."""
     parser.add_argument(
-        "--out",
-        default=None,
-        metavar="FILE.json",
-        help="JSON file for the result (never replaces a file rlhf-lit did not write)",
+        "--out", default=None, metavar="FILE.json", help=f"{what} (never replaces a file rlhf-lit did not write)"
     )
     parser.add_argument("--overwrite", action="store_true", help="replace --out if an earlier rlhf-lit run wrote it")
 

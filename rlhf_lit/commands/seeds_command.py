@@ -24,13 +24,12 @@ export exists then stops at once, as ``--run_dir`` has it).
 
 from __future__ import annotations
 
-import argparse
-import importlib
 import os
 import sys
 from collections.abc import Sequence
 
 from rlhf_lit.artifacts import EXPORT_MARKER
+from rlhf_lit.callable_specs import import_class
 from rlhf_lit.child_runs import RunFailed, rlhf_lit_command, run_logged, run_pool, stop_on_signals
 from rlhf_lit.commands.options import CommandParser, OptionError
 
@@ -39,7 +38,6 @@ def build_parser() -> CommandParser:
     """The options of ``rlhf-lit seeds`` (the command to run follows ``--``)."""
     parser = CommandParser(
         prog="rlhf-lit seeds",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         usage="rlhf-lit seeds --seeds S [S ...] [--jobs N] -- <command> ... --run_dir DIR ...",
         description="Run an rlhf-lit command (after --) once per seed, with --seed_everything S and its --run_dir DIR "
         "suffixed to DIR/seed_S; each run's output goes to DIR/seed_S.log. A seed whose run directory holds the "
@@ -123,11 +121,8 @@ def stage_of(command: Sequence[str]) -> str | None:
         return None
     if "." not in class_path:
         class_path = f"rlhf_lit.stages.{class_path}"
-    module_name, _, attr = class_path.rpartition(".")
-    try:  # the stage's run_layout (rlhf_lit.stages.base.RunLayout), as --run_dir reads it
-        name = getattr(getattr(importlib.import_module(module_name), attr).run_layout, "name", None)
-    except (ValueError, ImportError, AttributeError):
-        return None
+    # the stage's run_layout (rlhf_lit.stages.base.RunLayout), as --run_dir reads it
+    name = getattr(getattr(import_class(class_path), "run_layout", None), "name", None)
     return name if isinstance(name, str) else None
 
 

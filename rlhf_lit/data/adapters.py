@@ -3,7 +3,8 @@
 This module holds the registry (:data:`ADAPTERS`), the small adapters and :func:`adapt`; the parts
 every adapter reads a record with are in :mod:`rlhf_lit.data.record_parts`, and the two larger
 formats in their own modules, :mod:`rlhf_lit.data.implicit_prompt` and :mod:`rlhf_lit.data.rankings`
-(HH-RLHF transcripts: :mod:`rlhf_lit.data.hh`); every name stays importable from here.
+(HH-RLHF transcripts: :mod:`rlhf_lit.data.hh`); every adapter, and what an adapter takes and gives
+(:mod:`rlhf_lit.data.example`), is importable from here too.
 
 The ``format`` argument of the data modules picks one adapter here, in :func:`adapt` (the one
 place a format is chosen). Each adapter reads one :class:`~rlhf_lit.data.records.Row` and returns
@@ -68,43 +69,9 @@ from rlhf_lit.data.conversation import a_role, get_conversation, require_prompt_
 from rlhf_lit.data.example import Adapter, AdapterOptions, Example, Fields, Kind, Skip
 from rlhf_lit.data.hh import hh_rlhf
 from rlhf_lit.data.implicit_prompt import implicit_prompt
-from rlhf_lit.data.rankings import rankings, read_ranking
+from rlhf_lit.data.rankings import rankings
 from rlhf_lit.data.record_parts import conversational, get_prompt, get_response, pair
 from rlhf_lit.data.records import InvalidRecord, Row, get_text
-
-__all__ = [  # the adapters' helpers live in record_parts, implicit_prompt and rankings; importable here too
-    "ADAPTERS",
-    "ALPACA_PROMPT",
-    "ALPACA_PROMPT_NO_INPUT",
-    "AUTO",
-    "Adapted",
-    "AdapterOptions",
-    "Example",
-    "Fields",
-    "Format",
-    "Kind",
-    "PreferenceFormat",
-    "PromptFormat",
-    "SFTFormat",
-    "Skip",
-    "adapt",
-    "alpaca",
-    "alpaca_prompt",
-    "check_fields",
-    "check_format",
-    "conversational",
-    "fields",
-    "formats_for",
-    "get_prompt",
-    "get_response",
-    "implicit_prompt",
-    "messages",
-    "paragraphs",
-    "prompt_completion",
-    "rankings",
-    "read_ranking",
-    "text",
-]
 
 log = logging.getLogger("rlhf_lit.data")
 

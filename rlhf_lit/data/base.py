@@ -14,6 +14,7 @@ import dataclasses
 import logging
 from collections import Counter
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any, ClassVar
 
 import lightning as L
@@ -21,6 +22,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from rlhf_lit.data.adapters import AUTO, AdapterOptions, Example, Fields, Kind, adapt, check_fields, check_format
+from rlhf_lit.data.chat import AssistantTurns
 from rlhf_lit.data.collate import require_pad_id
 from rlhf_lit.data.conversation import is_conversation
 from rlhf_lit.data.demonstrations import encode_demonstrations, refused_conversation, template_errors
@@ -36,6 +38,7 @@ from rlhf_lit.data.rendering import (
 )
 from rlhf_lit.data.sampler import ResumableSampler, ShuffleOrder
 from rlhf_lit.data.splits import split_by_fraction
+from rlhf_lit.option_values import check_least
 from rlhf_lit.run_seed import seed_or_run_seed
 
 TRUNCATION_MESSAGES = {
@@ -124,10 +127,8 @@ class TextDataModule(L.LightningDataModule):
         if not 0.0 <= self.val_fraction < 1.0:
             raise ValueError(f"val_fraction must be in [0, 1), got {self.val_fraction}")
         for name in ("batch_size", "prompt_words"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.num_workers < 0:
-            raise ValueError(f"num_workers must be >= 0, got {self.num_workers}")
+            check_least(name, getattr(self, name), 1)
+        check_least("num_workers", self.num_workers, 0)
         if self.max_records is not None and self.max_records < 1:
             raise ValueError(f"max_records must be >= 1 or None, got {self.max_records}")
         # Resolved now (LightningCLI has called seed_everything by the time it builds the module);
@@ -278,18 +279,23 @@ class TextDataModule(L.LightningDataModule):
         format, max_records = getattr(self, f"{name}_format"), getattr(self, f"{name}_max_records")
         examples, format = self._examples(path, format=format, kind="sft", max_records=max_records)
         self._record_format(f"{name}_format", format)
+        return self._encode_split(
+            encoder, examples, name, partial(self._demonstrations, turns="all", max_length=max_length)
+        )
 
-        def encode(encoder: TextEncoder, examples: list[Example]) -> list[dict[str, Any]]:
-            return encode_demonstrations(
-                encoder,
-                examples,
-                turns="all",
-                max_prompt_length=self.max_prompt_length,
-                max_length=max_length,
-                counts=self.truncated,
-            )
-
-        return self._encode_split(encoder, examples, name, encode)
+    def _demonstrations(
+        self, encoder: TextEncoder, examples: list[Example], turns: AssistantTurns, max_length: int
+    ) -> list[dict[str, Any]]:
+        """SFT items of ``examples`` (:func:`~rlhf_lit.data.demonstrations.encode_demonstrations`) with the
+        module's ``max_prompt_length``, the cuts counted as this source's."""
+        return encode_demonstrations(
+            encoder,
+            examples,
+            turns=turns,
+            max_prompt_length=self.max_prompt_length,
+            max_length=max_length,
+            counts=self.truncated,
+        )
 
     def _encode_split(
         self,

@@ -48,7 +48,5 @@ def render_prompts(
 ) -> RenderedPrompts:
     """``prompts`` rendered and tokenized by the rule of the module docstring (a conversation with a
     tokenizer that has no template: the data modules' one error)."""
-    encoder = TextEncoder(tokenizer, apply_chat_template=rendering.chat)
-    if any(map(is_conversation, prompts)):
-        encoder.require_chat_template()
+    encoder = TextEncoder(tokenizer, apply_chat_template=rendering.chat)  # a conversation: its template required
     return RenderedPrompts([encoder.render_prompt(p) for p in prompts], encoder.encode_prompts(prompts))

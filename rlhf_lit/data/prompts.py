@@ -15,6 +15,7 @@ from rlhf_lit.data.collate import PromptCollator, SFTCollator
 from rlhf_lit.data.encoding import TextEncoder, require_tokenizer, truncate_prompt
 from rlhf_lit.data.rendering import TemplateOption
 from rlhf_lit.data.sampler import PassSampler
+from rlhf_lit.option_values import check_least
 
 
 class PromptDataModule(TextDataModule):
@@ -128,8 +129,7 @@ class PromptDataModule(TextDataModule):
         extra_fields: list[str] | None = None,
     ):
         super().__init__()
-        if max_prompt_length < 1:
-            raise ValueError(f"max_prompt_length must be >= 1, got {max_prompt_length}")
+        check_least("max_prompt_length", max_prompt_length, 1)
         self._init_common(locals())
         check_sft_source("ptx", ptx_path, ptx_format, max_records=ptx_max_records, batch_size=ptx_batch_size)
         if ptx_path is not None and not max_prompt_length < ptx_max_length:

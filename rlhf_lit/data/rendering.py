@@ -23,21 +23,9 @@ from typing import Any, NamedTuple
 
 from rlhf_lit.data.conversation import is_conversation
 from rlhf_lit.data.example import Example
-from rlhf_lit.tokenizer import TEMPLATE_ALIASES, TEMPLATE_CHOICES, TemplateChoice, TemplateOption, template_choice
 
-__all__ = [
-    "TEMPLATE_ALIASES",
-    "TEMPLATE_CHOICES",
-    "TemplateChoice",
-    "TemplateOption",
-    "TemplateRendering",
-    "has_chat_template",
-    "hh_rendering_line",
-    "raw_prompt_warning",
-    "resolve_template",
-    "template_choice",
-    "tokenizer_name",
-]
+# the vocabulary of rlhf_lit.tokenizer, re-exported: the data package and the commands read it from here
+from rlhf_lit.tokenizer import TEMPLATE_ALIASES, TEMPLATE_CHOICES, TemplateChoice, TemplateOption, template_choice  # noqa: F401
 
 
 class TemplateRendering(NamedTuple):

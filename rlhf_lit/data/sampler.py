@@ -35,6 +35,8 @@ import torch.distributed as dist
 from torch.utils.data import Sampler
 from torch.utils.data.distributed import DistributedSampler
 
+from rlhf_lit.option_values import check_least
+
 ShuffleOrder = Literal["seed_per_epoch", "dataloader"]
 """How :class:`ResumableSampler` permutes an epoch: :func:`seed_per_epoch_order` or :func:`dataloader_order`."""
 
@@ -107,8 +109,7 @@ class ResumableSampler(DistributedSampler):
     ):
         if order not in ORDERS:
             raise ValueError(f"order must be one of {sorted(ORDERS)}, got {order!r}")
-        if dataset_size < 1:
-            raise ValueError(f"dataset_size must be >= 1, got {dataset_size}")
+        check_least("dataset_size", dataset_size, 1)
         num_replicas, rank = _world(num_replicas, rank)
         super().__init__(
             range(dataset_size),  # type: ignore[arg-type]

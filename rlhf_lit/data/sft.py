@@ -12,7 +12,6 @@ from rlhf_lit.data.adapters import Example, Fields, SFTFormat
 from rlhf_lit.data.base import TextDataModule, check_lengths
 from rlhf_lit.data.chat import AssistantTurns
 from rlhf_lit.data.collate import SFTCollator
-from rlhf_lit.data.demonstrations import encode_demonstrations
 from rlhf_lit.data.encoding import TextEncoder
 from rlhf_lit.data.rendering import TemplateOption
 
@@ -110,14 +109,7 @@ class SFTDataModule(TextDataModule):
             del self.hparams["assistant_turns"]
 
     def _encode(self, encoder: TextEncoder, examples: list[Example]) -> list[dict[str, Any]]:
-        return encode_demonstrations(
-            encoder,
-            examples,
-            turns=self.assistant_turns,
-            max_prompt_length=self.max_prompt_length,
-            max_length=self.max_length,
-            counts=self.truncated,
-        )
+        return self._demonstrations(encoder, examples, self.assistant_turns, self.max_length)
 
     def train_dataloader(self) -> DataLoader:
         return self._shuffled_train_loader(SFTCollator(self.pad_token_id))

@@ -3,8 +3,8 @@
 The package itself holds what the PPO stage (``objective/judge``, ``diversity/*`` per rollout),
 the online-generation callback and :mod:`rlhf_lit.evaluation.policy_metrics` share, so that every place scores a
 response the same way (:func:`response_texts` decodes what a judge reads): importing it imports
-nothing of rlhf_lit's but :mod:`rlhf_lit.callable_specs`, and a judge's own dependencies load on
-first use.
+nothing of rlhf_lit's but :mod:`rlhf_lit.callable_specs` and :mod:`rlhf_lit.option_values`, and a
+judge's own dependencies load on first use.
 
 Its modules beside that are the library under ``rlhf-lit evaluate`` and ``rlhf-lit best-of-n``
 (the commands in :mod:`rlhf_lit.commands` only parse options and write the result):

@@ -15,15 +15,15 @@ prompts), RM score and length, and the analytic KL of best-of-N to the policy,
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
 
-from rlhf_lit.evaluation.judges import Judge, JudgeReads, judge_texts
-from rlhf_lit.evaluation.samples import check_positive, load_models, sample_and_measure
+from rlhf_lit.evaluation.frontier import standard_error
+from rlhf_lit.evaluation.judges import Judge, JudgeReads
+from rlhf_lit.evaluation.policy_metrics import evaluate_policy
 from rlhf_lit.functional.best_of_n import BestOfNEstimator, best_of_n_kl, best_of_n_weights
 
 if TYPE_CHECKING:  # annotations only: importing this module loads no model code
@@ -34,13 +34,6 @@ if TYPE_CHECKING:  # annotations only: importing this module loads no model code
 
 ROW_KEYS = ("n", "kl_analytic", "judge_mean", "judge_stderr", "rm_mean", "rm_stderr", "length_mean", "ended_fraction")
 """The fields of one row of the sweep (``judge_*`` are None without a judge)."""
-
-
-def _mean_stderr(per_prompt: torch.Tensor) -> tuple[float, float]:
-    """Mean over prompts and its standard error (sample std / sqrt(P); 0 for one prompt)."""
-    p = per_prompt.shape[0]
-    stderr = per_prompt.std(unbiased=True).item() / math.sqrt(p) if p > 1 else 0.0
-    return per_prompt.mean().item(), stderr
 
 
 def sweep(
@@ -68,22 +61,11 @@ def sweep(
         def picked(values: torch.Tensor | None, weights=weights) -> tuple[float, float] | tuple[None, None]:
             if values is None:
                 return None, None
-            return _mean_stderr((weights * values.to(torch.float64)).sum(-1))  # per prompt (P,)
+            per_prompt = (weights * values.to(torch.float64)).sum(-1).tolist()  # (P,)
+            return sum(per_prompt) / len(per_prompt), standard_error(per_prompt)  # sample std / sqrt(P)
 
-        judge_mean, judge_stderr = picked(judge_scores)
-        rm_mean, rm_stderr = picked(rm_scores)
-        rows.append(
-            {
-                "n": n,
-                "kl_analytic": best_of_n_kl(n),
-                "judge_mean": judge_mean,
-                "judge_stderr": judge_stderr,
-                "rm_mean": rm_mean,
-                "rm_stderr": rm_stderr,
-                "length_mean": picked(lengths)[0],
-                "ended_fraction": picked(ended)[0],
-            }
-        )
+        values = (n, best_of_n_kl(n), *picked(judge_scores), *picked(rm_scores), picked(lengths)[0], picked(ended)[0])
+        rows.append(dict(zip(ROW_KEYS, values, strict=True)))
     return rows
 
 
@@ -131,66 +113,51 @@ def best_of_n(
         one per response with ``prompt_index``, ``sample_index``, ``response``, ``rm``, ``judge``,
         ``length``, ``ended``.
     """
-    from rlhf_lit.models.generation import SamplingConfig
-
     ns = sorted(set(ns))
     m = num_samples or ns[-1]
     if ns[0] < 1 or ns[-1] > m:
         raise ValueError(f"best-of-N needs 1 <= N <= {m} (the samples per prompt); got N in {ns}")
-    check_positive(batch_size=batch_size)
     if not prompts:
         raise ValueError("no prompts to sample from")
-    sampling = sampling or SamplingConfig(max_new_tokens=48)
     t0 = time.perf_counter()
-    models = load_models(
+    # The M samples of every prompt, measured as an evaluation measures them: prompt p's are rows [p*M, (p+1)*M).
+    evaluated = evaluate_policy(
         policy,
+        prompts,
         reward_model=reward_model,
+        judge=judge,
+        judge_reads=judge_reads,
+        chat_template=chat_template,
+        samples_per_prompt=m,
+        sampling=sampling,
+        batch_size=batch_size,
+        seed=seed,
         tokenizer=tokenizer,
         device=device,
-        prompts=prompts,
-        chat_template=chat_template,
-        repeat=m,
-    )  # prompt p's samples: rows [p*M, (p+1)*M)
-    t_loaded = time.perf_counter()
-    samples, t_generate = sample_and_measure(
-        models, models.prompts, sampling, batch_size=batch_size, seed=seed, unfinished=unfinished
+        unfinished=unfinished,
     )
-    t_scored = time.perf_counter()
-    judge_list = judge(judge_texts(samples.prompts, samples.responses, judge_reads)) if judge is not None else None
-    t_judged = time.perf_counter()
+    samples, timing = evaluated["samples"], evaluated["timing_s"]
 
-    def grid(values) -> torch.Tensor:
-        return torch.tensor(values, dtype=torch.float64).view(len(prompts), m)  # (P, M)
+    def grid(key: str) -> torch.Tensor:
+        return torch.tensor([s[key] for s in samples], dtype=torch.float64).view(len(prompts), m)  # (P, M)
 
+    judge_scores = None if judge is None else grid("judge")
     rows = sweep(
-        grid(samples.rm_scores),
-        ns,
-        judge_scores=None if judge_list is None else grid(judge_list),
-        lengths=grid(samples.lengths),
-        ended=grid(samples.ended),
-        estimator=estimator,
+        grid("rm"), ns, judge_scores=judge_scores, lengths=grid("length"), ended=grid("ended"), estimator=estimator
     )
+    kept = ("response", "rm", "judge", "length", "ended")  # judge None without a judge
     return {
         "rows": rows,
         "timing_s": {
-            "load": t_loaded - t0,
-            "generate": t_generate,
-            "score": t_scored - t_loaded - t_generate,
-            "judge": t_judged - t_scored,
+            **{k: timing[k] for k in ("load", "generate")},
+            "score": timing["logprobs"],
+            "judge": timing["judge"],
             "total": time.perf_counter() - t0,
         },
-        "prompt_texts": samples.prompts[::m],
+        "prompt_texts": [s["prompt_text"] for s in samples[::m]],
         "samples": [
-            {
-                "prompt_index": i // m,
-                "sample_index": i % m,
-                "response": samples.responses[i],
-                "rm": samples.rm_scores[i],
-                "judge": None if judge_list is None else judge_list[i],
-                "length": samples.lengths[i],
-                "ended": samples.ended[i],
-            }
-            for i in range(len(samples.responses))
+            {"prompt_index": i // m, "sample_index": i % m, **{k: s.get(k) for k in kept}}
+            for i, s in enumerate(samples)
         ],
     }
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from rlhf_lit.option_values import check_least
+
 
 def ngrams(words: Sequence[str], n: int) -> list[tuple[str, ...]]:
     """The ``n``-grams of a word sequence, in order (none when it has fewer than ``n`` words)."""
@@ -47,8 +49,7 @@ def distinct_n_factors(texts: Sequence[str], n: int) -> tuple[float, float]:
 def _counts(texts: Sequence[str], n: int) -> tuple[int, int, int]:
     """``(T, W, U)`` of :func:`distinct_n_factors`: the n-grams of all texts, the sum of each text's own
     distinct n-grams, and the distinct n-grams of the whole set."""
-    if n < 1:
-        raise ValueError(f"n must be >= 1, got {n}")
+    check_least("n", n, 1)
     total, own_distinct, unique = 0, 0, set()
     for text in texts:
         own = ngrams(text.split(), n)

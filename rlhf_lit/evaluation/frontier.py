@@ -105,17 +105,9 @@ def points_from_best_of_n(result: Mapping, method: str = "best-of-N", score: Sco
                 f"the best-of-n result has no {SCORE_LABELS[score]}s"
                 + (" (run it with --judge)" if score == "judge" else "")
             )
+        mean, se, n = row[f"{score}_mean"], row[f"{score}_stderr"], config["num_prompts"]
         points.append(
-            FrontierPoint(
-                method,
-                f"N {row['n']}",
-                kl=row["kl_analytic"],
-                score=row[f"{score}_mean"],
-                score_se=row[f"{score}_stderr"],
-                n=config["num_prompts"],
-                kl_analytic=True,
-                note=note,
-            )
+            FrontierPoint(method, f"N {row['n']}", row["kl_analytic"], mean, se, n, kl_analytic=True, note=note)
         )
     return points
 
@@ -136,16 +128,9 @@ def mean_over_runs(points: Sequence[FrontierPoint]) -> list[FrontierPoint]:
         if len(mine) == 1:
             out.append(mine[0])
             continue
-        out.append(
-            mean_point(
-                method,
-                setting,
-                [p.kl for p in mine],
-                [p.score for p in mine],
-                kl_analytic=all(p.kl_analytic for p in mine),
-                note=f"mean over {len(mine)} runs",
-            )
-        )
+        kls, scores = [p.kl for p in mine], [p.score for p in mine]
+        analytic = all(p.kl_analytic for p in mine)
+        out.append(mean_point(method, setting, kls, scores, kl_analytic=analytic, note=f"mean over {len(mine)} runs"))
     return out
 
 

@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from typing import Literal, get_args
 
 from rlhf_lit.callable_specs import resolve_callable
+from rlhf_lit.option_values import check_choice
 
 JudgeReads = Literal["response", "query_response"]
 """What a judge reads: the response alone, or the prompt as the policy read it + the response."""
@@ -80,8 +81,7 @@ class CheckedJudge:
 
 def judge_texts(prompts: Sequence[str], responses: Sequence[str], reads: JudgeReads) -> list[str]:
     """The texts a judge reads (:data:`JudgeReads`): ``responses``, or each rendered prompt + its response."""
-    if reads not in get_args(JudgeReads):
-        raise ValueError(f"judge_reads must be one of {', '.join(get_args(JudgeReads))}; got {reads!r}")
+    check_choice("judge_reads", reads, get_args(JudgeReads))
     return list(responses) if reads == "response" else [p + r for p, r in zip(prompts, responses, strict=True)]
 
 

@@ -101,10 +101,10 @@ def evaluate_policy(
     judge_scores = judge(judge_texts(samples.prompts, samples.responses, judge_reads)) if judge is not None else None
     t_judged = time.perf_counter()
 
-    metrics: dict = {}
-    for name, values in (("judge", judge_scores), ("rm", samples.rm_scores), ("kl", samples.kls)):
-        if values is not None:
-            metrics[f"{name}_mean"], metrics[f"{name}_std"] = mean_std(values)
+    scores = {
+        k: v for k, v in (("judge", judge_scores), ("rm", samples.rm_scores), ("kl", samples.kls)) if v is not None
+    }
+    metrics = {f"{k}_{stat}": x for k, values in scores.items() for stat, x in zip(("mean", "std"), mean_std(values))}
     n = len(samples.responses)
     metrics.update(
         {
@@ -117,19 +117,19 @@ def evaluate_policy(
             "num_samples": n,
         }
     )
-    rows = []
-    for i in range(n):
-        row = {
+    rows = [
+        {
             "prompt_index": i // samples_per_prompt,
             "prompt": repeated[i],
             "prompt_text": samples.prompts[i],
             "response": samples.responses[i],
+            **{k: values[i] for k, values in scores.items()},
+            "length": samples.lengths[i],
+            "ended": samples.ended[i],
+            "other_turn": samples.other_turns[i],
         }
-        for name, values in (("judge", judge_scores), ("rm", samples.rm_scores), ("kl", samples.kls)):
-            if values is not None:
-                row[name] = values[i]
-        row.update(length=samples.lengths[i], ended=samples.ended[i], other_turn=samples.other_turns[i])
-        rows.append(row)
+        for i in range(n)
+    ]
     return {
         "metrics": metrics,
         "timing_s": {

@@ -211,14 +211,7 @@ def sample_and_measure(
                 kl = torch.where(gen.response_mask, logprobs - ref_logprobs, 0.0).sum(-1)  # (B,)
                 out.kls += kl.tolist()
             if out.rm_scores is not None:
-                rows = reward_model_rows(
-                    gen.query_responses,
-                    gen.attention_mask,
-                    gen.ended,
-                    unfinished,
-                    eos_id,
-                    models.tokenizer.pad_token_id,
-                )
+                rows = reward_model_rows(gen, unfinished, eos_id, models.tokenizer.pad_token_id)  # (B, T [+ 1]) x2
                 out.rm_scores += reward_scores(models.reward_model, *rows).tolist()  # an ensemble: the members' mean
         out.lengths += gen.response_mask.sum(-1).tolist()
         out.ended += gen.ended.tolist()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -56,19 +56,19 @@ def response_texts(
     return texts
 
 
-def prompt_texts(
-    tokenizer: PreTrainedTokenizerBase, query_responses: torch.Tensor, attention_mask: torch.Tensor, prompt_length: int
-) -> list[str]:
+def prompt_texts(tokenizer: PreTrainedTokenizerBase, rows: Any, skip_special_tokens: bool = False) -> list[str]:
     """Each row's prompt as the policy read it: its attended prompt tokens decoded with the special
     tokens kept as text (a chat template's role markers and generation prompt, a BOS), the text a
     judge reading prompt + response gets (``judge_reads: query_response``).
 
     Args:
         tokenizer: the run's tokenizer.
-        query_responses: ``(B, P + R)`` prompt (left padded) then response.
-        attention_mask: ``(B, P + R)``; only its prompt part ``[:, :P]`` is read.
-        prompt_length: P.
+        rows: prompts (left padded) then responses: a :class:`~rlhf_lit.models.generation.Generated` or a
+            PPO ``Rollout`` (its ``query_responses``, the prompt part of its ``attention_mask``, ``prompt_length``).
+        skip_special_tokens: drop the special tokens instead (the prompts a reward function reads).
     """
-    ids = query_responses[:, :prompt_length].cpu()  # (B, P)
-    real = attention_mask[:, :prompt_length].bool().cpu()  # (B, P)
-    return [tokenizer.decode(row[keep].tolist(), skip_special_tokens=False) for row, keep in zip(ids, real)]
+    ids = rows.query_responses[:, : rows.prompt_length].cpu()  # (B, P)
+    real = rows.attention_mask[:, : rows.prompt_length].bool().cpu()  # (B, P)
+    return [
+        tokenizer.decode(row[keep].tolist(), skip_special_tokens=skip_special_tokens) for row, keep in zip(ids, real)
+    ]

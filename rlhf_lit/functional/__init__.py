@@ -42,7 +42,7 @@ from rlhf_lit.functional.masks import (
     response_mask_from_eos,
     response_mask_from_prompt_length,
 )
-from rlhf_lit.functional.pairs import concat_pairs, pad_ids, pad_right
+from rlhf_lit.functional.pairs import batch_sequences, concat_pairs, pad_ids, pad_right
 from rlhf_lit.functional.policy_losses import POLICY_LOSSES, PolicyLoss, PolicyLossKind, ppo_policy_loss
 from rlhf_lit.functional.ranking import (
     RankingMetrics,
@@ -77,6 +77,7 @@ __all__ = [
     "append_eos_to_unfinished",
     "averages_over_tokens",
     "batch_examples",
+    "batch_sequences",
     "calibrated_scores",
     "check_dpo_settings",
     "clipped_value_loss",

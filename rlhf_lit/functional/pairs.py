@@ -1,4 +1,5 @@
-"""Preference pairs as one batch: chosen rows then rejected rows, padded to one length."""
+"""Preference pairs as one batch: chosen rows then rejected rows, padded to one length (:func:`batch_sequences`
+reads a preference batch so)."""
 
 from __future__ import annotations
 
@@ -54,3 +55,15 @@ def concat_pairs(
     input_ids = torch.cat([pad_right(chosen_ids, T, pad_id), pad_right(rejected_ids, T, pad_id)])  # (2B, T)
     attention_mask = torch.cat([pad_right(chosen_mask, T, 0), pad_right(rejected_mask, T, 0)])  # (2B, T)
     return input_ids, attention_mask
+
+
+def batch_sequences(batch: dict[str, torch.Tensor], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every sequence of a preference batch as one ``(N, T)`` batch: the chosen rows then the
+    rejected rows (``N = 2B``, :func:`concat_pairs`), so each response goes through a model once, in one
+    forward. A ranking batch (or a reference batch of sequences) is already one: its ``input_ids`` and
+    ``attention_mask`` as they are."""
+    if "chosen_input_ids" not in batch:
+        return batch["input_ids"], batch["attention_mask"]  # (N, T) x2
+    halves = [batch[f"{side}_{key}"] for side in ("chosen", "rejected") for key in ("input_ids", "attention_mask")]
+    # Padding values never matter: scores and logprobs are read through the attention mask.
+    return concat_pairs(*halves, pad_token_id)  # (2B, T) x2

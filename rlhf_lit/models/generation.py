@@ -26,6 +26,7 @@ from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel,
 from rlhf_lit.functional import attended_span, pad_ids, response_mask_from_eos
 from rlhf_lit.models.compiled_generation import compiled_generate_settings, counting_compiles
 from rlhf_lit.models.step_logprobs import StepLogprobs
+from rlhf_lit.option_values import check_least
 
 Decode = Literal["eager", "compiled"]
 """How ``generate`` runs each decode step (``SamplingConfig.decode``)."""
@@ -72,12 +73,9 @@ class SamplingConfig:
     decode: Decode = "eager"
 
     def __post_init__(self) -> None:
-        if self.samples_per_prompt < 1:
-            raise ValueError(f"sampling.samples_per_prompt must be >= 1, got {self.samples_per_prompt}")
-        if self.max_new_tokens < 1:
-            raise ValueError(f"sampling.max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if self.temperature <= 0:
-            raise ValueError(f"sampling.temperature must be > 0, got {self.temperature}")
+        check_least("sampling.samples_per_prompt", self.samples_per_prompt, 1)
+        check_least("sampling.max_new_tokens", self.max_new_tokens, 1)
+        check_least("sampling.temperature", self.temperature, 0, strict=True)
         if self.top_k < 0 or not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"sampling.top_k must be >= 0 and top_p in (0, 1]; got {self.top_k}, {self.top_p}")
         if not self.do_sample and (self.temperature != 1.0 or self.top_k or self.top_p != 1.0):
@@ -139,6 +137,11 @@ class Generated:
     logprobs: torch.Tensor | None = None
     entropy: torch.Tensor | None = None
 
+    @property
+    def prompt_length(self) -> int:
+        """P, the padded prompt length."""
+        return self.query_responses.shape[1] - self.response_ids.shape[1]
+
     def rows(self, start: int | torch.Tensor, stop: int | None = None) -> Generated:
         """Rows ``start:stop`` of every field, or the rows a ``(M,)`` index tensor ``start`` names."""
         index = start if stop is None else slice(start, stop)
@@ -152,9 +155,8 @@ class Generated:
         the order of float sums) for less work; its per-token fields have ``R'`` <= R columns, the
         first ``R'`` response positions.
         """
-        prompt_length = self.query_responses.shape[1] - self.response_ids.shape[1]
-        first, stop = attended_span(self.attention_mask, prompt_length)
-        kept = stop - prompt_length  # R'
+        first, stop = attended_span(self.attention_mask, self.prompt_length)
+        kept = stop - self.prompt_length  # R'
         return Generated(
             self.query_responses[:, first:stop],
             self.attention_mask[:, first:stop],
@@ -223,18 +225,15 @@ def generate_responses(
             ``Generated.logprobs`` / ``Generated.entropy`` (:class:`StepLogprobs`: ``(B, R)`` each,
             never the ``(B, R, V)`` logits).
     """
+    # ignore_eos: no stop id at all, so every row runs to max_new_tokens with untouched logits.
+    stops = None if sampling.ignore_eos else eos_token_id if isinstance(eos_token_id, int) else list(eos_token_id)
     config = GenerationConfig(
         max_new_tokens=sampling.max_new_tokens,
         do_sample=sampling.do_sample,
         temperature=sampling.temperature if sampling.do_sample else None,
         top_k=sampling.top_k if sampling.do_sample else None,
         top_p=sampling.top_p if sampling.do_sample else None,
-        # ignore_eos: no stop id at all, so every row runs to max_new_tokens with untouched logits.
-        eos_token_id=None
-        if sampling.ignore_eos
-        else eos_token_id
-        if isinstance(eos_token_id, int)
-        else list(eos_token_id),
+        eos_token_id=stops,
         pad_token_id=pad_token_id,
         use_cache=True,
         **decode_settings(sampling, policy, input_ids.shape[1]),
@@ -300,8 +299,7 @@ def sample_batches(
         batch_size: prompts per ``generate`` call (>= 1).
         seed: seed of the generator.
     """
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    check_least("batch_size", batch_size, 1)
     if tokenizer.padding_side != "left":
         raise ValueError("sample_batches needs a left-padding tokenizer: generate continues the last column")
     generator = torch.Generator().manual_seed(seed)

@@ -10,6 +10,7 @@ from typing import Literal
 import torch
 from torch import nn
 from transformers import (
+    AutoConfig,
     AutoModelForCausalLM,
     AutoModelForSequenceClassification,
     PreTrainedModel,
@@ -157,7 +158,7 @@ def load_causal_lm(
         revision: Hub revision.
         trust_remote_code: Passed to ``from_pretrained``.
     """
-    return _load(AutoModelForCausalLM, **locals())  # the arguments above, by name
+    return _load(AutoModelForCausalLM, name_or_path, tokenizer, dtype, keep_dropout, revision, trust_remote_code)
 
 
 def load_reward_model(
@@ -178,7 +179,19 @@ def load_reward_model(
     (other missing weights still are). A frozen reward model is loaded without it: there a missing
     head is a mistake worth the report.
     """
-    return _load(AutoModelForSequenceClassification, **locals(), num_labels=1)  # the arguments above, by name
+    args = (name_or_path, tokenizer, dtype, keep_dropout, revision, trust_remote_code, new_head)
+    return _load(AutoModelForSequenceClassification, *args, num_labels=1)
+
+
+def has_score_head(
+    name_or_path: str, what: str = "model", revision: str | None = None, trust_remote_code: bool = False
+) -> bool:
+    """True when the checkpoint is a sequence-classification model: it ships its own score head (else
+    :func:`load_reward_model` creates one). ``what`` names it in errors."""
+    config = from_pretrained(
+        AutoConfig.from_pretrained, name_or_path, what, revision=revision, trust_remote_code=trust_remote_code
+    )
+    return any(a.endswith("ForSequenceClassification") for a in config.architectures or [])
 
 
 def init_reward_head(head: nn.Linear) -> None:

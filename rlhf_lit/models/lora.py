@@ -30,6 +30,8 @@ from torch import nn
 from transformers import PreTrainedModel
 from transformers.pytorch_utils import Conv1D
 
+from rlhf_lit.option_values import check_least
+
 log = logging.getLogger(__name__)
 
 LoRAExport = Literal["merged", "adapter"]
@@ -44,6 +46,7 @@ ARCHITECTURE_TARGETS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("gpt2-style", ("c_attn", "c_proj", "c_fc")),
     ("llama-style", ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")),
 )
+
 """Default target modules by name pattern: the first family whose names all occur in a model wins
 (GPT-2 / GPT-J-style fused projections; Llama, Mistral, Qwen and their kin). Other models get
 every linear layer except the output head."""
@@ -80,8 +83,7 @@ class LoRAConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.r, int) or self.r < 1:
             raise ValueError(f"lora.r must be an integer >= 1, got {self.r!r}")
-        if not self.alpha > 0:
-            raise ValueError(f"lora.alpha must be > 0, got {self.alpha!r}")
+        check_least("lora.alpha", self.alpha, 0, strict=True)
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"lora.dropout must be in [0, 1), got {self.dropout!r}")
         if self.export not in ("merged", "adapter"):

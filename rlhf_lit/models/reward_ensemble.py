@@ -161,9 +161,16 @@ def load_any_reward_model(
     return load_reward_model(path, tokenizer, dtype=dtype)
 
 
-def reward_scores(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """One normalised reward per row, ``(B,)`` float32: a reward model's logit plus its unfolded offset,
-    or an ensemble's mean over members (what ``rlhf-lit evaluate`` and ``best-of-n`` read)."""
+def normalised_scores(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """A reward model's normalised reward ``(B,)``, its logit plus its unfolded offset
+    (:func:`~rlhf_lit.models.reward_norm.reward_offset`); an ensemble's per member, ``(B, M)``."""
     if isinstance(model, RewardEnsemble):
-        return model(input_ids, attention_mask).float().mean(dim=1)  # (B,)
-    return sequence_scores(model, input_ids, attention_mask).float() + reward_offset(model.config)  # (B,)
+        return model(input_ids, attention_mask)  # (B, M)
+    return sequence_scores(model, input_ids, attention_mask) + reward_offset(model.config)  # (B,)
+
+
+def reward_scores(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """One normalised reward per row, ``(B,)`` float32 (:func:`normalised_scores`; an ensemble's mean over
+    members): what ``rlhf-lit evaluate`` and ``best-of-n`` read."""
+    scores = normalised_scores(model, input_ids, attention_mask).float()  # (B,) or (B, M)
+    return scores.mean(dim=1) if isinstance(model, RewardEnsemble) else scores  # (B,)

@@ -28,6 +28,7 @@ from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
 
 from rlhf_lit.models.scoring import backbone, score_head
+from rlhf_lit.option_values import check_least
 
 log = logging.getLogger(__name__)
 
@@ -87,8 +88,7 @@ def fold_normalization(model: PreTrainedModel, gain: float, bias: float) -> bool
         True when the model's logit now equals the normalised score; False when the bias could not
         be represented (the gain is folded all the same): add ``bias`` to the logit yourself.
     """
-    if not gain > 0:
-        raise ValueError(f"gain must be > 0, got {gain}")
+    check_least("gain", gain, 0, strict=True)
     head = score_head(model)
     if head.out_features != 1:
         raise ValueError(f"expected a one-label score head, got out_features={head.out_features}")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 from torch import nn
@@ -10,6 +10,9 @@ from transformers import PreTrainedModel
 
 from rlhf_lit.functional import append_eos_to_unfinished, last_true_index, sequence_logprobs
 from rlhf_lit.models.packing import pack_rows, packing_applies
+
+if TYPE_CHECKING:
+    from rlhf_lit.models.generation import Generated
 
 UnfinishedScoring = Literal["as_sampled", "with_eos"]
 """How a reward model reads a response that reached ``max_new_tokens`` without EOS: ``as_sampled``
@@ -22,19 +25,15 @@ ending a story rather than for what it said (docs/DEMO.md, "PPO that climbs its 
 
 
 def reward_model_rows(
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    ended: torch.Tensor,
-    unfinished: UnfinishedScoring,
-    eos_token_id: int,
-    pad_token_id: int,
+    generated: Generated, unfinished: UnfinishedScoring, eos_token_id: int, pad_token_id: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The rows a reward model reads for prompt + response rows ``(B, T)``: as they are, or with EOS
-    after every response that did not end (``(B, T + 1)``; see :data:`UnfinishedScoring`)."""
+    """The rows a reward model reads for the prompt + response rows ``(B, T)`` of ``generated``: as they
+    are, or with EOS after every response that did not end (``(B, T + 1)``; see :data:`UnfinishedScoring`)."""
+    ids, mask = generated.query_responses, generated.attention_mask  # (B, T) x2
     if unfinished == "as_sampled":
-        return input_ids, attention_mask
+        return ids, mask
     if unfinished == "with_eos":
-        return append_eos_to_unfinished(input_ids, attention_mask, ended, eos_token_id, pad_token_id)
+        return append_eos_to_unfinished(ids, mask, generated.ended, eos_token_id, pad_token_id)
     raise ValueError(f"unfinished must be as_sampled or with_eos, got {unfinished!r}")
 
 

@@ -126,6 +126,6 @@ def response_logprobs(model: nn.Module, generated: Generated, temperature: float
     and the sampling temperature (N details #7). Called under ``torch.no_grad()`` by callers that
     need no gradient.
     """
-    prompt_length = generated.query_responses.shape[1] - generated.response_ids.shape[1]  # P
-    logits, _ = forward_response_logits(model, generated.query_responses, generated.attention_mask, prompt_length)
+    ids, mask = generated.query_responses, generated.attention_mask  # (B, P + R) x2
+    logits, _ = forward_response_logits(model, ids, mask, generated.prompt_length)  # (B, R, V)
     return token_logprobs(logits, generated.response_ids, temperature)  # (B, R)

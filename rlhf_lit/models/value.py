@@ -13,13 +13,12 @@ from typing import Literal
 
 import torch
 from torch import nn
-from transformers import AutoConfig, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from rlhf_lit.models.loading import DType, load_reward_model
+from rlhf_lit.models.loading import DType, has_score_head, load_reward_model
 from rlhf_lit.models.lora import LoRAConfig, with_lora
 from rlhf_lit.models.reward_norm import reward_offset
 from rlhf_lit.models.scoring import score_head, token_scores
-from rlhf_lit.sources import from_pretrained
 
 log = logging.getLogger(__name__)
 
@@ -87,12 +86,6 @@ class ValueHead(nn.Module):
         return self.head(policy_hidden.to(self.head.weight.dtype)).squeeze(-1)  # (B, T)
 
 
-def _has_score_head(name_or_path: str) -> bool:
-    """Whether a checkpoint already holds a sequence-classification head (else loading creates one)."""
-    architectures = from_pretrained(AutoConfig.from_pretrained, name_or_path, "value model").architectures or []
-    return any(a.endswith("ForSequenceClassification") for a in architectures)
-
-
 def load_value_model(
     name_or_path: str,
     tokenizer: PreTrainedTokenizerBase | None = None,
@@ -101,7 +94,7 @@ def load_value_model(
 ) -> SeparateCritic:
     """A separate critic from a reward model (its head kept) or from a causal LM (a new, zeroed head),
     with LoRA adapters on its trunk when ``lora`` is given (the head then still trains in full)."""
-    new_head = not _has_score_head(name_or_path)
+    new_head = not has_score_head(name_or_path, "value model")
     model = load_reward_model(name_or_path, tokenizer, dtype=dtype, new_head=new_head)
     if new_head:
         # A brand-new value head starts at 0 so early value errors equal the returns (N detail 4).

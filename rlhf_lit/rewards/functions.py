@@ -69,12 +69,7 @@ class RewardBatch:
 
     def __post_init__(self) -> None:
         # A length mismatch here is the builder's bug (not the reward function's): say which list.
-        lengths = {
-            "prompts": len(self.prompts),
-            "responses": len(self.responses),
-            "response_ids": len(self.response_ids),
-            "ended": len(self.ended),
-        }
+        lengths = {name: len(getattr(self, name)) for name in ("prompts", "responses", "response_ids", "ended")}
         lengths.update({f"extras[{key!r}]": len(value) for key, value in self.extras.items()})
         if len(set(lengths.values())) > 1:
             raise ValueError(f"RewardBatch: every field needs one entry per response, got lengths {lengths}")

@@ -1,4 +1,4 @@
-"""fp16's GradScaler as the stages see it: whether there is one, its scale (:func:`loss_scale`, read
+"""fp16's GradScaler as the stages see it: its scale (:func:`loss_scale`, None without one: read
 by the non-finite guard), and one loss-scale update per optimizer step of PPO's two optimizers
 (fp16 with a separate critic).
 
@@ -31,11 +31,6 @@ log = logging.getLogger(__name__)
 MATRIX_UNIT_FLAGS = {"bf16": "amx_bf16", "16": "amx_fp16"}
 """The ``/proc/cpuinfo`` flag of the CPU matrix unit (Intel AMX) that runs each 16-bit precision natively,
 keyed by the precision's prefix (``bf16-mixed``, ``16-mixed``)."""
-
-
-def has_gradient_scaler(trainer: Trainer) -> bool:
-    """Whether the trainer's precision plugin scales the loss (fp16 ``16-mixed``)."""
-    return getattr(trainer.precision_plugin, "scaler", None) is not None
 
 
 def loss_scale(trainer: Trainer) -> float | None:

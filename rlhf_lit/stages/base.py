@@ -43,7 +43,7 @@ from rlhf_lit.models.lora import LoRAConfig, with_lora
 from rlhf_lit.models.memory import enable_gradient_checkpointing, release_frozen, release_optimizer_states
 from rlhf_lit.models.sharding import shard_models
 from rlhf_lit.sources import check_local_source
-from rlhf_lit.stages.amp import has_gradient_scaler, loss_scale, warn_if_slow_precision
+from rlhf_lit.stages.amp import loss_scale, warn_if_slow_precision
 from rlhf_lit.stages.export import ExportExisting, check_export_at_fit_start, export_at_fit_end
 from rlhf_lit.stages.nonfinite import NonFiniteGuard, assert_finite
 from rlhf_lit.stages.optim import lightning_optimizers
@@ -253,7 +253,7 @@ class StageModule(pl.LightningModule):
     def on_before_backward(self, loss: torch.Tensor) -> None:
         """Under fp16, note whether the loss is finite: a step the GradScaler skips counts as
         non-finite when its loss was not (:mod:`rlhf_lit.stages.nonfinite`)."""
-        if has_gradient_scaler(self.trainer):
+        if loss_scale(self.trainer) is not None:  # a GradScaler
             self.nonfinite.note_loss(loss)
 
     def on_before_optimizer_step(self, optimizer) -> None:

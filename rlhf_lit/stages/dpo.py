@@ -36,8 +36,8 @@ from lightning.pytorch.utilities.model_helpers import is_overridden
 from rlhf_lit.functional import (
     DPOLossKind,
     averages_over_tokens,
+    batch_sequences,
     check_dpo_settings,
-    concat_pairs,
     dpo_loss,
     response_mask_from_prompt_length,
 )
@@ -148,13 +148,7 @@ class DPOModule(PretrainedStage):
                 "DPOModule needs preference batches with prompt_length (B,), the number of prompt tokens "
                 "(rlhf_lit.data.PreferenceDataModule gives it; see docs/CONTRACTS.md)"
             )
-        input_ids, attention_mask = concat_pairs(
-            batch["chosen_input_ids"],
-            batch["chosen_attention_mask"],
-            batch["rejected_input_ids"],
-            batch["rejected_attention_mask"],
-            self.tokenizer.pad_token_id,
-        )  # (2B, T) x2
+        input_ids, attention_mask = batch_sequences(batch, self.tokenizer.pad_token_id)  # (2B, T) x2
         prompt_length = batch["prompt_length"].repeat(2)  # (2B,)
         response_mask = response_mask_from_prompt_length(attention_mask, prompt_length)  # (2B, T)
         return input_ids, attention_mask, response_mask
@@ -221,15 +215,9 @@ class DPOModule(PretrainedStage):
 
     def loss(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The configured DPO-family loss of ``batch`` and its statistics (:func:`~rlhf_lit.functional.dpo_loss`)."""
-        lp = self.pair_logprobs(batch)
+        # the pair logprobs by the names dpo_loss takes them by
         return dpo_loss(
-            lp["logps_chosen"],
-            lp["logps_rejected"],
-            lp["ref_logps_chosen"],
-            lp["ref_logps_rejected"],
-            self.beta,
-            self.loss_kind,
-            self.label_smoothing,
+            **self.pair_logprobs(batch), beta=self.beta, kind=self.loss_kind, label_smoothing=self.label_smoothing
         )
 
     # ----- training and validation -------------------------------------------------------------------

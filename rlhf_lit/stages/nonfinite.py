@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from rlhf_lit.models.sharding import any_rank, local_tensor
+from rlhf_lit.option_values import check_least
 
 log = logging.getLogger(__name__)
 
@@ -95,8 +96,7 @@ class NonFiniteGuard:
     """
 
     def __init__(self, limit: int, option: str) -> None:
-        if limit < 1:
-            raise ValueError(f"{option} must be >= 1, got {limit}")
+        check_least(option, limit, 1)
         self.limit, self.option = limit, option
         self.consecutive: dict[str, int] = {}
         self.total = 0

@@ -11,6 +11,8 @@ import torch
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
+from rlhf_lit.option_values import check_least
+
 Schedule = Literal["constant", "linear", "cosine"]
 
 
@@ -46,16 +48,12 @@ class OptimizerConfig:
     def __post_init__(self) -> None:
         # YAML and checkpoint round trips give a list; keep the tuple so configs compare equal.
         object.__setattr__(self, "betas", tuple(self.betas))
-        if self.lr <= 0:
-            raise ValueError(f"optimizer.lr must be > 0, got {self.lr}")
-        if self.weight_decay < 0:
-            raise ValueError(f"optimizer.weight_decay must be >= 0, got {self.weight_decay}")
+        check_least("optimizer.lr", self.lr, 0, strict=True)
+        check_least("optimizer.weight_decay", self.weight_decay, 0)
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
             raise ValueError(f"optimizer.betas must be two numbers in [0, 1), got {self.betas}")
-        if self.eps <= 0:
-            raise ValueError(f"optimizer.eps must be > 0, got {self.eps}")
-        if self.warmup_steps < 0:
-            raise ValueError(f"optimizer.warmup_steps must be >= 0, got {self.warmup_steps}")
+        check_least("optimizer.eps", self.eps, 0, strict=True)
+        check_least("optimizer.warmup_steps", self.warmup_steps, 0)
         if self.schedule not in ("constant", "linear", "cosine"):
             raise ValueError(f"optimizer.schedule must be constant, linear or cosine; got {self.schedule!r}")
         if not 0 <= self.min_lr_ratio <= 1:

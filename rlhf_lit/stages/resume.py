@@ -119,8 +119,7 @@ def check_module_resume(
             "fit ended, when rlhf-lit had released them); resume from a checkpoint written during fit (last.ckpt), "
             "or load its weights with load_from_checkpoint and start a new run"
         )
-    datamodule = getattr(trainer, "datamodule", None) if trainer is not None else None
-    data_hparams = getattr(datamodule, "hparams", None) if datamodule is not None else None
+    data_hparams = getattr(getattr(trainer, "datamodule", None), "hparams", None)
     check_resume(checkpoint, module.hparams, data_hparams, safe_model_keys, extra, init_defaults(type(module)))
 
 
@@ -258,15 +257,9 @@ def check_loaded_keys(
     """
     missing = [key for key in missing if not key.startswith(frozen_prefixes)]
     if strict and (missing or unexpected):
-        more = lambda keys: ", ".join(sorted(keys)[:5]) + (", ..." if len(keys) > 5 else "")  # noqa: E731
-        raise RuntimeError(
-            "the checkpoint does not fit the model: "
-            + "; ".join(
-                part
-                for part in (
-                    f"missing {len(missing)} weights ({more(missing)})" if missing else "",
-                    f"unexpected {len(unexpected)} weights ({more(list(unexpected))})" if unexpected else "",
-                )
-                if part
-            )
-        )
+        parts = [
+            f"{what} {len(keys)} weights ({', '.join(sorted(keys)[:5])}{', ...' if len(keys) > 5 else ''})"
+            for what, keys in (("missing", missing), ("unexpected", list(unexpected)))
+            if keys
+        ]
+        raise RuntimeError("the checkpoint does not fit the model: " + "; ".join(parts))

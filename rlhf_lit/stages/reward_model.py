@@ -32,14 +32,13 @@ from typing import Any
 
 import torch
 from lightning.pytorch.utilities.model_helpers import is_overridden
-from transformers import AutoConfig
 
-from rlhf_lit.functional import batch_examples
+from rlhf_lit.functional import batch_examples, batch_sequences
 from rlhf_lit.models import init_reward_head, load_reward_model, score_head
+from rlhf_lit.models.loading import has_score_head
 from rlhf_lit.models.memory import train_mode
 from rlhf_lit.models.reward_norm import Normalize, fold_normalization, gain_and_bias, record_normalization
 from rlhf_lit.models.sharding import reshard
-from rlhf_lit.sources import from_pretrained
 from rlhf_lit.stages.base import PretrainedStage, RunLayout, as_config, require_input
 from rlhf_lit.stages.optim import OptimizerConfig
 from rlhf_lit.stages.reward_heads import head
@@ -48,14 +47,6 @@ from rlhf_lit.stages.reward_heads.odin_head import LengthDebiasConfig
 from rlhf_lit.stages.reward_heads.registry import build_head
 
 log = logging.getLogger(__name__)
-
-
-def has_trained_score_head(name_or_path: str, revision: str | None = None, trust_remote_code: bool = False) -> bool:
-    """True when the checkpoint is a sequence-classification model, i.e. it ships its own score head."""
-    config = from_pretrained(
-        AutoConfig.from_pretrained, name_or_path, "model", revision=revision, trust_remote_code=trust_remote_code
-    )
-    return any(a.endswith("ForSequenceClassification") for a in (config.architectures or []))
 
 
 class RewardModelModule(PretrainedStage):
@@ -128,7 +119,7 @@ class RewardModelModule(PretrainedStage):
         self.normalization: Normalize = normalize
         self.reference_name = "none"
         self.tokenizer = self.load_tokenizer(model, "right")  # preference batches are right padded (docs/CONTRACTS.md)
-        new_head = not has_trained_score_head(model, self.revision, self.trust_remote_code)
+        new_head = not has_score_head(model, "model", self.revision, self.trust_remote_code)
         start = load_reward_model(model, self.tokenizer, **self.loading_args(), new_head=new_head)
         if new_head:
             # Hugging Face initialised the missing head N(0, 0.02); use the RM init instead.
@@ -151,16 +142,9 @@ class RewardModelModule(PretrainedStage):
 
     def batch_sequences(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """Every sequence of a batch as one ``(N, T)`` batch
-        (:func:`~rlhf_lit.stages.reward_heads.head.batch_sequences`: pairs' chosen rows then their
+        (:func:`~rlhf_lit.functional.batch_sequences`: pairs' chosen rows then their
         rejected rows, a ranking batch's or a reference batch's rows as they are)."""
-        return head.batch_sequences(batch, self.tokenizer.pad_token_id)
-
-    def preference_loss(
-        self, scores: torch.Tensor, batch: dict[str, torch.Tensor], weight: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(loss, pair accuracy)`` of the scores ``(N,)`` of :meth:`batch_sequences`' rows
-        (:func:`~rlhf_lit.stages.reward_heads.head.preference_loss`; ``weight``: per example)."""
-        return head.preference_loss(scores, batch, weight)
+        return batch_sequences(batch, self.tokenizer.pad_token_id)
 
     def pair_scores(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """Raw scores of the chosen and rejected sequences from ONE forward pass, each ``(B,)``."""

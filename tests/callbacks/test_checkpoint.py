@@ -14,8 +14,9 @@ import torch
 from lightning.pytorch import Callback
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
+from rlhf_lit.artifacts import replace_path
 from rlhf_lit.callbacks import RolloutCheckpoint
-from rlhf_lit.callbacks.checkpoint import replace, temporary_path
+from rlhf_lit.callbacks.checkpoint import OLD_SUFFIX, temporary_path
 from rlhf_lit.data import PromptDataModule
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ppo"))
@@ -218,14 +219,14 @@ def test_a_module_without_rollout_index_is_refused(tmp_path):
 def test_replace_swaps_files_links_and_directories(tmp_path):
     (tmp_path / "new").write_text("new")
     (tmp_path / "ckpt").write_text("old")
-    replace(str(tmp_path / "new"), str(tmp_path / "ckpt"))
+    replace_path(str(tmp_path / "new"), str(tmp_path / "ckpt"), OLD_SUFFIX)
     assert (tmp_path / "ckpt").read_text() == "new" and not (tmp_path / "new").exists()
     # a sharded (directory) checkpoint over an older one: the old one is moved aside, then removed
     for name, text in [("dir_new", "new shard"), ("dir", "old shard")]:
         (tmp_path / name).mkdir()
         (tmp_path / name / "shard0").write_text(text)
     (tmp_path / "dir" / "shard1").write_text("stale")
-    replace(str(tmp_path / "dir_new"), str(tmp_path / "dir"))
+    replace_path(str(tmp_path / "dir_new"), str(tmp_path / "dir"), OLD_SUFFIX)
     assert sorted(os.listdir(tmp_path / "dir")) == ["shard0"]
     assert (tmp_path / "dir" / "shard0").read_text() == "new shard"
     assert sorted(os.listdir(tmp_path)) == ["ckpt", "dir"]

@@ -96,14 +96,12 @@ def test_sweep_follows_the_reward_argmax_with_hand_values():
 
 
 def test_errors_before_any_model_is_loaded(tmp_path, stories_path, monkeypatch, capsys):
-    import rlhf_lit.evaluation.best_of_n_sweep as bon
     import rlhf_lit.evaluation.policy_metrics as ev
 
     def no_loading(*args, **kwargs):
         raise AssertionError("a model was loaded before the options and files were checked")
 
-    monkeypatch.setattr(ev, "load_models", no_loading)
-    monkeypatch.setattr(bon, "load_models", no_loading)
+    monkeypatch.setattr(ev, "load_models", no_loading)  # best-of-n loads through evaluate_policy too
     prompts = tmp_path / "p.txt"
     prompts.write_text("Once upon a time\n", encoding="utf-8")
     bad = tmp_path / "bad.jsonl"

@@ -69,14 +69,10 @@ def test_a_rollouts_scores_are_its_quantiles_among_the_reference_samples_and_the
 
     # The reference draws, again by hand: the frozen reference, K rows per prompt, the reference stream.
     (gen,) = drawn
+    # with the module's sampling settings, stop ids and pad (PAD); rollout_seed 7, rank 0, rollout 0
     again = sample_responses(
-        module.ref_policy,
-        repeat_prompts(batch, K),
-        module.sampling,
-        module.stop_ids,
-        PAD,
-        stream_generator(7, 0, 0, STREAM_REFERENCE),
-    )  # rollout_seed 7, rank 0, rollout 0
+        module.ref_policy, repeat_prompts(batch, K), module, stream_generator(7, 0, 0, STREAM_REFERENCE)
+    )
     assert torch.equal(gen.query_responses, again.query_responses)
     references = gen.attention_mask.sum(1).float().view(len(PROMPTS), K).tolist()  # what LengthScored gives them
     raw = rollout.attention_mask.sum(1).float()
@@ -109,13 +105,9 @@ def test_with_lora_the_references_come_from_the_policy_with_its_adapters_disable
     batch = repeat_prompts(prompt_batch(module.tokenizer, PROMPTS), K)
     drawn = module.experience_maker.calibration.sample(module, batch)
     sft = load_causal_lm(STORIES, module.tokenizer).eval()
-    expected = sample_responses(
-        sft, batch, module.sampling, module.stop_ids, PAD, stream_generator(7, 0, 0, STREAM_REFERENCE)
-    )
+    expected = sample_responses(sft, batch, module, stream_generator(7, 0, 0, STREAM_REFERENCE))
     assert torch.equal(drawn.query_responses, expected.query_responses)
-    adapted = sample_responses(
-        module.policy, batch, module.sampling, module.stop_ids, PAD, stream_generator(7, 0, 0, STREAM_REFERENCE)
-    )
+    adapted = sample_responses(module.policy, batch, module, stream_generator(7, 0, 0, STREAM_REFERENCE))
     assert not torch.equal(adapted.query_responses, expected.query_responses)  # the test can tell them apart
 
 
@@ -130,10 +122,16 @@ class _Reference:
 
 
 class _Stage:
-    """Scores every row with two ensemble members' fixed scores."""
+    """Scores every row with two ensemble members' fixed scores; the reference, sources and tokenizer given."""
 
-    def __init__(self, members):
-        self.members = members
+    def __init__(self, members, reference, reward_sources, tokenizer):
+        self.members, self.reference, self.reward_sources, self.tokenizer = (
+            members,
+            reference,
+            reward_sources,
+            tokenizer,
+        )
+        self.sampling, self.ppo, self.stop_ids = SamplingConfig(), PPOConfig(), (EOS,)
 
     def stream_generator(self, stream):
         return torch.Generator().manual_seed(stream)
@@ -158,17 +156,8 @@ def test_an_ensemble_is_calibrated_on_its_aggregate_with_the_reward_functions_in
     reward = RewardConfig(
         sources=sources, calibration="reference_quantile", calibration_samples=3, calibration_transform="log"
     )
-    calibration = ReferenceCalibration(
-        reward,
-        SamplingConfig(),
-        PPOConfig(),
-        _Reference(gen),
-        RewardSources(sources),
-        tokenizer,
-        (EOS,),
-        sample_responses,
-    )
-    drawn = calibration.draw(_Stage(members), prompts)
+    calibration = ReferenceCalibration(reward, sample_responses)
+    drawn = calibration.draw(_Stage(members, _Reference(gen), RewardSources(sources), tokenizer), prompts)
     # worst case of the members + 0.5 * (length + 1): 1.0 + 0.5 * 2 = 2.0; -1.0 + 0.5 * 3 = 0.5; 2.0 + 0.5 * 4 = 4.0
     assert drawn.tolist() == [[2.0, 0.5, 4.0]]
     calibrated, parts = calibration.calibrate(torch.tensor([2.0, 5.0]), torch.tensor([[2.0, 0.5, 4.0]]))

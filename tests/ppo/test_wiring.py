@@ -129,7 +129,7 @@ def test_scores_taken_in_chunks_of_rows_come_back_in_the_rollouts_order():
     assert gen.attention_mask[:, : -gen.response_ids.shape[1]].sum(1).tolist() == [8, 2, 7, 6]
     with torch.no_grad():
         whole = module.experience_maker.score_rollout(gen)
-        module.experience_maker.ppo = PPOConfig(score_chunk_size=3)
+        module.ppo = PPOConfig(score_chunk_size=3)  # the maker reads the stage's settings as it runs
         chunked = module.experience_maker.score_rollout(gen)
     mask = gen.response_mask
     for key in ("old_logprobs", "ref_logprobs", "old_values", "entropy"):

@@ -25,6 +25,7 @@ from rlhf_lit.models.reward_norm import reward_offset
 from rlhf_lit.stages import RewardModelModule
 from rlhf_lit.stages.optim import OptimizerConfig
 from rlhf_lit.stages.reward_heads.ensemble_head import EnsembleConfig, bootstrap_weight
+from rlhf_lit.stages.reward_heads.head import preference_loss
 
 torch.set_num_threads(1)
 
@@ -95,7 +96,7 @@ def test_members_1_is_the_single_reward_model(stories_path, helpers):
     batch = helpers.preference_batch(plain.tokenizer, TRIPLES)
     losses = []
     for module in (plain, one):
-        loss, _ = module.preference_loss(module.raw_scores(*module.batch_sequences(batch)), batch)
+        loss, _ = preference_loss(module.raw_scores(*module.batch_sequences(batch)), batch)
         loss.backward()
         losses.append((loss, module.model.score.weight.grad))
     assert torch.equal(losses[0][0], losses[1][0]) and torch.equal(losses[0][1], losses[1][1])

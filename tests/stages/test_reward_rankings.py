@@ -17,6 +17,7 @@ from rlhf_lit.functional import concat_pairs
 from rlhf_lit.models.memory import train_mode
 from rlhf_lit.stages import RewardModelModule
 from rlhf_lit.stages.optim import OptimizerConfig
+from rlhf_lit.stages.reward_heads.head import preference_loss
 
 
 def ranking_batch(helpers, tokenizer, records: list[tuple]) -> dict[str, torch.Tensor]:
@@ -90,7 +91,7 @@ def test_k2_ranking_batch_trains_as_the_pair_batch_bit_for_bit(stories_path, hel
         module.zero_grad(set_to_none=True)
         with train_mode(module.model):
             scores = module.raw_scores(*module.batch_sequences(batch))
-        loss, accuracy = module.preference_loss(scores, batch)
+        loss, accuracy = preference_loss(scores, batch)
         loss.backward()
         return loss, accuracy, {n: p.grad.clone() for n, p in module.named_parameters() if p.grad is not None}
 
@@ -242,13 +243,13 @@ def test_preference_loss_passes_the_prompt_weight(stories_path, helpers):
     )
     scores = torch.tensor([0.3, -0.2, 1.0, 0.4, -0.5])  # rows: Tom 1st, Lily 1st, Tom 2nd, Lily 2nd, Tom 3rd
     weight = torch.tensor([3.0, 1.0])
-    loss, accuracy = module.preference_loss(scores, batch, weight=weight)
+    loss, accuracy = preference_loss(scores, batch, weight=weight)
     tom = (nll(0.3 - 1.0) + nll(0.3 + 0.5) + nll(1.0 + 0.5)) / 3
     lily = nll(-0.2 - 0.4)
     assert_close = torch.testing.assert_close
     assert_close(loss, torch.tensor((3 * tom + lily) / 4))
     assert_close(accuracy, torch.tensor(2 / 4))
-    assert_close(module.preference_loss(scores, batch)[0], torch.tensor((tom + lily) / 2))
+    assert_close(preference_loss(scores, batch)[0], torch.tensor((tom + lily) / 2))
 
 
 class _MeanBeforeFold(pl.Callback):

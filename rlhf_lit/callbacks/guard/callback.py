@@ -37,6 +37,7 @@ from rlhf_lit.callbacks.guard.signals import (
 from rlhf_lit.callbacks.guard.verdicts import Verdict, persistent
 from rlhf_lit.callbacks.online_generation import OnlineGeneration, log_to_loggers
 from rlhf_lit.callbacks.preemption import Preemption
+from rlhf_lit.option_values import check_least
 from rlhf_lit.stages.base import as_config
 
 log = logging.getLogger(__name__)
@@ -48,10 +49,14 @@ RESTORED = ("rollouts", "stopped_at", "keep_best_from", "best_weights")
 """The parts of the guard's state a resume restores as they were saved (the others are rebuilt or merged)."""
 
 
+PREFIX = "over-optimisation guard: "
+"""What every line of the guard starts with."""
+
+
 def _warn(trainer: Trainer, message: str, *args: Any) -> None:
     """One warning line of the guard, on rank 0 (every rank takes the same decision)."""
     if trainer.is_global_zero:
-        log.warning("over-optimisation guard: " + message, *args)
+        log.warning(PREFIX + message, *args)
 
 
 class OverOptimisationGuard(Callback):
@@ -95,15 +100,8 @@ class OverOptimisationGuard(Callback):
             self.signal(name).check()
         self.sampler = self._held_out_sampler()  # loads the judge: a bad spec fails before any model
         self._check_sources()
-        tracked = {
-            "objective/kl",
-            "objective/scores",
-            "objective/judge",
-            self.disagreement.metric,
-            self.length.metric,
-            self.distinct.metric,
-            self.objective.metric,
-        }
+        metric_signals = (self.disagreement, self.length, self.distinct, self.objective)  # each reads its `metric`
+        tracked = {"objective/kl", "objective/scores", "objective/judge", *(s.metric for s in metric_signals)}
         if self.keeps_best and not self.keep_best.held_out:
             tracked |= {self.keep_best.metric} | ({self.keep_best.penalty_metric} - {None})
         # The state a resume restores (state_dict): everything below.
@@ -138,8 +136,7 @@ class OverOptimisationGuard(Callback):
             return None
         if not self.held_out.prompts:
             raise ValueError("guard held_out.prompts is empty: give the held-out prompts, or drop held_out")
-        if self.held_out.every_n_rollouts < 1:
-            raise ValueError(f"guard held_out.every_n_rollouts must be >= 1, got {self.held_out.every_n_rollouts}")
+        check_least("guard held_out.every_n_rollouts", self.held_out.every_n_rollouts, 1)
         # every HeldOut setting is the OnlineGeneration argument of its name
         return OnlineGeneration(**{f.name: getattr(self.held_out, f.name) for f in fields(HeldOut)})
 
@@ -271,7 +268,7 @@ class OverOptimisationGuard(Callback):
     def _act(self, trainer: Trainer, name: str, n: int, verdict: Verdict) -> str:
         """Take signal ``name``'s action; the line that says so (logged on rank 0)."""
         action = self.action(name)
-        line = f"over-optimisation guard: {name} after rollout {n}: {verdict.text}; action: {action}"
+        line = f"{name} after rollout {n}: {verdict.text}; action: {action}"
         if action == "stop":
             trainer.should_stop = True
             self.stopped_at = self.stopped_at or n
@@ -279,9 +276,8 @@ class OverOptimisationGuard(Callback):
         elif action == "keep_best":
             self.keep_best_from = self.keep_best_from or n
             line += f" (the export will be the policy with the best {self.keep_best.metric}, not the last)"
-        if trainer.is_global_zero:
-            log.warning("%s", line)
-        return line
+        _warn(trainer, "%s", line)
+        return PREFIX + line
 
     def _report_unavailable(self, trainer: Trainer, name: str, metrics: dict) -> None:
         """Once per signal: a drift signal whose metric the run does not log (e.g. no ensemble)."""

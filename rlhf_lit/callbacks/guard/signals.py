@@ -15,6 +15,7 @@ from rlhf_lit.callbacks.guard.verdicts import Direction, Verdict, above, drift, 
 from rlhf_lit.data.rendering import TemplateOption, template_choice
 from rlhf_lit.evaluation.judges import JudgeReads
 from rlhf_lit.models.generation import SamplingConfig
+from rlhf_lit.option_values import check_least
 
 Action = Literal["warn", "stop", "keep_best"]
 """What a signal does when its rule has held ``patience`` evaluations in a row: ``warn`` (one log
@@ -41,8 +42,7 @@ def _check_common(name: str, action: Action | None, patience: int, *windows: int
     """The settings every signal has; ``fitted``: the first window is a fitted line's (3 points at least)."""
     if action not in (None, "warn", "stop", "keep_best"):
         raise ValueError(f"guard {name}.action must be warn, stop or keep_best, got {action!r}")
-    if patience < 1:
-        raise ValueError(f"guard {name}.patience must be >= 1, got {patience}")
+    check_least(f"guard {name}.patience", patience, 1)
     if any(w < 1 for w in windows):
         raise ValueError(f"guard {name}: windows must be >= 1, got {list(windows)}")
     if fitted and windows[0] < 3:

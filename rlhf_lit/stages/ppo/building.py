@@ -27,11 +27,11 @@ from rlhf_lit.models.reward_ensemble import RewardEnsemble, is_reward_ensemble, 
 from rlhf_lit.models.sharding import shard_models
 from rlhf_lit.models.value import build_critic
 from rlhf_lit.sources import check_local_source
-from rlhf_lit.stages.base import StageModule
+from rlhf_lit.stages.base import StageModule, stage_tokenizer
 from rlhf_lit.stages.optim import build_optimizer, fused_adamw_supported
 from rlhf_lit.stages.ppo.checks import check_sharded_compile
 from rlhf_lit.stages.ppo.config import KLConfig
-from rlhf_lit.tokenizer import check_same_vocabulary, load_tokenizer
+from rlhf_lit.tokenizer import check_same_vocabulary
 
 
 def build_models(stage: StageModule) -> None:
@@ -48,11 +48,8 @@ def build_models(stage: StageModule) -> None:
     tokenizer_path, critic, dtype = settings.tokenizer_path, settings.critic, settings.dtype
     for what, path in (("sft_model", sft_model), ("reward_model", reward_model), ("value_model", value_model)):
         check_local_source(path, what)  # a damaged file of any of them: named before the first is loaded
-    stage.tokenizer = tokenizer = load_tokenizer(
-        tokenizer_path or sft_model,
-        padding_side="left",
-        missing_pad=settings.missing_pad,
-        what="tokenizer_path" if tokenizer_path else "sft_model",
+    stage.tokenizer = tokenizer = stage_tokenizer(
+        tokenizer_path, sft_model, "left", settings.missing_pad, model_arg="sft_model", tokenizer_arg="tokenizer_path"
     )
     stage.policy = policy = with_lora(load_causal_lm(sft_model, tokenizer, dtype=dtype), stage.lora_cfg, "causal_lm")
     # Every id that ends a response (the model may list several): sampling, masks, the reward

@@ -13,6 +13,7 @@ from rlhf_lit.models.compiled_passes import ForwardPasses
 from rlhf_lit.models.freezing import check_trainable_layers
 from rlhf_lit.models.generation import Decode
 from rlhf_lit.models.reward_ensemble import is_reward_ensemble, member_paths
+from rlhf_lit.option_values import check_least
 from rlhf_lit.stages.base import StageModule, TrainerPlan
 from rlhf_lit.stages.ppo.config import PPOConfig, RewardConfig
 from rlhf_lit.tokenizer import check_same_chat_template
@@ -48,8 +49,7 @@ def check_settings(stage: StageModule) -> None:
             "critic='shared_trunk' trains the head with the policy's optimizer; leave critic_optimizer null"
         )
     check_trainable_layers(settings.trainable_layers, lora=lora, critic_lora=critic_lora)
-    if settings.max_rollouts < 1:
-        raise ValueError(f"max_rollouts must be >= 1, got {settings.max_rollouts}")
+    check_least("max_rollouts", settings.max_rollouts, 1)
     if (
         stage.ppo.forward == "compiled"
         and stage.memory.gradient_checkpointing

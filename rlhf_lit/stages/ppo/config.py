@@ -6,7 +6,6 @@ its own values; settings that cannot work together raise here, nothing is rewrit
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
@@ -26,6 +25,7 @@ from rlhf_lit.functional import (
 from rlhf_lit.functional.advantages import EstimatorKind
 from rlhf_lit.models.compiled_passes import ForwardPasses
 from rlhf_lit.models.scoring import UnfinishedScoring
+from rlhf_lit.option_values import check_choice, check_least
 
 OldLogprobs = Literal["rescore", "sampling"]
 """Where a rollout's old logprobs come from (see ``PPOConfig.old_logprobs``)."""
@@ -39,12 +39,6 @@ WhitenScope = Literal["global", "rank"]
 ``global``, the rollout batch of all processes together (one statistic, whatever the number of
 processes; two small all-reduces per whitening); ``rank``, each process's own rows (TRL's way: the
 update then depends on how the batch is split). On one process the two are the same statistic."""
-
-
-def check_choice(name: str, value: Any, choices: Sequence[str]) -> None:
-    """The one error for the option ``name`` set to none of its ``choices``."""
-    if value not in choices:
-        raise ValueError(f"{name} must be one of {', '.join(choices)}; got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -151,14 +145,11 @@ class PPOConfig:
         check_choice("ppo.policy_loss", self.policy_loss, get_args(PolicyLossKind))
         check_choice("ppo.estimator", self.estimator, get_args(EstimatorKind))
         for name in ("epochs", "minibatch_size", "grad_accum"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"ppo.{name} must be >= 1, got {getattr(self, name)}")
+            check_least(f"ppo.{name}", getattr(self, name), 1)
         for name in ("clip_range", "value_clip_range"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"ppo.{name} must be > 0, got {getattr(self, name)}")
+            check_least(f"ppo.{name}", getattr(self, name), 0, strict=True)
         for name in ("vf_coef", "entropy_coef", "ptx_coef"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"ppo.{name} must be >= 0, got {getattr(self, name)}")
+            check_least(f"ppo.{name}", getattr(self, name), 0)
         if not 0.0 <= self.gamma <= 1.0 or not 0.0 <= self.lam <= 1.0:
             raise ValueError(f"ppo.gamma and ppo.lam must be in [0, 1], got {self.gamma}, {self.lam}")
         if self.max_grad_norm is not None and self.max_grad_norm <= 0:
@@ -344,8 +335,7 @@ class RewardConfig:
     def _check_calibration(self) -> None:
         check_choice("reward.calibration", self.calibration, get_args(Calibration))
         check_choice("reward.calibration_transform", self.calibration_transform, CALIBRATION_TRANSFORMS)
-        if self.calibration_samples < 1:
-            raise ValueError(f"reward.calibration_samples must be >= 1, got {self.calibration_samples}")
+        check_least("reward.calibration_samples", self.calibration_samples, 1)
         # Settings that would do nothing are refused, not ignored: they say the user meant calibration on.
         if not self.calibrated and (self.calibration_transform != "identity" or self.calibration_n is not None):
             raise ValueError(
@@ -409,8 +399,7 @@ class KLConfig:
             raise ValueError(f"kl.kind must be fixed or adaptive, got {self.kind!r}")
         if self.estimator not in ("k1", "k2", "k3", "abs"):
             raise ValueError(f"kl.estimator must be k1, k2, k3 or abs; got {self.estimator!r}")
-        if self.init_coef < 0:
-            raise ValueError(f"kl.init_coef must be >= 0, got {self.init_coef}")
+        check_least("kl.init_coef", self.init_coef, 0)
         if self.kind == "adaptive" and self.estimator not in KL_IN_NATS:
             raise ValueError(
                 f"kl.estimator={self.estimator!r} does not estimate the KL in nats that kl.target is measured "

@@ -38,6 +38,7 @@ from rlhf_lit.functional.advantages import (
     reinforce_pp_advantages,
     rloo_advantages,
 )
+from rlhf_lit.stages.ppo.config import PPOConfig
 
 
 @dataclass(frozen=True)
@@ -45,18 +46,18 @@ class AdvantageEstimator:
     """The estimator of a run with its settings (see the module docstring).
 
     Args:
-        kind: ``ppo.estimator``.
+        ppo: the settings it reads: ``estimator`` (its :attr:`kind`), ``gamma`` (GAE / REINFORCE++ discount),
+            ``lam`` (GAE lambda), ``whiten_advantages`` (GAE advantages whitened over the batch).
         samples_per_prompt: k, ``sampling.samples_per_prompt``.
-        gamma: GAE / REINFORCE++ discount.
-        lam: GAE lambda.
-        whiten_advantages: whiten GAE advantages over the batch (``gae`` only).
     """
 
-    kind: EstimatorKind = "gae"
+    ppo: PPOConfig = PPOConfig()
     samples_per_prompt: int = 1
-    gamma: float = 1.0
-    lam: float = 0.95
-    whiten_advantages: bool = True
+
+    @property
+    def kind(self) -> EstimatorKind:
+        """``ppo.estimator``."""
+        return self.ppo.estimator
 
     def __post_init__(self) -> None:
         if needs_groups(self.kind) and self.samples_per_prompt < 2:
@@ -85,12 +86,12 @@ class AdvantageEstimator:
         """
         if self.kind == "gae":
             assert values is not None, "gae needs the critic's values"
-            advantages, returns = gae(rewards, values, mask, self.gamma, self.lam)  # (B, R) x2
-            if self.whiten_advantages:
+            advantages, returns = gae(rewards, values, mask, self.ppo.gamma, self.ppo.lam)  # (B, R) x2
+            if self.ppo.whiten_advantages:
                 advantages = masked_whiten(advantages, mask, reduce_sum=reduce_sum)  # (B, R)
             return advantages, returns
         if self.kind == "reinforce_pp":
-            return reinforce_pp_advantages(rewards, mask, self.gamma, reduce_sum)  # (B, R) x2
+            return reinforce_pp_advantages(rewards, mask, self.ppo.gamma, reduce_sum)  # (B, R) x2
         sequence_rewards = rewards.sum(1)  # (B,) 0 off the mask, so the score (- the summed KL penalty)
         if self.kind == "rloo":
             return rloo_advantages(sequence_rewards, mask, self.samples_per_prompt)  # (B, R) x2

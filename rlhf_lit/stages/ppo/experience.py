@@ -16,12 +16,12 @@ statistics beside the tensors the loss reads) is our :class:`RolloutInfo` (``Exp
 deprecated alias, removed in 0.3.0).
 
 The maker reads of the stage only what a :class:`~rlhf_lit.stages.ppo.protocols.RolloutStage` names
-(the trained models, the sampling and reward-model seams, the seeds); the rest is passed in.
+(the models, settings and reward sources, the sampling and reward-model seams, the seeds).
 """
 
 from __future__ import annotations
 
-from dataclasses import KW_ONLY, dataclass, fields
+from dataclasses import dataclass, fields
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -30,7 +30,6 @@ import torch
 from rlhf_lit.evaluation import prompt_texts, response_texts
 from rlhf_lit.evaluation.judges import JudgeReads, judge_texts
 from rlhf_lit.functional import (
-    KLController,
     attended_span,
     entropy_from_logits,
     kl_penalized_rewards,
@@ -40,27 +39,19 @@ from rlhf_lit.functional import (
     member_std,
     token_logprobs,
 )
-from rlhf_lit.models import sequence_scores
-from rlhf_lit.models.generation import Generated, SamplingConfig, generate_responses
-from rlhf_lit.models.memory import call_on_own_device
-from rlhf_lit.models.reward_ensemble import RewardEnsemble
-from rlhf_lit.models.reward_norm import reward_offset
+from rlhf_lit.models.generation import Generated, generate_responses
 from rlhf_lit.models.sharding import gathered_for_generation, is_sharded, reshard
 from rlhf_lit.stages.ppo.checks import check_whitening_rows
-from rlhf_lit.stages.ppo.config import KLConfig, PPOConfig, RewardConfig
-from rlhf_lit.stages.ppo.estimator import AdvantageEstimator, repeat_prompts
+from rlhf_lit.stages.ppo.estimator import repeat_prompts
 from rlhf_lit.stages.ppo.first_forward import FirstForward, first_forward
-from rlhf_lit.stages.ppo.forward import ForwardPassRunner
 from rlhf_lit.stages.ppo.ranks import whitening_reducer
 from rlhf_lit.stages.ppo.reference_calibration import ReferenceCalibration
-from rlhf_lit.stages.ppo.reward_sources import RewardSources, reward_batch
+from rlhf_lit.stages.ppo.reward_sources import reward_batch
 from rlhf_lit.stages.ppo.rollout import Rollout
 
 if TYPE_CHECKING:
     from lightning.pytorch import Trainer
-    from transformers import PreTrainedTokenizerBase
 
-    from rlhf_lit.models.reference import Reference
     from rlhf_lit.stages.ppo.metrics import RolloutTimer
     from rlhf_lit.stages.ppo.protocols import RolloutStage
 
@@ -132,13 +123,12 @@ Experience = RolloutInfo
 def sample_responses(
     policy: torch.nn.Module,
     batch: dict[str, torch.Tensor],
-    sampling: SamplingConfig,
-    stop_ids: tuple[int, ...],
-    pad_token_id: int,
+    stage: RolloutStage,
     generator: torch.Generator,
     return_logprobs: bool = True,
 ) -> Generated:
-    """Sample responses to the prompts of ``batch`` with the unwrapped ``policy``, recording their logprobs
+    """Sample responses to the prompts of ``batch`` with the unwrapped ``policy`` (the stage's, or its
+    reference), as the ``stage`` samples (its ``sampling``, stop ids and pad id), recording their logprobs
     (``return_logprobs``: the old logprobs or the mismatch metric; a calibrated reward's reference
     samples need none, and are drawn the same without them).
 
@@ -151,28 +141,13 @@ def sample_responses(
             policy,
             batch["input_ids"],
             batch["attention_mask"],
-            sampling,
-            eos_token_id=stop_ids,
-            pad_token_id=pad_token_id,
+            stage.sampling,
+            eos_token_id=stage.stop_ids,
+            pad_token_id=stage.tokenizer.pad_token_id,
             generator=generator,
             synced_gpus=synced,
             return_logprobs=return_logprobs,  # (B, R)
         )
-
-
-def reward_model_scores(
-    reward_model: torch.nn.Module, query_responses: torch.Tensor, attention_mask: torch.Tensor
-) -> torch.Tensor:
-    """The reward model's score ``(B,)`` at the last attended token (the last response token).
-
-    Adds the normalisation bias an exported RM could not fold into its weights (stored in its
-    config; 0 when folded), so the score is the normalised reward for every architecture.
-    An ensemble gives each member's normalised score, ``(B, M)``.
-    """
-    if isinstance(reward_model, RewardEnsemble):
-        return call_on_own_device(RewardEnsemble.__call__, reward_model, query_responses, attention_mask)  # (B, M)
-    raw = call_on_own_device(sequence_scores, reward_model, query_responses, attention_mask)  # (B,)
-    return raw + reward_offset(reward_model.config)  # (B,)
 
 
 @dataclass(eq=False)
@@ -180,41 +155,18 @@ class ExperienceMaker:
     """Turns a batch of prompts into a rollout for a PPO stage.
 
     ``stage`` (:class:`~rlhf_lit.stages.ppo.protocols.RolloutStage`) is read when the maker runs: its
-    models as it holds them then (sharded, moved to its device, or changed by a test) and its seams
-    (``generate``, ``score``, ``reward_model_inputs``: a test's or a callback's override is the one
-    used). The rest, passed by keyword, is what the stage fixed when it was built.
+    models as it holds them then (sharded, moved to its device, or changed by a test), its settings,
+    and its seams (``generate``, ``score``, ``reward_model_inputs``: a test's or a callback's override
+    is the one used).
     """
 
     stage: RolloutStage
-    _: KW_ONLY
-    tokenizer: PreTrainedTokenizerBase
-    sampling: SamplingConfig
-    ppo: PPOConfig
-    reward: RewardConfig
-    kl: KLConfig
-    kl_ctl: KLController
-    reference: Reference
-    estimator: AdvantageEstimator
-    reward_sources: RewardSources
-    forward_passes: ForwardPassRunner
-    stop_ids: tuple[int, ...]
 
     def __post_init__(self) -> None:
         # reward.calibration: the reference's K samples per prompt rank the raw scores; None when off.
-        self.calibration = (
-            ReferenceCalibration(
-                self.reward,
-                self.sampling,
-                self.ppo,
-                self.reference,
-                self.reward_sources,
-                self.tokenizer,
-                self.stop_ids,
-                partial(sample_responses, return_logprobs=False),
-            )
-            if self.reward.calibrated
-            else None
-        )
+        reward = self.stage.reward_cfg
+        sample = partial(sample_responses, return_logprobs=False)
+        self.calibration = ReferenceCalibration(reward, sample) if reward.calibrated else None
 
     def uses_sampled_logprobs(self, gen: Generated) -> bool:
         """The rollout's old logprobs (and entropy) are the ones recorded while sampling: ``ppo.old_logprobs:
@@ -222,7 +174,7 @@ class ExperienceMaker:
         them (a ``generate`` replaced by a script records none: then the policy rescores)."""
         critic = self.stage.critic
         shared = critic is not None and critic.needs_policy_hidden
-        return self.ppo.old_logprobs == "sampling" and not shared and gen.logprobs is not None
+        return self.stage.ppo.old_logprobs == "sampling" and not shared and gen.logprobs is not None
 
     @torch.no_grad()
     def score_chunk(self, gen: Generated, first: FirstForward | None = None) -> Scored:
@@ -236,9 +188,9 @@ class ExperienceMaker:
         """
         response_length = gen.response_ids.shape[1]
         gen = gen.trimmed()
-        prompt_length = gen.query_responses.shape[1] - gen.response_ids.shape[1]
+        prompt_length = gen.prompt_length
         m = self.stage
-        temperature = self.sampling.temperature
+        temperature = m.sampling.temperature
         ids, mask = gen.query_responses, gen.attention_mask
         sampled = self.uses_sampled_logprobs(gen)
         if first is not None:  # the first minibatch's forward, cut to the scored columns
@@ -246,10 +198,10 @@ class ExperienceMaker:
             old_logprobs, entropy, values = (None if t is None else t[:, :kept] for t in first.scores(temperature))
         elif sampled:  # the critic alone: the logprobs come from sampling (below)
             values = (
-                None if m.critic is None else self.forward_passes.critic_values(m.critic, ids, mask, prompt_length)
+                None if m.critic is None else m.forward_passes.critic_values(m.critic, ids, mask, prompt_length)
             )  # (B, R)
         else:
-            logits, values = self.forward_passes.policy_and_values(
+            logits, values = m.forward_passes.policy_and_values(
                 m.policy, m.critic, ids, mask, prompt_length
             )  # (B, R, V), (B, R)
             old_logprobs = token_logprobs(logits, gen.response_ids, temperature)  # (B, R)
@@ -258,10 +210,10 @@ class ExperienceMaker:
             old_logprobs, entropy = gen.logprobs, gen.entropy  # (B, R) x2
         return Scored(
             old_logprobs=old_logprobs,
-            ref_logprobs=self.reference.logprobs(gen, temperature),  # (B, R)
+            ref_logprobs=m.reference.logprobs(gen, temperature),  # (B, R)
             old_values=torch.zeros_like(old_logprobs) if values is None else values.float(),  # (B, R)
             entropy=entropy,  # (B, R)
-            rm_scores=m.score(*m.reward_model_inputs(gen)).float() if self.reward.uses_reward_model else None,
+            rm_scores=m.score(*m.reward_model_inputs(gen)).float() if m.reward_cfg.uses_reward_model else None,
         ).padded_to(response_length)
 
     def score_rollout(self, gen: Generated, first: FirstForward | None = None) -> Scored:
@@ -280,15 +232,14 @@ class ExperienceMaker:
                 parts.append(self.score_rollout(gen.rows(first.others)))
             return Scored.cat(parts).rows(torch.argsort(torch.cat([first.rows, first.others])))
         rows = gen.response_ids.shape[0]
-        size = self.ppo.score_chunk_size or rows
+        size = self.stage.ppo.score_chunk_size or rows
         if size >= rows:  # one chunk, or the rows' length groups when a long prompt would pad the others
             chunks = [g.to(gen.response_ids.device) for g in length_groups(gen.attention_mask)]
             if len(chunks) == 1 or is_sharded(self.stage.policy):
                 return self.score_chunk(gen)
         else:
-            prompt_length = gen.query_responses.shape[1] - gen.response_ids.shape[1]
             # stable: rows of equal length keep their order; the sort needs no host read
-            order = torch.argsort(gen.attention_mask[:, :prompt_length].sum(dim=1), stable=True)  # (B,)
+            order = torch.argsort(gen.attention_mask[:, : gen.prompt_length].sum(dim=1), stable=True)  # (B,)
             chunks = list(order.split(size))
         scored = Scored.cat([self.score_chunk(gen.rows(chunk)) for chunk in chunks])
         return scored.rows(torch.argsort(torch.cat(chunks)))  # back to the rollout's order
@@ -308,9 +259,9 @@ class ExperienceMaker:
         """
         m = self.stage
         world_size = trainer.world_size if trainer is not None else 1
-        check_whitening_rows(batch["input_ids"].shape[0], world_size, self.ppo, self.reward)  # before any work
+        check_whitening_rows(batch["input_ids"].shape[0], world_size, m.ppo, m.reward_cfg)  # before any work
         prompts = batch
-        batch = repeat_prompts(batch, self.sampling.samples_per_prompt)  # k consecutive rows per prompt
+        batch = repeat_prompts(batch, m.sampling.samples_per_prompt)  # k consecutive rows per prompt
         batch = without_common_padding(batch)  # nothing of the rollout reads a column no prompt attends
         gen = m.generate(batch)
         _mark(timer, "generate")
@@ -320,32 +271,32 @@ class ExperienceMaker:
                 m, without_common_padding(repeat_prompts(prompts, self.calibration.k))
             )  # (P, K)
             _mark(timer, "reference")
-        first = first_forward(m, self.forward_passes, self.ppo.minibatch_size, gen) if reuse_first_forward else None
+        first = first_forward(m, m.forward_passes, m.ppo.minibatch_size, gen) if reuse_first_forward else None
         scored = self.score_rollout(gen, first)
         for frozen in m.frozen_submodules().values():
             reshard(frozen)  # under FSDP: free the root weights a no-grad pass leaves gathered
         mask = gen.response_mask  # (B, R)
         texts, decoded = None, None
-        if self.reward_sources.needs_texts:
-            decoded = reward_batch(self.tokenizer, batch, gen)
+        if m.reward_sources.needs_texts:
+            decoded = reward_batch(m.tokenizer, batch, gen)
             texts = list(decoded.responses)  # a copy: a reward function may change its batch
-        raw_scores, reward_parts = self.reward_sources(scored.rm_scores, decoded)  # (B,), {name: (B,)}
+        raw_scores, reward_parts = m.reward_sources(scored.rm_scores, decoded)  # (B,), {name: (B,)}
         calibrated = raw_scores
         if self.calibration is not None:  # the raw score's quantile among its prompt's reference scores
             calibrated, calibration_parts = self.calibration.calibrate(raw_scores, reference)  # (B,)
             reward_parts.update(calibration_parts)
         # Every whitening below is over the rows of all processes (ppo.whiten_scope: global) or of this one.
-        reduce_sum = whitening_reducer(self.ppo.whiten_scope, trainer)
-        scores = self.reward.shape(calibrated, gen.ended, reduce_sum)  # (B,): one placement path for every source
+        reduce_sum = whitening_reducer(m.ppo.whiten_scope, trainer)
+        scores = m.reward_cfg.shape(calibrated, gen.ended, reduce_sum)  # (B,): one placement path for every source
         # kl.mode "loss": the KL is measured (metrics, controller) but paid in the loss, not here.
-        reward_kl_coef = self.kl_ctl.value if self.kl.mode == "reward" else 0.0
+        reward_kl_coef = m.kl_ctl.value if m.kl_cfg.mode == "reward" else 0.0
         rewards, kl = kl_penalized_rewards(
-            scores, scored.old_logprobs, scored.ref_logprobs, mask, reward_kl_coef, self.kl.estimator
+            scores, scored.old_logprobs, scored.ref_logprobs, mask, reward_kl_coef, m.kl_cfg.estimator
         )  # (B, R), (B, R)
-        if self.reward.whiten == "rewards":
+        if m.reward_cfg.whiten == "rewards":
             rewards = masked_whiten(rewards, mask, keep_mean=True, reduce_sum=reduce_sum)  # (B, R)
         values = scored.old_values if m.critic is not None else None
-        advantages, returns = self.estimator(rewards, values, mask, reduce_sum)  # (B, R) x2
+        advantages, returns = m.estimator(rewards, values, mask, reduce_sum)  # (B, R) x2
         _mark(timer, "score")
         rollout = Rollout(
             query_responses=gen.query_responses,
@@ -378,7 +329,11 @@ class ExperienceMaker:
         """The responses as a judge reads them, decoded now unless the reward functions did already."""
         if info.texts is None:
             info.texts = response_texts(
-                self.tokenizer, rollout.query_responses, rollout.attention_mask, rollout.response_mask, rollout.ended
+                self.stage.tokenizer,
+                rollout.query_responses,
+                rollout.attention_mask,
+                rollout.response_mask,
+                rollout.ended,
             )
         return info.texts
 
@@ -389,7 +344,7 @@ def judged_texts(maker: ExperienceMaker, rollout: Rollout, info: RolloutInfo, re
     texts = maker.texts(rollout, info)
     if reads == "response":
         return texts
-    prompts = prompt_texts(maker.tokenizer, rollout.query_responses, rollout.attention_mask, rollout.prompt_length)
+    prompts = prompt_texts(maker.stage.tokenizer, rollout)
     return judge_texts(prompts, texts, reads)
 
 

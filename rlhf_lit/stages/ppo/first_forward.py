@@ -92,7 +92,7 @@ def first_forward(stage: RolloutStage, passes: ForwardPassRunner, minibatch_size
     order = order.to(gen.response_ids.device)  # (B,)
     rows, others = order[:minibatch_size], order[minibatch_size:]  # (M,), (B - M,)
     mb = gen.rows(rows)
-    prompt_length = mb.query_responses.shape[1] - mb.response_ids.shape[1]
+    prompt_length = mb.prompt_length
     n = columns_to_drop(leading_padding(mb.attention_mask, prompt_length), prompt_length)  # as the update drops them
     ids, mask = mb.query_responses[:, n:], mb.attention_mask[:, n:]  # (M, T - n) x2
     trained = [m for m in (stage.policy, stage.critic) if m is not None]

@@ -21,8 +21,9 @@ from rlhf_lit.models.compiled_generation import compile_stats
 from rlhf_lit.models.generation import Generated, SamplingConfig
 from rlhf_lit.models.loading import DType
 from rlhf_lit.models.lora import LoRAConfig
-from rlhf_lit.models.memory import MemoryConfig, train_mode
+from rlhf_lit.models.memory import MemoryConfig, call_on_own_device, train_mode
 from rlhf_lit.models.packing import padding_free
+from rlhf_lit.models.reward_ensemble import normalised_scores
 from rlhf_lit.models.scoring import reward_model_rows
 from rlhf_lit.models.teacher_forced import forward_with_positions
 from rlhf_lit.models.value import CriticKind
@@ -36,13 +37,7 @@ from rlhf_lit.stages.ppo.checkpointing import SAFE_ON_RESUME, PPOCheckpoints
 from rlhf_lit.stages.ppo.checks import check_data_module, check_rollout_rows, check_settings, refusal_before_build
 from rlhf_lit.stages.ppo.config import KLConfig, PPOConfig, RewardConfig
 from rlhf_lit.stages.ppo.estimator import AdvantageEstimator
-from rlhf_lit.stages.ppo.experience import (
-    ExperienceMaker,
-    RolloutInfo,
-    judged_texts,
-    reward_model_scores,
-    sample_responses,
-)
+from rlhf_lit.stages.ppo.experience import ExperienceMaker, RolloutInfo, judged_texts, sample_responses
 from rlhf_lit.stages.ppo.first_forward import reuses_first_forward
 from rlhf_lit.stages.ppo.forward import ForwardPassRunner
 from rlhf_lit.stages.ppo.loss import LossStats, ppo_loss
@@ -175,13 +170,7 @@ class PPOModule(PPOCheckpoints, StageModule):
         self.critic_lora_cfg = as_config(LoRAConfig, critic_lora)
         self.memory: MemoryConfig = as_config(MemoryConfig, memory)
         # The one place the estimator is chosen: it decides whether a critic exists at all.
-        self.estimator = AdvantageEstimator(
-            self.ppo.estimator,
-            self.sampling.samples_per_prompt,
-            self.ppo.gamma,
-            self.ppo.lam,
-            self.ppo.whiten_advantages,
-        )
+        self.estimator = AdvantageEstimator(self.ppo, self.sampling.samples_per_prompt)
         # Resolved now: LightningCLI has called seed_everything before it builds the stage.
         self.max_rollouts, self.rollout_seed = max_rollouts, seed_or_run_seed(rollout_seed)
         self.keep_settings(
@@ -201,20 +190,7 @@ class PPOModule(PPOCheckpoints, StageModule):
         build_models(self)
         self.kl_ctl = kl_controller(self.kl_cfg)
         self.forward_passes = ForwardPassRunner(self.ppo.forward)  # ppo.forward: eager or compiled
-        self.experience_maker = ExperienceMaker(
-            self,
-            tokenizer=self.tokenizer,
-            sampling=self.sampling,
-            ppo=self.ppo,
-            reward=self.reward_cfg,
-            kl=self.kl_cfg,
-            kl_ctl=self.kl_ctl,
-            reference=self.reference,
-            estimator=self.estimator,
-            reward_sources=self.reward_sources,
-            forward_passes=self.forward_passes,
-            stop_ids=self.stop_ids,
-        )
+        self.experience_maker = ExperienceMaker(self)
         self.rollout_index = 0  # rollouts completed; the step of every logged metric
         # The last rollout's logged metrics (averaged over ranks, the same on every rank): what
         # callbacks that act on them read (rlhf_lit.callbacks.OverOptimisationGuard).
@@ -314,31 +290,18 @@ class PPOModule(PPOCheckpoints, StageModule):
     def generate(self, batch: dict[str, torch.Tensor]) -> Generated:
         """Sample responses to the prompts of ``batch``
         (:func:`~rlhf_lit.stages.ppo.experience.sample_responses`)."""
-        return sample_responses(
-            self.policy,
-            batch,
-            self.sampling,
-            self.stop_ids,
-            self.tokenizer.pad_token_id,
-            self.stream_generator(STREAM_SAMPLE),
-        )
+        return sample_responses(self.policy, batch, self, self.stream_generator(STREAM_SAMPLE))
 
     def score(self, query_responses: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """The RM's normalised score ``(B,)``, an ensemble's ``(B, M)``
-        (:func:`~rlhf_lit.stages.ppo.experience.reward_model_scores`)."""
-        return reward_model_scores(self.reward_model, query_responses, attention_mask)
+        at the last attended token, the normalisation bias an exported RM could not fold into its weights
+        added (:func:`~rlhf_lit.models.reward_ensemble.normalised_scores`), on the reward model's own device."""
+        return call_on_own_device(normalised_scores, self.reward_model, query_responses, attention_mask)
 
     def reward_model_inputs(self, gen: Generated) -> tuple[torch.Tensor, torch.Tensor]:
         """The rows the reward model reads: as sampled, or with EOS after unfinished responses
         (``reward.unfinished``, :data:`~rlhf_lit.models.scoring.UnfinishedScoring`)."""
-        return reward_model_rows(
-            gen.query_responses,
-            gen.attention_mask,
-            gen.ended,
-            self.reward_cfg.unfinished,
-            self.stop_ids[0],
-            self.tokenizer.pad_token_id,
-        )  # (B, T) or (B, T + 1), x2
+        return reward_model_rows(gen, self.reward_cfg.unfinished, self.stop_ids[0], self.tokenizer.pad_token_id)
 
     def minibatch_loss(self, mb: Rollout, passes: tuple | None = None) -> tuple[torch.Tensor, LossStats]:
         """:func:`~rlhf_lit.stages.ppo.loss.ppo_loss` of the policy (and critic) now, as this rank's share

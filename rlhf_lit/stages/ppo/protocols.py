@@ -1,11 +1,10 @@
 """What the experience maker and the update read of the PPO stage while they run, named.
 
 :class:`~rlhf_lit.stages.ppo.module.PPOModule` is both a :class:`RolloutStage` and an
-:class:`UpdateStage`; a test may hand either part a smaller object. What the stage fixes when it is
-built (the settings, tokenizer, reference, estimator, reward sources, KL controller and forward
-passes) is passed to :class:`~rlhf_lit.stages.ppo.experience.ExperienceMaker` when it is made, and the
-Trainer to :meth:`~rlhf_lit.stages.ppo.experience.ExperienceMaker.make` when it runs: only what may
-change after the build, or is a seam tests and callbacks override, is read through these.
+:class:`UpdateStage`; a test may hand either part a smaller object. The makers read these public
+attributes and seams of the stage each time they run (a test's or a callback's change is the one
+used), never a private attribute; the Trainer is passed to
+:meth:`~rlhf_lit.stages.ppo.experience.ExperienceMaker.make` when it runs.
 """
 
 from __future__ import annotations
@@ -16,10 +15,16 @@ import torch
 
 if TYPE_CHECKING:
     from lightning.pytorch import Trainer
+    from transformers import PreTrainedTokenizerBase
 
-    from rlhf_lit.models.generation import Generated
-    from rlhf_lit.stages.ppo.config import PPOConfig
+    from rlhf_lit.functional import KLController
+    from rlhf_lit.models.generation import Generated, SamplingConfig
+    from rlhf_lit.models.reference import Reference
+    from rlhf_lit.stages.ppo.config import KLConfig, PPOConfig, RewardConfig
+    from rlhf_lit.stages.ppo.estimator import AdvantageEstimator
+    from rlhf_lit.stages.ppo.forward import ForwardPassRunner
     from rlhf_lit.stages.ppo.loss import LossStats
+    from rlhf_lit.stages.ppo.reward_sources import RewardSources
     from rlhf_lit.stages.ppo.rollout import Rollout
 
 
@@ -29,10 +34,29 @@ class RolloutStage(Protocol):
     Attributes:
         policy: the trained policy (sharded in place under FSDP, moved to the stage's device).
         critic: the value model (a separate critic or the policy's value head); None without one.
+        reference: the frozen reference policy (its logprobs; a calibrated reward's samples).
+        tokenizer: the run's tokenizer (decodes the responses).
+        stop_ids: the ids that end a response.
+        sampling, ppo, reward_cfg, kl_cfg: the ``sampling``, ``ppo``, ``reward`` and ``kl`` settings.
+        kl_ctl: the KL controller (its coefficient shapes the rewards).
+        estimator: the advantage estimator (``ppo.estimator``).
+        reward_sources: the loaded reward sources (the raw score).
+        forward_passes: the policy-and-critic passes as ``ppo.forward`` runs them.
     """
 
     policy: torch.nn.Module
     critic: torch.nn.Module | None
+    reference: Reference
+    tokenizer: PreTrainedTokenizerBase
+    stop_ids: tuple[int, ...]
+    sampling: SamplingConfig
+    ppo: PPOConfig
+    reward_cfg: RewardConfig
+    kl_cfg: KLConfig
+    kl_ctl: KLController
+    estimator: AdvantageEstimator
+    reward_sources: RewardSources
+    forward_passes: ForwardPassRunner
 
     def generate(self, batch: dict[str, torch.Tensor]) -> Generated:
         """Sample responses to the prompts of ``batch`` (with their logprobs while sampling)."""

@@ -30,13 +30,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from rlhf_lit.functional import calibrated_scores, reference_quantiles
-from rlhf_lit.models.generation import Generated, SamplingConfig
-from rlhf_lit.stages.ppo.config import PPOConfig, RewardConfig
-from rlhf_lit.stages.ppo.reward_sources import RewardSources, reward_batch
+from rlhf_lit.models.generation import Generated
+from rlhf_lit.stages.ppo.config import RewardConfig
+from rlhf_lit.stages.ppo.reward_sources import reward_batch
 from rlhf_lit.stages.ppo.seeding import STREAM_REFERENCE
 
 if TYPE_CHECKING:
-    from rlhf_lit.models.reference import Reference
     from rlhf_lit.stages.ppo.protocols import RolloutStage
 
 
@@ -44,25 +43,17 @@ if TYPE_CHECKING:
 class ReferenceCalibration:
     """Samples the reference's K responses per prompt and calibrates a rollout's raw scores against them.
 
+    The stage (:class:`~rlhf_lit.stages.ppo.protocols.RolloutStage`) gives the rest when a rollout is
+    made: the reference, the policy's sampling settings (the reference samples with them), the stop
+    ids, ``ppo.score_chunk_size``, the reward sources and the tokenizer that decodes for them.
+
     Attributes:
         reward: ``reward`` (its ``calibration_*`` settings).
-        sampling: the policy's sampling settings, which the reference samples with.
-        ppo: ``ppo`` (its ``score_chunk_size``).
-        reference: the frozen reference policy.
-        reward_sources: the loaded sources, which give the reference responses their raw scores.
-        tokenizer: decodes the reference responses for the reward functions.
-        stop_ids: the ids that end a response.
         sample_fn: draws responses from a model
             (:func:`~rlhf_lit.stages.ppo.experience.sample_responses`'s signature).
     """
 
     reward: RewardConfig
-    sampling: SamplingConfig
-    ppo: PPOConfig
-    reference: Reference
-    reward_sources: RewardSources
-    tokenizer: Any
-    stop_ids: tuple[int, ...]
     sample_fn: Callable[..., Generated]
 
     @property
@@ -74,16 +65,8 @@ class ReferenceCalibration:
         """K responses per prompt from the reference, from this rollout's reference stream."""
         generator = stage.stream_generator(STREAM_REFERENCE)
         # The prompt tensors passed apart: the reference moves tensor arguments to its own device.
-        return self.reference.apply(
-            _sample_with,
-            prompts["input_ids"],
-            prompts["attention_mask"],
-            self.sample_fn,
-            self.sampling,
-            self.stop_ids,
-            self.tokenizer.pad_token_id,
-            generator,
-        )
+        ids, mask = prompts["input_ids"], prompts["attention_mask"]
+        return stage.reference.apply(_sample_with, ids, mask, self.sample_fn, stage, generator)
 
     @torch.no_grad()
     def reference_scores(self, stage: RolloutStage, prompts: dict[str, Any], gen: Generated) -> torch.Tensor:
@@ -91,15 +74,15 @@ class ReferenceCalibration:
         rm_scores = None
         if self.reward.uses_reward_model:
             rows = gen.response_ids.shape[0]
-            size = self.ppo.score_chunk_size or rows
+            size = stage.ppo.score_chunk_size or rows
             rm_scores = torch.cat(
                 [
                     stage.score(*stage.reward_model_inputs(gen.rows(i, i + size).trimmed())).float()
                     for i in range(0, rows, size)
                 ]
             )  # (P*K,) or (P*K, M)
-        decoded = reward_batch(self.tokenizer, prompts, gen) if self.reward_sources.needs_texts else None
-        raw, _ = self.reward_sources(rm_scores, decoded)  # (P*K,); each source's parts are the policy rows' to log
+        decoded = reward_batch(stage.tokenizer, prompts, gen) if stage.reward_sources.needs_texts else None
+        raw, _ = stage.reward_sources(rm_scores, decoded)  # (P*K,); each source's parts are the policy rows' to log
         return raw
 
     def draw(self, stage: RolloutStage, prompts: dict[str, Any]) -> torch.Tensor:

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from rlhf_lit.evaluation import response_texts
+from rlhf_lit.evaluation import prompt_texts, response_texts
 from rlhf_lit.functional import aggregate_scores, member_std
 from rlhf_lit.models.generation import Generated
 from rlhf_lit.rewards import RewardBatch, load_reward_function
@@ -84,10 +84,7 @@ class RewardSources:
 def reward_batch(tokenizer: Any, batch: dict[str, Any], gen: Generated) -> RewardBatch:
     """What a reward function sees of a rollout (prompts, responses, their ids up to EOS, EOS flags,
     the data module's extra columns), one entry per row of ``gen``."""
-    prompt_length = gen.query_responses.shape[1] - gen.response_ids.shape[1]
-    prompt_ids = gen.query_responses[:, :prompt_length].cpu()  # (B, P)
-    prompt_mask = gen.attention_mask[:, :prompt_length].bool().cpu()  # (B, P)
-    prompts = [tokenizer.decode(ids[m].tolist(), skip_special_tokens=True) for ids, m in zip(prompt_ids, prompt_mask)]
+    prompts = prompt_texts(tokenizer, gen, skip_special_tokens=True)
     responses = response_texts(tokenizer, gen.query_responses, gen.attention_mask, gen.response_mask, gen.ended)
     response_ids = [ids[m].tolist() for ids, m in zip(gen.response_ids.cpu(), gen.response_mask.cpu())]
     extras = {name: list(column) for name, column in batch.get("extras", {}).items()}

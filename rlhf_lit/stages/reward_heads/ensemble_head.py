@@ -38,6 +38,7 @@ from torchmetrics import MeanMetric
 from rlhf_lit.functional import batch_examples, is_ranking_batch, member_std
 from rlhf_lit.models import init_reward_head, score_head
 from rlhf_lit.models.reward_ensemble import RewardEnsemble
+from rlhf_lit.option_values import check_choice
 from rlhf_lit.run_seed import seed_or_run_seed
 from rlhf_lit.stages.reward_heads.head import Batch, Log, LossAndStatistics, Sequences, TrainingStep, preference_loss
 from rlhf_lit.stages.reward_heads.validation import RankingValidation
@@ -70,14 +71,8 @@ class EnsembleConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.members, int) or self.members < 1:
             raise ValueError(f"ensemble.members must be an integer >= 1, got {self.members!r}")
-        if self.design not in get_args(EnsembleDesign):
-            raise ValueError(
-                f"ensemble.design must be one of {', '.join(get_args(EnsembleDesign))}; got {self.design!r}"
-            )
-        if self.data_weights not in get_args(DataWeights):
-            raise ValueError(
-                f"ensemble.data_weights must be one of {', '.join(get_args(DataWeights))}; got {self.data_weights!r}"
-            )
+        check_choice("ensemble.design", self.design, get_args(EnsembleDesign))
+        check_choice("ensemble.data_weights", self.data_weights, get_args(DataWeights))
         if self.seeds is not None and len(self.seeds) != self.members:
             raise ValueError(f"ensemble.seeds must list one seed per member ({self.members}), got {len(self.seeds)}")
         if self.members == 1 and (self.seeds is not None or self.data_weights != "uniform"):

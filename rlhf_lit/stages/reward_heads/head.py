@@ -16,11 +16,11 @@ from typing import NamedTuple, Protocol
 import torch
 from torch import nn
 
-from rlhf_lit.functional import concat_pairs, is_ranking_batch, pairwise_reward_loss, ranking_loss
+from rlhf_lit.functional import is_ranking_batch, pairwise_reward_loss, ranking_loss
 
 Batch = dict[str, torch.Tensor]
 Sequences = tuple[torch.Tensor, torch.Tensor]
-"""``(input_ids, attention_mask)``, each ``(N, T)``: a batch's sequences (:func:`batch_sequences`)."""
+"""``(input_ids, attention_mask)``, each ``(N, T)``: a batch's sequences (:func:`~rlhf_lit.functional.batch_sequences`)."""
 LossAndStatistics = tuple[torch.Tensor, dict[str, torch.Tensor]]
 """A training batch's loss to differentiate and its statistics (detached; logged as ``train/<name>``)."""
 Log = Callable[..., None]
@@ -72,18 +72,6 @@ class RewardHead(Protocol):
     def ready_for_export(self, model: nn.Module) -> list[nn.Module]:
         """Make ``model`` what the export holds and return the one-label reward models that take the
         normalisation, one per score column."""
-
-
-def batch_sequences(batch: Batch, pad_token_id: int) -> Sequences:
-    """Every sequence of a preference batch as one ``(N, T)`` batch: the chosen rows then the
-    rejected rows (``N = 2B``), so each response goes through the model once, in one forward.
-    A ranking batch (or a reference batch of sequences) is already one: its ``input_ids`` and
-    ``attention_mask`` as they are."""
-    if "chosen_input_ids" not in batch:
-        return batch["input_ids"], batch["attention_mask"]  # (N, T) x2
-    halves = [batch[f"{side}_{key}"] for side in ("chosen", "rejected") for key in ("input_ids", "attention_mask")]
-    # Padding values never matter: scores are read through the attention mask.
-    return concat_pairs(*halves, pad_token_id)  # (2B, T) x2
 
 
 def preference_loss(

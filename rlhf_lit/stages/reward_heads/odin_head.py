@@ -32,6 +32,7 @@ from torch import nn
 
 from rlhf_lit.functional.length_correlation import head_orthogonality, length_correlation_loss
 from rlhf_lit.models import init_reward_head, score_head, sequence_scores
+from rlhf_lit.option_values import check_choice
 from rlhf_lit.stages.reward_heads.head import (
     Batch,
     LossAndStatistics,
@@ -64,10 +65,7 @@ class LengthDebiasConfig:
     orthogonality_weight: float = 1.0
 
     def __post_init__(self) -> None:
-        if self.method not in get_args(LengthDebiasMethod):
-            raise ValueError(
-                f"length_debias.method must be one of {', '.join(get_args(LengthDebiasMethod))}; got {self.method!r}"
-            )
+        check_choice("length_debias.method", self.method, get_args(LengthDebiasMethod))
         for name in ("correlation_weight", "orthogonality_weight"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not value >= 0:
