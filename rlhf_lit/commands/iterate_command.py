@@ -42,6 +42,9 @@ from rlhf_lit.commands.iterate_labels import JudgeScorer, Scorer, as_policy_read
 from rlhf_lit.commands.options import CommandParser, OptionError
 from rlhf_lit.commands.seeds_command import model_class_path
 
+#: iterate.json's record of whether the loop's labels hold chats (the policy reads string prompts in its template).
+CHAT_RENDERED_KEY = "chat_rendered"
+
 COLUMNS = (
     "iteration",
     "labelled_prompts",
@@ -126,8 +129,10 @@ def read_loop_prompts(config: IterateConfig, where: str) -> tuple[list, list]:
     return prompts[: config.prompts.held_out], prompts[config.prompts.held_out :]
 
 
-def check_run_dir(config: IterateConfig, where: str) -> None:
-    """Refuse a run directory another program wrote, or this loop with another config (more iterations extend it)."""
+def check_run_dir(config: IterateConfig, where: str, chat: bool) -> None:
+    """Refuse a run directory another program wrote, this loop with another config (more iterations extend it),
+    or one whose labels were rendered otherwise than the policy reads prompts now (``chat``): a reward model
+    refitted on raw text and chats together would score neither as the policy samples."""
     snapshot = os.path.join(config.run_dir, "iterate.json")
     if not os.path.isdir(config.run_dir) or not os.listdir(config.run_dir):
         return
@@ -144,6 +149,24 @@ def check_run_dir(config: IterateConfig, where: str) -> None:
             f"{where}: run_dir {config.run_dir} was started with another config ({', '.join(changed)} "
             f"differ from {snapshot}); give a new run_dir, or put those back to resume it"
         )
+    # Runs written before the rendering was recorded rendered their labels raw.
+    if kept.get(CHAT_RENDERED_KEY, False) != chat:
+        then, now = ("chats", "raw text") if not chat else ("raw text", "chats")
+        raise OptionError(
+            f"{where}: run_dir {config.run_dir} holds labels rendered as {then} ({snapshot}), but the policy "
+            f"{config.sft_model} reads prompts as {now} now; give a new run_dir"
+        )
+
+
+def check_ppo_rendering(config: IterateConfig, where: str) -> None:
+    """Refuse ``ppo.options`` that set how PPO's data renders string prompts: the loop sets it from the
+    sft_model's tokenizer, so that PPO samples prompts as the reward model was refitted on them."""
+    for option in config.ppo.options:
+        if option.split("=")[0].endswith(".apply_chat_template"):
+            raise OptionError(
+                f"{where}: ppo.options {option}: iterate sets the PPO data's apply_chat_template from the "
+                "sft_model's tokenizer (string prompts in its chat template when it has one); leave it out"
+            )
 
 
 def check_labeler_template(config: IterateConfig, where: str, chat: bool) -> None:
@@ -165,7 +188,6 @@ def prepare(config: IterateConfig, where: str) -> tuple[list, list, list, bool, 
     fails here)."""
     from rlhf_lit.tokenizer import load_tokenizer
 
-    check_run_dir(config, where)
     check_model_path(where, "sft_model", config.sft_model)
     check_reward_model_path(where, "reward_model.initial_model", config.reward_model.initial_model)
     check_stage_config(where, "reward_model.config", config.reward_model.config, "reward_model")
@@ -173,6 +195,8 @@ def prepare(config: IterateConfig, where: str) -> tuple[list, list, list, bool, 
     held_out, fresh = read_loop_prompts(config, where)
     tokenizer = load_tokenizer(config.sft_model)
     chat = steps.policy_reads_chat(tokenizer)
+    check_run_dir(config, where, chat)
+    check_ppo_rendering(config, where)
     if config.labeler.kind == "reward_model":
         check_reward_model_path(where, "labeler.source", config.labeler.source)
         check_labeler_template(config, where, chat)
@@ -235,7 +259,8 @@ def run_loop(config: IterateConfig, loop: tuple) -> list[dict]:
     the summary rows."""
     held_out, fresh, initial, chat, scorer, gold = loop
     write_json_atomically(
-        os.path.join(config.run_dir, "iterate.json"), {WRITTEN_BY_KEY: steps.WRITTEN_BY, "config": asdict(config)}
+        os.path.join(config.run_dir, "iterate.json"),
+        {WRITTEN_BY_KEY: steps.WRITTEN_BY, "config": asdict(config), CHAT_RENDERED_KEY: chat},
     )
     rows = [baseline_row(config, gold, held_out, chat)]
     n = config.prompts.per_iteration
@@ -253,7 +278,7 @@ def run_loop(config: IterateConfig, loop: tuple) -> list[dict]:
             flush=True,
         )
         for stage in steps.STAGES:
-            seconds[stage] = steps.fit(config, paths, stage, run_fit)
+            seconds[stage] = steps.fit(config, paths, stage, run_fit, chat)
         t0 = time.perf_counter()
         rows.append(steps.iteration_metrics(config, paths, train, held, data, gold, held_out, seconds, chat))
         seconds["metrics"] = time.perf_counter() - t0

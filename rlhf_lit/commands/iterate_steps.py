@@ -246,9 +246,10 @@ def reward_data(config: IterateConfig, paths: Paths, initial: list[dict]) -> lis
     return records
 
 
-def fit_args(config: IterateConfig, paths: Paths, stage: str, replace: bool) -> list[str]:
+def fit_args(config: IterateConfig, paths: Paths, stage: str, replace: bool, chat: bool) -> list[str]:
     """The ``rlhf-lit fit`` arguments of a stage of iteration t: the user's config, the iteration's run
-    directory and seed, the inputs the loop decides, then the user's extra options."""
+    directory and seed, the inputs the loop decides (PPO's prompts rendered as :func:`policy_reads_chat` says:
+    ``chat``), then the user's extra options."""
     from rlhf_lit.data.rankings import RANKS_FIELD
 
     group = config.reward_model if stage == "reward_model" else config.ppo
@@ -270,13 +271,16 @@ def fit_args(config: IterateConfig, paths: Paths, stage: str, replace: bool) -> 
             ppo_start(config, paths.t),
             "--model.init_args.reward_model",
             paths.export("reward_model"),
+            # PPO samples string prompts as the labels were rendered (prepare refuses ppo.options that set it).
+            "--data.init_args.apply_chat_template",
+            str(chat).lower(),
         ]
     if replace:
         args += ["--model.init_args.export_existing", "replace"]
     return [*args, *group.options]
 
 
-def fit(config: IterateConfig, paths: Paths, stage: str, runner: FitRunner) -> float | None:
+def fit(config: IterateConfig, paths: Paths, stage: str, runner: FitRunner, chat: bool) -> float | None:
     """Steps 4 and 5: the stage's fit unless its export is done; seconds it took (None when skipped)."""
     state = export_state(paths.export(stage))
     if state == "done":
@@ -285,7 +289,7 @@ def fit(config: IterateConfig, paths: Paths, stage: str, runner: FitRunner) -> f
     log_path = paths.file(f"{stage}.log")
     print(f"iteration {paths.t}: {stage}: fitting (log {log_path})", flush=True)
     t0 = time.perf_counter()
-    status = runner(fit_args(config, paths, stage, replace=state == "damaged"), log_path)
+    status = runner(fit_args(config, paths, stage, replace=state == "damaged", chat=chat), log_path)
     if status != 0 or export_state(paths.export(stage)) != "done":
         raise ValueError(f"iteration {paths.t}: {RunFailed(f'the {stage} fit', status, log_path)}")
     return time.perf_counter() - t0

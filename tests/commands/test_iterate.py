@@ -218,9 +218,13 @@ def test_a_chat_policy_is_labelled_as_it_read_its_prompts(tmp_path, monkeypatch,
     config = loop_config(
         tmp_path, iterations=1, sft_model=str(STORIES260K_CHAT), reward_model={"initial_data": str(initial)}
     )
-    result = iterate(config, FakeFits(chat_rm, policy=STORIES260K_CHAT), monkeypatch, tmp_path)
+    fits = FakeFits(chat_rm, policy=STORIES260K_CHAT)
+    result = iterate(config, fits, monkeypatch, tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     run = tmp_path / "run"
+    # PPO samples its string prompts in the template too, whatever its config says.
+    (ppo,) = [options for (_, stage, options) in fits.calls if stage == "ppo"]
+    assert ppo["--data.init_args.apply_chat_template"] == "true"
     samples = {s["prompt"]: s for s in jsonl(run / "iter_1" / "samples.jsonl")}
     data = jsonl(run / "iter_1" / "reward_data.jsonl")
     tom = [{"role": "user", "content": "Tom"}]
@@ -255,6 +259,38 @@ def test_a_chat_policy_is_labelled_as_it_read_its_prompts(tmp_path, monkeypatch,
     scorer = RewardModelScorer(str(chat_rm))
     pairs = [(r["prompt"], x) for r in data + labels(run, 1)["held_out"] for x in r["responses"]]
     assert scorer.rows(*zip(*pairs)) == rendered
+
+
+def test_a_raw_policy_s_ppo_samples_raw_prompts_and_ppo_options_cannot_change_the_rendering(
+    tmp_path, monkeypatch, tiny_rm
+):
+    fits = FakeFits(tiny_rm)
+    assert iterate(loop_config(tmp_path, iterations=1), fits, monkeypatch, tmp_path).returncode == 0
+    (ppo,) = [options for (_, stage, options) in fits.calls if stage == "ppo"]
+    assert ppo["--data.init_args.apply_chat_template"] == "false"
+    option = "--data.init_args.apply_chat_template=true"
+    fits = FakeFits(tiny_rm)
+    (tmp_path / "b").mkdir()
+    result = iterate(loop_config(tmp_path / "b", ppo={"options": [option]}), fits, monkeypatch, tmp_path)
+    assert f"ppo.options {option}: iterate sets the PPO data's apply_chat_template" in error_line(result)
+    assert fits.calls == []
+
+
+def test_a_run_whose_labels_were_rendered_otherwise_is_refused(tmp_path, monkeypatch, chat_rm):
+    """A run written before the rendering was recorded holds raw-text labels: a chat policy may not add chats."""
+    config = loop_config(tmp_path, iterations=1, sft_model=str(STORIES260K_CHAT))
+    fits = FakeFits(chat_rm, policy=STORIES260K_CHAT)
+    assert iterate(config, fits, monkeypatch, tmp_path).returncode == 0
+    snapshot = tmp_path / "run" / "iterate.json"
+    kept = json.loads(snapshot.read_text(encoding="utf-8"))
+    assert kept["chat_rendered"] is True
+    del kept["chat_rendered"]
+    snapshot.write_text(json.dumps(kept), encoding="utf-8")
+    config = loop_config(tmp_path, iterations=2, sft_model=str(STORIES260K_CHAT))
+    fits = FakeFits(chat_rm, policy=STORIES260K_CHAT)
+    line = error_line(iterate(config, fits, monkeypatch, tmp_path))
+    assert "holds labels rendered as raw text" in line and "reads prompts as chats now" in line, line
+    assert fits.calls == []
 
 
 def test_a_judge_reads_the_prompt_as_the_chat_policy_read_it_and_the_response_text():
