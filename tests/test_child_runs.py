@@ -172,12 +172,16 @@ def test_a_stopped_pool_stops_every_running_child_waits_for_them_and_starts_no_m
 def test_ctrl_c_without_the_handlers_stops_a_pool_s_children_with_sigterm(tmp_path):
     """Ctrl-C where :func:`stop_on_signals` is not installed (the demo's studies): KeyboardInterrupt in the wait,
     and the children get SIGTERM (in a session of their own, the terminal's SIGINT never reaches them)."""
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-    log = tmp_path / "0.log"
-    signal_when_ready([log], signal.SIGINT)
-    with pytest.raises(KeyboardInterrupt):
-        run_pool(lambda n: run(graceful(0.2), log), [0], 1)
-    assert said(log) == ["ready", "got SIGTERM", "ended"]
+    # Python's own SIGINT handler, as in a terminal (a suite started in the background inherits SIGINT ignored).
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        log = tmp_path / "0.log"
+        signal_when_ready([log], signal.SIGINT)
+        with pytest.raises(KeyboardInterrupt):
+            run_pool(lambda n: run(graceful(0.2), log), [0], 1)
+        assert said(log) == ["ready", "got SIGTERM", "ended"]
+    finally:
+        signal.signal(signal.SIGINT, inherited)
 
 
 def test_a_child_started_while_a_pool_stops_is_stopped_too(tmp_path, monkeypatch):
