@@ -67,9 +67,17 @@ class CheckedJudge:
         scores = list(self.fn(texts))
         if len(scores) != len(texts):
             raise ValueError(f"judge {self.spec!r} returned {len(scores)} scores for {len(texts)} texts")
-        out = [float(s) for s in scores]
-        if not all(math.isfinite(s) for s in out):
-            raise ValueError(f"judge {self.spec!r} returned a non-finite score")
+        out = []
+        for i, score in enumerate(scores):
+            try:
+                out.append(float(score))
+            except (TypeError, ValueError):
+                raise ValueError(
+                    f"judge {self.spec!r} returned {score!r} ({type(score).__name__}) for text {i}; "
+                    "a judge returns one number per text"
+                ) from None
+            if not math.isfinite(out[-1]):
+                raise ValueError(f"judge {self.spec!r} returned a non-finite score ({score!r}) for text {i}")
         return out
 
     def __reduce__(self):

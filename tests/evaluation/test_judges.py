@@ -44,6 +44,8 @@ def judge_module(tmp_path, monkeypatch):
         "    return [1.0]\n"
         "def not_finite(texts):\n"
         "    return [float('nan') for t in texts]\n"
+        "def words(texts):\n"
+        "    return [1.0, 'good']\n"
         "THRESHOLD = 3\n"
     )
     (tmp_path / "broken_judge.py").write_text("import no_such_dependency_xyz\n")
@@ -88,8 +90,10 @@ def test_missing_dependency_inside_judge_module_is_not_blamed_on_spec(judge_modu
 def test_judge_output_is_checked(judge_module):
     with pytest.raises(ValueError, match=r"'my_judges:too_few' returned 1 scores for 2 texts"):
         load_judge("my_judges:too_few")(["a", "b"])
-    with pytest.raises(ValueError, match=r"'my_judges:not_finite' returned a non-finite score"):
+    with pytest.raises(ValueError, match=r"'my_judges:not_finite' returned a non-finite score \(nan\) for text 0"):
         load_judge("my_judges:not_finite")(["a"])
+    with pytest.raises(ValueError, match=r"'my_judges:words' returned 'good' \(str\) for text 1; a judge returns one"):
+        load_judge("my_judges:words")(["a", "b"])
 
 
 def test_vader_missing_says_how_to_install(monkeypatch):
