@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import glob
 import hashlib
+import json
 import os
 import re
 import socket
@@ -179,31 +180,58 @@ CHAT_TEMPLATE_FILE, CHAT_TEMPLATE_DIR = "chat_template.jinja", "additional_chat_
 """Where ``save_pretrained`` writes a tokenizer's chat template(s) as Jinja text (transformers 4.50 and later)."""
 
 
-def check_chat_templates(path: str) -> None:
-    """Raise :class:`DamagedFile` for a chat template file of the directory ``path`` that ends before its
-    template does (a block or expression left open: a copy cut short). The tokenizer would load it as
-    it is and fail only when a prompt is rendered; an unknown tag or any other complaint is left to
-    the renderer (never a refusal of a template jinja2 alone cannot judge)."""
+def chat_template_texts(path: str) -> list[tuple[str, str]]:
+    """``(where, Jinja text)`` of every chat template the directory ``path`` holds: ``chat_template.jinja``,
+    ``additional_chat_templates/*.jinja`` and a ``chat_template`` held in ``tokenizer_config.json`` (a string,
+    or a list of named templates)."""
     files = [os.path.join(path, CHAT_TEMPLATE_FILE)]
     folder = os.path.join(path, CHAT_TEMPLATE_DIR)
     if os.path.isdir(folder):
         files += sorted(os.path.join(folder, name) for name in os.listdir(folder) if name.endswith(".jinja"))
-    files = [f for f in files if os.path.isfile(f)]
-    if not files:
+    texts = []
+    for file in filter(os.path.isfile, files):
+        with open(file, encoding="utf-8", errors="replace") as f:
+            texts.append((file, f.read()))
+    config = os.path.join(path, "tokenizer_config.json")
+    try:
+        with open(config, encoding="utf-8") as f:
+            held = json.load(f).get("chat_template")
+    except (OSError, ValueError, AttributeError):  # missing or damaged: check_model_directory names it
+        held = None
+    if isinstance(held, str):
+        texts.append((f"{config} (chat_template)", held))
+    elif isinstance(held, list):
+        texts += [
+            (f"{config} (chat_template {t.get('name')!r})", t["template"])
+            for t in held
+            if isinstance(t, dict) and isinstance(t.get("template"), str)
+        ]
+    return texts
+
+
+def check_chat_templates(path: str) -> None:
+    """Raise :class:`DamagedFile` for a chat template of the directory ``path`` that is not valid Jinja (a
+    block or expression left open by a copy cut short, a stray ``{% endfor %}``, a bad expression), naming
+    the template's file and line. The tokenizer would load it as it is and fail only when a prompt is
+    rendered (or, for an export whose data never render through it, copy it into the next export). A tag
+    jinja2 does not know is left to the renderer: transformers adds its own (``{% generation %}``)."""
+    texts = chat_template_texts(path)
+    if not texts:
         return
     try:
         import jinja2
     except ImportError:  # no jinja2: no chat template can be rendered, and transformers says so
         return
     environment = jinja2.Environment(extensions=["jinja2.ext.loopcontrols"])
-    for file in files:
-        with open(file, encoding="utf-8", errors="replace") as f:
-            text = f.read()
+    for where, text in texts:
         try:
             environment.parse(text)
         except jinja2.TemplateSyntaxError as error:
-            if "end of template" in str(error).lower():
-                raise DamagedFile(file, f"cut short (line {error.lineno}: {error.message})") from None
+            unknown = re.match(r"Encountered unknown tag '(\w+)'", error.message or "")
+            if unknown and not unknown.group(1).startswith(("end", "else", "elif")):
+                continue  # a tag of the renderer's own (transformers' {% generation %}), not a stray closing tag
+            problem = "cut short" if "end of template" in error.message.lower() else "not valid Jinja"
+            raise DamagedFile(where, f"{problem} (line {error.lineno}: {error.message})") from None
 
 
 def check_local_source(name_or_path: str | None, what: str) -> None:

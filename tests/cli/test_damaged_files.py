@@ -134,8 +134,13 @@ CHAT_TEMPLATE = "{% for message in messages %}{{ message['role'] }}: {{ message[
 
 @pytest.mark.parametrize(
     ("text", "problem"),
-    [(CHAT_TEMPLATE[:40], "cut short (line 1: "), ("", "the file is empty (0 bytes)")],
-    ids=["truncated", "empty"],
+    [
+        (CHAT_TEMPLATE[:40], "cut short (line 1: "),
+        ("", "the file is empty (0 bytes)"),
+        (CHAT_TEMPLATE + "{% endfor %}", "not valid Jinja (line 2: Encountered unknown tag 'endfor'.)"),
+        ("{{ bos_token }}\n{{ messages[0]['content'] + }}", "not valid Jinja (line 2: unexpected 'end of print"),
+    ],
+    ids=["truncated", "empty", "stray-end-tag", "bad-expression"],
 )
 def test_a_damaged_chat_template_file_is_named_not_taken_for_no_template(tmp_path, stories_rm, text, problem):
     # transformers reads chat_template.jinja as it is: an empty one is "no chat template" (prompts rendered
@@ -152,6 +157,24 @@ def test_a_damaged_chat_template_file_is_named_not_taken_for_no_template(tmp_pat
     assert error_line(result).startswith(
         f"rlhf-lit: error: sft_model '{sft}' cannot be loaded: {sft / 'chat_template.jinja'}: {problem}"
     )
+
+
+def test_a_broken_chat_template_in_tokenizer_config_is_named_before_loading(tmp_path, stories_rm):
+    """A template held in tokenizer_config.json (older exports) is checked as a file's is, even where the data
+    never render through it: it would otherwise be copied into the next export without a word."""
+    sft = _export_copy(STORIES, tmp_path / "sft")
+    config = json.loads((sft / "tokenizer_config.json").read_text())
+    config["chat_template"] = [{"name": "default", "template": CHAT_TEMPLATE + "{% endif %}"}]
+    (sft / "tokenizer_config.json").write_text(json.dumps(config))
+    (sft / "chat_template.jinja").unlink(missing_ok=True)
+    write_yaml(tmp_path / "ppo.yaml", ppo_config(tmp_path, sft, _export_copy(stories_rm, tmp_path / "rm")))
+    result = run_main("fit", "--config", "ppo.yaml", cwd=tmp_path)
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert error_line(result) == (
+        f"rlhf-lit: error: sft_model '{sft}' cannot be loaded: {sft / 'tokenizer_config.json'} "
+        "(chat_template 'default'): not valid Jinja (line 2: Encountered unknown tag 'endif'.)"
+    )
+    assert not (tmp_path / "ckpt").exists() and not (tmp_path / "export").exists()
 
 
 @pytest.fixture
