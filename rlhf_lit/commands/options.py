@@ -11,6 +11,7 @@ the write is atomic.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 from typing import get_args
 
@@ -20,6 +21,8 @@ from rlhf_lit.artifacts import write_json_atomically as write_json  # noqa: F401
 from rlhf_lit.evaluation import samples
 from rlhf_lit.evaluation.prompt_files import read_prompts
 from rlhf_lit.integrity import DamagedFile, check_json_file
+
+log = logging.getLogger(__name__)
 
 OWNER_PREFIX = "rlhf-lit "
 """What the ``written_by`` of a file rlhf-lit's commands wrote starts with."""
@@ -101,10 +104,14 @@ def add_common_options(parser: argparse.ArgumentParser, *, max_new_tokens: int, 
         "the response, e.g. for a held-out reward model",
     )
     parser.add_argument("--tokenizer", default=None, metavar="DIR", help="tokenizer when not beside the policy")
-    parser.add_argument("--max-new-tokens", type=int, default=max_new_tokens, help="most tokens per response")
-    parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (KL logprobs use it too)")
-    parser.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens; 0 = off")
-    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling threshold; 1.0 = off")
+    recorded = "default: as the policy sampled in training when its export records it, else"
+    parser.add_argument("--max-new-tokens", type=int, help=f"most tokens per response ({recorded} {max_new_tokens})")
+    parser.add_argument(
+        "--temperature", type=float, help=f"sampling temperature, KL logprobs use it too ({recorded} 1.0)"
+    )
+    parser.add_argument("--top-k", type=int, help=f"sample among the k most likely tokens; 0 = off ({recorded} 0)")
+    parser.add_argument("--top-p", type=float, help=f"nucleus sampling threshold; 1.0 = off ({recorded} 1.0)")
+    parser.set_defaults(sampling_fallback={"max_new_tokens": max_new_tokens, **SAMPLING_FALLBACK})
     parser.add_argument(
         "--batch-size",
         type=int,
@@ -112,7 +119,7 @@ def add_common_options(parser: argparse.ArgumentParser, *, max_new_tokens: int, 
         help="responses per generate call (changing it changes the samples of a seed)",
     )
     parser.add_argument("--seed", type=int, default=0, help="sampling seed")
-    parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
+    parser.add_argument("--device", default=None, help="torch device, e.g. cpu or cuda (default: cuda if available)")
     add_out_options(parser, "JSON file for the result")
 
 
@@ -122,6 +129,52 @@ def add_out_options(parser: argparse.ArgumentParser, what: str) -> None:
         "--out", default=None, metavar="FILE.json", help=f"{what} (never replaces a file rlhf-lit did not write)"
     )
     parser.add_argument("--overwrite", action="store_true", help="replace --out if an earlier rlhf-lit run wrote it")
+
+
+SAMPLING_FALLBACK = {"temperature": 1.0, "top_k": 0, "top_p": 1.0}
+"""The sampling options' values when neither the command line nor the policy's export gives one
+(``max_new_tokens``: the command's own, :func:`add_common_options`)."""
+
+
+def recorded_sampling(policy: str) -> dict:
+    """How the export ``policy`` sampled in training (its marker's ``sampling`` entry, written by PPO:
+    :data:`rlhf_lit.stages.export.SAMPLING_KEY`); empty when it records none (a hub name, an SFT or DPO export)."""
+    from rlhf_lit.artifacts import EXPORT_MARKER
+    from rlhf_lit.stages.export import SAMPLING_KEY
+
+    marker = os.path.join(os.path.expanduser(policy), EXPORT_MARKER)
+    if not os.path.isfile(marker):
+        return {}
+    try:
+        recorded = check_json_file(marker).get(SAMPLING_KEY)
+    except (DamagedFile, OSError) as damage:
+        raise OptionError(f"--policy {policy}: {damage}") from None
+    return recorded if isinstance(recorded, dict) else {}
+
+
+def resolve_sampling(args: argparse.Namespace, policies: list[str]) -> None:
+    """Fill each sampling option left unset on the command line: as the ``policies`` sampled in training
+    (:func:`recorded_sampling`; one INFO line says so), else :data:`SAMPLING_FALLBACK`. Policies that trained
+    with different values of an unset option are refused: the table would compare them at one setting."""
+    taken = {}
+    for key, fallback in args.sampling_fallback.items():
+        if getattr(args, key) is not None:
+            continue
+        values = {p: recorded_sampling(p)[key] for p in policies if key in recorded_sampling(p)}
+        if len(set(map(repr, values.values()))) > 1:
+            seen = ", ".join(f"{v} ({p})" for p, v in values.items())
+            raise OptionError(
+                f"--{key.replace('_', '-')}: the policies sampled with different values in training ({seen}); "
+                "give it on the command line"
+            )
+        setattr(args, key, next(iter(values.values())) if values else fallback)
+        if values:
+            taken[key] = getattr(args, key)
+    if taken:
+        said = ", ".join(f"{k} {v}" for k, v in taken.items())
+        log.info(
+            "sampling as the policy did in training (its rlhf_lit_export.json): %s; the command line overrides", said
+        )
 
 
 def sampling_from(args: argparse.Namespace):
@@ -215,6 +268,11 @@ def prepare(
 
     check_positive(batch_size=args.batch_size, max_prompts=args.max_prompts)
     args.chat_template = chat_template_option(args.chat_template)
+    resolve_sampling(args, [p for p in args.policy if p] if isinstance(args.policy, list) else [args.policy])
+    if args.device is None:
+        import torch
+
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
     sampling = sampling_from(args)
     for out in [args.out] if outs is None else outs:
         check_out(out, args.overwrite)

@@ -223,8 +223,19 @@ class StageModule(pl.LightningModule):
     def on_fit_end(self) -> None:
         """Export :meth:`trained_model` and the tokenizer in Hugging Face format (rank 0 writes)."""
         self.exported_path = export_at_fit_end(
-            self.trainer, self.trained_model(), self.tokenizer, self.export_dir, self.EXPORT_WHAT, self.export_existing
+            self.trainer,
+            self.trained_model(),
+            self.tokenizer,
+            self.export_dir,
+            self.EXPORT_WHAT,
+            self.export_existing,
+            facts=self.export_facts(),
         )
+
+    def export_facts(self) -> dict[str, Any]:
+        """More entries of the export's marker (:func:`~rlhf_lit.stages.export.save_pretrained_atomically`):
+        none by default; a policy trained on its own samples records how it sampled."""
+        return {}
 
     def release_after_fit(self) -> None:
         """Free the frozen models (:attr:`FROZEN_PREFIXES`) and the optimizer states: nothing reads them

@@ -15,8 +15,9 @@ import datetime
 import json
 import logging
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import lightning.pytorch as pl
 import torch
@@ -33,6 +34,9 @@ log = logging.getLogger(__name__)
 MARKER = EXPORT_MARKER
 """``rlhf_lit_export.json`` (:data:`rlhf_lit.artifacts.EXPORT_MARKER`), written into every export: what it is
 and when it was written. Only such a directory is ever replaced."""
+SAMPLING_KEY = "sampling"
+"""The marker's entry for how a policy sampled in training (``max_new_tokens``, ``temperature``, ``top_k``,
+``top_p``), which ``rlhf-lit evaluate`` and ``best-of-n`` sample with unless told otherwise."""
 
 ExportExisting = Literal["refuse", "replace"]
 """What to do when ``export_dir`` already holds an earlier rlhf-lit export: ``refuse`` (stop before
@@ -80,11 +84,13 @@ def save_pretrained_atomically(
     what: str = "model",
     existing: ExportExisting = "refuse",
     state_dict: dict[str, torch.Tensor] | None = None,
+    facts: Mapping[str, Any] | None = None,
 ) -> Path:
     """Write ``model`` and ``tokenizer`` with ``save_pretrained`` so that ``path`` is never half written.
 
     ``state_dict``: the weights to write instead of ``model``'s own (the gathered weights of a
-    sharded model, :func:`~rlhf_lit.models.sharding.full_state_dict`).
+    sharded model, :func:`~rlhf_lit.models.sharding.full_state_dict`). ``facts``: more entries of the
+    :data:`MARKER` beside ``what`` and ``written`` (a PPO policy's ``sampling``: :data:`SAMPLING_KEY`).
 
     The target is checked again here with :func:`check_export_target`; the write is
     :func:`rlhf_lit.artifacts.write_directory_atomically` (a new hidden directory beside ``path``
@@ -104,7 +110,7 @@ def save_pretrained_atomically(
 
     def about() -> str:  # read when the contents are written: the time of writing
         written = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-        return json.dumps({"what": what, "written": written}) + "\n"
+        return json.dumps({"what": what, "written": written, **(facts or {})}) + "\n"
 
     try:
         return write_directory_atomically(final, fill, MARKER, about)
@@ -119,6 +125,7 @@ def export_at_fit_end(
     export_dir: str | None,
     what: str,
     existing: ExportExisting = "refuse",
+    facts: Mapping[str, Any] | None = None,
 ) -> Path | None:
     """Export on global rank 0 only, print and log where; other ranks return None.
 
@@ -134,13 +141,14 @@ def export_at_fit_end(
         export_dir: Where to write; None means :func:`default_export_dir`.
         what: Words for the message, e.g. ``"SFT model"``.
         existing: What to do with an earlier export at the target (:data:`ExportExisting`).
+        facts: More entries of the export's marker (:func:`save_pretrained_atomically`).
     """
     target = export_dir or default_export_dir(trainer)  # collective: on every rank
     weights = full_state_dict(model)  # collective when sharded (FSDP): the whole model on rank 0
     path = None
     if trainer.is_global_zero:
         written, weights = export_parts(model, weights)
-        path = save_pretrained_atomically(written, tokenizer, target, what, existing, state_dict=weights)
+        path = save_pretrained_atomically(written, tokenizer, target, what, existing, state_dict=weights, facts=facts)
         print(f"[rlhf-lit] exported {what} to {path}")
         log.debug("exported %s to %s", what, path)  # printed above: once is enough on the console
     trainer.strategy.barrier("rlhf_lit_export")

@@ -273,3 +273,52 @@ def test_evaluate_measures_the_kl_of_a_trained_policy_to_its_reference(tmp_path,
     assert runs["self"]["metrics"]["kl_mean"] == 0.0  # against itself
     assert any(s["kl"] != 0.0 for s in runs["ppo"]["samples"])  # against the SFT model PPO moved away from
     assert all(math.isfinite(s["rm"]) for s in runs["ppo"]["samples"])
+
+
+def test_evaluate_samples_as_the_ppo_policy_did_in_training_unless_told(tmp_path, offline_chain):
+    # The chain's PPO (configs/offline/ppo.yaml with tests/offline_chain.py's options) sampled 8 new tokens at
+    # temperature 1.0, no top-k / top-p; evaluate's own default is 48 tokens.
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("Once upon a time\n")
+    policy = offline_chain.export("ppo")
+    marker = json.loads((policy / "rlhf_lit_export.json").read_text())
+    assert marker["sampling"] == {"max_new_tokens": 8, "temperature": 1.0, "top_k": 0, "top_p": 1.0}
+    runs = {}
+    for name, flags in (("recorded", []), ("told", ["--max-new-tokens", "5", "--temperature", "0.7"])):
+        out = tmp_path / f"{name}.json"
+        result = run_main(
+            "evaluate", "--policy", str(policy), "--prompts", str(prompts), "--out", str(out), *flags, cwd=tmp_path
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+        runs[name] = (json.loads(out.read_text())["config"]["sampling"], result.stderr)
+    sampling, said = runs["recorded"]
+    assert [sampling[k] for k in ("max_new_tokens", "temperature", "top_k", "top_p")] == [8, 1.0, 0, 1.0]
+    assert "sampling as the policy did in training (its rlhf_lit_export.json): max_new_tokens 8, temperature" in said
+    sampling, said = runs["told"]
+    assert (sampling["max_new_tokens"], sampling["temperature"], sampling["top_k"]) == (5, 0.7, 0)
+    assert "sampling as the policy did" in said and "max_new_tokens 8" not in said  # top_k, top_p still taken
+
+
+def test_policies_that_sampled_differently_in_training_need_the_option_given(tmp_path):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("Once upon a time\n")
+    policies = []
+    for name, temperature in (("a", 0.7), ("b", 1.0)):
+        folder = tmp_path / name
+        folder.mkdir()
+        for item in STORIES.iterdir():
+            (folder / item.name).write_bytes(item.read_bytes())
+        sampling = {"max_new_tokens": 16, "temperature": temperature, "top_k": 0, "top_p": 1.0}
+        (folder / "rlhf_lit_export.json").write_text(json.dumps({"what": "PPO policy", "sampling": sampling}))
+        policies.append(str(folder))
+    result = run_main("evaluate", "--policy", *policies, "--prompts", str(prompts), cwd=tmp_path)
+    assert error_line(result) == (
+        f"rlhf-lit: error: --temperature: the policies sampled with different values in training "
+        f"(0.7 ({policies[0]}), 1.0 ({policies[1]})); give it on the command line"
+    )
+    (tmp_path / "b" / "rlhf_lit_export.json").write_text('{"what": "PPO pol')
+    result = run_main(
+        "evaluate", "--policy", policies[1], "--prompts", str(prompts), "--temperature", "1", cwd=tmp_path
+    )
+    assert error_line(result).startswith(f"rlhf-lit: error: --policy {policies[1]}: ")
+    assert "rlhf_lit_export.json: cut short" in error_line(result)

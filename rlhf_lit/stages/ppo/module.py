@@ -11,6 +11,7 @@ update loop (:mod:`~rlhf_lit.stages.ppo.update`), which read of the module what
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 
@@ -30,7 +31,7 @@ from rlhf_lit.models.value import CriticKind
 from rlhf_lit.run_seed import seed_or_run_seed
 from rlhf_lit.stages.amp import loss_scale
 from rlhf_lit.stages.base import RunLayout, StageModule, as_config, require_input
-from rlhf_lit.stages.export import ExportExisting
+from rlhf_lit.stages.export import SAMPLING_KEY, ExportExisting
 from rlhf_lit.stages.optim import OptimizerConfig
 from rlhf_lit.stages.ppo.building import build_models, build_optimizers, kl_controller, shard_stage_models
 from rlhf_lit.stages.ppo.checkpointing import SAFE_ON_RESUME, PPOCheckpoints
@@ -201,6 +202,12 @@ class PPOModule(PPOCheckpoints, StageModule):
     def trained_models(self) -> list[torch.nn.Module]:
         """The policy, and the critic when the estimator has one."""
         return [m for m in (self.policy, self.critic) if m is not None]
+
+    def export_facts(self) -> dict[str, Any]:
+        """How the policy sampled in training, which ``rlhf-lit evaluate`` and ``best-of-n`` sample with unless
+        told otherwise (:data:`~rlhf_lit.stages.export.SAMPLING_KEY`)."""
+        keys = ("max_new_tokens", "temperature", "top_k", "top_p")
+        return {SAMPLING_KEY: {k: getattr(self.sampling, k) for k in keys}}
 
     def trained_model(self) -> torch.nn.Module:
         """The policy: what the export writes."""
