@@ -118,8 +118,9 @@ def string_rendering_line(source: str, format: str, chat: bool, rendering: Templ
 def recorded_choice(choice: TemplateChoice, rendered: Collection[bool]) -> TemplateChoice:
     """What a data module's hyperparameters record of ``chat_template`` after ``setup`` (``rendered``: for
     each source of string examples, whether they were rendered): the choice under which the strings read as
-    they did, so the resume check also compares a checkpoint of the older ``apply_chat_template`` (true:
-    ``always``, false: ``never``). ``auto`` only for a mix (a ``text`` ptx source beside rendered prompts)."""
+    they did, so the resume check compares it with a checkpoint's ``apply_chat_template`` too (the deprecated
+    alias, removed in 0.3.0; true: ``always``, false: ``never``). ``auto`` only for a mix (a ``text`` ptx
+    source beside rendered prompts)."""
     if choice == "always" or (rendered and all(rendered)):
         return "always"
     return "auto" if any(rendered) else "never"
