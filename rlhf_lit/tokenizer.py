@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 from collections.abc import Mapping
 from typing import Any, Literal, get_args
 
@@ -58,6 +59,31 @@ def template_choice(value: Any, name: str) -> TemplateChoice:
     choice = TEMPLATE_ALIASES.get(value, value) if isinstance(value, str) else value
     check_choice(name, choice, TEMPLATE_CHOICES)  # an alias maps into the choices: a refused value is as given
     return choice
+
+
+APPLY_CHAT_TEMPLATE: Mapping[bool, TemplateChoice] = {True: "always", False: "never"}
+"""Deprecated, removed in 0.3.0: the data modules' yes/no ``apply_chat_template``, their option before
+``chat_template``; mapped here only, read by :func:`data_template_choice` and by the resume check (checkpoints
+whose data hyperparameters record it)."""
+
+
+def data_template_choice(chat_template: Any, apply_chat_template: bool | None) -> TemplateChoice:
+    """A data module's ``chat_template`` as its canonical :data:`TemplateChoice`, or its deprecated alias
+    ``apply_chat_template`` (removed in 0.3.0; a ``FutureWarning`` says so) mapped by :data:`APPLY_CHAT_TEMPLATE`.
+    ``ValueError`` naming both when both are given (``chat_template`` other than its default ``auto``)."""
+    if apply_chat_template is None:
+        return template_choice(chat_template, "chat_template")
+    if chat_template != "auto":
+        raise ValueError(
+            f"give chat_template ({chat_template}) or apply_chat_template ({apply_chat_template}), not both: "
+            "apply_chat_template is its deprecated alias, removed in 0.3.0 (true: always, false: never)"
+        )
+    warnings.warn(
+        "apply_chat_template is deprecated, removed in 0.3.0: write chat_template: always for true, never for false",
+        FutureWarning,
+        stacklevel=4,  # the data module's caller: here <- _init_common <- its __init__ <- the caller
+    )
+    return APPLY_CHAT_TEMPLATE[bool(apply_chat_template)]
 
 
 def load_tokenizer(

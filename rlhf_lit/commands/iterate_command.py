@@ -162,10 +162,11 @@ def check_ppo_rendering(config: IterateConfig, where: str) -> None:
     """Refuse ``ppo.options`` that set how PPO's data renders string prompts: the loop sets it from the
     sft_model's tokenizer, so that PPO samples prompts as the reward model was refitted on them."""
     for option in config.ppo.options:
-        if option.split("=")[0].endswith(".apply_chat_template"):
+        key = option.split("=")[0]
+        if key.startswith("--data.") and key.endswith((".chat_template", ".apply_chat_template")):
             raise OptionError(
-                f"{where}: ppo.options {option}: iterate sets the PPO data's apply_chat_template from the "
-                "sft_model's tokenizer (string prompts in its chat template when it has one); leave it out"
+                f"{where}: ppo.options {option}: iterate sets the PPO data's chat_template from the "
+                "sft_model's tokenizer (always when it has a chat template, else never); leave it out"
             )
 
 

@@ -272,8 +272,8 @@ def fit_args(config: IterateConfig, paths: Paths, stage: str, replace: bool, cha
             "--model.init_args.reward_model",
             paths.export("reward_model"),
             # PPO samples string prompts as the labels were rendered (prepare refuses ppo.options that set it).
-            "--data.init_args.apply_chat_template",
-            str(chat).lower(),
+            "--data.init_args.chat_template",
+            template_option(chat),
         ]
     if replace:
         args += ["--model.init_args.export_existing", "replace"]

@@ -32,14 +32,19 @@ from rlhf_lit.data.records import is_text_file, read_rows
 from rlhf_lit.data.rendering import (
     TemplateRendering,
     hh_rendering_line,
+    holds_strings,
     raw_prompt_warning,
+    recorded_choice,
+    renders_strings,
     resolve_template,
+    string_rendering_line,
     template_choice,
 )
 from rlhf_lit.data.sampler import ResumableSampler, ShuffleOrder
 from rlhf_lit.data.splits import split_by_fraction
 from rlhf_lit.option_values import check_least
 from rlhf_lit.run_seed import seed_or_run_seed
+from rlhf_lit.tokenizer import data_template_choice
 
 TRUNCATION_MESSAGES = {
     "prompt": "were longer than max_prompt_length: their start was cut",
@@ -111,11 +116,13 @@ class TextDataModule(L.LightningDataModule):
         """Keep every argument of the data module's constructor (``arguments``: its ``locals()``) as the
         attribute of its name, check the options every data module takes, and save the arguments as
         the hyperparameters (:meth:`_keep_hparams`). A module without ``prompt_words`` reads 1, one
-        without ``shuffle`` (an option of PromptDataModule only) shuffles."""
+        without ``shuffle`` (an option of PromptDataModule only) shuffles. ``chat_template`` is kept
+        canonical, its deprecated alias ``apply_chat_template`` (removed in 0.3.0) read into it."""
         self.prompt_words, self.shuffle = 1, True
         for name, value in arguments.items():
-            if name not in ("self", "__class__"):
+            if name not in ("self", "__class__", "apply_chat_template"):
                 setattr(self, name, value)
+        self.chat_template = data_template_choice(self.chat_template, arguments["apply_chat_template"])
         check_format(self.format, self.kind)
         template_choice(
             self.hh_render, "hh_render"
@@ -137,15 +144,17 @@ class TextDataModule(L.LightningDataModule):
         self.fields = Fields(**self.fields) if isinstance(self.fields, Mapping) else self.fields
         check_fields(self.format, self.fields)
         self._hh: TemplateRendering | None = None  # hh_render for the tokenizer, resolved in setup
+        self._strings: TemplateRendering | None = None  # chat_template for the tokenizer, resolved in setup
+        self._rendered: list[bool] = []  # per source of string examples: rendered (recorded_choice)
         self.sampler: ResumableSampler | None = None  # the training order, built in setup
         self._pending_state: dict[str, Any] | None = None  # a checkpoint's position, loaded before setup
         self.pad_token_id: int | None = None  # from the tokenizer, in setup
         self.train_dataset: list[dict[str, Any]] | None = None
         self.val_dataset: list[dict[str, Any]] | None = None
-        self.chat_rendered = self.apply_chat_template
-        """Whether the prompts are rendered with the tokenizer's chat template: with
-        ``apply_chat_template``, and after ``setup`` when the training or validation prompts are
-        conversations (PPO then checks that the reward model's tokenizer has the same template)."""
+        self.chat_rendered = self.chat_template == "always"
+        """Whether the prompts are rendered with the tokenizer's chat template: with ``chat_template:
+        always``, and after ``setup`` when the training or validation prompts are conversations or strings
+        ``chat_template`` rendered (PPO then checks that the reward model's tokenizer has the same template)."""
         self.stats: dict[str, int] = {}
         """Counts from ``setup``: ``{split}_records``, ``{split}_examples``, ``{split}_dropped``
         for ``train``, ``val`` and a subclass's extra source (``reference``, ``ptx``)."""
@@ -154,7 +163,9 @@ class TextDataModule(L.LightningDataModule):
     def _keep_hparams(self) -> None:
         """Save the arguments of the data module's constructor as the hyperparameters (Lightning finds
         them up the stack, from a constructor that calls ``super().__init__()``), but for
-        the tokenizer (an object) and with two columns stored as older checkpoints hold them.
+        the tokenizer (an object), with ``chat_template`` canonical (``setup`` records how the strings
+        were read: :func:`~rlhf_lit.data.rendering.recorded_choice`) and without its alias, and with two
+        columns stored as older checkpoints hold them.
 
         ``fields`` is a dict (a dataclass instance would break weights_only loading) holding the
         columns added later (:data:`LATER_COLUMNS`: rankings, prompt / completion, messages) only
@@ -165,7 +176,8 @@ class TextDataModule(L.LightningDataModule):
         removed in 0.3.0, which the resume check reads as ``always``), and nothing for raw strings, the only reading before
         the option existed, so a checkpoint written before it resumes exactly when its data is read
         as it was."""
-        self.save_hyperparameters(ignore=["tokenizer", "fields"])
+        self.save_hyperparameters(ignore=["tokenizer", "fields", "apply_chat_template"])
+        self.hparams["chat_template"] = self.chat_template
         defaults = Fields()
         self.hparams["fields"] = {
             name: value
@@ -240,7 +252,8 @@ class TextDataModule(L.LightningDataModule):
         self.pad_token_id = require_pad_id(tokenizer)
         self._hh = resolve_template(self.hh_render, tokenizer, "hh_render", "HH-RLHF transcripts")
         self._hh_noted = False
-        encoder = TextEncoder(tokenizer, apply_chat_template=self.apply_chat_template)
+        self._strings = resolve_template(self.chat_template, tokenizer, "chat_template", "the string prompts")
+        self._rendered = []
         train, format = self._examples(
             self.train_path, format=self.format, kind=self.kind, max_records=self.max_records
         )
@@ -250,13 +263,16 @@ class TextDataModule(L.LightningDataModule):
             val, _ = self._examples(self.val_path, format=self.format, kind=self.kind, max_records=self.max_records)
         elif self.val_fraction > 0:
             train, val = split_by_fraction(train, self.val_fraction, self.seed)
-        self.chat_rendered = self.apply_chat_template or any(is_conversation(e.prompt) for e in (*train, *val))
-        warning = raw_prompt_warning(tokenizer, self.format, [*train, *val], self.apply_chat_template)
+        encoder = self._encoder(self.train_path, format, [*train, *val])
+        chat = encoder.apply_chat_template
+        self.chat_rendered = chat or any(is_conversation(e.prompt) for e in (*train, *val))
+        warning = raw_prompt_warning(tokenizer, format, [*train, *val], chat)
         if warning:
             log.warning("%s: %s", self.train_path, warning)
         train_items = self._encode_split(encoder, train, "train")
         val_items = self._encode_split(encoder, val, "val") if val else []
-        self._setup_extra(encoder)
+        self._setup_extra()
+        self.hparams["chat_template"] = recorded_choice(self.chat_template, self._rendered)
         # assigned last: a failed setup (e.g. a missing extra source) is retried whole
         self.train_dataset, self.val_dataset = train_items, val_items
         self.sampler = ResumableSampler(
@@ -266,10 +282,20 @@ class TextDataModule(L.LightningDataModule):
             self.sampler.load_state_dict(self._pending_state)
             self._pending_state = None
 
-    def _setup_extra(self, encoder: TextEncoder) -> None:
+    def _encoder(self, source: str, format: str, examples: list[Example]) -> TextEncoder:
+        """The encoder of one source's ``examples``, read in ``format``: its strings rendered as ``chat_template``
+        says (:func:`~rlhf_lit.data.rendering.renders_strings`), which one INFO line and :attr:`_rendered` note."""
+        assert self._strings is not None  # resolved at the start of setup, which reads every source
+        chat = renders_strings(self._strings, self.chat_template, format)
+        if any(map(holds_strings, examples)):
+            self._rendered.append(chat)
+            log.info(string_rendering_line(source, format, chat, self._strings))
+        return TextEncoder(self.tokenizer, apply_chat_template=chat)
+
+    def _setup_extra(self) -> None:
         """Read and encode a subclass's extra source (reference set, ptx data); called once."""
 
-    def _sft_source(self, encoder: TextEncoder, name: str, max_length: int) -> list[dict[str, Any]] | None:
+    def _sft_source(self, name: str, max_length: int) -> list[dict[str, Any]] | None:
         """The SFT items of the second source ``name`` (``reference``, ``ptx``: the module's
         ``<name>_path``, read in ``<name>_format``, at most ``<name>_max_records`` records), built as
         SFT data builds them with ``max_prompt_length`` and ``max_length``; None without the source."""
@@ -280,7 +306,10 @@ class TextDataModule(L.LightningDataModule):
         examples, format = self._examples(path, format=format, kind="sft", max_records=max_records)
         self._record_format(f"{name}_format", format)
         return self._encode_split(
-            encoder, examples, name, partial(self._demonstrations, turns="all", max_length=max_length)
+            self._encoder(path, format, examples),
+            examples,
+            name,
+            partial(self._demonstrations, turns="all", max_length=max_length),
         )
 
     def _demonstrations(

@@ -73,9 +73,9 @@ class PreferenceDataModule(TextDataModule):
         max_records: read at most this many records per source (None: all).
         skip_invalid: skip (and count, log once) lines that do not parse and records with a
             missing, non-string or empty field, instead of raising.
-        apply_chat_template: render string prompts as a user turn and string responses as the
-            assistant turn with the tokenizer's chat template; an error if it has none.
-            Conversations are always rendered with it.
+        chat_template: whether string prompts are rendered as a user turn and string responses as
+            the assistant turn with the tokenizer's chat template, as ``SFTDataModule``'s (every source,
+            ``reference_path`` too).
         hh_render: how ``hh_rlhf`` transcripts are rendered
             (:data:`rlhf_lit.data.rendering.TemplateChoice`: ``auto``, with the chat template when the
             tokenizer has one; ``always``; ``never``, kept as strings; ``chat_template`` and ``raw`` are
@@ -93,6 +93,8 @@ class PreferenceDataModule(TextDataModule):
             (detected from its first record as ``SFTDataModule`` detects it) or one of the registry
             :data:`rlhf_lit.data.adapters.ADAPTERS` that gives SFT examples (:mod:`rlhf_lit.data.adapters`).
         reference_max_records: read at most this many reference records (None: all).
+        apply_chat_template: deprecated alias of ``chat_template``, removed in 0.3.0: ``true`` is
+            ``always``, ``false`` ``never`` (a warning says so; given with ``chat_template`` an error).
     """
 
     kind = "preference"
@@ -111,7 +113,7 @@ class PreferenceDataModule(TextDataModule):
         subset: str | None = None,
         max_records: int | None = None,
         skip_invalid: bool = False,
-        apply_chat_template: bool = False,
+        chat_template: TemplateOption = "auto",
         hh_render: TemplateOption = "auto",
         max_length: int = 512,
         max_prompt_length: int = 256,
@@ -120,6 +122,7 @@ class PreferenceDataModule(TextDataModule):
         reference_path: str | None = None,
         reference_format: SFTFormat = "auto",
         reference_max_records: int | None = None,
+        apply_chat_template: bool | None = None,
     ):
         super().__init__()
         check_lengths(max_prompt_length, max_length)
@@ -221,8 +224,8 @@ class PreferenceDataModule(TextDataModule):
         return self._val_loader(self._collator())
 
     # ------------------------------------------------------------------------ reference set
-    def _setup_extra(self, encoder: TextEncoder) -> None:
-        self.reference_dataset = self._sft_source(encoder, "reference", self.max_length)
+    def _setup_extra(self) -> None:
+        self.reference_dataset = self._sft_source("reference", self.max_length)
 
     @property
     def reference_dataloader(self) -> Callable[[], DataLoader]:

@@ -8,8 +8,8 @@ the option (``chat_template``, ``--chat-template``) says, in the one vocabulary 
 default) when the tokenizer has a chat template, ``always`` (a tokenizer without a template is
 refused), ``never`` (kept as the string it is); ``chat_template`` and ``raw`` are deprecated aliases
 of ``always`` and ``never``, removed in 0.3.0. Rendering and tokenizing are the data modules'
-(:class:`rlhf_lit.data.encoding.TextEncoder`, the same as ``apply_chat_template: true``), so a chat
-model is sampled in the template it was trained in, its BOS written once.
+(:class:`rlhf_lit.data.encoding.TextEncoder`), and ``auto`` is the data modules' ``chat_template: auto``
+on string prompts, so a chat model is sampled in the template it was trained in, its BOS written once.
 """
 
 from __future__ import annotations

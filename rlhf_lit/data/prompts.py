@@ -66,9 +66,8 @@ class PromptDataModule(TextDataModule):
         skip_invalid: skip (and count, log once) lines that do not parse and records with a
             missing, non-string or empty field, instead of raising.
         prompt_words: words in the prompt for the ``paragraphs`` format.
-        apply_chat_template: render each string prompt as a user turn with the generation
-            prompt, with the tokenizer's chat template; an error if it has none. Conversations are
-            always rendered with it.
+        chat_template: whether each string prompt is rendered as a user turn with the generation
+            prompt, with the tokenizer's chat template, as ``SFTDataModule``'s (``ptx_path`` too).
         hh_render: how ``hh_rlhf`` transcripts are rendered
             (:data:`rlhf_lit.data.rendering.TemplateChoice`: ``auto``, with the chat template when the
             tokenizer has one; ``always``; ``never``, kept as strings; ``chat_template`` and ``raw`` are
@@ -94,6 +93,8 @@ class PromptDataModule(TextDataModule):
             ``batch["extras"][name]`` (a list per column, one value per prompt; never tensors), and
             from there to reward functions as ``RewardBatch.extras`` (e.g. ``[ground_truth]``).
             Every record must have them.
+        apply_chat_template: deprecated alias of ``chat_template``, removed in 0.3.0: ``true`` is
+            ``always``, ``false`` ``never`` (a warning says so; given with ``chat_template`` an error).
     """
 
     kind = "prompt"
@@ -114,7 +115,7 @@ class PromptDataModule(TextDataModule):
         max_records: int | None = None,
         skip_invalid: bool = False,
         prompt_words: int = 8,
-        apply_chat_template: bool = False,
+        chat_template: TemplateOption = "auto",
         hh_render: TemplateOption = "auto",
         max_prompt_length: int = 256,
         batch_size: int = 8,
@@ -127,6 +128,7 @@ class PromptDataModule(TextDataModule):
         ptx_batch_size: int | None = None,
         ptx_max_length: int = 512,
         extra_fields: list[str] | None = None,
+        apply_chat_template: bool | None = None,
     ):
         super().__init__()
         check_least("max_prompt_length", max_prompt_length, 1)
@@ -170,8 +172,8 @@ class PromptDataModule(TextDataModule):
         return TextEncoder(tokenizer, apply_chat_template=True).end_of_turn_id()
 
     # ----------------------------------------------------------------------------------- ptx
-    def _setup_extra(self, encoder: TextEncoder) -> None:
-        self.ptx_dataset = self._sft_source(encoder, "ptx", self.ptx_max_length)
+    def _setup_extra(self) -> None:
+        self.ptx_dataset = self._sft_source("ptx", self.ptx_max_length)
 
     @property
     def ptx_dataloader(self) -> Callable[[], DataLoader]:

@@ -7,9 +7,10 @@ that has a template.
 A model with a chat template (an instruction model, ``assets/models/stories260K-chat``) answers
 inside its template; trained or sampled on prompts written outside it, it learns to write both
 sides of a dialogue. Conversations are always rendered with the template
-(:mod:`rlhf_lit.data.encoding`); strings are not, unless a data module's ``apply_chat_template`` or
-one of the options below says so:
+(:mod:`rlhf_lit.data.encoding`); strings as the options below say:
 
+- ``chat_template`` (every data module): string prompts as one user turn, string responses as the
+  assistant's (:func:`renders_strings`: ``auto`` keeps the strings of :data:`KEPT_BY_AUTO` as they are);
 - ``hh_render`` (every data module): ``hh_rlhf`` transcripts;
 - ``chat_template`` (``OnlineGeneration``, the guard's ``held_out``, the evaluation functions) and
   ``--chat-template`` (``rlhf-lit evaluate``, ``best-of-n``): string prompts outside the data modules
@@ -18,7 +19,7 @@ one of the options below says so:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any, NamedTuple
 
 from rlhf_lit.data.conversation import is_conversation
@@ -92,18 +93,50 @@ def hh_rendering_line(source: str, rendering: TemplateRendering) -> str:
     return f"{source}: hh_rlhf transcripts {how} ({rendering.why})"
 
 
-def raw_prompt_warning(
-    tokenizer: Any, format: str, examples: Sequence[Example], apply_chat_template: bool
-) -> str | None:
+KEPT_BY_AUTO = {"hh_rlhf": "its transcripts follow hh_render", "text": "language modelling has no turns"}
+"""The formats whose strings a data module's ``chat_template: auto`` keeps as they are, and why."""
+
+
+def holds_strings(example: Example) -> bool:
+    """Whether ``example`` is made of strings (not a conversation), which ``chat_template`` may render."""
+    return example.messages is None and not is_conversation(example.prompt)
+
+
+def renders_strings(rendering: TemplateRendering, choice: TemplateChoice, format: str) -> bool:
+    """Whether a data module renders the strings of a source read in ``format``: its ``chat_template``
+    (``choice``) resolved for the tokenizer (``rendering``), but for ``auto`` the formats of :data:`KEPT_BY_AUTO`."""
+    return rendering.chat and not (choice == "auto" and format in KEPT_BY_AUTO)
+
+
+def string_rendering_line(source: str, format: str, chat: bool, rendering: TemplateRendering) -> str:
+    """The one log line saying how a data module reads the strings of ``source`` (read in ``format``), and why."""
+    how = "rendered as turns with the tokenizer's chat template" if chat else "kept as plain strings"
+    why = rendering.why if chat or not rendering.chat else f"{rendering.why}; format {format}: {KEPT_BY_AUTO[format]}"
+    return f"{source}: the {format} strings are {how} ({why})"
+
+
+def recorded_choice(choice: TemplateChoice, rendered: Collection[bool]) -> TemplateChoice:
+    """What a data module's hyperparameters record of ``chat_template`` after ``setup`` (``rendered``: for
+    each source of string examples, whether they were rendered): the choice under which the strings read as
+    they did, so the resume check compares it with a checkpoint's ``apply_chat_template`` too (the deprecated
+    alias, removed in 0.3.0; true: ``always``, false: ``never``). ``auto`` only for a mix (a ``text`` ptx
+    source beside rendered prompts)."""
+    if choice == "always" or (rendered and all(rendered)):
+        return "always"
+    return "auto" if any(rendered) else "never"
+
+
+def raw_prompt_warning(tokenizer: Any, format: str, examples: Sequence[Example], chat: bool) -> str | None:
     """The warning for plain-string prompts (``examples`` of one data module, read in ``format``)
-    given to a tokenizer with a chat template that will not render them; None when nothing is amiss.
+    given to a tokenizer with a chat template that will not render them (``chat`` False); None when
+    nothing is amiss.
 
     The warning names the option that would render them: ``hh_render`` for HH transcripts kept raw,
-    ``apply_chat_template`` for other string prompts; language-modelling text (``text``) has no
+    ``chat_template`` for other string prompts; language-modelling text (``text``) has no
     prompt to render, so it says to supply conversational records instead."""
-    if apply_chat_template or not has_chat_template(tokenizer):
+    if chat or not has_chat_template(tokenizer):
         return None
-    if not any(e.messages is None and not is_conversation(e.prompt) for e in examples):
+    if not any(map(holds_strings, examples)):
         return None
     head = f"the tokenizer {tokenizer_name(tokenizer)!r} has a chat template, but"
     if format == "hh_rlhf":
@@ -117,7 +150,7 @@ def raw_prompt_warning(
             "modelling has no turns); to train inside the template, give conversational records (messages)"
         )
     return (
-        f"{head} the {format} prompts are plain strings, not rendered with the chat template: the model is trained "
-        "and sampled outside it; set apply_chat_template: true to render each as one user turn, or give "
-        "conversational records (lists of messages)"
+        f"{head} the {format} prompts are plain strings, kept outside the chat template (chat_template: never): the "
+        "model is trained and sampled outside it; set chat_template: auto (or always) to render each as one user "
+        "turn, or give conversational records (lists of messages)"
     )

@@ -57,9 +57,12 @@ class SFTDataModule(TextDataModule):
         skip_invalid: skip (and count, log once) lines that do not parse and records with a
             missing, non-string or empty field, instead of raising.
         prompt_words: words in the prompt for the ``paragraphs`` format.
-        apply_chat_template: render string prompts as a user turn (with the generation prompt)
-            and string responses as the assistant turn with the tokenizer's chat template; an
-            error if the tokenizer has none. Conversations are always rendered with it.
+        chat_template: whether string prompts are rendered as a user turn (with the generation
+            prompt) and string responses as the assistant turn with the tokenizer's chat template
+            (:data:`rlhf_lit.data.rendering.TemplateChoice`): ``auto`` when the tokenizer has one (but
+            ``hh_rlhf`` and ``text`` strings, :data:`~rlhf_lit.data.rendering.KEPT_BY_AUTO`), ``always``
+            (an error if it has none), ``never``. Conversations are always rendered with it. One INFO
+            line per source says which was used and why.
         hh_render: how ``hh_rlhf`` transcripts are rendered
             (:data:`rlhf_lit.data.rendering.TemplateChoice`: ``auto``, with the chat template when the
             tokenizer has one; ``always``; ``never``, kept as strings; ``chat_template`` and ``raw`` are
@@ -72,6 +75,8 @@ class SFTDataModule(TextDataModule):
             conversation, the tokens before its first trained token.
         batch_size: examples per batch.
         num_workers: DataLoader worker processes.
+        apply_chat_template: deprecated alias of ``chat_template``, removed in 0.3.0: ``true`` is
+            ``always``, ``false`` ``never`` (a warning says so; given with ``chat_template`` an error).
     """
 
     kind = "sft"
@@ -91,13 +96,14 @@ class SFTDataModule(TextDataModule):
         max_records: int | None = None,
         skip_invalid: bool = False,
         prompt_words: int = 8,
-        apply_chat_template: bool = False,
+        chat_template: TemplateOption = "auto",
         hh_render: TemplateOption = "auto",
         assistant_turns: AssistantTurns = "all",
         max_length: int = 512,
         max_prompt_length: int = 256,
         batch_size: int = 8,
         num_workers: int = 0,
+        apply_chat_template: bool | None = None,
     ):
         super().__init__()
         check_lengths(max_prompt_length, max_length)

@@ -130,12 +130,16 @@ def _describe(value: Any) -> str:
 def _canonical(data_hparams: Mapping[str, Any]) -> Mapping[str, Any]:
     """Data hyperparameters as the resume check compares them: ``hh_render`` in its canonical spelling
     (a checkpoint may record ``chat_template`` for ``always``: the deprecated alias, read here through
-    :func:`~rlhf_lit.tokenizer.template_choice` until it is removed in 0.3.0)."""
-    from rlhf_lit.tokenizer import template_choice  # deferred: importing it loads transformers
+    :func:`~rlhf_lit.tokenizer.template_choice` until it is removed in 0.3.0), and a checkpoint's
+    ``apply_chat_template`` (deprecated, removed in 0.3.0) as the ``chat_template`` it means."""
+    from rlhf_lit.tokenizer import APPLY_CHAT_TEMPLATE, template_choice  # deferred: importing it loads transformers
 
-    if isinstance(data_hparams.get("hh_render"), str):
-        return {**data_hparams, "hh_render": template_choice(data_hparams["hh_render"], "data.hh_render")}
-    return data_hparams
+    hparams = dict(data_hparams)
+    if isinstance(hparams.get("hh_render"), str):
+        hparams["hh_render"] = template_choice(hparams["hh_render"], "data.hh_render")
+    if "apply_chat_template" in hparams:
+        hparams["chat_template"] = APPLY_CHAT_TEMPLATE[bool(hparams.pop("apply_chat_template"))]
+    return hparams
 
 
 def check_resume(

@@ -224,7 +224,7 @@ def test_a_chat_policy_is_labelled_as_it_read_its_prompts(tmp_path, monkeypatch,
     run = tmp_path / "run"
     # PPO samples its string prompts in the template too, whatever its config says.
     (ppo,) = [options for (_, stage, options) in fits.calls if stage == "ppo"]
-    assert ppo["--data.init_args.apply_chat_template"] == "true"
+    assert ppo["--data.init_args.chat_template"] == "always"
     samples = {s["prompt"]: s for s in jsonl(run / "iter_1" / "samples.jsonl")}
     data = jsonl(run / "iter_1" / "reward_data.jsonl")
     tom = [{"role": "user", "content": "Tom"}]
@@ -267,13 +267,15 @@ def test_a_raw_policy_s_ppo_samples_raw_prompts_and_ppo_options_cannot_change_th
     fits = FakeFits(tiny_rm)
     assert iterate(loop_config(tmp_path, iterations=1), fits, monkeypatch, tmp_path).returncode == 0
     (ppo,) = [options for (_, stage, options) in fits.calls if stage == "ppo"]
-    assert ppo["--data.init_args.apply_chat_template"] == "false"
-    option = "--data.init_args.apply_chat_template=true"
-    fits = FakeFits(tiny_rm)
-    (tmp_path / "b").mkdir()
-    result = iterate(loop_config(tmp_path / "b", ppo={"options": [option]}), fits, monkeypatch, tmp_path)
-    assert f"ppo.options {option}: iterate sets the PPO data's apply_chat_template" in error_line(result)
-    assert fits.calls == []
+    assert ppo["--data.init_args.chat_template"] == "never"
+    for name, option in enumerate(
+        ["--data.init_args.chat_template=always", "--data.init_args.apply_chat_template=true", "--data.chat_template"]
+    ):
+        fits = FakeFits(tiny_rm)
+        (tmp_path / str(name)).mkdir()
+        result = iterate(loop_config(tmp_path / str(name), ppo={"options": [option]}), fits, monkeypatch, tmp_path)
+        assert f"ppo.options {option}: iterate sets the PPO data's chat_template" in error_line(result)
+        assert fits.calls == []
 
 
 def test_a_run_whose_labels_were_rendered_otherwise_is_refused(tmp_path, monkeypatch, chat_rm):

@@ -376,18 +376,18 @@ def test_no_specials_are_put_before_a_prompt_the_template_rendered(tmp_path):
     tok = AutoTokenizer.from_pretrained(str(CHAT_MODEL))
     tok.chat_template = tok.chat_template.replace("{{ bos_token }}", "")  # a template that writes no BOS
     path = write_jsonl(tmp_path / "d.jsonl", [{"prompt": [user("Hi")]}, {"prompt": "Hi"}])
-    dm = PromptDataModule(tokenizer=tok, train_path=path, format="fields")
+    dm = PromptDataModule(tokenizer=tok, train_path=path, format="fields", chat_template="never")
     dm.setup()
-    # the conversation: as the template writes it; the string: BOS in front, as always
+    # the conversation: as the template writes it; the string kept: BOS in front, as always
     assert [x["input_ids"] for x in dm.train_dataset] == [ids(tok, "User: Hi\nAssistant:"), [1] + ids(tok, "Hi")]
 
 
-def test_string_prompts_are_not_chat_rendered_unless_asked(chat_tok, tmp_path):
+def test_string_prompts_are_chat_rendered_unless_told_never(chat_tok, tmp_path):
     path = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "Hi"}])
-    for apply_chat_template in (False, True):
-        dm = PromptDataModule(tokenizer=chat_tok, train_path=path, apply_chat_template=apply_chat_template)
+    for chat_template, rendered in (("never", False), ("always", True), ("auto", True)):
+        dm = PromptDataModule(tokenizer=chat_tok, train_path=path, chat_template=chat_template)
         dm.setup()
-        assert dm.chat_rendered is apply_chat_template
+        assert dm.chat_rendered is rendered
 
 
 def test_an_implicit_string_pair_is_tokenized_as_its_whole_text(chat_tok, tmp_path):
@@ -396,7 +396,7 @@ def test_an_implicit_string_pair_is_tokenized_as_its_whole_text(chat_tok, tmp_pa
     # '▁' again: "The sky is  blue."), and PPO's prompts end where the pair's prompt does.
     record = {"chosen": "The sky is blue.", "rejected": "The sky is red."}
     path = write_jsonl(tmp_path / "i.jsonl", [record])
-    dm = PreferenceDataModule(tokenizer=chat_tok, train_path=path)
+    dm = PreferenceDataModule(tokenizer=chat_tok, train_path=path, chat_template="never")
     dm.setup()
     (item,) = dm.train_dataset
     p = [1] + ids(chat_tok, "The sky is")
@@ -406,22 +406,22 @@ def test_an_implicit_string_pair_is_tokenized_as_its_whole_text(chat_tok, tmp_pa
         "prompt_length": len(p),
     }
     assert chat_tok.decode(item["chosen_input_ids"], skip_special_tokens=True) == "The sky is blue."
-    prompts = PromptDataModule(tokenizer=chat_tok, train_path=path)
+    prompts = PromptDataModule(tokenizer=chat_tok, train_path=path, chat_template="never")
     prompts.setup()
     assert prompts.train_dataset[0]["input_ids"] == p
 
 
-@pytest.mark.parametrize("apply_chat_template", [False, True])
-def test_a_prompt_cut_from_the_left_keeps_the_template_bos(chat_tok, tmp_path, apply_chat_template):
+@pytest.mark.parametrize("chat_template", ["never", "auto", "always"])
+def test_a_prompt_cut_from_the_left_keeps_the_template_bos(chat_tok, tmp_path, chat_template):
     # '<s>System: <long>\nUser: Hi\nAssistant:' cut to 6 tokens: the template's '<s>' stays in front of
     # the last 5 ('is', 't', 'an', 't', ':' of 'Assistant:', read off by hand), in SFT
-    # pairs, preference pairs and PPO prompts alike, with or without apply_chat_template.
+    # pairs, preference pairs and PPO prompts alike, whatever chat_template says.
     prompt = [sys_("Be kind and tell long stories about cats and dogs."), user("Hi")]
     p = ids(chat_tok, "<s>System: Be kind and tell long stories about cats and dogs.\nUser: Hi\nAssistant:")
     cut = [1] + p[-5:]
     assert chat_tok.convert_ids_to_tokens(cut) == ["<s>", "is", "t", "an", "t", ":"]
     hello = ids(chat_tok, "<s>User: Hi\nAssistant: Hello")[len(ids(chat_tok, "<s>User: Hi\nAssistant:")) :]
-    common = {"tokenizer": chat_tok, "apply_chat_template": apply_chat_template, "max_prompt_length": 6}
+    common = {"tokenizer": chat_tok, "chat_template": chat_template, "max_prompt_length": 6}
     sft = SFTDataModule(
         train_path=write_jsonl(tmp_path / "s.jsonl", [{"prompt": prompt, "completion": "Hello"}]), **common
     )

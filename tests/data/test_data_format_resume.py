@@ -81,6 +81,13 @@ def older(module: str, train_path: str) -> dict:
     }[module]
 
 
+def now(module: str, train_path: str) -> dict:
+    """What this version records for the same module: ``chat_template`` in place of the older
+    ``apply_chat_template`` (false: the strings were kept as they are, ``never``)."""
+    hparams = {k: v for k, v in older(module, train_path).items() if k != "apply_chat_template"}
+    return {**hparams, "chat_template": "never"}
+
+
 def _write(path, record) -> str:
     path.write_text(json.dumps(record) + "\n", encoding="utf-8")
     return str(path)
@@ -98,7 +105,7 @@ def test_an_older_checkpoint_resumes_under_auto_when_auto_reads_fields(stories_t
     path = _write(tmp_path / "d.jsonl", record)
     dm = module(tokenizer=stories_tok, train_path=path)
     dm.setup()
-    assert dict(dm.hparams) == older(kind, path)  # what a checkpoint of this run records: as before
+    assert dict(dm.hparams) == now(kind, path)  # what a checkpoint of this run records
     check_resume({"datamodule_hyper_parameters": older(kind, path)}, {}, dm.hparams, ())
 
 
@@ -146,7 +153,9 @@ def test_lightning_resumes_an_older_checkpoint_with_format_left_unset(stories_to
     ckpt = tmp_path / "older.ckpt"
     fit(1, format="fields").save_checkpoint(ckpt)
     checkpoint = torch.load(ckpt, weights_only=False)
-    assert checkpoint["datamodule_hyper_parameters"] == older("sft", path)  # as an older version wrote it
+    assert checkpoint["datamodule_hyper_parameters"] == now("sft", path)
+    checkpoint["datamodule_hyper_parameters"] = older("sft", path)  # as an older version wrote it
+    torch.save(checkpoint, ckpt)
     assert fit(2, ckpt_path=ckpt).global_step == 2  # format left at auto: resumes
     _write(tmp_path / "d.jsonl", {"prompt": "Once upon a", "completion": " time"})  # same file, other shape
     with pytest.raises(ResumeMismatch, match="data.format: checkpoint 'fields', now 'prompt_completion'"):

@@ -98,11 +98,11 @@ CHAT = (
 
 def test_chat_template(stories_tok, tmp_path):
     path = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "Hi", "response": "Hello"}])
-    with pytest.raises(ValueError, match="apply_chat_template=True but the tokenizer .* has no chat template"):
-        sft(stories_tok, path, apply_chat_template=True)
+    with pytest.raises(ValueError, match="^chat_template: always, but the tokenizer .* has no chat template"):
+        sft(stories_tok, path, chat_template="always")
     tok = copy.deepcopy(stories_tok)
     tok.chat_template = CHAT
-    item = sft(tok, path, apply_chat_template=True).train_dataset[0]
+    item = sft(tok, path, chat_template="always").train_dataset[0]
     n_prompt = item["labels"].count(-100)
     # prompt "<s>User: Hi\nBot:" (the template's BOS, not a second one); response " Hello" + EOS
     assert tok.decode(item["input_ids"][:n_prompt]) == "<s> User: Hi\nBot:"

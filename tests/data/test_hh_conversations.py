@@ -246,17 +246,19 @@ def test_raw_on_a_chat_model_keeps_the_strings_and_warns_naming_the_option(chat_
 
 
 # --------------------------------------------------- other string prompts on a chat-template model
-def test_string_prompts_on_a_chat_model_warn_once_naming_apply_chat_template(chat_tok, gpt2, tmp_path, caplog):
+def test_string_prompts_a_chat_model_keeps_raw_warn_once_naming_chat_template(chat_tok, gpt2, tmp_path, caplog):
     path = write_jsonl(tmp_path / "pc.jsonl", [{"prompt": "Once", "completion": " upon"}] * 2)
     with caplog.at_level(logging.INFO, logger="rlhf_lit.data"):
-        SFTDataModule(tokenizer=chat_tok, train_path=path, val_path=path).setup()
+        SFTDataModule(tokenizer=chat_tok, train_path=path, val_path=path, chat_template="never").setup()
     assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [
         f"{path}: the tokenizer {chat_tok.name_or_path!r} has a chat template, but the prompt_completion prompts are "
-        "plain strings, not rendered with the chat template: the model is trained and sampled outside it; set "
-        "apply_chat_template: true to render each as one user turn, or give conversational records (lists of messages)"
+        "plain strings, kept outside the chat template (chat_template: never): the model is trained and sampled "
+        "outside it; set chat_template: auto (or always) to render each as one user turn, or give conversational "
+        "records (lists of messages)"
     ]
     for quiet in (
-        SFTDataModule(tokenizer=chat_tok, train_path=path, apply_chat_template=True),
+        SFTDataModule(tokenizer=chat_tok, train_path=path),
+        SFTDataModule(tokenizer=chat_tok, train_path=path, chat_template="always"),
         SFTDataModule(tokenizer=gpt2, train_path=path),
     ):
         caplog.clear()

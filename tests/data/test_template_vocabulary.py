@@ -2,8 +2,9 @@
 with ``hh_render``'s older ``chat_template`` / ``raw`` as aliases (rlhf_lit/data/rendering.py).
 
 Each alias must act exactly as its canonical value wherever the choice is made: the data modules
-(``hh_render``), the callbacks (``chat_template``), the resume check; the commands'
-``--chat-template`` is tested through the CLI in tests/cli/test_template_vocabulary_cli.py.
+(``hh_render``; ``chat_template``, whose older ``apply_chat_template`` is its alias too), the callbacks
+(``chat_template``), the resume check; the commands' ``--chat-template`` is tested through the CLI in
+tests/cli/test_template_vocabulary_cli.py.
 """
 
 from __future__ import annotations
@@ -107,3 +108,87 @@ def test_the_callbacks_refuse_a_bad_value_naming_the_option():
         OnlineGeneration(["Hi"], chat_template="x")
     with pytest.raises(ValueError, match=r"^guard held_out.chat_template must be one of auto, always, never; got 'x'$"):
         HeldOut(prompts=["Hi"], chat_template="x")
+
+
+# ------------------------------------------------ the data modules' chat_template and its older apply_chat_template
+STRINGS = [{"prompt": "Once upon", "response": " a time", "chosen": " a time", "rejected": " a day"}]
+MODULES = [SFTDataModule, PreferenceDataModule, PromptDataModule]
+
+
+@pytest.fixture
+def strings_file(tmp_path):
+    return write_jsonl(tmp_path / "strings.jsonl", STRINGS)
+
+
+@pytest.mark.parametrize(("old", "canonical"), [(True, "always"), (False, "never")])
+@pytest.mark.parametrize("module", MODULES)
+def test_apply_chat_template_reads_as_its_choice_with_a_warning_naming_the_removal(
+    module, old, canonical, chat_tok, strings_file
+):
+    with pytest.warns(FutureWarning, match=r"^apply_chat_template is deprecated, removed in 0\.3\.0: write chat_temp"):
+        by_alias = module(tokenizer=chat_tok, train_path=strings_file, format="fields", apply_chat_template=old)
+    by_name = module(tokenizer=chat_tok, train_path=strings_file, format="fields", chat_template=canonical)
+    assert batches(by_alias) == batches(by_name)
+    assert by_alias.chat_rendered is by_name.chat_rendered is old
+    assert dict(by_alias.hparams) == dict(by_name.hparams)  # the alias is never recorded
+    assert by_alias.hparams["chat_template"] == canonical
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_chat_template_and_apply_chat_template_together_are_refused_naming_both(module, chat_tok, strings_file):
+    with pytest.raises(ValueError, match=r"^give chat_template \(never\) or apply_chat_template \(True\), not both"):
+        module(tokenizer=chat_tok, train_path=strings_file, chat_template="never", apply_chat_template=True)
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_the_data_modules_refuse_a_bad_chat_template_and_always_without_a_template(module, gpt2, strings_file):
+    with pytest.raises(ValueError, match=r"^chat_template must be one of auto, always, never; got 'yes'$"):
+        module(tokenizer=gpt2, train_path=strings_file, chat_template="yes")
+    dm = module(tokenizer=gpt2, train_path=strings_file, format="fields", chat_template="always")
+    with pytest.raises(ValueError) as refused:
+        dm.setup()
+    assert str(refused.value) == (
+        f"chat_template: always, but the tokenizer {gpt2.name_or_path!r} has no chat template to render the string "
+        "prompts with; "
+        "use chat_template: never (or auto) to keep them as strings, or a tokenizer that has one"
+    )
+
+
+def test_auto_keeps_language_modelling_text_and_always_renders_it(chat_tok, tmp_path):
+    path = write_jsonl(tmp_path / "text.jsonl", [{"text": "Tom ran."}])
+    ran = chat_tok("Tom ran.", add_special_tokens=False)["input_ids"]
+    kept = SFTDataModule(tokenizer=chat_tok, train_path=path, format="text")
+    kept.setup()
+    assert kept.train_dataset[0]["input_ids"] == [1, *ran, 2]  # BOS, the text, EOS: no turns
+    assert kept.hparams["chat_template"] == "never"
+    rendered = SFTDataModule(tokenizer=chat_tok, train_path=path, format="text", chat_template="always")
+    rendered.setup()
+    # By hand from the template: an empty user turn, the text as the assistant's (its end of turn is the EOS).
+    turns = chat_tok("<s>User: \nAssistant: Tom ran.</s>", add_special_tokens=False)["input_ids"]
+    assert rendered.train_dataset[0]["input_ids"] == turns
+
+
+def test_the_hyperparameters_record_how_the_strings_read(chat_tok, gpt2, strings_file, tmp_path):
+    text = write_jsonl(tmp_path / "text.jsonl", [{"text": "Tom ran."}])
+    conversations = write_jsonl(tmp_path / "c.jsonl", [{"prompt": [{"role": "user", "content": "Hi"}]}])
+    cases = [
+        (chat_tok, strings_file, {}, "always"),  # auto, a template: rendered
+        (gpt2, strings_file, {}, "never"),  # auto, no template: kept
+        (chat_tok, conversations, {}, "never"),  # no strings: nothing rendered by the option
+        (chat_tok, conversations, {"chat_template": "always"}, "always"),
+        (chat_tok, strings_file, {"ptx_path": text, "ptx_format": "text"}, "auto"),  # rendered prompts, kept text
+        (chat_tok, strings_file, {"ptx_path": text, "ptx_format": "text", "chat_template": "always"}, "always"),
+    ]
+    for tok, path, options, recorded in cases:
+        dm = PromptDataModule(tokenizer=tok, train_path=path, **options)
+        assert dm.hparams["chat_template"] == options.get("chat_template", "auto")  # as given, before setup
+        dm.setup()
+        assert dm.hparams["chat_template"] == recorded, (path, options)
+
+
+@pytest.mark.parametrize(("old", "same", "other"), [(True, "always", "never"), (False, "never", "always")])
+def test_an_older_checkpoint_recording_apply_chat_template_resumes_as_its_choice(old, same, other):
+    checkpoint = {"hyper_parameters": {}, "datamodule_hyper_parameters": {"apply_chat_template": old}}
+    check_resume(checkpoint, {}, {"chat_template": same}, ())
+    with pytest.raises(ResumeMismatch, match=rf"data.chat_template: checkpoint '{same}', now '{other}'"):
+        check_resume(checkpoint, {}, {"chat_template": other}, ())

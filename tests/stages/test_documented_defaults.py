@@ -261,11 +261,7 @@ QUOTED: list[Quoted] = [
     ),
     *(
         Quoted(
-            "docs/data.md",
-            "Every data module takes `apply_chat_template` (default `false`)",
-            data,
-            "apply_chat_template",
-            False,
+            "docs/data.md", "Every data module takes `chat_template` (default `auto`)", data, "chat_template", "auto"
         )
         for data in (SFTDataModule, PreferenceDataModule, PromptDataModule)
     ),
