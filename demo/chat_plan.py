@@ -42,13 +42,15 @@ class ChatBudget:
 
 CHAT_FULL = ChatBudget()
 WARMUP_1 = ("--model.init_args.optimizer.warmup_steps", "1")
+TOP_BLOCK = ("--model.init_args.trainable_layers", "1")  # also fits a model cut to a few blocks
 CHAT_TINY = ChatBudget(
     eval_prompts=4,
     label_prompts=12,
     samples_per_prompt=3,
-    reward_model=("--trainer.max_epochs", "1", "--data.init_args.batch_size", "4", *WARMUP_1),
-    dpo=("--trainer.max_steps", "2", "--data.init_args.batch_size", "4", *WARMUP_1),
+    reward_model=("--trainer.max_epochs", "1", "--data.init_args.batch_size", "4", *WARMUP_1, *TOP_BLOCK),
+    dpo=("--trainer.max_steps", "2", "--data.init_args.batch_size", "4", *WARMUP_1, *TOP_BLOCK),
     ppo=(
+        *TOP_BLOCK,
         "--model.init_args.max_rollouts",
         "2",
         "--data.init_args.batch_size",

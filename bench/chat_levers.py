@@ -1,0 +1,163 @@
+"""The chat demo's speed levers on SmolLM2-135M-Instruct, each a ratio against the plain run in the same
+process on the same machine: sampling (fp32 against bf16 autocast; one thread against two) and one
+training step of the reward model (the full model against ``trainable_layers``; fp32 against bf16
+autocast).
+
+    .venv/bin/python bench/chat_levers.py [--model DIR] [--samples 64] [--steps 4]
+
+Sampling: ``--samples`` replies of 48 new tokens to the chat demo's requests (first HH-RLHF human turns in
+the ChatML template), batch 64, temperature 1, timed after one warm-up batch. A training step: a batch
+of 8 pairs (16 sequences of the same requests with sampled replies), forward, the pair loss, backward
+and an AdamW step, median of ``--steps`` after one warm-up step. bf16 autocast pays on a CPU whose
+matrix units take bf16 (AMX: ``amx_bf16`` in /proc/cpuinfo); on one without, it is slower than fp32.
+Writes ``bench/results/chat-levers-<UTC date>.json`` and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def cpu_flags() -> str:
+    """The CPU's matrix and vector extensions that decide the lever's worth (from /proc/cpuinfo)."""
+    try:
+        flags = next(line for line in open("/proc/cpuinfo") if line.startswith("flags")).split()
+    except (OSError, StopIteration):
+        return "unknown"
+    return " ".join(f for f in ("avx2", "avx512f", "amx_bf16") if f in flags) or "none of avx2, avx512f, amx_bf16"
+
+
+def autocast(precision: str):
+    """bf16 autocast on the CPU, or nothing for fp32."""
+    import torch
+
+    return torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16" else contextlib.nullcontext()
+
+
+def requests(tokenizer, n: int) -> list[list[int]]:
+    """``n`` chat-demo requests (distinct first human turns, in file order) rendered with the generation prompt."""
+    from demo.chat_plan import HH_FILE
+    from demo.chat_prompts import first_human_turns
+
+    turns = first_human_turns(HH_FILE)[:n]
+    rendered = [
+        tokenizer.apply_chat_template([{"role": "user", "content": t}], tokenize=False, add_generation_prompt=True)
+        for t in turns
+    ]
+    return [tokenizer(r, add_special_tokens=False)["input_ids"] for r in rendered]
+
+
+def sampling_seconds(model, tokenizer, prompts, precision: str, threads: int) -> float:
+    """Seconds per reply of sampling ``prompts`` (48 new tokens, batch 64) after one warm-up batch."""
+    import torch
+
+    from rlhf_lit.models.generation import SamplingConfig, sample_batches
+
+    torch.set_num_threads(threads)
+    config = SamplingConfig(temperature=1.0, max_new_tokens=48)
+    with autocast(precision):
+        list(sample_batches(model, tokenizer, prompts[:8], config, batch_size=8, seed=1))
+        t0 = time.perf_counter()
+        list(sample_batches(model, tokenizer, prompts, config, batch_size=64, seed=0))
+    return (time.perf_counter() - t0) / len(prompts)
+
+
+def step_seconds(path: str, tokenizer, rows, precision: str, trainable_layers: int | None, steps: int) -> float:
+    """Median seconds of one reward-model step (pair loss, backward, AdamW) on ``rows`` (chosen, rejected, ...)."""
+    import torch
+
+    from rlhf_lit.models import load_reward_model
+    from rlhf_lit.models.freezing import freeze_lower_layers
+
+    torch.set_num_threads(2)
+    model = freeze_lower_layers(load_reward_model(path, tokenizer), trainable_layers).train()
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5)
+    width = max(map(len, rows))
+    ids = torch.tensor([r + [tokenizer.pad_token_id] * (width - len(r)) for r in rows])
+    mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
+    times = []
+    for _ in range(steps + 1):
+        t0 = time.perf_counter()
+        with autocast(precision):
+            scores = model(input_ids=ids, attention_mask=mask).logits[:, 0]  # pooled at each row's last token
+        loss = -torch.nn.functional.logsigmoid(scores[0::2].float() - scores[1::2].float()).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times[1:])
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Measure every lever, print the table, write the JSON."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default=None, help="SmolLM2-135M-Instruct folder (default: make smollm2's cache)")
+    p.add_argument("--samples", type=int, default=64)
+    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--trainable-layers", type=int, default=4)
+    args = p.parse_args(argv)
+    path = (
+        args.model
+        or subprocess.run(
+            [sys.executable, str(ROOT / "scripts" / "fetch_smollm2.py")], capture_output=True, text=True, check=True
+        ).stdout.split()[-1]
+    )
+    from rlhf_lit.models import load_causal_lm
+    from rlhf_lit.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(path, padding_side="left")
+    prompts = requests(tokenizer, args.samples)
+    policy = load_causal_lm(path, tokenizer).eval()
+    sampling = {
+        (precision, threads): sampling_seconds(policy, tokenizer, prompts, precision, threads)
+        for precision, threads in (("fp32", 2), ("bf16", 2), ("fp32", 1))
+    }
+    print("sampling, s per reply:", {f"{p} {t} threads": round(s, 3) for (p, t), s in sampling.items()}, flush=True)
+    # Training rows: each request with two of its sampled-style replies (the request's own tokens repeated
+    # stand in for a reply: the step's cost depends on the lengths, not the words).
+    rows = [r + r[-48:] for r in prompts[:16]]
+    k = args.trainable_layers
+    step = {
+        (precision, layers): step_seconds(path, tokenizer, rows, precision, layers, args.steps)
+        for precision, layers in (("fp32", None), ("fp32", k), ("bf16", None), ("bf16", k))
+    }
+    plain_s, plain_t = sampling[("fp32", 2)], step[("fp32", None)]
+    table = [
+        ("sampling, fp32, 2 threads (plain)", plain_s, 1.0),
+        ("sampling, bf16 autocast, 2 threads", sampling[("bf16", 2)], plain_s / sampling[("bf16", 2)]),
+        ("sampling, fp32, 1 thread", sampling[("fp32", 1)], plain_s / sampling[("fp32", 1)]),
+        ("RM step, fp32, full model (plain)", plain_t, 1.0),
+        (f"RM step, fp32, top {k} blocks", step[("fp32", k)], plain_t / step[("fp32", k)]),
+        ("RM step, bf16 autocast, full model", step[("bf16", None)], plain_t / step[("bf16", None)]),
+        (f"RM step, bf16 autocast, top {k} blocks", step[("bf16", k)], plain_t / step[("bf16", k)]),
+    ]
+    result = {
+        "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d"),
+        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, {cpu_flags()}",
+        "command": " ".join([sys.executable, *sys.argv]),
+        "rows": [{"lever": name, "seconds": s, "speed-up": r} for name, s, r in table],
+    }
+    out = ROOT / "bench" / "results" / f"chat-levers-{result['date'].replace('-', '')}.json"
+    out.write_text(json.dumps(result, indent=1))
+    print("| lever | seconds (per reply or step) | speed-up |\n|---|---|---|")
+    for name, s, r in table:
+        print(f"| {name} | {s:.3f} | {r:.2f}x |")
+    print(f"machine: {result['machine']}; written to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
