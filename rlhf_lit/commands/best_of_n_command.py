@@ -14,19 +14,18 @@ This module is the argparse shell: it parses and checks the options, calls the l
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Sequence
 
 from rlhf_lit.commands.options import (
-    WRITTEN_BY_KEY,
     CommandParser,
     OptionError,
     add_common_options,
     check_positive,
+    command_result,
     library_options,
     prepare,
-    write_json,
+    write_result,
 )
 from rlhf_lit.evaluation.best_of_n_sweep import best_of_n, format_table
 
@@ -108,25 +107,19 @@ def main(argv: Sequence[str]) -> int:
         sampling=sampling,
         **library_options(args),
     )
-    result = {
-        WRITTEN_BY_KEY: "rlhf-lit best-of-n",
-        "config": {
-            "policy": args.policy,
-            "reward_model": args.reward_model,
-            "judge": args.judge,
-            "prompts": args.prompts,
-            "num_prompts": len(prompts),
-            "ns": ns,
-            "num_samples": m,
-            "estimator": args.estimator,
-            "tie_break": "equal RM scores: the sample drawn first wins",
-            "sampling": dataclasses.asdict(sampling),
-            **library_options(args),
-        },
-        **result,
-    }
+    result = command_result(
+        "best-of-n",
+        args,
+        prompts,
+        sampling,
+        result,
+        policy=args.policy,
+        reward_model=args.reward_model,
+        ns=ns,
+        num_samples=m,
+        estimator=args.estimator,
+        tie_break="equal RM scores: the sample drawn first wins",
+    )
     print(format_table(result["rows"]))
-    if args.out is not None:
-        write_json(args.out, result)
-        log.info("wrote %s", args.out)
+    write_result(args.out, result)
     return 0

@@ -30,22 +30,21 @@ This module is the argparse shell: it parses and checks the options, calls the l
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import logging
 import os
 from collections.abc import Sequence
 from pathlib import PurePath
 
 from rlhf_lit.commands.options import (
-    WRITTEN_BY_KEY,
     CommandParser,
     OptionError,
     add_common_options,
     check_positive,
     check_sources,
+    command_result,
     library_options,
     prepare,
-    write_json,
+    write_result,
 )
 from rlhf_lit.evaluation.policy_metrics import evaluate_policy, format_comparison, format_table
 
@@ -127,9 +126,7 @@ def main(argv: Sequence[str]) -> int:
         results[policy] = _evaluate(args, policy, prompts, sampling, judge)
         if len(policies) == 1:
             print(format_table(results[policy]))
-        if out is not None:  # the writer makes the folder of several policies' results
-            write_json(out, results[policy])
-            log.info("wrote %s", out)
+        write_result(out, results[policy])  # the writer makes the folder of several policies' results
     if len(policies) > 1:
         print(format_comparison(results))
         if args.out is not None:
@@ -150,18 +147,14 @@ def _evaluate(args: argparse.Namespace, policy: str, prompts, sampling, judge) -
         sampling=sampling,
         **library_options(args),
     )
-    return {
-        WRITTEN_BY_KEY: "rlhf-lit evaluate",
-        "config": {
-            "policy": policy,
-            "reference": args.reference,
-            "reward_model": args.reward_model,
-            "judge": args.judge,
-            "prompts": args.prompts,
-            "num_prompts": len(prompts),
-            "samples_per_prompt": args.samples_per_prompt,
-            "sampling": dataclasses.asdict(sampling),
-            **library_options(args),
-        },
-        **result,
-    }
+    return command_result(
+        "evaluate",
+        args,
+        prompts,
+        sampling,
+        result,
+        policy=policy,
+        reference=args.reference,
+        reward_model=args.reward_model,
+        samples_per_prompt=args.samples_per_prompt,
+    )

@@ -11,6 +11,7 @@ the write is atomic.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 from typing import get_args
@@ -51,6 +52,24 @@ LIBRARY_OPTIONS = ("batch_size", "seed", "tokenizer", "device", "unfinished", "j
 def library_options(args: argparse.Namespace) -> dict:
     """The values of :data:`LIBRARY_OPTIONS`, by the library's argument names."""
     return {name: getattr(args, name) for name in LIBRARY_OPTIONS}
+
+
+def command_result(command: str, args: argparse.Namespace, prompts: list, sampling, result: dict, **config) -> dict:
+    """What ``rlhf-lit <command>`` writes: the ``written_by`` stamp, the ``config`` (the command's own entries
+    ``config``, then the judge, the prompts, the sampling and :func:`library_options`) and ``result``."""
+    shared = {"judge": args.judge, "prompts": args.prompts, "num_prompts": len(prompts)}
+    return {
+        WRITTEN_BY_KEY: f"rlhf-lit {command}",
+        "config": {**config, **shared, "sampling": dataclasses.asdict(sampling), **library_options(args)},
+        **result,
+    }
+
+
+def write_result(out: str | None, result: dict) -> None:
+    """Write ``result`` to ``out`` (checked by :func:`check_out` before any work) and log it; nothing without ``out``."""
+    if out is not None:
+        write_json(out, result)
+        log.info("wrote %s", out)
 
 
 def add_common_options(parser: argparse.ArgumentParser, *, max_new_tokens: int, batch_size: int) -> None:
