@@ -22,7 +22,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -109,12 +108,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--trainable-layers", type=int, default=4)
     args = p.parse_args(argv)
-    path = (
-        args.model
-        or subprocess.run(
-            [sys.executable, str(ROOT / "scripts" / "fetch_smollm2.py")], capture_output=True, text=True, check=True
-        ).stdout.split()[-1]
-    )
+    from demo.chat_plan import fetched_model
+
+    path = args.model or fetched_model()
     from rlhf_lit.models import load_causal_lm
     from rlhf_lit.tokenizer import load_tokenizer
 

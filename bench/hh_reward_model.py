@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the demo's package, beside rlhf_lit in a clone
 CONFIG = ROOT / "configs" / "smollm2_hh" / "reward_model.yaml"
 HH = ROOT / "assets" / "data" / "hh-rlhf" / "harmless-base-test.jsonl.gz"
 HUB_PAIRS = 160_800
@@ -109,12 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="more options for rlhf-lit fit")
     args = p.parse_args(argv)
-    model = (
-        args.model
-        or subprocess.run(
-            [sys.executable, str(ROOT / "scripts" / "fetch_smollm2.py")], capture_output=True, text=True, check=True
-        ).stdout.split()[-1]
-    )
+    from demo.chat_plan import fetched_model
+
+    model = args.model or fetched_model()
     pairs, fraction, n_train = held_out_pairs(model, args.held_out)
     tokens = sum(len(p["chosen_input_ids"]) + len(p["rejected_input_ids"]) for p in pairs)  # held-out tokens
     out = Path(args.out)

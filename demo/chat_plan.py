@@ -214,6 +214,15 @@ def best_of_n_command(model: str, paths: Paths, budget: ChatBudget, judge: str, 
     ]
 
 
+def fetched_model() -> str:
+    """SmolLM2-135M-Instruct's folder, fetched into the cache first when it is not there intact
+    (``scripts/fetch_smollm2.py``, as ``make smollm2`` runs it): for the benches, which a user starts by hand."""
+    import subprocess
+
+    fetch = [sys.executable, str(ROOT / "scripts" / "fetch_smollm2.py")]
+    return subprocess.run(fetch, capture_output=True, text=True, check=True).stdout.split()[-1]
+
+
 def default_model() -> str:
     """Where ``make smollm2`` caches SmolLM2-135M-Instruct (``scripts/fetch_smollm2.py`` without fetching)."""
     import os

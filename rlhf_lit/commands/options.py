@@ -175,11 +175,11 @@ def resolve_sampling(args: argparse.Namespace, policies: list[str]) -> None:
     """Fill each sampling option left unset on the command line: as the ``policies`` sampled in training
     (:func:`recorded_sampling`; one INFO line says so), else :data:`SAMPLING_FALLBACK`. Policies that trained
     with different values of an unset option are refused: the table would compare them at one setting."""
-    taken = {}
+    taken, recorded = {}, {p: recorded_sampling(p) for p in policies}
     for key, fallback in args.sampling_fallback.items():
         if getattr(args, key) is not None:
             continue
-        values = {p: recorded_sampling(p)[key] for p in policies if key in recorded_sampling(p)}
+        values = {p: r[key] for p, r in recorded.items() if key in r}
         if len(set(map(repr, values.values()))) > 1:
             seen = ", ".join(f"{v} ({p})" for p, v in values.items())
             raise OptionError(

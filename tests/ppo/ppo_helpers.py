@@ -122,3 +122,13 @@ def worker_env() -> dict[str, str]:
     here = Path(__file__).resolve().parent
     path = os.pathsep.join([str(here), str(here.parent), os.environ.get("PYTHONPATH", "")])
     return subprocess_env({"PYTHONPATH": path})
+
+
+def assert_resumes_exactly(straight, resumed, data, tmp_path: Path, checkpoint: str) -> None:
+    """Fit ``resumed`` from ``tmp_path/ckpt/<checkpoint>`` (written by ``straight``'s fit, 3 rollouts) with
+    its data module ``data`` and assert it ends at rollout 3 with ``straight``'s every weight and buffer."""
+    trainer = tiny_trainer(tmp_path / "resume")
+    trainer.fit(resumed, data, ckpt_path=str(tmp_path / "ckpt" / checkpoint))
+    assert resumed.rollout_index == 3
+    for (name, p), q in zip(straight.state_dict().items(), resumed.state_dict().values()):
+        torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7, msg=name)
