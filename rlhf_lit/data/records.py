@@ -119,6 +119,14 @@ def _read_text(path: str) -> str:
         ) from None
 
 
+def _lines(text: str) -> list[str]:
+    """``text`` cut at line feeds only (a ``\\r`` before one dropped), as JSON Lines defines a line.
+
+    ``str.splitlines`` would also cut at U+2028, U+2029, U+0085 and other separators that JSON allows
+    raw inside a string, breaking a valid record in two (model replies do hold them)."""
+    return [line.removesuffix("\r") for line in text.split("\n")]
+
+
 class _SkippingReader:
     """Iterates rows of a JSONL file; ``skipped`` counts unparseable lines seen so far."""
 
@@ -151,7 +159,7 @@ def _read_file(path: str, *, skip_invalid: bool) -> Any:
     if kind.endswith(".json") and text.lstrip().startswith("["):
         return _json_array_rows(path, text)
     if kind.endswith((".jsonl", ".json")):
-        return _SkippingReader(path, enumerate(text.splitlines(), start=1), skip_invalid)
+        return _SkippingReader(path, enumerate(_lines(text), start=1), skip_invalid)
     raise ValueError(
         f"{path}: unsupported file type; use .jsonl, .json (an array of records) or .txt "
         "(blank-line separated paragraphs), optionally gzipped (.gz)"
@@ -177,7 +185,7 @@ def _paragraph_rows(path: str, text: str) -> list[Row]:
     rows: list[Row] = []
     buf: list[str] = []
     first = 0
-    for lineno, line in enumerate([*text.splitlines(), ""], start=1):
+    for lineno, line in enumerate([*_lines(text), ""], start=1):
         if line.strip():
             first = first if buf else lineno
             buf.append(line)

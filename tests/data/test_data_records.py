@@ -156,3 +156,19 @@ def test_undecodable_and_truncated_files_name_the_file_and_line(tmp_path):
     cut.write_bytes(gzip.compress(b"a paragraph\n" * 100)[:-20])
     with pytest.raises(ValueError, match=r"cut.txt.gz: not a complete gzip file"):
         read_rows(str(cut))
+
+
+@pytest.mark.parametrize("separator", ["\u2028", "\u2029", "\x85", "\x1c", "\x0b", "\x0c"])
+def test_a_line_is_cut_at_line_feeds_only(tmp_path, separator):
+    # json.dumps(ensure_ascii=False) writes these raw inside strings, as JSON allows; only "\n" ends a
+    # JSON Lines record (a model's reply written by rlhf-lit's own labellers held a raw U+2028).
+    text = f"one{separator}two"
+    path = tmp_path / "x.jsonl"
+    lines = [json.dumps({"prompt": text}, ensure_ascii=False), json.dumps({"prompt": "b"})]
+    path.write_bytes(("\r\n".join(lines) + "\r\n").encode("utf-8"))
+    rows = list(read_rows(str(path)))
+    assert [r.data["prompt"] for r in rows] == [text, "b"]
+    assert [r.where for r in rows] == [f"{path} line 1", f"{path} line 2"]
+    story = tmp_path / "s.txt"
+    story.write_text(f"a{separator}b\nc\n\nd\n", encoding="utf-8")
+    assert [r.data["text"] for r in read_rows(str(story))] == [f"a{separator}b\nc", "d"]
