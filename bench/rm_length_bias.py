@@ -175,7 +175,7 @@ def score_pairs(path: str, args, device: torch.device, cache: dict | None = None
     t0 = time.perf_counter()
     tokenizer = load_tokenizer(path, padding_side="right")  # preference batches are right padded
     data = held_out_pairs(tokenizer, args, cache, tokenizer_key(path))
-    model = load_any_reward_model(path, tokenizer, dtype="float32").to(device).eval()
+    model = load_any_reward_model(path, tokenizer).to(device).eval()
     t_loaded = time.perf_counter()
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if args.bf16 else nullcontext()
     out: dict[str, list] = {"chosen_score": [], "rejected_score": [], "chosen_length": [], "rejected_length": []}

@@ -29,6 +29,14 @@ from typing import Any, Literal
 EXPORT_MARKER = "rlhf_lit_export.json"
 """Written into every model export (what it is and when it was written); only such a directory is replaced."""
 
+REWARD_MODEL_EXPORT = "reward model"
+"""The :data:`EXPORT_MARKER`'s ``what`` of a reward-model export (the reward-model stage's, one model or an
+ensemble): what a judge given as a directory must be."""
+
+CHAT_RENDERED_KEY = "chat_rendered"
+"""The :data:`EXPORT_MARKER`'s entry saying whether the model was trained on prompts rendered with its chat
+template (a reward-model export's; a judge reads prompts as it says)."""
+
 WRITTEN_BY_KEY = "written_by"
 """Key of the mark in a JSON file rlhf-lit writes (``"rlhf-lit <command>"``)."""
 

@@ -23,7 +23,7 @@ from rlhf_lit.data.rendering import TemplateOption, resolve_template, template_c
 
 # The project's one judge loader; re-exported here for ``rlhf_lit.callbacks.load_judge``.
 from rlhf_lit.evaluation import load_judge, response_texts
-from rlhf_lit.evaluation.judges import JudgeReads, judge_texts
+from rlhf_lit.evaluation.judges import JudgeReads, judge_scores, judge_texts
 from rlhf_lit.functional import member_std, pad_ids
 from rlhf_lit.models.generation import SamplingConfig, generate_responses
 from rlhf_lit.option_values import check_least
@@ -60,10 +60,11 @@ class OnlineGeneration(Callback):
         every_n_rollouts: how often, in rollouts (after rollout n when ``n % every_n_rollouts == 0``).
         sampling: sampling settings; None = the module's.
         seed: seed of this callback's own generator (the same samples each time for a fixed policy).
-        judge: optional extra scorer ``"module:function"`` taking a list of texts, returning floats
-            (loaded with :func:`rlhf_lit.evaluation.load_judge`, e.g.
-            ``rlhf_lit.evaluation.judges:vader``).
-        judge_reads: what the judge reads: the response alone or prompt (as the policy read it,
+        judge: optional extra scorer (loaded with :func:`rlhf_lit.evaluation.load_judge`): ``"module:function"``
+            taking a list of texts, returning floats (e.g. ``rlhf_lit.evaluation.judges:vader``), or the
+            directory of a reward-model export (scoring each prompt as the policy read it with its response,
+            on the module's device).
+        judge_reads: what a function judge reads: the response alone or prompt (as the policy read it,
             rendered when it was) + response (:data:`~rlhf_lit.evaluation.judges.JudgeReads`).
         tag: TensorBoard tag of the text table (scalars go under ``{tag}/``).
         chat_template: whether the prompts are rendered as one user turn with the module tokenizer's chat
@@ -132,9 +133,8 @@ class OnlineGeneration(Callback):
             columns = {"score": scores.mean(dim=1).cpu().tolist(), "std": member_std(scores).cpu().tolist()}
         else:
             columns = {"score": scores.cpu().tolist()}
-        if self.judge is not None:
-            texts = judge_texts(prompts.texts, responses, self.judge_reads)  # the rendered prompt, when it reads one
-            columns["judge"] = self.judge(texts)  # checked list[float], one per text
+        if self.judge is not None:  # the rendered prompt, when it reads one; checked floats, one per response
+            columns["judge"] = judge_scores(self.judge, prompts.texts, responses, self.judge_reads, pl_module.device)
         return responses, columns
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx) -> None:

@@ -206,7 +206,8 @@ def prepare(config: IterateConfig, where: str) -> tuple[list, list, list, bool, 
             if os.path.isfile(steps.labels_file(config, t)):
                 read_labels_file(steps.labels_file(config, t))
     scorer = steps.labeler_scorer(config, tokenizer)
-    gold = JudgeScorer(config.evaluation.judge) if config.evaluation.judge is not None else scorer
+    judge = config.evaluation.judge
+    gold = JudgeScorer(judge, tokenizer=tokenizer, device=config.device) if judge is not None else scorer
     initial = read_labels_file(config.reward_model.initial_data) if config.reward_model.initial_data else []
     return held_out, fresh, [as_policy_read(r, chat) for r in initial], chat, scorer, gold
 

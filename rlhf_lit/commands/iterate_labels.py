@@ -10,8 +10,8 @@ them with ``format: rankings`` and ``fields: {ranks: ranks}``.
 
 A record keeps the prompt and responses as the policy read them (:func:`as_policy_read`): a policy that reads its
 prompts in its chat template gets a messages list and assistant turns, which the reward model's data module and
-:class:`RewardModelScorer` render with the same template and generation prompt; a judge reads the rendered prompt
-(``query_response``) and the response's text.
+:class:`~rlhf_lit.evaluation.reward_judge.RewardModelScorer` render with the same template and generation prompt; a
+judge reads the rendered prompt (``query_response``; a reward-model judge always) and the response's text.
 """
 
 from __future__ import annotations
@@ -22,17 +22,12 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 
-def from_json(value: Any) -> Any:
-    """A prompt or response as a JSON file holds it (a conversation as a list) in the data package's form (a tuple)."""
-    return tuple(dict(m) for m in value) if isinstance(value, list) else value
-
-
 def as_policy_read(record: dict, chat: bool) -> dict:
     """``record`` with its ``prompt`` and ``responses`` as the policy read them: with ``chat`` (string prompts
     rendered with the chat template) or a conversation prompt, the prompt as messages (a string: one user turn)
     and each response as an assistant turn, which the data module renders with the same template and generation
     prompt; else as they are."""
-    from rlhf_lit.data.conversation import as_prompt, as_response, is_conversation
+    from rlhf_lit.data.conversation import as_prompt, as_response, from_json, is_conversation
 
     prompt = from_json(record["prompt"])
     if not (chat or is_conversation(prompt)):
@@ -52,62 +47,27 @@ class Scorer(Protocol):
 
 
 class JudgeScorer:
-    """A ``module:function`` judge (:func:`rlhf_lit.evaluation.load_judge`) reading the response's text, or the
-    prompt rendered as the policy read it (``tokenizer``'s chat template for a conversation) + the response."""
+    """A judge (:func:`rlhf_lit.evaluation.load_judge`: ``module:function``, or a reward-model export scoring on
+    ``device``) reading the response's text, or the prompt rendered as the policy read it (``tokenizer``'s chat
+    template for a conversation) + the response (:func:`rlhf_lit.evaluation.judges.judge_scores`)."""
 
-    def __init__(self, spec: str, reads: str = "response", tokenizer: Any = None) -> None:
+    def __init__(self, spec: str, reads: str = "response", tokenizer: Any = None, device: str = "cpu") -> None:
         from rlhf_lit.evaluation.judges import judge_texts, load_judge
 
         judge_texts([], [], reads)  # an unknown judge_reads fails here
-        self.judge, self.reads, self.tokenizer = load_judge(spec), reads, tokenizer
+        self.judge, self.reads, self.tokenizer = load_judge(spec, device=device), reads, tokenizer
 
     def __call__(self, prompts: Sequence[Any], responses: Sequence[Any]) -> list[float]:
-        """The judge's scores of the texts it reads (:func:`rlhf_lit.evaluation.judges.judge_texts`)."""
-        from rlhf_lit.data.conversation import is_conversation
+        """The judge's scores of what it reads (:func:`rlhf_lit.evaluation.judges.judge_scores`)."""
+        from rlhf_lit.data.conversation import from_json, is_conversation
         from rlhf_lit.data.encoding import TextEncoder
-        from rlhf_lit.evaluation.judges import judge_texts
+        from rlhf_lit.evaluation.judges import judge_scores, needs_prompts
 
         texts = [r if isinstance(r, str) else "".join(m["content"] for m in r) for r in responses]
-        read = [from_json(p) for p in prompts] if self.reads == "query_response" else []
+        read = [from_json(p) for p in prompts] if needs_prompts(self.judge, self.reads) else []
         if any(map(is_conversation, read)):
             read = [TextEncoder(self.tokenizer).render_prompt(p) for p in read]
-        return self.judge(judge_texts(read, texts, self.reads))
-
-
-class RewardModelScorer:
-    """A reward model (or ensemble) directory scoring prompt + response texts, encoded as its data module does."""
-
-    def __init__(self, path: str, device: str = "cpu", batch_size: int = 32) -> None:
-        from rlhf_lit.models.reward_ensemble import load_any_reward_model
-        from rlhf_lit.tokenizer import load_tokenizer
-
-        self.tokenizer = load_tokenizer(path, padding_side="right")
-        self.model = load_any_reward_model(path, self.tokenizer).to(device).eval()
-        self.device, self.batch_size = device, batch_size
-
-    def rows(self, prompts: Sequence[Any], responses: Sequence[Any]) -> list[list[int]]:
-        """The ids the reward model reads for each (prompt, response): prompt + response + its end, encoded as its
-        data module encodes a record (conversations rendered with the chat template), not truncated."""
-        from rlhf_lit.data.encoding import TextEncoder
-
-        prompts, responses = [from_json(p) for p in prompts], [from_json(r) for r in responses]
-        prompt_ids, response_ids, ends = TextEncoder(self.tokenizer).encode_pairs(prompts, responses)
-        return [p + r + [e] for p, r, e in zip(prompt_ids, response_ids, ends)]
-
-    def __call__(self, prompts: Sequence[Any], responses: Sequence[Any]) -> list[float]:
-        """Normalised scores (:func:`rlhf_lit.models.reward_ensemble.reward_scores`) of :meth:`rows`."""
-        import torch
-
-        from rlhf_lit.functional import pad_ids
-        from rlhf_lit.models.reward_ensemble import reward_scores
-
-        rows = self.rows(prompts, responses)
-        scores: list[float] = []
-        for start in range(0, len(rows), self.batch_size):
-            ids, mask = pad_ids(rows[start : start + self.batch_size], int(self.tokenizer.pad_token_id), "right")
-            with torch.no_grad():
-                scores += reward_scores(self.model, ids.to(self.device), mask.to(self.device)).tolist()
-        return scores
+        return judge_scores(self.judge, read, texts, self.reads)
 
 
 def rank_by_scores(prompt: Any, responses: Sequence[str], scores: Sequence[float]) -> dict | None:

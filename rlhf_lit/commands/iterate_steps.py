@@ -35,7 +35,6 @@ from rlhf_lit.child_runs import RunFailed
 from rlhf_lit.commands.iterate_config import IterateConfig
 from rlhf_lit.commands.iterate_labels import (
     JudgeScorer,
-    RewardModelScorer,
     Scorer,
     as_policy_read,
     count_pairs,
@@ -46,6 +45,7 @@ from rlhf_lit.commands.iterate_labels import (
     score_responses,
     split_held_out,
 )
+from rlhf_lit.evaluation.reward_judge import RewardModelScorer
 from rlhf_lit.integrity import DamagedFile, check_json_file, check_jsonl_file, check_model_directory
 
 log = logging.getLogger(__name__)
@@ -153,7 +153,7 @@ def labeler_scorer(config: IterateConfig, tokenizer: Any) -> Scorer | None:
     """The labeller as a scorer (a judge, reading prompts rendered by the policy's ``tokenizer``, or a reward
     model); None for labels from files."""
     if config.labeler.kind == "judge":
-        return JudgeScorer(config.labeler.source, config.labeler.judge_reads, tokenizer)
+        return JudgeScorer(config.labeler.source, config.labeler.judge_reads, tokenizer, config.device)
     if config.labeler.kind == "reward_model":
         return RewardModelScorer(config.labeler.source, config.device)
     return None

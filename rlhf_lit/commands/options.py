@@ -112,15 +112,17 @@ def add_common_options(parser: argparse.ArgumentParser, *, max_new_tokens: int, 
     parser.add_argument(
         "--judge",
         default=None,
-        metavar="MODULE:FUNCTION",
-        help=f"judge scoring each response text, higher is better (e.g. {DEFAULT_JUDGE}); none by default",
+        metavar="MODULE:FUNCTION|DIR",
+        help=f"judge scoring each response text, higher is better (e.g. {DEFAULT_JUDGE}), or the directory of a "
+        "reward-model export (a gold reward model: it scores each prompt as the policy read it with its "
+        "response); none by default",
     )
     parser.add_argument(
         "--judge-reads",
         choices=get_args(JudgeReads),
         default="response",
-        help="what --judge reads: the response, or the prompt as the policy read it (rendered) + "
-        "the response, e.g. for a held-out reward model",
+        help="what a MODULE:FUNCTION --judge reads: the response, or the prompt as the policy read it "
+        "(rendered) + the response",
     )
     parser.add_argument("--tokenizer", default=None, metavar="DIR", help="tokenizer when not beside the policy")
     recorded = "default: as the policy sampled in training when its export records it, else"
@@ -299,5 +301,5 @@ def prepare(
     prompts = read_prompts(args.prompts, args.prompt_format, args.prompt_field)
     if args.max_prompts is not None:
         prompts = prompts[: args.max_prompts]
-    judge = load_judge(args.judge) if args.judge else None
+    judge = load_judge(args.judge, device=args.device, option="--judge") if args.judge else None
     return prompts, sampling, judge

@@ -31,6 +31,11 @@ def is_conversation(value: object) -> bool:
     return isinstance(value, tuple)
 
 
+def from_json(value: Any) -> TextOrConversation:
+    """A prompt or a response as a JSON file holds it (a conversation as a list) in this package's form (a tuple)."""
+    return tuple(dict(m) for m in value) if isinstance(value, list) else value
+
+
 def user_turn(text: str) -> Conversation:
     """A string prompt as a conversation: one user message."""
     return ({"role": "user", "content": text},)

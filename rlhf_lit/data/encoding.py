@@ -204,6 +204,12 @@ class TextEncoder:
             text, end = self._response_and_end(p, rp, r)
             texts.append(text)
             ends.append(self._end_id(end))
+        prompt_ids, response_ids = self._split_at_prompts(rendered, texts)
+        chat = [self._as_chat(p, r) for p, r in zip(prompts, responses)]
+        return [self._prefixed(p, c) for p, c in zip(prompt_ids, chat)], response_ids, ends
+
+    def _split_at_prompts(self, rendered: list[str], texts: list[str]) -> tuple[list[list[int]], list[list[int]]]:
+        """(prompt ids, response ids) of rendered prompts and their responses' texts: see "Boundary" above."""
         prompt_ids = self._ids(rendered)
         joint_ids = self._ids([rp + t for rp, t in zip(rendered, texts)])
         response_ids: list[list[int] | None] = []
@@ -216,8 +222,29 @@ class TextEncoder:
                 alone.append(i)
         for i, ids in zip(alone, self._ids([texts[i] for i in alone])):
             response_ids[i] = ids
-        chat = [self._as_chat(p, r) for p, r in zip(prompts, responses)]
-        return [self._prefixed(p, c) for p, c in zip(prompt_ids, chat)], response_ids, ends  # type: ignore[return-value]
+        return prompt_ids, response_ids  # type: ignore[return-value]
+
+    @cached_property
+    def generation_prompt(self) -> str:
+        """What the chat template writes after a conversation for the assistant to answer it
+        (``add_generation_prompt``): a rendered prompt ends with it. ``""`` without a template or without one."""
+        if not has_chat_template(self.tokenizer):
+            return ""
+        turn = ({"role": "user", "content": "x"},)
+        asked, said = self._chat(turn, add_generation_prompt=True), self._chat(turn)
+        return asked[len(said) :] if asked.startswith(said) else ""
+
+    def encode_rendered_pairs(
+        self, prompts: Sequence[str], responses: Sequence[str]
+    ) -> tuple[list[list[int]], list[list[int]], list[int]]:
+        """:meth:`encode_pairs` of prompts given as the text a policy read in the chat template (rendered
+        with the generation prompt, the template's specials written as text) and plain-text responses:
+        each prompt tokenized as it is (the template wrote its specials: none are put in front), the
+        response its continuation ("Boundary" above), ended as an assistant turn ends (the template's
+        end of turn, :meth:`end_of_turn_id`, else the EOS). Not truncated."""
+        prompt_ids, response_ids = self._split_at_prompts(list(prompts), list(responses))
+        end = self.end_of_turn_id()
+        return prompt_ids, response_ids, [self.eos_token_id if end is None else end] * len(prompt_ids)
 
 
 def truncate_prompt(

@@ -1,9 +1,14 @@
-"""Pluggable judges: a function from texts to one float score each (higher is better).
+"""Pluggable judges: a function from texts to one float score each (higher is better), or a reward model.
 
 A judge is named by a spec ``"module:function"`` (``"pkg.mod:Class.method"`` also works), so a
 user swaps the gold judge (of the demo, of ``PPOModule(judge=...)``, of the online-generation
 callback) without touching rlhf-lit. This is the project's one judge loader. The built-in judge is
 ``rlhf_lit.evaluation.judges:vader``: the VADER sentiment ``compound`` score, in ``[-1, 1]``.
+
+A spec that is a directory is a reward-model export (a gold reward model beside the proxy PPO optimises):
+:class:`~rlhf_lit.evaluation.reward_judge.RewardModelJudge` scores each (prompt, response) pair with it.
+Every judge is asked through :func:`judge_scores`, which gives a function judge the texts it reads and a
+judge that reads prompts (``reads_prompts``, the reward model) the prompts and the responses.
 
 Judges see the response text only (the completion, without the prompt: the prompt is the same
 for every sample of a prompt, and the policy cannot change it), unless told to read prompt +
@@ -19,17 +24,22 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 from collections.abc import Callable, Sequence
-from typing import Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from rlhf_lit.callable_specs import resolve_callable
 from rlhf_lit.option_values import check_choice
 
+if TYPE_CHECKING:  # annotations only: importing this module loads no model code
+    from rlhf_lit.models.loading import ModelLoading
+
 JudgeReads = Literal["response", "query_response"]
 """What a judge reads: the response alone, or the prompt as the policy read it + the response."""
 
-Judge = Callable[[list[str]], list[float]]
-"""A judge: ``texts -> scores``, one float per text, higher is better."""
+Judge = Callable[..., list[float]]
+"""A judge: ``texts -> scores``, one float per text, higher is better; or one that reads prompts
+(``reads_prompts`` True: ``(prompts, responses, device) -> scores``). Asked through :func:`judge_scores`."""
 
 DEFAULT_JUDGE = "rlhf_lit.evaluation.judges:vader"
 """The built-in gold judge (the demo's)."""
@@ -93,16 +103,56 @@ def judge_texts(prompts: Sequence[str], responses: Sequence[str], reads: JudgeRe
     return list(responses) if reads == "response" else [p + r for p, r in zip(prompts, responses, strict=True)]
 
 
-def load_judge(spec: str) -> CheckedJudge:
-    """Load the judge named by ``spec`` (``"module:function"``).
+def reads_prompts(judge: Judge) -> bool:
+    """Whether ``judge`` scores (prompt, response) pairs (a reward model) rather than texts."""
+    return bool(getattr(judge, "reads_prompts", False))
 
-    The returned callable checks what the judge gives back: exactly one finite number per text,
-    returned as a ``list[float]``; anything else raises an error naming the spec.
+
+def judge_scores(
+    judge: Judge, prompts: Sequence[str], responses: Sequence[str], reads: JudgeReads, device: Any = None
+) -> list[float]:
+    """The one way a judge is asked: a function judge scores the texts it reads (:func:`judge_texts`: the
+    responses, or with ``reads`` ``query_response`` each prompt + its response); a judge that reads prompts
+    (:func:`reads_prompts`) scores each (prompt, response) pair on ``device`` (the caller's), whatever ``reads``.
+
+    ``prompts``: each prompt as the policy read it (its rendered text); read only when the judge reads them
+    (``[]`` will do otherwise: :func:`needs_prompts`)."""
+    if reads_prompts(judge):
+        return judge(list(prompts), list(responses), device=device)
+    return judge(judge_texts(prompts, responses, reads))
+
+
+def needs_prompts(judge: Judge, reads: JudgeReads) -> bool:
+    """Whether :func:`judge_scores` reads the prompts of ``judge`` with ``reads`` (else they need not be decoded)."""
+    return reads == "query_response" or reads_prompts(judge)
+
+
+def is_directory_spec(spec: str) -> bool:
+    """Whether a judge spec names a directory (a reward-model export) rather than ``module:function``: an
+    existing directory, or a path (a ``/`` and no ``:``)."""
+    return os.path.isdir(os.path.expanduser(spec)) or ("/" in spec and ":" not in spec)
+
+
+def load_judge(spec: str, loading: ModelLoading | None = None, device: str = "cpu", option: str = "judge") -> Judge:
+    """Load the judge named by ``spec``: ``"module:function"``, or the directory of a reward-model export.
+
+    A function judge comes back as a :class:`CheckedJudge`: it checks what the judge gives back (exactly one
+    finite number per text, returned as a ``list[float]``); anything else raises an error naming the spec. A
+    directory comes back as a :class:`~rlhf_lit.evaluation.reward_judge.RewardModelJudge`, loaded as
+    ``loading`` says (the caller's dtype and attention kernel) onto ``device``.
 
     Args:
-        spec: ``"module:function"``, e.g. ``"rlhf_lit.evaluation.judges:vader"``.
+        spec: ``"module:function"``, e.g. ``"rlhf_lit.evaluation.judges:vader"``, or a reward-model export.
+        loading: how a reward model is loaded (:class:`~rlhf_lit.models.loading.ModelLoading`); None: the defaults.
+        device: where a reward model scores until a call gives the caller's device.
+        option: the option that named it, for messages (``judge``, ``--judge``).
 
     Raises:
-        ValueError: a malformed spec, a missing module or attribute, or a non-callable target.
+        ValueError: a malformed spec, a missing module or attribute, or a non-callable target; a directory
+            that is not a reward-model export (naming the path).
     """
+    if is_directory_spec(spec):
+        from rlhf_lit.evaluation.reward_judge import RewardModelJudge
+
+        return RewardModelJudge(spec, loading, device, option)
     return CheckedJudge(spec)

@@ -15,7 +15,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from rlhf_lit.evaluation.judges import Judge, JudgeReads, judge_texts
+from rlhf_lit.evaluation.judges import Judge, JudgeReads, judge_scores
 from rlhf_lit.evaluation.samples import check_positive, load_models, mean_std, sample_and_measure
 
 if TYPE_CHECKING:  # annotations only: importing this module loads no model code
@@ -49,8 +49,10 @@ def evaluate_policy(
         prompts: prompt texts or conversations (:func:`rlhf_lit.evaluation.prompt_files.read_prompts`).
         reference: the reference model for the KL (none: no KL).
         reward_model: a reward model for the RM score (none: no RM score).
-        judge: a judge (``texts -> scores``, e.g. :func:`rlhf_lit.evaluation.load_judge`) or None.
-        judge_reads: what the judge reads (:data:`~rlhf_lit.evaluation.judges.JudgeReads`).
+        judge: a judge (``texts -> scores``, or a reward-model export: :func:`rlhf_lit.evaluation.load_judge`;
+            asked through :func:`~rlhf_lit.evaluation.judges.judge_scores`, on ``device``) or None.
+        judge_reads: what a function judge reads (:data:`~rlhf_lit.evaluation.judges.JudgeReads`); a
+            reward-model judge reads each prompt as the policy read it and the response.
         chat_template: whether string prompts are rendered with the policy's chat template
             (:data:`~rlhf_lit.data.rendering.TemplateChoice`; the deprecated aliases ``chat_template``
             and ``raw``, removed in 0.3.0, are ``always`` and ``never``).
@@ -98,12 +100,10 @@ def evaluate_policy(
         models, models.prompts, sampling, batch_size=batch_size, seed=seed, unfinished=unfinished
     )
     t_scored = time.perf_counter()
-    judge_scores = judge(judge_texts(samples.prompts, samples.responses, judge_reads)) if judge is not None else None
+    judged = None if judge is None else judge_scores(judge, samples.prompts, samples.responses, judge_reads, device)
     t_judged = time.perf_counter()
 
-    scores = {
-        k: v for k, v in (("judge", judge_scores), ("rm", samples.rm_scores), ("kl", samples.kls)) if v is not None
-    }
+    scores = {k: v for k, v in (("judge", judged), ("rm", samples.rm_scores), ("kl", samples.kls)) if v is not None}
     metrics = {f"{k}_{stat}": x for k, values in scores.items() for stat, x in zip(("mean", "std"), mean_std(values))}
     n = len(samples.responses)
     metrics.update(

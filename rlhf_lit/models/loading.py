@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 from collections.abc import Iterator
-from typing import Literal
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -24,9 +26,64 @@ log = logging.getLogger(__name__)
 
 DType = Literal["auto", "float32", "bfloat16", "float16"]
 
+AttnImplementation = str | None
+"""The stages' ``attn_implementation`` option: the attention kernel every model of the stage is loaded with,
+passed to ``from_pretrained`` as it is (``eager``, ``sdpa``, ``flash_attention_2``, ``flex_attention``, or
+any other name transformers takes); None: transformers' default for the model (``sdpa`` where it exists)."""
+
 
 def _torch_dtype(dtype: DType) -> torch.dtype | str:
     return "auto" if dtype == "auto" else getattr(torch, dtype)
+
+
+@dataclass(frozen=True)
+class ModelLoading:
+    """How a model is read by ``from_pretrained``: the one set of loading options that every load of a
+    stage passes (policy, reference, reward model or ensemble members, critic) and the commands' loads too.
+
+    A stage builds it once from its options (``dtype``, ``revision``, ``trust_remote_code``,
+    ``attn_implementation``) and hands it to :func:`load_causal_lm`, :func:`load_reward_model` and the
+    loaders built on them; a load that differs (PPO's frozen models in ``memory.frozen_dtype``) is
+    :meth:`but` the changed field, never a second set of arguments.
+
+    Args:
+        dtype: weight dtype (:data:`DType`).
+        revision: hub revision (a branch, tag or commit); ignored for a local directory.
+        trust_remote_code: allow model code from the hub.
+        attn_implementation: the attention kernel (:data:`AttnImplementation`); None: transformers' default.
+    """
+
+    dtype: DType = "float32"
+    revision: str | None = None
+    trust_remote_code: bool = False
+    attn_implementation: AttnImplementation = None
+
+    def but(self, **changes: Any) -> ModelLoading:
+        """A copy with ``changes`` (field names) applied."""
+        return dataclasses.replace(self, **changes)
+
+    def from_pretrained_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments of ``from_pretrained``: every field, the dtype as torch's."""
+        return {
+            "dtype": _torch_dtype(self.dtype),
+            "revision": self.revision,
+            "trust_remote_code": self.trust_remote_code,
+            "attn_implementation": self.attn_implementation,
+        }
+
+
+def _attention_error(loading: ModelLoading, what: str, name_or_path: str, error: Exception) -> ValueError | None:
+    """The one message for a model that does not load with ``loading.attn_implementation`` (transformers
+    raises ``ImportError`` for a kernel whose package is missing, ``ValueError`` for a name it does not
+    know), naming the option; None when ``error`` is about something else."""
+    impl, text = loading.attn_implementation, str(error)
+    if impl is None or not any(word in text.lower() for word in ("attn", "attention")):
+        return None  # another failure (a remote-code import, a damaged file): the loader's own message
+    first = next((line.strip() for line in text.splitlines() if line.strip()), type(error).__name__)
+    return ValueError(
+        f"attn_implementation {impl!r}: {what} {name_or_path} cannot be loaded with it ({first}); leave "
+        "attn_implementation unset (null) for transformers' default, or choose eager or sdpa"
+    )
 
 
 def disable_dropout(model: nn.Module) -> None:
@@ -91,10 +148,8 @@ def _load(
     auto_class: type,
     name_or_path: str,
     tokenizer: PreTrainedTokenizerBase | None,
-    dtype: DType,
+    loading: ModelLoading,
     keep_dropout: bool,
-    revision: str | None,
-    trust_remote_code: bool,
     new_head: bool = False,
     **kwargs,
 ) -> PreTrainedModel:
@@ -104,21 +159,26 @@ def _load(
     With ``new_head`` the checkpoint is expected to lack the score head: transformers' report of
     that missing head is not printed (it would advise training a head the caller is about to
     initialise and train), and any *other* missing, unexpected or mismatched weight is still
-    reported, as a warning of our own.
+    reported, as a warning of our own. A model that does not load with ``loading.attn_implementation``
+    raises :func:`_attention_error`'s one message.
     """
     what = "reward model" if auto_class is AutoModelForSequenceClassification else "model"
     quiet = _without_load_report() if new_head else contextlib.nullcontext()
     with quiet:
-        loaded = from_pretrained(
-            auto_class.from_pretrained,
-            name_or_path,
-            what,
-            dtype=_torch_dtype(dtype),
-            revision=revision,
-            trust_remote_code=trust_remote_code,
-            output_loading_info=new_head,
-            **kwargs,
-        )
+        try:
+            loaded = from_pretrained(
+                auto_class.from_pretrained,
+                name_or_path,
+                what,
+                **loading.from_pretrained_kwargs(),
+                output_loading_info=new_head,
+                **kwargs,
+            )
+        except (ImportError, ValueError) as error:
+            wrapped = _attention_error(loading, what, name_or_path, error)
+            if wrapped is None:
+                raise
+            raise wrapped from None
     model = loaded[0] if new_head else loaded
     if new_head:
         info = loaded[1]
@@ -143,31 +203,26 @@ def _load(
 def load_causal_lm(
     name_or_path: str,
     tokenizer: PreTrainedTokenizerBase | None = None,
-    dtype: DType = "float32",
+    loading: ModelLoading = ModelLoading(),
     keep_dropout: bool = False,
-    revision: str | None = None,
-    trust_remote_code: bool = False,
 ) -> PreTrainedModel:
     """Load an ``AutoModelForCausalLM`` and prepare it for RLHF.
 
     Args:
         name_or_path: Hugging Face hub name or local directory.
         tokenizer: The run's tokenizer; embeddings are resized if it is larger than the vocab.
-        dtype: Weight dtype. Keep ``float32`` with ``precision="bf16-mixed"``.
+        loading: dtype, revision, remote code and attention kernel (:class:`ModelLoading`). Keep the
+            dtype ``float32`` with ``precision="bf16-mixed"``.
         keep_dropout: Keep the checkpoint's dropout (off by default, see :func:`disable_dropout`).
-        revision: Hub revision.
-        trust_remote_code: Passed to ``from_pretrained``.
     """
-    return _load(AutoModelForCausalLM, name_or_path, tokenizer, dtype, keep_dropout, revision, trust_remote_code)
+    return _load(AutoModelForCausalLM, name_or_path, tokenizer, loading, keep_dropout)
 
 
 def load_reward_model(
     name_or_path: str,
     tokenizer: PreTrainedTokenizerBase | None = None,
-    dtype: DType = "float32",
+    loading: ModelLoading = ModelLoading(),
     keep_dropout: bool = False,
-    revision: str | None = None,
-    trust_remote_code: bool = False,
     new_head: bool = False,
 ) -> PreTrainedModel:
     """Load an ``AutoModelForSequenceClassification`` with one label as a reward model.
@@ -179,17 +234,20 @@ def load_reward_model(
     (other missing weights still are). A frozen reward model is loaded without it: there a missing
     head is a mistake worth the report.
     """
-    args = (name_or_path, tokenizer, dtype, keep_dropout, revision, trust_remote_code, new_head)
+    args = (name_or_path, tokenizer, loading, keep_dropout, new_head)
     return _load(AutoModelForSequenceClassification, *args, num_labels=1)
 
 
-def has_score_head(
-    name_or_path: str, what: str = "model", revision: str | None = None, trust_remote_code: bool = False
-) -> bool:
+def has_score_head(name_or_path: str, what: str = "model", loading: ModelLoading = ModelLoading()) -> bool:
     """True when the checkpoint is a sequence-classification model: it ships its own score head (else
-    :func:`load_reward_model` creates one). ``what`` names it in errors."""
+    :func:`load_reward_model` creates one). ``what`` names it in errors; its config is read at
+    ``loading``'s revision, with its remote code."""
     config = from_pretrained(
-        AutoConfig.from_pretrained, name_or_path, what, revision=revision, trust_remote_code=trust_remote_code
+        AutoConfig.from_pretrained,
+        name_or_path,
+        what,
+        revision=loading.revision,
+        trust_remote_code=loading.trust_remote_code,
     )
     return any(a.endswith("ForSequenceClassification") for a in config.architectures or [])
 

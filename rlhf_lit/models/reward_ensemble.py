@@ -24,7 +24,7 @@ from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from rlhf_lit.integrity import DamagedFile, check_json_file
-from rlhf_lit.models.loading import DType, load_reward_model
+from rlhf_lit.models.loading import ModelLoading, load_reward_model
 from rlhf_lit.models.lora import exportable
 from rlhf_lit.models.reward_norm import NORMALIZATION_KEY, reward_offset
 from rlhf_lit.models.scoring import sequence_scores
@@ -137,28 +137,28 @@ def member_paths(path: str | os.PathLike) -> list[str]:
 
 
 def load_reward_ensemble(
-    path: str | os.PathLike, tokenizer: PreTrainedTokenizerBase | None = None, dtype: DType = "float32"
+    path: str | os.PathLike, tokenizer: PreTrainedTokenizerBase | None = None, loading: ModelLoading = ModelLoading()
 ) -> RewardEnsemble:
     """Load the ensemble at ``path``; its forward gives each member's normalised score ``(B, M)``.
 
     Args:
         path: an ensemble directory (:func:`is_reward_ensemble`).
         tokenizer: the run's tokenizer (embeddings resized to it, as :func:`load_reward_model`).
-        dtype: weight dtype of every member.
+        loading: how every member is loaded (:class:`~rlhf_lit.models.loading.ModelLoading`).
     """
     manifest = read_manifest(path)
-    members = [load_reward_model(p, tokenizer, dtype=dtype) for p in member_paths(path)]
+    members = [load_reward_model(p, tokenizer, loading) for p in member_paths(path)]
     return RewardEnsemble(members, manifest.get("design", "separate"), [m.get("seed") for m in manifest["members"]])
 
 
 def load_any_reward_model(
-    path: str, tokenizer: PreTrainedTokenizerBase | None = None, dtype: DType = "float32"
+    path: str, tokenizer: PreTrainedTokenizerBase | None = None, loading: ModelLoading = ModelLoading()
 ) -> nn.Module:
     """An ensemble directory as :class:`RewardEnsemble`, anything else as one reward model
-    (:func:`load_reward_model`)."""
+    (:func:`load_reward_model`), each loaded as ``loading`` says."""
     if is_reward_ensemble(path):
-        return load_reward_ensemble(path, tokenizer, dtype)
-    return load_reward_model(path, tokenizer, dtype=dtype)
+        return load_reward_ensemble(path, tokenizer, loading)
+    return load_reward_model(path, tokenizer, loading)
 
 
 def normalised_scores(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:

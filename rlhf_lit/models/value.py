@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from rlhf_lit.models.loading import DType, has_score_head, load_reward_model
+from rlhf_lit.models.loading import ModelLoading, has_score_head, load_reward_model
 from rlhf_lit.models.lora import LoRAConfig, with_lora
 from rlhf_lit.models.reward_norm import reward_offset
 from rlhf_lit.models.scoring import score_head, token_scores
@@ -89,13 +89,14 @@ class ValueHead(nn.Module):
 def load_value_model(
     name_or_path: str,
     tokenizer: PreTrainedTokenizerBase | None = None,
-    dtype: DType = "float32",
+    loading: ModelLoading = ModelLoading(),
     lora: LoRAConfig | None = None,
 ) -> SeparateCritic:
     """A separate critic from a reward model (its head kept) or from a causal LM (a new, zeroed head),
-    with LoRA adapters on its trunk when ``lora`` is given (the head then still trains in full)."""
-    new_head = not has_score_head(name_or_path, "value model")
-    model = load_reward_model(name_or_path, tokenizer, dtype=dtype, new_head=new_head)
+    loaded as ``loading`` says, with LoRA adapters on its trunk when ``lora`` is given (the head then
+    still trains in full)."""
+    new_head = not has_score_head(name_or_path, "value model", loading)
+    model = load_reward_model(name_or_path, tokenizer, loading, new_head=new_head)
     if new_head:
         # A brand-new value head starts at 0 so early value errors equal the returns (N detail 4).
         log.info("value model %s has no score head: the new head is zero-initialised", name_or_path)
@@ -108,7 +109,7 @@ def build_critic(
     policy: PreTrainedModel,
     value_model: str,
     tokenizer: PreTrainedTokenizerBase | None = None,
-    dtype: DType = "float32",
+    loading: ModelLoading = ModelLoading(),
     lora: LoRAConfig | None = None,
 ) -> SeparateCritic | ValueHead:
     """The one place the critic kind is chosen.
@@ -118,11 +119,11 @@ def build_critic(
         policy: the policy (its hidden size sizes a shared-trunk head).
         value_model: path or hub name of the separate value model (unused for ``shared_trunk``).
         tokenizer: the run's tokenizer (embeddings resized to it).
-        dtype: weight dtype of a separate value model.
+        loading: how a separate value model is loaded (:class:`~rlhf_lit.models.loading.ModelLoading`).
         lora: LoRA adapters on a separate value model (refused for ``shared_trunk``).
     """
     if kind == "separate":
-        return load_value_model(value_model, tokenizer, dtype, lora)
+        return load_value_model(value_model, tokenizer, loading, lora)
     if lora is not None:
         raise ValueError("critic_lora applies to a separate critic; with critic='shared_trunk' leave it null")
     if kind == "shared_trunk":

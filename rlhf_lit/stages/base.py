@@ -38,7 +38,7 @@ import torch
 
 from rlhf_lit.functional.ranking import batch_examples
 from rlhf_lit.models.freezing import check_trainable_layers, freeze_lower_layers
-from rlhf_lit.models.loading import DType
+from rlhf_lit.models.loading import AttnImplementation, DType, ModelLoading
 from rlhf_lit.models.lora import LoRAConfig, with_lora
 from rlhf_lit.models.memory import enable_gradient_checkpointing, release_frozen, release_optimizer_states
 from rlhf_lit.models.sharding import shard_models
@@ -151,8 +151,9 @@ class StageModule(pl.LightningModule):
     :attr:`SEED_OPTIONS` and :attr:`FROZEN_PREFIXES`.
     """
 
-    SAFE_ON_RESUME: tuple[str, ...] = ("export_dir", "export_existing", "max_skipped_updates")
-    """Settings a resume may change: where the export goes, how many skips stop the run."""
+    SAFE_ON_RESUME: tuple[str, ...] = ("export_dir", "export_existing", "max_skipped_updates", "attn_implementation")
+    """Settings a resume may change: where the export goes, how many skips stop the run, and the attention
+    kernel (the same function up to float rounding: a machine without flash-attn resumes a run that used it)."""
     SEED_OPTIONS: tuple[str, ...] = ()
     """The stage's seed options that follow ``seed_everything`` when None (PPO: ``rollout_seed``)."""
     FROZEN_PREFIXES: tuple[str, ...] = ()
@@ -367,6 +368,9 @@ class PretrainedStage(StageModule):
             inf gradients (a NaN loss gives NaN gradients); see :mod:`rlhf_lit.stages.nonfinite`.
         revision: Hub revision of ``model`` (and of the tokenizer when ``tokenizer`` is None).
         trust_remote_code: Allow model code from the hub.
+        attn_implementation: the attention kernel every model of the stage is loaded with (DPO's
+            reference too), passed to ``from_pretrained`` (``eager``, ``sdpa``, ``flash_attention_2``, ...);
+            None: transformers' default (:data:`~rlhf_lit.models.loading.AttnImplementation`).
         lora: LoRA adapters (:class:`~rlhf_lit.models.lora.LoRAConfig`); only they train (and a
             reward model's score head). ``lora.export`` chooses merged full weights or the adapter
             alone for the export (the reward model exports merged weights only; DPO's reference is
@@ -389,6 +393,7 @@ class PretrainedStage(StageModule):
         max_skipped_updates: int = 3,
         revision: str | None = None,
         trust_remote_code: bool = False,
+        attn_implementation: AttnImplementation = None,
         lora: LoRAConfig | None = None,
         gradient_checkpointing: bool = False,
         trainable_layers: int | None = None,
@@ -400,8 +405,9 @@ class PretrainedStage(StageModule):
         self.trainable_layers = trainable_layers
         # the arguments, defaults included, that the subclass's keep_settings keeps (lora as a dict)
         self._shared_settings = {**shared, "lora": None if self.lora_config is None else asdict(self.lora_config)}
-        self.tokenizer_name, self.missing_pad, self.weight_dtype = tokenizer, missing_pad, dtype
-        self.revision, self.trust_remote_code = revision, trust_remote_code
+        self.tokenizer_name, self.missing_pad = tokenizer, missing_pad
+        # every model the stage loads goes through this one object (load_causal_lm, load_reward_model)
+        self.loading = ModelLoading(dtype, revision, trust_remote_code, attn_implementation)
         self.gradient_checkpointing = gradient_checkpointing
         self.keep_export(export_dir, export_existing, max_skipped_updates)
 
@@ -415,13 +421,10 @@ class PretrainedStage(StageModule):
 
     def load_tokenizer(self, model: str, padding_side: str):
         """The run's tokenizer: ``tokenizer`` when given, else ``model``'s (:func:`stage_tokenizer`)."""
+        loading = self.loading
         return stage_tokenizer(
-            self.tokenizer_name, model, padding_side, self.missing_pad, self.revision, self.trust_remote_code
+            self.tokenizer_name, model, padding_side, self.missing_pad, loading.revision, loading.trust_remote_code
         )
-
-    def loading_args(self) -> dict[str, Any]:
-        """The keyword arguments of the model loaders: dtype, revision, remote code."""
-        return {"dtype": self.weight_dtype, "revision": self.revision, "trust_remote_code": self.trust_remote_code}
 
     def adapted(self, model: torch.nn.Module, kind: str) -> torch.nn.Module:
         """``model`` with the LoRA adapters of ``lora`` (``kind``: ``causal_lm`` or ``reward``), its lower

@@ -79,7 +79,7 @@ class DPOModule(PretrainedStage):
             data module; not under ``fsdp``.
         stage_args: the loading, LoRA and export arguments of :class:`~rlhf_lit.stages.base.PretrainedStage`
             (``tokenizer``, ``missing_pad``, ``dtype``, ``export_dir``, ``export_existing``,
-            ``max_skipped_updates``, ``revision``, ``trust_remote_code``, ``lora``,
+            ``max_skipped_updates``, ``revision``, ``trust_remote_code``, ``attn_implementation``, ``lora``,
             ``gradient_checkpointing``). With ``lora`` the reference is the policy with its adapters
             disabled (no second copy is loaded).
     """
@@ -113,7 +113,7 @@ class DPOModule(PretrainedStage):
         self.tokenizer = self.load_tokenizer(model, "right")  # preference batches are right padded (docs/CONTRACTS.md)
 
         def load() -> torch.nn.Module:
-            return load_causal_lm(model, self.tokenizer, **self.loading_args())
+            return load_causal_lm(model, self.tokenizer, self.loading)
 
         self.model = self.adapted(load(), "causal_lm")
 

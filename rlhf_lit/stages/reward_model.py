@@ -33,6 +33,7 @@ from typing import Any
 import torch
 from lightning.pytorch.utilities.model_helpers import is_overridden
 
+from rlhf_lit.artifacts import CHAT_RENDERED_KEY, REWARD_MODEL_EXPORT
 from rlhf_lit.functional import batch_examples, batch_sequences
 from rlhf_lit.models import init_reward_head, load_reward_model, score_head
 from rlhf_lit.models.loading import has_score_head
@@ -82,7 +83,7 @@ class RewardModelModule(PretrainedStage):
             (the default) is the plain reward model.
         stage_args: the loading, LoRA and export arguments of :class:`~rlhf_lit.stages.base.PretrainedStage`
             (``tokenizer``, ``missing_pad``, ``dtype``, ``export_dir``, ``export_existing``,
-            ``max_skipped_updates``, ``revision``, ``trust_remote_code``, ``lora``,
+            ``max_skipped_updates``, ``revision``, ``trust_remote_code``, ``attn_implementation``, ``lora``,
             ``gradient_checkpointing``).
             ``lora.export`` must be ``merged``: the normalisation is folded into base weights (a final
             LayerNorm's bias), which an adapter alone would not carry.
@@ -91,7 +92,7 @@ class RewardModelModule(PretrainedStage):
     run_layout = RunLayout(
         "reward_model", inputs={"model": "sft"}
     )  # --run_dir: RUN_DIR/reward_model/, model from RUN_DIR/sft/model
-    EXPORT_WHAT = "reward model"
+    EXPORT_WHAT = REWARD_MODEL_EXPORT  # what a judge given as a directory must be (rlhf_lit.evaluation.reward_judge)
 
     def __init__(
         self,
@@ -119,8 +120,8 @@ class RewardModelModule(PretrainedStage):
         self.normalization: Normalize = normalize
         self.reference_name = "none"
         self.tokenizer = self.load_tokenizer(model, "right")  # preference batches are right padded (docs/CONTRACTS.md)
-        new_head = not has_score_head(model, "model", self.revision, self.trust_remote_code)
-        start = load_reward_model(model, self.tokenizer, **self.loading_args(), new_head=new_head)
+        new_head = not has_score_head(model, "model", self.loading)
+        start = load_reward_model(model, self.tokenizer, self.loading, new_head=new_head)
         if new_head:
             # Hugging Face initialised the missing head N(0, 0.02); use the RM init instead.
             init_reward_head(score_head(start))
@@ -269,6 +270,12 @@ class RewardModelModule(PretrainedStage):
             batches, reference = self._reference_source()
             self.normalize(batches, reference)
         super().on_train_end()
+
+    def export_facts(self) -> dict[str, Any]:
+        """Whether the reward model was trained on prompts rendered with its chat template (the data module's
+        ``chat_rendered``, :data:`~rlhf_lit.artifacts.CHAT_RENDERED_KEY`): how it reads prompts as a judge."""
+        rendered = getattr(getattr(self.trainer, "datamodule", None), "chat_rendered", None)
+        return {} if rendered is None else {CHAT_RENDERED_KEY: bool(rendered)}
 
     def on_fit_end(self) -> None:
         """Fold each score column's normalisation into its reward model (every rank) and export (rank 0)."""

@@ -33,7 +33,7 @@ class SFTModule(PretrainedStage):
         optimizer: AdamW and learning-rate schedule, over ``trainer.estimated_stepping_batches`` steps.
         stage_args: the loading, LoRA and export arguments of :class:`~rlhf_lit.stages.base.PretrainedStage`
             (``tokenizer``, ``missing_pad``, ``dtype``, ``export_dir``, ``export_existing``,
-            ``max_skipped_updates``, ``revision``, ``trust_remote_code``, ``lora``,
+            ``max_skipped_updates``, ``revision``, ``trust_remote_code``, ``attn_implementation``, ``lora``,
             ``gradient_checkpointing``).
     """
 
@@ -45,7 +45,7 @@ class SFTModule(PretrainedStage):
         self.optimizer_config = as_config(OptimizerConfig, optimizer)
         self.keep_settings(optimizer=self.optimizer_config)
         self.tokenizer = self.load_tokenizer(model, "right")  # SFT batches are right padded (docs/CONTRACTS.md)
-        self.model = self.adapted(load_causal_lm(model, self.tokenizer, **self.loading_args()), "causal_lm")
+        self.model = self.adapted(load_causal_lm(model, self.tokenizer, self.loading), "causal_lm")
         # Weighted by token count, so the epoch value is total NLL / total response tokens.
         self.val_nll = MeanMetric()
 

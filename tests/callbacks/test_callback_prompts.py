@@ -128,3 +128,13 @@ def test_bad_options_name_the_option():
         ValueError, match="OnlineGeneration chat_template must be one of auto, always, never; got 'yes'"
     ):
         OnlineGeneration(["x"], chat_template="yes")  # at construction, before any rollout
+
+
+def test_online_generation_s_judge_may_be_a_reward_model_export(offline_chain):
+    from rlhf_lit.evaluation.reward_judge import RewardModelScorer
+
+    rm = str(offline_chain.export("reward_model"))  # trained on plain prompts: it reads them plain
+    module = stand_in(STORIES260K)
+    callback = OnlineGeneration(["Once upon a time", "The dog ran"], judge=rm)  # judge_reads left at response
+    responses, columns = callback.sample(module)
+    assert columns["judge"] == RewardModelScorer(rm)(["Once upon a time", "The dog ran"], responses)

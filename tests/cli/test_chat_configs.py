@@ -1,13 +1,16 @@
 """The conversational configs that ship (configs/offline/chat/) run as a user runs them: SFT on
 ``messages`` records, the reward model on conversational pairs, DPO on implicit-prompt pairs and PPO
 on conversational prompts, each ``rlhf-lit fit --config ...`` in a subprocess with the format left
-to detection; and PPO refuses a reward model that never saw the chat template."""
+to detection; PPO refuses a reward model that never saw the chat template; and the chat reward model, as
+``evaluate``'s judge, reads the policy's prompts in its template and refuses them outside it."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from assets_paths import STORIES260K_CHAT
-from cli_helpers import ROOT, rlhf_lit_forked, run_main
+from cli_helpers import ROOT, error_line, rlhf_lit_forked, run_main
 from transformers import AutoTokenizer
 
 CHAT = ROOT / "configs" / "offline" / "chat"
@@ -113,4 +116,24 @@ def test_ppo_refuses_a_reward_model_trained_without_the_chat_template(chat_run, 
         f"rlhf-lit: error: reward_model {plain_rm}: its tokenizer has no chat template, and the prompts are rendered "
         "with the policy's template: it would score conversations rendered otherwise than it was trained on. Train "
         "it from the SFT export (same tokenizer and template) on conversational pairs"
+    )
+
+
+def test_the_chat_reward_model_judges_the_chat_policy_in_its_template(chat_run, tmp_path):
+    run_dir, _ = chat_run
+    rm = run_dir / "reward_model" / "model"
+    assert json.loads((rm / "rlhf_lit_export.json").read_text())["chat_rendered"] is True  # its prompts' rendering
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("Tell me a story\n", encoding="utf-8")
+    argv = ["--policy", str(run_dir / "ppo" / "model"), "--prompts", str(prompts), "--judge", str(rm)]
+    out = tmp_path / "eval.json"
+    judged = run_main("evaluate", *argv, "--max-new-tokens", "6", "--out", str(out), cwd=tmp_path)
+    assert judged.returncode == 0, judged.stderr[-3000:]
+    (sample,) = json.loads(out.read_text())["samples"]
+    assert sample["prompt_text"].endswith("Assistant:") and isinstance(sample["judge"], float)
+    # sampled outside the template, the prompt is not what the reward model was trained to read
+    outside = run_main("evaluate", *argv, "--max-new-tokens", "6", "--chat-template", "never", cwd=tmp_path)
+    assert outside.returncode != 0
+    assert f"--judge {rm}: prompt 0 did not reach the policy rendered with the reward model's chat" in error_line(
+        outside
     )

@@ -193,7 +193,7 @@ def test_initial_data_and_model_come_before_iteration_one(tmp_path, monkeypatch,
 
 
 def test_a_reward_model_labels_by_its_scores(tmp_path, monkeypatch, tiny_rm):
-    from rlhf_lit.commands.iterate_labels import RewardModelScorer
+    from rlhf_lit.evaluation.reward_judge import RewardModelScorer
 
     config = loop_config(tmp_path, iterations=1, labeler={"kind": "reward_model", "source": str(tiny_rm)})
     assert iterate(config, FakeFits(tiny_rm), monkeypatch, tmp_path).returncode == 0
@@ -210,8 +210,8 @@ def test_a_chat_policy_is_labelled_as_it_read_its_prompts(tmp_path, monkeypatch,
     trains on the rendering PPO later scores, and the summary's accuracies read that rendering too."""
     from transformers import AutoTokenizer
 
-    from rlhf_lit.commands.iterate_labels import RewardModelScorer
     from rlhf_lit.data import Fields, PreferenceDataModule, RankingCollator
+    from rlhf_lit.evaluation.reward_judge import RewardModelScorer
 
     initial = tmp_path / "initial.jsonl"
     initial.write_text('{"prompt": "Tom", "chosen": "ran home.", "rejected": "sat."}\n', encoding="utf-8")
@@ -306,6 +306,17 @@ def test_a_judge_reads_the_prompt_as_the_chat_policy_read_it_and_the_response_te
     # By hand: "<s>User: Tom ran\nAssistant:" is 27 characters, then the response's text (5, 9).
     assert both == [32.0, 36.0]
     assert JudgeScorer(JUDGE)([read["prompt"]] * 2, read["responses"]) == [5.0, 9.0]
+
+
+def test_a_judge_may_be_a_reward_model_export_reading_the_prompt_and_the_response(offline_chain):
+    from rlhf_lit.commands.iterate_labels import JudgeScorer
+    from rlhf_lit.evaluation.reward_judge import RewardModelScorer
+
+    rm = str(offline_chain.export("reward_model"))  # an rlhf-lit reward-model export, trained on plain prompts
+    prompts, responses = ["Tom ran", "Sue sang"], [" home.", " a song."]
+    judged = JudgeScorer(rm)(prompts, responses)  # judge_reads left at response: a reward model reads the prompt
+    assert judged == RewardModelScorer(rm)(prompts, responses)
+    assert judged != RewardModelScorer(rm)(["", ""], responses)
 
 
 def test_the_summary_s_gold_scorer_reads_the_chat_policy_s_samples_as_it_read_them(monkeypatch):

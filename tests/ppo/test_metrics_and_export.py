@@ -25,8 +25,8 @@ def _loader(module, copies: int = 4) -> DataLoader:
 
 def test_text_statistics_judge_mean_and_distinct_n():
     texts = ["a b a", "b c"]
-    stats = text_statistics(texts, judge=lambda t: [len(x) for x in t])
-    # judge: lengths 5 and 3 -> mean 4. unigrams a b a b c: 5, distinct 3 -> 0.6;
+    stats = text_statistics(texts, judge_scores=[5.0, 3.0])
+    # judge scores 5 and 3 -> mean 4. unigrams a b a b c: 5, distinct 3 -> 0.6;
     # bigrams (a b) (b a) (b c): 3, all distinct -> 1.0, within each text and across them.
     assert stats == {
         "diversity/distinct_1": 0.6,
@@ -36,7 +36,7 @@ def test_text_statistics_judge_mean_and_distinct_n():
         "objective/judge": 4.0,
     }
     # "a b a b" repeats (a b) within itself, "a b" shares it: T = 3 + 1, W = 2 + 1, U = 2.
-    shared = text_statistics(["a b a b", "a b"], judge=None)
+    shared = text_statistics(["a b a b", "a b"])
     assert shared == {
         "diversity/distinct_1": 2 / 6,
         "diversity/distinct_2": 2 / 4,

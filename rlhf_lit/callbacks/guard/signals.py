@@ -219,7 +219,8 @@ class HeldOut:
     """The held-out evaluation: every ``every_n_rollouts`` rollouts the policy answers ``prompts``
     (its own seed: the same draws each time, the training stream untouched), the reward model scores
     the answers and ``judge`` (``"module:function"`` of response texts, e.g.
-    ``rlhf_lit.evaluation.judges:vader``) judges them. Logged as ``guard/held_out/score`` and
+    ``rlhf_lit.evaluation.judges:vader``, or the directory of a reward-model export: a gold reward
+    model, :func:`rlhf_lit.evaluation.load_judge`) judges them. Logged as ``guard/held_out/score`` and
     ``guard/held_out/judge``; read by ``proxy_gold`` (``source: held_out``) and ``keep_best``. The
     prompts reach the policy as ``OnlineGeneration``'s do (``chat_template``: rendered with the
     tokenizer's chat template when it has one, by default; :mod:`rlhf_lit.data.prompt_rendering`), and

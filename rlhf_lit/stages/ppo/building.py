@@ -20,6 +20,7 @@ from rlhf_lit.functional import AdaptiveKLController, FixedKLController, KLContr
 from rlhf_lit.models import load_causal_lm, load_reward_model
 from rlhf_lit.models.freezing import freeze_lower_layers
 from rlhf_lit.models.generation import stop_token_ids
+from rlhf_lit.models.loading import ModelLoading
 from rlhf_lit.models.lora import with_lora
 from rlhf_lit.models.memory import attach_frozen, enable_gradient_checkpointing
 from rlhf_lit.models.reference import build_reference
@@ -37,21 +38,30 @@ from rlhf_lit.tokenizer import check_same_vocabulary
 def build_models(stage: StageModule) -> None:
     """Set ``stage``'s tokenizer, policy, ``stop_ids``, reference, reward model and critic, as its
     settings ask (``lora_cfg``, ``critic_lora_cfg``, ``memory``, ``reward_cfg``, ``estimator``, and of its
-    hyperparameters the models' paths, ``tokenizer_path``, ``missing_pad``, ``critic``, ``dtype`` and
-    ``trainable_layers``).
+    hyperparameters the models' paths, ``tokenizer_path``, ``missing_pad``, ``critic``, the loading options
+    of :func:`stage_loading` and ``trainable_layers``). Every model is loaded through that one
+    :class:`~rlhf_lit.models.loading.ModelLoading`.
 
     The frozen reference copy and the reward model are attached with
     :func:`~rlhf_lit.models.memory.attach_frozen` (submodules, unless kept on the CPU).
     """
     settings = stage.hparams
     sft_model, reward_model, value_model = settings.sft_model, settings.reward_model, settings.value_model
-    tokenizer_path, critic, dtype = settings.tokenizer_path, settings.critic, settings.dtype
+    tokenizer_path, critic = settings.tokenizer_path, settings.critic
     for what, path in (("sft_model", sft_model), ("reward_model", reward_model), ("value_model", value_model)):
         check_local_source(path, what)  # a damaged file of any of them: named before the first is loaded
+    loading = stage_loading(stage)
     stage.tokenizer = tokenizer = stage_tokenizer(
-        tokenizer_path, sft_model, "left", settings.missing_pad, model_arg="sft_model", tokenizer_arg="tokenizer_path"
+        tokenizer_path,
+        sft_model,
+        "left",
+        settings.missing_pad,
+        loading.revision,
+        loading.trust_remote_code,
+        model_arg="sft_model",
+        tokenizer_arg="tokenizer_path",
     )
-    stage.policy = policy = with_lora(load_causal_lm(sft_model, tokenizer, dtype=dtype), stage.lora_cfg, "causal_lm")
+    stage.policy = policy = with_lora(load_causal_lm(sft_model, tokenizer, loading), stage.lora_cfg, "causal_lm")
     # Every id that ends a response (the model may list several): sampling, masks, the reward
     # position and the missing-EOS penalty all follow from this one set.
     stage.stop_ids = stop_token_ids(policy, tokenizer)
@@ -59,10 +69,13 @@ def build_models(stage: StageModule) -> None:
     for what, path in (("reward_model", reward_model), ("value_model", value_model)):
         if path is not None:  # before loading: a mismatched RM would be resized to fit silently
             check_same_vocabulary(tokenizer, path, what, base_vocab)
-    frozen_dtype, frozen_device = stage.memory.frozen_dtype or dtype, stage.memory.frozen_device
+    frozen_device = stage.memory.frozen_device
+    frozen = loading.but(dtype=stage.memory.frozen_dtype or loading.dtype)  # the reference and the reward model
+    # The reward and value models are other repositories: sft_model's revision names none of their commits.
+    other, frozen_other = loading.but(revision=None), frozen.but(revision=None)
 
     def frozen_sft_copy() -> torch.nn.Module:  # only without LoRA: see build_reference
-        reference = load_causal_lm(sft_model, tokenizer, dtype=frozen_dtype).requires_grad_(False).eval()
+        reference = load_causal_lm(sft_model, tokenizer, frozen).requires_grad_(False).eval()
         attach_frozen(stage, "ref_policy", reference, frozen_device)
         return stage.ref_policy
 
@@ -70,7 +83,7 @@ def build_models(stage: StageModule) -> None:
     ensemble = is_reward_ensemble(reward_model)
     if stage.reward_cfg.uses_reward_model:
         load = load_reward_ensemble if ensemble else load_reward_model
-        rm = load(reward_model, tokenizer, dtype=frozen_dtype).requires_grad_(False).eval()  # frozen
+        rm = load(reward_model, tokenizer, frozen_other).requires_grad_(False).eval()  # frozen
         attach_frozen(stage, "reward_model", rm, frozen_device)
     uses_critic = stage.estimator.uses_critic
     if uses_critic and critic == "separate" and (value_model or reward_model) is None:
@@ -78,13 +91,20 @@ def build_models(stage: StageModule) -> None:
     # A critic from an ensemble starts from its member 0 (a whole reward model, normalised like the others).
     critic_start = value_model or (member_paths(reward_model)[0] if ensemble else reward_model)
     stage.critic = (
-        build_critic(critic, policy, critic_start, tokenizer, dtype, stage.critic_lora_cfg) if uses_critic else None
+        build_critic(critic, policy, critic_start, tokenizer, other, stage.critic_lora_cfg) if uses_critic else None
     )
     for model in (policy, stage.critic if critic == "separate" else None):
         if model is not None:
             freeze_lower_layers(model, settings.trainable_layers)
     if stage.memory.gradient_checkpointing:
         enable_gradient_checkpointing(*stage.trained_models)
+
+
+def stage_loading(stage: StageModule) -> ModelLoading:
+    """How every model of ``stage`` is loaded: its ``dtype``, ``revision``, ``trust_remote_code`` and
+    ``attn_implementation`` (of its hyperparameters) as one :class:`~rlhf_lit.models.loading.ModelLoading`."""
+    settings = stage.hparams
+    return ModelLoading(settings.dtype, settings.revision, settings.trust_remote_code, settings.attn_implementation)
 
 
 def kl_controller(kl: KLConfig) -> KLController:

@@ -12,7 +12,15 @@ from rlhf_lit.sources import source_fingerprint
 from rlhf_lit.stages.nonfinite import assert_finite
 from rlhf_lit.stages.resume import RUN_FACTS, check_module_resume, run_facts
 
-SAFE_ON_RESUME = ("max_rollouts", "judge", "judge_reads", "export_dir", "export_existing", "max_skipped_updates")
+SAFE_ON_RESUME = (
+    "max_rollouts",
+    "judge",
+    "judge_reads",
+    "export_dir",
+    "export_existing",
+    "max_skipped_updates",
+    "attn_implementation",  # another kernel of the same function (StageModule.SAFE_ON_RESUME)
+)
 """Settings a resume may change: how far the run goes, what is logged beside it, where it exports."""
 
 

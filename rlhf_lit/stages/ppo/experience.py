@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from rlhf_lit.evaluation import prompt_texts, response_texts
-from rlhf_lit.evaluation.judges import JudgeReads, judge_texts
+from rlhf_lit.evaluation.judges import Judge, JudgeReads, judge_scores, needs_prompts
 from rlhf_lit.functional import (
     attended_span,
     entropy_from_logits,
@@ -338,14 +338,15 @@ class ExperienceMaker:
         return info.texts
 
 
-def judged_texts(maker: ExperienceMaker, rollout: Rollout, info: RolloutInfo, reads: JudgeReads) -> list[str]:
-    """What a judge reads of a rollout (:data:`~rlhf_lit.evaluation.judges.JudgeReads`): the responses,
-    or each prompt as the policy read it (:func:`~rlhf_lit.evaluation.texts.prompt_texts`) + its response."""
+def judged_scores(
+    maker: ExperienceMaker, rollout: Rollout, info: RolloutInfo, judge: Judge, reads: JudgeReads
+) -> list[float]:
+    """The judge's scores of a rollout's responses (:func:`~rlhf_lit.evaluation.judges.judge_scores`, on the
+    stage's device): it reads what ``reads`` says, the prompts as the policy read them
+    (:func:`~rlhf_lit.evaluation.texts.prompt_texts`) decoded only when it reads them."""
     texts = maker.texts(rollout, info)
-    if reads == "response":
-        return texts
-    prompts = prompt_texts(maker.stage.tokenizer, rollout)
-    return judge_texts(prompts, texts, reads)
+    prompts = prompt_texts(maker.stage.tokenizer, rollout) if needs_prompts(judge, reads) else []
+    return judge_scores(judge, prompts, texts, reads, maker.stage.device)
 
 
 def without_common_padding(batch: dict) -> dict:

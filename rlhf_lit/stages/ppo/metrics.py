@@ -17,7 +17,7 @@ from typing import Literal
 import torch
 from lightning.pytorch.strategies import Strategy
 
-from rlhf_lit.evaluation import Judge, distinct_n, distinct_n_factors
+from rlhf_lit.evaluation import distinct_n, distinct_n_factors
 from rlhf_lit.functional import explained_variance
 from rlhf_lit.models.compiled_generation import CompileStats
 from rlhf_lit.stages.ppo.rollout import Rollout
@@ -92,11 +92,10 @@ def rollout_statistics(
     return stats
 
 
-def text_statistics(texts: Sequence[str], judge: Judge | None, judged: Sequence[str] | None = None) -> dict[str, float]:
+def text_statistics(texts: Sequence[str], judge_scores: Sequence[float] | None = None) -> dict[str, float]:
     """``diversity/distinct_1``, ``diversity/distinct_2`` and its factors ``diversity/distinct_2_within``
     and ``diversity/distinct_2_across`` (:func:`~rlhf_lit.evaluation.diversity.distinct_n_factors`) of
-    ``texts`` and, with a judge, ``objective/judge`` of ``judged`` (what the judge reads,
-    ``judge_reads``; default: ``texts``).
+    ``texts`` and, with a judge's scores of them, ``objective/judge``, their mean.
 
     Distinct-n is pooled over this rank's responses; across ranks the per-rank values are
     averaged (equal to the pooled value only with one rank). The judge mean over ranks is the
@@ -109,9 +108,8 @@ def text_statistics(texts: Sequence[str], judge: Judge | None, judged: Sequence[
         "diversity/distinct_2_within": within,
         "diversity/distinct_2_across": across,
     }
-    if judge is not None:
-        scores = judge(list(texts if judged is None else judged))
-        stats["objective/judge"] = sum(scores) / len(scores)
+    if judge_scores is not None:
+        stats["objective/judge"] = sum(judge_scores) / len(judge_scores)
     return stats
 
 

@@ -20,7 +20,7 @@ from rlhf_lit.evaluation.judges import JudgeReads, judge_texts
 from rlhf_lit.functional import sft_loss
 from rlhf_lit.models.compiled_generation import compile_stats
 from rlhf_lit.models.generation import Generated, SamplingConfig
-from rlhf_lit.models.loading import DType
+from rlhf_lit.models.loading import AttnImplementation, DType, ModelLoading
 from rlhf_lit.models.lora import LoRAConfig
 from rlhf_lit.models.memory import MemoryConfig, call_on_own_device, train_mode
 from rlhf_lit.models.packing import padding_free
@@ -38,7 +38,7 @@ from rlhf_lit.stages.ppo.checkpointing import SAFE_ON_RESUME, PPOCheckpoints
 from rlhf_lit.stages.ppo.checks import check_data_module, check_rollout_rows, check_settings, refusal_before_build
 from rlhf_lit.stages.ppo.config import KLConfig, PPOConfig, RewardConfig
 from rlhf_lit.stages.ppo.estimator import AdvantageEstimator
-from rlhf_lit.stages.ppo.experience import ExperienceMaker, RolloutInfo, judged_texts, sample_responses
+from rlhf_lit.stages.ppo.experience import ExperienceMaker, RolloutInfo, judged_scores, sample_responses
 from rlhf_lit.stages.ppo.first_forward import reuses_first_forward
 from rlhf_lit.stages.ppo.forward import ForwardPassRunner
 from rlhf_lit.stages.ppo.loss import LossStats, ppo_loss
@@ -80,6 +80,14 @@ class PPOModule(PPOCheckpoints, StageModule):
         missing_pad: what to do if the tokenizer has no pad token (see ``load_tokenizer``).
         critic: ``separate`` value model or ``shared_trunk`` value head on the policy.
         dtype: weight dtype of all models (keep float32 with ``precision="bf16-mixed"``).
+        revision: hub revision of ``sft_model`` (the policy, the reference, and the tokenizer when
+            ``tokenizer_path`` is None); the reward and value models are read at their default revision
+            (a revision names a commit of one repository).
+        trust_remote_code: allow model code from the hub, for every model the stage loads.
+        attn_implementation: the attention kernel of every model the stage loads (policy, reference,
+            reward model or each ensemble member, critic), passed to ``from_pretrained`` (``eager``,
+            ``sdpa``, ``flash_attention_2``, ...); None: transformers' default
+            (:data:`~rlhf_lit.models.loading.AttnImplementation`).
         sampling: how responses are sampled.
         ppo: the PPO update.
         reward: the reward sources (reward model, ``module:function`` rewards) and how their
@@ -93,10 +101,12 @@ class PPOModule(PPOCheckpoints, StageModule):
         rollout_seed: base of the per-rank sampling and shuffling seeds (``seed + rank * 100003``);
             None: the run's ``seed_everything`` (:mod:`rlhf_lit.run_seed`), so another run seed
             samples other responses and shuffles other minibatches.
-        judge: optional gold scorer ``"module:function"`` of a list of texts (e.g.
-            ``rlhf_lit.evaluation.judges:vader``; :func:`rlhf_lit.evaluation.load_judge`): the responses,
-            or with ``judge_reads: query_response`` each prompt as the policy read it + its response (a
-            held-out reward model as judge). Its batch mean is ``objective/judge``; never a reward.
+        judge: optional gold scorer (:func:`rlhf_lit.evaluation.load_judge`): ``"module:function"`` of a
+            list of texts (e.g. ``rlhf_lit.evaluation.judges:vader``), reading the responses, or with
+            ``judge_reads: query_response`` each prompt as the policy read it + its response; or the
+            directory of a reward-model export (a gold reward model), scoring each prompt as the policy
+            read it with its response, loaded in the frozen models' dtype, on the stage's device. Its
+            batch mean is ``objective/judge``; never a reward.
         export_dir: where the trained policy and its tokenizer go at the end of fit, in Hugging Face
             format; None: ``<log dir>/model``.
         max_skipped_updates: updates in a row skipped for NaN or inf (a rollout with non-finite scores,
@@ -136,6 +146,9 @@ class PPOModule(PPOCheckpoints, StageModule):
         missing_pad: MissingPad = "add",
         critic: CriticKind = "separate",
         dtype: DType = "float32",
+        revision: str | None = None,
+        trust_remote_code: bool = False,
+        attn_implementation: AttnImplementation = None,
         sampling: SamplingConfig = SamplingConfig(),
         ppo: PPOConfig = PPOConfig(),
         reward: RewardConfig = RewardConfig(),
@@ -156,10 +169,13 @@ class PPOModule(PPOCheckpoints, StageModule):
     ) -> None:
         super().__init__()
         require_input(sft_model, "sft_model", "the SFT model")
-        # Loaded first: a bad spec fails before any model is.
-        self.judge = None if judge is None else load_judge(judge)
         judge_texts([], [], judge_reads)  # an unknown judge_reads fails here, before any model loads
         self.judge_reads = judge_reads
+        self.memory: MemoryConfig = as_config(MemoryConfig, memory)
+        # Loaded first: a bad spec fails before any model is. A reward-model judge is loaded as the frozen
+        # models are (their dtype, the attention kernel) and scores on the stage's device.
+        loading = ModelLoading(self.memory.frozen_dtype or dtype, None, trust_remote_code, attn_implementation)
+        self.judge = None if judge is None else load_judge(judge, loading)
         self.sampling: SamplingConfig = as_config(SamplingConfig, sampling)
         self.ppo: PPOConfig = as_config(PPOConfig, ppo)
         self.reward_cfg: RewardConfig = as_config(RewardConfig, reward)
@@ -169,7 +185,6 @@ class PPOModule(PPOCheckpoints, StageModule):
         self.critic_optimizer_cfg = as_config(OptimizerConfig, critic_optimizer)
         self.lora_cfg = as_config(LoRAConfig, lora)
         self.critic_lora_cfg = as_config(LoRAConfig, critic_lora)
-        self.memory: MemoryConfig = as_config(MemoryConfig, memory)
         # The one place the estimator is chosen: it decides whether a critic exists at all.
         self.estimator = AdvantageEstimator(self.ppo, self.sampling.samples_per_prompt)
         # Resolved now: LightningCLI has called seed_everything before it builds the stage.
@@ -369,8 +384,9 @@ class PPOModule(PPOCheckpoints, StageModule):
         # The share of scores the missing-EOS penalty replaced: what no reward-model signal reaches.
         replaced = ~rollout.ended if self.reward_cfg.missing_eos_penalty is not None else rollout.ended & False
         local["objective/replaced_fraction"] = replaced.float().mean()
-        judged = None if self.judge is None else judged_texts(self.experience_maker, rollout, info, self.judge_reads)
-        local.update(text_statistics(self.experience_maker.texts(rollout, info), self.judge, judged))
+        maker = self.experience_maker
+        judged = None if self.judge is None else judged_scores(maker, rollout, info, self.judge, self.judge_reads)
+        local.update(text_statistics(maker.texts(rollout, info), judged))
         local.update(compile_statistics("decode", self.sampling.decode, compile_stats()))  # none when eager
         local.update(compile_statistics("forward", self.ppo.forward, self.forward_passes.stats))
         timer.mark("text")
