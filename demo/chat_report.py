@@ -48,9 +48,9 @@ def evaluate_all(
     import torch
     from transformers.utils import logging as hf_logging
 
+    from rlhf_lit.data.prompt_source import read_prompt_source
     from rlhf_lit.evaluation.judges import load_judge
     from rlhf_lit.evaluation.policy_metrics import evaluate_policy
-    from rlhf_lit.evaluation.prompt_files import read_prompts
     from rlhf_lit.models.checkpoint_policy import rollout_checkpoints
     from rlhf_lit.models.generation import SamplingConfig
 
@@ -59,7 +59,7 @@ def evaluate_all(
     t0, c0 = time.perf_counter(), time.process_time()
     temperature, max_new_tokens = sampling_settings(budget)
     sampling = SamplingConfig(temperature=temperature, max_new_tokens=max_new_tokens)
-    prompts = read_prompts(str(paths.dir("data") / "eval.jsonl"))
+    prompts = read_prompt_source(str(paths.dir("data") / "eval.jsonl")).prompts
     judge = load_judge(args.judge)
 
     def measured(name: str, policy: str) -> dict:

@@ -31,10 +31,10 @@ from collections.abc import Sequence
 from demo.labeling import Labeler, Pairing, candidate_pairs, prefer_first, rank_samples
 from demo.story_prompts import RANGES, load_prompts
 from rlhf_lit.data.conversation import TextOrConversation, is_conversation
+from rlhf_lit.data.prompt_source import read_prompt_source
 from rlhf_lit.data.rankings import RANKS_FIELD, count_ranked_pairs, distinct_responses, ranking_record
 from rlhf_lit.evaluation import response_texts
 from rlhf_lit.evaluation.judges import DEFAULT_JUDGE, load_judge
-from rlhf_lit.evaluation.prompt_files import read_prompts
 from rlhf_lit.evaluation.samples import policy_prompts
 from rlhf_lit.models import load_causal_lm
 from rlhf_lit.models.generation import SamplingConfig, sample_batches
@@ -190,8 +190,8 @@ def make_preferences(
             (the same labeller, seeded as ``out``'s): pairs for DPO and rankings for the RM from
             one labelling cost.
         prompts_file: the prompts instead of a paragraph range (``start``, ``count`` and
-            ``num_words`` are then not read): a file :func:`rlhf_lit.evaluation.prompt_files.read_prompts`
-            reads, strings or conversations.
+            ``num_words`` are then not read): a prompt source
+            (:func:`rlhf_lit.data.prompt_source.read_prompt_source`), strings or conversations.
 
     Returns:
         Counts and timings: prompts, samples, records (pairs or rankings written), pairs (the
@@ -206,7 +206,7 @@ def make_preferences(
     temperature = DEFAULT_BT_TEMPERATURE if bt_temperature is None else bt_temperature
     t0 = time.perf_counter()
     if prompts_file is not None:
-        prompts = read_prompts(prompts_file)
+        prompts = read_prompt_source(prompts_file).prompts
         indices = list(range(len(prompts)))
     else:
         indices, prompts = load_prompts(paragraphs, start, count, num_words)

@@ -18,6 +18,8 @@ SEED_ENV = "PL_GLOBAL_SEED"
 """Where Lightning's ``seed_everything`` keeps the seed it set (read by Lightning itself in new processes)."""
 UNSEEDED_DEFAULT = 0
 """A seed option's value when it is unset and nothing called ``seed_everything``."""
+CLI_DEFAULT_SEED = 1234
+"""``rlhf-lit fit``'s ``seed_everything`` when a config sets none: two runs of one config draw the same data."""
 
 
 def run_seed() -> int | None:

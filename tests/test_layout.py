@@ -27,6 +27,7 @@ LAYERS: tuple[frozenset[str], ...] = (
             "artifacts",
             "callable_specs",
             "child_runs",
+            "config_files",
             "option_values",
             "expected_warnings",
             "integrity",

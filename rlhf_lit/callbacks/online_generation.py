@@ -5,21 +5,26 @@ The callback works with any module that has ``policy``, ``tokenizer``, ``samplin
 module also has ``reward_model_inputs(generated)`` (PPO), the score reads the rows it returns, as the
 rollout's reward does (``reward.unfinished``).
 It samples with its own seed through :func:`generate_responses`, which never touches the
-global RNG, so the training stream is the same with and without the callback. Its prompts reach the
-policy by the rule of :mod:`rlhf_lit.data.prompt_rendering` (``chat_template``: rendered as one user
-turn with the tokenizer's chat template when it has one, by default), logged once.
+global RNG, so the training stream is the same with and without the callback. Its prompts are strings,
+conversations (lists of messages), or a prompt source read as the data modules read theirs
+(:class:`~rlhf_lit.data.prompt_source.PromptSource`: a file or hub dataset, a fit config's held-out split; a
+string is a path), read for the module's tokenizer when fit starts; they reach the policy by the rule of
+:mod:`rlhf_lit.data.prompt_rendering` (``chat_template``: rendered as one user turn with the tokenizer's chat
+template when it has one, by default), logged once.
 """
 
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 
-from rlhf_lit.data.prompt_rendering import RenderedPrompts, render_prompts, rendering_line
-from rlhf_lit.data.rendering import TemplateOption, resolve_template, template_choice
+from rlhf_lit.data.prompt_rendering import RenderedPrompts, prompt_rendering, render_prompts, rendering_line
+from rlhf_lit.data.prompt_source import PromptSource, as_prompt_set, as_source, given_prompts
+from rlhf_lit.data.rendering import TemplateOption, template_choice
 
 # The project's one judge loader; re-exported here for ``rlhf_lit.callbacks.load_judge``.
 from rlhf_lit.evaluation import load_judge, response_texts
@@ -30,7 +35,13 @@ from rlhf_lit.option_values import check_least
 
 log = logging.getLogger(__name__)
 
-__all__ = ["OnlineGeneration", "load_judge", "markdown_table"]
+__all__ = ["CallbackPrompts", "OnlineGeneration", "load_judge", "markdown_table"]
+
+CallbackPrompts = str | list[str | list[dict[str, str]]] | dict[str, Any]
+"""The prompts a callback takes (as a config writes them): strings or conversations (lists of messages), a path
+(a file or a hub dataset name: ``PromptSource(path=...)``), or a prompt source's keys (``{path: ..., split: ...}``,
+``{config: ..., split: val}``; a :class:`~rlhf_lit.data.prompt_source.PromptSource` object in Python). Typed
+without the dataclass: jsonargparse would read a string naming an existing file as that file's contents."""
 
 
 def _cell(text: str) -> str:
@@ -55,8 +66,11 @@ class OnlineGeneration(Callback):
     All ranks generate (so a sharded policy keeps its collectives in step); rank 0 logs.
 
     Args:
-        prompts: the fixed prompts (plain text, rendered and encoded with the module's tokenizer as
-            ``chat_template`` says).
+        prompts: the fixed prompts: strings or conversations (lists of ``{role, content}`` messages ending
+            on the user's turn, checked at construction), or a prompt source
+            (:class:`~rlhf_lit.data.prompt_source.PromptSource`; a string is its path), read for the module's
+            tokenizer when fit starts (:meth:`setup`); rendered and encoded with that tokenizer as
+            ``chat_template`` says.
         every_n_rollouts: how often, in rollouts (after rollout n when ``n % every_n_rollouts == 0``).
         sampling: sampling settings; None = the module's.
         seed: seed of this callback's own generator (the same samples each time for a fixed policy).
@@ -75,7 +89,7 @@ class OnlineGeneration(Callback):
 
     def __init__(
         self,
-        prompts: list[str],
+        prompts: CallbackPrompts,
         every_n_rollouts: int = 10,
         sampling: SamplingConfig | None = None,
         seed: int = 1234,
@@ -84,26 +98,38 @@ class OnlineGeneration(Callback):
         tag: str = "samples",
         chat_template: TemplateOption = "auto",
     ) -> None:
-        if not prompts:
-            raise ValueError("OnlineGeneration needs at least one prompt")
         check_least("every_n_rollouts", every_n_rollouts, 1)
         judge_texts([], [], judge_reads)  # an unknown judge_reads: the one message, at construction
         template_choice(chat_template, f"{type(self).__name__} chat_template")  # before fit, not at rollout n
-        self.prompts, self.every_n_rollouts, self.sampling = list(prompts), every_n_rollouts, sampling
+        name = type(self).__name__
+        self.prompts = (
+            as_source(prompts) if isinstance(prompts, (str, dict, PromptSource)) else given_prompts(prompts, name)
+        )  # a list checked now; a source read in setup, for the module's tokenizer
+        self.every_n_rollouts, self.sampling = every_n_rollouts, sampling
         self.seed, self.judge_reads, self.tag, self.chat_template = seed, judge_reads, tag, chat_template
         self.judge = load_judge(judge) if judge else None
         self.last_table: str | None = None
         self._rendered: RenderedPrompts | None = None
+        self._shown: list[str] = []  # the prompts as the text table shows them, set with _rendered
 
     def rendered(self, tokenizer, training: bool | None = None) -> RenderedPrompts:
-        """The prompts as the policy reads them, rendered once (the tokenizer is the module's, known at fit);
-        ``auto`` follows ``training``, whether the training prompts were rendered, when known."""
+        """The prompts as the policy reads them, read and rendered once (the tokenizer is the module's, known at
+        fit); ``auto`` follows ``training``, whether the training prompts were rendered, when known."""
         if self._rendered is None:
             name = f"{type(self).__name__} chat_template"
-            rendering = resolve_template(self.chat_template, tokenizer, name, training=training)
-            rank_zero_info(rendering_line(f"{type(self).__name__} ({self.tag})", rendering, self.prompts))
-            self._rendered = render_prompts(tokenizer, self.prompts, rendering)
+            prompt_set = as_prompt_set(self.prompts, tokenizer, self.chat_template, type(self).__name__, training)
+            rendering = prompt_rendering(self.chat_template, tokenizer, name, prompt_set.format, training)
+            rank_zero_info(rendering_line(f"{type(self).__name__} ({self.tag})", rendering, prompt_set.prompts))
+            self._rendered = render_prompts(tokenizer, prompt_set.prompts, rendering)
+            # the table's prompt column: a string as given, a conversation as the policy read it
+            self._shown = [p if isinstance(p, str) else t for p, t in zip(prompt_set.prompts, self._rendered.texts)]
         return self._rendered
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        """Read and render the prompts when fit starts (the data module is set up by then), so a bad source is
+        refused before any rollout."""
+        if stage == "fit":
+            self.rendered(pl_module.tokenizer, getattr(trainer.datamodule, "chat_rendered", None))
 
     @torch.no_grad()
     def sample(self, pl_module: LightningModule) -> tuple[list[str], dict[str, list[float]]]:
@@ -143,7 +169,7 @@ class OnlineGeneration(Callback):
         if done == 0 or done % self.every_n_rollouts != 0:
             return
         responses, columns = self.sample(pl_module)
-        self.last_table = markdown_table(self.prompts, responses, columns)
+        self.last_table = markdown_table(self._shown, responses, columns)
         # Logged at the index of the rollout just finished, next to that rollout's metrics.
         means = {f"{self.tag}/{k}_mean": sum(v) / len(v) for k, v in columns.items()}
         log_to_loggers(trainer, done - 1, means, self.tag, self.last_table)

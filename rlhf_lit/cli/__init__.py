@@ -83,7 +83,7 @@ from rlhf_lit.cli.run_dir import (
 from rlhf_lit.cli.run_lock import lock_run, release_run_locks
 from rlhf_lit.commands import COMMANDS, commands_help, run_command
 from rlhf_lit.expected_warnings import silence_expected_noise
-from rlhf_lit.run_seed import run_seed
+from rlhf_lit.run_seed import CLI_DEFAULT_SEED, run_seed
 from rlhf_lit.stages.base import TrainerPlan
 from rlhf_lit.stages.nonfinite import NonFiniteError
 from rlhf_lit.strategies import check_strategy_choice, shards_models  # also registers the fsdp / fsdp2 names
@@ -393,7 +393,7 @@ def _run_cli(args: list[str] | None, argv: list[str], debug: bool) -> None:
             auto_configure_optimizers=False,
             save_config_kwargs={"overwrite": True},
             # A fixed default seed: two runs of one config sample the same prompts and responses.
-            seed_everything_default=1234,
+            seed_everything_default=CLI_DEFAULT_SEED,
             args=args and argv,
             command=["rlhf-lit", *argv],
         )

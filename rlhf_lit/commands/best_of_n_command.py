@@ -91,11 +91,10 @@ def main(argv: Sequence[str]) -> int:
     check_positive(num_samples=args.num_samples)
     if args.num_samples is not None and args.num_samples < ns[-1]:
         raise OptionError(f"--num-samples {args.num_samples} is below the largest N ({ns[-1]})")
-    prompts, sampling, judge = prepare(
-        args, policy=args.policy, reward_model=args.reward_model, tokenizer=args.tokenizer
-    )
+    sets, sampling, judge = prepare(args, [args.policy], reward_model=args.reward_model, tokenizer=args.tokenizer)
+    prompts = sets[args.policy]
     m = args.num_samples or ns[-1]
-    log.info("best-of-n: %d prompts x %d samples from %s, N in %s", len(prompts), m, args.policy, ns)
+    log.info("best-of-n: %d prompts x %d samples from %s, N in %s", len(prompts.prompts), m, args.policy, ns)
     result = best_of_n(
         args.policy,
         args.reward_model,

@@ -40,7 +40,6 @@ from rlhf_lit.commands.options import (
     OptionError,
     add_common_options,
     check_positive,
-    check_sources,
     command_result,
     library_options,
     prepare,
@@ -112,18 +111,11 @@ def main(argv: Sequence[str]) -> int:
     policies = args.policy
     outs = out_files(args.out, policies)
     prompts, sampling, judge = prepare(
-        args,
-        policy=policies[0],
-        reference=args.reference,
-        reward_model=args.reward_model,
-        tokenizer=args.tokenizer,
-        outs=outs,
+        args, policies, reference=args.reference, reward_model=args.reward_model, tokenizer=args.tokenizer, outs=outs
     )
-    for policy in policies[1:]:
-        check_sources(policy=policy)
     results = {}
     for policy, out in zip(policies, outs):
-        results[policy] = _evaluate(args, policy, prompts, sampling, judge)
+        results[policy] = _evaluate(args, policy, prompts[policy], sampling, judge)
         if len(policies) == 1:
             print(format_table(results[policy]))
         write_result(out, results[policy])  # the writer makes the folder of several policies' results
@@ -136,7 +128,7 @@ def main(argv: Sequence[str]) -> int:
 
 def _evaluate(args: argparse.Namespace, policy: str, prompts, sampling, judge) -> dict:
     """The result of one policy, as ``--out`` holds it."""
-    log.info("evaluate: %d prompts x %d samples from %s", len(prompts), args.samples_per_prompt, policy)
+    log.info("evaluate: %d prompts x %d samples from %s", len(prompts.prompts), args.samples_per_prompt, policy)
     result = evaluate_policy(
         policy,
         prompts,

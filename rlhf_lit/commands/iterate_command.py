@@ -37,7 +37,7 @@ from dataclasses import asdict
 from rlhf_lit.artifacts import WRITTEN_BY_KEY, write_json_atomically, write_text_atomically
 from rlhf_lit.child_runs import run_rlhf_lit, stop_on_signals
 from rlhf_lit.commands import iterate_steps as steps
-from rlhf_lit.commands.iterate_config import IterateConfig, read_config
+from rlhf_lit.commands.iterate_config import IterateConfig, PromptsGroup, read_config
 from rlhf_lit.commands.iterate_labels import JudgeScorer, Scorer, as_policy_read, read_labels_file
 from rlhf_lit.commands.options import CommandParser, OptionError
 from rlhf_lit.commands.seeds_command import model_class_path
@@ -108,25 +108,41 @@ def check_stage_config(where: str, key: str, path: str, stage: str) -> None:
     try:
         class_path = model_class_path(path)
     except (OSError, ValueError) as error:
-        raise OptionError(f"{where}: {key} {path}: not a stage config ({error})") from None
+        raise OptionError(f"{where}: {key} {error}, not a stage config") from None  # the error names the file
     if class_path is None or class_path.rsplit(".", 1)[-1] != STAGE_CLASSES[stage]:
         raise OptionError(f"{where}: {key} {path}: model.class_path is {class_path!r}, not {STAGE_CLASSES[stage]}")
 
 
-def read_loop_prompts(config: IterateConfig, where: str) -> tuple[list, list]:
-    """``(held-out prompts, prompts to label)``, each cut to ``prompts.words``; enough for every iteration."""
-    from rlhf_lit.evaluation.prompt_files import read_prompts
+def read_loop_prompts(config: IterateConfig, where: str, tokenizer, chat: bool) -> tuple[list, list]:
+    """``(held-out prompts, prompts to label)`` of the ``prompts`` source, read for the SFT model's ``tokenizer`` as
+    the loop's policies read them (``chat``: HH transcripts as conversations), each cut to ``prompts.words``;
+    enough for every iteration."""
+    from rlhf_lit.data.prompt_source import read_prompt_source
 
-    prompts = read_prompts(config.prompts.path, config.prompts.format, config.prompts.field)[config.prompts.skip :]
+    source = config.prompts.source()
+    try:
+        prompts = read_prompt_source(source, tokenizer, steps.template_option(chat)).prompts
+    except (OSError, ValueError) as error:
+        raise OptionError(f"{where}: prompts: {error}") from None
     if config.prompts.words is not None:
         prompts = [" ".join(p.split()[: config.prompts.words]) if isinstance(p, str) else p for p in prompts]
     need = config.prompts.held_out + config.iterations * config.prompts.per_iteration
     if len(prompts) < need:
         raise OptionError(
-            f"{where}: prompts.path {config.prompts.path} holds {len(prompts)} prompts after skip; "
+            f"{where}: prompts {source.name} holds {len(prompts)} prompts after skip; "
             f"held_out + iterations x per_iteration needs {need}"
         )
     return prompts[: config.prompts.held_out], prompts[config.prompts.held_out :]
+
+
+def comparable(config: dict) -> dict:
+    """A loop config (as ``iterate.json`` keeps it) as this version compares it: the ``prompts`` keys added since
+    it was written at their defaults, and ``field: prompt`` (the default before ``field`` could be unset, and
+    what unset reads for every file it read) as unset."""
+    prompts = {**asdict(PromptsGroup()), **config.get("prompts", {})}
+    if prompts["field"] == "prompt":
+        prompts["field"] = None
+    return {**config, "prompts": prompts}
 
 
 def check_run_dir(config: IterateConfig, where: str, chat: bool) -> None:
@@ -142,7 +158,7 @@ def check_run_dir(config: IterateConfig, where: str, chat: bool) -> None:
             f"{where}: run_dir {config.run_dir} is not empty and holds no iterate.json of rlhf-lit "
             "iterate; give a new or empty run_dir"
         )
-    old, new = kept["config"], asdict(config)
+    old, new = comparable(kept["config"]), comparable(asdict(config))
     changed = sorted(k for k in set(old) | set(new) if k != "iterations" and old.get(k) != new.get(k))
     if changed:
         raise OptionError(
@@ -193,9 +209,9 @@ def prepare(config: IterateConfig, where: str) -> tuple[list, list, list, bool, 
     check_reward_model_path(where, "reward_model.initial_model", config.reward_model.initial_model)
     check_stage_config(where, "reward_model.config", config.reward_model.config, "reward_model")
     check_stage_config(where, "ppo.config", config.ppo.config, "ppo")
-    held_out, fresh = read_loop_prompts(config, where)
     tokenizer = load_tokenizer(config.sft_model)
     chat = steps.policy_reads_chat(tokenizer)
+    held_out, fresh = read_loop_prompts(config, where, tokenizer, chat)
     check_run_dir(config, where, chat)
     check_ppo_rendering(config, where)
     if config.labeler.kind == "reward_model":

@@ -6,6 +6,8 @@ strict reader whose every error names the file and the key.
     seed: 1234                          # sampling seed of iteration t: seed + t; every fit: --seed_everything seed
     sft_model: assets/models/stories260K
     prompts: {path: assets/data/tinystories/val.txt, skip: 1000, words: 8, held_out: 8, per_iteration: 16}
+                                        # or any prompt source: {path: Anthropic/hh-rlhf, split: test, ...},
+                                        # {config: configs/ppo.yaml, split: val, ...}
     sampling: {responses_per_prompt: 4, max_new_tokens: 24, temperature: 1.0, batch_size: 64}
     labeler: {kind: judge, source: "rlhf_lit.evaluation.judges:vader"}
     reward_model: {config: configs/offline/iterate/reward_model.yaml, data: all, init: previous}
@@ -25,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Union, get_args, get_origin
 
 from rlhf_lit.commands.options import OptionError
+from rlhf_lit.data.prompt_source import PromptSource, PromptSourceFormat
 
 RewardData = Literal["all", "latest"]
 """What the reward model of iteration t trains on: ``all`` the labels so far (``initial_data`` and iterations
@@ -40,30 +43,49 @@ LabelerKind = Literal["judge", "reward_model", "file"]
 """Who labels the policy's samples: ``judge`` a ``module:function`` judge (texts -> scores, as
 :func:`rlhf_lit.evaluation.load_judge`), ``reward_model`` a held-out reward model directory (its scores),
 or ``file`` labels a person wrote (``source`` a path with ``{t}``: rankings or pairs records)."""
-PromptFormat = Literal["auto", "lines", "jsonl"]
-"""As ``--prompt-format`` of ``rlhf-lit evaluate`` (:mod:`rlhf_lit.evaluation.prompt_files`)."""
 JudgeReads = Literal["response", "query_response"]
 """As :data:`rlhf_lit.evaluation.judges.JudgeReads` (checked equal by the tests)."""
 
 
 @dataclass
 class PromptsGroup:
-    """Prompts: the first ``held_out`` are the fixed evaluation set, then ``per_iteration`` fresh ones per iteration."""
+    """Prompts, from a prompt source (:class:`~rlhf_lit.data.prompt_source.PromptSource`, read as ``rlhf-lit
+    evaluate --prompts`` reads it): the first ``held_out`` are the fixed evaluation set, then ``per_iteration``
+    fresh ones per iteration."""
 
     path: str = ""
-    """Prompt file: one per line, or JSONL with ``field``."""
-    format: PromptFormat = "auto"
-    """``lines``, ``jsonl`` or ``auto`` (by extension)."""
-    field: str = "prompt"
-    """JSONL field holding the prompt."""
+    """A file (``.jsonl`` / ``.json`` records in any prompt format, optionally ``.gz``; ``.txt``: one prompt per line)
+    or a hub dataset name; or leave it empty and give ``config``."""
+    config: str | None = None
+    """A fit config: the prompts its data module holds out (``split: val``, the default) or trains on (``train``)."""
+    split: str | None = None
+    """A hub dataset's split (default ``train``), or a config's (``val`` or ``train``)."""
+    subset: str | None = None
+    """A hub dataset's subset."""
+    format: PromptSourceFormat = "auto"
+    """The record format (``auto``: detected; ``lines``; ``jsonl``; or one of the data modules' prompt formats)."""
+    field: str | None = None
+    """The column holding the prompt (null: the format's own)."""
     skip: int = 0
-    """Leave out the file's first N prompts (e.g. those the PPO config trains on)."""
+    """Leave out the source's first N prompts (e.g. those the PPO config trains on)."""
     words: int | None = None
     """Keep each prompt's first N words (TinyStories paragraphs as story openings); null keeps it whole."""
     held_out: int = 8
     """The first N prompts: the evaluation set of every iteration, never labelled."""
     per_iteration: int = 16
     """Fresh prompts sampled and labelled per iteration (prompts never repeat across iterations)."""
+
+    def source(self) -> PromptSource:
+        """The :class:`~rlhf_lit.data.prompt_source.PromptSource` these keys name (``ValueError`` for a bad one)."""
+        return PromptSource(
+            path=self.path or None,
+            config=self.config,
+            split=self.split,
+            subset=self.subset,
+            format=self.format,
+            field=self.field,
+            skip=self.skip,
+        )
 
 
 @dataclass
@@ -154,7 +176,7 @@ class IterateConfig:
     evaluation: EvaluationGroup = field(default_factory=EvaluationGroup)
 
 
-REQUIRED = ("run_dir", "sft_model", "prompts.path", "labeler.source", "reward_model.config", "ppo.config")
+REQUIRED = ("run_dir", "sft_model", "labeler.source", "reward_model.config", "ppo.config")
 """Keys without a usable default."""
 
 
@@ -225,8 +247,10 @@ def check_values(config: IterateConfig, where: str) -> None:
     for key in ("iterations", "prompts.per_iteration", "sampling.max_new_tokens", "sampling.batch_size"):
         if _get(config, key) < 1:
             raise OptionError(f"{where}: {key} must be >= 1, got {_get(config, key)}")
-    if config.prompts.skip < 0:
-        raise OptionError(f"{where}: prompts.skip must be >= 0, got {config.prompts.skip}")
+    try:
+        config.prompts.source()
+    except ValueError as error:
+        raise OptionError(f"{where}: prompts: {error}") from None
     if config.prompts.held_out < 1:
         raise OptionError(f"{where}: prompts.held_out must be >= 1 (the evaluation set), got {config.prompts.held_out}")
     if config.prompts.words is not None and config.prompts.words < 1:
@@ -246,7 +270,7 @@ def check_values(config: IterateConfig, where: str) -> None:
         raise OptionError(
             f"{where}: labeler.source {config.labeler.source!r} needs {{t}} (one labels file per iteration)"
         )
-    for key in ("reward_model.config", "ppo.config", "prompts.path", "reward_model.initial_data"):
+    for key in ("reward_model.config", "ppo.config", "reward_model.initial_data"):
         path = _get(config, key)
         if path is not None and not os.path.isfile(path):
             raise OptionError(f"{where}: {key} {path}: no such file")
@@ -254,17 +278,12 @@ def check_values(config: IterateConfig, where: str) -> None:
 
 def read_config(path: str) -> IterateConfig:
     """The :class:`IterateConfig` of a YAML file; an :class:`OptionError` naming the file and key for any mistake."""
-    import yaml
+    from rlhf_lit.config_files import read_yaml_mapping
 
-    if not os.path.isfile(path):
-        raise OptionError(f"--config {path}: no such file")
     try:
-        with open(path, encoding="utf-8") as f:
-            values = yaml.safe_load(f)
-    except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        line = f" line {mark.line + 1}" if mark is not None else ""
-        raise OptionError(f"--config {path}{line}: not YAML ({getattr(error, 'problem', error)})") from None
-    config = _build(IterateConfig, values if values is not None else {}, "", path)
+        values = read_yaml_mapping(path)
+    except (OSError, ValueError) as error:
+        raise OptionError(f"--config {error}") from None
+    config = _build(IterateConfig, values, "", path)
     check_values(config, path)
     return config

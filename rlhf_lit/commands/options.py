@@ -20,7 +20,6 @@ from typing import get_args
 from rlhf_lit.artifacts import WRITTEN_BY_KEY, json_file_state  # noqa: F401
 from rlhf_lit.artifacts import write_json_atomically as write_json  # noqa: F401
 from rlhf_lit.evaluation import samples
-from rlhf_lit.evaluation.prompt_files import read_prompts
 from rlhf_lit.integrity import DamagedFile, check_json_file
 
 log = logging.getLogger(__name__)
@@ -54,10 +53,16 @@ def library_options(args: argparse.Namespace) -> dict:
     return {name: getattr(args, name) for name in LIBRARY_OPTIONS}
 
 
-def command_result(command: str, args: argparse.Namespace, prompts: list, sampling, result: dict, **config) -> dict:
+def command_result(command: str, args: argparse.Namespace, prompts, sampling, result: dict, **config) -> dict:
     """What ``rlhf-lit <command>`` writes: the ``written_by`` stamp, the ``config`` (the command's own entries
-    ``config``, then the judge, the prompts, the sampling and :func:`library_options`) and ``result``."""
-    shared = {"judge": args.judge, "prompts": args.prompts, "num_prompts": len(prompts)}
+    ``config``, then the judge, the prompts (``prompts``: the set read, :func:`read_prompt_sets`) and their
+    source, the sampling and :func:`library_options`) and ``result``."""
+    shared = {
+        "judge": args.judge,
+        "prompts": args.prompts or args.prompts_config,
+        "prompt_source": dataclasses.asdict(prompt_source(args)),
+        "num_prompts": len(prompts.prompts),
+    }
     return {
         WRITTEN_BY_KEY: f"rlhf-lit {command}",
         "config": {**config, **shared, "sampling": dataclasses.asdict(sampling), **library_options(args)},
@@ -86,29 +91,16 @@ def add_common_options(parser: argparse.ArgumentParser, *, max_new_tokens: int, 
         help="how the reward model reads a response cut at --max-new-tokens: as sampled, or with EOS "
         "appended (as rlhf-lit's RM stage trained it; PPO's reward.unfinished)",
     )
-    parser.add_argument(
-        "--prompts",
-        required=True,
-        metavar="FILE",
-        help="prompts: one per line, or JSONL (*.jsonl) with the prompt in --prompt-field (a string, "
-        "or a list of messages ending with the user's turn)",
-    )
+    add_prompt_options(parser)
     parser.add_argument(
         "--chat-template",
         default="auto",
         metavar="{" + ",".join(TEMPLATE_CHOICES) + "}",
-        help="render string prompts as one user turn with the policy's chat template: auto (when its "
-        "tokenizer has one, as the data's hh_render), always, never (chat_template, raw: deprecated "
-        "aliases of always, never, removed in 0.3.0); conversations always are",
+        help="render string prompts as one user turn with the policy's chat template, and read HH-RLHF transcripts "
+        "as conversations: auto (when its tokenizer has one, as the data modules' chat_template and hh_render), "
+        "always, never (chat_template, raw: deprecated aliases of always, never, removed in 0.3.0); "
+        "conversations always are",
     )
-    parser.add_argument("--prompt-field", default="prompt", help="JSONL field holding the prompt")
-    parser.add_argument(
-        "--prompt-format",
-        choices=["auto", "lines", "jsonl"],
-        default="auto",
-        help="auto: *.jsonl is JSONL, anything else one prompt per line",
-    )
-    parser.add_argument("--max-prompts", type=int, default=None, metavar="K", help="use only the first K prompts")
     parser.add_argument(
         "--judge",
         default=None,
@@ -142,6 +134,90 @@ def add_common_options(parser: argparse.ArgumentParser, *, max_new_tokens: int, 
     parser.add_argument("--seed", type=int, default=0, help="sampling seed")
     parser.add_argument("--device", default=None, help="torch device, e.g. cpu or cuda (default: cuda if available)")
     add_out_options(parser, "JSON file for the result")
+
+
+def add_prompt_options(parser: argparse.ArgumentParser) -> None:
+    """Where the prompts come from: a :class:`~rlhf_lit.data.prompt_source.PromptSource`, read as ``fit`` reads data."""
+    from rlhf_lit.data.prompt_source import CONFIG_SPLITS, PromptSourceFormat
+
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument(
+        "--prompts",
+        metavar="FILE|DATASET",
+        help="prompts: a file (.jsonl / .json records in any format the data modules read, optionally .gz; "
+        ".txt: one prompt per line) or a Hugging Face hub dataset (its split: --prompt-split)",
+    )
+    which.add_argument(
+        "--prompts-config",
+        metavar="FIT_CONFIG.yaml",
+        help="the prompts a fit config's data module holds out (--prompt-split val, the default) or trains on "
+        "(train): the same seeded split as the fit",
+    )
+    parser.add_argument(
+        "--prompt-split",
+        default=None,
+        metavar="SPLIT",
+        help=f"a hub dataset's split (default train); with --prompts-config one of {', '.join(CONFIG_SPLITS)}",
+    )
+    parser.add_argument("--prompt-subset", default=None, metavar="NAME", help="a hub dataset's subset")
+    parser.add_argument(
+        "--prompt-format",
+        choices=get_args(PromptSourceFormat),
+        default="auto",
+        help="the record format (auto: detected as the data modules detect it; .txt files as lines); lines: one "
+        "prompt per line; jsonl: JSON lines whatever the file's name",
+    )
+    parser.add_argument(
+        "--prompt-field",
+        default=None,
+        metavar="NAME",
+        help="the column holding the prompt (a string, or a list of messages ending with the user's turn)",
+    )
+    parser.add_argument(
+        "--prompt-seed",
+        type=int,
+        default=None,
+        metavar="SEED",
+        help="with --prompts-config: the --seed_everything the fit ran with (default: the config's seed_everything)",
+    )
+    parser.add_argument("--max-prompts", type=int, default=None, metavar="K", help="use only the first K prompts")
+
+
+def prompt_source(args: argparse.Namespace):
+    """The :class:`~rlhf_lit.data.prompt_source.PromptSource` the prompt options name (:class:`OptionError` otherwise)."""
+    from rlhf_lit.data.prompt_source import PromptSource
+
+    try:
+        return PromptSource(
+            path=args.prompts,
+            config=args.prompts_config,
+            split=args.prompt_split,
+            subset=args.prompt_subset,
+            format=args.prompt_format,
+            field=args.prompt_field,
+            seed=args.prompt_seed,
+            max_prompts=args.max_prompts,
+        )
+    except ValueError as error:
+        option = "--prompts" if args.prompts is not None else "--prompts-config"
+        raise OptionError(f"{option} {args.prompts or args.prompts_config}: {error}") from None
+
+
+def read_prompt_sets(args: argparse.Namespace, policies: list[str]) -> dict:
+    """The prompts each policy reads (a :class:`~rlhf_lit.data.prompt_source.PromptSet` per policy, read for its
+    tokenizer, or ``--tokenizer``: how HH transcripts read follows it), before any weights load."""
+    from rlhf_lit.data.prompt_source import read_prompt_source
+    from rlhf_lit.tokenizer import load_tokenizer
+
+    source, read, sets = prompt_source(args), {}, {}
+    option = "--prompts" if args.prompts is not None else "--prompts-config"
+    for policy in policies:
+        where = args.tokenizer or policy
+        if where not in read:
+            tokenizer = load_tokenizer(where, padding_side="left", what="--tokenizer" if args.tokenizer else "--policy")
+            read[where] = dataclasses.replace(read_prompt_source(source, tokenizer, args.chat_template), where=option)
+        sets[policy] = read[where]
+    return sets
 
 
 def add_out_options(parser: argparse.ArgumentParser, what: str) -> None:
@@ -279,17 +355,19 @@ def chat_template_option(value: str) -> str:
 
 
 def prepare(
-    args: argparse.Namespace, outs: list[str | None] | None = None, **sources: str | None
-) -> tuple[list[str], object, object | None]:
-    """Every check a command makes before loading a model: ``(prompts, sampling, judge or None)``.
+    args: argparse.Namespace, policies: list[str], outs: list[str | None] | None = None, **sources: str | None
+) -> tuple[dict, object, object | None]:
+    """Every check a command makes before loading a model's weights: ``(prompts, sampling, judge or None)``,
+    ``prompts`` the set each of ``policies`` reads (:func:`read_prompt_sets`).
 
-    ``outs``: the files the command will write (default: ``--out``), each checked by :func:`check_out`.
+    ``outs``: the files the command will write (default: ``--out``), each checked by :func:`check_out`;
+    ``sources``: the model options (``name=path``) checked by :func:`check_sources` with every policy.
     """
     from rlhf_lit.evaluation.judges import load_judge
 
     check_positive(batch_size=args.batch_size, max_prompts=args.max_prompts)
     args.chat_template = chat_template_option(args.chat_template)
-    resolve_sampling(args, [p for p in args.policy if p] if isinstance(args.policy, list) else [args.policy])
+    resolve_sampling(args, policies)
     if args.device is None:
         import torch
 
@@ -298,8 +376,8 @@ def prepare(
     for out in [args.out] if outs is None else outs:
         check_out(out, args.overwrite)
     check_sources(**sources)
-    prompts = read_prompts(args.prompts, args.prompt_format, args.prompt_field)
-    if args.max_prompts is not None:
-        prompts = prompts[: args.max_prompts]
+    for policy in policies:
+        check_sources(policy=policy)
+    prompts = read_prompt_sets(args, policies)
     judge = load_judge(args.judge, device=args.device, option="--judge") if args.judge else None
     return prompts, sampling, judge

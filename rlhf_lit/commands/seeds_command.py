@@ -91,14 +91,11 @@ def seed_command(command: Sequence[str], seed: int, seed_dir: str) -> list[str]:
 
 def model_class_path(config: str) -> str | None:
     """The stage class a ``fit`` config file names (``model.class_path``, or ``model`` as a string), or None.
-    ``OSError`` when it cannot be read, ``ValueError`` (the parser's words) when it is not a YAML mapping."""
-    import yaml
+    ``OSError`` when it cannot be read, ``ValueError`` naming the file when it is not a YAML mapping
+    (:func:`rlhf_lit.config_files.read_yaml_mapping`)."""
+    from rlhf_lit.config_files import read_yaml_mapping
 
-    try:
-        with open(config, encoding="utf-8") as f:
-            model = (yaml.safe_load(f) or {}).get("model")
-    except (yaml.YAMLError, AttributeError) as error:
-        raise ValueError(str(error)) from None
+    model = read_yaml_mapping(config).get("model")
     class_path = model.get("class_path") if isinstance(model, dict) else model
     return class_path if isinstance(class_path, str) else None
 

@@ -10,8 +10,10 @@
 Sources are local files (.jsonl, .json, .txt paragraphs, optionally .gz) or hub dataset names;
 the record formats are the registry :data:`.adapters.ADAPTERS` (each described in :mod:`.adapters`;
 HH-RLHF transcripts in :mod:`.hh`, rendered as ``hh_render`` says: :mod:`.rendering`), ``auto`` (the
-default) in :mod:`.detect`, conversations in :mod:`.conversation`. Prompts given to a policy outside
-these modules (``rlhf-lit evaluate``, ``best-of-n``, the callbacks) are rendered by :mod:`.prompt_rendering`.
+default) in :mod:`.detect`, conversations in :mod:`.conversation`; one path from a source to examples in
+:mod:`.reading`. Prompts given to a policy outside these modules (``rlhf-lit evaluate``, ``best-of-n``,
+``iterate``, the callbacks) are read by :mod:`.prompt_source` (the same reader, or a fit config's own data
+module) and rendered by :mod:`.prompt_rendering`.
 """
 
 from rlhf_lit.data.adapters import ALPACA_PROMPT, ALPACA_PROMPT_NO_INPUT, Fields, Format

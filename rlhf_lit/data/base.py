@@ -21,14 +21,13 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader
 
-from rlhf_lit.data.adapters import AUTO, AdapterOptions, Example, Fields, Kind, adapt, check_fields, check_format
+from rlhf_lit.data.adapters import AUTO, Example, Fields, Kind, check_fields, check_format
 from rlhf_lit.data.chat import AssistantTurns
 from rlhf_lit.data.collate import require_pad_id
 from rlhf_lit.data.conversation import is_conversation
 from rlhf_lit.data.demonstrations import encode_demonstrations, refused_conversation, template_errors
-from rlhf_lit.data.detect import resolve_format
 from rlhf_lit.data.encoding import TextEncoder, require_tokenizer
-from rlhf_lit.data.records import is_text_file, read_rows
+from rlhf_lit.data.reading import check_val_split, read_examples, validation_source
 from rlhf_lit.data.rendering import (
     TemplateRendering,
     hh_rendering_line,
@@ -133,6 +132,7 @@ class TextDataModule(L.LightningDataModule):
             )
         if not 0.0 <= self.val_fraction < 1.0:
             raise ValueError(f"val_fraction must be in [0, 1), got {self.val_fraction}")
+        check_val_split(self.train_path, self.val_path, self.val_split, self.val_fraction)
         for name in ("batch_size", "prompt_words"):
             check_least(name, getattr(self, name), 1)
         check_least("num_workers", self.num_workers, 0)
@@ -143,7 +143,8 @@ class TextDataModule(L.LightningDataModule):
         self.seed = seed_or_run_seed(self.seed)
         self.fields = Fields(**self.fields) if isinstance(self.fields, Mapping) else self.fields
         check_fields(self.format, self.fields)
-        self._hh: TemplateRendering | None = None  # hh_render for the tokenizer, resolved in setup
+        self._hh: TemplateRendering | None = None  # hh_render for the tokenizer, resolved in setup (read_splits)
+        self._hh_noted = False  # the HH rendering logged (once per read_splits)
         self._strings: TemplateRendering | None = None  # chat_template for the tokenizer, resolved in setup
         self._rendered: list[bool] = []  # per source of string examples: rendered (recorded_choice)
         self.sampler: ResumableSampler | None = None  # the training order, built in setup
@@ -169,7 +170,7 @@ class TextDataModule(L.LightningDataModule):
 
         ``fields`` is a dict (a dataclass instance would break weights_only loading) holding the
         columns added later (:data:`LATER_COLUMNS`: rankings, prompt / completion, messages) only
-        when set to something other than their default, so the hparams of every other run are as
+        when set to something other than their default (``val_split`` too, only when set), so the hparams of every other run are as
         before and a checkpoint written before they existed still resumes (the resume check compares
         them). ``hh_render`` is left out: ``setup`` stores ``always`` there when HH transcripts were
         rendered with the chat template (older checkpoints say ``chat_template``, its deprecated alias,
@@ -185,6 +186,8 @@ class TextDataModule(L.LightningDataModule):
             if name not in LATER_COLUMNS or value != getattr(defaults, name)
         }
         self.hparams.pop("hh_render", None)
+        if self.val_split is None:  # added later: recorded only when set, as LATER_COLUMNS
+            self.hparams.pop("val_split", None)
 
     def _record_format(self, option: str, format: str | None) -> None:
         """Keep the format a source was read in as the option ``option`` (``format``,
@@ -201,38 +204,30 @@ class TextDataModule(L.LightningDataModule):
         self.hparams[option] = format
 
     # ---------------------------------------------------------------------------------- setup
-    def _examples(self, source: str, *, format: str, kind: Kind, max_records: int | None) -> tuple[list[Example], str]:
-        """The ``kind`` examples of ``source`` read in ``format`` (at most ``max_records``
-        records), and that format (``auto`` resolved on the source); the train and validation
-        sources pass the module's own settings, a second source (reference or ptx set) its own."""
-        text_file = is_text_file(source)
-        if text_file and format not in ("paragraphs", AUTO):
-            raise ValueError(f"{source} is plain text, which only the 'paragraphs' format reads (format is {format!r})")
-        rows = read_rows(
-            source, split=self.split, subset=self.subset, max_records=max_records, skip_invalid=self.skip_invalid
-        )
-        if not rows:
-            raise ValueError(f"{source}: no usable {kind} examples in 0 records")
-        format = resolve_format(format, rows, kind=kind, fields=self.fields, source=source, text_file=text_file)
-        check_format(format, kind)
-        check_fields(format, self.fields)
-        assert self._hh is not None  # resolved at the start of setup, which reads every source
-        if format == "hh_rlhf":
-            self._note_hh(source, self._hh)
-        options = AdapterOptions(
-            self.fields, self.prompt_words, tuple(getattr(self, "extra_fields", ())), hh_conversations=self._hh.chat
-        )
-        adapted = adapt(
-            rows,
+    def _examples(
+        self, source: str, *, format: str, kind: Kind, max_records: int | None, split: str | None = None
+    ) -> tuple[list[Example], str]:
+        """The ``kind`` examples of ``source`` read in ``format`` (at most ``max_records`` records; the hub
+        ``split``, default the module's), and that format (``auto`` resolved on the source), read by
+        :func:`~rlhf_lit.data.reading.read_examples` with the module's settings; the train and validation
+        sources pass the module's own format, a second source (reference or ptx set) its own."""
+        assert self._hh is not None  # resolved before any source is read (read_splits)
+        examples, format = read_examples(
+            source,
             format=format,
             kind=kind,
-            options=options,
-            skip_invalid=self.skip_invalid,  # type: ignore[arg-type]
-            source=source,
+            fields=self.fields,
+            split=split or self.split,
+            subset=self.subset,
+            max_records=max_records,
+            skip_invalid=self.skip_invalid,
+            prompt_words=self.prompt_words,
+            extra_fields=tuple(getattr(self, "extra_fields", ())),
+            hh_conversations=self._hh.chat,
         )
-        if not adapted.examples:
-            raise ValueError(f"{source}: no usable {kind} examples in {len(rows)} records")
-        return adapted.examples, format
+        if format == "hh_rlhf":
+            self._note_hh(source, self._hh)
+        return examples, format
 
     def _note_hh(self, source: str, rendering: TemplateRendering) -> None:
         """Log how HH transcripts are rendered, once per setup (the first HH source names it); record
@@ -250,19 +245,10 @@ class TextDataModule(L.LightningDataModule):
             return
         tokenizer = require_tokenizer(self.tokenizer, type(self).__name__)
         self.pad_token_id = require_pad_id(tokenizer)
-        self._hh = resolve_template(self.hh_render, tokenizer, "hh_render", "HH-RLHF transcripts")
-        self._hh_noted = False
         self._strings = resolve_template(self.chat_template, tokenizer, "chat_template", "the string prompts")
         self._rendered = []
-        train, format = self._examples(
-            self.train_path, format=self.format, kind=self.kind, max_records=self.max_records
-        )
-        self._record_format("format", format)
-        val: list[Example] = []
-        if self.val_path is not None:  # read in the format of the training data
-            val, _ = self._examples(self.val_path, format=self.format, kind=self.kind, max_records=self.max_records)
-        elif self.val_fraction > 0:
-            train, val = split_by_fraction(train, self.val_fraction, self.seed)
+        hh = resolve_template(self.hh_render, tokenizer, "hh_render", "HH-RLHF transcripts")
+        train, val, format = self.read_splits(hh)
         encoder = self._encoder(self.train_path, format, [*train, *val])
         chat = encoder.apply_chat_template
         self.chat_rendered = chat or any(is_conversation(e.prompt) for e in (*train, *val))
@@ -281,6 +267,26 @@ class TextDataModule(L.LightningDataModule):
         if self._pending_state is not None:
             self.sampler.load_state_dict(self._pending_state)
             self._pending_state = None
+
+    def read_splits(self, hh: TemplateRendering) -> tuple[list[Example], list[Example], str]:
+        """``(train, val, format)``: the training and validation examples as ``setup`` reads them, before any
+        encoding, HH transcripts read as ``hh`` (``hh_render`` resolved for the tokenizer) says; and the format
+        the training source was read in. The validation examples come from ``val_path`` / ``val_split``
+        (:func:`~rlhf_lit.data.reading.validation_source`, read in that format), else ``val_fraction`` of the
+        training examples (seeded by ``seed``), else none. Prompt sources read a config's split through this."""
+        self._hh, self._hh_noted = hh, False
+        train, format = self._examples(
+            self.train_path, format=self.format, kind=self.kind, max_records=self.max_records
+        )
+        self._record_format("format", format)
+        val: list[Example] = []
+        held_out = validation_source(self.train_path, self.val_path, self.val_split, self.split)
+        if held_out is not None:  # read in the format of the training data
+            source, split = held_out
+            val, _ = self._examples(source, format=format, kind=self.kind, max_records=self.max_records, split=split)
+        elif self.val_fraction > 0:
+            train, val = split_by_fraction(train, self.val_fraction, self.seed)
+        return train, val, format
 
     def _encoder(self, source: str, format: str, examples: list[Example]) -> TextEncoder:
         """The encoder of one source's ``examples``, read in ``format``: its strings rendered as ``chat_template``

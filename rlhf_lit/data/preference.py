@@ -58,6 +58,10 @@ class PreferenceDataModule(TextDataModule):
         val_path: validation data from a separate source (same rules as ``train_path``).
         val_fraction: else hold out this fraction of the training pairs (seeded by ``seed``);
             0 means no validation. Giving it together with ``val_path`` is an error.
+        val_split: the hub split of the validation data, e.g. ``test`` (HH-RLHF) or ``test_prefs``
+            (UltraFeedback): of ``val_path``, or without ``val_path`` of ``train_path``'s dataset. None:
+            ``val_path`` is read with ``split``. A local file has no splits, and a split is not held out
+            beside ``val_fraction``: both are errors naming the option.
         seed: seed of the validation split and of the training shuffle; None: the run's
             ``seed_everything`` (:mod:`rlhf_lit.run_seed`), so another run seed holds out other
             examples and shuffles them in another order.
@@ -106,6 +110,7 @@ class PreferenceDataModule(TextDataModule):
         train_path: str,
         val_path: str | None = None,
         val_fraction: float = 0.0,
+        val_split: str | None = None,
         seed: int | None = None,
         format: PreferenceFormat = "auto",
         fields: Fields = Fields(),

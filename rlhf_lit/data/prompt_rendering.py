@@ -9,7 +9,9 @@ default) when the tokenizer has a chat template, ``always`` (a tokenizer without
 refused), ``never`` (kept as the string it is); ``chat_template`` and ``raw`` are deprecated aliases
 of ``always`` and ``never``, removed in 0.3.0. Rendering and tokenizing are the data modules'
 (:class:`rlhf_lit.data.encoding.TextEncoder`), and ``auto`` is the data modules' ``chat_template: auto``
-on string prompts, so a chat model is sampled in the template it was trained in, its BOS written once.
+on string prompts, so a chat model is sampled in the template it was trained in, its BOS written once:
+prompts read from a source (:mod:`rlhf_lit.data.prompt_source`) keep the strings of the formats a data
+module's ``auto`` keeps (:data:`~rlhf_lit.data.rendering.KEPT_BY_AUTO`: HH transcripts follow ``hh_render``).
 """
 
 from __future__ import annotations
@@ -19,7 +21,14 @@ from typing import Any, NamedTuple
 
 from rlhf_lit.data.conversation import TextOrConversation, is_conversation
 from rlhf_lit.data.encoding import TextEncoder
-from rlhf_lit.data.rendering import TemplateRendering
+from rlhf_lit.data.rendering import (
+    KEPT_BY_AUTO,
+    TemplateOption,
+    TemplateRendering,
+    renders_strings,
+    resolve_template,
+    template_choice,
+)
 
 
 class RenderedPrompts(NamedTuple):
@@ -41,6 +50,19 @@ def rendering_line(where: str, rendering: TemplateRendering, prompts: Sequence[T
     if conversations:
         parts.append(f"{conversations} conversational prompt(s) rendered with the chat template")
     return f"{where}: " + "; ".join(parts)
+
+
+def prompt_rendering(
+    option: TemplateOption, tokenizer: Any, name: str, format: str | None = None, training: bool | None = None
+) -> TemplateRendering:
+    """How string prompts read in ``format`` (None: given as a list) reach the policy: the option ``name``
+    resolved for ``tokenizer`` (:func:`~rlhf_lit.data.rendering.resolve_template`, ``training`` as it takes it),
+    but under ``auto`` the strings of :data:`~rlhf_lit.data.rendering.KEPT_BY_AUTO` formats kept, as a data module
+    keeps them (:func:`~rlhf_lit.data.rendering.renders_strings`)."""
+    rendering = resolve_template(option, tokenizer, name, training=training)
+    if format is None or renders_strings(rendering, template_choice(option, name), format) == rendering.chat:
+        return rendering
+    return TemplateRendering(False, f"{rendering.why}; format {format}: {KEPT_BY_AUTO[format]}")
 
 
 def render_prompts(

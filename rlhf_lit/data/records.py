@@ -10,6 +10,13 @@ Local files, chosen by suffix (``.gz`` of any of them is read transparently):
 - ``.json``: a JSON array of objects (a file whose first character is not ``[`` is read as JSONL);
 - ``.txt``: plain text paragraphs separated by blank lines, each becoming ``{"text": paragraph}``.
 
+Prompt sources (:mod:`rlhf_lit.data.prompt_source`) may read a local file otherwise than its name says
+(:data:`FileReading`): ``lines``, one record ``{"text": line}`` per non-blank line, kept as written; ``jsonl``,
+JSON lines whatever the name.
+
+A hub dataset is read with ``datasets.load_dataset(name, subset, split=split)``; a split it does not have
+is one ``ValueError`` naming the dataset, the split and the splits it has.
+
 Every record is a :class:`Row` carrying ``where`` (e.g. ``"data/x.jsonl line 17"``), so that an
 error names the file, the line (record index for JSON arrays and hub rows) and the field.
 """
@@ -23,12 +30,16 @@ import os
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 log = logging.getLogger("rlhf_lit.data")
 
 _PATH_PREFIXES = ("./", "../", "/", "~")
 _PATH_SUFFIXES = (".jsonl", ".json", ".txt", ".gz")
+
+
+FileReading = Literal["by_name", "lines", "jsonl"]
+"""How a local file is read: by its name (the module docstring), one record per non-blank line, or as JSON lines."""
 
 
 class InvalidRecord(ValueError):
@@ -48,6 +59,11 @@ def looks_like_path(source: str) -> bool:
     return source.startswith(_PATH_PREFIXES) or source.endswith(_PATH_SUFFIXES)
 
 
+def is_local_source(source: str) -> bool:
+    """True when ``source`` is read as a local file (it exists, or looks like a path), never from the hub."""
+    return os.path.exists(os.path.expanduser(source)) or looks_like_path(source)
+
+
 def is_text_file(source: str) -> bool:
     """True when ``source`` is a local plain-text (paragraphs) file, ``.txt`` or ``.txt.gz``."""
     return os.path.exists(os.path.expanduser(source)) and _strip_gz(source).endswith(".txt")
@@ -60,8 +76,9 @@ def read_rows(
     subset: str | None = None,
     max_records: int | None = None,
     skip_invalid: bool = False,
+    reading: FileReading = "by_name",
 ) -> list[Row]:
-    """Read at most ``max_records`` records from a local file or a hub dataset.
+    """Read at most ``max_records`` records from a local file (read as ``reading`` says) or a hub dataset.
 
     Lines of a JSONL file that do not parse raise ``InvalidRecord`` naming the file and the line,
     unless ``skip_invalid`` is set: then they are skipped, counted and the count logged once.
@@ -73,7 +90,7 @@ def read_rows(
     if os.path.exists(source):
         if os.path.isdir(source):
             raise ValueError(f"{source} is a directory; give a .jsonl, .json or .txt file (optionally .gz)")
-        rows = _read_file(source, skip_invalid=skip_invalid)
+        rows = _read_file(source, skip_invalid=skip_invalid, reading=reading)
     elif looks_like_path(source):
         raise FileNotFoundError(f"data file not found: {source}")
     else:
@@ -142,7 +159,9 @@ class _SkippingReader:
                 data = json.loads(line)
                 problem = None if isinstance(data, dict) else f"expected a JSON object, got {type(data).__name__}"
             except json.JSONDecodeError as e:
-                problem = f"not valid JSON ({e.msg} at column {e.colno}); set skip_invalid=True to skip such lines"
+                problem = (
+                    f"not valid JSON ({e.msg} at column {e.colno}); a data module's skip_invalid: true skips such lines"
+                )
             if problem is None:
                 yield Row(where, data)
             elif self.skip_invalid:
@@ -151,9 +170,13 @@ class _SkippingReader:
                 raise InvalidRecord(f"{where}: {problem}")
 
 
-def _read_file(path: str, *, skip_invalid: bool) -> Any:
+def _read_file(path: str, *, skip_invalid: bool, reading: FileReading) -> Any:
     kind = _strip_gz(path)
     text = _read_text(path)
+    if reading == "lines":
+        return _line_rows(path, text)
+    if reading == "jsonl":
+        return _SkippingReader(path, enumerate(text.splitlines(), start=1), skip_invalid)
     if kind.endswith(".txt"):
         return _paragraph_rows(path, text)
     if kind.endswith(".json") and text.lstrip().startswith("["):
@@ -178,6 +201,13 @@ def _json_array_rows(path: str, text: str) -> list[Row]:
             raise InvalidRecord(f"{where}: expected a JSON object, got {type(item).__name__}")
         rows.append(Row(where, item))
     return rows
+
+
+def _line_rows(path: str, text: str) -> list[Row]:
+    """One record ``{"text": line}`` per line that is not blank, the line as written (without its line break)."""
+    return [
+        Row(f"{path} line {n}", {"text": line}) for n, line in enumerate(text.splitlines(), start=1) if line.strip()
+    ]
 
 
 def _paragraph_rows(path: str, text: str) -> list[Row]:
@@ -207,12 +237,27 @@ def _read_hub(name: str, *, split: str, subset: str | None) -> Iterator[Row]:
             "the `datasets` library: pip install 'rlhf-lit[hub]'"
         ) from None
     label = f"hub dataset {name!r}" + (f" ({subset})" if subset else "") + f" split {split!r}"
-    ds = datasets.load_dataset(name, subset, split=split)
+    try:
+        ds = datasets.load_dataset(name, subset, split=split)
+    except ValueError as error:
+        # datasets says 'Unknown split "x". Should be one of [...]'; anything else is passed on, named
+        if "split" not in str(error).lower():
+            raise ValueError(f"{label}: {error}") from None
+        raise ValueError(f"{label}: no such split; {_split_names(datasets, name, subset, error)}") from None
     for i, data in enumerate(ds):
         where = f"{label} row {i}"
         if not isinstance(data, dict):
             raise InvalidRecord(f"{where}: expected a record (dict), got {type(data).__name__}")
         yield Row(where, data)
+
+
+def _split_names(datasets: Any, name: str, subset: str | None, error: ValueError) -> str:
+    """The splits the dataset has, as a clause, or datasets' own words when they cannot be listed."""
+    try:
+        names = datasets.get_dataset_split_names(name, subset)
+    except Exception:  # noqa: BLE001  (offline, or a loader that cannot list them: datasets' message says it)
+        return f"datasets says: {error}"
+    return "its splits: " + ", ".join(map(str, names))
 
 
 # ------------------------------------------------------------------------------------ validation

@@ -13,8 +13,9 @@ Its modules beside that are the library under ``rlhf-lit evaluate`` and ``rlhf-l
   a policy's judge score, RM score, KL to a reference, distinct-n and length on prompts;
 - :mod:`rlhf_lit.evaluation.best_of_n_sweep`: :func:`~rlhf_lit.evaluation.best_of_n_sweep.best_of_n`,
   best-of-N by a reward model swept over N;
-- :mod:`rlhf_lit.evaluation.samples`: loading the models and sampling measured responses;
-- :mod:`rlhf_lit.evaluation.prompt_files`: reading prompts from a text or JSONL file.
+- :mod:`rlhf_lit.evaluation.samples`: loading the models and sampling measured responses.
+
+Their prompts come from a prompt source read as the data modules read theirs (:mod:`rlhf_lit.data.prompt_source`).
 """
 
 from rlhf_lit.evaluation.diversity import distinct_n, distinct_n_factors, ngrams

@@ -27,7 +27,7 @@ from rlhf_lit.evaluation.policy_metrics import evaluate_policy
 from rlhf_lit.functional.best_of_n import BestOfNEstimator, best_of_n_kl, best_of_n_weights
 
 if TYPE_CHECKING:  # annotations only: importing this module loads no model code
-    from rlhf_lit.data.conversation import TextOrConversation
+    from rlhf_lit.data.prompt_source import Prompts
     from rlhf_lit.data.rendering import TemplateOption
     from rlhf_lit.models.generation import SamplingConfig
     from rlhf_lit.models.scoring import UnfinishedScoring
@@ -72,7 +72,7 @@ def sweep(
 def best_of_n(
     policy: str,
     reward_model: str,
-    prompts: Sequence[TextOrConversation],
+    prompts: Prompts,
     ns: Sequence[int],
     *,
     num_samples: int | None = None,
@@ -92,7 +92,8 @@ def best_of_n(
     Args:
         policy: the model to sample from.
         reward_model: the reward model that picks the best response.
-        prompts: prompt texts or conversations (:func:`rlhf_lit.evaluation.prompt_files.read_prompts`).
+        prompts: prompt texts or conversations, a source or a set read for the policy's tokenizer (as
+            :func:`rlhf_lit.evaluation.policy_metrics.evaluate_policy` takes them).
         ns: the N values of the sweep.
         num_samples: M, responses sampled per prompt (>= max(ns)).
         judge: a judge (``texts -> scores``) for the gold score of the pick, or None.
@@ -117,8 +118,6 @@ def best_of_n(
     m = num_samples or ns[-1]
     if ns[0] < 1 or ns[-1] > m:
         raise ValueError(f"best-of-N needs 1 <= N <= {m} (the samples per prompt); got N in {ns}")
-    if not prompts:
-        raise ValueError("no prompts to sample from")
     t0 = time.perf_counter()
     # The M samples of every prompt, measured as an evaluation measures them: prompt p's are rows [p*M, (p+1)*M).
     evaluated = evaluate_policy(
@@ -139,7 +138,7 @@ def best_of_n(
     samples, timing = evaluated["samples"], evaluated["timing_s"]
 
     def grid(key: str) -> torch.Tensor:
-        return torch.tensor([s[key] for s in samples], dtype=torch.float64).view(len(prompts), m)  # (P, M)
+        return torch.tensor([s[key] for s in samples], dtype=torch.float64).view(-1, m)  # (P, M)
 
     judge_scores = None if judge is None else grid("judge")
     rows = sweep(

@@ -12,14 +12,13 @@ policy's own samples at the sampling temperature: a Monte Carlo estimate of
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from rlhf_lit.evaluation.judges import Judge, JudgeReads, judge_scores
 from rlhf_lit.evaluation.samples import check_positive, load_models, mean_std, sample_and_measure
 
 if TYPE_CHECKING:  # annotations only: importing this module loads no model code
-    from rlhf_lit.data.conversation import TextOrConversation
+    from rlhf_lit.data.prompt_source import Prompts
     from rlhf_lit.data.rendering import TemplateOption
     from rlhf_lit.models.generation import SamplingConfig
     from rlhf_lit.models.scoring import UnfinishedScoring
@@ -27,7 +26,7 @@ if TYPE_CHECKING:  # annotations only: importing this module loads no model code
 
 def evaluate_policy(
     policy: str,
-    prompts: Sequence[TextOrConversation],
+    prompts: Prompts,
     *,
     reference: str | None = None,
     reward_model: str | None = None,
@@ -46,7 +45,10 @@ def evaluate_policy(
 
     Args:
         policy: the model directory (or hub name) to evaluate.
-        prompts: prompt texts or conversations (:func:`rlhf_lit.evaluation.prompt_files.read_prompts`).
+        prompts: prompt texts or conversations, a :class:`~rlhf_lit.data.prompt_source.PromptSource` (a path:
+            a file or hub dataset; a fit config's held-out split) read for the policy's tokenizer, or a
+            :class:`~rlhf_lit.data.prompt_source.PromptSet` read for it
+            (:func:`~rlhf_lit.data.prompt_source.read_prompt_source`).
         reference: the reference model for the KL (none: no KL).
         reward_model: a reward model for the RM score (none: no RM score).
         judge: a judge (``texts -> scores``, or a reward-model export: :func:`rlhf_lit.evaluation.load_judge`;
@@ -79,8 +81,6 @@ def evaluate_policy(
     from rlhf_lit.models.generation import SamplingConfig
 
     check_positive(samples_per_prompt=samples_per_prompt, batch_size=batch_size)
-    if not prompts:
-        raise ValueError("no prompts to evaluate")
     sampling = sampling or SamplingConfig(max_new_tokens=48)
     t0 = time.perf_counter()
     models = load_models(
@@ -95,7 +95,7 @@ def evaluate_policy(
     )
     t_loaded = time.perf_counter()
 
-    repeated = [p for p in prompts for _ in range(samples_per_prompt)]
+    repeated = [p for p in models.given or () for _ in range(samples_per_prompt)]
     samples, t_generate = sample_and_measure(
         models, models.prompts, sampling, batch_size=batch_size, seed=seed, unfinished=unfinished
     )

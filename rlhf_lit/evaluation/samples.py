@@ -22,6 +22,7 @@ import torch
 if TYPE_CHECKING:  # annotations only: importing this module loads no model code
     from rlhf_lit.data.conversation import TextOrConversation
     from rlhf_lit.data.prompt_rendering import RenderedPrompts
+    from rlhf_lit.data.prompt_source import Prompts, PromptSet
     from rlhf_lit.data.rendering import TemplateOption
     from rlhf_lit.models.generation import SamplingConfig
     from rlhf_lit.models.scoring import UnfinishedScoring
@@ -97,13 +98,15 @@ def check_reward_model(path: str) -> None:
 @dataclass
 class Models:
     """The models of an evaluation, loaded once: the policy, its tokenizer, optional reference and RM, and
-    the prompts as the policy reads them (:func:`policy_prompts`; None when none were given)."""
+    the prompts as the policy reads them (:func:`policy_prompts`) and as given (``given``: read from their
+    source, once each; None when none were given)."""
 
     tokenizer: object
     policy: torch.nn.Module
     reference: torch.nn.Module | None = None
     reward_model: torch.nn.Module | None = None
     prompts: RenderedPrompts | None = None
+    given: list[TextOrConversation] | None = None
 
 
 def load_models(
@@ -113,7 +116,7 @@ def load_models(
     reward_model: str | None = None,
     tokenizer: str | None = None,
     device: str = "cpu",
-    prompts: Sequence[TextOrConversation] | None = None,
+    prompts: Prompts | None = None,
     chat_template: TemplateOption = "auto",
     repeat: int = 1,
 ) -> Models:
@@ -121,16 +124,20 @@ def load_models(
 
     The reference must share the policy's vocabulary (KL compares the same token ids) and so must
     the reward model (it reads the policy's ids as they are); both are refused otherwise.
-    ``prompts`` are rendered with the tokenizer before any weights load (:func:`policy_prompts`, each
-    ``repeat`` times), so a prompt or ``chat_template`` the tokenizer cannot serve is refused first.
+    ``prompts`` (a list, a :class:`~rlhf_lit.data.prompt_source.PromptSource` or a set read for this tokenizer)
+    are read and rendered with the tokenizer before any weights load (:func:`policy_prompts`, each ``repeat``
+    times), so a prompt, a source or a ``chat_template`` the tokenizer cannot serve is refused first.
     """
+    from rlhf_lit.data.prompt_source import as_prompt_set
     from rlhf_lit.models import load_causal_lm
     from rlhf_lit.models.reward_ensemble import load_any_reward_model
     from rlhf_lit.tokenizer import check_same_vocabulary, load_tokenizer
 
     tok = load_tokenizer(tokenizer or policy, padding_side="left", what="--tokenizer" if tokenizer else "--policy")
-    rendered = None if prompts is None else policy_prompts(tok, prompts, chat_template, repeat)
-    models = Models(tok, load_causal_lm(policy, tok).to(device).eval(), prompts=rendered)
+    given = None if prompts is None else as_prompt_set(prompts, tok, chat_template, "--prompts")
+    rendered = None if given is None else policy_prompts(tok, given, chat_template, repeat)
+    policy_model = load_causal_lm(policy, tok).to(device).eval()
+    models = Models(tok, policy_model, prompts=rendered, given=None if given is None else given.prompts)
     if reference is not None:
         check_same_tokenizer(tok, reference)
         models.reference = load_causal_lm(reference, tok).to(device).eval()
@@ -142,16 +149,18 @@ def load_models(
 
 
 def policy_prompts(
-    tokenizer, prompts: Sequence[TextOrConversation], chat_template: TemplateOption, repeat: int = 1
+    tokenizer, prompts: Sequence[TextOrConversation] | PromptSet, chat_template: TemplateOption, repeat: int = 1
 ) -> RenderedPrompts:
-    """``prompts`` as the policy reads them (:mod:`rlhf_lit.data.prompt_rendering`, ``--chat-template``),
-    each repeated ``repeat`` times as consecutive rows; logs the one line saying how they were rendered."""
-    from rlhf_lit.data.prompt_rendering import RenderedPrompts, render_prompts, rendering_line
-    from rlhf_lit.data.rendering import resolve_template
+    """``prompts`` (a list, or a set read for this tokenizer, whose format a ``chat_template: auto`` follows) as
+    the policy reads them (:mod:`rlhf_lit.data.prompt_rendering`, ``--chat-template``), each repeated ``repeat``
+    times as consecutive rows; logs the one line saying how they were rendered."""
+    from rlhf_lit.data.prompt_rendering import RenderedPrompts, prompt_rendering, render_prompts, rendering_line
+    from rlhf_lit.data.prompt_source import as_prompt_set
 
-    rendering = resolve_template(chat_template, tokenizer, "--chat-template")
-    log.info("%s", rendering_line("--prompts", rendering, prompts))
-    texts, ids = render_prompts(tokenizer, prompts, rendering)
+    prompt_set = as_prompt_set(prompts, tokenizer, chat_template, "--prompts")
+    rendering = prompt_rendering(chat_template, tokenizer, "--chat-template", prompt_set.format)
+    log.info("%s", rendering_line(prompt_set.where, rendering, prompt_set.prompts))
+    texts, ids = render_prompts(tokenizer, prompt_set.prompts, rendering)
     return RenderedPrompts([t for t in texts for _ in range(repeat)], [x for x in ids for _ in range(repeat)])
 
 

@@ -8,15 +8,17 @@ Expected prompts are hand-written from the template of ``assets/models/stories26
 
 from __future__ import annotations
 
+import json
 import logging
 from types import SimpleNamespace
 
 import pytest
 import torch
-from assets_paths import STORIES260K, STORIES260K_CHAT
+from assets_paths import HH_RLHF, STORIES260K, STORIES260K_CHAT
 
 from rlhf_lit.callbacks import OnlineGeneration
 from rlhf_lit.callbacks.guard import HeldOut, OverOptimisationGuard
+from rlhf_lit.data.prompt_source import PromptSource
 from rlhf_lit.models import load_causal_lm
 from rlhf_lit.models.generation import SamplingConfig
 from rlhf_lit.tokenizer import load_tokenizer
@@ -138,3 +140,42 @@ def test_online_generation_s_judge_may_be_a_reward_model_export(offline_chain):
     callback = OnlineGeneration(["Once upon a time", "The dog ran"], judge=rm)  # judge_reads left at response
     responses, columns = callback.sample(module)
     assert columns["judge"] == RewardModelScorer(rm)(["Once upon a time", "The dog ran"], responses)
+
+def test_conversations_and_sources_reach_the_policy_in_its_template(tmp_path):
+    module = stand_in(STORIES260K_CHAT)
+    conversation = [{"role": "system", "content": "Be kind."}, {"role": "user", "content": "Hi"}]
+    callback = OnlineGeneration([conversation, "Once upon a time"])
+    callback.sample(module)
+    want = [
+        ids_of(module.tokenizer, t)
+        for t in ("System: Be kind.\nUser: Hi\nAssistant:", "User: Once upon a time\nAssistant:")
+    ]
+    assert [row[: len(w)] for row, w in zip(module.fed, want)] == want  # the rows the RM read: prompt + response
+    module.fed.clear()
+    messages = tmp_path / "m.jsonl"
+    messages.write_text(json.dumps({"messages": [*conversation, {"role": "assistant", "content": "Yo"}]}) + "\n")
+    held_out = HeldOut(prompts=str(messages))  # a path: the held-out prompts read as the data modules read them
+    OverOptimisationGuard(held_out=held_out).sampler.sample(module)
+    assert module.fed[0][: len(want[0])] == want[0] and len(module.fed) == 1
+    # the shipped HH file: the first transcript's turns, cut before its last assistant turn
+    texts = OnlineGeneration(PromptSource(path=str(HH_RLHF), max_prompts=1)).rendered(module.tokenizer).texts
+    assert texts[0].startswith("<s>User: what are some pranks with a pen i can do?\nAssistant: Are you")
+    assert texts[0].endswith("</s>\nUser: okay some of these do not have anything to do with pens\nAssistant:")
+
+
+def test_a_bad_prompt_is_named_at_construction_and_a_bad_source_when_fit_starts(tmp_path):
+    with pytest.raises(ValueError, match=r"OnlineGeneration: field 'prompts\[0\]\[0\]' has role 'bot'"):
+        OnlineGeneration([[{"role": "bot", "content": "Hi"}]])
+    with pytest.raises(
+        ValueError, match=r"guard held_out: field 'prompts\[1\]\[0\]' ends the prompt on an assistant turn"
+    ):
+        HeldOut(prompts=["Hi", [{"role": "assistant", "content": "Yo"}]])
+    module, trainer = stand_in(STORIES260K), SimpleNamespace(datamodule=None)
+    missing = str(tmp_path / "held_out.jsonl")
+    guard = OverOptimisationGuard(held_out=HeldOut(prompts=missing))  # read when fit starts, for its tokenizer
+    with pytest.raises(FileNotFoundError, match="data file not found: .*held_out.jsonl"):
+        guard.setup(trainer, module, "fit")
+    messages = tmp_path / "m.jsonl"
+    messages.write_text(json.dumps({"messages": [{"role": "user", "content": "Hi"}]}) + "\n")
+    with pytest.raises(ValueError, match="has no chat template"):  # conversations for a policy without one
+        OnlineGeneration(str(messages)).setup(trainer, module, "fit")

@@ -1,4 +1,5 @@
-"""Reward models on disk for the command-line tests (the SFT model is stories260K itself)."""
+"""Reward models on disk for the command-line tests (the SFT model is stories260K itself), and the prompt ids
+the evaluation library hands to `generate` (`fed`)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # cli_helpers
 
 from cli_helpers import STORIES, rlhf_lit_forked, two_process_ppo  # noqa: E402
+
+import rlhf_lit.models.generation as generation  # noqa: E402
 
 
 def _reward_model(path: Path, base: str, head: float | None) -> str:
@@ -62,3 +65,17 @@ def straight_fsdp2(tmp_path_factory, stories_rm) -> Path:
     """An uninterrupted fsdp2 run of ``cli_helpers.two_process_ppo`` on one node: what two nodes, and a run
     killed on one node and resumed on two, must end as (tests/cli/test_multinode_cli.py)."""
     return _straight(tmp_path_factory, stories_rm, "fsdp2")
+
+
+@pytest.fixture
+def fed(monkeypatch) -> list[list[int]]:
+    """The prompt ids (left padding removed) of every row the library hands to ``generate``."""
+    rows: list[list[int]] = []
+    original = generation.generate_responses
+
+    def spy(model, input_ids, attention_mask, *args, **kwargs):
+        rows.extend(ids[mask.bool()].tolist() for ids, mask in zip(input_ids, attention_mask))
+        return original(model, input_ids, attention_mask, *args, **kwargs)
+
+    monkeypatch.setattr(generation, "generate_responses", spy)
+    return rows

@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import json
 
-import pytest
 from assets_paths import STORIES260K, STORIES260K_CHAT
 from cli_helpers import error_line, run_main
 
-import rlhf_lit.models.generation as generation
 from rlhf_lit.tokenizer import load_tokenizer
 
 CHAT, STORIES = str(STORIES260K_CHAT), str(STORIES260K)
@@ -33,20 +31,6 @@ def reward_model_like(texts: list[str]) -> list[float]:
     template's specials are in the text) and keeps the ids in :data:`TOKENIZED`."""
     TOKENIZED.extend(load_tokenizer(CHAT)(t, add_special_tokens=False)["input_ids"] for t in texts)
     return [0.0] * len(texts)
-
-
-@pytest.fixture
-def fed(monkeypatch) -> list[list[int]]:
-    """The prompt ids (left padding removed) of every row the library hands to ``generate``."""
-    rows: list[list[int]] = []
-    original = generation.generate_responses
-
-    def spy(model, input_ids, attention_mask, *args, **kwargs):
-        rows.extend(ids[mask.bool()].tolist() for ids, mask in zip(input_ids, attention_mask))
-        return original(model, input_ids, attention_mask, *args, **kwargs)
-
-    monkeypatch.setattr(generation, "generate_responses", spy)
-    return rows
 
 
 def ids_of(text: str, policy: str = CHAT) -> list[int]:

@@ -195,7 +195,7 @@ def test_bad_input_is_one_line_before_sampling(tmp_path, stories_rm):
         "best-of-n", "--policy", str(STORIES), "--reward-model", stories_rm, "--prompts", str(prompts), cwd=tmp_path
     )
     assert result.returncode == 1
-    assert error_line(result).endswith("prompts.jsonl line 2: not JSON (Expecting ',' delimiter)")
+    assert "prompts.jsonl line 2: not valid JSON (Expecting ',' delimiter at column 17)" in error_line(result)
 
 
 def test_unfinished_with_eos_changes_only_the_rm_scores_of_cut_responses(tmp_path, stories_rm):

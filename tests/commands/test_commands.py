@@ -1,4 +1,5 @@
-"""The evaluate / best-of-n commands in process: prompts files, --out refusals, the sweep, early errors."""
+"""The evaluate / best-of-n commands in process: --out refusals, the sweep, early errors (their prompts:
+tests/data/test_prompt_source.py, tests/cli/test_prompt_sources_cli.py)."""
 
 from __future__ import annotations
 
@@ -12,39 +13,6 @@ from rlhf_lit.commands import COMMANDS, run_command
 from rlhf_lit.commands.best_of_n_command import parse_n_list, powers_of_two
 from rlhf_lit.commands.options import OptionError, check_out, write_json
 from rlhf_lit.evaluation.best_of_n_sweep import sweep
-from rlhf_lit.evaluation.prompt_files import read_prompts
-
-
-def test_prompts_one_per_line_blank_lines_skipped(tmp_path):
-    path = tmp_path / "p.txt"
-    path.write_text("Once upon a time\n\n  The cat \r\n   \nTom\n", encoding="utf-8")
-    assert read_prompts(str(path)) == ["Once upon a time", "  The cat ", "Tom"]  # spacing kept as written
-
-
-def test_prompts_jsonl_field_and_errors_name_the_line(tmp_path):
-    path = tmp_path / "p.jsonl"
-    path.write_text('{"prompt": "a b", "x": 1}\n\n{"text": "c", "prompt": "d"}\n', encoding="utf-8")
-    assert read_prompts(str(path)) == ["a b", "d"]
-    with pytest.raises(ValueError, match=r"p.jsonl line 1: no 'text' field"):
-        read_prompts(str(path), field_name="text")
-    path.write_text('{"prompt": "a"}\n{"prompt": \n', encoding="utf-8")
-    with pytest.raises(ValueError, match=r"p.jsonl line 2: not JSON"):
-        read_prompts(str(path))
-    path.write_text('{"prompt": 3}\n', encoding="utf-8")
-    with pytest.raises(ValueError, match=r"line 1: 'prompt' is not a non-empty string"):
-        read_prompts(str(path))
-    lines = tmp_path / "p.txt"
-    lines.write_text('{"prompt": "a"}\n', encoding="utf-8")
-    assert read_prompts(str(lines)) == ['{"prompt": "a"}']  # not *.jsonl: a line is a prompt
-    assert read_prompts(str(lines), fmt="jsonl") == ["a"]
-
-
-def test_empty_or_missing_prompts_file(tmp_path):
-    (tmp_path / "e.txt").write_text("\n  \n", encoding="utf-8")
-    with pytest.raises(ValueError, match="no prompts in the file"):
-        read_prompts(str(tmp_path / "e.txt"))
-    with pytest.raises(ValueError, match="no such file"):
-        read_prompts(str(tmp_path / "missing.txt"))
 
 
 def test_out_never_replaces_a_file_rlhf_lit_did_not_write(tmp_path):
@@ -110,7 +78,7 @@ def test_errors_before_any_model_is_loaded(tmp_path, stories_path, monkeypatch, 
     base = ["--policy", stories_path, "--prompts", str(prompts)]
     cases = [
         ("evaluate", [*base, "--judge", "no_such_module:judge"], 1, "judge spec 'no_such_module:judge': no module"),
-        ("evaluate", ["--policy", stories_path, "--prompts", str(bad)], 1, "bad.jsonl line 3: not JSON"),
+        ("evaluate", ["--policy", stories_path, "--prompts", str(bad)], 1, "bad.jsonl line 3: not valid JSON"),
         (
             "evaluate",
             [*base, "--reference", str(tmp_path / "nope")],
@@ -146,22 +114,3 @@ def test_rlhf_lit_help_lists_the_commands(capsys):
     assert exit_info.value.code == 0
     out = capsys.readouterr().out
     assert all(name in out for name in COMMANDS) and "fit" in out  # ours, then LightningCLI's help
-
-
-def test_prompts_jsonl_reads_conversations_as_the_data_modules_do(tmp_path):
-    path = tmp_path / "p.jsonl"
-    path.write_text(
-        '{"prompt": [{"role": "system", "content": "Be kind."}, {"role": "user", "content": "Hi"}]}\n'
-        '{"prompt": "The cat"}\n',
-        encoding="utf-8",
-    )
-    assert read_prompts(str(path)) == [
-        ({"role": "system", "content": "Be kind."}, {"role": "user", "content": "Hi"}),
-        "The cat",
-    ]
-    path.write_text('{"prompt": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}]}\n')
-    with pytest.raises(ValueError, match=r"p.jsonl line 1: field 'prompt\[1\]' ends the prompt on an assistant turn"):
-        read_prompts(str(path))
-    path.write_text('{"prompt": [{"role": "bot", "content": "Hi"}]}\n', encoding="utf-8")
-    with pytest.raises(ValueError, match=r"p.jsonl line 1: field 'prompt\[0\]' has role 'bot'"):
-        read_prompts(str(path))

@@ -30,28 +30,6 @@ JUDGE = "iterate_judges:length_judge"
 # ------------------------------------------------------------------------------------------ set-up
 
 
-def reward_model_of(policy: Path, path: Path) -> Path:
-    """A reward model (random head) from ``policy`` with its tokenizer, written to ``path``."""
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
-
-    torch.manual_seed(0)
-    AutoModelForSequenceClassification.from_pretrained(str(policy), num_labels=1).save_pretrained(path)
-    AutoTokenizer.from_pretrained(str(policy)).save_pretrained(path)
-    return path
-
-
-@pytest.fixture(scope="module")
-def tiny_rm(tmp_path_factory) -> Path:
-    """A stories260K reward model (random head) with the policy's tokenizer: the fake reward-model export."""
-    return reward_model_of(STORIES260K, tmp_path_factory.mktemp("rm"))
-
-
-@pytest.fixture(scope="module")
-def chat_rm(tmp_path_factory) -> Path:
-    """The same from stories260K-chat, with its chat template: the fake reward-model export of a chat policy."""
-    return reward_model_of(STORIES260K_CHAT, tmp_path_factory.mktemp("chat-rm"))
-
-
 class FakeFits:
     """A stand-in for ``rlhf-lit fit``: records the arguments, copies a tiny model to the stage's export."""
 
@@ -476,7 +454,7 @@ def test_a_stage_config_of_another_stage_or_not_a_mapping_is_refused(tmp_path, m
     listed.write_text("- model\n", encoding="utf-8")
     rm_config = CONFIGS / "offline/iterate/reward_model.yaml"
     for ppo_config, named in (
-        (listed, f"ppo.config {listed}: not a stage config ('list' object has no attribute 'get')"),
+        (listed, f"ppo.config {listed}: not a YAML mapping (it holds a list), not a stage config"),
         (rm_config, f"ppo.config {rm_config}: model.class_path is 'rlhf_lit.stages.RewardModelModule', not PPOModule"),
     ):
         fits = FakeFits(tiny_rm)

@@ -18,10 +18,10 @@ from rlhf_lit.callable_specs import import_class
 from rlhf_lit.callbacks import OnlineGeneration
 from rlhf_lit.commands.iterate_config import IterateConfig
 from rlhf_lit.commands.iterate_steps import Paths, fit_args, policy_reads_chat
+from rlhf_lit.data.prompt_source import read_prompt_source
 from rlhf_lit.evaluation import samples
 from rlhf_lit.evaluation.best_of_n_sweep import best_of_n
 from rlhf_lit.evaluation.policy_metrics import evaluate_policy
-from rlhf_lit.evaluation.prompt_files import read_prompts
 from rlhf_lit.functional.losses import IGNORE_INDEX
 from rlhf_lit.tokenizer import load_tokenizer
 
@@ -86,7 +86,7 @@ def test_one_string_prompt_file_is_rendered_alike_everywhere(model, chat, tmp_pa
     args = fit_args(IterateConfig(), Paths(str(tmp_path), 1), "ppo", replace=False, chat=policy_reads_chat(tokenizer))
     option = args.index("--data.init_args.chat_template")
     got["iterate ppo"] = data_ids(stage_data("ppo"), tokenizer, path, chat_template=args[option + 1])
-    prompts = read_prompts(path)
+    prompts = read_prompt_source(path, tokenizer).prompts
     got["evaluate"] = command_ids(monkeypatch, lambda: evaluate_policy(str(model), prompts))
     m = 2  # best-of-n's samples per prompt: each prompt's ids M times in a row
     got["best-of-n"] = command_ids(monkeypatch, lambda: best_of_n(str(model), "unread", prompts, [1, m]))[::m]

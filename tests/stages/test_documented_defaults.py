@@ -214,19 +214,9 @@ QUOTED: list[Quoted] = [
     Quoted("docs/lora.md", "`lora.export: merged` (default)", LoRAConfig, "export", "merged"),
     Quoted("docs/lora.md", "target_modules: null = default for the architecture", LoRAConfig, "target_modules", None),
     # The commands' options.
-    Quoted(
-        "docs/cli.md",
-        "with the prompt in `--prompt-field`, default `prompt`",
-        evaluate_parser,
-        "--prompt-field",
-        "prompt",
-    ),
-    Quoted(
-        "docs/cli.md",
-        "with the prompt in `--prompt-field`, default `prompt`",
-        best_of_n_parser,
-        "--prompt-field",
-        "prompt",
+    *(
+        Quoted("docs/cli.md", "| `--prompt-format` | `auto` (default),", parser, "--prompt-format", "auto")
+        for parser in (evaluate_parser, best_of_n_parser)
     ),
     Quoted(
         "docs/cli.md",
@@ -399,6 +389,6 @@ def test_default_of_reads_each_kind_of_declaration():
     assert default_of(RewardConfig, "sources") == [RewardSource(name="reward_model")]
     assert default_of(PPOModule, "optimizer.lr") == 1e-5 and default_of(PPOModule, "optimizer.eps") == 1e-5
     assert default_of(SFTModule, "optimizer.eps") == 1e-8  # the OptimizerConfig default: PPO's differs
-    assert default_of(evaluate_parser, "--prompt-field") == "prompt"
+    assert default_of(evaluate_parser, "--prompt-format") == "auto"
     with pytest.raises(AssertionError, match="has no default"):
         default_of(grpo_advantages, "k")

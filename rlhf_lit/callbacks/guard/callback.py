@@ -158,6 +158,11 @@ class OverOptimisationGuard(Callback):
                 )
 
     # ------------------------------------------------------------------ hooks
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        """Read the held-out prompts when fit starts (a bad source is refused before any rollout)."""
+        if self.sampler is not None:
+            self.sampler.setup(trainer, pl_module, stage)
+
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """Refuse, before any rollout, a module or strategy the guard cannot watch or act on."""
         if not isinstance(getattr(pl_module, "rollout_index", None), int):

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from rlhf_lit.callbacks.guard.verdicts import Direction, Verdict, above, drift, falling, proxy_without_gold, rate_above
+from rlhf_lit.data.prompt_source import PromptSource, as_source, given_prompts
 from rlhf_lit.data.rendering import TemplateOption, template_choice
 from rlhf_lit.evaluation.judges import JudgeReads
 from rlhf_lit.models.generation import SamplingConfig
@@ -222,11 +223,14 @@ class HeldOut:
     ``rlhf_lit.evaluation.judges:vader``, or the directory of a reward-model export: a gold reward
     model, :func:`rlhf_lit.evaluation.load_judge`) judges them. Logged as ``guard/held_out/score`` and
     ``guard/held_out/judge``; read by ``proxy_gold`` (``source: held_out``) and ``keep_best``. The
-    prompts reach the policy as ``OnlineGeneration``'s do (``chat_template``: rendered with the
-    tokenizer's chat template when it has one, by default; :mod:`rlhf_lit.data.prompt_rendering`), and
-    ``judge_reads: query_response`` gives the judge that rendered prompt + the response."""
+    prompts are what ``OnlineGeneration`` takes (strings, conversations, or a prompt source: a file, a hub
+    dataset, a fit config's held-out split, :class:`~rlhf_lit.data.prompt_source.PromptSource`; a string is a
+    path) and reach the policy as its do (``chat_template``: rendered with the tokenizer's chat template when
+    it has one, by default; :mod:`rlhf_lit.data.prompt_rendering`), and ``judge_reads: query_response`` gives
+    the judge that rendered prompt + the response."""
 
-    prompts: list[str] = field(default_factory=list)
+    prompts: str | list[str | list[dict[str, str]]] | dict[str, Any] = field(default_factory=list)
+    """As ``OnlineGeneration``'s (:data:`~rlhf_lit.callbacks.online_generation.CallbackPrompts`)."""
     every_n_rollouts: int = 5
     judge: str | None = None
     seed: int = 1234
@@ -235,8 +239,13 @@ class HeldOut:
     judge_reads: JudgeReads = "response"
 
     def __post_init__(self) -> None:
-        """Refuse a bad ``chat_template`` now, naming it; keep its canonical value (an alias mapped)."""
+        """Refuse a bad ``chat_template`` or a bad prompt now, naming it; keep the canonical value (an alias
+        mapped) and the prompts as conversations or a source (read when fit starts)."""
         self.chat_template = template_choice(self.chat_template, "guard held_out.chat_template")
+        if isinstance(self.prompts, (str, dict, PromptSource)):
+            self.prompts = as_source(self.prompts)
+        elif self.prompts:  # empty: no held-out evaluation, refused by the guard when it is asked for one
+            self.prompts = given_prompts(self.prompts, "guard held_out")
 
 
 @dataclass
