@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime as dt
 import json
 import os
 import platform
@@ -25,6 +24,8 @@ import statistics
 import sys
 import time
 from pathlib import Path
+
+from results_file import new_result_path, utc_date
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -141,12 +142,12 @@ def main(argv: list[str] | None = None) -> int:
         (f"RM step, bf16 autocast, top {k} blocks", step[("bf16", k)], plain_t / step[("bf16", k)]),
     ]
     result = {
-        "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d"),
+        "date": utc_date(),
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, {cpu_flags()}",
         "command": " ".join([sys.executable, *sys.argv]),
         "rows": [{"lever": name, "seconds": s, "speed-up": r} for name, s, r in table],
     }
-    out = ROOT / "bench" / "results" / f"chat-levers-{result['date'].replace('-', '')}.json"
+    out = new_result_path("chat-levers", result["date"])
     out.write_text(json.dumps(result, indent=1))
     print("| lever | seconds (per reply or step) | speed-up |\n|---|---|---|")
     for name, s, r in table:

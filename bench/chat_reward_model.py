@@ -22,7 +22,6 @@ Writes ``bench/results/chat-reward-model-<UTC date>[-N].json`` (a new name, neve
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import math
 import os
@@ -32,6 +31,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from results_file import new_result_path, utc_date
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the demo's package, beside rlhf_lit in a clone
@@ -137,14 +138,10 @@ def main(argv: list[str] | None = None) -> int:
         results[name] = {"options": options, "accuracy": accuracy, "se": se, "pairs": pairs}
         results[name] |= {"logged_val_accuracy": logged, "fit_seconds": seconds}
         print(f"{name}: held-out pair accuracy {accuracy:.3f} +- {se:.3f} ({pairs} pairs); fit {seconds:.0f} s")
-    date = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d")
-    path = ROOT / "bench" / "results" / f"chat-reward-model-{date}.json"
-    n = 1
-    while path.exists():
-        n += 1
-        path = path.with_name(f"chat-reward-model-{date}-{n}.json")
+    date = utc_date()
+    path = new_result_path("chat-reward-model", date)
     result = {
-        "date": f"{date[:4]}-{date[4:6]}-{date[6:]}",
+        "date": date,
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
         f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}",
         "command": shlex.join([sys.executable, *sys.argv]),

@@ -22,7 +22,6 @@ FLOPs it needs (6 x parameters x tokens), on one GPU at a stated throughput. Wri
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import math
 import os
@@ -31,6 +30,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from results_file import new_result_path, utc_date
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the demo's package, beside rlhf_lit in a clone
@@ -150,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     per_second = train_tokens / seconds
     params = 134_515_008
     result = {
-        "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d"),
+        "date": utc_date(),
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}",
         "command": " ".join(cmd),
         "held_out_pairs": n,
@@ -167,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         "hub_epoch_hours_one_gpu": 6 * params * HUB_PAIRS * (tokens / n) / (GPU_TFLOPS * 1e12) / 3600,
         "logged": logged,
     }
-    path = ROOT / "bench" / "results" / f"hh-reward-model-{result['date'].replace('-', '')}.json"
+    path = new_result_path("hh-reward-model", result["date"])
     path.write_text(json.dumps(result, indent=1))
     print(
         f"held-out pair accuracy {accuracy:.3f} +- {result['rm_accuracy_se']:.3f} on {n} pairs "

@@ -53,3 +53,16 @@ def test_a_variant_is_a_name_and_its_fit_options():
     )
     with pytest.raises(argparse.ArgumentTypeError, match="expected NAME=OPTIONS"):
         chat_reward_model.parse_variant("no-equals-sign")
+
+
+def test_a_result_never_overwrites_an_earlier_run_of_the_day(tmp_path, monkeypatch):
+    import results_file
+
+    monkeypatch.setattr(results_file, "RESULTS", tmp_path)
+    first = results_file.new_result_path("x", "2026-12-02")
+    assert first == tmp_path / "x-20261202.json"
+    first.write_text("{}")
+    second = results_file.new_result_path("x", "2026-12-02")
+    assert second == tmp_path / "x-20261202-2.json"
+    second.write_text("{}")
+    assert results_file.new_result_path("x", "2026-12-02") == tmp_path / "x-20261202-3.json"
