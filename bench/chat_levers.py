@@ -31,17 +31,20 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-def cpu_flags() -> str:
-    """The CPU's matrix and vector extensions that decide the lever's worth (from /proc/cpuinfo)."""
-    try:
-        flags = next(line for line in open("/proc/cpuinfo") if line.startswith("flags")).split()
-    except (OSError, StopIteration):
+def cpu_extensions() -> str:
+    """The CPU's matrix and vector extensions that decide the lever's worth (rlhf-lit's one reader of
+    /proc/cpuinfo, :func:`rlhf_lit.models.precision.cpu_flags`)."""
+    from rlhf_lit.models.precision import cpu_flags
+
+    flags = cpu_flags()
+    if flags is None:
         return "unknown"
     return " ".join(f for f in ("avx2", "avx512f", "amx_bf16") if f in flags) or "none of avx2, avx512f, amx_bf16"
 
 
 def autocast(precision: str):
-    """bf16 autocast on the CPU, or nothing for fp32."""
+    """bf16 autocast on the CPU, or nothing for fp32 (the reward-model step; sampling takes the library's
+    ``precision``)."""
     import torch
 
     return torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16" else contextlib.nullcontext()
@@ -68,10 +71,10 @@ def sampling_seconds(model, tokenizer, prompts, precision: str, threads: int) ->
 
     torch.set_num_threads(threads)
     config = SamplingConfig(temperature=1.0, max_new_tokens=48)
-    with autocast(precision):
-        list(sample_batches(model, tokenizer, prompts[:8], config, batch_size=8, seed=1))
-        t0 = time.perf_counter()
-        list(sample_batches(model, tokenizer, prompts, config, batch_size=64, seed=0))
+    sampled_at = "bf16-mixed" if precision == "bf16" else "32-true"  # the lever as users set it: --precision
+    list(sample_batches(model, tokenizer, prompts[:8], config, batch_size=8, seed=1, precision=sampled_at))
+    t0 = time.perf_counter()
+    list(sample_batches(model, tokenizer, prompts, config, batch_size=64, seed=0, precision=sampled_at))
     return (time.perf_counter() - t0) / len(prompts)
 
 
@@ -143,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     result = {
         "date": utc_date(),
-        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, {cpu_flags()}",
+        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, {cpu_extensions()}",
         "command": " ".join([sys.executable, *sys.argv]),
         "rows": [{"lever": name, "seconds": s, "speed-up": r} for name, s, r in table],
     }

@@ -13,6 +13,7 @@ from demo.labeling import Labeler, Pairing
 from demo.plan import ASSETS
 from demo.story_prompts import RANGES
 from rlhf_lit.evaluation.judges import DEFAULT_JUDGE
+from rlhf_lit.models.precision import SamplingPrecision
 
 DEFAULT_PARAGRAPHS = str(ASSETS / "data" / "tinystories" / "val.txt")
 
@@ -89,6 +90,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--prompts",
         default=None,
         help="a prompts file (text lines, or JSONL of strings or conversations) instead of the paragraph range",
+    )
+    p.add_argument(
+        "--precision",
+        choices=get_args(SamplingPrecision),
+        default="32-true",
+        help="how the model samples: in float32, or under bf16 autocast (faster on a CPU with bf16 matrix "
+        "units, amx_bf16, slower on one without); the judge is unchanged",
     )
 
     p = sub.add_parser("evaluate", formatter_class=fmt, help="judge score, KL to the reference, distinct-n, length")
@@ -216,6 +224,7 @@ def _run(argv: list[str]) -> int:
             device=args.device,
             rankings_out=args.rankings_out,
             prompts_file=args.prompts,
+            precision=args.precision,
         )
         print(json.dumps(stats, indent=1))
     elif args.command == "evaluate":

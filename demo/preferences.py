@@ -38,6 +38,7 @@ from rlhf_lit.evaluation.judges import DEFAULT_JUDGE, load_judge
 from rlhf_lit.evaluation.samples import policy_prompts
 from rlhf_lit.models import load_causal_lm
 from rlhf_lit.models.generation import SamplingConfig, sample_batches
+from rlhf_lit.models.precision import SamplingPrecision
 from rlhf_lit.tokenizer import load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -163,6 +164,7 @@ def make_preferences(
     device: str = "cpu",
     rankings_out: str | None = None,
     prompts_file: str | None = None,
+    precision: SamplingPrecision = "32-true",
 ) -> dict:
     """Sample, judge and label; write the preference JSONL to ``out``.
 
@@ -192,11 +194,13 @@ def make_preferences(
         prompts_file: the prompts instead of a paragraph range (``start``, ``count`` and
             ``num_words`` are then not read): a prompt source
             (:func:`rlhf_lit.data.prompt_source.read_prompt_source`), strings or conversations.
+        precision: how the model samples, ``32-true`` or ``bf16-mixed`` (bf16 autocast around ``generate``,
+            :func:`rlhf_lit.models.precision.sampling_precision`); the judge scores the texts as it always does.
 
     Returns:
         Counts and timings: prompts, samples, records (pairs or rankings written), pairs (the
         comparisons they hold, ties excluded), ties, empty (see :func:`label_pairs` and
-        :func:`label_rankings`), judge_mean, seconds; with ``rankings_out`` also ``rankings``
+        :func:`label_rankings`), judge_mean, precision (how it sampled), seconds; with ``rankings_out`` also ``rankings``
         (ranking records written there).
     """
     if samples_per_prompt < 2:
@@ -221,6 +225,7 @@ def make_preferences(
         seed=seed,
         tokenizer=tokenizer,
         device=device,
+        precision=precision,
     )
     records, ties, empty = label(samples, samples_per_prompt, labeler, pairing, temperature, random.Random(seed))
     write_jsonl(out, records)
@@ -237,6 +242,7 @@ def make_preferences(
         "ties": ties,
         "empty": empty,
         "judge_mean": sum(scores) / len(scores),
+        "precision": precision,
         "seconds": time.perf_counter() - t0,
         **({} if rankings is None else {"rankings": len(rankings)}),
     }
@@ -256,6 +262,7 @@ def sample_and_judge(
     seed: int,
     tokenizer: str | None,
     device: str,
+    precision: SamplingPrecision = "32-true",
 ) -> dict[str, list]:
     """Sample K completions of each prompt and judge each reply once (other arguments as :func:`make_preferences`).
 
@@ -274,7 +281,7 @@ def sample_and_judge(
     # A conversation reaches the model as the one rule for prompts outside the data modules renders it.
     inputs = policy_prompts(tok, repeated, "auto").ids if any(map(is_conversation, prompts)) else repeated
     responses = []
-    for gen in sample_batches(lm, tok, inputs, sampling, batch_size=batch_size, seed=seed):
+    for gen in sample_batches(lm, tok, inputs, sampling, batch_size=batch_size, seed=seed, precision=precision):
         responses += response_texts(tok, gen.query_responses, gen.attention_mask, gen.response_mask, gen.ended)
     return {
         "paragraphs": list(indices),

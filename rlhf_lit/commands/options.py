@@ -44,7 +44,16 @@ class CommandParser(argparse.ArgumentParser):
         self.exit(2, f"rlhf-lit: error: {message}\n(`{self.prog} --help` lists the options)\n")
 
 
-LIBRARY_OPTIONS = ("batch_size", "seed", "tokenizer", "device", "unfinished", "judge_reads", "chat_template")
+LIBRARY_OPTIONS = (
+    "batch_size",
+    "seed",
+    "tokenizer",
+    "device",
+    "unfinished",
+    "judge_reads",
+    "chat_template",
+    "precision",
+)
 """The options both commands pass to the library as they are, and record in their result's ``config``."""
 
 
@@ -79,9 +88,10 @@ def write_result(out: str | None, result: dict) -> None:
 
 def add_common_options(parser: argparse.ArgumentParser, *, max_new_tokens: int, batch_size: int) -> None:
     """Options both commands take: how the reward model reads a cut response, prompts, tokenizer,
-    sampling, seed, device, output."""
+    sampling (and its precision), seed, device, output."""
     from rlhf_lit.data.rendering import TEMPLATE_CHOICES
     from rlhf_lit.evaluation.judges import DEFAULT_JUDGE, JudgeReads
+    from rlhf_lit.models.precision import SamplingPrecision
     from rlhf_lit.models.scoring import UnfinishedScoring
 
     parser.add_argument(
@@ -124,6 +134,14 @@ def add_common_options(parser: argparse.ArgumentParser, *, max_new_tokens: int, 
     )
     parser.add_argument("--top-k", type=int, help=f"sample among the k most likely tokens; 0 = off ({recorded} 0)")
     parser.add_argument("--top-p", type=float, help=f"nucleus sampling threshold; 1.0 = off ({recorded} 1.0)")
+    parser.add_argument(
+        "--precision",
+        choices=get_args(SamplingPrecision),
+        default="32-true",
+        help="how the policy samples: in float32, or under bf16 autocast (trainer.precision's words; faster on a "
+        "GPU or a CPU with bf16 matrix units, amx_bf16, slower on a CPU without); the KL and the reward-model "
+        "and judge scores stay float32",
+    )
     parser.set_defaults(sampling_fallback={"max_new_tokens": max_new_tokens, **SAMPLING_FALLBACK})
     parser.add_argument(
         "--batch-size",

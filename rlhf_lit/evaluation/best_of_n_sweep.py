@@ -30,6 +30,7 @@ if TYPE_CHECKING:  # annotations only: importing this module loads no model code
     from rlhf_lit.data.prompt_source import Prompts
     from rlhf_lit.data.rendering import TemplateOption
     from rlhf_lit.models.generation import SamplingConfig
+    from rlhf_lit.models.precision import SamplingPrecision
     from rlhf_lit.models.scoring import UnfinishedScoring
 
 ROW_KEYS = ("n", "kl_analytic", "judge_mean", "judge_stderr", "rm_mean", "rm_stderr", "length_mean", "ended_fraction")
@@ -86,6 +87,7 @@ def best_of_n(
     tokenizer: str | None = None,
     device: str = "cpu",
     unfinished: UnfinishedScoring = "as_sampled",
+    precision: SamplingPrecision = "32-true",
 ) -> dict:
     """Sample ``num_samples`` (default ``max(ns)``) responses per prompt once and sweep best-of-N over ``ns``.
 
@@ -102,8 +104,9 @@ def best_of_n(
             (:data:`~rlhf_lit.data.rendering.TemplateChoice`; the deprecated aliases ``chat_template``
             and ``raw``, removed in 0.3.0, are ``always`` and ``never``).
         estimator: ``subsets`` (exact expectation over N-subsets) or ``first_n`` (nested prefixes).
-        sampling, batch_size, seed, tokenizer, device: as in
-            :func:`rlhf_lit.evaluation.policy_metrics.evaluate_policy`.
+        sampling, batch_size, seed, tokenizer, device, precision: as in
+            :func:`rlhf_lit.evaluation.policy_metrics.evaluate_policy` (``precision`` the sampling's alone: the
+            RM scores that pick are float32).
         unfinished: how the reward model reads a response without EOS (``as_sampled`` or ``with_eos``,
             :data:`~rlhf_lit.models.scoring.UnfinishedScoring`): use the PPO run's ``reward.unfinished``
             to pick with the reward PPO optimises.
@@ -134,6 +137,7 @@ def best_of_n(
         tokenizer=tokenizer,
         device=device,
         unfinished=unfinished,
+        precision=precision,
     )
     samples, timing = evaluated["samples"], evaluated["timing_s"]
 

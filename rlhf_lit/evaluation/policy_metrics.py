@@ -21,6 +21,7 @@ if TYPE_CHECKING:  # annotations only: importing this module loads no model code
     from rlhf_lit.data.prompt_source import Prompts
     from rlhf_lit.data.rendering import TemplateOption
     from rlhf_lit.models.generation import SamplingConfig
+    from rlhf_lit.models.precision import SamplingPrecision
     from rlhf_lit.models.scoring import UnfinishedScoring
 
 
@@ -40,6 +41,7 @@ def evaluate_policy(
     tokenizer: str | None = None,
     device: str = "cpu",
     unfinished: UnfinishedScoring = "as_sampled",
+    precision: SamplingPrecision = "32-true",
 ) -> dict:
     """Sample ``samples_per_prompt`` responses per prompt from ``policy`` and measure them.
 
@@ -66,6 +68,8 @@ def evaluate_policy(
         device: torch device.
         unfinished: how the reward model reads a response without EOS (``as_sampled`` or ``with_eos``,
             :data:`~rlhf_lit.models.scoring.UnfinishedScoring`).
+        precision: how the policy samples, ``32-true`` or ``bf16-mixed`` (bf16 autocast around ``generate``:
+            :data:`~rlhf_lit.models.precision.SamplingPrecision`); the KL, RM and judge scores are float32 either way.
 
     Returns:
         ``{"metrics", "timing_s", "samples"}``. ``metrics``: ``judge_mean``/``judge_std`` (with a
@@ -97,7 +101,7 @@ def evaluate_policy(
 
     repeated = [p for p in models.given or () for _ in range(samples_per_prompt)]
     samples, t_generate = sample_and_measure(
-        models, models.prompts, sampling, batch_size=batch_size, seed=seed, unfinished=unfinished
+        models, models.prompts, sampling, batch_size=batch_size, seed=seed, unfinished=unfinished, precision=precision
     )
     t_scored = time.perf_counter()
     judged = None if judge is None else judge_scores(judge, samples.prompts, samples.responses, judge_reads, device)

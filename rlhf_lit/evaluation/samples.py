@@ -25,6 +25,7 @@ if TYPE_CHECKING:  # annotations only: importing this module loads no model code
     from rlhf_lit.data.prompt_source import Prompts, PromptSet
     from rlhf_lit.data.rendering import TemplateOption
     from rlhf_lit.models.generation import SamplingConfig
+    from rlhf_lit.models.precision import SamplingPrecision
     from rlhf_lit.models.scoring import UnfinishedScoring
 
 log = logging.getLogger(__name__)
@@ -186,6 +187,7 @@ def sample_and_measure(
     batch_size: int,
     seed: int,
     unfinished: UnfinishedScoring = "as_sampled",
+    precision: SamplingPrecision = "32-true",
 ) -> tuple[Samples, float]:
     """Sample one response per row of ``prompts`` (:func:`policy_prompts`: the policy reads its ids) and
     measure it; returns ``(samples, seconds sampling)``.
@@ -193,6 +195,8 @@ def sample_and_measure(
     Lengths count response tokens, EOS included. KL needs ``models.reference``, RM scores
     ``models.reward_model`` (non-finite scores are refused), which reads a response without EOS
     as ``unfinished`` says (:data:`~rlhf_lit.models.scoring.UnfinishedScoring`, PPO's ``reward.unfinished``).
+    ``precision`` is the sampling's alone (:data:`~rlhf_lit.models.precision.SamplingPrecision`); the KL and
+    the RM scores are computed in float32.
     """
     import time
 
@@ -207,8 +211,13 @@ def sample_and_measure(
     eos_id = stop_ids[0]  # appended to cut responses for the RM (with_eos)
     markers = marker_token_ids(models.tokenizer, stop_ids)
     t0 = time.perf_counter()
-    batches = sample_batches(models.policy, models.tokenizer, prompts.ids, sampling, batch_size=batch_size, seed=seed)
+    batches = sample_batches(
+        models.policy, models.tokenizer, prompts.ids, sampling, batch_size=batch_size, seed=seed, precision=precision
+    )
     seconds = time.perf_counter() - t0
+    # Only the sampling above runs at `precision`; the scoring below stays float32, out of any autocast: the KL
+    # is a sum of differences of log-probabilities that bf16's rounding (2^-8 of each) would swamp, and the
+    # RM's scores decide best-of-N's pick and are the figures' numbers.
     out = Samples(list(prompts.texts))
     out.kls = [] if models.reference is not None else None
     out.rm_scores = [] if models.reward_model is not None else None

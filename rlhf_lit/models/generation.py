@@ -25,6 +25,7 @@ from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel,
 
 from rlhf_lit.functional import attended_span, pad_ids, response_mask_from_eos
 from rlhf_lit.models.compiled_generation import compiled_generate_settings, counting_compiles
+from rlhf_lit.models.precision import SamplingPrecision, sampling_precision
 from rlhf_lit.models.step_logprobs import StepLogprobs
 from rlhf_lit.option_values import check_least
 
@@ -282,6 +283,7 @@ def sample_batches(
     *,
     batch_size: int,
     seed: int,
+    precision: SamplingPrecision = "32-true",
 ) -> list[Generated]:
     """One response per entry of ``prompts`` (repeat a prompt to get K), ``batch_size`` rows a batch.
 
@@ -298,6 +300,9 @@ def sample_batches(
         sampling: the library's sampling settings.
         batch_size: prompts per ``generate`` call (>= 1).
         seed: seed of the generator.
+        precision: ``32-true`` samples in the weights' float32; ``bf16-mixed`` under bf16 autocast
+            (:func:`~rlhf_lit.models.precision.sampling_precision`): other samples of a seed, faster on a
+            CPU with bf16 matrix units (AMX) or a GPU, slower on a CPU without. Only ``generate`` runs under it.
     """
     check_least("batch_size", batch_size, 1)
     if tokenizer.padding_side != "left":
@@ -312,8 +317,8 @@ def sample_batches(
             ids, mask = encoded["input_ids"], encoded["attention_mask"]
         else:
             ids, mask = pad_ids(chunk, tokenizer.pad_token_id, "left")  # generate continues the last column
-        batches.append(
-            generate_responses(
+        with sampling_precision(precision, model.device):
+            generated = generate_responses(
                 model,
                 ids.to(model.device),
                 mask.to(model.device),
@@ -322,5 +327,5 @@ def sample_batches(
                 pad_token_id=tokenizer.pad_token_id,
                 generator=generator,
             )
-        )
+        batches.append(generated)
     return batches

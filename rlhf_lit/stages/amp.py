@@ -12,25 +12,19 @@ several optimizers is ``scaler.step(a); scaler.step(b); scaler.update()``: :func
 restores it around the optimizer steps.
 
 :func:`warn_if_slow_precision` says once when a 16-bit precision runs on a CPU that has no matrix
-unit for it (it is then emulated, and slower than ``32-true``).
+unit for it (it is then emulated, and slower than ``32-true``; the CPU's flags are read by
+:mod:`rlhf_lit.models.precision`).
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
-from functools import cache
-from pathlib import Path
 
 from lightning.pytorch import Trainer
 from lightning.pytorch.accelerators import CPUAccelerator
 
-log = logging.getLogger(__name__)
-
-MATRIX_UNIT_FLAGS = {"bf16": "amx_bf16", "16": "amx_fp16"}
-"""The ``/proc/cpuinfo`` flag of the CPU matrix unit (Intel AMX) that runs each 16-bit precision natively,
-keyed by the precision's prefix (``bf16-mixed``, ``16-mixed``)."""
+from rlhf_lit.models.precision import warn_once_if_slow
 
 
 def loss_scale(trainer: Trainer) -> float | None:
@@ -64,41 +58,13 @@ def _no_update(new_scale=None) -> None:
     """Stands in for ``GradScaler.update`` while the optimizers of one iteration step."""
 
 
-@cache
-def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> frozenset[str] | None:
-    """The CPU's feature flags as Linux lists them, or None where the file cannot be read."""
-    try:
-        text = Path(cpuinfo).read_text()
-    except OSError:
-        return None
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            return frozenset(line.partition(":")[2].split())
-    return None
-
-
-_warned = False
-
-
 def warn_if_slow_precision(trainer: Trainer) -> None:
     """Warn once per process, in one line, when a 16-bit precision runs on a CPU without its matrix unit.
 
     Without one (``amx_bf16`` for bf16, ``amx_fp16`` for fp16) the CPU emulates 16-bit matrix products:
-    mixed precision then only adds casts. Where the flags cannot be read nothing is said. It changes
+    mixed precision then only adds casts (:func:`rlhf_lit.models.precision.slow_precision_message`, the
+    sentence sampling's ``--precision`` says too). Where the flags cannot be read nothing is said. It changes
     nothing; the user decides.
     """
-    global _warned
-    precision = str(trainer.precision)
-    flag = next((f for prefix, f in MATRIX_UNIT_FLAGS.items() if precision.startswith(prefix)), None)
-    flags = cpu_flags()
-    if _warned or flag is None or not isinstance(trainer.accelerator, CPUAccelerator) or flags is None:
-        return
-    if flag in flags:
-        return
-    _warned = True
-    log.warning(
-        "precision %s on a CPU without %s (no matrix unit for it) is emulated and no faster than 32-true; "
-        "use --trainer.precision 32-true on this CPU",
-        precision,
-        flag,
-    )
+    if isinstance(trainer.accelerator, CPUAccelerator):
+        warn_once_if_slow(str(trainer.precision), "--trainer.precision")

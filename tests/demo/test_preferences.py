@@ -223,3 +223,29 @@ def test_preferences_from_a_file_of_conversations_sample_inside_the_chat_templat
         for line in path.read_text().splitlines():
             record = json.loads(line)
             assert record["prompt"] == [{"role": "user", "content": asked[record["paragraph"]]}]
+
+
+def test_preferences_sample_at_the_precision_asked(stories_path, tinystories, tmp_path, capsys):
+    import torch
+    from autocast_probe import model_forwards, precisions
+
+    def run(name: str, *extra: str) -> tuple[dict, list[dict], dict]:
+        out = tmp_path / f"{name}.jsonl"
+        args = ["preferences", "--model", stories_path, "--paragraphs", tinystories, "--out", str(out)]
+        args += ["--start", "1000", "--count", "3", "--samples-per-prompt", "2", "--max-new-tokens", "6", *extra]
+        with model_forwards() as seen:
+            assert main(args) == 0
+        stats = json.loads(capsys.readouterr().out)
+        return stats, [json.loads(line) for line in out.read_text().splitlines()], precisions(seen)
+
+    default, default_records, default_ran = run("default")
+    explicit, explicit_records, _ = run("explicit", "--precision", "32-true")
+    assert default_ran == {"sampling": {None}} and default["precision"] == explicit["precision"] == "32-true"
+    assert explicit_records == default_records  # the default samples as it did before the option
+    bf16, _, bf16_ran = run("bf16", "--precision", "bf16-mixed")
+    assert bf16_ran == {"sampling": {torch.bfloat16}} and bf16["precision"] == "bf16-mixed"
+
+    with pytest.raises(SystemExit) as refused:
+        main(["preferences", "--model", stories_path, "--out", str(tmp_path / "x.jsonl"), "--precision", "fp16"])
+    assert refused.value.code == 2
+    assert "argument --precision: invalid choice: 'fp16'" in capsys.readouterr().err

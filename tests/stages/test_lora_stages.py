@@ -69,10 +69,11 @@ def test_reward_model_refuses_an_adapter_export(stories_path):
 
 
 def test_bf16_on_cpu_warns_once_in_one_line(stories_path, helpers, tmp_path, caplog, monkeypatch):
+    import rlhf_lit.models.precision as cpu
     import rlhf_lit.stages.amp as precision
 
-    precision._warned = False
-    monkeypatch.setattr(precision, "cpu_flags", lambda: frozenset({"avx2", "avx512f"}))  # no amx_bf16
+    monkeypatch.setattr(cpu, "_warned", set())
+    monkeypatch.setattr(cpu, "cpu_flags", lambda: frozenset({"avx2", "avx512f"}))  # no amx_bf16
     module = SFTModule(stories_path, export_dir=str(tmp_path / "export"))
     batch = helpers.sft_batch(module.tokenizer, [("Tom went", " to the park.")])
     with caplog.at_level(logging.WARNING, logger="rlhf_lit"):
@@ -85,22 +86,23 @@ def test_bf16_on_cpu_warns_once_in_one_line(stories_path, helpers, tmp_path, cap
 
 
 def test_bf16_on_a_cpu_with_its_matrix_unit_says_nothing(monkeypatch, caplog, tmp_path):
+    import rlhf_lit.models.precision as cpu
     import rlhf_lit.stages.amp as precision
 
-    precision._warned = False
+    monkeypatch.setattr(cpu, "_warned", set())
     trainer = pl.Trainer(accelerator="cpu", precision="bf16-mixed", logger=False, default_root_dir=tmp_path)
-    monkeypatch.setattr(precision, "cpu_flags", lambda: frozenset({"avx512f", "amx_bf16"}))
+    monkeypatch.setattr(cpu, "cpu_flags", lambda: frozenset({"avx512f", "amx_bf16"}))
     with caplog.at_level(logging.WARNING, logger="rlhf_lit"):
         precision.warn_if_slow_precision(trainer)
-    assert not [r for r in caplog.records if "32-true" in r.getMessage()] and not precision._warned
-    monkeypatch.setattr(precision, "cpu_flags", lambda: frozenset({"avx512f"}))
+    assert not [r for r in caplog.records if "32-true" in r.getMessage()] and not cpu._warned
+    monkeypatch.setattr(cpu, "cpu_flags", lambda: frozenset({"avx512f"}))
     with caplog.at_level(logging.WARNING, logger="rlhf_lit"):
         precision.warn_if_slow_precision(trainer)
     assert [r for r in caplog.records if "without amx_bf16" in r.getMessage()]
 
 
 def test_cpu_flags_are_read_from_the_flags_line(tmp_path):
-    from rlhf_lit.stages.amp import cpu_flags
+    from rlhf_lit.models.precision import cpu_flags
 
     info = tmp_path / "cpuinfo"
     info.write_text("processor\t: 0\nflags\t\t: fpu avx2 amx_bf16\nbugs\t\t: spectre\n")
