@@ -141,6 +141,7 @@ def test_online_generation_s_judge_may_be_a_reward_model_export(offline_chain):
     responses, columns = callback.sample(module)
     assert columns["judge"] == RewardModelScorer(rm)(["Once upon a time", "The dog ran"], responses)
 
+
 def test_conversations_and_sources_reach_the_policy_in_its_template(tmp_path):
     module = stand_in(STORIES260K_CHAT)
     conversation = [{"role": "system", "content": "Be kind."}, {"role": "user", "content": "Hi"}]
