@@ -59,15 +59,16 @@ def write_requests(out: Path, n_label: int, n_val: int) -> tuple[Path, Path]:
     return paths
 
 
-def label(model: str, prompts: Path, rankings: Path, k: int, seed: int) -> None:
-    """``python -m demo preferences`` at the chat demo's sampling settings; the rankings to ``rankings``."""
+def label(model: str, prompts: Path, rankings: Path, k: int, seed: int, precision: str) -> None:
+    """``python -m demo preferences`` at the chat demo's sampling settings (sampled at ``precision``); the
+    rankings to ``rankings``."""
     from demo.chat_plan import CHAT_FULL, sampling_settings
 
     temperature, max_new_tokens = sampling_settings(CHAT_FULL)
     cmd = [sys.executable, "-m", "demo", "preferences", "--model", model, "--prompts", str(prompts)]
     cmd += ["--out", str(rankings.with_suffix(".pairs.jsonl")), "--rankings-out", str(rankings)]
     cmd += ["--samples-per-prompt", str(k), "--temperature", str(temperature)]
-    cmd += ["--max-new-tokens", str(max_new_tokens), "--seed", str(seed)]
+    cmd += ["--max-new-tokens", str(max_new_tokens), "--seed", str(seed), "--precision", precision]
     subprocess.run(cmd, cwd=ROOT, check=True)
 
 
@@ -118,6 +119,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--val-prompts", type=int, default=100)
     p.add_argument("--samples-per-prompt", type=int, default=4)
     p.add_argument("--seed", type=int, default=0, help="the labels' sampling seed")
+    p.add_argument(
+        "--label-precision", default="32-true", choices=("32-true", "bf16-mixed"), help="the labels' sampling"
+    )
     p.add_argument("--variant", type=parse_variant, action="append", required=True, metavar="NAME=OPTIONS")
     args = p.parse_args(argv)
     from demo.chat_plan import fetched_model
@@ -129,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     requests = write_requests(out, args.label_prompts, args.val_prompts)
     train, val = (out / "data" / f"{part}.rankings.jsonl" for part in ("train", "val"))
     for prompts, rankings in zip(requests, (train, val)):
-        label(model, prompts, rankings, args.samples_per_prompt, args.seed)
+        label(model, prompts, rankings, args.samples_per_prompt, args.seed, args.label_precision)
     label_seconds = time.perf_counter() - t0
     results = {}
     for name, options in args.variant:
@@ -148,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         "label_prompts": args.label_prompts,
         "val_prompts": args.val_prompts,
         "samples_per_prompt": args.samples_per_prompt,
+        "label_precision": args.label_precision,
         "label_seconds": label_seconds,
         "variants": results,
     }

@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="runs/hh_rm", help="the fit's run folder (a new version_N each run)")
     p.add_argument("--held-out", type=int, default=400, help="held-out pairs")
     p.add_argument("--epochs", type=int, default=1)
-    p.add_argument("--lr", type=float, default=1e-5, help="the full fine-tune's learning rate")
+    p.add_argument("--lr", type=float, default=3e-5, help="the full fine-tune's learning rate")
     p.add_argument("--batch-size", type=int, default=16, help="pairs per step")
     p.add_argument(
         "--precision", default="bf16-mixed", help="trainer.precision (bf16-mixed pays on a CPU with AMX; else 32-true)"
