@@ -81,15 +81,28 @@ def rollouts(budget: ChatBudget) -> int:
     return int(ppo_init_args(CONFIGS / "ppo.yaml")["max_rollouts"])
 
 
+def sampling_precision(choice: str) -> str:
+    """The precision the demo samples at outside training (labels, best-of-N, the evaluation) for the
+    ``--sampling-precision`` choice: ``auto`` is ``bf16-mixed`` on a CPU that multiplies bf16 natively
+    (``amx_bf16``: 1.5x faster there, ``docs/DEMO-CHAT.md``), else ``32-true`` (emulated bf16 is slower)."""
+    from rlhf_lit.models.precision import MATRIX_UNIT_FLAGS, cpu_flags
+
+    if choice != "auto":
+        return choice
+    return "bf16-mixed" if MATRIX_UNIT_FLAGS["bf16"] in (cpu_flags() or ()) else "32-true"
+
+
 def logger_root(paths: Paths, seed: int | None) -> list[str]:
     """The options every fit takes: its TensorBoard logs under ``--out``, and the run seed when given."""
     seeds = [] if seed is None else ["--seed_everything", str(seed)]
     return ["--trainer.logger.init_args.save_dir", str(paths.root), *seeds]
 
 
-def preferences_command(model: str, paths: Paths, budget: ChatBudget, judge: str, seed: int | None) -> list[str]:
+def preferences_command(
+    model: str, paths: Paths, budget: ChatBudget, judge: str, seed: int | None, precision: str
+) -> list[str]:
     """``python -m demo preferences``: K replies per labelling request, judged, as best-vs-worst pairs
-    (DPO's data) and rankings (the reward model's), at PPO's sampling settings."""
+    (DPO's data) and rankings (the reward model's), at PPO's sampling settings, sampled at ``precision``."""
     temperature, max_new_tokens = sampling_settings(budget)
     return [
         sys.executable,
@@ -114,6 +127,8 @@ def preferences_command(model: str, paths: Paths, budget: ChatBudget, judge: str
         str(max_new_tokens),
         "--seed",
         str(seed or 0),
+        "--precision",
+        precision,
     ]
 
 
@@ -181,9 +196,12 @@ def ppo_command(model: str, paths: Paths, budget: ChatBudget, judge: str, seed: 
     )
 
 
-def best_of_n_command(model: str, paths: Paths, budget: ChatBudget, judge: str, seed: int | None) -> list[str]:
+def best_of_n_command(
+    model: str, paths: Paths, budget: ChatBudget, judge: str, seed: int | None, precision: str
+) -> list[str]:
     """``rlhf-lit best-of-n``: N = 1 .. ``bon_n_max`` replies of the instruction model to each held-out
-    request, the reward model's pick, scored as PPO's reward reads a cut reply (``reward.unfinished``)."""
+    request, the reward model's pick, scored as PPO's reward reads a cut reply (``reward.unfinished``),
+    sampled at ``precision``."""
     temperature, max_new_tokens = sampling_settings(budget)
     unfinished = (ppo_init_args(CONFIGS / "ppo.yaml").get("reward") or {}).get("unfinished", "as_sampled")
     return [
@@ -209,6 +227,8 @@ def best_of_n_command(model: str, paths: Paths, budget: ChatBudget, judge: str, 
         str(seed or 0),
         "--unfinished",
         unfinished,
+        "--precision",
+        precision,
         "--out",
         str(paths.dir("best_of_n") / "best_of_n.json"),
     ]

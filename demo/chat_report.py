@@ -61,10 +61,19 @@ def evaluate_all(
     sampling = SamplingConfig(temperature=temperature, max_new_tokens=max_new_tokens)
     prompts = read_prompt_source(str(paths.dir("data") / "eval.jsonl")).prompts
     judge = load_judge(args.judge)
+    precision = trained["sampling_precision"]  # as the labels and best-of-N sampled
 
     def measured(name: str, policy: str) -> dict:
-        result = evaluate_policy(policy, prompts, reference=model, judge=judge, sampling=sampling, seed=0)
-        result["config"] = {"policy": policy, "reference": model, "judge": args.judge, "sampling": asdict(sampling)}
+        result = evaluate_policy(
+            policy, prompts, reference=model, judge=judge, sampling=sampling, seed=0, precision=precision
+        )
+        result["config"] = {
+            "policy": policy,
+            "reference": model,
+            "judge": args.judge,
+            "sampling": asdict(sampling),
+            "precision": precision,
+        }
         write_json_atomically(paths.dir("eval") / f"{name.replace('/', '_')}.json", result)
         say(f"evaluate: {name}: judge {result['metrics']['judge_mean']:.3f}, KL {result['metrics']['kl_mean']:.2f}")
         return result

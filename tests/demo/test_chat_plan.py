@@ -1,0 +1,35 @@
+"""The chat demo's plan: where its sampling outside training runs in bf16 (a CPU that multiplies bf16
+natively), and that the labeller and best-of-N are told so."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import rlhf_lit.models.precision as precision_module
+from demo.chat_plan import CHAT_FULL, best_of_n_command, preferences_command, sampling_precision
+from demo.plan import Paths
+
+
+@pytest.mark.parametrize(
+    ("flags", "want"),
+    [
+        (frozenset({"avx512f", "amx_bf16", "amx_tile"}), "bf16-mixed"),
+        (frozenset({"avx512f", "avx2"}), "32-true"),  # emulated bf16 is slower than float32
+        (None, "32-true"),  # flags unreadable: the safe choice
+    ],
+)
+def test_auto_samples_in_bf16_only_where_the_cpu_has_its_matrix_unit(monkeypatch, flags, want):
+    monkeypatch.setattr(precision_module, "cpu_flags", lambda: flags)
+    assert sampling_precision("auto") == want
+    assert sampling_precision("32-true") == "32-true" and sampling_precision("bf16-mixed") == "bf16-mixed"
+
+
+def test_the_labeller_and_best_of_n_sample_at_the_precision_chosen(tmp_path):
+    paths = Paths(Path(tmp_path))
+    for command in (
+        preferences_command("m", paths, CHAT_FULL, "j:f", None, "bf16-mixed"),
+        best_of_n_command("m", paths, CHAT_FULL, "j:f", None, "bf16-mixed"),
+    ):
+        assert command[command.index("--precision") + 1] == "bf16-mixed"
