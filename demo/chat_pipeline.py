@@ -41,12 +41,12 @@ from demo.chat_plan import (
     ChatBudget,
     best_of_n_command,
     default_model,
+    demo_precision,
     dpo_command,
     ppo_command,
     preferences_command,
     reward_model_command,
     rollouts,
-    sampling_precision,
 )
 from demo.chat_prompts import write_prompt_splits
 from demo.plan import NotADemoFolder, Paths, claim_out, parse_betas
@@ -80,11 +80,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=None, help="seed of every stage (default: the configs' seeds)")
     p.add_argument("--threads", type=int, default=None, help="torch threads of a stage that runs alone (default 2)")
     p.add_argument(
-        "--sampling-precision",
+        "--precision",
         choices=("auto", "32-true", "bf16-mixed"),
         default="auto",
-        help="how labels, best-of-N and the evaluation sample (auto: bf16-mixed on a CPU with amx_bf16, else "
-        "32-true; PPO samples at its trainer.precision)",
+        help="precision of the labels, reward model, DPO, best-of-N and evaluation (auto: bf16-mixed on a CPU "
+        "with amx_bf16, else 32-true; PPO keeps its config's trainer.precision)",
     )
     return p
 
@@ -117,18 +117,19 @@ def train(args: argparse.Namespace, model: str, budget: ChatBudget, paths: Paths
     say(f"split: {counts} requests -> {paths.dir('data')}")
 
     logs = paths.dir("logs")
-    precision = sampling_precision(args.sampling_precision)
-    say(f"sampling outside training at {precision} (--sampling-precision {args.sampling_precision})")
+    precision = demo_precision(args.precision)
+    say(f"labels, reward model, DPO, best-of-N and evaluation at {precision} (--precision {args.precision})")
     run_stages(
         {"preferences": preferences_command(model, paths, budget, args.judge, args.seed, precision)},
         logs,
         timings,
         threads,
     )
-    dpo = {f"dpo/beta_{b:g}": dpo_command(model, paths, budget, b, args.seed) for b in args.dpo_betas}
+    dpo = {f"dpo/beta_{b:g}": dpo_command(model, paths, budget, b, args.seed, precision) for b in args.dpo_betas}
     # The reward model and DPO need only the labels: one thread each, side by side.
     wait_stages(
-        start_stages({"reward_model": reward_model_command(model, paths, budget, args.seed), **dpo}, logs), timings
+        start_stages({"reward_model": reward_model_command(model, paths, budget, args.seed, precision), **dpo}, logs),
+        timings,
     )
     rm_accuracy = last_scalar(paths.run("reward_model"), "val/accuracy")
     say(f"reward_model: held-out pair accuracy {rm_accuracy}")
@@ -144,12 +145,7 @@ def train(args: argparse.Namespace, model: str, budget: ChatBudget, paths: Paths
         wait_stages(running, timings)
     finally:
         stop_stages(running)  # a no-op unless a stage failed
-    return {
-        "rm_accuracy": rm_accuracy,
-        "dpo": list(dpo),
-        "ppo_rollouts": rollouts(budget),
-        "sampling_precision": precision,
-    }
+    return {"rm_accuracy": rm_accuracy, "dpo": list(dpo), "ppo_rollouts": rollouts(budget), "precision": precision}
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -171,7 +167,7 @@ def run(args: argparse.Namespace) -> dict:
         "model": model,
         "metrics": {name: r["metrics"] for name, r in results.items()},
         "rm_val_accuracy": trained["rm_accuracy"],
-        "sampling_precision": trained["sampling_precision"],
+        "precision": trained["precision"],
         "floors": floors,
         "summary": str(summary),
         "frontier": str(paths.dir("report") / "frontier.json"),

@@ -61,7 +61,7 @@ def evaluate_all(
     sampling = SamplingConfig(temperature=temperature, max_new_tokens=max_new_tokens)
     prompts = read_prompt_source(str(paths.dir("data") / "eval.jsonl")).prompts
     judge = load_judge(args.judge)
-    precision = trained["sampling_precision"]  # as the labels and best-of-N sampled
+    precision = trained["precision"]  # as the labels and best-of-N sampled
 
     def measured(name: str, policy: str) -> dict:
         result = evaluate_policy(

@@ -8,7 +8,14 @@ from pathlib import Path
 import pytest
 
 import rlhf_lit.models.precision as precision_module
-from demo.chat_plan import CHAT_FULL, best_of_n_command, preferences_command, sampling_precision
+from demo.chat_plan import (
+    CHAT_FULL,
+    best_of_n_command,
+    demo_precision,
+    dpo_command,
+    preferences_command,
+    reward_model_command,
+)
 from demo.plan import Paths
 
 
@@ -22,14 +29,19 @@ from demo.plan import Paths
 )
 def test_auto_samples_in_bf16_only_where_the_cpu_has_its_matrix_unit(monkeypatch, flags, want):
     monkeypatch.setattr(precision_module, "cpu_flags", lambda: flags)
-    assert sampling_precision("auto") == want
-    assert sampling_precision("32-true") == "32-true" and sampling_precision("bf16-mixed") == "bf16-mixed"
+    assert demo_precision("auto") == want
+    assert demo_precision("32-true") == "32-true" and demo_precision("bf16-mixed") == "bf16-mixed"
 
 
-def test_the_labeller_and_best_of_n_sample_at_the_precision_chosen(tmp_path):
+def test_every_stage_but_ppo_runs_at_the_precision_chosen(tmp_path):
     paths = Paths(Path(tmp_path))
     for command in (
         preferences_command("m", paths, CHAT_FULL, "j:f", None, "bf16-mixed"),
         best_of_n_command("m", paths, CHAT_FULL, "j:f", None, "bf16-mixed"),
     ):
         assert command[command.index("--precision") + 1] == "bf16-mixed"
+    for command in (
+        reward_model_command("m", paths, CHAT_FULL, None, "bf16-mixed"),
+        dpo_command("m", paths, CHAT_FULL, 0.1, None, "bf16-mixed"),
+    ):
+        assert command[command.index("--trainer.precision") + 1] == "bf16-mixed"
