@@ -1,4 +1,4 @@
-"""Per-token KL estimators and KL-shaped rewards (the InstructGPT reward)."""
+"""Per-token KL estimators, KL-shaped rewards (the InstructGPT reward) and the KL as a loss term."""
 
 from __future__ import annotations
 
@@ -79,26 +79,61 @@ def kl_penalized_rewards(
     return torch.where(mask, rewards, zero), kl  # (B, T), (B, T)
 
 
-def kl_loss(
-    logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor, kind: KLKind = "k3"
-) -> torch.Tensor:
-    """KL to the reference as a loss term (GRPO style), the mean over masked tokens.
+KLLossKind = Literal["k3_weighted", "k2", "k3"]
+"""The estimator :func:`kl_loss` differentiates, for tokens sampled from ``pi_old`` and the current
+policy ``pi`` (per token; ``r = log pi - log pi_ref``):
 
-    GRPO (Shao et al. 2024) adds ``beta * KL`` to the loss instead of paying it in the reward,
-    estimated per token with k3, ``exp(ref_logprobs - logprobs) - (ref_logprobs - logprobs) - 1``:
-    unbiased for KL(policy || reference) under samples of the policy and never negative, and its
-    gradient ``1 - exp(ref_logprobs - logprobs)`` (per token, w.r.t. ``logprobs``) pulls the
-    policy toward the reference from either side. The mean is over every masked token of the
-    batch, the token-level average :func:`ppo_policy_loss` uses (DAPO), not a mean of per-response
-    means. The caller multiplies by the KL coefficient.
+- ``k3_weighted``: ``(pi / pi_old) * k3``, the weight with its gradient. Its expectation under
+  ``pi_old`` is KL(pi || pi_ref) at every ``pi``, so its gradient is the reverse KL's, on-policy and
+  off-policy (the minibatches after the first optimizer step); per sample it is ``(pi / pi_old) * r *
+  grad log pi``. The default.
+- ``k2``: ``r^2 / 2``, gradient ``r * grad log pi``: the reverse KL's in expectation when ``pi_old =
+  pi`` (on-policy) only.
+- ``k3``: GRPO's (Shao et al. 2024), gradient ``(1 - pi_ref / pi) * grad log pi``, whose expectation
+  on-policy is the gradient of the forward KL(pi_ref || pi): a first-order stand-in for the reverse
+  KL's, biased wherever the policy is not close to the reference.
+
+In a response every token's term is taken at the state (prefix) the sampled tokens reached, so the
+gradient is that of the per-token KLs at the visited prefixes; how earlier tokens change which
+prefixes are reached is not differentiated (a KL paid in the reward, :func:`kl_penalized_rewards`,
+reaches it through the returns)."""
+
+
+def kl_loss(
+    logprobs: torch.Tensor,
+    ref_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    kind: KLLossKind = "k3_weighted",
+    old_logprobs: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """KL(policy || reference) as a loss term (GRPO style), the mean over masked tokens.
+
+    GRPO (Shao et al. 2024) adds ``beta * KL`` to the loss instead of paying it in the reward. What
+    is differentiated is ``kind`` (:data:`KLLossKind`); the default, ``k3_weighted``, has the
+    reverse KL's gradient whichever policy sampled the tokens. The mean is over every masked token of
+    the batch, the token-level average :func:`ppo_policy_loss` uses (DAPO), not a mean of
+    per-response means. The caller multiplies by the KL coefficient.
 
     Args:
         logprobs: ``(B, T)`` current policy log-probabilities (with grad).
         ref_logprobs: ``(B, T)`` reference log-probabilities of the same tokens (no grad).
         mask: bool ``(B, T)``, True on response tokens.
-        kind: the estimator, see :func:`kl_penalty`; "k3" is GRPO's.
+        kind: the estimator, see :data:`KLLossKind`; "k3" is GRPO's.
+        old_logprobs: ``(B, T)`` log-probabilities of the tokens under the policy that sampled them
+            (no grad), the denominator of ``k3_weighted``'s weight; None: the current policy sampled
+            them (on-policy: the weight is 1, with the gradient of ``log pi``). Only ``k3_weighted``
+            reads it.
 
     Returns:
-        0-dim tensor; NaN when the mask is empty (no host check, as :func:`masked_mean`).
+        0-dim tensor; NaN when the mask is empty (no host check, as :func:`masked_mean`). With
+        ``k3_weighted`` its expectation is KL(policy || reference) per token.
     """
-    return masked_mean(kl_penalty(logprobs, ref_logprobs, kind), mask)  # ()
+    if kind not in get_args(KLLossKind):
+        raise ValueError(f"Unknown KL loss estimator {kind!r}; choose one of {', '.join(get_args(KLLossKind))}.")
+    if kind != "k3_weighted":
+        return masked_mean(kl_penalty(logprobs, ref_logprobs, kind), mask)  # ()
+    old = logprobs.detach() if old_logprobs is None else old_logprobs  # (B, T)
+    zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
+    # The log-weight is 0 off the mask before exp: padding's garbage must not reach exp's gradient.
+    log_weight = torch.where(mask, logprobs - old, zero)  # (B, T) log(pi / pi_old)
+    return masked_mean(torch.exp(log_weight) * kl_penalty(logprobs, ref_logprobs, "k3"), mask)  # ()

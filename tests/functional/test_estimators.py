@@ -1,4 +1,4 @@
-"""Critic-free estimators (GRPO, Dr. GRPO, RLOO, REINFORCE++) and the k3 KL loss, by hand.
+"""Critic-free estimators (GRPO, Dr. GRPO, RLOO, REINFORCE++) and the KL loss, by hand.
 
 The batch holds two groups of k = 3 consecutive rows, so a wrong grouping (rows interleaved,
 groups of 2) gives other numbers; the masks have different lengths, left offsets and one empty
@@ -279,18 +279,23 @@ def test_estimator_kind_helpers():
             helper("ppo")  # type: ignore[arg-type]
 
 
-# --- the k3 KL loss (GRPO's "KL in the loss") -------------------------------------------------
+# --- the KL loss (GRPO's "KL in the loss"; its gradients on a tabular policy: test_kl_loss_gradient.py) ---
 
 # logprobs - ref = 0.5, -1.0, 0.0 on the valid slots; slot 3 is padding holding garbage.
 KL_LOGPROBS = torch.tensor([[-1.0, -2.0, -0.5, 9.0]])
 KL_REF = torch.tensor([[-1.5, -1.0, -0.5, 0.0]])
 KL_MASK = torch.tensor([[T, T, T, F]])
+# logprobs - old = ln 2, -ln 2, 0: the weights pi / pi_old are 2, 1/2, 1; padding's old is -inf.
+KL_OLD = KL_LOGPROBS - torch.tensor([[math.log(2.0), -math.log(2.0), 0.0, 0.0]])
+KL_OLD[0, 3] = -math.inf
 
 
 def test_kl_loss_k3_hand_worked():
     # r = ref - logprobs = -0.5, 1, 0; k3 = e^r - r - 1:
     #   e^-0.5 - (-0.5) - 1 = 0.60653066 - 0.5 = 0.10653066 ; e - 1 - 1 = 0.71828183 ; 0
     #   mean over 3 tokens = 0.82481249 / 3 = 0.27493750
+    assert_close(kl_loss(KL_LOGPROBS, KL_REF, KL_MASK, "k3"), torch.tensor(0.27493750))
+    # The default, k3_weighted, on-policy (no old logprobs): every weight is 1, the same value.
     assert_close(kl_loss(KL_LOGPROBS, KL_REF, KL_MASK), torch.tensor(0.27493750))
 
 
@@ -299,19 +304,37 @@ def test_kl_loss_k3_gradient_hand_worked():
     #   (1 - 0.60653066) / 3 = 0.13115645 ; (1 - 2.71828183) / 3 = -0.57276061 ; 0 ; padding 0
     logprobs = KL_LOGPROBS.clone().requires_grad_(True)
     ref = KL_REF.clone().requires_grad_(True)
-    kl_loss(logprobs, ref, KL_MASK).backward()
+    kl_loss(logprobs, ref, KL_MASK, "k3").backward()
     assert_close(logprobs.grad, torch.tensor([[0.13115645, -0.57276061, 0.0, 0.0]]))
     assert_close(ref.grad, torch.tensor([[-0.13115645, 0.57276061, 0.0, 0.0]]))
 
 
-def test_kl_loss_k1_kind():
-    # k1 = logprobs - ref: (0.5 - 1 + 0) / 3 = -1/6
-    assert_close(kl_loss(KL_LOGPROBS, KL_REF, KL_MASK, kind="k1"), torch.tensor(-1 / 6))
+def test_kl_loss_k3_weighted_hand_worked():
+    # w * k3 with w = 2, 1/2, 1 and k3 as above: 0.21306132 + 0.35914092 + 0 = 0.57220224, / 3 = 0.19073408.
+    assert_close(kl_loss(KL_LOGPROBS, KL_REF, KL_MASK, "k3_weighted", old_logprobs=KL_OLD), torch.tensor(0.19073408))
+    # d (w k3) / d logprobs = w k3 + w (1 - e^r) = w (logprobs - ref), / 3 tokens:
+    #   2 * 0.5 / 3 = 0.33333333 ; 0.5 * -1 / 3 = -0.16666667 ; 0 ; padding 0 (its -inf old stays out)
+    logprobs = KL_LOGPROBS.clone().requires_grad_(True)
+    kl_loss(logprobs, KL_REF, KL_MASK, "k3_weighted", old_logprobs=KL_OLD).backward()
+    assert_close(logprobs.grad, torch.tensor([[1 / 3, -1 / 6, 0.0, 0.0]]))
 
 
-def test_kl_loss_gradcheck():
+def test_kl_loss_k2_hand_worked():
+    # k2 = (logprobs - ref)^2 / 2 = 0.125, 0.5, 0: mean 0.625 / 3 = 0.20833333; it reads no old logprobs.
+    assert_close(kl_loss(KL_LOGPROBS, KL_REF, KL_MASK, "k2", old_logprobs=KL_OLD), torch.tensor(0.625 / 3))
+
+
+def test_kl_loss_refuses_an_estimator_whose_gradient_is_no_kls():
+    # k1's gradient is grad log pi, 0 in expectation: no pull toward the reference at all.
+    with pytest.raises(ValueError, match="'k1'.*k3_weighted, k2, k3"):
+        kl_loss(KL_LOGPROBS, KL_REF, KL_MASK, kind="k1")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("kind", ["k3_weighted", "k2", "k3"])
+def test_kl_loss_gradcheck(kind):
     torch.manual_seed(0)
     logprobs = (-torch.rand(3, 5, dtype=torch.float64) * 3).requires_grad_(True)
     ref = (-torch.rand(3, 5, dtype=torch.float64) * 3).requires_grad_(True)
+    old = -torch.rand(3, 5, dtype=torch.float64) * 3
     mask = torch.tensor([[T, T, T, F, F], [F, T, T, T, T], [F, F, T, F, F]])
-    assert torch.autograd.gradcheck(lambda a, b: kl_loss(a, b, mask), (logprobs, ref))
+    assert torch.autograd.gradcheck(lambda a, b: kl_loss(a, b, mask, kind, old_logprobs=old), (logprobs, ref))

@@ -109,6 +109,8 @@ QUOTED: list[Quoted] = [
     ),
     Quoted(PPO_CONFIG_DOC, "(Ziegler et al. 2019; the InstructGPT recipe's default)", KLConfig, "kind", "adaptive"),
     Quoted(PPO_CONFIG_DOC, "per token in the reward (InstructGPT, the default)", KLConfig, "mode", "reward"),
+    Quoted(PPO_CONFIG_DOC, "``k3_weighted`` (the default), k3 times", KLConfig, "loss_estimator", "k3_weighted"),
+    Quoted("docs/ppo.md", "`k3_weighted` (the default)", KLConfig, "loss_estimator", "k3_weighted"),
     Quoted(
         PPO_CONFIG_DOC,
         "default: the learned reward model with weight 1",
@@ -277,7 +279,13 @@ QUOTED: list[Quoted] = [
         "gamma",
         1.0,
     ),
-    Quoted("docs/CONTRACTS.md", '`kl_loss(logprobs, ref_logprobs, mask, kind="k3")`', kl_loss, "kind", "k3"),
+    Quoted(
+        "docs/CONTRACTS.md",
+        '`kl_loss(logprobs, ref_logprobs, mask, kind="k3_weighted", old_logprobs=None)`',
+        kl_loss,
+        "kind",
+        "k3_weighted",
+    ),
     Quoted(
         "docs/CONTRACTS.md",
         "`regex_format(pattern, matched=1, unmatched=0, whole_response=False)`",

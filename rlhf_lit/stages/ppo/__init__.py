@@ -22,7 +22,10 @@ k" is the k-th item of the blog's list):
 
 - Reward = RM score at the last response token (EOS included) plus ``-beta * KL`` per token
   (Ziegler et al. 2019; Ouyang et al. 2022; N detail 10). RM and critic read query + response (N detail 1).
-  With ``kl.mode: loss`` the KL is a loss term instead (GRPO, Shao et al. 2024: k3, token mean).
+  With ``kl.mode: loss`` the KL is a loss term instead (GRPO, Shao et al. 2024; token mean), by
+  default k3 times the ratio pi / pi_old, whose gradient is the reverse KL's on every minibatch
+  (Tang and Munos 2025, "On a few pitfalls in KL divergence gradient estimation for RL"); GRPO's
+  plain k3 (``kl.loss_estimator: k3``) differentiates to the forward KL's gradient.
 - Stop at EOS; tokens after the first EOS are set to pad and masked (N+ / N detail 3). "EOS" is every
   stop id of the policy (:func:`~rlhf_lit.models.generation.stop_token_ids`: the tokenizer's and
   the ``generation_config`` list chat models carry), for sampling, masks, the RM score position

@@ -6,7 +6,7 @@ its own values; settings that cannot work together raise here, nothing is rewrit
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal, get_args
 
 import torch
@@ -17,6 +17,7 @@ from rlhf_lit.functional import (
     Aggregate,
     CalibrationTransform,
     KLKind,
+    KLLossKind,
     PolicyLossKind,
     Reducer,
     ScoreWhitening,
@@ -367,17 +368,25 @@ class KLConfig:
         init_coef: the KL coefficient beta at the start (N detail 11: 0.15; N+ fixed 0.05).
         target: KL per response (nats, summed over tokens) the adaptive controller aims for.
         horizon: samples over which the adaptive controller corrects a full error.
-        estimator: per-token KL estimator (k1 = logprob - ref_logprob, the InstructGPT penalty).
-            The adaptive controller compares the summed estimate with ``target``, a KL in nats,
-            so it accepts only the estimators whose expectation is that KL (``k1``, ``k3``);
-            ``k2`` (half the squared log-ratio) and ``abs`` are penalties in other units and
-            need ``kind: fixed``.
+        estimator: per-token KL estimator (k1 = logprob - ref_logprob, the InstructGPT penalty) of
+            the KL measured at rollout time: paid in the reward with ``mode: reward``, logged as
+            ``objective/kl`` and read by the adaptive controller in both modes. The adaptive
+            controller compares the summed estimate with ``target``, a KL in nats, so it accepts
+            only the estimators whose expectation is that KL (``k1``, ``k3``); ``k2`` (half the
+            squared log-ratio) and ``abs`` are penalties in other units and need ``kind: fixed``
+            and ``mode: reward`` (with ``mode: loss`` the estimate is only measured, as a KL).
         mode: where the KL is paid. ``reward``: ``-beta * KL`` per token in the reward
             (InstructGPT, the default). ``loss``: no penalty in the reward; ``+ beta * KL`` as a
-            loss term, the token mean of ``estimator`` under the current policy
-            (:func:`~rlhf_lit.functional.kl_loss`; GRPO uses ``k3``, beta 0.04). The estimator
-            must then be ``k3`` or ``k2``, whose gradients are the KL's (``k1``'s is not). The
-            adaptive controller updates from the KL measured at rollout time in both modes.
+            loss term, the token mean of ``loss_estimator`` over the minibatch
+            (:func:`~rlhf_lit.functional.kl_loss`; GRPO: beta 0.04). The adaptive controller
+            updates from the KL measured at rollout time (``estimator``) in both modes.
+        loss_estimator: what ``mode: loss`` differentiates
+            (:data:`~rlhf_lit.functional.kl.KLLossKind`): ``k3_weighted`` (the default), k3 times
+            the ratio pi / pi_old, whose gradient is that of KL(policy || reference) on the first
+            minibatch and on those after an optimizer step alike; ``k2``, the same gradient on
+            the first minibatch only (on-policy); ``k3``, GRPO's, whose gradient is a biased
+            first-order stand-in (that of the forward KL(reference || policy)). Logged as
+            ``loss/kl``. Only ``mode: loss`` reads it.
     """
 
     kind: Literal["fixed", "adaptive"] = "adaptive"
@@ -386,19 +395,29 @@ class KLConfig:
     horizon: int = 10000
     estimator: KLKind = "k1"
     mode: Literal["reward", "loss"] = "reward"
+    loss_estimator: KLLossKind = "k3_weighted"
 
     def __post_init__(self) -> None:
         if self.mode not in ("reward", "loss"):
             raise ValueError(f"kl.mode must be reward or loss, got {self.mode!r}")
-        if self.mode == "loss" and self.estimator not in ("k2", "k3"):
-            raise ValueError(
-                f"kl.mode='loss' differentiates the KL estimate; kl.estimator={self.estimator!r} has a gradient "
-                "that is not the KL's: use k3 (GRPO) or k2"
-            )
         if self.kind not in ("fixed", "adaptive"):
             raise ValueError(f"kl.kind must be fixed or adaptive, got {self.kind!r}")
         if self.estimator not in ("k1", "k2", "k3", "abs"):
             raise ValueError(f"kl.estimator must be k1, k2, k3 or abs; got {self.estimator!r}")
+        check_choice("kl.loss_estimator", self.loss_estimator, get_args(KLLossKind))
+        if self.mode == "loss" and self.estimator not in KL_IN_NATS:
+            # What is only measured must be a KL: objective/kl and the controller read it as one.
+            raise ValueError(
+                f"kl.mode='loss' measures the KL with kl.estimator (objective/kl, the adaptive controller), so it "
+                f"must be one of {', '.join(KL_IN_NATS)}, got {self.estimator!r}; the loss term's estimator is "
+                f"kl.loss_estimator ({', '.join(get_args(KLLossKind))})"
+            )
+        default = next(f.default for f in fields(self) if f.name == "loss_estimator")
+        if self.mode == "reward" and self.loss_estimator != default:
+            raise ValueError(
+                f"kl.loss_estimator={self.loss_estimator!r} applies to kl.mode='loss'; kl.mode is 'reward', which pays "
+                "kl.estimator in the reward"
+            )
         check_least("kl.init_coef", self.init_coef, 0)
         if self.kind == "adaptive" and self.estimator not in KL_IN_NATS:
             raise ValueError(

@@ -56,7 +56,7 @@ def ppo_loss(
         values: ``(B, R)`` the critic's values now; None without a critic (no value loss).
         ppo: the policy loss, clip ranges and coefficients.
         temperature: the sampling temperature the logits are divided by.
-        kl: where the KL is paid and its estimator.
+        kl: where the KL is paid and, with ``kl.mode: loss``, the estimator differentiated.
         kl_coef: beta of this rollout (the controller updates after the update).
 
     Returns:
@@ -85,7 +85,8 @@ def ppo_loss(
     }
     old_logprob_diff = masked_mean((logprobs.detach() - mb.old_logprobs).abs(), mask)  # ()
     if kl.mode == "loss":
-        kl_term = kl_loss(logprobs, mb.ref_logprobs, mask, kl.estimator)  # ()
+        # The rollout's old logprobs are the sampling policy's: k3_weighted's weight pi / pi_old.
+        kl_term = kl_loss(logprobs, mb.ref_logprobs, mask, kl.loss_estimator, old_logprobs=mb.old_logprobs)  # ()
         loss = loss + kl_coef * kl_term  # ()
         stats["loss/kl"] = kl_term.detach()
     return loss, LossStats(stats, old_logprob_diff)
