@@ -14,7 +14,8 @@ Subcommands (``python -m demo --help``; the pipeline and the studies: ``pipeline
 ``rm-study``, ``guard``, ``diversity``):
 
 - ``split``: write the disjoint paragraph ranges below as ``sft.txt``, ``reward_model.txt``, ``ppo.txt``,
-  ``eval.txt`` (input for the data modules' ``paragraphs`` format);
+  ``eval.txt`` (input for the data modules' ``paragraphs`` format; ``sft.txt`` without the paragraphs of at
+  most 8 words, which that format skips, so SFT's ``val_fraction`` split draws over its examples);
 - ``preferences``: sample K completions per prompt and write a preference JSONL (format ``fields``);
 - ``evaluate``: judge score, KL to the reference, distinct-n and length on held-out prompts;
 - ``report``: PNG plots from a PPO TensorBoard run and a markdown summary.

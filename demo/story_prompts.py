@@ -5,6 +5,9 @@ from __future__ import annotations
 import os
 import re
 
+from rlhf_lit.data.adapters import AdapterOptions, Fields, adapt
+from rlhf_lit.data.records import Row
+
 RANGES: dict[str, tuple[int, int]] = {
     "sft": (0, 1000),
     "reward_model": (1000, 1500),
@@ -12,6 +15,10 @@ RANGES: dict[str, tuple[int, int]] = {
     "eval": (3000, 256),
 }
 """``stage -> (start, count)``: the demo's disjoint paragraph ranges (see the package docstring)."""
+READ_AS_EXAMPLES: dict[str, int] = {"sft": 8}
+"""``stage -> prompt_words`` of the stages whose file a data module reads as ``paragraphs`` and splits by
+``val_fraction`` (configs/demo/sft.yaml): their file holds only the paragraphs that format reads (more than
+``prompt_words`` words), so the split, drawn by record position, draws over exactly the examples the stage has."""
 
 _WORD = re.compile(r"\S+")
 
@@ -63,8 +70,23 @@ def load_prompts(path: str, start: int, count: int, num_words: int) -> tuple[lis
     return indices, [opening_words(paragraphs[i], num_words) for i in indices]
 
 
-def write_splits(path: str, out_dir: str, ranges: dict[str, tuple[int, int]] = RANGES) -> dict[str, str]:
-    """Write each range of paragraphs to ``out_dir/<stage>.txt`` (blank-line separated).
+def read_as_examples(paragraphs: list[str], prompt_words: int) -> list[str]:
+    """The ``paragraphs`` the data modules' ``paragraphs`` format reads as examples with ``prompt_words``
+    (:func:`rlhf_lit.data.adapters.adapt` decides; the format skips the others), in order."""
+    rows = [Row(f"paragraph {i}", {"text": p}) for i, p in enumerate(paragraphs)]
+    options = AdapterOptions(Fields(), prompt_words)
+    return [paragraphs[i] for i in adapt(rows, format="paragraphs", kind="sft", options=options).positions]
+
+
+def write_splits(
+    path: str,
+    out_dir: str,
+    ranges: dict[str, tuple[int, int]] = RANGES,
+    read_as_examples_by: dict[str, int] = READ_AS_EXAMPLES,
+) -> dict[str, str]:
+    """Write each range of paragraphs to ``out_dir/<stage>.txt`` (blank-line separated); a stage of
+    ``read_as_examples_by`` (``stage -> prompt_words``) gets only the paragraphs its data module reads
+    (:func:`read_as_examples`).
 
     Returns ``stage -> written path``. Ranges must not overlap.
     """
@@ -78,6 +100,9 @@ def write_splits(path: str, out_dir: str, ranges: dict[str, tuple[int, int]] = R
     for stage, (start, count) in ranges.items():
         check_range(start, count, len(paragraphs), path)
         written[stage] = os.path.join(out_dir, f"{stage}.txt")
+        kept = paragraphs[start : start + count]
+        if stage in read_as_examples_by:
+            kept = read_as_examples(kept, read_as_examples_by[stage])
         with open(written[stage], "w", encoding="utf-8") as f:
-            f.write("\n\n".join(paragraphs[start : start + count]) + "\n")
+            f.write("\n\n".join(kept) + "\n")
     return written

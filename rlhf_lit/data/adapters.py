@@ -62,7 +62,7 @@ import logging
 import re
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from rlhf_lit.data.conversation import a_role, get_conversation, require_prompt_end
@@ -225,6 +225,9 @@ class Adapted:
     examples: list[Example]
     skipped: Counter[str]
     invalid: int = 0
+    positions: list[int] = field(default_factory=list)
+    """Each example's record: its position among the rows adapted (0-based, the rows left out counted), so
+    that a split by record position holds out the same records whatever a format leaves out."""
 
 
 def adapt(
@@ -244,7 +247,7 @@ def adapt(
     adapter = ADAPTERS[format][0]
     out = Adapted([], Counter())
     first_invalid = ""
-    for row in rows:
+    for position, row in enumerate(rows):
         try:
             example = adapter(row, kind, options)
             if options.extra_fields:
@@ -253,6 +256,7 @@ def adapt(
                     raise InvalidRecord(f"{row.where}: missing extra field(s) {missing} (extra_fields)")
                 example = replace(example, extras={name: row.data[name] for name in options.extra_fields})
             out.examples.append(example)
+            out.positions.append(position)
         except Skip as s:
             out.skipped[str(s)] += 1
         except InvalidRecord as e:

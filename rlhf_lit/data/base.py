@@ -27,7 +27,7 @@ from rlhf_lit.data.collate import require_pad_id
 from rlhf_lit.data.conversation import is_conversation
 from rlhf_lit.data.demonstrations import encode_demonstrations, refused_conversation, template_errors
 from rlhf_lit.data.encoding import TextEncoder, require_tokenizer
-from rlhf_lit.data.reading import check_val_split, read_examples, validation_source
+from rlhf_lit.data.reading import SourceExamples, check_val_split, read_examples, validation_source
 from rlhf_lit.data.rendering import (
     TemplateRendering,
     hh_rendering_line,
@@ -206,13 +206,13 @@ class TextDataModule(L.LightningDataModule):
     # ---------------------------------------------------------------------------------- setup
     def _examples(
         self, source: str, *, format: str, kind: Kind, max_records: int | None, split: str | None = None
-    ) -> tuple[list[Example], str]:
+    ) -> SourceExamples:
         """The ``kind`` examples of ``source`` read in ``format`` (at most ``max_records`` records; the hub
-        ``split``, default the module's), and that format (``auto`` resolved on the source), read by
-        :func:`~rlhf_lit.data.reading.read_examples` with the module's settings; the train and validation
+        ``split``, default the module's), that format (``auto`` resolved on the source) and each example's record,
+        read by :func:`~rlhf_lit.data.reading.read_examples` with the module's settings; the train and validation
         sources pass the module's own format, a second source (reference or ptx set) its own."""
         assert self._hh is not None  # resolved before any source is read (read_splits)
-        examples, format = read_examples(
+        read = read_examples(
             source,
             format=format,
             kind=kind,
@@ -225,9 +225,9 @@ class TextDataModule(L.LightningDataModule):
             extra_fields=tuple(getattr(self, "extra_fields", ())),
             hh_conversations=self._hh.chat,
         )
-        if format == "hh_rlhf":
+        if read.format == "hh_rlhf":
             self._note_hh(source, self._hh)
-        return examples, format
+        return read
 
     def _note_hh(self, source: str, rendering: TemplateRendering) -> None:
         """Log how HH transcripts are rendered, once per setup (the first HH source names it); record
@@ -272,20 +272,28 @@ class TextDataModule(L.LightningDataModule):
         """``(train, val, format)``: the training and validation examples as ``setup`` reads them, before any
         encoding, HH transcripts read as ``hh`` (``hh_render`` resolved for the tokenizer) says; and the format
         the training source was read in. The validation examples come from ``val_path`` / ``val_split``
-        (:func:`~rlhf_lit.data.reading.validation_source`, read in that format), else ``val_fraction`` of the
-        training examples (seeded by ``seed``), else none. Prompt sources read a config's split through this."""
+        (:func:`~rlhf_lit.data.reading.validation_source`, read in that format), else the examples of
+        ``val_fraction`` of the training records (seeded by ``seed``, drawn by record position:
+        :func:`~rlhf_lit.data.splits.split_by_fraction`), else none. Prompt sources read a config's split through
+        this."""
         self._hh, self._hh_noted = hh, False
-        train, format = self._examples(
-            self.train_path, format=self.format, kind=self.kind, max_records=self.max_records
-        )
+        read = self._examples(self.train_path, format=self.format, kind=self.kind, max_records=self.max_records)
+        train, format = read.examples, read.format
         self._record_format("format", format)
         val: list[Example] = []
         held_out = validation_source(self.train_path, self.val_path, self.val_split, self.split)
         if held_out is not None:  # read in the format of the training data
             source, split = held_out
-            val, _ = self._examples(source, format=format, kind=self.kind, max_records=self.max_records, split=split)
+            val = self._examples(
+                source, format=format, kind=self.kind, max_records=self.max_records, split=split
+            ).examples
         elif self.val_fraction > 0:
-            train, val = split_by_fraction(train, self.val_fraction, self.seed)
+            # By the record's position in the source, the records the format leaves out counted: every data module
+            # reading this source with this val_fraction and seed holds out the same records (the prompts of a
+            # reward model's validation pairs are prompts PPO does not train on), whatever each format skips.
+            train, val = split_by_fraction(
+                train, self.val_fraction, self.seed, positions=read.positions, records=read.records
+            )
         return train, val, format
 
     def _encoder(self, source: str, format: str, examples: list[Example]) -> TextEncoder:
@@ -309,7 +317,7 @@ class TextDataModule(L.LightningDataModule):
         if path is None:
             return None
         format, max_records = getattr(self, f"{name}_format"), getattr(self, f"{name}_max_records")
-        examples, format = self._examples(path, format=format, kind="sft", max_records=max_records)
+        examples, format, _, _ = self._examples(path, format=format, kind="sft", max_records=max_records)
         self._record_format(f"{name}_format", format)
         return self._encode_split(
             self._encoder(path, format, examples),

@@ -30,9 +30,9 @@ from __future__ import annotations
 import inspect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
-from typing import Any, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
-from rlhf_lit.data.adapters import AUTO, Fields, formats_for
+from rlhf_lit.data.adapters import AUTO, Example, Fields, formats_for
 from rlhf_lit.data.conversation import TextOrConversation
 from rlhf_lit.data.reading import read_examples
 from rlhf_lit.data.record_parts import get_prompt
@@ -40,6 +40,9 @@ from rlhf_lit.data.records import Row, is_text_file
 from rlhf_lit.data.rendering import TemplateOption, TemplateRendering, resolve_template, said, template_choice
 from rlhf_lit.option_values import check_choice, check_least
 from rlhf_lit.run_seed import CLI_DEFAULT_SEED, UNSEEDED_DEFAULT
+
+if TYPE_CHECKING:  # imported when called: the data modules import Lightning, which a path source never needs
+    from rlhf_lit.data.base import TextDataModule
 
 FILE_READINGS = ("lines", "jsonl")
 """The formats of a prompt source that say how a file is read (:data:`rlhf_lit.data.records.FileReading`)."""
@@ -171,14 +174,28 @@ def read_prompt_source(
     :func:`~rlhf_lit.data.rendering.resolve_template` takes it), which decides how a path's HH transcripts read.
     """
     source = as_source(source)
+    examples, format = read_prompt_examples(source, tokenizer, chat_template, training=training)
+    return PromptSet([example.prompt for example in examples], format, source.name)
+
+
+def read_prompt_examples(
+    source: PromptSource | str | Mapping[str, Any],
+    tokenizer: Any = None,
+    chat_template: TemplateOption = "auto",
+    *,
+    training: bool | None = None,
+) -> tuple[list[Example], str]:
+    """The examples :func:`read_prompt_source` takes its prompts from (cut by ``skip`` and ``max_prompts``, each
+    naming its record in ``where``) and the format they were read in."""
+    source = as_source(source)
     if source.config is not None:
-        prompts, format = _config_prompts(source, tokenizer)
+        examples, format = _config_examples(source, tokenizer)
     else:
-        prompts, format = _path_prompts(source, hh_reading(chat_template, tokenizer, "chat_template", training))
-    kept = prompts[source.skip :][: source.max_prompts]
+        examples, format = _path_examples(source, hh_reading(chat_template, tokenizer, "chat_template", training))
+    kept = examples[source.skip :][: source.max_prompts]
     if not kept:
-        raise ValueError(f"{source.name}: no prompts left after skip {source.skip} (it holds {len(prompts)})")
-    return PromptSet(kept, format, source.name)
+        raise ValueError(f"{source.name}: no prompts left after skip {source.skip} (it holds {len(examples)})")
+    return kept, format
 
 
 def as_prompt_set(
@@ -193,8 +210,8 @@ def as_prompt_set(
     return PromptSet(given_prompts(prompts, where), None, where)
 
 
-def _path_prompts(source: PromptSource, hh: TemplateRendering) -> tuple[list[TextOrConversation], str]:
-    """The prompts of a file or hub dataset, by the reader of the data modules."""
+def _path_examples(source: PromptSource, hh: TemplateRendering) -> tuple[list[Example], str]:
+    """The prompt examples of a file or hub dataset, by the reader of the data modules."""
     from rlhf_lit.data.prompts import PromptDataModule
 
     path, format = str(source.path), source.format
@@ -207,7 +224,7 @@ def _path_prompts(source: PromptSource, hh: TemplateRendering) -> tuple[list[Tex
     if format == AUTO and source.field is not None:
         format = "fields"  # the named column holds the prompt, whatever other columns the records have
     words = inspect.signature(PromptDataModule).parameters["prompt_words"].default  # paragraphs: as PPO's data
-    examples, format = read_examples(
+    examples, format, _, _ = read_examples(
         path,
         format=format,
         kind="prompt",
@@ -218,16 +235,34 @@ def _path_prompts(source: PromptSource, hh: TemplateRendering) -> tuple[list[Tex
         hh_conversations=hh.chat,
         file_reading=reading,
     )
-    return [example.prompt for example in examples], format
+    return examples, format
 
 
-def _config_prompts(source: PromptSource, tokenizer: Any) -> tuple[list[TextOrConversation], str]:
-    """The prompts of a fit config's data module's split, read by the data module itself."""
+def _config_examples(source: PromptSource, tokenizer: Any) -> tuple[list[Example], str]:
+    """The examples of a fit config's data module's split, read by the data module itself."""
+    config = str(source.config)
+    module = config_data_module(config, source.seed)
+    train, val, format = module.read_splits(hh_reading(module.hh_render, tokenizer, "hh_render"))
+    split = source.split or "val"
+    examples = val if split == "val" else train
+    if not examples:
+        raise ValueError(
+            f"{config}: its data module holds out no prompts (it sets no val_path, val_split or val_fraction); "
+            "take its train split, or hold some out"
+        )
+    return examples, format
+
+
+def config_data_module(config: str, seed: int | None = None) -> TextDataModule:
+    """The data module the fit config ``config`` builds (``data.class_path`` with its ``data.init_args``), without
+    a tokenizer: enough to read its splits (:meth:`~rlhf_lit.data.base.TextDataModule.read_splits`), not to set it
+    up. An unset ``seed`` of the module follows the run seed as in ``fit``: ``seed`` (what ``--seed_everything``
+    the fit was given), else the config's ``seed_everything``. A config without a data module of
+    :mod:`rlhf_lit.data`, or with options it refuses, is one ``ValueError`` naming the file."""
     from rlhf_lit.callable_specs import import_class
     from rlhf_lit.config_files import read_yaml_mapping
     from rlhf_lit.data.base import TextDataModule
 
-    config = str(source.config)
     values = read_yaml_mapping(config)
     data = values.get("data")
     class_path = data.get("class_path") if isinstance(data, dict) else None
@@ -239,20 +274,11 @@ def _config_prompts(source: PromptSource, tokenizer: Any) -> tuple[list[TextOrCo
     init_args = dict(data.get("init_args") or {})  # type: ignore[union-attr]
     init_args.pop("tokenizer", None)
     if init_args.get("seed") is None:  # as fit resolves it (rlhf_lit.run_seed), from this run's seed
-        init_args["seed"] = source.seed if source.seed is not None else _run_seed(values, config)
+        init_args["seed"] = seed if seed is not None else _run_seed(values, config)
     try:
-        module = module_class(**init_args)
+        return module_class(**init_args)
     except (TypeError, ValueError) as error:
         raise ValueError(f"{config}: data.init_args: {error}") from None
-    train, val, format = module.read_splits(hh_reading(module.hh_render, tokenizer, "hh_render"))
-    split = source.split or "val"
-    examples = val if split == "val" else train
-    if not examples:
-        raise ValueError(
-            f"{config}: its data module holds out no prompts (it sets no val_path, val_split or val_fraction); "
-            "take its train split, or hold some out"
-        )
-    return [example.prompt for example in examples], format
 
 
 def _run_seed(values: dict, config: str) -> int:

@@ -8,9 +8,24 @@ callbacks (:mod:`rlhf_lit.data.prompt_source`) both read through it.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from rlhf_lit.data.adapters import AUTO, AdapterOptions, Example, Fields, Kind, adapt, check_fields, check_format
 from rlhf_lit.data.detect import resolve_format
 from rlhf_lit.data.records import FileReading, is_local_source, is_text_file, read_rows
+
+
+class SourceExamples(NamedTuple):
+    """The examples of one source, the format they were read in, and which record each came from."""
+
+    examples: list[Example]
+    format: str
+    """The format the source was read in (``auto`` resolved)."""
+    records: int
+    """The records read (at most ``max_records``), those the format left out included."""
+    positions: list[int]
+    """Each example's record: its position among the ``records`` (0-based), what a seeded split draws by
+    (:func:`~rlhf_lit.data.splits.split_by_fraction`)."""
 
 
 def read_examples(
@@ -27,11 +42,12 @@ def read_examples(
     extra_fields: tuple[str, ...] = (),
     hh_conversations: bool = False,
     file_reading: FileReading = "by_name",
-) -> tuple[list[Example], str]:
+) -> SourceExamples:
     """The ``kind`` examples of ``source`` read in ``format`` (at most ``max_records`` records; a hub dataset's
-    ``split`` and ``subset``), and that format (``auto`` resolved on the source's first record; a plain-text
-    file read by its name is ``paragraphs``). ``hh_conversations``: HH transcripts read as conversations
-    (:mod:`rlhf_lit.data.hh`). A source with no usable example is one ``ValueError`` naming it."""
+    ``split`` and ``subset``), that format (``auto`` resolved on the source's first record; a plain-text
+    file read by its name is ``paragraphs``), the records read and each example's record (:class:`SourceExamples`).
+    ``hh_conversations``: HH transcripts read as conversations (:mod:`rlhf_lit.data.hh`). A source with no usable
+    example is one ``ValueError`` naming it."""
     text_file = file_reading == "by_name" and is_text_file(source)
     if text_file and format not in ("paragraphs", AUTO):
         raise ValueError(f"{source} is plain text, which only the 'paragraphs' format reads (format is {format!r})")
@@ -47,7 +63,7 @@ def read_examples(
     adapted = adapt(rows, format=format, kind=kind, options=options, skip_invalid=skip_invalid, source=source)
     if not adapted.examples:
         raise ValueError(f"{source}: no usable {kind} examples in {len(rows)} records")
-    return adapted.examples, format
+    return SourceExamples(adapted.examples, format, len(rows), adapted.positions)
 
 
 def check_val_split(train_path: str, val_path: str | None, val_split: str | None, val_fraction: float) -> None:

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import pytest
+import torch
+from assets_paths import CONFIGS
 
-from demo.story_prompts import RANGES, load_prompts, opening_words, read_paragraphs, write_splits
+from demo.story_prompts import RANGES, READ_AS_EXAMPLES, load_prompts, opening_words, read_paragraphs, write_splits
+from rlhf_lit.data.prompt_source import config_data_module, hh_reading
 
 
 @pytest.fixture
@@ -76,4 +79,29 @@ def test_split_command_writes_the_demo_ranges(tinystories, tmp_path, capsys):
     assert "eval: paragraphs [3000, 3256)" in capsys.readouterr().out
     every = read_paragraphs(tinystories)
     for stage, (start, count) in RANGES.items():
-        assert read_paragraphs(str(tmp_path / f"{stage}.txt")) == every[start : start + count]
+        expected = every[start : start + count]
+        if stage == "sft":  # without the paragraphs of at most 8 words, which SFT's paragraphs format skips
+            expected = [p for p in expected if len(p.split()) > 8]
+        assert read_paragraphs(str(tmp_path / f"{stage}.txt")) == expected
+
+
+def test_the_demo_sft_holds_out_the_examples_a_split_of_its_examples_draws(tinystories, tmp_path, monkeypatch):
+    """configs/demo/sft.yaml's val_fraction split is drawn by record position: sft.txt holds only the paragraphs
+    the stage reads, so it holds out the examples a seeded permutation of the examples themselves picks, the
+    held-out set docs/DEMO.md's SFT figures were measured with."""
+    start, count = RANGES["sft"]
+    paragraphs = read_paragraphs(tinystories)[start : start + count]
+    examples = [p for p in paragraphs if len(p.split()) > 8]  # paragraphs with prompt_words 8 reads these
+    assert len(examples) < len(paragraphs)  # the range holds paragraphs SFT skips: the file must leave them out
+    data = tmp_path / "logs" / "demo" / "data"
+    write_splits(tinystories, str(data), {"sft": RANGES["sft"]})
+    monkeypatch.chdir(tmp_path)  # the config names logs/demo/data/sft.txt relative to the working folder
+    module = config_data_module(str(CONFIGS / "demo" / "sft.yaml"))
+    assert module.prompt_words == READ_AS_EXAMPLES["sft"] == 8
+    train, val, _ = module.read_splits(hh_reading(module.hh_render, None, "hh_render"))
+    # the rule of a split over the examples: a permutation of them seeded with the config's seed 0, the first
+    # round(0.05 * n) held out
+    n_val = round(module.val_fraction * len(examples))
+    held = set(torch.randperm(len(examples), generator=torch.Generator().manual_seed(0))[:n_val].tolist())
+    assert [e.prompt + e.response for e in val] == [p for i, p in enumerate(examples) if i in held]
+    assert [e.prompt + e.response for e in train] == [p for i, p in enumerate(examples) if i not in held]
