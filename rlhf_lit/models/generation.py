@@ -24,7 +24,7 @@ import torch
 from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel, PreTrainedTokenizerBase
 
 from rlhf_lit.functional import attended_span, pad_ids, response_mask_from_eos
-from rlhf_lit.models.compiled_generation import compiled_generate_settings, counting_compiles
+from rlhf_lit.models.compiled_generation import compiled_generate_settings, counting_compiles, static_cache
 from rlhf_lit.models.precision import SamplingPrecision, sampling_precision
 from rlhf_lit.models.step_logprobs import StepLogprobs
 from rlhf_lit.option_values import check_least
@@ -61,7 +61,10 @@ class SamplingConfig:
             step op by op); ``compiled`` decodes with a static KV cache and a ``torch.compile``d
             step (:mod:`rlhf_lit.models.compiled_generation`; CUDA graphs on GPU): the same tokens
             under greedy decoding and the same logprobs within float32 rounding, after a one-off
-            compile per batch size and cache-length bucket (tens of seconds on CPU).
+            compile per batch size, cache-length bucket and precision (tens of seconds on CPU).
+            Under bf16 autocast (``trainer.precision`` / ``precision: bf16-mixed``) it samples too,
+            its logprobs float32 as ever, but bf16 rounds its steps otherwise than the eager ones,
+            so a seed's samples can differ from the eager path's.
     """
 
     max_new_tokens: int = 64
@@ -85,13 +88,30 @@ class SamplingConfig:
             raise ValueError(f"sampling.decode must be 'eager' or 'compiled', got {self.decode!r}")
 
 
-def decode_settings(sampling: SamplingConfig, model: PreTrainedModel, prompt_length: int) -> dict:
-    """The ``GenerationConfig`` fields that ``sampling.decode`` picks: none for ``eager`` (a
-    dynamic cache, transformers' default), the static cache and compile settings for ``compiled``
-    (:func:`~rlhf_lit.models.compiled_generation.compiled_generate_settings`)."""
+@dataclass(frozen=True)
+class DecodeSettings:
+    """What ``sampling.decode`` adds to one ``generate`` call (:func:`decode_settings`).
+
+    Attributes:
+        config: ``GenerationConfig`` fields.
+        inputs: keyword arguments of ``generate`` itself (the cache it fills, ``past_key_values``).
+    """
+
+    config: dict
+    inputs: dict
+
+
+def decode_settings(sampling: SamplingConfig, model: PreTrainedModel, prompt_length: int) -> DecodeSettings:
+    """What ``sampling.decode`` adds to a ``generate`` call of ``model`` on prompts of ``prompt_length``
+    columns: nothing for ``eager`` (a dynamic cache, transformers' default); for ``compiled`` the
+    ``CompileConfig`` (:func:`~rlhf_lit.models.compiled_generation.compiled_generate_settings`) and a
+    new static cache (:func:`~rlhf_lit.models.compiled_generation.static_cache`)."""
     if sampling.decode == "compiled":
-        return compiled_generate_settings(model, prompt_length, sampling.max_new_tokens)
-    return {}
+        return DecodeSettings(
+            compiled_generate_settings(model),
+            {"past_key_values": static_cache(model, prompt_length, sampling.max_new_tokens)},
+        )
+    return DecodeSettings({}, {})
 
 
 def stop_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> tuple[int, ...]:
@@ -228,6 +248,7 @@ def generate_responses(
     """
     # ignore_eos: no stop id at all, so every row runs to max_new_tokens with untouched logits.
     stops = None if sampling.ignore_eos else eos_token_id if isinstance(eos_token_id, int) else list(eos_token_id)
+    decode = decode_settings(sampling, policy, input_ids.shape[1])
     config = GenerationConfig(
         max_new_tokens=sampling.max_new_tokens,
         do_sample=sampling.do_sample,
@@ -237,7 +258,7 @@ def generate_responses(
         eos_token_id=stops,
         pad_token_id=pad_token_id,
         use_cache=True,
-        **decode_settings(sampling, policy, input_ids.shape[1]),
+        **decode.config,
     )
     recorder = StepLogprobs(sampling.temperature) if return_logprobs else None
     processors = LogitsProcessorList([] if recorder is None else [recorder])
@@ -264,6 +285,7 @@ def generate_responses(
                 generation_config=config,
                 synced_gpus=synced_gpus,
                 logits_processor=processors,
+                **decode.inputs,
             )  # (B, P + R)
     finally:
         policy.generation_config = model_defaults

@@ -5,8 +5,10 @@ A PPO fit (its policy stories260K cut to 2 of its 5 decoder layers, tests/confte
 (``compile/decode_graphs``, ``compile/decode_s``); its prompt loader keeps a smaller last batch
 (``drop_last: false``), which compiles a second graph (a batch is not padded up to the configured
 size: the padding rows would change the real rows' samples, tests/models/test_compiled_generation.py).
-Under fsdp / fsdp2 the option is refused in one line before any model is loaded or any process is
-started.
+Under ``--trainer.precision bf16-mixed`` the rollouts sample inside Lightning's autocast, and decode
+compiled as they do in float32 (the static cache stores what the eager cache stores,
+tests/models/test_compiled_autocast.py). Under fsdp / fsdp2 the option is refused in one line before
+any model is loaded or any process is started.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import csv
 import cli_forked
 import pytest
 from cli_helpers import STORIES, error_line, ppo_config, rlhf_lit, run_main, write_yaml
+
+from rlhf_lit.models.compiled_generation import compile_stats
 
 COMPILED = ("--model.init_args.sampling.decode", "compiled")
 
@@ -38,6 +42,23 @@ def test_ppo_fit_logs_the_decode_compile_cost_and_a_smaller_last_batch_compiles_
     seconds = [float(rows[i]["compile/decode_s"]) for i in (0, 1)]
     assert 0.0 < seconds[0] < seconds[1]  # each compiling call adds its wall time
     assert seconds[1] <= sum(float(rows[i]["time/generate_s"]) for i in (0, 1))  # part of the generate phases
+
+
+@pytest.mark.slow
+def test_ppo_fit_decodes_compiled_under_bf16_mixed_precision(tmp_path, stories_rm, two_layer_stories):
+    """One rollout of a fit with ``trainer.precision: bf16-mixed``: the rollout's ``generate`` runs
+    inside Lightning's bf16 autocast through the static cache and the compiled step."""
+    config = ppo_config(tmp_path, two_layer_stories, stories_rm, max_rollouts=1)
+    config["model"]["init_args"]["optimizer"].update(warmup_steps=0, schedule="constant")  # one rollout
+    config["trainer"]["precision"] = "bf16-mixed"
+    config["model"]["init_args"]["sampling"]["decode"] = "compiled"
+    write_yaml(tmp_path / "ppo.yaml", config)
+    before = compile_stats().graphs  # the process's totals: this process may have compiled before
+    result = run_main("fit", "--config", str(tmp_path / "ppo.yaml"), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (path,) = (tmp_path / "logs").rglob("metrics.csv")
+    (row,) = [r for r in csv.DictReader(path.open()) if r.get("objective/kl")]
+    assert float(row["compile/decode_graphs"]) == compile_stats().graphs == before + 1
 
 
 def test_compiled_decoding_under_fsdp2_is_refused_in_one_line_before_anything_is_built(tmp_path):

@@ -17,9 +17,10 @@ import pytest
 import torch
 from float32_bounds import entropy_bound, largest_logit, logprob_bound
 from generation_helpers import EOS, PAD, STORY_PROMPTS, eos_biased_policy, prompt_batch
+from transformers import StaticCache
 
-from rlhf_lit.models.compiled_generation import cache_length, compile_stats
-from rlhf_lit.models.generation import SamplingConfig, decode_settings, generate_responses
+from rlhf_lit.models.compiled_generation import cache_length, compile_stats, static_cache
+from rlhf_lit.models.generation import DecodeSettings, SamplingConfig, decode_settings, generate_responses
 from rlhf_lit.models.lora import LoRAConfig, adapter_disabled, with_lora
 from rlhf_lit.models.teacher_forced import response_logprobs
 
@@ -44,13 +45,30 @@ def test_cache_length_buckets_by_hand():
     assert cache_length(100, 29) == 256
 
 
-def test_decode_option_is_checked_and_eager_adds_no_settings(policy):
+def cache_lengths(cache) -> set[int]:
+    """The lengths of a static cache's layers (set before the prefill allocates their tensors)."""
+    return {layer.max_cache_len for layer in cache.layers}
+
+
+def test_decode_option_is_checked_and_eager_adds_no_settings(tokenizer):
+    policy = eos_biased_policy(tokenizer)  # this test's own: a model's static cache never shrinks
     with pytest.raises(ValueError, match="sampling.decode must be 'eager' or 'compiled'"):
         SamplingConfig(decode="fast")  # type: ignore[arg-type]
-    assert decode_settings(SamplingConfig(), policy, 13) == {}
+    assert decode_settings(SamplingConfig(), policy, 13) == DecodeSettings({}, {})
     compiled = decode_settings(SamplingConfig(max_new_tokens=R, decode="compiled"), policy, 13)
-    assert compiled["cache_implementation"] == "static" and compiled["max_cache_len"] == 64
-    assert compiled["compile_config"].mode == "default" and compiled["compile_config"].dynamic is False  # CPU
+    assert set(compiled.config) == {"compile_config"} and set(compiled.inputs) == {"past_key_values"}
+    assert compiled.config["compile_config"].mode == "default" and compiled.config["compile_config"].dynamic is False
+    assert isinstance(compiled.inputs["past_key_values"], StaticCache)  # generate's own checks look for one
+    assert cache_lengths(compiled.inputs["past_key_values"]) == {64}
+
+
+def test_a_models_static_cache_keeps_the_longest_length_it_was_given(tokenizer):
+    """So a shorter prompt after a longer one reuses the longer graph instead of compiling its own."""
+    policy, other = eos_biased_policy(tokenizer), eos_biased_policy(tokenizer)
+    assert cache_lengths(static_cache(policy, 13, R)) == {64}
+    assert cache_lengths(static_cache(policy, 100, R)) == {128}
+    assert cache_lengths(static_cache(policy, 13, R)) == {128}
+    assert cache_lengths(static_cache(other, 13, R)) == {64}  # per model
 
 
 def generate(policy, batch, decode, seed=3, **options):
