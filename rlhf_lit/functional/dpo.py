@@ -123,14 +123,22 @@ def dpo_loss(
         losses = sigmoid_dpo_loss(h, beta, label_smoothing)  # (B,)
     else:
         losses = ipo_loss(h, beta)  # (B,)
+    return losses.mean(), implicit_reward_stats(chosen_log_ratio, rejected_log_ratio, beta)
+
+
+def implicit_reward_stats(
+    chosen_log_ratio: torch.Tensor, rejected_log_ratio: torch.Tensor, beta: float
+) -> dict[str, torch.Tensor]:
+    """The statistics of :func:`dpo_loss` (detached ``()`` batch means, no host sync) from the per-pair log
+    ratios ``logps - ref_logps`` ``(B,)`` of the chosen and rejected responses: what every loss of the
+    family logs (BoNBoN's too, :func:`rlhf_lit.functional.bonbon.bonbon_loss`)."""
     with torch.no_grad():
         rewards_chosen = beta * chosen_log_ratio  # (B,)
         rewards_rejected = beta * rejected_log_ratio  # (B,)
-        stats = {
+        return {
             "rewards_chosen": rewards_chosen.mean(),  # ()
             "rewards_rejected": rewards_rejected.mean(),  # ()
-            "reward_accuracy": (rewards_chosen > rewards_rejected).to(h.dtype).mean(),  # ()
+            "reward_accuracy": (rewards_chosen > rewards_rejected).to(chosen_log_ratio.dtype).mean(),  # ()
             "reward_margin": (rewards_chosen - rewards_rejected).mean(),  # ()
             "implicit_kl": 0.5 * (chosen_log_ratio.mean() + rejected_log_ratio.mean()),  # ()
         }
-    return losses.mean(), stats
