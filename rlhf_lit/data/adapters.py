@@ -202,6 +202,14 @@ def check_format(format: str, kind: Kind) -> None:
         raise ValueError(f"format {format!r} has no {kind} examples; for {kind} data use one of {', '.join(supported)}")
 
 
+def check_extra_fields(extra_fields: list[str] | None) -> list[str]:
+    """A data module's ``extra_fields`` as a list; a repeated name refused, naming the option."""
+    names = list(extra_fields or [])
+    if len(set(names)) != len(names):
+        raise ValueError(f"extra_fields must not repeat a name, got {names}")
+    return names
+
+
 def check_fields(format: str, fields: Fields) -> None:
     """Refuse columns the format cannot use: a margin for rankings, ranks for anything else
     (``auto`` is checked once it has picked a format)."""

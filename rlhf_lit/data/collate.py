@@ -51,9 +51,10 @@ class SFTCollator(SequenceCollator):
 
 @dataclass(frozen=True)
 class PreferenceCollator:
-    """Items ``{"chosen_input_ids", "rejected_input_ids"[, "prompt_length"][, "margin"]}`` -> right
+    """Items ``{"chosen_input_ids", "rejected_input_ids"[, "prompt_length"][, "margin"][, "extras"]}`` -> right
     padded chosen and rejected ids and masks, all ``(B, T)`` with one common T, plus
-    ``prompt_length (B,)`` long and ``margin (B,)`` float when the items have them."""
+    ``prompt_length (B,)`` long and ``margin (B,)`` float when the items have them, and extra columns as
+    ``extras``, a dict of plain lists (``{name: [B values]}``, as :class:`PromptCollator`'s)."""
 
     pad_token_id: int
 
@@ -63,7 +64,7 @@ class PreferenceCollator:
         length = max(len(s) for s in chosen + rejected)
         c_ids, c_mask = pad(chosen, self.pad_token_id, "right", length)
         r_ids, r_mask = pad(rejected, self.pad_token_id, "right", length)
-        batch = {
+        batch: dict[str, Any] = {
             "chosen_input_ids": c_ids,
             "chosen_attention_mask": c_mask,
             "rejected_input_ids": r_ids,
@@ -73,6 +74,8 @@ class PreferenceCollator:
             batch["prompt_length"] = torch.tensor([x["prompt_length"] for x in items], dtype=torch.long)  # (B,)
         if "margin" in items[0]:
             batch["margin"] = torch.tensor([x["margin"] for x in items], dtype=torch.float)  # (B,)
+        if "extras" in items[0]:
+            batch["extras"] = {name: [x["extras"][name] for x in items] for name in items[0]["extras"]}
         return batch
 
 

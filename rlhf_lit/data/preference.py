@@ -11,11 +11,11 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
-from rlhf_lit.data.adapters import Example, Fields, PreferenceFormat, SFTFormat
+from rlhf_lit.data.adapters import Example, Fields, PreferenceFormat, SFTFormat, check_extra_fields
 from rlhf_lit.data.base import TextDataModule, check_lengths, check_sft_source
 from rlhf_lit.data.collate import PreferenceCollator, RankingCollator, SequenceCollator
 from rlhf_lit.data.encoding import TextEncoder, truncate_prompt, truncate_response
-from rlhf_lit.data.rendering import TemplateOption
+from rlhf_lit.data.rendering import TemplateOption, TemplateRendering
 
 log = logging.getLogger("rlhf_lit.data")
 
@@ -97,6 +97,10 @@ class PreferenceDataModule(TextDataModule):
             (detected from its first record as ``SFTDataModule`` detects it) or one of the registry
             :data:`rlhf_lit.data.adapters.ADAPTERS` that gives SFT examples (:mod:`rlhf_lit.data.adapters`).
         reference_max_records: read at most this many reference records (None: all).
+        extra_fields: columns of the pair records passed through unchanged to the batch as
+            ``batch["extras"][name]`` (a list per column, one value per pair; never tensors), as
+            ``PromptDataModule``'s, and kept with each record's location for a stage to check before
+            training (:meth:`extra_values`; BoNBoN's ``n``). Every record must have them; pairs only.
         apply_chat_template: deprecated alias of ``chat_template``, removed in 0.3.0: ``true`` is
             ``always``, ``false`` ``never`` (a warning says so; given with ``chat_template`` an error).
     """
@@ -127,11 +131,18 @@ class PreferenceDataModule(TextDataModule):
         reference_path: str | None = None,
         reference_format: SFTFormat = "auto",
         reference_max_records: int | None = None,
+        extra_fields: list[str] | None = None,
         apply_chat_template: bool | None = None,
     ):
         super().__init__()
         check_lengths(max_prompt_length, max_length)
         self._init_common(locals())
+        self.extra_fields = check_extra_fields(extra_fields)
+        if self.extra_fields and self.format == "rankings":
+            raise ValueError(f"extra_fields ({self.extra_fields}) are read for pairs only, not for format 'rankings'")
+        if not self.extra_fields:  # added later: recorded only when set, so older checkpoints resume
+            self.hparams.pop("extra_fields", None)
+        self._extra_rows: list[tuple[str, dict[str, Any]]] = []
         check_sft_source("reference", reference_path, reference_format, max_records=reference_max_records)
         self.reference_dataset: list[dict[str, Any]] | None = None
         if reference_path is None:
@@ -154,11 +165,27 @@ class PreferenceDataModule(TextDataModule):
             item: dict[str, Any] = {"chosen_input_ids": p + c, "rejected_input_ids": p + r, "prompt_length": len(p)}
             if e.margin is not None:
                 item["margin"] = e.margin
+            if self.extra_fields:
+                item["extras"] = e.extras
             items.append(item)
         self.truncated.update(
             {"chosen response": chosen_cut["response"], "rejected response": rejected_cut["response"]}
         )
         return items
+
+    def read_splits(self, hh: TemplateRendering) -> tuple[list[Example], list[Example], str]:
+        """The base class's reading, keeping each example's extra columns with its location (:meth:`extra_values`)."""
+        train, val, format = super().read_splits(hh)
+        self._extra_rows = [(e.where, e.extras) for e in (*train, *val)] if self.extra_fields else []
+        return train, val, format
+
+    def extra_values(self, name: str) -> list[tuple[str, Any]]:
+        """``(where, value)`` of the extra column ``name`` (one of ``extra_fields``) in every training and
+        validation record, ``where`` naming its file and line; after ``setup``. A stage checks its records
+        against its settings with it before training (stages never import this package)."""
+        if name not in self.extra_fields:
+            raise ValueError(f"{name!r} is not among extra_fields {self.extra_fields}: the records' {name} is not read")
+        return [(where, extras[name]) for where, extras in self._extra_rows]
 
     def _encode_rankings(self, encoder: TextEncoder, examples: list[Example]) -> list[dict[str, Any]]:
         """Ranking items ``{"input_ids": [one list per response], "rank", "prompt_length"}``: each

@@ -9,7 +9,7 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
-from rlhf_lit.data.adapters import Example, Fields, PromptFormat, SFTFormat
+from rlhf_lit.data.adapters import Example, Fields, PromptFormat, SFTFormat, check_extra_fields
 from rlhf_lit.data.base import TextDataModule, check_sft_source
 from rlhf_lit.data.collate import PromptCollator, SFTCollator
 from rlhf_lit.data.encoding import TextEncoder, require_tokenizer, truncate_prompt
@@ -144,9 +144,7 @@ class PromptDataModule(TextDataModule):
                 f"ptx examples need max_prompt_length < ptx_max_length, got max_prompt_length="
                 f"{max_prompt_length}, ptx_max_length={ptx_max_length}"
             )
-        self.extra_fields = list(extra_fields or [])
-        if len(set(self.extra_fields)) != len(self.extra_fields):
-            raise ValueError(f"extra_fields must not repeat a name, got {self.extra_fields}")
+        self.extra_fields = check_extra_fields(extra_fields)
         self.ptx_dataset: list[dict[str, Any]] | None = None
         if ptx_path is None:
             self._record_format("ptx_format", None)

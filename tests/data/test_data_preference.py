@@ -108,3 +108,43 @@ def test_hub_name_goes_through_datasets(stories_tok, monkeypatch):
     assert calls == [("Anthropic/hh-rlhf", None, "test")]
     assert dm.stats["train_records"] == 8
     assert next(iter(dm.train_dataloader()))["chosen_input_ids"].shape[0] == 8
+
+
+def test_extra_fields_reach_the_batch_and_are_kept_with_their_records(stories_tok, tmp_path):
+    rows = [dict(p, n=n, scored_by="vader") for p, n in zip(PAIRS, (8, 4))]
+    path = write_jsonl(tmp_path / "p.jsonl", rows)
+    dm = PreferenceDataModule(tokenizer=stories_tok, train_path=path, extra_fields=["n", "scored_by"], batch_size=2)
+    dm.setup()
+    assert dm.extra_values("n") == [(f"{path} line 1", 8), (f"{path} line 2", 4)]
+    assert dm.extra_values("scored_by") == [(f"{path} line 1", "vader"), (f"{path} line 2", "vader")]
+    batch = next(iter(dm.train_dataloader()))
+    assert sorted(batch["extras"]["n"]) == [4, 8] and batch["extras"]["scored_by"] == ["vader", "vader"]
+    assert dm.hparams["extra_fields"] == ["n", "scored_by"]
+    with pytest.raises(ValueError, match=r"'margin' is not among extra_fields \['n', 'scored_by'\]"):
+        dm.extra_values("margin")
+
+
+def test_extra_fields_unset_leave_batches_and_hparams_as_before(stories_tok, tmp_path):
+    dm = PreferenceDataModule(tokenizer=stories_tok, train_path=write_jsonl(tmp_path / "p.jsonl", PAIRS))
+    dm.setup()
+    assert "extras" not in next(iter(dm.train_dataloader()))
+    assert "extra_fields" not in dm.hparams  # a checkpoint written before the option resumes
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"extra_fields": ["n", "n"]}, r"extra_fields must not repeat a name, got \['n', 'n'\]"),
+        ({"extra_fields": ["n"], "format": "rankings"}, r"extra_fields \(\['n'\]\) are read for pairs only"),
+    ],
+)
+def test_bad_extra_fields_are_refused(stories_tok, tmp_path, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        PreferenceDataModule(tokenizer=stories_tok, train_path=str(tmp_path / "p.jsonl"), **kwargs)
+
+
+def test_a_record_without_an_extra_field_is_named(stories_tok, tmp_path):
+    path = write_jsonl(tmp_path / "p.jsonl", [dict(PAIRS[0], n=8), PAIRS[1]])
+    dm = PreferenceDataModule(tokenizer=stories_tok, train_path=path, extra_fields=["n"])
+    with pytest.raises(ValueError, match=r"p\.jsonl line 2: missing extra field\(s\) \['n'\] \(extra_fields\)"):
+        dm.setup()
