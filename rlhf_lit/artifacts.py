@@ -101,6 +101,22 @@ def json_file_state(path: str | os.PathLike, owner_prefix: str) -> FileState:
     return "owned" if str(written_by).startswith(owner_prefix) else "foreign"
 
 
+def jsonl_file_state(path: str | os.PathLike, owner_prefix: str) -> FileState:
+    """What the JSON Lines file at ``path`` is: ``owned`` when its first record's :data:`WRITTEN_BY_KEY` starts
+    with ``owner_prefix`` (rlhf-lit stamps every record of a JSONL file it writes). An empty file, or a first
+    line that cannot be read or parsed as a JSON object, is ``foreign``."""
+    if not os.path.lexists(path):
+        return "absent"
+    if os.path.isdir(path):
+        return "directory"
+    try:
+        with open(path, encoding="utf-8", newline="\n") as f:
+            written_by = json.loads(f.readline()).get(WRITTEN_BY_KEY, "")
+    except (OSError, ValueError, AttributeError):
+        written_by = ""
+    return "owned" if str(written_by).startswith(owner_prefix) else "foreign"
+
+
 # ------------------------------------------------------------------------------- directories
 def directory_state(path: str | os.PathLike, marker: str, *, follow_symlinks: bool = False) -> DirectoryState:
     """What the directory target ``path`` is, given the name of its owner's marker file.

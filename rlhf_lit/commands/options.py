@@ -17,10 +17,10 @@ import os
 from typing import get_args
 
 # WRITTEN_BY_KEY: the commands stamp their JSON with it; write_json: how each writes its result (atomically)
-from rlhf_lit.artifacts import WRITTEN_BY_KEY, json_file_state  # noqa: F401
+from rlhf_lit.artifacts import WRITTEN_BY_KEY, json_file_state, jsonl_file_state  # noqa: F401
 from rlhf_lit.artifacts import write_json_atomically as write_json  # noqa: F401
 from rlhf_lit.evaluation import samples
-from rlhf_lit.integrity import DamagedFile, check_json_file
+from rlhf_lit.integrity import DamagedFile, check_json_file, check_jsonl_file
 
 log = logging.getLogger(__name__)
 
@@ -312,29 +312,32 @@ def check_positive(**values: int | None) -> None:
         raise OptionError(str(error)) from None
 
 
-def check_out(path: str | None, overwrite: bool) -> None:
-    """Refuse an ``--out`` that would destroy a file (before any work): raises :class:`OptionError`.
+def check_out(path: str | None, overwrite: bool, option: str = "--out", lines: bool = False) -> None:
+    """Refuse an ``--out`` (or another output ``option``) that would destroy a file (before any work): raises
+    :class:`OptionError`.
 
     An existing file is replaced only with ``overwrite`` and only if an rlhf-lit command wrote it
-    (its JSON carries the ``written_by`` marker); a directory is never replaced.
+    (its JSON carries the ``written_by`` marker; with ``lines``, a JSON Lines file, its first record); a
+    directory is never replaced.
     """
-    state = "absent" if path is None else json_file_state(path, OWNER_PREFIX)
+    state_of, check = (jsonl_file_state, check_jsonl_file) if lines else (json_file_state, check_json_file)
+    state = "absent" if path is None else state_of(path, OWNER_PREFIX)
     if state == "absent":
         return
     if state == "directory":
-        raise OptionError(f"--out {path} is a directory; give a JSON file name")
+        raise OptionError(f"{option} {path} is a directory; give a {'JSON Lines' if lines else 'JSON'} file name")
     if not overwrite:
-        raise OptionError(f"--out {path} exists; pass --overwrite to replace it, or choose another file")
+        raise OptionError(f"{option} {path} exists; pass --overwrite to replace it, or choose another file")
     if state != "owned":
         try:
-            check_json_file(path)
+            check(path)
         except (DamagedFile, OSError) as damage:  # cut short, say, so its writer cannot be told: kept all the same
             raise OptionError(
-                f"--out {damage}, so it cannot be told as rlhf-lit's output; it is not replaced even "
+                f"{option} {damage}, so it cannot be told as rlhf-lit's output; it is not replaced even "
                 "with --overwrite: delete it or choose another file"
             ) from None
         raise OptionError(
-            f"--out {path} exists and was not written by rlhf-lit; it is not replaced even with --overwrite"
+            f"{option} {path} exists and was not written by rlhf-lit; it is not replaced even with --overwrite"
         )
 
 

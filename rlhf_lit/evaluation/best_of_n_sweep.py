@@ -1,8 +1,9 @@
-"""Best-of-N sampling by a reward model, swept over N, with its analytic KL (``rlhf-lit best-of-n``).
+"""Best-of-N sampling by a reward model (or a judge), swept over N, with its analytic KL (``rlhf-lit best-of-n``).
 
 M responses are sampled once per prompt (M = the largest N unless ``num_samples`` asks for more),
 scored by the reward model (and the judge), and every N of the sweep is evaluated on those same
-samples, so the sweep costs one sampling pass. The estimator ``subsets`` (the default) takes
+samples, so the sweep costs one sampling pass. The pick is by the reward model's score, or with
+``pick_by="judge"`` by the judge's (best-of-N by the gold score; a reward model is then optional). The estimator ``subsets`` (the default) takes
 the exact expectation over all N-subsets of the M samples (``P(sample i is the pick) =
 C(rank_i - 1, N - 1) / C(M, N)`` with rank 1 the lowest RM score); ``first_n`` picks the best of
 the first N samples (nested prefixes). Ties in the RM score go to the sample drawn first. See
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal, get_args
 
 import torch
 
@@ -25,6 +26,7 @@ from rlhf_lit.evaluation.frontier import standard_error
 from rlhf_lit.evaluation.judges import Judge, JudgeReads
 from rlhf_lit.evaluation.policy_metrics import evaluate_policy
 from rlhf_lit.functional.best_of_n import BestOfNEstimator, best_of_n_kl, best_of_n_weights
+from rlhf_lit.option_values import check_choice
 
 if TYPE_CHECKING:  # annotations only: importing this module loads no model code
     from rlhf_lit.data.prompt_source import Prompts
@@ -33,31 +35,40 @@ if TYPE_CHECKING:  # annotations only: importing this module loads no model code
     from rlhf_lit.models.precision import SamplingPrecision
     from rlhf_lit.models.scoring import UnfinishedScoring
 
+PickBy = Literal["reward_model", "judge"]
+"""Whose score picks the best of N: the reward model's (the default) or the judge's."""
+
 ROW_KEYS = ("n", "kl_analytic", "judge_mean", "judge_stderr", "rm_mean", "rm_stderr", "length_mean", "ended_fraction")
-"""The fields of one row of the sweep (``judge_*`` are None without a judge)."""
+"""The fields of one row of the sweep (``judge_*`` are None without a judge, ``rm_*`` without a reward model)."""
 
 
 def sweep(
-    rm_scores: torch.Tensor,
+    rm_scores: torch.Tensor | None,
     ns: Sequence[int],
     *,
     judge_scores: torch.Tensor | None = None,
     lengths: torch.Tensor | None = None,
     ended: torch.Tensor | None = None,
     estimator: BestOfNEstimator = "subsets",
+    pick_by: PickBy = "reward_model",
 ) -> list[dict]:
     """One row per N: the best-of-N pick's judge score, RM score, length, and the analytic KL.
 
     Args:
-        rm_scores: ``(P, M)`` reward scores, row p = the M samples of prompt p.
+        rm_scores: ``(P, M)`` reward scores, row p = the M samples of prompt p (None: no reward model).
         ns: the N values, each at most M.
         judge_scores, lengths, ended: ``(P, M)`` per-sample values averaged under the pick's weights.
         estimator: how the pick of N is evaluated on M samples
             (:func:`rlhf_lit.functional.best_of_n.best_of_n_weights`).
+        pick_by: whose scores pick (:data:`PickBy`): ``rm_scores`` or ``judge_scores``.
     """
+    check_choice("pick_by", pick_by, get_args(PickBy))
+    picking = rm_scores if pick_by == "reward_model" else judge_scores
+    if picking is None:
+        raise ValueError(f"best-of-N by the {pick_by.replace('_', ' ')} needs its scores")
     rows = []
     for n in ns:
-        weights = best_of_n_weights(rm_scores, n, estimator)  # (P, M)
+        weights = best_of_n_weights(picking, n, estimator)  # (P, M)
 
         def picked(values: torch.Tensor | None, weights=weights) -> tuple[float, float] | tuple[None, None]:
             if values is None:
@@ -72,7 +83,7 @@ def sweep(
 
 def best_of_n(
     policy: str,
-    reward_model: str,
+    reward_model: str | None,
     prompts: Prompts,
     ns: Sequence[int],
     *,
@@ -88,12 +99,14 @@ def best_of_n(
     device: str = "cpu",
     unfinished: UnfinishedScoring = "as_sampled",
     precision: SamplingPrecision = "32-true",
+    pick_by: PickBy = "reward_model",
 ) -> dict:
     """Sample ``num_samples`` (default ``max(ns)``) responses per prompt once and sweep best-of-N over ``ns``.
 
     Args:
         policy: the model to sample from.
-        reward_model: the reward model that picks the best response.
+        reward_model: the reward model that picks the best response (with ``pick_by="judge"``: optional, its
+            scores reported beside the judge's).
         prompts: prompt texts or conversations, a source or a set read for the policy's tokenizer (as
             :func:`rlhf_lit.evaluation.policy_metrics.evaluate_policy` takes them).
         ns: the N values of the sweep.
@@ -110,6 +123,7 @@ def best_of_n(
         unfinished: how the reward model reads a response without EOS (``as_sampled`` or ``with_eos``,
             :data:`~rlhf_lit.models.scoring.UnfinishedScoring`): use the PPO run's ``reward.unfinished``
             to pick with the reward PPO optimises.
+        pick_by: whose score picks the best (:data:`PickBy`): the reward model's, or the judge's.
 
     Returns:
         ``{"rows", "timing_s", "prompt_texts", "samples"}``: ``rows`` one dict per N (:data:`ROW_KEYS`),
@@ -117,6 +131,9 @@ def best_of_n(
         one per response with ``prompt_index``, ``sample_index``, ``response``, ``rm``, ``judge``,
         ``length``, ``ended``.
     """
+    check_choice("pick_by", pick_by, get_args(PickBy))
+    if (reward_model if pick_by == "reward_model" else judge) is None:
+        raise ValueError(f"best-of-N by the {pick_by.replace('_', ' ')} needs one (pick_by={pick_by!r})")
     ns = sorted(set(ns))
     m = num_samples or ns[-1]
     if ns[0] < 1 or ns[-1] > m:
@@ -145,10 +162,17 @@ def best_of_n(
         return torch.tensor([s[key] for s in samples], dtype=torch.float64).view(-1, m)  # (P, M)
 
     judge_scores = None if judge is None else grid("judge")
+    rm_scores = None if reward_model is None else grid("rm")
     rows = sweep(
-        grid("rm"), ns, judge_scores=judge_scores, lengths=grid("length"), ended=grid("ended"), estimator=estimator
+        rm_scores,
+        ns,
+        judge_scores=judge_scores,
+        lengths=grid("length"),
+        ended=grid("ended"),
+        estimator=estimator,
+        pick_by=pick_by,
     )
-    kept = ("response", "rm", "judge", "length", "ended")  # judge None without a judge
+    kept = ("response", "rm", "judge", "length", "ended")  # judge None without a judge, rm without a reward model
     return {
         "rows": rows,
         "timing_s": {
