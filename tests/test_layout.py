@@ -54,10 +54,10 @@ moved: the stages duck-type the data module; ``models`` and ``data`` know nothin
 docs/CONTRACTS.md lists the same. (The demo, outside the package, has its own rule:
 tests/demo/test_demo_imports.py.)"""
 
-SAME_CONCEPT_NAMES = frozenset({"__init__", "__main__", "base", "sft", "dpo"})
+SAME_CONCEPT_NAMES = frozenset({"__init__", "__main__", "base", "sft", "dpo", "bonbon"})
 """File names allowed in several packages because they hold one concept at different layers
 (e.g. ``data/sft.py`` the SFT data, ``stages/sft.py`` the SFT stage, ``functional/dpo.py`` the DPO
-loss)."""
+loss, and the BoNBoN loss and stage likewise)."""
 
 
 def _modules() -> list[Path]:

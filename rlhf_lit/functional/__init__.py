@@ -12,6 +12,7 @@ from rlhf_lit.functional.advantages import (
     reinforce_pp_advantages,
     rloo_advantages,
 )
+from rlhf_lit.functional.bonbon import bonbon_beta, bonbon_loss, bonbon_target, check_bonbon_n, check_bonbon_settings
 from rlhf_lit.functional.calibration import (
     CALIBRATION_TRANSFORMS,
     CalibrationTransform,
@@ -79,7 +80,12 @@ __all__ = [
     "averages_over_tokens",
     "batch_examples",
     "batch_sequences",
+    "bonbon_beta",
+    "bonbon_loss",
+    "bonbon_target",
     "calibrated_scores",
+    "check_bonbon_n",
+    "check_bonbon_settings",
     "check_dpo_settings",
     "clipped_value_loss",
     "concat_pairs",

@@ -136,7 +136,10 @@ def test_a_yaml_syntax_error_names_the_file_line_and_column(tmp_path):
     assert told.endswith("(while parsing a flow mapping that starts at line 3, column 15)")
 
 
-STAGES = "(choices: rlhf_lit.stages.DPOModule, rlhf_lit.stages.PPOModule, rlhf_lit.stages.RewardModelModule, rlhf_lit.stages.SFTModule)"
+STAGES = (
+    "(choices: rlhf_lit.stages.BoNBoNModule, rlhf_lit.stages.DPOModule, "
+    "rlhf_lit.stages.PPOModule, rlhf_lit.stages.RewardModelModule, rlhf_lit.stages.SFTModule)"
+)
 
 
 def test_a_class_that_does_not_exist_is_named_with_the_valid_choices(tmp_path):

@@ -246,6 +246,7 @@ def test_nearest_option(wrong, nearest):
 
 def test_class_choices_are_the_exported_concrete_subclasses_of_the_package_named():
     stages = [
+        "rlhf_lit.stages.BoNBoNModule",
         "rlhf_lit.stages.DPOModule",
         "rlhf_lit.stages.PPOModule",
         "rlhf_lit.stages.RewardModelModule",
@@ -354,8 +355,8 @@ def test_describe_says_where_what_and_the_nearest_choice():
     no_class = find_problem(NO_SUCH_CLASS)
     assert describe(no_class, Where(file="x.yaml", line=2, key="model.class_path")) == (
         "x.yaml, line 2: model.class_path: no class rlhf_lit.stages.PPOModul; did you mean rlhf_lit.stages.PPOModule? "
-        "(choices: rlhf_lit.stages.DPOModule, rlhf_lit.stages.PPOModule, rlhf_lit.stages.RewardModelModule, "
-        "rlhf_lit.stages.SFTModule)"
+        "(choices: rlhf_lit.stages.BoNBoNModule, rlhf_lit.stages.DPOModule, rlhf_lit.stages.PPOModule, "
+        "rlhf_lit.stages.RewardModelModule, rlhf_lit.stages.SFTModule)"
     )
 
 

@@ -30,7 +30,7 @@ from rlhf_lit.data import Fields, PreferenceDataModule, PromptDataModule, SFTDat
 from rlhf_lit.functional import grpo_advantages, kl_loss, reinforce_pp_advantages
 from rlhf_lit.models.lora import LoRAConfig
 from rlhf_lit.rewards.shaping import regex_format
-from rlhf_lit.stages import DPOModule, PPOModule, RewardModelModule, SFTModule
+from rlhf_lit.stages import BoNBoNModule, DPOModule, PPOModule, RewardModelModule, SFTModule
 from rlhf_lit.stages.ppo.config import KLConfig, PPOConfig, RewardConfig, RewardSource
 
 
@@ -46,7 +46,7 @@ class Quoted(NamedTuple):
 
 PPO_DOC = "rlhf_lit/stages/ppo/__init__.py"  # the package docstring: PPO's implementation details
 PPO_CONFIG_DOC = "rlhf_lit/stages/ppo/config.py"  # rendered in docs/api/stages.md
-STAGES = (SFTModule, RewardModelModule, PPOModule, DPOModule)
+STAGES = (SFTModule, RewardModelModule, PPOModule, DPOModule, BoNBoNModule)
 
 QUOTED: list[Quoted] = [
     # PPO: GAE, value loss, optimizer, critic (ppo.py's implementation details).
@@ -176,6 +176,18 @@ QUOTED: list[Quoted] = [
         "precompute_ref",
         False,
     ),
+    # BoNBoN: N from the records, beta from N, the SFT term's weight.
+    Quoted("docs/bonbon.md", "rlhf-lit's default is 0.005", BoNBoNModule, "alpha", 0.005),
+    Quoted(
+        "rlhf_lit/stages/bonbon.py",
+        "0.005 by default, the low end of the paper's experiments",
+        BoNBoNModule,
+        "alpha",
+        0.005,
+    ),
+    Quoted("docs/bonbon.md", "| `n` | `null` | N. Unset: the records' `n`", BoNBoNModule, "n", None),
+    Quoted("docs/bonbon.md", "| `beta` | `null` | IPO's coefficient; unset: `beta_N`", BoNBoNModule, "beta", None),
+    Quoted("docs/bonbon.md", "| `alpha` | `0.005` |", BoNBoNModule, "alpha", 0.005),
     # Every stage: skipped updates, pad policy.
     *(
         Quoted("docs/reliability.md", "`max_skipped_updates` in a row (default 3)", stage, "max_skipped_updates", 3)
