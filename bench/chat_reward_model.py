@@ -72,17 +72,26 @@ def label(model: str, prompts: Path, rankings: Path, k: int, seed: int, precisio
     subprocess.run(cmd, cwd=ROOT, check=True)
 
 
-def held_out_accuracy(export: Path, rankings: Path) -> tuple[float, float, int]:
-    """``(accuracy, standard error over requests, untied pairs)`` of ``export``'s scores on ``rankings``."""
+def scored_rankings(export: Path, rankings: Path) -> list[tuple[dict, list[float]]]:
+    """Each held-out ranking record of ``rankings`` with ``export``'s scores of its replies."""
     from rlhf_lit.evaluation.reward_judge import RewardModelScorer
 
     records = [json.loads(line) for line in rankings.read_text(encoding="utf-8").split("\n") if line.strip()]
     scorer = RewardModelScorer(str(export))
+    return [(record, scorer([record["prompt"]] * len(record["responses"]), record["responses"])) for record in records]
+
+
+def judged_pairs(record: dict) -> list[tuple[int, int]]:
+    """The untied pairs ``(better, worse)`` of a ranking record (its ``ranks``: lower is better, equal a tie)."""
+    ranks = record["ranks"]
+    return [(a, b) for a in range(len(ranks)) for b in range(len(ranks)) if ranks[a] < ranks[b]]
+
+
+def held_out_accuracy(scored: list[tuple[dict, list[float]]]) -> tuple[float, float, int]:
+    """``(accuracy, standard error over requests, untied pairs)`` of the scores on the rankings."""
     per_request = []  # (right, pairs) of each request
-    for record in records:
-        scores = scorer([record["prompt"]] * len(record["responses"]), record["responses"])
-        ranks = record["ranks"]  # lower is better; equal is a tie
-        pairs = [(a, b) for a in range(len(ranks)) for b in range(len(ranks)) if ranks[a] < ranks[b]]
+    for record, scores in scored:
+        pairs = judged_pairs(record)
         if pairs:
             per_request.append((sum(scores[a] > scores[b] for a, b in pairs), len(pairs)))
     right, total = sum(r for r, _ in per_request), sum(n for _, n in per_request)
@@ -91,6 +100,25 @@ def held_out_accuracy(export: Path, rankings: Path) -> tuple[float, float, int]:
     mean = sum(shares) / len(shares)
     se = math.sqrt(sum((s - mean) ** 2 for s in shares) / (len(shares) - 1) / len(shares))
     return accuracy, se, total
+
+
+MARGIN_EDGES = (0.1, 0.3, 0.6)
+"""The judge-margin buckets of :func:`accuracy_by_margin`: below 0.1, 0.1 to 0.3, 0.3 to 0.6, 0.6 and over."""
+
+
+def accuracy_by_margin(scored: list[tuple[dict, list[float]]]) -> dict[str, dict[str, float]]:
+    """Pair accuracy by the judge's margin between the two replies (the records' ``scores``), where the
+    reward model's errors sit: ``{bucket: {"pairs": n, "accuracy": a}}``, buckets by :data:`MARGIN_EDGES`."""
+    names = [f"<{MARGIN_EDGES[0]}"] + [f"{lo}-{hi}" for lo, hi in zip(MARGIN_EDGES, MARGIN_EDGES[1:])]
+    names.append(f">={MARGIN_EDGES[-1]}")
+    counts = {name: [0, 0] for name in names}  # right, pairs
+    for record, scores in scored:
+        judge = record["scores"]
+        for a, b in judged_pairs(record):
+            bucket = names[sum(judge[a] - judge[b] >= edge for edge in MARGIN_EDGES)]
+            counts[bucket][0] += scores[a] > scores[b]
+            counts[bucket][1] += 1
+    return {name: {"pairs": n, "accuracy": right / n if n else float("nan")} for name, (right, n) in counts.items()}
 
 
 def fit(model: str, name: str, options: list[str], out: Path, train: Path, val: Path) -> tuple[Path, float, float]:
@@ -138,10 +166,13 @@ def main(argv: list[str] | None = None) -> int:
     results = {}
     for name, options in args.variant:
         export, seconds, logged = fit(model, name, options, out, train, val)
-        accuracy, se, pairs = held_out_accuracy(export, val)
-        results[name] = {"options": options, "accuracy": accuracy, "se": se, "pairs": pairs}
+        scored = scored_rankings(export, val)
+        accuracy, se, pairs = held_out_accuracy(scored)
+        by_margin = accuracy_by_margin(scored)
+        results[name] = {"options": options, "accuracy": accuracy, "se": se, "pairs": pairs, "by_judge_margin": by_margin}
         results[name] |= {"logged_val_accuracy": logged, "fit_seconds": seconds}
         print(f"{name}: held-out pair accuracy {accuracy:.3f} +- {se:.3f} ({pairs} pairs); fit {seconds:.0f} s")
+        print("  by the judge's margin: " + ", ".join(f"{k} {v['accuracy']:.2f} ({v['pairs']})" for k, v in by_margin.items()))
     date = utc_date()
     path = new_result_path("chat-reward-model", date)
     result = {

@@ -38,11 +38,24 @@ def test_accuracy_is_over_untied_pairs_and_its_error_over_requests(tmp_path, mon
         {"prompt": [{"role": "user", "content": "q"}], "responses": ["x", "y", "z"], "ranks": [0, 1, 1]},
     ]
     rankings.write_text("".join(json.dumps(r) + "\n" for r in records))
-    accuracy, se, pairs = chat_reward_model.held_out_accuracy(tmp_path / "export", rankings)
+    scored = chat_reward_model.scored_rankings(tmp_path / "export", rankings)
+    accuracy, se, pairs = chat_reward_model.held_out_accuracy(scored)
     assert pairs == 5
     assert accuracy == pytest.approx(3 / 5)
     # per-request accuracies 1 and 0: mean 0.5, sample variance 0.5, over 2 requests
     assert se == pytest.approx(math.sqrt(0.5 / 2))
+
+
+def test_accuracy_by_margin_buckets_each_pair_by_the_judges_difference():
+    # the judge's scores in the record, the reward model's beside it; every pair worked by hand
+    record = {"ranks": [0, 1, 2, 3], "scores": [0.9, 0.85, 0.4, 0.0]}
+    rm = [2.0, 1.0, 3.0, -1.0]
+    by = chat_reward_model.accuracy_by_margin([(record, rm)])
+    # margins: (0,1) .05, (0,2) .5, (0,3) .9, (1,2) .45, (1,3) .85, (2,3) .4
+    assert by["<0.1"] == {"pairs": 1, "accuracy": 1.0}
+    assert by["0.1-0.3"]["pairs"] == 0
+    assert by["0.3-0.6"] == {"pairs": 3, "accuracy": pytest.approx(1 / 3)}  # (0,2) wrong, (1,2) wrong, (2,3) right
+    assert by[">=0.6"] == {"pairs": 2, "accuracy": 1.0}  # (0,3), (1,3)
 
 
 def test_a_variant_is_a_name_and_its_fit_options():
