@@ -48,9 +48,8 @@ class BoNBoNModule(PairPolicyStage):
         n: N, the samples per prompt the best and the worst were picked from (>= 2). None: the records' ``n``
             (the data module must read it: ``extra_fields: [n]``). Given, every record that has ``n`` must
             agree.
-        alpha: in [0, 1], the weight of the SFT term (``1 - alpha`` the IPO term's). 0.005 by default, the low
-            end of the paper's experiments: the IPO term carries the contrast, the SFT term keeps the best
-            sample's likelihood from falling with the worst's (docs/bonbon.md).
+        alpha: in [0, 1], the weight of the SFT term (``1 - alpha`` the IPO term's). 0.005 by default: the IPO term
+            carries the contrast, the SFT term keeps the best sample's likelihood from falling with the worst's (docs/bonbon.md).
         beta: IPO's coefficient (> 0); None derives it from N, ``1 / (2 (N - 1) H_(N-1))``
             (:func:`~rlhf_lit.functional.bonbon_beta`). Setting it departs from BoNBoN.
         optimizer: AdamW and learning-rate schedule; by default annealed linearly to 0 over the run.
