@@ -169,10 +169,19 @@ def main(argv: list[str] | None = None) -> int:
         scored = scored_rankings(export, val)
         accuracy, se, pairs = held_out_accuracy(scored)
         by_margin = accuracy_by_margin(scored)
-        results[name] = {"options": options, "accuracy": accuracy, "se": se, "pairs": pairs, "by_judge_margin": by_margin}
+        results[name] = {
+            "options": options,
+            "accuracy": accuracy,
+            "se": se,
+            "pairs": pairs,
+            "by_judge_margin": by_margin,
+        }
         results[name] |= {"logged_val_accuracy": logged, "fit_seconds": seconds}
         print(f"{name}: held-out pair accuracy {accuracy:.3f} +- {se:.3f} ({pairs} pairs); fit {seconds:.0f} s")
-        print("  by the judge's margin: " + ", ".join(f"{k} {v['accuracy']:.2f} ({v['pairs']})" for k, v in by_margin.items()))
+        print(
+            "  by the judge's margin: "
+            + ", ".join(f"{k} {v['accuracy']:.2f} ({v['pairs']})" for k, v in by_margin.items())
+        )
     date = utc_date()
     path = new_result_path("chat-reward-model", date)
     result = {
