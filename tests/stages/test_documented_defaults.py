@@ -180,7 +180,7 @@ QUOTED: list[Quoted] = [
     Quoted("docs/bonbon.md", "rlhf-lit's default is 0.005", BoNBoNModule, "alpha", 0.005),
     Quoted(
         "rlhf_lit/stages/bonbon.py",
-        "0.005 by default, the low end of the paper's experiments",
+        "0.005 by default: the IPO term",
         BoNBoNModule,
         "alpha",
         0.005,
