@@ -21,15 +21,14 @@ its generation prompt (:mod:`rlhf_lit.data.prompt_rendering`), kept as the recor
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import random
 import time
 from collections.abc import Sequence
 
 from demo.labeling import Labeler, Pairing, candidate_pairs, prefer_first, rank_samples
 from demo.story_prompts import RANGES, load_prompts
+from rlhf_lit.artifacts import write_jsonl_atomically
 from rlhf_lit.data.conversation import TextOrConversation, is_conversation
 from rlhf_lit.data.prompt_source import read_prompt_source
 from rlhf_lit.data.rankings import RANKS_FIELD, count_ranked_pairs, distinct_responses, ranking_record
@@ -228,11 +227,11 @@ def make_preferences(
         precision=precision,
     )
     records, ties, empty = label(samples, samples_per_prompt, labeler, pairing, temperature, random.Random(seed))
-    write_jsonl(out, records)
+    write_jsonl_atomically(out, records)
     rankings = None
     if rankings_out is not None:
         rankings, _, _ = label(samples, samples_per_prompt, labeler, "ranking", temperature, random.Random(seed))
-        write_jsonl(rankings_out, rankings)
+        write_jsonl_atomically(rankings_out, rankings)
     scores = samples["scores"]
     stats = {
         "prompts": len(samples["paragraphs"]),
@@ -309,13 +308,3 @@ def label(
 def count_pairs(record: dict) -> int:
     """Comparisons a record holds: 1 for a pair, the untied pairs of a ranking's ``ranks``."""
     return count_ranked_pairs(record[RANKS_FIELD]) if RANKS_FIELD in record else 1
-
-
-def write_jsonl(path: str, records: Sequence[dict]) -> None:
-    """Write ``records`` one JSON object per line, atomically (parent directories are created)."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = f"{path}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        for record in records:
-            f.write(json.dumps(record, ensure_ascii=False) + "\n")
-    os.replace(tmp, path)  # a crashed run leaves no half-written file under the real name

@@ -118,7 +118,8 @@ def heldout_sets(judged: dict, k: int, folder: Path) -> dict[str, Path]:
     Every untied pair of every held-out prompt's K samples, the higher judge score chosen (pairs
     with an empty response dropped, as in training data).
     """
-    from demo.preferences import label_pairs, write_jsonl
+    from demo.preferences import label_pairs
+    from rlhf_lit.artifacts import write_jsonl_atomically
 
     pairs, _, _ = label_pairs(
         judged["paragraphs"],
@@ -142,8 +143,8 @@ def heldout_sets(judged: dict, k: int, folder: Path) -> dict[str, Path]:
         for p in pairs
     ]
     out = {"fields": folder / "pairs.jsonl", "rankings": folder / "rankings.jsonl"}
-    write_jsonl(str(out["fields"]), pairs)
-    write_jsonl(str(out["rankings"]), rankings)
+    write_jsonl_atomically(str(out["fields"]), pairs)
+    write_jsonl_atomically(str(out["rankings"]), rankings)
     return out
 
 
@@ -214,13 +215,13 @@ def run_one(run: Run, judged: dict, k: int, sft: str, heldout: dict[str, Path], 
     result_path = run.dir / "result.json"
     if result_path.exists():
         return check_json_file(result_path, want_object=False)
-    from demo.preferences import write_jsonl
     from demo.report import read_scalars
+    from rlhf_lit.artifacts import write_jsonl_atomically
 
     fresh_run(run.dir, RUN_MARKER, f"{run.variant} seed {run.seed}", COMMAND)  # begun and not finished: anew
     records, counts = train_records(judged, run, k)
     train = run.dir / "train.jsonl"
-    write_jsonl(str(train), records)
+    write_jsonl_atomically(str(train), records)
     seconds = run_logged(
         fit_command(run, sft, train, heldout, overrides), run.dir / "log.txt", f"{run.variant} seed {run.seed}"
     )

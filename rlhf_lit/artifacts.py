@@ -84,6 +84,12 @@ def write_json_atomically(path: str | os.PathLike, obj: Any, *, indent: int = 1,
     write_text_atomically(path, json.dumps(obj, indent=indent, ensure_ascii=ensure_ascii) + "\n")
 
 
+def write_jsonl_atomically(path: str | os.PathLike, records: Iterable[Any]) -> None:
+    """``records`` as JSON Lines (one object a line, non-ASCII kept), written atomically: the one JSONL writer
+    of rlhf-lit and its demos (a crash never leaves half a file under the real name)."""
+    write_text_atomically(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
+
+
 def json_file_state(path: str | os.PathLike, owner_prefix: str) -> FileState:
     """What the JSON file at ``path`` is: ``owned`` when its :data:`WRITTEN_BY_KEY` starts with ``owner_prefix``.
 

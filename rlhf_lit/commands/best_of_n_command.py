@@ -21,7 +21,7 @@ import logging
 from collections.abc import Sequence
 from typing import get_args
 
-from rlhf_lit.artifacts import write_text_atomically
+from rlhf_lit.artifacts import write_jsonl_atomically
 from rlhf_lit.commands.options import (
     CommandParser,
     OptionError,
@@ -163,14 +163,12 @@ def write_pairs(args, prompts: Sequence, samples: Sequence[dict], m: int, n: int
     """``--pairs-out``: the best and the worst of each prompt's first ``n`` samples by the picking score
     (:func:`~rlhf_lit.evaluation.best_of_n_pairs.best_worst_pairs`), written atomically as JSON Lines; returns
     what the result records of it, ``{"file", "n", "written", "tied"}``."""
-    from rlhf_lit.commands.iterate_labels import jsonl_text
-
     by_rm = args.pick_by == "reward_model"
     key, scored_by = ("rm", f"reward_model {args.reward_model}") if by_rm else ("judge", f"judge {args.judge}")
     records, tied = best_worst_pairs(prompts, samples, m, n, key, scored_by)
     if not records:
         raise ValueError(f"--pairs-out {args.pairs_out}: the best and the worst tie for every prompt; no pair to write")
-    write_text_atomically(args.pairs_out, jsonl_text(records))
+    write_jsonl_atomically(args.pairs_out, records)
     log.info(
         "wrote %s: %d pairs (the best and the worst of N = %d by the %s), %d prompts left out where they tie",
         args.pairs_out,

@@ -16,7 +16,6 @@ judge reads the rendered prompt (``query_response``; a reward-model judge always
 
 from __future__ import annotations
 
-import json
 import random
 from collections.abc import Sequence
 from typing import Any, Protocol
@@ -167,8 +166,3 @@ def count_pairs(records: Sequence[dict]) -> int:
     from rlhf_lit.data.rankings import RANKS_FIELD, count_ranked_pairs
 
     return sum(count_ranked_pairs(r[RANKS_FIELD]) for r in records)
-
-
-def jsonl_text(records: Sequence[dict]) -> str:
-    """Records as JSONL text (one object a line, non-ASCII kept)."""
-    return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)

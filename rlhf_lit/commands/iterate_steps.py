@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rlhf_lit.artifacts import EXPORT_MARKER, WRITTEN_BY_KEY, write_json_atomically, write_text_atomically
+from rlhf_lit.artifacts import EXPORT_MARKER, WRITTEN_BY_KEY, write_json_atomically, write_jsonl_atomically
 from rlhf_lit.child_runs import RunFailed
 from rlhf_lit.commands.iterate_config import IterateConfig
 from rlhf_lit.commands.iterate_labels import (
@@ -38,7 +38,6 @@ from rlhf_lit.commands.iterate_labels import (
     Scorer,
     as_policy_read,
     count_pairs,
-    jsonl_text,
     pairwise_accuracy,
     rank_by_scores,
     read_labels_file,
@@ -194,7 +193,7 @@ def sample(config: IterateConfig, paths: Paths, prompts: Sequence, chat: bool) -
         for n, prompt in enumerate(prompts)
     ]
     os.makedirs(paths.dir, exist_ok=True)
-    write_text_atomically(paths.file("samples.jsonl"), jsonl_text(records))
+    write_jsonl_atomically(paths.file("samples.jsonl"), records)
     return records
 
 
@@ -242,7 +241,7 @@ def reward_data(config: IterateConfig, paths: Paths, initial: list[dict]) -> lis
                 "or damaged; the reward data of an `all` run needs every earlier iteration's labels"
             )
         records += part["train"]
-    write_text_atomically(paths.file("reward_data.jsonl"), jsonl_text(records))
+    write_jsonl_atomically(paths.file("reward_data.jsonl"), records)
     return records
 
 
