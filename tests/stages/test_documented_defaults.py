@@ -178,13 +178,7 @@ QUOTED: list[Quoted] = [
     ),
     # BoNBoN: N from the records, beta from N, the SFT term's weight.
     Quoted("docs/bonbon.md", "rlhf-lit's default is 0.005", BoNBoNModule, "alpha", 0.005),
-    Quoted(
-        "rlhf_lit/stages/bonbon.py",
-        "0.005 by default: the IPO term",
-        BoNBoNModule,
-        "alpha",
-        0.005,
-    ),
+    Quoted("rlhf_lit/stages/bonbon.py", "0.005 by default: the IPO term", BoNBoNModule, "alpha", 0.005),
     Quoted("docs/bonbon.md", "| `n` | `null` | N. Unset: the records' `n`", BoNBoNModule, "n", None),
     Quoted("docs/bonbon.md", "| `beta` | `null` | IPO's coefficient; unset: `beta_N`", BoNBoNModule, "beta", None),
     Quoted("docs/bonbon.md", "| `alpha` | `0.005` |", BoNBoNModule, "alpha", 0.005),
