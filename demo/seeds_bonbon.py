@@ -11,7 +11,7 @@ every policy is evaluated with; ``--seed`` is the study's seed.
   own sweep (``demo.pipeline``) on another seed.
 
 :func:`sampling_compute` reads what a run drew back from its ``--out`` JSON: samples drawn and reward-model
-passes (one per sample), the numbers the study's compute table adds up.
+passes (one per sample; its ``config``), the numbers the study's compute table adds up.
 """
 
 from __future__ import annotations
@@ -128,6 +128,6 @@ def sweep_command(
 def sampling_compute(result_path: Path) -> dict:
     """``{"prompts", "samples", "rm_passes"}`` of a ``rlhf-lit best-of-n`` run from its ``--out`` JSON: every
     sample drawn is read once by the reward model."""
-    result = check_json_file(result_path, want_object=False)
-    samples = int(result["num_prompts"]) * int(result["num_samples"])
-    return {"prompts": int(result["num_prompts"]), "samples": samples, "rm_passes": samples}
+    config = check_json_file(result_path, want_object=False)["config"]
+    samples = int(config["num_prompts"]) * int(config["num_samples"])
+    return {"prompts": int(config["num_prompts"]), "samples": samples, "rm_passes": samples}

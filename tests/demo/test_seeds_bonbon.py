@@ -84,7 +84,7 @@ def test_the_pairs_are_drawn_on_training_prompts_and_the_sweep_on_held_out_ones(
 
 def test_sampling_compute_counts_every_sample_once(tmp_path):
     path = tmp_path / "bon.json"
-    path.write_text(json.dumps({"num_prompts": 500, "num_samples": 8, "rows": []}))
+    path.write_text(json.dumps({"config": {"num_prompts": 500, "num_samples": 8, "ns": [8]}, "rows": []}))
     assert sampling_compute(path) == {"prompts": 500, "samples": 4000, "rm_passes": 4000}
 
 
