@@ -17,22 +17,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from demo.seeds_report import interpolate, mean_se
+from demo.seed_stats import interpolate, over_seeds
 
 COMPUTE = ("samples", "rm_passes", "sampling_s", "train_s")
 """The cost fields of a run's ``compute`` summarised over seeds."""
 PER_SEED = ("judge_mean", "kl_mean", "distinct_2", "distinct_2_ratio", "bon_judge_at_kl", "judge_minus_bon")
-
-
-def over_seeds(rows: Sequence[Mapping], keys: Sequence[str]) -> dict[str, dict]:
-    """Per key: ``{"mean", "se", "n"}`` over the rows that have it (the error None for one row)."""
-    out = {}
-    for key in keys:
-        values = [row[key] for row in rows if row.get(key) is not None]
-        if values:
-            mean, se = mean_se(values)
-            out[key] = {"mean": mean, "se": se, "n": len(values)}
-    return out
 
 
 def best_of_n_over_seeds(sweeps: Sequence[Mapping]) -> dict[int, dict]:

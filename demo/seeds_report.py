@@ -22,10 +22,10 @@ Standard errors are over seeds (``std / sqrt(n)``, sample std); with one seed th
 from __future__ import annotations
 
 import json
-import math
 import os
 from collections.abc import Mapping, Sequence
 
+from demo.seed_stats import interpolate, mean_se, over_seeds
 from rlhf_lit.integrity import check_json_file
 
 CURVE_TAGS = ("objective/rlhf_reward", "objective/scores", "objective/kl")
@@ -34,32 +34,6 @@ WINDOW = 5
 """Rollouts averaged at each end of a run for the rise of the shaped objective."""
 METRICS = ("judge_mean", "kl_mean", "distinct_2", "length_mean", "ended_fraction")
 """Held-out measurements summarised over seeds."""
-
-
-def mean_se(values: Sequence[float]) -> tuple[float, float | None]:
-    """``(mean, standard error)`` of ``values``; the error is None for fewer than two values."""
-    if not values:
-        raise ValueError("mean_se of no values")
-    n = len(values)
-    mean = sum(values) / n
-    if n < 2:
-        return mean, None
-    var = sum((v - mean) ** 2 for v in values) / (n - 1)
-    return mean, math.sqrt(var / n)
-
-
-def interpolate(points: Sequence[tuple[float, float]], x: float) -> float | None:
-    """The piecewise-linear curve through ``points`` (``(x, y)``, any order) at ``x``; None outside their range.
-
-    No extrapolation: a PPO policy further from SFT than every DPO policy has no DPO value to compare with.
-    """
-    ordered = sorted(points)
-    if not ordered or not ordered[0][0] <= x <= ordered[-1][0]:
-        return None
-    for (x0, y0), (x1, y1) in zip(ordered, ordered[1:]):
-        if x0 <= x <= x1:
-            return y0 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)
-    return ordered[0][1]  # a single point, at x
 
 
 def dpo_at(dpo_points: Sequence[tuple[float, float]], sft_judge: float, kl: float) -> float | None:
@@ -87,16 +61,6 @@ def _final(result: Mapping) -> dict:
     evaluations = result["evaluations"]
     last = max(evaluations, key=lambda k: float("inf") if k == "final" else int(k))
     return evaluations[last]
-
-
-def _over_seeds(rows: Sequence[Mapping], keys: Sequence[str]) -> dict[str, dict]:
-    out = {}
-    for key in keys:
-        values = [row[key] for row in rows if row.get(key) is not None]
-        if values:
-            mean, se = mean_se(values)
-            out[key] = {"mean": mean, "se": se, "n": len(values)}
-    return out
 
 
 def best_of_n_curve(best_of_n: Mapping) -> list[tuple[float, float]]:
@@ -155,12 +119,12 @@ def summarise(results: Sequence[Mapping], sft: Mapping, best_of_n: Mapping | Non
     ]
     for variant in variants.values():
         variant["seeds"].sort(key=lambda row: row["seed"])
-        variant["mean"] = _over_seeds(variant["seeds"], keys)
+        variant["mean"] = over_seeds(variant["seeds"], keys)
         variant["checkpoints"] = {
-            k: _over_seeds(v, ("judge_mean", "kl_mean", "distinct_2", "judge_minus_bon"))
+            k: over_seeds(v, ("judge_mean", "kl_mean", "distinct_2", "judge_minus_bon"))
             for k, v in sorted(variant["checkpoints"].items(), key=lambda kv: int(kv[0]))
         }
-    dpo_summary = {name: _over_seeds([_final(r) for r in runs], METRICS) for name, runs in dpo.items()}
+    dpo_summary = {name: over_seeds([_final(r) for r in runs], METRICS) for name, runs in dpo.items()}
     return {"sft": {k: sft[k] for k in METRICS}, "window": WINDOW, "ppo": variants, "dpo": dpo_summary}
 
 
@@ -325,15 +289,15 @@ def write_study(
     from demo.frontier import draw_frontier
 
     bon = None
-    if sweeps:
-        over_seeds = seeds_frontier.best_of_n_over_seeds(sweeps)
-        bon = {"rows": [{"kl_analytic": v["kl"], "judge_mean": v["judge_mean"]["mean"]} for v in over_seeds.values()]}
+    by_n = seeds_frontier.best_of_n_over_seeds(sweeps) if sweeps else {}
+    if by_n:  # the sweeps' mean judge score at each N, read as one best-of-N result
+        bon = {"rows": [{"kl_analytic": v["kl"], "judge_mean": v["judge_mean"]["mean"]} for v in by_n.values()]}
     elif best_of_n is not None:
         bon = check_json_file(best_of_n, want_object=False)
     summary = summarise([r for r in results if r["method"] != "bonbon"], sft, bon)
     curve = best_of_n_curve(bon) if bon is not None else []
     summary["pair_methods"] = seeds_frontier.pair_methods(results, summary["sft"], curve)
-    summary["best_of_n_seeds"] = seeds_frontier.best_of_n_over_seeds(sweeps) if sweeps else {}
+    summary["best_of_n_seeds"] = by_n
     with open(os.path.join(out_dir, "study.json"), "w", encoding="utf-8") as f:
         json.dump(summary, f, indent=1)
     order = list(summary["ppo"])
