@@ -170,3 +170,28 @@ def test_the_study_draws_bonbon_and_the_sweeps_mean(tmp_path):
 def test_a_bonbon_job_is_a_job_with_its_n():
     job = Job("bonbon", "n_4", 0, (), Path("x"), 4)
     assert job.n == 4 and job.sources == ("ppo",) and job.result_path.name == "result.json"
+
+
+def test_a_bonbon_run_draws_its_pairs_on_training_prompts_then_fits_on_them(tmp_path, monkeypatch):
+    import demo.seeds as seeds
+
+    demo = tmp_path / "demo"
+    calls = []
+
+    def run_logged(cmd, log, what):  # records the command; writes what the real one would
+        calls.append(cmd)
+        if "--pairs-out" in cmd:
+            out = Path(_option(cmd, "--out"))
+            out.write_text(json.dumps({"config": {"num_prompts": 485, "num_samples": 8}}))
+        return 2.5
+
+    monkeypatch.setattr(seeds, "run_logged", run_logged)
+    monkeypatch.setattr(seeds, "_evaluate", lambda *args: {"judge_mean": 0.5})
+    job = Job("bonbon", "n_8", 1, ("--x", "1"), tmp_path / "study" / "bonbon" / "n_8" / "seed_1", 8)
+    result = seeds.run_job(job, demo, seeds.Evaluation("val.txt"), 10)
+    pairs, fit = calls
+    assert _option(pairs, "--prompts") == str(demo / "data" / "ppo.txt") and _option(pairs, "--n") == "8"
+    assert _option(pairs, "--seed") == "1"
+    assert _option(fit, "--data.init_args.train_path") == _option(pairs, "--pairs-out")
+    assert result["compute"] == {"sampling_s": 2.5, "prompts": 485, "samples": 3880, "rm_passes": 3880, "train_s": 2.5}
+    assert result["evaluations"] == {"final": {"judge_mean": 0.5}} and job.result_path.is_file()
