@@ -10,8 +10,11 @@ held-out evaluation, :func:`write_study` writes into the study folder:
   over seeds, and the DPO sweep;
 - ``curves.png``: ``objective/rlhf_reward``, ``objective/scores`` and ``objective/kl`` per rollout,
   each variant's mean over seeds with a band of +- 1 standard error;
-- ``frontier.png``: held-out judge score against KL, the mean over seeds of every PPO checkpoint and
-  DPO beta (error bars: standard error over seeds), SFT, and best-of-N from the demo folder.
+- ``frontier.png``: held-out judge score against KL, the mean over seeds of every PPO checkpoint, DPO
+  beta and BoNBoN N (error bars: standard error over seeds), SFT, and best-of-N: the study's sweeps (mean
+  over seeds) or else the demo folder's;
+- with BoNBoN runs or sweeps, their tables (:mod:`demo.seeds_frontier`): every DPO and BoNBoN policy's
+  judge score minus best-of-N's at the same KL, distinct-2 over SFT's, and cost.
 
 Standard errors are over seeds (``std / sqrt(n)``, sample std); with one seed there is none.
 """
@@ -19,10 +22,10 @@ Standard errors are over seeds (``std / sqrt(n)``, sample std); with one seed th
 from __future__ import annotations
 
 import json
-import math
 import os
 from collections.abc import Mapping, Sequence
 
+from demo.seed_stats import interpolate, mean_se, over_seeds
 from rlhf_lit.integrity import check_json_file
 
 CURVE_TAGS = ("objective/rlhf_reward", "objective/scores", "objective/kl")
@@ -31,32 +34,6 @@ WINDOW = 5
 """Rollouts averaged at each end of a run for the rise of the shaped objective."""
 METRICS = ("judge_mean", "kl_mean", "distinct_2", "length_mean", "ended_fraction")
 """Held-out measurements summarised over seeds."""
-
-
-def mean_se(values: Sequence[float]) -> tuple[float, float | None]:
-    """``(mean, standard error)`` of ``values``; the error is None for fewer than two values."""
-    if not values:
-        raise ValueError("mean_se of no values")
-    n = len(values)
-    mean = sum(values) / n
-    if n < 2:
-        return mean, None
-    var = sum((v - mean) ** 2 for v in values) / (n - 1)
-    return mean, math.sqrt(var / n)
-
-
-def interpolate(points: Sequence[tuple[float, float]], x: float) -> float | None:
-    """The piecewise-linear curve through ``points`` (``(x, y)``, any order) at ``x``; None outside their range.
-
-    No extrapolation: a PPO policy further from SFT than every DPO policy has no DPO value to compare with.
-    """
-    ordered = sorted(points)
-    if not ordered or not ordered[0][0] <= x <= ordered[-1][0]:
-        return None
-    for (x0, y0), (x1, y1) in zip(ordered, ordered[1:]):
-        if x0 <= x <= x1:
-            return y0 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)
-    return ordered[0][1]  # a single point, at x
 
 
 def dpo_at(dpo_points: Sequence[tuple[float, float]], sft_judge: float, kl: float) -> float | None:
@@ -84,16 +61,6 @@ def _final(result: Mapping) -> dict:
     evaluations = result["evaluations"]
     last = max(evaluations, key=lambda k: float("inf") if k == "final" else int(k))
     return evaluations[last]
-
-
-def _over_seeds(rows: Sequence[Mapping], keys: Sequence[str]) -> dict[str, dict]:
-    out = {}
-    for key in keys:
-        values = [row[key] for row in rows if row.get(key) is not None]
-        if values:
-            mean, se = mean_se(values)
-            out[key] = {"mean": mean, "se": se, "n": len(values)}
-    return out
 
 
 def best_of_n_curve(best_of_n: Mapping) -> list[tuple[float, float]]:
@@ -152,12 +119,12 @@ def summarise(results: Sequence[Mapping], sft: Mapping, best_of_n: Mapping | Non
     ]
     for variant in variants.values():
         variant["seeds"].sort(key=lambda row: row["seed"])
-        variant["mean"] = _over_seeds(variant["seeds"], keys)
+        variant["mean"] = over_seeds(variant["seeds"], keys)
         variant["checkpoints"] = {
-            k: _over_seeds(v, ("judge_mean", "kl_mean", "distinct_2", "judge_minus_bon"))
+            k: over_seeds(v, ("judge_mean", "kl_mean", "distinct_2", "judge_minus_bon"))
             for k, v in sorted(variant["checkpoints"].items(), key=lambda kv: int(kv[0]))
         }
-    dpo_summary = {name: _over_seeds([_final(r) for r in runs], METRICS) for name, runs in dpo.items()}
+    dpo_summary = {name: over_seeds([_final(r) for r in runs], METRICS) for name, runs in dpo.items()}
     return {"sft": {k: sft[k] for k in METRICS}, "window": WINDOW, "ppo": variants, "dpo": dpo_summary}
 
 
@@ -263,7 +230,8 @@ def draw_curves(results: Sequence[Mapping], path: str, order: Sequence[str]) -> 
 
 
 def frontier_points(summary: Mapping, best_of_n: Mapping | None):
-    """:class:`~demo.frontier.FrontierPoint` s of the seed means (best-of-N: its own run)."""
+    """:class:`~demo.frontier.FrontierPoint` s of the seed means (best-of-N: the study's sweeps over seeds, else
+    the demo's own run)."""
     from demo.frontier import FrontierPoint, points_from_best_of_n
 
     def point(method: str, setting: str, stats: Mapping) -> FrontierPoint:
@@ -282,21 +250,54 @@ def frontier_points(summary: Mapping, best_of_n: Mapping | None):
     for name, v in summary["ppo"].items():
         points += [point(f"PPO {name}", f"rollout {k}", c) for k, c in v["checkpoints"].items()]
     points += [point("DPO", f"beta {name.removeprefix('beta_')}", m) for name, m in summary["dpo"].items()]
-    if best_of_n is not None:
+    bonbon = summary.get("pair_methods", {}).get("bonbon", {})
+    points += [point("BoNBoN", f"N = {name.removeprefix('n_')}", e["mean"]) for name, e in bonbon.items()]
+    sweeps = summary.get("best_of_n_seeds") or {}
+    if sweeps:
+        points += [
+            FrontierPoint(
+                "best-of-N",
+                f"N = {n}",
+                kl=v["kl"],
+                score=v["judge_mean"]["mean"],
+                score_se=v["judge_mean"]["se"] or 0.0,
+                n=v["judge_mean"]["n"],
+                kl_analytic=True,
+                note="mean over seeds",
+            )
+            for n, v in sweeps.items()
+        ]
+    elif best_of_n is not None:
         points += points_from_best_of_n(best_of_n)
     return points
 
 
 def write_study(
-    results: Sequence[Mapping], sft: Mapping, out_dir: str, best_of_n: str | None = None, baseline: str | None = None
+    results: Sequence[Mapping],
+    sft: Mapping,
+    out_dir: str,
+    best_of_n: str | None = None,
+    baseline: str | None = None,
+    sweeps: Sequence[Mapping] = (),
 ) -> str:
-    """``study.json``, ``study.md``, ``curves.png`` and ``frontier.png`` in ``out_dir``; returns the ``.md`` path."""
+    """``study.json``, ``study.md``, ``curves.png`` and ``frontier.png`` in ``out_dir``; returns the ``.md`` path.
+
+    ``sweeps``: the study's own best-of-N sweeps (``result.json`` of its ``best_of_n`` jobs), whose mean over
+    seeds replaces the demo folder's ``best_of_n`` as the curve every policy is compared with.
+    """
+    from demo import seeds_frontier
     from demo.frontier import draw_frontier
 
     bon = None
-    if best_of_n is not None:
+    by_n = seeds_frontier.best_of_n_over_seeds(sweeps) if sweeps else {}
+    if by_n:  # the sweeps' mean judge score at each N, read as one best-of-N result
+        bon = {"rows": [{"kl_analytic": v["kl"], "judge_mean": v["judge_mean"]["mean"]} for v in by_n.values()]}
+    elif best_of_n is not None:
         bon = check_json_file(best_of_n, want_object=False)
-    summary = summarise(results, sft, bon)
+    summary = summarise([r for r in results if r["method"] != "bonbon"], sft, bon)
+    curve = best_of_n_curve(bon) if bon is not None else []
+    summary["pair_methods"] = seeds_frontier.pair_methods(results, summary["sft"], curve)
+    summary["best_of_n_seeds"] = by_n
     with open(os.path.join(out_dir, "study.json"), "w", encoding="utf-8") as f:
         json.dump(summary, f, indent=1)
     order = list(summary["ppo"])
@@ -317,5 +318,6 @@ def write_study(
     figures.append(f"![frontier]({os.path.basename(png)})")
     path = os.path.join(out_dir, "study.md")
     with open(path, "w", encoding="utf-8") as f:
-        f.write("\n".join(["# Seeds study", "", *markdown(summary), *figures, ""]))
+        extra = seeds_frontier.markdown(summary["pair_methods"], summary["best_of_n_seeds"])
+        f.write("\n".join(["# Seeds study", "", *markdown(summary), *extra, *figures, ""]))
     return path

@@ -162,19 +162,24 @@ def main(argv: Sequence[str]) -> int:
 def write_pairs(args, prompts: Sequence, samples: Sequence[dict], m: int, n: int) -> dict:
     """``--pairs-out``: the best and the worst of each prompt's first ``n`` samples by the picking score
     (:func:`~rlhf_lit.evaluation.best_of_n_pairs.best_worst_pairs`), written atomically as JSON Lines; returns
-    what the result records of it, ``{"file", "n", "written", "tied"}``."""
+    what the result records of it, ``{"file", "n", "written", "tied", "empty"}``."""
     by_rm = args.pick_by == "reward_model"
     key, scored_by = ("rm", f"reward_model {args.reward_model}") if by_rm else ("judge", f"judge {args.judge}")
-    records, tied = best_worst_pairs(prompts, samples, m, n, key, scored_by)
+    records, tied, empty = best_worst_pairs(prompts, samples, m, n, key, scored_by)
     if not records:
-        raise ValueError(f"--pairs-out {args.pairs_out}: the best and the worst tie for every prompt; no pair to write")
+        raise ValueError(
+            f"--pairs-out {args.pairs_out}: the best and the worst tie, or one is empty, for every prompt; no pair "
+            "to write"
+        )
     write_jsonl_atomically(args.pairs_out, records)
     log.info(
-        "wrote %s: %d pairs (the best and the worst of N = %d by the %s), %d prompts left out where they tie",
+        "wrote %s: %d pairs (the best and the worst of N = %d by the %s), %d prompts left out where they tie, "
+        "%d where one is empty",
         args.pairs_out,
         len(records),
         n,
         args.pick_by.replace("_", " "),
         tied,
+        empty,
     )
-    return {"file": args.pairs_out, "n": n, "written": len(records), "tied": tied}
+    return {"file": args.pairs_out, "n": n, "written": len(records), "tied": tied, "empty": empty}

@@ -5,7 +5,9 @@ policy drew for it, the one with the highest score as ``chosen`` and the one wit
 ``rejected``, with N recorded in every record (``n``) so that the stage can check it against its own.
 Equal scores go to the sample drawn first, for the best and for the worst alike. A prompt whose best and
 worst tie (equal scores, or the same text) is left out and counted: such a pair says nothing, and
-BoNBoN's coefficient assumes scores that do not tie.
+BoNBoN's coefficient assumes scores that do not tie. So is a prompt whose best or worst reply is empty
+(the policy ended at once, or wrote only spaces), counted apart: the preference data module refuses a
+record with an empty response.
 
 A record: ``{"written_by", "prompt", "chosen", "rejected", "chosen_score", "rejected_score", "n",
 "scored_by", "prompt_index"}``; ``prompt`` is the prompt as given (a string, or the conversation), the
@@ -36,19 +38,22 @@ def best_worst_pairs(
 ) -> tuple[list[dict], int]:
     """One pair record per prompt from the best-of-N result's ``samples`` (:func:`~rlhf_lit.evaluation.
     best_of_n_sweep.best_of_n`: ``m`` consecutive samples per prompt, each with ``response`` and its score under
-    ``score_key``), picked among each prompt's first ``n``; returns ``(records, tied)``, ``tied`` the prompts
-    left out (module docstring). ``prompts``: as given, one per prompt; ``scored_by`` is recorded."""
+    ``score_key``), picked among each prompt's first ``n``; returns ``(records, tied, empty)``, the prompts left
+    out because their best and worst tie, and because one of them is empty (module docstring). ``prompts``: as given, one per prompt; ``scored_by`` is recorded."""
     if not 2 <= n <= m:
         raise ValueError(f"pairs need 2 <= N <= {m} (the samples per prompt); got N = {n}")
     if len(samples) != m * len(prompts):
         raise ValueError(f"{len(samples)} samples for {len(prompts)} prompts of {m} samples each")
-    records, tied = [], 0
+    records, tied, empty = [], 0, 0
     for p, prompt in enumerate(prompts):
         drawn = samples[p * m : p * m + n]
         best, worst = best_and_worst([s[score_key] for s in drawn])
         chosen, rejected = drawn[best], drawn[worst]
         if chosen[score_key] == rejected[score_key] or chosen["response"] == rejected["response"]:
             tied += 1
+            continue
+        if not chosen["response"].strip() or not rejected["response"].strip():
+            empty += 1
             continue
         records.append(
             {
@@ -63,4 +68,4 @@ def best_worst_pairs(
                 "prompt_index": p,
             }
         )
-    return records, tied
+    return records, tied, empty

@@ -30,7 +30,13 @@ def test_pairs_out_keeps_the_best_and_the_worst_of_the_judged_samples(tmp_path):
     data = json.loads((tmp_path / "bon.json").read_text())
     assert data["config"]["pick_by"] == "judge" and data["rows"][0]["rm_mean"] is None  # no reward model
     records = [json.loads(line) for line in (tmp_path / "pairs.jsonl").read_text().splitlines()]
-    assert data["pairs"] == {"file": "pairs.jsonl", "n": 4, "written": len(records), "tied": 3 - len(records)}
+    assert data["pairs"] == {
+        "file": "pairs.jsonl",
+        "n": 4,
+        "written": len(records),
+        "tied": 3 - len(records),
+        "empty": 0,
+    }
     assert records
     for r in records:
         # The first N = 4 of the prompt's 6 samples; argmax and argmin of the judge, the first drawn on ties.
