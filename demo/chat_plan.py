@@ -14,6 +14,7 @@ from pathlib import Path
 
 from demo.plan import ROOT, Paths, ppo_init_args
 from demo.runner import fit_command, rollout_checkpointing
+from rlhf_lit.child_runs import rlhf_lit_command
 
 CONFIGS = ROOT / "configs" / "demo_chat"
 """``reward_model.yaml``, ``dpo.yaml``, ``ppo.yaml`` of the chat demo."""
@@ -212,34 +213,33 @@ def best_of_n_command(
     sampled at ``precision``."""
     temperature, max_new_tokens = sampling_settings(budget)
     unfinished = (ppo_init_args(CONFIGS / "ppo.yaml").get("reward") or {}).get("unfinished", "as_sampled")
-    return [
-        sys.executable,
-        "-m",
-        "rlhf_lit.cli",
-        "best-of-n",
-        "--policy",
-        model,
-        "--reward-model",
-        str(paths.model("reward_model")),
-        "--prompts",
-        str(paths.dir("data") / "eval.jsonl"),
-        "--judge",
-        judge,
-        "--n-max",
-        str(budget.bon_n_max),
-        "--temperature",
-        str(temperature),
-        "--max-new-tokens",
-        str(max_new_tokens),
-        "--seed",
-        str(seed or 0),
-        "--unfinished",
-        unfinished,
-        "--precision",
-        precision,
-        "--out",
-        str(paths.dir("best_of_n") / "best_of_n.json"),
-    ]
+    return rlhf_lit_command(
+        [
+            "best-of-n",
+            "--policy",
+            model,
+            "--reward-model",
+            str(paths.model("reward_model")),
+            "--prompts",
+            str(paths.dir("data") / "eval.jsonl"),
+            "--judge",
+            judge,
+            "--n-max",
+            str(budget.bon_n_max),
+            "--temperature",
+            str(temperature),
+            "--max-new-tokens",
+            str(max_new_tokens),
+            "--seed",
+            str(seed or 0),
+            "--unfinished",
+            unfinished,
+            "--precision",
+            precision,
+            "--out",
+            str(paths.dir("best_of_n") / "best_of_n.json"),
+        ]
+    )
 
 
 def fetched_model() -> str:

@@ -78,6 +78,7 @@ from demo.runner import (
 )
 from demo.summary import format_value, last_scalar, results_table, write_summary
 from rlhf_lit.artifacts import write_text_atomically
+from rlhf_lit.child_runs import rlhf_lit_command
 from rlhf_lit.evaluation.judges import DEFAULT_JUDGE
 from rlhf_lit.integrity import DamagedFile, check_json_file
 from rlhf_lit.sources import DamagedSource
@@ -397,32 +398,31 @@ def _best_of_n_command(
     prompts_file = paths.dir("best_of_n") / "prompts.jsonl"
     prompts_file.parent.mkdir(parents=True, exist_ok=True)
     prompts_file.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts), encoding="utf-8")
-    return [
-        sys.executable,
-        "-m",
-        "rlhf_lit.cli",
-        "best-of-n",
-        "--policy",
-        str(paths.model("sft")),
-        "--reward-model",
-        str(paths.model("reward_model")),
-        "--prompts",
-        str(prompts_file),
-        "--judge",
-        args.judge,
-        "--n-max",
-        str(budget.bon_n_max),
-        "--temperature",
-        str(temperature),
-        "--max-new-tokens",
-        str(max_new_tokens),
-        "--seed",
-        str(args.seed or 0),
-        "--unfinished",
-        ppo_unfinished(Path(args.config_dir) / "ppo.yaml"),
-        "--out",
-        str(paths.dir("best_of_n") / "best_of_n.json"),
-    ]
+    return rlhf_lit_command(
+        [
+            "best-of-n",
+            "--policy",
+            str(paths.model("sft")),
+            "--reward-model",
+            str(paths.model("reward_model")),
+            "--prompts",
+            str(prompts_file),
+            "--judge",
+            args.judge,
+            "--n-max",
+            str(budget.bon_n_max),
+            "--temperature",
+            str(temperature),
+            "--max-new-tokens",
+            str(max_new_tokens),
+            "--seed",
+            str(args.seed or 0),
+            "--unfinished",
+            ppo_unfinished(Path(args.config_dir) / "ppo.yaml"),
+            "--out",
+            str(paths.dir("best_of_n") / "best_of_n.json"),
+        ]
+    )
 
 
 def measure(

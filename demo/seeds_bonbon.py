@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 from demo.plan import FULL, ROOT, ppo_sampling, ppo_unfinished
 from demo.story_prompts import RANGES, load_prompts
+from rlhf_lit.child_runs import rlhf_lit_command
 from rlhf_lit.integrity import check_json_file
 
 PROMPT_SOURCES = ("ppo", "reward_model")
@@ -65,28 +65,27 @@ def training_prompts(demo: Path, sources: tuple[str, ...], folder: Path) -> Path
 
 def _best_of_n(demo: Path, seed: int, max_new_tokens: int, out: Path) -> list[str]:
     """``rlhf-lit best-of-n`` from the demo's SFT model by its reward model, the study's sampling and seed."""
-    return [
-        sys.executable,
-        "-m",
-        "rlhf_lit.cli",
-        "best-of-n",
-        "--policy",
-        str(demo / "sft" / "model"),
-        "--reward-model",
-        str(demo / "reward_model" / "model"),
-        "--temperature",
-        str(ppo_sampling(PPO_CONFIG, FULL)[0]),
-        "--max-new-tokens",
-        str(max_new_tokens),
-        "--seed",
-        str(seed),
-        "--unfinished",
-        ppo_unfinished(PPO_CONFIG),
-        "--device",
-        "cpu",
-        "--out",
-        str(out),
-    ]
+    return rlhf_lit_command(
+        [
+            "best-of-n",
+            "--policy",
+            str(demo / "sft" / "model"),
+            "--reward-model",
+            str(demo / "reward_model" / "model"),
+            "--temperature",
+            str(ppo_sampling(PPO_CONFIG, FULL)[0]),
+            "--max-new-tokens",
+            str(max_new_tokens),
+            "--seed",
+            str(seed),
+            "--unfinished",
+            ppo_unfinished(PPO_CONFIG),
+            "--device",
+            "cpu",
+            "--out",
+            str(out),
+        ]
+    )
 
 
 def pairs_command(demo: Path, prompts: Path, n: int, seed: int, max_new_tokens: int, folder: Path) -> list[str]:
