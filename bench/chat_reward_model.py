@@ -8,7 +8,8 @@ speed lever costs in accuracy, and which recipe clears the demo's 0.70 floor).
    the 128 held-out evaluation requests), the first ``--label-prompts`` to train on and the next
    ``--val-prompts`` held out;
 2. **labels**: ``--samples-per-prompt`` replies of the instruction model to each, at the demo's sampling
-   settings, ranked by the judge (``python -m demo preferences``, as ``make demo-chat`` labels);
+   settings, ranked by the judge (``python -m demo preferences``, as ``make demo-chat`` labels), or
+   ``--labels-from`` an earlier run's folder (its labels copied, so that recipes compare on one set);
 3. **variants**: one ``rlhf-lit fit --config configs/demo_chat/reward_model.yaml`` per ``--variant
    NAME=OPTIONS`` (extra fit options; empty: the shipped recipe), validated on the held-out rankings.
 
@@ -70,6 +71,23 @@ def label(model: str, prompts: Path, rankings: Path, k: int, seed: int, precisio
     cmd += ["--samples-per-prompt", str(k), "--temperature", str(temperature)]
     cmd += ["--max-new-tokens", str(max_new_tokens), "--seed", str(seed), "--precision", precision]
     subprocess.run(cmd, cwd=ROOT, check=True)
+
+
+def reused_labels(source: Path, out: Path) -> tuple[Path, Path, dict]:
+    """An earlier run's training and held-out rankings (``source/data``), copied into ``out/data`` so this
+    run's folder holds what it fitted on: ``(train, val, what the JSON says of the labels)``."""
+    out_data = out / "data"
+    out_data.mkdir(parents=True, exist_ok=True)
+    copies = []
+    for part in ("train", "val"):
+        origin = source / "data" / f"{part}.rankings.jsonl"
+        if not origin.is_file():
+            raise SystemExit(f"--labels-from {source}: no {origin.relative_to(source)} (not a folder this bench wrote)")
+        copy = out_data / origin.name
+        copy.write_bytes(origin.read_bytes())
+        copies.append(copy)
+    counts = [sum(1 for line in c.read_text(encoding="utf-8").splitlines() if line.strip()) for c in copies]
+    return copies[0], copies[1], {"labels_from": str(source), "label_prompts": counts[0], "val_prompts": counts[1]}
 
 
 def scored_rankings(export: Path, rankings: Path) -> list[tuple[dict, list[float]]]:
@@ -150,6 +168,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--label-precision", default="32-true", choices=("32-true", "bf16-mixed"), help="the labels' sampling"
     )
+    p.add_argument(
+        "--labels-from",
+        default=None,
+        help="an earlier run's --out folder: fit on its labels (data/) instead of sampling new ones",
+    )
     p.add_argument("--variant", type=parse_variant, action="append", required=True, metavar="NAME=OPTIONS")
     args = p.parse_args(argv)
     from demo.chat_plan import fetched_model
@@ -158,10 +181,15 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=False)  # a new folder: never over an earlier run's
     t0 = time.perf_counter()
-    requests = write_requests(out, args.label_prompts, args.val_prompts)
-    train, val = (out / "data" / f"{part}.rankings.jsonl" for part in ("train", "val"))
-    for prompts, rankings in zip(requests, (train, val)):
-        label(model, prompts, rankings, args.samples_per_prompt, args.seed, args.label_precision)
+    if args.labels_from:
+        train, val, labels = reused_labels(Path(args.labels_from), out)
+    else:
+        requests = write_requests(out, args.label_prompts, args.val_prompts)
+        train, val = (out / "data" / f"{part}.rankings.jsonl" for part in ("train", "val"))
+        for prompts, rankings in zip(requests, (train, val)):
+            label(model, prompts, rankings, args.samples_per_prompt, args.seed, args.label_precision)
+        labels = {"label_prompts": args.label_prompts, "val_prompts": args.val_prompts}
+        labels |= {"samples_per_prompt": args.samples_per_prompt, "label_precision": args.label_precision}
     label_seconds = time.perf_counter() - t0
     results = {}
     for name, options in args.variant:
@@ -189,10 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
         f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}",
         "command": shlex.join([sys.executable, *sys.argv]),
-        "label_prompts": args.label_prompts,
-        "val_prompts": args.val_prompts,
-        "samples_per_prompt": args.samples_per_prompt,
-        "label_precision": args.label_precision,
+        **labels,
         "label_seconds": label_seconds,
         "variants": results,
     }

@@ -79,3 +79,21 @@ def test_a_result_never_overwrites_an_earlier_run_of_the_day(tmp_path, monkeypat
     assert second == tmp_path / "x-20261202-2.json"
     second.write_text("{}")
     assert results_file.new_result_path("x", "2026-12-02") == tmp_path / "x-20261202-3.json"
+
+
+def test_labels_from_an_earlier_run_are_copied_into_the_new_folder_and_counted(tmp_path):
+    source = tmp_path / "earlier"
+    (source / "data").mkdir(parents=True)
+    (source / "data" / "train.rankings.jsonl").write_text('{"a": 1}\n{"a": 2}\n{"a": 3}\n')
+    (source / "data" / "val.rankings.jsonl").write_text('{"a": 4}\n\n')
+    train, val, labels = chat_reward_model.reused_labels(source, tmp_path / "new")
+    assert train == tmp_path / "new" / "data" / "train.rankings.jsonl"
+    assert train.read_text() == (source / "data" / "train.rankings.jsonl").read_text()
+    assert val.read_text() == '{"a": 4}\n\n'
+    assert labels == {"labels_from": str(source), "label_prompts": 3, "val_prompts": 1}
+
+
+def test_labels_from_a_folder_without_rankings_is_refused_by_name(tmp_path):
+    (tmp_path / "earlier" / "data").mkdir(parents=True)
+    with pytest.raises(SystemExit, match="no data/train.rankings.jsonl"):
+        chat_reward_model.reused_labels(tmp_path / "earlier", tmp_path / "new")
