@@ -35,8 +35,8 @@ class ChatBudget:
     reward_model: tuple[str, ...] = ()
     dpo: tuple[str, ...] = ()
     ppo: tuple[str, ...] = ()
-    bon_n_max: int = 16
-    checkpoint_every: int = 10  # PPO rollouts between the checkpoints evaluated on the frontier
+    bon_n_max: int = 8
+    checkpoint_every: int = 8  # PPO rollouts between the checkpoints evaluated on the frontier
     max_new_tokens: int | None = None  # None: the PPO config's; else every stage samples this many
     threads: int = 2  # torch threads of a stage that runs alone
 
@@ -83,8 +83,8 @@ def rollouts(budget: ChatBudget) -> int:
 
 
 def demo_precision(choice: str) -> str:
-    """The precision of the demo's labels, reward model, DPO, best-of-N and evaluation for the ``--precision``
-    choice (PPO keeps its config's ``trainer.precision``): ``auto`` is ``bf16-mixed`` on a CPU that multiplies
+    """The precision of every stage of the demo (labels, reward model, DPO, PPO, best-of-N, evaluation) for
+    the ``--precision`` choice: ``auto`` is ``bf16-mixed`` on a CPU that multiplies
     bf16 natively (``amx_bf16``: sampling 1.5x and a reward-model step 2.2x faster there, at no accuracy cost
     measured, ``docs/DEMO-CHAT.md``), else ``32-true`` (emulated bf16 is slower)."""
     from rlhf_lit.models.precision import MATRIX_UNIT_FLAGS, cpu_flags
@@ -180,8 +180,11 @@ def dpo_command(
     )
 
 
-def ppo_command(model: str, paths: Paths, budget: ChatBudget, judge: str, seed: int | None) -> list[str]:
-    """``rlhf-lit fit`` of PPO against the reward model, with checkpoints for the frontier."""
+def ppo_command(
+    model: str, paths: Paths, budget: ChatBudget, judge: str, seed: int | None, precision: str
+) -> list[str]:
+    """``rlhf-lit fit`` of PPO against the reward model, with checkpoints for the frontier, at
+    ``trainer.precision`` ``precision``."""
     max_new_tokens = budget.max_new_tokens
     return fit_command(
         CONFIGS / "ppo.yaml",
@@ -198,6 +201,8 @@ def ppo_command(model: str, paths: Paths, budget: ChatBudget, judge: str, seed: 
             "--data.init_args.train_path",
             str(paths.dir("data") / "ppo.jsonl"),
             *rollout_checkpointing(budget.checkpoint_every, paths.checkpoints),
+            "--trainer.precision",
+            precision,
             *budget.ppo,
             *([] if max_new_tokens is None else ["--model.init_args.sampling.max_new_tokens", str(max_new_tokens)]),
             *([] if seed is None else ["--model.init_args.rollout_seed", str(seed)]),

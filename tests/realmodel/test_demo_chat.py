@@ -53,7 +53,7 @@ def test_the_tiny_chat_demo_writes_its_report_from_chat_rendered_data(smollm2_pa
     outcome = json.loads((out / "results.json").read_text(encoding="utf-8"))
     assert outcome["tiny"] is True and outcome["rm_val_accuracy"] is not None
     assert outcome["precision"] in ("32-true", "bf16-mixed")
-    assert set(outcome["metrics"]) == {"instruction model", "PPO", "DPO (0.1)", "DPO (0.3)"}
+    assert set(outcome["metrics"]) == {"instruction model", "PPO", "DPO (0.1)"}
     for metrics in outcome["metrics"].values():
         assert 0.0 <= metrics["ended_fraction"] <= 1.0 and metrics["other_turn_fraction"] == 0.0
         assert metrics["num_samples"] == 4
