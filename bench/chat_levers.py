@@ -8,8 +8,9 @@ autocast).
 Sampling: ``--samples`` replies of 48 new tokens to the chat demo's requests (first HH-RLHF human turns in
 the ChatML template), batch 64, temperature 1, timed after one warm-up batch. A training step: a batch
 of 8 pairs (16 sequences of the same requests with sampled replies), forward, the pair loss, backward
-and an AdamW step, median of ``--steps`` after one warm-up step. bf16 autocast pays on a CPU whose
-matrix units take bf16 (AMX: ``amx_bf16`` in /proc/cpuinfo); on one without, it is slower than fp32.
+and an AdamW step, median of ``--steps`` after one warm-up step. bf16 autocast pays on a CPU with bf16
+instructions (AMX: ``amx_bf16``; AVX-512's ``avx512_bf16``, in /proc/cpuinfo); on one without, it is slower
+than fp32.
 Writes ``bench/results/chat-levers-<UTC date>.json`` and prints a table.
 """
 
@@ -39,7 +40,8 @@ def cpu_extensions() -> str:
     flags = cpu_flags()
     if flags is None:
         return "unknown"
-    return " ".join(f for f in ("avx2", "avx512f", "amx_bf16") if f in flags) or "none of avx2, avx512f, amx_bf16"
+    named = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
+    return " ".join(f for f in named if f in flags) or f"none of {', '.join(named)}"
 
 
 def autocast(precision: str):

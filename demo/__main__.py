@@ -95,8 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--precision",
         choices=get_args(SamplingPrecision),
         default="32-true",
-        help="how the model samples: in float32, or under bf16 autocast (faster on a CPU with bf16 matrix "
-        "units, amx_bf16, slower on one without); the judge is unchanged",
+        help="how the model samples: in float32, or under bf16 autocast (faster on a CPU with bf16 "
+        "instructions, amx_bf16 or avx512_bf16, slower on one without); the judge is unchanged",
     )
 
     p = sub.add_parser("evaluate", formatter_class=fmt, help="judge score, KL to the reference, distinct-n, length")

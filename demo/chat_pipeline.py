@@ -84,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("auto", "32-true", "bf16-mixed"),
         default="auto",
         help="precision of every stage: labels, reward model, DPO, PPO, best-of-N, evaluation (auto: bf16-mixed "
-        "on a CPU with amx_bf16, else 32-true)",
+        "on a CPU with amx_bf16 or avx512_bf16, else 32-true)",
     )
     return p
 

@@ -139,7 +139,7 @@ def add_common_options(parser: argparse.ArgumentParser, *, max_new_tokens: int, 
         choices=get_args(SamplingPrecision),
         default="32-true",
         help="how the policy samples: in float32, or under bf16 autocast (trainer.precision's words; faster on a "
-        "GPU or a CPU with bf16 matrix units, amx_bf16, slower on a CPU without); the KL and the reward-model "
+        "GPU or a CPU with bf16 instructions, amx_bf16 or avx512_bf16, slower on a CPU without); the KL and the reward-model "
         "and judge scores stay float32",
     )
     parser.set_defaults(sampling_fallback={"max_new_tokens": max_new_tokens, **SAMPLING_FALLBACK})

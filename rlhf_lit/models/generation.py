@@ -324,7 +324,7 @@ def sample_batches(
         seed: seed of the generator.
         precision: ``32-true`` samples in the weights' float32; ``bf16-mixed`` under bf16 autocast
             (:func:`~rlhf_lit.models.precision.sampling_precision`): other samples of a seed, faster on a
-            CPU with bf16 matrix units (AMX) or a GPU, slower on a CPU without. Only ``generate`` runs under it.
+            CPU with bf16 instructions (AMX, AVX512_BF16) or a GPU, slower on a CPU without. Only ``generate`` runs under it.
     """
     check_least("batch_size", batch_size, 1)
     if tokenizer.padding_side != "left":

@@ -59,10 +59,10 @@ def _no_update(new_scale=None) -> None:
 
 
 def warn_if_slow_precision(trainer: Trainer) -> None:
-    """Warn once per process, in one line, when a 16-bit precision runs on a CPU without its matrix unit.
+    """Warn once per process, in one line, when a 16-bit precision runs on a CPU without the instructions for it.
 
-    Without one (``amx_bf16`` for bf16, ``amx_fp16`` for fp16) the CPU emulates 16-bit matrix products:
-    mixed precision then only adds casts (:func:`rlhf_lit.models.precision.slow_precision_message`, the
+    Without them (``amx_bf16`` or ``avx512_bf16`` for bf16, ``amx_fp16`` for fp16) the CPU emulates 16-bit
+    matrix products: mixed precision then only adds casts (:func:`rlhf_lit.models.precision.slow_precision_message`, the
     sentence sampling's ``--precision`` says too). Where the flags cannot be read nothing is said. It changes
     nothing; the user decides.
     """

@@ -13,7 +13,10 @@ from cli_helpers import STORIES, error_line, run_main
 import rlhf_lit.models.precision as cpu
 
 JUDGE = "rlhf_lit.evaluation.judges:vader"
-SLOW = "--precision bf16-mixed on a CPU without amx_bf16 (no matrix unit for it) is emulated and no faster than 32-true"
+SLOW = (
+    "--precision bf16-mixed on a CPU without amx_bf16 or avx512_bf16 (no instructions for it) is emulated and no "
+    "faster than 32-true"
+)
 
 
 def prompts_file(tmp_path):
@@ -98,7 +101,7 @@ def test_bf16_mixed_samples_under_autocast_and_scores_in_float32(tmp_path, stori
         {"sampling", "scoring", "reward model"} if command == "evaluate" else {"sampling", "reward model"}
     )
     assert json.loads((tmp_path / "out.json").read_text())["config"]["precision"] == "bf16-mixed"
-    assert "no matrix unit" not in result.stderr
+    assert "no instructions for it" not in result.stderr
 
 
 @pytest.mark.parametrize("command", ["evaluate", "best-of-n"])
@@ -118,15 +121,15 @@ def test_the_default_samples_in_float32_as_before(tmp_path, stories_rm, cpu_has,
         result.pop("timing_s")
         assert result["config"]["precision"] == "32-true"
     assert results[0] == results[1]
-    assert "no matrix unit" not in default.stderr + explicit.stderr
+    assert "no instructions for it" not in default.stderr + explicit.stderr
 
 
-def test_bf16_mixed_on_a_cpu_without_its_matrix_unit_warns_once(tmp_path, stories_rm, cpu_has):
-    cpu_has("avx2", "avx512f")  # no amx_bf16
+def test_bf16_mixed_on_a_cpu_without_bf16_instructions_warns_once(tmp_path, stories_rm, cpu_has):
+    cpu_has("avx2", "avx512f")  # neither amx_bf16 nor avx512_bf16
     args = evaluate_args(tmp_path, stories_rm, "out.json", "--precision", "bf16-mixed")
     result = run_main(*args, cwd=tmp_path)  # two batches of generate: one warning
     assert result.returncode == 0, result.stderr[-3000:]
-    lines = [line for line in result.stderr.splitlines() if "no matrix unit" in line]
+    lines = [line for line in result.stderr.splitlines() if "no instructions for it" in line]
     assert len(lines) == 1 and SLOW in lines[0] and lines[0].endswith("use --precision 32-true on this CPU")
 
 

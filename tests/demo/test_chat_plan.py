@@ -23,11 +23,13 @@ from demo.plan import Paths
     ("flags", "want"),
     [
         (frozenset({"avx512f", "amx_bf16", "amx_tile"}), "bf16-mixed"),
+        (frozenset({"avx512f", "avx512_bf16"}), "bf16-mixed"),  # AVX-512 bf16 dot products, no AMX
+        (frozenset({"avx512f", "amx_fp16"}), "32-true"),  # an fp16 unit does not multiply bf16
         (frozenset({"avx512f", "avx2"}), "32-true"),  # emulated bf16 is slower than float32
         (None, "32-true"),  # flags unreadable: the safe choice
     ],
 )
-def test_auto_samples_in_bf16_only_where_the_cpu_has_its_matrix_unit(monkeypatch, flags, want):
+def test_auto_samples_in_bf16_only_where_the_cpu_multiplies_bf16_natively(monkeypatch, flags, want):
     monkeypatch.setattr(precision_module, "cpu_flags", lambda: flags)
     assert demo_precision("auto") == want
     assert demo_precision("32-true") == "32-true" and demo_precision("bf16-mixed") == "bf16-mixed"

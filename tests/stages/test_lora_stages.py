@@ -73,7 +73,7 @@ def test_bf16_on_cpu_warns_once_in_one_line(stories_path, helpers, tmp_path, cap
     import rlhf_lit.stages.amp as precision
 
     monkeypatch.setattr(cpu, "_warned", set())
-    monkeypatch.setattr(cpu, "cpu_flags", lambda: frozenset({"avx2", "avx512f"}))  # no amx_bf16
+    monkeypatch.setattr(cpu, "cpu_flags", lambda: frozenset({"avx2", "avx512f"}))  # no amx_bf16 nor avx512_bf16
     module = SFTModule(stories_path, export_dir=str(tmp_path / "export"))
     batch = helpers.sft_batch(module.tokenizer, [("Tom went", " to the park.")])
     with caplog.at_level(logging.WARNING, logger="rlhf_lit"):
@@ -82,16 +82,22 @@ def test_bf16_on_cpu_warns_once_in_one_line(stories_path, helpers, tmp_path, cap
         )
         precision.warn_if_slow_precision(module.trainer)  # a second call says nothing
     lines = [r.getMessage() for r in caplog.records if "no faster than 32-true" in r.getMessage()]
-    assert len(lines) == 1 and "\n" not in lines[0] and "bf16-mixed on a CPU without amx_bf16" in lines[0]
+    assert (
+        len(lines) == 1 and "\n" not in lines[0] and "bf16-mixed on a CPU without amx_bf16 or avx512_bf16" in lines[0]
+    )
 
 
-def test_bf16_on_a_cpu_with_its_matrix_unit_says_nothing(monkeypatch, caplog, tmp_path):
+def test_bf16_on_a_cpu_with_bf16_instructions_says_nothing(monkeypatch, caplog, tmp_path):
     import rlhf_lit.models.precision as cpu
     import rlhf_lit.stages.amp as precision
 
     monkeypatch.setattr(cpu, "_warned", set())
     trainer = pl.Trainer(accelerator="cpu", precision="bf16-mixed", logger=False, default_root_dir=tmp_path)
     monkeypatch.setattr(cpu, "cpu_flags", lambda: frozenset({"avx512f", "amx_bf16"}))
+    with caplog.at_level(logging.WARNING, logger="rlhf_lit"):
+        precision.warn_if_slow_precision(trainer)
+    assert not [r for r in caplog.records if "32-true" in r.getMessage()] and not cpu._warned
+    monkeypatch.setattr(cpu, "cpu_flags", lambda: frozenset({"avx512f", "avx512_bf16"}))  # AVX-512 bf16, no AMX
     with caplog.at_level(logging.WARNING, logger="rlhf_lit"):
         precision.warn_if_slow_precision(trainer)
     assert not [r for r in caplog.records if "32-true" in r.getMessage()] and not cpu._warned
