@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import shlex
 import shutil
 import subprocess
@@ -34,7 +32,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from chat_reward_model import parse_variant
-from results_file import new_result_path, utc_date
+from results_file import write_result
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the demo's package, beside rlhf_lit in a clone
@@ -152,21 +150,8 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
         print(f"{name}: minus DPO at equal KL: {margins}; fit {seconds:.0f} s", flush=True)
-    date = utc_date()
-    path = new_result_path("chat-ppo-variants", date)
-    result = {
-        "date": date,
-        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-        f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}",
-        "command": shlex.join([sys.executable, *sys.argv]),
-        "demo": str(args.demo),
-        "precision": run["precision"],
-        "instruction_model": run["base"],
-        "dpo": run["dpo"],
-        "variants": variants,
-    }
-    path.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
-    print(f"written to {path}")
+    fields = {"demo": str(args.demo), "precision": run["precision"], "instruction_model": run["base"]}
+    write_result("chat-ppo-variants", fields | {"dpo": run["dpo"], "variants": variants})
     return 0
 
 

@@ -22,3 +22,26 @@ def new_result_path(name: str, date: str | None = None) -> Path:
         n += 1
         path = RESULTS / f"{stem}-{n}.json"
     return path
+
+
+def write_result(name: str, fields: dict) -> Path:
+    """Write ``fields`` as a new result of ``name`` (:func:`new_result_path`), after the date, the machine and
+    the command that every result records; prints and returns its path."""
+    import json
+    import os
+    import platform
+    import shlex
+    import sys
+
+    date = utc_date()
+    path = new_result_path(name, date)
+    result = {
+        "date": date,
+        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+        f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}",
+        "command": shlex.join([sys.executable, *sys.argv]),
+        **fields,
+    }
+    path.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    print(f"written to {path}")
+    return path
