@@ -1,7 +1,8 @@
 """The chat demo's speed levers on SmolLM2-135M-Instruct, each a ratio against the plain run in the same
 process on the same machine: sampling (fp32 against bf16 autocast; one thread against two) and one
 training step of the reward model (the full model against ``trainable_layers``; fp32 against bf16
-autocast).
+autocast; with ``cache_frozen``, the step that computes each row's frozen trunk alone and the steps
+that read it).
 
     .venv/bin/python bench/chat_levers.py [--model DIR] [--samples 64] [--steps 4]
 
@@ -80,15 +81,23 @@ def sampling_seconds(model, tokenizer, prompts, precision: str, threads: int) ->
     return (time.perf_counter() - t0) / len(prompts)
 
 
-def step_seconds(path: str, tokenizer, rows, precision: str, trainable_layers: int | None, steps: int) -> float:
-    """Median seconds of one reward-model step (pair loss, backward, AdamW) on ``rows`` (chosen, rejected, ...)."""
+def step_seconds(
+    path: str, tokenizer, rows, precision: str, trainable_layers: int | None, steps: int, cached: bool = False
+) -> tuple[float, float]:
+    """Seconds of one reward-model step (pair loss, backward, AdamW) on ``rows`` (chosen, rejected, ...):
+    the median of ``steps`` after the first, and the first. With ``cached`` the frozen trunk's output is
+    kept (``cache_frozen``): the first step computes each row alone, the others read it."""
     import torch
 
     from rlhf_lit.models import load_reward_model
-    from rlhf_lit.models.freezing import freeze_lower_layers
+    from rlhf_lit.models.freezing import freeze_lower_layers, transformer_blocks
+    from rlhf_lit.models.scoring import sequence_scores
+    from rlhf_lit.models.trunk_cache import TrunkCaches
 
     torch.set_num_threads(2)
     model = freeze_lower_layers(load_reward_model(path, tokenizer), trainable_layers).train()
+    if cached:
+        TrunkCaches().attach(model, len(transformer_blocks(model)) - trainable_layers)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5)
     width = max(map(len, rows))
     ids = torch.tensor([r + [tokenizer.pad_token_id] * (width - len(r)) for r in rows])
@@ -97,13 +106,13 @@ def step_seconds(path: str, tokenizer, rows, precision: str, trainable_layers: i
     for _ in range(steps + 1):
         t0 = time.perf_counter()
         with autocast(precision):
-            scores = model(input_ids=ids, attention_mask=mask).logits[:, 0]  # pooled at each row's last token
+            scores = sequence_scores(model, ids, mask)  # the library's pass: the score at each row's last token
         loss = -torch.nn.functional.logsigmoid(scores[0::2].float() - scores[1::2].float()).mean()
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
         times.append(time.perf_counter() - t0)
-    return statistics.median(times[1:])
+    return statistics.median(times[1:]), times[0]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -133,9 +142,10 @@ def main(argv: list[str] | None = None) -> int:
     rows = [r + r[-48:] for r in prompts[:16]]
     k = args.trainable_layers
     step = {
-        (precision, layers): step_seconds(path, tokenizer, rows, precision, layers, args.steps)
+        (precision, layers): step_seconds(path, tokenizer, rows, precision, layers, args.steps)[0]
         for precision, layers in (("fp32", None), ("fp32", k), ("bf16", None), ("bf16", k))
     }
+    read, first = step_seconds(path, tokenizer, rows, "bf16", k, args.steps, cached=True)
     plain_s, plain_t = sampling[("fp32", 2)], step[("fp32", None)]
     table = [
         ("sampling, fp32, 2 threads (plain)", plain_s, 1.0),
@@ -145,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
         (f"RM step, fp32, top {k} blocks", step[("fp32", k)], plain_t / step[("fp32", k)]),
         ("RM step, bf16 autocast, full model", step[("bf16", None)], plain_t / step[("bf16", None)]),
         (f"RM step, bf16 autocast, top {k} blocks", step[("bf16", k)], plain_t / step[("bf16", k)]),
+        (f"RM step, bf16 autocast, top {k} blocks, cache_frozen: rows computed alone", first, plain_t / first),
+        (f"RM step, bf16 autocast, top {k} blocks, cache_frozen: rows read", read, plain_t / read),
     ]
     result = {
         "date": utc_date(),

@@ -38,7 +38,7 @@ from rlhf_lit.models import load_causal_lm, response_sequence_logprobs
 from rlhf_lit.models.memory import train_mode
 from rlhf_lit.models.reference import build_reference
 from rlhf_lit.models.sharding import reshard, shard_models
-from rlhf_lit.stages.base import PretrainedStage
+from rlhf_lit.stages.pretrained import PretrainedStage
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +78,7 @@ class PairPolicyStage(PretrainedStage):
 
         def frozen_copy() -> torch.nn.Module:  # only without LoRA: see build_reference
             self.ref_model = load().requires_grad_(False).eval()
+            self.keep_trunk(self.ref_model)  # the policy's frozen blocks: one store for both
             return self.ref_model
 
         self.reference = build_reference(self.model, frozen_copy)

@@ -40,8 +40,9 @@ from rlhf_lit.models.loading import has_score_head
 from rlhf_lit.models.memory import train_mode
 from rlhf_lit.models.reward_norm import Normalize, fold_normalization, gain_and_bias, record_normalization
 from rlhf_lit.models.sharding import reshard
-from rlhf_lit.stages.base import PretrainedStage, RunLayout, as_config, require_input
+from rlhf_lit.stages.base import RunLayout, as_config, require_input
 from rlhf_lit.stages.optim import OptimizerConfig
+from rlhf_lit.stages.pretrained import PretrainedStage
 from rlhf_lit.stages.reward_heads import head
 from rlhf_lit.stages.reward_heads.ensemble_head import EnsembleConfig
 from rlhf_lit.stages.reward_heads.odin_head import LengthDebiasConfig

@@ -17,8 +17,9 @@ from rlhf_lit.functional import IGNORE_INDEX, sft_loss
 from rlhf_lit.models import load_causal_lm
 from rlhf_lit.models.memory import train_mode
 from rlhf_lit.models.scoring import causal_lm_logits
-from rlhf_lit.stages.base import PretrainedStage, RunLayout, as_config
+from rlhf_lit.stages.base import RunLayout, as_config
 from rlhf_lit.stages.optim import OptimizerConfig
+from rlhf_lit.stages.pretrained import PretrainedStage
 
 
 class SFTModule(PretrainedStage):

@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader
 
 from rlhf_lit.data import PreferenceDataModule, ResumableSampler, SFTDataModule
 from rlhf_lit.data.sampler import dataloader_order
-from rlhf_lit.stages.base import PretrainedStage
+from rlhf_lit.stages.pretrained import PretrainedStage
 
 
 class _Recorder(L.LightningModule):

@@ -3,12 +3,15 @@ never gets a gradient, the optimizers hold state only for what trains, and a run
 
 from __future__ import annotations
 
+import pytest
 import torch
+from cache_helpers import statistics_per_epoch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from ppo_helpers import TINYSTORIES, assert_resumes_exactly, tiny_module, tiny_trainer
 
 from rlhf_lit.data import PromptDataModule
 from rlhf_lit.stages.optim import OptimizerConfig
+from rlhf_lit.stages.ppo import PPOConfig
 
 FAST = OptimizerConfig(lr=3e-3, eps=1e-5)  # large, so that what trains moves visibly in 2 rollouts
 
@@ -54,3 +57,48 @@ def test_ppo_with_trainable_layers_resumes_exactly(tmp_path):
     tiny_trainer(tmp_path, enable_checkpointing=True, callbacks=[ckpt]).fit(straight, _data(straight))
     resumed = tiny_module(**kwargs)
     assert_resumes_exactly(straight, resumed, _data(resumed), tmp_path, f"step={steps_per_rollout}.ckpt")
+
+
+def test_cache_frozen_gives_the_plain_update_and_one_store_for_every_model(tmp_path):
+    # Adam with eps 1 moves a weight by about lr x its gradient, so the float32 rounding of rows computed
+    # alone stays rounding (the usual eps would turn a near-zero gradient's rounding into a step of lr).
+    smooth = OptimizerConfig(lr=0.3, eps=1.0)
+    runs = {}
+    for cache in (False, True):
+        module = tiny_module(trainable_layers=2, max_rollouts=1, optimizer=smooth, cache_frozen=cache)
+        if cache:  # policy, critic, reference and reward model: all stories260K below their top 2 blocks
+            assert len(module.trunk_caches.attachments) == 4 and len(module.trunk_caches.stores) == 1
+            seen = statistics_per_epoch(module)
+        tiny_trainer(tmp_path / str(cache)).fit(module, _data(module))
+        runs[cache] = module
+    # the rollout's 4 rows computed once (beside each model's 2-row probe), then read by the reference,
+    # the critic and the reward model, and again in the update's 2 epochs
+    assert seen[-1]["misses"] == 4 * 2 + 4 and seen[-1]["hits"] >= 3 * 4 + 2 * 4
+    for which in ("policy", "critic"):
+        cached, plain = getattr(runs[True], which), getattr(runs[False], which)
+        for (name, got), want in zip(cached.named_parameters(), plain.parameters()):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, msg=f"{which} {name}")
+
+
+def test_ppo_with_cache_frozen_resumes_exactly(tmp_path):
+    steps_per_rollout = 8  # 2 epochs x 2 minibatches x 2 optimizers
+    kwargs = dict(trainable_layers=2, max_rollouts=3, optimizer=FAST, cache_frozen=True)
+    straight = tiny_module(**kwargs)
+    ckpt = ModelCheckpoint(
+        dirpath=tmp_path / "ckpt", every_n_train_steps=steps_per_rollout, save_top_k=-1, filename="{step}"
+    )
+    tiny_trainer(tmp_path, enable_checkpointing=True, callbacks=[ckpt]).fit(straight, _data(straight))
+    resumed = tiny_module(**kwargs)
+    assert_resumes_exactly(straight, resumed, _data(resumed), tmp_path, f"step={steps_per_rollout}.ckpt")
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({}, "cache_frozen keeps the output of the blocks below trainable_layers; set trainable_layers"),
+        ({"trainable_layers": 2, "ppo": PPOConfig(forward="compiled")}, "cache_frozen reads its rows in eager passes"),
+    ],
+)
+def test_cache_frozen_refusals(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        tiny_module(cache_frozen=True, **overrides)

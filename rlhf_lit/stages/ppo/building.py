@@ -18,7 +18,7 @@ import torch
 
 from rlhf_lit.functional import AdaptiveKLController, FixedKLController, KLController
 from rlhf_lit.models import load_causal_lm, load_reward_model
-from rlhf_lit.models.freezing import freeze_lower_layers
+from rlhf_lit.models.freezing import freeze_lower_layers, transformer_blocks
 from rlhf_lit.models.generation import stop_token_ids
 from rlhf_lit.models.loading import ModelLoading
 from rlhf_lit.models.lora import with_lora
@@ -26,7 +26,8 @@ from rlhf_lit.models.memory import attach_frozen, enable_gradient_checkpointing
 from rlhf_lit.models.reference import build_reference
 from rlhf_lit.models.reward_ensemble import RewardEnsemble, is_reward_ensemble, load_reward_ensemble, member_paths
 from rlhf_lit.models.sharding import shard_models
-from rlhf_lit.models.value import build_critic
+from rlhf_lit.models.trunk_cache import TrunkCaches
+from rlhf_lit.models.value import SeparateCritic, build_critic
 from rlhf_lit.sources import check_local_source
 from rlhf_lit.stages.base import StageModule, stage_tokenizer
 from rlhf_lit.stages.optim import build_optimizer, fused_adamw_supported
@@ -96,8 +97,23 @@ def build_models(stage: StageModule) -> None:
     for model in (policy, stage.critic if critic == "separate" else None):
         if model is not None:
             freeze_lower_layers(model, settings.trainable_layers)
+    stage.trunk_caches = trunk_caches(stage) if settings.cache_frozen else None
     if stage.memory.gradient_checkpointing:
         enable_gradient_checkpointing(*stage.trained_models)
+
+
+def trunk_caches(stage: StageModule) -> TrunkCaches:
+    """``cache_frozen``: one :class:`~rlhf_lit.models.trunk_cache.TrunkCaches` over the policy, a separate
+    critic, the reference copy and a single reward model, each keeping all but its top
+    ``trainable_layers`` blocks (a model whose frozen weights match another's shares its store)."""
+    caches = TrunkCaches()
+    frozen = (getattr(stage, name, None) for name in ("ref_policy", "reward_model"))
+    critic = stage.critic.model if isinstance(stage.critic, SeparateCritic) else None  # its HF model: the hooks' caller
+    for model in (stage.policy, critic, *frozen):
+        if model is None or isinstance(model, RewardEnsemble):  # an ensemble's members keep their own trunks: not here
+            continue
+        caches.attach(model, len(transformer_blocks(model)) - stage.hparams.trainable_layers)
+    return caches
 
 
 def stage_loading(stage: StageModule) -> ModelLoading:

@@ -20,6 +20,7 @@ SAFE_ON_RESUME = (
     "export_existing",
     "max_skipped_updates",
     "attn_implementation",  # another kernel of the same function (StageModule.SAFE_ON_RESUME)
+    "cache_frozen",  # the same numbers up to float rounding (a row's trunk computed alone)
 )
 """Settings a resume may change: how far the run goes, what is logged beside it, where it exports."""
 

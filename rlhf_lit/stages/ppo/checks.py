@@ -49,6 +49,13 @@ def check_settings(stage: StageModule) -> None:
             "critic='shared_trunk' trains the head with the policy's optimizer; leave critic_optimizer null"
         )
     check_trainable_layers(settings.trainable_layers, lora=lora, critic_lora=critic_lora)
+    if settings.cache_frozen and settings.trainable_layers is None:
+        raise ValueError("cache_frozen keeps the output of the blocks below trainable_layers; set trainable_layers")
+    if settings.cache_frozen and "compiled" in (stage.ppo.forward, stage.sampling.decode):
+        raise ValueError(
+            "cache_frozen reads its rows in eager passes; set ppo.forward and sampling.decode to eager, or "
+            "leave cache_frozen off"
+        )
     check_least("max_rollouts", settings.max_rollouts, 1)
     if (
         stage.ppo.forward == "compiled"

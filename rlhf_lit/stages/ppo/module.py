@@ -126,6 +126,10 @@ class PPOModule(PPOCheckpoints, StageModule):
             critic, and what follows them (final norm, score head; a shared-trunk value head always
             trains); embeddings, lower blocks and a tied LM head stay frozen
             (:mod:`rlhf_lit.models.freezing`). None trains every weight; refused with LoRA.
+        cache_frozen: keep, for each rollout, every row's output of the frozen blocks below
+            ``trainable_layers`` (:mod:`rlhf_lit.models.trunk_cache`): policy, reference, critic and
+            reward model (those with the same frozen weights share it) run it once per row, and the
+            update's epochs run only the top blocks. Needs ``trainable_layers``; eager passes only.
     """
 
     SAFE_ON_RESUME = SAFE_ON_RESUME
@@ -166,6 +170,7 @@ class PPOModule(PPOCheckpoints, StageModule):
         critic_lora: LoRAConfig | None = None,
         memory: MemoryConfig = MemoryConfig(),
         trainable_layers: int | None = None,
+        cache_frozen: bool = False,
     ) -> None:
         super().__init__()
         require_input(sft_model, "sft_model", "the SFT model")
@@ -265,6 +270,8 @@ class PPOModule(PPOCheckpoints, StageModule):
             self.trainer.should_stop = True
             return
         rows = batch["input_ids"].shape[0] * self.sampling.samples_per_prompt
+        if self.trunk_caches is not None:
+            self.trunk_caches.clear()  # the last rollout's rows are never read again
         check_rollout_rows(rows, self.ppo, self.sampling.samples_per_prompt)  # before any work
         timer = RolloutTimer(self.device)
         with padding_free(self.ppo.remove_padding):  # generate, score (+ the update's first forward), advantages
@@ -279,6 +286,8 @@ class PPOModule(PPOCheckpoints, StageModule):
         timer.mark("train")
         kl_coef = self.kl_ctl.value
         metrics = self.rollout_metrics(rollout, info, train_stats, kl_coef, timer)
+        if self.trunk_caches is not None:  # rows read and computed so far, bytes kept for this rollout
+            metrics.update({f"trunk_cache/{k}": v for k, v in self.trunk_caches.statistics().items()})
         # The KL controller sees the KL averaged over all ranks and the global batch size.
         self.kl_ctl.update(metrics["objective/kl"], n_steps=rollout.batch_size * self.trainer.world_size)
         self.log_dict(
