@@ -25,15 +25,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import platform
 import shlex
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from results_file import new_result_path, utc_date
+from results_file import write_result
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the demo's package, beside rlhf_lit in a clone
@@ -210,19 +208,7 @@ def main(argv: list[str] | None = None) -> int:
             "  by the judge's margin: "
             + ", ".join(f"{k} {v['accuracy']:.2f} ({v['pairs']})" for k, v in by_margin.items())
         )
-    date = utc_date()
-    path = new_result_path("chat-reward-model", date)
-    result = {
-        "date": date,
-        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-        f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}",
-        "command": shlex.join([sys.executable, *sys.argv]),
-        **labels,
-        "label_seconds": label_seconds,
-        "variants": results,
-    }
-    path.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
-    print(f"written to {path}")
+    write_result("chat-reward-model", {**labels, "label_seconds": label_seconds, "variants": results})
     return 0
 
 

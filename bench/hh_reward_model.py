@@ -22,16 +22,13 @@ FLOPs it needs (6 x parameters x tokens), on one GPU at a stated throughput. Wri
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import os
-import platform
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from results_file import new_result_path, utc_date
+from results_file import write_result
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the demo's package, beside rlhf_lit in a clone
@@ -156,9 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     per_second = train_tokens / seconds
     params = 134_515_008
     result = {
-        "date": utc_date(),
-        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}",
-        "command": " ".join(cmd),
+        "fit_command": " ".join(cmd),
         "held_out_pairs": n,
         "train_pairs": n_train,
         "epochs": args.epochs,
@@ -173,8 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         "hub_epoch_hours_one_gpu": 6 * params * HUB_PAIRS * (tokens / n) / (GPU_TFLOPS * 1e12) / 3600,
         "logged": logged,
     }
-    path = new_result_path("hh-reward-model", result["date"])
-    path.write_text(json.dumps(result, indent=1))
+    path = write_result("hh-reward-model", result)
     print(
         f"held-out pair accuracy {accuracy:.3f} +- {result['rm_accuracy_se']:.3f} on {n} pairs "
         f"(length baseline {result['length_baseline']:.3f} +- {result['length_baseline_se']:.3f}); "

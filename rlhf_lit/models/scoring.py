@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from typing import TYPE_CHECKING, Literal
 
 import torch
@@ -164,8 +165,11 @@ def response_sequence_logprobs(
 
     One forward pass with positions counting real tokens only (left or right padding give the
     same numbers), then :func:`rlhf_lit.functional.sequence_logprobs`: the sum over the tokens
-    where ``response_mask`` is True, or their mean with ``average``. Gradients flow when the
-    caller allows them (the trained policy); the reference calls it under ``torch.no_grad()``.
+    where ``response_mask`` is True, or their mean with ``average``. The LM head runs only from the
+    position predicting the batch's first response token on (``logits_to_keep``): the prompt
+    positions' logits are never read, and at a large vocabulary the head and its log-softmax cost as
+    much as several blocks. Gradients flow when the caller allows them (the trained policy); the
+    reference calls it under ``torch.no_grad()``.
 
     Args:
         model: a causal LM returning ``.logits (B, T, V)``.
@@ -174,12 +178,35 @@ def response_sequence_logprobs(
         response_mask: bool ``(B, T)``, True on the response tokens.
         average: token mean instead of sum.
     """
-    logits = causal_lm_logits(model, input_ids, attention_mask)  # (B, T, V)
-    return sequence_logprobs(logits, input_ids, response_mask, average)  # (B,)
+    start = 1  # token 0 is never predicted; on the meta device (a released model) nothing to read
+    if response_mask.device.type != "meta":
+        columns = response_mask.bool().any(dim=0).nonzero()  # (C, 1) columns holding a response token
+        start = max(int(columns[0, 0]), 1) if columns.numel() else 1
+    keep = input_ids.shape[1] - (start - 1)  # positions start - 1 .. T - 1
+    logits = causal_lm_logits(model, input_ids, attention_mask, logits_to_keep=keep)  # (B, keep, V)
+    return sequence_logprobs(logits, input_ids[:, start - 1 :], response_mask[:, start - 1 :], average)  # (B,)
 
 
-def causal_lm_logits(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+def accepts_logits_to_keep(model: nn.Module) -> bool:
+    """Whether ``model``'s forward takes ``logits_to_keep`` (transformers' causal LMs; a peft or
+    FSDP wrapper passes it through its ``**kwargs``)."""
+    try:
+        params = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False
+    return "logits_to_keep" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
+def causal_lm_logits(
+    model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int | None = None
+) -> torch.Tensor:
     """``(B, T, V)`` logits of one causal-LM forward pass whose positions count real tokens only
-    (:func:`position_ids_from_mask`: left or right padding give the same numbers)."""
+    (:func:`position_ids_from_mask`: left or right padding give the same numbers); with
+    ``logits_to_keep`` the last that many positions only, ``(B, logits_to_keep, V)`` (sliced here
+    when the model computes every position)."""
     position_ids = position_ids_from_mask(attention_mask)  # (B, T)
-    return model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False).logits
+    kwargs = {"logits_to_keep": logits_to_keep} if logits_to_keep and accepts_logits_to_keep(model) else {}
+    logits = model(
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False, **kwargs
+    ).logits
+    return logits if logits_to_keep is None else logits[:, -logits_to_keep:]

@@ -7,15 +7,13 @@ are taken under ``softmax(logits / temperature)`` as the tokens were drawn (N de
 
 from __future__ import annotations
 
-import inspect
-
 import torch
 from torch import nn
 
 from rlhf_lit.functional import token_logprobs
 from rlhf_lit.models.generation import Generated
 from rlhf_lit.models.packing import pack_rows, packing_applies, place_rows
-from rlhf_lit.models.scoring import model_attention_mask, position_ids_from_mask
+from rlhf_lit.models.scoring import accepts_logits_to_keep, model_attention_mask, position_ids_from_mask
 
 
 def forward_with_positions(
@@ -41,16 +39,6 @@ def forward_with_positions(
     )
 
 
-def _accepts_logits_to_keep(model: nn.Module) -> bool:
-    """Whether ``model``'s forward takes ``logits_to_keep`` (transformers' causal LMs; a peft or
-    FSDP wrapper passes it through its ``**kwargs``)."""
-    try:
-        params = inspect.signature(model.forward).parameters
-    except (TypeError, ValueError):
-        return False
-    return "logits_to_keep" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
-
-
 def forward_response_logits(
     model: nn.Module,
     query_responses: torch.Tensor,
@@ -70,7 +58,7 @@ def forward_response_logits(
         return _packed_response_logits(model, query_responses, attention_mask, prompt_length, output_hidden_states)
     total = query_responses.shape[1]
     kwargs = {}
-    if _accepts_logits_to_keep(model):
+    if accepts_logits_to_keep(model):
         kwargs["logits_to_keep"] = torch.arange(prompt_length - 1, total - 1, device=query_responses.device)  # (R,)
     out = forward_with_positions(model, query_responses, attention_mask, output_hidden_states, **kwargs)
     logits = out.logits if out.logits.shape[1] == total - prompt_length else response_logits(out.logits, prompt_length)
@@ -90,7 +78,7 @@ def _packed_response_logits(
     rows = pack_rows(query_responses, attention_mask)
     predicting = rows.index[:, prompt_length - 1 : -1]  # (B, R): the packed place of the logits of token t
     keep = predicting[predicting >= 0]  # (K,)
-    kwargs = {"logits_to_keep": keep} if _accepts_logits_to_keep(model) else {}
+    kwargs = {"logits_to_keep": keep} if accepts_logits_to_keep(model) else {}
     out = model(
         input_ids=rows.input_ids,
         position_ids=rows.position_ids,

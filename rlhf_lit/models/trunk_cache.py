@@ -203,6 +203,8 @@ class TrunkCaches:
                 f"cache_frozen: {frozen_blocks} frozen blocks of {len(blocks)}; set trainable_layers below "
                 f"{len(blocks)}"
             )
+        if any("forward" in block.__dict__ for block in blocks):
+            raise ValueError(f"cache_frozen: {type(model).__name__} is already attached to a trunk cache")
         frozen = [*modules_run_before(model, blocks[0]), *blocks[:frozen_blocks]]
         if any(p.requires_grad for module in frozen for p in module.parameters()):
             raise ValueError("cache_frozen: the blocks below trainable_layers must be frozen (no parameter training)")

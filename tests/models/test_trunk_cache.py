@@ -134,6 +134,9 @@ def test_what_the_cache_cannot_keep_is_refused(stories_path, policy):
         caches.attach(load_causal_lm(stories_path, tok), FROZEN)  # nothing frozen
     with pytest.raises(ValueError, match="3 frozen blocks of 5|5 frozen blocks of 5"):
         caches.attach(policy, 5)
+    caches.attach(policy, FROZEN)
+    with pytest.raises(ValueError, match="already attached to a trunk cache"):
+        TrunkCaches().attach(policy, FROZEN)
     dropping = freeze_lower_layers(load_causal_lm(stories_path, tok), 2)
     dropping.model.layers[0].mlp.add_module("drop", torch.nn.Dropout(0.1))
     with pytest.raises(ValueError, match="applies dropout below its trainable blocks"):
