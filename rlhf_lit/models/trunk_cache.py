@@ -31,13 +31,19 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, Literal
 
 import torch
 from torch import nn
 
 from rlhf_lit.models.freezing import modules_run_before, transformer_blocks
+
+TrunkFill = Literal["alone", "batch"]
+"""How a row missing from the store is computed in a pass: ``alone`` (unpadded, by itself: what is kept
+depends only on the row, so rows kept across steps read the same after a resume) or ``batch`` (with the
+other missing rows of the pass, as padded there: for a store emptied before any step could be resumed
+into, PPO's per rollout). :meth:`TrunkCaches.prefill` computes a known set of rows in batches either way."""
 
 
 class _TrunkRecorded(Exception):  # noqa: N818 - a signal, not an error: the recording pass stops here
@@ -86,8 +92,10 @@ def _bytes(tensor: torch.Tensor) -> bytes:
 class _Attachment:
     """The cache's hooks on one model: its frozen blocks' wrapped forwards and its pre- and post-hooks."""
 
-    def __init__(self, model: nn.Module, frozen_blocks: int, store: dict[tuple[str, bytes], torch.Tensor]) -> None:
-        self.model, self.store = model, store
+    def __init__(
+        self, model: nn.Module, frozen_blocks: int, store: dict[tuple[str, bytes], torch.Tensor], fill: TrunkFill
+    ) -> None:
+        self.model, self.store, self.fill = model, store, fill
         self.blocks = transformer_blocks(model)
         self.frozen = frozen_blocks
         self.recording = False  # a row computed alone: stops after the last frozen block
@@ -148,12 +156,15 @@ class _Attachment:
         autocast = _autocast_key(ids.device)
         rows = [ids[i][mask[i]] for i in range(ids.shape[0])]
         keys = [(autocast, row.cpu().numpy().tobytes()) for row in rows]
-        for key, row in zip(keys, rows):
-            if key in self.store:
-                self.hits += 1
-            else:
-                self.store[key] = self.record(row)
-                self.misses += 1
+        missing = {key: i for i, key in reversed(list(enumerate(keys))) if key not in self.store}  # first row of a key
+        self.hits += len(keys) - len(missing)
+        self.misses += len(missing)
+        if missing and self.fill == "batch":  # the batch's missing rows together, as they are padded here
+            index = torch.tensor(list(missing.values()), device=ids.device)
+            self.store.update(zip(missing, self.record_batch(ids[index], mask[index])))
+        else:
+            for key, i in missing.items():
+                self.store[key] = self.record(rows[i])
         first = self.store[keys[0]]
         ready = torch.zeros((*ids.shape, first.shape[-1]), dtype=first.dtype, device=first.device)
         for i, key in enumerate(keys):
@@ -182,13 +193,33 @@ class _Attachment:
             self.recording = False
         raise RuntimeError(f"cache_frozen: {type(self.model).__name__}'s forward did not reach its frozen blocks")
 
+    def record_batch(self, ids: torch.Tensor, mask: torch.Tensor) -> list[torch.Tensor]:
+        """The trunk's output of each row of a padded batch ``(B, T)``, ``(n_i, D)`` at its real tokens."""
+        self.recording = True
+        try:
+            with torch.no_grad():
+                self.model(
+                    input_ids=ids,
+                    attention_mask=mask.long(),
+                    position_ids=(mask.long().cumsum(-1) - 1).clamp(min=0),
+                    use_cache=False,
+                )
+        except _TrunkRecorded as recorded:
+            real = mask.bool()
+            return [recorded.hidden[i][real[i]].detach() for i in range(ids.shape[0])]
+        finally:
+            self.recording = False
+        raise RuntimeError(f"cache_frozen: {type(self.model).__name__}'s forward did not reach its frozen blocks")
+
 
 class TrunkCaches:
     """The frozen trunks' outputs of a stage's models, one store per distinct trunk (see the module
     docstring). :meth:`attach` a model with its count of frozen blocks; :meth:`clear` empties every
     store (PPO, at each rollout); :meth:`remove` takes every hook off."""
 
-    def __init__(self) -> None:
+    def __init__(self, fill: TrunkFill = "alone") -> None:
+        self.fill = fill
+        self.prefilled = 0
         self.stores: dict[str, dict[tuple[str, bytes], torch.Tensor]] = {}
         self.attachments: list[_Attachment] = []
 
@@ -215,7 +246,7 @@ class TrunkCaches:
                         f"cache_frozen: {type(model).__name__} applies dropout below its trainable blocks "
                         f"(p = {sub.p}); a kept output must be the same every pass"
                     )
-        attachment = _Attachment(model, frozen_blocks, {})
+        attachment = _Attachment(model, frozen_blocks, {}, self.fill)
         try:
             device = next(model.parameters()).device
             with torch.autocast(device.type, enabled=False):
@@ -262,6 +293,39 @@ class TrunkCaches:
                 "(its blocks do not pass hidden states straight from one to the next); leave cache_frozen off"
             )
 
+    @torch.no_grad()
+    def prefill(self, batches: Iterable[tuple[torch.Tensor, torch.Tensor]], rows_per_pass: int = 16) -> int:
+        """Compute, in every store, the rows of ``batches`` (``(input_ids, attention_mask)`` pairs) it
+        lacks, in an order of their own: the distinct rows sorted by length and tokens, ``rows_per_pass``
+        at a time, right padded. What is kept then depends on the set of rows alone, never on the order a
+        data loader gives them or where a resumed run starts, and costs a padded batch's share per row
+        where a row computed alone costs about twice that. Runs under the caller's autocast. Returns the
+        rows computed."""
+        rows: dict[bytes, torch.Tensor] = {}
+        for ids, mask in batches:
+            real = mask.bool()
+            for i in range(ids.shape[0]):
+                row = ids[i][real[i]]
+                rows.setdefault(row.cpu().numpy().tobytes(), row)
+        computed = 0
+        for store in self.stores.values():
+            attachment = next(a for a in self.attachments if a.store is store)
+            device = next(attachment.model.parameters()).device
+            autocast = _autocast_key(device)
+            todo = sorted(((len(r), b, r) for b, r in rows.items() if (autocast, b) not in store), key=lambda t: t[:2])
+            for start in range(0, len(todo), rows_per_pass):
+                chunk = [r.to(device) for _, _, r in todo[start : start + rows_per_pass]]
+                width = max(len(r) for r in chunk)
+                ids = torch.zeros(len(chunk), width, dtype=chunk[0].dtype, device=device)
+                mask = torch.zeros(len(chunk), width, dtype=torch.long, device=device)
+                for i, r in enumerate(chunk):
+                    ids[i, : len(r)], mask[i, : len(r)] = r, 1
+                for (_, key, _), hidden in zip(todo[start : start + rows_per_pass], attachment.record_batch(ids, mask)):
+                    store[(autocast, key)] = hidden
+            computed += len(todo)
+        self.prefilled += computed
+        return computed
+
     def clear(self) -> None:
         """Forget every kept trunk output (the hooks stay)."""
         for store in self.stores.values():
@@ -275,10 +339,12 @@ class TrunkCaches:
         self.clear()
 
     def statistics(self) -> dict[str, float]:
-        """Rows read from the stores and rows computed, over every attached model, and the bytes kept."""
+        """Rows read from the stores and rows computed in a pass, over every attached model; rows computed by
+        :meth:`prefill`; the bytes kept."""
         kept = sum(t.numel() * t.element_size() for store in self.stores.values() for t in store.values())
         return {
             "hits": float(sum(a.hits for a in self.attachments)),
             "misses": float(sum(a.misses for a in self.attachments)),
+            "prefilled": float(self.prefilled),
             "bytes": float(kept),
         }

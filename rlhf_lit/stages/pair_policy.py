@@ -113,6 +113,10 @@ class PairPolicyStage(PretrainedStage):
         response_mask = response_mask_from_prompt_length(attention_mask, prompt_length)  # (2B, T)
         return input_ids, attention_mask, response_mask
 
+    def trunk_rows(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rows policy and reference read (``cache_frozen``'s prefill): chosen then rejected."""
+        return self._pair_inputs(batch)[:2]
+
     def _reference_logprobs(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_mask: torch.Tensor
     ) -> torch.Tensor:

@@ -7,9 +7,13 @@ per sequence (``cache_frozen``, :mod:`rlhf_lit.models.trunk_cache`).
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterator
 from dataclasses import asdict
 
 import torch
+from lightning.pytorch.utilities.model_helpers import is_overridden
+from torch.utils.data import DataLoader
 
 from rlhf_lit.functional.ranking import batch_examples
 from rlhf_lit.models.freezing import check_trainable_layers, freeze_lower_layers, transformer_blocks
@@ -20,6 +24,23 @@ from rlhf_lit.models.trunk_cache import TrunkCaches
 from rlhf_lit.stages.base import StageModule, as_config, stage_tokenizer
 from rlhf_lit.stages.export import ExportExisting
 from rlhf_lit.tokenizer import MissingPad
+
+log = logging.getLogger(__name__)
+
+
+def dataset_batches(loader: DataLoader) -> Iterator[dict]:
+    """The batches of ``loader``'s dataset in index order, collated as the loader collates (its batch
+    size, or one item per batch when the dataset holds batches); nothing for a dataset without a length."""
+    dataset, collate = loader.dataset, loader.collate_fn
+    if not hasattr(dataset, "__len__"):
+        return
+    size = loader.batch_size
+    if size is None:
+        for i in range(len(dataset)):
+            yield collate(dataset[i])
+        return
+    for start in range(0, len(dataset), size):
+        yield collate([dataset[i] for i in range(start, min(start + size, len(dataset)))])
 
 
 class PretrainedStage(StageModule):
@@ -130,6 +151,41 @@ class PretrainedStage(StageModule):
         if self.trunk_caches is not None and getattr(self, "_device_mesh", None) is not None:
             raise ValueError("cache_frozen is not supported under fsdp / fsdp2: set cache_frozen: false")
         super().configure_model()
+
+    def on_fit_start(self) -> None:
+        """The base's checks before any step; then, with ``cache_frozen``, the frozen part's output of every
+        training and validation row, computed once in an order of its own (:meth:`prefill_trunk`)."""
+        super().on_fit_start()
+        if self.trunk_caches is not None:
+            self.prefill_trunk()
+
+    def trunk_rows(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``(input_ids, attention_mask)`` of the rows the stage's passes read from ``batch``; None: the
+        stage does not say, and rows are computed as the passes meet them."""
+        return None
+
+    @torch.no_grad()
+    def prefill_trunk(self) -> None:
+        """Keep the frozen part's output of every row of the data module's training and validation data
+        (:meth:`~rlhf_lit.models.trunk_cache.TrunkCaches.prefill`), read from the datasets in index order,
+        not through the loaders' samplers: a resumed run, whose sampler skips what was trained, keeps
+        the same values. Under the Trainer's precision, as the passes that read them."""
+        datamodule = getattr(self.trainer, "datamodule", None)
+        if datamodule is None:
+            return
+        loaders = [datamodule.train_dataloader()]
+        if is_overridden("val_dataloader", datamodule):
+            loaders.append(datamodule.val_dataloader())
+        rows = []
+        for loader in (loader for loader in loaders if isinstance(loader, DataLoader)):  # no validation: []
+            for batch in dataset_batches(loader):
+                found = self.trunk_rows({k: v.to(self.device) for k, v in batch.items() if isinstance(v, torch.Tensor)})
+                if found is None:
+                    return
+                rows.append(found)
+        with self.trainer.precision_plugin.forward_context():
+            computed = self.trunk_caches.prefill(rows)
+        log.info("cache_frozen: kept the frozen blocks' output of %d rows", computed)
 
     def on_train_epoch_end(self) -> None:
         """Log what the frozen-trunk cache read and computed so far (``trunk_cache/*``)."""

@@ -148,6 +148,10 @@ class RewardModelModule(PretrainedStage):
         rejected rows, a ranking batch's or a reference batch's rows as they are)."""
         return batch_sequences(batch, self.tokenizer.pad_token_id)
 
+    def trunk_rows(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rows the reward model scores (``cache_frozen``'s prefill): :meth:`batch_sequences`."""
+        return self.batch_sequences(batch)
+
     def pair_scores(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """Raw scores of the chosen and rejected sequences from ONE forward pass, each ``(B,)``."""
         return self.raw_scores(*self.batch_sequences(batch)).chunk(2)  # (2B,): chosen rows, then rejected rows

@@ -59,6 +59,10 @@ class SFTModule(PretrainedStage):
         logits = self(batch["input_ids"], batch["attention_mask"])  # (B, T, V)
         return sft_loss(logits, batch["labels"], ignore_index=IGNORE_INDEX)  # ()
 
+    def trunk_rows(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rows the loss reads (``cache_frozen``'s prefill)."""
+        return batch["input_ids"], batch["attention_mask"]
+
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         """Response-only cross-entropy; logs loss, perplexity and the learning rate."""
         with train_mode(self.model):  # what activates gradient checkpointing (dropout is off)

@@ -50,9 +50,9 @@ def test_a_cached_reward_model_ends_where_the_plain_one_ends(stories_path, helpe
             seen = statistics_per_epoch(module)
         trainer.fit(module, datamodule=_data(helpers, module.tokenizer))
         runs[cache] = module
-    # 3 epochs of 2 batches of 4 rows, the first batch validated each epoch: 8 rows computed once
-    # (the probe's 2 apart), 3 x 8 + 3 x 4 - 8 reads.
-    assert seen[-1]["misses"] == 2 + 8 and seen[-1]["hits"] == 3 * 8 + 3 * 4 - 8
+    # 3 epochs of 2 batches of 4 rows, the first batch validated each epoch: the 8 rows computed before
+    # the first step (prefill), every pass a read (the probe's 2 rows apart)
+    assert seen[-1]["prefilled"] == 8 and seen[-1]["misses"] == 2 and seen[-1]["hits"] == 3 * 8 + 3 * 4
     assert not runs[True].trunk_caches.attachments  # fit's end took the hooks off
     assert (runs[True].model.score.weight - start).abs().max() > 1e-3  # it trained
     for (name, got), want in zip(runs[True].model.named_parameters(), runs[False].model.parameters()):
@@ -89,9 +89,9 @@ def test_dpo_reads_the_reference_from_the_policys_store(stories_path, helpers, t
             seen = statistics_per_epoch(module)
         helpers.cpu_trainer(tmp_path / str(cache), max_steps=2).fit(module, datamodule=_data(helpers, module.tokenizer))
         runs[cache] = module
-    # one epoch of 8 rows, each computed once by the first model to read it and read by the other; then
-    # the validation batch's 4 rows, read by both (each model's probe: 2 rows apart)
-    assert seen[-1]["misses"] == 2 * 2 + 8 and seen[-1]["hits"] == 8 + 2 * 4
+    # one epoch of 8 rows computed before the first step (prefill), read by the policy and the reference,
+    # then the validation batch's 4 rows, read by both (each model's probe: 2 rows apart)
+    assert seen[-1]["prefilled"] == 8 and seen[-1]["misses"] == 2 * 2 and seen[-1]["hits"] == 2 * 8 + 2 * 4
     for (name, got), want in zip(runs[True].model.named_parameters(), runs[False].model.parameters()):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, msg=name)
 
@@ -99,3 +99,37 @@ def test_dpo_reads_the_reference_from_the_policys_store(stories_path, helpers, t
 def test_cache_frozen_needs_trainable_layers(stories_path):
     with pytest.raises(ValueError, match="cache_frozen keeps the output of the blocks below trainable_layers"):
         RewardModelModule(stories_path, cache_frozen=True)
+
+
+def test_a_cached_reward_model_resumed_mid_epoch_on_real_data_is_exact(stories_path, helpers, tmp_path):
+    """PreferenceDataModule's sampler skips what was trained after a resume; the rows kept before the first
+    step are read from its dataset in index order, so a run resumed mid-epoch 1 (rows of epoch 0 kept by
+    the first run, computed again by the resumed one) ends bit for bit where the uninterrupted run ends."""
+    from assets_paths import HH_RLHF
+
+    from rlhf_lit.data import PreferenceDataModule
+
+    def data(tok):
+        return PreferenceDataModule(
+            tokenizer=tok, train_path=str(HH_RLHF), format="hh_rlhf", max_records=12, batch_size=4,
+            max_length=64, max_prompt_length=32, seed=3,
+        )  # fmt: skip
+
+    whole = _reward_model(stories_path, tmp_path / "whole-export", True)
+    counts = {"whole": statistics_per_epoch(whole)}
+    saver = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=1, save_top_k=-1)
+    trainer = helpers.cpu_trainer(tmp_path / "whole", max_steps=6, enable_checkpointing=True, callbacks=[saver])
+    trainer.fit(whole, datamodule=data(whole.tokenizer))  # 3 batches an epoch
+    (mid_epoch_1,) = (tmp_path / "ckpt").glob("*step=4.ckpt")
+    resumed = _reward_model(stories_path, tmp_path / "resumed-export", True)
+    counts["resumed"] = statistics_per_epoch(resumed)
+    trainer = helpers.cpu_trainer(tmp_path / "resumed", max_steps=6)
+    trainer.fit(resumed, datamodule=data(resumed.tokenizer), ckpt_path=mid_epoch_1)
+    assert trainer.global_step == 6
+    # Both runs kept every row before their first step, and no pass computed one (beside the probe's 2):
+    # the values read do not depend on the sampler's position (on a model this small a row computed in
+    # another batch may give the same bits, so the counts, not only the weights, are checked).
+    for seen in counts.values():
+        assert seen[-1]["prefilled"] == counts["whole"][-1]["prefilled"] > 0 and seen[-1]["misses"] == 2
+    for (name, got), want in zip(resumed.model.named_parameters(), whole.model.parameters()):
+        assert torch.equal(got, want), name

@@ -106,7 +106,7 @@ def trunk_caches(stage: StageModule) -> TrunkCaches:
     """``cache_frozen``: one :class:`~rlhf_lit.models.trunk_cache.TrunkCaches` over the policy, a separate
     critic, the reference copy and a single reward model, each keeping all but its top
     ``trainable_layers`` blocks (a model whose frozen weights match another's shares its store)."""
-    caches = TrunkCaches()
+    caches = TrunkCaches(fill="batch")  # emptied every rollout: a resume starts at a rollout, with none kept
     frozen = (getattr(stage, name, None) for name in ("ref_policy", "reward_model"))
     critic = stage.critic.model if isinstance(stage.critic, SeparateCritic) else None  # its HF model: the hooks' caller
     for model in (stage.policy, critic, *frozen):
