@@ -47,9 +47,10 @@ def test_only_the_top_blocks_of_policy_and_critic_train(tmp_path):
         assert {id(p) for p in opt.optimizer.state} <= trained  # no Adam state for a frozen weight
 
 
-def test_ppo_with_trainable_layers_resumes_exactly(tmp_path):
+@pytest.mark.parametrize("cache_frozen", [False, True], ids=["plain", "cache_frozen"])
+def test_ppo_with_trainable_layers_resumes_exactly(tmp_path, cache_frozen):
     steps_per_rollout = 8  # 2 epochs x 2 minibatches x 2 optimizers
-    kwargs = dict(trainable_layers=2, max_rollouts=3, optimizer=FAST)
+    kwargs = dict(trainable_layers=2, max_rollouts=3, optimizer=FAST, cache_frozen=cache_frozen)
     straight = tiny_module(**kwargs)
     ckpt = ModelCheckpoint(
         dirpath=tmp_path / "ckpt", every_n_train_steps=steps_per_rollout, save_top_k=-1, filename="{step}"
@@ -78,18 +79,6 @@ def test_cache_frozen_gives_the_plain_update_and_one_store_for_every_model(tmp_p
         cached, plain = getattr(runs[True], which), getattr(runs[False], which)
         for (name, got), want in zip(cached.named_parameters(), plain.parameters()):
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, msg=f"{which} {name}")
-
-
-def test_ppo_with_cache_frozen_resumes_exactly(tmp_path):
-    steps_per_rollout = 8  # 2 epochs x 2 minibatches x 2 optimizers
-    kwargs = dict(trainable_layers=2, max_rollouts=3, optimizer=FAST, cache_frozen=True)
-    straight = tiny_module(**kwargs)
-    ckpt = ModelCheckpoint(
-        dirpath=tmp_path / "ckpt", every_n_train_steps=steps_per_rollout, save_top_k=-1, filename="{step}"
-    )
-    tiny_trainer(tmp_path, enable_checkpointing=True, callbacks=[ckpt]).fit(straight, _data(straight))
-    resumed = tiny_module(**kwargs)
-    assert_resumes_exactly(straight, resumed, _data(resumed), tmp_path, f"step={steps_per_rollout}.ckpt")
 
 
 @pytest.mark.parametrize(
