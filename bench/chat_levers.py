@@ -1,5 +1,6 @@
 """The chat demo's speed levers on SmolLM2-135M-Instruct, each a ratio against the plain run in the same
-process on the same machine: sampling (fp32 against bf16 autocast; one thread against two) and one
+process on the same machine: sampling (fp32 against bf16 autocast; one thread against two; the token drawn
+by ``torch.multinomial`` against one uniform per row, ``sampling.draw: inverse_cdf``) and one
 training step of the reward model (the full model against ``trainable_layers``; fp32 against bf16
 autocast; with ``cache_frozen``, the rows' frozen blocks kept before the first step, and the steps that
 read them).
@@ -66,14 +67,15 @@ def requests(tokenizer, n: int) -> list[list[int]]:
     return [tokenizer(r, add_special_tokens=False)["input_ids"] for r in rendered]
 
 
-def sampling_seconds(model, tokenizer, prompts, precision: str, threads: int) -> float:
-    """Seconds per reply of sampling ``prompts`` (48 new tokens, batch 64) after one warm-up batch."""
+def sampling_seconds(model, tokenizer, prompts, precision: str, threads: int, draw: str = "multinomial") -> float:
+    """Seconds per reply of sampling ``prompts`` (48 new tokens, batch 64, tokens drawn by ``draw``) after one
+    warm-up batch."""
     import torch
 
     from rlhf_lit.models.generation import SamplingConfig, sample_batches
 
     torch.set_num_threads(threads)
-    config = SamplingConfig(temperature=1.0, max_new_tokens=48)
+    config = SamplingConfig(temperature=1.0, max_new_tokens=48, draw=draw)
     sampled_at = "bf16-mixed" if precision == "bf16" else "32-true"  # the lever as users set it: --precision
     list(sample_batches(model, tokenizer, prompts[:8], config, batch_size=8, seed=1, precision=sampled_at))
     t0 = time.perf_counter()
@@ -140,10 +142,15 @@ def main(argv: list[str] | None = None) -> int:
     prompts = requests(tokenizer, args.samples)
     policy = load_causal_lm(path, tokenizer).eval()
     sampling = {
-        (precision, threads): sampling_seconds(policy, tokenizer, prompts, precision, threads)
-        for precision, threads in (("fp32", 2), ("bf16", 2), ("fp32", 1))
+        (precision, threads, draw): sampling_seconds(policy, tokenizer, prompts, precision, threads, draw)
+        for precision, threads, draw in (
+            ("fp32", 2, "multinomial"),
+            ("bf16", 2, "multinomial"),
+            ("fp32", 1, "multinomial"),
+            ("bf16", 2, "inverse_cdf"),
+        )
     }
-    print("sampling, s per reply:", {f"{p} {t} threads": round(s, 3) for (p, t), s in sampling.items()}, flush=True)
+    print("sampling, s per reply:", {" ".join(map(str, k)): round(s, 3) for k, s in sampling.items()}, flush=True)
     # Training rows: each request with two of its sampled-style replies (the request's own tokens repeated
     # stand in for a reply: the step's cost depends on the lengths, not the words).
     rows = [r + r[-48:] for r in prompts[:16]]
@@ -153,11 +160,15 @@ def main(argv: list[str] | None = None) -> int:
         for precision, layers in (("fp32", None), ("fp32", k), ("bf16", None), ("bf16", k))
     }
     read, first = step_seconds(path, tokenizer, rows, "bf16", k, args.steps, cached=True)
-    plain_s, plain_t = sampling[("fp32", 2)], step[("fp32", None)]
+    plain_s, plain_t = sampling[("fp32", 2, "multinomial")], step[("fp32", None)]
+    bf16_s, fp32_1, bf16_cdf = (
+        sampling[k] for k in (("bf16", 2, "multinomial"), ("fp32", 1, "multinomial"), ("bf16", 2, "inverse_cdf"))
+    )
     table = [
         ("sampling, fp32, 2 threads (plain)", plain_s, 1.0),
-        ("sampling, bf16 autocast, 2 threads", sampling[("bf16", 2)], plain_s / sampling[("bf16", 2)]),
-        ("sampling, fp32, 1 thread", sampling[("fp32", 1)], plain_s / sampling[("fp32", 1)]),
+        ("sampling, bf16 autocast, 2 threads", bf16_s, plain_s / bf16_s),
+        ("sampling, fp32, 1 thread", fp32_1, plain_s / fp32_1),
+        ("sampling, bf16 autocast, 2 threads, draw: inverse_cdf", bf16_cdf, plain_s / bf16_cdf),
         ("RM step, fp32, full model (plain)", plain_t, 1.0),
         (f"RM step, fp32, top {k} blocks", step[("fp32", k)], plain_t / step[("fp32", k)]),
         ("RM step, bf16 autocast, full model", step[("bf16", None)], plain_t / step[("bf16", None)]),

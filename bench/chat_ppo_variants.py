@@ -80,18 +80,16 @@ def evaluate_checkpoints(model: str, run: dict, folder: Path) -> dict[int, dict]
     """Every rollout checkpoint of a variant on the held-out requests: ``{rollout: metrics}``."""
     import torch
 
-    from demo.chat_plan import CHAT_FULL, sampling_settings
+    from demo.chat_plan import CHAT_FULL, demo_sampling
     from demo.frontier import export_checkpoint_policy
     from demo.plan import Paths
     from rlhf_lit.data.prompt_source import read_prompt_source
     from rlhf_lit.evaluation.judges import load_judge
     from rlhf_lit.evaluation.policy_metrics import evaluate_policy
     from rlhf_lit.models.checkpoint_policy import rollout_checkpoints
-    from rlhf_lit.models.generation import SamplingConfig
 
     torch.set_num_threads(CHAT_FULL.threads)
-    temperature, max_new_tokens = sampling_settings(CHAT_FULL)
-    sampling = SamplingConfig(temperature=temperature, max_new_tokens=max_new_tokens)
+    sampling = demo_sampling(CHAT_FULL)
     prompts = read_prompt_source(str(run["eval_prompts"])).prompts
     judge = load_judge("rlhf_lit.evaluation.judges:vader")
     checkpoints = Paths(folder).checkpoints

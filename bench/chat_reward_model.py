@@ -61,13 +61,12 @@ def write_requests(out: Path, n_label: int, n_val: int) -> tuple[Path, Path]:
 def label(model: str, prompts: Path, rankings: Path, k: int, seed: int, precision: str) -> None:
     """``python -m demo preferences`` at the chat demo's sampling settings (sampled at ``precision``); the
     rankings to ``rankings``."""
-    from demo.chat_plan import CHAT_FULL, sampling_settings
+    from demo.chat_plan import CHAT_FULL, sampling_options
 
-    temperature, max_new_tokens = sampling_settings(CHAT_FULL)
     cmd = [sys.executable, "-m", "demo", "preferences", "--model", model, "--prompts", str(prompts)]
     cmd += ["--out", str(rankings.with_suffix(".pairs.jsonl")), "--rankings-out", str(rankings)]
-    cmd += ["--samples-per-prompt", str(k), "--temperature", str(temperature)]
-    cmd += ["--max-new-tokens", str(max_new_tokens), "--seed", str(seed), "--precision", precision]
+    cmd += ["--samples-per-prompt", str(k), *sampling_options(CHAT_FULL)]
+    cmd += ["--seed", str(seed), "--precision", precision]
     subprocess.run(cmd, cwd=ROOT, check=True)
 
 

@@ -14,6 +14,7 @@ from demo.plan import ASSETS
 from demo.story_prompts import RANGES
 from rlhf_lit.evaluation.judges import DEFAULT_JUDGE
 from rlhf_lit.models.precision import SamplingPrecision
+from rlhf_lit.models.token_draw import DRAWS
 
 DEFAULT_PARAGRAPHS = str(ASSETS / "data" / "tinystories" / "val.txt")
 
@@ -31,6 +32,12 @@ def _add_prompt_args(p: argparse.ArgumentParser, stage: str) -> None:
     p.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature")
     p.add_argument("--max-new-tokens", type=int, default=48, help="most tokens per completion")
+    p.add_argument(
+        "--draw",
+        choices=DRAWS,
+        default="multinomial",
+        help="how each token is drawn (rlhf_lit.models.token_draw: the same distribution, other samples of a seed)",
+    )
     p.add_argument("--batch-size", type=int, default=64, help="completions per generate call")
     p.add_argument("--seed", type=int, default=0, help="sampling (and labelling) seed")
 
@@ -38,7 +45,7 @@ def _add_prompt_args(p: argparse.ArgumentParser, stage: str) -> None:
 def _sampling(args: argparse.Namespace):
     from rlhf_lit.models.generation import SamplingConfig
 
-    return SamplingConfig(temperature=args.temperature, max_new_tokens=args.max_new_tokens)
+    return SamplingConfig(temperature=args.temperature, max_new_tokens=args.max_new_tokens, draw=args.draw)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -68,10 +68,31 @@ CHAT_TINY = ChatBudget(
 )
 
 
-def sampling_settings(budget: ChatBudget) -> tuple[float, int]:
-    """``(temperature, max_new_tokens)`` PPO samples with: labels, best-of-N and the evaluation use the same."""
+def demo_sampling(budget: ChatBudget):
+    """The :class:`~rlhf_lit.models.generation.SamplingConfig` PPO samples with (temperature, token draw and
+    ``max_new_tokens`` of ``configs/demo_chat/ppo.yaml``, or the budget's); labels, best-of-N and the
+    evaluation sample with the same."""
+    from rlhf_lit.models.generation import SamplingConfig
+
     sampling = ppo_init_args(CONFIGS / "ppo.yaml").get("sampling", {})
-    return float(sampling.get("temperature", 1.0)), budget.max_new_tokens or int(sampling["max_new_tokens"])
+    return SamplingConfig(
+        temperature=float(sampling.get("temperature", 1.0)),
+        max_new_tokens=budget.max_new_tokens or int(sampling["max_new_tokens"]),
+        draw=sampling.get("draw", "multinomial"),
+    )
+
+
+def sampling_options(budget: ChatBudget) -> list[str]:
+    """:func:`demo_sampling` as the options of ``python -m demo preferences`` and ``rlhf-lit best-of-n``."""
+    sampling = demo_sampling(budget)
+    return [
+        "--temperature",
+        str(sampling.temperature),
+        "--max-new-tokens",
+        str(sampling.max_new_tokens),
+        "--draw",
+        sampling.draw,
+    ]
 
 
 def rollouts(budget: ChatBudget) -> int:
@@ -105,7 +126,6 @@ def preferences_command(
 ) -> list[str]:
     """``python -m demo preferences``: K replies per labelling request, judged, as best-vs-worst pairs
     (DPO's data) and rankings (the reward model's), at PPO's sampling settings, sampled at ``precision``."""
-    temperature, max_new_tokens = sampling_settings(budget)
     return [
         sys.executable,
         "-m",
@@ -123,10 +143,7 @@ def preferences_command(
         str(budget.samples_per_prompt),
         "--judge",
         judge,
-        "--temperature",
-        str(temperature),
-        "--max-new-tokens",
-        str(max_new_tokens),
+        *sampling_options(budget),
         "--seed",
         str(seed or 0),
         "--precision",
@@ -216,7 +233,6 @@ def best_of_n_command(
     """``rlhf-lit best-of-n``: N = 1 .. ``bon_n_max`` replies of the instruction model to each held-out
     request, the reward model's pick, scored as PPO's reward reads a cut reply (``reward.unfinished``),
     sampled at ``precision``."""
-    temperature, max_new_tokens = sampling_settings(budget)
     unfinished = (ppo_init_args(CONFIGS / "ppo.yaml").get("reward") or {}).get("unfinished", "as_sampled")
     return rlhf_lit_command(
         [
@@ -231,10 +247,7 @@ def best_of_n_command(
             judge,
             "--n-max",
             str(budget.bon_n_max),
-            "--temperature",
-            str(temperature),
-            "--max-new-tokens",
-            str(max_new_tokens),
+            *sampling_options(budget),
             "--seed",
             str(seed or 0),
             "--unfinished",

@@ -18,7 +18,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from demo.chat_plan import ChatBudget, sampling_settings
+from demo.chat_plan import ChatBudget, demo_sampling
 from demo.frontier import export_checkpoint_policy, point_from_evaluation, points_from_best_of_n, write_frontier
 from demo.plan import Paths
 from demo.report import _cell
@@ -52,13 +52,11 @@ def evaluate_all(
     from rlhf_lit.evaluation.judges import load_judge
     from rlhf_lit.evaluation.policy_metrics import evaluate_policy
     from rlhf_lit.models.checkpoint_policy import rollout_checkpoints
-    from rlhf_lit.models.generation import SamplingConfig
 
     torch.set_num_threads(args.threads or budget.threads)
     hf_logging.disable_progress_bar()
     t0, c0 = time.perf_counter(), time.process_time()
-    temperature, max_new_tokens = sampling_settings(budget)
-    sampling = SamplingConfig(temperature=temperature, max_new_tokens=max_new_tokens)
+    sampling = demo_sampling(budget)
     prompts = read_prompt_source(str(paths.dir("data") / "eval.jsonl")).prompts
     judge = load_judge(args.judge)
     precision = trained["precision"]  # as the labels and best-of-N sampled

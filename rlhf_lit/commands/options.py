@@ -93,6 +93,7 @@ def add_common_options(parser: argparse.ArgumentParser, *, max_new_tokens: int, 
     from rlhf_lit.evaluation.judges import DEFAULT_JUDGE, JudgeReads
     from rlhf_lit.models.precision import SamplingPrecision
     from rlhf_lit.models.scoring import UnfinishedScoring
+    from rlhf_lit.models.token_draw import DRAWS
 
     parser.add_argument(
         "--unfinished",
@@ -134,6 +135,13 @@ def add_common_options(parser: argparse.ArgumentParser, *, max_new_tokens: int, 
     )
     parser.add_argument("--top-k", type=int, help=f"sample among the k most likely tokens; 0 = off ({recorded} 0)")
     parser.add_argument("--top-p", type=float, help=f"nucleus sampling threshold; 1.0 = off ({recorded} 1.0)")
+    parser.add_argument(
+        "--draw",
+        choices=DRAWS,
+        help="how each token is drawn from its distribution: multinomial (as transformers' generate) or inverse_cdf "
+        f"(one uniform per row: the same distribution, other samples of a seed, cheaper on a CPU) ({recorded} "
+        "multinomial)",
+    )
     parser.add_argument(
         "--precision",
         choices=get_args(SamplingPrecision),
@@ -246,7 +254,7 @@ def add_out_options(parser: argparse.ArgumentParser, what: str) -> None:
     parser.add_argument("--overwrite", action="store_true", help="replace --out if an earlier rlhf-lit run wrote it")
 
 
-SAMPLING_FALLBACK = {"temperature": 1.0, "top_k": 0, "top_p": 1.0}
+SAMPLING_FALLBACK = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "draw": "multinomial"}
 """The sampling options' values when neither the command line nor the policy's export gives one
 (``max_new_tokens``: the command's own, :func:`add_common_options`)."""
 
@@ -298,7 +306,11 @@ def sampling_from(args: argparse.Namespace):
 
     try:
         return SamplingConfig(
-            max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p
+            max_new_tokens=args.max_new_tokens,
+            temperature=args.temperature,
+            top_k=args.top_k,
+            top_p=args.top_p,
+            draw=args.draw,
         )
     except ValueError as e:
         raise OptionError(str(e).replace("sampling.", "--").replace("_", "-")) from None

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -46,6 +47,11 @@ def mean_std(xs: Sequence[float]) -> tuple[float, float]:
     """Mean and population standard deviation (divided by ``len(xs)``, not ``len(xs) - 1``)."""
     mean = sum(xs) / len(xs)
     return mean, math.sqrt(sum((x - mean) ** 2 for x in xs) / len(xs))
+
+
+def same_folder(a: str, b: str) -> bool:
+    """Whether two model locations name one model: the same string, or one local folder by two paths."""
+    return a == b or (os.path.isdir(a) and os.path.isdir(b) and os.path.samefile(a, b))
 
 
 def check_same_tokenizer(tokenizer, reference: str) -> None:
@@ -139,7 +145,9 @@ def load_models(
     rendered = None if given is None else policy_prompts(tok, given, chat_template, repeat)
     policy_model = load_causal_lm(policy, tok).to(device).eval()
     models = Models(tok, policy_model, prompts=rendered, given=None if given is None else given.prompts)
-    if reference is not None:
+    if reference is not None and same_folder(reference, policy):
+        models.reference = policy_model  # the policy against itself: its KL is 0 with no pass (sample_and_measure)
+    elif reference is not None:
         check_same_tokenizer(tok, reference)
         models.reference = load_causal_lm(reference, tok).to(device).eval()
     if reward_model is not None:
@@ -223,7 +231,9 @@ def sample_and_measure(
     out.rm_scores = [] if models.reward_model is not None else None
     for gen in batches:
         with torch.no_grad():
-            if out.kls is not None:
+            if out.kls is not None and models.reference is models.policy:
+                out.kls += [0.0] * gen.response_mask.shape[0]  # log pi - log pi, token by token
+            elif out.kls is not None:
                 logprobs = response_logprobs(models.policy, gen, sampling.temperature)  # (B, R)
                 ref_logprobs = response_logprobs(models.reference, gen, sampling.temperature)  # (B, R)
                 kl = torch.where(gen.response_mask, logprobs - ref_logprobs, 0.0).sum(-1)  # (B,)

@@ -282,9 +282,16 @@ def test_evaluate_samples_as_the_ppo_policy_did_in_training_unless_told(tmp_path
     prompts.write_text("Once upon a time\n")
     policy = offline_chain.export("ppo")
     marker = json.loads((policy / "rlhf_lit_export.json").read_text())
-    assert marker["sampling"] == {"max_new_tokens": 8, "temperature": 1.0, "top_k": 0, "top_p": 1.0}
+    assert marker["sampling"] == {
+        "max_new_tokens": 8,
+        "temperature": 1.0,
+        "top_k": 0,
+        "top_p": 1.0,
+        "draw": "multinomial",
+    }
     runs = {}
-    for name, flags in (("recorded", []), ("told", ["--max-new-tokens", "5", "--temperature", "0.7"])):
+    told = ["--max-new-tokens", "5", "--temperature", "0.7", "--draw", "inverse_cdf"]
+    for name, flags in (("recorded", []), ("told", told)):
         out = tmp_path / f"{name}.json"
         result = run_main(
             "evaluate", "--policy", str(policy), "--prompts", str(prompts), "--out", str(out), *flags, cwd=tmp_path
@@ -292,10 +299,21 @@ def test_evaluate_samples_as_the_ppo_policy_did_in_training_unless_told(tmp_path
         assert result.returncode == 0, result.stderr[-3000:]
         runs[name] = (json.loads(out.read_text())["config"]["sampling"], result.stderr)
     sampling, said = runs["recorded"]
-    assert [sampling[k] for k in ("max_new_tokens", "temperature", "top_k", "top_p")] == [8, 1.0, 0, 1.0]
+    assert [sampling[k] for k in ("max_new_tokens", "temperature", "top_k", "top_p", "draw")] == [
+        8,
+        1.0,
+        0,
+        1.0,
+        "multinomial",
+    ]
     assert "sampling as the policy did in training (its rlhf_lit_export.json): max_new_tokens 8, temperature" in said
     sampling, said = runs["told"]
-    assert (sampling["max_new_tokens"], sampling["temperature"], sampling["top_k"]) == (5, 0.7, 0)
+    assert (sampling["max_new_tokens"], sampling["temperature"], sampling["top_k"], sampling["draw"]) == (
+        5,
+        0.7,
+        0,
+        "inverse_cdf",
+    )
     assert "sampling as the policy did" in said and "max_new_tokens 8" not in said  # top_k, top_p still taken
 
 

@@ -226,7 +226,7 @@ class PPOModule(PPOCheckpoints, StageModule):
     def export_facts(self) -> dict[str, Any]:
         """How the policy sampled in training, which ``rlhf-lit evaluate`` and ``best-of-n`` sample with unless
         told otherwise (:data:`~rlhf_lit.stages.export.SAMPLING_KEY`)."""
-        keys = ("max_new_tokens", "temperature", "top_k", "top_p")
+        keys = ("max_new_tokens", "temperature", "top_k", "top_p", "draw")
         return {SAMPLING_KEY: {k: getattr(self.sampling, k) for k in keys}}
 
     def trained_model(self) -> torch.nn.Module:
