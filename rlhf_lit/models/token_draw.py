@@ -38,6 +38,8 @@ def inverse_cdf_draw(scores: torch.Tensor, uniform: torch.Tensor | None = None) 
     """
     probs = torch.softmax(scores.to(torch.float64), dim=-1)  # (B, V)
     cdf = probs.cumsum(dim=-1)  # (B, V)
+    if not torch.isfinite(cdf[:, -1]).all():  # NaN / inf logits: torch.multinomial refuses them too
+        raise ValueError("sampling: a row's next-token probabilities are not finite (NaN or inf in the logits)")
     if uniform is None:
         uniform = torch.rand(scores.shape[0], dtype=torch.float64, device=scores.device)
     u = uniform.to(torch.float64)[:, None] * cdf[:, -1:]  # (B, 1) in [0, total)

@@ -24,6 +24,12 @@ def test_inverse_cdf_draw_by_hand():
     assert drawn.tolist() == [1, 1, 2, 2]
 
 
+def test_inverse_cdf_draw_refuses_non_finite_logits():
+    """A NaN logit would make every cumulative sum NaN and the index meaningless: refused, as multinomial does."""
+    with pytest.raises(ValueError, match="not finite"):
+        inverse_cdf_draw(torch.tensor([[0.0, float("nan"), 1.0]]))
+
+
 def test_inverse_cdf_draw_frequencies():
     """40,000 draws from logits (1, 0, -inf, 2, -3): each token's share within 5 binomial standard errors
     of its softmax probability (by hand: exp(l) / sum), the removed token never drawn."""
