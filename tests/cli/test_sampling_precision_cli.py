@@ -4,6 +4,7 @@ KL and the reward model's scores stay float32, the default samples as before, an
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -26,13 +27,17 @@ def prompts_file(tmp_path):
 
 
 def evaluate_args(tmp_path, stories_rm, out: str, *extra: str) -> list[str]:
-    """An evaluation with every scorer: the KL to a reference, the reward model and a function judge."""
+    """An evaluation with every scorer: the KL to a reference (a copy of the policy: the policy itself would
+    be measured against itself with no pass), the reward model and a function judge."""
+    reference = tmp_path / "reference"
+    if not reference.exists():
+        shutil.copytree(STORIES, reference)
     return [
         "evaluate",
         "--policy",
         str(STORIES),
         "--reference",
-        str(STORIES),
+        str(reference),
         "--reward-model",
         stories_rm,
         "--judge",
