@@ -64,9 +64,10 @@ def test_sampled_responses_stop_at_eos_and_are_masked_after_it(policy, tokenizer
     assert torch.equal(gen.attention_mask[:, :P], batch["attention_mask"])
 
 
-def test_generator_decides_samples_and_leaves_global_rng_alone(policy, tokenizer):
+@pytest.mark.parametrize("draw", ["multinomial", "inverse_cdf"])
+def test_generator_decides_samples_and_leaves_global_rng_alone(policy, tokenizer, draw):
     batch = prompt_batch(tokenizer, PROMPTS)
-    sampling = SamplingConfig(max_new_tokens=6)
+    sampling = SamplingConfig(max_new_tokens=6, draw=draw)
 
     def run(seed):
         return generate_responses(

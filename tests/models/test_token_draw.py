@@ -1,6 +1,6 @@
 """How a sampled token is drawn (``SamplingConfig.draw``): the inverse-CDF draw by hand, its frequencies through
 ``generate`` against the model's own distribution (an independent softmax / top-k / top-p), the logprobs
-recorded beside it, and its seeding."""
+recorded beside it (its seeding: tests/models/test_generation.py)."""
 
 from __future__ import annotations
 
@@ -45,6 +45,14 @@ def test_inverse_cdf_draw_frequencies():
         assert abs(count / n - p) <= 5 * math.sqrt(p * (1 - p) / n) + 1e-12, (counts, expected)
 
 
+def generate(policy, batch, sampling: SamplingConfig, seed: int, **options):
+    """``generate_responses`` on a prompt batch of stories260K, seeded."""
+    generator = torch.Generator().manual_seed(seed)
+    return generate_responses(
+        policy, batch["input_ids"], batch["attention_mask"], sampling, EOS, PAD, generator=generator, **options
+    )
+
+
 def first_token_distribution(policy, batch, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
     """The first response token's sampling distribution for the batch's first prompt, re-derived here:
     softmax(logits / T), top-k (the k largest), then top-p (the most likely tokens until their mass reaches
@@ -72,15 +80,7 @@ def test_generate_draws_from_the_sampling_distribution(policy, tokenizer, draw, 
     n = 3000
     batch = prompt_batch(tokenizer, [STORY_PROMPTS[1]] * n)
     sampling = SamplingConfig(max_new_tokens=1, temperature=temperature, top_k=top_k, top_p=top_p, draw=draw)
-    gen = generate_responses(
-        policy,
-        batch["input_ids"],
-        batch["attention_mask"],
-        sampling,
-        EOS,
-        PAD,
-        generator=torch.Generator().manual_seed(5),
-    )
+    gen = generate(policy, batch, sampling, seed=5)
     expected = first_token_distribution(policy, batch, temperature, top_k, top_p)
     shares = torch.bincount(gen.response_ids[:, 0], minlength=expected.numel()).double() / n
     assert shares[expected == 0].sum() == 0
@@ -94,39 +94,12 @@ def test_inverse_cdf_records_the_raw_logprobs(policy, tokenizer):
     over the whole vocabulary (the recorder runs before the warpers and the draw), at every response token."""
     batch = prompt_batch(tokenizer, STORY_PROMPTS * 2)
     sampling = SamplingConfig(max_new_tokens=8, temperature=0.7, top_k=5, draw="inverse_cdf")
-    gen = generate_responses(
-        policy,
-        batch["input_ids"],
-        batch["attention_mask"],
-        sampling,
-        EOS,
-        PAD,
-        generator=torch.Generator().manual_seed(1),
-        return_logprobs=True,
-    )
+    gen = generate(policy, batch, sampling, seed=1, return_logprobs=True)
     with torch.no_grad():
         forced = response_logprobs(policy, gen, 0.7)  # (B, R)
     mask = gen.response_mask
     assert mask.sum() > 20
     torch.testing.assert_close(gen.logprobs[mask], forced[mask], atol=1e-5, rtol=1e-5)
-
-
-def test_inverse_cdf_is_seeded_by_the_generator(policy, tokenizer):
-    """One seed, one sample; another seed, another; the global RNG left as it was."""
-    batch = prompt_batch(tokenizer, STORY_PROMPTS)
-    sampling = SamplingConfig(max_new_tokens=6, draw="inverse_cdf")
-
-    def run(seed):
-        generator = torch.Generator().manual_seed(seed)
-        return generate_responses(
-            policy, batch["input_ids"], batch["attention_mask"], sampling, EOS, PAD, generator=generator
-        ).query_responses
-
-    torch.manual_seed(123)
-    before = torch.get_rng_state()
-    a, b, c = run(1), run(1), run(2)
-    assert torch.equal(torch.get_rng_state(), before)
-    assert torch.equal(a, b) and not torch.equal(a, c)
 
 
 def test_sampling_config_refuses_an_unknown_draw():
