@@ -30,7 +30,7 @@ class ChatBudget:
     """
 
     eval_prompts: int = 128
-    label_prompts: int = 1150
+    label_prompts: int = 950
     samples_per_prompt: int = 4
     reward_model: tuple[str, ...] = ()
     dpo: tuple[str, ...] = ()
