@@ -56,8 +56,11 @@ def finished_run(demo: Path) -> dict:
     return {**wanted, "precision": results["precision"], "base": base, "dpo": dpo}
 
 
-def fit_variant(model: str, run: dict, options: list[str], folder: Path, checkpoint_every: int) -> float:
-    """PPO of one variant as the demo runs it (its config, its reward model, its requests); seconds."""
+def fit_variant(
+    model: str, run: dict, options: list[str], folder: Path, checkpoint_every: int, seed: int | None
+) -> float:
+    """PPO of one variant as the demo runs it (its config, its reward model, its requests, the run's
+    ``--seed``: None for the configs' own); seconds."""
     from demo.chat_plan import CHAT_FULL, ppo_command
     from demo.plan import Paths
     from demo.runner import child_env
@@ -67,7 +70,7 @@ def fit_variant(model: str, run: dict, options: list[str], folder: Path, checkpo
     shutil.copyfile(run["ppo_prompts"], paths.dir("data") / "ppo.jsonl")  # ppo_command reads it there
     budget = replace(CHAT_FULL, checkpoint_every=checkpoint_every)
     judge = "rlhf_lit.evaluation.judges:vader"
-    cmd = ppo_command(model, paths, budget, judge, None, run["precision"])
+    cmd = ppo_command(model, paths, budget, judge, seed, run["precision"])
     cmd += ["--model.init_args.reward_model", str(run["reward_model"].absolute()), *options]
     print("$", shlex.join(cmd), flush=True)
     t0 = time.perf_counter()
@@ -124,6 +127,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="runs/chat_ppo", help="where the variants' fits go (a new folder)")
     p.add_argument("--checkpoint-every", type=int, default=4, help="rollouts between evaluated checkpoints")
     p.add_argument("--variant", type=parse_variant, action="append", required=True, metavar="NAME=OPTIONS")
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="the --seed the run was made with (a `python -m demo.chat_seeds` folder seed_N: N); default: the configs' own",
+    )
     args = p.parse_args(argv)
     from demo.chat_plan import fetched_model
     from demo.chat_report import standard_error
@@ -137,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name}: judge {metrics['judge_mean']:.3f} at KL {metrics['kl_mean']:.2f}")
     variants = {}
     for name, options in args.variant:
-        seconds = fit_variant(model, run, options, out / name, args.checkpoint_every)
+        seconds = fit_variant(model, run, options, out / name, args.checkpoint_every, args.seed)
         measured = evaluate_checkpoints(model, run, out / name)
         margins = against_dpo(run["base"], measured, run["dpo"])
         variants[name] = {"options": options, "fit_seconds": seconds, "rollouts": measured, "minus_dpo": margins}
@@ -148,7 +157,12 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
         print(f"{name}: minus DPO at equal KL: {margins}; fit {seconds:.0f} s", flush=True)
-    fields = {"demo": str(args.demo), "precision": run["precision"], "instruction_model": run["base"]}
+    fields = {
+        "demo": str(args.demo),
+        "seed": args.seed,
+        "precision": run["precision"],
+        "instruction_model": run["base"],
+    }
     write_result("chat-ppo-variants", fields | {"dpo": run["dpo"], "variants": variants})
     return 0
 
