@@ -6,7 +6,8 @@ For t = 1..T (the config: :mod:`rlhf_lit.commands.iterate_config`): sample K res
 current policy on fresh prompts, label them (a judge, a held-out reward model, or a labels file a person
 wrote), add them to the reward model's data (``all`` so far or the ``latest``), refit the reward model (from
 the ``previous`` one or the ``sft`` model), then run PPO (``restart`` from SFT, the default, or ``continue``
-from the current policy). Each fit is an ordinary ``rlhf-lit fit`` of the stage config a user writes, run
+from the current policy); or, with ``policy: bonbon``, fit BoNBoN on each prompt's best and worst sample from
+the current policy, its reference too (online best-of-N distillation). Each fit is an ordinary ``rlhf-lit fit`` of the stage config a user writes, run
 with ``--run_dir <run_dir>/iter_<t>`` in a process of its own (the loop is an orchestrator like ``rlhf-lit
 seeds``: a fit's memory, threads and global state end with its process, a kill of the loop cannot leave a
 stage half-built in it, and commands sit below the CLI, which they never import). The steps of an iteration
@@ -63,7 +64,8 @@ COLUMNS = (
     "guard_fired",
 )
 """The summary's columns, one row per iteration (0: the SFT model)."""
-STAGE_CLASSES = {"reward_model": "RewardModelModule", "ppo": "PPOModule"}
+STAGE_CLASSES = {"reward_model": "RewardModelModule", "ppo": "PPOModule", "bonbon": "BoNBoNModule"}
+STAGE_NAMES = {"ppo": "PPO", "bonbon": "BoNBoN"}
 
 run_fit: steps.FitRunner = run_rlhf_lit
 """How each stage's ``rlhf-lit fit`` runs (a child process); the tests swap in an in-process runner."""
@@ -74,7 +76,8 @@ def build_parser() -> CommandParser:
     parser = CommandParser(
         prog="rlhf-lit iterate",
         description="Iterated RLHF: per iteration sample the policy on fresh prompts, label the samples, refit the "
-        "reward model, run PPO; each fit an ordinary `rlhf-lit fit` under RUN_DIR/iter_<t>. Resumable: run it again.",
+        "reward model, run PPO (or, with policy: bonbon, fit BoNBoN on the best and worst of the samples); each fit "
+        "an ordinary `rlhf-lit fit` under RUN_DIR/iter_<t>. Resumable: run it again.",
     )
     parser.add_argument("--config", required=True, metavar="FILE.yaml", help="the loop's config (docs/iterate.md)")
     return parser
@@ -136,13 +139,13 @@ def read_loop_prompts(config: IterateConfig, where: str, tokenizer, chat: bool) 
 
 
 def comparable(config: dict) -> dict:
-    """A loop config (as ``iterate.json`` keeps it) as this version compares it: the ``prompts`` keys added since
-    it was written at their defaults, and ``field: prompt`` (the default before ``field`` could be unset, and
-    what unset reads for every file it read) as unset."""
+    """A loop config (as ``iterate.json`` keeps it) as this version compares it: the keys and ``prompts`` keys
+    added since it was written at their defaults, and ``field: prompt`` (the default before ``field`` could be
+    unset, and what unset reads for every file it read) as unset."""
     prompts = {**asdict(PromptsGroup()), **config.get("prompts", {})}
     if prompts["field"] == "prompt":
         prompts["field"] = None
-    return {**config, "prompts": prompts}
+    return {**asdict(IterateConfig()), **config, "prompts": prompts}
 
 
 def check_run_dir(config: IterateConfig, where: str, chat: bool) -> None:
@@ -174,15 +177,16 @@ def check_run_dir(config: IterateConfig, where: str, chat: bool) -> None:
         )
 
 
-def check_ppo_rendering(config: IterateConfig, where: str) -> None:
-    """Refuse ``ppo.options`` that set how PPO's data renders string prompts: the loop sets it from the
-    sft_model's tokenizer, so that PPO samples prompts as the reward model was refitted on them."""
-    for option in config.ppo.options:
+def check_policy_rendering(config: IterateConfig, where: str) -> None:
+    """Refuse policy-stage ``options`` that set how its data renders prompts: the loop decides it from the
+    sft_model's tokenizer, so that the policy trains on prompts as they were sampled and labelled."""
+    for option in getattr(config, config.policy).options:
         key = option.split("=")[0]
         if key.startswith("--data.") and key.endswith((".chat_template", ".apply_chat_template")):
             raise OptionError(
-                f"{where}: ppo.options {option}: iterate sets the PPO data's chat_template from the "
-                "sft_model's tokenizer (always when it has a chat template, else never); leave it out"
+                f"{where}: {config.policy}.options {option}: iterate sets the {STAGE_NAMES[config.policy]} data's "
+                "chat_template from the sft_model's tokenizer (always when it has a chat template, else never); "
+                "leave it out"
             )
 
 
@@ -207,13 +211,13 @@ def prepare(config: IterateConfig, where: str) -> tuple[list, list, list, bool, 
 
     check_model_path(where, "sft_model", config.sft_model)
     check_reward_model_path(where, "reward_model.initial_model", config.reward_model.initial_model)
-    check_stage_config(where, "reward_model.config", config.reward_model.config, "reward_model")
-    check_stage_config(where, "ppo.config", config.ppo.config, "ppo")
+    for stage in steps.STAGES[config.policy]:
+        check_stage_config(where, f"{stage}.config", getattr(config, stage).config, stage)
     tokenizer = load_tokenizer(config.sft_model)
     chat = steps.policy_reads_chat(tokenizer)
     held_out, fresh = read_loop_prompts(config, where, tokenizer, chat)
     check_run_dir(config, where, chat)
-    check_ppo_rendering(config, where)
+    check_policy_rendering(config, where)
     if config.labeler.kind == "reward_model":
         check_reward_model_path(where, "labeler.source", config.labeler.source)
         check_labeler_template(config, where, chat)
@@ -266,7 +270,7 @@ def baseline_row(config: IterateConfig, gold, held_out: list, chat: bool) -> dic
         return done["row"]
     row = {
         "iteration": 0,
-        **steps.evaluate(config, config.sft_model, config.reward_model.initial_model, gold, held_out, chat),
+        **steps.evaluate(config, config.sft_model, steps.proxy_model(config, 0), gold, held_out, chat),
     }
     write_json_atomically(path, {WRITTEN_BY_KEY: steps.WRITTEN_BY, "row": row})
     return row
@@ -289,13 +293,14 @@ def run_loop(config: IterateConfig, loop: tuple) -> list[dict]:
         samples = steps.sample(config, paths, fresh[(t - 1) * n : t * n], chat)
         train, held = steps.label(config, paths, samples, scorer, chat)
         seconds["sample_and_label"] = time.perf_counter() - t0
-        data = steps.reward_data(config, paths, initial)
-        print(
-            f"iteration {t}: {len(train) + len(held)} prompts labelled ({len(held)} held out); the reward model "
-            f"trains on {len(data)} records ({config.reward_model.data})",
-            flush=True,
-        )
-        for stage in steps.STAGES:
+        if config.policy == "ppo":
+            data = steps.reward_data(config, paths, initial)
+            trains = f"the reward model trains on {len(data)} records ({config.reward_model.data})"
+        else:
+            data, pairs = [], steps.bonbon_pairs(config, paths, samples, chat)
+            trains = f"BoNBoN trains on {len(pairs)} best-and-worst pairs"
+        print(f"iteration {t}: {len(train) + len(held)} prompts labelled ({len(held)} held out); {trains}", flush=True)
+        for stage in steps.STAGES[config.policy]:
             seconds[stage] = steps.fit(config, paths, stage, run_fit, chat)
         t0 = time.perf_counter()
         rows.append(steps.iteration_metrics(config, paths, train, held, data, gold, held_out, seconds, chat))
@@ -316,7 +321,7 @@ def main(argv: Sequence[str]) -> int:
     print(format_table(rows))
     print(
         f"summary: {os.path.join(config.run_dir, 'summary.csv')} and summary.json; the final policy: "
-        f"{steps.Paths(config.run_dir, config.iterations).export('ppo')}",
+        f"{steps.Paths(config.run_dir, config.iterations).export(config.policy)}",
         flush=True,
     )
     return 0

@@ -14,6 +14,9 @@ strict reader whose every error names the file and the key.
     ppo: {config: configs/offline/iterate/ppo.yaml, start: restart}
     evaluation: {judge: null}           # the gold scorer of the summary; null: the labeller
 
+or, with ``policy: bonbon``, online best-of-N distillation: no reward-model refit, no PPO; each iteration's
+policy is BoNBoN on the best and the worst of its own K samples (``bonbon: {config: ...}``).
+
 Each group is a dataclass below; its fields (with their docstrings) are the keys it takes.
 """
 
@@ -39,6 +42,11 @@ PolicyStart = Literal["restart", "continue"]
 """Where PPO of iteration t starts: ``restart`` from the SFT model (policy and KL reference; Wolf, Kirk and
 Musolesi 2025 find it the robust choice), or ``continue`` from iteration t - 1's PPO export (which PPO's
 ``sft_model`` then is: policy start and KL reference both)."""
+PolicyStage = Literal["ppo", "bonbon"]
+"""What trains the policy of each iteration: ``ppo`` (refit the reward model on the labels so far, then PPO
+against it) or ``bonbon`` (online best-of-N distillation: BoNBoN on the best and the worst of the K samples the
+current policy drew, ranked by a scoring labeller, starting from that policy, which is also BoNBoN's reference:
+a moving anchor, so iteration t teaches the policy best-of-K of iteration t - 1's; no reward model is refitted)."""
 LabelerKind = Literal["judge", "reward_model", "file"]
 """Who labels the policy's samples: ``judge`` a ``module:function`` judge (texts -> scores, as
 :func:`rlhf_lit.evaluation.load_judge`), ``reward_model`` a held-out reward model directory (its scores),
@@ -147,6 +155,17 @@ class PPOGroup:
 
 
 @dataclass
+class BoNBoNGroup:
+    """The BoNBoN run of each iteration (``policy: bonbon``): an ordinary ``rlhf-lit fit`` of ``config``."""
+
+    config: str = ""
+    """The BoNBoNModule config; its model (the current policy: start and reference), train data and run
+    directory are set per iteration."""
+    options: list[str] = field(default_factory=list)
+    """More ``fit`` options, as typed on the command line."""
+
+
+@dataclass
 class EvaluationGroup:
     """The per-iteration evaluation of the policy on the held-out prompts."""
 
@@ -168,16 +187,34 @@ class IterateConfig:
     """The SFT model: the policy of iteration 1, PPO's start under ``restart``, the KL reference of the evaluation."""
     device: str = "cpu"
     """Torch device of the sampling, labelling and evaluation done by the command itself."""
+    policy: PolicyStage = "ppo"
+    """``ppo`` or ``bonbon`` (:data:`PolicyStage`)."""
     prompts: PromptsGroup = field(default_factory=PromptsGroup)
     sampling: SamplingGroup = field(default_factory=SamplingGroup)
     labeler: LabelerGroup = field(default_factory=LabelerGroup)
     reward_model: RewardModelGroup = field(default_factory=RewardModelGroup)
     ppo: PPOGroup = field(default_factory=PPOGroup)
+    bonbon: BoNBoNGroup = field(default_factory=BoNBoNGroup)
     evaluation: EvaluationGroup = field(default_factory=EvaluationGroup)
 
 
-REQUIRED = ("run_dir", "sft_model", "labeler.source", "reward_model.config", "ppo.config")
-"""Keys without a usable default."""
+REQUIRED = {
+    "ppo": ("run_dir", "sft_model", "labeler.source", "reward_model.config", "ppo.config"),
+    "bonbon": ("run_dir", "sft_model", "labeler.source", "bonbon.config"),
+}
+"""Keys without a usable default, per :data:`PolicyStage`."""
+UNUSED = {
+    "ppo": ("bonbon.config", "bonbon.options"),
+    "bonbon": (
+        "reward_model.config",
+        "reward_model.options",
+        "reward_model.initial_model",
+        "reward_model.initial_data",
+        "ppo.config",
+        "ppo.options",
+    ),
+}
+"""Keys a :data:`PolicyStage` does not use: set, they are refused (a loop that would ignore them silently)."""
 
 
 def _accepts(hint: Any, value: Any) -> bool:
@@ -241,9 +278,17 @@ def _get(config: IterateConfig, dotted: str) -> Any:
 
 def check_values(config: IterateConfig, where: str) -> None:
     """The checks of values beyond their types (ranges, required keys, files that must exist): :class:`OptionError`."""
-    for key in REQUIRED:
+    for key in REQUIRED[config.policy]:
         if not _get(config, key):
             raise OptionError(f"{where}: {key} is required")
+    for key in UNUSED[config.policy]:
+        if _get(config, key):
+            raise OptionError(f"{where}: {key}: policy {config.policy} does not use it; leave it out")
+    if config.policy == "bonbon" and config.labeler.kind == "file":
+        raise OptionError(
+            f"{where}: labeler.kind file: policy bonbon picks the best and the worst of each prompt's samples by "
+            "their scores; label with a judge or a reward model"
+        )
     for key in ("iterations", "prompts.per_iteration", "sampling.max_new_tokens", "sampling.batch_size"):
         if _get(config, key) < 1:
             raise OptionError(f"{where}: {key} must be >= 1, got {_get(config, key)}")
@@ -270,9 +315,9 @@ def check_values(config: IterateConfig, where: str) -> None:
         raise OptionError(
             f"{where}: labeler.source {config.labeler.source!r} needs {{t}} (one labels file per iteration)"
         )
-    for key in ("reward_model.config", "ppo.config", "reward_model.initial_data"):
+    for key in ("reward_model.config", "ppo.config", "bonbon.config", "reward_model.initial_data"):
         path = _get(config, key)
-        if path is not None and not os.path.isfile(path):
+        if path and not os.path.isfile(path):
             raise OptionError(f"{where}: {key} {path}: no such file")
 
 

@@ -15,6 +15,12 @@ Iteration t, in ``<run_dir>/iter_<t>/``:
    new policy on the held-out prompts: gold (labeller) score, proxy (the new RM) score, KL to the SFT model,
    and what the PPO run logged last (proxy, judge, KL) with the guard's signals that fired.
 
+With ``policy: bonbon`` (:data:`~rlhf_lit.commands.iterate_config.PolicyStage`) steps 3 to 5 are instead
+``bonbon_pairs.jsonl`` (:func:`bonbon_pairs`: the best and the worst of each prompt's K samples by the
+labeller's scores, as ``rlhf-lit best-of-n --pairs-out`` writes them) and ``bonbon/``: ``rlhf-lit fit --config
+<bonbon.config> --run_dir iter_<t>`` from the policy that drew the samples (export ``bonbon/model``); step 6
+measures the new policy alone (the proxy: a labelling reward model's score).
+
 Every file is written atomically (:mod:`rlhf_lit.artifacts`) and read back checked (:mod:`rlhf_lit.integrity`);
 a step whose output is there and intact is skipped, so a killed loop continues where it stopped. A fit is
 done when its export holds the export marker and its files check out; otherwise it runs again (a damaged
@@ -37,6 +43,7 @@ from rlhf_lit.commands.iterate_labels import (
     JudgeScorer,
     Scorer,
     as_policy_read,
+    best_and_worst_of_k,
     count_pairs,
     pairwise_accuracy,
     rank_by_scores,
@@ -44,14 +51,18 @@ from rlhf_lit.commands.iterate_labels import (
     score_responses,
     split_held_out,
 )
+from rlhf_lit.commands.iterate_signals import PPO_SIGNALS, ppo_log_signals
 from rlhf_lit.evaluation.reward_judge import RewardModelScorer
 from rlhf_lit.integrity import DamagedFile, check_json_file, check_jsonl_file, check_model_directory
 
 log = logging.getLogger(__name__)
 
 WRITTEN_BY = "rlhf-lit iterate"
-STAGES = ("reward_model", "ppo")
-"""The run-directory stages of one iteration (:class:`rlhf_lit.stages.base.RunLayout` names), in order."""
+STAGES = {"ppo": ("reward_model", "ppo"), "bonbon": ("bonbon",)}
+"""The run-directory stages of one iteration (:class:`rlhf_lit.stages.base.RunLayout` names), in order, per
+:data:`~rlhf_lit.commands.iterate_config.PolicyStage`; the last one's export is the iteration's policy."""
+SAMPLE_SCORES_KEY = "sample_scores"
+"""``labels.json``'s labeller scores of every sample, per prompt in ``samples.jsonl``'s order (a scoring labeller)."""
 
 FitRunner = Callable[[list[str], str], int]
 """``(fit arguments after rlhf-lit, log file) -> exit status``: how a stage's ``rlhf-lit fit`` is run
@@ -113,8 +124,17 @@ def export_state(path: str) -> str:
 
 
 def policy_of(config: IterateConfig, t: int) -> str:
-    """The policy sampled at iteration t: the SFT model at t = 1, else iteration t - 1's PPO export."""
-    return config.sft_model if t == 1 else Paths(config.run_dir, t - 1).export("ppo")
+    """The policy sampled at iteration t: the SFT model at t = 1, else iteration t - 1's policy export (PPO's, or
+    BoNBoN's under ``policy: bonbon``)."""
+    return config.sft_model if t == 1 else Paths(config.run_dir, t - 1).export(config.policy)
+
+
+def proxy_model(config: IterateConfig, t: int) -> str | None:
+    """The reward model whose score of iteration t's policy is the summary's proxy (t = 0: the SFT model): under
+    ``ppo`` the iteration's refit (t = 0: ``initial_model``); under ``bonbon`` a labelling reward model, else none."""
+    if config.policy == "bonbon":
+        return config.labeler.source if config.labeler.kind == "reward_model" else None
+    return config.reward_model.initial_model if t == 0 else Paths(config.run_dir, t).export("reward_model")
 
 
 def reward_model_before(config: IterateConfig, t: int) -> str | None:
@@ -205,6 +225,7 @@ def label(
     done = intact_json(paths.file("labels.json"))
     if done is not None:
         return done["train"], done["held_out"]
+    scores = None
     if scorer is None:
         source = labels_file(config, paths.t)
         if not os.path.isfile(source):
@@ -223,9 +244,35 @@ def label(
                 "repeat); sample more responses per prompt or longer ones"
             )
     records = [{**as_policy_read(r, chat), "iteration": paths.t} for r in records]
-    train, held = split_held_out(records, config.reward_model.held_out_fraction, config.seed + paths.t)
-    write_json_atomically(paths.file("labels.json"), {WRITTEN_BY_KEY: WRITTEN_BY, "train": train, "held_out": held})
+    # Under bonbon no reward model is refitted, so none is measured on held-out labels.
+    fraction = config.reward_model.held_out_fraction if config.policy == "ppo" else 0.0
+    train, held = split_held_out(records, fraction, config.seed + paths.t)
+    labels = {WRITTEN_BY_KEY: WRITTEN_BY, "train": train, "held_out": held, SAMPLE_SCORES_KEY: scores}
+    write_json_atomically(paths.file("labels.json"), labels)
     return train, held
+
+
+def bonbon_pairs(config: IterateConfig, paths: Paths, samples: list[dict], chat: bool) -> list[dict]:
+    """``bonbon_pairs.jsonl`` (``policy: bonbon``; :func:`~rlhf_lit.commands.iterate_labels.best_and_worst_of_k`
+    of the samples by the labeller's scores kept in ``labels.json``; reused when intact)."""
+    done = intact(paths.file("bonbon_pairs.jsonl"))
+    if done is not None:
+        return done
+    labels = intact_json(paths.file("labels.json"))
+    scores = None if labels is None else labels.get(SAMPLE_SCORES_KEY)
+    if scores is None or len(scores) != len(samples):
+        raise ValueError(f"iteration {paths.t}: {paths.file('labels.json')} holds no labeller score of every sample")
+    records, tied, empty = best_and_worst_of_k(samples, scores, config.labeler.source, WRITTEN_BY, chat)
+    if not records:
+        raise ValueError(
+            f"iteration {paths.t}: no prompt's best and worst sample differ ({tied} tie, {empty} with an empty "
+            "reply); sample more responses per prompt or longer ones"
+        )
+    write_jsonl_atomically(paths.file("bonbon_pairs.jsonl"), records)
+    log.info(
+        "iteration %d: %d BoNBoN pairs (%d prompts tie, %d with an empty reply)", paths.t, len(records), tied, empty
+    )
+    return records
 
 
 def reward_data(config: IterateConfig, paths: Paths, initial: list[dict]) -> list[dict]:
@@ -251,9 +298,23 @@ def fit_args(config: IterateConfig, paths: Paths, stage: str, replace: bool, cha
     ``chat``), then the user's extra options."""
     from rlhf_lit.data.rankings import RANKS_FIELD
 
-    group = config.reward_model if stage == "reward_model" else config.ppo
+    group = {"reward_model": config.reward_model, "ppo": config.ppo, "bonbon": config.bonbon}[stage]
     args = ["fit", "--config", group.config, "--run_dir", paths.dir, "--seed_everything", str(config.seed)]
-    if stage == "reward_model":
+    if stage == "bonbon":
+        # The policy that drew the samples is BoNBoN's start and its reference (the moving anchor).
+        args += [
+            "--model.init_args.model",
+            policy_of(config, paths.t),
+            "--model.init_args.n",
+            str(config.sampling.responses_per_prompt),
+            "--data.init_args.train_path",
+            paths.file("bonbon_pairs.jsonl"),
+            "--data.init_args.format",
+            "fields",
+            "--data.init_args.chat_template",
+            template_option(chat),
+        ]
+    elif stage == "reward_model":
         args += [
             "--model.init_args.model",
             reward_model_start(config, paths.t),
@@ -328,33 +389,6 @@ def evaluate(
     }
 
 
-def ppo_log_signals(paths: Paths) -> dict:
-    """What the iteration's PPO run logged to TensorBoard (its ``ppo/version_N`` of the highest N holding event
-    files; rlhf-lit's default logger under ``--run_dir``): the last rollout's ``objective/scores`` (the proxy
-    while training), ``objective/judge`` and ``objective/kl``, and the over-optimisation guard's signals that
-    held at some rollout (``guard/<signal>/holds``), comma-separated; None where not logged."""
-    import glob
-
-    out: dict = {"ppo_proxy": None, "ppo_judge": None, "ppo_kl": None, "guard_fired": None}
-    found = glob.glob(os.path.join(paths.dir, "ppo", "version_*", "events.out.tfevents.*"))
-    if not found:
-        return out
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    newest = max({os.path.dirname(p) for p in found}, key=lambda d: int(d.rsplit("_", 1)[1]))
-    events = EventAccumulator(newest, size_guidance={"scalars": 0})
-    events.Reload()
-    tags = set(events.Tags()["scalars"])
-    for key, tag in (("ppo_proxy", "objective/scores"), ("ppo_judge", "objective/judge"), ("ppo_kl", "objective/kl")):
-        if tag in tags:
-            out[key] = float(events.Scalars(tag)[-1].value)
-    held = [t.split("/")[1] for t in sorted(tags) if t.startswith("guard/") and t.endswith("/holds")]
-    if held:
-        fired = [name for name in held if any(e.value > 0 for e in events.Scalars(f"guard/{name}/holds"))]
-        out["guard_fired"] = ",".join(fired) or "none"
-    return out
-
-
 def iteration_metrics(
     config: IterateConfig,
     paths: Paths,
@@ -366,24 +400,28 @@ def iteration_metrics(
     seconds: dict,
     chat: bool,
 ) -> dict:
-    """Step 6: ``metrics.json`` (reused when intact): the row of iteration t in the summary."""
+    """Step 6: ``metrics.json`` (reused when intact): the row of iteration t in the summary (``data``: the reward
+    model's training records, none under ``bonbon``)."""
     done = intact_json(paths.file("metrics.json"))
     if done is not None:
         return done["row"]
-    before = reward_model_before(config, paths.t)
-    acc_before = pairwise_accuracy(RewardModelScorer(before, config.device), held)[0] if before and held else None
-    after = paths.export("reward_model")
-    acc_after, held_pairs = pairwise_accuracy(RewardModelScorer(after, config.device), held) if held else (None, 0)
     row = {
         "iteration": paths.t,
         "labelled_prompts": len(train) + len(held),
         "labelled_pairs": count_pairs(train + held),
-        "rm_train_records": len(data),
-        "held_out_pairs": held_pairs,
-        "rm_acc_before": acc_before,
-        "rm_acc_after": acc_after,
-        **evaluate(config, paths.export("ppo"), after, gold, eval_prompts, chat),
-        **ppo_log_signals(paths),
+        "rm_train_records": len(data) if config.policy == "ppo" else None,
+        "held_out_pairs": None,
+        "rm_acc_before": None,
+        "rm_acc_after": None,
     }
+    if config.policy == "ppo":
+        before = reward_model_before(config, paths.t)
+        acc_before = pairwise_accuracy(RewardModelScorer(before, config.device), held)[0] if before and held else None
+        after = paths.export("reward_model")
+        acc_after, held_pairs = pairwise_accuracy(RewardModelScorer(after, config.device), held) if held else (None, 0)
+        row.update(held_out_pairs=held_pairs, rm_acc_before=acc_before, rm_acc_after=acc_after)
+    policy = paths.export(config.policy)
+    row.update(evaluate(config, policy, proxy_model(config, paths.t), gold, eval_prompts, chat))
+    row.update(ppo_log_signals(paths) if config.policy == "ppo" else dict.fromkeys(PPO_SIGNALS))
     write_json_atomically(paths.file("metrics.json"), {WRITTEN_BY_KEY: WRITTEN_BY, "row": row, "timing_s": seconds})
     return row

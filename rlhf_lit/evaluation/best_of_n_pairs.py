@@ -34,12 +34,19 @@ def best_and_worst(scores: Sequence[float]) -> tuple[int, int]:
 
 
 def best_worst_pairs(
-    prompts: Sequence[Any], samples: Sequence[dict], m: int, n: int, score_key: str, scored_by: str
-) -> tuple[list[dict], int]:
+    prompts: Sequence[Any],
+    samples: Sequence[dict],
+    m: int,
+    n: int,
+    score_key: str,
+    scored_by: str,
+    written_by: str = "rlhf-lit best-of-n",
+) -> tuple[list[dict], int, int]:
     """One pair record per prompt from the best-of-N result's ``samples`` (:func:`~rlhf_lit.evaluation.
     best_of_n_sweep.best_of_n`: ``m`` consecutive samples per prompt, each with ``response`` and its score under
     ``score_key``), picked among each prompt's first ``n``; returns ``(records, tied, empty)``, the prompts left
-    out because their best and worst tie, and because one of them is empty (module docstring). ``prompts``: as given, one per prompt; ``scored_by`` is recorded."""
+    out because their best and worst tie, and because one of them is empty (module docstring). ``prompts``: as
+    given, one per prompt; ``scored_by`` and ``written_by`` (the command) are recorded."""
     if not 2 <= n <= m:
         raise ValueError(f"pairs need 2 <= N <= {m} (the samples per prompt); got N = {n}")
     if len(samples) != m * len(prompts):
@@ -57,7 +64,7 @@ def best_worst_pairs(
             continue
         records.append(
             {
-                WRITTEN_BY_KEY: "rlhf-lit best-of-n",
+                WRITTEN_BY_KEY: written_by,
                 "prompt": prompt,
                 "chosen": chosen["response"],
                 "rejected": rejected["response"],

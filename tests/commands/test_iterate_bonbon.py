@@ -1,0 +1,212 @@
+"""``rlhf-lit iterate`` with ``policy: bonbon``: online best-of-N distillation with a moving anchor.
+
+Iteration t draws K samples per fresh prompt from the current policy, ranks them by the labeller and fits
+BoNBoN on each prompt's best and worst of K, starting from (and anchored at) the policy that drew them. The
+loop's decisions are checked with a stand-in for ``rlhf-lit fit`` (:class:`BoNBoNFits`); one test runs the real
+stage in this process, three steps an iteration.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from assets_paths import CONFIGS, STORIES260K, STORIES260K_CHAT, TINYSTORIES
+from cli_in_process import run_main
+from iterate_judges import length_judge
+
+from rlhf_lit.artifacts import EXPORT_MARKER
+from rlhf_lit.commands import iterate_command
+
+JUDGE = "iterate_judges:length_judge"
+"""Longer is better (tests/commands/iterate_judges.py): the best of a prompt's samples is its longest."""
+
+
+class BoNBoNFits:
+    """A stand-in for ``rlhf-lit fit``: records each command line and copies ``policy`` to the stage's export."""
+
+    def __init__(self, policy: Path = STORIES260K) -> None:
+        self.policy, self.calls = policy, []
+
+    def __call__(self, args: list[str], log_path: str) -> int:
+        options = dict(zip(args[1::2], args[2::2]))
+        export = Path(options["--run_dir"]) / "bonbon" / "model"
+        self.calls.append(options)
+        shutil.copytree(self.policy, export)
+        (export / EXPORT_MARKER).write_text("{}", encoding="utf-8")
+        Path(log_path).write_text("fake fit\n", encoding="utf-8")
+        return 0
+
+
+def bonbon_loop(tmp_path: Path, **keys) -> Path:
+    """A tiny ``policy: bonbon`` loop config in ``tmp_path``: 2 iterations of 4 prompts x 3 samples."""
+    config = {
+        "run_dir": str(tmp_path / "run"),
+        "iterations": 2,
+        "seed": 3,
+        "sft_model": str(STORIES260K),
+        "policy": "bonbon",
+        "prompts": {"path": str(TINYSTORIES), "skip": 1000, "words": 6, "held_out": 2, "per_iteration": 4},
+        "sampling": {"responses_per_prompt": 3, "max_new_tokens": 6, "batch_size": 16},
+        "labeler": {"kind": "judge", "source": JUDGE},
+        "bonbon": {"config": str(CONFIGS / "offline/iterate/bonbon.yaml")},
+        **keys,
+    }
+    path = tmp_path / "iterate.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def iterate(config: Path, runner, monkeypatch, cwd: Path):
+    monkeypatch.setattr(iterate_command, "run_fit", runner)
+    return run_main("iterate", "--config", str(config), cwd=cwd)
+
+
+def jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def test_each_iteration_distils_the_best_and_worst_of_the_current_policy_s_samples(tmp_path, monkeypatch):
+    fits = BoNBoNFits()
+    result = iterate(bonbon_loop(tmp_path), fits, monkeypatch, tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = tmp_path / "run"
+    for t in (1, 2):
+        samples = {s["prompt"]: s["responses"] for s in jsonl(run / f"iter_{t}" / "samples.jsonl")}
+        pairs = jsonl(run / f"iter_{t}" / "bonbon_pairs.jsonl")
+        assert pairs, f"iteration {t} wrote no pair"
+        for pair in pairs:
+            drawn = samples[pair["prompt"]]
+            scores = length_judge(drawn)  # by hand: the judge re-applied to every sample of the prompt
+            assert pair["chosen"] == drawn[scores.index(max(scores))]  # the first drawn among equals
+            assert pair["rejected"] == drawn[scores.index(min(scores))]
+            assert (pair["chosen_score"], pair["rejected_score"]) == (max(scores), min(scores))
+            assert pair["n"] == 3 and max(scores) > min(scores)
+        # every prompt whose samples do not all tie gives one pair
+        assert len(pairs) == sum(len(set(length_judge(r))) > 1 for r in samples.values())
+    first, second = fits.calls
+    # The moving anchor: iteration 1 starts from the SFT model, iteration 2 from iteration 1's export.
+    assert first["--model.init_args.model"] == str(STORIES260K)
+    assert second["--model.init_args.model"] == str(run / "iter_1" / "bonbon" / "model")
+    for t, options in ((1, first), (2, second)):
+        assert options["--model.init_args.n"] == "3"
+        assert options["--data.init_args.train_path"] == str(run / f"iter_{t}" / "bonbon_pairs.jsonl")
+        assert options["--data.init_args.chat_template"] == "never"
+    # No reward model is refitted; the summary names the last BoNBoN export as the final policy.
+    assert not (run / "iter_1" / "reward_model").exists()
+    rows = json.loads((run / "summary.json").read_text(encoding="utf-8"))["rows"]
+    assert [row["iteration"] for row in rows] == [0, 1, 2]
+    assert all(row["rm_acc_after"] is None and row["gold"] is not None for row in rows[1:])
+    assert str(run / "iter_2" / "bonbon" / "model") in result.stdout
+
+
+def test_a_rerun_skips_what_is_done(tmp_path, monkeypatch):
+    config = bonbon_loop(tmp_path, iterations=1)
+    assert iterate(config, BoNBoNFits(), monkeypatch, tmp_path).returncode == 0
+    pairs = (tmp_path / "run" / "iter_1" / "bonbon_pairs.jsonl").read_text(encoding="utf-8")
+    fits = BoNBoNFits()
+    again = iterate(bonbon_loop(tmp_path, iterations=2), fits, monkeypatch, tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert [c["--run_dir"] for c in fits.calls] == [str(tmp_path / "run" / "iter_2")]
+    assert (tmp_path / "run" / "iter_1" / "bonbon_pairs.jsonl").read_text(encoding="utf-8") == pairs
+
+
+def test_a_chat_policy_s_pairs_keep_the_conversation_it_read(tmp_path, monkeypatch):
+    fits = BoNBoNFits(STORIES260K_CHAT)
+    config = bonbon_loop(tmp_path, iterations=1, sft_model=str(STORIES260K_CHAT))
+    assert iterate(config, fits, monkeypatch, tmp_path).returncode == 0
+    (options,) = fits.calls
+    assert options["--data.init_args.chat_template"] == "always"
+    for pair in jsonl(tmp_path / "run" / "iter_1" / "bonbon_pairs.jsonl"):
+        (turn,) = pair["prompt"]
+        assert turn["role"] == "user" and isinstance(turn["content"], str)
+        for side in ("chosen", "rejected"):
+            (answer,) = pair[side]
+            assert answer["role"] == "assistant"
+
+
+@pytest.mark.parametrize(
+    ("keys", "named"),
+    [
+        ({"bonbon": {}}, "bonbon.config is required"),
+        ({"ppo": {"config": str(CONFIGS / "offline/iterate/ppo.yaml")}}, "ppo.config: policy bonbon does not use it"),
+        (
+            {"reward_model": {"config": str(CONFIGS / "offline/iterate/reward_model.yaml")}},
+            "reward_model.config: policy bonbon does not use it",
+        ),
+        ({"labeler": {"kind": "file", "source": "labels/iter_{t}.jsonl"}}, "labeler.kind file: policy bonbon"),
+        ({"bonbon": {"config": str(CONFIGS / "offline/iterate/ppo.yaml")}}, "not BoNBoNModule"),
+        ({"bonbon": {"config": "missing.yaml"}}, "bonbon.config missing.yaml: no such file"),
+        ({"policy": "dpo"}, "policy must be one of ppo, bonbon"),
+        (
+            {"bonbon": {"config": str(CONFIGS / "offline/iterate/bonbon.yaml"), "options": ["--data.chat_template"]}},
+            "bonbon.options --data.chat_template: iterate sets the BoNBoN data's chat_template",
+        ),
+    ],
+)
+def test_a_bad_bonbon_loop_is_one_line_before_any_fit(tmp_path, monkeypatch, keys, named):
+    fits = BoNBoNFits()
+    result = iterate(bonbon_loop(tmp_path, **keys), fits, monkeypatch, tmp_path)
+    lines = [line for line in result.stderr.splitlines() if line.startswith("rlhf-lit: error:")]
+    assert result.returncode != 0 and len(lines) == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert named in lines[0] and fits.calls == []
+
+
+def test_a_ppo_loop_refuses_bonbon_keys(tmp_path, monkeypatch):
+    config = bonbon_loop(
+        tmp_path,
+        policy="ppo",
+        reward_model={"config": str(CONFIGS / "offline/iterate/reward_model.yaml")},
+        ppo={"config": str(CONFIGS / "offline/iterate/ppo.yaml")},
+    )
+    result = iterate(config, BoNBoNFits(), monkeypatch, tmp_path)
+    assert result.returncode != 0 and "bonbon.config: policy ppo does not use it" in result.stderr
+
+
+def in_process_fits(args: list[str], log_path: str) -> int:
+    """``rlhf-lit <args>`` through ``rlhf_lit.cli.main`` in this process, its output written to ``log_path``."""
+    result = run_main(*args, cwd=Path.cwd())
+    Path(log_path).write_text(result.stdout + result.stderr, encoding="utf-8")
+    return result.returncode
+
+
+def test_the_loop_runs_the_real_bonbon_stage(tmp_path, monkeypatch):
+    short = ["--trainer.max_epochs", "1", "--trainer.max_steps", "3", "--data.init_args.batch_size", "2"]
+    config = bonbon_loop(
+        tmp_path,
+        bonbon={"config": str(CONFIGS / "offline/iterate/bonbon.yaml"), "options": short},
+        prompts={"path": str(TINYSTORIES), "skip": 1000, "words": 6, "held_out": 2, "per_iteration": 8},
+    )
+    result = iterate(config, in_process_fits, monkeypatch, tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = tmp_path / "run"
+    for t in (1, 2):
+        assert (run / f"iter_{t}" / "bonbon" / "model" / EXPORT_MARKER).is_file()
+        log = (run / f"iter_{t}" / "bonbon.log").read_text(encoding="utf-8")
+        assert "N = 3" in log  # beta derived from the loop's K
+    rows = json.loads((run / "summary.json").read_text(encoding="utf-8"))["rows"]
+    assert rows[0]["kl"] == pytest.approx(0.0, abs=1e-4)  # the SFT model against itself
+    assert all(row["gold"] is not None and row["kl"] is not None for row in rows)
+    # Each fit moved the policy it started from.
+    sft, first, second = (weights(p) for p in (STORIES260K, run / "iter_1/bonbon/model", run / "iter_2/bonbon/model"))
+    assert any(not torch.equal(first[k], sft[k]) for k in sft)
+    assert any(not torch.equal(second[k], first[k]) for k in first)
+
+
+def weights(export: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(export / "model.safetensors"))
+
+
+def test_the_shipped_online_bonbon_loop_reads_and_ppo_stays_the_default(monkeypatch):
+    from rlhf_lit.commands.iterate_config import IterateConfig, read_config
+
+    monkeypatch.chdir(CONFIGS.parent)  # its paths are the checkout's, as the shipped configs' are
+    config = read_config(str(CONFIGS / "offline" / "iterate_bonbon.yaml"))
+    assert config.policy == "bonbon" and config.bonbon.config and config.labeler.kind == "judge"
+    assert IterateConfig().policy == "ppo"
