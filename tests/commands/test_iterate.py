@@ -15,17 +15,13 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 from assets_paths import CONFIGS, STORIES260K, STORIES260K_CHAT, TINYSTORIES
 from cli_in_process import run_main
+from iterate_helpers import JUDGE, error_line, in_process_fits, iterate, jsonl, tiny_loop
 
 from rlhf_lit.artifacts import EXPORT_MARKER
 from rlhf_lit.commands import iterate_command
 from rlhf_lit.commands.iterate_config import IterateConfig, read_config
-
-JUDGE = "iterate_judges:length_judge"
-"""Longer is better: deterministic, and the tiny policy's responses differ in length (tests/commands/iterate_judges.py)."""
-
 
 # ------------------------------------------------------------------------------------------ set-up
 
@@ -58,43 +54,16 @@ class FakeFits:
 
 
 def loop_config(tmp_path: Path, **groups) -> Path:
-    """A tiny loop config in ``tmp_path`` (4 fresh prompts x 3 responses per iteration), groups overridden."""
-    config = {
-        "run_dir": str(tmp_path / "run"),
-        "iterations": 2,
-        "seed": 3,
-        "sft_model": str(STORIES260K),
-        "prompts": {"path": str(TINYSTORIES), "skip": 1000, "words": 6, "held_out": 2, "per_iteration": 4},
-        "sampling": {"responses_per_prompt": 3, "max_new_tokens": 6, "batch_size": 16},
-        "labeler": {"kind": "judge", "source": JUDGE},
+    """A tiny PPO loop config in ``tmp_path`` (:func:`iterate_helpers.tiny_loop`), groups overridden."""
+    ppo_groups = {
         "reward_model": {"config": str(CONFIGS / "offline/iterate/reward_model.yaml"), "held_out_fraction": 0.25},
         "ppo": {"config": str(CONFIGS / "offline/iterate/ppo.yaml")},
     }
-    for group, values in groups.items():
-        config[group] = {**config.get(group, {}), **values} if isinstance(values, dict) else values
-    path = tmp_path / "iterate.yaml"
-    path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
-    return path
-
-
-def iterate(config: Path, runner, monkeypatch, cwd: Path):
-    """``rlhf-lit iterate --config <config>`` in this process with ``runner`` as the fits."""
-    monkeypatch.setattr(iterate_command, "run_fit", runner)
-    return run_main("iterate", "--config", str(config), cwd=cwd)
-
-
-def jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return tiny_loop(tmp_path, ppo_groups, **groups)
 
 
 def labels(run: Path, t: int) -> dict:
     return json.loads((run / f"iter_{t}" / "labels.json").read_text(encoding="utf-8"))
-
-
-def error_line(result) -> str:
-    lines = [line for line in result.stderr.splitlines() if line.startswith("rlhf-lit: error:")]
-    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
-    return lines[0]
 
 
 # ---------------------------------------------------------------------------- the loop's decisions
@@ -503,14 +472,6 @@ def test_a_kill_in_a_fit_redoes_that_fit_and_skips_what_is_done(tmp_path, monkey
 
 
 # ------------------------------------------------------------------------------ the real stages
-
-
-def in_process_fits(args: list[str], log_path: str) -> int:
-    """``rlhf-lit <args>`` through ``rlhf_lit.cli.main`` in this process (no second import of the CLI), its output
-    written to ``log_path``."""
-    result = run_main(*args, cwd=Path.cwd())
-    Path(log_path).write_text(result.stdout + result.stderr, encoding="utf-8")
-    return result.returncode
 
 
 TINY_FITS = {

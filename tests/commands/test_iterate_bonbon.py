@@ -14,16 +14,11 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 from assets_paths import CONFIGS, STORIES260K, STORIES260K_CHAT, TINYSTORIES
-from cli_in_process import run_main
+from iterate_helpers import error_line, in_process_fits, iterate, jsonl, tiny_loop
 from iterate_judges import length_judge
 
 from rlhf_lit.artifacts import EXPORT_MARKER
-from rlhf_lit.commands import iterate_command
-
-JUDGE = "iterate_judges:length_judge"
-"""Longer is better (tests/commands/iterate_judges.py): the best of a prompt's samples is its longest."""
 
 
 class BoNBoNFits:
@@ -42,32 +37,10 @@ class BoNBoNFits:
         return 0
 
 
-def bonbon_loop(tmp_path: Path, **keys) -> Path:
-    """A tiny ``policy: bonbon`` loop config in ``tmp_path``: 2 iterations of 4 prompts x 3 samples."""
-    config = {
-        "run_dir": str(tmp_path / "run"),
-        "iterations": 2,
-        "seed": 3,
-        "sft_model": str(STORIES260K),
-        "policy": "bonbon",
-        "prompts": {"path": str(TINYSTORIES), "skip": 1000, "words": 6, "held_out": 2, "per_iteration": 4},
-        "sampling": {"responses_per_prompt": 3, "max_new_tokens": 6, "batch_size": 16},
-        "labeler": {"kind": "judge", "source": JUDGE},
-        "bonbon": {"config": str(CONFIGS / "offline/iterate/bonbon.yaml")},
-        **keys,
-    }
-    path = tmp_path / "iterate.yaml"
-    path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
-    return path
-
-
-def iterate(config: Path, runner, monkeypatch, cwd: Path):
-    monkeypatch.setattr(iterate_command, "run_fit", runner)
-    return run_main("iterate", "--config", str(config), cwd=cwd)
-
-
-def jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+def bonbon_loop(tmp_path: Path, **groups) -> Path:
+    """A tiny ``policy: bonbon`` loop config in ``tmp_path`` (:func:`iterate_helpers.tiny_loop`), groups overridden."""
+    bonbon = {"policy": "bonbon", "bonbon": {"config": str(CONFIGS / "offline/iterate/bonbon.yaml")}}
+    return tiny_loop(tmp_path, bonbon, **groups)
 
 
 def test_each_iteration_distils_the_best_and_worst_of_the_current_policy_s_samples(tmp_path, monkeypatch):
@@ -132,7 +105,7 @@ def test_a_chat_policy_s_pairs_keep_the_conversation_it_read(tmp_path, monkeypat
 @pytest.mark.parametrize(
     ("keys", "named"),
     [
-        ({"bonbon": {}}, "bonbon.config is required"),
+        ({"bonbon": {"config": ""}}, "bonbon.config is required"),
         ({"ppo": {"config": str(CONFIGS / "offline/iterate/ppo.yaml")}}, "ppo.config: policy bonbon does not use it"),
         (
             {"reward_model": {"config": str(CONFIGS / "offline/iterate/reward_model.yaml")}},
@@ -151,9 +124,7 @@ def test_a_chat_policy_s_pairs_keep_the_conversation_it_read(tmp_path, monkeypat
 def test_a_bad_bonbon_loop_is_one_line_before_any_fit(tmp_path, monkeypatch, keys, named):
     fits = BoNBoNFits()
     result = iterate(bonbon_loop(tmp_path, **keys), fits, monkeypatch, tmp_path)
-    lines = [line for line in result.stderr.splitlines() if line.startswith("rlhf-lit: error:")]
-    assert result.returncode != 0 and len(lines) == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
-    assert named in lines[0] and fits.calls == []
+    assert result.returncode != 0 and named in error_line(result) and fits.calls == []
 
 
 def test_a_ppo_loop_refuses_bonbon_keys(tmp_path, monkeypatch):
@@ -165,13 +136,6 @@ def test_a_ppo_loop_refuses_bonbon_keys(tmp_path, monkeypatch):
     )
     result = iterate(config, BoNBoNFits(), monkeypatch, tmp_path)
     assert result.returncode != 0 and "bonbon.config: policy ppo does not use it" in result.stderr
-
-
-def in_process_fits(args: list[str], log_path: str) -> int:
-    """``rlhf-lit <args>`` through ``rlhf_lit.cli.main`` in this process, its output written to ``log_path``."""
-    result = run_main(*args, cwd=Path.cwd())
-    Path(log_path).write_text(result.stdout + result.stderr, encoding="utf-8")
-    return result.returncode
 
 
 def test_the_loop_runs_the_real_bonbon_stage(tmp_path, monkeypatch):
