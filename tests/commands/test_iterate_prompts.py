@@ -62,13 +62,15 @@ def test_a_bad_prompt_source_is_one_line_naming_it_before_any_fit(tmp_path, monk
 
 
 def test_a_run_kept_before_the_prompt_source_existed_resumes(tmp_path, monkeypatch, tiny_rm):
-    """``iterate.json`` of an older version: no split, subset or config under prompts, and ``field: prompt``."""
+    """``iterate.json`` of an older version: no split, subset or config under prompts, ``field: prompt``, and no
+    ``policy`` or ``bonbon`` (a PPO loop, as every loop was)."""
     assert iterate(loop_config(tmp_path, iterations=1), FakeFits(tiny_rm), monkeypatch, tmp_path).returncode == 0
     snapshot = tmp_path / "run" / "iterate.json"
     kept = json.loads(snapshot.read_text(encoding="utf-8"))
     for key in ("split", "subset", "config"):
         del kept["config"]["prompts"][key]
     kept["config"]["prompts"]["field"] = "prompt"
+    del kept["config"]["policy"], kept["config"]["bonbon"]
     snapshot.write_text(json.dumps(kept), encoding="utf-8")
     fits = FakeFits(tiny_rm)
     result = iterate(loop_config(tmp_path, iterations=2), fits, monkeypatch, tmp_path)
