@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from assets_paths import CONFIGS, STORIES260K, STORIES260K_CHAT, TINYSTORIES
 from iterate_helpers import error_line, in_process_fits, iterate, jsonl, tiny_loop
 from iterate_judges import length_judge
@@ -174,3 +175,34 @@ def test_the_shipped_online_bonbon_loop_reads_and_ppo_stays_the_default(monkeypa
     config = read_config(str(CONFIGS / "offline" / "iterate_bonbon.yaml"))
     assert config.policy == "bonbon" and config.bonbon.config and config.labeler.kind == "judge"
     assert IterateConfig().policy == "ppo"
+
+
+@pytest.mark.slow
+def test_the_shipped_online_bonbon_loop_runs_from_the_console_script(tmp_path):
+    """``rlhf-lit iterate --config configs/offline/iterate_bonbon.yaml`` as the docs give it, in the checkout (its
+    paths are the checkout's), its run directory moved under ``tmp_path``: exit 0, every iteration's BoNBoN
+    export, the summary with a gold score and a KL per row."""
+    import subprocess
+    import sys
+
+    from suite_env import subprocess_env
+
+    config = yaml.safe_load((CONFIGS / "offline" / "iterate_bonbon.yaml").read_text(encoding="utf-8"))
+    config["run_dir"] = str(tmp_path / "run")
+    path = tmp_path / "iterate_bonbon.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+    cli = Path(sys.executable).parent / "rlhf-lit"
+    result = subprocess.run(
+        [str(cli), "iterate", "--config", str(path)],
+        cwd=CONFIGS.parent,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    for t in range(1, config["iterations"] + 1):
+        assert (tmp_path / "run" / f"iter_{t}" / "bonbon" / "model" / EXPORT_MARKER).is_file()
+    rows = json.loads((tmp_path / "run" / "summary.json").read_text(encoding="utf-8"))["rows"]
+    assert len(rows) == config["iterations"] + 1
+    assert all(row["gold"] is not None and row["kl"] is not None for row in rows)
