@@ -83,15 +83,14 @@ def rank_by_scores(prompt: Any, responses: Sequence[str], scores: Sequence[float
 
 
 def best_and_worst_of_k(
-    samples: Sequence[dict], scores: Sequence[Sequence[float]], scored_by: str, written_by: str, chat: bool
+    samples: Sequence[dict], scores: Sequence[Sequence[float]], k: int, scored_by: str, written_by: str, chat: bool
 ) -> tuple[list[dict], int, int]:
-    """BoNBoN's pairs of the loop's samples (``{"prompt", "responses"}``, K each) by their ``scores``: per prompt
+    """BoNBoN's pairs of the loop's samples (``{"prompt", "responses"}``, ``k`` each) by their ``scores``: per prompt
     the best and the worst of its K, as ``rlhf-lit best-of-n --pairs-out`` writes them
     (:func:`~rlhf_lit.evaluation.best_of_n_pairs.best_worst_pairs`: ties and empty replies left out, N = K
     recorded), the prompt and replies as the policy read them (:func:`as_policy_read`); ``(records, tied, empty)``."""
     from rlhf_lit.evaluation.best_of_n_pairs import best_worst_pairs
 
-    k = len(samples[0]["responses"]) if samples else 2
     flat = [{"response": r, "score": x} for s, xs in zip(samples, scores) for r, x in zip(s["responses"], xs)]
     prompts = [s["prompt"] for s in samples]
     records, tied, empty = best_worst_pairs(prompts, flat, k, k, "score", scored_by, written_by)

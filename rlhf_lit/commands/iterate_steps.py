@@ -262,7 +262,8 @@ def bonbon_pairs(config: IterateConfig, paths: Paths, samples: list[dict], chat:
     scores = None if labels is None else labels.get(SAMPLE_SCORES_KEY)
     if scores is None or len(scores) != len(samples):
         raise ValueError(f"iteration {paths.t}: {paths.file('labels.json')} holds no labeller score of every sample")
-    records, tied, empty = best_and_worst_of_k(samples, scores, config.labeler.source, WRITTEN_BY, chat)
+    k = config.sampling.responses_per_prompt  # N of every record: the n the BoNBoN fit is given (fit_args)
+    records, tied, empty = best_and_worst_of_k(samples, scores, k, config.labeler.source, WRITTEN_BY, chat)
     if not records:
         raise ValueError(
             f"iteration {paths.t}: no prompt's best and worst sample differ ({tied} tie, {empty} with an empty "
