@@ -22,7 +22,7 @@ def jsonl(path) -> list[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").split("\n") if line.strip()]
 
 
-def test_the_tiny_chat_demo_writes_its_report_from_chat_rendered_data(smollm2_path, tmp_path):
+def test_the_tiny_chat_demo_writes_its_report_from_chat_rendered_data(smollm2_path, tmp_path, monkeypatch):
     out = tmp_path / "demo_chat"
     command = [sys.executable, "-m", "demo.chat_pipeline", "--tiny", "--model", str(smollm2_path)]
     result = subprocess.run(
@@ -63,3 +63,22 @@ def test_the_tiny_chat_demo_writes_its_report_from_chat_rendered_data(smollm2_pa
     assert (out / "report" / "frontier.png").stat().st_size > 0
     for stage in ("preferences", "reward_model", "ppo", "best_of_n"):
         assert outcome["timings_s"][stage] > 0, stage
+
+    # bench/chat_bonbon.py on the finished folder: one draw of the largest N, BoNBoN fitted at each N on the
+    # best and the worst of each request's first N, evaluated on the held-out requests; the folder is read only.
+    sys.path.insert(0, str(ROOT / "bench"))
+    import chat_bonbon
+
+    written = {}
+    monkeypatch.setattr(chat_bonbon, "write_result", lambda name, fields: written.update(fields))
+    before = sorted(p.relative_to(out) for p in out.rglob("*"))
+    argv = ["--demo", str(out), "--model", str(smollm2_path), "--out", str(tmp_path / "bonbon"), "--ns", "2,4"]
+    assert chat_bonbon.main([*argv, "--prompts", "12", "--threads", "1"]) == 0
+    assert sorted(p.relative_to(out) for p in out.rglob("*")) == before
+    assert set(written["bonbon"]) == {"2", "4"}
+    for n, fitted in written["bonbon"].items():
+        pairs = jsonl(tmp_path / "bonbon" / f"n_{n}" / "pairs.jsonl")
+        assert pairs and all(r["n"] == int(n) and r["prompt"][0]["role"] == "user" for r in pairs)
+        assert fitted["pairs"]["written"] == len(pairs) and fitted["compute"]["samples"] == 12 * int(n)
+        assert fitted["metrics"]["num_samples"] == 4 and fitted["metrics"]["kl_mean"] is not None
+        assert (tmp_path / "bonbon" / f"n_{n}" / "model" / "config.json").exists()
