@@ -73,12 +73,13 @@ def test_the_tiny_chat_demo_writes_its_report_from_chat_rendered_data(smollm2_pa
     monkeypatch.setattr(chat_bonbon, "write_result", lambda name, fields: written.update(fields))
     before = sorted(p.relative_to(out) for p in out.rglob("*"))
     argv = ["--demo", str(out), "--model", str(smollm2_path), "--out", str(tmp_path / "bonbon"), "--ns", "2,4"]
-    assert chat_bonbon.main([*argv, "--prompts", "12", "--threads", "1"]) == 0
+    # 40 requests: enough pairs for more optimizer steps than the config's warmup (a shorter run is refused)
+    assert chat_bonbon.main([*argv, "--prompts", "40", "--threads", "1"]) == 0
     assert sorted(p.relative_to(out) for p in out.rglob("*")) == before
     assert set(written["bonbon"]) == {"2", "4"}
     for n, fitted in written["bonbon"].items():
         pairs = jsonl(tmp_path / "bonbon" / f"n_{n}" / "pairs.jsonl")
         assert pairs and all(r["n"] == int(n) and r["prompt"][0]["role"] == "user" for r in pairs)
-        assert fitted["pairs"]["written"] == len(pairs) and fitted["compute"]["samples"] == 12 * int(n)
+        assert fitted["pairs"]["written"] == len(pairs) and fitted["compute"]["samples"] == 40 * int(n)
         assert fitted["metrics"]["num_samples"] == 4 and fitted["metrics"]["kl_mean"] is not None
         assert (tmp_path / "bonbon" / f"n_{n}" / "model" / "config.json").exists()
