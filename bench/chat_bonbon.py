@@ -55,27 +55,15 @@ def parse_ns(text: str) -> tuple[int, ...]:
 
 
 def finished_run(demo: Path) -> dict:
-    """What this bench reads of a finished chat demo run (exits naming what is missing)."""
-    wanted = {
-        "ppo_prompts": demo / "data" / "ppo.jsonl",
-        "eval_prompts": demo / "data" / "eval.jsonl",
-        "reward_model": demo / "reward_model" / "model",
-        "best_of_n": demo / "best_of_n" / "best_of_n.json",
-        "instruction": demo / "eval" / "instruction.json",
-        "results": demo / "results.json",
-    }
-    for path in wanted.values():
-        if not path.exists():
-            raise SystemExit(f"--demo {demo}: no {path.relative_to(demo)} (not a finished `make demo-chat` folder)")
-    read = lambda path: json.loads(path.read_text(encoding="utf-8"))  # noqa: E731
-    dpo = {p.stem: read(p)["metrics"] for p in sorted(demo.glob("eval/dpo_*.json"))}
-    return {
-        **wanted,
-        "precision": read(wanted["results"])["precision"],
-        "base": read(wanted["instruction"])["metrics"],
-        "sweep": read(wanted["best_of_n"]),
-        "dpo": dpo,
-    }
+    """What this bench reads of a finished chat demo run: what PPO's variant bench reads
+    (:func:`chat_ppo_variants.finished_run`) and the run's best-of-N sweep (exits naming what is missing)."""
+    from chat_ppo_variants import finished_run as demo_run
+
+    run = demo_run(demo)
+    sweep = demo / "best_of_n" / "best_of_n.json"
+    if not sweep.exists():
+        raise SystemExit(f"--demo {demo}: no {sweep.relative_to(demo)} (not a finished `make demo-chat` folder)")
+    return {**run, "best_of_n": sweep, "sweep": json.loads(sweep.read_text(encoding="utf-8"))}
 
 
 def first_requests(source: Path, count: int, out: Path) -> list:

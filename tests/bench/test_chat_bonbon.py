@@ -65,6 +65,9 @@ def test_a_folder_without_a_finished_run_is_refused_by_name(tmp_path):
     for name in ("ppo.jsonl", "eval.jsonl"):
         (tmp_path / "data" / name).write_text("")
     (tmp_path / "reward_model" / "model").mkdir(parents=True)
+    (tmp_path / "eval").mkdir()
+    (tmp_path / "eval" / "instruction.json").write_text(json.dumps({"metrics": {"judge_mean": 0.1}}))
+    (tmp_path / "results.json").write_text(json.dumps({"precision": "32-true"}))
     with pytest.raises(SystemExit, match=r"--demo .*: no best_of_n/best_of_n.json \(not a finished `make demo-chat`"):
         chat_bonbon.finished_run(tmp_path)
 
