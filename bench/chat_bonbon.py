@@ -79,10 +79,9 @@ def sampling_command(model: str, run: dict, prompts: Path, n_max: int, seed: int
     """``rlhf-lit best-of-n``: ``n_max`` replies per request from the instruction model, scored by the run's
     reward model as PPO reads a cut reply, at the demo's sampling settings and the run's precision."""
     from demo.chat_plan import CHAT_FULL, CONFIGS, sampling_options
-    from demo.plan import ppo_init_args
+    from demo.plan import ppo_unfinished
     from rlhf_lit.child_runs import rlhf_lit_command
 
-    unfinished = (ppo_init_args(CONFIGS / "ppo.yaml").get("reward") or {}).get("unfinished", "as_sampled")
     return rlhf_lit_command(
         [
             "best-of-n",
@@ -98,7 +97,7 @@ def sampling_command(model: str, run: dict, prompts: Path, n_max: int, seed: int
             "--seed",
             str(seed),
             "--unfinished",
-            unfinished,
+            ppo_unfinished(CONFIGS / "ppo.yaml"),
             "--precision",
             run["precision"],
             "--out",

@@ -12,7 +12,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from demo.plan import ROOT, Paths, ppo_init_args
+from demo.plan import ROOT, Paths, ppo_init_args, ppo_unfinished
 from demo.runner import fit_command, rollout_checkpointing
 from rlhf_lit.child_runs import rlhf_lit_command
 
@@ -233,7 +233,6 @@ def best_of_n_command(
     """``rlhf-lit best-of-n``: N = 1 .. ``bon_n_max`` replies of the instruction model to each held-out
     request, the reward model's pick, scored as PPO's reward reads a cut reply (``reward.unfinished``),
     sampled at ``precision``."""
-    unfinished = (ppo_init_args(CONFIGS / "ppo.yaml").get("reward") or {}).get("unfinished", "as_sampled")
     return rlhf_lit_command(
         [
             "best-of-n",
@@ -251,7 +250,7 @@ def best_of_n_command(
             "--seed",
             str(seed or 0),
             "--unfinished",
-            unfinished,
+            ppo_unfinished(CONFIGS / "ppo.yaml"),
             "--precision",
             precision,
             "--out",

@@ -98,3 +98,21 @@ def test_ns_below_two_or_not_integers_are_refused(text):
     with pytest.raises(argparse.ArgumentTypeError):
         chat_bonbon.parse_ns(text)
     assert chat_bonbon.parse_ns("16,4,8") == (4, 8, 16)
+
+
+def test_replies_are_scored_as_the_chat_ppo_config_reads_a_cut_reply(tmp_path):
+    """The bench's draw and the demo's best-of-N both pass ``reward.unfinished`` of configs/demo_chat/ppo.yaml
+    (read here with yaml, not through the helper they share)."""
+    import yaml
+
+    from demo.chat_plan import CHAT_FULL, best_of_n_command
+    from demo.plan import Paths
+
+    config = yaml.safe_load((ROOT / "configs" / "demo_chat" / "ppo.yaml").read_text())
+    wanted = config["model"]["init_args"]["reward"]["unfinished"]
+    run = {"reward_model": tmp_path / "rm", "precision": "32-true"}
+    drawn = chat_bonbon.sampling_command("/m", run, tmp_path / "p.jsonl", 16, 0, tmp_path / "s.json")
+    demo = best_of_n_command("/m", Paths(tmp_path), CHAT_FULL, "j", 0, "32-true")
+    for cmd in (drawn, demo):
+        assert cmd[cmd.index("--unfinished") + 1] == wanted
+    assert drawn[drawn.index("--n") + 1] == "16"
