@@ -8,7 +8,7 @@ score at the last response token and logs each one (``reward/<name>``).
 """
 
 from rlhf_lit.rewards.functions import RewardBatch, RewardFunction, call_reward_function, load_reward_function
-from rlhf_lit.rewards.shaping import length_penalty, length_target, regex_format
+from rlhf_lit.rewards.shaping import length_penalty, length_target, regex_format, unfinished_penalty
 
 __all__ = [
     "RewardBatch",
@@ -18,4 +18,5 @@ __all__ = [
     "length_target",
     "load_reward_function",
     "regex_format",
+    "unfinished_penalty",
 ]

@@ -1,11 +1,13 @@
-"""Built-in shaping rewards: a length penalty, a length target and a format rule (a regex).
+"""Built-in shaping rewards: a length penalty, a length target, a penalty for unfinished responses and a
+format rule (a regex).
 
 Each is a plain reward function ``fn(batch, *, params)``, usable by spec, e.g.
 ``load_reward_function("rlhf_lit.rewards.shaping:length_target", {"target": 48})``, or with
 ``functools.partial``. Lengths are counted in response token ids (``batch.response_ids``,
 including the EOS when the response ended), because the policy acts in tokens and re-tokenised
-text may count differently. The missing-EOS penalty stays where it is (PPO's
-``missing_eos_penalty``); it is not duplicated here.
+text may count differently. PPO's ``reward.missing_eos_penalty`` REPLACES an unfinished response's
+score; :func:`unfinished_penalty` here is ADDED to it, so the reward model's signal still reaches
+those responses.
 """
 
 from __future__ import annotations
@@ -55,6 +57,26 @@ def length_target(batch: RewardBatch, *, target: int, per_token: float = 0.01) -
     _check_length("length_target", "target", target)
     _check_per_token("length_target", per_token)
     return [-per_token * abs(len(ids) - target) for ids in batch.response_ids]
+
+
+def unfinished_penalty(batch: RewardBatch, *, penalty: float) -> list[float]:
+    """``-penalty`` for a response cut at the length limit (no EOS), ``0`` for one that ended.
+
+    Added to the other sources (the reward model's score of a cut response still counts), unlike
+    PPO's ``reward.missing_eos_penalty``, which replaces that score and, where most responses are
+    cut, gives most of them one reward. Use it where the reward (a judge or a reward model that
+    reads a cut response with EOS appended) pays longer, unfinished text: a penalty about the size
+    of that preference keeps PPO from learning to stop ending its turn.
+
+    Args:
+        batch: the responses; ``batch.ended`` says which ended with EOS.
+        penalty: subtracted from each unfinished response's reward (>= 0).
+    """
+    if not (
+        isinstance(penalty, (int, float)) and not isinstance(penalty, bool) and math.isfinite(penalty) and penalty >= 0
+    ):
+        raise ValueError(f"unfinished_penalty: penalty must be a finite number >= 0, got {penalty!r}")
+    return [0.0 if ended else -float(penalty) for ended in batch.ended]
 
 
 def regex_format(

@@ -167,3 +167,38 @@ def test_reward_model_and_function_scores_are_placed_alike_on_eos_and_truncated_
     placed = torch.zeros_like(rollout.rewards)
     placed[torch.arange(len(scores)), mask.sum(1) - 1] = scores  # EOS itself, or the last truncated token
     torch.testing.assert_close(rollout.rewards + BETA * rollout.kl, placed, rtol=1e-6, atol=1e-6)
+
+
+def test_unfinished_penalty_is_added_to_a_cut_rows_score_not_put_in_its_place(tmp_path, prompts_file):
+    """``rlhf_lit.rewards.shaping:unfinished_penalty`` beside another source: a row cut at the limit keeps
+    that source's score, less the penalty (``missing_eos_penalty`` would replace it); an ended row is untouched."""
+    sources = [
+        RewardSource(name="answer", function="ppo_helpers:answer_reward"),
+        RewardSource(
+            name="unfinished", function="rlhf_lit.rewards.shaping:unfinished_penalty", kwargs={"penalty": 0.75}
+        ),
+    ]
+    module = tiny_module(
+        reward_model=None,
+        value_model=STORIES,
+        sampling=SamplingConfig(max_new_tokens=8, samples_per_prompt=2),
+        ppo=PPOConfig(epochs=1, minibatch_size=2),
+        reward=RewardConfig(sources=sources),
+        kl=KLConfig(kind="fixed", init_coef=BETA),
+        max_rollouts=1,
+    )
+    module.stop_ids = (*module.stop_ids, module.tokenizer.convert_tokens_to_ids("."))  # some rows end early
+    rollouts = []
+    make_rollout = module.make_rollout
+    module.make_rollout = lambda batch, timer, *args: rollouts.append(make_rollout(batch, timer, *args)) or rollouts[-1]
+    SEEN_REWARD_BATCHES.clear()
+    data = PromptDataModule(
+        tokenizer=module.tokenizer, train_path=prompts_file, batch_size=4, seed=3, extra_fields=["answer"]
+    )
+    tiny_trainer(tmp_path).fit(module, data)
+    rollout = rollouts[0][0]
+    seen = SEEN_REWARD_BATCHES[0]
+    assert rollout.ended.any() and (~rollout.ended).any()  # both kinds of row are in the batch
+    answers = torch.tensor([float(ANSWERS[p]) for p in seen.prompts])
+    expected = answers - 0.75 * (~rollout.ended).float()  # by hand: the answer, 0.75 less when cut
+    torch.testing.assert_close(rollout.raw_scores, expected)

@@ -20,6 +20,7 @@ from rlhf_lit.rewards import (
     length_target,
     load_reward_function,
     regex_format,
+    unfinished_penalty,
 )
 
 torch.set_num_threads(1)
@@ -47,6 +48,12 @@ def test_length_target():
     assert length_target(BATCH, target=4, per_token=0.25) == [0.0, -0.75, -0.5]
 
 
+def test_unfinished_penalty_is_added_to_cut_responses_only():
+    # BATCH: the second response was cut at the limit; the others ended with EOS.
+    assert unfinished_penalty(BATCH, penalty=0.2) == [0.0, -0.2, 0.0]
+    assert unfinished_penalty(BATCH, penalty=0) == [0.0, 0.0, 0.0]
+
+
 def test_regex_format_search_fullmatch_and_inline_flags():
     # "Answer: \d+" found in row 0 only (row 2 is lower case)
     assert regex_format(BATCH, pattern=r"Answer: \d+") == [1.0, 0.0, 0.0]
@@ -64,6 +71,9 @@ def test_regex_format_search_fullmatch_and_inline_flags():
         (length_penalty, {"max_tokens": 4, "per_token": -0.1}, "per_token must be a finite number >= 0"),
         (length_target, {"target": True}, "target must be an int >= 0"),
         (length_target, {"target": 4, "per_token": float("inf")}, "per_token must be a finite number >= 0"),
+        (unfinished_penalty, {"penalty": -0.2}, "penalty must be a finite number >= 0"),
+        (unfinished_penalty, {"penalty": float("nan")}, "penalty must be a finite number >= 0"),
+        (unfinished_penalty, {"penalty": True}, "penalty must be a finite number >= 0"),
         (regex_format, {"pattern": "(unclosed"}, "is not a valid regular expression"),
         (regex_format, {"pattern": "x", "matched": float("nan")}, "matched must be a finite number"),
     ],
