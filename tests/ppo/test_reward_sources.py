@@ -129,28 +129,19 @@ def test_sources_are_checked_when_the_module_is_built():
         tiny_module(reward=RewardConfig(sources=[RewardSource(name="x", function="ppo_helpers:no_such")]))
 
 
-@pytest.mark.parametrize("source", ["reward_model", "function"])
-def test_reward_model_and_function_scores_are_placed_alike_on_eos_and_truncated_rows(tmp_path, prompts_file, source):
-    """The same bias, missing-EOS penalty and last-token placement for either kind of source."""
-    if source == "reward_model":
-        sources, extra = [RewardSource(name="rm")], {"reward_model": STORIES, "value_model": None}
-    else:
-        sources, extra = [RewardSource(name="answer", function="ppo_helpers:answer_reward")], {}
-    reward = RewardConfig(sources=sources, bias=0.5, missing_eos_penalty=-3.0)
-    module = tiny_module(
-        **{
-            **dict(
-                reward_model=None,
-                value_model=STORIES,
-                sampling=SamplingConfig(max_new_tokens=8, samples_per_prompt=2),
-                ppo=PPOConfig(epochs=1, minibatch_size=2),
-                reward=reward,
-                kl=KLConfig(kind="fixed", init_coef=BETA),
-                max_rollouts=1,
-            ),
-            **extra,
-        }
+def one_rollout_with_early_stops(tmp_path, prompts_file, reward, **overrides):
+    """The first rollout of one PPO step whose rows may also end at ".", so that one batch of 4 prompts x 2
+    samples holds rows that ended with EOS and rows cut at the 8-token limit."""
+    kwargs = dict(
+        reward_model=None,
+        value_model=STORIES,
+        sampling=SamplingConfig(max_new_tokens=8, samples_per_prompt=2),
+        ppo=PPOConfig(epochs=1, minibatch_size=2),
+        reward=reward,
+        kl=KLConfig(kind="fixed", init_coef=BETA),
+        max_rollouts=1,
     )
+    module = tiny_module(**{**kwargs, **overrides})
     module.stop_ids = (*module.stop_ids, module.tokenizer.convert_tokens_to_ids("."))  # some rows end early
     rollouts = []
     make_rollout = module.make_rollout
@@ -160,8 +151,20 @@ def test_reward_model_and_function_scores_are_placed_alike_on_eos_and_truncated_
     )
     tiny_trainer(tmp_path).fit(module, data)
     rollout = rollouts[0][0]
-    mask = rollout.response_mask
     assert rollout.ended.any() and (~rollout.ended).any()  # both kinds of row are in the batch
+    return rollout
+
+
+@pytest.mark.parametrize("source", ["reward_model", "function"])
+def test_reward_model_and_function_scores_are_placed_alike_on_eos_and_truncated_rows(tmp_path, prompts_file, source):
+    """The same bias, missing-EOS penalty and last-token placement for either kind of source."""
+    if source == "reward_model":
+        sources, extra = [RewardSource(name="rm")], {"reward_model": STORIES, "value_model": None}
+    else:
+        sources, extra = [RewardSource(name="answer", function="ppo_helpers:answer_reward")], {}
+    reward = RewardConfig(sources=sources, bias=0.5, missing_eos_penalty=-3.0)
+    rollout = one_rollout_with_early_stops(tmp_path, prompts_file, reward, **extra)
+    mask = rollout.response_mask
     scores = torch.where(rollout.ended, rollout.raw_scores - 0.5, torch.tensor(-3.0))
     torch.testing.assert_close(rollout.scores, scores)
     placed = torch.zeros_like(rollout.rewards)
@@ -178,27 +181,9 @@ def test_unfinished_penalty_is_added_to_a_cut_rows_score_not_put_in_its_place(tm
             name="unfinished", function="rlhf_lit.rewards.shaping:unfinished_penalty", kwargs={"penalty": 0.75}
         ),
     ]
-    module = tiny_module(
-        reward_model=None,
-        value_model=STORIES,
-        sampling=SamplingConfig(max_new_tokens=8, samples_per_prompt=2),
-        ppo=PPOConfig(epochs=1, minibatch_size=2),
-        reward=RewardConfig(sources=sources),
-        kl=KLConfig(kind="fixed", init_coef=BETA),
-        max_rollouts=1,
-    )
-    module.stop_ids = (*module.stop_ids, module.tokenizer.convert_tokens_to_ids("."))  # some rows end early
-    rollouts = []
-    make_rollout = module.make_rollout
-    module.make_rollout = lambda batch, timer, *args: rollouts.append(make_rollout(batch, timer, *args)) or rollouts[-1]
     SEEN_REWARD_BATCHES.clear()
-    data = PromptDataModule(
-        tokenizer=module.tokenizer, train_path=prompts_file, batch_size=4, seed=3, extra_fields=["answer"]
-    )
-    tiny_trainer(tmp_path).fit(module, data)
-    rollout = rollouts[0][0]
+    rollout = one_rollout_with_early_stops(tmp_path, prompts_file, RewardConfig(sources=sources))
     seen = SEEN_REWARD_BATCHES[0]
-    assert rollout.ended.any() and (~rollout.ended).any()  # both kinds of row are in the batch
     answers = torch.tensor([float(ANSWERS[p]) for p in seen.prompts])
     expected = answers - 0.75 * (~rollout.ended).float()  # by hand: the answer, 0.75 less when cut
     torch.testing.assert_close(rollout.raw_scores, expected)
