@@ -30,7 +30,7 @@ def ended_minus_cut(samples: list[dict], key: str) -> dict:
 
     Args:
         samples: best-of-N samples, each a dict with ``prompt_index``, ``ended`` (bool) and ``key``.
-        key: the score to compare (``rm`` or ``judge``).
+        key: the value to compare (``rm``, ``judge`` or ``length`` in tokens).
 
     Returns:
         ``{"requests": n, "mean": d, "stderr": s}`` (``stderr`` the sample standard deviation of the
@@ -51,8 +51,8 @@ def ended_minus_cut(samples: list[dict], key: str) -> dict:
 
 
 def summarise(demo: Path) -> dict:
-    """The reward model's and the judge's preference between ended and cut replies in one finished run,
-    and best-of-N's share of replies that end at each N."""
+    """The reward model's and the judge's preference between ended and cut replies in one finished run, how
+    much shorter the ended ones are, and best-of-N's share of replies that end at each N."""
     path = demo / "best_of_n" / "best_of_n.json"
     if not path.exists():
         raise SystemExit(f"--demo {demo}: no best_of_n/best_of_n.json (not a finished `make demo-chat` folder)")
@@ -64,6 +64,7 @@ def summarise(demo: Path) -> dict:
         "ended_fraction": sum(bool(s["ended"]) for s in samples) / len(samples),
         "rm": ended_minus_cut(samples, "rm"),
         "judge": ended_minus_cut(samples, "judge"),
+        "length": ended_minus_cut(samples, "length"),
         "best_of_n_ended": {row["n"]: row["ended_fraction"] for row in run["rows"]},
     }
 
@@ -78,7 +79,8 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"{run['demo']}: {run['samples']} replies, {run['ended_fraction']:.3f} ended; ended minus cut within a "
             f"request: reward model {run['rm']['mean']:+.3f} +- {run['rm']['stderr']:.3f}, judge "
-            f"{run['judge']['mean']:+.3f} +- {run['judge']['stderr']:.3f} ({run['rm']['requests']} requests); "
+            f"{run['judge']['mean']:+.3f} +- {run['judge']['stderr']:.3f}, length {run['length']['mean']:+.1f} tokens "
+            f"({run['rm']['requests']} requests); "
             f"best-of-N's share that ends by N: {run['best_of_n_ended']}"
         )
     write_result("chat-unfinished-bias", {"runs": runs})

@@ -18,10 +18,10 @@ import re
 from rlhf_lit.rewards.functions import RewardBatch
 
 
-def _check_per_token(fn: str, per_token: float) -> None:
-    # A negative rate would turn the penalty into a bonus for length: refuse, never reinterpret.
-    if not (isinstance(per_token, (int, float)) and math.isfinite(per_token) and per_token >= 0):
-        raise ValueError(f"{fn}: per_token must be a finite number >= 0, got {per_token!r}")
+def _check_non_negative(fn: str, what: str, value: float) -> None:
+    # A negative penalty would turn it into a bonus: refuse, never reinterpret (a bool is no amount).
+    if isinstance(value, bool) or not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+        raise ValueError(f"{fn}: {what} must be a finite number >= 0, got {value!r}")
 
 
 def _check_length(fn: str, what: str, value: int) -> None:
@@ -42,7 +42,7 @@ def length_penalty(batch: RewardBatch, *, max_tokens: int, per_token: float = 0.
         per_token: penalty per token beyond ``max_tokens`` (>= 0).
     """
     _check_length("length_penalty", "max_tokens", max_tokens)
-    _check_per_token("length_penalty", per_token)
+    _check_non_negative("length_penalty", "per_token", per_token)
     return [-per_token * max(0, len(ids) - max_tokens) for ids in batch.response_ids]
 
 
@@ -55,7 +55,7 @@ def length_target(batch: RewardBatch, *, target: int, per_token: float = 0.01) -
         per_token: penalty per token of distance from ``target`` (>= 0).
     """
     _check_length("length_target", "target", target)
-    _check_per_token("length_target", per_token)
+    _check_non_negative("length_target", "per_token", per_token)
     return [-per_token * abs(len(ids) - target) for ids in batch.response_ids]
 
 
@@ -72,10 +72,7 @@ def unfinished_penalty(batch: RewardBatch, *, penalty: float) -> list[float]:
         batch: the responses; ``batch.ended`` says which ended with EOS.
         penalty: subtracted from each unfinished response's reward (>= 0).
     """
-    if not (
-        isinstance(penalty, (int, float)) and not isinstance(penalty, bool) and math.isfinite(penalty) and penalty >= 0
-    ):
-        raise ValueError(f"unfinished_penalty: penalty must be a finite number >= 0, got {penalty!r}")
+    _check_non_negative("unfinished_penalty", "penalty", penalty)
     return [0.0 if ended else -float(penalty) for ended in batch.ended]
 
 
