@@ -231,8 +231,9 @@ def best_of_n_command(
     model: str, paths: Paths, budget: ChatBudget, judge: str, seed: int | None, precision: str
 ) -> list[str]:
     """``rlhf-lit best-of-n``: N = 1 .. ``bon_n_max`` replies of the instruction model to each held-out
-    request, the reward model's pick, scored as PPO's reward reads a cut reply (``reward.unfinished``),
-    sampled at ``precision``."""
+    request, the reward model's pick, scored as PPO's reward model reads a cut reply (``reward.unfinished``;
+    the PPO config's price for a cut reply is not part of the pick: best-of-N ranks by the reward model
+    alone), sampled at ``precision``."""
     return rlhf_lit_command(
         [
             "best-of-n",
