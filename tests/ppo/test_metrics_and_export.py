@@ -165,13 +165,13 @@ def test_export_defaults_to_the_log_dir(tmp_path):
     assert (module.exported_path / "config.json").is_file()
 
 
-def test_rollout_statistics_by_hand():
-    from rlhf_lit.stages.ppo.metrics import rollout_statistics
+def _hand_rollout():
+    """Two responses of lengths 2 and 3, summed KL 0.6 and 0.5, values a hand can follow."""
     from rlhf_lit.stages.ppo.rollout import Rollout
 
     mask = torch.tensor([[True, True, False], [True, True, True]])  # lengths 2 and 3
     zeros = torch.zeros(2, 3)
-    rollout = Rollout(
+    return Rollout(
         query_responses=torch.zeros(2, 4, dtype=torch.long),
         attention_mask=torch.ones(2, 4, dtype=torch.long),
         response_ids=torch.zeros(2, 3, dtype=torch.long),
@@ -189,6 +189,12 @@ def test_rollout_statistics_by_hand():
         rewards=torch.full((2, 3), 9.0),  # e.g. after reward whitening: must not enter rlhf_reward
         advantages=zeros,
     )
+
+
+def test_rollout_statistics_by_hand():
+    from rlhf_lit.stages.ppo.metrics import rollout_statistics
+
+    rollout = _hand_rollout()
     stats = rollout_statistics(rollout, torch.tensor(1.5), {"loss/policy": torch.tensor(0.1)}, kl_coef=0.5)
     expected = {
         "objective/scores": -0.5,  # (1 - 2) / 2
@@ -207,3 +213,28 @@ def test_rollout_statistics_by_hand():
     assert set(stats) == set(expected)
     for name, value in expected.items():
         torch.testing.assert_close(stats[name], torch.tensor(value), msg=name)
+
+
+def test_rollout_statistics_with_the_kl_in_the_loss_count_the_losss_token_mean():
+    """kl.mode loss adds beta x the token mean of the KL to the loss: rlhf_reward's KL part is that, not
+    beta x the sum per response (which would grow with the length and fall while the objective rises)."""
+    from rlhf_lit.stages.ppo.metrics import rollout_statistics
+
+    stats = rollout_statistics(_hand_rollout(), torch.tensor(1.5), {}, kl_coef=0.5, kl_mode="loss")
+    # KL tokens 0.2, 0.4 | 0.1, 0.1, 0.3: token mean 1.1 / 5 = 0.22; beta x it = 0.11
+    torch.testing.assert_close(stats["objective/non_score_reward"], torch.tensor(-0.11))
+    torch.testing.assert_close(stats["objective/rlhf_reward"], torch.tensor(-0.25 - 0.11))  # shaped scores' mean -0.25
+    torch.testing.assert_close(stats["objective/kl"], torch.tensor(0.55))  # the logged KL stays the sum per response
+
+
+def test_a_run_with_the_kl_in_the_loss_logs_its_token_mean_as_the_kl_part(tmp_path):
+    from rlhf_lit.stages.ppo.config import KLConfig
+
+    module = tiny_module(max_rollouts=2, kl=KLConfig(kind="fixed", init_coef=0.5, mode="loss"))
+    trainer = tiny_trainer(tmp_path)
+    trainer.fit(module, _loader(module, copies=2))
+    logged = trainer.logger.history[1]  # rollout 0 samples the reference itself: KL 0
+    assert logged["objective/kl"] != 0 and logged["response/length"] > 1  # the two readings differ
+    # beta x (KL per response / mean length): the sum per response would be -0.5 x objective/kl
+    token_mean = logged["objective/kl"] / logged["response/length"]
+    assert logged["objective/non_score_reward"] == pytest.approx(-0.5 * token_mean)

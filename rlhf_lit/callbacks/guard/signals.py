@@ -191,7 +191,7 @@ class KLSignal:
 
 @dataclass
 class ObjectiveSignal:
-    """The shaped objective (``objective/rlhf_reward``: score - beta * KL) falling.
+    """The shaped objective (``objective/rlhf_reward``: score - beta * KL, the KL as ``kl.mode`` pays it) falling.
 
     Rule (:func:`~rlhf_lit.callbacks.guard.verdicts.falling`): the least-squares line through the
     last ``window`` rollouts falls by >= ``min_drop`` across the window with a t-statistic <=

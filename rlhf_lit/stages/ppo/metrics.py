@@ -53,6 +53,7 @@ def rollout_statistics(
     kl_coef: float,
     has_critic: bool = True,
     gen_train_diff: torch.Tensor | None = None,
+    kl_mode: str = "reward",
 ) -> dict[str, torch.Tensor]:
     """This rank's rollout and update statistics, as 0-dim tensors on the device (no host sync).
 
@@ -61,14 +62,22 @@ def rollout_statistics(
         entropy: ``()`` masked mean entropy of the policy at rollout time.
         train_stats: ``()`` tensors averaged over the minibatches of the update (the ``logged`` of
             :func:`~rlhf_lit.stages.ppo.update.train_on_rollout`'s :class:`~rlhf_lit.stages.ppo.loss.LossStats`).
-        kl_coef: the coefficient the rollout's rewards were shaped with.
+        kl_coef: the KL coefficient: the one the rollout's rewards were shaped with (``kl_mode`` "reward"), or
+            the one of the loss's KL term ("loss").
         has_critic: log the critic's statistics (``value/*``); False for critic-free estimators.
         gen_train_diff: ``()`` logged as :data:`LOGPROB_GEN_TRAIN_DIFF`; None: not logged (nothing
             was recorded while sampling).
+        kl_mode: ``kl.mode``. "reward": the KL part of ``objective/rlhf_reward`` is ``-kl_coef`` times the
+            KL summed over each response, the penalty its rewards paid; "loss": ``-kl_coef`` times the
+            token mean of the KL over the batch's responses, the term the loss adds (each response's
+            share: its summed KL over the batch's mean length).
     """
     mask = rollout.response_mask  # (B, R)
     kl_per_response = rollout.kl.sum(1)  # (B,) nats per response
-    non_score_reward = -kl_coef * kl_per_response  # (B,)
+    if kl_mode == "loss":  # the loss pays beta x the token mean, not the sum per response (48x less at 48 tokens)
+        non_score_reward = -kl_coef * kl_per_response / mask.sum(1).float().mean().clamp_min(1.0)  # (B,)
+    else:
+        non_score_reward = -kl_coef * kl_per_response  # (B,)
     stats = {
         "objective/scores": rollout.raw_scores.mean(),
         # The spread the reward model's scores give the update: near 0, every response gets one reward.

@@ -387,7 +387,13 @@ class PPOModule(PPOCheckpoints, StageModule):
         # with the recorded old logprobs, the update's forward before its first step measured it.
         gen_train_diff = train_stats.old_logprob_diff if info.old_logprobs_sampled else info.gen_train_diff
         local = rollout_statistics(
-            rollout, info.entropy, train_stats.logged, kl_coef, self.critic is not None, gen_train_diff
+            rollout,
+            info.entropy,
+            train_stats.logged,
+            kl_coef,
+            self.critic is not None,
+            gen_train_diff,
+            kl_mode=self.kl_cfg.mode,
         )  # no sync
         local.update(info.reward_parts)  # each source
         # The share of scores the missing-EOS penalty replaced: what no reward-model signal reaches.
