@@ -23,7 +23,7 @@ from rlhf_lit.functional.calibration import (
 )
 from rlhf_lit.functional.dpo import DPOLossKind, averages_over_tokens, check_dpo_settings, dpo_loss
 from rlhf_lit.functional.ensemble import AGGREGATES, Aggregate, aggregate_scores, member_std
-from rlhf_lit.functional.kl import KLKind, KLLossKind, kl_loss, kl_penalized_rewards, kl_penalty
+from rlhf_lit.functional.kl import KLKind, KLLossKind, KLMode, kl_loss, kl_penalized_rewards, kl_penalty
 from rlhf_lit.functional.kl_control import AdaptiveKLController, FixedKLController, KLController
 from rlhf_lit.functional.logprobs import entropy_from_logits, sequence_logprobs, token_logprobs
 from rlhf_lit.functional.losses import IGNORE_INDEX, clipped_value_loss, pairwise_reward_loss, sft_loss
@@ -70,6 +70,7 @@ __all__ = [
     "KLController",
     "KLKind",
     "KLLossKind",
+    "KLMode",
     "PolicyLoss",
     "PolicyLossKind",
     "RankingMetrics",

@@ -14,6 +14,11 @@ KLKind = Literal["k1", "k2", "k3", "abs"]
 (John Schulman, "Approximating KL Divergence", 2020): k1 unbiased, k2 low variance but biased,
 k3 unbiased, low variance and never negative; "abs" is |k1| as in TRL."""
 
+KLMode = Literal["reward", "loss"]
+"""Where PPO pays the KL: ``reward``, ``-beta`` times the per-token estimate in each token's reward
+(:func:`kl_penalized_rewards`, the InstructGPT reward); ``loss``, ``beta`` times its token mean as a
+loss term (:func:`kl_loss`, GRPO)."""
+
 
 def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: KLKind) -> torch.Tensor:
     """Per-token estimate of KL(policy || reference) at the sampled tokens.

@@ -18,6 +18,7 @@ from rlhf_lit.functional import (
     CalibrationTransform,
     KLKind,
     KLLossKind,
+    KLMode,
     PolicyLossKind,
     Reducer,
     ScoreWhitening,
@@ -394,11 +395,11 @@ class KLConfig:
     target: float = 6.0
     horizon: int = 10000
     estimator: KLKind = "k1"
-    mode: Literal["reward", "loss"] = "reward"
+    mode: KLMode = "reward"
     loss_estimator: KLLossKind = "k3_weighted"
 
     def __post_init__(self) -> None:
-        if self.mode not in ("reward", "loss"):
+        if self.mode not in get_args(KLMode):
             raise ValueError(f"kl.mode must be reward or loss, got {self.mode!r}")
         if self.kind not in ("fixed", "adaptive"):
             raise ValueError(f"kl.kind must be fixed or adaptive, got {self.kind!r}")

@@ -18,7 +18,7 @@ import torch
 from lightning.pytorch.strategies import Strategy
 
 from rlhf_lit.evaluation import distinct_n, distinct_n_factors
-from rlhf_lit.functional import explained_variance
+from rlhf_lit.functional import KLMode, explained_variance
 from rlhf_lit.models.compiled_generation import CompileStats
 from rlhf_lit.stages.ppo.rollout import Rollout
 
@@ -53,7 +53,7 @@ def rollout_statistics(
     kl_coef: float,
     has_critic: bool = True,
     gen_train_diff: torch.Tensor | None = None,
-    kl_mode: str = "reward",
+    kl_mode: KLMode = "reward",
 ) -> dict[str, torch.Tensor]:
     """This rank's rollout and update statistics, as 0-dim tensors on the device (no host sync).
 
@@ -74,7 +74,7 @@ def rollout_statistics(
     """
     mask = rollout.response_mask  # (B, R)
     kl_per_response = rollout.kl.sum(1)  # (B,) nats per response
-    if kl_mode == "loss":  # the loss pays beta x the token mean, not the sum per response (48x less at 48 tokens)
+    if kl_mode == "loss":  # the loss pays beta x the token mean: a response's sum is its length times that
         non_score_reward = -kl_coef * kl_per_response / mask.sum(1).float().mean().clamp_min(1.0)  # (B,)
     else:
         non_score_reward = -kl_coef * kl_per_response  # (B,)
