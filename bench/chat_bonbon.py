@@ -44,14 +44,11 @@ WRITTEN_BY = "bench/chat_bonbon.py"
 
 
 def parse_ns(text: str) -> tuple[int, ...]:
-    """``"4,8,16"`` -> ``(4, 8, 16)``: distinct integers >= 2, sorted."""
-    try:
-        ns = tuple(sorted({int(part) for part in text.split(",") if part.strip()}))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--ns {text!r}: give comma-separated integers, e.g. 4,8,16") from None
-    if not ns or ns[0] < 2:
-        raise argparse.ArgumentTypeError(f"--ns {text!r}: give N >= 2 (a best and a worst of N)")
-    return ns
+    """``"16,4,8"`` -> ``(4, 8, 16)``: the demo's N parser (:func:`demo.seeds_bonbon.parse_ns`), sorted: the
+    largest N is how many replies a request gets drawn."""
+    from demo.seeds_bonbon import parse_ns as demo_ns
+
+    return tuple(sorted(demo_ns(text)))
 
 
 def finished_run(demo: Path) -> dict:

@@ -1,0 +1,223 @@
+"""The chat demo's BoNBoN study over seeds: every method on one judge-against-KL frontier, means +- s.e.
+
+    .venv/bin/python bench/chat_bonbon_study.py \\
+        --bonbon bench/results/chat-bonbon-20261203.json --ppo bench/results/chat-ppo-variants-20261204.json \\
+        --bonbon bench/results/chat-bonbon-20261204.json --ppo bench/results/chat-ppo-variants-20261204-3.json \\
+        --out runs/chat_bonbon_study
+
+Per seed it reads one ``bench/chat_bonbon.py`` result (the instruction model, the run's best-of-N sweep, its
+DPO and BoNBoN at each N, all evaluated on the run's 128 held-out requests) and one
+``bench/chat_ppo_variants.py`` result on the same folder and seed (PPO's checkpoints, evaluated the same way).
+The two files of a seed must name the same seed and folder and hold the same evaluations of the instruction
+model and of DPO (the folder's own): a pair that does not is refused by name, as is a seed given twice.
+
+Per method and setting (the instruction model; best-of-N per N at its analytic KL; DPO per beta; BoNBoN per
+N; PPO per checkpoint), over the seeds: the KL to the instruction model and the judge (mean +- standard
+error over seeds), and the judge minus the seed's own best-of-N curve and minus its DPO line at the
+policy's KL (the curves of ``bench/chat_bonbon.py``: best-of-N from the instruction model at KL 0, DPO the
+straight line from it; None outside a curve, never extrapolated). Writes ``frontier.png``, ``study.md`` and
+``study.json`` in ``--out`` (a new folder).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the demo's package, beside rlhf_lit in a clone
+
+from demo.seed_stats import over_seeds as seed_stats  # noqa: E402
+
+REFERENCE = "the instruction model"
+BONBON_KEYS = ("seed", "demo", "instruction_model", "best_of_n", "dpo", "bonbon")
+PPO_KEYS = ("seed", "demo", "instruction_model", "dpo", "variants")
+
+
+def read_result(path: Path, keys: Sequence[str], written_by: str) -> dict:
+    """A bench result file with ``keys`` (exits naming the file and what is wrong)."""
+    try:
+        result = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise SystemExit(f"{path}: not a readable JSON result of {written_by} ({err})") from None
+    missing = [key for key in keys if not isinstance(result, dict) or key not in result]
+    if missing:
+        raise SystemExit(f"{path}: no {', '.join(missing)} (not a result of {written_by})")
+    return result
+
+
+def ppo_variant(result: Mapping, path: Path, name: str | None) -> Mapping:
+    """One variant of a ``chat_ppo_variants`` result: its evaluated checkpoints (``rollouts``) and PPO's curve
+    minus each DPO policy at that policy's KL (``minus_dpo``)."""
+    variants = result["variants"]
+    if name is None:
+        if len(variants) != 1:
+            raise SystemExit(f"{path}: holds the variants {sorted(variants)}; name one with --ppo-variant")
+        name = next(iter(variants))
+    if name not in variants:
+        raise SystemExit(f"{path}: no variant {name!r} (it holds {sorted(variants)})")
+    return variants[name]
+
+
+def same_folder(bonbon: Mapping, ppo: Mapping, paths: tuple[Path, Path]) -> None:
+    """Refuse a seed's pair of files unless both are of one seed, one folder and one evaluation of the
+    instruction model and of each DPO policy."""
+    where = f"{paths[0]} and {paths[1]}"
+    if bonbon["seed"] != ppo["seed"] or Path(bonbon["demo"]) != Path(ppo["demo"]):
+        raise SystemExit(
+            f"{where}: one is seed {bonbon['seed']} of {bonbon['demo']}, the other seed {ppo['seed']} of {ppo['demo']}"
+        )
+    pairs = [("instruction model", bonbon["instruction_model"], ppo["instruction_model"])]
+    pairs += [(f"DPO {name}", bonbon["dpo"][name], ppo["dpo"].get(name)) for name in bonbon["dpo"]]
+    for what, a, b in pairs:
+        if b is None or (a["judge_mean"], a["kl_mean"]) != (b["judge_mean"], b["kl_mean"]):
+            raise SystemExit(f"{where}: their evaluations of {what} differ (not the same folder's run)")
+
+
+def seed_points(bonbon: Mapping, ppo: Mapping[int, Mapping]) -> list[dict]:
+    """Every policy of one seed: ``{method, setting, kl, judge, kl_analytic, minus_best_of_n}``, the last its
+    judge minus the seed's best-of-N curve at its KL (:func:`chat_bonbon.margins`; None for the instruction
+    model and best-of-N themselves, and outside the curve)."""
+    from chat_bonbon import margins
+
+    run = {"base": bonbon["instruction_model"], "sweep": {"rows": bonbon["best_of_n"]}, "dpo": {}}
+
+    def point(method: str, setting: str, metrics: Mapping, analytic: bool = False) -> dict:
+        kl, judge = metrics["kl_mean"], metrics["judge_mean"]
+        policy = method not in (REFERENCE, "best-of-N")
+        gap = margins(run, {"kl_mean": kl, "judge_mean": judge})["best_of_n"] if policy else None
+        return {"method": method, "setting": setting, "kl": kl, "judge": judge, "kl_analytic": analytic,
+                "minus_best_of_n": gap}  # fmt: skip
+
+    points = [point(REFERENCE, "-", bonbon["instruction_model"])]
+    for row in bonbon["best_of_n"]:
+        if row["n"] > 1:  # N = 1 is the instruction model's own reply
+            at = {"kl_mean": row["kl_analytic"], "judge_mean": row["judge_mean"]}
+            points.append(point("best-of-N", f"N {row['n']}", at, analytic=True))
+    points += [point("DPO", f"beta {name.rsplit('_', 1)[-1]}", m) for name, m in bonbon["dpo"].items()]
+    points += [point("BoNBoN", f"N {n}", entry["metrics"]) for n, entry in bonbon["bonbon"].items()]
+    points += [point("PPO", f"rollout {r}", m) for r, m in sorted(ppo.items())]
+    return points
+
+
+def over_seeds(per_seed: Sequence[Sequence[dict]]) -> list[dict]:
+    """Per ``(method, setting)`` every seed has, in the first seed's order: KL, judge and judge minus best-of-N
+    as mean +- s.e. over the seeds (:func:`demo.seed_stats.over_seeds`). A value some seed lacks (a policy
+    beyond that seed's best-of-N curve) is left out, never averaged over fewer seeds."""
+    rows = []
+    for first in per_seed[0]:
+        key = (first["method"], first["setting"])
+        mine = [p for points in per_seed for p in points if (p["method"], p["setting"]) == key]
+        if len(mine) != len(per_seed):
+            continue  # a setting some seed lacks is left out, not averaged over fewer seeds
+        keys = [k for k in ("kl", "judge", "minus_best_of_n") if all(p[k] is not None for p in mine)]
+        rows.append({"method": key[0], "setting": key[1], "kl_analytic": first["kl_analytic"], "seeds": len(mine),
+                     **seed_stats(mine, keys)})  # fmt: skip
+    return rows
+
+
+def _pm(stat: Mapping | None, digits: int = 3, sign: str = "") -> str:
+    """``mean ± s.e.`` (``sign="+"``: the mean's sign always shown), ``-`` for no value."""
+    if stat is None:
+        return "-"
+    se = "" if stat["se"] is None else f" ± {stat['se']:.{digits}f}"
+    return f"{stat['mean']:{sign}.{digits}f}{se}"
+
+
+def markdown(rows: Sequence[Mapping], seeds: Sequence[int], ppo_minus_dpo: Mapping[str, Mapping]) -> list[str]:
+    """The study's table (one row per method and setting) and PPO against DPO, means +- s.e. over ``seeds``."""
+    lines = [
+        f"Means ± standard errors over seeds {', '.join(map(str, seeds))}; KL to {REFERENCE} in nats per reply "
+        "(analytic for best-of-N); judge (VADER) on 128 held-out requests, one reply each.",
+        "",
+        "| method | setting | KL | judge | − best-of-N at its KL |",
+        "|---|---|---|---|---|",
+    ]
+    for row in rows:
+        kl = _pm(row.get("kl"), 2) + (" (analytic)" if row["kl_analytic"] else "")
+        lines.append(
+            f"| {row['method']} | {row['setting']} | {kl} | {_pm(row.get('judge'))} "
+            f"| {_pm(row.get('minus_best_of_n'), sign='+')} |"
+        )
+    lines.append("")
+    for name, stat in ppo_minus_dpo.items():
+        dpo = name.replace("dpo_beta_", "DPO beta ")
+        lines.append(f"PPO minus {dpo} at {dpo}'s KL (PPO's curve interpolated): {_pm(stat, sign='+')}.")
+    return lines
+
+
+def draw(rows: Sequence[Mapping], path: Path) -> str:
+    """``frontier.png``: each row's mean KL and mean judge, error bars one s.e. over seeds."""
+    from rlhf_lit.evaluation.frontier import FrontierPoint, draw_frontier
+
+    points = [
+        FrontierPoint(
+            r["method"],
+            r["setting"],
+            r["kl"]["mean"],
+            r["judge"]["mean"],
+            r["judge"]["se"] or 0.0,
+            r["seeds"],
+            kl_analytic=r["kl_analytic"],
+        )  # fmt: skip
+        for r in rows
+    ]
+    return draw_frontier(
+        points,
+        str(path),
+        title=f"Chat demo: judge against KL, mean over {rows[0]['seeds']} seeds",
+        ylabel="judge (VADER), 128 held-out requests",
+        xlabel=f"KL to {REFERENCE} (nats per reply)",
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Read each seed's pair of results, write the frontier, the table and the JSON; print the table."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--bonbon", type=Path, action="append", required=True, help="a bench/chat_bonbon.py result")
+    p.add_argument("--ppo", type=Path, action="append", required=True,
+                   help="the bench/chat_ppo_variants.py result of the same folder and seed, in --bonbon's order")  # fmt: skip
+    p.add_argument("--ppo-variant", default=None, help="the PPO variant to read (default: each file's only one)")
+    p.add_argument("--out", type=Path, required=True, help="a new folder for frontier.png, study.md, study.json")
+    args = p.parse_args(argv)
+    if len(args.bonbon) != len(args.ppo):
+        p.error(f"give one --ppo per --bonbon (got {len(args.bonbon)} --bonbon, {len(args.ppo)} --ppo)")
+    per_seed, seeds, sources, minus_dpo = [], [], [], []
+    for bonbon_path, ppo_path in zip(args.bonbon, args.ppo):
+        bonbon = read_result(bonbon_path, BONBON_KEYS, "bench/chat_bonbon.py")
+        ppo = read_result(ppo_path, PPO_KEYS, "bench/chat_ppo_variants.py")
+        same_folder(bonbon, ppo, (bonbon_path, ppo_path))
+        if bonbon["seed"] in seeds:
+            raise SystemExit(f"{bonbon_path}: seed {bonbon['seed']} is given twice")
+        seeds.append(bonbon["seed"])
+        variant = ppo_variant(ppo, ppo_path, args.ppo_variant)
+        per_seed.append(seed_points(bonbon, {int(r): m for r, m in variant["rollouts"].items()}))
+        minus_dpo.append(variant["minus_dpo"])
+        sources.append(
+            {"seed": bonbon["seed"], "demo": bonbon["demo"], "bonbon": str(bonbon_path), "ppo": str(ppo_path)}
+        )
+    rows = over_seeds(per_seed)
+    ppo_minus_dpo = seed_stats(minus_dpo, list(minus_dpo[0]))  # per DPO policy: PPO's curve at its KL, minus it
+    args.out.mkdir(parents=True, exist_ok=False)  # a new folder: never over an earlier study's
+    png = draw(rows, args.out / "frontier.png")
+    lines = [
+        "# The chat demo's BoNBoN study over seeds",
+        "",
+        *markdown(rows, seeds, ppo_minus_dpo),
+        "",
+        "![frontier](frontier.png)",
+    ]
+    (args.out / "study.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    study = {"seeds": seeds, "sources": sources, "rows": rows, "ppo_minus_dpo": ppo_minus_dpo}
+    study["per_seed"] = dict(zip(map(str, seeds), per_seed))
+    (args.out / "study.json").write_text(json.dumps(study, indent=1) + "\n", encoding="utf-8")
+    print("\n".join(lines[2:-2]))
+    print(f"written: {png}, {args.out / 'study.md'}, {args.out / 'study.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
