@@ -1,22 +1,23 @@
 """The chat demo's BoNBoN study over seeds: every method on one judge-against-KL frontier, means +- s.e.
 
     .venv/bin/python bench/chat_bonbon_study.py \\
-        --bonbon bench/results/chat-bonbon-20261203.json --ppo bench/results/chat-ppo-variants-20261204.json \\
-        --bonbon bench/results/chat-bonbon-20261204.json --ppo bench/results/chat-ppo-variants-20261204-3.json \\
-        --out runs/chat_bonbon_study
+        --bonbon bench/results/chat-bonbon-20261203.json --bonbon bench/results/chat-bonbon-20261204.json \\
+        --ppo shipped=bench/results/chat-ppo-variants-20261204.json \\
+        --ppo shipped=bench/results/chat-ppo-variants-20261204-3.json --out runs/chat_bonbon_study
 
 Per seed it reads one ``bench/chat_bonbon.py`` result (the instruction model, the run's best-of-N sweep, its
-DPO and BoNBoN at each N, all evaluated on the run's 128 held-out requests) and one
-``bench/chat_ppo_variants.py`` result on the same folder and seed (PPO's checkpoints, evaluated the same way).
-The two files of a seed must name the same seed and folder and hold the same evaluations of the instruction
-model and of DPO (the folder's own): a pair that does not is refused by name, as is a seed given twice.
+DPO and BoNBoN at each N, all evaluated on the run's 128 held-out requests) and, per ``--ppo LABEL=FILE``
+line, one ``bench/chat_ppo_variants.py`` result on the same folder and seed (PPO's checkpoints, evaluated the
+same way), matched to its seed by the seed and folder it records. A PPO result must hold the same
+evaluations of the instruction model and of DPO as its seed's BoNBoN result (the folder's own); one that
+does not, a seed given twice and a label without a result for every seed are refused by name.
 
 Per method and setting (the instruction model; best-of-N per N at its analytic KL; DPO per beta; BoNBoN per
-N; PPO per checkpoint), over the seeds: the KL to the instruction model and the judge (mean +- standard
-error over seeds), and the judge minus the seed's own best-of-N curve and minus its DPO line at the
-policy's KL (the curves of ``bench/chat_bonbon.py``: best-of-N from the instruction model at KL 0, DPO the
-straight line from it; None outside a curve, never extrapolated). Writes ``frontier.png``, ``study.md`` and
-``study.json`` in ``--out`` (a new folder).
+N; each PPO line per checkpoint), over the seeds: the KL to the instruction model and the judge (mean +-
+standard error over seeds), and the judge minus the seed's own best-of-N curve at the policy's KL (the
+curve of ``bench/chat_bonbon.py``: from the instruction model at KL 0; None outside it, never
+extrapolated); and each PPO line's curve minus DPO at DPO's KL (as ``chat_ppo_variants`` records it).
+Writes ``frontier.png``, ``study.md`` and ``study.json`` in ``--out`` (a new folder).
 """
 
 from __future__ import annotations
@@ -49,17 +50,24 @@ def read_result(path: Path, keys: Sequence[str], written_by: str) -> dict:
     return result
 
 
-def ppo_variant(result: Mapping, path: Path, name: str | None) -> Mapping:
-    """One variant of a ``chat_ppo_variants`` result: its evaluated checkpoints (``rollouts``) and PPO's curve
-    minus each DPO policy at that policy's KL (``minus_dpo``)."""
+def parse_ppo(text: str) -> tuple[str, Path]:
+    """``LABEL=FILE`` as ``(label, path)``: a ``chat_ppo_variants`` result, drawn as the line ``PPO, LABEL``."""
+    label, sep, path = text.partition("=")
+    if not sep or not label or not path:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected LABEL=FILE, e.g. shipped=bench/results/x.json")
+    return label, Path(path)
+
+
+def ppo_variant(result: Mapping, path: Path, label: str) -> Mapping:
+    """The variant of a ``chat_ppo_variants`` result that ``label`` reads: the file's only one, or the one of
+    that name. Its evaluated checkpoints (``rollouts``) and PPO's curve minus each DPO policy at that
+    policy's KL (``minus_dpo``)."""
     variants = result["variants"]
-    if name is None:
-        if len(variants) != 1:
-            raise SystemExit(f"{path}: holds the variants {sorted(variants)}; name one with --ppo-variant")
-        name = next(iter(variants))
-    if name not in variants:
-        raise SystemExit(f"{path}: no variant {name!r} (it holds {sorted(variants)})")
-    return variants[name]
+    if len(variants) == 1:
+        return next(iter(variants.values()))
+    if label not in variants:
+        raise SystemExit(f"{path}: holds the variants {sorted(variants)}; give the one to read as its label")
+    return variants[label]
 
 
 def same_folder(bonbon: Mapping, ppo: Mapping, paths: tuple[Path, Path]) -> None:
@@ -77,7 +85,7 @@ def same_folder(bonbon: Mapping, ppo: Mapping, paths: tuple[Path, Path]) -> None
             raise SystemExit(f"{where}: their evaluations of {what} differ (not the same folder's run)")
 
 
-def seed_points(bonbon: Mapping, ppo: Mapping[int, Mapping]) -> list[dict]:
+def seed_points(bonbon: Mapping, ppo: Mapping[str, Mapping[int, Mapping]]) -> list[dict]:
     """Every policy of one seed: ``{method, setting, kl, judge, kl_analytic, minus_best_of_n}``, the last its
     judge minus the seed's best-of-N curve at its KL (:func:`chat_bonbon.margins`; None for the instruction
     model and best-of-N themselves, and outside the curve)."""
@@ -99,23 +107,29 @@ def seed_points(bonbon: Mapping, ppo: Mapping[int, Mapping]) -> list[dict]:
             points.append(point("best-of-N", f"N {row['n']}", at, analytic=True))
     points += [point("DPO", f"beta {name.rsplit('_', 1)[-1]}", m) for name, m in bonbon["dpo"].items()]
     points += [point("BoNBoN", f"N {n}", entry["metrics"]) for n, entry in bonbon["bonbon"].items()]
-    points += [point("PPO", f"rollout {r}", m) for r, m in sorted(ppo.items())]
+    for label, rollouts in ppo.items():
+        points += [point(f"PPO, {label}", f"rollout {r}", m) for r, m in sorted(rollouts.items())]
     return points
+
+
+def every_seed_stats(rows: Sequence[Mapping], keys: Sequence[str]) -> dict[str, dict]:
+    """Mean +- s.e. over ``rows`` (:func:`demo.seed_stats.over_seeds`) of each key every row has a value of; a
+    key some row lacks is left out, never averaged over fewer seeds."""
+    return seed_stats(rows, [k for k in keys if all(row.get(k) is not None for row in rows)])
 
 
 def over_seeds(per_seed: Sequence[Sequence[dict]]) -> list[dict]:
     """Per ``(method, setting)`` every seed has, in the first seed's order: KL, judge and judge minus best-of-N
-    as mean +- s.e. over the seeds (:func:`demo.seed_stats.over_seeds`). A value some seed lacks (a policy
-    beyond that seed's best-of-N curve) is left out, never averaged over fewer seeds."""
+    as mean +- s.e. over the seeds (:func:`every_seed_stats`: a value some seed lacks, a policy beyond that
+    seed's best-of-N curve, is left out)."""
     rows = []
     for first in per_seed[0]:
         key = (first["method"], first["setting"])
         mine = [p for points in per_seed for p in points if (p["method"], p["setting"]) == key]
         if len(mine) != len(per_seed):
             continue  # a setting some seed lacks is left out, not averaged over fewer seeds
-        keys = [k for k in ("kl", "judge", "minus_best_of_n") if all(p[k] is not None for p in mine)]
         rows.append({"method": key[0], "setting": key[1], "kl_analytic": first["kl_analytic"], "seeds": len(mine),
-                     **seed_stats(mine, keys)})  # fmt: skip
+                     **every_seed_stats(mine, ("kl", "judge", "minus_best_of_n"))})  # fmt: skip
     return rows
 
 
@@ -128,7 +142,8 @@ def _pm(stat: Mapping | None, digits: int = 3, sign: str = "") -> str:
 
 
 def markdown(rows: Sequence[Mapping], seeds: Sequence[int], ppo_minus_dpo: Mapping[str, Mapping]) -> list[str]:
-    """The study's table (one row per method and setting) and PPO against DPO, means +- s.e. over ``seeds``."""
+    """The study's table (one row per method and setting) and each PPO line against DPO (``ppo_minus_dpo``:
+    per label, per DPO policy), means +- s.e. over ``seeds``."""
     lines = [
         f"Means ± standard errors over seeds {', '.join(map(str, seeds))}; KL to {REFERENCE} in nats per reply "
         "(analytic for best-of-N); judge (VADER) on 128 held-out requests, one reply each.",
@@ -143,9 +158,10 @@ def markdown(rows: Sequence[Mapping], seeds: Sequence[int], ppo_minus_dpo: Mappi
             f"| {_pm(row.get('minus_best_of_n'), sign='+')} |"
         )
     lines.append("")
-    for name, stat in ppo_minus_dpo.items():
-        dpo = name.replace("dpo_beta_", "DPO beta ")
-        lines.append(f"PPO minus {dpo} at {dpo}'s KL (PPO's curve interpolated): {_pm(stat, sign='+')}.")
+    for label, margins in ppo_minus_dpo.items():
+        for name, stat in margins.items():
+            dpo = name.replace("dpo_beta_", "DPO beta ")
+            lines.append(f"PPO, {label}, minus {dpo} at {dpo}'s KL (PPO's curve interpolated): {_pm(stat, sign='+')}.")
     return lines
 
 
@@ -174,47 +190,68 @@ def draw(rows: Sequence[Mapping], path: Path) -> str:
     )
 
 
+def read_study(bonbon_paths: Sequence[Path], ppo_files: Sequence[tuple[str, Path]]) -> tuple[dict, dict]:
+    """``(runs, ppo)``: each seed's ``chat_bonbon`` result (with its ``path``) and, per seed and label, the PPO
+    variant read (with its ``path``); exits naming the file when a result is doubled, of another folder or
+    missing for a seed."""
+    runs = {}  # seed -> its chat_bonbon result
+    for path in bonbon_paths:
+        bonbon = read_result(path, BONBON_KEYS, "bench/chat_bonbon.py")
+        if bonbon["seed"] in runs:
+            raise SystemExit(f"{path}: seed {bonbon['seed']} is given twice")
+        runs[bonbon["seed"]] = bonbon | {"path": path}
+    ppo = {seed: {} for seed in runs}  # seed -> label -> its variant
+    for label, path in ppo_files:
+        result = read_result(path, PPO_KEYS, "bench/chat_ppo_variants.py")
+        if result["seed"] not in runs:
+            raise SystemExit(f"{path}: seed {result['seed']} has no --bonbon result (seeds {sorted(runs)})")
+        run = runs[result["seed"]]
+        same_folder(run, result, (run["path"], path))
+        if label in ppo[result["seed"]]:
+            raise SystemExit(f"{path}: a second {label!r} result of seed {result['seed']}")
+        ppo[result["seed"]][label] = ppo_variant(result, path, label) | {"path": str(path)}
+    labels = list(dict.fromkeys(label for label, _ in ppo_files))
+    for seed, mine in ppo.items():
+        missing = [label for label in labels if label not in mine]
+        if missing:
+            raise SystemExit(f"--ppo: no {', '.join(map(repr, missing))} result of seed {seed} ({runs[seed]['demo']})")
+    return runs, ppo
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Read each seed's pair of results, write the frontier, the table and the JSON; print the table."""
+    """Read each seed's results, write the frontier, the table and the JSON; print the table."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--bonbon", type=Path, action="append", required=True, help="a bench/chat_bonbon.py result")
-    p.add_argument("--ppo", type=Path, action="append", required=True,
-                   help="the bench/chat_ppo_variants.py result of the same folder and seed, in --bonbon's order")  # fmt: skip
-    p.add_argument("--ppo-variant", default=None, help="the PPO variant to read (default: each file's only one)")
+    p.add_argument("--ppo", type=parse_ppo, action="append", required=True, metavar="LABEL=FILE",
+                   help="a bench/chat_ppo_variants.py result of one --bonbon run's folder and seed; "
+                   "every LABEL needs one per seed")  # fmt: skip
     p.add_argument("--out", type=Path, required=True, help="a new folder for frontier.png, study.md, study.json")
     args = p.parse_args(argv)
-    if len(args.bonbon) != len(args.ppo):
-        p.error(f"give one --ppo per --bonbon (got {len(args.bonbon)} --bonbon, {len(args.ppo)} --ppo)")
-    per_seed, seeds, sources, minus_dpo = [], [], [], []
-    for bonbon_path, ppo_path in zip(args.bonbon, args.ppo):
-        bonbon = read_result(bonbon_path, BONBON_KEYS, "bench/chat_bonbon.py")
-        ppo = read_result(ppo_path, PPO_KEYS, "bench/chat_ppo_variants.py")
-        same_folder(bonbon, ppo, (bonbon_path, ppo_path))
-        if bonbon["seed"] in seeds:
-            raise SystemExit(f"{bonbon_path}: seed {bonbon['seed']} is given twice")
-        seeds.append(bonbon["seed"])
-        variant = ppo_variant(ppo, ppo_path, args.ppo_variant)
-        per_seed.append(seed_points(bonbon, {int(r): m for r, m in variant["rollouts"].items()}))
-        minus_dpo.append(variant["minus_dpo"])
-        sources.append(
-            {"seed": bonbon["seed"], "demo": bonbon["demo"], "bonbon": str(bonbon_path), "ppo": str(ppo_path)}
-        )
+    runs, ppo = read_study(args.bonbon, args.ppo)
+    labels = list(dict.fromkeys(label for label, _ in args.ppo))
+    per_seed = [
+        seed_points(run, {label: {int(r): m for r, m in ppo[seed][label]["rollouts"].items()} for label in labels})
+        for seed, run in runs.items()
+    ]
     rows = over_seeds(per_seed)
-    ppo_minus_dpo = seed_stats(minus_dpo, list(minus_dpo[0]))  # per DPO policy: PPO's curve at its KL, minus it
+    dpo_names = list(next(iter(runs.values()))["dpo"])
+    # per label and DPO policy: PPO's curve at that policy's KL, minus it
+    ppo_minus_dpo = {
+        label: every_seed_stats([v[label]["minus_dpo"] for v in ppo.values()], dpo_names) for label in labels
+    }
     args.out.mkdir(parents=True, exist_ok=False)  # a new folder: never over an earlier study's
     png = draw(rows, args.out / "frontier.png")
-    lines = [
-        "# The chat demo's BoNBoN study over seeds",
-        "",
-        *markdown(rows, seeds, ppo_minus_dpo),
-        "",
-        "![frontier](frontier.png)",
-    ]
-    (args.out / "study.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    seeds = list(runs)
+    lines = ["# The chat demo's BoNBoN study over seeds", "", *markdown(rows, seeds, ppo_minus_dpo)]
+    (args.out / "study.md").write_text("\n".join([*lines, "", "![frontier](frontier.png)", ""]), encoding="utf-8")
+    sources = {
+        seed: {"demo": run["demo"], "bonbon": str(run["path"]), **{label: ppo[seed][label]["path"] for label in labels}}
+        for seed, run in runs.items()
+    }
     study = {"seeds": seeds, "sources": sources, "rows": rows, "ppo_minus_dpo": ppo_minus_dpo}
     study["per_seed"] = dict(zip(map(str, seeds), per_seed))
     (args.out / "study.json").write_text(json.dumps(study, indent=1) + "\n", encoding="utf-8")
-    print("\n".join(lines[2:-2]))
+    print("\n".join(lines[2:]))
     print(f"written: {png}, {args.out / 'study.md'}, {args.out / 'study.json'}")
     return 0
 

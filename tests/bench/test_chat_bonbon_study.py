@@ -1,11 +1,12 @@
 """bench/chat_bonbon_study.py: per method and setting the KL, the judge and the judge minus the seed's own
 best-of-N curve at its KL, as means +- s.e. over seeds, worked by hand on two made-up seeds; a value one
 seed lacks is left out, not averaged over fewer; a seed's two files that are not of one folder, a seed
-given twice and an unnamed variant among several are refused by name; the frontier, table and JSON are
-written in a new folder."""
+given twice, a PPO line without a result for every seed and an unnamed variant among several are refused
+by name; the frontier, table and JSON are written in a new folder."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 
@@ -56,13 +57,14 @@ def two_seeds(tmp_path):
 def test_means_and_margins_over_seeds_are_worked_by_hand(two_seeds, tmp_path):
     (b0, p0), (b1, p1) = two_seeds
     out = tmp_path / "study"
-    assert chat_bonbon_study.main(["--bonbon", str(b0), "--ppo", str(p0), "--bonbon", str(b1), "--ppo", str(p1),
-                                   "--out", str(out)]) == 0  # fmt: skip
+    # the PPO results are matched to their seed by what they record, not by their order
+    assert chat_bonbon_study.main(["--bonbon", str(b0), "--bonbon", str(b1), "--ppo", f"shipped={p1}",
+                                   "--ppo", f"shipped={p0}", "--out", str(out)]) == 0  # fmt: skip
     study = json.loads((out / "study.json").read_text())
     rows = {(r["method"], r["setting"]): r for r in study["rows"]}
     assert list(rows) == [
         ("the instruction model", "-"), ("best-of-N", "N 2"), ("best-of-N", "N 4"), ("DPO", "beta 0.1"),
-        ("BoNBoN", "N 4"), ("PPO", "rollout 8"), ("PPO", "rollout 16"),
+        ("BoNBoN", "N 4"), ("PPO, shipped", "rollout 8"), ("PPO, shipped", "rollout 16"),
     ]  # fmt: skip
 
     def stat(key, setting):
@@ -76,36 +78,48 @@ def test_means_and_margins_over_seeds_are_worked_by_hand(two_seeds, tmp_path):
     assert stat("minus_best_of_n", ("BoNBoN", "N 4")) == (-0.1, 0.0)
     assert stat("kl", ("BoNBoN", "N 4")) == (1.0, 0.5)
     # PPO rollout 8: 0.4 - 0.5 at KL 1, 0.5 - 0.8 at KL 2
-    assert stat("minus_best_of_n", ("PPO", "rollout 8")) == (-0.2, 0.1)
+    assert stat("minus_best_of_n", ("PPO, shipped", "rollout 8")) == (-0.2, 0.1)
     # rollout 16: seed 0's KL 3 is beyond its best-of-N curve: no mean over the one seed that has it
-    assert stat("minus_best_of_n", ("PPO", "rollout 16")) is None
-    assert stat("judge", ("PPO", "rollout 16")) == (0.8, 0.1)
+    assert stat("minus_best_of_n", ("PPO, shipped", "rollout 16")) is None
+    assert stat("judge", ("PPO, shipped", "rollout 16")) == (0.8, 0.1)
     assert stat("judge", ("best-of-N", "N 2")) == (0.55, 0.05)
     assert rows[("best-of-N", "N 2")]["kl_analytic"] and not rows[("DPO", "beta 0.1")]["kl_analytic"]
     assert "minus_best_of_n" not in rows[("best-of-N", "N 4")]  # the curve itself is not compared with itself
-    assert study["ppo_minus_dpo"]["dpo_beta_0.1"]["mean"] == pytest.approx(-0.1)
-    assert study["ppo_minus_dpo"]["dpo_beta_0.1"]["se"] == pytest.approx(0.05)
+    assert study["ppo_minus_dpo"]["shipped"]["dpo_beta_0.1"]["mean"] == pytest.approx(-0.1)
+    assert study["ppo_minus_dpo"]["shipped"]["dpo_beta_0.1"]["se"] == pytest.approx(0.05)
     md = (out / "study.md").read_text()
-    assert "| PPO | rollout 8 | 1.50 ± 0.50 | 0.450 ± 0.050 | -0.200 ± 0.100 |" in md
-    assert "PPO minus DPO beta 0.1 at DPO beta 0.1's KL (PPO's curve interpolated): -0.100 ± 0.050." in md
+    assert "| PPO, shipped | rollout 8 | 1.50 ± 0.50 | 0.450 ± 0.050 | -0.200 ± 0.100 |" in md
+    assert "PPO, shipped, minus DPO beta 0.1 at DPO beta 0.1's KL (PPO's curve interpolated): -0.100 ± 0.050." in md
     assert (out / "frontier.png").read_bytes()[:4] == b"\x89PNG"
     with pytest.raises(FileExistsError):  # a new folder: never over an earlier study's
-        chat_bonbon_study.main(["--bonbon", str(b0), "--ppo", str(p0), "--out", str(out)])
+        chat_bonbon_study.main(["--bonbon", str(b0), "--ppo", f"shipped={p0}", "--out", str(out)])
 
 
-def test_a_pair_of_files_not_of_one_folder_is_refused_by_name(two_seeds, tmp_path):
+def test_results_not_of_one_folder_or_seed_are_refused_by_name(two_seeds, tmp_path):
     (b0, p0), (b1, p1) = two_seeds
-    with pytest.raises(SystemExit, match=r"bonbon_0.json and .*ppo_1.json: one is seed 0 .*, the other seed 1"):
-        chat_bonbon_study.main(["--bonbon", str(b0), "--ppo", str(p1), "--out", str(tmp_path / "a")])
+    with pytest.raises(SystemExit, match=r"ppo_1.json: seed 1 has no --bonbon result \(seeds \[0\]\)"):
+        chat_bonbon_study.main(["--bonbon", str(b0), "--ppo", f"shipped={p1}", "--out", str(tmp_path / "a")])
+    with pytest.raises(SystemExit, match=r"--ppo: no 'calibrated' result of seed 1 \(logs/chat_study/seed_1\)"):
+        chat_bonbon_study.main(["--bonbon", str(b0), "--bonbon", str(b1), "--ppo", f"shipped={p0}",
+                                "--ppo", f"shipped={p1}", "--ppo", f"calibrated={p0}", "--out", str(tmp_path / "a")])  # fmt: skip
+    with pytest.raises(SystemExit, match=r"ppo_0.json: a second 'shipped' result of seed 0"):
+        chat_bonbon_study.main(["--bonbon", str(b0), "--ppo", f"shipped={p0}", "--ppo", f"shipped={p0}",
+                                "--out", str(tmp_path / "a")])  # fmt: skip
+    other = json.loads(p1.read_text())
+    other["seed"] = 0  # seed 1's folder's PPO given as seed 0's
+    p1.write_text(json.dumps(other))
+    with pytest.raises(SystemExit, match=r"bonbon_0.json and .*ppo_1.json: one is seed 0 of logs/chat_study/seed_0, "
+                       r"the other seed 0 of logs/chat_study/seed_1"):  # fmt: skip
+        chat_bonbon_study.main(["--bonbon", str(b0), "--ppo", f"shipped={p1}", "--out", str(tmp_path / "a")])
     other = json.loads(p0.read_text())
-    other["dpo"]["dpo_beta_0.1"]["judge_mean"] = 0.31  # another folder's DPO under the same seed and path
+    other["dpo"]["dpo_beta_0.1"]["judge_mean"] = 0.31  # another run's DPO under the same seed and folder
     p0.write_text(json.dumps(other))
     with pytest.raises(SystemExit, match=r"their evaluations of DPO dpo_beta_0.1 differ"):
-        chat_bonbon_study.main(["--bonbon", str(b0), "--ppo", str(p0), "--out", str(tmp_path / "b")])
+        chat_bonbon_study.main(["--bonbon", str(b0), "--ppo", f"shipped={p0}", "--out", str(tmp_path / "a")])
     with pytest.raises(SystemExit, match=r"bonbon_1.json: seed 1 is given twice"):
-        chat_bonbon_study.main(["--bonbon", str(b1), "--ppo", str(p1), "--bonbon", str(b1), "--ppo", str(p1),
-                                "--out", str(tmp_path / "c")])  # fmt: skip
-    assert not any((tmp_path / name).exists() for name in "abc")  # refused before anything is written
+        chat_bonbon_study.main(["--bonbon", str(b1), "--bonbon", str(b1), "--ppo", f"shipped={p1}",
+                                "--out", str(tmp_path / "a")])  # fmt: skip
+    assert not (tmp_path / "a").exists()  # refused before anything is written
 
 
 def test_bad_files_and_unnamed_variants_are_refused_by_name(two_seeds, tmp_path):
@@ -114,12 +128,15 @@ def test_bad_files_and_unnamed_variants_are_refused_by_name(two_seeds, tmp_path)
         data = json.loads(p0.read_text())
         del data["variants"]
         p0.write_text(json.dumps(data))
-        chat_bonbon_study.main(["--bonbon", str(b0), "--ppo", str(p0), "--out", str(tmp_path / "a")])
+        chat_bonbon_study.main(["--bonbon", str(b0), "--ppo", f"shipped={p0}", "--out", str(tmp_path / "a")])
     (tmp_path / "broken.json").write_text("{")
     with pytest.raises(SystemExit, match=r"broken.json: not a readable JSON result of bench/chat_bonbon.py"):
-        chat_bonbon_study.main(["--bonbon", str(tmp_path / "broken.json"), "--ppo", str(p0), "--out", str(tmp_path)])
-    two = {"variants": {"a": {}, "b": {}}}
-    with pytest.raises(SystemExit, match=r"x.json: holds the variants \['a', 'b'\]; name one with --ppo-variant"):
-        chat_bonbon_study.ppo_variant(two, tmp_path / "x.json", None)
-    with pytest.raises(SystemExit, match=r"x.json: no variant 'c'"):
+        chat_bonbon_study.main(["--bonbon", str(tmp_path / "broken.json"), "--ppo", f"x={p0}", "--out", str(tmp_path)])
+    two = {"variants": {"a": {"rollouts": 1}, "b": {"rollouts": 2}}}
+    assert chat_bonbon_study.ppo_variant(two, tmp_path / "x.json", "b") == {"rollouts": 2}  # read by its label
+    with pytest.raises(SystemExit, match=r"x.json: holds the variants \['a', 'b'\]; give the one to read as its label"):
         chat_bonbon_study.ppo_variant(two, tmp_path / "x.json", "c")
+    assert chat_bonbon_study.ppo_variant({"variants": {"a": {"rollouts": 1}}}, tmp_path, "any") == {"rollouts": 1}
+    for bad in ("x.json", "=x.json", "label="):
+        with pytest.raises(argparse.ArgumentTypeError, match="expected LABEL=FILE"):
+            chat_bonbon_study.parse_ppo(bad)
