@@ -85,30 +85,48 @@ def same_folder(bonbon: Mapping, ppo: Mapping, paths: tuple[Path, Path]) -> None
             raise SystemExit(f"{where}: their evaluations of {what} differ (not the same folder's run)")
 
 
-def seed_points(bonbon: Mapping, ppo: Mapping[str, Mapping[int, Mapping]]) -> list[dict]:
-    """Every policy of one seed: ``{method, setting, kl, judge, kl_analytic, minus_best_of_n}``, the last its
-    judge minus the seed's best-of-N curve at its KL (:func:`chat_bonbon.margins`; None for the instruction
-    model and best-of-N themselves, and outside the curve)."""
+STATS = ("kl", "judge", "minus_best_of_n", "distinct_2", "ended_fraction", "samples", "rm_passes", "train_s")
+"""What a point holds beside its method and setting, each summarised over seeds (None where not measured)."""
+
+
+def seed_points(bonbon: Mapping, ppo: Mapping[str, Mapping]) -> list[dict]:
+    """Every policy of one seed, each with :data:`STATS`: its KL, judge, the judge minus the seed's best-of-N
+    curve at its KL (:func:`chat_bonbon.margins`; None for the instruction model and best-of-N themselves,
+    and outside the curve), distinct-2 the share that end their turn (best-of-N: no distinct-2,
+    not measured), and what it cost to train: replies drawn and read by the reward model and the fit's seconds
+    (BoNBoN: its pairs' share of the one draw; PPO: its whole fit, from the variant's ``fit_seconds``)."""
     from chat_bonbon import margins
 
     run = {"base": bonbon["instruction_model"], "sweep": {"rows": bonbon["best_of_n"]}, "dpo": {}}
 
-    def point(method: str, setting: str, metrics: Mapping, analytic: bool = False) -> dict:
+    def point(method: str, setting: str, metrics: Mapping, analytic: bool = False, **cost) -> dict:
         kl, judge = metrics["kl_mean"], metrics["judge_mean"]
         policy = method not in (REFERENCE, "best-of-N")
         gap = margins(run, {"kl_mean": kl, "judge_mean": judge})["best_of_n"] if policy else None
-        return {"method": method, "setting": setting, "kl": kl, "judge": judge, "kl_analytic": analytic,
-                "minus_best_of_n": gap}  # fmt: skip
+        measured = {k: metrics.get(k) for k in ("distinct_2", "ended_fraction")}
+        return {"method": method, "setting": setting, "kl_analytic": analytic, "kl": kl, "judge": judge,
+                "minus_best_of_n": gap, **measured, **{k: cost.get(k) for k in STATS[5:]}}  # fmt: skip
 
     points = [point(REFERENCE, "-", bonbon["instruction_model"])]
     for row in bonbon["best_of_n"]:
         if row["n"] > 1:  # N = 1 is the instruction model's own reply
-            at = {"kl_mean": row["kl_analytic"], "judge_mean": row["judge_mean"]}
+            at = {
+                "kl_mean": row["kl_analytic"],
+                "judge_mean": row["judge_mean"],
+                "ended_fraction": row["ended_fraction"],
+            }
             points.append(point("best-of-N", f"N {row['n']}", at, analytic=True))
     points += [point("DPO", f"beta {name.rsplit('_', 1)[-1]}", m) for name, m in bonbon["dpo"].items()]
-    points += [point("BoNBoN", f"N {n}", entry["metrics"]) for n, entry in bonbon["bonbon"].items()]
-    for label, rollouts in ppo.items():
-        points += [point(f"PPO, {label}", f"rollout {r}", m) for r, m in sorted(rollouts.items())]
+    for n, entry in bonbon["bonbon"].items():
+        c = entry["compute"]
+        points.append(point("BoNBoN", f"N {n}", entry["metrics"], samples=c["samples"], rm_passes=c["rm_passes"],
+                            train_s=c["fit_seconds"]))  # fmt: skip
+    for label, variant in ppo.items():
+        rollouts = sorted((int(r), m) for r, m in variant["rollouts"].items())
+        points += [point(f"PPO, {label}", f"rollout {r}", m) for r, m in rollouts[:-1]]
+        points.append(
+            point(f"PPO, {label}", f"rollout {rollouts[-1][0]}", rollouts[-1][1], train_s=variant["fit_seconds"])
+        )
     return points
 
 
@@ -129,7 +147,7 @@ def over_seeds(per_seed: Sequence[Sequence[dict]]) -> list[dict]:
         if len(mine) != len(per_seed):
             continue  # a setting some seed lacks is left out, not averaged over fewer seeds
         rows.append({"method": key[0], "setting": key[1], "kl_analytic": first["kl_analytic"], "seeds": len(mine),
-                     **every_seed_stats(mine, ("kl", "judge", "minus_best_of_n"))})  # fmt: skip
+                     **every_seed_stats(mine, STATS)})  # fmt: skip
     return rows
 
 
@@ -148,14 +166,16 @@ def markdown(rows: Sequence[Mapping], seeds: Sequence[int], ppo_minus_dpo: Mappi
         f"Means ± standard errors over seeds {', '.join(map(str, seeds))}; KL to {REFERENCE} in nats per reply "
         "(analytic for best-of-N); judge (VADER) on 128 held-out requests, one reply each.",
         "",
-        "| method | setting | KL | judge | − best-of-N at its KL |",
-        "|---|---|---|---|---|",
+        "| method | setting | KL | judge | − best-of-N at its KL | distinct-2 | ends its turn | replies drawn "
+        "(= RM passes) | training s |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         kl = _pm(row.get("kl"), 2) + (" (analytic)" if row["kl_analytic"] else "")
         lines.append(
             f"| {row['method']} | {row['setting']} | {kl} | {_pm(row.get('judge'))} "
-            f"| {_pm(row.get('minus_best_of_n'), sign='+')} |"
+            f"| {_pm(row.get('minus_best_of_n'), sign='+')} | {_pm(row.get('distinct_2'))} "
+            f"| {_pm(row.get('ended_fraction'))} | {_pm(row.get('samples'), 0)} | {_pm(row.get('train_s'), 0)} |"
         )
     lines.append("")
     for label, margins in ppo_minus_dpo.items():
@@ -229,10 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     runs, ppo = read_study(args.bonbon, args.ppo)
     labels = list(dict.fromkeys(label for label, _ in args.ppo))
-    per_seed = [
-        seed_points(run, {label: {int(r): m for r, m in ppo[seed][label]["rollouts"].items()} for label in labels})
-        for seed, run in runs.items()
-    ]
+    per_seed = [seed_points(run, {label: ppo[seed][label] for label in labels}) for seed, run in runs.items()]
     rows = over_seeds(per_seed)
     dpo_names = list(next(iter(runs.values()))["dpo"])
     # per label and DPO policy: PPO's curve at that policy's KL, minus it

@@ -17,22 +17,22 @@ sys.path.insert(0, str(ROOT / "bench"))
 import chat_bonbon_study  # noqa: E402
 
 
-def metrics(kl: float, judge: float) -> dict:
-    return {"kl_mean": kl, "judge_mean": judge}
+def metrics(kl: float, judge: float, distinct_2: float = 0.9, ended: float = 0.1) -> dict:
+    return {"kl_mean": kl, "judge_mean": judge, "distinct_2": distinct_2, "ended_fraction": ended}
 
 
 def seed_files(tmp_path, seed: int, bon: list, dpo: dict, bonbon: dict, ppo: dict, minus_dpo: float):
     """A chat_bonbon result and a chat_ppo_variants result of one seed's folder."""
     base = metrics(0.0, 0.2)
-    rows = [{"n": 1, "kl_analytic": 0.0, "judge_mean": 0.21}]
-    rows += [{"n": n, "kl_analytic": kl, "judge_mean": j} for n, kl, j in bon]
+    rows = [{"n": 1, "kl_analytic": 0.0, "judge_mean": 0.21, "ended_fraction": 0.1}]
+    rows += [{"n": n, "kl_analytic": kl, "judge_mean": j, "ended_fraction": 0.05 * n} for n, kl, j in bon]
     demo = f"logs/chat_study/seed_{seed}"
     b = {"seed": seed, "demo": demo, "instruction_model": base, "best_of_n": rows, "dpo": {"dpo_beta_0.1": dpo}}
-    b["bonbon"] = {str(n): {"metrics": m} for n, m in bonbon.items()}
+    cost = {"samples": 1024, "rm_passes": 1024, "fit_seconds": 200.0 + 100 * seed}
+    b["bonbon"] = {str(n): {"metrics": m, "compute": cost} for n, m in bonbon.items()}
     p = {"seed": seed, "demo": demo, "instruction_model": base, "dpo": {"dpo_beta_0.1": dpo}}
-    p["variants"] = {
-        "shipped": {"rollouts": {str(r): m for r, m in ppo.items()}, "minus_dpo": {"dpo_beta_0.1": minus_dpo}}
-    }
+    rollouts = {str(r): m for r, m in ppo.items()}
+    p["variants"] = {"shipped": {"rollouts": rollouts, "minus_dpo": {"dpo_beta_0.1": minus_dpo}, "fit_seconds": 500.0}}
     paths = tmp_path / f"bonbon_{seed}.json", tmp_path / f"ppo_{seed}.json"
     paths[0].write_text(json.dumps(b))
     paths[1].write_text(json.dumps(p))
@@ -44,7 +44,7 @@ def two_seeds(tmp_path):
     # seed 0: best-of-N 0.5 at KL 1, 0.6 at KL 2 (from the instruction model's 0.2 at KL 0)
     s0 = seed_files(
         tmp_path, 0, [(2, 1.0, 0.5), (4, 2.0, 0.6)], metrics(0.5, 0.3), {4: metrics(1.5, 0.45)},
-        {8: metrics(1.0, 0.4), 16: metrics(3.0, 0.7)}, -0.05,
+        {8: metrics(1.0, 0.4), 16: metrics(3.0, 0.7, distinct_2=0.8, ended=0.0)}, -0.05,
     )  # fmt: skip
     # seed 1: best-of-N 0.6 at KL 1, 0.8 at KL 2
     s1 = seed_files(
@@ -85,10 +85,20 @@ def test_means_and_margins_over_seeds_are_worked_by_hand(two_seeds, tmp_path):
     assert stat("judge", ("best-of-N", "N 2")) == (0.55, 0.05)
     assert rows[("best-of-N", "N 2")]["kl_analytic"] and not rows[("DPO", "beta 0.1")]["kl_analytic"]
     assert "minus_best_of_n" not in rows[("best-of-N", "N 4")]  # the curve itself is not compared with itself
+    assert "distinct_2" not in rows[("best-of-N", "N 4")]  # not measured for best-of-N
+    assert stat("ended_fraction", ("best-of-N", "N 4")) == (0.2, 0.0)
+    assert stat("distinct_2", ("PPO, shipped", "rollout 16")) == (0.85, 0.05)
+    assert stat("ended_fraction", ("PPO, shipped", "rollout 16")) == (0.05, 0.05)
+    # cost: BoNBoN's draw and fit; PPO's whole fit at its last checkpoint only
+    assert stat("train_s", ("BoNBoN", "N 4")) == (250.0, 50.0)
+    assert stat("samples", ("BoNBoN", "N 4")) == (1024, 0.0)
+    assert stat("train_s", ("PPO, shipped", "rollout 16")) == (500.0, 0.0)
+    assert "train_s" not in rows[("PPO, shipped", "rollout 8")]
     assert study["ppo_minus_dpo"]["shipped"]["dpo_beta_0.1"]["mean"] == pytest.approx(-0.1)
     assert study["ppo_minus_dpo"]["shipped"]["dpo_beta_0.1"]["se"] == pytest.approx(0.05)
     md = (out / "study.md").read_text()
-    assert "| PPO, shipped | rollout 8 | 1.50 ± 0.50 | 0.450 ± 0.050 | -0.200 ± 0.100 |" in md
+    assert "| PPO, shipped | rollout 8 | 1.50 ± 0.50 | 0.450 ± 0.050 | -0.200 ± 0.100 | 0.900 ± 0.000 |" in md
+    assert "| BoNBoN | N 4 | 1.00 ± 0.50 | 0.375 ± 0.075 | -0.100 ± 0.000 | 0.900 ± 0.000 | 0.100 ± 0.000 " in md
     assert "PPO, shipped, minus DPO beta 0.1 at DPO beta 0.1's KL (PPO's curve interpolated): -0.100 ± 0.050." in md
     assert (out / "frontier.png").read_bytes()[:4] == b"\x89PNG"
     with pytest.raises(FileExistsError):  # a new folder: never over an earlier study's
