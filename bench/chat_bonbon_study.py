@@ -231,6 +231,7 @@ def read_study(bonbon_paths: Sequence[Path], ppo_files: Sequence[tuple[str, Path
             raise SystemExit(f"{path}: a second {label!r} result of seed {result['seed']}")
         ppo[result["seed"]][label] = ppo_variant(result, path, label) | {"path": str(path)}
     labels = list(dict.fromkeys(label for label, _ in ppo_files))
+    runs = dict(sorted(runs.items()))  # the seeds in order, whatever the order of the files
     for seed, mine in ppo.items():
         missing = [label for label in labels if label not in mine]
         if missing:

@@ -57,10 +57,11 @@ def two_seeds(tmp_path):
 def test_means_and_margins_over_seeds_are_worked_by_hand(two_seeds, tmp_path):
     (b0, p0), (b1, p1) = two_seeds
     out = tmp_path / "study"
-    # the PPO results are matched to their seed by what they record, not by their order
-    assert chat_bonbon_study.main(["--bonbon", str(b0), "--bonbon", str(b1), "--ppo", f"shipped={p1}",
+    # the results are matched to their seed by what they record, not by their order
+    assert chat_bonbon_study.main(["--bonbon", str(b1), "--bonbon", str(b0), "--ppo", f"shipped={p1}",
                                    "--ppo", f"shipped={p0}", "--out", str(out)]) == 0  # fmt: skip
     study = json.loads((out / "study.json").read_text())
+    assert study["seeds"] == [0, 1]
     rows = {(r["method"], r["setting"]): r for r in study["rows"]}
     assert list(rows) == [
         ("the instruction model", "-"), ("best-of-N", "N 2"), ("best-of-N", "N 4"), ("DPO", "beta 0.1"),
