@@ -85,16 +85,18 @@ def same_folder(bonbon: Mapping, ppo: Mapping, paths: tuple[Path, Path]) -> None
             raise SystemExit(f"{where}: their evaluations of {what} differ (not the same folder's run)")
 
 
-STATS = ("kl", "judge", "minus_best_of_n", "distinct_2", "ended_fraction", "samples", "rm_passes", "train_s")
+COST = ("samples", "rm_passes", "train_s")
+"""What a policy cost to train: replies drawn, reward-model passes, the fit's seconds."""
+STATS = ("kl", "judge", "minus_best_of_n", "distinct_2", "ended_fraction", *COST)
 """What a point holds beside its method and setting, each summarised over seeds (None where not measured)."""
 
 
 def seed_points(bonbon: Mapping, ppo: Mapping[str, Mapping]) -> list[dict]:
     """Every policy of one seed, each with :data:`STATS`: its KL, judge, the judge minus the seed's best-of-N
     curve at its KL (:func:`chat_bonbon.margins`; None for the instruction model and best-of-N themselves,
-    and outside the curve), distinct-2 the share that end their turn (best-of-N: no distinct-2,
-    not measured), and what it cost to train: replies drawn and read by the reward model and the fit's seconds
-    (BoNBoN: its pairs' share of the one draw; PPO: its whole fit, from the variant's ``fit_seconds``)."""
+    and outside the curve), distinct-2 and the share that end their turn (best-of-N has no distinct-2: not
+    measured), and what it cost to train (:data:`COST`; BoNBoN: its pairs' share of the one draw and its fit;
+    PPO: its whole fit, at its last checkpoint, from the variant's ``fit_seconds``)."""
     from chat_bonbon import margins
 
     run = {"base": bonbon["instruction_model"], "sweep": {"rows": bonbon["best_of_n"]}, "dpo": {}}
@@ -105,7 +107,7 @@ def seed_points(bonbon: Mapping, ppo: Mapping[str, Mapping]) -> list[dict]:
         gap = margins(run, {"kl_mean": kl, "judge_mean": judge})["best_of_n"] if policy else None
         measured = {k: metrics.get(k) for k in ("distinct_2", "ended_fraction")}
         return {"method": method, "setting": setting, "kl_analytic": analytic, "kl": kl, "judge": judge,
-                "minus_best_of_n": gap, **measured, **{k: cost.get(k) for k in STATS[5:]}}  # fmt: skip
+                "minus_best_of_n": gap, **measured, **{k: cost.get(k) for k in COST}}  # fmt: skip
 
     points = [point(REFERENCE, "-", bonbon["instruction_model"])]
     for row in bonbon["best_of_n"]:
@@ -137,8 +139,8 @@ def every_seed_stats(rows: Sequence[Mapping], keys: Sequence[str]) -> dict[str, 
 
 
 def over_seeds(per_seed: Sequence[Sequence[dict]]) -> list[dict]:
-    """Per ``(method, setting)`` every seed has, in the first seed's order: KL, judge and judge minus best-of-N
-    as mean +- s.e. over the seeds (:func:`every_seed_stats`: a value some seed lacks, a policy beyond that
+    """Per ``(method, setting)`` every seed has, in the first seed's order: each of :data:`STATS` as mean +-
+    s.e. over the seeds (:func:`every_seed_stats`: a value some seed lacks, a policy beyond that
     seed's best-of-N curve, is left out)."""
     rows = []
     for first in per_seed[0]:
