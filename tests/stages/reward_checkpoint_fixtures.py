@@ -17,7 +17,7 @@ repository root::
 
     OMP_NUM_THREADS=1 PYTHONPATH=tests .venv/bin/python tests/stages/reward_checkpoint_fixtures.py
 
-(``*.ckpt`` is git-ignored: commit them with ``git add -f``.)
+(Named ``<kind>.fixture.pt``, not ``.ckpt``: a ``*.ckpt`` is run output, which git ignores; these are fixtures.)
 """
 
 from __future__ import annotations
@@ -211,7 +211,7 @@ def main() -> None:
     expected = {}
     with tempfile.TemporaryDirectory() as tmp:
         for kind in KINDS:
-            path = FIXTURES / f"{kind}.ckpt"
+            path = FIXTURES / f"{kind}.fixture.pt"
             saver = SaveNormalised(path)
             first = module(kind, Path(tmp) / "first")
             trainer(Path(tmp) / kind, [saver]).fit(first, datamodule=FixtureData(first.tokenizer))

@@ -30,7 +30,7 @@ def at_the_checkout_root(monkeypatch):
 
 @pytest.mark.parametrize("kind", list(fixtures.KINDS))
 def test_a_released_checkpoint_loads_with_its_keys_weights_and_scores(kind):
-    path = fixtures.FIXTURES / f"{kind}.ckpt"
+    path = fixtures.FIXTURES / f"{kind}.fixture.pt"
     saved = torch.load(path, map_location="cpu", weights_only=True)["state_dict"]
     module = RewardModelModule.load_from_checkpoint(path, weights_only=True)
     state = module.state_dict()
@@ -52,7 +52,9 @@ def test_a_released_checkpoint_resumes_and_takes_the_step_it_took(kind, tmp_path
     ones the earlier code had; the fit then normalises, folds and exports as it did."""
     module = fixtures.module(kind, tmp_path)
     trainer = fixtures.trainer(tmp_path)
-    trainer.fit(module, datamodule=fixtures.FixtureData(module.tokenizer), ckpt_path=fixtures.FIXTURES / f"{kind}.ckpt")
+    trainer.fit(
+        module, datamodule=fixtures.FixtureData(module.tokenizer), ckpt_path=fixtures.FIXTURES / f"{kind}.fixture.pt"
+    )
     assert trainer.global_step == fixtures.MAX_STEPS
     expected = EXPECTED[kind]["resumed"]
     logged = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("train/")}
