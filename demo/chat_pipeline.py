@@ -37,12 +37,14 @@ from pathlib import Path
 from demo.chat_plan import (
     CHAT_FULL,
     CHAT_TINY,
+    DEVICES,
     HH_FILE,
     ChatBudget,
     best_of_n_command,
     default_model,
     demo_precision,
     dpo_command,
+    on_device,
     ppo_command,
     preferences_command,
     reward_model_command,
@@ -84,14 +86,23 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("auto", "32-true", "bf16-mixed"),
         default="auto",
         help="precision of every stage: labels, reward model, DPO, PPO, best-of-N, evaluation (auto: bf16-mixed "
-        "on a CPU with amx_bf16 or avx512_bf16, else 32-true)",
+        "on a CPU with amx_bf16 or avx512_bf16 or a GPU with bf16, else 32-true)",
+    )
+    p.add_argument(
+        "--device", choices=DEVICES, default="cpu", help="where every stage runs (default: %(default)s; cuda: one GPU)"
     )
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the chat demo; returns the exit status (that of the first failing stage)."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            parser.error("--device cuda: torch sees no GPU here (torch.cuda.is_available() is False)")
     try:
         run(args)
     except NotADemoFolder as e:
@@ -117,8 +128,8 @@ def train(args: argparse.Namespace, model: str, budget: ChatBudget, paths: Paths
     say(f"split: {counts} requests -> {paths.dir('data')}")
 
     logs = paths.dir("logs")
-    precision = demo_precision(args.precision)
-    say(f"every stage at {precision} (--precision {args.precision})")
+    precision = demo_precision(args.precision, args.device)
+    say(f"every stage on {args.device} at {precision} (--precision {args.precision})")
     # One stage at a time, each with every thread: measured on 2 cores, the reward model beside two DPO
     # runs (one thread each) took 5.9 s a step against 1.9 s alone, and each DPO run slowed as much, so
     # side by side cost more wall time than one after another.
@@ -130,12 +141,19 @@ def train(args: argparse.Namespace, model: str, budget: ChatBudget, paths: Paths
         "ppo": ppo_command(model, paths, budget, args.judge, args.seed, precision),
         "best_of_n": best_of_n_command(model, paths, budget, args.judge, args.seed, precision),
     }
+    stages = {name: on_device(cmd, args.device) for name, cmd in stages.items()}
     for name, cmd in stages.items():
         run_stages({name: cmd}, logs, timings, threads)
         if name == "reward_model":
             rm_accuracy = last_scalar(paths.run("reward_model"), "val/accuracy")
             say(f"reward_model: held-out pair accuracy {rm_accuracy}")
-    return {"rm_accuracy": rm_accuracy, "dpo": list(dpo), "ppo_rollouts": rollouts(budget), "precision": precision}
+    return {
+        "rm_accuracy": rm_accuracy,
+        "dpo": list(dpo),
+        "ppo_rollouts": rollouts(budget),
+        "precision": precision,
+        "device": args.device,
+    }
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -158,6 +176,7 @@ def run(args: argparse.Namespace) -> dict:
         "metrics": {name: r["metrics"] for name, r in results.items()},
         "rm_val_accuracy": trained["rm_accuracy"],
         "precision": trained["precision"],
+        "device": trained["device"],
         "floors": floors,
         "summary": str(summary),
         "frontier": str(paths.dir("report") / "frontier.json"),

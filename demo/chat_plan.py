@@ -103,16 +103,35 @@ def rollouts(budget: ChatBudget) -> int:
     return int(ppo_init_args(CONFIGS / "ppo.yaml")["max_rollouts"])
 
 
-def demo_precision(choice: str) -> str:
+def demo_precision(choice: str, device: str = "cpu") -> str:
     """The precision of every stage of the demo (labels, reward model, DPO, PPO, best-of-N, evaluation) for
     the ``--precision`` choice: ``auto`` is ``bf16-mixed`` on a CPU that multiplies bf16 natively
     (``amx_bf16`` or ``avx512_bf16``: faster sampling and reward-model steps there, at no accuracy cost
-    measured, ``docs/DEMO-CHAT.md``), else ``32-true`` (emulated bf16 is slower)."""
+    measured, ``docs/DEMO-CHAT.md``) or on a GPU that has bf16, else ``32-true`` (emulated bf16 is slower)."""
     from rlhf_lit.models.precision import has_native
 
     if choice != "auto":
         return choice
+    if device == "cuda":
+        import torch
+
+        return "bf16-mixed" if torch.cuda.is_bf16_supported() else "32-true"
     return "bf16-mixed" if has_native("bf16-mixed") else "32-true"
+
+
+DEVICES = ("cpu", "cuda")
+"""Where the chat demo runs every stage (``--device``)."""
+
+
+def on_device(command: list[str], device: str) -> list[str]:
+    """``command`` (a stage of :mod:`demo.chat_pipeline`) run on ``device``: an ``rlhf-lit fit`` gets the
+    Trainer's accelerator (the configs name ``cpu``), the sampling commands (``python -m demo preferences``,
+    ``rlhf-lit best-of-n``) their ``--device``."""
+    if device not in DEVICES:
+        raise ValueError(f"device must be one of {DEVICES}, not {device!r}")
+    if "fit" in command:
+        return [*command, "--trainer.accelerator", "gpu" if device == "cuda" else "cpu"]
+    return [*command, "--device", device]
 
 
 def logger_root(paths: Paths, seed: int | None) -> list[str]:

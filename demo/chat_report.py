@@ -63,7 +63,14 @@ def evaluate_all(
 
     def measured(name: str, policy: str) -> dict:
         result = evaluate_policy(
-            policy, prompts, reference=model, judge=judge, sampling=sampling, seed=0, precision=precision
+            policy,
+            prompts,
+            reference=model,
+            judge=judge,
+            sampling=sampling,
+            seed=0,
+            precision=precision,
+            device=trained["device"],
         )
         result["config"] = {
             "policy": policy,

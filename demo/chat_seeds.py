@@ -15,6 +15,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from demo.chat_plan import DEVICES
 from demo.seed_stats import over_seeds
 from rlhf_lit.artifacts import write_json_atomically, write_text_atomically
 from rlhf_lit.integrity import check_json_file
@@ -118,9 +119,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--out", required=True, help="the study's folder (one seed_N folder per seed)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--model", default=None, help="SmolLM2-135M-Instruct folder (default: make smollm2's cache)")
+    p.add_argument("--device", choices=DEVICES, default="cpu", help="where each run's stages run")
     args = p.parse_args(argv)
     out = Path(args.out)
-    extra = [] if args.model is None else ["--model", args.model]
+    extra = ["--device", args.device, *([] if args.model is None else ["--model", args.model])]
     outcomes = {}
     for seed in args.seeds:
         folder = out / f"seed_{seed}"

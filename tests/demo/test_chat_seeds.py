@@ -90,6 +90,7 @@ def test_a_missing_seed_runs_the_pipeline_with_that_seed(tmp_path, monkeypatch):
         return Done()
 
     monkeypatch.setattr(chat_seeds.subprocess, "run", fake_run)
-    assert chat_seeds.main(["--out", str(tmp_path), "--seeds", "2", "--model", "/m"]) == 0
+    assert chat_seeds.main(["--out", str(tmp_path), "--seeds", "2", "--model", "/m", "--device", "cuda"]) == 0
     (cmd,) = calls
-    assert cmd[1:] == ["-m", "demo.chat_pipeline", "--seed", "2", "--out", str(tmp_path / "seed_2"), "--model", "/m"]
+    seed_2 = ["-m", "demo.chat_pipeline", "--seed", "2", "--out", str(tmp_path / "seed_2")]
+    assert cmd[1:] == [*seed_2, "--device", "cuda", "--model", "/m"]
