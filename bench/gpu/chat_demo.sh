@@ -5,6 +5,8 @@
 #   STEP=stage OUT=/some/folder bash bench/gpu/chat_demo.sh   # call 1: wheels into $SITE, the model's first part kept
 #   OUT=/some/folder bash bench/gpu/chat_demo.sh              # call 2: the model, the three seeds, the results
 #   OUT=/tmp/cd DEVICE=cpu TINY=1 INSTALL_WHEELS=0 SEEDS=0 bash bench/gpu/chat_demo.sh   # the same steps on a CPU
+#   STEP=dpo_betas DEMOS=<folder of seed_N runs> BETAS=0.03,0.01 OUT=... bash bench/gpu/chat_demo.sh
+#       # instead of step 3: bench/chat_dpo_betas.py on each finished seed folder, side by side
 #
 # Run from the repository root. Steps:
 #  1. wheels: .gpu/wheels/*.whl into $SITE (pip --target, no index), *.tar.xz unpacked there (transformers'
@@ -77,6 +79,19 @@ log "model: $MODEL"
 # ------------------------------------------------------------------------------------------ 3. seeds
 left=$(( BUDGET_S - COLLECT_S - ($(date +%s) - START) ))
 TINY_OPT=""; [ "${TINY:-0}" = 1 ] && TINY_OPT=--tiny
+if [ "$STEP" = dpo_betas ]; then  # DPO at $BETAS on each seed folder under $DEMOS (a finished run's, carried)
+  mkdir -p "$WORK"
+  for s in $SEEDS; do
+    timeout -k 5 "$left" "$PY" bench/chat_dpo_betas.py --demo "$DEMOS/seed_$s" --seed "$s" --betas "$BETAS" \
+      --out "$WORK/dpo_betas_s$s" --device "$DEVICE" --model "$MODEL" $TINY_OPT > "$WORK/dpo_betas_s$s.log" 2>&1 &
+  done
+  wait
+  cp bench/results/chat-dpo-betas-*.json "$WORK/" 2>/dev/null
+  tar -czf "$OUT/chat_dpo_betas.tar.gz" --exclude='*.safetensors' --exclude='*.ckpt' --exclude='tokenizer.json' \
+    -C "$(dirname "$WORK")" "$(basename "$WORK")"
+  grep -h "DPO beta" "$WORK"/dpo_betas_s*.log >&2
+  exit 0
+fi
 mkdir -p "$WORK"
 for s in $SEEDS; do
   timeout -k 5 "$left" "$PY" -m demo.chat_pipeline --device "$DEVICE" --seed "$s" --out "$WORK/seed_$s" \
