@@ -55,6 +55,7 @@ from demo.plan import NotADemoFolder, Paths, claim_out, parse_betas
 from demo.runner import StageFailed, Timings, run_stages, say
 from demo.summary import last_scalar
 from rlhf_lit.artifacts import write_json_atomically
+from rlhf_lit.child_runs import stop_on_signals
 from rlhf_lit.evaluation.judges import DEFAULT_JUDGE
 from rlhf_lit.integrity import DamagedFile
 from rlhf_lit.sources import DamagedSource
@@ -104,7 +105,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not torch.cuda.is_available():
             parser.error("--device cuda: torch sees no GPU here (torch.cuda.is_available() is False)")
     try:
-        run(args)
+        # SIGTERM and SIGINT unwind the run (exit status 143, 130) and stop its running stage.
+        with stop_on_signals("the chat demo", then="run it again to start over"):
+            run(args)
     except NotADemoFolder as e:
         print(f"[demo] {e}", file=sys.stderr, flush=True)
         return 2

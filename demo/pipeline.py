@@ -78,7 +78,7 @@ from demo.runner import (
 )
 from demo.summary import format_value, last_scalar, results_table, write_summary
 from rlhf_lit.artifacts import write_text_atomically
-from rlhf_lit.child_runs import rlhf_lit_command
+from rlhf_lit.child_runs import rlhf_lit_command, stop_on_signals
 from rlhf_lit.evaluation.judges import DEFAULT_JUDGE
 from rlhf_lit.integrity import DamagedFile, check_json_file
 from rlhf_lit.sources import DamagedSource
@@ -161,7 +161,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
-        run(args)
+        # SIGTERM and SIGINT unwind the run (exit status 143, 130) and stop its running stage.
+        with stop_on_signals("the demo", then="run it again to start over"):
+            run(args)
     except NotADemoFolder as e:
         print(f"[demo] {e}", file=sys.stderr, flush=True)
         return 2

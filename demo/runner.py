@@ -190,29 +190,35 @@ def wait_stages(running: Running, timings: Timings, background: Running | None =
 
     Records each stage's wall time (from its own start to its exit, whichever order they finish
     in) and its CPU time in ``timings``. Stages of ``background`` that end meanwhile are timed and
-    checked the same way and removed from it; the others keep running. When a stage fails, every
+    checked the same way and removed from it; the others keep running. When a stage fails, or the wait is
+    interrupted (Ctrl-C, SIGTERM under :func:`rlhf_lit.child_runs.stop_on_signals`, any exception), every
     other one is stopped.
     """
     pending = dict(running)
     background = {} if background is None else background
-    while pending:
-        for group in (pending, background):
-            for name, (proc, log_path, t0) in list(group.items()):
-                # wait4 instead of poll: the child's own resource usage comes with its exit status.
-                pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-                if pid == 0:
-                    continue
-                proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: tell Popen
-                del group[name]
-                timings[name] = time.perf_counter() - t0
-                timings.cpu[name] = usage.ru_utime + usage.ru_stime
-                if proc.returncode != 0:
-                    stop_stages(running)
-                    stop_stages(background)
-                    raise StageFailed(name, proc.returncode, log_path)
-                say(f"{name}: done in {timings[name]:.1f} s ({timings.cpu[name]:.1f} s CPU)")
-        if pending:
-            time.sleep(POLL_S)
+    try:
+        while pending:
+            for group in (pending, background):
+                for name, (proc, log_path, t0) in list(group.items()):
+                    # wait4 instead of poll: the child's own resource usage comes with its exit status.
+                    pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+                    if pid == 0:
+                        continue
+                    proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: tell Popen
+                    del group[name]
+                    timings[name] = time.perf_counter() - t0
+                    timings.cpu[name] = usage.ru_utime + usage.ru_stime
+                    if proc.returncode != 0:
+                        raise StageFailed(name, proc.returncode, log_path)
+                    say(f"{name}: done in {timings[name]:.1f} s ({timings.cpu[name]:.1f} s CPU)")
+            if pending:
+                time.sleep(POLL_S)
+    except BaseException:
+        # A failed stage, Ctrl-C, a signal under stop_on_signals, any error: the stages run in sessions of their
+        # own (a terminal's Ctrl-C reaches this process alone), so none may outlive the wait.
+        stop_stages(running)
+        stop_stages(background)
+        raise
 
 
 def run_stages(stages: dict[str, list[str]], logs: Path, timings: Timings, threads: int = 1) -> None:

@@ -99,10 +99,10 @@ def signal_for(error: BaseException) -> int:
 
 
 @contextmanager
-def stop_on_signals(command: str) -> Iterator[None]:
+def stop_on_signals(command: str, then: str = "run the same command again to continue") -> Iterator[None]:
     """While inside, SIGTERM and SIGINT raise :class:`Stopped` in the main thread (elsewhere nothing changes), once,
-    after one line ``rlhf-lit: <command> stopped by <SIGNAL> ...``: a second signal while the running children are
-    being stopped is ignored (an exception there would leave them running)."""
+    after one line ``rlhf-lit: <command> stopped by <SIGNAL> (its running fits too); <then>``: a second signal
+    while the running children are being stopped is ignored (an exception there would leave them running)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -113,9 +113,7 @@ def stop_on_signals(command: str) -> Iterator[None]:
             return
         received.append(signum)
         name = signal.Signals(signum).name
-        sys.stderr.write(
-            f"rlhf-lit: {command} stopped by {name} (its running fits too); run the same command again to continue\n"
-        )
+        sys.stderr.write(f"rlhf-lit: {command} stopped by {name} (its running fits too); {then}\n")
         raise Stopped(signum)
 
     before = {signum: signal.signal(signum, stopped) for signum in (signal.SIGTERM, signal.SIGINT)}

@@ -224,3 +224,67 @@ def test_wait_stages_times_each_stage_to_its_own_exit_and_stops_the_rest_on_a_fa
     assert str(failure.value).splitlines()[1].startswith("$ ")  # the tail of its log, from its command line
     assert time.perf_counter() - started < 30  # the 60 s stage was stopped, not waited for
     assert running["long"][0].returncode is not None
+
+
+def test_an_interrupted_wait_stops_every_stage_it_waits_on(tmp_path, monkeypatch):
+    import demo.runner as runner
+    from demo.plan import Paths
+
+    paths = Paths(tmp_path)
+    paths.dir("logs").mkdir()
+    long = [sys.executable, "-c", "import time; time.sleep(60)"]
+    running = runner.start_stages({"fore": long}, paths.dir("logs"))
+    background = runner.start_stages({"back": long}, paths.dir("logs"))
+
+    class CtrlC:  # the runner's clock, whose first poll's sleep is where a terminal's Ctrl-C lands
+        perf_counter = staticmethod(time.perf_counter)
+
+        @staticmethod
+        def sleep(seconds):
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(runner, "time", CtrlC)  # the runner's name only: stopping the stages waits with the real one
+    started = time.perf_counter()
+    with pytest.raises(KeyboardInterrupt):
+        runner.wait_stages(running, runner.Timings(), background)
+    assert time.perf_counter() - started < 30  # stopped (SIGTERM), not waited for
+    assert running["fore"][0].returncode is not None and background["back"][0].returncode is not None
+
+
+def _children_naming(text: str) -> list[int]:
+    """Pids of this machine's processes whose command line holds ``text``."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and text in (proc / "cmdline").read_bytes().decode(errors="replace"):
+                pids.append(int(proc.name))
+        except OSError:
+            continue
+    return pids
+
+
+def test_sigterm_stops_the_demo_and_its_running_stage(tmp_path):
+    import signal
+
+    out = tmp_path / "demo"
+    log = out / "logs" / "sft.log"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "demo.pipeline", "--tiny", "--out", str(out)],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not (log.exists() and [p for p in _children_naming(str(out)) if p != proc.pid]):
+            assert proc.poll() is None and time.monotonic() < deadline, "the SFT stage never started"
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM
+    assert "the demo stopped by SIGTERM (its running fits too); run it again to start over" in stderr
+    assert _children_naming(str(out)) == []  # no stage outlived the demo
