@@ -11,6 +11,7 @@ from pathlib import Path
 import cli_forked
 import pytest
 import torch
+from suite_env import subprocess_env
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
 from demo.plan import MARKER, STAGE_DIRS, claim_out
@@ -271,6 +272,7 @@ def test_sigterm_stops_the_demo_and_its_running_stage(tmp_path):
     proc = subprocess.Popen(
         [sys.executable, "-m", "demo.pipeline", "--tiny", "--out", str(out)],
         cwd=tmp_path,
+        env=subprocess_env(),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
