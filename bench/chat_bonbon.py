@@ -155,17 +155,15 @@ def evaluate(model: str, run: dict, policy: Path, threads: int) -> dict:
     import torch
 
     from demo.chat_plan import CHAT_FULL, demo_sampling
+    from demo.chat_report import evaluate_as_the_demo
     from rlhf_lit.data.prompt_source import read_prompt_source
     from rlhf_lit.evaluation.judges import load_judge
-    from rlhf_lit.evaluation.policy_metrics import evaluate_policy
 
     torch.set_num_threads(threads)
     sampling = demo_sampling(CHAT_FULL)
     prompts = read_prompt_source(str(run["eval_prompts"])).prompts
     judge = load_judge("rlhf_lit.evaluation.judges:vader")
-    result = evaluate_policy(
-        str(policy), prompts, reference=model, judge=judge, sampling=sampling, seed=0, precision=run["precision"]
-    )
+    result = evaluate_as_the_demo(str(policy), prompts, model, judge, run["precision"])
     return result["metrics"] | {"sampling": asdict(sampling)}
 
 

@@ -33,7 +33,7 @@ from results_file import write_result
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the demo's package, beside rlhf_lit in a clone
 
-from demo.chat_plan import CHAT_FULL, CHAT_TINY, DEVICES, default_model, demo_sampling, dpo_command, on_device  # noqa: E402
+from demo.chat_plan import CHAT_FULL, CHAT_TINY, DEVICES, default_model, dpo_command, on_device  # noqa: E402
 from demo.plan import Paths, parse_betas  # noqa: E402
 from demo.seed_stats import interpolate  # noqa: E402
 
@@ -68,9 +68,9 @@ def equal_kl(instruction: float, ppo_curve: list[tuple[float, float]], dpo: dict
 
 def fit_and_evaluate(args: argparse.Namespace, model: str, beta: float) -> dict:
     """DPO at ``beta`` on the demo's pairs (its folder under ``--out``), then the demo's evaluation of it."""
+    from demo.chat_report import evaluate_as_the_demo
     from rlhf_lit.data.prompt_source import read_prompt_source
     from rlhf_lit.evaluation.judges import load_judge
-    from rlhf_lit.evaluation.policy_metrics import evaluate_policy
 
     paths = Paths(args.out.absolute())
     results = json.loads((args.demo / "results.json").read_text(encoding="utf-8"))
@@ -85,16 +85,8 @@ def fit_and_evaluate(args: argparse.Namespace, model: str, beta: float) -> dict:
             raise SystemExit(f"DPO at beta {beta:g} failed; its log: {log}")
     fit_s = time.perf_counter() - t0
     prompts = read_prompt_source(str(args.demo / "data" / "eval.jsonl")).prompts
-    result = evaluate_policy(
-        str(paths.model(stage)),
-        prompts,
-        reference=model,
-        judge=load_judge(args.judge),
-        sampling=demo_sampling(budget),
-        seed=0,
-        precision=precision,
-        device=args.device,
-    )
+    judge = load_judge(args.judge)
+    result = evaluate_as_the_demo(str(paths.model(stage)), prompts, model, judge, precision, args.device, budget)
     m = result["metrics"]
     keys = ("judge_mean", "judge_std", "kl_mean", "distinct_2", "length_mean", "ended_fraction", "num_samples")
     row = {"beta": beta, "fit_s": fit_s, **{k: m[k] for k in keys}}

@@ -84,11 +84,11 @@ def evaluate_checkpoints(model: str, run: dict, folder: Path) -> dict[int, dict]
     import torch
 
     from demo.chat_plan import CHAT_FULL, demo_sampling
+    from demo.chat_report import evaluate_as_the_demo
     from demo.frontier import export_checkpoint_policy
     from demo.plan import Paths
     from rlhf_lit.data.prompt_source import read_prompt_source
     from rlhf_lit.evaluation.judges import load_judge
-    from rlhf_lit.evaluation.policy_metrics import evaluate_policy
     from rlhf_lit.models.checkpoint_policy import rollout_checkpoints
 
     torch.set_num_threads(CHAT_FULL.threads)
@@ -99,9 +99,7 @@ def evaluate_checkpoints(model: str, run: dict, folder: Path) -> dict[int, dict]
     measured = {}
     for rollout, ckpt in sorted(rollout_checkpoints(str(checkpoints)).items()):
         policy = export_checkpoint_policy(ckpt, model, str(checkpoints / f"rollout={rollout}"))
-        result = evaluate_policy(
-            policy, prompts, reference=model, judge=judge, sampling=sampling, seed=0, precision=run["precision"]
-        )
+        result = evaluate_as_the_demo(policy, prompts, model, judge, run["precision"])
         measured[rollout] = result["metrics"] | {"sampling": asdict(sampling)}
     return measured
 

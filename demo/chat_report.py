@@ -37,6 +37,22 @@ reply with another turn's role markers and PPO's share of replies that end their
 ``rm_accuracy``."""
 
 
+def evaluate_as_the_demo(
+    policy: str, prompts, model: str, judge, precision: str, device: str = "cpu", budget: ChatBudget | None = None
+) -> dict:
+    """The chat demo's evaluation of one policy (the pipeline's and every chat bench's): one reply to each of
+    ``prompts`` (the held-out requests) at PPO's sampling settings (:func:`demo.chat_plan.demo_sampling` of
+    ``budget``, the full one by default), sampling seed 0, at ``precision`` on ``device``, KL to the instruction
+    model ``model``, judged by ``judge``: :func:`~rlhf_lit.evaluation.policy_metrics.evaluate_policy`'s result."""
+    from demo.chat_plan import CHAT_FULL
+    from rlhf_lit.evaluation.policy_metrics import evaluate_policy
+
+    sampling = demo_sampling(budget or CHAT_FULL)
+    return evaluate_policy(
+        policy, prompts, reference=model, judge=judge, sampling=sampling, seed=0, precision=precision, device=device
+    )
+
+
 def evaluate_all(
     args: argparse.Namespace, model: str, budget: ChatBudget, paths: Paths, trained: dict, timings: Timings
 ) -> tuple[dict[str, dict], tuple[str, list[str]]]:
@@ -50,7 +66,6 @@ def evaluate_all(
 
     from rlhf_lit.data.prompt_source import read_prompt_source
     from rlhf_lit.evaluation.judges import load_judge
-    from rlhf_lit.evaluation.policy_metrics import evaluate_policy
     from rlhf_lit.models.checkpoint_policy import rollout_checkpoints
 
     torch.set_num_threads(args.threads or budget.threads)
@@ -62,16 +77,7 @@ def evaluate_all(
     precision = trained["precision"]  # as the labels and best-of-N sampled
 
     def measured(name: str, policy: str) -> dict:
-        result = evaluate_policy(
-            policy,
-            prompts,
-            reference=model,
-            judge=judge,
-            sampling=sampling,
-            seed=0,
-            precision=precision,
-            device=trained["device"],
-        )
+        result = evaluate_as_the_demo(policy, prompts, model, judge, precision, trained["device"], budget)
         result["config"] = {
             "policy": policy,
             "reference": model,
