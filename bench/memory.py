@@ -70,7 +70,7 @@ VARIANTS: dict[str, list[str]] = {
 
 KEEP_AFTER_FIT = "KEEP_AFTER_FIT"
 """Not a CLI flag: the variant whose run skips ``release_after_fit`` (the frozen models and the
-optimizer states reach the teardown, as before issue #28)."""
+optimizer states reach the teardown: the memory that release saves)."""
 
 
 def _scaled_model(work: Path, scale: str) -> str:

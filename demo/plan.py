@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlhf_lit.artifacts import claim_directory, clear_owned_entries, directory_state
+from rlhf_lit.child_runs import rlhf_lit_command
 
 ROOT = Path(__file__).resolve().parents[1]
 """The project checkout the demo runs from: ``demo/`` sits beside ``configs/`` and the offline assets
@@ -182,6 +183,50 @@ def parse_betas(text: str) -> tuple[float, ...]:
 def dpo_stage(beta: float) -> str:
     """The stage (and folder below ``<out>``) of the DPO run with ``beta``: ``dpo/beta_0.1``."""
     return f"dpo/beta_{beta:g}"
+
+
+def best_of_n_command(
+    args: argparse.Namespace, budget: Budget, paths: Paths, temperature: float, max_new_tokens: int
+) -> list[str]:
+    """``rlhf-lit best-of-n`` from the SFT model against the RM on the first held-out prompts.
+
+    The prompts are written to ``<out>/best_of_n/prompts.jsonl`` (JSONL: an opening may hold a
+    line break), the same openings the evaluation uses, sampled at the temperature and length PPO
+    samples with; the RM reads cut responses as PPO's does (``reward.unfinished``).
+    """
+    from demo.story_prompts import RANGES, load_prompts
+
+    start, count = RANGES["eval"]
+    count = min(count, budget.bon_prompts or budget.eval_prompts or count)
+    _, prompts = load_prompts(args.paragraphs, start, count, 8)
+    prompts_file = paths.dir("best_of_n") / "prompts.jsonl"
+    prompts_file.parent.mkdir(parents=True, exist_ok=True)
+    prompts_file.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts), encoding="utf-8")
+    return rlhf_lit_command(
+        [
+            "best-of-n",
+            "--policy",
+            str(paths.model("sft")),
+            "--reward-model",
+            str(paths.model("reward_model")),
+            "--prompts",
+            str(prompts_file),
+            "--judge",
+            args.judge,
+            "--n-max",
+            str(budget.bon_n_max),
+            "--temperature",
+            str(temperature),
+            "--max-new-tokens",
+            str(max_new_tokens),
+            "--seed",
+            str(args.seed or 0),
+            "--unfinished",
+            ppo_unfinished(Path(args.config_dir) / "ppo.yaml"),
+            "--out",
+            str(paths.dir("best_of_n") / "best_of_n.json"),
+        ]
+    )
 
 
 def claim_out(root: Path) -> None:

@@ -1,5 +1,5 @@
 """``--chat-template`` of ``rlhf-lit evaluate`` and ``rlhf-lit best-of-n`` speaks the one vocabulary
-(#37, rlhf_lit/data/rendering.py): ``auto | always | never``, with ``hh_render``'s older
+(rlhf_lit/data/rendering.py): ``auto | always | never``, with ``hh_render``'s older
 ``chat_template`` / ``raw`` accepted as aliases that run exactly as ``always`` / ``never``."""
 
 from __future__ import annotations

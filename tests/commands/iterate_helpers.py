@@ -1,15 +1,17 @@
-"""What the ``rlhf-lit iterate`` tests share (test_iterate.py, test_iterate_bonbon.py): the loop run in this
-process with a stand-in for its fits, its JSONL files read back, its one error line."""
+"""What the ``rlhf-lit iterate`` tests share (test_iterate*.py): the loop run in this process, a tiny loop
+config, a stand-in for its fits (:class:`FakeFits`), its JSONL files read back, its one error line."""
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import yaml
-from assets_paths import STORIES260K, TINYSTORIES
+from assets_paths import CONFIGS, STORIES260K, TINYSTORIES
 from cli_in_process import run_main
 
+from rlhf_lit.artifacts import EXPORT_MARKER
 from rlhf_lit.commands import iterate_command
 
 JUDGE = "iterate_judges:length_judge"
@@ -61,3 +63,39 @@ def error_line(result) -> str:
     lines = [line for line in result.stderr.splitlines() if line.startswith("rlhf-lit: error:")]
     assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
     return lines[0]
+
+
+class FakeFits:
+    """A stand-in for ``rlhf-lit fit``: records the arguments, copies a tiny model to the stage's export."""
+
+    def __init__(self, rm: Path, kill_at: tuple[int, str] | None = None, policy: Path = STORIES260K) -> None:
+        self.rm, self.kill_at, self.policy, self.calls = rm, kill_at, policy, []
+
+    def __call__(self, args: list[str], log_path: str) -> int:
+        options = dict(zip(args[1::2], args[2::2]))  # ["fit", "--config", X, ...]: option -> value
+        stage = "reward_model" if "--model.init_args.model" in options else "ppo"
+        t = int(Path(options["--run_dir"]).name.split("_")[1])
+        self.calls.append((t, stage, options))
+        export = Path(options["--run_dir"]) / stage / "model"
+        if self.kill_at == (t, stage):  # killed mid-fit: a checkpoint folder and a half-filled temporary export
+            (export.parent / "version_0" / "checkpoints").mkdir(parents=True, exist_ok=True)
+            (export.parent / ".model.tmp-killed").mkdir(parents=True, exist_ok=True)
+            raise RuntimeError(f"killed during the {stage} fit of iteration {t}")
+        shutil.copytree(self.rm if stage == "reward_model" else self.policy, export)
+        (export / EXPORT_MARKER).write_text("{}", encoding="utf-8")
+        Path(log_path).write_text("fake fit\n", encoding="utf-8")
+        return 0
+
+    def starts(self, t: int, stage: str) -> str:
+        """The model the stage of iteration t started from (the RM's ``model``, PPO's ``sft_model``)."""
+        key = "--model.init_args.model" if stage == "reward_model" else "--model.init_args.sft_model"
+        return next(options[key] for (i, s, options) in self.calls if (i, s) == (t, stage))
+
+
+def loop_config(tmp_path: Path, **groups) -> Path:
+    """A tiny PPO loop config in ``tmp_path`` (:func:`iterate_helpers.tiny_loop`), groups overridden."""
+    ppo_groups = {
+        "reward_model": {"config": str(CONFIGS / "offline/iterate/reward_model.yaml"), "held_out_fraction": 0.25},
+        "ppo": {"config": str(CONFIGS / "offline/iterate/ppo.yaml")},
+    }
+    return tiny_loop(tmp_path, ppo_groups, **groups)

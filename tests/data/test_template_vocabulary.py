@@ -1,4 +1,4 @@
-"""One vocabulary for "render strings with the chat template?" (#37): ``auto | always | never``,
+"""One vocabulary for "render strings with the chat template?": ``auto | always | never``,
 with ``hh_render``'s older ``chat_template`` / ``raw`` as aliases (rlhf_lit/data/rendering.py).
 
 Each alias must act exactly as its canonical value wherever the choice is made: the data modules

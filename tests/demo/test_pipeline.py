@@ -11,6 +11,7 @@ from pathlib import Path
 import cli_forked
 import pytest
 import torch
+from processes import pids_naming
 from suite_env import subprocess_env
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
@@ -252,18 +253,6 @@ def test_an_interrupted_wait_stops_every_stage_it_waits_on(tmp_path, monkeypatch
     assert running["fore"][0].returncode is not None and background["back"][0].returncode is not None
 
 
-def _children_naming(text: str) -> list[int]:
-    """Pids of this machine's processes whose command line holds ``text``."""
-    pids = []
-    for proc in Path("/proc").iterdir():
-        try:
-            if proc.name.isdigit() and text in (proc / "cmdline").read_bytes().decode(errors="replace"):
-                pids.append(int(proc.name))
-        except OSError:
-            continue
-    return pids
-
-
 def test_sigterm_stops_the_demo_and_its_running_stage(tmp_path):
     import signal
 
@@ -279,7 +268,7 @@ def test_sigterm_stops_the_demo_and_its_running_stage(tmp_path):
     )
     try:
         deadline = time.monotonic() + 120
-        while not (log.exists() and [p for p in _children_naming(str(out)) if p != proc.pid]):
+        while not (log.exists() and [p for p in pids_naming(str(out)) if p != proc.pid]):
             assert proc.poll() is None and time.monotonic() < deadline, "the SFT stage never started"
             time.sleep(0.2)
         proc.send_signal(signal.SIGTERM)
@@ -289,4 +278,4 @@ def test_sigterm_stops_the_demo_and_its_running_stage(tmp_path):
             proc.kill()
     assert proc.returncode == 128 + signal.SIGTERM
     assert "the demo stopped by SIGTERM (its running fits too); run it again to start over" in stderr
-    assert _children_naming(str(out)) == []  # no stage outlived the demo
+    assert pids_naming(str(out)) == []  # no stage outlived the demo

@@ -106,7 +106,7 @@ def test_unknown_target_names_the_option_and_the_layers(tokenizer):
 
 def test_an_adapter_on_a_tied_embedding_or_head_is_merged_into_an_untied_copy():
     """A tied input embedding / LM head is one weight under two modules; peft adapts only the one named,
-    so the merged export must untie them to be the trained model (#37; SmolLM2 itself in
+    so the merged export must untie them to be the trained model (SmolLM2 itself in
     tests/realmodel/test_smollm2_lora.py). Default targets keep the export tied."""
     from float32_bounds import output_bound
     from transformers import LlamaConfig, LlamaForCausalLM

@@ -79,3 +79,41 @@ def sft_row_loss_terms(model, input_ids: list[int], labels: list[int]):
     return [
         -torch.log_softmax(logits[t], dim=-1)[labels[t + 1]] for t in range(len(input_ids) - 1) if labels[t + 1] != -100
     ]
+
+
+def minibatch_losses(policy, critic, row, ptx_batch, expected, ppo, temperature: float, reward_offset: float):
+    """Losses of a one-row minibatch from the formulas (with their graph), and per token what their bounds need
+    (:func:`golden_bounds.loss_bounds`); ``ppo`` has the clip ranges and the loss coefficients."""
+    prompt, response, _ = expected["rows"][row]
+    logprobs, entropies = response_logprobs_and_entropy(policy, prompt, response, temperature)
+    values = token_values(critic, prompt, response, reward_offset)
+    eps, eps_v = ppo.clip_range, ppo.value_clip_range
+    pg, vl, tokens = [], [], []
+    for t in range(len(response)):
+        a, old = expected["adv"][row][t], expected["logprobs"][row][t]
+        ratio = torch.exp(logprobs[t] - old)
+        pg.append(torch.maximum(-a * ratio, -a * ratio.clamp(1 - eps, 1 + eps)))
+        old_v, ret = expected["values"][row][t], expected["returns"][row][t]
+        v_clipped = old_v + (values[t] - old_v).clamp(-eps_v, eps_v)
+        vl.append(0.5 * torch.maximum((values[t] - ret) ** 2, (v_clipped - ret) ** 2))
+        tokens.append(
+            {
+                "advantage": a,
+                "ratio": float(ratio.detach()),
+                "value": float(values[t].detach()),
+                "value_clipped": float(v_clipped.detach()),
+                "return": ret,
+                "logprob_out": logprobs[t],
+                "value_out": values[t],
+            }
+        )
+    policy_loss, value_loss = torch.stack(pg).mean(), torch.stack(vl).mean()
+    entropy = torch.stack(entropies).mean()
+    ptx_terms = []
+    for ids, mask, labels in zip(ptx_batch["input_ids"], ptx_batch["attention_mask"], ptx_batch["labels"]):
+        n = int(mask.sum())  # right padded: the real tokens come first
+        ptx_terms += sft_row_loss_terms(policy, ids[:n].tolist(), labels[:n].tolist())
+    ptx = torch.stack(ptx_terms).mean()
+    total = policy_loss + ppo.vf_coef * value_loss - ppo.entropy_coef * entropy + ppo.ptx_coef * ptx
+    parts = {"loss/policy": policy_loss, "loss/value": value_loss, "policy/entropy": entropy, "loss/ptx": ptx}
+    return total, parts, (tokens, float(torch.stack(entropies).detach().max()))

@@ -336,44 +336,6 @@ def test_controller_gets_the_summed_kl_per_response_and_the_sample_count(golden,
     assert module.kl_ctl.value == pytest.approx(BETA * (1 + error * 4 / 100), rel=1e-6)
 
 
-def _expected_minibatch(policy, critic, row, ptx_batch, expected, reference_grad=False):
-    """Losses of a one-row minibatch from the formulas (with graph when ``reference_grad``), and per
-    token what their bounds need (:func:`golden_bounds.loss_bounds`)."""
-    prompt, response, _ = expected["rows"][row]
-    logprobs, entropies = ref.response_logprobs_and_entropy(policy, prompt, response, TEMPERATURE)
-    values = ref.token_values(critic, prompt, response, REWARD_OFFSET)
-    eps, eps_v = PPO.clip_range, PPO.value_clip_range
-    pg, vl, tokens = [], [], []
-    for t in range(len(response)):
-        a, old = expected["adv"][row][t], expected["logprobs"][row][t]
-        ratio = torch.exp(logprobs[t] - old)
-        pg.append(torch.maximum(-a * ratio, -a * ratio.clamp(1 - eps, 1 + eps)))
-        old_v, ret = expected["values"][row][t], expected["returns"][row][t]
-        v_clipped = old_v + (values[t] - old_v).clamp(-eps_v, eps_v)
-        vl.append(0.5 * torch.maximum((values[t] - ret) ** 2, (v_clipped - ret) ** 2))
-        tokens.append(
-            {
-                "advantage": a,
-                "ratio": float(ratio.detach()),
-                "value": float(values[t].detach()),
-                "value_clipped": float(v_clipped.detach()),
-                "return": ret,
-                "logprob_out": logprobs[t],
-                "value_out": values[t],
-            }
-        )
-    policy_loss, value_loss = torch.stack(pg).mean(), torch.stack(vl).mean()
-    entropy = torch.stack(entropies).mean()
-    ptx_terms = []
-    for ids, mask, labels in zip(ptx_batch["input_ids"], ptx_batch["attention_mask"], ptx_batch["labels"]):
-        n = int(mask.sum())  # right padded: the real tokens come first
-        ptx_terms += ref.sft_row_loss_terms(policy, ids[:n].tolist(), labels[:n].tolist())
-    ptx = torch.stack(ptx_terms).mean()
-    total = policy_loss + PPO.vf_coef * value_loss - PPO.entropy_coef * entropy + PPO.ptx_coef * ptx
-    parts = {"loss/policy": policy_loss, "loss/value": value_loss, "policy/entropy": entropy, "loss/ptx": ptx}
-    return total, parts, (tokens, float(torch.stack(entropies).detach().max()))
-
-
 def _minibatch_rows(golden) -> list[int]:
     rollout = golden[2]["rollouts"][0]
     rows = []
@@ -417,7 +379,9 @@ def test_each_step_gradient_and_minibatch_losses_match_the_reference(
         total = 0.0
         moves = []  # per minibatch: how far its loss weights may move the policy's and critic's gradients
         for j in (2 * step, 2 * step + 1):
-            loss, parts, per_token = _expected_minibatch(policy, critic, rows[j], data.drawn[j], expected)
+            loss, parts, per_token = ref.minibatch_losses(
+                policy, critic, rows[j], data.drawn[j], expected, PPO, TEMPERATURE, REWARD_OFFSET
+            )
             _, recorded_loss, stats = record["minibatches"][j]
             # The stage applies the LM head to the response positions only and drops the padding
             # columns none of the minibatch's rows attends: other summation orders than this per-row
