@@ -5,7 +5,7 @@ training step of the reward model (the full model against ``trainable_layers``; 
 autocast; with ``cache_frozen``, the rows' frozen blocks kept before the first step, and the steps that
 read them).
 
-    .venv/bin/python bench/chat_levers.py [--model DIR] [--samples 64] [--steps 4]
+    .venv/bin/python bench/chat_levers.py [--model DIR] [--samples 64] [--steps 4] [--trainable-layers 4,8]
 
 Sampling: ``--samples`` replies of 48 new tokens to the chat demo's requests (first HH-RLHF human turns in
 the ChatML template), batch 64, temperature 1, timed after one warm-up batch. A training step: a batch
@@ -130,7 +130,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default=None, help="SmolLM2-135M-Instruct folder (default: make smollm2's cache)")
     p.add_argument("--samples", type=int, default=64)
     p.add_argument("--steps", type=int, default=4)
-    p.add_argument("--trainable-layers", type=int, default=4)
+    p.add_argument(
+        "--trainable-layers",
+        type=lambda text: [int(k) for k in text.split(",")],
+        default=[4],
+        metavar="K,K,...",
+        help="the reward-model step with the top K blocks trainable, for each K (default: 4)",
+    )
     args = p.parse_args(argv)
     from demo.chat_plan import fetched_model
 
@@ -154,12 +160,17 @@ def main(argv: list[str] | None = None) -> int:
     # Training rows: each request with two of its sampled-style replies (the request's own tokens repeated
     # stand in for a reply: the step's cost depends on the lengths, not the words).
     rows = [r + r[-48:] for r in prompts[:16]]
-    k = args.trainable_layers
+    ks = args.trainable_layers
     step = {
         (precision, layers): step_seconds(path, tokenizer, rows, precision, layers, args.steps)[0]
-        for precision, layers in (("fp32", None), ("fp32", k), ("bf16", None), ("bf16", k))
+        for precision, layers in (
+            ("fp32", None),
+            *(("fp32", k) for k in ks),
+            ("bf16", None),
+            *(("bf16", k) for k in ks),
+        )
     }
-    read, first = step_seconds(path, tokenizer, rows, "bf16", k, args.steps, cached=True)
+    cached = {k: step_seconds(path, tokenizer, rows, "bf16", k, args.steps, cached=True) for k in ks}
     plain_s, plain_t = sampling[("fp32", 2, "multinomial")], step[("fp32", None)]
     bf16_s, fp32_1, bf16_cdf = (
         sampling[k] for k in (("bf16", 2, "multinomial"), ("fp32", 1, "multinomial"), ("bf16", 2, "inverse_cdf"))
@@ -170,12 +181,19 @@ def main(argv: list[str] | None = None) -> int:
         ("sampling, fp32, 1 thread", fp32_1, plain_s / fp32_1),
         ("sampling, bf16 autocast, 2 threads, draw: inverse_cdf", bf16_cdf, plain_s / bf16_cdf),
         ("RM step, fp32, full model (plain)", plain_t, 1.0),
-        (f"RM step, fp32, top {k} blocks", step[("fp32", k)], plain_t / step[("fp32", k)]),
+        *((f"RM step, fp32, top {k} blocks", step[("fp32", k)], plain_t / step[("fp32", k)]) for k in ks),
         ("RM step, bf16 autocast, full model", step[("bf16", None)], plain_t / step[("bf16", None)]),
-        (f"RM step, bf16 autocast, top {k} blocks", step[("bf16", k)], plain_t / step[("bf16", k)]),
-        ("bf16 autocast, cache_frozen: the batch's rows kept before the first step", first, plain_t / first),
-        (f"RM step, bf16 autocast, top {k} blocks, cache_frozen: rows read", read, plain_t / read),
+        *((f"RM step, bf16 autocast, top {k} blocks", step[("bf16", k)], plain_t / step[("bf16", k)]) for k in ks),
     ]
+    for k, (read, first) in cached.items():
+        table += [
+            (
+                f"bf16 autocast, top {k} blocks, cache_frozen: the batch's rows kept before the first step",
+                first,
+                plain_t / first,
+            ),
+            (f"RM step, bf16 autocast, top {k} blocks, cache_frozen: rows read", read, plain_t / read),
+        ]
     result = {
         "date": utc_date(),
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, {cpu_extensions()}",
