@@ -44,6 +44,22 @@ def _run_copy(sft_run: Path, tmp_path: Path) -> Path:
     return Path(shutil.copytree(sft_run, tmp_path / "run", copy_function=shutil.copy2))
 
 
+def resumed_fit(run: Path, ckpt_path: str, max_steps: int):
+    """``rlhf-lit fit`` of a copied SFT run from ``--ckpt_path`` on to ``max_steps``, replacing its export."""
+    return run_main(
+        "fit",
+        "--config",
+        "sft.yaml",
+        "--ckpt_path",
+        ckpt_path,
+        "--trainer.max_steps",
+        str(max_steps),
+        "--model.init_args.export_existing",
+        "replace",
+        cwd=run,
+    )
+
+
 @pytest.mark.parametrize("damage", ["truncated", "empty", "not_the_format", "missing_member", "missing"])
 def test_a_damaged_checkpoint_is_named_before_any_model_is_loaded(sft_run, tmp_path, damage):
     run = _run_copy(sft_run, tmp_path)
@@ -108,18 +124,7 @@ def test_ckpt_path_last_is_checked_where_lightning_resolves_and_loads_it(sft_run
     (step4,) = (run / "ckpt").glob("*step=4.ckpt")
     damage_file(run / "ckpt" / "last.ckpt", "truncated")
     before = {p.name: p.read_bytes() for p in (run / "ckpt").glob("*.ckpt")}
-    result = run_main(
-        "fit",
-        "--config",
-        "sft.yaml",
-        "--ckpt_path",
-        "last",
-        "--trainer.max_steps",
-        "5",
-        "--model.init_args.export_existing",
-        "replace",
-        cwd=run,
-    )
+    result = resumed_fit(run, "last", 5)
     assert result.returncode == 1
     line = error_line(result)
     assert line.startswith("rlhf-lit: error: --ckpt_path last (") and "last.ckpt): cut short (" in line, line
@@ -146,18 +151,7 @@ def test_a_disk_full_during_a_checkpoint_keeps_the_earlier_checkpoints_and_the_e
         raise OSError(errno.ENOSPC, "No space left on device", str(path))
 
     monkeypatch.setattr(torch_io, "_atomic_save", full_disk)  # what TorchCheckpointIO writes with
-    result = run_main(
-        "fit",
-        "--config",
-        "sft.yaml",
-        "--ckpt_path",
-        "ckpt/last.ckpt",
-        "--trainer.max_steps",
-        "6",
-        "--model.init_args.export_existing",
-        "replace",
-        cwd=run,
-    )
+    result = resumed_fit(run, "ckpt/last.ckpt", 6)
     assert result.returncode == 1
     assert "No space left on device" in error_line(result)
     assert {p.name: p.read_bytes() for p in (run / "ckpt").glob("*.ckpt")} == before  # no final name was touched
@@ -203,18 +197,7 @@ def test_a_disk_full_during_the_export_keeps_the_earlier_export_and_the_checkpoi
         raise OSError(errno.ENOSPC, "No space left on device", str(Path(directory) / "model.safetensors"))
 
     monkeypatch.setattr(PreTrainedModel, "save_pretrained", full_disk)
-    result = run_main(
-        "fit",
-        "--config",
-        "sft.yaml",
-        "--ckpt_path",
-        "ckpt/last.ckpt",
-        "--trainer.max_steps",
-        "5",
-        "--model.init_args.export_existing",
-        "replace",
-        cwd=run,
-    )
+    result = resumed_fit(run, "ckpt/last.ckpt", 5)
     assert result.returncode == 1
     assert "No space left on device" in error_line(result)
     assert (run / "export" / "model.safetensors").read_bytes() == export
