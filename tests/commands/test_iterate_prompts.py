@@ -12,8 +12,7 @@ import gzip
 import json
 
 from assets_paths import HH_RLHF, STORIES260K_CHAT
-from iterate_helpers import error_line, iterate, jsonl
-from test_iterate import FakeFits, loop_config
+from iterate_helpers import FakeFits, error_line, iterate, jsonl, loop_config
 
 HH_ASSISTANT = "\n\nAssistant:"
 

@@ -13,6 +13,7 @@ from generation_helpers import EOS, PAD, STORIES, STORY_PROMPTS, EosBias, eos_bi
 from lightning.pytorch import Trainer
 from lightning.pytorch.loggers import Logger
 
+from rlhf_lit.models import load_causal_lm
 from rlhf_lit.models.generation import SamplingConfig
 from rlhf_lit.stages.ppo import PPOModule
 from rlhf_lit.stages.ppo.config import KLConfig, PPOConfig
@@ -132,3 +133,13 @@ def assert_resumes_exactly(straight, resumed, data, tmp_path: Path, checkpoint: 
     assert resumed.rollout_index == 3
     for (name, p), q in zip(straight.state_dict().items(), resumed.state_dict().values()):
         torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7, msg=name)
+
+
+def assert_same_trained_weights(weights: dict, other: dict) -> None:
+    """Two PPO runs' policy weights agree up to float rounding, and training moved some of them."""
+    start = load_causal_lm(STORIES).state_dict()
+    moved = 0
+    for k, v in weights.items():
+        torch.testing.assert_close(v, other[k], rtol=1e-5, atol=1e-7, msg=k)
+        moved += not torch.equal(v, start[k])
+    assert moved > 0

@@ -6,9 +6,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 import torch
-from ppo_helpers import PAD, STORIES, prompt_batch
+from ppo_helpers import PAD, assert_same_trained_weights, prompt_batch
 
-from rlhf_lit.models import load_causal_lm
 from rlhf_lit.models.generation import SamplingConfig
 
 
@@ -51,16 +50,6 @@ def test_minibatches_drop_only_the_padding_columns_no_row_attends():
         assert torch.equal(mb.advantages, per_token[rows] + 5)
     all_pad = replace(rollout, attention_mask=torch.cat([torch.zeros(4, P, dtype=torch.long), mask[:, P:]], 1))
     assert all(mb.prompt_length == 1 for mb in minibatches(all_pad, 2, generator))  # one column is kept
-
-
-def assert_same_trained_weights(weights: dict, other: dict) -> None:
-    """Two PPO runs' policy weights agree up to float rounding, and training moved some of them."""
-    start = load_causal_lm(STORIES).state_dict()
-    moved = 0
-    for k, v in weights.items():
-        torch.testing.assert_close(v, other[k], rtol=1e-5, atol=1e-7, msg=k)
-        moved += not torch.equal(v, start[k])
-    assert moved > 0
 
 
 def test_dropping_padding_columns_trains_the_same_weights(tmp_path, monkeypatch):

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from ppo_helpers import prompt_batch, tiny_module, tiny_trainer
-from test_fast_paths import assert_same_trained_weights
+from ppo_helpers import assert_same_trained_weights, prompt_batch, tiny_module, tiny_trainer
 from torch.utils.data import DataLoader
 
 import rlhf_lit.stages.ppo.forward as forward_module
