@@ -31,7 +31,6 @@ import shlex
 import subprocess
 import sys
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 from results_file import write_result
@@ -154,17 +153,15 @@ def evaluate(model: str, run: dict, policy: Path, threads: int) -> dict:
     """One reply per held-out request from ``policy``, measured as the demo measures its policies."""
     import torch
 
-    from demo.chat_plan import CHAT_FULL, demo_sampling
     from demo.chat_report import evaluate_as_the_demo
     from rlhf_lit.data.prompt_source import read_prompt_source
     from rlhf_lit.evaluation.judges import load_judge
 
     torch.set_num_threads(threads)
-    sampling = demo_sampling(CHAT_FULL)
     prompts = read_prompt_source(str(run["eval_prompts"])).prompts
     judge = load_judge("rlhf_lit.evaluation.judges:vader")
     result = evaluate_as_the_demo(str(policy), prompts, model, judge, run["precision"])
-    return result["metrics"] | {"sampling": asdict(sampling)}
+    return result["metrics"] | {"sampling": result["config"]["sampling"]}
 
 
 def margins(run: dict, metrics: dict) -> dict[str, float | None]:

@@ -28,7 +28,7 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 
 from chat_reward_model import parse_variant
@@ -83,7 +83,7 @@ def evaluate_checkpoints(model: str, run: dict, folder: Path) -> dict[int, dict]
     """Every rollout checkpoint of a variant on the held-out requests: ``{rollout: metrics}``."""
     import torch
 
-    from demo.chat_plan import CHAT_FULL, demo_sampling
+    from demo.chat_plan import CHAT_FULL
     from demo.chat_report import evaluate_as_the_demo
     from demo.frontier import export_checkpoint_policy
     from demo.plan import Paths
@@ -92,7 +92,6 @@ def evaluate_checkpoints(model: str, run: dict, folder: Path) -> dict[int, dict]
     from rlhf_lit.models.checkpoint_policy import rollout_checkpoints
 
     torch.set_num_threads(CHAT_FULL.threads)
-    sampling = demo_sampling(CHAT_FULL)
     prompts = read_prompt_source(str(run["eval_prompts"])).prompts
     judge = load_judge("rlhf_lit.evaluation.judges:vader")
     checkpoints = Paths(folder).checkpoints
@@ -100,7 +99,7 @@ def evaluate_checkpoints(model: str, run: dict, folder: Path) -> dict[int, dict]
     for rollout, ckpt in sorted(rollout_checkpoints(str(checkpoints)).items()):
         policy = export_checkpoint_policy(ckpt, model, str(checkpoints / f"rollout={rollout}"))
         result = evaluate_as_the_demo(policy, prompts, model, judge, run["precision"])
-        measured[rollout] = result["metrics"] | {"sampling": asdict(sampling)}
+        measured[rollout] = result["metrics"] | {"sampling": result["config"]["sampling"]}
     return measured
 
 

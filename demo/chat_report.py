@@ -18,7 +18,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from demo.chat_plan import ChatBudget, demo_sampling
+from demo.chat_plan import CHAT_FULL, ChatBudget, demo_sampling
 from demo.frontier import export_checkpoint_policy, point_from_evaluation, points_from_best_of_n, write_frontier
 from demo.plan import Paths
 from demo.report import _cell
@@ -43,14 +43,16 @@ def evaluate_as_the_demo(
     """The chat demo's evaluation of one policy (the pipeline's and every chat bench's): one reply to each of
     ``prompts`` (the held-out requests) at PPO's sampling settings (:func:`demo.chat_plan.demo_sampling` of
     ``budget``, the full one by default), sampling seed 0, at ``precision`` on ``device``, KL to the instruction
-    model ``model``, judged by ``judge``: :func:`~rlhf_lit.evaluation.policy_metrics.evaluate_policy`'s result."""
-    from demo.chat_plan import CHAT_FULL
+    model ``model``, judged by ``judge``: :func:`~rlhf_lit.evaluation.policy_metrics.evaluate_policy`'s result, with
+    ``config`` saying what was evaluated and how (``policy``, ``reference``, ``sampling``, ``precision``)."""
     from rlhf_lit.evaluation.policy_metrics import evaluate_policy
 
     sampling = demo_sampling(budget or CHAT_FULL)
-    return evaluate_policy(
+    result = evaluate_policy(
         policy, prompts, reference=model, judge=judge, sampling=sampling, seed=0, precision=precision, device=device
     )
+    result["config"] = {"policy": policy, "reference": model, "sampling": asdict(sampling), "precision": precision}
+    return result
 
 
 def evaluate_all(
@@ -71,20 +73,13 @@ def evaluate_all(
     torch.set_num_threads(args.threads or budget.threads)
     hf_logging.disable_progress_bar()
     t0, c0 = time.perf_counter(), time.process_time()
-    sampling = demo_sampling(budget)
     prompts = read_prompt_source(str(paths.dir("data") / "eval.jsonl")).prompts
     judge = load_judge(args.judge)
     precision = trained["precision"]  # as the labels and best-of-N sampled
 
     def measured(name: str, policy: str) -> dict:
         result = evaluate_as_the_demo(policy, prompts, model, judge, precision, trained["device"], budget)
-        result["config"] = {
-            "policy": policy,
-            "reference": model,
-            "judge": args.judge,
-            "sampling": asdict(sampling),
-            "precision": precision,
-        }
+        result["config"]["judge"] = args.judge
         write_json_atomically(paths.dir("eval") / f"{name.replace('/', '_')}.json", result)
         say(f"evaluate: {name}: judge {result['metrics']['judge_mean']:.3f}, KL {result['metrics']['kl_mean']:.2f}")
         return result
