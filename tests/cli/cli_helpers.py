@@ -24,11 +24,13 @@ import sys
 from pathlib import Path
 
 import yaml
-from assets_paths import ASSETS, HH_RLHF, ROOT, TINYSTORIES  # noqa: F401  (re-exported for the CLI tests)
+from assets_paths import ASSETS, HH_RLHF, ROOT, STORIES260K_CHAT, TINYSTORIES  # noqa: F401  (re-exported for the CLI tests)
 from assets_paths import STORIES260K as STORIES
 from cli_forked import run as rlhf_lit_forked  # noqa: F401  (re-exported)
 from cli_in_process import isolated_main_state, run_main  # noqa: F401  (re-exported)
 from suite_env import subprocess_env
+
+from rlhf_lit.tokenizer import load_tokenizer
 
 CLI = Path(sys.executable).parent / "rlhf-lit"
 """The console script of this environment: what a user types."""
@@ -215,3 +217,9 @@ def tiny_ppo_overrides(run: str) -> tuple[str, ...]:
         "--trainer.enable_model_summary",
         "false",
     )
+
+
+def ids_of(text: str, policy: str = str(STORIES260K_CHAT)) -> list[int]:
+    """``<s>`` (id 1, the llama BOS) and the hand-written ``text`` tokenized without specials: the ids a
+    stories260K policy (by default the chat one) is given for a prompt written out by hand."""
+    return [1, *load_tokenizer(policy)(text, add_special_tokens=False)["input_ids"]]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 
 from assets_paths import STORIES260K, STORIES260K_CHAT
-from cli_helpers import error_line, run_main
+from cli_helpers import error_line, ids_of, run_main
 
 from rlhf_lit.tokenizer import load_tokenizer
 
@@ -31,11 +31,6 @@ def reward_model_like(texts: list[str]) -> list[float]:
     template's specials are in the text) and keeps the ids in :data:`TOKENIZED`."""
     TOKENIZED.extend(load_tokenizer(CHAT)(t, add_special_tokens=False)["input_ids"] for t in texts)
     return [0.0] * len(texts)
-
-
-def ids_of(text: str, policy: str = CHAT) -> list[int]:
-    """``<s>`` (id 1, the llama BOS) and the hand-written ``text`` tokenized without specials."""
-    return [1, *load_tokenizer(policy)(text, add_special_tokens=False)["input_ids"]]
 
 
 def evaluate(tmp_path, policy: str, prompts: str, *extra: str) -> tuple[dict, str]:

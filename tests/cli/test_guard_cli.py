@@ -6,24 +6,17 @@ was never killed."""
 
 from __future__ import annotations
 
-import csv
-import re
 from pathlib import Path
 
 import pytest
 import torch
 from cli_helpers import STORIES, error_line, ppo_config, rlhf_lit_forked, run_main, write_yaml
+from guard_helpers import guard, guard_lines, logged_metrics
 from safetensors.torch import load_file
 
 ROLLOUTS = 6
-GUARD_LINE = re.compile(r"^\[rlhf-lit\] over-optimisation guard: (\w+) after rollout (\d+): (.+); action: (\w+)")
 
-
-def _guard(**init_args) -> dict:
-    return {"class_path": "rlhf_lit.callbacks.OverOptimisationGuard", "init_args": init_args}
-
-
-KEEP_BEST = _guard(
+KEEP_BEST = guard(
     kl={"action": "keep_best", "ceiling": -1.0},  # the KL per response is always above -1: fires after rollout 1
     keep_best={"metric": "objective/scores"},
     held_out={
@@ -38,27 +31,11 @@ KEEP_BEST = _guard(
 )
 
 
-def _config(root: Path, rm: str, guard: dict, rollouts: int = ROLLOUTS) -> Path:
+def _config(root: Path, rm: str, guard_callback: dict, rollouts: int = ROLLOUTS) -> Path:
     config = ppo_config(root, STORIES, rm, max_rollouts=rollouts)
     config["trainer"]["callbacks"][0]["init_args"]["save_top_k"] = -1  # every rollout's checkpoint kept
-    config["trainer"]["callbacks"].append(guard)
+    config["trainer"]["callbacks"].append(guard_callback)
     return write_yaml(root / "ppo.yaml", config)
-
-
-def _metrics(root: Path) -> dict[str, dict[int, float]]:
-    """Every logged metric by step, from the CSV logger's file."""
-    (path,) = (root / "logs").rglob("metrics.csv")
-    out: dict[str, dict[int, float]] = {}
-    with open(path, encoding="utf-8") as f:
-        for row in csv.DictReader(f):
-            for key, value in row.items():
-                if key != "step" and value != "":
-                    out.setdefault(key, {})[int(row["step"])] = float(value)
-    return out
-
-
-def _guard_lines(stderr: str) -> list[tuple[str, int, str]]:
-    return [(m[1], int(m[2]), m[4]) for m in map(GUARD_LINE.match, stderr.splitlines()) if m]
 
 
 def _guard_state(checkpoint: Path) -> dict:
@@ -67,12 +44,12 @@ def _guard_state(checkpoint: Path) -> dict:
 
 def test_stop_ends_the_run_after_the_rollout_its_rule_trips_and_exports(tmp_path, stories_rm):
     # always above a ceiling of -1: the rule holds after every rollout, patience 3 -> stops after rollout 3
-    config = _config(tmp_path, stories_rm, _guard(kl={"action": "stop", "ceiling": -1.0, "patience": 3}), rollouts=8)
+    config = _config(tmp_path, stories_rm, guard(kl={"action": "stop", "ceiling": -1.0, "patience": 3}), rollouts=8)
     result = rlhf_lit_forked("fit", "--config", str(config), cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert _guard_lines(result.stderr) == [("kl", 3, "stop")]
+    assert guard_lines(result.stderr) == [("kl", 3, "stop")]
     assert "(the run ends after this rollout and exports as usual)" in result.stderr
-    metrics = _metrics(tmp_path)
+    metrics = logged_metrics(tmp_path)
     assert sorted(metrics["objective/kl"]) == [0, 1, 2]  # three rollouts ran, of eight
     assert metrics["guard/kl/acted"] == {0: 0.0, 1: 0.0, 2: 1.0}
     assert {"model.safetensors", "rlhf_lit_export.json"} <= {p.name for p in (tmp_path / "export").iterdir()}
@@ -96,8 +73,8 @@ def _policy(checkpoint: Path) -> dict[str, torch.Tensor]:
 
 def test_keep_best_exports_the_policy_of_the_best_rollout(guarded):
     root, stderr = guarded
-    assert ("kl", 1, "keep_best") in _guard_lines(stderr)
-    scores = _metrics(root)["objective/scores"]  # rollout i was sampled by the policy after i rollouts
+    assert ("kl", 1, "keep_best") in guard_lines(stderr)
+    scores = logged_metrics(root)["objective/scores"]  # rollout i was sampled by the policy after i rollouts
     best = max(range(ROLLOUTS), key=lambda i: (scores[i], -i))
     assert 0 < best < ROLLOUTS - 1, scores  # a run where the best is neither the start nor the last
     assert (
@@ -109,7 +86,7 @@ def test_keep_best_exports_the_policy_of_the_best_rollout(guarded):
     assert exported and exported.keys() <= kept.keys()
     assert all(torch.equal(tensor, kept[name]) for name, tensor in exported.items())
     assert not all(torch.equal(tensor, last[name]) for name, tensor in exported.items())
-    metrics = _metrics(root)
+    metrics = logged_metrics(root)
     assert sorted(metrics["guard/held_out/judge"]) == [1, 3, 5]  # after rollouts 2, 4, 6
     assert metrics["guard/best/rollout"][ROLLOUTS - 1] == best
 
@@ -128,7 +105,7 @@ def test_the_guard_resumes_exactly_after_a_kill(guarded, tmp_path, stories_rm):
     kept, whole_kept = resumed.pop("best_weights"), whole.pop("best_weights")
     assert resumed == whole and resumed["rollouts"] == ROLLOUTS
     assert kept.keys() == whole_kept.keys() and all(torch.equal(v, whole_kept[k]) for k, v in kept.items())
-    logged, whole_logged = _metrics(tmp_path), _metrics(straight)
+    logged, whole_logged = logged_metrics(tmp_path), logged_metrics(straight)
     guard_keys = [k for k in whole_logged if k.startswith("guard/")]
     assert guard_keys and all({s: v for s, v in whole_logged[k].items() if s >= 3} == logged[k] for k in guard_keys)
     exported = (tmp_path / "export" / "model.safetensors").read_bytes()
@@ -136,7 +113,7 @@ def test_the_guard_resumes_exactly_after_a_kill(guarded, tmp_path, stories_rm):
 
 
 def test_a_setting_no_run_can_use_is_one_error_line(tmp_path, stories_rm):
-    config = _config(tmp_path, stories_rm, _guard(kl={"action": "warn"}))
+    config = _config(tmp_path, stories_rm, guard(kl={"action": "warn"}))
     result = run_main("fit", "--config", str(config), cwd=tmp_path)
     assert result.returncode != 0
     assert "set kl.ceiling or kl.max_rate (or both) with kl.action" in error_line(result)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from cli_helpers import STORIES, ppo_config, rlhf_lit_forked, write_yaml
-from test_guard_cli import _guard, _guard_lines, _metrics
+from guard_helpers import guard, guard_lines, logged_metrics
 
 
 @pytest.mark.slow
@@ -15,7 +15,7 @@ def test_under_ddp_stop_ends_both_ranks_after_the_same_rollout(tmp_path, stories
     config = ppo_config(tmp_path, STORIES, stories_rm, max_rollouts=6)
     config["trainer"].update(strategy="ddp", devices=2)
     config["trainer"]["callbacks"].append(
-        _guard(
+        guard(
             kl={"action": "stop", "ceiling": -1.0, "patience": 2},  # holds after every rollout: stops after rollout 2
             held_out={
                 "prompts": ["Once upon a time", "The little dog"],
@@ -27,8 +27,8 @@ def test_under_ddp_stop_ends_both_ranks_after_the_same_rollout(tmp_path, stories
     )
     result = rlhf_lit_forked("fit", "--config", str(write_yaml(tmp_path / "ppo.yaml", config)), cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert _guard_lines(result.stderr) == [("kl", 2, "stop")]  # rank 0 says it, once
-    metrics = _metrics(tmp_path)
+    assert guard_lines(result.stderr) == [("kl", 2, "stop")]  # rank 0 says it, once
+    metrics = logged_metrics(tmp_path)
     assert sorted(metrics["objective/kl"]) == [0, 1] and sorted(metrics["guard/held_out/judge"]) == [0, 1]
     assert (tmp_path / "export" / "model.safetensors").is_file()
     last = torch.load(tmp_path / "ckpt" / "last.ckpt", map_location="cpu", weights_only=True)

@@ -15,9 +15,8 @@ import logging
 
 import pytest
 from assets_paths import HH_RLHF, STORIES260K, STORIES260K_CHAT
-from cli_helpers import error_line, ppo_config, run_main, write_yaml
+from cli_helpers import error_line, ids_of, ppo_config, run_main, write_yaml
 from hub_stand_in import fake_hub
-from test_chat_prompts_cli import ids_of
 
 import rlhf_lit.models
 from rlhf_lit.data import PreferenceDataModule, PromptDataModule

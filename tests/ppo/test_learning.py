@@ -18,91 +18,14 @@ the KL per response peaked at 3.4-7.2 nats. The assertions keep a margin of 2-3x
 from __future__ import annotations
 
 import pytest
-import torch
 import yaml
 from assets_paths import CONFIGS
-from ppo_helpers import EOS, TINYSTORIES, EosBias, tiny_module, tiny_trainer
+from learning_helpers import ROLLOUTS, CountingPPO, fit_curves, learning_curves, mean_of
+from ppo_helpers import EOS, EosBias, tiny_module
 
-from rlhf_lit.data import PromptDataModule
 from rlhf_lit.models.generation import SamplingConfig
 from rlhf_lit.stages.optim import OptimizerConfig
-from rlhf_lit.stages.ppo import PPOModule
 from rlhf_lit.stages.ppo.config import KLConfig, PPOConfig, RewardConfig
-
-ROLLOUTS = 40
-
-
-class CountingPPO(PPOModule):
-    """The reward is the number of times ``target`` appears in the response (EOS masking respected).
-
-    Counted when the responses are generated and looked up by each row's real tokens when the
-    reward model is asked: the scoring passes read rows trimmed of padding and in another order
-    (length-sorted chunks, the update's first minibatch), so no fixed column marks where a response starts.
-    """
-
-    target: int
-
-    def generate(self, batch):
-        gen = super().generate(batch)
-        counts = ((gen.response_ids == self.target) & gen.response_mask).sum(1).tolist()  # (B,)
-        rows = zip(gen.query_responses.tolist(), gen.attention_mask.tolist(), counts)
-        self._counts = {tuple(t for t, m in zip(ids, mask) if m): n for ids, mask, n in rows}
-        return gen
-
-    def score(self, query_responses, attention_mask):
-        counts = []
-        for ids, mask in zip(query_responses.tolist(), attention_mask.tolist()):
-            real = tuple(t for t, m in zip(ids, mask) if m)
-            # reward.unfinished with_eos: an unfinished response is read with one EOS appended
-            counts.append(self._counts[real] if real in self._counts else self._counts[real[:-1]])
-        return torch.tensor(counts, dtype=torch.float32, device=query_responses.device)  # (B,)
-
-
-def fit_curves(
-    module: PPOModule,
-    tmp_path,
-    seed: int,
-    *,
-    kind: type[CountingPPO],
-    records: int,
-    batch_size: int,
-    rollouts: int,
-    tags: tuple[str, ...],
-) -> tuple[list[float], ...]:
-    """Fit ``module`` as ``kind`` (rewarded for "."); each of ``tags`` per rollout."""
-    module.__class__ = kind
-    module.target = module.tokenizer.convert_tokens_to_ids(".")
-    data = PromptDataModule(
-        tokenizer=module.tokenizer,
-        train_path=TINYSTORIES,
-        format="paragraphs",
-        max_records=records,
-        batch_size=batch_size,
-        prompt_words=6,
-        seed=seed,
-    )
-    trainer = tiny_trainer(tmp_path)
-    trainer.fit(module, data)
-    history = trainer.logger.history
-    return tuple([history[i][tag] for i in range(rollouts)] for tag in tags)
-
-
-def learning_curves(module: PPOModule, tmp_path, seed: int) -> tuple[list[float], ...]:
-    """Fit ``module`` (rewarded for ".") for ROLLOUTS rollouts; the shaped objective, score and KL per rollout."""
-    return fit_curves(
-        module,
-        tmp_path,
-        seed,
-        kind=CountingPPO,
-        records=256,
-        batch_size=16,
-        rollouts=ROLLOUTS,
-        tags=("objective/rlhf_reward", "objective/scores", "objective/kl"),
-    )
-
-
-def _mean(values: list[float]) -> float:
-    return sum(values) / len(values)
 
 
 @pytest.mark.slow
@@ -119,8 +42,8 @@ def test_shaped_objective_rises_while_kl_stays_bounded(tmp_path, seed):
     objective, scores, kls = learning_curves(module, tmp_path, seed)
     print("objective", [round(s, 2) for s in objective], "kl", [round(k, 2) for k in kls])
     # The shaped objective (score + the KL part, each rollout's own beta) rises: measured +0.38..+0.57.
-    assert _mean(objective[-10:]) > _mean(objective[:10]) + 0.15
-    assert _mean(scores[-10:]) > _mean(scores[:10]) + 0.2  # through the reward, measured +0.5..+0.9
+    assert mean_of(objective[-10:]) > mean_of(objective[:10]) + 0.15
+    assert mean_of(scores[-10:]) > mean_of(scores[:10]) + 0.2  # through the reward, measured +0.5..+0.9
     # The penalty holds the KL: measured at most 7.2 nats per response over 16 tokens.
     assert max(kls) < 20.0
 
@@ -173,8 +96,8 @@ def test_the_demo_settings_climb_the_shaped_objective_without_ending_early(tmp_p
         tags=("objective/rlhf_reward", "objective/scores", "response/ended_fraction"),
     )
     print("objective", [round(v, 2) for v in objective], "ended", [round(v, 2) for v in ended])
-    rise = _mean(objective[-5:]) - _mean(objective[:5])
-    gain = _mean(scores[-5:]) - _mean(scores[:5])
+    rise = mean_of(objective[-5:]) - mean_of(objective[:5])
+    gain = mean_of(scores[-5:]) - mean_of(scores[:5])
     # Measured over 20 rollouts (seeds 0, 1, 2): objective +0.16 / +0.14 / +0.12 for a score gain of
     # +0.25 / +0.26 / +0.24 (ratio 0.64 / 0.54 / 0.49), ended 0.23 -> 0.20 / 0.25 -> 0.22 / 0.23 -> 0.25;
     # over 30: objective +0.20 / +0.16, score +0.30 / +0.32, ended 0.23 -> 0.17 / 0.25 -> 0.15.
@@ -183,4 +106,6 @@ def test_the_demo_settings_climb_the_shaped_objective_without_ending_early(tmp_p
     # and 4 epochs alone: objective +0.04 for +0.54 (seed 0); as_sampled alone: ended 0.36 -> 0.68.
     assert rise > 0.08  # PPO ascends what it maximises ...
     assert rise > 0.35 * gain  # ... and pays at most 65% of the score it gains in KL
-    assert _mean(ended[-5:]) < _mean(ended[:5]) + 0.1  # ending early earns nothing when cut responses are read at EOS
+    assert (
+        mean_of(ended[-5:]) < mean_of(ended[:5]) + 0.1
+    )  # ending early earns nothing when cut responses are read at EOS

@@ -10,8 +10,8 @@ the SFT model) and are few, so the LR is 10x the full fine-tune's
 from __future__ import annotations
 
 import pytest
+from learning_helpers import ROLLOUTS, learning_curves, mean_of
 from ppo_helpers import tiny_module
-from test_learning import ROLLOUTS, _mean, learning_curves
 
 from rlhf_lit.models.generation import SamplingConfig
 from rlhf_lit.models.lora import LoRAConfig
@@ -48,6 +48,6 @@ def test_lora_policy_learns(tmp_path, seed):
         "kl",
         [round(k, 2) for k in kls],
     )
-    assert _mean(objective[-10:]) > _mean(objective[:10]) + OBJ_MARGIN
-    assert _mean(scores[-10:]) > _mean(scores[:10]) + SCORE_MARGIN
+    assert mean_of(objective[-10:]) > mean_of(objective[:10]) + OBJ_MARGIN
+    assert mean_of(scores[-10:]) > mean_of(scores[:10]) + SCORE_MARGIN
     assert max(kls) < MAX_KL
