@@ -1,6 +1,6 @@
 """The two test tiers: ``make test`` runs the tests not marked ``slow`` and says at its end how to run
 the rest, ``make test-all`` and CI run every test; the xdist units go longest first, ranked on the
-tests ``-m`` kept (tests/xdist_units.py)."""
+tests ``-m`` kept (tests/xdist_units.py); a passing test's temporary folder is deleted when it ends."""
 
 from __future__ import annotations
 
@@ -121,3 +121,32 @@ def test_command_is_marked_before_m_selects_and_the_units_are_ordered_after(tmp_
     modules = [line.split("::")[0] for line in result.stdout.splitlines() if "::" in line]
     assert files[0] not in modules and set(modules) == set(files[1:]), modules
     assert modules == sorted(modules, key=files.index), modules  # collection order, not slow-first
+
+
+FOLDER_KEEPER = """
+def test_passes(tmp_path):
+    (tmp_path / "written").write_text("x")
+
+def test_fails(tmp_path):
+    (tmp_path / "written").write_text("x")
+    assert False
+"""
+"""Two tests that write into their temporary folders: one passes, one fails."""
+
+
+def test_a_passing_test_s_temporary_folder_is_deleted_when_it_ends_a_failing_one_s_kept(tmp_path):
+    """The suite's settings (pyproject.toml) bound its disk: the real-model tests write 0.5-1 GB each, and
+    kept until the session ends the folders outgrew a CI machine's free disk."""
+    (tmp_path / "test_folders.py").write_text(FOLDER_KEEPER)
+    base = tmp_path / "base"
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "-p", "no:cacheprovider"]
+        + ["-c", str(ROOT / "pyproject.toml"), "--rootdir", str(tmp_path), f"--basetemp={base}", "test_folders.py"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=subprocess_env(),
+    )
+    assert result.returncode == 1 and "1 failed, 1 passed" in result.stdout, result.stdout[-3000:] + result.stderr
+    assert sorted(p.parent.name for p in base.rglob("written")) == ["test_fails0"]
