@@ -161,8 +161,17 @@ Running = dict[str, tuple[subprocess.Popen, Path, float]]
 
 def start_stages(stages: dict[str, list[str]], logs: Path, threads: int = 1) -> Running:
     """Start the commands of ``stages`` in parallel (one process each, ``threads`` torch threads, logs in the
-    folder ``logs``) without waiting."""
-    return {name: (*_start(name, cmd, logs, threads), time.perf_counter()) for name, cmd in stages.items()}
+    folder ``logs``) without waiting. Whatever stops the starting (a stage that cannot start, a signal under
+    :func:`rlhf_lit.child_runs.stop_on_signals`) stops the stages it had started."""
+    running: Running = {}
+    try:
+        for name, cmd in stages.items():
+            with child_runs.signals_held():  # a signal while a stage starts is raised once it is in `running`
+                running[name] = (*_start(name, cmd, logs, threads), time.perf_counter())
+    except BaseException:
+        stop_stages(running)
+        raise
+    return running
 
 
 def stop_stages(running: Running) -> None:

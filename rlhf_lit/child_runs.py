@@ -98,6 +98,35 @@ def signal_for(error: BaseException) -> int:
     return signal.SIGTERM
 
 
+class _Held:
+    """How deep the main thread is in :func:`signals_held` blocks, and the signal received meanwhile."""
+
+    depth: int = 0
+    signum: int | None = None
+
+
+HELD = _Held()
+
+
+@contextmanager
+def signals_held() -> Iterator[None]:
+    """Inside (in the main thread), a signal of :func:`stop_on_signals` raises :class:`Stopped` only on leaving,
+    once what was started inside is where the caller's stop finds it: raised while :class:`subprocess.Popen`
+    waits for the new child's exec, it would leave a running child that Popen never returns. A block left
+    by an exception of its own drops the held signal (that exception stops the same children)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    HELD.depth += 1
+    try:
+        yield
+    finally:
+        HELD.depth -= 1
+        held, HELD.signum = (HELD.signum, None) if HELD.depth == 0 else (None, HELD.signum)
+    if held is not None:
+        raise Stopped(held)
+
+
 @contextmanager
 def stop_on_signals(command: str, then: str = "run the same command again to continue") -> Iterator[None]:
     """While inside, SIGTERM and SIGINT raise :class:`Stopped` in the main thread (elsewhere nothing changes), once,
@@ -114,6 +143,9 @@ def stop_on_signals(command: str, then: str = "run the same command again to con
         received.append(signum)
         name = signal.Signals(signum).name
         sys.stderr.write(f"rlhf-lit: {command} stopped by {name} (its running fits too); {then}\n")
+        if HELD.depth:
+            HELD.signum = signum  # raised when the signals_held block ends
+            return
         raise Stopped(signum)
 
     before = {signum: signal.signal(signum, stopped) for signum in (signal.SIGTERM, signal.SIGINT)}
@@ -178,21 +210,25 @@ def run(cmd: Sequence[str], log: str | os.PathLike | IO[str], env: dict[str, str
         os.makedirs(os.path.dirname(os.fspath(log)) or ".", exist_ok=True)
         with open(log, "a", encoding="utf-8") as f:  # the child keeps its own handle
             return run(cmd, f, env)
-    child = start(cmd, log, env)  # type: ignore[arg-type]
-    with WAITED.changed:
-        WAITED.children.add(child)
-        late = WAITED.stopping  # the pool began to stop while this child started: it missed the signal
+    child: subprocess.Popen | None = None
     try:
+        with signals_held():  # a signal while the child starts is raised once it is `child`
+            child = start(cmd, log, env)  # type: ignore[arg-type]
+            with WAITED.changed:
+                WAITED.children.add(child)
+                late = WAITED.stopping  # the pool began to stop while this child started: it missed the signal
         if late is not None:
             raise Stopped(late)
         return child.wait()
     except BaseException as error:
-        stop(child, signum=signal_for(error))
+        if child is not None:
+            stop(child, signum=signal_for(error))
         raise
     finally:
-        with WAITED.changed:
-            WAITED.children.discard(child)
-            WAITED.changed.notify_all()
+        if child is not None:
+            with WAITED.changed:
+                WAITED.children.discard(child)
+                WAITED.changed.notify_all()
 
 
 def run_rlhf_lit(args: Sequence[str], log_path: str) -> int:

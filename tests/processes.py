@@ -3,6 +3,9 @@ process behind that still names its folder (a stage, a fit, a labeller)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import time
 from pathlib import Path
 
 
@@ -19,3 +22,17 @@ def pids_naming(text: str) -> list[int]:
         except OSError:
             continue
     return pids
+
+
+def signal_in_popen(monkeypatch, signum: int) -> None:
+    """Send ``signum`` to this process from inside :class:`subprocess.Popen`'s constructor, right after it has
+    created the child: where a signal lands while Popen waits for the child's exec."""
+    close_pipe_fds = subprocess.Popen._close_pipe_fds
+
+    def signalled(self, *fds):
+        close_pipe_fds(self, *fds)
+        os.kill(os.getpid(), signum)
+        for _ in range(100):  # the handler runs in this (the main) thread between two bytecodes
+            time.sleep(0.001)
+
+    monkeypatch.setattr(subprocess.Popen, "_close_pipe_fds", signalled)

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from processes import pids_naming, signal_in_popen
 
 from rlhf_lit.child_runs import (
     RunFailed,
@@ -205,3 +206,15 @@ def test_a_child_started_while_a_pool_stops_is_stopped_too(tmp_path, monkeypatch
     finally:
         child_runs.WAITED.stopping = None
     assert started[0].returncode is not None and time.monotonic() - t0 < 10  # stopped and reaped, not waited out
+
+
+def test_a_signal_while_a_child_starts_stops_that_child(tmp_path, monkeypatch, capsys):
+    """Raised inside Popen's constructor the signal's exception would leave a running child that Popen never
+    returns; held until the child is the run's, it stops the child as any signal during the wait does."""
+    marker = f"started-then-signalled-{os.getpid()}"
+    signal_in_popen(monkeypatch, signal.SIGTERM)
+    with pytest.raises(Stopped) as stopped, stop_on_signals("test"):
+        run([sys.executable, "-c", "import time; time.sleep(60)", marker], tmp_path / "child.log")
+    assert stopped.value.code == 128 + signal.SIGTERM
+    assert pids_naming(marker) == []
+    assert "rlhf-lit: test stopped by SIGTERM" in capsys.readouterr().err

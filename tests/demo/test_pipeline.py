@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -11,7 +13,7 @@ from pathlib import Path
 import cli_forked
 import pytest
 import torch
-from processes import pids_naming
+from processes import pids_naming, signal_in_popen
 from suite_env import subprocess_env
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
@@ -226,6 +228,39 @@ def test_wait_stages_times_each_stage_to_its_own_exit_and_stops_the_rest_on_a_fa
     assert str(failure.value).splitlines()[1].startswith("$ ")  # the tail of its log, from its command line
     assert time.perf_counter() - started < 30  # the 60 s stage was stopped, not waited for
     assert running["long"][0].returncode is not None
+
+
+def test_a_stage_that_cannot_start_stops_the_stages_started_before_it(tmp_path):
+    from demo.plan import Paths
+    from demo.runner import start_stages
+
+    paths = Paths(tmp_path)
+    paths.dir("logs").mkdir()
+    marker = f"started-before-{os.getpid()}"
+    started = time.perf_counter()
+    with pytest.raises(FileNotFoundError):
+        start_stages(
+            {
+                "first": [sys.executable, "-c", "import time; time.sleep(60)", marker],
+                "second": [str(tmp_path / "none")],
+            },
+            paths.dir("logs"),
+        )
+    assert pids_naming(marker) == [] and time.perf_counter() - started < 30  # stopped, not waited for
+
+
+def test_a_signal_while_a_stage_starts_stops_it(tmp_path, monkeypatch):
+    from demo.plan import Paths
+    from demo.runner import start_stages
+    from rlhf_lit.child_runs import Stopped, stop_on_signals
+
+    paths = Paths(tmp_path)
+    paths.dir("logs").mkdir()
+    marker = f"starting-when-signalled-{os.getpid()}"
+    signal_in_popen(monkeypatch, signal.SIGTERM)
+    with pytest.raises(Stopped), stop_on_signals("test"):
+        start_stages({"first": [sys.executable, "-c", "import time; time.sleep(60)", marker]}, paths.dir("logs"))
+    assert pids_naming(marker) == []
 
 
 def test_an_interrupted_wait_stops_every_stage_it_waits_on(tmp_path, monkeypatch):
