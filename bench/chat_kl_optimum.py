@@ -11,8 +11,10 @@ empirical draw standing for the instruction model). For each beta: its KL to the
 ``sum w log(N w)``, at most ``log N``), its judge mean and reward-model mean.
 
 Each policy the demo evaluated (``eval/*.json``: PPO's checkpoints and export, DPO) is then set against that
-curve at its own KL: its judge gain over the instruction model (the evaluation's one reply a request), the
-optimum's gain at that KL (over the draw's mean), and the share of it reached. With ``--rescore`` every reply
+curve at its own KL: its judge gain over the instruction model (the evaluations' one reply a request, paired
+by request, with its standard error), the optimum's gain at that KL (over the draw's mean), and the share of
+it reached. The curve of N drawn replies lies below the optimum's own, the further out the more (a tilt of N
+replies cannot leave them): a share is an upper bound, the looser the larger the KL. With ``--rescore`` every reply
 (the draw's and the evaluations') is scored again here by the run's reward model, and the same is done for
 the reward model's score: a policy that climbs the score at the optimum's rate while the judge lags has
 exploited the reward model; one whose shares are alike climbed the score itself slowly (its path).
@@ -48,15 +50,16 @@ def tilted_frontier(samples: list[dict], betas: list[float] = BETAS) -> dict:
 
     Returns:
         ``{"replies_per_request", "base": {"judge", "rm"}, "points": [{"beta", "kl", "judge", "rm"}, ...]}``:
-        the draw's means, then per beta the means over requests of the tilted policy's KL (nats), judge and rm.
+        the draw's means (the mean over requests of each request's mean: the tilt at an infinite beta), then per
+        beta the means over requests of the tilted policy's KL (nats), judge and rm.
     """
     by_request: dict[int, list[tuple[float, float]]] = {}
     for s in samples:
         by_request.setdefault(int(s["prompt_index"]), []).append((float(s["rm"]), float(s["judge"])))
     requests = list(by_request.values())
     n_replies = min(len(r) for r in requests)
-    base_judge = sum(j for r in requests for _, j in r) / sum(len(r) for r in requests)
-    base_rm = sum(x for r in requests for x, _ in r) / sum(len(r) for r in requests)
+    base_judge = sum(sum(j for _, j in r) / len(r) for r in requests) / len(requests)
+    base_rm = sum(sum(x for x, _ in r) / len(r) for r in requests) / len(requests)
     points = []
     for beta in betas:
         kl = judge = rm = 0.0
@@ -90,17 +93,29 @@ def rm_scores(reward_model, prompts: list[str], responses: list[str]) -> list[fl
     return judge_scores(reward_model, prompts, responses, "response", "cpu")
 
 
+def paired_gain(policy: list[float], base: list[float]) -> tuple[float, float]:
+    """Mean of ``policy[i] - base[i]`` over the requests and its standard error (sample std over sqrt(n)).
+
+    The demo evaluates every policy with the same seed, one reply a request, so a policy's reply and the
+    instruction model's to one request are drawn from the same random numbers: their difference varies less
+    than either score."""
+    diffs = [p - b for p, b in zip(policy, base, strict=True)]
+    n = len(diffs)
+    mean = sum(diffs) / n
+    return mean, math.sqrt(sum((d - mean) ** 2 for d in diffs) / (n - 1) / n) if n > 1 else float("nan")
+
+
 def evaluated_policies(demo: Path, reward_model) -> list[dict]:
-    """Every policy in ``demo/eval`` beside the instruction model: its name, KL, judge gain over it and (with a
-    ``reward_model``) its reward-model gain over it, on the same held-out requests."""
+    """Every policy in ``demo/eval`` beside the instruction model: its name, KL, judge gain over the
+    instruction model's evaluation (paired by request, :func:`paired_gain`, with its standard error) and, with a
+    ``reward_model``, its reward-model gain the same way."""
 
     def read(path: Path) -> dict:
         result = json.loads(path.read_text(encoding="utf-8"))
-        row = {"kl": result["metrics"]["kl_mean"], "judge": result["metrics"]["judge_mean"]}
+        samples = sorted(result["samples"], key=lambda s: s["prompt_index"])
+        row = {"kl": result["metrics"]["kl_mean"], "judge": [float(s["judge"]) for s in samples]}
         if reward_model is not None:
-            samples = result["samples"]
-            scores = rm_scores(reward_model, [s["prompt_text"] for s in samples], [s["response"] for s in samples])
-            row["rm"] = sum(scores) / len(scores)
+            row["rm"] = rm_scores(reward_model, [s["prompt_text"] for s in samples], [s["response"] for s in samples])
         return row
 
     base = read(demo / "eval" / "instruction.json")
@@ -109,16 +124,31 @@ def evaluated_policies(demo: Path, reward_model) -> list[dict]:
         if path.stem == "instruction":
             continue
         m = read(path)
-        row = {"policy": path.stem, "kl": m["kl"], "judge_gain": m["judge"] - base["judge"]}
+        row = {"policy": path.stem, "kl": m["kl"]}
+        row["judge_gain"], row["judge_gain_se"] = paired_gain(m["judge"], base["judge"])
         if "rm" in m:
-            row["rm_gain"] = m["rm"] - base["rm"]
+            row["rm_gain"], row["rm_gain_se"] = paired_gain(m["rm"], base["rm"])
         rows.append(row)
     return rows
 
 
+def against_the_optimum(frontier: dict, policies: list[dict]) -> None:
+    """Add to each policy row the optimum's gain at its KL and the share of it the policy reached, with the
+    share's standard error from the gain's (the optimum's own, from the draw, left out); None beyond the curve."""
+    for row in policies:
+        for key, gain in (("judge", "judge_gain"), ("rm", "rm_gain")):
+            if gain not in row:
+                continue
+            prefix = "" if key == "judge" else "rm_"
+            optimum = optimum_at(frontier, row["kl"], key)
+            row[f"optimum_{prefix}gain"] = optimum
+            row[f"{prefix}share"] = row[gain] / optimum if optimum else None
+            row[f"{prefix}share_se"] = row[f"{gain}_se"] / optimum if optimum else None
+
+
 def summarise(demo: Path, draw: Path | None, rescore: bool) -> dict:
-    """The tilted frontier of one finished run, its policies against it, and PPO's training path; with
-    ``rescore``, every reply (the draw's and the evaluations') scored again by the run's reward model here."""
+    """The tilted frontier of one finished run and its policies against it; with ``rescore``, every reply (the
+    draw's and the evaluations') scored again by the run's reward model here."""
     path = draw or demo / "best_of_n" / "best_of_n.json"
     if not path.exists():
         raise SystemExit(f"--demo {demo}: no {path} (not a finished `make demo-chat` folder)")
@@ -136,17 +166,19 @@ def summarise(demo: Path, draw: Path | None, rescore: bool) -> dict:
             s["rm"] = score
     frontier = tilted_frontier(run["samples"])
     policies = evaluated_policies(demo, reward_model)
-    for row in policies:
-        row["optimum_gain"] = optimum_at(frontier, row["kl"])
-        row["share"] = row["judge_gain"] / row["optimum_gain"] if row["optimum_gain"] else None
-        if "rm_gain" in row:
-            row["optimum_rm_gain"] = optimum_at(frontier, row["kl"], "rm")
-            row["rm_share"] = row["rm_gain"] / row["optimum_rm_gain"] if row["optimum_rm_gain"] else None
+    against_the_optimum(frontier, policies)
     return {"demo": str(demo), "draw": str(path), "frontier": frontier, "policies": policies}
 
 
 def _f(x: float | None, digits: int = 3) -> str:
     return "-" if x is None else f"{x:.{digits}f}"
+
+
+def _pm(row: dict, key: str, digits: int = 3) -> str:
+    """``row[key] +- row[key_se]``, or ``-`` when the row has none."""
+    if row.get(key) is None:
+        return "-"
+    return f"{row[key]:+.{digits}f} +- {row[f'{key}_se']:.{digits}f}"
 
 
 def main() -> None:
@@ -175,8 +207,8 @@ def main() -> None:
         )
         for r in run["policies"]:
             print(
-                f"| {r['policy']} | {r['kl']:.2f} | {r['judge_gain']:+.3f} | {_f(r['optimum_gain'])} | {_f(r['share'], 2)} "
-                f"| {_f(r.get('rm_gain'))} | {_f(r.get('optimum_rm_gain'))} | {_f(r.get('rm_share'), 2)} |"
+                f"| {r['policy']} | {r['kl']:.2f} | {_pm(r, 'judge_gain')} | {_f(r['optimum_gain'])} | {_pm(r, 'share', 2)} "
+                f"| {_pm(r, 'rm_gain')} | {_f(r.get('optimum_rm_gain'))} | {_pm(r, 'rm_share', 2)} |"
             )
     write_result("chat-kl-optimum", {"runs": runs})
 
