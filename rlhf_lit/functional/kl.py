@@ -84,7 +84,7 @@ def kl_penalized_rewards(
     return torch.where(mask, rewards, zero), kl  # (B, T), (B, T)
 
 
-KLLossKind = Literal["k3_weighted", "k2", "k3"]
+KLLossKind = Literal["k3_weighted", "k2", "k3", "exact"]
 """The estimator :func:`kl_loss` differentiates, for tokens sampled from ``pi_old`` and the current
 policy ``pi`` (per token; ``r = log pi - log pi_ref``):
 
@@ -97,6 +97,11 @@ policy ``pi`` (per token; ``r = log pi - log pi_ref``):
 - ``k3``: GRPO's (Shao et al. 2024), gradient ``(1 - pi_ref / pi) * grad log pi``, whose expectation
   on-policy is the gradient of the forward KL(pi_ref || pi): a first-order stand-in for the reverse
   KL's, biased wherever the policy is not close to the reference.
+- ``exact``: no estimate over the next token: at each visited prefix the KL of the two next-token
+  distributions summed over the whole vocabulary, ``sum_v pi(v) (log pi(v) - log pi_ref(v))``, and its
+  exact gradient, from any sampler. It reads both full distributions (``(B, T, V)``: one more
+  reference pass per minibatch), and has none of the sampled estimators' noise: a drift of the whole
+  distribution that costs KL at every token (a sharpening, say) is pulled back at every token.
 
 In a response every token's term is taken at the state (prefix) the sampled tokens reached, so the
 gradient is that of the per-token KLs at the visited prefixes; how earlier tokens change which
@@ -110,6 +115,7 @@ def kl_loss(
     mask: torch.Tensor,
     kind: KLLossKind = "k3_weighted",
     old_logprobs: torch.Tensor | None = None,
+    distributions: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """KL(policy || reference) as a loss term (GRPO style), the mean over masked tokens.
 
@@ -128,6 +134,9 @@ def kl_loss(
             (no grad), the denominator of ``k3_weighted``'s weight; None: the current policy sampled
             them (on-policy: the weight is 1, with the gradient of ``log pi``). Only ``k3_weighted``
             reads it.
+        distributions: ``exact`` only, which needs them: ``(B, T, V)`` log-probabilities of every
+            token of the vocabulary under the current policy (with grad) and under the reference (no
+            grad), at the positions of ``logprobs``.
 
     Returns:
         0-dim tensor; NaN when the mask is empty (no host check, as :func:`masked_mean`). With
@@ -135,6 +144,12 @@ def kl_loss(
     """
     if kind not in get_args(KLLossKind):
         raise ValueError(f"Unknown KL loss estimator {kind!r}; choose one of {', '.join(get_args(KLLossKind))}.")
+    if kind == "exact":
+        if distributions is None:
+            raise ValueError(
+                "kl_loss(kind='exact') needs distributions: the policy's and the reference's (B, T, V) log-probabilities"
+            )
+        return masked_mean(exact_kl(*distributions), mask)  # ()
     if kind != "k3_weighted":
         return masked_mean(kl_penalty(logprobs, ref_logprobs, kind), mask)  # ()
     old = logprobs.detach() if old_logprobs is None else old_logprobs  # (B, T)
@@ -142,3 +157,16 @@ def kl_loss(
     # The log-weight is 0 off the mask before exp: padding's garbage must not reach exp's gradient.
     log_weight = torch.where(mask, logprobs - old, zero)  # (B, T) log(pi / pi_old)
     return masked_mean(torch.exp(log_weight) * kl_penalty(logprobs, ref_logprobs, "k3"), mask)  # ()
+
+
+def exact_kl(log_probs: torch.Tensor, ref_log_probs: torch.Tensor) -> torch.Tensor:
+    """``(B, T)`` KL(policy || reference) of each position's next-token distributions, summed over the vocabulary.
+
+    Args:
+        log_probs: ``(B, T, V)`` the policy's log-probabilities (normalised over ``V``).
+        ref_log_probs: ``(B, T, V)`` the reference's.
+
+    Returns:
+        ``(B, T)``: ``sum_v exp(log_probs) * (log_probs - ref_log_probs)``, >= 0 up to rounding.
+    """
+    return (log_probs.exp() * (log_probs - ref_log_probs)).sum(-1)  # (B, T)

@@ -37,6 +37,19 @@ def token_logprobs(logits: torch.Tensor, labels: torch.Tensor, temperature: floa
     return picked - torch.logsumexp(logits, dim=-1)  # (B, T)
 
 
+def log_distributions(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """Every token's log-probability under ``softmax(logits / temperature)`` at every position.
+
+    Args:
+        logits: ``(B, T, V)``; computed in at least float32.
+        temperature: > 0.
+
+    Returns:
+        ``(B, T, V)`` log-probabilities, float32 (float64 for float64 logits).
+    """
+    return torch.log_softmax(_scaled_float_logits(logits, temperature), dim=-1)  # (B, T, V)
+
+
 def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     """Entropy ``-sum_v p_v log p_v`` of ``softmax(logits / temperature)`` at every position.
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from rlhf_lit.functional import token_logprobs
+from rlhf_lit.functional import log_distributions, token_logprobs
 from rlhf_lit.models.generation import Generated
 from rlhf_lit.models.packing import pack_rows, packing_applies, place_rows
 from rlhf_lit.models.scoring import accepts_logits_to_keep, model_attention_mask, position_ids_from_mask
@@ -91,6 +91,20 @@ def _packed_response_logits(
     if output_hidden_states:
         out.hidden_states = (*out.hidden_states[:-1], rows.unpack(out.hidden_states[-1]))  # last: (B, T, D)
     return logits, out
+
+
+def response_distributions(
+    model: nn.Module,
+    query_responses: torch.Tensor,
+    attention_mask: torch.Tensor,
+    prompt_length: int,
+    temperature: float,
+) -> torch.Tensor:
+    """``(B, R, V)`` log-probabilities of every vocabulary token at each response position under
+    ``softmax(logits / temperature)``: the whole next-token distributions :func:`response_logprobs` picks
+    the sampled tokens from (the same positions and shift). Called under ``torch.no_grad()``."""
+    logits, _ = forward_response_logits(model, query_responses, attention_mask, prompt_length)  # (B, R, V)
+    return log_distributions(logits, temperature)  # (B, R, V)
 
 
 def response_logits(logits: torch.Tensor, prompt_length: int) -> torch.Tensor:

@@ -12,9 +12,10 @@ import math
 import pytest
 import torch
 from lightning.pytorch import LightningDataModule
-from ppo_helpers import prompt_batch, tiny_module, tiny_trainer
+from ppo_helpers import STORIES, prompt_batch, tiny_module, tiny_trainer
 from torch.utils.data import DataLoader
 
+from rlhf_lit.models import load_causal_lm
 from rlhf_lit.models.generation import SamplingConfig
 from rlhf_lit.stages.optim import OptimizerConfig
 from rlhf_lit.stages.ppo.config import KLConfig, PPOConfig
@@ -266,3 +267,39 @@ def test_grpo_with_a_rule_reward_raises_that_reward(tmp_path):
     print("dots", [round(d, 2) for d in dots])
     assert module.critic is None
     assert sum(dots[-10:]) / 10 > sum(dots[:10]) / 10 + 0.2
+
+
+def test_the_exact_kl_loss_is_the_kl_of_the_whole_distributions_at_the_rollouts_prefixes(tmp_path):
+    """``kl.loss_estimator: exact`` in a fit with a critic (GAE): the logged term equals the KL of the
+    policy's and the reference's next-token distributions (at the sampling temperature) summed over the
+    vocabulary, averaged over the response tokens, recomputed here from two plain forward passes (lr 1e-12:
+    the policy after the fit is the minibatch's to float rounding)."""
+    record = {}
+    temperature = 0.9
+    module, rollout, _, _, _ = run_one_rollout(
+        tmp_path,
+        perturb=0.02,
+        record=record,
+        sampling=SamplingConfig(max_new_tokens=6, temperature=temperature, samples_per_prompt=K),
+        ppo=PPOConfig(epochs=1, minibatch_size=6),
+        kl=KLConfig(kind="fixed", init_coef=BETA, mode="loss", loss_estimator="exact"),
+        optimizer=OptimizerConfig(lr=1e-12, eps=1e-5),
+    )
+    ids, mask, p = rollout.query_responses, rollout.attention_mask, rollout.prompt_length
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    reference = load_causal_lm(STORIES).eval()
+    with torch.no_grad():
+        log_pi = torch.log_softmax(
+            module.policy(input_ids=ids, attention_mask=mask, position_ids=positions).logits[:, p - 1 : -1].double()
+            / temperature,
+            -1,
+        )
+        log_ref = torch.log_softmax(
+            reference(input_ids=ids, attention_mask=mask, position_ids=positions).logits[:, p - 1 : -1].double()
+            / temperature,
+            -1,
+        )
+    per_token = (log_pi.exp() * (log_pi - log_ref)).sum(-1)[rollout.response_mask]
+    ((_, stats),) = record["minibatches"]
+    assert float(per_token.mean()) > 1e-3  # the perturbed policy is away from the reference
+    assert stats["loss/kl"] == pytest.approx(float(per_token.mean()), rel=1e-4)

@@ -8,6 +8,8 @@ and no entropy bonus, so the loss is ``kl_coef * loss/kl`` alone (the clipped su
 advantage has no gradient).
 """
 
+import math
+
 import pytest
 import torch
 from tabular_kl import LOGITS, REF_LOGPROBS, SAMPLER_LOGITS, expected_gradient, reverse_kl_gradient
@@ -88,7 +90,7 @@ def test_the_logged_kl_term_is_the_loss_estimators_value():
 def test_the_loss_estimator_choices_and_where_they_apply():
     assert KLConfig(mode="loss").loss_estimator == "k3_weighted"
     assert KLConfig(mode="loss", estimator="k3", loss_estimator="k2").loss_estimator == "k2"
-    with pytest.raises(ValueError, match="kl.loss_estimator must be one of k3_weighted, k2, k3; got 'k1'"):
+    with pytest.raises(ValueError, match="kl.loss_estimator must be one of k3_weighted, k2, k3, exact; got 'k1'"):
         KLConfig(mode="loss", loss_estimator="k1")
     # Reward mode pays kl.estimator; a loss estimator set there would do nothing.
     with pytest.raises(ValueError, match="kl.loss_estimator='k3' applies to kl.mode='loss'"):
@@ -98,3 +100,31 @@ def test_the_loss_estimator_choices_and_where_they_apply():
         ValueError, match="kl.mode='loss' measures the KL with kl.estimator.*got 'k2'.*kl.loss_estimator"
     ):
         KLConfig(kind="fixed", mode="loss", estimator="k2")
+
+
+@pytest.mark.parametrize("sampler", sorted(SAMPLERS))
+def test_the_exact_kl_loss_has_beta_times_the_reverse_kl_gradient_from_every_sample(sampler):
+    """``exact`` reads the reference's whole distribution: every drawn action gives the same gradient,
+    beta times the exact one (no expectation needed), whoever sampled it."""
+    kl = KLConfig(kind="fixed", init_coef=BETA, mode="loss", loss_estimator="exact")
+    ref_distributions = REF_LOGPROBS.view(1, 1, -1)
+    exact = BETA * reverse_kl_gradient(LOGITS, REF_LOGPROBS)
+    for action in range(LOGITS.shape[-1]):
+        theta = LOGITS.clone().requires_grad_(True)
+        mb = one_token_minibatch(action, SAMPLERS[sampler][action])
+        loss, _ = ppo_loss(mb, theta.view(1, 1, -1), None, PPOConfig(), 1.0, kl, BETA, ref_distributions)
+        loss.backward()
+        assert_close(theta.grad, exact)
+
+
+def test_the_exact_kl_term_is_the_closed_form_and_needs_the_reference_distributions():
+    # Two tokens: pi = (3/4, 1/4), pi_ref = (1/2, 1/2): KL = 3/4 ln(3/2) + 1/4 ln(1/2), by hand.
+    logits = torch.log(torch.tensor([0.75, 0.25], dtype=torch.float64)).view(1, 1, 2)
+    ref = torch.log(torch.tensor([0.5, 0.5], dtype=torch.float64)).view(1, 1, 2)
+    mb = Rollout(**{**one_token_minibatch(0, torch.tensor(0.0)).__dict__, "ref_logprobs": ref[:, :, 0]})
+    kl = KLConfig(kind="fixed", init_coef=BETA, mode="loss", loss_estimator="exact")
+    loss, stats = ppo_loss(mb, logits, None, PPOConfig(), 1.0, kl, BETA, ref)
+    expected = 0.75 * math.log(1.5) + 0.25 * math.log(0.5)
+    assert float(stats.logged["loss/kl"]) == pytest.approx(expected, rel=1e-12)
+    with pytest.raises(ValueError, match="kind='exact'.* needs distributions"):
+        ppo_loss(mb, logits, None, PPOConfig(), 1.0, kl, BETA)

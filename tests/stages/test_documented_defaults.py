@@ -287,7 +287,7 @@ QUOTED: list[Quoted] = [
     ),
     Quoted(
         "docs/CONTRACTS.md",
-        '`kl_loss(logprobs, ref_logprobs, mask, kind="k3_weighted", old_logprobs=None)`',
+        '`kl_loss(logprobs, ref_logprobs, mask, kind="k3_weighted", old_logprobs=None, distributions=None)`',
         kl_loss,
         "kind",
         "k3_weighted",

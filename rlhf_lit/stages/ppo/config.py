@@ -386,8 +386,10 @@ class KLConfig:
             the ratio pi / pi_old, whose gradient is that of KL(policy || reference) on the first
             minibatch and on those after an optimizer step alike; ``k2``, the same gradient on
             the first minibatch only (on-policy); ``k3``, GRPO's, whose gradient is a biased
-            first-order stand-in (that of the forward KL(reference || policy)). Logged as
-            ``loss/kl``. Only ``mode: loss`` reads it.
+            first-order stand-in (that of the forward KL(reference || policy)); ``exact``, the KL of
+            the whole next-token distributions at each visited prefix, summed over the vocabulary, no
+            sampled estimate (one more reference pass per minibatch; ``(B, R, V)`` of memory). Logged
+            as ``loss/kl``. Only ``mode: loss`` reads it.
     """
 
     kind: Literal["fixed", "adaptive"] = "adaptive"

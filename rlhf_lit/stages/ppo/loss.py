@@ -11,6 +11,7 @@ from rlhf_lit.functional import (
     clipped_value_loss,
     entropy_from_logits,
     kl_loss,
+    log_distributions,
     masked_mean,
     token_logprobs,
 )
@@ -43,6 +44,7 @@ def ppo_loss(
     temperature: float,
     kl: KLConfig,
     kl_coef: float,
+    ref_distributions: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, LossStats]:
     """Policy loss + vf_coef * clipped value loss - entropy_coef * entropy (+ kl_coef * KL with
     ``kl.mode: loss``): the last three token means over the minibatch's response tokens, the policy
@@ -58,6 +60,8 @@ def ppo_loss(
         temperature: the sampling temperature the logits are divided by.
         kl: where the KL is paid and, with ``kl.mode: loss``, the estimator differentiated.
         kl_coef: beta of this rollout (the controller updates after the update).
+        ref_distributions: ``(B, R, V)`` the reference's log-probabilities of every token at each
+            response position (no grad); read by ``kl.loss_estimator: exact`` only, which needs them.
 
     Returns:
         ``(loss (), stats)``: the :class:`LossStats` of the minibatch.
@@ -86,7 +90,17 @@ def ppo_loss(
     old_logprob_diff = masked_mean((logprobs.detach() - mb.old_logprobs).abs(), mask)  # ()
     if kl.mode == "loss":
         # The rollout's old logprobs are the sampling policy's: k3_weighted's weight pi / pi_old.
-        kl_term = kl_loss(logprobs, mb.ref_logprobs, mask, kl.loss_estimator, old_logprobs=mb.old_logprobs)  # ()
+        distributions = None
+        if kl.loss_estimator == "exact" and ref_distributions is not None:
+            distributions = (log_distributions(logits, temperature), ref_distributions)  # (B, R, V) x2
+        kl_term = kl_loss(
+            logprobs,
+            mb.ref_logprobs,
+            mask,
+            kl.loss_estimator,
+            old_logprobs=mb.old_logprobs,
+            distributions=distributions,
+        )  # ()
         loss = loss + kl_coef * kl_term  # ()
         stats["loss/kl"] = kl_term.detach()
     return loss, LossStats(stats, old_logprob_diff)

@@ -26,7 +26,7 @@ from rlhf_lit.models.memory import MemoryConfig, call_on_own_device, train_mode
 from rlhf_lit.models.packing import padding_free
 from rlhf_lit.models.reward_ensemble import normalised_scores
 from rlhf_lit.models.scoring import reward_model_rows
-from rlhf_lit.models.teacher_forced import forward_with_positions
+from rlhf_lit.models.teacher_forced import forward_with_positions, response_distributions
 from rlhf_lit.models.value import CriticKind
 from rlhf_lit.run_seed import seed_or_run_seed
 from rlhf_lit.stages.amp import loss_scale
@@ -341,8 +341,16 @@ class PPOModule(PPOCheckpoints, StageModule):
         logits, values = passes or self.forward_passes.policy_and_values(
             self.policy, self.critic, mb.query_responses, mb.attention_mask, mb.prompt_length
         )  # (B, R, V), (B, R) or None
+        temperature = self.sampling.temperature
+        ref_distributions = None
+        if self.kl_cfg.mode == "loss" and self.kl_cfg.loss_estimator == "exact":
+            ref_distributions = self.reference.apply(
+                response_distributions, mb.query_responses, mb.attention_mask, mb.prompt_length, temperature
+            )  # (B, R, V), no gradient
         # beta is the rollout's: the controller updates after the update
-        loss, stats = ppo_loss(mb, logits, values, self.ppo, self.sampling.temperature, self.kl_cfg, self.kl_ctl.value)
+        loss, stats = ppo_loss(
+            mb, logits, values, self.ppo, temperature, self.kl_cfg, self.kl_ctl.value, ref_distributions
+        )
         loss = loss * rank_token_weight(mb.response_mask, self._trainer)  # (): a token mean over every rank's minibatch
         ptx = torch.zeros((), device=self.device)  # ()
         if self.ppo.ptx_coef > 0:
