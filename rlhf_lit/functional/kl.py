@@ -167,6 +167,13 @@ def exact_kl(log_probs: torch.Tensor, ref_log_probs: torch.Tensor) -> torch.Tens
         ref_log_probs: ``(B, T, V)`` the reference's.
 
     Returns:
-        ``(B, T)``: ``sum_v exp(log_probs) * (log_probs - ref_log_probs)``, >= 0 up to rounding.
+        ``(B, T)``: ``sum_v exp(log_probs) * (log_probs - ref_log_probs)``, >= 0 up to rounding; a token the
+        policy gives probability 0 (a ``-inf`` log-probability, on both sides or not) adds 0, value and gradient.
     """
-    return (log_probs.exp() * (log_probs - ref_log_probs)).sum(-1)  # (B, T)
+    possible = log_probs > float("-inf")  # (B, T, V)
+    zero = torch.zeros((), dtype=log_probs.dtype, device=log_probs.device)
+    # -inf - -inf is NaN, and 0 * NaN too, in the backward pass as well: the impossible tokens' logs are
+    # replaced before the arithmetic, not masked after it.
+    log_p = torch.where(possible, log_probs, zero)  # (B, T, V)
+    log_q = torch.where(possible, ref_log_probs, zero)  # (B, T, V)
+    return torch.where(possible, log_p.exp() * (log_p - log_q), zero).sum(-1)  # (B, T)

@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 from lightning.pytorch import LightningDataModule
-from ppo_helpers import STORIES, prompt_batch, tiny_module, tiny_trainer
+from ppo_helpers import EOS, STORIES, prompt_batch, tiny_module, tiny_trainer
 from torch.utils.data import DataLoader
 
 from rlhf_lit.models import load_causal_lm
@@ -38,9 +38,10 @@ class OnePromptBatch(LightningDataModule):
         self.consumed.append(n)
 
 
-def run_one_rollout(tmp_path, perturb: float = 0.0, record: dict | None = None, **overrides):
+def run_one_rollout(tmp_path, perturb: float = 0.0, record: dict | None = None, eos_bias: float = 0.0, **overrides):
     """Fit one rollout; returns (module, rollout, data, logged metrics, trainer). ``perturb`` moves the
-    policy away from the reference (KL != 0); ``record`` receives the minibatch losses and stats."""
+    policy away from the reference (KL != 0); ``eos_bias`` is added to the policy's EOS logit (rows end
+    at varied steps); ``record`` receives the minibatch losses and stats."""
     kwargs = dict(
         sampling=SamplingConfig(max_new_tokens=6, temperature=1.0, samples_per_prompt=K),
         ppo=PPOConfig(epochs=1, minibatch_size=3, estimator="grpo"),
@@ -55,6 +56,9 @@ def run_one_rollout(tmp_path, perturb: float = 0.0, record: dict | None = None, 
         with torch.no_grad():
             for p in module.policy.parameters():
                 p.add_(torch.randn(p.shape, generator=generator) * perturb)
+    if eos_bias:  # a forward hook, not a wrapped head: the export's tied weights stay as they are
+        eos = torch.nn.functional.one_hot(torch.tensor(EOS), module.policy.config.vocab_size) * eos_bias
+        module.policy.lm_head.register_forward_hook(lambda _module, _inputs, logits: logits + eos)
     record = {} if record is None else record
     record["minibatches"] = []
     make_rollout, minibatch_loss = module.make_rollout, module.minibatch_loss
@@ -280,6 +284,7 @@ def test_the_exact_kl_loss_is_the_kl_of_the_whole_distributions_at_the_rollouts_
         tmp_path,
         perturb=0.02,
         record=record,
+        eos_bias=24.0,
         sampling=SamplingConfig(max_new_tokens=6, temperature=temperature, samples_per_prompt=K),
         ppo=PPOConfig(epochs=1, minibatch_size=6),
         kl=KLConfig(kind="fixed", init_coef=BETA, mode="loss", loss_estimator="exact"),
@@ -300,6 +305,8 @@ def test_the_exact_kl_loss_is_the_kl_of_the_whole_distributions_at_the_rollouts_
             -1,
         )
     per_token = (log_pi.exp() * (log_pi - log_ref)).sum(-1)[rollout.response_mask]
+    # Some rows ended early: their positions after EOS (pad) must not count.
+    assert 0 < int((~rollout.response_mask).sum()) and bool(rollout.ended.any())
     ((_, stats),) = record["minibatches"]
     assert float(per_token.mean()) > 1e-3  # the perturbed policy is away from the reference
     assert stats["loss/kl"] == pytest.approx(float(per_token.mean()), rel=1e-4)

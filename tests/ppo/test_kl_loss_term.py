@@ -15,6 +15,7 @@ import torch
 from tabular_kl import LOGITS, REF_LOGPROBS, SAMPLER_LOGITS, expected_gradient, reverse_kl_gradient
 from torch.testing import assert_close
 
+from rlhf_lit.functional import exact_kl
 from rlhf_lit.stages.ppo.config import KLConfig, PPOConfig
 from rlhf_lit.stages.ppo.loss import ppo_loss
 from rlhf_lit.stages.ppo.rollout import Rollout
@@ -128,3 +129,14 @@ def test_the_exact_kl_term_is_the_closed_form_and_needs_the_reference_distributi
     assert float(stats.logged["loss/kl"]) == pytest.approx(expected, rel=1e-12)
     with pytest.raises(ValueError, match="kind='exact'.* needs distributions"):
         ppo_loss(mb, logits, None, PPOConfig(), 1.0, kl, BETA)
+
+
+def test_the_exact_kl_of_a_vocabulary_with_impossible_tokens_is_finite_value_and_gradient():
+    # The third token is impossible on both sides (a masked vocabulary slot): KL as over the first two.
+    logits = torch.tensor([math.log(0.75), math.log(0.25), float("-inf")], dtype=torch.float64).requires_grad_(True)
+    ref = torch.log(torch.tensor([0.5, 0.5, 0.0], dtype=torch.float64)).view(1, 1, 3)
+    value = exact_kl(torch.log_softmax(logits, -1).view(1, 1, 3), ref)
+    assert float(value.detach()) == pytest.approx(0.75 * math.log(1.5) + 0.25 * math.log(0.5), rel=1e-12)
+    value.sum().backward()
+    assert torch.isfinite(logits.grad).all()
+    assert float(logits.grad[2]) == 0.0
