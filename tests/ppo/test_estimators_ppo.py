@@ -273,11 +273,13 @@ def test_grpo_with_a_rule_reward_raises_that_reward(tmp_path):
     assert sum(dots[-10:]) / 10 > sum(dots[:10]) / 10 + 0.2
 
 
-def test_the_exact_kl_loss_is_the_kl_of_the_whole_distributions_at_the_rollouts_prefixes(tmp_path):
+@pytest.mark.parametrize("remove_padding", [False, True])
+def test_the_exact_kl_loss_is_the_kl_of_the_whole_distributions_at_the_rollouts_prefixes(tmp_path, remove_padding):
     """``kl.loss_estimator: exact`` in a fit with a critic (GAE): the logged term equals the KL of the
     policy's and the reference's next-token distributions (at the sampling temperature) summed over the
     vocabulary, averaged over the response tokens, recomputed here from two plain forward passes (lr 1e-12:
-    the policy after the fit is the minibatch's to float rounding)."""
+    the policy after the fit is the minibatch's to float rounding). Packed rows (``remove_padding``) give
+    the same term: their zero logits after a row's end are off the mask."""
     record = {}
     temperature = 0.9
     module, rollout, _, _, _ = run_one_rollout(
@@ -286,7 +288,7 @@ def test_the_exact_kl_loss_is_the_kl_of_the_whole_distributions_at_the_rollouts_
         record=record,
         eos_bias=24.0,
         sampling=SamplingConfig(max_new_tokens=6, temperature=temperature, samples_per_prompt=K),
-        ppo=PPOConfig(epochs=1, minibatch_size=6),
+        ppo=PPOConfig(epochs=1, minibatch_size=6, remove_padding=remove_padding),
         kl=KLConfig(kind="fixed", init_coef=BETA, mode="loss", loss_estimator="exact"),
         optimizer=OptimizerConfig(lr=1e-12, eps=1e-5),
     )
