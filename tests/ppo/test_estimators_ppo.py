@@ -38,10 +38,18 @@ class OnePromptBatch(LightningDataModule):
         self.consumed.append(n)
 
 
-def run_one_rollout(tmp_path, perturb: float = 0.0, record: dict | None = None, eos_bias: float = 0.0, **overrides):
+def run_one_rollout(
+    tmp_path,
+    perturb: float = 0.0,
+    record: dict | None = None,
+    eos_bias: float = 0.0,
+    perturb_only: str | None = None,
+    **overrides,
+):
     """Fit one rollout; returns (module, rollout, data, logged metrics, trainer). ``perturb`` moves the
-    policy away from the reference (KL != 0); ``eos_bias`` is added to the policy's EOS logit (rows end
-    at varied steps); ``record`` receives the minibatch losses and stats."""
+    policy away from the reference (KL != 0), only the parameters whose name holds ``perturb_only`` when
+    given; ``eos_bias`` is added to the policy's EOS logit (rows end at varied steps); ``record`` receives
+    the minibatch losses and stats."""
     kwargs = dict(
         sampling=SamplingConfig(max_new_tokens=6, temperature=1.0, samples_per_prompt=K),
         ppo=PPOConfig(epochs=1, minibatch_size=3, estimator="grpo"),
@@ -54,8 +62,9 @@ def run_one_rollout(tmp_path, perturb: float = 0.0, record: dict | None = None, 
     if perturb:
         generator = torch.Generator().manual_seed(5)
         with torch.no_grad():
-            for p in module.policy.parameters():
-                p.add_(torch.randn(p.shape, generator=generator) * perturb)
+            for name, p in module.policy.named_parameters():
+                if perturb_only is None or perturb_only in name:
+                    p.add_(torch.randn(p.shape, generator=generator) * perturb)
     if eos_bias:  # a forward hook, not a wrapped head: the export's tied weights stay as they are
         eos = torch.nn.functional.one_hot(torch.tensor(EOS), module.policy.config.vocab_size) * eos_bias
         module.policy.lm_head.register_forward_hook(lambda _module, _inputs, logits: logits + eos)
@@ -311,4 +320,38 @@ def test_the_exact_kl_loss_is_the_kl_of_the_whole_distributions_at_the_rollouts_
     assert 0 < int((~rollout.response_mask).sum()) and bool(rollout.ended.any())
     ((_, stats),) = record["minibatches"]
     assert float(per_token.mean()) > 1e-3  # the perturbed policy is away from the reference
+    assert stats["loss/kl"] == pytest.approx(float(per_token.mean()), rel=1e-4)
+
+
+def test_the_exact_kl_loss_with_lora_reads_the_policy_with_its_adapters_disabled(tmp_path):
+    """With LoRA the reference is the policy with its adapters disabled (the same EOS-biased head): the
+    term equals the KL to the base model with that head, recomputed here from a separate copy."""
+    from rlhf_lit.models.lora import LoRAConfig
+
+    record, bias = {}, 24.0
+    module, rollout, _, _, _ = run_one_rollout(
+        tmp_path,
+        perturb=0.05,
+        perturb_only="lora_B",
+        record=record,
+        eos_bias=bias,
+        lora=LoRAConfig(r=4, alpha=8.0),
+        sampling=SamplingConfig(max_new_tokens=6, temperature=1.0, samples_per_prompt=K),
+        ppo=PPOConfig(epochs=1, minibatch_size=6),
+        kl=KLConfig(kind="fixed", init_coef=BETA, mode="loss", loss_estimator="exact"),
+        optimizer=OptimizerConfig(lr=1e-12, eps=1e-5),
+    )
+    ids, mask, p = rollout.query_responses, rollout.attention_mask, rollout.prompt_length
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    base = load_causal_lm(STORIES).eval()
+    eos = torch.nn.functional.one_hot(torch.tensor(EOS), base.config.vocab_size) * bias
+    base.lm_head.register_forward_hook(lambda _module, _inputs, logits: logits + eos)
+    with torch.no_grad():
+        policy_logits = module.policy(input_ids=ids, attention_mask=mask, position_ids=positions).logits
+        base_logits = base(input_ids=ids, attention_mask=mask, position_ids=positions).logits
+    log_pi = torch.log_softmax(policy_logits[:, p - 1 : -1].double(), -1)
+    log_ref = torch.log_softmax(base_logits[:, p - 1 : -1].double(), -1)
+    per_token = (log_pi.exp() * (log_pi - log_ref)).sum(-1)[rollout.response_mask]
+    ((_, stats),) = record["minibatches"]
+    assert float(per_token.mean()) > 1e-3  # the adapters moved the policy
     assert stats["loss/kl"] == pytest.approx(float(per_token.mean()), rel=1e-4)
