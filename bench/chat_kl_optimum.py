@@ -99,10 +99,10 @@ def paired_gain(policy: list[float], base: list[float]) -> tuple[float, float]:
     The demo evaluates every policy with the same seed, one reply a request, so a policy's reply and the
     instruction model's to one request are drawn from the same random numbers: their difference varies less
     than either score."""
-    diffs = [p - b for p, b in zip(policy, base, strict=True)]
-    n = len(diffs)
-    mean = sum(diffs) / n
-    return mean, math.sqrt(sum((d - mean) ** 2 for d in diffs) / (n - 1) / n) if n > 1 else float("nan")
+    from demo.seed_stats import mean_se
+
+    mean, se = mean_se([p - b for p, b in zip(policy, base, strict=True)])
+    return mean, float("nan") if se is None else se
 
 
 def evaluated_policies(demo: Path, reward_model) -> list[dict]:

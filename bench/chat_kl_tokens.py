@@ -145,12 +145,12 @@ def matched_temperature(entropies: list[float], kls: list[float], target: float)
 
 
 def pearson(x: list[float], y: list[float]) -> float:
-    """The correlation of ``x`` and ``y`` (0 when either is constant)."""
-    n = len(x)
-    mx, my = sum(x) / n, sum(y) / n
-    sxy = sum((a - mx) * (b - my) for a, b in zip(x, y))
-    sxx, syy = sum((a - mx) ** 2 for a in x), sum((b - my) ** 2 for b in y)
-    return 0.0 if sxx == 0 or syy == 0 else sxy / (sxx * syy) ** 0.5
+    """The demo's Pearson correlation (:func:`demo.diversity_measures.pearson`), 0 when either side is constant
+    (a request whose replies all score alike says nothing either way)."""
+    from demo.diversity_measures import pearson as demo_pearson
+
+    r = demo_pearson(x, y)
+    return 0.0 if r is None else r
 
 
 def likelihood_correlations(reference, tokenizer, draw: dict, requests: int) -> dict:
@@ -162,6 +162,9 @@ def likelihood_correlations(reference, tokenizer, draw: dict, requests: int) -> 
         ``rm~sum_logp``, ``judge~sum_logp`` and ``rm~judge``: the mean over requests and its standard error.
     """
     import torch
+
+    from demo.seed_stats import mean_se
+    from rlhf_lit.functional import token_logprobs
 
     end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     by_request: dict[int, list[dict]] = {}
@@ -175,8 +178,8 @@ def likelihood_correlations(reference, tokenizer, draw: dict, requests: int) -> 
         for s in replies:
             reply = tokenizer(s["response"], add_special_tokens=False).input_ids + ([end] if s["ended"] else [])
             with torch.no_grad():
-                logits = reference(torch.tensor([prompt + reply])).logits[0, len(prompt) - 1 : -1].float()
-            logp = logits.log_softmax(-1).gather(1, torch.tensor(reply)[:, None])[:, 0]  # (R,)
+                logits = reference(torch.tensor([prompt + reply])).logits[:, len(prompt) - 1 : -1]  # (1, R, V)
+            logp = token_logprobs(logits, torch.tensor([reply]))[0]  # (R,)
             means.append(float(logp.mean()))
             sums.append(float(logp.sum()))
         rm, judge = [float(s["rm"]) for s in replies], [float(s["judge"]) for s in replies]
@@ -187,10 +190,8 @@ def likelihood_correlations(reference, tokenizer, draw: dict, requests: int) -> 
         pairs["rm~judge"].append(pearson(rm, judge))
     out: dict = {"requests": len(by_request), "replies_per_request": min(len(r) for r in by_request.values())}
     for name, values in pairs.items():
-        n = len(values)
-        mean = sum(values) / n
-        sd = (sum((v - mean) ** 2 for v in values) / (n - 1)) ** 0.5 if n > 1 else float("nan")
-        out[name] = {"mean": mean, "stderr": sd / n**0.5}
+        mean, se = mean_se(values)
+        out[name] = {"mean": mean, "stderr": se}
     return out
 
 

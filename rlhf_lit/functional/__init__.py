@@ -25,7 +25,13 @@ from rlhf_lit.functional.dpo import DPOLossKind, averages_over_tokens, check_dpo
 from rlhf_lit.functional.ensemble import AGGREGATES, Aggregate, aggregate_scores, member_std
 from rlhf_lit.functional.kl import KLKind, KLLossKind, KLMode, exact_kl, kl_loss, kl_penalized_rewards, kl_penalty
 from rlhf_lit.functional.kl_control import AdaptiveKLController, FixedKLController, KLController
-from rlhf_lit.functional.logprobs import entropy_from_logits, log_distributions, sequence_logprobs, token_logprobs
+from rlhf_lit.functional.logprobs import (
+    entropy_from_logits,
+    entropy_of,
+    log_distributions,
+    sequence_logprobs,
+    token_logprobs,
+)
 from rlhf_lit.functional.losses import IGNORE_INDEX, clipped_value_loss, pairwise_reward_loss, sft_loss
 from rlhf_lit.functional.masked_stats import (
     Reducer,
@@ -92,6 +98,7 @@ __all__ = [
     "concat_pairs",
     "dpo_loss",
     "entropy_from_logits",
+    "entropy_of",
     "log_distributions",
     "explained_variance",
     "gae",

@@ -60,9 +60,12 @@ def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0) -> torch
     Returns:
         ``(B, T)`` entropies in nats (uniform over V gives ``log V``).
     """
-    logits = _scaled_float_logits(logits, temperature)  # (B, T, V)
-    logp = torch.log_softmax(logits, dim=-1)  # (B, T, V)
-    return -(logp.exp() * logp).sum(dim=-1)  # (B, T)
+    return entropy_of(log_distributions(logits, temperature))  # (B, T)
+
+
+def entropy_of(log_probs: torch.Tensor) -> torch.Tensor:
+    """Entropy ``-sum_v p_v log p_v`` of normalised ``(B, T, V)`` log-probabilities: ``(B, T)`` nats."""
+    return -(log_probs.exp() * log_probs).sum(dim=-1)  # (B, T)
 
 
 def sequence_logprobs(

@@ -10,6 +10,7 @@ from rlhf_lit.functional import (
     POLICY_LOSSES,
     clipped_value_loss,
     entropy_from_logits,
+    entropy_of,
     kl_loss,
     log_distributions,
     masked_mean,
@@ -74,9 +75,15 @@ def ppo_loss(
     value_loss, value_stats = zero, {"clipfrac": zero}
     if values is not None:
         value_loss, value_stats = clipped_value_loss(values, mb.old_values, mb.returns, mask, ppo.value_clip_range)
+    # The exact KL term reads the whole distributions: computed once, the entropy's too.
+    exact = kl.mode == "loss" and kl.loss_estimator == "exact"
+    distributions = log_distributions(logits, temperature) if exact else None  # (B, R, V) or None
     # Keep the entropy graph only when it is trained on (a (B, R, V) graph is not free).
-    entropy_logits = logits if ppo.entropy_coef > 0 else logits.detach()
-    entropy = masked_mean(entropy_from_logits(entropy_logits, temperature), mask)  # ()
+    if distributions is not None:
+        token_entropy = entropy_of(distributions if ppo.entropy_coef > 0 else distributions.detach())  # (B, R)
+    else:
+        token_entropy = entropy_from_logits(logits if ppo.entropy_coef > 0 else logits.detach(), temperature)  # (B, R)
+    entropy = masked_mean(token_entropy, mask)  # ()
     loss = policy_loss + ppo.vf_coef * value_loss - ppo.entropy_coef * entropy  # ()
     stats = {
         "loss/policy": policy_loss.detach(),
@@ -90,16 +97,9 @@ def ppo_loss(
     old_logprob_diff = masked_mean((logprobs.detach() - mb.old_logprobs).abs(), mask)  # ()
     if kl.mode == "loss":
         # The rollout's old logprobs are the sampling policy's: k3_weighted's weight pi / pi_old.
-        distributions = None
-        if kl.loss_estimator == "exact" and ref_distributions is not None:
-            distributions = (log_distributions(logits, temperature), ref_distributions)  # (B, R, V) x2
+        both = None if distributions is None or ref_distributions is None else (distributions, ref_distributions)
         kl_term = kl_loss(
-            logprobs,
-            mb.ref_logprobs,
-            mask,
-            kl.loss_estimator,
-            old_logprobs=mb.old_logprobs,
-            distributions=distributions,
+            logprobs, mb.ref_logprobs, mask, kl.loss_estimator, old_logprobs=mb.old_logprobs, distributions=both
         )  # ()
         loss = loss + kl_coef * kl_term  # ()
         stats["loss/kl"] = kl_term.detach()
