@@ -13,9 +13,15 @@ is the lower blocks' backward, about two thirds of their cost, and their stored 
 An LM head tied to the input embeddings (SmolLM2, GPT-2, Llama 3.2 1B) is the embedding matrix itself:
 it stays frozen, for training it would send a gradient through every block down to the input
 lookup and save nothing.
+
+:func:`freeze_modules` (``frozen_modules``) freezes named modules inside what trains, e.g. the top
+block's MLP, whose output goes straight to the LM head: a policy-gradient step moves it toward the words
+every reply holds, and the chat demo measured most of PPO's KL there (docs/DEMO-CHAT.md).
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 from torch import nn
@@ -73,6 +79,60 @@ def freeze_lower_layers(model: nn.Module, trainable_layers: int | None) -> nn.Mo
         if isinstance(module, nn.Embedding):  # token and position embeddings (and a head tied to them)
             module.requires_grad_(False)
     return model
+
+
+def module_matches(name: str, wanted: str) -> bool:
+    """Whether the module ``name`` is the one ``wanted`` names: its full name or a dotted suffix of it
+    (``layers.29.mlp`` and ``mlp`` both name ``model.layers.29.mlp``; ``lp`` names nothing)."""
+    return name == wanted or name.endswith("." + wanted)
+
+
+def freeze_modules(model: nn.Module, names: Sequence[str] | None) -> nn.Module:
+    """Freeze every module of ``model`` that one of ``names`` names (:func:`module_matches`), with its
+    submodules: its parameters get ``requires_grad`` False, so no gradient and no optimizer state. None or
+    an empty list leaves the model as it is. Returns the same model.
+
+    Raises ``ValueError`` naming ``frozen_modules`` for a name that matches no module of the model, or
+    when nothing would be left to train."""
+    if not names:
+        return model
+    modules = dict(model.named_modules())
+    for wanted in names:
+        hits = [name for name in modules if name and module_matches(name, wanted)]
+        if not hits:
+            raise ValueError(
+                f"frozen_modules: no module of {type(model).__name__} is named {wanted!r} (a module's full name "
+                f"or a dotted suffix of it, e.g. {_example(model)!r})"
+            )
+        for name in hits:
+            modules[name].requires_grad_(False)
+    if not any(p.requires_grad for p in model.parameters()):
+        raise ValueError(f"frozen_modules {list(names)} leaves nothing of {type(model).__name__} to train")
+    return model
+
+
+def _example(model: nn.Module) -> str:
+    """A name ``frozen_modules`` would accept for ``model``: its top block's last part (``layers.29.mlp``)."""
+    try:
+        blocks = transformer_blocks(model)
+    except ValueError:
+        return "mlp"
+    stack = next(name for name, m in model.named_modules() if m is blocks).rsplit(".", 1)[-1]
+    children = [name for name, _ in blocks[-1].named_children()] or [""]
+    child = next((c for c in children if "mlp" in c), children[-1])
+    return f"{stack}.{len(blocks) - 1}.{child}".rstrip(".")
+
+
+def check_frozen_modules(frozen_modules: Sequence[str] | None, **adapters: object) -> None:
+    """Refuse a ``frozen_modules`` that is not a list of non-empty names, or one beside LoRA adapters
+    (the ``adapters`` given by option name): LoRA chooses what trains itself."""
+    if frozen_modules is None:
+        return
+    if isinstance(frozen_modules, str) or not all(isinstance(n, str) and n for n in frozen_modules):
+        raise ValueError(f"frozen_modules must be null or a list of module names, got {frozen_modules!r}")
+    for name, config in adapters.items():
+        if config is not None and frozen_modules:
+            raise ValueError(f"frozen_modules and {name} both choose what trains; set one of them")
 
 
 def check_trainable_layers(trainable_layers: int | None, **adapters: object) -> None:

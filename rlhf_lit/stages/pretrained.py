@@ -16,7 +16,13 @@ from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch.utils.data import DataLoader
 
 from rlhf_lit.functional.ranking import batch_examples
-from rlhf_lit.models.freezing import check_trainable_layers, freeze_lower_layers, transformer_blocks
+from rlhf_lit.models.freezing import (
+    check_frozen_modules,
+    check_trainable_layers,
+    freeze_lower_layers,
+    freeze_modules,
+    transformer_blocks,
+)
 from rlhf_lit.models.loading import AttnImplementation, DType, ModelLoading
 from rlhf_lit.models.lora import LoRAConfig, with_lora
 from rlhf_lit.models.memory import enable_gradient_checkpointing
@@ -82,6 +88,10 @@ class PretrainedStage(StageModule):
             ``trainable_layers`` (:mod:`rlhf_lit.models.trunk_cache`): a sequence read again (a later
             epoch, validation, DPO's reference on the policy's rows) runs only the trainable top.
             Needs ``trainable_layers``; memory is the tokens kept x the hidden size x 4 bytes.
+        frozen_modules: modules kept frozen inside what trains, each a module's full name or a dotted
+            suffix of it (``layers.29.mlp``: the top block's MLP of a 30-block Llama; ``mlp``: every MLP);
+            a name that matches no module is refused, as is the option beside ``lora``
+            (:func:`~rlhf_lit.models.freezing.freeze_modules`).
     """
 
     SAFE_ON_RESUME = StageModule.SAFE_ON_RESUME + ("cache_frozen",)
@@ -103,12 +113,15 @@ class PretrainedStage(StageModule):
         gradient_checkpointing: bool = False,
         trainable_layers: int | None = None,
         cache_frozen: bool = False,
+        frozen_modules: list[str] | None = None,
     ) -> None:
         shared = {name: value for name, value in locals().items() if name not in ("self", "__class__")}
         super().__init__()
         self.lora_config = as_config(LoRAConfig, lora)
         check_trainable_layers(trainable_layers, lora=self.lora_config)
         self.trainable_layers = trainable_layers
+        check_frozen_modules(frozen_modules, lora=self.lora_config)
+        self.frozen_modules = frozen_modules
         if cache_frozen and trainable_layers is None:
             raise ValueError("cache_frozen keeps the output of the blocks below trainable_layers; set trainable_layers")
         self.trunk_caches = TrunkCaches() if cache_frozen else None
@@ -137,9 +150,10 @@ class PretrainedStage(StageModule):
 
     def adapted(self, model: torch.nn.Module, kind: str) -> torch.nn.Module:
         """``model`` with the LoRA adapters of ``lora`` (``kind``: ``causal_lm`` or ``reward``), its lower
-        layers frozen (``trainable_layers``) and gradient checkpointing when asked; the same object
+        layers and ``frozen_modules`` frozen (``trainable_layers``) and gradient checkpointing when asked; the same object
         when none is."""
         model = freeze_lower_layers(with_lora(model, self.lora_config, kind), self.trainable_layers)
+        freeze_modules(model, self.frozen_modules)
         if self.gradient_checkpointing:
             enable_gradient_checkpointing(model)
         self.keep_trunk(model)

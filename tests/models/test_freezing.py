@@ -6,7 +6,13 @@ import pytest
 import torch
 
 from rlhf_lit.models import load_causal_lm, load_reward_model
-from rlhf_lit.models.freezing import check_trainable_layers, freeze_lower_layers, transformer_blocks
+from rlhf_lit.models.freezing import (
+    check_frozen_modules,
+    check_trainable_layers,
+    freeze_lower_layers,
+    freeze_modules,
+    transformer_blocks,
+)
 from rlhf_lit.models.lora import LoRAConfig
 from rlhf_lit.tokenizer import load_tokenizer
 
@@ -81,3 +87,39 @@ def test_what_runs_before_the_blocks_is_frozen_too(kind):
     lower = [n for n, p in model.named_parameters() if p.grad is not None and (before in n or ".0." in n or ".1." in n)]
     assert lower == []
     assert any(p.grad is not None for n, p in model.named_parameters() if ".2." in n)
+
+
+def test_frozen_modules_freeze_what_they_name_by_full_name_or_dotted_suffix(stories_path):
+    tok = load_tokenizer(stories_path)
+    model = freeze_modules(freeze_lower_layers(load_causal_lm(stories_path, tok), 2), ["layers.4.mlp"])
+    trainable = _trainable(model)
+    assert not any(n.startswith("model.layers.4.mlp.") for n in trainable)
+    assert {"model.layers.4.self_attn.q_proj.weight", "model.layers.3.mlp.up_proj.weight"} <= trainable
+    ids = torch.tensor([[1, 20, 30, 40, 50]])
+    model(input_ids=ids, labels=ids).loss.backward()
+    for name, p in model.named_parameters():
+        assert (p.grad is not None) == (name in trainable), name
+    every = freeze_modules(load_causal_lm(stories_path, tok), ["mlp", "model.layers.0.self_attn"])
+    frozen = {n for n, p in every.named_parameters() if not p.requires_grad}
+    assert {n for n in frozen if ".mlp." in n} == {n for n, _ in every.named_parameters() if ".mlp." in n}
+    assert {n for n in frozen if ".mlp." not in n} == {
+        f"model.layers.0.self_attn.{p}_proj.weight" for p in "qkvo"
+    }  # a full name; "lp" or "layers.4.ml" would be a part of a word, not a module's name
+
+
+def test_frozen_modules_refusals(stories_path):
+    tok = load_tokenizer(stories_path)
+    model = load_causal_lm(stories_path, tok)
+    before = _trainable(model)
+    assert freeze_modules(model, None) is model and freeze_modules(model, []) is model and _trainable(model) == before
+    with pytest.raises(
+        ValueError, match=r"frozen_modules: no module of LlamaForCausalLM is named 'lp' .*'layers.4.mlp'"
+    ):
+        freeze_modules(model, ["lp"])
+    with pytest.raises(ValueError, match="leaves nothing of LlamaForCausalLM to train"):
+        freeze_modules(model, ["model"])
+    with pytest.raises(ValueError, match="frozen_modules must be null or a list of module names, got 'mlp'"):
+        check_frozen_modules("mlp")
+    with pytest.raises(ValueError, match="frozen_modules and lora both choose what trains"):
+        check_frozen_modules(["mlp"], lora=LoRAConfig(r=4))
+    check_frozen_modules(["mlp"], lora=None)

@@ -1,5 +1,6 @@
 """PPO with trainable_layers: the frozen part of the policy and of the separate critic never changes and
-never gets a gradient, the optimizers hold state only for what trains, and a run resumes exactly."""
+never gets a gradient, the optimizers hold state only for what trains, and a run resumes exactly; the
+policy's frozen_modules stay as they were while the critic's same modules train."""
 
 from __future__ import annotations
 
@@ -47,10 +48,33 @@ def test_only_the_top_blocks_of_policy_and_critic_train(tmp_path):
         assert {id(p) for p in opt.optimizer.state} <= trained  # no Adam state for a frozen weight
 
 
-@pytest.mark.parametrize("cache_frozen", [False, True], ids=["plain", "cache_frozen"])
-def test_ppo_with_trainable_layers_resumes_exactly(tmp_path, cache_frozen):
+def test_frozen_modules_of_the_policy_never_change_the_critics_train(tmp_path):
+    module = tiny_module(trainable_layers=2, frozen_modules=["layers.4.mlp"], max_rollouts=2, optimizer=FAST)
+    mlp = {
+        which: {n: p.detach().clone() for n, p in model.named_parameters() if ".layers.4.mlp." in n}
+        for which, model in (("policy", module.policy), ("critic", module.critic))
+    }
+    assert mlp["policy"] and not any(p.requires_grad for n, p in module.policy.named_parameters() if n in mlp["policy"])
+    attention = module.policy.model.layers[4].self_attn.q_proj.weight.detach().clone()
+    tiny_trainer(tmp_path).fit(module, _data(module))
+    policy = dict(module.policy.named_parameters())
+    for name, before in mlp["policy"].items():
+        assert policy[name].grad is None and torch.equal(policy[name], before), name
+    assert not torch.equal(module.policy.model.layers[4].self_attn.q_proj.weight, attention)
+    critic = dict(module.critic.named_parameters())
+    assert any(not torch.equal(critic[n], before) for n, before in mlp["critic"].items())
+
+
+@pytest.mark.parametrize(
+    "cache_frozen, frozen_modules",
+    [(False, None), (True, None), (True, ["layers.4.mlp"])],
+    ids=["plain", "cache_frozen", "frozen_top_mlp"],
+)
+def test_ppo_with_trainable_layers_resumes_exactly(tmp_path, cache_frozen, frozen_modules):
     steps_per_rollout = 8  # 2 epochs x 2 minibatches x 2 optimizers
-    kwargs = dict(trainable_layers=2, max_rollouts=3, optimizer=FAST, cache_frozen=cache_frozen)
+    kwargs = dict(
+        trainable_layers=2, max_rollouts=3, optimizer=FAST, cache_frozen=cache_frozen, frozen_modules=frozen_modules
+    )
     straight = tiny_module(**kwargs)
     ckpt = ModelCheckpoint(
         dirpath=tmp_path / "ckpt", every_n_train_steps=steps_per_rollout, save_top_k=-1, filename="{step}"

@@ -47,3 +47,35 @@ def test_dpo_trains_only_its_top_block(stories_path, helpers, tmp_path):
 def test_trainable_layers_beside_lora_is_refused(stories_path):
     with pytest.raises(ValueError, match="trainable_layers and lora both choose what trains"):
         SFTModule(stories_path, trainable_layers=1, lora=LoRAConfig(r=4))
+
+
+def test_frozen_modules_stay_as_they_were_beside_trainable_layers(stories_path, helpers, tmp_path):
+    # the reward model's top block trains but for its MLP, and DPO's whole top but for the top MLP
+    for module in (
+        RewardModelModule(
+            stories_path, optimizer=FAST, trainable_layers=1, frozen_modules=["mlp"], export_dir=str(tmp_path / "r")
+        ),
+        DPOModule(
+            stories_path,
+            optimizer=FAST,
+            trainable_layers=2,
+            frozen_modules=["layers.4.mlp"],
+            export_dir=str(tmp_path / "d"),
+        ),
+    ):
+        mlp = {n: p.detach().clone() for n, p in module.model.named_parameters() if n.startswith("model.layers.4.mlp.")}
+        attention = {n: p.detach().clone() for n, p in module.model.named_parameters() if ".layers.4.self_attn." in n}
+        assert mlp and not any(module.model.get_parameter(n).requires_grad for n in mlp)
+        batch = helpers.preference_batch(module.tokenizer, PAIRS)
+        helpers.cpu_trainer(tmp_path, max_steps=2).fit(
+            module, datamodule=helpers.BatchListDataModule(train=[batch], val=[batch])
+        )
+        for name, before in mlp.items():
+            p = module.model.get_parameter(name)
+            assert p.grad is None and torch.equal(p, before), name
+        assert any(not torch.equal(module.model.get_parameter(n), before) for n, before in attention.items())
+
+
+def test_frozen_modules_beside_lora_is_refused(stories_path):
+    with pytest.raises(ValueError, match="frozen_modules and lora both choose what trains"):
+        SFTModule(stories_path, frozen_modules=["mlp"], lora=LoRAConfig(r=4))

@@ -18,7 +18,7 @@ import torch
 
 from rlhf_lit.functional import AdaptiveKLController, FixedKLController, KLController
 from rlhf_lit.models import load_causal_lm, load_reward_model
-from rlhf_lit.models.freezing import freeze_lower_layers, transformer_blocks
+from rlhf_lit.models.freezing import freeze_lower_layers, freeze_modules, transformer_blocks
 from rlhf_lit.models.generation import stop_token_ids
 from rlhf_lit.models.loading import ModelLoading
 from rlhf_lit.models.lora import with_lora
@@ -97,6 +97,7 @@ def build_models(stage: StageModule) -> None:
     for model in (policy, stage.critic if critic == "separate" else None):
         if model is not None:
             freeze_lower_layers(model, settings.trainable_layers)
+    freeze_modules(policy, settings.frozen_modules)  # the policy's only: the critic's top MLP serves its values
     stage.trunk_caches = trunk_caches(stage) if settings.cache_frozen else None
     if stage.memory.gradient_checkpointing:
         enable_gradient_checkpointing(*stage.trained_models)

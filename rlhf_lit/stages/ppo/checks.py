@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rlhf_lit.models.compiled_passes import ForwardPasses
-from rlhf_lit.models.freezing import check_trainable_layers
+from rlhf_lit.models.freezing import check_frozen_modules, check_trainable_layers
 from rlhf_lit.models.generation import Decode
 from rlhf_lit.models.reward_ensemble import is_reward_ensemble, member_paths
 from rlhf_lit.option_values import check_least
@@ -49,6 +49,7 @@ def check_settings(stage: StageModule) -> None:
             "critic='shared_trunk' trains the head with the policy's optimizer; leave critic_optimizer null"
         )
     check_trainable_layers(settings.trainable_layers, lora=lora, critic_lora=critic_lora)
+    check_frozen_modules(settings.frozen_modules, lora=lora)
     if settings.cache_frozen and settings.trainable_layers is None:
         raise ValueError("cache_frozen keeps the output of the blocks below trainable_layers; set trainable_layers")
     if settings.cache_frozen and "compiled" in (stage.ppo.forward, stage.sampling.decode):

@@ -130,6 +130,10 @@ class PPOModule(PPOCheckpoints, StageModule):
             ``trainable_layers`` (:mod:`rlhf_lit.models.trunk_cache`): policy, reference, critic and
             reward model (those with the same frozen weights share it) run it once per row, and the
             update's epochs run only the top blocks. Needs ``trainable_layers``; eager passes only.
+        frozen_modules: modules of the policy kept frozen inside what trains, each a module's full name
+            or a dotted suffix of it (``layers.29.mlp``: the top block's MLP of a 30-block Llama, where the
+            chat demo measured most of PPO's KL; :func:`~rlhf_lit.models.freezing.freeze_modules`); a
+            separate critic trains its top blocks whole. Refused beside LoRA.
     """
 
     SAFE_ON_RESUME = SAFE_ON_RESUME
@@ -171,6 +175,7 @@ class PPOModule(PPOCheckpoints, StageModule):
         memory: MemoryConfig = MemoryConfig(),
         trainable_layers: int | None = None,
         cache_frozen: bool = False,
+        frozen_modules: list[str] | None = None,
     ) -> None:
         super().__init__()
         require_input(sft_model, "sft_model", "the SFT model")
