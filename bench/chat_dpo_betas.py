@@ -40,7 +40,9 @@ from demo.seed_stats import interpolate  # noqa: E402
 
 def demo_points(demo: Path) -> dict:
     """The demo's own evaluations: the instruction model's judge mean, PPO's curve (KL, judge) and DPO's points."""
-    evals = {p.stem: json.loads(p.read_text(encoding="utf-8"))["metrics"] for p in (demo / "eval").glob("*.json")}
+    from demo.chat_report import read_evaluations
+
+    evals = {name: evaluation["metrics"] for name, evaluation in read_evaluations(demo).items()}
     point = lambda m: (m["kl_mean"], m["judge_mean"])  # noqa: E731
     rollouts = sorted((int(k[len("ppo_rollout") :]), k) for k in evals if k.startswith("ppo_rollout"))
     ppo_curve = [

@@ -35,7 +35,6 @@ from results_file import write_result
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the demo's package, beside rlhf_lit in a clone
 
-from demo.seed_stats import mean_se  # noqa: E402
 
 ATTENTION = ("attn", "attention")
 """A block's child module whose name holds one of these is its attention (``self_attn``, ``attention``)."""
@@ -99,13 +98,17 @@ def reverted_state(policy_state: Mapping, reference_state: Mapping, names: Seque
 
 def paired_gain(samples: Sequence[Mapping], base_samples: Sequence[Mapping]) -> dict:
     """The judge gain over the instruction model request by request: ``{mean, stderr}`` of each request's
-    judge minus the instruction model's on the same request (matched by ``prompt_index``)."""
+    judge minus the instruction model's on the same request (matched by ``prompt_index``;
+    :func:`chat_kl_optimum.paired_gain`)."""
+    from chat_kl_optimum import paired_gain as gain
+
     base = {s["prompt_index"]: s["judge"] for s in base_samples}
     missing = [s["prompt_index"] for s in samples if s["prompt_index"] not in base]
     if missing:
         raise ValueError(f"requests {missing[:5]} have no reply of the instruction model to pair with")
-    mean, se = mean_se([s["judge"] - base[s["prompt_index"]] for s in samples])
-    return {"mean": mean, "stderr": se}
+    ordered = sorted(samples, key=lambda s: s["prompt_index"])
+    mean, se = gain([s["judge"] for s in ordered], [base[s["prompt_index"]] for s in ordered])
+    return {"mean": mean, "stderr": None if se != se else se}  # NaN (one request): no error
 
 
 def measure_hybrids(
@@ -167,22 +170,18 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     import torch
 
-    from demo.chat_report import evaluate_as_the_demo
+    from demo.chat_report import evaluate_as_the_demo, read_evaluations
     from rlhf_lit.data.prompt_source import read_prompt_source
     from rlhf_lit.evaluation.judges import load_judge
 
     demo = Path(args.demo)
     torch.set_num_threads(2)
-    base_path = demo / "eval" / "instruction.json"
-    if not base_path.exists():
+    evaluations = read_evaluations(demo)
+    if "instruction" not in evaluations:
         p.error(f"--demo {demo}: no eval/instruction.json (not a finished `make demo-chat` folder)")
-    base = json.loads(base_path.read_text(encoding="utf-8"))
+    base = evaluations.pop("instruction")
     wanted = None if args.policies is None else set(args.policies.split(","))
-    evaluations = {
-        path.stem: json.loads(path.read_text(encoding="utf-8"))
-        for path in sorted((demo / "eval").glob("*.json"))
-        if path.stem != "instruction" and (wanted is None or path.stem in wanted)
-    }
+    evaluations = {name: e for name, e in evaluations.items() if wanted is None or name in wanted}
     if wanted is not None and wanted - set(evaluations):
         p.error(f"--policies: no eval/<name>.json for {sorted(wanted - set(evaluations))}")
     precision = json.loads((demo / "results.json").read_text(encoding="utf-8"))["precision"]

@@ -110,21 +110,21 @@ def evaluated_policies(demo: Path, reward_model) -> list[dict]:
     instruction model's evaluation (paired by request, :func:`paired_gain`, with its standard error) and, with a
     ``reward_model``, its reward-model gain the same way."""
 
-    def read(path: Path) -> dict:
-        result = json.loads(path.read_text(encoding="utf-8"))
+    def read(result: dict) -> dict:
         samples = sorted(result["samples"], key=lambda s: s["prompt_index"])
         row = {"kl": result["metrics"]["kl_mean"], "judge": [float(s["judge"]) for s in samples]}
         if reward_model is not None:
             row["rm"] = rm_scores(reward_model, [s["prompt_text"] for s in samples], [s["response"] for s in samples])
         return row
 
-    base = read(demo / "eval" / "instruction.json")
+    from demo.chat_report import read_evaluations
+
+    evaluations = read_evaluations(demo)
+    base = read(evaluations.pop("instruction"))
     rows = []
-    for path in sorted((demo / "eval").glob("*.json")):
-        if path.stem == "instruction":
-            continue
-        m = read(path)
-        row = {"policy": path.stem, "kl": m["kl"]}
+    for name, evaluation in evaluations.items():
+        m = read(evaluation)
+        row = {"policy": name, "kl": m["kl"]}
         row["judge_gain"], row["judge_gain_se"] = paired_gain(m["judge"], base["judge"])
         if "rm" in m:
             row["rm_gain"], row["rm_gain_se"] = paired_gain(m["rm"], base["rm"])

@@ -207,13 +207,13 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.set_num_threads(2)
-    evaluations = sorted(Path(args.demo, "eval").glob("*.json"))
-    policies = {}
-    for path in evaluations:
-        evaluation = json.loads(path.read_text())
-        if evaluation["config"]["policy"] == evaluation["config"]["reference"]:
-            continue  # the instruction model itself: no KL to split
-        policies[path.stem] = evaluation
+    from demo.chat_report import read_evaluations
+
+    policies = {
+        name: evaluation
+        for name, evaluation in read_evaluations(args.demo).items()
+        if evaluation["config"]["policy"] != evaluation["config"]["reference"]  # not the instruction model itself
+    }
     if not policies:
         p.error(f"{args.demo}/eval holds no evaluated policy other than the reference")
     reference_path = next(iter(policies.values()))["config"]["reference"]

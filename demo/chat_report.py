@@ -13,6 +13,7 @@ markers (:mod:`rlhf_lit.evaluation.turns`). Best-of-N comes from ``rlhf-lit best
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import time
 from dataclasses import asdict
@@ -53,6 +54,13 @@ def evaluate_as_the_demo(
     )
     result["config"] = {"policy": policy, "reference": model, "sampling": asdict(sampling), "precision": precision}
     return result
+
+
+def read_evaluations(folder: Path | str) -> dict[str, dict]:
+    """Every evaluation a chat demo run wrote in ``folder/eval`` (:func:`evaluate_all`: ``instruction``,
+    ``ppo_rollout<N>``, ``ppo``, ``dpo_beta_<beta>``), by name in name order: each file's ``metrics``,
+    ``samples`` and ``config``. The benches that read a finished run read its evaluations here."""
+    return {p.stem: json.loads(p.read_text(encoding="utf-8")) for p in sorted((Path(folder) / "eval").glob("*.json"))}
 
 
 def evaluate_all(
