@@ -15,8 +15,8 @@ it stays frozen, for training it would send a gradient through every block down 
 lookup and save nothing.
 
 :func:`freeze_modules` (``frozen_modules``) freezes named modules inside what trains, e.g. the top
-block's MLP, whose output goes straight to the LM head: a policy-gradient step moves it toward the words
-every reply holds, and the chat demo measured most of PPO's KL there (docs/DEMO-CHAT.md).
+block's MLP, whose output goes straight to the LM head: the chat demo measured most of PPO's KL in the
+top block, and PPO with that MLP frozen spent its first nats better on one run (docs/DEMO-CHAT.md).
 """
 
 from __future__ import annotations
