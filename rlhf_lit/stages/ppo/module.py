@@ -131,8 +131,8 @@ class PPOModule(PPOCheckpoints, StageModule):
             reward model (those with the same frozen weights share it) run it once per row, and the
             update's epochs run only the top blocks. Needs ``trainable_layers``; eager passes only.
         frozen_modules: modules of the policy kept frozen inside what trains, each a module's full name
-            or a dotted suffix of it (``layers.29.mlp``: the top block's MLP of a 30-block Llama, where the
-            chat demo measured most of PPO's KL; :func:`~rlhf_lit.models.freezing.freeze_modules`); a
+            or a dotted suffix of it (``layers.29.mlp``: the top block's MLP of a 30-block Llama; the chat
+            demo measured most of PPO's KL in the top block; :func:`~rlhf_lit.models.freezing.freeze_modules`); a
             separate critic trains its top blocks whole. Refused beside LoRA.
     """
 
