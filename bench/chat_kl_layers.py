@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -108,7 +109,7 @@ def paired_gain(samples: Sequence[Mapping], base_samples: Sequence[Mapping]) -> 
         raise ValueError(f"requests {missing[:5]} have no reply of the instruction model to pair with")
     ordered = sorted(samples, key=lambda s: s["prompt_index"])
     mean, se = gain([s["judge"] for s in ordered], [base[s["prompt_index"]] for s in ordered])
-    return {"mean": mean, "stderr": None if se != se else se}  # NaN (one request): no error
+    return {"mean": mean, "stderr": None if math.isnan(se) else se}  # NaN: one request, no error
 
 
 def measure_hybrids(

@@ -92,8 +92,9 @@ def freeze_modules(model: nn.Module, names: Sequence[str] | None) -> nn.Module:
     submodules: its parameters get ``requires_grad`` False, so no gradient and no optimizer state. None or
     an empty list leaves the model as it is. Returns the same model.
 
-    Raises ``ValueError`` naming ``frozen_modules`` for a name that matches no module of the model, or
-    when nothing would be left to train."""
+    Raises ``ValueError`` naming ``frozen_modules`` for a name that matches no module of the model, one
+    whose parameters are all frozen already (a block below ``trainable_layers``), or when nothing would be
+    left to train."""
     if not names:
         return model
     modules = dict(model.named_modules())
@@ -104,6 +105,9 @@ def freeze_modules(model: nn.Module, names: Sequence[str] | None) -> nn.Module:
                 f"frozen_modules: no module of {type(model).__name__} is named {wanted!r} (a module's full name "
                 f"or a dotted suffix of it, e.g. {_example(model)!r})"
             )
+        if not any(p.requires_grad for name in hits for p in modules[name].parameters()):
+            # e.g. a block below trainable_layers: the option would silently change nothing
+            raise ValueError(f"frozen_modules: {wanted!r} names no parameter that trains (already frozen, or none)")
         for name in hits:
             modules[name].requires_grad_(False)
     if not any(p.requires_grad for p in model.parameters()):

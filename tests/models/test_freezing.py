@@ -116,6 +116,10 @@ def test_frozen_modules_refusals(stories_path):
         ValueError, match=r"frozen_modules: no module of LlamaForCausalLM is named 'lp' .*'layers.4.mlp'"
     ):
         freeze_modules(model, ["lp"])
+    with pytest.raises(ValueError, match="'layers.0.mlp' names no parameter that trains"):
+        freeze_modules(freeze_lower_layers(load_causal_lm(stories_path, tok), 2), ["layers.0.mlp"])
+    with pytest.raises(ValueError, match="'act_fn' names no parameter that trains"):
+        freeze_modules(model, ["act_fn"])
     with pytest.raises(ValueError, match="leaves nothing of LlamaForCausalLM to train"):
         freeze_modules(model, ["model"])
     with pytest.raises(ValueError, match="frozen_modules must be null or a list of module names, got 'mlp'"):
