@@ -135,7 +135,8 @@ def train(args: argparse.Namespace, model: str, budget: ChatBudget, paths: Paths
     say(f"every stage on {args.device} at {precision} (--precision {args.precision})")
     # One stage at a time, each with every thread: measured on 2 cores, the reward model beside two DPO
     # runs (one thread each) took 5.9 s a step against 1.9 s alone, and each DPO run slowed as much, so
-    # side by side cost more wall time than one after another.
+    # side by side cost more wall time than one after another; DPO beside PPO, one thread each, took 1.13 times
+    # the two one after the other (bench/chat_side_by_side.py, docs/DEMO-CHAT.md "Speed levers").
     dpo = {f"dpo/beta_{b:g}": dpo_command(model, paths, budget, b, args.seed, precision) for b in args.dpo_betas}
     stages = {
         "preferences": preferences_command(model, paths, budget, args.judge, args.seed, precision),
