@@ -38,18 +38,26 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the demo's package, beside rlhf_lit in a clone
 
 
-def finished_run(demo: Path) -> dict:
-    """What this bench reads of a finished chat demo run (exits with a message when something is missing)."""
-    wanted = {
-        "ppo_prompts": demo / "data" / "ppo.jsonl",
-        "eval_prompts": demo / "data" / "eval.jsonl",
-        "reward_model": demo / "reward_model" / "model",
-        "instruction": demo / "eval" / "instruction.json",
-        "results": demo / "results.json",
-    }
+def demo_files(demo: Path, **relative: str) -> dict[str, Path]:
+    """``{name: demo / path}`` for each ``name=path`` of a finished chat demo folder that a bench reads; exits
+    with a message naming the first one missing."""
+    wanted = {name: demo / path for name, path in relative.items()}
     for path in wanted.values():
         if not path.exists():
             raise SystemExit(f"--demo {demo}: no {path.relative_to(demo)} (not a finished `make demo-chat` folder)")
+    return wanted
+
+
+def finished_run(demo: Path) -> dict:
+    """What this bench reads of a finished chat demo run (exits with a message when something is missing)."""
+    wanted = demo_files(
+        demo,
+        ppo_prompts="data/ppo.jsonl",
+        eval_prompts="data/eval.jsonl",
+        reward_model="reward_model/model",
+        instruction="eval/instruction.json",
+        results="results.json",
+    )
     results = json.loads(wanted["results"].read_text(encoding="utf-8"))
     dpo = {p.stem: json.loads(p.read_text(encoding="utf-8"))["metrics"] for p in sorted(demo.glob("eval/dpo_*.json"))}
     base = json.loads(wanted["instruction"].read_text(encoding="utf-8"))["metrics"]

@@ -27,6 +27,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from chat_ppo_variants import demo_files
 from results_file import write_result
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,15 +41,13 @@ def demo_stages(demo: Path, folder: Path, model: str, dpo_steps: int, ppo_rollou
     from demo.chat_plan import CHAT_FULL, dpo_command, ppo_command
     from demo.plan import Paths
 
-    wanted = {
-        "pairs": demo / "prefs" / "pairs.jsonl",
-        "ppo_prompts": demo / "data" / "ppo.jsonl",
-        "reward_model": demo / "reward_model" / "model",
-        "results": demo / "results.json",
-    }
-    for path in wanted.values():
-        if not path.exists():
-            raise SystemExit(f"--demo {demo}: no {path.relative_to(demo)} (not a finished `make demo-chat` folder)")
+    wanted = demo_files(
+        demo,
+        pairs="prefs/pairs.jsonl",
+        ppo_prompts="data/ppo.jsonl",
+        reward_model="reward_model/model",
+        results="results.json",
+    )
     precision = json.loads(wanted["results"].read_text(encoding="utf-8"))["precision"]
     paths = Paths(folder.absolute())
     for name, source in (("prefs", wanted["pairs"]), ("data", wanted["ppo_prompts"])):
