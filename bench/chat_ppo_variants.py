@@ -131,7 +131,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default=None, help="SmolLM2-135M-Instruct folder (default: make smollm2's cache)")
     p.add_argument("--out", default="runs/chat_ppo", help="where the variants' fits go (a new folder)")
     p.add_argument("--checkpoint-every", type=int, default=4, help="rollouts between evaluated checkpoints")
-    p.add_argument("--variant", type=parse_variant, action="append", required=True, metavar="NAME=OPTIONS")
+    p.add_argument(
+        "--variant",
+        type=parse_variant,
+        action="append",
+        required=True,
+        metavar="NAME=OPTIONS",
+        help="one PPO fit: OPTIONS are split as a shell line, so a JSON value needs its own quotes",
+    )
     p.add_argument(
         "--seed",
         type=int,
