@@ -3,12 +3,15 @@ and PPO against DPO at equal KL read both ways.
 
     OMP_NUM_THREADS=2 .venv/bin/python bench/chat_dpo_betas.py --demo logs/chat_study/seed_0 --seed 0 \\
         --betas 0.03,0.01 --out runs/dpo_betas_s0
+    # DPO further out: three epochs (the learning rate's linear decay spread over them) at the demo's beta
+    ... --betas 0.1 --options "--trainer.max_epochs 3" --out runs/dpo_3_epochs
 
 1. **the run**: ``--demo`` is a folder ``make demo-chat`` wrote; its best-vs-worst pairs (``prefs/pairs.jsonl``),
    held-out requests (``data/eval.jsonl``) and its evaluations of the instruction model, PPO (its
    checkpoints and export) and DPO (``eval/*.json``) are read, never written;
 2. **DPO per beta**: the demo's own DPO stage (:func:`demo.chat_plan.dpo_command`, ``configs/demo_chat/dpo.yaml``)
-   at each ``--betas`` value, on ``--device``, each under ``--out``;
+   at each ``--betas`` value, on ``--device``, each under ``--out``, with ``--options`` (more ``rlhf-lit fit``
+   options, split as a shell line) appended to each;
 3. **evaluation** as the demo evaluates its policies (one reply per held-out request at PPO's sampling
    settings, seed 0, the run's precision); then PPO against DPO at equal KL both ways: PPO's curve (the
    instruction model at KL 0, its checkpoints, its export) at each DPO policy's KL minus that policy's judge
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import shutil
 import subprocess
 import sys
@@ -80,6 +84,7 @@ def fit_and_evaluate(args: argparse.Namespace, model: str, beta: float) -> dict:
     t0 = time.perf_counter()
     budget = CHAT_TINY if args.tiny else CHAT_FULL
     cmd = on_device(dpo_command(model, paths, budget, beta, args.seed, precision), args.device)
+    cmd += shlex.split(args.options)
     stage = f"dpo/beta_{beta:g}"
     log = paths.root / f"{stage.replace('/', '_')}.log"
     with open(log, "w", encoding="utf-8") as out:
@@ -91,8 +96,11 @@ def fit_and_evaluate(args: argparse.Namespace, model: str, beta: float) -> dict:
     result = evaluate_as_the_demo(str(paths.model(stage)), prompts, model, judge, precision, args.device, budget)
     m = result["metrics"]
     keys = ("judge_mean", "judge_std", "kl_mean", "distinct_2", "length_mean", "ended_fraction", "num_samples")
-    row = {"beta": beta, "fit_s": fit_s, **{k: m[k] for k in keys}}
-    print(f"DPO beta {beta:g}: judge {m['judge_mean']:.3f} at KL {m['kl_mean']:.2f}; fit {fit_s:.0f} s", flush=True)
+    row = {"beta": beta, "options": args.options, "fit_s": fit_s, **{k: m[k] for k in keys}}
+    print(
+        f"DPO beta {beta:g} {args.options}: judge {m['judge_mean']:.3f} at KL {m['kl_mean']:.2f}; fit {fit_s:.0f} s",
+        flush=True,
+    )
     return row
 
 
@@ -105,6 +113,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, required=True, help="the run's seed (DPO's seed_everything)")
     p.add_argument("--betas", type=parse_betas, required=True, metavar="B,B,...")
     p.add_argument("--out", required=True, type=Path, help="a new folder for the DPO runs")
+    p.add_argument(
+        "--options",
+        default="",
+        help="more rlhf-lit fit options for every DPO fit, split as a shell line (e.g. '--trainer.max_epochs 3')",
+    )
     p.add_argument("--model", default=None, help="SmolLM2-135M-Instruct folder (default: make smollm2's cache)")
     p.add_argument("--device", choices=DEVICES, default="cpu")
     p.add_argument("--judge", default=DEFAULT_JUDGE)
@@ -117,7 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "prefs").mkdir(parents=True)
     shutil.copyfile(args.demo / "prefs" / "pairs.jsonl", args.out / "prefs" / "pairs.jsonl")
     rows = [fit_and_evaluate(args, model, beta) for beta in args.betas]
-    dpo = {**before["dpo"], **{f"{r['beta']:g}": (r["kl_mean"], r["judge_mean"]) for r in rows}}
+    label = lambda beta: f"{beta:g} {args.options}".strip()  # noqa: E731  (never the demo's own beta's key)
+    dpo = {**before["dpo"], **{label(r["beta"]): (r["kl_mean"], r["judge_mean"]) for r in rows}}
     comparison = equal_kl(before["instruction"], before["ppo_curve"], dpo)
     print(json.dumps(comparison, indent=1))
     fields = {"demo": str(args.demo), "seed": args.seed, "device": args.device, "rows": rows}

@@ -47,3 +47,29 @@ def test_equal_kl_both_ways_by_hand():
 def test_an_existing_out_folder_is_refused(tmp_path):
     with pytest.raises(SystemExit, match="exists; name a new folder"):
         main(["--demo", str(tmp_path), "--seed", "0", "--betas", "0.03", "--out", str(tmp_path)])
+
+
+def test_options_reach_every_dpo_fit_after_the_demo_stage_options(tmp_path, monkeypatch):
+    import argparse
+    import subprocess
+
+    import chat_dpo_betas
+
+    demo = tmp_path / "demo"
+    demo.mkdir()
+    (demo / "results.json").write_text(json.dumps({"precision": "bf16-mixed"}), encoding="utf-8")
+    seen = []
+
+    def fake_run(cmd, **_):
+        seen.append(cmd)
+        return subprocess.CompletedProcess(cmd, 1)
+
+    monkeypatch.setattr(chat_dpo_betas.subprocess, "run", fake_run)
+    args = argparse.Namespace(
+        demo=demo, out=tmp_path / "out", tiny=True, seed=0, device="cpu", options="--trainer.max_epochs 3"
+    )
+    (tmp_path / "out").mkdir()
+    with pytest.raises(SystemExit, match="DPO at beta 0.1 failed"):
+        chat_dpo_betas.fit_and_evaluate(args, "some/model", 0.1)
+    assert seen[0][-2:] == ["--trainer.max_epochs", "3"]
+    assert seen[0][seen[0].index("--model.init_args.beta") + 1] == "0.1"
