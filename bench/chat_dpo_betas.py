@@ -110,7 +110,12 @@ def main(argv: list[str] | None = None) -> int:
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--demo", required=True, type=Path, help="a finished chat-demo folder")
-    p.add_argument("--seed", type=int, required=True, help="the run's seed (DPO's seed_everything)")
+    p.add_argument(
+        "--seed",
+        type=int,
+        required=True,
+        help="DPO's seed_everything (it draws nothing in DPO: the data's seed does, --options '--data.init_args.seed N')",
+    )
     p.add_argument("--betas", type=parse_betas, required=True, metavar="B,B,...")
     p.add_argument("--out", required=True, type=Path, help="a new folder for the DPO runs")
     p.add_argument(
