@@ -33,10 +33,14 @@ from rlhf_lit.data.rendering import (
 
 class RenderedPrompts(NamedTuple):
     """Prompts as the policy reads them: ``texts`` (the rendered text, the plain string itself when
-    not rendered) and ``ids`` (its token ids, the tokenizer's specials in front of plain strings)."""
+    not rendered) and ``ids`` (its token ids, the tokenizer's specials in front of plain strings);
+    ``end_of_turn``: the id the chat template ends an assistant turn with when any prompt was rendered
+    with it (:meth:`~rlhf_lit.data.encoding.TextEncoder.end_of_turn_id`: what a reward model trained on
+    those conversations read at the end of every response), else None (the EOS ends a response)."""
 
     texts: list[str]
     ids: list[list[int]]
+    end_of_turn: int | None = None
 
 
 def rendering_line(where: str, rendering: TemplateRendering, prompts: Sequence[TextOrConversation]) -> str:
@@ -71,4 +75,7 @@ def render_prompts(
     """``prompts`` rendered and tokenized by the rule of the module docstring (a conversation with a
     tokenizer that has no template: the data modules' one error)."""
     encoder = TextEncoder(tokenizer, apply_chat_template=rendering.chat)  # a conversation: its template required
-    return RenderedPrompts([encoder.render_prompt(p) for p in prompts], encoder.encode_prompts(prompts))
+    texts, ids = [encoder.render_prompt(p) for p in prompts], encoder.encode_prompts(prompts)
+    templated = rendering.chat or any(map(is_conversation, prompts))
+    end_of_turn = TextEncoder(tokenizer, apply_chat_template=True).end_of_turn_id() if templated else None
+    return RenderedPrompts(texts, ids, end_of_turn)

@@ -169,8 +169,10 @@ def policy_prompts(
     prompt_set = as_prompt_set(prompts, tokenizer, chat_template, "--prompts")
     rendering = prompt_rendering(chat_template, tokenizer, "--chat-template", prompt_set.format)
     log.info("%s", rendering_line(prompt_set.where, rendering, prompt_set.prompts))
-    texts, ids = render_prompts(tokenizer, prompt_set.prompts, rendering)
-    return RenderedPrompts([t for t in texts for _ in range(repeat)], [x for x in ids for _ in range(repeat)])
+    texts, ids, end_of_turn = render_prompts(tokenizer, prompt_set.prompts, rendering)
+    return RenderedPrompts(
+        [t for t in texts for _ in range(repeat)], [x for x in ids for _ in range(repeat)], end_of_turn
+    )
 
 
 @dataclass
@@ -216,7 +218,9 @@ def sample_and_measure(
     from rlhf_lit.models.teacher_forced import response_logprobs
 
     stop_ids = stop_token_ids(models.policy, models.tokenizer)
-    eos_id = stop_ids[0]  # appended to cut responses for the RM (with_eos)
+    # Appended to cut responses for the RM (with_eos): the id a response ended with in the RM's data: a chat
+    # template's end of turn for prompts rendered with it, else the EOS.
+    eos_id = stop_ids[0] if prompts.end_of_turn is None else prompts.end_of_turn
     markers = marker_token_ids(models.tokenizer, stop_ids)
     t0 = time.perf_counter()
     batches = sample_batches(

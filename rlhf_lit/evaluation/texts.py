@@ -69,6 +69,28 @@ def prompt_texts(tokenizer: PreTrainedTokenizerBase, rows: Any, skip_special_tok
     """
     ids = rows.query_responses[:, : rows.prompt_length].cpu()  # (B, P)
     real = rows.attention_mask[:, : rows.prompt_length].bool().cpu()  # (B, P)
-    return [
-        tokenizer.decode(row[keep].tolist(), skip_special_tokens=skip_special_tokens) for row, keep in zip(ids, real)
-    ]
+    if skip_special_tokens:
+        return [tokenizer.decode(row[keep].tolist(), skip_special_tokens=True) for row, keep in zip(ids, real)]
+    return [rendered_text(tokenizer, row[keep].tolist()) for row, keep in zip(ids, real)]
+
+
+def rendered_text(tokenizer: PreTrainedTokenizerBase, ids: list[int]) -> str:
+    """The text whose tokenization (without added specials) is ``ids``, as a chat template rendered it: each
+    special token as its own text, each run of other tokens decoded on its own, no clean-up of spaces.
+
+    Decoded whole, a sentencepiece tokenizer writes a space after a special token (``'<s> User: ...'`` for the
+    ids of ``'<s>User: ...'``), which a judge tokenizing the text again reads as one more token than the
+    policy did."""
+    special = set(tokenizer.all_special_ids)
+    parts: list[str] = []
+    run: list[int] = []
+    for token in [*ids, None]:  # None: the end, which closes the last run
+        if token is not None and token not in special:
+            run.append(token)
+            continue
+        if run:
+            parts.append(tokenizer.decode(run, clean_up_tokenization_spaces=False))
+            run = []
+        if token is not None:
+            parts.append(tokenizer.convert_ids_to_tokens(token))
+    return "".join(parts)

@@ -106,9 +106,12 @@ def test_a_judge_reading_query_response_gets_each_prompt_as_the_policy_read_it_t
     tiny_trainer(tmp_path).fit(module, _loader(module, copies=1))
     r = rollouts[0][0]
     responses = response_texts(module.tokenizer, r.query_responses, r.attention_mask, r.response_mask, r.ended)
-    # by hand: the prompts as tokenized (BOS first: stories260K's tokenizer adds one), then the response
-    prompts = [module.tokenizer.decode(module.tokenizer(p)["input_ids"]) for p in PROMPTS]
-    assert prompts[0].startswith(module.tokenizer.bos_token)
+    # by hand: the prompts as the policy read them (BOS first: stories260K's tokenizer adds one), written so that
+    # tokenizing the text again gives those ids (no space after <s>), then the response
+    prompts = [module.tokenizer.bos_token + p for p in PROMPTS]
+    assert [module.tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts] == [
+        module.tokenizer(p)["input_ids"] for p in PROMPTS
+    ]
     assert JUDGED == [[p + t for p, t in zip(prompts, responses, strict=True)]]
     with pytest.raises(ValueError, match="judge_reads must be one of response, query_response; got 'prompt'"):
         tiny_module(judge_reads="prompt")

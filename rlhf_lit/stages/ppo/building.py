@@ -37,7 +37,7 @@ from rlhf_lit.tokenizer import check_same_vocabulary
 
 
 def build_models(stage: StageModule) -> None:
-    """Set ``stage``'s tokenizer, policy, ``stop_ids``, reference, reward model and critic, as its
+    """Set ``stage``'s tokenizer, policy, ``stop_ids`` (and ``response_end_id``), reference, reward model and critic, as its
     settings ask (``lora_cfg``, ``critic_lora_cfg``, ``memory``, ``reward_cfg``, ``estimator``, and of its
     hyperparameters the models' paths, ``tokenizer_path``, ``missing_pad``, ``critic``, the loading options
     of :func:`stage_loading` and ``trainable_layers``). Every model is loaded through that one
@@ -66,6 +66,9 @@ def build_models(stage: StageModule) -> None:
     # Every id that ends a response (the model may list several): sampling, masks, the reward
     # position and the missing-EOS penalty all follow from this one set.
     stage.stop_ids = stop_token_ids(policy, tokenizer)
+    # What the reward model reads after a cut response (reward.unfinished: with_eos): the EOS, or, for chat
+    # prompts, the template's end of turn (check_data_module sets it, from the data module).
+    stage.response_end_id = stage.stop_ids[0]
     base_vocab = policy.config.vocab_size
     for what, path in (("reward_model", reward_model), ("value_model", value_model)):
         if path is not None:  # before loading: a mismatched RM would be resized to fit silently

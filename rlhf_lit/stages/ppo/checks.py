@@ -161,7 +161,10 @@ def check_data_module(stage: StageModule) -> None:
     """Refuse, before any work is done: PPO-ptx without a second data source, a prompt batch the
     minibatches cannot divide, and for prompts rendered with the chat template (``chat_rendered``) a
     template end of turn that does not stop generation (:func:`check_end_of_turn_stops`) or a reward
-    model trained on another rendering (it reads the rendered conversation's ids as they are).
+    model trained on another rendering (it reads the rendered conversation's ids as they are). For those
+    prompts it sets ``stage.response_end_id`` to the template's end of turn: the token a cut response gets
+    before the reward model reads it (``reward.unfinished: with_eos``), as the reward model's chat data
+    ended every response (a template may end turns with a token of its own, not the EOS).
 
     The data module (``stage.trainer.datamodule``) is duck-typed (stages never import data): ``batch_size``,
     ``ptx_dataloader``, ``chat_rendered`` and ``end_of_turn_id()`` are looked for, not required. Of the stage it
@@ -177,6 +180,8 @@ def check_data_module(stage: StageModule) -> None:
         return
     end = datamodule.end_of_turn_id()  # PromptDataModule.end_of_turn_id: no data import
     check_end_of_turn_stops(end, stage.stop_ids, tokenizer.convert_ids_to_tokens(end) if end is not None else "")
+    if end is not None:  # a chat reward model was trained on responses ending with it, not with the EOS
+        stage.response_end_id = end
     reward_model = stage.hparams.reward_model
     if stage.reward_cfg.uses_reward_model and reward_model:
         model = member_paths(reward_model)[0] if is_reward_ensemble(reward_model) else reward_model

@@ -335,9 +335,9 @@ class PPOModule(PPOCheckpoints, StageModule):
         return call_on_own_device(normalised_scores, self.reward_model, query_responses, attention_mask)
 
     def reward_model_inputs(self, gen: Generated) -> tuple[torch.Tensor, torch.Tensor]:
-        """The rows the reward model reads: as sampled, or with EOS after unfinished responses
-        (``reward.unfinished``, :data:`~rlhf_lit.models.scoring.UnfinishedScoring`)."""
-        return reward_model_rows(gen, self.reward_cfg.unfinished, self.stop_ids[0], self.tokenizer.pad_token_id)
+        """The rows the reward model reads: as sampled, or with ``response_end_id`` (the EOS, or a chat template's
+        end of turn) after unfinished responses (``reward.unfinished``, :data:`~rlhf_lit.models.scoring.UnfinishedScoring`)."""
+        return reward_model_rows(gen, self.reward_cfg.unfinished, self.response_end_id, self.tokenizer.pad_token_id)
 
     def minibatch_loss(self, mb: Rollout, passes: tuple | None = None) -> tuple[torch.Tensor, LossStats]:
         """:func:`~rlhf_lit.stages.ppo.loss.ppo_loss` of the policy (and critic) now, as this rank's share

@@ -37,6 +37,7 @@ class RolloutStage(Protocol):
         reference: the frozen reference policy (its logprobs; a calibrated reward's samples).
         tokenizer: the run's tokenizer (decodes the responses).
         stop_ids: the ids that end a response.
+        response_end_id: the id the reward model reads after a cut response (``reward.unfinished: with_eos``).
         sampling, ppo, reward_cfg, kl_cfg: the ``sampling``, ``ppo``, ``reward`` and ``kl`` settings.
         kl_ctl: the KL controller (its coefficient shapes the rewards).
         estimator: the advantage estimator (``ppo.estimator``).
@@ -49,6 +50,7 @@ class RolloutStage(Protocol):
     reference: Reference
     tokenizer: PreTrainedTokenizerBase
     stop_ids: tuple[int, ...]
+    response_end_id: int
     sampling: SamplingConfig
     ppo: PPOConfig
     reward_cfg: RewardConfig
