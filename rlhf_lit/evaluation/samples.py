@@ -80,8 +80,9 @@ def check_same_tokenizer(tokenizer, reference: str) -> None:
         )
 
 
-def check_reward_model(path: str) -> None:
-    """Refuse a ``--reward-model`` saved as another kind of model (a causal LM has no trained score head).
+def check_reward_model(path: str, option: str = "--reward-model") -> None:
+    """Refuse a reward model (the ``option`` that gave it) saved as another kind of model (a causal LM has no
+    trained score head): ``rlhf-lit evaluate`` and ``best-of-n``, ``iterate``'s settings and PPO's ``fit``.
 
     Loading one as a reward model would give it a fresh random head: scores that mean nothing.
     A reward-model ensemble (:mod:`rlhf_lit.models.reward_ensemble`) is read through its manifest.
@@ -97,7 +98,7 @@ def check_reward_model(path: str) -> None:
     architectures = getattr(AutoConfig.from_pretrained(path), "architectures", None) or []
     if architectures and not any(a.endswith("ForSequenceClassification") for a in architectures):
         raise ValueError(
-            f"--reward-model {path} is a {', '.join(architectures)}, not a reward model (no trained score head); "
+            f"{option} {path} is a {', '.join(architectures)}, not a reward model (no trained score head); "
             "give the reward-model stage's export"
         )
 

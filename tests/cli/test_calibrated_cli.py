@@ -6,13 +6,13 @@ from __future__ import annotations
 import csv
 import math
 
-from cli_helpers import ROOT, STORIES, run_main, tiny_ppo_overrides
+from cli_helpers import ROOT, run_main, tiny_ppo_overrides
 
 CONFIG = str(ROOT / "configs" / "offline" / "ppo_calibrated.yaml")
 RUN = "runs/calibrated"
 
 
-def test_the_calibrated_config_runs_and_logs_the_quantile(tmp_path):
+def test_the_calibrated_config_runs_and_logs_the_quantile(tmp_path, stories_rm):
     result = run_main(
         "fit",
         "--config",
@@ -21,7 +21,7 @@ def test_the_calibrated_config_runs_and_logs_the_quantile(tmp_path):
         RUN,
         *tiny_ppo_overrides(RUN),
         "--model.init_args.reward_model",
-        str(STORIES),
+        stories_rm,
         "--model.init_args.reward.calibration_samples",
         "3",
         cwd=tmp_path,

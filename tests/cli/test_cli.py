@@ -147,7 +147,7 @@ def test_a_choice_option_shows_its_default_takes_its_other_value_and_names_itsel
     assert "Traceback" not in refused.stderr
 
 
-def test_compiled_passes_refuse_lora_with_gradient_checkpointing_in_one_line():
+def test_compiled_passes_refuse_lora_with_gradient_checkpointing_in_one_line(stories_rm):
     ppo = str(ROOT / "configs/offline/ppo.yaml")
     refused = _cli(
         "fit",
@@ -162,7 +162,7 @@ def test_compiled_passes_refuse_lora_with_gradient_checkpointing_in_one_line():
         "--model.init_args.sft_model",
         str(ROOT / "assets/models/stories260K"),
         "--model.init_args.reward_model",
-        str(ROOT / "assets/models/stories260K"),
+        stories_rm,
     )
     assert refused.returncode != 0 and "Traceback" not in refused.stderr
     lines = [line for line in refused.stderr.splitlines() if line.startswith("rlhf-lit: error:")]

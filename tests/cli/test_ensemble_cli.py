@@ -75,7 +75,7 @@ def test_an_ensemble_trains_exports_and_drives_ppo_from_the_shipped_configs(tmp_
         assert abs(float(row["reward/reward_model"]) - (sum(members) / 4 - 0.5 * std)) < 1e-4
 
 
-def test_bad_aggregate_settings_are_one_error_line(tmp_path):
+def test_bad_aggregate_settings_are_one_error_line(tmp_path, stories_rm):
     bad = '{"sources": [{"name": "reward_model", "aggregate": "median"}]}'
     result = run_main(
         "fit", "--config", PPO_CONFIG, "--run_dir", RUN, *TINY_PPO, "--model.init_args.reward", bad, cwd=tmp_path
@@ -94,7 +94,7 @@ def test_bad_aggregate_settings_are_one_error_line(tmp_path):
         RUN,
         *TINY_PPO,
         "--model.init_args.reward_model",
-        str(STORIES260K),
+        stories_rm,
         "--model.init_args.reward",
         negative,
         cwd=tmp_path,
@@ -110,7 +110,7 @@ def test_bad_aggregate_settings_are_one_error_line(tmp_path):
         RUN,
         *TINY_PPO,
         "--model.init_args.reward_model",
-        str(STORIES260K),
+        stories_rm,
         "--model.init_args.reward",
         single,
         cwd=tmp_path,
@@ -118,7 +118,7 @@ def test_bad_aggregate_settings_are_one_error_line(tmp_path):
     assert result.returncode == 1
     assert error_line(result) == (
         f"rlhf-lit: error: reward source 'reward_model': aggregate worst_case needs a reward-model ensemble; "
-        f"model.reward_model {STORIES260K} is a single reward model (no ensemble.json)"
+        f"model.reward_model {stories_rm} is a single reward model (no ensemble.json)"
     )
 
 

@@ -8,6 +8,7 @@ prints no warning it does not mean, and TensorBoard gets no placeholder ``hp_met
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -75,6 +76,29 @@ def test_max_steps_is_refused_for_ppo_before_any_rollout(tmp_path, stories_rm):
     line = error_line(result)
     assert "--trainer.max_steps 2 counts optimizer steps" in line and "--model.init_args.max_rollouts" in line
     assert not (tmp_path / "ckpt").exists() and not (tmp_path / "export").exists()
+
+
+def test_a_policy_given_as_ppos_reward_model_is_refused_before_anything_is_built(tmp_path, stories_rm):
+    # A causal LM has no trained score head: loaded as the reward model it gets a new random one, and PPO
+    # would climb noise. `rlhf-lit evaluate` refuses it; so does `fit`, before any model is loaded.
+    write_yaml(tmp_path / "ppo.yaml", ppo_config(tmp_path, STORIES, str(STORIES)))
+    result = run_main("fit", "--config", "ppo.yaml", cwd=tmp_path)
+    assert result.returncode == 2
+    assert error_line(result) == (
+        f"rlhf-lit: error: --model.init_args.reward_model {STORIES} is a LlamaForCausalLM, not a reward model "
+        "(no trained score head); give the reward-model stage's export"
+    )
+    assert not (tmp_path / "ckpt").exists() and not (tmp_path / "export").exists()
+    # Read only to start the critic (the reward is a function), it is not refused: a causal LM may start a critic.
+    judge = '[{"name": "truth", "function": "rlhf_lit.rewards.rules:mentions_ground_truth"}]'
+    from rlhf_lit.cli import stage_refusal
+
+    ppo = {"class_path": "rlhf_lit.stages.PPOModule", "init_args": {"reward_model": str(STORIES)}}
+    assert "not a reward model" in stage_refusal(ppo, {})
+    ppo["init_args"]["reward"] = {"sources": json.loads(judge)}
+    assert stage_refusal(ppo, {}) is None
+    ppo["init_args"] = {"reward_model": stories_rm}
+    assert stage_refusal(ppo, {}) is None
 
 
 def test_the_cli_asks_the_stage_it_builds_what_it_refuses():

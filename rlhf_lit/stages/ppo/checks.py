@@ -6,6 +6,7 @@ several groups or constructor arguments is checked here, in one place, with one 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -210,6 +211,27 @@ def refusal_before_build(cls: type, init_args: Mapping[str, Any], plan: TrainerP
     forward = _option(init_args.get("ppo") or {}, "forward")
     try:
         check_sharded_compile(decode, forward, plan.shards_models)
-    except ValueError as refusal:
+        check_reward_model_head(init_args)
+    except (ValueError, OSError) as refusal:
         return str(refusal)
     return None
+
+
+def check_reward_model_head(init_args: Mapping[str, Any]) -> None:
+    """Refuse a local ``reward_model`` that PPO scores with but that has no trained score head (a policy's
+    export, a causal LM): loaded as a reward model it would get a new random head, and PPO would climb noise
+    with no error (:func:`~rlhf_lit.evaluation.samples.check_reward_model`, as ``rlhf-lit evaluate`` refuses it).
+    A reward model read only to start the critic, or given by name from the hub, is not checked here."""
+    from rlhf_lit.evaluation.samples import check_reward_model
+
+    path = init_args.get("reward_model")
+    sources = _option(init_args.get("reward") or {}, "sources")
+    scores_with_it = sources is None or any(_option(source, "function") is None for source in sources)
+    if not (path and scores_with_it and os.path.isdir(os.path.expanduser(str(path)))):
+        return
+    try:
+        check_reward_model(str(path), "--model.init_args.reward_model")
+    except (ValueError, OSError) as refusal:
+        if "not a reward model" in str(refusal):
+            raise
+        # Anything else (a damaged config or manifest): the build's checks name the file, as for every model.
