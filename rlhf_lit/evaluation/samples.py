@@ -80,6 +80,10 @@ def check_same_tokenizer(tokenizer, reference: str) -> None:
         )
 
 
+class NotARewardModel(ValueError):
+    """A model given as a reward model that has no trained score head (:func:`check_reward_model`)."""
+
+
 def check_reward_model(path: str, option: str = "--reward-model") -> None:
     """Refuse a reward model (the ``option`` that gave it) saved as another kind of model (a causal LM has no
     trained score head): ``rlhf-lit evaluate`` and ``best-of-n``, ``iterate``'s settings and PPO's ``fit``.
@@ -97,7 +101,7 @@ def check_reward_model(path: str, option: str = "--reward-model") -> None:
 
     architectures = getattr(AutoConfig.from_pretrained(path), "architectures", None) or []
     if architectures and not any(a.endswith("ForSequenceClassification") for a in architectures):
-        raise ValueError(
+        raise NotARewardModel(
             f"{option} {path} is a {', '.join(architectures)}, not a reward model (no trained score head); "
             "give the reward-model stage's export"
         )

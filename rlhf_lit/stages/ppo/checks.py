@@ -222,7 +222,7 @@ def check_reward_model_head(init_args: Mapping[str, Any]) -> None:
     export, a causal LM): loaded as a reward model it would get a new random head, and PPO would climb noise
     with no error (:func:`~rlhf_lit.evaluation.samples.check_reward_model`, as ``rlhf-lit evaluate`` refuses it).
     A reward model read only to start the critic, or given by name from the hub, is not checked here."""
-    from rlhf_lit.evaluation.samples import check_reward_model
+    from rlhf_lit.evaluation.samples import NotARewardModel, check_reward_model
 
     path = init_args.get("reward_model")
     sources = _option(init_args.get("reward") or {}, "sources")
@@ -231,7 +231,7 @@ def check_reward_model_head(init_args: Mapping[str, Any]) -> None:
         return
     try:
         check_reward_model(str(path), "--model.init_args.reward_model")
-    except (ValueError, OSError) as refusal:
-        if "not a reward model" in str(refusal):
-            raise
-        # Anything else (a damaged config or manifest): the build's checks name the file, as for every model.
+    except NotARewardModel:
+        raise
+    except (ValueError, OSError):
+        pass  # a damaged config or manifest: the build's checks name the file, as for every model
