@@ -61,6 +61,11 @@ def vader(texts: Sequence[str]) -> list[float]:
     return [float(analyzer.polarity_scores(t)["compound"]) for t in texts]
 
 
+PROBE_TEXTS = ("Once upon a time there was a happy dog.",)
+"""What a function judge is asked once when it is loaded (:class:`CheckedJudge`): a judge that cannot score a
+plain sentence is refused there, not after the first rollout's sampling."""
+
+
 class CheckedJudge:
     """A loaded judge that checks its output; picklable (it holds the spec, not a closure).
 
@@ -70,11 +75,18 @@ class CheckedJudge:
 
     def __init__(self, spec: str) -> None:
         self.spec, self.fn = spec, resolve_callable(spec, "judge spec", DEFAULT_JUDGE)
+        self(PROBE_TEXTS)  # a judge that cannot score is refused where it is loaded, before any sampling
 
     def __call__(self, texts: Sequence[str]) -> list[float]:
-        """One finite float per text; anything else raises an error naming the spec."""
+        """One finite float per text; anything else (a judge that raises, too) raises an error naming the spec."""
         texts = list(texts)
-        scores = list(self.fn(texts))
+        try:
+            scores = list(self.fn(texts))
+        except Exception as error:  # the user's function: whatever it raises is one line naming it
+            raise ValueError(
+                f"judge {self.spec!r} failed on {len(texts)} text(s): {type(error).__name__}: {error} "
+                "(a judge takes a list of texts and returns one number per text)"
+            ) from error
         if len(scores) != len(texts):
             raise ValueError(f"judge {self.spec!r} returned {len(scores)} scores for {len(texts)} texts")
         out = []

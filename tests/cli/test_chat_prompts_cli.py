@@ -85,7 +85,8 @@ def test_a_judge_reading_the_prompt_gets_the_ids_the_policy_read(tmp_path, fed):
         "query_response",
     )
     assert fed == [ids_of("System: Be kind.\nUser: Tell a story\nAssistant:")]
-    assert TOKENIZED[0][: len(fed[0])] == fed[0]  # the rendered prompt, its <s> once, then the response
+    # The last text it read (the first is the plain sentence every function judge is asked when it is loaded):
+    assert TOKENIZED[-1][: len(fed[0])] == fed[0]  # the rendered prompt, its <s> once, then the response
 
 
 def test_chat_template_never_keeps_plain_strings(tmp_path, fed):

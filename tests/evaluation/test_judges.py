@@ -45,7 +45,7 @@ def judge_module(tmp_path, monkeypatch):
         "def not_finite(texts):\n"
         "    return [float('nan') for t in texts]\n"
         "def words(texts):\n"
-        "    return [1.0, 'good']\n"
+        "    return [1.0] + ['good'] * (len(texts) - 1)\n"
         "THRESHOLD = 3\n"
     )
     (tmp_path / "broken_judge.py").write_text("import no_such_dependency_xyz\n")
@@ -90,10 +90,20 @@ def test_missing_dependency_inside_judge_module_is_not_blamed_on_spec(judge_modu
 def test_judge_output_is_checked(judge_module):
     with pytest.raises(ValueError, match=r"'my_judges:too_few' returned 1 scores for 2 texts"):
         load_judge("my_judges:too_few")(["a", "b"])
-    with pytest.raises(ValueError, match=r"'my_judges:not_finite' returned a non-finite score \(nan\) for text 0"):
-        load_judge("my_judges:not_finite")(["a"])
     with pytest.raises(ValueError, match=r"'my_judges:words' returned 'good' \(str\) for text 1; a judge returns one"):
         load_judge("my_judges:words")(["a", "b"])
+
+
+def test_a_judge_that_cannot_score_is_refused_where_it_is_loaded(judge_module):
+    # Asked once with a plain sentence when loaded: refused before any sampling, in one line naming it.
+    with pytest.raises(ValueError, match=r"'my_judges:not_finite' returned a non-finite score \(nan\) for text 0"):
+        load_judge("my_judges:not_finite")
+    with pytest.raises(
+        ValueError, match=r"^judge 'os:getcwd' failed on 1 text\(s\): TypeError: .*one number per text\)$"
+    ):
+        load_judge("os:getcwd")
+    with pytest.raises(ValueError, match=r"^judge 'json:dumps' returned \d+ scores for 1 texts$"):
+        load_judge("json:dumps")
 
 
 def test_vader_missing_says_how_to_install(monkeypatch):
