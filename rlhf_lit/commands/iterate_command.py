@@ -42,6 +42,7 @@ from rlhf_lit.commands.iterate_config import IterateConfig, PromptsGroup, read_c
 from rlhf_lit.commands.iterate_labels import JudgeScorer, Scorer, as_policy_read, read_labels_file
 from rlhf_lit.commands.options import CommandParser, OptionError
 from rlhf_lit.commands.seeds_command import model_class_path
+from rlhf_lit.integrity import DamagedFile, check_json_file
 
 #: iterate.json's record of whether the loop's labels hold chats (the policy reads string prompts in its template).
 CHAT_RENDERED_KEY = "chat_rendered"
@@ -148,6 +149,32 @@ def comparable(config: dict) -> dict:
     return {**asdict(IterateConfig()), **config, "prompts": prompts}
 
 
+def read_snapshot(snapshot: str, where: str) -> dict | None:
+    """``iterate.json`` as the loop wrote it, or None when there is none or another program wrote it.
+
+    Raises:
+        OptionError: it is there but damaged (cut short, empty, not JSON) or its ``config`` is not a mapping: it
+            keeps the loop's config, which a rerun is checked against, so it is never redone in silence.
+    """
+    if not os.path.isfile(snapshot):
+        return None
+    try:
+        kept = check_json_file(snapshot)
+    except DamagedFile as damage:
+        raise OptionError(
+            f"{where}: {damage}; it keeps the loop's config, which a rerun is checked against: restore it, "
+            "or give a new run_dir"
+        ) from None
+    if not (isinstance(kept, dict) and kept.get(WRITTEN_BY_KEY) == steps.WRITTEN_BY):
+        return None
+    if not isinstance(kept.get("config"), dict):
+        raise OptionError(
+            f"{where}: {snapshot}: field 'config' is {'missing' if 'config' not in kept else 'not a mapping'} "
+            "(rlhf-lit iterate writes the loop's config there): restore it, or give a new run_dir"
+        )
+    return kept
+
+
 def check_run_dir(config: IterateConfig, where: str, chat: bool) -> None:
     """Refuse a run directory another program wrote, this loop with another config (more iterations extend it),
     or one whose labels were rendered otherwise than the policy reads prompts now (``chat``): a reward model
@@ -155,7 +182,7 @@ def check_run_dir(config: IterateConfig, where: str, chat: bool) -> None:
     snapshot = os.path.join(config.run_dir, "iterate.json")
     if not os.path.isdir(config.run_dir) or not os.listdir(config.run_dir):
         return
-    kept = steps.intact_json(snapshot)
+    kept = read_snapshot(snapshot, where)
     if kept is None:
         raise OptionError(
             f"{where}: run_dir {config.run_dir} is not empty and holds no iterate.json of rlhf-lit "
