@@ -90,12 +90,12 @@ def test_a_policy_given_as_ppos_reward_model_is_refused_before_anything_is_built
     )
     assert not (tmp_path / "ckpt").exists() and not (tmp_path / "export").exists()
     # Read only to start the critic (the reward is a function), it is not refused: a causal LM may start a critic.
-    judge = '[{"name": "truth", "function": "rlhf_lit.rewards.rules:mentions_ground_truth"}]'
+    function_only = '[{"name": "truth", "function": "rlhf_lit.rewards.rules:mentions_ground_truth"}]'
     from rlhf_lit.cli import stage_refusal
 
     ppo = {"class_path": "rlhf_lit.stages.PPOModule", "init_args": {"reward_model": str(STORIES)}}
     assert "not a reward model" in stage_refusal(ppo, {})
-    ppo["init_args"]["reward"] = {"sources": json.loads(judge)}
+    ppo["init_args"]["reward"] = {"sources": json.loads(function_only)}
     assert stage_refusal(ppo, {}) is None
     ppo["init_args"] = {"reward_model": stories_rm}
     assert stage_refusal(ppo, {}) is None

@@ -226,6 +226,8 @@ def check_reward_model_head(init_args: Mapping[str, Any]) -> None:
 
     path = init_args.get("reward_model")
     sources = _option(init_args.get("reward") or {}, "sources")
+    # RewardConfig.uses_reward_model's rule, on the parsed options (no RewardConfig is built before the stage):
+    # the default sources are the reward model; a source without a function is the reward model.
     scores_with_it = sources is None or any(_option(source, "function") is None for source in sources)
     if not (path and scores_with_it and os.path.isdir(os.path.expanduser(str(path)))):
         return
