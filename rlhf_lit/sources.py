@@ -305,7 +305,8 @@ def from_pretrained(load: Callable[..., T], name_or_path: str, what: str, kind: 
     """``load(name_or_path, **kwargs)`` (a ``from_pretrained``) after :func:`model_source`'s checks.
 
     A hub name that fails to load (no network, not cached, no such repository) raises one
-    :class:`SourceError` naming it, instead of the loader's chained tracebacks.
+    :class:`SourceError` naming it, instead of the loader's chained tracebacks; so does a local folder whose
+    tokenizer files do not parse, or whose ``config.json`` holds a value transformers cannot read.
     """
     hub_kwargs = model_source(name_or_path, what, kind)
     try:
@@ -315,6 +316,19 @@ def from_pretrained(load: Callable[..., T], name_or_path: str, what: str, kind: 
             raise  # a local directory the loader could not read: its own message says which file
         raise loading_error(name_or_path, what, error, hub_kwargs) from error
     except (ValueError, TypeError) as error:  # tokenizer files there that do not load: named, never a traceback
+        damaged = unloadable_tokenizer(name_or_path, what, error) if kind == "tokenizer" else None
+        if damaged is None:
+            raise
+        raise damaged from None
+    except (AttributeError, KeyError) as error:  # a config.json value transformers cannot read ("dtype": "float99")
+        if not os.path.isdir(os.path.expanduser(name_or_path)):
+            raise
+        first = next((line.strip() for line in str(error).splitlines() if line.strip()), "")
+        raise DamagedSource(
+            f"{what} {name_or_path!r} cannot be loaded ({type(error).__name__}: {first}): a value of its "
+            "config.json is not one transformers reads; restore the file from the export"
+        ) from error
+    except Exception as error:  # the tokenizers library raises a bare Exception for a tokenizer.json it cannot parse
         damaged = unloadable_tokenizer(name_or_path, what, error) if kind == "tokenizer" else None
         if damaged is None:
             raise

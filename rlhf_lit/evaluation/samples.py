@@ -94,12 +94,14 @@ def check_reward_model(path: str, option: str = "--reward-model") -> None:
     from transformers import AutoConfig
 
     from rlhf_lit.models.reward_ensemble import is_reward_ensemble, read_manifest
+    from rlhf_lit.sources import from_pretrained
 
     if is_reward_ensemble(path):
         read_manifest(path)  # a broken manifest is refused here, naming the file
         return
 
-    architectures = getattr(AutoConfig.from_pretrained(path), "architectures", None) or []
+    config = from_pretrained(AutoConfig.from_pretrained, path, option)  # a config it cannot read: one line
+    architectures = getattr(config, "architectures", None) or []
     if architectures and not any(a.endswith("ForSequenceClassification") for a in architectures):
         raise NotARewardModel(
             f"{option} {path} is a {', '.join(architectures)}, not a reward model (no trained score head); "
@@ -194,6 +196,22 @@ class Samples:
     rm_scores: list[float] | None = None
 
 
+def check_prompt_lengths(
+    models: Models, prompts: RenderedPrompts, max_new_tokens: int, unfinished: UnfinishedScoring
+) -> None:
+    """Refuse, before sampling, a row (the longest prompt and ``max_new_tokens``; the reward model's one longer
+    when a cut response gets an end, ``with_eos``) longer than a model's learned position table
+    (:func:`~rlhf_lit.models.positions.check_sequence_length`)."""
+    from rlhf_lit.models.positions import check_sequence_length
+
+    longest = max((len(ids) for ids in prompts.ids), default=0)
+    where = f"the longest prompt, {longest} tokens, + max_new_tokens {max_new_tokens}"
+    check_sequence_length([models.policy, models.reference], longest + max_new_tokens, where)
+    end = unfinished == "with_eos"
+    where += ", + the end a cut response gets (with_eos)" if end else ""
+    check_sequence_length([models.reward_model], longest + max_new_tokens + end, where)
+
+
 def sample_and_measure(
     models: Models,
     prompts: RenderedPrompts,
@@ -222,6 +240,7 @@ def sample_and_measure(
     from rlhf_lit.models.scoring import reward_model_rows
     from rlhf_lit.models.teacher_forced import response_logprobs
 
+    check_prompt_lengths(models, prompts, sampling.max_new_tokens, unfinished)
     stop_ids = stop_token_ids(models.policy, models.tokenizer)
     # Appended to cut responses for the RM (with_eos): the id a response ended with in the RM's data: a chat
     # template's end of turn for prompts rendered with it, else the EOS.

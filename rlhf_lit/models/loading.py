@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -20,7 +21,7 @@ from transformers import (
 )
 
 from rlhf_lit.models.kernels import fuse_activations
-from rlhf_lit.sources import from_pretrained
+from rlhf_lit.sources import DamagedSource, SourceError, from_pretrained
 
 log = logging.getLogger(__name__)
 
@@ -120,23 +121,55 @@ def _fit_to_tokenizer(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
         model.generation_config.pad_token_id = tokenizer.pad_token_id
 
 
-class _DropLoadReport(logging.Filter):
-    """Drops transformers' "LOAD REPORT" record (a table of missing / unexpected weights)."""
+class _HeldLoadReport(logging.Filter):
+    """Holds back transformers' "LOAD REPORT" record (a table of missing / unexpected / mismatched weights)
+    while a model loads: kept in ``records`` for the caller to print, check or drop."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
 
     def filter(self, record: logging.LogRecord) -> bool:
-        """False (drop) for the load report, True for every other record."""
-        return "LOAD REPORT" not in str(record.msg)
+        """False (held) for the load report, True for every other record."""
+        if "LOAD REPORT" in str(record.msg):
+            self.records.append(record)
+            return False
+        return True
 
 
 @contextlib.contextmanager
-def _without_load_report() -> Iterator[None]:
-    """Hide transformers' load report while loading; the caller checks the loading info itself."""
-    logger, report_filter = logging.getLogger("transformers.modeling_utils"), _DropLoadReport()
-    logger.addFilter(report_filter)
+def _holding_load_report() -> Iterator[_HeldLoadReport]:
+    """Hold transformers' load report while loading (:class:`_HeldLoadReport`)."""
+    logger, held = logging.getLogger("transformers.modeling_utils"), _HeldLoadReport()
+    logger.addFilter(held)
     try:
-        yield
+        yield held
     finally:
-        logger.removeFilter(report_filter)
+        logger.removeFilter(held)
+
+
+_MISMATCH = re.compile(
+    r"^\s*(\S+)\s*\|\s*MISMATCH\s*\|.*?ckpt:\s*torch\.Size\((\[[^]]*\])\).*?model:\s*torch\.Size\((\[[^]]*\])\)"
+)
+
+
+def mismatched_weights(report: str) -> list[str]:
+    """``name: the file holds [shape], config.json makes [shape]`` for each MISMATCH row of a load report."""
+    rows = (_MISMATCH.match(line) for line in report.splitlines())
+    return [f"{m[1]}: the weights hold {m[2]}, config.json makes {m[3]}" for m in rows if m]
+
+
+def _shape_error(what: str, name_or_path: str, held: _HeldLoadReport) -> SourceError | None:
+    """The one-line refusal of weights whose shapes are not those the folder's config.json gives (another
+    ``vocab_size`` or ``hidden_size`` written into it), from the held load report; None without one."""
+    mismatched = [row for record in held.records for row in mismatched_weights(record.getMessage())]
+    if not mismatched:
+        return None
+    more = f" (and {len(mismatched) - 1} more)" if len(mismatched) > 1 else ""
+    return DamagedSource(
+        f"{what} {name_or_path!r} cannot be loaded: its weights do not have the shapes its config.json gives "
+        f"({mismatched[0]}{more}); restore config.json from the export it came with"
+    )
 
 
 def _is_score_head(key: str) -> bool:
@@ -163,8 +196,7 @@ def _load(
     raises :func:`_attention_error`'s one message.
     """
     what = "reward model" if auto_class is AutoModelForSequenceClassification else "model"
-    quiet = _without_load_report() if new_head else contextlib.nullcontext()
-    with quiet:
+    with _holding_load_report() as held:
         try:
             loaded = from_pretrained(
                 auto_class.from_pretrained,
@@ -179,6 +211,15 @@ def _load(
             if wrapped is None:
                 raise
             raise wrapped from None
+        except RuntimeError as error:  # weights of other shapes: the report says which, the error only "see above"
+            wrapped = _shape_error(what, name_or_path, held)
+            if wrapped is None:
+                raise
+            raise wrapped from error
+    if not new_head:  # the report of a load that worked is printed as transformers prints it
+        logger = logging.getLogger("transformers.modeling_utils")
+        for record in held.records:
+            logger.handle(record)
     model = loaded[0] if new_head else loaded
     if new_head:
         info = loaded[1]

@@ -39,6 +39,7 @@ import lightning.pytorch as pl
 import torch
 
 from rlhf_lit.models.memory import release_frozen, release_optimizer_states
+from rlhf_lit.models.positions import check_sequence_length
 from rlhf_lit.models.sharding import shard_models
 from rlhf_lit.sources import check_local_source
 from rlhf_lit.stages.amp import loss_scale, warn_if_slow_precision
@@ -205,6 +206,13 @@ class StageModule(pl.LightningModule):
     def check_before_fit(self) -> None:
         """A stage's own refusals before any training step (the data module is set up by now)."""
 
+    def longest_row(self) -> tuple[int, str] | None:
+        """The most tokens a row of this run holds, and the option that sets it: the data module's
+        ``max_length`` (SFT, preference and ranking data); None where the data module has none. Every model
+        of the stage must read that many positions (:func:`~rlhf_lit.models.positions.check_sequence_length`)."""
+        length = getattr(getattr(self.trainer, "datamodule", None), "max_length", None)
+        return (length, "--data.init_args.max_length") if isinstance(length, int) else None
+
     @classmethod
     def refusal_before_build(cls, init_args: Mapping[str, Any], plan: TrainerPlan) -> str | None:
         """A stage's own refusal of a command line, as one line, or None: the CLI asks it of the stage it
@@ -214,10 +222,14 @@ class StageModule(pl.LightningModule):
 
     def on_fit_start(self) -> None:
         """Refuse an export target the end of fit could not write, warn about a slow precision, then
-        the stage's :meth:`check_before_fit`: all before any training step."""
+        the stage's :meth:`check_before_fit` and rows longer than a model's positions (:meth:`longest_row`):
+        all before any training step."""
         check_export_at_fit_start(self.trainer, self.export_dir, self.export_existing)
         warn_if_slow_precision(self.trainer)
         self.check_before_fit()
+        row = self.longest_row()
+        if row is not None:
+            check_sequence_length([self], *row)
 
     def on_fit_end(self) -> None:
         """Export :meth:`trained_model` and the tokenizer in Hugging Face format (rank 0 writes), after

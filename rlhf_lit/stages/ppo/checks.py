@@ -13,6 +13,7 @@ from typing import Any
 from rlhf_lit.models.compiled_passes import ForwardPasses
 from rlhf_lit.models.freezing import check_frozen_modules, check_trainable_layers
 from rlhf_lit.models.generation import Decode
+from rlhf_lit.models.positions import check_sequence_length
 from rlhf_lit.models.reward_ensemble import is_reward_ensemble, member_paths
 from rlhf_lit.option_values import check_least
 from rlhf_lit.stages.base import StageModule, TrainerPlan
@@ -177,6 +178,7 @@ def check_data_module(stage: StageModule) -> None:
         check_rollout_rows(batch_size * sampling.samples_per_prompt, ppo, sampling.samples_per_prompt)
     if ppo.ptx_coef > 0 and not hasattr(datamodule, "ptx_dataloader"):
         raise ValueError("ppo.ptx_coef > 0 needs a data module with ptx_dataloader() (SFT-style batches)")
+    check_rollout_lengths(stage)
     if not getattr(datamodule, "chat_rendered", False):
         return
     end = datamodule.end_of_turn_id()  # PromptDataModule.end_of_turn_id: no data import
@@ -187,6 +189,29 @@ def check_data_module(stage: StageModule) -> None:
     if stage.reward_cfg.uses_reward_model and reward_model:
         model = member_paths(reward_model)[0] if is_reward_ensemble(reward_model) else reward_model
         check_same_chat_template(tokenizer, model, "reward_model")
+
+
+def check_rollout_lengths(stage: StageModule) -> None:
+    """Refuse a rollout row longer than a model's learned position table (a prompt of ``max_prompt_length``
+    tokens and ``max_new_tokens`` sampled; the reward model's row one longer when a cut response gets an end,
+    ``reward.unfinished: with_eos``), and a ptx row longer than the policy's
+    (:func:`~rlhf_lit.models.positions.check_sequence_length`)."""
+    datamodule = stage.trainer.datamodule
+    prompt = getattr(datamodule, "max_prompt_length", None)
+    if not isinstance(prompt, int):
+        return
+    new = stage.sampling.max_new_tokens
+    where = f"--data.init_args.max_prompt_length {prompt} + --model.init_args.sampling.max_new_tokens {new}"
+    policy_side = [stage.policy, getattr(stage, "ref_policy", None), getattr(stage, "critic", None)]
+    check_sequence_length(policy_side, prompt + new, where)
+    if stage.reward_cfg.unfinished == "with_eos":
+        where += ", and the end a cut response gets (reward.unfinished: with_eos)"
+    check_sequence_length(
+        [getattr(stage, "reward_model", None)], prompt + new + (stage.reward_cfg.unfinished == "with_eos"), where
+    )
+    ptx = getattr(datamodule, "ptx_max_length", None)
+    if stage.ppo.ptx_coef > 0 and isinstance(ptx, int):
+        check_sequence_length([stage.policy], ptx, "--data.init_args.ptx_max_length")
 
 
 def _option(group: Any, name: str) -> Any:
