@@ -70,6 +70,27 @@ def parse_spec(spec: str) -> tuple[str, str, str]:
     return method, setting or "-", path
 
 
+def read_result(option: str, path: str, command: str) -> dict:
+    """The JSON object in the file ``path`` given to ``option`` (what ``rlhf-lit <command>`` wrote).
+
+    Raises:
+        ValueError: naming the option and the file: it is missing, a directory, unreadable, damaged (cut short,
+            not JSON) or not a JSON object; before any point is drawn.
+    """
+    from rlhf_lit.integrity import DamagedFile, check_json_file
+
+    if os.path.isdir(path):
+        raise ValueError(f"{option} {path}: a directory, not a file; give the JSON file rlhf-lit {command} wrote")
+    if not os.path.exists(path):
+        raise ValueError(f"{option} {path}: no such file")
+    try:
+        return check_json_file(path)  # type: ignore[return-value]  (an object: want_object)
+    except DamagedFile as damage:
+        raise ValueError(f"{option} {damage}") from None  # it starts with the path
+    except OSError as error:
+        raise ValueError(f"{option} {path}: {error.strerror or error}") from None
+
+
 def main(argv: Sequence[str]) -> int:
     """Run ``rlhf-lit frontier`` with ``argv`` (the options after the command name); returns the exit status."""
     from rlhf_lit.evaluation.frontier import (
@@ -80,7 +101,6 @@ def main(argv: Sequence[str]) -> int:
         point_from_evaluation,
         points_from_best_of_n,
     )
-    from rlhf_lit.integrity import check_json_file
 
     args = build_parser().parse_args(list(argv))
     if not args.evals and args.best_of_n is None:
@@ -91,7 +111,7 @@ def main(argv: Sequence[str]) -> int:
         raise OptionError(f"--plot {args.plot} exists; it is never replaced: delete it or choose another file")
     points = []
     for method, setting, path in specs:
-        result = check_json_file(path)
+        result = read_result("--eval", path, "evaluate")
         if not isinstance(result.get("samples"), list):
             raise ValueError(f"--eval {path}: not an rlhf-lit evaluate result (no samples)")
         try:
@@ -99,7 +119,7 @@ def main(argv: Sequence[str]) -> int:
         except ValueError as error:
             raise ValueError(f"--eval {path}: {error}") from None
     if args.best_of_n is not None:
-        sweep = check_json_file(args.best_of_n)
+        sweep = read_result("--best-of-n", args.best_of_n, "best-of-n")
         if not isinstance(sweep.get("rows"), list) or "config" not in sweep:
             raise ValueError(f"--best-of-n {args.best_of_n}: not an rlhf-lit best-of-n result (no rows)")
         try:

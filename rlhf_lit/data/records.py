@@ -26,6 +26,7 @@ from __future__ import annotations
 import gzip
 import json
 import logging
+import math
 import os
 import zlib
 from collections.abc import Iterator
@@ -307,3 +308,39 @@ def get_number(row: Row, field: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise InvalidRecord(f"{row.where}: field {field!r} must be a number, got {type(value).__name__}")
     return float(value)
+
+
+def get_finite_number(row: Row, field: str, *, nullable: bool = False) -> float | None:
+    """The finite number in ``row.data[field]`` as a float (bools are rejected, as by :func:`get_number`); with
+    ``nullable``, ``null`` (a value not measured) reads as None.
+
+    NaN and infinities are refused: Python's JSON reader takes them (``NaN``, ``Infinity``), and a mean over
+    one of them would be printed and plotted as a result.
+    """
+    if field not in row.data:
+        raise missing_field(row, field)
+    value = row.data[field]
+    if value is None and nullable:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        kind = "a number or null" if nullable else "a number"
+        raise InvalidRecord(f"{row.where}: field {field!r} must be {kind}, got {type(value).__name__}")
+    if not math.isfinite(value):
+        raise InvalidRecord(f"{row.where}: field {field!r} is {value}, not a finite number")
+    return float(value)
+
+
+def get_int(row: Row, field: str, *, least: int = 0, nullable: bool = False) -> int | None:
+    """The int of at least ``least`` in ``row.data[field]`` (a count; bools are rejected); with ``nullable``,
+    ``null`` (a value not measured) reads as None."""
+    if field not in row.data:
+        raise missing_field(row, field)
+    value = row.data[field]
+    if value is None and nullable:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        kind = "an int or null" if nullable else "an int"
+        raise InvalidRecord(f"{row.where}: field {field!r} must be {kind}, got {type(value).__name__}")
+    if value < least:
+        raise InvalidRecord(f"{row.where}: field {field!r} is {value}, below {least}")
+    return value

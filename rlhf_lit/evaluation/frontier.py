@@ -70,16 +70,28 @@ def point_from_evaluation(result: Mapping, method: str, setting: str, score: Sco
 
     Raises:
         ValueError: the result has no samples, or its samples lack the KL (evaluated without a
-            reference) or the score (without ``--judge`` / ``--reward-model``).
+            reference) or the score (without ``--judge`` / ``--reward-model``), or a sample is not an
+            object or holds either as something else than a finite number (a damaged or hand-edited
+            file: the message names the sample and the field).
     """
+    from rlhf_lit.data.records import Row, get_finite_number
+
     samples = result["samples"]
     name = method if setting == "-" else f"{method} {setting}"
     if not samples:
         raise ValueError(f"the evaluation of {name} has no samples")
-    for key, option in (("kl", "--reference"), (score, "--judge" if score == "judge" else "--reward-model")):
-        if key not in samples[0]:
+    keys = [("kl", "--reference"), (score, "--judge" if score == "judge" else "--reward-model")]
+    for key, option in keys:
+        if isinstance(samples[0], Mapping) and key not in samples[0]:
             raise ValueError(f"the evaluation of {name} has no {key!r} per sample (evaluate with {option})")
-    return mean_point(method, setting, [s["kl"] for s in samples], [s[score] for s in samples])
+    values: dict[str, list[float]] = {key: [] for key, _ in keys}
+    for i, sample in enumerate(samples):
+        if not isinstance(sample, Mapping):
+            raise ValueError(f"samples[{i}] must be a JSON object, got {type(sample).__name__}")
+        row = Row(f"samples[{i}]", dict(sample))
+        for key in values:
+            values[key].append(get_finite_number(row, key))  # type: ignore[arg-type]
+    return mean_point(method, setting, values["kl"], values[score])
 
 
 def mean_point(method: str, setting: str, kls: Sequence[float], scores: Sequence[float], **extra) -> FrontierPoint:
@@ -93,22 +105,31 @@ def points_from_best_of_n(result: Mapping, method: str = "best-of-N", score: Sco
     """One frontier point per N of an ``rlhf-lit best-of-n`` result.
 
     Raises:
-        ValueError: the sweep has no such score (run without ``--judge``).
+        ValueError: the sweep has no such score (run without ``--judge``), or a field it is read from is
+            missing or of another type (a damaged or hand-edited file: the message names the field).
     """
-    config = result["config"]
-    how = "first N" if config.get("estimator") == "first_n" else "exact mean over N-subsets"
-    note = f"{config['num_samples']} samples per prompt, {how}"
+    from rlhf_lit.data.records import Row, get_finite_number, get_int
+
+    if not isinstance(result["config"], Mapping):
+        raise ValueError(f"field 'config' must be a JSON object, got {type(result['config']).__name__}")
+    config = Row("config", dict(result["config"]))
+    how = "first N" if config.data.get("estimator") == "first_n" else "exact mean over N-subsets"
+    num_samples, num_prompts = (get_int(config, key, least=1) for key in ("num_samples", "num_prompts"))
+    note = f"{num_samples} samples per prompt, {how}"
     points = []
-    for row in result["rows"]:
-        if row.get(f"{score}_mean") is None:
+    for i, values in enumerate(result["rows"]):
+        if not isinstance(values, Mapping):
+            raise ValueError(f"rows[{i}] must be a JSON object, got {type(values).__name__}")
+        row = Row(f"rows[{i}]", dict(values))
+        if row.data.get(f"{score}_mean") is None:
             raise ValueError(
                 f"the best-of-n result has no {SCORE_LABELS[score]}s"
                 + (" (run it with --judge)" if score == "judge" else "")
             )
-        mean, se, n = row[f"{score}_mean"], row[f"{score}_stderr"], config["num_prompts"]
-        points.append(
-            FrontierPoint(method, f"N {row['n']}", row["kl_analytic"], mean, se, n, kl_analytic=True, note=note)
-        )
+        mean, se = get_finite_number(row, f"{score}_mean"), get_finite_number(row, f"{score}_stderr")
+        kl, n = get_finite_number(row, "kl_analytic"), get_int(row, "n", least=1)
+        point = FrontierPoint(method, f"N {n}", kl, mean, se, num_prompts, kl_analytic=True, note=note)  # type: ignore[arg-type]
+        points.append(point)
     return points
 
 

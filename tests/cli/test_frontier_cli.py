@@ -123,3 +123,79 @@ def test_refusals_name_the_file_and_write_nothing(tmp_path):
             done.stderr,
         )
     assert (tmp_path / "taken.png").read_bytes() == b"mine"
+
+
+GOOD = [{"judge": 0.1, "kl": 1.0}, {"judge": 0.3, "kl": 2.0}]
+
+
+def _with(i: int, **fields) -> list:
+    """:data:`GOOD` with sample ``i``'s ``fields`` set (a field given None: removed)."""
+    samples = [dict(s) for s in GOOD]
+    samples[i].update({k: v for k, v in fields.items() if v is not None})
+    for key in (k for k, v in fields.items() if v is None):
+        samples[i].pop(key)
+    return samples
+
+
+BON = {
+    "config": {"num_samples": 4, "num_prompts": 2},
+    "rows": [{"n": 4, "kl_analytic": 0.6, "judge_mean": 0.5, "judge_stderr": 0.1}],
+}
+
+
+@pytest.mark.parametrize(
+    ("option", "text", "named"),
+    [
+        (
+            "--eval",
+            json.dumps({"samples": _with(1, kl="high")}),
+            "bad.json: samples[1]: field 'kl' must be a number, got str",
+        ),
+        ("--eval", json.dumps({"samples": _with(1, judge=None)}), "bad.json: samples[1]: field 'judge' missing"),
+        ("--eval", json.dumps({"samples": [GOOD[0], 3]}), "bad.json: samples[1] must be a JSON object, got int"),
+        ("--eval", json.dumps({"samples": [3, GOOD[0]]}), "bad.json: samples[0] must be a JSON object, got int"),
+        (
+            "--eval",
+            json.dumps({"samples": _with(0, judge=True)}),
+            "bad.json: samples[0]: field 'judge' must be a number, got bool",
+        ),
+        (
+            "--eval",
+            '{"samples": [{"judge": 0.1, "kl": NaN}]}',
+            "bad.json: samples[0]: field 'kl' is nan, not a finite number",
+        ),
+        (
+            "--eval",
+            '{"samples": [{"judge": Infinity, "kl": 1}]}',
+            "bad.json: samples[0]: field 'judge' is inf, not a finite number",
+        ),
+        ("--eval", '{"samples": [{"judge": 0.1, ', "bad.json: cut short"),
+        ("--eval", "[1]", "bad.json: expected a JSON object, found list"),
+        ("--eval", None, "adir: a directory, not a file; give the JSON file rlhf-lit evaluate wrote"),
+        ("--best-of-n", json.dumps({**BON, "rows": [3]}), "bad.json: rows[0] must be a JSON object, got int"),
+        (
+            "--best-of-n",
+            json.dumps({**BON, "config": {"num_samples": 4}}),
+            "bad.json: config: field 'num_prompts' missing",
+        ),
+        (
+            "--best-of-n",
+            json.dumps({**BON, "rows": [{**BON["rows"][0], "judge_stderr": "x"}]}),
+            "bad.json: rows[0]: field 'judge_stderr' must be a number, got str",
+        ),
+        (
+            "--best-of-n",
+            json.dumps({**BON, "rows": [{**BON["rows"][0], "kl_analytic": None}]}),
+            "bad.json: rows[0]: field 'kl_analytic' must be a number, got NoneType",
+        ),
+        ("--best-of-n", None, "adir: a directory, not a file; give the JSON file rlhf-lit best-of-n wrote"),
+    ],
+)
+def test_a_malformed_result_is_one_line_naming_the_option_the_file_and_the_field(tmp_path, option, text, named):
+    (tmp_path / "adir").mkdir()
+    if text is not None:
+        (tmp_path / "bad.json").write_text(text, encoding="utf-8")
+    done = run_main("frontier", option, "bad.json" if text is not None else "adir", cwd=tmp_path)
+    assert done.returncode == 1, done.stderr
+    assert error_line(done).startswith(f"rlhf-lit: error: {option} {named}"), done.stderr  # one line, no traceback
+    assert done.stdout == ""  # no table of what was read before
