@@ -39,6 +39,7 @@ from rlhf_lit.artifacts import WRITTEN_BY_KEY, write_json_atomically, write_text
 from rlhf_lit.child_runs import run_rlhf_lit, stop_on_signals
 from rlhf_lit.commands import iterate_steps as steps
 from rlhf_lit.commands.iterate_config import IterateConfig, PromptsGroup, read_config
+from rlhf_lit.commands.iterate_files import ROW_FIELDS, check_snapshot_fields, checked_row
 from rlhf_lit.commands.iterate_labels import JudgeScorer, Scorer, as_policy_read, read_labels_file
 from rlhf_lit.commands.options import CommandParser, OptionError
 from rlhf_lit.commands.seeds_command import model_class_path
@@ -47,24 +48,8 @@ from rlhf_lit.integrity import DamagedFile, check_json_file
 #: iterate.json's record of whether the loop's labels hold chats (the policy reads string prompts in its template).
 CHAT_RENDERED_KEY = "chat_rendered"
 
-COLUMNS = (
-    "iteration",
-    "labelled_prompts",
-    "labelled_pairs",
-    "rm_train_records",
-    "held_out_pairs",
-    "rm_acc_before",
-    "rm_acc_after",
-    "gold",
-    "proxy",
-    "kl",
-    "length",
-    "ppo_proxy",
-    "ppo_judge",
-    "ppo_kl",
-    "guard_fired",
-)
-"""The summary's columns, one row per iteration (0: the SFT model)."""
+COLUMNS = tuple(ROW_FIELDS)
+"""The summary's columns, one row per iteration (0: the SFT model); each one's kind: ``ROW_FIELDS``."""
 STAGE_CLASSES = {"reward_model": "RewardModelModule", "ppo": "PPOModule", "bonbon": "BoNBoNModule"}
 STAGE_NAMES = {"ppo": "PPO", "bonbon": "BoNBoN"}
 
@@ -153,8 +138,9 @@ def read_snapshot(snapshot: str, where: str) -> dict | None:
     """``iterate.json`` as the loop wrote it, or None when there is none or another program wrote it.
 
     Raises:
-        OptionError: it is there but damaged (cut short, empty, not JSON) or its ``config`` is not a mapping: it
-            keeps the loop's config, which a rerun is checked against, so it is never redone in silence.
+        OptionError: it is there but damaged (cut short, empty, not JSON), its ``config`` is not a mapping or a
+            field a rerun compares is of another type (:func:`~rlhf_lit.commands.iterate_files.check_snapshot_fields`):
+            it keeps the loop's config, which a rerun is checked against, so it is never redone in silence.
     """
     if not os.path.isfile(snapshot):
         return None
@@ -172,6 +158,10 @@ def read_snapshot(snapshot: str, where: str) -> dict | None:
             f"{where}: {snapshot}: field 'config' is {'missing' if 'config' not in kept else 'not a mapping'} "
             "(rlhf-lit iterate writes the loop's config there): restore it, or give a new run_dir"
         )
+    try:
+        check_snapshot_fields(snapshot, kept, CHAT_RENDERED_KEY)
+    except ValueError as error:
+        raise OptionError(f"{where}: {error}; restore it, or give a new run_dir") from None
     return kept
 
 
@@ -294,7 +284,7 @@ def baseline_row(config: IterateConfig, gold, held_out: list, chat: bool) -> dic
     path = os.path.join(config.run_dir, "baseline.json")
     done = steps.intact_json(path)
     if done is not None:
-        return done["row"]
+        return checked_row(path, done, 0)
     row = {
         "iteration": 0,
         **steps.evaluate(config, config.sft_model, steps.proxy_model(config, 0), gold, held_out, chat),

@@ -22,7 +22,9 @@ labeller's scores, as ``rlhf-lit best-of-n --pairs-out`` writes them) and ``bonb
 measures the new policy alone (the proxy: a labelling reward model's score).
 
 Every file is written atomically (:mod:`rlhf_lit.artifacts`) and read back checked (:mod:`rlhf_lit.integrity`);
-a step whose output is there and intact is skipped, so a killed loop continues where it stopped. A fit is
+a step whose output is there and intact is skipped, so a killed loop continues where it stopped. A file that
+parses but holds a field of another type or none (edited by hand) is refused in one line naming the file and the
+field (:mod:`rlhf_lit.commands.iterate_files`). A fit is
 done when its export holds the export marker and its files check out; otherwise it runs again (a damaged
 export is replaced).
 """
@@ -39,6 +41,13 @@ from typing import Any
 from rlhf_lit.artifacts import EXPORT_MARKER, WRITTEN_BY_KEY, write_json_atomically, write_jsonl_atomically
 from rlhf_lit.child_runs import RunFailed
 from rlhf_lit.commands.iterate_config import IterateConfig
+from rlhf_lit.commands.iterate_files import (
+    SAMPLE_SCORES_KEY,
+    checked_labels,
+    checked_row,
+    checked_sample_scores,
+    checked_samples,
+)
 from rlhf_lit.commands.iterate_labels import (
     JudgeScorer,
     Scorer,
@@ -61,8 +70,6 @@ WRITTEN_BY = "rlhf-lit iterate"
 STAGES = {"ppo": ("reward_model", "ppo"), "bonbon": ("bonbon",)}
 """The run-directory stages of one iteration (:class:`rlhf_lit.stages.base.RunLayout` names), in order, per
 :data:`~rlhf_lit.commands.iterate_config.PolicyStage`; the last one's export is the iteration's policy."""
-SAMPLE_SCORES_KEY = "sample_scores"
-"""``labels.json``'s labeller scores of every sample, per prompt in ``samples.jsonl``'s order (a scoring labeller)."""
 
 FitRunner = Callable[[list[str], str], int]
 """``(fit arguments after rlhf-lit, log file) -> exit status``: how a stage's ``rlhf-lit fit`` is run
@@ -194,7 +201,7 @@ def sample(config: IterateConfig, paths: Paths, prompts: Sequence, chat: bool) -
     """Step 1: ``samples.jsonl`` (reused when intact): per prompt ``{"prompt", "prompt_text", "responses"}``."""
     done = intact(paths.file("samples.jsonl"))
     if done is not None:
-        return done
+        return checked_samples(paths.file("samples.jsonl"), done, config.sampling.responses_per_prompt)
     from rlhf_lit.evaluation.samples import load_models, sample_and_measure
 
     k = config.sampling.responses_per_prompt
@@ -224,7 +231,7 @@ def label(
     is intact)."""
     done = intact_json(paths.file("labels.json"))
     if done is not None:
-        return done["train"], done["held_out"]
+        return checked_labels(paths.file("labels.json"), done)
     scores = None
     if scorer is None:
         source = labels_file(config, paths.t)
@@ -259,9 +266,10 @@ def bonbon_pairs(config: IterateConfig, paths: Paths, samples: list[dict], chat:
     if done is not None:
         return done
     labels = intact_json(paths.file("labels.json"))
-    scores = None if labels is None else labels.get(SAMPLE_SCORES_KEY)
-    if scores is None or len(scores) != len(samples):
+    if labels is None:
         raise ValueError(f"iteration {paths.t}: {paths.file('labels.json')} holds no labeller score of every sample")
+    checked_labels(paths.file("labels.json"), labels)
+    scores = checked_sample_scores(paths.file("labels.json"), labels, samples)
     k = config.sampling.responses_per_prompt  # N of every record: the n the BoNBoN fit is given (fit_args)
     records, tied, empty = best_and_worst_of_k(samples, scores, k, config.labeler.source, WRITTEN_BY, chat)
     if not records:
@@ -288,7 +296,7 @@ def reward_data(config: IterateConfig, paths: Paths, initial: list[dict]) -> lis
                 f"iteration {paths.t}: {Paths(config.run_dir, t).file('labels.json')} is missing "
                 "or damaged; the reward data of an `all` run needs every earlier iteration's labels"
             )
-        records += part["train"]
+        records += checked_labels(Paths(config.run_dir, t).file("labels.json"), part)[0]
     write_jsonl_atomically(paths.file("reward_data.jsonl"), records)
     return records
 
@@ -405,7 +413,7 @@ def iteration_metrics(
     model's training records, none under ``bonbon``)."""
     done = intact_json(paths.file("metrics.json"))
     if done is not None:
-        return done["row"]
+        return checked_row(paths.file("metrics.json"), done, paths.t)
     row = {
         "iteration": paths.t,
         "labelled_prompts": len(train) + len(held),

@@ -89,6 +89,22 @@ def test_a_rerun_skips_what_is_done(tmp_path, monkeypatch):
     assert (tmp_path / "run" / "iter_1" / "bonbon_pairs.jsonl").read_text(encoding="utf-8") == pairs
 
 
+def test_labels_whose_scores_miss_a_sample_are_refused_before_the_pairs(tmp_path, monkeypatch):
+    # The pairs are drawn from labels.json's scores of every sample: one missing would pair the wrong replies.
+    assert iterate(bonbon_loop(tmp_path, iterations=1), BoNBoNFits(), monkeypatch, tmp_path).returncode == 0
+    run = tmp_path / "run" / "iter_1"
+    (run / "bonbon_pairs.jsonl").unlink()  # drawn again from the labels on the rerun
+    labels = json.loads((run / "labels.json").read_text(encoding="utf-8"))
+    labels["sample_scores"][1] = labels["sample_scores"][1][:2]
+    (run / "labels.json").write_text(json.dumps(labels), encoding="utf-8")
+    fits = BoNBoNFits()
+    result = iterate(bonbon_loop(tmp_path, iterations=1), fits, monkeypatch, tmp_path)
+    assert result.returncode == 1, result.stderr[-3000:]
+    line = error_line(result)
+    assert f"{run / 'labels.json'}: field 'sample_scores[1]' holds 2 scores for the 3 samples of prompt 1" in line
+    assert fits.calls == [] and not (run / "bonbon_pairs.jsonl").exists()
+
+
 def test_a_chat_policy_s_pairs_keep_the_conversation_it_read(tmp_path, monkeypatch):
     fits = BoNBoNFits(STORIES260K_CHAT)
     config = bonbon_loop(tmp_path, iterations=1, sft_model=str(STORIES260K_CHAT))
