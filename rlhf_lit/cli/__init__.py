@@ -31,8 +31,9 @@ What the command offers beyond LightningCLI's defaults:
 - The progress bar is :class:`~rlhf_lit.callbacks.RunProgressBar` (rollouts out of
   ``max_rollouts``, or steps out of the real total) unless the config disables the bar or lists its own.
 - Every value a config file can hold can be typed as an option (``--model.init_args.reward.missing_eos_penalty
-  null``, lists and mappings too), and a YAML syntax error names its file, line and column
-  (:mod:`rlhf_lit.cli.jsonargparse_fixes`).
+  null``, lists and mappings too), and a YAML syntax error names its file, line and column, as does a
+  config file that is not UTF-8, holds no mapping or writes a key twice, and a group of options given a
+  number or a list (:mod:`rlhf_lit.cli.jsonargparse_fixes`, :mod:`rlhf_lit.cli.config_checks`).
 - ``--ckpt_path`` is checked before anything is built: a missing or damaged checkpoint is one line,
   and a damaged ``last.ckpt`` names the intact checkpoint to resume from (:mod:`rlhf_lit.cli.resume_check`;
   ``--ckpt_path last`` / ``best``, which Lightning resolves in fit, are checked where they are loaded);
@@ -97,7 +98,7 @@ DEBUG_FLAG, DEBUG_ENV = "--debug", "RLHF_LIT_DEBUG"
 _debug = False  # set by main(): --debug / RLHF_LIT_DEBUG
 EXPECTED_ERRORS = (ValueError, OSError, ImportError, MisconfigurationException, NonFiniteError)
 """Errors a user can act on (bad values, files, models, data, a run stopped by NaN): one line, no traceback."""
-jsonargparse_fixes.install()  # nested options keep null / lists / dicts; YAML syntax errors name file and line
+jsonargparse_fixes.install()  # nested options keep null / lists / dicts; config mistakes name file and line
 
 
 def debug_enabled(argv: list[str]) -> bool:

@@ -196,6 +196,8 @@ def readable_type(expected: str) -> str:
     if literal:
         return f"one of {literal.group(1)}"
     text = re.sub(r"<class '(?:[\w.]*\.)?(\w+)'>", r"\1", expected).replace("typing.", "")
+    if text.startswith("mapping "):  # "Expected a mapping of X's options": the article was read as the pattern's
+        return f"a {text}"
     return "null" if text == "NoneType" else re.sub(r"\b(?:[a-z_]\w*\.)+(?=[A-Z])", "", text)  # a.b.Logger -> Logger
 
 
