@@ -39,6 +39,15 @@ def gpt2(n_positions: int, head: type = GPT2LMHeadModel) -> torch.nn.Module:
     return head(GPT2Config(n_positions=n_positions, num_labels=1, pad_token_id=0, **TINY))
 
 
+def tiny_llama(max_position_embeddings: int) -> torch.nn.Module:
+    """A one-block Llama: rotary positions, trained (by its config) up to ``max_position_embeddings``."""
+    config = LlamaConfig(
+        vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+        max_position_embeddings=max_position_embeddings,
+    )  # fmt: skip
+    return LlamaForCausalLM(config)
+
+
 def test_position_limit_tells_learned_tables_from_rotary_positions():
     opt = OPTForCausalLM(
         OPTConfig(
@@ -51,16 +60,7 @@ def test_position_limit_tells_learned_tables_from_rotary_positions():
             word_embed_proj_dim=16,
         )
     )
-    llama = LlamaForCausalLM(
-        LlamaConfig(
-            vocab_size=64,
-            hidden_size=16,
-            intermediate_size=32,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            max_position_embeddings=24,
-        )
-    )
+    llama = tiny_llama(24)
     bloom = BloomForCausalLM(BloomConfig(vocab_size=64, hidden_size=16, n_layer=1, n_head=2))
     got = {
         name: position_limit(m) for name, m in {"gpt2": gpt2(16), "opt": opt, "llama": llama, "bloom": bloom}.items()
@@ -79,16 +79,7 @@ def test_a_learned_table_refuses_one_row_past_it_and_takes_its_own_length():
 
 
 def test_a_rotary_model_past_its_length_is_said_not_refused(caplog):
-    llama = LlamaForCausalLM(
-        LlamaConfig(
-            vocab_size=64,
-            hidden_size=16,
-            intermediate_size=32,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            max_position_embeddings=24,
-        )
-    )
+    llama = tiny_llama(24)
     with caplog.at_level(logging.WARNING, logger="rlhf_lit"):
         check_sequence_length([llama], 24, "x")
         assert not caplog.records
