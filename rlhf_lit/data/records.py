@@ -17,6 +17,8 @@ JSON lines whatever the name.
 A hub dataset is read with ``datasets.load_dataset(name, subset, split=split)``; a split it does not have
 is one ``ValueError`` naming the dataset, the split and the splits it has.
 
+A field given twice in one JSON object (at any depth) is refused as a bad record: JSON readers keep the last.
+
 Every record is a :class:`Row` carrying ``where`` (e.g. ``"data/x.jsonl line 17"``), so that an
 error names the file, the line (record index for JSON arrays and hub rows) and the field.
 """
@@ -102,7 +104,7 @@ def read_rows(
             break
         out.append(row)
     if rows_skipped := getattr(rows, "skipped", 0):
-        log.info("%s: skipped %d lines that do not parse as a JSON object", source, rows_skipped)
+        log.info("%s: skipped %d lines that do not parse as a JSON object with each key once", source, rows_skipped)
     return out
 
 
@@ -145,6 +147,49 @@ def _lines(text: str) -> list[str]:
     return [line.removesuffix("\r") for line in text.split("\n")]
 
 
+class _Repeated(dict):
+    """A JSON object holding, at ``repeated`` (``.key``, ``.key[1].key``: a path into it), a key written twice."""
+
+    repeated: str
+
+
+def _object(pairs: list[tuple[str, Any]]) -> dict:
+    """A JSON object as a dict, a :class:`_Repeated` one when it or an object inside it writes a key twice.
+
+    Python's JSON reader keeps the last of two equal keys without a word: a record with two ``chosen`` would
+    train on one of them unseen. Marking the object (rather than raising) lets the reader name the record."""
+    data = dict(pairs)
+    repeated = None
+    if len(data) < len(pairs):
+        seen: set[str] = set()
+        repeated = "." + next(key for key, _ in pairs if key in seen or seen.add(key))  # type: ignore[func-returns-value]
+    else:
+        repeated = next((f".{key}{inner}" for key, value in data.items() if (inner := _repeated(value))), None)
+    if repeated is None:
+        return data
+    marked = _Repeated(data)
+    marked.repeated = repeated
+    return marked
+
+
+def _repeated(value: Any) -> str | None:
+    """The path to a key written twice inside ``value`` (an object :func:`_object` read, or a list of them)."""
+    if isinstance(value, _Repeated):
+        return value.repeated
+    if isinstance(value, list):
+        return next((f"[{i}]{inner}" for i, item in enumerate(value) if (inner := _repeated(item))), None)
+    return None
+
+
+def _record_problem(data: Any) -> str | None:
+    """What makes a parsed JSON value no record, or None: not an object, or a key in it written twice."""
+    if not isinstance(data, dict):
+        return f"expected a JSON object, got {type(data).__name__}"
+    if (repeated := _repeated(data)) is not None:
+        return f"field {repeated[1:]!r} is given twice; JSON keeps only the last: remove one"
+    return None
+
+
 class _SkippingReader:
     """Iterates rows of a JSONL file; ``skipped`` counts unparseable lines seen so far."""
 
@@ -157,8 +202,8 @@ class _SkippingReader:
                 continue
             where = f"{self.path} line {lineno}"
             try:
-                data = json.loads(line)
-                problem = None if isinstance(data, dict) else f"expected a JSON object, got {type(data).__name__}"
+                data = json.loads(line, object_pairs_hook=_object)
+                problem = _record_problem(data)
             except json.JSONDecodeError as e:
                 problem = (
                     f"not valid JSON ({e.msg} at column {e.colno}); a data module's skip_invalid: true skips such lines"
@@ -177,7 +222,7 @@ def _read_file(path: str, *, skip_invalid: bool, reading: FileReading) -> Any:
     if reading == "lines":
         return _line_rows(path, text)
     if reading == "jsonl":
-        return _SkippingReader(path, enumerate(text.splitlines(), start=1), skip_invalid)
+        return _SkippingReader(path, enumerate(_lines(text), start=1), skip_invalid)
     if kind.endswith(".txt"):
         return _paragraph_rows(path, text)
     if kind.endswith(".json") and text.lstrip().startswith("["):
@@ -192,23 +237,21 @@ def _read_file(path: str, *, skip_invalid: bool, reading: FileReading) -> Any:
 
 def _json_array_rows(path: str, text: str) -> list[Row]:
     try:
-        items = json.loads(text)
+        items = json.loads(text, object_pairs_hook=_object)
     except json.JSONDecodeError as e:
         raise ValueError(f"{path} line {e.lineno}: not valid JSON ({e.msg})") from None
     rows = []
     for i, item in enumerate(items):
         where = f"{path} record {i}"
-        if not isinstance(item, dict):
-            raise InvalidRecord(f"{where}: expected a JSON object, got {type(item).__name__}")
+        if (problem := _record_problem(item)) is not None:
+            raise InvalidRecord(f"{where}: {problem}")
         rows.append(Row(where, item))
     return rows
 
 
 def _line_rows(path: str, text: str) -> list[Row]:
     """One record ``{"text": line}`` per line that is not blank, the line as written (without its line break)."""
-    return [
-        Row(f"{path} line {n}", {"text": line}) for n, line in enumerate(text.splitlines(), start=1) if line.strip()
-    ]
+    return [Row(f"{path} line {n}", {"text": line}) for n, line in enumerate(_lines(text), start=1) if line.strip()]
 
 
 def _paragraph_rows(path: str, text: str) -> list[Row]:

@@ -16,7 +16,8 @@ TURNS = [{"role": "user", "content": "Tell me a story"}, {"role": "assistant", "
 
 
 def _fit(tmp_path, records, model):
-    (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    lines = (r if isinstance(r, str) else json.dumps(r) for r in records)  # a string: a line as written
+    (tmp_path / "d.jsonl").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
     config = {
         "trainer": {"accelerator": "cpu", "devices": 1, "max_steps": 1, "logger": False, "enable_progress_bar": False},
         "model": {
@@ -64,6 +65,19 @@ def test_bad_conversational_data_is_one_error_line(tmp_path, records, model, mes
     assert line == "rlhf-lit: error: " + message.format(path=path)
     if "messages" in records[0]:
         assert f"{path}: format auto read as messages (record 1 keys: messages)" in stderr
+
+
+def test_a_field_given_twice_is_one_error_line_naming_the_record_and_the_field(tmp_path):
+    # json keeps the last of two equal keys: this record would train on the user's turn as the assistant's.
+    twice = (
+        '{"messages": [{"role": "user", "content": "Hi", "role": "assistant"}, {"role": "assistant", "content": "a"}]}'
+    )
+    line, _ = _fit(tmp_path, [{"messages": TURNS}, twice], CHAT_MODEL)
+    path = tmp_path / "d.jsonl"
+    assert (
+        line
+        == f"rlhf-lit: error: {path} line 2: field 'messages[0].role' is given twice; JSON keeps only the last: remove one"
+    )
 
 
 def test_a_conversation_the_chat_template_refuses_is_one_error_line_naming_the_record(tmp_path):

@@ -3,6 +3,7 @@
 import gzip
 import json
 import logging
+import re
 import sys
 import types
 
@@ -83,7 +84,7 @@ def test_skip_invalid_counts_and_logs_once(tmp_path, caplog):
         rows = read_rows(path, skip_invalid=True)
     assert [r.data["a"] for r in rows] == ["1", "2"]
     msgs = [r.getMessage() for r in caplog.records if "do not parse" in r.getMessage()]
-    assert msgs == [f"{path}: skipped 2 lines that do not parse as a JSON object"]
+    assert msgs == [f"{path}: skipped 2 lines that do not parse as a JSON object with each key once"]
 
 
 def test_alpaca_v2_has_14_unparseable_lines(caplog):
@@ -172,3 +173,47 @@ def test_a_line_is_cut_at_line_feeds_only(tmp_path, separator):
     story = tmp_path / "s.txt"
     story.write_text(f"a{separator}b\nc\n\nd\n", encoding="utf-8")
     assert [r.data["text"] for r in read_rows(str(story))] == [f"a{separator}b\nc", "d"]
+
+
+@pytest.mark.parametrize("separator", ["\u2028", "\x85", "\x0c"])
+def test_a_prompt_file_read_as_jsonl_or_lines_is_cut_at_line_feeds_only(tmp_path, separator):
+    # The prompt sources' readings (format jsonl: JSON lines whatever the name; lines: one prompt a line)
+    # follow the same rule: a separator inside a record or a prompt neither cuts it nor shifts the line numbers.
+    path = tmp_path / "prompts.log"
+    path.write_text(
+        json.dumps({"prompt": f"a{separator}b"}, ensure_ascii=False) + '\n{"prompt": "c"}\n', encoding="utf-8"
+    )
+    rows = read_rows(str(path), reading="jsonl")
+    assert [(r.where, r.data["prompt"]) for r in rows] == [
+        (f"{path} line 1", f"a{separator}b"),
+        (f"{path} line 2", "c"),
+    ]
+    lines = tmp_path / "prompts.txt"
+    lines.write_text(f"a{separator}b\r\n\nc\n", encoding="utf-8")
+    rows = read_rows(str(lines), reading="lines")
+    assert [(r.where, r.data["text"]) for r in rows] == [
+        (f"{lines} line 1", f"a{separator}b"),
+        (f"{lines} line 3", "c"),
+    ]
+
+
+TWICE = [
+    ('{"prompt": "p", "chosen": "a", "rejected": "b", "chosen": "b"}', "chosen"),
+    ('{"prompt": [{"role": "user", "content": "p", "role": "assistant"}], "chosen": "a"}', "prompt[0].role"),
+    ('{"prompt": "p", "meta": [[1, {"k": 1, "k": 2}]]}', "meta[0][1].k"),
+]
+
+
+@pytest.mark.parametrize(("record", "field"), TWICE)
+def test_a_field_given_twice_is_refused_naming_the_record_and_the_field(tmp_path, record, field):
+    # JSON readers keep the last of two equal keys without a word: the record would be read without the first.
+    path = tmp_path / "x.jsonl"
+    path.write_text('{"prompt": "fine"}\n' + record + "\n", encoding="utf-8")
+    told = rf"x\.jsonl line 2: field '{re.escape(field)}' is given twice; JSON keeps only the last: remove one"
+    with pytest.raises(InvalidRecord, match=told):
+        read_rows(str(path))
+    assert [r.data for r in read_rows(str(path), skip_invalid=True)] == [{"prompt": "fine"}]
+    array = tmp_path / "x.json"
+    array.write_text(f'[{{"prompt": "fine"}}, {record}]', encoding="utf-8")
+    with pytest.raises(InvalidRecord, match=rf"x\.json record 1: field '{re.escape(field)}' is given twice"):
+        read_rows(str(array))
