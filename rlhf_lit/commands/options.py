@@ -324,6 +324,33 @@ def check_positive(**values: int | None) -> None:
         raise OptionError(str(error)) from None
 
 
+SEEDS = (-(2**63), 2**64 - 1)
+"""The seeds torch's generator takes (``torch.Generator.manual_seed``)."""
+
+
+def check_seed_and_device(seed: int, device: str) -> None:
+    """Refuse a ``--seed`` torch's generator cannot take, or a ``--device`` no tensor can be put on (a
+    misspelling, CUDA where there is none, an index past the last GPU, ``meta``, which holds no values),
+    naming the option: before, the first said "Overflow when unpacking long long" after sampling began and
+    the second ended in torch's traceback once the models were loaded."""
+    import torch
+
+    if not SEEDS[0] <= seed <= SEEDS[1]:
+        raise OptionError(f"--seed must be in [{SEEDS[0]}, {SEEDS[1]}] (torch's generator seeds), got {seed}")
+    try:
+        place = torch.device(device)
+        if place.type == "cuda" and not torch.cuda.is_available():
+            raise RuntimeError("this machine has no CUDA device torch can use")
+        if place.type == "cuda" and place.index is not None and place.index >= torch.cuda.device_count():
+            raise RuntimeError(f"this machine has {torch.cuda.device_count()} CUDA device(s), numbered from 0")
+        if place.type == "meta":
+            raise RuntimeError("a meta tensor holds no values to sample with")
+        torch.empty(1, device=place)
+    except (RuntimeError, AssertionError) as error:
+        problem = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise OptionError(f"--device {device!r}: {problem}") from None
+
+
 def check_out(path: str | None, overwrite: bool, option: str = "--out", lines: bool = False) -> None:
     """Refuse an ``--out`` (or another output ``option``) that would destroy a file (before any work): raises
     :class:`OptionError`.
@@ -405,6 +432,7 @@ def prepare(
         import torch
 
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    check_seed_and_device(args.seed, args.device)
     sampling = sampling_from(args)
     for out in [args.out] if outs is None else outs:
         check_out(out, args.overwrite)

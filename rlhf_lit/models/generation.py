@@ -15,6 +15,7 @@ decides.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, fields
@@ -85,6 +86,8 @@ class SamplingConfig:
         check_least("sampling.samples_per_prompt", self.samples_per_prompt, 1)
         check_least("sampling.max_new_tokens", self.max_new_tokens, 1)
         check_least("sampling.temperature", self.temperature, 0, strict=True)
+        if self.temperature == math.inf:  # every logit / inf is 0: a uniform draw over the vocabulary, scored so
+            raise ValueError("sampling.temperature must be finite, got inf")
         if self.top_k < 0 or not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"sampling.top_k must be >= 0 and top_p in (0, 1]; got {self.top_k}, {self.top_p}")
         if not self.do_sample and (self.temperature != 1.0 or self.top_k or self.top_p != 1.0):
