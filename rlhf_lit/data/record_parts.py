@@ -18,7 +18,7 @@ from rlhf_lit.data.conversation import (
     require_response_start,
 )
 from rlhf_lit.data.example import Example, Fields
-from rlhf_lit.data.records import InvalidRecord, Row, get_number
+from rlhf_lit.data.records import InvalidRecord, Row, get_finite_number
 
 
 def conversational(example: Example) -> Example:
@@ -68,8 +68,10 @@ def get_response(row: Row, field: str, prompt: TextOrConversation | None = None)
 def pair(
     row: Row, f: Fields, prompt: TextOrConversation, chosen: TextOrConversation, rejected: TextOrConversation
 ) -> Example:
-    """A preference example (with the margin when ``f.margin`` is set); a conversational pair must differ."""
-    margin = get_number(row, f.margin) if f.margin is not None else None
+    """A preference example (with the margin when ``f.margin`` is set, a finite number: a NaN or infinite one
+    makes the pair's loss non-finite, and the update it is in is skipped without naming it); a conversational
+    pair must differ."""
+    margin = get_finite_number(row, f.margin) if f.margin is not None else None
     example = conversational(Example(row.where, prompt, chosen=chosen, rejected=rejected, margin=margin))
     if is_conversation(example.prompt) and example.chosen == example.rejected:
         raise InvalidRecord(f"{row.where}: fields {f.chosen!r} and {f.rejected!r} are the same; a pair must differ")
