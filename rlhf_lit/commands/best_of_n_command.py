@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from typing import get_args
 
 from rlhf_lit.artifacts import write_jsonl_atomically
+from rlhf_lit.commands.option_checks import check_distinct_files
 from rlhf_lit.commands.options import (
     CommandParser,
     OptionError,
@@ -121,6 +122,8 @@ def main(argv: Sequence[str]) -> int:
     if args.pairs_out is not None and ns[-1] < 2:
         raise OptionError(f"--pairs-out needs N >= 2 (the largest N is {ns[-1]}): a best and a worst of one sample")
     check_out(args.pairs_out, args.overwrite, "--pairs-out", lines=True)
+    prompt_files = {"--prompts": [args.prompts], "--prompts-config": [args.prompts_config]}
+    check_distinct_files({"--pairs-out": args.pairs_out, "--out": args.out}, prompt_files)
     sets, sampling, judge = prepare(args, [args.policy], reward_model=args.reward_model, tokenizer=args.tokenizer)
     prompts = sets[args.policy]
     m = args.num_samples or ns[-1]

@@ -22,6 +22,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+from rlhf_lit.commands.option_checks import check_distinct_files
 from rlhf_lit.commands.options import WRITTEN_BY_KEY, CommandParser, OptionError, add_out_options, check_out, write_json
 
 
@@ -109,6 +110,8 @@ def main(argv: Sequence[str]) -> int:
     check_out(args.out, args.overwrite)
     if args.plot is not None and os.path.lexists(args.plot):
         raise OptionError(f"--plot {args.plot} exists; it is never replaced: delete it or choose another file")
+    inputs = {"--eval": [path for _, _, path in specs], "--best-of-n": [args.best_of_n]}
+    check_distinct_files({"--plot": args.plot, "--out": args.out}, inputs)
     points = []
     for method, setting, path in specs:
         result = read_result("--eval", path, "evaluate")

@@ -19,6 +19,9 @@ from typing import get_args
 # WRITTEN_BY_KEY: the commands stamp their JSON with it; write_json: how each writes its result (atomically)
 from rlhf_lit.artifacts import WRITTEN_BY_KEY, json_file_state, jsonl_file_state  # noqa: F401
 from rlhf_lit.artifacts import write_json_atomically as write_json  # noqa: F401
+
+# OptionError: every command's bad option value (exit status 2), raised by these checks too
+from rlhf_lit.commands.option_checks import OptionError, check_distinct_files, check_seed_and_device
 from rlhf_lit.evaluation import samples
 from rlhf_lit.integrity import DamagedFile, check_json_file, check_jsonl_file
 
@@ -26,10 +29,6 @@ log = logging.getLogger(__name__)
 
 OWNER_PREFIX = "rlhf-lit "
 """What the ``written_by`` of a file rlhf-lit's commands wrote starts with."""
-
-
-class OptionError(ValueError):
-    """A bad option value: reported as ``rlhf-lit: error: ...`` with exit status 2."""
 
 
 class CommandParser(argparse.ArgumentParser):
@@ -324,33 +323,6 @@ def check_positive(**values: int | None) -> None:
         raise OptionError(str(error)) from None
 
 
-SEEDS = (-(2**63), 2**64 - 1)
-"""The seeds torch's generator takes (``torch.Generator.manual_seed``)."""
-
-
-def check_seed_and_device(seed: int, device: str) -> None:
-    """Refuse a ``--seed`` torch's generator cannot take, or a ``--device`` no tensor can be put on (a
-    misspelling, CUDA where there is none, an index past the last GPU, ``meta``, which holds no values),
-    naming the option: before, the first said "Overflow when unpacking long long" after sampling began and
-    the second ended in torch's traceback once the models were loaded."""
-    import torch
-
-    if not SEEDS[0] <= seed <= SEEDS[1]:
-        raise OptionError(f"--seed must be in [{SEEDS[0]}, {SEEDS[1]}] (torch's generator seeds), got {seed}")
-    try:
-        place = torch.device(device)
-        if place.type == "cuda" and not torch.cuda.is_available():
-            raise RuntimeError("this machine has no CUDA device torch can use")
-        if place.type == "cuda" and place.index is not None and place.index >= torch.cuda.device_count():
-            raise RuntimeError(f"this machine has {torch.cuda.device_count()} CUDA device(s), numbered from 0")
-        if place.type == "meta":
-            raise RuntimeError("a meta tensor holds no values to sample with")
-        torch.empty(1, device=place)
-    except (RuntimeError, AssertionError) as error:
-        problem = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise OptionError(f"--device {device!r}: {problem}") from None
-
-
 def check_out(path: str | None, overwrite: bool, option: str = "--out", lines: bool = False) -> None:
     """Refuse an ``--out`` (or another output ``option``) that would destroy a file (before any work): raises
     :class:`OptionError`.
@@ -436,6 +408,7 @@ def prepare(
     sampling = sampling_from(args)
     for out in [args.out] if outs is None else outs:
         check_out(out, args.overwrite)
+    check_distinct_files({"--out": args.out}, {"--prompts": [args.prompts], "--prompts-config": [args.prompts_config]})
     check_sources(**sources)
     for policy in policies:
         check_sources(policy=policy)

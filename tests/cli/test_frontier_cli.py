@@ -115,7 +115,11 @@ def test_refusals_name_the_file_and_write_nothing(tmp_path):
         (["--eval", "other.json"], 1, "--eval other.json: not an rlhf-lit evaluate result (no samples)"),
         (["--eval", "=a.json"], 2, "--eval '=a.json': give [METHOD[:SETTING]=]FILE"),
         ([], 2, "give at least one --eval result or a --best-of-n result"),
+        # --overwrite takes a file an rlhf-lit command wrote: an input of this run is one, and was replaced
+        (["--eval", "A=a.json", "--out", "./a.json", "--overwrite"], 2, "--out ./a.json is the file --eval reads"),
+        (["--eval", "a.json", "--plot", "f.png", "--out", "f.png"], 2, "--out f.png is --plot too, which it would"),
     ]
+    before = (tmp_path / "a.json").read_bytes()
     for args, status, message in cases:
         done = run_main("frontier", *args, cwd=tmp_path)
         assert done.returncode == status and error_line(done).startswith(f"rlhf-lit: error: {message}"), (
@@ -123,6 +127,7 @@ def test_refusals_name_the_file_and_write_nothing(tmp_path):
             done.stderr,
         )
     assert (tmp_path / "taken.png").read_bytes() == b"mine"
+    assert (tmp_path / "a.json").read_bytes() == before and not (tmp_path / "f.png").exists()
 
 
 GOOD = [{"judge": 0.1, "kl": 1.0}, {"judge": 0.3, "kl": 2.0}]

@@ -75,6 +75,9 @@ def test_errors_before_any_model_is_loaded(tmp_path, stories_path, monkeypatch, 
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "a"}\n\n{"prompt" "b"}\n', encoding="utf-8")
     (tmp_path / "taken.json").write_text("{}", encoding="utf-8")
+    judge = "rlhf_lit.evaluation.judges:vader"
+    pairs = tmp_path / "pairs.jsonl"  # what --pairs-out wrote, read back as prompts
+    pairs.write_text('{"written_by": "rlhf-lit best-of-n", "prompt": "a", "chosen": "b", "rejected": "c"}\n')
     base = ["--policy", stories_path, "--prompts", str(prompts)]
     cases = [
         ("evaluate", [*base, "--judge", "no_such_module:judge"], 1, "judge spec 'no_such_module:judge': no module"),
@@ -88,6 +91,29 @@ def test_errors_before_any_model_is_loaded(tmp_path, stories_path, monkeypatch, 
         ("evaluate", [*base, "--out", str(tmp_path / "taken.json")], 2, "exists; pass --overwrite"),
         ("evaluate", [*base, "--temperature", "-1"], 2, "--temperature must be > 0"),
         ("evaluate", [*base, "--batch-size", "0"], 2, "--batch-size must be >= 1"),
+        (
+            "best-of-n",
+            [*base, "--judge", judge, "--pick-by", "judge", "--pairs-out", "b.jsonl", "--out", "b.jsonl"],
+            2,
+            "--out b.jsonl is --pairs-out too, which it would replace; give it a file of its own",
+        ),
+        (
+            "best-of-n",
+            [
+                *base[:2],
+                "--prompts",
+                str(pairs),
+                "--judge",
+                judge,
+                "--pick-by",
+                "judge",
+                "--pairs-out",
+                str(pairs),
+                "--overwrite",
+            ],
+            2,
+            f"--pairs-out {pairs} is the file --prompts reads; give it a file of its own",
+        ),
         ("evaluate", [*base, "--temperature", "inf"], 2, "--temperature must be finite, got inf"),
         ("evaluate", [*base, "--device", "nonsense"], 2, "--device 'nonsense': Expected one of cpu, cuda"),
         ("evaluate", [*base, "--device", "cuda:99"], 2, "--device 'cuda:99': this machine has "),
