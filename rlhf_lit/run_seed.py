@@ -21,6 +21,17 @@ UNSEEDED_DEFAULT = 0
 CLI_DEFAULT_SEED = 1234
 """``rlhf-lit fit``'s ``seed_everything`` when a config sets none: two runs of one config draw the same data."""
 
+RUN_SEEDS = (0, 2**32 - 1)
+"""The run seeds Lightning's ``seed_everything`` takes (numpy's, which it seeds too)."""
+
+
+def run_seed_problem(seed: object, option: str) -> str | None:
+    """Why ``seed``, given as ``option``, cannot be a run seed (an int outside :data:`RUN_SEEDS`), or None.
+    Lightning's own refusal names no option, and ``rlhf-lit seeds`` would start a run for it."""
+    if isinstance(seed, int) and not isinstance(seed, bool) and not RUN_SEEDS[0] <= seed <= RUN_SEEDS[1]:
+        return f"{option} {seed}: a run seed must be in [{RUN_SEEDS[0]}, {RUN_SEEDS[1]}] (the seeds numpy takes)"
+    return None
+
 
 def run_seed() -> int | None:
     """The seed ``seed_everything`` set for this run (``PL_GLOBAL_SEED``), or None when it was not called."""

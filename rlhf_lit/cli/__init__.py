@@ -84,7 +84,7 @@ from rlhf_lit.cli.run_dir import (
 from rlhf_lit.cli.run_lock import lock_run, release_run_locks
 from rlhf_lit.commands import COMMANDS, commands_help, run_command
 from rlhf_lit.expected_warnings import silence_expected_noise
-from rlhf_lit.run_seed import CLI_DEFAULT_SEED, run_seed
+from rlhf_lit.run_seed import CLI_DEFAULT_SEED, run_seed, run_seed_problem
 from rlhf_lit.stages.base import TrainerPlan
 from rlhf_lit.stages.nonfinite import NonFiniteError
 from rlhf_lit.strategies import check_strategy_choice, shards_models  # also registers the fsdp / fsdp2 names
@@ -276,6 +276,8 @@ class RLHFCLI(LightningCLI):
         to the resume command the preemption stop logs, so the resumed run draws the same data."""
         _, config = self._subcommand_config()
         drawn = config.get("seed_everything") is True
+        if problem := run_seed_problem(config.get("seed_everything"), "--seed_everything"):
+            self.parser.error(problem)
         if drawn and run_seed() is None and launched_processes() > 1:
             self.parser.error(
                 f"--seed_everything true leaves the seed to each of the {launched_processes()} processes the launcher "

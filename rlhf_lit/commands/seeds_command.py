@@ -32,6 +32,7 @@ from rlhf_lit.artifacts import EXPORT_MARKER
 from rlhf_lit.callable_specs import import_class
 from rlhf_lit.child_runs import RunFailed, rlhf_lit_command, run_logged, run_pool, stop_on_signals
 from rlhf_lit.commands.options import CommandParser, OptionError
+from rlhf_lit.run_seed import run_seed_problem
 
 
 def build_parser() -> CommandParser:
@@ -139,6 +140,9 @@ def main(argv: Sequence[str]) -> int:
         raise OptionError("give the command to run after --, e.g. -- fit --config X.yaml --run_dir runs/exp")
     if args.jobs < 1:
         raise OptionError(f"--jobs must be at least 1, got {args.jobs}")
+    for seed in args.seeds:
+        if problem := run_seed_problem(seed, "--seeds"):
+            raise OptionError(problem)
     if len(set(args.seeds)) < len(args.seeds):
         raise OptionError(f"--seeds: a seed is given twice ({' '.join(map(str, args.seeds))})")
     if any(arg == "--seed_everything" or arg.startswith("--seed_everything=") for arg in command):

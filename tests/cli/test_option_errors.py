@@ -167,6 +167,16 @@ def test_a_class_that_does_not_exist_is_named_with_the_valid_choices(tmp_path):
     )
 
 
+@pytest.mark.parametrize("seed", ["-1", "4294967296"])
+def test_a_run_seed_out_of_numpy_range_is_named_as_the_option_before_any_model_loads(tmp_path, seed):
+    # Lightning's own refusal ("-1 is not in bounds, numpy accepts from 0 to 4294967295") names no option.
+    write_yaml(tmp_path / "ppo.yaml", ppo_config(tmp_path, Path("no/sft"), Path("no/rm")))
+    result = run_main("fit", "--config", "ppo.yaml", "--seed_everything", seed, cwd=tmp_path)
+    assert (
+        _refused(result) == f"--seed_everything {seed}: a run seed must be in [0, 4294967295] (the seeds numpy takes)"
+    )
+
+
 def test_a_value_of_the_wrong_type_names_the_option_and_the_type(tmp_path):
     ppo = str(OFFLINE / "ppo.yaml")
     path = _overlay(tmp_path, "model:\n  init_args:\n    max_rollouts: ten\n")

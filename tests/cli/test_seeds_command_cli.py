@@ -80,6 +80,10 @@ def test_seeds_refuses_a_bad_option_before_any_run(tmp_path):
         ("--seeds", "1", "--jobs", "0", "--", *SFT, "--run_dir", "r"): "--jobs must be at least 1, got 0",
         ("--seeds", "1"): "give the command to run after --, e.g. -- fit --config X.yaml --run_dir runs/exp",
         ("--seeds", "x", "--", *SFT, "--run_dir", "r"): "argument --seeds: invalid int value: 'x'",
+        # Lightning refuses these in each run, naming no option; seeds would have started a run for each
+        ("--seeds", "0", "-5", "--", *SFT, "--run_dir", "r"): (
+            "--seeds -5: a run seed must be in [0, 4294967295] (the seeds numpy takes)"
+        ),
     }
     for argv, message in cases.items():
         result = run_main("seeds", *argv, cwd=tmp_path)
