@@ -1,8 +1,9 @@
 """The one error for an option set to a value it does not take: none of its choices (a typed ``Literal``
-checked where it is read), or a number below its least value."""
+checked where it is read), a number below its least value, or a NaN or infinity where a finite number is meant."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,3 +19,10 @@ def check_least(name: str, value: Any, least: int, *, strict: bool = False) -> N
     ``value`` is (NaN never is)."""
     if not (value > least if strict else value >= least):
         raise ValueError(f"{name} must be {'>' if strict else '>='} {least}, got {value}")
+
+
+def check_finite(name: str, value: Any) -> None:
+    """Raise ``ValueError`` ``<name> must be a finite number, got <value>`` for a NaN or an infinity (YAML's
+    ``.nan``, ``.inf``), which would make every score or loss they enter non-finite."""
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value}")

@@ -15,7 +15,6 @@ decides.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, fields
@@ -29,7 +28,7 @@ from rlhf_lit.models.compiled_generation import compiled_generate_settings, coun
 from rlhf_lit.models.precision import SamplingPrecision, sampling_precision
 from rlhf_lit.models.step_logprobs import StepLogprobs
 from rlhf_lit.models.token_draw import DRAWS, Draw, draw_processors
-from rlhf_lit.option_values import check_least
+from rlhf_lit.option_values import check_finite, check_least
 
 Decode = Literal["eager", "compiled"]
 """How ``generate`` runs each decode step (``SamplingConfig.decode``)."""
@@ -86,8 +85,7 @@ class SamplingConfig:
         check_least("sampling.samples_per_prompt", self.samples_per_prompt, 1)
         check_least("sampling.max_new_tokens", self.max_new_tokens, 1)
         check_least("sampling.temperature", self.temperature, 0, strict=True)
-        if self.temperature == math.inf:  # every logit / inf is 0: a uniform draw over the vocabulary, scored so
-            raise ValueError("sampling.temperature must be finite, got inf")
+        check_finite("sampling.temperature", self.temperature)  # logits / inf: a uniform draw, scored so
         if self.top_k < 0 or not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"sampling.top_k must be >= 0 and top_p in (0, 1]; got {self.top_k}, {self.top_p}")
         if not self.do_sample and (self.temperature != 1.0 or self.top_k or self.top_p != 1.0):

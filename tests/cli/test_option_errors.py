@@ -177,6 +177,34 @@ def test_a_run_seed_out_of_numpy_range_is_named_as_the_option_before_any_model_l
     )
 
 
+@pytest.mark.parametrize(
+    ("option", "value", "told"),
+    [
+        (
+            "reward",
+            "{sources: [{name: rm, weight: .nan}]}",
+            "reward source 'rm': weight must be a finite number, got nan",
+        ),
+        (
+            "reward",
+            "{sources: [{name: rm, weight: .inf}]}",
+            "reward source 'rm': weight must be a finite number, got inf",
+        ),
+        ("reward.bias", ".nan", "reward.bias must be a finite number, got nan"),
+        ("reward.clip", ".nan", "reward.clip must be > 0 or null, got nan"),
+        ("reward.missing_eos_penalty", "-.inf", "reward.missing_eos_penalty must be a finite number, got -inf"),
+    ],
+)
+def test_a_reward_setting_that_is_not_finite_stops_fit_in_one_line_before_any_model_loads(
+    tmp_path, option, value, told
+):
+    # Each made every reward non-finite: the updates were skipped until max_skipped_updates stopped the run,
+    # naming no option. The models do not exist: the refusal must come first.
+    write_yaml(tmp_path / "ppo.yaml", ppo_config(tmp_path, Path("no/sft"), Path("no/rm")))
+    result = run_main("fit", "--config", "ppo.yaml", f"--model.init_args.{option}={value}", cwd=tmp_path)
+    assert result.returncode == 1 and error_line(result) == f"rlhf-lit: error: {told}"
+
+
 def test_a_value_of_the_wrong_type_names_the_option_and_the_type(tmp_path):
     ppo = str(OFFLINE / "ppo.yaml")
     path = _overlay(tmp_path, "model:\n  init_args:\n    max_rollouts: ten\n")

@@ -27,7 +27,7 @@ from rlhf_lit.functional import (
 from rlhf_lit.functional.advantages import EstimatorKind
 from rlhf_lit.models.compiled_passes import ForwardPasses
 from rlhf_lit.models.scoring import UnfinishedScoring
-from rlhf_lit.option_values import check_choice, check_least
+from rlhf_lit.option_values import check_choice, check_finite, check_least
 
 OldLogprobs = Literal["rescore", "sampling"]
 """Where a rollout's old logprobs come from (see ``PPOConfig.old_logprobs``)."""
@@ -199,6 +199,7 @@ class RewardSource:
         if self.function is None and self.kwargs:
             raise ValueError(f"reward source {self.name!r} is the reward model (function: null); it takes no kwargs")
         where = f"reward source {self.name!r}"
+        check_finite(f"{where}: weight", self.weight)  # a NaN weight made every reward NaN, each update skipped
         check_choice(f"{where}: aggregate", self.aggregate, AGGREGATES)
         if self.function is not None and (self.aggregate != "mean" or self.lam is not None):
             raise ValueError(
@@ -311,8 +312,11 @@ class RewardConfig:
             raise ValueError("reward.sources: the reward model (function: null) may appear once")
         if self.whiten not in ("none", "scores", "rewards"):
             raise ValueError(f"reward.whiten must be none, scores or rewards; got {self.whiten!r}")
-        if self.clip is not None and self.clip <= 0:
+        check_finite("reward.bias", self.bias)
+        if self.clip is not None and not self.clip > 0:  # NaN too: clamping to it gives NaN
             raise ValueError(f"reward.clip must be > 0 or null, got {self.clip}")
+        if self.missing_eos_penalty is not None:
+            check_finite("reward.missing_eos_penalty", self.missing_eos_penalty)
         check_choice("reward.unfinished", self.unfinished, get_args(UnfinishedScoring))
         if self.missing_eos_penalty is not None and self.missing_eos_penalty > 0:
             # Refused, not warned: the sign is the whole meaning of the setting, and a positive
