@@ -59,6 +59,8 @@ def check_bonbon_settings(alpha: float, beta: float | None) -> None:
         raise ValueError(f"alpha must be in [0, 1] (the weight of the SFT term), got {alpha!r}")
     if beta is not None and not beta > 0:
         raise ValueError(f"beta must be > 0, or null to derive it from n, got {beta!r}")
+    if beta == math.inf:  # IPO's target 1 / (2 beta) would be 0 (nothing to prefer), implicit rewards NaN
+        raise ValueError("beta must be a finite number, or null to derive it from n, got inf")
 
 
 def bonbon_loss(

@@ -45,6 +45,8 @@ def check_dpo_settings(beta: float, kind: DPOLossKind, label_smoothing: float) -
         raise ValueError(f"loss must be one of {', '.join(_AVERAGES_OVER_TOKENS)}; got {kind!r}")
     if not beta > 0:
         raise ValueError(f"beta must be > 0, got {beta!r}")
+    if beta == float("inf"):  # inf times the first step's margin of 0 is NaN; IPO's target 1 / (2 beta) is 0
+        raise ValueError("beta must be a finite number, got inf")
     if not 0.0 <= label_smoothing < 0.5:
         raise ValueError(f"label_smoothing must be in [0, 0.5), got {label_smoothing!r}")
     if kind == "ipo" and label_smoothing != 0.0:

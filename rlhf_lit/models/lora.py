@@ -30,7 +30,7 @@ from torch import nn
 from transformers import PreTrainedModel
 from transformers.pytorch_utils import Conv1D
 
-from rlhf_lit.option_values import check_least
+from rlhf_lit.option_values import check_finite, check_least
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +84,7 @@ class LoRAConfig:
         if not isinstance(self.r, int) or self.r < 1:
             raise ValueError(f"lora.r must be an integer >= 1, got {self.r!r}")
         check_least("lora.alpha", self.alpha, 0, strict=True)
+        check_finite("lora.alpha", self.alpha)  # the adapters' scale alpha / r
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"lora.dropout must be in [0, 1), got {self.dropout!r}")
         if self.export not in ("merged", "adapter"):

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
-from rlhf_lit.option_values import check_least
+from rlhf_lit.option_values import check_finite, check_least
 
 Schedule = Literal["constant", "linear", "cosine"]
 
@@ -50,6 +50,8 @@ class OptimizerConfig:
         object.__setattr__(self, "betas", tuple(self.betas))
         check_least("optimizer.lr", self.lr, 0, strict=True)
         check_least("optimizer.weight_decay", self.weight_decay, 0)
+        for name in ("lr", "weight_decay", "eps"):  # inf: NaN weights after one step, or (eps) no step at all
+            check_finite(f"optimizer.{name}", getattr(self, name))
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
             raise ValueError(f"optimizer.betas must be two numbers in [0, 1), got {self.betas}")
         check_least("optimizer.eps", self.eps, 0, strict=True)

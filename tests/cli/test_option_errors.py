@@ -193,13 +193,17 @@ def test_a_run_seed_out_of_numpy_range_is_named_as_the_option_before_any_model_l
         ("reward.bias", ".nan", "reward.bias must be a finite number, got nan"),
         ("reward.clip", ".nan", "reward.clip must be > 0 or null, got nan"),
         ("reward.missing_eos_penalty", "-.inf", "reward.missing_eos_penalty must be a finite number, got -inf"),
+        # inf: NaN weights after the first step, or (eps) no step at all; a NaN loss or reward at the first
+        ("optimizer.lr", ".inf", "optimizer.lr must be a finite number, got inf"),
+        ("optimizer.eps", ".inf", "optimizer.eps must be a finite number, got inf"),
+        ("kl.init_coef", ".inf", "kl.init_coef must be a finite number, got inf"),
+        ("ppo.vf_coef", ".inf", "ppo.vf_coef must be a finite number, got inf"),
+        ("lora", "{r: 4, alpha: .inf}", "lora.alpha must be a finite number, got inf"),
     ],
 )
-def test_a_reward_setting_that_is_not_finite_stops_fit_in_one_line_before_any_model_loads(
-    tmp_path, option, value, told
-):
-    # Each made every reward non-finite: the updates were skipped until max_skipped_updates stopped the run,
-    # naming no option. The models do not exist: the refusal must come first.
+def test_a_setting_that_is_not_finite_stops_fit_in_one_line_before_any_model_loads(tmp_path, option, value, told):
+    # A non-finite reward setting makes every reward non-finite: the updates are skipped until max_skipped_updates
+    # stops the run, naming no option. The models do not exist: the refusal must come first.
     write_yaml(tmp_path / "ppo.yaml", ppo_config(tmp_path, Path("no/sft"), Path("no/rm")))
     result = run_main("fit", "--config", "ppo.yaml", f"--model.init_args.{option}={value}", cwd=tmp_path)
     assert result.returncode == 1 and error_line(result) == f"rlhf-lit: error: {told}"

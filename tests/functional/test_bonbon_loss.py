@@ -132,6 +132,7 @@ def test_n_below_two_or_not_an_integer_is_refused(n):
         (1.5, None, r"alpha must be in \[0, 1\]"),
         (0.1, 0.0, r"beta must be > 0, or null to derive it from n"),
         (0.1, -1.0, r"beta must be > 0"),
+        (0.1, float("inf"), r"beta must be a finite number, or null to derive it from n, got inf"),
     ],
 )
 def test_bad_settings_are_refused(alpha, beta, message):

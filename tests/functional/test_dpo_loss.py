@@ -109,6 +109,7 @@ def test_dpo_loss_gradcheck(kind, eps):
     [
         (dict(beta=0.0), "beta must be > 0"),
         (dict(beta=-1.0), "beta must be > 0"),
+        (dict(beta=float("inf")), "beta must be a finite number, got inf"),
         (dict(label_smoothing=0.5), r"label_smoothing must be in \[0, 0.5\)"),
         (dict(label_smoothing=-0.1), r"label_smoothing must be in \[0, 0.5\)"),
         (dict(kind="ipo", label_smoothing=0.1), "applies to loss='sigmoid'"),

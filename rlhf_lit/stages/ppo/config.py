@@ -152,6 +152,7 @@ class PPOConfig:
             check_least(f"ppo.{name}", getattr(self, name), 0, strict=True)
         for name in ("vf_coef", "entropy_coef", "ptx_coef"):
             check_least(f"ppo.{name}", getattr(self, name), 0)
+            check_finite(f"ppo.{name}", getattr(self, name))  # inf times a zero term is a NaN loss
         if not 0.0 <= self.gamma <= 1.0 or not 0.0 <= self.lam <= 1.0:
             raise ValueError(f"ppo.gamma and ppo.lam must be in [0, 1], got {self.gamma}, {self.lam}")
         if self.max_grad_norm is not None and self.max_grad_norm <= 0:
@@ -426,6 +427,7 @@ class KLConfig:
                 "kl.estimator in the reward"
             )
         check_least("kl.init_coef", self.init_coef, 0)
+        check_finite("kl.init_coef", self.init_coef)  # inf times the first rollout's KL of 0 is a NaN reward
         if self.kind == "adaptive" and self.estimator not in KL_IN_NATS:
             raise ValueError(
                 f"kl.estimator={self.estimator!r} does not estimate the KL in nats that kl.target is measured "
