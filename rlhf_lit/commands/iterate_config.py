@@ -23,6 +23,7 @@ Each group is a dataclass below; its fields (with their docstrings) are the keys
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import types
 import typing
@@ -31,6 +32,7 @@ from typing import Any, Literal, Union, get_args, get_origin
 
 from rlhf_lit.commands.options import OptionError
 from rlhf_lit.data.prompt_source import PromptSource, PromptSourceFormat
+from rlhf_lit.run_seed import run_seed_problem
 
 RewardData = Literal["all", "latest"]
 """What the reward model of iteration t trains on: ``all`` the labels so far (``initial_data`` and iterations
@@ -305,8 +307,12 @@ def check_values(config: IterateConfig, where: str) -> None:
             f"{where}: sampling.responses_per_prompt must be >= 2 (a ranking needs two), "
             f"got {config.sampling.responses_per_prompt}"
         )
-    if not config.sampling.temperature > 0:
-        raise OptionError(f"{where}: sampling.temperature must be > 0, got {config.sampling.temperature}")
+    if not 0 < config.sampling.temperature < math.inf:  # inf: a uniform draw over the vocabulary
+        raise OptionError(
+            f"{where}: sampling.temperature must be a finite number > 0, got {config.sampling.temperature}"
+        )
+    if problem := run_seed_problem(config.seed, "seed"):  # every fit's --seed_everything, which would refuse it
+        raise OptionError(f"{where}: {problem}")
     if not 0 <= config.reward_model.held_out_fraction < 1:
         raise OptionError(
             f"{where}: reward_model.held_out_fraction must be in [0, 1), got {config.reward_model.held_out_fraction}"

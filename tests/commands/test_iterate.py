@@ -362,6 +362,8 @@ def test_a_bad_labels_file_is_one_line_before_any_fit(tmp_path, monkeypatch, tin
         ({"ppo": {"start": "resume"}}, "ppo.start must be one of restart, continue"),
         ({"reward_model": {"init": "sft", "lr": 1}}, "unknown key 'reward_model.lr'"),
         ({"sampling": {"responses_per_prompt": 1}}, "sampling.responses_per_prompt must be >= 2"),
+        ({"sampling": {"temperature": float("inf")}}, "sampling.temperature must be a finite number > 0, got inf"),
+        ({"seed": -1}, "seed -1: a run seed must be in [0, 4294967295] (the seeds numpy takes)"),
         ({"labeler": {"kind": "judge", "source": "no_such_module:judge"}}, "no_such_module"),
         ({"ppo": {"config": str(CONFIGS / "offline/iterate/reward_model.yaml")}}, "ppo.config"),
         ({"sft_model": "./no/such/model"}, "sft_model ./no/such/model: no such model directory"),
