@@ -222,16 +222,48 @@ def _read_file(path: str, *, skip_invalid: bool, reading: FileReading) -> Any:
     if reading == "lines":
         return _line_rows(path, text)
     if reading == "jsonl":
+        _check_not_one_document(path, text)
         return _SkippingReader(path, enumerate(_lines(text), start=1), skip_invalid)
     if kind.endswith(".txt"):
         return _paragraph_rows(path, text)
     if kind.endswith(".json") and text.lstrip().startswith("["):
         return _json_array_rows(path, text)
     if kind.endswith((".jsonl", ".json")):
+        _check_not_one_document(path, text)
         return _SkippingReader(path, enumerate(_lines(text), start=1), skip_invalid)
     raise ValueError(
         f"{path}: unsupported file type; use .jsonl, .json (an array of records) or .txt "
         "(blank-line separated paragraphs), optionally gzipped (.gz)"
+    )
+
+
+def _check_not_one_document(path: str, text: str) -> None:
+    """Refuse a file read as JSON Lines that holds one JSON value over several lines (``json.dump(..., indent=2)``):
+    its first line alone is no JSON, which the line reader would call invalid and ``skip_invalid`` skip, line
+    by line, down to "no usable examples"."""
+    lines = _lines(text.removesuffix("\n"))
+    first = next((line for line in lines if line.strip()), None)
+    if first is None:
+        return
+    try:
+        json.loads(first)
+        return
+    except json.JSONDecodeError:
+        pass
+    try:
+        whole = json.loads(text)
+    except json.JSONDecodeError:
+        return  # a bad line, which the line reader names
+    if isinstance(whole, list):
+        raise ValueError(
+            f"{path}: one JSON array over {len(lines)} lines, not JSON Lines (one record a line); "
+            "name the file .json to read it as an array of records"
+        )
+    held = f"one JSON object over {len(lines)} lines"
+    if isinstance(whole, dict):
+        held += f" (keys: {', '.join(map(str, list(whole)[:8])) or 'none'})"
+    raise ValueError(
+        f"{path}: {held}, not JSON Lines; write one record a line (JSON Lines), or a .json array of records"
     )
 
 

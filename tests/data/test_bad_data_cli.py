@@ -1,6 +1,8 @@
 """Bad data through ``rlhf-lit fit`` (in process, ``cli_in_process.run_main``): one ``rlhf-lit: error:`` line
 naming the file, the record and the field, exit status 1, no traceback, before any training step."""
 
+import json
+
 import pytest
 import yaml
 from assets_paths import STORIES260K
@@ -43,3 +45,12 @@ def test_a_margin_that_is_not_finite_is_named(tmp_path, value, read):
     # Python's JSON reader takes NaN and Infinity; the pair's loss was NaN and its update skipped, unnamed.
     line = _fit_reward_model(tmp_path, [PAIR % "1.0", PAIR % value], {"margin": "m"})
     assert line == f"rlhf-lit: error: {tmp_path / 'd.jsonl'} line 2: field 'm' is {read}, not a finite number"
+
+
+def test_a_pretty_printed_json_record_is_named_as_one_object_not_as_invalid_json(tmp_path):
+    pretty = json.dumps({"prompt": "Once", "chosen": " a cat", "rejected": " a dog"}, indent=2).splitlines()
+    line = _fit_reward_model(tmp_path, pretty, {})
+    assert line == (
+        f"rlhf-lit: error: {tmp_path / 'd.jsonl'}: one JSON object over 5 lines (keys: prompt, chosen, rejected), "
+        "not JSON Lines; write one record a line (JSON Lines), or a .json array of records"
+    )

@@ -217,3 +217,24 @@ def test_a_field_given_twice_is_refused_naming_the_record_and_the_field(tmp_path
     array.write_text(f'[{{"prompt": "fine"}}, {record}]', encoding="utf-8")
     with pytest.raises(InvalidRecord, match=rf"x\.json record 1: field '{re.escape(field)}' is given twice"):
         read_rows(str(array))
+
+
+@pytest.mark.parametrize("reading", ["by_name", "jsonl"])
+def test_one_json_value_over_several_lines_is_named_not_called_invalid_line_by_line(tmp_path, reading):
+    # json.dump(..., indent=2): the first line alone is no JSON; skip_invalid skipped every line to "no usable
+    # examples" and without it the error said the valid file was not valid JSON.
+    one = tmp_path / "one.jsonl"
+    one.write_text(json.dumps({"data": [{"prompt": "a"}]}, indent=2) + "\n", encoding="utf-8")
+    told = r"one\.jsonl: one JSON object over 7 lines \(keys: data\), not JSON Lines; write one record a line"
+    for skip_invalid in (False, True):
+        with pytest.raises(ValueError, match=told):
+            read_rows(str(one), skip_invalid=skip_invalid, reading=reading)
+    array = tmp_path / "array.jsonl"
+    array.write_text(json.dumps([{"prompt": "a"}], indent=2), encoding="utf-8")
+    told = r"array\.jsonl: one JSON array over 5 lines, not JSON Lines \(one record a line\); name the file \.json"
+    with pytest.raises(ValueError, match=told):
+        read_rows(str(array), reading=reading)
+    bad = tmp_path / "bad.jsonl"  # a first line that is bad JSON in a file that is not one value: named as ever
+    bad.write_text('{"prompt": "a"\n{"prompt": "b"}\n', encoding="utf-8")
+    with pytest.raises(InvalidRecord, match=r"bad\.jsonl line 1: not valid JSON"):
+        read_rows(str(bad), reading=reading)
