@@ -21,6 +21,17 @@ def check_least(name: str, value: Any, least: int, *, strict: bool = False) -> N
         raise ValueError(f"{name} must be {'>' if strict else '>='} {least}, got {value}")
 
 
+SEEDS = (-(2**63), 2**63 - 1)
+"""The seeds an option takes: torch's generator takes 64 bits, and the epoch or pass a sampler adds must fit."""
+
+
+def check_seed(name: str, value: int) -> None:
+    """Raise ``ValueError`` ``<name> must be in [...]`` for a seed outside :data:`SEEDS`, which torch answers with
+    "Overflow when unpacking long long" when the first batch is drawn, naming nothing."""
+    if not SEEDS[0] <= value <= SEEDS[1]:
+        raise ValueError(f"{name} must be in [{SEEDS[0]}, {SEEDS[1]}], got {value}")
+
+
 def check_finite(name: str, value: Any) -> None:
     """Raise ``ValueError`` ``<name> must be a finite number, got <value>`` for a NaN or an infinity (YAML's
     ``.nan``, ``.inf``), which would make every score or loss they enter non-finite."""

@@ -31,7 +31,7 @@ from rlhf_lit.evaluation import load_judge, response_texts
 from rlhf_lit.evaluation.judges import JudgeReads, judge_scores, judge_texts
 from rlhf_lit.functional import member_std, pad_ids
 from rlhf_lit.models.generation import SamplingConfig, generate_responses
-from rlhf_lit.option_values import check_least
+from rlhf_lit.option_values import check_least, check_seed
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +107,7 @@ class OnlineGeneration(Callback):
         )  # a list checked now; a source read in setup, for the module's tokenizer
         self.every_n_rollouts, self.sampling = every_n_rollouts, sampling
         self.seed, self.judge_reads, self.tag, self.chat_template = seed, judge_reads, tag, chat_template
+        check_seed("seed", seed)
         self.judge = load_judge(judge) if judge else None
         self.last_table: str | None = None
         self._rendered: RenderedPrompts | None = None

@@ -8,13 +8,11 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
+from rlhf_lit.option_values import check_seed
+
 
 class OptionError(ValueError):
     """A bad option value: reported as ``rlhf-lit: error: ...`` with exit status 2."""
-
-
-SEEDS = (-(2**63), 2**64 - 1)
-"""The seeds torch's generator takes (``torch.Generator.manual_seed``)."""
 
 
 def check_seed_and_device(seed: int, device: str) -> None:
@@ -24,8 +22,10 @@ def check_seed_and_device(seed: int, device: str) -> None:
     the second with a traceback once the models are loaded."""
     import torch
 
-    if not SEEDS[0] <= seed <= SEEDS[1]:
-        raise OptionError(f"--seed must be in [{SEEDS[0]}, {SEEDS[1]}] (torch's generator seeds), got {seed}")
+    try:
+        check_seed("--seed", seed)
+    except ValueError as error:
+        raise OptionError(str(error)) from None
     try:
         place = torch.device(device)
         if place.type == "cuda" and not torch.cuda.is_available():

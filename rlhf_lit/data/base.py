@@ -41,7 +41,7 @@ from rlhf_lit.data.rendering import (
 )
 from rlhf_lit.data.sampler import ResumableSampler, ShuffleOrder
 from rlhf_lit.data.splits import split_by_fraction
-from rlhf_lit.option_values import check_least
+from rlhf_lit.option_values import check_least, check_seed
 from rlhf_lit.run_seed import seed_or_run_seed
 from rlhf_lit.tokenizer import data_template_choice
 
@@ -141,6 +141,7 @@ class TextDataModule(L.LightningDataModule):
         # Resolved now (LightningCLI has called seed_everything by the time it builds the module);
         # the hyperparameters keep the option as given (None), the checkpoint the run seed.
         self.seed = seed_or_run_seed(self.seed)
+        check_seed("seed", self.seed)
         self.fields = Fields(**self.fields) if isinstance(self.fields, Mapping) else self.fields
         check_fields(self.format, self.fields)
         self._hh: TemplateRendering | None = None  # hh_render for the tokenizer, resolved in setup (read_splits)

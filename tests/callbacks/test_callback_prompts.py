@@ -130,6 +130,10 @@ def test_bad_options_name_the_option():
         ValueError, match="OnlineGeneration chat_template must be one of auto, always, never; got 'yes'"
     ):
         OnlineGeneration(["x"], chat_template="yes")  # at construction, before any rollout
+    with pytest.raises(
+        ValueError, match=r"seed must be in \[-9223372036854775808, 9223372036854775807\], got 18446744073709551616"
+    ):
+        OnlineGeneration(["x"], seed=2**64)
 
 
 def test_online_generation_s_judge_may_be_a_reward_model_export(offline_chain):

@@ -11,8 +11,9 @@ from cli_in_process import run_main
 PAIR = '{"prompt": "Once upon a time", "chosen": " there was a cat.", "rejected": " a dog ran.", "m": %s}'
 
 
-def _fit_reward_model(tmp_path, lines: list[str], fields: dict) -> str:
-    """The one error line of a reward-model fit on ``lines`` (written as they are) read with ``fields``."""
+def _fit_reward_model(tmp_path, lines: list[str], fields: dict, **data_options) -> str:
+    """The one error line of a reward-model fit on ``lines`` (written as they are) read with ``fields`` (and
+    ``data_options``, more of the data module's options)."""
     data = tmp_path / "d.jsonl"
     data.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
     config = {
@@ -29,6 +30,7 @@ def _fit_reward_model(tmp_path, lines: list[str], fields: dict) -> str:
                 "fields": fields,
                 "max_length": 64,
                 "max_prompt_length": 32,
+                **data_options,
             },
         },
     }
@@ -54,3 +56,9 @@ def test_a_pretty_printed_json_record_is_named_as_one_object_not_as_invalid_json
         f"rlhf-lit: error: {tmp_path / 'd.jsonl'}: one JSON object over 5 lines (keys: prompt, chosen, rejected), "
         "not JSON Lines; write one record a line (JSON Lines), or a .json array of records"
     )
+
+
+def test_a_data_seed_torch_cannot_take_is_named(tmp_path):
+    # torch's generator said "Overflow when unpacking long long" at the first batch, naming nothing.
+    line = _fit_reward_model(tmp_path, [PAIR % "1.0"] * 4, {"margin": "m"}, seed=2**64)
+    assert line == f"rlhf-lit: error: seed must be in [{-(2**63)}, {2**63 - 1}], got {2**64}"
