@@ -63,8 +63,33 @@ def load_checkpoint_policy(checkpoint: str | os.PathLike, base_model: str | os.P
     # Python objects); load only checkpoints you trust (your own runs').
     state = torch.load(checkpoint, map_location="cpu", weights_only=False)["state_dict"]
     model = AutoModelForCausalLM.from_pretrained(base_model)
-    model.load_state_dict(policy_state_dict(state, prefix), strict=True)  # strict: a missing weight is an error
+    weights = policy_state_dict(state, prefix)
+    if problem := misfit(model.state_dict(), weights):  # torch's own message lists every key over many lines
+        raise RuntimeError(f"the weights under {prefix!r} do not fit {type(model).__name__}: {problem}")
+    model.load_state_dict(weights, strict=True)  # strict: a missing weight is an error
     return model.eval()
+
+
+def misfit(expected: Mapping[str, object], weights: Mapping[str, object]) -> str | None:
+    """What keeps ``weights`` from loading strictly into a model whose ``state_dict`` is ``expected``, in a clause
+    (the counts of missing and unexpected names and of other shapes, the first of each), or None."""
+
+    def some(names: list[str]) -> str:
+        return ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+
+    missing = [name for name in expected if name not in weights]
+    unexpected = [name for name in weights if name not in expected]
+    shapes = [
+        f"{name} {tuple(value.shape)}, the model's {tuple(expected[name].shape)}"  # type: ignore[attr-defined]
+        for name, value in weights.items()
+        if name in expected and getattr(value, "shape", None) != getattr(expected[name], "shape", None)
+    ]
+    parts = [
+        f"{len(names)} {what} ({some(names)})"
+        for names, what in ((missing, "missing"), (unexpected, "unexpected"), (shapes, "of another shape"))
+        if names
+    ]
+    return "; ".join(parts) or None
 
 
 def rollout_checkpoints(directory: str | os.PathLike) -> dict[int, str]:

@@ -88,12 +88,13 @@ def test_a_checkpoint_and_a_folder_of_rollout_checkpoints_become_exports(tmp_pat
     assert [p.name for p in mine.iterdir()] == ["notes.txt"]
 
 
-@pytest.mark.parametrize("case", ["prefix", "missing", "empty folder"])
+@pytest.mark.parametrize("case", ["prefix", "misfit", "missing", "empty folder"])
 def test_refusals_are_one_line_and_write_nothing(tmp_path, case):
     _checkpoint(tmp_path / "rollout=1.ckpt", 0.0)
     (tmp_path / "empty").mkdir()
     checkpoint, prefix = {
         "prefix": ("rollout=1.ckpt", "model."),
+        "misfit": ("rollout=1.ckpt", ""),  # every entry: the policy's names under policy., and the critic's
         "missing": ("nowhere.ckpt", "policy."),
         "empty folder": ("empty", "policy."),
     }[case]
@@ -112,6 +113,12 @@ def test_refusals_are_one_line_and_write_nothing(tmp_path, case):
     first = error_line(done)
     expected = {
         "prefix": (1, "rlhf-lit: error: --checkpoint rollout=1.ckpt: no weights under 'model.'"),
+        "misfit": (
+            1,
+            "rlhf-lit: error: --checkpoint rollout=1.ckpt: the weights under '' do not fit LlamaForCausalLM: "
+            "48 missing (model.embed_tokens.weight, model.layers.0.self_attn.q_proj.weight, "
+            "model.layers.0.self_attn.k_proj.weight, ...); 49 unexpected (policy.model.embed_tokens.weight, ",
+        ),
         "missing": (2, "rlhf-lit: error: --checkpoint nowhere.ckpt: no such file or folder"),
         "empty folder": (2, "rlhf-lit: error: --checkpoint empty: a folder without rollout=<n>.ckpt files"),
     }[case]
