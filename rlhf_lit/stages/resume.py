@@ -119,8 +119,24 @@ def check_module_resume(
             "fit ended, when rlhf-lit had released them); resume from a checkpoint written during fit (last.ckpt), "
             "or load its weights with load_from_checkpoint and start a new run"
         )
+    check_same_stage(checkpoint, type(module))
     data_hparams = getattr(getattr(trainer, "datamodule", None), "hparams", None)
     check_resume(checkpoint, module.hparams, data_hparams, safe_model_keys, extra, init_defaults(type(module)))
+
+
+def check_same_stage(checkpoint: Mapping[str, Any], stage: type) -> None:
+    """Refuse a checkpoint another stage wrote (its ``_class_path``, as LightningCLI records it): the settings of
+    two stages differ in every name, so :func:`check_resume` would list them all without saying why."""
+    from rlhf_lit.callable_specs import import_class  # deferred: a stage module imports this one
+
+    class_path = checkpoint.get("hyper_parameters", {}).get("_class_path")
+    written = import_class(class_path) if isinstance(class_path, str) else None
+    if written is None or issubclass(stage, written) or issubclass(written, stage):
+        return  # written in Python, or by a class that cannot be imported here: check_resume compares the settings
+    raise ResumeMismatch(
+        f"cannot resume: the checkpoint is of a {written.__name__} run ({class_path}) and this run fits "
+        f"{stage.__name__}; give --ckpt_path a checkpoint of a {stage.__name__} run, or start without --ckpt_path"
+    )
 
 
 def _describe(value: Any) -> str:

@@ -218,6 +218,21 @@ def test_resume_with_a_changed_model_or_batch_is_refused_listing_every_differenc
     assert _load(finished_run / "ckpt" / "last.ckpt")["global_step"] == before["global_step"]
 
 
+def test_a_checkpoint_of_another_stage_is_refused_in_one_line_naming_both(finished_run, tmp_path):
+    # Every setting of two stages differs: the settings check listed them all without saying why.
+    data = tmp_path / "paragraphs.txt"
+    data.write_text(TINYSTORIES.read_text(encoding="utf-8")[:4000], encoding="utf-8")
+    write_yaml(tmp_path / "sft.yaml", sft_config(tmp_path, data, max_steps=1))
+    checkpoint = finished_run / "ckpt" / "last.ckpt"
+    result = run_main("fit", "--config", "sft.yaml", "--ckpt_path", str(checkpoint), cwd=tmp_path)
+    assert result.returncode == 1
+    assert error_line(result) == (
+        "rlhf-lit: error: cannot resume: the checkpoint is of a PPOModule run (rlhf_lit.stages.PPOModule) and this "
+        "run fits SFTModule; give --ckpt_path a checkpoint of a SFTModule run, or start without --ckpt_path"
+    )
+    assert "model.sft_model" not in result.stderr and not list(tmp_path.glob("**/*.ckpt"))
+
+
 def test_resume_with_more_rollouts_continues(finished_run, stories_rm, tmp_path):
     config = ppo_config(
         finished_run, STORIES, stories_rm, max_rollouts=3, export_dir=str(tmp_path / "export3"), optimizer=CONSTANT_LR
