@@ -165,3 +165,27 @@ def test_an_untouched_copy_resumes_as_done(finished_run, tmp_path, monkeypatch, 
     result, fits = _rerun_on_copy(finished_run, tmp_path, monkeypatch, tiny_rm, lambda run: None)
     assert result.returncode == 0, result.stderr[-3000:]
     assert fits.calls == [] and "gold" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [
+        ('{"written_by": "rlhf-lit iterate", "config": {', "iterate.json: cut short (line 1"),
+        ("", "iterate.json: the file is empty (0 bytes)"),
+        ("[1]", "iterate.json: expected a JSON object, found list"),
+        ('{"written_by": "rlhf-lit iterate"}', "iterate.json: field 'config' is missing"),
+        ('{"written_by": "rlhf-lit iterate", "config": "x"}', "iterate.json: field 'config' is not a mapping"),
+    ],
+)
+def test_a_damaged_iterate_json_is_named_and_never_redone(tmp_path, monkeypatch, tiny_rm, text, named):
+    # It keeps the loop's config, which a rerun is checked against: one line naming it, the run left alone.
+    assert iterate(loop_config(tmp_path, iterations=1), FakeFits(tiny_rm), monkeypatch, tmp_path).returncode == 0
+    snapshot = tmp_path / "run" / "iterate.json"
+    snapshot.write_text(text, encoding="utf-8")
+    fits = FakeFits(tiny_rm)
+    result = iterate(loop_config(tmp_path, iterations=1), fits, monkeypatch, tmp_path)
+    assert result.returncode == 2
+    line = error_line(result)
+    assert named in line and ("restore it, or give a new run_dir" in line), line
+    assert "Traceback" not in result.stderr and "redoing it" not in result.stderr
+    assert fits.calls == [] and snapshot.read_text(encoding="utf-8") == text
